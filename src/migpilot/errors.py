@@ -1,0 +1,33 @@
+"""Error types shared by every layer.
+
+Every error a user can cause (an unknown GPU, a misspelt profile, a malformed file, a layout
+that cannot be placed) is a :class:`MigpilotError` whose message is one line that names the
+problem. The CLI prints that line and exits with code 2; nothing else should reach a user as a
+traceback. This module imports nothing from the project, so any layer may use it.
+"""
+
+from __future__ import annotations
+
+
+class MigpilotError(Exception):
+    """Base class for errors caused by bad input; ``str(err)`` is a one-line explanation."""
+
+
+class UnknownGpuError(MigpilotError):
+    """A GPU name, alias or PCI device id that the catalog does not know."""
+
+
+class UnknownProfileError(MigpilotError):
+    """A MIG profile name that the GPU does not offer (after tolerant name resolution)."""
+
+
+class CatalogError(MigpilotError):
+    """The shipped catalog data is inconsistent (a bug in the package, caught at load time)."""
+
+
+class LayoutError(MigpilotError):
+    """A set of MIG instances that is not a valid layout, or a multiset that cannot be placed."""
+
+
+class ConfigError(MigpilotError):
+    """A nvidia-mig-parted config file that does not parse or does not validate."""
