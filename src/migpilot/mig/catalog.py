@@ -88,7 +88,9 @@ class Catalog:
                 key = normalise_gpu_name(name)
                 other = self._by_alias.get(key)
                 if other is not None and other is not model:
-                    raise errors.CatalogError(f"alias {name!r} names both {other.id} and {model.id}")
+                    raise errors.CatalogError(
+                        f"alias {name!r} names both {other.id} and {model.id}"
+                    )
                 self._by_alias[key] = model
             for dev in model.pci_device_ids:
                 if dev in self._by_pci:
@@ -135,9 +137,9 @@ def _opt_int(d: Mapping[str, Any], key: str) -> int | None:
     return None if v is None else int(v)
 
 
-def _load_profile(raw: Mapping[str, Any], gpu: Mapping[str, Any], grids: Mapping[str, Any]) -> (
-    profiles.Profile
-):
+def _load_profile(
+    raw: Mapping[str, Any], gpu: Mapping[str, Any], grids: Mapping[str, Any]
+) -> profiles.Profile:
     where = f"{gpu.get('id')}/{raw.get('name')}"
     unknown = set(raw) - _PROFILE_KEYS
     if unknown:
@@ -221,7 +223,7 @@ def _load_model(raw: Mapping[str, Any], grids: Mapping[str, Any]) -> profiles.Gp
 
 
 def load_catalog_text(text: str) -> Catalog:
-    """Build a catalog from the YAML text of a catalog file (used for the shipped file and tests)."""
+    """Build a catalog from the YAML text of a catalog file (the shipped one, or a test's)."""
     data = yaml.safe_load(text)
     if not isinstance(data, dict) or data.get("version") != 1:
         raise errors.CatalogError("catalog data: expected a mapping with version: 1")
