@@ -1,0 +1,455 @@
+"""nvidia-mig-parted config files: parsed as mig-parted parses them, checked against the catalog.
+
+Clusters that run NVIDIA's GPU Operator already describe their MIG layouts in mig-parted's format
+(``version: v1``, ``mig-configs: {NAME: [entry, ...]}``); migpilot reads those files so that a
+static setup can be validated, shown and later migrated without rewriting it. :func:`parse`
+accepts and rejects what mig-parted's own parser does (``api/spec/v1/spec.go`` and
+``pkg/types/mig_config.go`` in github.com/NVIDIA/mig-parted), with one-line messages that name
+the file, the config and the entry. :func:`layout_for` says what each GPU of a node would get,
+and :func:`check` looks for entries that no GPU they target can hold.
+
+Part of the pure core: text in, frozen values out. No file I/O (the CLI reads the file), no
+clock; it may import :mod:`migpilot.errors` and the other ``migpilot.mig`` modules only.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from migpilot import errors
+from migpilot.mig import catalog, layouts, profiles
+
+VERSION = "v1"
+"""The only config-file version mig-parted knows."""
+
+_TOP_FIELDS = ("version", "mig-configs")
+_ENTRY_FIELDS = ("device-filter", "devices", "mig-enabled", "mig-devices")
+_REQUIRED_ENTRY_FIELDS = ("devices", "mig-enabled")
+
+# mig-parted's profile grammar: [Cc.]Gg.GBgb, then '+' and comma-separated alphanumeric
+# attributes (dots allowed inside, as in 'me.all'), or the RTX PRO '-me' suffix. Spellings that
+# migpilot tolerates elsewhere ('mig-1g.10gb', '1g.10gb.me') are errors in this format.
+_ATTRIBUTE = r"[A-Za-z](?:[A-Za-z0-9.]*[A-Za-z0-9])?"
+_MIGPARTED_NAME = re.compile(rf"^(?:\d+c\.)?\d+g\.\d+gb(?:\+{_ATTRIBUTE}(?:,{_ATTRIBUTE})*|-me)?$")
+
+# Go's strconv.ParseInt(s, 0, 32), which mig-parted uses for device-filter ids, accepts 0x/0o/0b
+# prefixes and decimal, and only values that fit a signed 32-bit integer.
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One entry of a mig-config: which GPUs it applies to and what they get."""
+
+    device_filter: tuple[int, ...]
+    """32-bit PCI device+vendor ids (``0x20B010DE``); empty means every GPU."""
+    device_filter_text: tuple[str, ...]
+    """The filter ids as written in the file."""
+    devices: Literal["all"] | tuple[int, ...]
+    """``"all"`` or the GPU indexes (as ``nvidia-smi`` numbers them) the entry applies to."""
+    mig_enabled: bool
+    mig_devices: tuple[tuple[str, int], ...]
+    """(profile name as written, count), in file order; counts of zero are kept."""
+
+    def matches(self, *, device_ids: Collection[int], index: int) -> bool:
+        """Whether the entry applies to GPU ``index`` whose PCI id is one of ``device_ids``.
+
+        A GPU has one PCI id; a catalog model has several (SXM, PCIe, OEM variants), so a model
+        matches a filter naming any of its ids.
+        """
+        if self.device_filter and not any(d in self.device_filter for d in device_ids):
+            return False
+        return self.devices == "all" or index in self.devices
+
+    def wanted(self) -> tuple[tuple[str, int], ...]:
+        """The profiles to create: ``mig_devices`` without the zero counts."""
+        return tuple((name, n) for name, n in self.mig_devices if n > 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigFile:
+    """A parsed mig-parted config file."""
+
+    source: str
+    """Where the text came from (a path), used in every message."""
+    version: str
+    configs: Mapping[str, tuple[Entry, ...]] = field(hash=False)
+    """Config name -> its entries, in file order (read-only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLayout:
+    """What one GPU of a node gets under a config."""
+
+    index: int
+    entry: int
+    """Index (0-based) of the entry that decides this GPU."""
+    mig_enabled: bool
+    layout: layouts.Layout
+    """The placed instances; empty when MIG is disabled or the entry asks for none."""
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+
+class _Loader(yaml.SafeLoader):
+    """A safe loader that rejects duplicate keys, which would otherwise silently overwrite."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    out: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in out:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        out[key] = loader.construct_object(value_node, deep=True)
+    return out
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = e.problem or e.context or "invalid YAML"
+        raise errors.ConfigError(f"{source}: malformed YAML{where}: {problem}") from None
+    except yaml.YAMLError as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise errors.ConfigError(f"{source}: malformed YAML: {first}") from None
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, int):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def _device_id(text: str) -> int | None:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        return None
+    return value if 0 <= value <= _INT32_MAX else None
+
+
+def _parse_device_filter(raw: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    # null, "" and [] all mean "no filter" to mig-parted (MatchesDeviceFilter returns true).
+    if raw is None or raw in ("", []):
+        return (), ()
+    if isinstance(raw, str):
+        texts: list[Any] = [raw]
+    elif isinstance(raw, list):
+        texts = raw
+    else:
+        raise ValueError(
+            f"device-filter must be a string or a list of strings, got {_describe(raw)}"
+        )
+    ids: list[int] = []
+    for text in texts:
+        if not isinstance(text, str):
+            # YAML reads an unquoted 0x20B010DE as a number, which mig-parted cannot unmarshal.
+            hint = f' (quote it: "0x{text:08X}")' if type(text) is int and text >= 0 else ""
+            raise ValueError(f"device-filter ids must be strings, got {_describe(text)}{hint}")
+        dev = _device_id(text.strip())
+        if dev is None:
+            # mig-parted ignores this parse error and the entry silently never matches.
+            raise ValueError(f"device-filter {text!r} is not a PCI device id such as 0x20B010DE")
+        ids.append(dev)
+    return tuple(ids), tuple(texts)
+
+
+def _parse_devices(raw: Any) -> Literal["all"] | tuple[int, ...]:
+    if isinstance(raw, str):
+        if raw != "all":
+            raise ValueError(f"invalid string input for 'devices': {raw!r} (expected 'all')")
+        return "all"
+    if isinstance(raw, list):
+        indexes: list[int] = []
+        for item in raw:
+            if type(item) is not int or item < 0:
+                raise ValueError(f"devices: {item!r} is not a GPU index")
+            indexes.append(item)
+        return tuple(indexes)
+    raise ValueError(f"devices must be 'all' or a list of GPU indexes, got {_describe(raw)}")
+
+
+def _check_profile_name(name: str) -> None:
+    if not _MIGPARTED_NAME.match(name):
+        raise ValueError(
+            f"mig-devices: invalid format for {name!r} "
+            "(expected e.g. 1g.10gb, 3g.40gb, 1g.10gb+me, 1c.3g.40gb)"
+        )
+    try:
+        profiles.parse_profile_name(name)
+    except errors.UnknownProfileError as e:
+        raise ValueError(f"mig-devices: invalid format for {name!r}: {e}") from None
+
+
+def _parse_mig_devices(raw: Any) -> tuple[tuple[str, int], ...] | None:
+    """The (name, count) pairs; ``None`` when absent or null (mig-parted's nil map)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError(f"mig-devices must be a mapping of profile to count, got {_describe(raw)}")
+    pairs: list[tuple[str, int]] = []
+    for name, count in raw.items():
+        if not isinstance(name, str):
+            raise ValueError(f"mig-devices: profile {name!r} must be a string")
+        _check_profile_name(name)
+        if type(count) is not int:
+            raise ValueError(f"mig-devices: count for {name!r} must be an integer, got {count!r}")
+        if count < 0:
+            raise ValueError(f"mig-devices: invalid count for {name!r}: {count}")
+        pairs.append((name, count))
+    if pairs and not any(n > 0 for _, n in pairs):
+        raise ValueError("mig-devices: all counts for all MigProfiles are 0")
+    return tuple(pairs)
+
+
+def _parse_entry(raw: Any) -> Entry:
+    """One entry; raises ``ValueError`` with the bare reason (the caller adds where)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"expected a mapping, got {_describe(raw)}")
+    for key in _REQUIRED_ENTRY_FIELDS:
+        if key not in raw:
+            raise ValueError(f"missing required field: {key}")
+    unexpected = [str(k) for k in raw if k not in _ENTRY_FIELDS]
+    if unexpected:
+        raise ValueError(f"unexpected field: {', '.join(sorted(unexpected))}")
+    filter_ids, filter_text = _parse_device_filter(raw.get("device-filter"))
+    devices = _parse_devices(raw["devices"])
+    enabled = raw["mig-enabled"]
+    if not isinstance(enabled, bool):
+        raise ValueError(f"mig-enabled must be true or false, got {_describe(enabled)}")
+    mig_devices = _parse_mig_devices(raw.get("mig-devices"))
+    if enabled and mig_devices is None:
+        raise ValueError("missing required field 'mig-devices' when 'mig-enabled' is true")
+    if not enabled and mig_devices:
+        raise ValueError("MIG devices included when 'mig-enabled' is false")
+    return Entry(
+        device_filter=filter_ids,
+        device_filter_text=filter_text,
+        devices=devices,
+        mig_enabled=enabled,
+        mig_devices=mig_devices or (),
+    )
+
+
+def parse(text: str, *, source: str) -> ConfigFile:
+    """Parse the text of a mig-parted config file; ``source`` names it in messages.
+
+    Raises :class:`ConfigError` with one line naming the source, and the config and entry
+    (0-based) where there is one. Beyond mig-parted, it also rejects duplicate keys (mig-parted
+    keeps the last silently), device-filter ids that are not numbers (mig-parted never matches
+    them) and a file without ``mig-configs`` (mig-parted fails only when a config is selected).
+    """
+    data = _load_yaml(text, source)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise errors.ConfigError(f"{source}: expected a mapping at the top, got {_describe(data)}")
+    if "version" not in data:
+        raise errors.ConfigError(f"{source}: unable to parse with missing 'version' field")
+    if data["version"] != VERSION:
+        raise errors.ConfigError(f"{source}: unknown version: {data['version']}")
+    unexpected = [str(k) for k in data if k not in _TOP_FIELDS]
+    if unexpected:
+        raise errors.ConfigError(f"{source}: unexpected field: {', '.join(sorted(unexpected))}")
+    if "mig-configs" not in data:
+        raise errors.ConfigError(f"{source}: missing required field: mig-configs")
+    raw_configs = data["mig-configs"]
+    if raw_configs is not None and not isinstance(raw_configs, dict):
+        raise errors.ConfigError(
+            f"{source}: mig-configs must be a mapping of name to entries, "
+            f"got {_describe(raw_configs)}"
+        )
+    if not raw_configs:
+        raise errors.ConfigError(f"{source}: at least one entry in 'mig-configs' is required")
+    configs: dict[str, tuple[Entry, ...]] = {}
+    for name, raw_entries in raw_configs.items():
+        if not isinstance(name, str):
+            raise errors.ConfigError(f"{source}: config name {name!r} must be a string")
+        if raw_entries is None or raw_entries == []:
+            raise errors.ConfigError(f"{source}: at least one entry in {name!r} is required")
+        if not isinstance(raw_entries, list):
+            raise errors.ConfigError(
+                f"{source}: config {name!r}: expected a list of entries, "
+                f"got {_describe(raw_entries)}"
+            )
+        entries: list[Entry] = []
+        for i, raw in enumerate(raw_entries):
+            try:
+                entries.append(_parse_entry(raw))
+            except ValueError as e:
+                raise errors.ConfigError(f"{source}: config {name!r} entry {i}: {e}") from None
+        configs[name] = tuple(entries)
+    return ConfigFile(source=source, version=VERSION, configs=types.MappingProxyType(configs))
+
+
+# --- what a node gets ------------------------------------------------------------------------
+
+
+def _place(entry: Entry, model: profiles.GpuModel) -> layouts.Layout:
+    """The entry's instances placed on ``model``; raises the resolve or layout error."""
+    names: list[str] = []
+    for text, count in entry.wanted():
+        names.extend([model.resolve_profile(text).name] * count)
+    return layouts.place(model, names)
+
+
+def _selected(config: ConfigFile, name: str) -> tuple[Entry, ...]:
+    entries = config.configs.get(name)
+    if entries is None:
+        known = ", ".join(config.configs)
+        raise errors.ConfigError(f"{config.source}: no config {name!r} (known: {known})")
+    return entries
+
+
+# How mig-parted picks the entry for a GPU (github.com/NVIDIA/mig-parted,
+# cmd/nvidia-mig-parted/assert/assert.go WalkSelectedMigConfigForEachGPU, used by apply/mode.go,
+# apply/config.go and assert/config.go; matching in api/spec/v1/helpers.go): it walks the
+# entries in file order and, for each, every GPU whose PCI id passes MatchesDeviceFilter (no
+# filter matches all) and whose index passes MatchesDevices ('all' or the index is listed), and
+# applies that entry to the GPU. Nothing stops at the first match, so when several entries match
+# one GPU each is applied in turn (apply sets the mode and recreates the devices each time) and
+# the LAST matching entry is what the GPU ends with; assert likewise records the last match. A
+# GPU that no entry matches is left as it is by apply, and assert then fails with "not all GPUs
+# match the specified config".
+def _entry_for(
+    entries: tuple[Entry, ...], *, device_ids: Collection[int], index: int
+) -> int | None:
+    chosen: int | None = None
+    for i, entry in enumerate(entries):
+        if entry.matches(device_ids=device_ids, index=index):
+            chosen = i
+    return chosen
+
+
+def layout_for(
+    config: ConfigFile,
+    name: str,
+    *,
+    model: profiles.GpuModel,
+    gpus: int,
+    device_id: int | None = None,
+) -> tuple[GpuLayout, ...]:
+    """What each of ``gpus`` GPUs of ``model`` gets under config ``name``, by GPU index.
+
+    The GPUs' PCI id is ``device_id`` when given, otherwise any of the model's ids. Profile names
+    are resolved by hardware shape (``3g.39gb`` is the A100-80GB's ``3g.40gb``) and placed with
+    :func:`layouts.place`. Raises :class:`ConfigError` for an unknown config, a GPU no entry
+    matches, or an entry that cannot be placed (with the reason).
+    """
+    entries = _selected(config, name)
+    ids = (device_id,) if device_id is not None else model.pci_device_ids
+    where = f"{config.source}: config {name!r}"
+    placed: dict[int, layouts.Layout] = {}
+    out: list[GpuLayout] = []
+    for index in range(gpus):
+        i = _entry_for(entries, device_ids=ids, index=index)
+        if i is None:
+            raise errors.ConfigError(
+                f"{where}: no entry matches GPU {index} ({model.id}); mig-parted apply would "
+                "leave that GPU as it is and mig-parted assert would fail with 'not all GPUs "
+                "match the specified config'"
+            )
+        entry = entries[i]
+        if not entry.mig_enabled:
+            out.append(GpuLayout(index, i, mig_enabled=False, layout=layouts.Layout(())))
+            continue
+        if i not in placed:
+            try:
+                placed[i] = _place(entry, model)
+            except (errors.UnknownProfileError, errors.LayoutError) as e:
+                raise errors.ConfigError(
+                    f"{where} entry {i} cannot be placed on {model.id}: {e}"
+                ) from None
+        out.append(GpuLayout(index, i, mig_enabled=True, layout=placed[i]))
+    return tuple(out)
+
+
+# --- checking against the catalog ------------------------------------------------------------
+
+
+def _resolves(model: profiles.GpuModel, text: str, *, exact: bool) -> bool:
+    if exact:
+        canonical = profiles.parse_profile_name(text).canonical
+        return any(canonical == p.name or canonical in p.aliases for p in model.profiles)
+    try:
+        model.resolve_profile(text)
+    except errors.UnknownProfileError:
+        return False
+    return True
+
+
+def _targets(entry: Entry, cat: catalog.Catalog) -> list[profiles.GpuModel] | str:
+    """The catalog GPUs an entry is meant for, or why there are none."""
+    if entry.device_filter:
+        # Unknown ids are not errors: mig-parted just never matches them.
+        known = (cat.by_pci_device_id(d) for d in entry.device_filter)
+        return list(dict.fromkeys(m for m in known if m is not None))
+    names = [text for text, _ in entry.wanted()]
+    # Without a filter an entry is meant for the GPUs that offer its profiles. Names are matched
+    # exactly (canonical name or a known alias) first: with the drift tolerance alone, the
+    # default file's all-1g.5gb (7 x 1g.5gb, for A100-40GB) would count as 7 x 1g.6gb on A30,
+    # which holds 4, and be reported although mig-parted would never apply it there. Only when
+    # no GPU offers the names exactly does the tolerant resolution decide.
+    for exact in (True, False):
+        models = [m for m in cat.models if all(_resolves(m, t, exact=exact) for t in names)]
+        if models:
+            return models
+    missing = [t for t in names if not any(_resolves(m, t, exact=False) for m in cat.models)]
+    if missing:
+        parsed = profiles.parse_profile_name(missing[0])
+        if parsed.compute is not None and parsed.compute != parsed.g:
+            return f"{missing[0]} is a compute-instance profile; migpilot places GPU instances"
+        return "no known GPU offers " + ", ".join(missing)
+    return "no known GPU offers all of " + ", ".join(names)
+
+
+def check(config: ConfigFile, *, cat: catalog.Catalog | None = None) -> list[str]:
+    """Problems of every config against the catalog, one line each; empty when all is well.
+
+    An entry with a device-filter must place on every catalog GPU its ids name; one without a
+    filter on every catalog GPU that offers its profiles (see :func:`_targets`).
+    """
+    cat = cat if cat is not None else catalog.default()
+    problems: list[str] = []
+    for name, entries in config.configs.items():
+        for i, entry in enumerate(entries):
+            if not entry.mig_enabled:
+                continue
+            where = f"{config.source}: config {name!r} entry {i}"
+            targets = _targets(entry, cat)
+            if isinstance(targets, str):
+                problems.append(f"{where}: {targets}")
+                continue
+            for model in targets:
+                try:
+                    _place(entry, model)
+                except (errors.UnknownProfileError, errors.LayoutError) as e:
+                    problems.append(f"{where}: {model.id}: {e}")
+    return problems
