@@ -129,6 +129,8 @@ def test_console_script_has_no_traceback() -> None:
     )
     assert proc.returncode == 1
     assert "cannot start at memory slot 1" in proc.stdout
-    proc = subprocess.run([str(exe), "profiles", "nope"], capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [str(exe), "profiles", "nope"], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("migpilot: error:")

@@ -170,6 +170,8 @@ def violation(model: profiles.GpuModel, instances: Iterable[Instance]) -> str | 
             pls.append(g.placement(inst))
         except errors.LayoutError as e:
             return str(e)
+    if _quick_valid(g, pls):
+        return None
     for i, a in enumerate(pls):
         for b in pls[i + 1 :]:
             if a.mask & b.mask:
@@ -191,6 +193,25 @@ def violation(model: profiles.GpuModel, instances: Iterable[Instance]) -> str | 
     if len(pls) > model.max_gpu_instances:
         return f"{len(pls)} instances exceed the GPU's maximum of {model.max_gpu_instances}"
     return None
+
+
+def _quick_valid(g: Geometry, pls: list[Placement]) -> bool:
+    """The same rules as :func:`violation` in one integer pass, without building a reason."""
+    mask = compute = media = 0
+    per = [0] * len(g.profiles)
+    for pl in pls:
+        if mask & pl.mask:
+            return False
+        mask |= pl.mask
+        compute += pl.compute
+        media += pl.media
+        per[pl.profile] += 1
+    return (
+        compute <= g.model.compute_slices
+        and media <= 1
+        and len(pls) <= g.model.max_gpu_instances
+        and all(n <= cap for n, cap in zip(per, g.max_instances, strict=True))
+    )
 
 
 def validate(model: profiles.GpuModel, instances: Iterable[Instance]) -> Layout:
@@ -231,15 +252,15 @@ def place(
     contiguous regions stay free), ties going to the lowest starts: deterministic. Raises
     :class:`LayoutError` saying why no assignment exists.
     """
-    fixed_layout = validate(model, fixed)
-    counts = Counter(wanted)
-    return _place_cached(model, fixed_layout, tuple(sorted(counts.items())))
+    return _place_cached(model, tuple(sorted(fixed)), tuple(sorted(wanted)))
 
 
 @functools.lru_cache(maxsize=65536)
 def _place_cached(
-    model: profiles.GpuModel, fixed: Layout, counts: tuple[tuple[str, int], ...]
+    model: profiles.GpuModel, fixed_instances: tuple[Instance, ...], wanted_names: tuple[str, ...]
 ) -> Layout:
+    fixed = validate(model, fixed_instances)
+    counts = tuple(sorted(Counter(wanted_names).items()))
     g = geometry(model)
     base = _state_of(g, fixed)
     wanted: list[int] = []

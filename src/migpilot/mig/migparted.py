@@ -14,6 +14,7 @@ clock; it may import :mod:`migpilot.errors` and the other ``migpilot.mig`` modul
 
 from __future__ import annotations
 
+import difflib
 import re
 import types
 from collections.abc import Collection, Mapping
@@ -159,10 +160,10 @@ def _parse_device_filter(raw: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
     # null, "" and [] all mean "no filter" to mig-parted (MatchesDeviceFilter returns true).
     if raw is None or raw in ("", []):
         return (), ()
-    if isinstance(raw, str):
-        texts: list[Any] = [raw]
-    elif isinstance(raw, list):
-        texts = raw
+    if isinstance(raw, list):
+        texts: list[Any] = raw
+    elif isinstance(raw, str) or type(raw) is int:
+        texts = [raw]  # a lone number is checked below, to say how to fix it
     else:
         raise ValueError(
             f"device-filter must be a string or a list of strings, got {_describe(raw)}"
@@ -323,8 +324,10 @@ def _place(entry: Entry, model: profiles.GpuModel) -> layouts.Layout:
 def _selected(config: ConfigFile, name: str) -> tuple[Entry, ...]:
     entries = config.configs.get(name)
     if entries is None:
+        close = difflib.get_close_matches(name, list(config.configs), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
         known = ", ".join(config.configs)
-        raise errors.ConfigError(f"{config.source}: no config {name!r} (known: {known})")
+        raise errors.ConfigError(f"{config.source}: no config {name!r}{hint} (known: {known})")
     return entries
 
 

@@ -184,6 +184,11 @@ class GpuModel:
     aliases: tuple[str, ...] = ()
     """Extra short names accepted on the command line."""
 
+    def __hash__(self) -> int:
+        # Models are cache keys on hot paths (layouts.geometry, placement caches): hashing every
+        # profile each time would dominate. Equal models have equal ids, so this is consistent.
+        return hash(self.id)
+
     @property
     def gfd_product_names(self) -> tuple[str, ...]:
         """Product names as gpu-feature-discovery writes them into labels (spaces -> ``-``)."""
