@@ -242,6 +242,23 @@ def test_duplicate_keys_are_rejected_with_their_line() -> None:
     )
 
 
+def test_keys_beside_a_yaml_merge_override_it_without_being_duplicates() -> None:
+    config = parse(
+        """
+        version: v1
+        mig-configs:
+          base:
+            - &entry {devices: all, mig-enabled: true, mig-devices: {"1g.5gb": 1}}
+          other:
+            - <<: *entry
+              mig-enabled: false
+              mig-devices: {}
+        """
+    )
+    (entry,) = config.configs["other"]
+    assert (entry.devices, entry.mig_enabled, entry.mig_devices) == ("all", False, ())
+
+
 # --- what mig-parted accepts -----------------------------------------------------------------
 
 

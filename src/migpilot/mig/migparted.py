@@ -9,7 +9,7 @@ the file, the config and the entry. :func:`layout_for` says what each GPU of a n
 and :func:`check` looks for entries that no GPU they target can hold.
 
 Part of the pure core: text in, frozen values out. No file I/O (the CLI reads the file), no
-clock; it may import :mod:`migpilot.errors` and the other ``migpilot.mig`` modules only.
+clock; it may import PyYAML, :mod:`migpilot.errors` and the other ``migpilot.mig`` modules only.
 """
 
 from __future__ import annotations
@@ -104,16 +104,21 @@ class _Loader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    out: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # keys written beside a '<<' merge override the merged ones, as YAML says
         key = loader.construct_object(key_node, deep=True)
-        if key in out:
+        try:
+            duplicate = key in seen
+        except TypeError:
+            continue  # an unhashable key: construct_mapping reports it
+        if duplicate:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
             )
-        out[key] = loader.construct_object(value_node, deep=True)
-    return out
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
@@ -264,8 +269,9 @@ def parse(text: str, *, source: str) -> ConfigFile:
 
     Raises :class:`ConfigError` with one line naming the source, and the config and entry
     (0-based) where there is one. Beyond mig-parted, it also rejects duplicate keys (mig-parted
-    keeps the last silently), device-filter ids that are not numbers (mig-parted never matches
-    them) and a file without ``mig-configs`` (mig-parted fails only when a config is selected).
+    keeps the last silently), device-filter ids that are not 31-bit numbers (mig-parted never
+    matches them), negative GPU indexes, and a file without ``mig-configs`` (mig-parted fails only
+    when a config is selected).
     """
     data = _load_yaml(text, source)
     if data is None:
