@@ -39,9 +39,11 @@ _REQUIRED_ENTRY_FIELDS = ("devices", "mig-enabled")
 _ATTRIBUTE = r"[A-Za-z](?:[A-Za-z0-9.]*[A-Za-z0-9])?"
 _MIGPARTED_NAME = re.compile(rf"^(?:\d+c\.)?\d+g\.\d+gb(?:\+{_ATTRIBUTE}(?:,{_ATTRIBUTE})*|-me)?$")
 
-# Go's strconv.ParseInt(s, 0, 32), which mig-parted uses for device-filter ids, accepts 0x/0o/0b
-# prefixes and decimal, and only values that fit a signed 32-bit integer.
-_INT32_MAX = 2**31 - 1
+# Go's strconv.ParseUint(s, 0, 32), which mig-parted uses for device-filter ids
+# (pkg/types/device.go, NewDeviceIDFromString), accepts 0x/0o/0b prefixes and decimal, and only
+# values that fit an unsigned 32-bit integer. A ":0x<subsystem>" suffix narrows the match to one
+# board; migpilot matches on the primary device+vendor id.
+_UINT32_MAX = 2**32 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,11 +156,12 @@ def _describe(value: Any) -> str:
 
 
 def _device_id(text: str) -> int | None:
+    primary = text.split(":", 1)[0]
     try:
-        value = int(text, 0)
+        value = int(primary, 0)
     except ValueError:
         return None
-    return value if 0 <= value <= _INT32_MAX else None
+    return value if 0 <= value <= _UINT32_MAX else None
 
 
 def _parse_device_filter(raw: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
