@@ -31,3 +31,7 @@ class LayoutError(MigpilotError):
 
 class ConfigError(MigpilotError):
     """A nvidia-mig-parted config file that does not parse or does not validate."""
+
+
+class SnapshotError(MigpilotError):
+    """A cluster snapshot file that does not parse or describes an impossible cluster."""

@@ -75,6 +75,7 @@ class Geometry:
         self.profiles = model.profiles
         self.index = {p.name: i for i, p in enumerate(model.profiles)}
         self.max_instances = tuple(p.max_instances for p in model.profiles)
+        self.area = tuple(p.memory_slots * p.compute_slices for p in model.profiles)
         placements: list[Placement] = []
         for i, p in enumerate(model.profiles):
             for s in p.placements:
@@ -231,8 +232,22 @@ def _state_of(g: Geometry, layout: Layout) -> _State:
 
 
 def _flexibility(g: Geometry, st: _State) -> int:
-    """How many single placements still fit: the tie-breaker that keeps big regions free."""
-    return sum(1 for pl in g.placements if st.fits(g, pl))
+    """Single placements that still fit, each weighted by its area (memory x compute slices).
+
+    The tie-breaker that keeps big contiguous regions free: losing the one 7g placement costs
+    more than losing several 1g ones.
+    """
+    return sum(g.area[pl.profile] for pl in g.placements if st.fits(g, pl))
+
+
+def free_value(model: profiles.GpuModel, layout: Layout) -> int:
+    """How much room a layout leaves, as the area-weighted count of single placements that fit.
+
+    An empty H100 scores 130, a full one 0. The planner uses it to prefer choices that keep large
+    regions and whole GPUs free.
+    """
+    g = geometry(model)
+    return _flexibility(g, _state_of(g, layout))
 
 
 def _describe(counts: Mapping[str, int]) -> str:

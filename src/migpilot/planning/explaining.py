@@ -1,0 +1,208 @@
+"""Why a pod stays pending: one reason per pod, and with ``--explain`` one per node.
+
+Every planner calls :func:`explain` for the pods it leaves out, so reasons read the same whatever
+planner ran. The reason is judged against the plan's final state: the instances in use, the
+instances the plan gives to other pods, and the CPU and memory those pods take. Per node the
+reason is the first check that fails, in the order kube-scheduler would meet them: node
+admission (cordon, selector, affinity, taints), GPU models that offer the profiles, CPU and memory,
+then MIG room. The pod's summary is the most hopeful of its nodes' reasons.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+from migpilot import errors
+from migpilot.mig import layouts
+from migpilot.planning import constraints, plans, snapshot
+
+
+class Why(enum.IntEnum):
+    """Per-node outcome, most hopeful last (the summary takes the maximum)."""
+
+    NOT_ADMITTED = 0
+    NOT_OFFERED = 1
+    NO_CPU_MEMORY = 2
+    IN_USE = 3
+    TAKEN = 4
+    ROOM_LEFT = 5
+
+
+def _describe(need: Iterable[str]) -> str:
+    counts = Counter(need)
+    return " + ".join(f"{n} x {p}" if n > 1 else p for p, n in sorted(counts.items()))
+
+
+def _fits(
+    gpus: list[tuple[snapshot.Gpu, frozenset[layouts.Instance]]], need: tuple[str, ...]
+) -> bool:
+    """Do ``need`` instances fit on these GPUs beside the given occupied instances?
+
+    One GPU at a time first; then spread over the node's GPUs, largest instance first, each on
+    the first GPU with room (enough for the explanation, which only needs a yes or no).
+    """
+    for gpu, occupied in gpus:
+        try:
+            layouts.place(gpu.model, need, fixed=occupied)
+            return True
+        except errors.LayoutError:
+            continue
+    state = [set(o) for _, o in gpus]
+    for name in sorted(need, key=lambda n: -_slots(gpus, n)):
+        for k, (gpu, _) in enumerate(gpus):
+            try:
+                lay = layouts.place(gpu.model, [name], fixed=state[k])
+            except errors.LayoutError:
+                continue
+            state[k] = set(lay.instances)
+            break
+        else:
+            return False
+    return True
+
+
+def _slots(gpus: list[tuple[snapshot.Gpu, frozenset[layouts.Instance]]], name: str) -> int:
+    for gpu, _ in gpus:
+        for p in gpu.model.profiles:
+            if p.name == name:
+                return p.memory_slots
+    return 0
+
+
+class Explainer:
+    """Explains pending pods against one plan's final state (built once per plan)."""
+
+    def __init__(self, snap: snapshot.Snapshot, placements: Iterable[plans.Placement]) -> None:
+        self.snap = snap
+        pods = {p.key: p for p in snap.pods}
+        self.used: dict[tuple[str, int], frozenset[layouts.Instance]] = {}
+        assigned: dict[tuple[str, int], set[layouts.Instance]] = {}
+        self.cpu: Counter[str] = Counter()
+        self.mem: Counter[str] = Counter()
+        for pl in placements:
+            pod = pods.get(pl.pod)
+            if pod is not None:
+                self.cpu[pl.node] += pod.cpu_milli
+                self.mem[pl.node] += pod.memory_bytes
+            for i in pl.instances:
+                assigned.setdefault((pl.node, i.gpu), set()).add(
+                    layouts.Instance(i.start, i.profile)
+                )
+        self.occupied: dict[tuple[str, int], frozenset[layouts.Instance]] = {}
+        for node in snap.nodes:
+            for gpu in node.gpus:
+                key = (node.name, gpu.index)
+                used = frozenset(i.instance for i in gpu.instances if i.used)
+                self.used[key] = used
+                self.occupied[key] = used | frozenset(assigned.get(key, ()))
+        self._cache: dict[tuple[object, ...], plans.Unschedulable] = {}
+
+    def node_reason(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str]:
+        """Why this node does not run the pod in the plan."""
+        reason = constraints.rejection(node, pod)
+        if reason is not None:
+            return Why.NOT_ADMITTED, reason
+        by_need: dict[tuple[str, ...], list[snapshot.Gpu]] = {}
+        for gpu in node.gpus:
+            need = pod.profiles_on(gpu.model)
+            if need is not None:
+                by_need.setdefault(need, []).append(gpu)
+        if not by_need:
+            models = ", ".join(sorted({g.model.id for g in node.gpus}))
+            wanted = " + ".join(
+                f"{r.count} x {r.profile}" if r.count > 1 else r.profile for r in pod.mig
+            )
+            return Why.NOT_OFFERED, f"its GPUs ({models}) offer no {wanted}"
+        alloc = node.allocatable
+        if alloc is not None:
+            free_cpu = alloc.cpu_milli - self.cpu[node.name]
+            if pod.cpu_milli > free_cpu:
+                return (
+                    Why.NO_CPU_MEMORY,
+                    f"not enough CPU: needs {pod.cpu_milli}m, {max(free_cpu, 0)}m free",
+                )
+            free_mem = alloc.memory_bytes - self.mem[node.name]
+            if pod.memory_bytes > free_mem:
+                return (
+                    Why.NO_CPU_MEMORY,
+                    f"not enough memory: needs {pod.memory_bytes} bytes, {max(free_mem, 0)} free",
+                )
+        need, gpus = next(iter(by_need.items()))
+        if len(by_need) > 1:  # mixed models on one node: pick the largest group
+            need, gpus = max(by_need.items(), key=lambda kv: len(kv[1]))
+        what = _describe(need)
+        if _fits([(g, self.occupied[(node.name, g.index)]) for g in gpus], need):
+            return Why.ROOM_LEFT, f"{what} would still fit; the planner left it out"
+        if _fits([(g, self.used[(node.name, g.index)]) for g in gpus], need):
+            return Why.TAKEN, f"the room for {what} went to other pending pods"
+        return Why.IN_USE, f"no room for {what} without destroying instances in use"
+
+    def explain(self, pod: snapshot.Pod, *, per_node: bool = False) -> plans.Unschedulable:
+        """The pod's summary reason (and per-node reasons when asked)."""
+        key = (
+            constraints.signature(pod),
+            pod.mig,
+            pod.cpu_milli,
+            pod.memory_bytes,
+            per_node,
+        )
+        cached = self._cache.get(key)
+        if cached is not None:
+            return plans.Unschedulable(pod.key, cached.reason, cached.nodes)
+        reasons = [(n.name, *self.node_reason(n, pod)) for n in self.snap.nodes]
+        result = plans.Unschedulable(
+            pod.key,
+            _summary(pod, reasons),
+            tuple((n, text) for n, _, text in reasons) if per_node else (),
+        )
+        self._cache[key] = result
+        return result
+
+
+def _summary(pod: snapshot.Pod, reasons: list[tuple[str, Why, str]]) -> str:
+    wanted = " + ".join(f"{r.count} x {r.profile}" if r.count > 1 else r.profile for r in pod.mig)
+    if not reasons:
+        return "the cluster has no nodes"
+    best = max(why for _, why, _ in reasons)
+    example = next((n, text) for n, why, text in reasons if why == best)
+    count = sum(1 for _, why, _ in reasons if why == best)
+    if best is Why.NOT_ADMITTED:
+        return f"no node admits the pod (e.g. {example[0]}: {example[1]})"
+    if best is Why.NOT_OFFERED:
+        return f"no node that admits the pod offers {wanted}"
+    if best is Why.NO_CPU_MEMORY:
+        return (
+            f"not enough CPU or memory on the nodes that offer {wanted} "
+            f"(e.g. {example[0]}: {example[1]})"
+        )
+    if best is Why.IN_USE:
+        return f"no node offers {wanted} without destroying instances in use"
+    if best is Why.TAKEN:
+        return f"the room for {wanted} went to other pending pods (higher priority or placed first)"
+    return (
+        f"{wanted} would still fit on {count} node(s) (e.g. {example[0]}); the planner left it out"
+    )
+
+
+def explain(
+    snap: snapshot.Snapshot,
+    pending: Iterable[snapshot.Pod],
+    placements: Iterable[plans.Placement],
+    *,
+    per_node: bool = False,
+) -> list[plans.Unschedulable]:
+    """Reasons for every pod in ``pending`` against the final placements of a plan."""
+    explainer = Explainer(snap, list(placements))
+    return [explainer.explain(p, per_node=per_node) for p in pending]
+
+
+def unresolvable(snap: snapshot.Snapshot) -> Mapping[str, str]:
+    """Pods whose request no GPU model in the cluster offers, with the reason (cheap pre-check)."""
+    out: dict[str, str] = {}
+    for pod in snap.pods:
+        if all(pod.profiles_on(m) is None for m in snap.models):
+            wanted = " + ".join(r.profile for r in pod.mig)
+            out[pod.key] = f"no GPU model in the cluster offers {wanted}"
+    return out

@@ -1,0 +1,610 @@
+"""Cluster snapshots: what the planner sees (nodes, their GPUs and MIG instances, pending pods).
+
+A snapshot is also a user-facing file format (version 1, YAML or JSON) so that anyone can ask the
+planner what it would do for a cluster without running one:
+
+.. code-block:: yaml
+
+    version: 1
+    policy: binpack                 # optional: binpack (default) or spread
+    nodes:
+      - name: node-0
+        labels: {zone: a}
+        taints: [{key: k, value: v, effect: NoSchedule}]
+        unschedulable: false
+        allocatable: {cpu: "64", memory: 512Gi}      # absent means unlimited
+        gpus:
+          - model: NVIDIA A100-SXM4-80GB             # any catalog alias
+            instances:
+              - {profile: 3g.40gb, start: 4, used: true}
+    pods:
+      - name: p1
+        namespace: default
+        priority: 0
+        requests: {nvidia.com/mig-1g.10gb: 2, cpu: "4", memory: 8Gi}
+        nodeSelector: {zone: a}
+        affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: ...}}
+        tolerations: [{key: k, operator: Equal, value: v, effect: NoSchedule}]
+
+:func:`parse` turns the decoded document into frozen values and rejects bad input with one line
+that names the place (``pods[2].requests: ...``). Pure: it is given data, never a path.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from types import MappingProxyType
+from typing import Any
+
+from migpilot import errors
+from migpilot.mig import catalog, layouts, profiles
+
+SNAPSHOT_VERSION = 1
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+class Policy(enum.StrEnum):
+    """How to choose among nodes that are otherwise equally good."""
+
+    BINPACK = "binpack"
+    """Fill nodes that already run work first (the default): whole nodes stay free."""
+    SPREAD = "spread"
+    """Prefer the least-loaded nodes: failures hit fewer pods."""
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A node taint."""
+
+    key: str
+    value: str
+    effect: str
+    """NoSchedule, PreferNoSchedule or NoExecute."""
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """A pod toleration, with Kubernetes' matching rules."""
+
+    key: str
+    """Empty with operator Exists tolerates every taint."""
+    operator: str
+    """Equal or Exists."""
+    value: str
+    effect: str
+    """Empty matches every effect."""
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """A node selector requirement of a required node-affinity term."""
+
+    key: str
+    operator: str
+    """In, NotIn, Exists, DoesNotExist, Gt or Lt."""
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ExistingInstance:
+    """A MIG instance that exists on a GPU now."""
+
+    profile: str
+    """Canonical profile name on the GPU's model."""
+    start: int
+    used: bool
+    """Allocated to a pod or reserved: the planner must never destroy or move it."""
+
+    @property
+    def instance(self) -> layouts.Instance:
+        """The instance without its used flag."""
+        return layouts.Instance(self.start, self.profile)
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One GPU of a node and its current MIG instances."""
+
+    index: int
+    model: profiles.GpuModel
+    instances: tuple[ExistingInstance, ...]
+
+    @property
+    def layout(self) -> layouts.Layout:
+        """The current layout (used and free instances)."""
+        return layouts.Layout.of(i.instance for i in self.instances)
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """CPU and memory amounts."""
+
+    cpu_milli: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node with MIG-capable GPUs."""
+
+    name: str
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...]
+    unschedulable: bool
+    allocatable: Resources | None
+    """CPU and memory left for the pending pods; ``None`` means not constrained."""
+    gpus: tuple[Gpu, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MigRequest:
+    """``count`` instances of a profile, as the pod names it (resolved per GPU model later)."""
+
+    profile: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """A pod waiting for MIG resources."""
+
+    name: str
+    namespace: str
+    priority: int
+    mig: tuple[MigRequest, ...]
+    cpu_milli: int
+    memory_bytes: int
+    node_selector: Mapping[str, str]
+    affinity: tuple[tuple[Requirement, ...], ...]
+    """Required node affinity: OR of terms, each an AND of requirements; empty: no constraint."""
+    tolerations: tuple[Toleration, ...]
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``, unique in a snapshot."""
+        return f"{self.namespace}/{self.name}"
+
+    def profiles_on(self, model: profiles.GpuModel) -> tuple[str, ...] | None:
+        """The canonical profile names this pod needs on ``model``, or ``None`` if not offered."""
+        out: list[str] = []
+        for req in self.mig:
+            try:
+                name = model.resolve_profile(req.profile).name
+            except errors.UnknownProfileError:
+                return None
+            out.extend([name] * req.count)
+        return tuple(sorted(out))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything the planner needs to know about a cluster at one moment."""
+
+    nodes: tuple[Node, ...]
+    pods: tuple[Pod, ...]
+    policy: Policy = Policy.BINPACK
+    models: tuple[profiles.GpuModel, ...] = field(default=(), compare=False)
+    """Distinct GPU models present, in first-seen order (derived)."""
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            seen: dict[str, profiles.GpuModel] = {}
+            for n in self.nodes:
+                for g in n.gpus:
+                    seen.setdefault(g.model.id, g.model)
+            object.__setattr__(self, "models", tuple(seen.values()))
+
+
+# --------------------------------------------------------------------------- quantities
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+            "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
+            "P": Decimal(10**15), "E": Decimal(10**18)}  # fmt: skip
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([A-Za-z]*)$")
+
+
+def parse_quantity(value: Any, *, where: str) -> Decimal:
+    """A Kubernetes resource quantity (``4``, ``500m``, ``8Gi``, ``1.5G``) as a number."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise errors.SnapshotError(f"{where}: expected a quantity like 4, 500m or 8Gi")
+    text = str(value).strip()
+    m = _QUANTITY.match(text)
+    if m is None:
+        raise errors.SnapshotError(f"{where}: {text!r} is not a quantity (like 4, 500m or 8Gi)")
+    try:
+        number = Decimal(m[1])
+    except InvalidOperation:
+        raise errors.SnapshotError(f"{where}: {text!r} is not a quantity") from None
+    suffix = m[2]
+    if suffix in _BINARY:
+        result = number * _BINARY[suffix]
+    elif suffix in _DECIMAL:
+        result = number * _DECIMAL[suffix]
+    else:
+        raise errors.SnapshotError(f"{where}: unknown unit {suffix!r} in {text!r}")
+    if result < 0:
+        raise errors.SnapshotError(f"{where}: {text!r} is negative")
+    return result
+
+
+def cpu_milli(value: Any, *, where: str) -> int:
+    """CPU quantity in millicores (rounded up, as Kubernetes does)."""
+    q = parse_quantity(value, where=where) * 1000
+    return int(q.to_integral_value(rounding="ROUND_CEILING"))
+
+
+def memory_bytes(value: Any, *, where: str) -> int:
+    """Memory quantity in bytes (rounded up)."""
+    q = parse_quantity(value, where=where)
+    return int(q.to_integral_value(rounding="ROUND_CEILING"))
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise errors.SnapshotError(f"{where}: expected a mapping")
+    return value
+
+
+def _sequence(value: Any, where: str) -> Sequence[Any]:
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise errors.SnapshotError(f"{where}: expected a list")
+    return value
+
+
+def _only(d: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise errors.SnapshotError(
+            f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})"
+        )
+
+
+def _str(value: Any, where: str, *, required: bool = True) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str | int | float) or isinstance(value, bool) or value == "":
+        raise errors.SnapshotError(f"{where}: expected a non-empty string")
+    return str(value)
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise errors.SnapshotError(f"{where}: expected an integer, got {value!r}")
+    return value
+
+
+def _labels(value: Any, where: str) -> Mapping[str, str]:
+    raw = _mapping(value, where)
+    out: dict[str, str] = {}
+    for k, v in raw.items():
+        if not isinstance(k, str) or not k:
+            raise errors.SnapshotError(f"{where}: label keys must be non-empty strings")
+        if isinstance(v, bool):
+            v = str(v).lower()
+        if v is None or not isinstance(v, str | int | float):
+            raise errors.SnapshotError(f"{where}.{k}: label values must be strings")
+        out[k] = str(v)
+    return MappingProxyType(out)
+
+
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _taint(raw: Any, where: str) -> Taint:
+    d = _mapping(raw, where)
+    _only(d, {"key", "value", "effect"}, where)
+    effect = _str(d.get("effect"), f"{where}.effect")
+    if effect not in _EFFECTS:
+        raise errors.SnapshotError(
+            f"{where}.effect: {effect!r} is not one of {', '.join(_EFFECTS)}"
+        )
+    return Taint(
+        _str(d.get("key"), f"{where}.key"),
+        _str(d.get("value"), f"{where}.value", required=False),
+        effect,
+    )
+
+
+def _toleration(raw: Any, where: str) -> Toleration:
+    d = _mapping(raw, where)
+    _only(d, {"key", "operator", "value", "effect", "tolerationSeconds"}, where)
+    op = _str(d.get("operator", "Equal"), f"{where}.operator")
+    if op not in ("Equal", "Exists"):
+        raise errors.SnapshotError(f"{where}.operator: {op!r} is not Equal or Exists")
+    key = _str(d.get("key"), f"{where}.key", required=False)
+    value = _str(d.get("value"), f"{where}.value", required=False)
+    if op == "Exists" and value:
+        raise errors.SnapshotError(f"{where}: operator Exists takes no value")
+    if not key and op != "Exists":
+        raise errors.SnapshotError(f"{where}: an empty key needs operator Exists")
+    effect = _str(d.get("effect"), f"{where}.effect", required=False)
+    if effect and effect not in _EFFECTS:
+        raise errors.SnapshotError(
+            f"{where}.effect: {effect!r} is not one of {', '.join(_EFFECTS)}"
+        )
+    return Toleration(key, op, value, effect)
+
+
+_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+def _requirement(raw: Any, where: str) -> Requirement:
+    d = _mapping(raw, where)
+    _only(d, {"key", "operator", "values"}, where)
+    op = _str(d.get("operator"), f"{where}.operator")
+    if op not in _OPERATORS:
+        raise errors.SnapshotError(
+            f"{where}.operator: {op!r} is not one of {', '.join(_OPERATORS)}"
+        )
+    values = tuple(
+        _str(v, f"{where}.values") for v in _sequence(d.get("values"), f"{where}.values")
+    )
+    if op in ("In", "NotIn") and not values:
+        raise errors.SnapshotError(f"{where}: operator {op} needs values")
+    if op in ("Exists", "DoesNotExist") and values:
+        raise errors.SnapshotError(f"{where}: operator {op} takes no values")
+    if op in ("Gt", "Lt") and (len(values) != 1 or not re.fullmatch(r"-?\d+", values[0])):
+        raise errors.SnapshotError(f"{where}: operator {op} needs one integer value")
+    return Requirement(_str(d.get("key"), f"{where}.key"), op, values)
+
+
+def _affinity(raw: Any, where: str) -> tuple[tuple[Requirement, ...], ...]:
+    d = _mapping(raw, where)
+    _only(d, {"nodeAffinity", "podAffinity", "podAntiAffinity"}, where)
+    if d.get("podAffinity") or d.get("podAntiAffinity"):
+        raise errors.SnapshotError(f"{where}: pod (anti-)affinity is not supported by the planner")
+    na = _mapping(d.get("nodeAffinity"), f"{where}.nodeAffinity")
+    _only(
+        na,
+        {
+            "requiredDuringSchedulingIgnoredDuringExecution",
+            "preferredDuringSchedulingIgnoredDuringExecution",
+        },
+        f"{where}.nodeAffinity",
+    )
+    w = f"{where}.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    req = _mapping(na.get("requiredDuringSchedulingIgnoredDuringExecution"), w)
+    _only(req, {"nodeSelectorTerms"}, w)
+    terms: list[tuple[Requirement, ...]] = []
+    for i, term in enumerate(_sequence(req.get("nodeSelectorTerms"), f"{w}.nodeSelectorTerms")):
+        tw = f"{w}.nodeSelectorTerms[{i}]"
+        t = _mapping(term, tw)
+        _only(t, {"matchExpressions", "matchFields"}, tw)
+        if t.get("matchFields"):
+            raise errors.SnapshotError(f"{tw}.matchFields: not supported (use matchExpressions)")
+        exprs = _sequence(t.get("matchExpressions"), f"{tw}.matchExpressions")
+        terms.append(
+            tuple(_requirement(e, f"{tw}.matchExpressions[{j}]") for j, e in enumerate(exprs))
+        )
+    return tuple(terms)
+
+
+def _resources(raw: Any, where: str) -> Resources | None:
+    if raw is None:
+        return None
+    d = _mapping(raw, where)
+    cpu = cpu_milli(d["cpu"], where=f"{where}.cpu") if "cpu" in d else 2**62
+    mem = memory_bytes(d["memory"], where=f"{where}.memory") if "memory" in d else 2**62
+    return Resources(cpu, mem)
+
+
+def _gpu(raw: Any, index: int, where: str) -> Gpu:
+    d = _mapping(raw, where)
+    _only(d, {"model", "instances", "index"}, where)
+    model = catalog.resolve_gpu(_str(d.get("model"), f"{where}.model"))
+    insts: list[ExistingInstance] = []
+    for j, r in enumerate(_sequence(d.get("instances"), f"{where}.instances")):
+        iw = f"{where}.instances[{j}]"
+        e = _mapping(r, iw)
+        _only(e, {"profile", "start", "used"}, iw)
+        try:
+            prof = model.resolve_profile(_str(e.get("profile"), f"{iw}.profile")).name
+        except errors.UnknownProfileError as err:
+            raise errors.SnapshotError(f"{iw}.profile: {err}") from None
+        used = e.get("used", False)
+        if not isinstance(used, bool):
+            raise errors.SnapshotError(f"{iw}.used: expected true or false")
+        insts.append(ExistingInstance(prof, _int(e.get("start"), f"{iw}.start"), used))
+    reason = layouts.violation(model, [i.instance for i in insts])
+    if reason is not None:
+        raise errors.SnapshotError(f"{where}: current instances are not a valid layout: {reason}")
+    idx = d.get("index", index)
+    return Gpu(_int(idx, f"{where}.index"), model, tuple(sorted(insts, key=lambda i: i.start)))
+
+
+def _node(raw: Any, where: str) -> Node:
+    d = _mapping(raw, where)
+    _only(d, {"name", "labels", "taints", "unschedulable", "allocatable", "gpus"}, where)
+    name = _str(d.get("name"), f"{where}.name")
+    unsched = d.get("unschedulable", False)
+    if not isinstance(unsched, bool):
+        raise errors.SnapshotError(f"{where}.unschedulable: expected true or false")
+    gpus = tuple(
+        _gpu(g, i, f"{where}.gpus[{i}]")
+        for i, g in enumerate(_sequence(d.get("gpus"), f"{where}.gpus"))
+    )
+    if len({g.index for g in gpus}) != len(gpus):
+        raise errors.SnapshotError(f"{where}.gpus: two GPUs share an index")
+    return Node(
+        name=name,
+        labels=_labels(d.get("labels"), f"{where}.labels"),
+        taints=tuple(
+            _taint(t, f"{where}.taints[{i}]")
+            for i, t in enumerate(_sequence(d.get("taints"), f"{where}.taints"))
+        ),
+        unschedulable=unsched,
+        allocatable=_resources(d.get("allocatable"), f"{where}.allocatable"),
+        gpus=gpus,
+    )
+
+
+def _pod(raw: Any, where: str) -> Pod:
+    d = _mapping(raw, where)
+    _only(
+        d,
+        {"name", "namespace", "priority", "requests", "nodeSelector", "affinity", "tolerations"},
+        where,
+    )
+    name = _str(d.get("name"), f"{where}.name")
+    rw = f"{where}.requests"
+    requests = _mapping(d.get("requests"), rw)
+    mig: dict[str, int] = {}
+    cpu = mem = 0
+    for key, value in requests.items():
+        if not isinstance(key, str):
+            raise errors.SnapshotError(f"{rw}: resource names must be strings")
+        if key == "cpu":
+            cpu = cpu_milli(value, where=f"{rw}.cpu")
+        elif key == "memory":
+            mem = memory_bytes(value, where=f"{rw}.memory")
+        elif key.startswith(MIG_RESOURCE_PREFIX):
+            try:
+                canonical = profiles.parse_profile_name(key).canonical
+            except errors.UnknownProfileError as err:
+                raise errors.SnapshotError(f"{rw}: {err}") from None
+            count = value if isinstance(value, int) and not isinstance(value, bool) else None
+            if isinstance(value, str) and value.isdigit():
+                count = int(value)
+            if count is None or count < 0:
+                raise errors.SnapshotError(f"{rw}.{key}: expected a whole number of instances")
+            if count:
+                mig[canonical] = mig.get(canonical, 0) + count
+        elif key.startswith("nvidia.com/"):
+            raise errors.SnapshotError(
+                f"{rw}: {key} is not a MIG resource (expected nvidia.com/mig-<profile>)"
+            )
+        # Other resources (ephemeral-storage, hugepages...) are not modelled by the planner.
+    if not mig:
+        raise errors.SnapshotError(f"{rw}: the pod requests no MIG resource (nvidia.com/mig-...)")
+    priority = d.get("priority", 0)
+    return Pod(
+        name=name,
+        namespace=_str(d.get("namespace", "default"), f"{where}.namespace"),
+        priority=_int(priority, f"{where}.priority"),
+        mig=tuple(MigRequest(p, n) for p, n in sorted(mig.items())),
+        cpu_milli=cpu,
+        memory_bytes=mem,
+        node_selector=_labels(d.get("nodeSelector"), f"{where}.nodeSelector"),
+        affinity=_affinity(d.get("affinity"), f"{where}.affinity"),
+        tolerations=tuple(
+            _toleration(t, f"{where}.tolerations[{i}]")
+            for i, t in enumerate(_sequence(d.get("tolerations"), f"{where}.tolerations"))
+        ),
+    )
+
+
+def parse(document: Any, *, source: str = "snapshot") -> Snapshot:
+    """Build a snapshot from a decoded YAML/JSON document; raise :class:`SnapshotError`."""
+    try:
+        return _parse(document)
+    except errors.SnapshotError as e:
+        raise errors.SnapshotError(f"{source}: {e}") from None
+    except (errors.UnknownGpuError, errors.UnknownProfileError) as e:
+        raise errors.SnapshotError(f"{source}: {e}") from None
+
+
+def _parse(document: Any) -> Snapshot:
+    d = _mapping(document, "snapshot")
+    _only(d, {"version", "policy", "nodes", "pods"}, "snapshot")
+    if "version" not in d:
+        raise errors.SnapshotError("missing 'version' (this format is version 1)")
+    if d["version"] != SNAPSHOT_VERSION:
+        raise errors.SnapshotError(f"unsupported version {d['version']!r} (expected 1)")
+    policy_text = d.get("policy", Policy.BINPACK.value)
+    try:
+        policy = Policy(policy_text)
+    except ValueError:
+        raise errors.SnapshotError(f"policy: {policy_text!r} is not binpack or spread") from None
+    nodes = tuple(_node(n, f"nodes[{i}]") for i, n in enumerate(_sequence(d.get("nodes"), "nodes")))
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise errors.SnapshotError(f"nodes: node name {dup!r} appears twice")
+    pods = tuple(_pod(p, f"pods[{i}]") for i, p in enumerate(_sequence(d.get("pods"), "pods")))
+    keys = [p.key for p in pods]
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise errors.SnapshotError(f"pods: pod {dup!r} appears twice")
+    return Snapshot(nodes=nodes, pods=pods, policy=policy)
+
+
+def to_document(snap: Snapshot) -> dict[str, Any]:
+    """The snapshot as a version-1 document (inverse of :func:`parse`, for generators/tests)."""
+
+    def res(r: Resources | None) -> dict[str, Any] | None:
+        if r is None:
+            return None
+        return {"cpu": f"{r.cpu_milli}m", "memory": str(r.memory_bytes)}
+
+    nodes = []
+    for n in snap.nodes:
+        nd: dict[str, Any] = {"name": n.name}
+        if n.labels:
+            nd["labels"] = dict(n.labels)
+        if n.taints:
+            nd["taints"] = [{"key": t.key, "value": t.value, "effect": t.effect} for t in n.taints]
+        if n.unschedulable:
+            nd["unschedulable"] = True
+        if n.allocatable is not None:
+            nd["allocatable"] = res(n.allocatable)
+        nd["gpus"] = [
+            {
+                "index": g.index,
+                "model": g.model.id,
+                "instances": [
+                    {"profile": i.profile, "start": i.start, "used": i.used} for i in g.instances
+                ],
+            }
+            for g in n.gpus
+        ]
+        nodes.append(nd)
+    pods = []
+    for p in snap.pods:
+        reqs: dict[str, Any] = {MIG_RESOURCE_PREFIX + r.profile: r.count for r in p.mig}
+        if p.cpu_milli:
+            reqs["cpu"] = f"{p.cpu_milli}m"
+        if p.memory_bytes:
+            reqs["memory"] = str(p.memory_bytes)
+        pd: dict[str, Any] = {"name": p.name, "namespace": p.namespace, "requests": reqs}
+        if p.priority:
+            pd["priority"] = p.priority
+        if p.node_selector:
+            pd["nodeSelector"] = dict(p.node_selector)
+        if p.affinity:
+            pd["affinity"] = {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": r.key, "operator": r.operator, "values": list(r.values)}
+                                    if r.values
+                                    else {"key": r.key, "operator": r.operator}
+                                    for r in term
+                                ]
+                            }
+                            for term in p.affinity
+                        ]
+                    }
+                }
+            }
+        if p.tolerations:
+            pd["tolerations"] = [
+                {k: v for k, v in (("key", t.key), ("operator", t.operator), ("value", t.value),
+                                   ("effect", t.effect)) if v}
+                for t in p.tolerations
+            ]  # fmt: skip
+        pods.append(pd)
+    return {"version": SNAPSHOT_VERSION, "policy": snap.policy.value, "nodes": nodes, "pods": pods}

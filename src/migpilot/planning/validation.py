@@ -1,0 +1,157 @@
+"""An independent check of a plan against its snapshot: every planner's output must pass it.
+
+It re-derives what a correct plan must satisfy without trusting the planner: target layouts are
+valid, instances in use are neither destroyed nor moved, the actions turn the current layouts
+into the targets, every pod is placed at most once with exactly what it asked for on one node
+that admits it, no instance serves two pods or a pod that did not get it from a free slot, and
+CPU and memory fit. Used by the property-based tests, the benchmark and ``migpilot plan``'s
+self-check.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from migpilot import errors
+from migpilot.mig import layouts
+from migpilot.planning import constraints, plans, snapshot
+
+
+def problems(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
+    """Everything wrong with ``plan`` for ``snap``; empty when the plan is sound."""
+    out: list[str] = []
+    gpus = {(n.name, g.index): (n, g) for n in snap.nodes for g in n.gpus}
+    seen_gpus = [(g.node, g.gpu) for g in plan.gpus]
+    if sorted(seen_gpus) != sorted(gpus) or len(set(seen_gpus)) != len(seen_gpus):
+        out.append("plan.gpus does not list every GPU of the snapshot exactly once")
+    targets = {(g.node, g.gpu): g for g in plan.gpus}
+    expected_actions: set[tuple[str, int, str, str, int]] = set()
+    for key, (node, gpu) in gpus.items():
+        gp = targets.get(key)
+        target = gp.layout if gp else gpu.layout
+        where = f"{node.name}/gpu{gpu.index}"
+        reason = layouts.violation(gpu.model, target.instances)
+        if reason is not None:
+            out.append(f"{where}: target layout is invalid: {reason}")
+        then = set(target.instances)
+        for inst in gpu.instances:
+            if inst.used and inst.instance not in then:
+                out.append(f"{where}: instance in use {inst.instance} is destroyed or moved")
+        now = set(gpu.layout.instances)
+        if gp is not None and gp.changed != (now != then):
+            out.append(
+                f"{where}: 'changed' is {gp.changed} but the layout "
+                + ("changed" if now != then else "did not change")
+            )
+        for i in now - then:
+            expected_actions.add((node.name, gpu.index, plans.Op.DESTROY.value, i.profile, i.start))
+        for i in then - now:
+            expected_actions.add((node.name, gpu.index, plans.Op.CREATE.value, i.profile, i.start))
+    got_actions = [(a.node, a.gpu, a.op.value, a.profile, a.start) for a in plan.actions]
+    if len(set(got_actions)) != len(got_actions) or set(got_actions) != expected_actions:
+        out.append("actions do not turn the current layouts into the target layouts")
+    for a in plan.actions:
+        n_g = gpus.get((a.node, a.gpu))
+        if n_g and a.op is plans.Op.DESTROY:
+            for inst in n_g[1].instances:
+                if inst.used and inst.start == a.start and inst.profile == a.profile:
+                    out.append(f"{a.node}/gpu{a.gpu}: destroys instance in use {inst.instance}")
+    # Ordering: on each GPU all destroys come before any create.
+    last: dict[tuple[str, int], str] = {}
+    for a in plan.actions:
+        k = (a.node, a.gpu)
+        if a.op is plans.Op.DESTROY and last.get(k) == plans.Op.CREATE.value:
+            out.append(f"{a.node}/gpu{a.gpu}: a destroy comes after a create")
+        last[k] = a.op.value
+    out.extend(_check_pods(snap, plan, gpus, targets))
+    return out
+
+
+def _check_pods(
+    snap: snapshot.Snapshot,
+    plan: plans.Plan,
+    gpus: dict[tuple[str, int], tuple[snapshot.Node, snapshot.Gpu]],
+    targets: dict[tuple[str, int], plans.GpuPlan],
+) -> list[str]:
+    out: list[str] = []
+    pods = {p.key: p for p in snap.pods}
+    nodes = {n.name: n for n in snap.nodes}
+    placed = Counter(p.pod for p in plan.placements)
+    unsched = Counter(u.pod for u in plan.unschedulable)
+    for key in pods:
+        if placed[key] + unsched[key] != 1:
+            out.append(
+                f"pod {key}: placed {placed[key]} times and unschedulable {unsched[key]} times"
+            )
+    for key in set(placed) | set(unsched):
+        if key not in pods:
+            out.append(f"pod {key}: not in the snapshot")
+    taken: set[tuple[str, int, int]] = set()
+    cpu: Counter[str] = Counter()
+    mem: Counter[str] = Counter()
+    for pl in plan.placements:
+        pod = pods.get(pl.pod)
+        node = nodes.get(pl.node)
+        if pod is None or node is None:
+            out.append(f"pod {pl.pod}: placed on unknown node {pl.node!r}")
+            continue
+        reason = constraints.rejection(node, pod)
+        if reason is not None:
+            out.append(f"pod {pl.pod}: node {node.name} does not admit it: {reason}")
+        cpu[node.name] += pod.cpu_milli
+        mem[node.name] += pod.memory_bytes
+        need = Counter({r.profile: r.count for r in pod.mig})
+        got: Counter[str] = Counter()
+        for ai in pl.instances:
+            where = f"pod {pl.pod}: {node.name}/gpu{ai.gpu}"
+            n_g = gpus.get((node.name, ai.gpu))
+            if n_g is None:
+                out.append(f"{where}: no such GPU")
+                continue
+            gpu = n_g[1]
+            inst = layouts.Instance(ai.start, ai.profile)
+            target = (
+                targets[(node.name, ai.gpu)].layout
+                if (node.name, ai.gpu) in targets
+                else gpu.layout
+            )
+            if inst not in set(target.instances):
+                out.append(f"{where}: {inst} is not in the target layout")
+            if any(e.used and e.instance == inst for e in gpu.instances):
+                out.append(f"{where}: {inst} is already in use")
+            if (node.name, ai.gpu, ai.start) in taken:
+                out.append(f"{where}: {inst} is given to two pods")
+            taken.add((node.name, ai.gpu, ai.start))
+            match = [r.profile for r in pod.mig if _resolves(gpu, r.profile) == ai.profile]
+            if not match:
+                out.append(f"{where}: {ai.profile} is not what the pod asked for")
+            else:
+                got[_first_short(match, need, got)] += 1
+        if got != need:
+            out.append(f"pod {pl.pod}: got {dict(got)} but asked for {dict(need)}")
+    for name, node in nodes.items():
+        alloc = node.allocatable
+        if alloc is None:
+            continue
+        if cpu[name] > alloc.cpu_milli:
+            out.append(f"node {name}: pods need {cpu[name]}m CPU, {alloc.cpu_milli}m allocatable")
+        if mem[name] > alloc.memory_bytes:
+            out.append(
+                f"node {name}: pods need {mem[name]} bytes, {alloc.memory_bytes} allocatable"
+            )
+    return out
+
+
+def _resolves(gpu: snapshot.Gpu, profile: str) -> str | None:
+    try:
+        return gpu.model.resolve_profile(profile).name
+    except errors.UnknownProfileError:
+        return None
+
+
+def _first_short(match: list[str], need: Counter[str], got: Counter[str]) -> str:
+    """The requested profile an instance counts towards (the first one still short)."""
+    for m in match:
+        if got[m] < need[m]:
+            return m
+    return match[0]
