@@ -1,0 +1,37 @@
+"""The planners by name: what ``migpilot plan --planner``, the simulator and the benchmark call.
+
+``fast`` is migpilot's own planner; ``exact`` solves the same objective with CP-SAT; ``nos``,
+``hami-template``, ``hami-placement`` and ``static`` re-implement the systems migpilot is measured
+against (see ``shared/design/ANCHORS.md``), inside the same framework so all run on the same
+snapshot and are checked by the same validator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from migpilot import errors
+from migpilot.planning import baselines, exact, fast, options, plans, snapshot
+
+Planner = Callable[[snapshot.Snapshot, options.Options], plans.Plan]
+
+PLANNERS: dict[str, Planner] = {
+    "fast": fast.plan,
+    "exact": exact.plan,
+    "nos": baselines.nos,
+    "hami-template": baselines.hami_template,
+    "hami-placement": baselines.hami_placement,
+    "static": baselines.static,
+}
+
+
+def run(
+    snap: snapshot.Snapshot, name: str = "fast", opts: options.Options | None = None
+) -> plans.Plan:
+    """Plan ``snap`` with the named planner."""
+    planner = PLANNERS.get(name)
+    if planner is None:
+        raise errors.MigpilotError(
+            f"unknown planner {name!r} (known: {', '.join(PLANNERS)})"
+        )
+    return planner(snap, opts or options.Options())
