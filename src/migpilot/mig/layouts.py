@@ -16,14 +16,18 @@ import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from migpilot import errors
 from migpilot.mig import profiles
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Instance:
-    """One GPU instance: a profile (canonical name) at a start memory slot."""
+class Instance(NamedTuple):
+    """One GPU instance: a profile (canonical name) at a start memory slot.
+
+    A named tuple rather than a dataclass: instances are hashed, compared and sorted in the
+    planner's inner loops, and tuples do that in C. Ordered by start slot.
+    """
 
     start: int
     profile: str
@@ -225,19 +229,45 @@ def validate(model: profiles.GpuModel, instances: Iterable[Instance]) -> Layout:
 
 
 def _state_of(g: Geometry, layout: Layout) -> _State:
-    st = _State(0, 0, 0, 0, (0,) * len(g.profiles))
+    mask = compute = media = 0
+    per = [0] * len(g.profiles)
     for inst in layout.instances:
-        st = st.add(g.placement(inst))
-    return st
+        pl = g.placement(inst)
+        mask |= pl.mask
+        compute += pl.compute
+        media += pl.media
+        per[pl.profile] += 1
+    return _State(mask, compute, media, len(layout.instances), tuple(per))
 
 
 def _flexibility(g: Geometry, st: _State) -> int:
     """Single placements that still fit, each weighted by its area (memory x compute slices).
 
     The tie-breaker that keeps big contiguous regions free: losing the one 7g placement costs
-    more than losing several 1g ones.
+    more than losing several 1g ones. (The same test as :meth:`_State.fits`, inlined: this is
+    the planner's hottest loop.)
     """
-    return sum(g.area[pl.profile] for pl in g.placements if st.fits(g, pl))
+    if st.count >= g.model.max_gpu_instances:
+        return 0
+    room = g.model.compute_slices - st.compute
+    mask, media, per, caps, area = st.mask, st.media, st.per_profile, g.max_instances, g.area
+    total = 0
+    for pl in g.placements:
+        if (
+            not (mask & pl.mask)
+            and pl.compute <= room
+            and not (pl.media and media)
+            and per[pl.profile] < caps[pl.profile]
+        ):
+            total += area[pl.profile]
+    return total
+
+
+def fitting_profiles(model: profiles.GpuModel, layout: Layout) -> frozenset[str]:
+    """Profiles of which one more instance fits beside ``layout`` as it stands (nothing moved)."""
+    g = geometry(model)
+    st = _state_of(g, layout)
+    return frozenset(g.profiles[pl.profile].name for pl in g.placements if st.fits(g, pl))
 
 
 def free_value(model: profiles.GpuModel, layout: Layout) -> int:
@@ -267,12 +297,16 @@ def place(
     contiguous regions stay free), ties going to the lowest starts: deterministic. Raises
     :class:`LayoutError` saying why no assignment exists.
     """
-    return _place_cached(model, tuple(sorted(fixed)), tuple(sorted(wanted)))
+    if not isinstance(fixed, frozenset):
+        fixed = frozenset(fixed)
+    if not isinstance(wanted, tuple):
+        wanted = tuple(wanted)
+    return _place_cached(model, fixed, tuple(sorted(wanted)))
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=262144)
 def _place_cached(
-    model: profiles.GpuModel, fixed_instances: tuple[Instance, ...], wanted_names: tuple[str, ...]
+    model: profiles.GpuModel, fixed_instances: frozenset[Instance], wanted_names: tuple[str, ...]
 ) -> Layout:
     fixed = validate(model, fixed_instances)
     counts = tuple(sorted(Counter(wanted_names).items()))
