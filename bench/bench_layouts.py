@@ -42,7 +42,8 @@ def per_call_us(fn: Callable[[], object], *, min_seconds: float = 0.3) -> float:
 
 def uncached(fn: Callable[[], object]) -> Callable[[], object]:
     def call() -> object:
-        layouts._place_cached.cache_clear()
+        layouts._pack.cache_clear()
+        layouts._validated.cache_clear()
         layouts._enumerate_cached.cache_clear()
         return fn()
 

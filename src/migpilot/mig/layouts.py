@@ -80,6 +80,9 @@ class Geometry:
         self.index = {p.name: i for i, p in enumerate(model.profiles)}
         self.max_instances = tuple(p.max_instances for p in model.profiles)
         self.area = tuple(p.memory_slots * p.compute_slices for p in model.profiles)
+        self.compute = tuple(p.compute_slices for p in model.profiles)
+        self.slots = tuple(p.memory_slots for p in model.profiles)
+        self.media = tuple(int(p.media_extension) for p in model.profiles)
         placements: list[Placement] = []
         for i, p in enumerate(model.profiles):
             for s in p.placements:
@@ -297,58 +300,115 @@ def place(
     contiguous regions stay free), ties going to the lowest starts: deterministic. Raises
     :class:`LayoutError` saying why no assignment exists.
     """
-    if not isinstance(fixed, frozenset):
-        fixed = frozenset(fixed)
-    if not isinstance(wanted, tuple):
-        wanted = tuple(wanted)
-    return _place_cached(model, fixed, tuple(sorted(wanted)))
+    fixed = fixed if isinstance(fixed, frozenset) else frozenset(fixed)
+    names = tuple(sorted(wanted))
+    layout = _pack(model, _validated(model, fixed), names)
+    if layout is None:
+        _explain_failure(model, fixed, names)
+    assert layout is not None
+    return layout
+
+
+@functools.lru_cache(maxsize=65536)
+def _validated(model: profiles.GpuModel, fixed: frozenset[Instance]) -> frozenset[Instance]:
+    validate(model, fixed)
+    return fixed
+
+
+def pack(
+    model: profiles.GpuModel, wanted: tuple[str, ...], fixed: frozenset[Instance]
+) -> Layout | None:
+    """:func:`place` for callers that only build valid layouts: ``None`` instead of a reason.
+
+    ``fixed`` must already be a valid layout (it is not checked) and ``wanted`` sorted
+    canonical names. The planner's inner loop; cached.
+    """
+    return _pack(model, fixed, wanted)
 
 
 @functools.lru_cache(maxsize=262144)
-def _place_cached(
-    model: profiles.GpuModel, fixed_instances: frozenset[Instance], wanted_names: tuple[str, ...]
-) -> Layout:
-    fixed = validate(model, fixed_instances)
-    counts = tuple(sorted(Counter(wanted_names).items()))
+def _pack(
+    model: profiles.GpuModel, fixed: frozenset[Instance], names: tuple[str, ...]
+) -> Layout | None:
     g = geometry(model)
-    base = _state_of(g, fixed)
+    mask = compute = media = 0
+    per = [0] * len(g.profiles)
+    for inst in fixed:
+        pl = g.placement(inst)
+        mask |= pl.mask
+        compute += pl.compute
+        media += pl.media
+        per[pl.profile] += 1
     wanted: list[int] = []
-    for name, n in counts:
-        if name not in g.index:
+    for name in names:
+        idx = g.index.get(name)
+        if idx is None:
             raise errors.UnknownProfileError(f"{model.id} has no MIG profile {name!r}")
-        wanted.extend([g.index[name]] * n)
-    what = _describe(dict(counts))
-    beside = " beside the instances already there" if fixed.instances else ""
-    _check_totals(g, base, wanted, what, beside)
+        wanted.append(idx)
+    # Cheap necessary conditions first.
+    if len(fixed) + len(wanted) > model.max_gpu_instances:
+        return None
+    if compute + sum(g.compute[i] for i in wanted) > model.compute_slices:
+        return None
+    if mask.bit_count() + sum(g.slots[i] for i in wanted) > model.memory_slots:
+        return None
+    if media + sum(g.media[i] for i in wanted) > 1:
+        return None
+    for i in wanted:
+        per[i] += 1
+        if per[i] > g.max_instances[i]:
+            return None
+    for i in wanted:
+        per[i] -= 1
     # Most constrained first: big profiles have few placements.
-    wanted.sort(key=lambda i: (-g.profiles[i].memory_slots, -g.profiles[i].compute_slices, i))
-    best: tuple[int, tuple[int, ...]] | None = None
-    best_pls: list[Placement] = []
+    wanted.sort(key=lambda i: (-g.slots[i], -g.compute[i], i))
+    n = len(wanted)
+    best_key: tuple[int, tuple[int, ...]] | None = None
+    best: tuple[Placement, ...] = ()
     chosen: list[Placement] = []
+    room = model.compute_slices
 
-    def search(k: int, st: _State) -> None:
-        nonlocal best, best_pls
-        if k == len(wanted):
+    def search(k: int, mask: int, compute: int, media: int) -> None:
+        nonlocal best_key, best
+        if k == n:
+            st = _State(mask, compute, media, len(fixed) + n, tuple(per))
             key = (-_flexibility(g, st), tuple(pl.start for pl in chosen))
-            if best is None or key < best:
-                best, best_pls = key, list(chosen)
+            if best_key is None or key < best_key:
+                best_key, best = key, tuple(chosen)
             return
         idx = wanted[k]
         # Identical copies take increasing starts, so permutations are not revisited.
         floor = chosen[-1].start if k and wanted[k - 1] == idx else -1
         for pl in g.by_profile[idx]:
-            if pl.start > floor and st.fits(g, pl):
+            if pl.start > floor and not (mask & pl.mask) and compute + pl.compute <= room:
+                if pl.media and media:
+                    continue
                 chosen.append(pl)
-                search(k + 1, st.add(pl))
+                per[idx] += 1
+                search(k + 1, mask | pl.mask, compute + pl.compute, media + pl.media)
+                per[idx] -= 1
                 chosen.pop()
 
-    search(0, base)
-    if best is None:
-        raise errors.LayoutError(
-            f"no valid placement of {what} exists on {model.id}{beside} "
-            f"(allowed starts: {_starts_text(g, wanted)})"
-        )
-    return Layout.of([*fixed.instances, *(g.instance(pl) for pl in best_pls)])
+    search(0, mask, compute, media)
+    if best_key is None:
+        return None
+    return Layout.of([*fixed, *(g.instance(pl) for pl in best)])
+
+
+def _explain_failure(
+    model: profiles.GpuModel, fixed: frozenset[Instance], names: tuple[str, ...]
+) -> None:
+    """Raise :class:`LayoutError` saying why ``names`` cannot be placed beside ``fixed``."""
+    g = geometry(model)
+    counts = tuple(sorted(Counter(names).items()))
+    wanted = [g.index[name] for name, k in counts for _ in range(k)]
+    what = _describe(dict(counts))
+    beside = " beside the instances already there" if fixed else ""
+    _check_totals(g, _state_of(g, Layout.of(fixed)), wanted, what, beside)
+    raise errors.LayoutError(
+        f"no valid placement of {what} exists on {model.id}{beside} "
+        f"(allowed starts: {_starts_text(g, wanted)})"
+    )
 
 
 def _check_totals(g: Geometry, base: _State, wanted: list[int], what: str, beside: str) -> None:

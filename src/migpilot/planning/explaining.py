@@ -194,6 +194,9 @@ def explain(
     per_node: bool = False,
 ) -> list[plans.Unschedulable]:
     """Reasons for every pod in ``pending`` against the final placements of a plan."""
+    pending = list(pending)
+    if not pending:
+        return []
     explainer = Explainer(snap, list(placements))
     return [explainer.explain(p, per_node=per_node) for p in pending]
 

@@ -37,7 +37,6 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from migpilot import errors
 from migpilot.mig import layouts, profiles
 from migpilot.planning import constraints, explaining, objective, options, plans, snapshot
 
@@ -50,8 +49,11 @@ Cost = tuple[int, int, int]
 """(free instances destroyed, GPU newly touched, free value lost): smaller is better."""
 
 # Bounds on the search for one pod: feasible states looked at per kind (reuse, touched GPUs,
-# untouched GPUs), and states tried when nothing fits without destroying free instances.
-_FEASIBLE_PER_KIND = 8
+# untouched GPUs) -- all of them on small clusters, a few on large ones, where each extra state
+# costs time for little gain -- and states tried when nothing fits without destroying.
+_STATE_BUDGET = 2048
+_FEASIBLE_PER_KIND_MIN = 3
+_FEASIBLE_PER_KIND_MAX = 64
 _DESTROY_LIMIT = 64
 _FALLBACK_BUDGET = 64
 
@@ -119,7 +121,8 @@ class _States:
         sizes = self.compute[key[0]]
         taken = sum(sizes[i.profile] for i in key[1]) + sum(sizes[n] for n in key[3])
         self.room.append(model.compute_slices - taken)
-        lay = layouts.place(model, key[3], fixed=key[1] | key[2])
+        lay = layouts.pack(model, key[3], key[1] | key[2])
+        assert lay is not None  # every state the planner builds is a valid layout
         self.fits.append(layouts.fitting_profiles(model, lay))
         self.value.append(self._value(model, lay, key[2]))
         return sid
@@ -168,11 +171,8 @@ class _States:
         before = self.value[sid]
         new2 = tuple(sorted(new + rest))
         newly = 0 if touched or not rest else 1
-        try:
-            lay = layouts.place(model, new2, fixed=fixed2 | free2)
-        except errors.LayoutError:
-            pass
-        else:
+        lay = layouts.pack(model, new2, fixed2 | free2)
+        if lay is not None:
             after = self._value(model, lay, free2)
             return Option(tuple(claim), (), rest, (0, newly, before - after))
         # Destroy the fewest free existing instances; among those, lose the least value.
@@ -182,9 +182,8 @@ class _States:
             best: Option | None = None
             for combo in itertools.combinations(pool, size):
                 kept = free2 - frozenset(combo)
-                try:
-                    lay = layouts.place(model, new2, fixed=fixed2 | kept)
-                except errors.LayoutError:
+                lay = layouts.pack(model, new2, fixed2 | kept)
+                if lay is None:
                     continue
                 after = self._value(model, lay, kept)
                 opt = Option(tuple(claim), combo, rest, (size, newly, before - after))
@@ -198,8 +197,11 @@ class _States:
 class _Index:
     """Which GPUs are in which state during one pass, and the states indexed for lookup."""
 
-    def __init__(self, states: _States) -> None:
+    def __init__(self, states: _States, *, gpus: int) -> None:
         self.states = states
+        self.per_kind = min(
+            _FEASIBLE_PER_KIND_MAX, max(_FEASIBLE_PER_KIND_MIN, _STATE_BUDGET // max(gpus, 1))
+        )
         self.members: dict[int, list[int]] = {}
         # (model, touched, profile, room) -> states where one more `profile` fits as they stand.
         self.fitting: dict[tuple[str, bool, str, int], dict[int, None]] = {}
@@ -255,8 +257,8 @@ class _Index:
 
         # States with free existing instances of the pod's first profile: reuse costs nothing.
         found = 0
-        for sid in list(self.claimable.get((model, need[0]), ())):
-            if found >= _FEASIBLE_PER_KIND:
+        for sid in self.claimable.get((model, need[0]), ()):
+            if found >= self.per_kind:
                 break
             found += consider(sid)
         # Touched GPUs (no new GPU touched), then untouched ones; tightest room first. The
@@ -267,8 +269,8 @@ class _Index:
         for touched in (True, False):
             found = 0
             for room in range(compute, full + 1):
-                for sid in list(self.fitting.get((model, touched, largest, room), ())):
-                    if found >= _FEASIBLE_PER_KIND:
+                for sid in self.fitting.get((model, touched, largest, room), ()):
+                    if found >= self.per_kind:
                         break
                     found += consider(sid)
         if not out:
@@ -276,7 +278,7 @@ class _Index:
             budget = _FALLBACK_BUDGET
             for touched in (True, False):
                 for room in range(compute, full + 1):
-                    for sid in list(self.by_room.get((model, touched, room), ())):
+                    for sid in self.by_room.get((model, touched, room), ()):
                         if budget <= 0:
                             break
                         budget -= 1
@@ -299,7 +301,7 @@ class _Run:
     def __init__(self, snap: snapshot.Snapshot, states: _States) -> None:
         self.snap = snap
         self.states = states
-        self.index = _Index(states)
+        self.index = _Index(states, gpus=sum(len(n.gpus) for n in snap.nodes))
         self.gpus: list[_Gpu] = []
         self.sid: list[int] = []
         self.node_gpus: list[list[_Gpu]] = []
@@ -318,6 +320,7 @@ class _Run:
         self.mem = [n.allocatable.memory_bytes if n.allocatable else None for n in snap.nodes]
         self.load = [0] * len(snap.nodes)
         self.admit: dict[tuple[object, ...], list[bool]] = {}
+        self.roomy: dict[int, list[int]] = {}
         self.split_cache: dict[tuple[object, ...], list[tuple[int, Option]] | None] = {}
         self.placed: dict[str, list[tuple[_Gpu, tuple[Instance, ...], tuple[str, ...]]]] = {}
         self.node_of: dict[str, int] = {}
@@ -411,11 +414,13 @@ class _Run:
         if sum(r.count for r in pod.mig) < 2:
             return False
         smallest = min(self.states.need_compute(m, n) for m, n in needs.items())
-        order = [
-            ni
-            for ni in range(len(self.snap.nodes))
-            if self.node_room[ni] >= smallest and admits[ni] and self._resources_ok(ni, pod)
-        ]
+        # Node room only shrinks during a pass, so nodes too small once stay too small.
+        roomy = self.roomy.get(smallest)
+        if roomy is None:
+            roomy = list(range(len(self.snap.nodes)))
+        roomy = [ni for ni in roomy if self.node_room[ni] >= smallest]
+        self.roomy[smallest] = roomy
+        order = [ni for ni in roomy if admits[ni] and self._resources_ok(ni, pod)]
         if self.snap.policy is snapshot.Policy.SPREAD:
             order.sort(key=lambda ni: (self.load[ni], ni))
         for ni in order:
@@ -479,7 +484,8 @@ class _Run:
         new_slots: dict[int, dict[str, list[Instance]]] = {}
         for st in self.gpus:
             fixed = st.used | st.claimed | st.free
-            lay = layouts.place(st.model, st.new, fixed=fixed)
+            lay = layouts.pack(st.model, st.new, fixed)
+            assert lay is not None  # the last option chosen for this GPU placed exactly this
             targets[(self.snap.nodes[st.node].name, st.gpu.index)] = lay
             slots: dict[str, list[Instance]] = {}
             for inst in lay.instances:
@@ -525,21 +531,25 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
         sorted(snap.pods, key=lambda p: (-p.priority, -size[p.key], index[p.key])),
         sorted(snap.pods, key=lambda p: (-p.priority, size[p.key], index[p.key])),
     ]
-    best: tuple[tuple[int, int, int, int], plans.Plan, list[snapshot.Pod]] | None = None
+    candidates: list[tuple[plans.Plan, list[snapshot.Pod]]] = []
     for order in orders:
-        if best is not None and not best[2]:
-            break  # every pod placed: the other order cannot place more
         run = _Run(snap, states)
         pending = [p for p in order if not needs[p.key] or not run.place(p, needs[p.key])]
         targets, placements = run.result()
-        candidate = plans.build(
-            snap, planner="fast", targets=targets, placements=placements, unschedulable=()
+        candidates.append(
+            (
+                plans.build(
+                    snap, planner="fast", targets=targets, placements=placements, unschedulable=()
+                ),
+                pending,
+            )
         )
-        key = objective.score(snap, candidate).key
-        if best is None or key > best[0]:
-            best = (key, candidate, pending)
-    assert best is not None
-    _, chosen, pending = best
+        if not pending:
+            break  # every pod placed: the other order cannot place more
+    if len(candidates) == 1:
+        chosen, pending = candidates[0]
+    else:
+        chosen, pending = max(candidates, key=lambda c: objective.score(snap, c[0]).key)
     unsched = explaining.explain(snap, pending, chosen.placements, per_node=opts.explain)
     return dataclasses.replace(
         chosen, unschedulable=tuple(sorted(unsched, key=lambda u: index[u.pod]))

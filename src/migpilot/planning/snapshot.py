@@ -112,11 +112,11 @@ class Gpu:
     index: int
     model: profiles.GpuModel
     instances: tuple[ExistingInstance, ...]
+    layout: layouts.Layout = field(init=False, compare=False, repr=False)
+    """The current layout (used and free instances), derived."""
 
-    @property
-    def layout(self) -> layouts.Layout:
-        """The current layout (used and free instances)."""
-        return layouts.Layout.of(i.instance for i in self.instances)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layout", layouts.Layout.of(i.instance for i in self.instances))
 
 
 @dataclass(frozen=True, slots=True)
