@@ -11,7 +11,7 @@ import yaml
 
 import migpilot
 from migpilot import errors
-from migpilot.cli import config_cmd, mig_cmds
+from migpilot.cli import config_cmd, mig_cmds, plan_cmd
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     mig_cmds.register(sub)
     config_cmd.register(sub)
+    plan_cmd.register(sub)
     return parser
 
 
@@ -47,6 +48,8 @@ def main(argv: Sequence[str] | None = None, *, out: IO[str] | None = None) -> in
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         sys.stderr.write(f"migpilot: error: malformed YAML: {first}\n")
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        raise
     except OSError as e:
         sys.stderr.write(f"migpilot: error: {e.strerror or e}: {e.filename or ''}\n")
         return EXIT_BAD_INPUT

@@ -1,9 +1,587 @@
-"""PLACEHOLDER being written now; replaced before landing."""
+"""The exact planner: the planning objective solved by a real solver, as the yardstick for ``fast``.
+
+Why it exists: the benchmark needs to know how far ``fast`` is from the best possible plan, and
+only a solver that can *prove* optimality says that. This module states the whole problem as one
+CP-SAT model (OR-Tools) and solves the objective of :mod:`migpilot.planning.objective` in
+lexicographic phases, each fixing what the phases before it achieved:
+
+1. pods placed, one phase per priority level from the highest down (``objective.pod_weights``
+   would overflow int64 with many levels, and per-level counts are the same order);
+2. ``destroyed * (GPUs + 1) + touched``: the fewest free instances destroyed, then the fewest
+   GPUs touched;
+3. the most free value left (``layouts.free_value`` summed over GPUs, counting instances in use
+   and instances given to pods as occupied, as :func:`objective.score` does).
+
+The node policy (objective 4) is not modelled. :attr:`Plan.optimal` says whether every phase of
+(1) was proven optimal; phases (2) and (3) are best effort in the time left.
+
+The model is a *configuration* model. For each GPU every way it may end up is enumerated up
+front (:func:`_options`): which instances it keeps idle, which it gives to pods (reused or
+created), and what that costs in destroyed instances, touched GPUs and free value; ways that
+serve the same profile counts at the same cost collapse into the one with the most free value.
+The solver then picks one option per GPU (identical GPUs of a node share an integer count) and,
+per node and *pod class* (pods nothing in the model tells apart), how many pods to place, such
+that per node and profile the instances served equal the instances requested, and CPU and memory
+fit. Instances in use are part of every option and never serve; an option never creates an
+instance that serves nobody. The geometry is thus exact, the linear relaxation is the strong
+configuration LP, and the symmetry between identical GPUs and identical pods is gone; a
+per-instance model (a Boolean per placement and per pod) could not prove optimality on 64 GPUs.
+
+Determinism: the random seed is fixed and everything is built in snapshot order; with one worker
+the search is deterministic and with more CP-SAT's interleaved search keeps it so. When a time
+limit cuts a phase short the answer depends on the machine's speed (a proven optimum's *value*
+does not).
+
+Pure core: it may import :mod:`migpilot.mig`, the planning modules it builds on and OR-Tools, and
+nothing that talks to the world (no clock: elapsed time is the solver's own wall time).
+"""
 
 from __future__ import annotations
 
-from migpilot.planning import options, plans, snapshot
+import functools
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from migpilot import errors
+from migpilot.mig import layouts, profiles
+from migpilot.planning import constraints, explaining, options, plans, snapshot
+
+PLANNER = "exact"
+_SEED = 1
+_PODS_SHARE = 0.7
+"""Fraction of the time limit for objective (1), the one whose optimality is reported."""
+_DISRUPTION_SHARE = 0.2
+"""Fraction for objective (2); objective (3) gets what is left."""
+_MIN_SHARE = 0.01
+"""No phase gets less than this fraction of the limit (presolve alone often settles a phase)."""
+
+
+# --------------------------------------------------------------------------- GPU options
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    """One way a GPU may end up: what it gives to pods and what that costs."""
+
+    serves: tuple[int, ...]
+    """Instances given to pods, per wanted profile (in the order of ``_Kind.wanted``)."""
+    destroyed: int
+    """Free instances that exist now and are not in the target layout."""
+    touched: bool
+    """The target layout differs from the current one."""
+    free_value: int
+    """``layouts.free_value`` with instances in use and instances given to pods occupied."""
+    layout: layouts.Layout
+    """The target layout."""
+    serving: tuple[layouts.Instance, ...]
+    """The instances given to pods (start order)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """What the model needs to know about a GPU; GPUs of one kind on a node are interchangeable."""
+
+    model: profiles.GpuModel
+    used: tuple[layouts.Instance, ...]
+    free: tuple[layouts.Instance, ...]
+    wanted: tuple[str, ...]
+    """Profiles some pod admitted on the node may use on this GPU (sorted canonical names)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _options(kind: _Kind) -> tuple[_Option, ...]:
+    """Every way ``kind`` may end up that no other way beats on every objective.
+
+    A depth-first search over the sets of instances the GPU may give to pods (placements of
+    wanted profiles beside the instances in use, in the geometry's order). For each set, the
+    free instances that can stay beside it are kept idle, as many as fit (keeping costs
+    nothing, so keeping fewer is never better). Sets serving the same profile counts at the
+    same cost keep the most free value, ties going to the first found: deterministic.
+
+    This runs once per kind of GPU and dominates the model's build time, so the search works
+    on plain integers (placements by index into the geometry's table).
+    """
+    g = layouts.geometry(kind.model)
+    table = g.placements
+    masks = [pl.mask for pl in table]
+    computes = [pl.compute for pl in table]
+    medias = [pl.media for pl in table]
+    profs = [pl.profile for pl in table]
+    areas = [g.area[pl.profile] for pl in table]
+    caps = g.max_instances
+    max_compute = kind.model.compute_slices
+    max_count = kind.model.max_gpu_instances
+    where = {(pl.profile, pl.start): i for i, pl in enumerate(table)}
+    column = {g.index[name]: k for k, name in enumerate(kind.wanted)}
+
+    def index(inst: layouts.Instance) -> int:
+        return where[(g.index[inst.profile], inst.start)]
+
+    used = [index(i) for i in kind.used]
+    free = [index(i) for i in kind.free]
+    free_set = set(free)
+    # Occupancy: [mask, compute, media, count] and per-profile counts, mutated by the search.
+    occ = [0, 0, 0, 0]
+    per = [0] * len(g.profiles)
+
+    def fits(i: int) -> bool:
+        return not (
+            masks[i] & occ[0]
+            or occ[1] + computes[i] > max_compute
+            or (medias[i] and occ[2])
+            or occ[3] >= max_count
+            or per[profs[i]] >= caps[profs[i]]
+        )
+
+    def add(i: int, sign: int) -> None:
+        occ[0] ^= masks[i]  # callers only add what fits and remove what they added
+        occ[1] += sign * computes[i]
+        occ[2] += sign * medias[i]
+        occ[3] += sign
+        per[profs[i]] += sign
+
+    def most_kept(serving: list[int]) -> list[int]:
+        # Free instances never overlap each other (they are one valid layout), so usually all
+        # that do not overlap the served slots fit; only the counters can force a choice.
+        rest = [i for i in free if i not in serving and not masks[i] & occ[0]]
+        for size in range(len(rest), 0, -1):
+            for subset in itertools.combinations(rest, size):
+                added: list[int] = []
+                for i in subset:
+                    if not fits(i):
+                        break
+                    add(i, 1)
+                    added.append(i)
+                for i in added:
+                    add(i, -1)
+                if len(added) == size:
+                    return list(subset)
+        return []
+
+    for i in used:
+        add(i, 1)
+    cands = [i for i, pl in enumerate(table) if pl.profile in column and fits(i)]
+    best: dict[tuple[tuple[int, ...], int, bool], tuple[int, list[int], list[int]]] = {}
+    serving: list[int] = []
+    serves = [0] * len(kind.wanted)
+
+    def record() -> None:
+        reused = sum(1 for i in serving if i in free_set)
+        idle = most_kept(serving) if free else []
+        kept = reused + len(idle)
+        key = (tuple(serves), len(free) - kept, len(serving) > reused or kept < len(free))
+        value = sum(areas[i] for i in range(len(table)) if fits(i))
+        old = best.get(key)
+        if old is None or value > old[0]:
+            best[key] = (value, list(serving), idle)
+
+    def search(start: int) -> None:
+        record()
+        for j in range(start, len(cands)):
+            i = cands[j]
+            if fits(i):
+                add(i, 1)
+                serving.append(i)
+                serves[column[profs[i]]] += 1
+                search(j + 1)
+                serves[column[profs[i]]] -= 1
+                serving.pop()
+                add(i, -1)
+
+    search(0)
+
+    def instances(indices: Iterable[int]) -> list[layouts.Instance]:
+        return [g.instance(table[i]) for i in indices]
+
+    out = [
+        _Option(
+            serves=key[0],
+            destroyed=key[1],
+            touched=key[2],
+            free_value=value,
+            layout=layouts.Layout.of(instances([*used, *idle, *given])),
+            serving=tuple(sorted(instances(given))),
+        )
+        for key, (value, given, idle) in best.items()
+    ]
+    # The unchanged GPU (every free instance kept idle, nothing served) sorts first: the hint
+    # relies on it.
+    return tuple(sorted(out, key=lambda o: (o.touched, o.destroyed, o.serves)))
+
+
+# --------------------------------------------------------------------------- pods
+
+
+@dataclass(frozen=True, slots=True)
+class _PodClass:
+    """Pods the model cannot tell apart: same priority, node constraints and requests."""
+
+    pods: tuple[snapshot.Pod, ...]
+    """In snapshot order; the first ones are the ones placed."""
+
+    @property
+    def pod(self) -> snapshot.Pod:
+        """A representative."""
+        return self.pods[0]
+
+
+def _classes(pods: Iterable[snapshot.Pod]) -> list[_PodClass]:
+    groups: dict[tuple[object, ...], list[snapshot.Pod]] = {}
+    for pod in pods:
+        key = (pod.priority, constraints.signature(pod), pod.mig, pod.cpu_milli, pod.memory_bytes)
+        groups.setdefault(key, []).append(pod)
+    return [_PodClass(tuple(group)) for group in groups.values()]
+
+
+class _Resolver:
+    """``GpuModel.resolve_profile`` with a cache and ``None`` for "not offered"."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, str], str | None] = {}
+
+    def __call__(self, model: profiles.GpuModel, text: str) -> str | None:
+        key = (model.id, text)
+        if key not in self._cache:
+            try:
+                self._cache[key] = model.resolve_profile(text).name
+            except errors.UnknownProfileError:
+                self._cache[key] = None
+        return self._cache[key]
+
+
+# --------------------------------------------------------------------------- the model
+
+_Supply = tuple[str, str]
+"""(GPU model id, canonical profile name): instances of one profile on one node."""
+
+
+@dataclass(slots=True)
+class _Group:
+    """The GPUs of one kind on one node and how many of them take each option."""
+
+    node: snapshot.Node
+    gpus: tuple[snapshot.Gpu, ...]
+    kind: _Kind
+    options: tuple[_Option, ...]
+    take: list[cp_model.IntVar]
+    """Per option, how many of ``gpus`` take it."""
+
+
+@dataclass(slots=True)
+class _Demand:
+    """Pods of one class on one node: how many, and from which supplies each request is met."""
+
+    cls: _PodClass
+    node: snapshot.Node
+    count: cp_model.IntVar
+    upper: int
+    """The upper bound of ``count``."""
+    sources: list[list[tuple[_Supply, _Linear]]]
+    """Per request of the class (``pod.mig`` order): instances drawn from each supply."""
+
+
+@dataclass(slots=True)
+class _Linear:
+    """A linear expression kept as terms, so it can also be evaluated on a solution vector."""
+
+    terms: list[tuple[int, cp_model.IntVar]] = field(default_factory=list)
+
+    def expr(self) -> cp_model.LinearExpr:
+        return cp_model.LinearExpr.weighted_sum(
+            [v for _, v in self.terms], [c for c, _ in self.terms]
+        )
+
+    def value(self, solution: Sequence[int]) -> int:
+        return sum(c * solution[v.index] for c, v in self.terms)
+
+
+class _Budget:
+    """The time limit split across phases; elapsed time is the sum of the solver's wall times."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit = max(limit_s, 0.0)
+        self.elapsed = 0.0
+
+    def share(self, *, until: float, parts: int = 1) -> float:
+        """An equal part of the time left before ``until`` (a fraction of the limit), floored."""
+        left = self.limit * until - self.elapsed
+        return max(left / max(parts, 1), self.limit * _MIN_SHARE, 0.001)
+
+
+class _Builder:
+    """The CP-SAT model of one snapshot, its phased solve, and the plan read back from it."""
+
+    def __init__(self, snap: snapshot.Snapshot, classes: Sequence[_PodClass]) -> None:
+        self.model = cp_model.CpModel()
+        self.resolve = _Resolver()
+        self.groups: list[_Group] = []
+        self.demands: list[_Demand] = []
+        self.levels: dict[int, _Linear] = defaultdict(_Linear)
+        """Per priority level, the pod counts whose sum phase (1) maximises."""
+        self.hint: list[int] = []
+        """A feasible value per variable, by index: place nothing, change nothing."""
+        for node in snap.nodes:
+            self._add_node(node, classes)
+        for cls in classes:
+            counts = [d.count for d in self.demands if d.cls is cls]
+            if len(counts) > 1:
+                self.model.add(sum(counts) <= len(cls.pods))
+
+    def _var(self, upper: int, hint: int = 0) -> cp_model.IntVar:
+        var = self.model.new_int_var(0, upper, "")
+        self.hint.append(hint)
+        return var
+
+    def _add_node(self, node: snapshot.Node, classes: Sequence[_PodClass]) -> None:
+        admitted = [
+            cls
+            for cls in classes
+            if constraints.rejection(node, cls.pod) is None
+            and all(any(self.resolve(g.model, r.profile) for g in node.gpus) for r in cls.pod.mig)
+        ]
+        if not admitted:
+            return  # nobody may use this node: its GPUs keep their layout
+        kinds: dict[_Kind, list[snapshot.Gpu]] = {}
+        for gpu in node.gpus:
+            names = {self.resolve(gpu.model, r.profile) for cls in admitted for r in cls.pod.mig}
+            kind = _Kind(
+                gpu.model,
+                tuple(i.instance for i in gpu.instances if i.used),
+                tuple(i.instance for i in gpu.instances if not i.used),
+                tuple(sorted(n for n in names if n is not None)),
+            )
+            kinds.setdefault(kind, []).append(gpu)
+        supply: dict[_Supply, _Linear] = defaultdict(_Linear)
+        most: dict[_Supply, int] = defaultdict(int)
+        for kind, gpus in kinds.items():
+            opts = _options(kind)
+            # Option 0 is the unchanged GPU: the hint takes it everywhere.
+            take = [self._var(len(gpus), len(gpus) if k == 0 else 0) for k in range(len(opts))]
+            self.model.add(sum(take) == len(gpus))
+            self.groups.append(_Group(node, tuple(gpus), kind, opts, take))
+            for p, name in enumerate(kind.wanted):
+                key = (kind.model.id, name)
+                for opt, var in zip(opts, take, strict=True):
+                    if opt.serves[p]:
+                        supply[key].terms.append((opt.serves[p], var))
+                most[key] += len(gpus) * max(o.serves[p] for o in opts)
+        demand: dict[_Supply, _Linear] = defaultdict(_Linear)
+        for cls in admitted:
+            self._add_demand(node, cls, most, demand)
+        for key, terms in supply.items():
+            # Equal, not at least: an instance is created only for a pod that gets it.
+            self.model.add(terms.expr() == demand[key].expr())
+        self._add_capacity(node)
+
+    def _add_demand(
+        self,
+        node: snapshot.Node,
+        cls: _PodClass,
+        most: Mapping[_Supply, int],
+        demand: dict[_Supply, _Linear],
+    ) -> None:
+        pod = cls.pod
+        keys: list[list[_Supply]] = []
+        for req in pod.mig:
+            found = {(g.model.id, self.resolve(g.model, req.profile)) for g in node.gpus}
+            keys.append(sorted((m, n) for m, n in found if n is not None and most.get((m, n))))
+        upper = len(cls.pods)
+        for req, ks in zip(pod.mig, keys, strict=True):
+            upper = min(upper, sum(most[k] for k in ks) // req.count)
+        alloc = node.allocatable
+        if alloc is not None:
+            if pod.cpu_milli:
+                upper = min(upper, alloc.cpu_milli // pod.cpu_milli)
+            if pod.memory_bytes:
+                upper = min(upper, alloc.memory_bytes // pod.memory_bytes)
+        if upper <= 0:
+            return
+        count = self._var(upper)
+        sources: list[list[tuple[_Supply, _Linear]]] = []
+        for req, ks in zip(pod.mig, keys, strict=True):
+            if len(ks) == 1:
+                drawn = [(ks[0], _Linear([(req.count, count)]))]
+            else:  # GPUs of several models on the node offer this request: split it
+                drawn = [(k, _Linear([(1, self._var(req.count * upper))])) for k in ks]
+                self.model.add(sum(d.expr() for _, d in drawn) == req.count * count)
+            for k, d in drawn:
+                demand[k].terms.extend(d.terms)
+            sources.append(drawn)
+        self.demands.append(_Demand(cls, node, count, upper, sources))
+        self.levels[pod.priority].terms.append((1, count))
+
+    def _add_capacity(self, node: snapshot.Node) -> None:
+        alloc = node.allocatable
+        if alloc is None:
+            return
+        demands = [d for d in self.demands if d.node is node]
+        for amounts, limit in (
+            ([d.cls.pod.cpu_milli for d in demands], alloc.cpu_milli),
+            ([d.cls.pod.memory_bytes for d in demands], alloc.memory_bytes),
+        ):
+            if sum(a * d.upper for a, d in zip(amounts, demands, strict=True)) <= limit:
+                continue
+            # Bytes are large numbers: divide by their common factor to keep CP-SAT's sums small.
+            unit = math.gcd(*amounts) or 1
+            self.model.add(
+                sum(a // unit * d.count for a, d in zip(amounts, demands, strict=True))
+                <= limit // unit
+            )
+
+    # ------------------------------------------------------------------------ solving
+
+    def solve(self, opts: options.Options) -> tuple[list[int], bool]:
+        """Run the phases; the final solution (a value per variable) and pod optimality."""
+        budget = _Budget(opts.time_limit_s)
+        solution = list(self.hint)
+        optimal = True
+        levels = sorted(self.levels, reverse=True)
+        for k, level in enumerate(levels):
+            placed = self.levels[level]
+            self.model.maximize(placed.expr())
+            seconds = budget.share(until=_PODS_SHARE, parts=len(levels) - k)
+            status, solution = self._run(opts, budget, seconds, solution)
+            optimal = optimal and status == cp_model.OPTIMAL
+            self.model.add(placed.expr() >= placed.value(solution))
+        weight = sum(len(g.gpus) for g in self.groups) + 1
+        disruption = _Linear()
+        room = _Linear()
+        for g in self.groups:
+            for opt, var in zip(g.options, g.take, strict=True):
+                cost = opt.destroyed * weight + opt.touched
+                if cost:
+                    disruption.terms.append((cost, var))
+                if opt.free_value:
+                    room.terms.append((opt.free_value, var))
+        if disruption.terms:
+            self.model.minimize(disruption.expr())
+            seconds = budget.share(until=_PODS_SHARE + _DISRUPTION_SHARE)
+            _, solution = self._run(opts, budget, seconds, solution)
+            self.model.add(disruption.expr() <= disruption.value(solution))
+        if room.terms:
+            self.model.maximize(room.expr())
+            _, solution = self._run(opts, budget, budget.share(until=1.0), solution)
+        return solution, optimal
+
+    def _run(
+        self, opts: options.Options, budget: _Budget, seconds: float, hint: list[int]
+    ) -> tuple[cp_model.CpSolverStatus, list[int]]:
+        """Solve from ``hint`` (a feasible solution); the status and the best solution known."""
+        proto = self.model.proto
+        proto.clear_solution_hint()
+        proto.solution_hint.vars.extend(range(len(hint)))
+        proto.solution_hint.values.extend(hint)
+        solver = cp_model.CpSolver()
+        params = solver.parameters
+        params.max_time_in_seconds = seconds
+        params.num_workers = max(1, opts.workers)
+        params.random_seed = _SEED
+        # The interleaved parallel search is deterministic whatever the number of workers.
+        params.interleave_search = opts.workers > 1
+        status = solver.solve(self.model)
+        budget.elapsed += solver.wall_time
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return status, list(solver.response_proto.solution)
+        if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
+            # The hint is always feasible, so this is a bug in the model, never bad input.
+            raise errors.MigpilotError(
+                f"exact planner: CP-SAT says {solver.status_name(status)} "
+                f"{self.model.validate()}".rstrip()
+            )
+        return status, hint
+
+    # ------------------------------------------------------------------------ reading back
+
+    def extract(
+        self, solution: Sequence[int]
+    ) -> tuple[dict[plans.GpuKey, layouts.Layout], list[plans.Placement]]:
+        """Target layouts of the modelled GPUs and the pods' placements."""
+        targets: dict[plans.GpuKey, layouts.Layout] = {}
+        pools: dict[tuple[str, _Supply], list[plans.AssignedInstance]] = defaultdict(list)
+        for g in self.groups:
+            chosen = [
+                opt
+                for opt, var in zip(g.options, g.take, strict=True)
+                for _ in range(solution[var.index])
+            ]
+            for gpu, opt in zip(g.gpus, chosen, strict=True):
+                targets[(g.node.name, gpu.index)] = opt.layout
+                for inst in opt.serving:
+                    pools[(g.node.name, (g.kind.model.id, inst.profile))].append(
+                        plans.AssignedInstance(gpu.index, inst.profile, inst.start)
+                    )
+        for pool in pools.values():
+            pool.sort(key=lambda i: (i.gpu, i.start))
+        placements: list[plans.Placement] = []
+        taken: dict[int, int] = defaultdict(int)
+        """Pods of each class (by id) placed so far."""
+        for d in self.demands:
+            n = solution[d.count.index]
+            if not n:
+                continue
+            first = taken[id(d.cls)]
+            taken[id(d.cls)] = first + n
+            # Per request, how many instances are still to be drawn from each supply.
+            quotas = [{key: expr.value(solution) for key, expr in drawn} for drawn in d.sources]
+            for pod in d.cls.pods[first : first + n]:
+                got: list[plans.AssignedInstance] = []
+                for req, quota in zip(pod.mig, quotas, strict=True):
+                    for _ in range(req.count):
+                        key = next(k for k, left in quota.items() if left)
+                        quota[key] -= 1
+                        got.append(pools[(d.node.name, key)].pop(0))
+                placements.append(plans.Placement(pod.key, d.node.name, tuple(got)))
+        return targets, placements
+
+
+# --------------------------------------------------------------------------- the planner
 
 
 def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
-    raise NotImplementedError
+    """Plan ``snap`` with CP-SAT within ``opts.time_limit_s`` on ``opts.workers`` threads."""
+    unresolvable = explaining.unresolvable(snap)
+    classes = _classes(p for p in snap.pods if p.key not in unresolvable)
+    builder = _Builder(snap, classes) if classes else None
+    if builder is None or not builder.demands:
+        return _finish(snap, opts, targets={}, placements=[], unresolvable=unresolvable)
+    solution, optimal = builder.solve(opts)
+    targets, placements = builder.extract(solution)
+    return _finish(
+        snap,
+        opts,
+        targets=targets,
+        placements=placements,
+        unresolvable=unresolvable,
+        optimal=optimal,
+    )
+
+
+def _finish(
+    snap: snapshot.Snapshot,
+    opts: options.Options,
+    *,
+    targets: Mapping[plans.GpuKey, layouts.Layout],
+    placements: list[plans.Placement],
+    unresolvable: Mapping[str, str],
+    optimal: bool = True,
+) -> plans.Plan:
+    placed = {p.pod for p in placements}
+    pending = [p for p in snap.pods if p.key not in placed]
+    # Pods no GPU model offers get the plainer reason; the per-node reasons stay.
+    unschedulable = [
+        plans.Unschedulable(u.pod, unresolvable[u.pod], u.nodes) if u.pod in unresolvable else u
+        for u in explaining.explain(snap, pending, placements, per_node=opts.explain)
+    ]
+    return plans.build(
+        snap,
+        planner=PLANNER,
+        targets=targets,
+        placements=placements,
+        unschedulable=unschedulable,
+        optimal=optimal,
+    )

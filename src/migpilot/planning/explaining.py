@@ -98,10 +98,14 @@ class Explainer:
                 self.used[key] = used
                 self.occupied[key] = used | frozenset(assigned.get(key, ()))
         self._cache: dict[tuple[object, ...], plans.Unschedulable] = {}
+        self._admission: dict[tuple[object, ...], str | None] = {}
 
     def node_reason(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str]:
         """Why this node does not run the pod in the plan."""
-        reason = constraints.rejection(node, pod)
+        sig = (node.name, constraints.signature(pod))
+        reason = self._admission.get(sig, "")
+        if reason == "":
+            reason = self._admission[sig] = constraints.rejection(node, pod)
         if reason is not None:
             return Why.NOT_ADMITTED, reason
         by_need: dict[tuple[str, ...], list[snapshot.Gpu]] = {}

@@ -34,7 +34,7 @@ import bisect
 import dataclasses
 import itertools
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from migpilot.mig import layouts, profiles
@@ -54,8 +54,9 @@ Cost = tuple[int, int, int]
 _STATE_BUDGET = 2048
 _FEASIBLE_PER_KIND_MIN = 3
 _FEASIBLE_PER_KIND_MAX = 64
-_DESTROY_LIMIT = 64
+_DESTROY_LIMIT = 16
 _FALLBACK_BUDGET = 64
+_MEMBER_SCAN = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,7 @@ class _States:
         self.fits: list[frozenset[str]] = []
         self.value: list[int] = []
         self.cache: dict[tuple[int, tuple[str, ...]], Option | None] = {}
+        self.need_cache: dict[tuple[str, tuple[str, ...]], int] = {}
 
     def intern(self, key: StateKey) -> int:
         sid = self.sid.get(key)
@@ -137,8 +139,12 @@ class _States:
         )
 
     def need_compute(self, model: str, need: tuple[str, ...]) -> int:
-        sizes = self.compute[model]
-        return sum(sizes[n] for n in need)
+        k = (model, need)
+        c = self.need_cache.get(k)
+        if c is None:
+            sizes = self.compute[model]
+            c = self.need_cache[k] = sum(sizes[n] for n in need)
+        return c
 
     def best(self, sid: int, need: tuple[str, ...]) -> Option | None:
         """The best option for ``need`` on a GPU in state ``sid`` (``None``: it cannot fit)."""
@@ -241,13 +247,19 @@ class _Index:
         for group in self._groups(sid):
             group.pop(sid, None)
 
-    def options(self, model: str, need: tuple[str, ...]) -> list[tuple[int, Option]]:
-        """Feasible options for ``need`` without destroying, most promising states first."""
+    def options(
+        self, model: str, need: tuple[str, ...], usable: Callable[[int], bool], *, per_kind: int
+    ) -> list[tuple[int, Option]]:
+        """Feasible options for ``need`` without destroying, most promising states first.
+
+        Only states with a GPU the pod may use (``usable``: node admits it, CPU and memory
+        left) count towards the bounds.
+        """
         st = self.states
         out: dict[int, Option] = {}
 
         def consider(sid: int) -> bool:
-            if sid in out:
+            if sid in out or not usable(sid):
                 return False
             opt = st.best(sid, need)
             if opt is None or opt.destroy:
@@ -258,7 +270,7 @@ class _Index:
         # States with free existing instances of the pod's first profile: reuse costs nothing.
         found = 0
         for sid in self.claimable.get((model, need[0]), ()):
-            if found >= self.per_kind:
+            if found >= per_kind:
                 break
             found += consider(sid)
         # Touched GPUs (no new GPU touched), then untouched ones; tightest room first. The
@@ -270,7 +282,7 @@ class _Index:
             found = 0
             for room in range(compute, full + 1):
                 for sid in self.fitting.get((model, touched, largest, room), ()):
-                    if found >= self.per_kind:
+                    if found >= per_kind:
                         break
                     found += consider(sid)
         if not out:
@@ -285,10 +297,20 @@ class _Index:
                         consider(sid)
         return list(out.items())
 
-    def destroy_options(self, model: str, need: tuple[str, ...]) -> list[tuple[int, Option]]:
-        """Options that destroy free existing instances (when nothing else fits)."""
+    def destroy_options(
+        self, model: str, need: tuple[str, ...], usable: Callable[[int], bool], *, limit: int
+    ) -> list[tuple[int, Option]]:
+        """Options that destroy free existing instances (when nothing else fits).
+
+        At most ``limit`` usable states are evaluated (each evaluation tries combinations).
+        """
         out = []
-        for sid in itertools.islice(self.destroyable.get(model, ()), _DESTROY_LIMIT):
+        for sid in self.destroyable.get(model, ()):
+            if limit <= 0:
+                break
+            if not usable(sid):
+                continue
+            limit -= 1
             opt = self.states.best(sid, need)
             if opt is not None:
                 out.append((sid, opt))
@@ -298,9 +320,13 @@ class _Index:
 class _Run:
     """One greedy pass over the pods in a given order."""
 
-    def __init__(self, snap: snapshot.Snapshot, states: _States) -> None:
+    def __init__(
+        self, snap: snapshot.Snapshot, states: _States, pods: Sequence[snapshot.Pod]
+    ) -> None:
         self.snap = snap
         self.states = states
+        self.min_cpu = min((p.cpu_milli for p in pods), default=0)
+        self.min_mem = min((p.memory_bytes for p in pods), default=0)
         self.index = _Index(states, gpus=sum(len(n.gpus) for n in snap.nodes))
         self.gpus: list[_Gpu] = []
         self.sid: list[int] = []
@@ -315,18 +341,21 @@ class _Run:
                 self.index.enter(sid, st.id)
                 mine.append(st)
             self.node_gpus.append(mine)
+        self.dead = [False] * len(self.gpus)
         self.node_room = [sum(states.room[self.sid[g.id]] for g in gs) for gs in self.node_gpus]
         self.cpu = [n.allocatable.cpu_milli if n.allocatable else None for n in snap.nodes]
         self.mem = [n.allocatable.memory_bytes if n.allocatable else None for n in snap.nodes]
         self.load = [0] * len(snap.nodes)
         self.admit: dict[tuple[object, ...], list[bool]] = {}
         self.roomy: dict[int, list[int]] = {}
+        self.failed: set[tuple[object, ...]] = set()
         self.split_cache: dict[tuple[object, ...], list[tuple[int, Option]] | None] = {}
         self.placed: dict[str, list[tuple[_Gpu, tuple[Instance, ...], tuple[str, ...]]]] = {}
         self.node_of: dict[str, int] = {}
 
     def _apply(self, st: _Gpu, opt: Option) -> None:
         old = self.sid[st.id]
+        assert not self.dead[st.id]
         self.index.leave(old, st.id)
         st.claimed = st.claimed | frozenset(opt.claim)
         st.free = st.free - frozenset(opt.claim) - frozenset(opt.destroy)
@@ -347,11 +376,18 @@ class _Run:
             self._apply(st, opt)
         cpu, mem = self.cpu[ni], self.mem[ni]
         if cpu is not None:
-            self.cpu[ni] = cpu - pod.cpu_milli
+            self.cpu[ni] = cpu = cpu - pod.cpu_milli
         if mem is not None:
-            self.mem[ni] = mem - pod.memory_bytes
+            self.mem[ni] = mem = mem - pod.memory_bytes
         self.placed[pod.key] = [(st, opt.claim, opt.add) for st, opt in parts]
         self.node_of[pod.key] = ni
+        # A node without CPU or memory for the smallest pod left takes no more pods: take its
+        # GPUs out of the index so that no search looks at them again.
+        if (cpu is not None and cpu < self.min_cpu) or (mem is not None and mem < self.min_mem):
+            for g in self.node_gpus[ni]:
+                if not self.dead[g.id]:
+                    self.dead[g.id] = True
+                    self.index.leave(self.sid[g.id], g.id)
 
     def _admits(self, pod: snapshot.Pod) -> list[bool]:
         sig = constraints.signature(pod)
@@ -389,15 +425,46 @@ class _Run:
         return None if best is None else (best[2], best[3])
 
     def place(self, pod: snapshot.Pod, needs: dict[str, tuple[str, ...]]) -> bool:
-        """Place one pod if it fits anywhere; update the GPU states."""
+        """Place one pod if it fits anywhere; update the GPU states.
+
+        Within a pass room only shrinks, so once a kind of pod (same request, node constraints,
+        CPU and memory) fails, the same kind fails again without another search.
+        """
+        kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
+        if kind in self.failed:
+            return False
+        if not self._place(pod, needs):
+            self.failed.add(kind)
+            return False
+        return True
+
+    def _place(
+        self, pod: snapshot.Pod, needs: dict[str, tuple[str, ...]], *, thorough: bool = False
+    ) -> bool:
+        """One search. The quick one is bounded; if it fails, a thorough one looks everywhere."""
         admits = self._admits(pod)
+        known: dict[int, bool] = {}
+        scan = None if thorough else _MEMBER_SCAN
+
+        def usable(sid: int) -> bool:
+            ok = known.get(sid)
+            if ok is None:
+                ok = known[sid] = any(
+                    admits[self.gpus[gid].node] and self._resources_ok(self.gpus[gid].node, pod)
+                    for gid in itertools.islice(self.index.members[sid], scan)
+                )
+            return ok
+
+        per_kind = len(self.gpus) if thorough else self.index.per_kind
         for destroy in (False, True):
             found: list[tuple[Cost, int, Option]] = []
             for model, need in needs.items():
                 pairs = (
-                    self.index.destroy_options(model, need)
+                    self.index.destroy_options(
+                        model, need, usable, limit=len(self.gpus) if thorough else _DESTROY_LIMIT
+                    )
                     if destroy
-                    else self.index.options(model, need)
+                    else self.index.options(model, need, usable, per_kind=per_kind)
                 )
                 found.extend((opt.cost, sid, opt) for sid, opt in pairs)
             choice = self._choose(pod, admits, found)
@@ -405,7 +472,9 @@ class _Run:
                 st, opt = choice
                 self._commit(pod, st.node, [(st, opt)])
                 return True
-        return self._place_spanning(pod, needs, admits)
+        if self._place_spanning(pod, needs, admits):
+            return True
+        return not thorough and self._place(pod, needs, thorough=True)
 
     def _place_spanning(
         self, pod: snapshot.Pod, needs: dict[str, tuple[str, ...]], admits: list[bool]
@@ -514,6 +583,36 @@ def _size(needs: dict[str, tuple[str, ...]], states: _States) -> int:
     return max((states.need_compute(m, n) for m, n in needs.items()), default=0)
 
 
+def _hopeless(snap: snapshot.Snapshot, needs: dict[str, dict[str, tuple[str, ...]]]) -> set[str]:
+    """Pods no node could run even with every GPU empty: wrong model, constraints, CPU/memory.
+
+    They are left out of the search (and out of the decision to try a second order).
+    """
+    out: set[str] = set()
+    verdict: dict[tuple[object, ...], bool] = {}
+    models = [frozenset(g.model.id for g in n.gpus) for n in snap.nodes]
+    for pod in snap.pods:
+        kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
+        ok = verdict.get(kind)
+        if ok is None:
+            ok = any(
+                not models[ni].isdisjoint(needs[pod.key])
+                and (
+                    node.allocatable is None
+                    or (
+                        pod.cpu_milli <= node.allocatable.cpu_milli
+                        and pod.memory_bytes <= node.allocatable.memory_bytes
+                    )
+                )
+                and constraints.rejection(node, pod) is None
+                for ni, node in enumerate(snap.nodes)
+            )
+            verdict[kind] = ok
+        if not ok:
+            out.add(pod.key)
+    return out
+
+
 def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """Plan the whole pending set (see the module docstring)."""
     states = _States(snap.models)
@@ -525,16 +624,18 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
             if need is not None:
                 per_model[m.id] = need
         needs[pod.key] = per_model
+    hopeless = _hopeless(snap, needs)
     index = {p.key: i for i, p in enumerate(snap.pods)}
     size = {p.key: _size(needs[p.key], states) for p in snap.pods}
+    hopeful = [p for p in snap.pods if p.key not in hopeless]
     orders = [
-        sorted(snap.pods, key=lambda p: (-p.priority, -size[p.key], index[p.key])),
-        sorted(snap.pods, key=lambda p: (-p.priority, size[p.key], index[p.key])),
+        sorted(hopeful, key=lambda p: (-p.priority, -size[p.key], index[p.key])),
+        sorted(hopeful, key=lambda p: (-p.priority, size[p.key], index[p.key])),
     ]
     candidates: list[tuple[plans.Plan, list[snapshot.Pod]]] = []
     for order in orders:
-        run = _Run(snap, states)
-        pending = [p for p in order if not needs[p.key] or not run.place(p, needs[p.key])]
+        run = _Run(snap, states, hopeful)
+        pending = [p for p in order if not run.place(p, needs[p.key])]
         targets, placements = run.result()
         candidates.append(
             (
@@ -545,11 +646,12 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
             )
         )
         if not pending:
-            break  # every pod placed: the other order cannot place more
+            break  # every pod that could run is placed: the other order cannot do better
     if len(candidates) == 1:
         chosen, pending = candidates[0]
     else:
         chosen, pending = max(candidates, key=lambda c: objective.score(snap, c[0]).key)
+    pending += [p for p in snap.pods if p.key in hopeless]
     unsched = explaining.explain(snap, pending, chosen.placements, per_node=opts.explain)
     return dataclasses.replace(
         chosen, unschedulable=tuple(sorted(unsched, key=lambda u: index[u.pod]))

@@ -31,7 +31,5 @@ def run(
     """Plan ``snap`` with the named planner."""
     planner = PLANNERS.get(name)
     if planner is None:
-        raise errors.MigpilotError(
-            f"unknown planner {name!r} (known: {', '.join(PLANNERS)})"
-        )
+        raise errors.MigpilotError(f"unknown planner {name!r} (known: {', '.join(PLANNERS)})")
     return planner(snap, opts or options.Options())

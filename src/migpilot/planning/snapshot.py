@@ -33,6 +33,7 @@ that names the place (``pods[2].requests: ...``). Pure: it is given data, never 
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -170,14 +171,22 @@ class Pod:
 
     def profiles_on(self, model: profiles.GpuModel) -> tuple[str, ...] | None:
         """The canonical profile names this pod needs on ``model``, or ``None`` if not offered."""
-        out: list[str] = []
-        for req in self.mig:
-            try:
-                name = model.resolve_profile(req.profile).name
-            except errors.UnknownProfileError:
-                return None
-            out.extend([name] * req.count)
-        return tuple(sorted(out))
+        return resolve_request(self.mig, model)
+
+
+@functools.lru_cache(maxsize=16384)
+def resolve_request(
+    mig: tuple[MigRequest, ...], model: profiles.GpuModel
+) -> tuple[str, ...] | None:
+    """A MIG request as canonical profile names of ``model`` (sorted), ``None`` if not offered."""
+    out: list[str] = []
+    for req in mig:
+        try:
+            name = model.resolve_profile(req.profile).name
+        except errors.UnknownProfileError:
+            return None
+        out.extend([name] * req.count)
+    return tuple(sorted(out))
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +281,7 @@ def _only(d: Mapping[str, Any], allowed: set[str], where: str) -> None:
 
 
 def _str(value: Any, where: str, *, required: bool = True) -> str:
-    if value is None and not required:
+    if not required and (value is None or value == ""):
         return ""
     if not isinstance(value, str | int | float) or isinstance(value, bool) or value == "":
         raise errors.SnapshotError(f"{where}: expected a non-empty string")
@@ -403,7 +412,10 @@ def _resources(raw: Any, where: str) -> Resources | None:
 def _gpu(raw: Any, index: int, where: str) -> Gpu:
     d = _mapping(raw, where)
     _only(d, {"model", "instances", "index"}, where)
-    model = catalog.resolve_gpu(_str(d.get("model"), f"{where}.model"))
+    try:
+        model = catalog.resolve_gpu(_str(d.get("model"), f"{where}.model"))
+    except errors.UnknownGpuError as err:
+        raise errors.SnapshotError(f"{where}.model: {err}") from None
     insts: list[ExistingInstance] = []
     for j, r in enumerate(_sequence(d.get("instances"), f"{where}.instances")):
         iw = f"{where}.instances[{j}]"
@@ -471,9 +483,16 @@ def _pod(raw: Any, where: str) -> Pod:
             mem = memory_bytes(value, where=f"{rw}.memory")
         elif key.startswith(MIG_RESOURCE_PREFIX):
             try:
-                canonical = profiles.parse_profile_name(key).canonical
+                parsed = profiles.parse_profile_name(key)
             except errors.UnknownProfileError as err:
                 raise errors.SnapshotError(f"{rw}: {err}") from None
+            if parsed.compute is not None and parsed.compute != parsed.g:
+                raise errors.SnapshotError(
+                    f"{rw}: {key} is a compute-instance profile; migpilot manages whole GPU "
+                    f"instances (ask for nvidia.com/mig-{parsed.g}g.{parsed.gb}gb"
+                    f"{parsed.attribute.value.replace('+', '.')})"
+                )
+            canonical = parsed.canonical
             count = value if isinstance(value, int) and not isinstance(value, bool) else None
             if isinstance(value, str) and value.isdigit():
                 count = int(value)
@@ -520,7 +539,7 @@ def _parse(document: Any) -> Snapshot:
     _only(d, {"version", "policy", "nodes", "pods"}, "snapshot")
     if "version" not in d:
         raise errors.SnapshotError("missing 'version' (this format is version 1)")
-    if d["version"] != SNAPSHOT_VERSION:
+    if type(d["version"]) is not int or d["version"] != SNAPSHOT_VERSION:
         raise errors.SnapshotError(f"unsupported version {d['version']!r} (expected 1)")
     policy_text = d.get("policy", Policy.BINPACK.value)
     try:
@@ -554,7 +573,10 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
         if n.labels:
             nd["labels"] = dict(n.labels)
         if n.taints:
-            nd["taints"] = [{"key": t.key, "value": t.value, "effect": t.effect} for t in n.taints]
+            nd["taints"] = [
+                {"key": t.key, "effect": t.effect} | ({"value": t.value} if t.value else {})
+                for t in n.taints
+            ]
         if n.unschedulable:
             nd["unschedulable"] = True
         if n.allocatable is not None:

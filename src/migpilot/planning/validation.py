@@ -30,7 +30,10 @@ def problems(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
         gp = targets.get(key)
         target = gp.layout if gp else gpu.layout
         where = f"{node.name}/gpu{gpu.index}"
-        reason = layouts.violation(gpu.model, target.instances)
+        try:
+            reason = layouts.violation(gpu.model, target.instances)
+        except errors.UnknownProfileError as e:
+            reason = str(e)
         if reason is not None:
             out.append(f"{where}: target layout is invalid: {reason}")
         then = set(target.instances)

@@ -1,0 +1,192 @@
+"""Planner benchmark: quality against the exact solver, and speed at 800 and 8,000 GPUs.
+
+Run: ``.venv/bin/python bench/bench_planner.py [--quick] [--quality-only | --speed-only]``.
+Prints tables and writes ``bench/results/planner.json``. Timing never decides a test; this file
+records what was measured, with the command, on this machine.
+
+Quality: random and trace-shaped snapshots of up to 64 GPUs (mixed A100-80GB, H100-80GB and
+A30 nodes, partly occupied GPUs with used instances, multi-instance pods, node selectors,
+priorities). Every planner runs on each snapshot; on those where ``exact`` proves optimality we
+report fast's share of the optimal weighted pods, and whether fast is ever below a baseline.
+
+Speed: the same generator at 100 nodes x 8 GPUs with 500 pods and 1,000 nodes x 8 GPUs with
+5,000 pods; every planner side by side in one run (exact gets a time limit and is skipped where
+its model would not fit in memory), and the 8,000/800 ratio for fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from migpilot.planning import generate, objective, options, planners, snapshot, validation
+
+RESULTS = Path(__file__).parent / "results" / "planner.json"
+BASELINES = ("nos", "hami-template", "hami-placement", "static")
+ALL = ("fast", "exact", *BASELINES)
+
+
+def timed(snap: snapshot.Snapshot, name: str, opts: options.Options) -> tuple[Any, float, float]:
+    """(plan, wall seconds, CPU seconds of this process)."""
+    w, c = time.perf_counter(), time.process_time()
+    plan = planners.run(snap, name, opts)
+    return plan, time.perf_counter() - w, time.process_time() - c
+
+
+def quality_cases(quick: bool) -> list[tuple[str, snapshot.Snapshot]]:
+    cases: list[tuple[str, snapshot.Snapshot]] = []
+    seeds = range(6 if quick else 24)
+    for seed in seeds:
+        nodes = [1, 2, 4, 8][seed % 4]
+        gpn = [4, 8][seed % 2]
+        gpus = nodes * gpn
+        pods = max(4, int(gpus * [1.5, 2.5, 4.0][seed % 3]))
+        cases.append(
+            (
+                f"random s{seed} {gpus}gpu {pods}pods",
+                generate.random_snapshot(seed=seed, nodes=nodes, gpus_per_node=gpn, pods=pods),
+            )
+        )
+        cases.append(
+            (
+                f"trace s{seed} {gpus}gpu {pods}pods",
+                generate.trace_snapshot(seed=seed, nodes=nodes, gpus_per_node=gpn, pods=pods),
+            )
+        )
+    return cases
+
+
+def quality(quick: bool, time_limit: float) -> dict[str, Any]:
+    rows = []
+    opts = options.Options(time_limit_s=time_limit, workers=2)
+    for label, snap in quality_cases(quick):
+        row: dict[str, Any] = {"case": label}
+        scores = {}
+        for name in ALL:
+            plan, wall, _ = timed(snap, name, opts)
+            problems = validation.problems(snap, plan)
+            if problems:
+                raise SystemExit(f"{name} produced an invalid plan on {label}: {problems[0]}")
+            sc = objective.score(snap, plan)
+            scores[name] = sc
+            row[name] = {"weighted": sc.weighted, "placed": sc.placed, "seconds": round(wall, 3)}
+            if name == "exact":
+                row["optimal"] = plan.optimal
+        row["pods"] = len(snap.pods)
+        best = scores["exact"].weighted
+        row["fast_share"] = 1.0 if best == 0 else scores["fast"].weighted / best
+        row["fast_below"] = [b for b in BASELINES if scores["fast"].weighted < scores[b].weighted]
+        rows.append(row)
+        flag = "" if row["optimal"] else " (exact not proven)"
+        print(
+            f"{label:32} fast {scores['fast'].placed:4}/{len(snap.pods):<4} "
+            f"exact {scores['exact'].placed:4} "
+            + " ".join(f"{b} {scores[b].placed:4}" for b in BASELINES)
+            + f"  share {row['fast_share']:.3f}{flag}",
+            flush=True,
+        )
+    proven = [r for r in rows if r["optimal"]]
+    shares = [r["fast_share"] for r in proven]
+    summary = {
+        "snapshots": len(rows),
+        "proven_optimal": len(proven),
+        "fast_share_mean": round(statistics.fmean(shares), 4) if shares else None,
+        "fast_share_min": round(min(shares), 4) if shares else None,
+        "fast_share_median": round(statistics.median(shares), 4) if shares else None,
+        "fast_optimal_count": sum(1 for s in shares if s >= 1.0),
+        "fast_below_a_baseline": sum(1 for r in rows if r["fast_below"]),
+        "baseline_share_mean": {
+            b: round(
+                statistics.fmean(
+                    r[b]["weighted"] / r["exact"]["weighted"] if r["exact"]["weighted"] else 1.0
+                    for r in proven
+                ),
+                4,
+            )
+            for b in BASELINES
+        }
+        if proven
+        else {},
+    }
+    print("quality:", json.dumps(summary))
+    return {"summary": summary, "rows": rows}
+
+
+def speed(quick: bool, exact_limit: float) -> dict[str, Any]:
+    sizes = [(100, 500), (1000, 5000)]
+    rows = []
+    fast_cpu: dict[int, float] = {}
+    for nodes, pods in sizes:
+        snap = generate.random_snapshot(seed=7, nodes=nodes, gpus_per_node=8, pods=pods)
+        gpus = nodes * 8
+        for name in ALL:
+            if name == "exact" and (quick or gpus > 800):
+                rows.append({"gpus": gpus, "pods": pods, "planner": name, "skipped": True})
+                print(f"{gpus:5} GPUs {pods:5} pods {name:15} skipped (model too large)")
+                continue
+            opts = options.Options(time_limit_s=exact_limit, workers=2)
+            plan, wall, cpu = timed(snap, name, opts)
+            sc = objective.score(snap, plan)
+            if name == "fast":
+                fast_cpu[gpus] = cpu
+            row = {
+                "gpus": gpus,
+                "pods": pods,
+                "planner": name,
+                "wall_s": round(wall, 3),
+                "cpu_s": round(cpu, 3),
+                "placed": sc.placed,
+                "destroyed": sc.destroyed,
+                "touched": sc.touched,
+            }
+            if name == "exact":
+                row["optimal"] = plan.optimal
+            rows.append(row)
+            print(
+                f"{gpus:5} GPUs {pods:5} pods {name:15} {wall:7.3f}s wall {cpu:7.3f}s cpu "
+                f"placed {sc.placed:5} destroyed {sc.destroyed:4} touched {sc.touched:5}",
+                flush=True,
+            )
+    ratio = fast_cpu[8000] / fast_cpu[800] if 800 in fast_cpu and 8000 in fast_cpu else None
+    print(f"fast 8000/800 CPU-time ratio: {ratio:.2f}" if ratio else "")
+    return {"rows": rows, "fast_ratio_8000_over_800": round(ratio, 2) if ratio else None}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer cases (a smoke run)")
+    ap.add_argument("--quality-only", action="store_true")
+    ap.add_argument("--speed-only", action="store_true")
+    ap.add_argument("--time-limit", type=float, default=20.0, help="exact planner limit, s")
+    args = ap.parse_args()
+    out: dict[str, Any] = {
+        "benchmark": "planner",
+        "command": "python bench/bench_planner.py " + " ".join(sys.argv[1:]),
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+    if RESULTS.exists():
+        previous = json.loads(RESULTS.read_text())
+        out["quality"] = previous.get("quality")
+        out["speed"] = previous.get("speed")
+    if not args.speed_only:
+        out["quality"] = quality(args.quick, args.time_limit)
+    if not args.quality_only:
+        out["speed"] = speed(args.quick, args.time_limit)
+    if not args.quick:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

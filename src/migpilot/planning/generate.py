@@ -1,0 +1,439 @@
+"""Seeded cluster snapshots for tests, the benchmark and users who want a cluster to plan.
+
+The planner is judged on snapshots nobody wrote by hand: thousands of GPUs of mixed models, partly
+occupied by instances in use, and pending pods with the requests, selectors, taints and priorities
+real clusters have. :func:`random_snapshot` draws such a cluster from a few knobs;
+:func:`trace_snapshot` draws the pods from the shape of the Alibaba openb GPU trace instead.
+
+Pure core: the only randomness is a ``random.Random(seed)`` made here (never the global one), so
+the same arguments give an equal snapshot on every machine; no file is read (the trace shape is a
+table below). May import only :mod:`migpilot.errors`, :mod:`migpilot.mig` and
+:mod:`migpilot.planning.snapshot`. Per-model tables are computed once and cached, so 8,000 GPUs
+and 5,000 pods take a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from migpilot import errors
+from migpilot.mig import catalog, layouts, profiles
+from migpilot.planning import snapshot
+
+DEFAULT_MODELS = ("a100-80gb", "h100-80gb", "a30-24gb")
+
+_GIB = 2**30
+_ZONES = ("a", "b", "c")
+_POOLS = ("train", "infer", "batch")
+_NAMESPACES = ("default", "team-a", "team-b")
+_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+# Weight of a request of each size (compute slices) among single-profile requests: mostly small
+# inference slices, some mid-size, a few whole GPUs. A size a model lacks (3g on an A30) is
+# simply not drawn for it.
+_SIZE_WEIGHTS = {1: 40, 2: 25, 3: 15, 4: 10, 7: 6}
+_MEDIA_WEIGHT = 4
+"""Total weight of the media-extension (+me) profiles of a model."""
+_EMPTY_GPU_FRACTION = 0.25
+"""GPUs drawn with no MIG instance at all."""
+_KEEP_FRACTION = 0.7
+"""Each instance of a GPU's drawn layout exists with this probability (the rest was destroyed)."""
+
+# The openb trace (Weng et al., "Beware of Fragmentation", USENIX ATC 2023; github.com/alibaba/
+# clusterdata, cluster-trace-gpu-v2023), pods of openb_pod_list_default.csv that ask for a GPU,
+# grouped by (num_gpu, gpu_milli); the 1,088 CPU-only pods are left out. Columns: num_gpu,
+# gpu_milli, pods, of which qos LS (latency-sensitive), median cpu_milli, median memory_mib.
+# Made once, by hand, from the shared copy of the trace with:
+#   python -c "import csv,collections,statistics as st
+#   g=collections.defaultdict(list)
+#   for r in csv.DictReader(open('shared/data/openb/openb_pod_list_default.csv')):
+#       k=(int(r['num_gpu']),int(r['gpu_milli']))
+#       if k[0]: g[k].append(r)
+#   for k in sorted(g): v=g[k]; print(k+(len(v),sum(r['qos']=='LS' for r in v),
+#       int(st.median(int(r['cpu_milli']) for r in v)),
+#       int(st.median(int(r['memory_mib']) for r in v))))"
+# 6,989 of the 7,064 GPU pods ask for one GPU; 3,911 of those for all of it (gpu_milli 1000).
+_OPENB: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (1, 50, 7, 0, 6000, 22888),
+    (1, 110, 24, 1, 4000, 22888),
+    (1, 140, 1, 0, 1000, 2048),
+    (1, 160, 74, 0, 4000, 15258),
+    (1, 220, 62, 0, 4000, 22888),
+    (1, 230, 140, 0, 4000, 30517),
+    (1, 270, 4, 0, 4152, 10600),
+    (1, 290, 1, 0, 1000, 2048),
+    (1, 320, 328, 0, 4000, 22888),
+    (1, 330, 7, 0, 4000, 22888),
+    (1, 350, 6, 0, 4000, 22888),
+    (1, 370, 47, 2, 4152, 10600),
+    (1, 440, 2, 1, 8000, 30517),
+    (1, 460, 128, 128, 6000, 12288),
+    (1, 470, 750, 390, 11908, 47104),
+    (1, 480, 19, 0, 4000, 22888),
+    (1, 550, 72, 0, 4152, 10600),
+    (1, 590, 75, 0, 3152, 5600),
+    (1, 650, 253, 237, 11908, 47104),
+    (1, 810, 1078, 0, 3152, 5600),
+    (1, 1000, 3911, 3200, 11400, 48128),
+    (2, 1000, 16, 15, 16200, 66560),
+    (4, 1000, 15, 14, 32200, 132096),
+    (8, 1000, 44, 23, 88000, 327680),
+)
+# The trace's most common GPU node (549 of 1,213 nodes in openb_node_list_gpu_node.csv): 8 GPUs,
+# 96 cores, 384 GiB; per GPU that is:
+_OPENB_CPU_MILLI_PER_GPU = 12_000
+_OPENB_MEMORY_PER_GPU = 48 * _GIB
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _ModelTables:
+    """What the generators draw from for one GPU model, computed once."""
+
+    model: profiles.GpuModel
+    layouts: tuple[layouts.Layout, ...]
+    """Every maximal layout: a GPU's current instances are a random subset of one."""
+    names: tuple[str, ...]
+    """Profiles a single request is drawn from ..."""
+    weights: tuple[float, ...]
+    """... with these weights (mostly small slices)."""
+    by_size: tuple[profiles.Profile, ...]
+    """Profiles without attributes, smallest first (compute slices, then memory)."""
+    whole: str
+    """The profile that takes a whole GPU (7g.80gb on an A100-80GB)."""
+    product_label: str
+
+
+@functools.cache
+def _tables(model: profiles.GpuModel) -> _ModelTables:
+    plain = sorted(
+        (p for p in model.profiles if p.attribute is profiles.Attribute.NONE),
+        key=lambda p: (p.compute_slices, p.memory_slots, p.name),
+    )
+    media = [p for p in model.profiles if p.media_extension]
+    names: list[str] = []
+    weights: list[float] = []
+    for size, weight in _SIZE_WEIGHTS.items():
+        same = [p for p in plain if p.compute_slices == size]
+        for rank, p in enumerate(same):
+            # The leanest memory variant of a size is the usual ask (1g.10gb over 1g.20gb).
+            share = 0.75 if rank == 0 else 0.25 / (len(same) - 1)
+            names.append(p.name)
+            weights.append(weight * (share if len(same) > 1 else 1.0))
+    for p in media:
+        names.append(p.name)
+        weights.append(_MEDIA_WEIGHT / len(media))
+    return _ModelTables(
+        model=model,
+        layouts=layouts.enumerate_layouts(model),
+        names=tuple(names),
+        weights=tuple(weights),
+        by_size=tuple(plain),
+        whole=plain[-1].name,
+        product_label=model.gfd_product_names[0] if model.product_names else model.id,
+    )
+
+
+def _check_sizes(*, nodes: int, gpus_per_node: int, pods: int) -> None:
+    for name, value, least in (("nodes", nodes, 0), ("gpus_per_node", gpus_per_node, 1)):
+        if value < least:
+            raise errors.MigpilotError(f"{name} must be at least {least}, got {value}")
+    if pods < 0:
+        raise errors.MigpilotError(f"pods must be at least 0, got {pods}")
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise errors.MigpilotError(f"{name} must be between 0 and 1, got {value}")
+
+
+def _resolve_models(models: Sequence[str]) -> tuple[_ModelTables, ...]:
+    if not models:
+        raise errors.MigpilotError("at least one GPU model is needed")
+    return tuple(_tables(catalog.resolve_gpu(m)) for m in models)
+
+
+def _gpu(
+    rng: random.Random, tables: _ModelTables, *, index: int, used_fraction: float
+) -> snapshot.Gpu:
+    """A GPU whose instances are a random subset of a random valid layout (so still valid)."""
+    if rng.random() < _EMPTY_GPU_FRACTION:
+        return snapshot.Gpu(index, tables.model, ())
+    layout = rng.choice(tables.layouts)
+    kept = tuple(
+        snapshot.ExistingInstance(i.profile, i.start, rng.random() < used_fraction)
+        for i in layout.instances
+        if rng.random() < _KEEP_FRACTION
+    )
+    return snapshot.Gpu(index, tables.model, kept)
+
+
+def _width(count: int) -> int:
+    return max(len(str(max(count - 1, 0))), 2)
+
+
+def _nodes(
+    rng: random.Random,
+    *,
+    tables: Sequence[_ModelTables],
+    nodes: int,
+    gpus_per_node: int,
+    used_fraction: float,
+    allocatable: bool,
+    constrained: bool,
+) -> tuple[tuple[snapshot.Node, ...], tuple[_ModelTables, ...]]:
+    """The nodes, and the model tables of each (what pods are drawn for)."""
+    out: list[snapshot.Node] = []
+    chosen: list[_ModelTables] = []
+    width = _width(nodes)
+    for n in range(nodes):
+        table = rng.choice(tables)
+        chosen.append(table)
+        zone = rng.choice(_ZONES)
+        pool = rng.choice(_POOLS)
+        labels = {"zone": zone, "pool": pool, _PRODUCT_LABEL: table.product_label}
+        taints: list[snapshot.Taint] = []
+        cordoned = False
+        if constrained:
+            draw = rng.random()
+            if draw < 0.05:
+                taints.append(snapshot.Taint("dedicated", pool, "NoSchedule"))
+            elif draw < 0.08:
+                taints.append(snapshot.Taint("maintenance", "soon", "PreferNoSchedule"))
+            elif draw < 0.09:
+                taints.append(snapshot.Taint("gpu-health", "degraded", "NoExecute"))
+            cordoned = rng.random() < 0.03
+        if not allocatable:
+            alloc = None
+        elif constrained:
+            alloc = snapshot.Resources(
+                gpus_per_node * rng.choice((6, 8, 12, 16)) * 1000,
+                gpus_per_node * rng.choice((48, 64, 96)) * _GIB,
+            )
+        else:
+            alloc = snapshot.Resources(
+                gpus_per_node * _OPENB_CPU_MILLI_PER_GPU, gpus_per_node * _OPENB_MEMORY_PER_GPU
+            )
+        gpus = tuple(
+            _gpu(rng, table, index=g, used_fraction=used_fraction) for g in range(gpus_per_node)
+        )
+        out.append(
+            snapshot.Node(
+                name=f"node-{n:0{width}d}",
+                labels=MappingProxyType(labels),
+                taints=tuple(taints),
+                unschedulable=cordoned,
+                allocatable=alloc,
+                gpus=gpus,
+            )
+        )
+    return tuple(out), tuple(chosen)
+
+
+_NO_LABELS: MappingProxyType[str, str] = MappingProxyType({})
+
+
+def _placement_rules(
+    rng: random.Random, tables: Sequence[_ModelTables]
+) -> tuple[MappingProxyType[str, str], tuple[tuple[snapshot.Requirement, ...], ...]]:
+    """A node selector or a required node affinity, exercising every operator the format has."""
+    draw = rng.random()
+    req = snapshot.Requirement
+    if draw < 0.3:
+        return MappingProxyType({"zone": rng.choice(_ZONES)}), ()
+    if draw < 0.45:
+        return MappingProxyType({"pool": rng.choice(_POOLS)}), ()
+    if draw < 0.6:
+        product = rng.choice(tables).product_label
+        return MappingProxyType({_PRODUCT_LABEL: product}), ()
+    if draw < 0.75:
+        zones = tuple(sorted(rng.sample(_ZONES, 2)))
+        return _NO_LABELS, ((req("zone", "In", zones),),)
+    if draw < 0.85:
+        return _NO_LABELS, ((req("pool", "NotIn", ("batch",)),),)
+    if draw < 0.95:
+        # Two terms (OR): either zone a, or any node of the infer pool.
+        return _NO_LABELS, (
+            (req("zone", "In", ("a",)), req("pool", "Exists", ())),
+            (req("pool", "In", ("infer",)),),
+        )
+    return _NO_LABELS, ((req("gpu-health", "DoesNotExist", ()),),)
+
+
+def _tolerations(rng: random.Random) -> tuple[snapshot.Toleration, ...]:
+    draw = rng.random()
+    if draw < 0.08:
+        return (snapshot.Toleration("dedicated", "Equal", rng.choice(_POOLS), "NoSchedule"),)
+    if draw < 0.10:
+        return (snapshot.Toleration("dedicated", "Exists", "", ""),)
+    if draw < 0.11:
+        return (snapshot.Toleration("", "Exists", "", ""),)
+    return ()
+
+
+def _mig_request(
+    rng: random.Random, tables: _ModelTables, *, multi_instance_fraction: float
+) -> tuple[tuple[snapshot.MigRequest, ...], int]:
+    """Profiles for one pod, drawn for one model's names, and their total compute slices."""
+    first = rng.choices(tables.names, weights=tables.weights)[0]
+    counts = {first: 1}
+    if rng.random() < multi_instance_fraction:
+        # 2-4 instances, sometimes of two profiles: possibly more than one GPU's worth.
+        counts[first] = rng.randint(2, 4)
+        if rng.random() < 0.25:
+            other = rng.choices(tables.names, weights=tables.weights)[0]
+            counts[other] = counts.get(other, 0) + 1
+    compute = sum(tables.model.profile_named(p).compute_slices * n for p, n in counts.items())
+    return tuple(snapshot.MigRequest(p, n) for p, n in sorted(counts.items())), compute
+
+
+def random_snapshot(
+    *,
+    seed: int,
+    nodes: int,
+    gpus_per_node: int,
+    pods: int,
+    models: Sequence[str] = DEFAULT_MODELS,
+    used_fraction: float = 0.3,
+    selector_fraction: float = 0.1,
+    priority_levels: int = 2,
+    multi_instance_fraction: float = 0.15,
+    cpu: bool = True,
+) -> snapshot.Snapshot:
+    """A random cluster: mixed-model nodes, partly occupied GPUs and pending pods.
+
+    Each node has ``gpus_per_node`` GPUs of one of ``models`` (drawn per node); labels ``zone``,
+    ``pool`` and ``nvidia.com/gpu.product``; about 9 % carry a taint (NoSchedule, NoExecute or
+    PreferNoSchedule) and 3 % are cordoned. A quarter of the GPUs have no instance; the others
+    hold a random subset of a random valid layout, each instance in use with probability
+    ``used_fraction``. Each pod asks for profiles of one model (mostly 1g/2g, some 3g/4g/7g and
+    ``+me``); ``multi_instance_fraction`` of them ask for 2-4 instances; ``selector_fraction``
+    have a nodeSelector or required node affinity; priorities are ``0, 100, ...`` over
+    ``priority_levels`` levels, lower ones commoner. With ``cpu``, nodes have allocatable CPU
+    and memory and pods ask for some in proportion to their compute slices, enough to bind on
+    some nodes. Deterministic in all arguments.
+    """
+    _check_sizes(nodes=nodes, gpus_per_node=gpus_per_node, pods=pods)
+    _check_fraction("used_fraction", used_fraction)
+    _check_fraction("selector_fraction", selector_fraction)
+    _check_fraction("multi_instance_fraction", multi_instance_fraction)
+    if priority_levels < 1:
+        raise errors.MigpilotError(f"priority_levels must be at least 1, got {priority_levels}")
+    tables = _resolve_models(models)
+    rng = random.Random(seed)
+    node_list, node_tables = _nodes(
+        rng,
+        tables=tables,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        used_fraction=used_fraction,
+        allocatable=cpu,
+        constrained=True,
+    )
+    # Pods ask for the models the cluster has, in proportion to its nodes.
+    pod_models = node_tables or tables
+    present = tuple(t for t in tables if t in node_tables) or tables
+    levels = tuple(range(priority_levels))
+    level_weights = tuple(2.0 ** (priority_levels - 1 - lv) for lv in levels)
+    width = _width(pods)
+    pod_list: list[snapshot.Pod] = []
+    for i in range(pods):
+        table = rng.choice(pod_models)
+        mig, compute = _mig_request(rng, table, multi_instance_fraction=multi_instance_fraction)
+        selector: MappingProxyType[str, str] = _NO_LABELS
+        affinity: tuple[tuple[snapshot.Requirement, ...], ...] = ()
+        if rng.random() < selector_fraction:
+            selector, affinity = _placement_rules(rng, present)
+        level = rng.choices(levels, weights=level_weights)[0] if priority_levels > 1 else 0
+        cpu_milli = mem = 0
+        if cpu:
+            cpu_milli = compute * rng.choice((500, 1000, 2000, 4000))
+            mem = compute * rng.choice((4, 8, 16, 32)) * _GIB
+        pod_list.append(
+            snapshot.Pod(
+                name=f"pod-{i:0{width}d}",
+                namespace=rng.choice(_NAMESPACES),
+                priority=level * 100,
+                mig=mig,
+                cpu_milli=cpu_milli,
+                memory_bytes=mem,
+                node_selector=selector,
+                affinity=affinity,
+                tolerations=_tolerations(rng),
+            )
+        )
+    return snapshot.Snapshot(nodes=node_list, pods=tuple(pod_list))
+
+
+def trace_profile(model: profiles.GpuModel, *, num_gpu: int, gpu_milli: int) -> tuple[str, ...]:
+    """The MIG profiles a trace pod asks for on ``model``.
+
+    ``num_gpu`` > 1 (or a whole GPU) asks for that many whole-GPU instances; a fraction of one
+    GPU asks for the smallest profile whose share of the GPU's compute slices covers it
+    (``compute_slices / 7 >= gpu_milli / 1000`` on an A100; over 4 slices on an A30).
+    """
+    t = _tables(model)
+    if num_gpu > 1 or gpu_milli >= 1000:
+        return (t.whole,) * max(num_gpu, 1)
+    for p in t.by_size:
+        if p.compute_slices * 1000 >= gpu_milli * model.compute_slices:
+            return (p.name,)
+    return (t.whole,)
+
+
+def trace_snapshot(
+    *,
+    seed: int,
+    nodes: int,
+    gpus_per_node: int,
+    pods: int,
+    models: Sequence[str] = DEFAULT_MODELS,
+    used_fraction: float = 0.3,
+) -> snapshot.Snapshot:
+    """A cluster whose pending pods follow the openb trace's mix of GPU, CPU and memory asks.
+
+    Nodes are as in :func:`random_snapshot` without taints or cordons, with the CPU and memory
+    per GPU of the trace's most common node (12 cores, 48 GiB). Each pod draws a row of the
+    trace table by its frequency, a model among the cluster's, and asks for
+    :func:`trace_profile` with the row's median CPU and memory; latency-sensitive (LS) pods get
+    priority 100, the others 0. Deterministic in all arguments.
+    """
+    _check_sizes(nodes=nodes, gpus_per_node=gpus_per_node, pods=pods)
+    _check_fraction("used_fraction", used_fraction)
+    tables = _resolve_models(models)
+    rng = random.Random(seed)
+    node_list, node_tables = _nodes(
+        rng,
+        tables=tables,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        used_fraction=used_fraction,
+        allocatable=True,
+        constrained=False,
+    )
+    pod_models = node_tables or tables
+    weights = tuple(row[2] for row in _OPENB)
+    width = _width(pods)
+    pod_list: list[snapshot.Pod] = []
+    for i in range(pods):
+        num_gpu, gpu_milli, count, ls, cpu_milli, memory_mib = rng.choices(_OPENB, weights)[0]
+        table = rng.choice(pod_models)
+        names = trace_profile(table.model, num_gpu=num_gpu, gpu_milli=gpu_milli)
+        latency_sensitive = rng.random() * count < ls
+        pod_list.append(
+            snapshot.Pod(
+                name=f"openb-{i:0{width}d}",
+                namespace="default",
+                priority=100 if latency_sensitive else 0,
+                mig=(snapshot.MigRequest(names[0], len(names)),),
+                cpu_milli=cpu_milli,
+                memory_bytes=memory_mib * 2**20,
+                node_selector=_NO_LABELS,
+                affinity=(),
+                tolerations=(),
+            )
+        )
+    return snapshot.Snapshot(nodes=node_list, pods=tuple(pod_list))
