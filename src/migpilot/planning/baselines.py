@@ -552,17 +552,23 @@ def _nos_partition(
         for g in fork:
             for p, n in g.free.items():
                 free[p] = free.get(p, 0) + n
+        node_free: dict[str, int] = {}
+        for g in fork:
+            for p, n in g.free.items():
+                node_free[p] = node_free.get(p, 0) + n
         trial_capacity = capacity.copy()
         added = 0
         failed: dict[tuple[object, ...], int] = {}
         for pod, need, admits, memo in prepared:
             if failed.get(memo) == added:
                 continue
-            # planner.tryAddPod: still lacking cluster-wide? then the scheduler's Filter, then
-            # Node.AddPod, which needs one GPU holding everything the pod asks.
+            # planner.tryAddPod: still lacking cluster-wide? then the scheduler's Filter (node
+            # admission, CPU, memory, MIG devices of the node), then Node.AddPod, which needs one
+            # GPU holding everything the pod asks.
             fits = (
                 all(q <= free.get(p, 0) for p, q in need)
                 and k in admits
+                and all(q <= node_free.get(p, 0) for p, q in need)
                 and trial_capacity.fits(node.name, pod)
             )
             gpu = next((g for g in fork if g.can_host(need)), None) if fits else None
@@ -572,6 +578,7 @@ def _nos_partition(
             gpu.add_pod(need)
             for p, q in need:
                 free[p] -= q
+                node_free[p] -= q
             trial_capacity.take(node.name, pod)
             # A pod already "added" on an earlier node is tried again here: nos's loop does
             # not skip it, so its simulation can count a pod on several nodes. Kept as is.

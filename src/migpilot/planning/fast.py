@@ -109,7 +109,7 @@ class _States:
         self.room: list[int] = []
         self.fits: list[frozenset[str]] = []
         self.value: list[int] = []
-        self.cache: dict[tuple[int, tuple[str, ...]], Option | None] = {}
+        self.cache: dict[tuple[int, tuple[str, ...], bool], Option | None] = {}
         self.need_cache: dict[tuple[str, tuple[str, ...]], int] = {}
 
     def intern(self, key: StateKey) -> int:
@@ -146,18 +146,21 @@ class _States:
             c = self.need_cache[k] = sum(sizes[n] for n in need)
         return c
 
-    def best(self, sid: int, need: tuple[str, ...]) -> Option | None:
-        """The best option for ``need`` on a GPU in state ``sid`` (``None``: it cannot fit)."""
-        ck = (sid, need)
+    def best(self, sid: int, need: tuple[str, ...], *, destroy: bool = True) -> Option | None:
+        """The best option for ``need`` on a GPU in state ``sid`` (``None``: it cannot fit).
+
+        With ``destroy=False`` only options that destroy nothing are looked for (cheaper).
+        """
+        ck = (sid, need, destroy)
         try:
             return self.cache[ck]
         except KeyError:
             pass
-        opt = self._best(sid, need)
+        opt = self._best(sid, need, destroy=destroy)
         self.cache[ck] = opt
         return opt
 
-    def _best(self, sid: int, need: tuple[str, ...]) -> Option | None:
+    def _best(self, sid: int, need: tuple[str, ...], *, destroy: bool) -> Option | None:
         key = self.keys[sid]
         model = self.models[key[0]]
         fixed, free, new, touched = key[1], key[2], key[3], key[4]
@@ -181,6 +184,8 @@ class _States:
         if lay is not None:
             after = self._value(model, lay, free2)
             return Option(tuple(claim), (), rest, (0, newly, before - after))
+        if not destroy:
+            return None
         # Destroy the fewest free existing instances; among those, lose the least value.
         newly = 0 if touched else 1
         pool = sorted(free2)
@@ -261,17 +266,19 @@ class _Index:
         def consider(sid: int) -> bool:
             if sid in out or not usable(sid):
                 return False
-            opt = st.best(sid, need)
-            if opt is None or opt.destroy:
+            opt = st.best(sid, need, destroy=False)
+            if opt is None:
                 return False
             out[sid] = opt
             return True
 
         # States with free existing instances of the pod's first profile: reuse costs nothing.
         found = 0
+        tries = 16 * per_kind
         for sid in self.claimable.get((model, need[0]), ()):
-            if found >= per_kind:
+            if found >= per_kind or tries <= 0:
                 break
+            tries -= 1
             found += consider(sid)
         # Touched GPUs (no new GPU touched), then untouched ones; tightest room first. The
         # largest profile of the need must fit as things stand (cheap, and exact for one instance).
