@@ -57,6 +57,7 @@ _FEASIBLE_PER_KIND_MAX = 64
 _DESTROY_LIMIT = 16
 _FALLBACK_BUDGET = 64
 _MEMBER_SCAN = 32
+_REMEMBERED = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +357,11 @@ class _Run:
         self.admit: dict[tuple[object, ...], list[bool]] = {}
         self.roomy: dict[int, list[int]] = {}
         self.failed: set[tuple[object, ...]] = set()
+        self.entered: list[int] = []
+        self.remembered: dict[
+            tuple[str, tuple[str, ...], tuple[object, ...]],
+            tuple[list[tuple[Cost, int, Option]], int],
+        ] = {}
         self.split_cache: dict[tuple[object, ...], list[tuple[int, Option]] | None] = {}
         self.placed: dict[str, list[tuple[_Gpu, tuple[Instance, ...], tuple[str, ...]]]] = {}
         self.node_of: dict[str, int] = {}
@@ -373,6 +379,7 @@ class _Run:
         sid = self.states.intern(st.key)
         self.sid[st.id] = sid
         self.index.enter(sid, st.id)
+        self.entered.append(sid)
         self.node_room[st.node] += self.states.room[sid] - self.states.room[old]
         sizes = self.states.compute[st.model.id]
         self.load[st.node] += sum(sizes[i.profile] for i in opt.claim)
@@ -463,16 +470,26 @@ class _Run:
             return ok
 
         per_kind = len(self.gpus) if thorough else self.index.per_kind
+        if not thorough:
+            # A remembered option that changes nothing or fills an already changed GPU is as
+            # good as a search would find (bar the free-value tie-break); otherwise search.
+            choice = self._choose(pod, admits, self._remembered(pod, needs, usable))
+            if choice is not None and choice[1].cost[:2] == (0, 0):
+                st, opt = choice
+                self._commit(pod, st.node, [(st, opt)])
+                return True
         for destroy in (False, True):
             found: list[tuple[Cost, int, Option]] = []
             for model, need in needs.items():
-                pairs = (
-                    self.index.destroy_options(
-                        model, need, usable, limit=len(self.gpus) if thorough else _DESTROY_LIMIT
+                if destroy:
+                    limit = len(self.gpus) if thorough else _DESTROY_LIMIT
+                    pairs = self.index.destroy_options(model, need, usable, limit=limit)
+                else:
+                    pairs = self.index.options(model, need, usable, per_kind=per_kind)
+                    self.remembered[(model, need, constraints.signature(pod))] = (
+                        [(opt.cost, sid, opt) for sid, opt in pairs],
+                        len(self.entered),
                     )
-                    if destroy
-                    else self.index.options(model, need, usable, per_kind=per_kind)
-                )
                 found.extend((opt.cost, sid, opt) for sid, opt in pairs)
             choice = self._choose(pod, admits, found)
             if choice is not None:
@@ -482,6 +499,41 @@ class _Run:
         if self._place_spanning(pod, needs, admits):
             return True
         return not thorough and self._place(pod, needs, thorough=True)
+
+    def _remembered(
+        self,
+        pod: snapshot.Pod,
+        needs: dict[str, tuple[str, ...]],
+        usable: Callable[[int], bool],
+    ) -> list[tuple[Cost, int, Option]]:
+        """The options found for the last pod of this kind, brought up to date.
+
+        A state never changes, so an option found earlier is still right while GPUs are in its
+        state; only states GPUs entered since need evaluating. Consecutive pods of one kind
+        (same request and node constraints) thus cost a few evaluations, not a search.
+        """
+        out: list[tuple[Cost, int, Option]] = []
+        sig = constraints.signature(pod)
+        for model, need in needs.items():
+            key = (model, need, sig)
+            entry = self.remembered.get(key)
+            if entry is None:
+                continue
+            found, seen = entry
+            have = {sid for _, sid, _ in found}
+            for sid in self.entered[seen:]:
+                if sid in have or self.states.keys[sid][0] != model:
+                    continue
+                have.add(sid)
+                opt = self.states.best(sid, need, destroy=False)
+                if opt is not None:
+                    found.append((opt.cost, sid, opt))
+            alive = [f for f in found if f[1] in self.index.members]
+            alive.sort(key=lambda f: (f[0], self.index.members[f[1]][0]))
+            del alive[_REMEMBERED:]
+            self.remembered[key] = (alive, len(self.entered))
+            out.extend(f for f in alive if usable(f[1]))
+        return out
 
     def _place_spanning(
         self, pod: snapshot.Pod, needs: dict[str, tuple[str, ...]], admits: list[bool]
