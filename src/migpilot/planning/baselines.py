@@ -30,6 +30,7 @@ import functools
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
@@ -46,35 +47,37 @@ def _ordered_pods(snap: snapshot.Snapshot) -> list[snapshot.Pod]:
     return sorted(snap.pods, key=lambda p: -p.priority)
 
 
-_RESOLVED: dict[tuple[str, str], str | None] = {}
-_SHAPES: dict[tuple[str, str], tuple[int, int, int]] = {}
-# Memo tables keyed by model id (ids are unique in a catalog): hashing a GpuModel costs a Python
-# call, and these lookups sit in the innermost loops.
+# Memo tables for the innermost loops, keyed by the identity of the model's profile tuple (hashing
+# a GpuModel costs a Python call per lookup). Each entry keeps that tuple alive, so its identity
+# cannot be reused by another model while the entry exists.
+_RESOLVED: dict[tuple[int, str], tuple[object, str | None]] = {}
+_SHAPES: dict[tuple[int, str], tuple[object, tuple[int, int, int]]] = {}
 
 
 def _resolved(model: profiles.GpuModel, name: str) -> str | None:
     """The canonical name of the profile ``name`` stands for on ``model`` (by shape), if any."""
-    key = (model.id, name)
-    try:
-        return _RESOLVED[key]
-    except KeyError:
-        pass
+    key = (id(model.profiles), name)
+    hit = _RESOLVED.get(key)
+    if hit is not None:
+        return hit[1]
     try:
         found: str | None = model.resolve_profile(name).name
     except errors.UnknownProfileError:
         found = None
-    _RESOLVED[key] = found
+    _RESOLVED[key] = (model.profiles, found)
     return found
 
 
 def _shape(model: profiles.GpuModel, name: str) -> tuple[int, int, int]:
     """(compute slices, memory slots, memory MiB) of a canonical profile name."""
-    key = (model.id, name)
-    found = _SHAPES.get(key)
-    if found is None:
-        p = model.profile_named(name)
-        mib = p.memory_mib if p.memory_mib is not None else p.nominal_gb * 1024
-        found = _SHAPES[key] = (p.compute_slices, p.memory_slots, mib)
+    key = (id(model.profiles), name)
+    hit = _SHAPES.get(key)
+    if hit is not None:
+        return hit[1]
+    p = model.profile_named(name)
+    mib = p.memory_mib if p.memory_mib is not None else p.nominal_gb * 1024
+    found = (p.compute_slices, p.memory_slots, mib)
+    _SHAPES[key] = (model.profiles, found)
     return found
 
 
@@ -355,14 +358,14 @@ def nos_geometries(model: profiles.GpuModel) -> tuple[Mapping[str, int], ...]:
     """
     known = _NOS_KNOWN_GEOMETRIES.get(model.id)
     if known is not None:
-        return tuple(dict(g) for g in known)
+        return tuple(MappingProxyType(dict(g)) for g in known)
     allowed = [p.name for p in model.profiles if p.attribute is profiles.Attribute.NONE]
     multisets = {
         tuple(sorted(lay.profile_counts().items()))
         for lay in layouts.enumerate_layouts(model, allowed=allowed)
     }
     ordered = sorted(multisets, key=lambda m: (-sum(n for _, n in m), m))
-    return tuple(dict(m) for m in ordered)
+    return tuple(MappingProxyType(dict(m)) for m in ordered)
 
 
 def _exact_profile(model: profiles.GpuModel, name: str) -> str | None:
@@ -644,10 +647,10 @@ def nos(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """nos's greedy MIG partitioner, its node agent, then a scheduler pass.
 
     nos acts only on pods kube-scheduler left pending (``PodScheduled=Unschedulable``,
-    nos:internal/controllers/gpupartitioner), so a first scheduler pass binds what free
-    instances already allow (the first-fit pass of :func:`static`); nos then plans one batch
-    for the rest (a snapshot is planned once, as migpilot's planners do; later batches are not
-    modelled), its agent reconfigures, and the scheduler binds again.
+    nos:internal/controllers/gpupartitioner/pod_controller.go), so a first scheduler pass binds
+    what free instances already allow (the first-fit pass of :func:`static`); nos then plans
+    one batch for the rest (a snapshot is planned once, as migpilot's planners do; later
+    batches are not modelled), its agent reconfigures, and the scheduler binds again.
 
     Planner (nos:internal/partitioning/core/planner.go, tracker.go, snapshot.go, util.go and
     nos:pkg/gpu/mig/gpu.go, node.go): profiles are compared by name, as nos's resource maps do.
@@ -806,8 +809,8 @@ def hami_templates(model: profiles.GpuModel) -> tuple[HamiTemplate, ...]:
     else:
         names = hami_profiles(model)
         for name in names:
-            k = _max_fit(model, [], name)
-            fill = _max_fit(model, [name] * k, names[0]) if name != names[0] else 0
+            k = _max_fit(model, fixed=[], name=name)
+            fill = _max_fit(model, fixed=[name] * k, name=names[0]) if name != names[0] else 0
             entries.append([(name, k), *([(names[0], fill)] if fill else [])])
     out: list[HamiTemplate] = []
     for entry in entries:
@@ -816,11 +819,12 @@ def hami_templates(model: profiles.GpuModel) -> tuple[HamiTemplate, ...]:
             layout = layouts.place(model, list(counts.elements()))
         except errors.MigpilotError:
             continue
-        out.append(HamiTemplate(dict(counts), layout, max(_shape(model, n)[2] for n in counts)))
+        largest = max(_shape(model, n)[2] for n in counts)
+        out.append(HamiTemplate(MappingProxyType(dict(counts)), layout, largest))
     return tuple(out)
 
 
-def _max_fit(model: profiles.GpuModel, fixed: list[str], name: str) -> int:
+def _max_fit(model: profiles.GpuModel, *, fixed: list[str], name: str) -> int:
     """How many more ``name`` instances fit beside the ``fixed`` multiset."""
     k = 0
     while True:
@@ -898,7 +902,7 @@ def _template_for(model: profiles.GpuModel, name: str) -> HamiTemplate | None:
     return tmpl if tmpl is not None and name in tmpl.counts else None
 
 
-def _overlaps(model: profiles.GpuModel, a: Instance, b: Instance) -> bool:
+def _overlaps(model: profiles.GpuModel, *, a: Instance, b: Instance) -> bool:
     sa, sb = _shape(model, a.profile)[1], _shape(model, b.profile)[1]
     return a.start < b.start + sb and b.start < a.start + sa
 
@@ -921,7 +925,7 @@ def _choose_placement(g: _HamiGpu, name: str) -> Choice | None:
     busy = list(g.busy)
     for start in starts:
         inst = Instance(start, name)
-        if any(_overlaps(model, inst, b) for b in busy):
+        if any(_overlaps(model, a=inst, b=b) for b in busy):
             continue
         if layouts.violation(model, [*busy, inst]) is not None:
             continue
@@ -929,7 +933,7 @@ def _choose_placement(g: _HamiGpu, name: str) -> Choice | None:
     return None
 
 
-def _gpu_score(g: _HamiGpu, name: str | None, count: int) -> float:
+def _gpu_score(g: _HamiGpu, *, name: str | None, count: int) -> float:
     """hami:pkg/scheduler/policy/gpu_policy.go ``ComputeScore``, with MIG usage counted in
     instances, compute slices and memory slots, the request included."""
     model = g.gpu.model
@@ -955,7 +959,7 @@ def _node_score(gpus: Sequence[_HamiGpu]) -> float:
 
 
 def _hami_fit(
-    gpus: Sequence[_HamiGpu], pod: snapshot.Pod, choose: Chooser
+    gpus: Sequence[_HamiGpu], pod: snapshot.Pod, *, choose: Chooser
 ) -> tuple[list[_HamiGpu], list[plans.AssignedInstance]] | None:
     """HAMi's ``Fit`` on one node: every request of the pod, on copies of the node's GPUs.
 
@@ -971,7 +975,10 @@ def _hami_fit(
         names = [_resolved(g.gpu.model, req.profile) for g in trial]
         order = sorted(
             range(len(trial)),
-            key=lambda k: (_gpu_score(trial[k], names[k], req.count), trial[k].gpu.index),
+            key=lambda k: (
+                _gpu_score(trial[k], name=names[k], count=req.count),
+                trial[k].gpu.index,
+            ),
         )
         for k in order:
             name = names[k]
@@ -1003,8 +1010,10 @@ def _hami_schedule(
 
     kube-scheduler first filters nodes (admission, CPU, memory); HAMi then keeps the nodes whose
     GPUs fit the pod and picks by node score (hami:pkg/scheduler/scheduler.go ``Filter``,
-    hami:pkg/scheduler/policy/node_policy.go): the chart's default node policy is binpack (the
-    most used node); the snapshot's ``policy: spread`` selects HAMi's spread. Ties, which Go's
+    hami:pkg/scheduler/score.go ``calcScore``, hami:pkg/scheduler/policy/node_policy.go;
+    defaults from hami:charts/hami/values.yaml ``scheduler.defaultSchedulerPolicy``): the
+    chart's default node policy is binpack (the most used node); the snapshot's ``policy:
+    spread`` selects HAMi's spread. Ties, which Go's
     unstable sort leaves open, go to the first node by name.
     """
     nodes = sorted(snap.nodes, key=lambda n: n.name)
@@ -1058,7 +1067,7 @@ def _hami_schedule(
             seen, failed = no_fit[k]
             if seen == version[k] and mig in failed:
                 continue
-            fit = _hami_fit(state[k], pod, choose)
+            fit = _hami_fit(state[k], pod, choose=choose)
             if fit is None:
                 if seen != version[k]:
                     no_fit[k] = (version[k], set())
@@ -1078,7 +1087,7 @@ def _hami_schedule(
 
 
 def _hami_notes(
-    snap: snapshot.Snapshot, offered: Callable[[profiles.GpuModel], Iterable[str]], what: str
+    snap: snapshot.Snapshot, *, offered: Callable[[profiles.GpuModel], Iterable[str]], what: str
 ) -> Callable[[snapshot.Pod, str], str]:
     """Reasons for pods asking a profile HAMi's configuration never creates on the cluster."""
 
@@ -1122,7 +1131,7 @@ def hami_template(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
         planner="hami-template",
         targets=targets,
         placements=placements,
-        notes=_hami_notes(snap, offered, "MIG template configuration"),
+        notes=_hami_notes(snap, offered=offered, what="MIG template configuration"),
     )
 
 
@@ -1156,5 +1165,5 @@ def hami_placement(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan
         planner="hami-placement",
         targets=targets,
         placements=placements,
-        notes=_hami_notes(snap, hami_profiles, "migProfileAllowlist"),
+        notes=_hami_notes(snap, offered=hami_profiles, what="migProfileAllowlist"),
     )

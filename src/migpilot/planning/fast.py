@@ -12,8 +12,9 @@ How it works:
   position until the end, so every time a pod is added the GPU's new instances are re-placed
   *jointly* (:func:`migpilot.mig.layouts.place`): per GPU the packing is exact.
 * For a pod, the best option on a GPU is: reuse free existing instances of the right profiles
-  (free), then create the rest beside everything that exists, and only if no GPU can take the pod
-  that way destroy the fewest free existing instances. Options are ranked by the objective: free
+  (free), then create the rest beside everything that exists. Pods that fit nowhere without
+  destroying free existing instances wait for a second sweep, after every other pod is placed;
+  then the fewest free instances are destroyed. Options are ranked by the objective: free
   instances destroyed, then GPUs newly touched, then the free capacity lost (area-weighted
   placements, so large regions and whole GPUs stay free), then the node policy (binpack: first
   fit in node order; spread: the least-loaded node).
@@ -438,22 +439,27 @@ class _Run:
                 break
         return None if best is None else (best[2], best[3])
 
-    def place(self, pod: snapshot.Pod, needs: dict[str, tuple[str, ...]]) -> bool:
-        """Place one pod if it fits anywhere; update the GPU states.
+    def place(self, pod: snapshot.Pod, needs: dict[str, tuple[str, ...]], *, destroy: bool) -> bool:
+        """Place one pod if it fits anywhere (destroying free instances only if ``destroy``).
 
-        Within a pass room only shrinks, so once a kind of pod (same request, node constraints,
+        Within a sweep room only shrinks, so once a kind of pod (same request, node constraints,
         CPU and memory) fails, the same kind fails again without another search.
         """
-        kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
+        kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes, destroy)
         if kind in self.failed:
             return False
-        if not self._place(pod, needs):
+        if not self._place(pod, needs, destroy=destroy):
             self.failed.add(kind)
             return False
         return True
 
     def _place(
-        self, pod: snapshot.Pod, needs: dict[str, tuple[str, ...]], *, thorough: bool = False
+        self,
+        pod: snapshot.Pod,
+        needs: dict[str, tuple[str, ...]],
+        *,
+        destroy: bool,
+        thorough: bool = False,
     ) -> bool:
         """One search. The quick one is bounded; if it fails, a thorough one looks everywhere."""
         admits = self._admits(pod)
@@ -478,10 +484,10 @@ class _Run:
                 st, opt = choice
                 self._commit(pod, st.node, [(st, opt)])
                 return True
-        for destroy in (False, True):
+        for destroying in (False, True) if destroy else (False,):
             found: list[tuple[Cost, int, Option]] = []
             for model, need in needs.items():
-                if destroy:
+                if destroying:
                     limit = len(self.gpus) if thorough else _DESTROY_LIMIT
                     pairs = self.index.destroy_options(model, need, usable, limit=limit)
                 else:
@@ -496,9 +502,9 @@ class _Run:
                 st, opt = choice
                 self._commit(pod, st.node, [(st, opt)])
                 return True
-        if self._place_spanning(pod, needs, admits):
+        if self._place_spanning(pod, needs, admits, destroy=destroy):
             return True
-        return not thorough and self._place(pod, needs, thorough=True)
+        return not thorough and self._place(pod, needs, destroy=destroy, thorough=True)
 
     def _remembered(
         self,
@@ -536,7 +542,12 @@ class _Run:
         return out
 
     def _place_spanning(
-        self, pod: snapshot.Pod, needs: dict[str, tuple[str, ...]], admits: list[bool]
+        self,
+        pod: snapshot.Pod,
+        needs: dict[str, tuple[str, ...]],
+        admits: list[bool],
+        *,
+        destroy: bool,
     ) -> bool:
         """Spread the pod's instances over the GPUs of one node (largest instance first)."""
         if sum(r.count for r in pod.mig) < 2:
@@ -552,31 +563,31 @@ class _Run:
         if self.snap.policy is snapshot.Policy.SPREAD:
             order.sort(key=lambda ni: (self.load[ni], ni))
         for ni in order:
-            parts = self._split(self.node_gpus[ni], needs)
+            parts = self._split(self.node_gpus[ni], needs, destroy=destroy)
             if parts is not None:
                 self._commit(pod, ni, parts)
                 return True
         return False
 
     def _split(
-        self, gpus: list[_Gpu], needs: dict[str, tuple[str, ...]]
+        self, gpus: list[_Gpu], needs: dict[str, tuple[str, ...]], *, destroy: bool
     ) -> list[tuple[_Gpu, Option]] | None:
         """Assign a pod's instances one at a time to the best GPU of a node (trial states).
 
         Nodes in the same state (the same GPU states in the same order) get the same answer,
         so it is cached: most nodes a big pod passes over are identical (full, or empty).
         """
-        ck = (tuple(self.sid[g.id] for g in gpus), tuple(sorted(needs.items())))
+        ck = (tuple(self.sid[g.id] for g in gpus), tuple(sorted(needs.items())), destroy)
         cached = self.split_cache.get(ck)
         if cached is not None or ck in self.split_cache:
             return None if cached is None else [(gpus[k], opt) for k, opt in cached]
-        parts = self._split_uncached(gpus, needs)
+        parts = self._split_uncached(gpus, needs, destroy=destroy)
         pos = {g.id: k for k, g in enumerate(gpus)}
         self.split_cache[ck] = None if parts is None else [(pos[g.id], o) for g, o in parts]
         return parts
 
     def _split_uncached(
-        self, gpus: list[_Gpu], needs: dict[str, tuple[str, ...]]
+        self, gpus: list[_Gpu], needs: dict[str, tuple[str, ...]], *, destroy: bool
     ) -> list[tuple[_Gpu, Option]] | None:
         by_model: dict[str, list[_Gpu]] = {}
         for g in gpus:
@@ -590,7 +601,7 @@ class _Run:
                 best: tuple[Cost, int] | None = None
                 for g in group:
                     trial = per_gpu.get(g.id, Counter()) + Counter([name])
-                    opt = self.states.best(self.sid[g.id], _names(trial))
+                    opt = self.states.best(self.sid[g.id], _names(trial), destroy=destroy)
                     if opt is not None and (best is None or (opt.cost, g.id) < best):
                         best = (opt.cost, g.id)
                 if best is None:
@@ -600,7 +611,9 @@ class _Run:
                 out = []
                 for g in group:
                     if g.id in per_gpu:
-                        opt = self.states.best(self.sid[g.id], _names(per_gpu[g.id]))
+                        opt = self.states.best(
+                            self.sid[g.id], _names(per_gpu[g.id]), destroy=destroy
+                        )
                         assert opt is not None  # feasible when it was chosen
                         out.append((g, opt))
                 return out
@@ -694,7 +707,10 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     candidates: list[tuple[plans.Plan, list[snapshot.Pod]]] = []
     for order in orders:
         run = _Run(snap, states, hopeful)
-        pending = [p for p in order if not run.place(p, needs[p.key])]
+        # Pods that need free instances destroyed wait until every pod that fits without
+        # destroying anything is placed: fewer destroys, usually the same number placed.
+        deferred = [p for p in order if not run.place(p, needs[p.key], destroy=False)]
+        pending = [p for p in deferred if not run.place(p, needs[p.key], destroy=True)]
         targets, placements = run.result()
         candidates.append(
             (
