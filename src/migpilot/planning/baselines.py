@@ -1111,11 +1111,17 @@ def hami_template(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     template keeps it until no instance on it is in use, so a request of another size waits
     even when the GPU has room for it.
 
+    Each ``nvidia.com/mig-P: n`` request is one HAMi container request, so an idle GPU picks
+    its template for the request it serves first (HAMi decides per container, not per pod).
+    mig-parted re-creates every instance of a GPU it reconfigures; a plan only shows the net
+    change, so instances a template happens to keep in place count as kept.
+
     Where our framework cannot follow HAMi exactly: HAMi requests are memory amounts and HAMi
     may hand a pod a larger instance than it needs (the first free slot big enough, or the
     first big-enough entry of a template); a plan gives a pod exactly the profiles it asked for,
     so here a pod takes a free instance of its own profile and a GPU without one does not serve
-    it. A profile no template contains (4g on A100, +me, 1g.20gb...) is never served.
+    it. A profile no template contains (4g on A100, +me, 1g.20gb...) is never served, and the
+    pod's reason says so.
     """
     state, placements = _hami_schedule(snap, _choose_from_template)
     targets = {

@@ -99,6 +99,7 @@ class Explainer:
                 self.occupied[key] = used | frozenset(assigned.get(key, ()))
         self._cache: dict[tuple[object, ...], plans.Unschedulable] = {}
         self._admission: dict[tuple[object, ...], str | None] = {}
+        self._fit_cache: dict[tuple[object, ...], bool] = {}
 
     def node_reason(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str]:
         """Why this node does not run the pod in the plan."""
@@ -137,11 +138,21 @@ class Explainer:
         if len(by_need) > 1:  # mixed models on one node: pick the largest group
             need, gpus = max(by_need.items(), key=lambda kv: len(kv[1]))
         what = _describe(need)
-        if _fits([(g, self.occupied[(node.name, g.index)]) for g in gpus], need):
+        if self._fits([(g, self.occupied[(node.name, g.index)]) for g in gpus], need):
             return Why.ROOM_LEFT, f"{what} would still fit; the planner left it out"
-        if _fits([(g, self.used[(node.name, g.index)]) for g in gpus], need):
+        if self._fits([(g, self.used[(node.name, g.index)]) for g in gpus], need):
             return Why.TAKEN, f"the room for {what} went to other pending pods"
         return Why.IN_USE, f"no room for {what} without destroying instances in use"
+
+    def _fits(
+        self, gpus: list[tuple[snapshot.Gpu, frozenset[layouts.Instance]]], need: tuple[str, ...]
+    ) -> bool:
+        """:func:`_fits`, cached: many nodes are in the same state."""
+        key = (tuple((g.model.id, occ) for g, occ in gpus), need)
+        hit = self._fit_cache.get(key)
+        if hit is None:
+            hit = self._fit_cache[key] = _fits(gpus, need)
+        return hit
 
     def explain(self, pod: snapshot.Pod, *, per_node: bool = False) -> plans.Unschedulable:
         """The pod's summary reason (and per-node reasons when asked)."""

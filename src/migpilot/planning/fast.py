@@ -59,6 +59,7 @@ _DESTROY_LIMIT = 16
 _FALLBACK_BUDGET = 64
 _MEMBER_SCAN = 32
 _REMEMBERED = 24
+_REMEMBERED_STALE = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -526,6 +527,8 @@ class _Run:
             if entry is None:
                 continue
             found, seen = entry
+            if len(self.entered) - seen > _REMEMBERED_STALE:
+                continue  # too much has changed since: search afresh
             have = {sid for _, sid, _ in found}
             for sid in self.entered[seen:]:
                 if sid in have or self.states.keys[sid][0] != model:
