@@ -60,6 +60,8 @@ _FALLBACK_BUDGET = 64
 _MEMBER_SCAN = 32
 _REMEMBERED = 24
 _REMEMBERED_STALE = 256
+# GPUs x pods up to which every planning variant runs (a few hundred milliseconds at most).
+_SMALL_PROBLEM = 200_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -658,6 +660,22 @@ def _size(needs: dict[str, tuple[str, ...]], states: _States) -> int:
     return max((states.need_compute(m, n) for m, n in needs.items()), default=0)
 
 
+def _dominant_shares(
+    snap: snapshot.Snapshot, pods: Sequence[snapshot.Pod], size: dict[str, int]
+) -> dict[str, float]:
+    """Each pod's largest share of a cluster resource (compute slices, CPU, memory).
+
+    Smallest dominant share first places the most pods when CPU or memory binds, not only GPUs.
+    """
+    compute = sum(g.model.compute_slices for n in snap.nodes for g in n.gpus) or 1
+    limited = [n.allocatable for n in snap.nodes if n.allocatable is not None]
+    cpu = sum(a.cpu_milli for a in limited if a.cpu_milli < 2**61) or 1
+    mem = sum(a.memory_bytes for a in limited if a.memory_bytes < 2**61) or 1
+    return {
+        p.key: max(size[p.key] / compute, p.cpu_milli / cpu, p.memory_bytes / mem) for p in pods
+    }
+
+
 def _hopeless(snap: snapshot.Snapshot, needs: dict[str, dict[str, tuple[str, ...]]]) -> set[str]:
     """Pods no node could run even with every GPU empty: wrong model, constraints, CPU/memory.
 
@@ -703,16 +721,28 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     index = {p.key: i for i, p in enumerate(snap.pods)}
     size = {p.key: _size(needs[p.key], states) for p in snap.pods}
     hopeful = [p for p in snap.pods if p.key not in hopeless]
+    share = _dominant_shares(snap, hopeful, size)
     orders = [
         sorted(hopeful, key=lambda p: (-p.priority, -size[p.key], index[p.key])),
         sorted(hopeful, key=lambda p: (-p.priority, size[p.key], index[p.key])),
+        sorted(hopeful, key=lambda p: (-p.priority, share[p.key], index[p.key])),
     ]
+    # Variants, most promising first: each order with and without deferring the pods that need
+    # free instances destroyed. Later variants run only while pods stay pending, and on large
+    # clusters only the first few (each costs a full pass).
+    variants = [(orders[0], True), (orders[0], False), (orders[1], True), (orders[2], True)]
+    variants += [(orders[1], False), (orders[2], False)]
+    gpus = sum(len(n.gpus) for n in snap.nodes)
+    budget = len(variants) if gpus * max(len(hopeful), 1) <= _SMALL_PROBLEM else 2
     candidates: list[tuple[plans.Plan, list[snapshot.Pod]]] = []
-    for order in orders:
+    for order, defer in variants[:budget]:
         run = _Run(snap, states, hopeful)
-        # Pods that need free instances destroyed wait until every pod that fits without
-        # destroying anything is placed: fewer destroys, usually the same number placed.
-        deferred = [p for p in order if not run.place(p, needs[p.key], destroy=False)]
+        if defer:
+            # Pods that need free instances destroyed wait until every pod that fits without
+            # destroying anything is placed: fewer destroys, often the same number placed.
+            deferred = [p for p in order if not run.place(p, needs[p.key], destroy=False)]
+        else:
+            deferred = list(order)
         pending = [p for p in deferred if not run.place(p, needs[p.key], destroy=True)]
         targets, placements = run.result()
         candidates.append(
@@ -724,7 +754,7 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
             )
         )
         if not pending:
-            break  # every pod that could run is placed: the other order cannot do better
+            break  # every pod that could run is placed: no other variant places more
     if len(candidates) == 1:
         chosen, pending = candidates[0]
     else:
