@@ -567,8 +567,19 @@ class _Run:
         order = [ni for ni in roomy if admits[ni] and self._resources_ok(ni, pod)]
         if self.snap.policy is snapshot.Policy.SPREAD:
             order.sort(key=lambda ni: (self.load[ni], ni))
+        # Each GPU holds at most room // (smallest instance's compute) of the pod's instances.
+        smallest_instance = {
+            m: min(self.states.compute[m][name] for name in need) for m, need in needs.items()
+        }
+        room = self.states.room
         for ni in order:
-            parts = self._split(self.node_gpus[ni], needs, destroy=destroy)
+            gpus = self.node_gpus[ni]
+            if not any(
+                sum(room[self.sid[g.id]] // c for g in gpus if g.model.id == m) >= len(needs[m])
+                for m, c in smallest_instance.items()
+            ):
+                continue
+            parts = self._split(gpus, needs, destroy=destroy)
             if parts is not None:
                 self._commit(pod, ni, parts)
                 return True
