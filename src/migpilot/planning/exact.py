@@ -27,10 +27,12 @@ instance that serves nobody. The geometry is thus exact, the linear relaxation i
 configuration LP, and the symmetry between identical GPUs and identical pods is gone; a
 per-instance model (a Boolean per placement and per pod) could not prove optimality on 64 GPUs.
 
-Determinism: the random seed is fixed and everything is built in snapshot order; with one worker
-the search is deterministic and with more CP-SAT's interleaved search keeps it so. When a time
-limit cuts a phase short the answer depends on the machine's speed (a proven optimum's *value*
-does not).
+Determinism: the random seed is fixed and everything is built in snapshot order, so with one
+worker the same snapshot gives the same plan as long as no phase runs into its time limit (when
+one does, how far it got depends on the machine's speed and load). With more workers CP-SAT's
+parallel portfolio is not deterministic: proven optimal *values* are the same, the plan may
+differ. (CP-SAT's deterministic ``interleave_search`` proved almost nothing within the limits on
+64 GPUs, so it is not used.)
 
 Pure core: it may import :mod:`migpilot.mig`, the planning modules it builds on and OR-Tools, and
 nothing that talks to the world (no clock: elapsed time is the solver's own wall time).
@@ -359,7 +361,11 @@ class _Builder:
         supply: dict[_Supply, _Linear] = defaultdict(_Linear)
         most: dict[_Supply, int] = defaultdict(int)
         for kind, gpus in kinds.items():
+            if not kind.wanted:
+                continue  # no admitted pod can use these GPUs: they keep their layout
             opts = _options(kind)
+            if opts[0].touched or any(opts[0].serves):
+                raise errors.MigpilotError(f"exact planner: no unchanged option for {kind}")
             # Option 0 is the unchanged GPU: the hint takes it everywhere.
             take = [self._var(len(gpus), len(gpus) if k == 0 else 0) for k in range(len(opts))]
             self.model.add(sum(take) == len(gpus))
@@ -481,8 +487,10 @@ class _Builder:
         params.max_time_in_seconds = seconds
         params.num_workers = max(1, opts.workers)
         params.random_seed = _SEED
-        # The interleaved parallel search is deterministic whatever the number of workers.
-        params.interleave_search = opts.workers > 1
+        # Measured on 64-GPU snapshots (2 cores): the stronger linear relaxation proves far more
+        # phases within the limit, and probing during presolve costs more than it gives.
+        params.linearization_level = 2
+        params.cp_model_probing_level = 0
         status = solver.solve(self.model)
         budget.elapsed += solver.wall_time
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
