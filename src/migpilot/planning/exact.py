@@ -27,6 +27,10 @@ instance that serves nobody. The geometry is thus exact, the linear relaxation i
 configuration LP, and the symmetry between identical GPUs and identical pods is gone; a
 per-instance model (a Boolean per placement and per pod) could not prove optimality on 64 GPUs.
 
+The search starts from a greedy solution (pods by priority, smallest first, each on the GPUs
+where it adds the least disruption), and no phase gives up the best solution known, so a time
+limit too short for the solver still yields a sound and reasonable plan.
+
 Determinism: the random seed is fixed and everything is built in snapshot order, so with one
 worker the same snapshot gives the same plan as long as no phase runs into its time limit (when
 one does, how far it got depends on the machine's speed and load). With more workers CP-SAT's
@@ -302,6 +306,109 @@ class _Linear:
         return sum(c * solution[v.index] for c, v in self.terms)
 
 
+class _Greedy:
+    """The state of :meth:`_Builder._greedy`: what each GPU serves so far, CPU and memory used.
+
+    Room is looked up in the options: a GPU can serve a set of instances exactly when one of its
+    options serves those counts, so every step keeps the solution feasible.
+    """
+
+    def __init__(self, builder: _Builder) -> None:
+        self.builder = builder
+        self.solution = list(builder.hint)
+        # Per group: serves -> the first (cheapest) option that serves them.
+        self.option = [
+            {opt.serves: k for k, opt in reversed(list(enumerate(g.options)))}
+            for g in builder.groups
+        ]
+        self.serving: list[list[int]] = []
+        """Per GPU of the model (in group order), instances served per wanted profile."""
+        self.gpus: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        """Per node, (group, index in ``serving``) in group order."""
+        for gi, g in enumerate(builder.groups):
+            for _ in g.gpus:
+                self.gpus[g.node.name].append((gi, len(self.serving)))
+                self.serving.append([0] * len(g.kind.wanted))
+        self.cpu: dict[str, int] = defaultdict(int)
+        self.memory: dict[str, int] = defaultdict(int)
+
+    def place(self, d: _Demand) -> bool:
+        """Place one more pod of ``d`` on its node if it fits there."""
+        name, pod, alloc = d.node.name, d.cls.pod, d.node.allocatable
+        if self.solution[d.count.index] >= d.upper:
+            return False
+        if alloc is not None and (
+            self.cpu[name] + pod.cpu_milli > alloc.cpu_milli
+            or self.memory[name] + pod.memory_bytes > alloc.memory_bytes
+        ):
+            return False
+        given: list[tuple[int, int]] = []  # (GPU, column) of each instance given so far
+        splits: list[_Linear] = []
+        for sources, req in zip(d.sources, pod.mig, strict=True):
+            for _ in range(req.count):
+                got = self._take(name, sources)
+                if got is None:
+                    for k, column in given:
+                        self.serving[k][column] -= 1
+                    return False
+                given.append(got[0])
+                if len(sources) > 1:  # a split request: count what each model gave
+                    splits.append(sources[got[1]][1])
+        self.solution[d.count.index] += 1
+        for drawn in splits:
+            self.solution[drawn.terms[0][1].index] += 1
+        self.cpu[name] += pod.cpu_milli
+        self.memory[name] += pod.memory_bytes
+        return True
+
+    def _take(
+        self, node: str, sources: list[tuple[_Supply, _Linear]]
+    ) -> tuple[tuple[int, int], int] | None:
+        """Serve one instance where it adds the least disruption (first such GPU).
+
+        Returns (GPU, column) and the index of the source used, or ``None`` if no GPU of the
+        node has room.
+        """
+        best: tuple[int, tuple[int, int], int] | None = None
+        for s, (key, _) in enumerate(sources):
+            for gi, k in self.gpus[node]:
+                kind = self.builder.groups[gi].kind
+                if kind.model.id != key[0] or key[1] not in kind.wanted:
+                    continue
+                column = kind.wanted.index(key[1])
+                before = self._cost(gi, k)
+                self.serving[k][column] += 1
+                if tuple(self.serving[k]) in self.option[gi]:
+                    added = self._cost(gi, k) - before
+                    if best is None or added < best[0]:
+                        best = (added, (k, column), s)
+                self.serving[k][column] -= 1
+        if best is None:
+            return None
+        k, column = best[1]
+        self.serving[k][column] += 1
+        return best[1], best[2]
+
+    def _cost(self, gi: int, k: int) -> int:
+        """Destroyed and touched (weighted as in the objective) of GPU ``k``'s cheapest option."""
+        opt = self.builder.groups[gi].options[self.option[gi][tuple(self.serving[k])]]
+        return opt.destroyed * len(self.serving) + opt.touched
+
+    def finish(self) -> list[int]:
+        """The solution: each GPU takes the cheapest option serving what it was given."""
+        for pairs in self.gpus.values():
+            for gi, k in pairs:
+                take = self.builder.groups[gi].take
+                self.solution[take[0].index] -= 1
+                self.solution[take[self.option[gi][tuple(self.serving[k])]].index] += 1
+        return self.solution
+
+
+def _size(d: _Demand) -> int:
+    """Compute slices a pod of ``d`` asks for (its requests' names say)."""
+    return sum(profiles.parse_profile_name(r.profile).g * r.count for r in d.cls.pod.mig)
+
+
 class _Budget:
     """The time limit split across phases; elapsed time is the sum of the solver's wall times."""
 
@@ -439,19 +546,39 @@ class _Builder:
                 <= limit // unit
             )
 
+    # ------------------------------------------------------------------------ warm start
+
+    def _greedy(self) -> list[int]:
+        """A first solution: pods by priority, smallest first, each where it first fits.
+
+        CP-SAT starts from it, so a short time limit still gives a plan at least this good,
+        and a phase that finds nothing better in its time keeps it.
+        """
+        greedy = _Greedy(self)
+        by_class: dict[int, list[_Demand]] = defaultdict(list)
+        for d in self.demands:
+            by_class[id(d.cls)].append(d)
+        order = sorted(by_class.values(), key=lambda ds: (-ds[0].cls.pod.priority, _size(ds[0])))
+        for demands in order:
+            for _ in demands[0].cls.pods:
+                if not any(greedy.place(d) for d in demands):
+                    break  # its twins would not fit either
+        return greedy.finish()
+
     # ------------------------------------------------------------------------ solving
 
     def solve(self, opts: options.Options) -> tuple[list[int], bool]:
         """Run the phases; the final solution (a value per variable) and pod optimality."""
         budget = _Budget(opts.time_limit_s)
-        solution = list(self.hint)
+        solution = self._greedy()
         optimal = True
         levels = sorted(self.levels, reverse=True)
         for k, level in enumerate(levels):
             placed = self.levels[level]
-            self.model.maximize(placed.expr())
             seconds = budget.share(until=_PODS_SHARE, parts=len(levels) - k)
-            status, solution = self._run(opts, budget, seconds, solution)
+            status, solution = self._run(
+                opts, seconds=seconds, budget=budget, hint=solution, maximise=placed
+            )
             optimal = optimal and status == cp_model.OPTIMAL
             self.model.add(placed.expr() >= placed.value(solution))
         weight = sum(len(g.gpus) for g in self.groups) + 1
@@ -465,19 +592,35 @@ class _Builder:
                 if opt.free_value:
                     room.terms.append((opt.free_value, var))
         if disruption.terms:
-            self.model.minimize(disruption.expr())
+            # Minimising disruption is maximising its negation.
+            disruption = _Linear([(-c, v) for c, v in disruption.terms])
             seconds = budget.share(until=_PODS_SHARE + _DISRUPTION_SHARE)
-            _, solution = self._run(opts, budget, seconds, solution)
-            self.model.add(disruption.expr() <= disruption.value(solution))
+            _, solution = self._run(
+                opts, seconds=seconds, budget=budget, hint=solution, maximise=disruption
+            )
+            self.model.add(disruption.expr() >= disruption.value(solution))
         if room.terms:
-            self.model.maximize(room.expr())
-            _, solution = self._run(opts, budget, budget.share(until=1.0), solution)
+            seconds = budget.share(until=1.0)
+            _, solution = self._run(
+                opts, seconds=seconds, budget=budget, hint=solution, maximise=room
+            )
         return solution, optimal
 
     def _run(
-        self, opts: options.Options, budget: _Budget, seconds: float, hint: list[int]
+        self,
+        opts: options.Options,
+        *,
+        seconds: float,
+        budget: _Budget,
+        hint: list[int],
+        maximise: _Linear,
     ) -> tuple[cp_model.CpSolverStatus, list[int]]:
-        """Solve from ``hint`` (a feasible solution); the status and the best solution known."""
+        """Maximise from ``hint`` (a feasible solution); the status and the best solution known.
+
+        A solution no better than the hint is not taken: the hint may be better on what later
+        phases optimise (lower priority levels, disruption), and it is what a rerun would keep.
+        """
+        self.model.maximize(maximise.expr())
         proto = self.model.proto
         proto.clear_solution_hint()
         proto.solution_hint.vars.extend(range(len(hint)))
@@ -494,7 +637,9 @@ class _Builder:
         status = solver.solve(self.model)
         budget.elapsed += solver.wall_time
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return status, list(solver.response_proto.solution)
+            found = list(solver.response_proto.solution)
+            better = maximise.value(found) > maximise.value(hint)
+            return status, found if better else hint
         if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
             # The hint is always feasible, so this is a bug in the model, never bad input.
             raise errors.MigpilotError(
