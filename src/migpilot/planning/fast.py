@@ -172,13 +172,14 @@ class _States:
         if self.room[sid] < self.need_compute(key[0], need):
             return None
         # Reuse free existing instances first: it costs nothing.
-        remaining = Counter(need)
         claim: list[Instance] = []
-        for inst in sorted(free):
-            if remaining[inst.profile] > 0:
-                remaining[inst.profile] -= 1
-                claim.append(inst)
-        rest = _names(remaining)
+        rest_list = list(need)
+        if free:
+            for inst in sorted(free):
+                if inst.profile in rest_list:
+                    rest_list.remove(inst.profile)
+                    claim.append(inst)
+        rest = tuple(rest_list)
         claimed = frozenset(claim)
         fixed2 = fixed | claimed
         free2 = free - claimed
@@ -354,6 +355,7 @@ class _Run:
                 mine.append(st)
             self.node_gpus.append(mine)
         self.dead = [False] * len(self.gpus)
+        self.node_of_gpu = [g.node for g in self.gpus]
         self.node_room = [sum(states.room[self.sid[g.id]] for g in gs) for gs in self.node_gpus]
         self.cpu = [n.allocatable.cpu_milli if n.allocatable else None for n in snap.nodes]
         self.mem = [n.allocatable.memory_bytes if n.allocatable else None for n in snap.nodes]
@@ -467,15 +469,24 @@ class _Run:
         """One search. The quick one is bounded; if it fails, a thorough one looks everywhere."""
         admits = self._admits(pod)
         known: dict[int, bool] = {}
-        scan = None if thorough else _MEMBER_SCAN
+        scan = len(self.gpus) if thorough else _MEMBER_SCAN
+        members, node_of, cpu, mem = self.index.members, self.node_of_gpu, self.cpu, self.mem
+        want_cpu, want_mem = pod.cpu_milli, pod.memory_bytes
 
         def usable(sid: int) -> bool:
+            """Is a GPU in this state on a node that admits the pod and has CPU and memory?"""
             ok = known.get(sid)
             if ok is None:
-                ok = known[sid] = any(
-                    admits[self.gpus[gid].node] and self._resources_ok(self.gpus[gid].node, pod)
-                    for gid in itertools.islice(self.index.members[sid], scan)
-                )
+                ok = False
+                for gid in itertools.islice(members[sid], scan):
+                    ni = node_of[gid]
+                    if not admits[ni]:
+                        continue
+                    c, m = cpu[ni], mem[ni]
+                    if (c is None or want_cpu <= c) and (m is None or want_mem <= m):
+                        ok = True
+                        break
+                known[sid] = ok
             return ok
 
         per_kind = len(self.gpus) if thorough else self.index.per_kind
