@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from migpilot import errors
-from migpilot.mig import layouts
+from migpilot.mig import layouts, profiles
 from migpilot.planning import constraints, plans, snapshot
 
 
@@ -91,7 +91,12 @@ class Explainer:
                     layouts.Instance(i.start, i.profile)
                 )
         self.occupied: dict[tuple[str, int], frozenset[layouts.Instance]] = {}
+        self._models: dict[str, list[tuple[profiles.GpuModel, list[snapshot.Gpu]]]] = {}
         for node in snap.nodes:
+            groups: dict[str, tuple[profiles.GpuModel, list[snapshot.Gpu]]] = {}
+            for gpu in node.gpus:
+                groups.setdefault(gpu.model.id, (gpu.model, []))[1].append(gpu)
+            self._models[node.name] = list(groups.values())
             for gpu in node.gpus:
                 key = (node.name, gpu.index)
                 used = frozenset(i.instance for i in gpu.instances if i.used)
@@ -110,10 +115,10 @@ class Explainer:
         if reason is not None:
             return Why.NOT_ADMITTED, reason
         by_need: dict[tuple[str, ...], list[snapshot.Gpu]] = {}
-        for gpu in node.gpus:
-            need = pod.profiles_on(gpu.model)
+        for model, gpus_of_model in self._models[node.name]:
+            need = snapshot.resolve_request(pod.mig, model)
             if need is not None:
-                by_need.setdefault(need, []).append(gpu)
+                by_need.setdefault(need, []).extend(gpus_of_model)
         if not by_need:
             models = ", ".join(sorted({g.model.id for g in node.gpus}))
             wanted = " + ".join(

@@ -651,6 +651,9 @@ class _Run:
         targets: dict[plans.GpuKey, layouts.Layout] = {}
         new_slots: dict[int, dict[str, list[Instance]]] = {}
         for st in self.gpus:
+            if not st.new and not st.touched:
+                targets[(self.snap.nodes[st.node].name, st.gpu.index)] = st.gpu.layout
+                continue
             fixed = st.used | st.claimed | st.free
             lay = layouts.pack(st.model, st.new, fixed)
             assert lay is not None  # the last option chosen for this GPU placed exactly this

@@ -113,6 +113,9 @@ def build(
         for gpu in node.gpus:
             current = gpu.layout
             target = targets.get((node.name, gpu.index), current)
+            if target == current:
+                gpus.append(GpuPlan(node.name, gpu.index, False, current))
+                continue
             now, then = set(current.instances), set(target.instances)
             for inst in sorted(now - then):
                 actions.append(Action(node.name, gpu.index, Op.DESTROY, inst.profile, inst.start))
