@@ -65,7 +65,7 @@ def quality_cases(quick: bool) -> list[tuple[str, snapshot.Snapshot]]:
 
 def quality(quick: bool, time_limit: float) -> dict[str, Any]:
     rows = []
-    opts = options.Options(time_limit_s=time_limit, workers=2)
+    opts = options.Options(time_limit_s=time_limit, workers=1)
     for label, snap in quality_cases(quick):
         row: dict[str, Any] = {"case": label}
         scores = {}
@@ -131,7 +131,7 @@ def speed(quick: bool, exact_limit: float) -> dict[str, Any]:
                 rows.append({"gpus": gpus, "pods": pods, "planner": name, "skipped": True})
                 print(f"{gpus:5} GPUs {pods:5} pods {name:15} skipped (model too large)")
                 continue
-            opts = options.Options(time_limit_s=exact_limit, workers=2)
+            opts = options.Options(time_limit_s=exact_limit, workers=1)
             plan, wall, cpu = timed(snap, name, opts)
             sc = objective.score(snap, plan)
             if name == "fast":

@@ -237,6 +237,7 @@ class _PodClass:
 
 
 def _classes(pods: Iterable[snapshot.Pod]) -> list[_PodClass]:
+    """Pods grouped into classes, in the order each class first appears."""
     groups: dict[tuple[object, ...], list[snapshot.Pod]] = {}
     for pod in pods:
         key = (pod.priority, constraints.signature(pod), pod.mig, pod.cpu_milli, pod.memory_bytes)
@@ -392,7 +393,7 @@ class _Greedy:
     def _cost(self, gi: int, k: int) -> int:
         """Destroyed and touched (weighted as in the objective) of GPU ``k``'s cheapest option."""
         opt = self.builder.groups[gi].options[self.option[gi][tuple(self.serving[k])]]
-        return opt.destroyed * len(self.serving) + opt.touched
+        return opt.destroyed * (len(self.serving) + 1) + opt.touched
 
     def finish(self) -> list[int]:
         """The solution: each GPU takes the cheapest option serving what it was given."""
