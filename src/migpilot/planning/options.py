@@ -13,5 +13,6 @@ class Options:
     """Give every unschedulable pod a reason per node, not only a summary. Default off."""
     time_limit_s: float = 10.0
     """Exact planner only: the solver's wall-clock limit in seconds. Default 10."""
-    workers: int = 2
-    """Exact planner only: solver threads. Default 2 (CI machines have 2 cores)."""
+    workers: int = 1
+    """Exact planner only: solver threads. Default 1: CP-SAT is deterministic only with one
+    (more threads can find the same optimum faster but return a different plan)."""
