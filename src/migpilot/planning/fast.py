@@ -60,6 +60,16 @@ _FALLBACK_BUDGET = 64
 _MEMBER_SCAN = 32
 _REMEMBERED = 24
 _REMEMBERED_STALE = 256
+# Pod orders within a priority level, each with and without deferring destroys, most promising
+# first.
+_VARIANTS = (
+    ("largest", True),
+    ("largest", False),
+    ("smallest", True),
+    ("share", True),
+    ("smallest", False),
+    ("share", False),
+)
 # GPUs x pods up to which every planning variant runs (a few hundred milliseconds at most).
 _SMALL_PROBLEM = 200_000
 
@@ -747,43 +757,51 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     size = {p.key: _size(needs[p.key], states) for p in snap.pods}
     hopeful = [p for p in snap.pods if p.key not in hopeless]
     share = _dominant_shares(snap, hopeful, size)
-    orders = [
-        sorted(hopeful, key=lambda p: (-p.priority, -size[p.key], index[p.key])),
-        sorted(hopeful, key=lambda p: (-p.priority, size[p.key], index[p.key])),
-        sorted(hopeful, key=lambda p: (-p.priority, share[p.key], index[p.key])),
-    ]
-    # Variants, most promising first: each order with and without deferring the pods that need
-    # free instances destroyed. Later variants run only while pods stay pending, and on large
-    # clusters only the first few (each costs a full pass).
-    variants = [(orders[0], True), (orders[0], False), (orders[1], True), (orders[2], True)]
-    variants += [(orders[1], False), (orders[2], False)]
     gpus = sum(len(n.gpus) for n in snap.nodes)
-    budget = len(variants) if gpus * max(len(hopeful), 1) <= _SMALL_PROBLEM else 2
-    candidates: list[tuple[plans.Plan, list[snapshot.Pod]]] = []
-    for order, defer in variants[:budget]:
-        run = _Run(snap, states, hopeful)
+    budget = len(_VARIANTS) if gpus * max(len(hopeful), 1) <= _SMALL_PROBLEM else 2
+
+    def sweep(run: _Run, order: list[snapshot.Pod], defer: bool) -> list[snapshot.Pod]:
         if defer:
             # Pods that need free instances destroyed wait until every pod that fits without
             # destroying anything is placed: fewer destroys, often the same number placed.
-            deferred = [p for p in order if not run.place(p, needs[p.key], destroy=False)]
-        else:
-            deferred = list(order)
-        pending = [p for p in deferred if not run.place(p, needs[p.key], destroy=True)]
-        targets, placements = run.result()
-        candidates.append(
-            (
-                plans.build(
-                    snap, planner="fast", targets=targets, placements=placements, unschedulable=()
-                ),
-                pending,
+            order = [p for p in order if not run.place(p, needs[p.key], destroy=False)]
+        return [p for p in order if not run.place(p, needs[p.key], destroy=True)]
+
+    # Priority levels one at a time, highest first, as the objective ranks them. For each level,
+    # variants (orders, with and without deferring destroys) are tried on top of the choices
+    # made for the levels above, replayed; the variant that serves the level best is kept.
+    # Later variants run only while pods of the level stay pending; on large problems only the
+    # first two run (each costs a pass).
+    chosen_sweeps: list[tuple[list[snapshot.Pod], bool]] = []
+    pending: list[snapshot.Pod] = []
+    best_plan: plans.Plan | None = None
+    for level in sorted({p.priority for p in hopeful}, reverse=True):
+        at_level = [p for p in hopeful if p.priority == level]
+        orders = {
+            "largest": sorted(at_level, key=lambda p: (-size[p.key], index[p.key])),
+            "smallest": sorted(at_level, key=lambda p: (size[p.key], index[p.key])),
+            "share": sorted(at_level, key=lambda p: (share[p.key], index[p.key])),
+        }
+        tried: list[
+            tuple[tuple[int, ...], plans.Plan, list[snapshot.Pod], tuple[list[snapshot.Pod], bool]]
+        ] = []
+        for name, defer in _VARIANTS[:budget]:
+            run = _Run(snap, states, hopeful)
+            before = [p for order, d in chosen_sweeps for p in sweep(run, order, d)]
+            left = sweep(run, orders[name], defer)
+            targets, placements = run.result()
+            candidate = plans.build(
+                snap, planner="fast", targets=targets, placements=placements, unschedulable=()
             )
-        )
-        if not pending:
-            break  # every pod that could run is placed: no other variant places more
-    if len(candidates) == 1:
-        chosen, pending = candidates[0]
-    else:
-        chosen, pending = max(candidates, key=lambda c: objective.score(snap, c[0]).key)
+            key = (-len(left), *objective.score(snap, candidate).key) if budget > 1 else (0,)
+            tried.append((key, candidate, before + left, (orders[name], defer)))
+            if not left:
+                break  # every pod of this level is placed: no other variant places more
+        _, best_plan, pending, picked = max(tried, key=lambda t: t[0])
+        chosen_sweeps.append(picked)
+    if best_plan is None:  # nothing hopeful to place
+        best_plan = plans.build(snap, planner="fast", targets={}, placements=(), unschedulable=())
+    chosen = best_plan
     pending += [p for p in snap.pods if p.key in hopeless]
     unsched = explaining.explain(snap, pending, chosen.placements, per_node=opts.explain)
     return dataclasses.replace(
