@@ -32,6 +32,7 @@ Pure: no clock, no randomness; the same snapshot gives the same plan.
 from __future__ import annotations
 
 import bisect
+import copy
 import dataclasses
 import itertools
 from collections import Counter
@@ -106,6 +107,10 @@ class _Gpu:
     @property
     def key(self) -> StateKey:
         return (self.model.id, self.used | self.claimed, self.free, self.new, self.touched)
+
+    def clone(self) -> _Gpu:
+        twin = copy.copy(self)  # the fields are immutable values: a shallow copy is a deep one
+        return twin
 
 
 def _names(counter: Counter[str]) -> tuple[str, ...]:
@@ -236,6 +241,15 @@ class _Index:
         self.by_room: dict[tuple[str, bool, int], dict[int, None]] = {}
         self.claimable: dict[tuple[str, str], dict[int, None]] = {}
         self.destroyable: dict[str, dict[int, None]] = {}
+
+    def clone(self) -> _Index:
+        twin = copy.copy(self)
+        twin.members = {k: list(v) for k, v in self.members.items()}
+        twin.fitting = {k: dict(v) for k, v in self.fitting.items()}
+        twin.by_room = {k: dict(v) for k, v in self.by_room.items()}
+        twin.claimable = {k: dict(v) for k, v in self.claimable.items()}
+        twin.destroyable = {k: dict(v) for k, v in self.destroyable.items()}
+        return twin
 
     def _groups(self, sid: int) -> Iterator[dict[int, None]]:
         st = self.states
@@ -379,8 +393,30 @@ class _Run:
             tuple[list[tuple[Cost, int, Option]], int],
         ] = {}
         self.split_cache: dict[tuple[object, ...], list[tuple[int, Option]] | None] = {}
-        self.placed: dict[str, list[tuple[_Gpu, tuple[Instance, ...], tuple[str, ...]]]] = {}
+        self.placed: dict[str, list[tuple[int, tuple[Instance, ...], tuple[str, ...]]]] = {}
         self.node_of: dict[str, int] = {}
+
+    def fork(self) -> _Run:
+        """An independent copy of this pass (to try variants without replaying what is done)."""
+        twin = copy.copy(self)
+        twin.gpus = [g.clone() for g in self.gpus]
+        twin.node_gpus = [[twin.gpus[g.id] for g in gs] for gs in self.node_gpus]
+        twin.index = self.index.clone()
+        twin.sid = list(self.sid)
+        twin.dead = list(self.dead)
+        twin.node_room = list(self.node_room)
+        twin.cpu = list(self.cpu)
+        twin.mem = list(self.mem)
+        twin.load = list(self.load)
+        twin.entered = list(self.entered)
+        twin.admit = dict(self.admit)
+        twin.roomy = {k: list(v) for k, v in self.roomy.items()}
+        twin.failed = set(self.failed)
+        twin.remembered = {k: (list(v[0]), v[1]) for k, v in self.remembered.items()}
+        twin.split_cache = dict(self.split_cache)
+        twin.placed = dict(self.placed)
+        twin.node_of = dict(self.node_of)
+        return twin
 
     def _apply(self, st: _Gpu, opt: Option) -> None:
         old = self.sid[st.id]
@@ -409,7 +445,7 @@ class _Run:
             self.cpu[ni] = cpu = cpu - pod.cpu_milli
         if mem is not None:
             self.mem[ni] = mem = mem - pod.memory_bytes
-        self.placed[pod.key] = [(st, opt.claim, opt.add) for st, opt in parts]
+        self.placed[pod.key] = [(st.id, opt.claim, opt.add) for st, opt in parts]
         self.node_of[pod.key] = ni
         # A node without CPU or memory for the smallest pod left takes no more pods: take its
         # GPUs out of the index so that no search looks at them again.
@@ -679,7 +715,8 @@ class _Run:
             if parts is None:
                 continue
             got: list[plans.AssignedInstance] = []
-            for st, claim, add in parts:
+            for gid, claim, add in parts:
+                st = self.gpus[gid]
                 for inst in claim:
                     got.append(plans.AssignedInstance(st.gpu.index, inst.profile, inst.start))
                 for name in add:
@@ -758,7 +795,7 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     hopeful = [p for p in snap.pods if p.key not in hopeless]
     share = _dominant_shares(snap, hopeful, size)
     gpus = sum(len(n.gpus) for n in snap.nodes)
-    budget = len(_VARIANTS) if gpus * max(len(hopeful), 1) <= _SMALL_PROBLEM else 2
+    budget = len(_VARIANTS) if gpus * max(len(hopeful), 1) <= _SMALL_PROBLEM else 1
 
     def sweep(run: _Run, order: list[snapshot.Pod], defer: bool) -> list[snapshot.Pod]:
         if defer:
@@ -768,13 +805,13 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
         return [p for p in order if not run.place(p, needs[p.key], destroy=True)]
 
     # Priority levels one at a time, highest first, as the objective ranks them. For each level,
-    # variants (orders, with and without deferring destroys) are tried on top of the choices
-    # made for the levels above, replayed; the variant that serves the level best is kept.
+    # variants (orders, with and without deferring destroys) are tried on copies of the pass as
+    # the levels above left it; the variant that serves the level best is kept.
     # Later variants run only while pods of the level stay pending; on large problems only the
-    # first two run (each costs a pass).
-    chosen_sweeps: list[tuple[list[snapshot.Pod], bool]] = []
+    # first runs (each costs a pass; there the greedy's first choice is what a controller that
+    # re-plans every few seconds can afford).
+    base = _Run(snap, states, hopeful)
     pending: list[snapshot.Pod] = []
-    best_plan: plans.Plan | None = None
     for level in sorted({p.priority for p in hopeful}, reverse=True):
         at_level = [p for p in hopeful if p.priority == level]
         orders = {
@@ -782,26 +819,26 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
             "smallest": sorted(at_level, key=lambda p: (size[p.key], index[p.key])),
             "share": sorted(at_level, key=lambda p: (share[p.key], index[p.key])),
         }
-        tried: list[
-            tuple[tuple[int, ...], plans.Plan, list[snapshot.Pod], tuple[list[snapshot.Pod], bool]]
-        ] = []
+        tried: list[tuple[tuple[int, ...], _Run, list[snapshot.Pod]]] = []
         for name, defer in _VARIANTS[:budget]:
-            run = _Run(snap, states, hopeful)
-            before = [p for order, d in chosen_sweeps for p in sweep(run, order, d)]
+            run = base.fork() if budget > 1 else base
             left = sweep(run, orders[name], defer)
-            targets, placements = run.result()
-            candidate = plans.build(
-                snap, planner="fast", targets=targets, placements=placements, unschedulable=()
-            )
-            key = (-len(left), *objective.score(snap, candidate).key) if budget > 1 else (0,)
-            tried.append((key, candidate, before + left, (orders[name], defer)))
+            key: tuple[int, ...] = ()
+            if budget > 1:
+                targets, placements = run.result()
+                candidate = plans.build(
+                    snap, planner="fast", targets=targets, placements=placements, unschedulable=()
+                )
+                key = (-len(left), *objective.score(snap, candidate).key)
+            tried.append((key, run, left))
             if not left:
                 break  # every pod of this level is placed: no other variant places more
-        _, best_plan, pending, picked = max(tried, key=lambda t: t[0])
-        chosen_sweeps.append(picked)
-    if best_plan is None:  # nothing hopeful to place
-        best_plan = plans.build(snap, planner="fast", targets={}, placements=(), unschedulable=())
-    chosen = best_plan
+        _, base, left = max(tried, key=lambda t: t[0])
+        pending += left
+    targets, placements = base.result()
+    chosen = plans.build(
+        snap, planner="fast", targets=targets, placements=placements, unschedulable=()
+    )
     pending += [p for p in snap.pods if p.key in hopeless]
     unsched = explaining.explain(snap, pending, chosen.placements, per_node=opts.explain)
     return dataclasses.replace(
