@@ -385,7 +385,7 @@ class _Run:
         self.mem = [n.allocatable.memory_bytes if n.allocatable else None for n in snap.nodes]
         self.load = [0] * len(snap.nodes)
         self.admit: dict[tuple[object, ...], list[bool]] = {}
-        self.roomy: dict[int, list[int]] = {}
+        self.span_nodes: dict[tuple[object, ...], list[int]] = {}
         self.failed: set[tuple[object, ...]] = set()
         self.entered: list[int] = []
         self.remembered: dict[
@@ -410,7 +410,7 @@ class _Run:
         twin.load = list(self.load)
         twin.entered = list(self.entered)
         twin.admit = dict(self.admit)
-        twin.roomy = {k: list(v) for k, v in self.roomy.items()}
+        twin.span_nodes = {k: list(v) for k, v in self.span_nodes.items()}
         twin.failed = set(self.failed)
         twin.remembered = {k: (list(v[0]), v[1]) for k, v in self.remembered.items()}
         twin.split_cache = dict(self.split_cache)
@@ -614,33 +614,46 @@ class _Run:
         """Spread the pod's instances over the GPUs of one node (largest instance first)."""
         if sum(r.count for r in pod.mig) < 2:
             return False
-        smallest = min(self.states.need_compute(m, n) for m, n in needs.items())
-        # Node room only shrinks during a pass, so nodes too small once stay too small.
-        roomy = self.roomy.get(smallest)
-        if roomy is None:
-            roomy = list(range(len(self.snap.nodes)))
-        roomy = [ni for ni in roomy if self.node_room[ni] >= smallest]
-        self.roomy[smallest] = roomy
-        order = [ni for ni in roomy if admits[ni] and self._resources_ok(ni, pod)]
-        if self.snap.policy is snapshot.Policy.SPREAD:
-            order.sort(key=lambda ni: (self.load[ni], ni))
-        # Each GPU holds at most room // (smallest instance's compute) of the pod's instances.
+        # Within a pass a node only fills up (GPU room, CPU and memory only shrink), so a node
+        # that cannot take this kind of pod now never will: each kind keeps the list of nodes
+        # not yet ruled out, and a pass looks at each node at most once per kind.
+        kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes, destroy)
+        candidates = self.span_nodes.get(kind)
+        if candidates is None:
+            candidates = [ni for ni in range(len(self.snap.nodes)) if admits[ni]]
         smallest_instance = {
             m: min(self.states.compute[m][name] for name in need) for m, need in needs.items()
         }
         room = self.states.room
-        for ni in order:
+
+        def ruled_out(ni: int) -> bool:
+            if not self._resources_ok(ni, pod):
+                return True
             gpus = self.node_gpus[ni]
-            if not any(
+            # Each GPU holds at most room // (smallest instance's compute) of the instances.
+            return not any(
                 sum(room[self.sid[g.id]] // c for g in gpus if g.model.id == m) >= len(needs[m])
                 for m, c in smallest_instance.items()
-            ):
+            )
+
+        order = candidates
+        if self.snap.policy is snapshot.Policy.SPREAD:
+            order = sorted(candidates, key=lambda ni: (self.load[ni], ni))
+        out: set[int] = set()
+        placed = False
+        for ni in order:
+            if ruled_out(ni):
+                out.add(ni)
                 continue
-            parts = self._split(gpus, needs, destroy=destroy)
-            if parts is not None:
-                self._commit(pod, ni, parts)
-                return True
-        return False
+            parts = self._split(self.node_gpus[ni], needs, destroy=destroy)
+            if parts is None:
+                out.add(ni)
+                continue
+            self._commit(pod, ni, parts)
+            placed = True
+            break
+        self.span_nodes[kind] = [ni for ni in candidates if ni not in out]
+        return placed
 
     def _split(
         self, gpus: list[_Gpu], needs: dict[str, tuple[str, ...]], *, destroy: bool
