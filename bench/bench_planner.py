@@ -133,6 +133,9 @@ def speed(quick: bool, exact_limit: float) -> dict[str, Any]:
                 continue
             opts = options.Options(time_limit_s=exact_limit, workers=1)
             plan, wall, cpu = timed(snap, name, opts)
+            if name == "fast":  # the figure the targets are about: median of three runs
+                runs = sorted([(wall, cpu)] + [timed(snap, name, opts)[1:] for _ in range(2)])
+                wall, cpu = runs[1]
             sc = objective.score(snap, plan)
             if name == "fast":
                 fast_cpu[gpus] = cpu
