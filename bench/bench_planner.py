@@ -181,9 +181,9 @@ def main() -> int:
         out["quality"] = previous.get("quality")
         out["speed"] = previous.get("speed")
     if not args.speed_only:
-        out["quality"] = quality(args.quick, args.time_limit)
+        out["quality"] = quality(args.quick, args.time_limit) | {"command": out["command"]}
     if not args.quality_only:
-        out["speed"] = speed(args.quick, args.time_limit)
+        out["speed"] = speed(args.quick, args.time_limit) | {"command": out["command"]}
     if not args.quick:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(out, indent=2) + "\n")
