@@ -2,29 +2,34 @@
 
 How it works:
 
-* Pods are taken in priority order; within a priority level the largest request goes first
-  (packs tightly). If that leaves pods pending, smallest-first is tried too (it places the most
-  pods when capacity is short) and the plan that scores better on the objective
-  (:mod:`migpilot.planning.objective`) wins.
+* Priority levels are planned one at a time, highest first, as the objective
+  (:mod:`migpilot.planning.objective`) ranks them. Within a level several variants are tried
+  on copies of the pass: largest request first (packs tightly), smallest first and smallest
+  dominant share of GPU, CPU or memory first (place the most pods when capacity is short), each
+  with and without deferring pods that need free instances destroyed. The variant that places
+  the most pods of the level, then scores best on the objective, is kept. A variant runs only
+  while pods of the level remain pending, and on large problems only the first runs.
 * Each GPU carries a planning state: the instances that must stay (in use, or existing free
   instances given to a pod), the free existing instances not yet touched, the multiset of new
   instances the plan creates, and whether the GPU has been changed. New instances have no fixed
   position until the end, so every time a pod is added the GPU's new instances are re-placed
-  *jointly* (:func:`migpilot.mig.layouts.place`): per GPU the packing is exact.
+  *jointly* (:func:`migpilot.mig.layouts.pack`): per GPU the packing is exact.
 * For a pod, the best option on a GPU is: reuse free existing instances of the right profiles
   (free), then create the rest beside everything that exists. Pods that fit nowhere without
   destroying free existing instances wait for a second sweep, after every other pod is placed;
-  then the fewest free instances are destroyed. Options are ranked by the objective: free
+  then the fewest free instances are destroyed (the variants without deferral destroy as they
+  go). Options are ranked by the objective: free
   instances destroyed, then GPUs newly touched, then the free capacity lost (area-weighted
   placements, so large regions and whole GPUs stay free), then the node policy (binpack: first
   fit in node order; spread: the least-loaded node).
 * GPUs in the same state share one cached evaluation. States are interned to small integers and
   indexed by what still fits on them (per profile, by compute room, tightest first), so a pod
-  evaluates a bounded number of promising states, not every GPU: the cost per pod does not grow
-  with the cluster. Small clusters have fewer states than the bounds, so there the search is
-  exhaustive.
+  evaluates a bounded number of promising states, not every GPU, and options found for one kind
+  of pod are remembered for the next pod of that kind. Small clusters have fewer states than the
+  bounds, so there the search is exhaustive; if the bounded search finds nothing, a thorough one
+  looks at every state before a pod is left pending.
 * A pod whose instances fit on no single GPU is spread over the GPUs of one node, largest
-  instance first.
+  instance first. Pods no node could run even with every GPU empty are set aside at once.
 
 Pure: no clock, no randomness; the same snapshot gives the same plan.
 """
