@@ -619,10 +619,12 @@ class _Run:
         """Spread the pod's instances over the GPUs of one node (largest instance first)."""
         if sum(r.count for r in pod.mig) < 2:
             return False
-        # Within a pass a node only fills up (GPU room, CPU and memory only shrink), so a node
-        # that cannot take this kind of pod now never will: each kind keeps the list of nodes
-        # not yet ruled out, and a pass looks at each node at most once per kind.
-        kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes, destroy)
+        # Within a pass a node only fills up (GPU room only shrinks), so a node whose GPUs cannot
+        # take this kind of pod now never will: each kind keeps the list of nodes not yet ruled
+        # out, and a pass looks at each node's GPUs at most once per kind.
+        # (CPU and memory are checked per pod, outside the kind: pods that differ only in them
+        # share what is known about the GPUs.)
+        kind = (pod.mig, constraints.signature(pod), destroy)
         candidates = self.span_nodes.get(kind)
         if candidates is None:
             candidates = [ni for ni in range(len(self.snap.nodes)) if admits[ni]]
@@ -632,8 +634,6 @@ class _Run:
         room = self.states.room
 
         def ruled_out(ni: int) -> bool:
-            if not self._resources_ok(ni, pod):
-                return True
             gpus = self.node_gpus[ni]
             # Each GPU holds at most room // (smallest instance's compute) of the instances.
             return not any(
@@ -647,6 +647,8 @@ class _Run:
         out: set[int] = set()
         placed = False
         for ni in order:
+            if not self._resources_ok(ni, pod):
+                continue
             if ruled_out(ni):
                 out.add(ni)
                 continue
