@@ -289,11 +289,12 @@ class _Index:
 
     def options(
         self, model: str, need: tuple[str, ...], usable: Callable[[int], bool], *, per_kind: int
-    ) -> list[tuple[int, Option]]:
+    ) -> tuple[list[tuple[int, Option]], bool]:
         """Feasible options for ``need`` without destroying, most promising states first.
 
         Only states with a GPU the pod may use (``usable``: node admits it, CPU and memory
-        left) count towards the bounds.
+        left) count towards the bounds. Also says whether every option that touches no new
+        GPU was found (the bounds were not reached for reuse and for touched GPUs).
         """
         st = self.states
         out: dict[int, Option] = {}
@@ -310,8 +311,10 @@ class _Index:
         # States with free existing instances of the pod's first profile: reuse costs nothing.
         found = 0
         tries = 16 * per_kind
+        complete = True
         for sid in self.claimable.get((model, need[0]), ()):
             if found >= per_kind or tries <= 0:
+                complete = False
                 break
             tries -= 1
             found += consider(sid)
@@ -327,6 +330,8 @@ class _Index:
                     if found >= per_kind:
                         break
                     found += consider(sid)
+            if touched and found >= per_kind:
+                complete = False
         if not out:
             # Maybe only a repacked GPU can take it: look further, within a budget.
             budget = _FALLBACK_BUDGET
@@ -337,7 +342,7 @@ class _Index:
                             break
                         budget -= 1
                         consider(sid)
-        return list(out.items())
+        return list(out.items()), complete
 
     def destroy_options(
         self, model: str, need: tuple[str, ...], usable: Callable[[int], bool], *, limit: int
@@ -395,7 +400,7 @@ class _Run:
         self.entered: list[int] = []
         self.remembered: dict[
             tuple[str, tuple[str, ...], tuple[object, ...]],
-            tuple[list[tuple[Cost, int, Option]], int],
+            tuple[list[tuple[Cost, int, Option]], int, bool],
         ] = {}
         self.split_cache: dict[tuple[object, ...], list[tuple[int, Option]] | None] = {}
         self.placed: dict[str, list[tuple[int, tuple[Instance, ...], tuple[str, ...]]]] = {}
@@ -417,7 +422,7 @@ class _Run:
         twin.admit = dict(self.admit)
         twin.span_nodes = {k: list(v) for k, v in self.span_nodes.items()}
         twin.failed = set(self.failed)
-        twin.remembered = {k: (list(v[0]), v[1]) for k, v in self.remembered.items()}
+        twin.remembered = {k: (list(v[0]), v[1], v[2]) for k, v in self.remembered.items()}
         twin.split_cache = dict(self.split_cache)
         twin.placed = dict(self.placed)
         twin.node_of = dict(self.node_of)
@@ -543,9 +548,12 @@ class _Run:
         per_kind = len(self.gpus) if thorough else self.index.per_kind
         if not thorough:
             # A remembered option that changes nothing or fills an already changed GPU is as
-            # good as a search would find (bar the free-value tie-break); otherwise search.
-            choice = self._choose(pod, admits, self._remembered(pod, needs, usable))
-            if choice is not None and choice[1].cost[:2] == (0, 0):
+            # good as a search would find (bar the free-value tie-break). So is one that touches
+            # a new GPU when the last search saw every option that would not: every state GPUs
+            # entered since has been looked at. Otherwise search again.
+            remembered, complete = self._remembered(pod, needs, usable)
+            choice = self._choose(pod, admits, remembered)
+            if choice is not None and (choice[1].cost[:2] == (0, 0) or complete):
                 st, opt = choice
                 self._commit(pod, st.node, [(st, opt)])
                 return True
@@ -556,10 +564,11 @@ class _Run:
                     limit = len(self.gpus) if thorough else _DESTROY_LIMIT
                     pairs = self.index.destroy_options(model, need, usable, limit=limit)
                 else:
-                    pairs = self.index.options(model, need, usable, per_kind=per_kind)
+                    pairs, complete = self.index.options(model, need, usable, per_kind=per_kind)
                     self.remembered[(model, need, constraints.signature(pod))] = (
                         [(opt.cost, sid, opt) for sid, opt in pairs],
                         len(self.entered),
+                        complete,
                     )
                 found.extend((opt.cost, sid, opt) for sid, opt in pairs)
             choice = self._choose(pod, admits, found)
@@ -576,22 +585,28 @@ class _Run:
         pod: snapshot.Pod,
         needs: dict[str, tuple[str, ...]],
         usable: Callable[[int], bool],
-    ) -> list[tuple[Cost, int, Option]]:
+    ) -> tuple[list[tuple[Cost, int, Option]], bool]:
         """The options found for the last pod of this kind, brought up to date.
+
+        Also says whether the searches behind them saw every option that touches no new GPU.
 
         A state never changes, so an option found earlier is still right while GPUs are in its
         state; only states GPUs entered since need evaluating. Consecutive pods of one kind
         (same request and node constraints) thus cost a few evaluations, not a search.
         """
         out: list[tuple[Cost, int, Option]] = []
+        complete = True
         sig = constraints.signature(pod)
         for model, need in needs.items():
             key = (model, need, sig)
             entry = self.remembered.get(key)
             if entry is None:
+                complete = False
                 continue
-            found, seen = entry
+            found, seen, searched_all = entry
+            complete = complete and searched_all
             if len(self.entered) - seen > _REMEMBERED_STALE:
+                complete = False
                 continue  # too much has changed since: search afresh
             have = {sid for _, sid, _ in found}
             for sid in self.entered[seen:]:
@@ -604,9 +619,9 @@ class _Run:
             alive = [f for f in found if f[1] in self.index.members]
             alive.sort(key=lambda f: (f[0], self.index.members[f[1]][0]))
             del alive[_REMEMBERED:]
-            self.remembered[key] = (alive, len(self.entered))
+            self.remembered[key] = (alive, len(self.entered), searched_all)
             out.extend(f for f in alive if usable(f[1]))
-        return out
+        return out, complete
 
     def _place_spanning(
         self,
