@@ -92,7 +92,16 @@ class Explainer:
                 )
         self.occupied: dict[tuple[str, int], frozenset[layouts.Instance]] = {}
         self._models: dict[str, list[tuple[profiles.GpuModel, list[snapshot.Gpu]]]] = {}
+        classes: dict[tuple[object, ...], int] = {}
+        self._node_class: dict[str, int] = {}
         for node in snap.nodes:
+            ckey = (
+                tuple(sorted(node.labels.items())),
+                node.taints,
+                node.unschedulable,
+                bool(node.gpus),
+            )
+            self._node_class[node.name] = classes.setdefault(ckey, len(classes))
             groups: dict[str, tuple[profiles.GpuModel, list[snapshot.Gpu]]] = {}
             for gpu in node.gpus:
                 groups.setdefault(gpu.model.id, (gpu.model, []))[1].append(gpu)
@@ -108,7 +117,8 @@ class Explainer:
 
     def node_reason(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str]:
         """Why this node does not run the pod in the plan."""
-        sig = (node.name, constraints.signature(pod))
+        # Admission depends only on the node's labels, taints and cordon: nodes alike share it.
+        sig = (self._node_class[node.name], constraints.signature(pod))
         reason = self._admission.get(sig, "")
         if reason == "":
             reason = self._admission[sig] = constraints.rejection(node, pod)
