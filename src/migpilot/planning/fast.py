@@ -114,8 +114,7 @@ class _Gpu:
         return (self.model.id, self.used | self.claimed, self.free, self.new, self.touched)
 
     def clone(self) -> _Gpu:
-        twin = copy.copy(self)  # the fields are immutable values: a shallow copy is a deep one
-        return twin
+        return copy.copy(self)  # the fields are immutable values: a shallow copy is a deep one
 
 
 def _names(counter: Counter[str]) -> tuple[str, ...]:
@@ -368,10 +367,16 @@ class _Run:
     """One greedy pass over the pods in a given order."""
 
     def __init__(
-        self, snap: snapshot.Snapshot, states: _States, pods: Sequence[snapshot.Pod]
+        self,
+        snap: snapshot.Snapshot,
+        states: _States,
+        pods: Sequence[snapshot.Pod],
+        *,
+        admission: _Admission,
     ) -> None:
         self.snap = snap
         self.states = states
+        self.admission = admission
         self.min_cpu = min((p.cpu_milli for p in pods), default=0)
         self.min_mem = min((p.memory_bytes for p in pods), default=0)
         self.index = _Index(states, gpus=sum(len(n.gpus) for n in snap.nodes))
@@ -394,7 +399,6 @@ class _Run:
         self.cpu = [n.allocatable.cpu_milli if n.allocatable else None for n in snap.nodes]
         self.mem = [n.allocatable.memory_bytes if n.allocatable else None for n in snap.nodes]
         self.load = [0] * len(snap.nodes)
-        self.admit: dict[tuple[object, ...], list[bool]] = {}
         self.span_nodes: dict[tuple[object, ...], list[int]] = {}
         self.failed: set[tuple[object, ...]] = set()
         self.entered: list[int] = []
@@ -419,7 +423,6 @@ class _Run:
         twin.mem = list(self.mem)
         twin.load = list(self.load)
         twin.entered = list(self.entered)
-        twin.admit = dict(self.admit)
         twin.span_nodes = {k: list(v) for k, v in self.span_nodes.items()}
         twin.failed = set(self.failed)
         twin.remembered = {k: (list(v[0]), v[1], v[2]) for k, v in self.remembered.items()}
@@ -464,14 +467,6 @@ class _Run:
                 if not self.dead[g.id]:
                     self.dead[g.id] = True
                     self.index.leave(self.sid[g.id], g.id)
-
-    def _admits(self, pod: snapshot.Pod) -> list[bool]:
-        sig = constraints.signature(pod)
-        ok = self.admit.get(sig)
-        if ok is None:
-            ok = [constraints.rejection(n, pod) is None for n in self.snap.nodes]
-            self.admit[sig] = ok
-        return ok
 
     def _resources_ok(self, ni: int, pod: snapshot.Pod) -> bool:
         cpu, mem = self.cpu[ni], self.mem[ni]
@@ -523,7 +518,7 @@ class _Run:
         thorough: bool = False,
     ) -> bool:
         """One search. The quick one is bounded; if it fails, a thorough one looks everywhere."""
-        admits = self._admits(pod)
+        admits = self.admission.of(pod)
         known: dict[int, bool] = {}
         scan = len(self.gpus) if thorough else _MEMBER_SCAN
         members, node_of, cpu, mem = self.index.members, self.node_of_gpu, self.cpu, self.mem
@@ -783,7 +778,27 @@ def _dominant_shares(
     }
 
 
-def _hopeless(snap: snapshot.Snapshot, needs: dict[str, dict[str, tuple[str, ...]]]) -> set[str]:
+class _Admission:
+    """Which nodes admit a pod (cordon, selector, affinity, taints), per pod signature, cached."""
+
+    def __init__(self, snap: snapshot.Snapshot) -> None:
+        self.snap = snap
+        self.cache: dict[tuple[object, ...], list[bool]] = {}
+
+    def of(self, pod: snapshot.Pod) -> list[bool]:
+        sig = constraints.signature(pod)
+        ok = self.cache.get(sig)
+        if ok is None:
+            ok = [constraints.rejection(n, pod) is None for n in self.snap.nodes]
+            self.cache[sig] = ok
+        return ok
+
+
+def _hopeless(
+    snap: snapshot.Snapshot,
+    needs: dict[str, dict[str, tuple[str, ...]]],
+    admission: _Admission,
+) -> set[str]:
     """Pods no node could run even with every GPU empty: wrong model, constraints, CPU/memory.
 
     They are left out of the search (and out of the decision to try a second order).
@@ -795,8 +810,10 @@ def _hopeless(snap: snapshot.Snapshot, needs: dict[str, dict[str, tuple[str, ...
         kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
         ok = verdict.get(kind)
         if ok is None:
+            admits = admission.of(pod)
             ok = any(
-                not models[ni].isdisjoint(needs[pod.key])
+                admits[ni]
+                and not models[ni].isdisjoint(needs[pod.key])
                 and (
                     node.allocatable is None
                     or (
@@ -804,7 +821,6 @@ def _hopeless(snap: snapshot.Snapshot, needs: dict[str, dict[str, tuple[str, ...
                         and pod.memory_bytes <= node.allocatable.memory_bytes
                     )
                 )
-                and constraints.rejection(node, pod) is None
                 for ni, node in enumerate(snap.nodes)
             )
             verdict[kind] = ok
@@ -824,7 +840,8 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
             if need is not None:
                 per_model[m.id] = need
         needs[pod.key] = per_model
-    hopeless = _hopeless(snap, needs)
+    admission = _Admission(snap)
+    hopeless = _hopeless(snap, needs, admission)
     index = {p.key: i for i, p in enumerate(snap.pods)}
     size = {p.key: _size(needs[p.key], states) for p in snap.pods}
     hopeful = [p for p in snap.pods if p.key not in hopeless]
@@ -845,7 +862,7 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     # Later variants run only while pods of the level stay pending; on large problems only the
     # first runs (each costs a pass; there the greedy's first choice is what a controller that
     # re-plans every few seconds can afford).
-    base = _Run(snap, states, hopeful)
+    base = _Run(snap, states, hopeful, admission=admission)
     pending: list[snapshot.Pod] = []
     for level in sorted({p.priority for p in hopeful}, reverse=True):
         at_level = [p for p in hopeful if p.priority == level]
