@@ -35,3 +35,11 @@ class ConfigError(MigpilotError):
 
 class SnapshotError(MigpilotError):
     """A cluster snapshot file that does not parse or describes an impossible cluster."""
+
+
+class TraceError(MigpilotError):
+    """A workload trace (openb CSV, MIG-native CSV, synthetic name) that does not parse."""
+
+
+class AgentConfigError(MigpilotError):
+    """Node-agent settings that cannot work: unknown strategy or backend, unplaceable layout."""
