@@ -110,14 +110,14 @@ class _Admitted:
     """Which nodes admit a pod (selector, affinity, taints, cordon), per pod signature."""
 
     def __init__(self, nodes: Sequence[snapshot.Node]) -> None:
-        self._nodes = nodes
+        self._admission = constraints.Admission(nodes)
         self._cache: dict[tuple[object, ...], tuple[list[int], frozenset[int]]] = {}
 
     def _lookup(self, pod: snapshot.Pod) -> tuple[list[int], frozenset[int]]:
         key = constraints.signature(pod)
         found = self._cache.get(key)
         if found is None:
-            ks = [k for k, n in enumerate(self._nodes) if constraints.rejection(n, pod) is None]
+            ks = [k for k, ok in enumerate(self._admission.admits(pod)) if ok]
             found = self._cache[key] = (ks, frozenset(ks))
         return found
 

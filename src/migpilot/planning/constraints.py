@@ -8,7 +8,7 @@ them itself. Pure functions; every planner and the plan validator share them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from migpilot.planning import snapshot
 
@@ -77,3 +77,51 @@ def rejection(node: snapshot.Node, pod: snapshot.Pod) -> str | None:
 def signature(pod: snapshot.Pod) -> tuple[object, ...]:
     """Pods with equal signatures are admitted by exactly the same nodes (for caching)."""
     return (tuple(sorted(pod.node_selector.items())), pod.affinity, pod.tolerations)
+
+
+def node_class(node: snapshot.Node) -> tuple[object, ...]:
+    """Nodes with equal classes admit exactly the same pods (labels, taints, cordon, GPUs)."""
+    return (tuple(sorted(node.labels.items())), node.taints, node.unschedulable, bool(node.gpus))
+
+
+class Admission:
+    """Which nodes admit a pod, per pod signature, decided once per class of alike nodes.
+
+    A cluster of thousands of nodes has a few dozen classes (zones, pools, taints), so a pod
+    signature costs one :func:`rejection` per class, not per node.
+    """
+
+    def __init__(self, nodes: Sequence[snapshot.Node]) -> None:
+        classes: dict[tuple[object, ...], int] = {}
+        self._class = [classes.setdefault(node_class(n), len(classes)) for n in nodes]
+        first: dict[int, snapshot.Node] = {}
+        for c, n in zip(self._class, nodes, strict=True):
+            first.setdefault(c, n)
+        self._example = [first[c] for c in range(len(classes))]
+        self._reasons: dict[tuple[object, ...], list[str | None]] = {}
+        self._admits: dict[tuple[object, ...], list[bool]] = {}
+
+    def class_of(self, position: int) -> int:
+        """The class of the node at ``position`` in the node list."""
+        return self._class[position]
+
+    def reasons(self, pod: snapshot.Pod) -> list[str | None]:
+        """Per class: why the pod may not run there, or ``None``."""
+        sig = signature(pod)
+        found = self._reasons.get(sig)
+        if found is None:
+            found = self._reasons[sig] = [rejection(n, pod) for n in self._example]
+        return found
+
+    def reason(self, position: int, pod: snapshot.Pod) -> str | None:
+        """:func:`rejection` for the node at ``position``."""
+        return self.reasons(pod)[self._class[position]]
+
+    def admits(self, pod: snapshot.Pod) -> list[bool]:
+        """Per node position: does the node admit the pod?"""
+        sig = signature(pod)
+        found = self._admits.get(sig)
+        if found is None:
+            per_class = [r is None for r in self.reasons(pod)]
+            found = self._admits[sig] = [per_class[c] for c in self._class]
+        return found

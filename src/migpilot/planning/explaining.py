@@ -92,36 +92,41 @@ class Explainer:
                 )
         self.occupied: dict[tuple[str, int], frozenset[layouts.Instance]] = {}
         self._models: dict[str, list[tuple[profiles.GpuModel, list[snapshot.Gpu]]]] = {}
-        classes: dict[tuple[object, ...], int] = {}
-        self._node_class: dict[str, int] = {}
-        for node in snap.nodes:
-            ckey = (
-                tuple(sorted(node.labels.items())),
-                node.taints,
-                node.unschedulable,
-                bool(node.gpus),
-            )
-            self._node_class[node.name] = classes.setdefault(ckey, len(classes))
+        self._admission = constraints.Admission(snap.nodes)
+        # Nodes in the same state (class, GPU models and instances, CPU and memory left) get the
+        # same reason for the same pod: a large cluster has far fewer states than nodes.
+        states: dict[tuple[object, ...], int] = {}
+        self._state: list[int] = []
+        for position, node in enumerate(snap.nodes):
             groups: dict[str, tuple[profiles.GpuModel, list[snapshot.Gpu]]] = {}
             for gpu in node.gpus:
                 groups.setdefault(gpu.model.id, (gpu.model, []))[1].append(gpu)
             self._models[node.name] = list(groups.values())
+            shape = []
             for gpu in node.gpus:
                 key = (node.name, gpu.index)
                 used = frozenset(i.instance for i in gpu.instances if i.used)
                 self.used[key] = used
-                self.occupied[key] = used | frozenset(assigned.get(key, ()))
+                self.occupied[key] = occupied = used | frozenset(assigned.get(key, ()))
+                shape.append((gpu.model.id, used, occupied))
+            alloc = node.allocatable
+            left = (
+                None
+                if alloc is None
+                else (
+                    alloc.cpu_milli - self.cpu[node.name],
+                    alloc.memory_bytes - self.mem[node.name],
+                )
+            )
+            skey = (self._admission.class_of(position), tuple(shape), left)
+            self._state.append(states.setdefault(skey, len(states)))
         self._cache: dict[tuple[object, ...], plans.Unschedulable] = {}
-        self._admission: dict[tuple[object, ...], str | None] = {}
         self._fit_cache: dict[tuple[object, ...], bool] = {}
 
-    def node_reason(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str]:
-        """Why this node does not run the pod in the plan."""
-        # Admission depends only on the node's labels, taints and cordon: nodes alike share it.
-        sig = (self._node_class[node.name], constraints.signature(pod))
-        reason = self._admission.get(sig, "")
-        if reason == "":
-            reason = self._admission[sig] = constraints.rejection(node, pod)
+    def node_reason(self, position: int, pod: snapshot.Pod) -> tuple[Why, str]:
+        """Why the node at ``position`` does not run the pod in the plan."""
+        node = self.snap.nodes[position]
+        reason = self._admission.reason(position, pod)
         if reason is not None:
             return Why.NOT_ADMITTED, reason
         by_need: dict[tuple[str, ...], list[snapshot.Gpu]] = {}
@@ -181,7 +186,14 @@ class Explainer:
         cached = self._cache.get(key)
         if cached is not None:
             return plans.Unschedulable(pod.key, cached.reason, cached.nodes)
-        reasons = [(n.name, *self.node_reason(n, pod)) for n in self.snap.nodes]
+        by_state: dict[int, tuple[Why, str]] = {}
+        reasons = []
+        for position, node in enumerate(self.snap.nodes):
+            state = self._state[position]
+            why = by_state.get(state)
+            if why is None:
+                why = by_state[state] = self.node_reason(position, pod)
+            reasons.append((node.name, *why))
         result = plans.Unschedulable(
             pod.key,
             _summary(pod, reasons),

@@ -40,7 +40,6 @@ import bisect
 import copy
 import dataclasses
 import itertools
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -51,6 +50,9 @@ Instance = layouts.Instance
 
 StateKey = tuple[str, frozenset[Instance], frozenset[Instance], tuple[str, ...], bool]
 """A GPU state: (model id, fixed instances, free existing instances, new profiles, touched)."""
+
+_Split = tuple[frozenset[Instance], frozenset[Instance]]
+"""A GPU's existing instances: (in use, free)."""
 
 Cost = tuple[int, int, int]
 """(free instances destroyed, GPU newly touched, free value lost): smaller is better."""
@@ -98,13 +100,18 @@ class _Gpu:
 
     __slots__ = ("claimed", "free", "gpu", "id", "model", "new", "node", "touched", "used")
 
-    def __init__(self, gid: int, node: int, gpu: snapshot.Gpu) -> None:
+    def __init__(
+        self,
+        gid: int,
+        node: int,
+        gpu: snapshot.Gpu,
+        split: _Split,
+    ) -> None:
         self.id = gid
         self.node = node
         self.gpu = gpu
         self.model = gpu.model
-        self.used = frozenset(i.instance for i in gpu.instances if i.used)
-        self.free = frozenset(i.instance for i in gpu.instances if not i.used)
+        self.used, self.free = split
         self.claimed: frozenset[Instance] = frozenset()
         self.new: tuple[str, ...] = ()
         self.touched = False
@@ -115,10 +122,6 @@ class _Gpu:
 
     def clone(self) -> _Gpu:
         return copy.copy(self)  # the fields are immutable values: a shallow copy is a deep one
-
-
-def _names(counter: Counter[str]) -> tuple[str, ...]:
-    return tuple(sorted(counter.elements()))
 
 
 class _States:
@@ -372,7 +375,7 @@ class _Run:
         states: _States,
         pods: Sequence[snapshot.Pod],
         *,
-        admission: _Admission,
+        admission: constraints.Admission,
     ) -> None:
         self.snap = snap
         self.states = states
@@ -383,12 +386,24 @@ class _Run:
         self.gpus: list[_Gpu] = []
         self.sid: list[int] = []
         self.node_gpus: list[list[_Gpu]] = []
+        # GPUs with the same instances start in the same state: build each state once.
+        first: dict[tuple[str, tuple[snapshot.ExistingInstance, ...]], tuple[_Split, int]] = {}
         for ni, node in enumerate(snap.nodes):
             mine = []
             for g in node.gpus:
-                st = _Gpu(len(self.gpus), ni, g)
+                seen = first.get((g.model.id, g.instances))
+                if seen is None:
+                    split: _Split = (
+                        frozenset(i.instance for i in g.instances if i.used),
+                        frozenset(i.instance for i in g.instances if not i.used),
+                    )
+                    st = _Gpu(len(self.gpus), ni, g, split)
+                    sid = states.intern(st.key)
+                    first[(g.model.id, g.instances)] = (split, sid)
+                else:
+                    split, sid = seen
+                    st = _Gpu(len(self.gpus), ni, g, split)
                 self.gpus.append(st)
-                sid = states.intern(st.key)
                 self.sid.append(sid)
                 self.index.enter(sid, st.id)
                 mine.append(st)
@@ -518,7 +533,7 @@ class _Run:
         thorough: bool = False,
     ) -> bool:
         """One search. The quick one is bounded; if it fails, a thorough one looks everywhere."""
-        admits = self.admission.of(pod)
+        admits = self.admission.admits(pod)
         known: dict[int, bool] = {}
         scan = len(self.gpus) if thorough else _MEMBER_SCAN
         members, node_of, cpu, mem = self.index.members, self.node_of_gpu, self.cpu, self.mem
@@ -699,24 +714,28 @@ class _Run:
         for model, group in sorted(by_model.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             slots = self.states.slots[model]
             wanted = sorted(needs[model], key=lambda n: (-slots[n], n))
-            per_gpu: dict[int, Counter[str]] = {}
+            per_gpu: dict[int, tuple[str, ...]] = {}
             for name in wanted:
                 best: tuple[Cost, int] | None = None
+                seen: set[tuple[int, tuple[str, ...]]] = set()
                 for g in group:
-                    trial = per_gpu.get(g.id, Counter()) + Counter([name])
-                    opt = self.states.best(self.sid[g.id], _names(trial), destroy=destroy)
+                    have = per_gpu.get(g.id, ())
+                    sid = self.sid[g.id]
+                    if (sid, have) in seen:
+                        continue  # an earlier GPU in the same state gives the same answer
+                    seen.add((sid, have))
+                    trial = tuple(sorted((*have, name)))
+                    opt = self.states.best(sid, trial, destroy=destroy)
                     if opt is not None and (best is None or (opt.cost, g.id) < best):
                         best = (opt.cost, g.id)
                 if best is None:
                     break
-                per_gpu.setdefault(best[1], Counter())[name] += 1
+                per_gpu[best[1]] = tuple(sorted((*per_gpu.get(best[1], ()), name)))
             else:
                 out = []
                 for g in group:
                     if g.id in per_gpu:
-                        opt = self.states.best(
-                            self.sid[g.id], _names(per_gpu[g.id]), destroy=destroy
-                        )
+                        opt = self.states.best(self.sid[g.id], per_gpu[g.id], destroy=destroy)
                         assert opt is not None  # feasible when it was chosen
                         out.append((g, opt))
                 return out
@@ -778,26 +797,10 @@ def _dominant_shares(
     }
 
 
-class _Admission:
-    """Which nodes admit a pod (cordon, selector, affinity, taints), per pod signature, cached."""
-
-    def __init__(self, snap: snapshot.Snapshot) -> None:
-        self.snap = snap
-        self.cache: dict[tuple[object, ...], list[bool]] = {}
-
-    def of(self, pod: snapshot.Pod) -> list[bool]:
-        sig = constraints.signature(pod)
-        ok = self.cache.get(sig)
-        if ok is None:
-            ok = [constraints.rejection(n, pod) is None for n in self.snap.nodes]
-            self.cache[sig] = ok
-        return ok
-
-
 def _hopeless(
     snap: snapshot.Snapshot,
     needs: dict[str, dict[str, tuple[str, ...]]],
-    admission: _Admission,
+    admission: constraints.Admission,
 ) -> set[str]:
     """Pods no node could run even with every GPU empty: wrong model, constraints, CPU/memory.
 
@@ -810,7 +813,7 @@ def _hopeless(
         kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
         ok = verdict.get(kind)
         if ok is None:
-            admits = admission.of(pod)
+            admits = admission.admits(pod)
             ok = any(
                 admits[ni]
                 and not models[ni].isdisjoint(needs[pod.key])
@@ -840,7 +843,7 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
             if need is not None:
                 per_model[m.id] = need
         needs[pod.key] = per_model
-    admission = _Admission(snap)
+    admission = constraints.Admission(snap.nodes)
     hopeless = _hopeless(snap, needs, admission)
     index = {p.key: i for i, p in enumerate(snap.pods)}
     size = {p.key: _size(needs[p.key], states) for p in snap.pods}
