@@ -71,6 +71,10 @@ def _slots(gpus: list[tuple[snapshot.Gpu, frozenset[layouts.Instance]]], name: s
     return 0
 
 
+_ShapeKey = tuple[int, tuple[snapshot.MigRequest, ...]]
+"""(a node's GPU state, a pod's MIG request): what explanations are cached by."""
+
+
 class Explainer:
     """Explains pending pods against one plan's final state (built once per plan)."""
 
@@ -93,11 +97,11 @@ class Explainer:
         self.occupied: dict[tuple[str, int], frozenset[layouts.Instance]] = {}
         self._models: dict[str, list[tuple[profiles.GpuModel, list[snapshot.Gpu]]]] = {}
         self._admission = constraints.Admission(snap.nodes)
-        # Nodes in the same state (class, GPU models and instances, CPU and memory left) get the
-        # same reason for the same pod: a large cluster has far fewer states than nodes.
-        states: dict[tuple[object, ...], int] = {}
-        self._state: list[int] = []
-        for position, node in enumerate(snap.nodes):
+        # Nodes with the same GPUs in the same state give the same GPU verdict for a request: a
+        # large cluster has far fewer GPU states than nodes.
+        shapes: dict[tuple[object, ...], int] = {}
+        self._shape: list[int] = []
+        for node in snap.nodes:
             groups: dict[str, tuple[profiles.GpuModel, list[snapshot.Gpu]]] = {}
             for gpu in node.gpus:
                 groups.setdefault(gpu.model.id, (gpu.model, []))[1].append(gpu)
@@ -109,19 +113,11 @@ class Explainer:
                 self.used[key] = used
                 self.occupied[key] = occupied = used | frozenset(assigned.get(key, ()))
                 shape.append((gpu.model.id, used, occupied))
-            alloc = node.allocatable
-            left = (
-                None
-                if alloc is None
-                else (
-                    alloc.cpu_milli - self.cpu[node.name],
-                    alloc.memory_bytes - self.mem[node.name],
-                )
-            )
-            skey = (self._admission.class_of(position), tuple(shape), left)
-            self._state.append(states.setdefault(skey, len(states)))
+            self._shape.append(shapes.setdefault(tuple(shape), len(shapes)))
         self._cache: dict[tuple[object, ...], plans.Unschedulable] = {}
         self._fit_cache: dict[tuple[object, ...], bool] = {}
+        self._offered: dict[_ShapeKey, str | tuple[tuple[str, ...], list[snapshot.Gpu]]] = {}
+        self._room: dict[_ShapeKey, tuple[Why, str]] = {}
 
     def node_reason(self, position: int, pod: snapshot.Pod) -> tuple[Why, str]:
         """Why the node at ``position`` does not run the pod in the plan."""
@@ -129,17 +125,12 @@ class Explainer:
         reason = self._admission.reason(position, pod)
         if reason is not None:
             return Why.NOT_ADMITTED, reason
-        by_need: dict[tuple[str, ...], list[snapshot.Gpu]] = {}
-        for model, gpus_of_model in self._models[node.name]:
-            need = snapshot.resolve_request(pod.mig, model)
-            if need is not None:
-                by_need.setdefault(need, []).extend(gpus_of_model)
-        if not by_need:
-            models = ", ".join(sorted({g.model.id for g in node.gpus}))
-            wanted = " + ".join(
-                f"{r.count} x {r.profile}" if r.count > 1 else r.profile for r in pod.mig
-            )
-            return Why.NOT_OFFERED, f"its GPUs ({models}) offer no {wanted}"
+        vkey = (self._shape[position], pod.mig)
+        offered = self._offered.get(vkey)
+        if offered is None:
+            offered = self._offered[vkey] = self._offer(node, pod)
+        if isinstance(offered, str):
+            return Why.NOT_OFFERED, offered
         alloc = node.allocatable
         if alloc is not None:
             free_cpu = alloc.cpu_milli - self.cpu[node.name]
@@ -154,9 +145,34 @@ class Explainer:
                     Why.NO_CPU_MEMORY,
                     f"not enough memory: needs {pod.memory_bytes} bytes, {max(free_mem, 0)} free",
                 )
-        need, gpus = next(iter(by_need.items()))
+        verdict = self._room.get(vkey)
+        if verdict is None:
+            verdict = self._room[vkey] = self._room_reason(node, *offered)
+        return verdict
+
+    def _offer(
+        self, node: snapshot.Node, pod: snapshot.Pod
+    ) -> str | tuple[tuple[str, ...], list[snapshot.Gpu]]:
+        """The profiles the pod needs on the node's GPUs and those GPUs, or why none offer them."""
+        by_need: dict[tuple[str, ...], list[snapshot.Gpu]] = {}
+        for model, gpus_of_model in self._models[node.name]:
+            need = snapshot.resolve_request(pod.mig, model)
+            if need is not None:
+                by_need.setdefault(need, []).extend(gpus_of_model)
+        if not by_need:
+            models = ", ".join(sorted({g.model.id for g in node.gpus}))
+            wanted = " + ".join(
+                f"{r.count} x {r.profile}" if r.count > 1 else r.profile for r in pod.mig
+            )
+            return f"its GPUs ({models}) offer no {wanted}"
         if len(by_need) > 1:  # mixed models on one node: pick the largest group
-            need, gpus = max(by_need.items(), key=lambda kv: len(kv[1]))
+            return max(by_need.items(), key=lambda kv: len(kv[1]))
+        return next(iter(by_need.items()))
+
+    def _room_reason(
+        self, node: snapshot.Node, need: tuple[str, ...], gpus: list[snapshot.Gpu]
+    ) -> tuple[Why, str]:
+        """Whether the node's GPUs have room for ``need``, in the plan or without it."""
         what = _describe(need)
         if self._fits([(g, self.occupied[(node.name, g.index)]) for g in gpus], need):
             return Why.ROOM_LEFT, f"{what} would still fit; the planner left it out"
@@ -186,14 +202,10 @@ class Explainer:
         cached = self._cache.get(key)
         if cached is not None:
             return plans.Unschedulable(pod.key, cached.reason, cached.nodes)
-        by_state: dict[int, tuple[Why, str]] = {}
-        reasons = []
-        for position, node in enumerate(self.snap.nodes):
-            state = self._state[position]
-            why = by_state.get(state)
-            if why is None:
-                why = by_state[state] = self.node_reason(position, pod)
-            reasons.append((node.name, *why))
+        reasons = [
+            (node.name, *self.node_reason(position, pod))
+            for position, node in enumerate(self.snap.nodes)
+        ]
         result = plans.Unschedulable(
             pod.key,
             _summary(pod, reasons),

@@ -1,0 +1,133 @@
+"""Where desired layouts come from when no controller sends them: mig-parted configs.
+
+Admins who want static layouts already write nvidia-mig-parted config files and select one with
+the node label ``nvidia.com/mig.config`` (NVIDIA's mig-manager watches that label). This module
+turns a parsed config (:mod:`migpilot.mig.migparted`) and a config name, or the label, into a
+:class:`~migpilot.agent.reconciling.DesiredGpu` per GPU of this node.
+
+The entry for each GPU is chosen as mig-parted does (every entry whose device-filter and devices
+match applies in file order, so the last match wins; see ``migparted._entry_for``), per GPU, so
+nodes mixing GPU models work. A GPU that no entry matches is left out (mig-parted apply leaves it
+as it is). Unlike mig-parted, which destroys and recreates every instance of a GPU whose layout
+changes, the placement keeps the instances already there wherever the wanted multiset allows
+(in-use ones first), so applying the same config twice, or a config that differs by one instance,
+touches nothing else. No I/O: the caller reads the file and the labels.
+"""
+
+from __future__ import annotations
+
+import collections
+import difflib
+from collections.abc import Collection, Mapping, Sequence
+
+from migpilot import errors
+from migpilot.agent import reconciling
+from migpilot.gpu import backend
+from migpilot.mig import layouts, migparted, profiles
+
+CONFIG_LABEL = "nvidia.com/mig.config"
+"""The node label whose value names the mig-parted config to apply."""
+
+
+def config_name_from_labels(labels: Mapping[str, str]) -> str | None:
+    """The config named by the ``nvidia.com/mig.config`` label, or ``None`` without one."""
+    value = labels.get(CONFIG_LABEL, "").strip()
+    return value or None
+
+
+def from_labels(
+    config: migparted.ConfigFile,
+    labels: Mapping[str, str],
+    *,
+    gpus: Sequence[backend.GpuInfo],
+    current: Mapping[int, Sequence[backend.MigDevice]] | None = None,
+    in_use: Collection[str] = (),
+) -> dict[int, reconciling.DesiredGpu]:
+    """:func:`from_migparted` with the config the node label names (nothing without a label)."""
+    name = config_name_from_labels(labels)
+    if name is None:
+        return {}
+    return from_migparted(config, name, gpus=gpus, current=current, in_use=in_use)
+
+
+def from_migparted(
+    config: migparted.ConfigFile,
+    name: str,
+    *,
+    gpus: Sequence[backend.GpuInfo],
+    current: Mapping[int, Sequence[backend.MigDevice]] | None = None,
+    in_use: Collection[str] = (),
+) -> dict[int, reconciling.DesiredGpu]:
+    """The desired layout of each GPU under config ``name``.
+
+    ``current`` (the MIG devices there now) and ``in_use`` steer placement towards keeping
+    existing instances. Raises :class:`ConfigError` for an unknown config name or an entry
+    that cannot be placed on a GPU it matches.
+    """
+    entries = config.configs.get(name)
+    if entries is None:
+        close = difflib.get_close_matches(name, list(config.configs), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        known = ", ".join(config.configs)
+        raise errors.ConfigError(f"{config.source}: no config {name!r}{hint} (known: {known})")
+    out: dict[int, reconciling.DesiredGpu] = {}
+    for info in gpus:
+        if info.model is None:
+            continue
+        chosen: int | None = None
+        for i, entry in enumerate(entries):
+            if entry.matches(device_ids=info.model.pci_device_ids, index=info.index):
+                chosen = i
+        if chosen is None:
+            continue
+        entry = entries[chosen]
+        if not entry.mig_enabled:
+            out[info.index] = reconciling.DesiredGpu(mig_enabled=False)
+            continue
+        existing = (current or {}).get(info.index, ())
+        where = f"{config.source}: config {name!r} entry {chosen}"
+        try:
+            names = [
+                info.model.resolve_profile(t).name for t, n in entry.wanted() for _ in range(n)
+            ]
+            layout = place_keeping(info.model, names, existing=existing, in_use=in_use)
+        except (errors.UnknownProfileError, errors.LayoutError) as e:
+            raise errors.ConfigError(
+                f"{where} cannot be placed on GPU {info.index} ({info.model.id}): {e}"
+            ) from None
+        out[info.index] = reconciling.DesiredGpu(mig_enabled=True, layout=layout)
+    return out
+
+
+def place_keeping(
+    model: profiles.GpuModel,
+    names: Sequence[str],
+    *,
+    existing: Sequence[backend.MigDevice] = (),
+    in_use: Collection[str] = (),
+) -> layouts.Layout:
+    """Place the multiset ``names``, keeping as many existing instances where they are as fits.
+
+    Existing instances of a wanted profile are kept greedily, in-use ones first, then by start,
+    each only if the rest of the multiset still places beside those kept; the rest is placed by
+    :func:`layouts.place`. Raises :class:`LayoutError` when the multiset cannot be placed at all.
+    """
+    order = sorted(
+        {d.instance: d for d in existing}.values(),
+        key=lambda d: (d.uuid is None or d.uuid not in in_use, d.start, d.profile),
+    )
+    remaining = collections.Counter(names)
+    kept: list[layouts.Instance] = []
+    for dev in order:
+        inst = dev.instance
+        if remaining[inst.profile] <= 0:
+            continue
+        rest = remaining.copy()
+        rest[inst.profile] -= 1
+        fixed = frozenset([*kept, inst])
+        if layouts.violation(model, fixed) is not None:
+            continue
+        if layouts.pack(model, tuple(sorted(rest.elements())), fixed) is not None:
+            kept.append(inst)
+            remaining = rest
+    return layouts.place(model, list(remaining.elements()), fixed=kept)

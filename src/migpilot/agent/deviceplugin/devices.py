@@ -1,0 +1,184 @@
+"""The device plugin's view of a node, and the values it advertises.
+
+The agent builds a :class:`NodeDevices` from its GPU backend (NVML or emulated) and hands it to
+the device plugin and the label generator; neither talks to the GPUs itself. Everything here is
+a frozen value; the module imports only the MIG model.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from migpilot import errors
+from migpilot.mig import profiles
+
+RESOURCE_DOMAIN = "nvidia.com"
+"""The vendor domain of every resource name NVIDIA's plugin uses."""
+FULL_GPU_RESOURCE = "nvidia.com/gpu"
+"""Whole GPUs (every strategy), and MIG devices under the single strategy."""
+
+
+class MigStrategy(enum.StrEnum):
+    """How MIG devices are advertised (NVIDIA's ``--mig-strategy``)."""
+
+    NONE = "none"
+    """Whole GPUs as ``nvidia.com/gpu``, MIG devices ignored, even on MIG-enabled GPUs."""
+    SINGLE = "single"
+    """Every MIG device as ``nvidia.com/gpu``; all of one profile, no MIG-disabled GPUs."""
+    MIXED = "mixed"
+    """One ``nvidia.com/mig-<profile>`` resource per profile; MIG-disabled GPUs as whole GPUs."""
+
+    @staticmethod
+    def parse(text: str) -> MigStrategy:
+        """The strategy named ``text``; an :class:`AgentConfigError` naming the choices if none."""
+        try:
+            return MigStrategy(text.strip().lower())
+        except ValueError:
+            choices = ", ".join(s.value for s in MigStrategy)
+            raise errors.AgentConfigError(
+                f"unknown MIG strategy {text!r} (choose {choices})"
+            ) from None
+
+
+class DeviceListStrategy(enum.StrEnum):
+    """How Allocate tells the container runtime which devices a container gets."""
+
+    ENVVAR = "envvar"
+    """``NVIDIA_VISIBLE_DEVICES=<ids>`` for the NVIDIA container runtime (NVIDIA's default)."""
+    CDI_CRI = "cdi-cri"
+    """CDI device names in the CRI field of the response (``vendor/class=<id>``)."""
+
+    @staticmethod
+    def parse(text: str) -> DeviceListStrategy:
+        """``envvar``, ``cdi-cri`` or its short form ``cdi``; an error naming the choices."""
+        key = text.strip().lower()
+        if key == "cdi":
+            return DeviceListStrategy.CDI_CRI
+        try:
+            return DeviceListStrategy(key)
+        except ValueError:
+            raise errors.AgentConfigError(
+                f"unknown device-list strategy {text!r} (choose envvar, cdi-cri)"
+            ) from None
+
+
+class Health(enum.StrEnum):
+    """A device's health as the kubelet API spells it."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU as the backend reports it."""
+
+    index: int
+    """NVML device index."""
+    uuid: str
+    """``GPU-...``: the device ID when the whole GPU is advertised."""
+    model: profiles.GpuModel
+    """The catalog model (profiles, compute capability)."""
+    product_name: str
+    """The name NVML reports (``NVIDIA A100-SXM4-40GB``), used verbatim in labels."""
+    memory_mib: int
+    """Total memory in MiB as NVML reports it (``nvidia.com/gpu.memory``)."""
+    mig_enabled: bool
+    """Current MIG mode."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device: a GPU instance with its full compute instance."""
+
+    uuid: str
+    """``MIG-...``: the device ID the plugin advertises."""
+    gpu_index: int
+    profile: profiles.Profile
+    start: int
+    """Start memory slot of the GPU instance."""
+    gpu_instance_id: int
+    """NVML GPU-instance id (XID events name the instance by it)."""
+    compute_instance_id: int
+    """NVML compute-instance id inside the GPU instance."""
+    health: Health = Health.HEALTHY
+    """Health as the backend sees it; XID events can only make it worse."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDevices:
+    """Every GPU of a node and every MIG device on them."""
+
+    gpus: tuple[Gpu, ...]
+    mig_devices: tuple[MigDevice, ...] = ()
+
+    def __post_init__(self) -> None:
+        indexes = [g.index for g in self.gpus]
+        if len(set(indexes)) != len(indexes):
+            raise errors.AgentConfigError(f"GPU indexes listed twice: {sorted(indexes)}")
+        ids = [g.uuid for g in self.gpus] + [m.uuid for m in self.mig_devices]
+        if len(set(ids)) != len(ids):
+            raise errors.AgentConfigError("a GPU or MIG device UUID is listed twice")
+        known = set(indexes)
+        for m in self.mig_devices:
+            if m.gpu_index not in known:
+                raise errors.AgentConfigError(
+                    f"MIG device {m.uuid} is on unknown GPU {m.gpu_index}"
+                )
+
+    def gpu(self, index: int) -> Gpu:
+        """The GPU with this index."""
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        raise KeyError(index)
+
+    def mig_devices_on(self, index: int) -> tuple[MigDevice, ...]:
+        """The MIG devices of one GPU, by start slot."""
+        return tuple(sorted((m for m in self.mig_devices if m.gpu_index == index), key=_start))
+
+
+def _start(m: MigDevice) -> tuple[int, str]:
+    return (m.start, m.uuid)
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One advertised device: what ListAndWatch sends, plus where it lives."""
+
+    id: str
+    gpu_index: int
+    health: Health
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """One extended resource and its devices, in a stable order (GPU index, start slot)."""
+
+    name: str
+    """``nvidia.com/gpu`` or ``nvidia.com/mig-<profile>``."""
+    devices: tuple[Device, ...]
+
+    @property
+    def socket_name(self) -> str:
+        """The plugin's socket file name, as NVIDIA names it: ``nvidia-mig-1g.10gb.sock``."""
+        return socket_name(self.name)
+
+    def device(self, device_id: str) -> Device | None:
+        """The device with this ID, if advertised."""
+        for d in self.devices:
+            if d.id == device_id:
+                return d
+        return None
+
+
+def socket_name(resource_name: str) -> str:
+    """``nvidia.com/mig-1g.10gb`` -> ``nvidia-mig-1g.10gb.sock`` (NVIDIA's getPluginSocketPath)."""
+    _, _, name = resource_name.partition("/")
+    return f"nvidia-{name}.sock"
+
+
+def mig_resource_name(profile: profiles.Profile) -> str:
+    """A profile's mixed-strategy resource: ``nvidia.com/mig-1g.10gb.me`` for ``1g.10gb+me``."""
+    return f"{RESOURCE_DOMAIN}/{profile.resource_name}"

@@ -1,0 +1,121 @@
+"""The kubelet PodResources client: which of our devices the kubelet has given to pods.
+
+``List`` on the kubelet's pod-resources socket returns every container's devices per resource.
+:class:`KubeletInUse` turns that, together with the devices this plugin's Allocate handed out
+and the kubelet has not yet listed, into the set of in-use device UUIDs the reconciler must not
+destroy. When the kubelet cannot be asked, :class:`PodResourcesError` is raised: the caller
+must then treat every device as in use. With ``serving``, the only module that talks to the
+kubelet.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from migpilot.agent.deviceplugin import devices, serving
+from migpilot.agent.kubeletapi.podresources.v1 import api_pb2, api_pb2_grpc
+
+DEFAULT_SOCKET = pathlib.Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+
+
+class PodResourcesError(RuntimeError):
+    """The kubelet's PodResources API could not be asked (kubelet down, socket missing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDevices:
+    """The devices of one resource the kubelet assigned to one container."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource_name: str
+    device_ids: tuple[str, ...]
+
+
+def is_nvidia_resource(name: str) -> bool:
+    """True for the resources this plugin advertises (``nvidia.com/gpu``, ``nvidia.com/mig-*``)."""
+    return name == devices.FULL_GPU_RESOURCE or name.startswith(f"{devices.RESOURCE_DOMAIN}/mig-")
+
+
+class PodResourcesClient:
+    """A client of ``PodResourcesLister.List`` on a unix socket. Thread-safe."""
+
+    def __init__(self, socket_path: pathlib.Path = DEFAULT_SOCKET, *, timeout_s: float = 5.0):
+        self._target = f"unix://{socket_path}"
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._channel: Any = None
+
+    def list(self) -> tuple[ContainerDevices, ...]:
+        """Every container's devices, as the kubelet lists them now."""
+        with self._lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(self._target)
+            channel = self._channel
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        try:
+            response = stub.List(
+                api_pb2.ListPodResourcesRequest(), timeout=self._timeout_s, wait_for_ready=True
+            )
+        except grpc.RpcError as err:
+            # A fresh channel next time: a restarted kubelet is a new socket.
+            self.close()
+            raise PodResourcesError(
+                f"kubelet PodResources List on {self._target} failed: {err.code().name}"
+            ) from err
+        return tuple(
+            ContainerDevices(
+                namespace=pod.namespace,
+                pod=pod.name,
+                container=container.name,
+                resource_name=dev.resource_name,
+                device_ids=tuple(dev.device_ids),
+            )
+            for pod in response.pod_resources
+            for container in pod.containers
+            for dev in container.devices
+        )
+
+    def allocated_device_ids(
+        self, *, resource_filter: Callable[[str], bool] = is_nvidia_resource
+    ) -> frozenset[str]:
+        """The IDs of devices of the matching resources that the kubelet assigned to pods."""
+        return frozenset(
+            device_id
+            for entry in self.list()
+            if resource_filter(entry.resource_name)
+            for device_id in entry.device_ids
+        )
+
+    def close(self) -> None:
+        """Close the channel (a later call opens a new one)."""
+        with self._lock:
+            channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
+
+
+class KubeletInUse:
+    """In-use devices: what the kubelet assigned, plus what Allocate handed out and it has not
+    listed yet (the reconciler's ``InUse`` source for the kubelet)."""
+
+    def __init__(
+        self, client: PodResourcesClient, plugin: serving.DevicePlugin | None = None
+    ) -> None:
+        self._client = client
+        self._plugin = plugin
+
+    def in_use(self) -> frozenset[str]:
+        """The current set of in-use device UUIDs; :class:`PodResourcesError` if unknown."""
+        listed = self._client.allocated_device_ids()
+        if self._plugin is None:
+            return listed
+        self._plugin.observe_kubelet(listed)
+        return listed | self._plugin.handed_out()

@@ -1,0 +1,393 @@
+"""The device plugin's gRPC shell: one server per resource, registration, kubelet restarts.
+
+Each advertised resource gets its own ``DevicePlugin`` gRPC server on a unix socket in the
+kubelet's device-plugin folder (``nvidia-<name>.sock``, NVIDIA's names) and registers with the
+kubelet's ``Registration`` service on ``kubelet.sock``. :meth:`DevicePlugin.update` takes a new
+view of the node: open ListAndWatch streams get the new list at once; a resource that lost its
+last device keeps its server and advertises zero devices; a new resource gets a new server that
+registers on its own, the others untouched. A watcher notices when ``kubelet.sock`` is
+recreated (the kubelet restarted): servers whose socket the kubelet removed are started again,
+and every resource registers again.
+
+The servicer only decodes, calls the sans-IO core (``advertising``, ``allocating``,
+``health``, ``allocations``) and encodes. This module and ``podresources`` are the only ones that
+speak to the kubelet.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import pathlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from migpilot.agent.deviceplugin import advertising, allocating, allocations, devices, health
+from migpilot.agent.kubeletapi.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+API_VERSION = "v1beta1"
+"""The device-plugin API version the kubelet must support."""
+KUBELET_SOCKET = "kubelet.sock"
+DEFAULT_PLUGIN_DIR = pathlib.Path("/var/lib/kubelet/device-plugins")
+
+_log = logging.getLogger(__name__)
+
+SocketIdentity = tuple[int, int, int]
+"""(device, inode, ctime ns) of a socket file: changes when the file is recreated."""
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSettings:
+    """Settings of the device plugin."""
+
+    plugin_dir: pathlib.Path = DEFAULT_PLUGIN_DIR
+    """The kubelet's device-plugin folder (default ``/var/lib/kubelet/device-plugins``)."""
+    strategy: devices.MigStrategy = devices.MigStrategy.MIXED
+    """How MIG devices are advertised (default ``mixed``)."""
+    allocate: allocating.AllocateSettings = field(default_factory=allocating.AllocateSettings)
+    """How Allocate names devices (default: ``NVIDIA_VISIBLE_DEVICES``)."""
+    xids: health.XidPolicy = field(default_factory=health.XidPolicy)
+    """Which XIDs make a device Unhealthy (default: all but NVIDIA's ignored list)."""
+    kubelet_poll_s: float = 0.5
+    """How often ``kubelet.sock`` is checked for a kubelet restart, in seconds (default 0.5)."""
+    rpc_timeout_s: float = 5.0
+    """Timeout of each call to the kubelet, in seconds (default 5)."""
+    allocation_grace_s: float = 300.0
+    """How long an allocated device the kubelet never lists stays held, s (default 300)."""
+
+    @property
+    def kubelet_socket(self) -> pathlib.Path:
+        """The kubelet's registration socket."""
+        return self.plugin_dir / KUBELET_SOCKET
+
+
+def socket_identity(path: pathlib.Path) -> SocketIdentity | None:
+    """The identity of the file at ``path``, or None when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def _encode_devices(resource: devices.Resource) -> Any:
+    return api_pb2.ListAndWatchResponse(
+        devices=[api_pb2.Device(ID=d.id, health=d.health.value) for d in resource.devices]
+    )
+
+
+class _ResourceServer:
+    """One resource's gRPC server and the list its ListAndWatch streams send."""
+
+    def __init__(self, resource: devices.Resource, plugin: DevicePlugin) -> None:
+        self.name = resource.name
+        self.socket_path = plugin.settings.plugin_dir / resource.socket_name
+        self._plugin = plugin
+        self._cond = threading.Condition()
+        self._resource = resource
+        self._generation = 0
+        self._epoch = 0
+        self._server: Any = None
+        self._identity: SocketIdentity | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Serve on a fresh socket file."""
+        self.socket_path.unlink(missing_ok=True)
+        server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8))
+        api_pb2_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        server.start()
+        with self._cond:
+            self._server = server
+        self._identity = socket_identity(self.socket_path)
+        _log.info("serving %s on %s", self.name, self.socket_path)
+
+    def stop(self) -> None:
+        """Stop serving: end open streams, remove the socket file if it is still ours."""
+        with self._cond:
+            server, self._server = self._server, None
+            self._epoch += 1
+            self._cond.notify_all()
+        if server is not None:
+            server.stop(grace=None).wait()
+        if self._identity is not None and socket_identity(self.socket_path) == self._identity:
+            self.socket_path.unlink(missing_ok=True)
+        self._identity = None
+
+    def socket_intact(self) -> bool:
+        """True while the socket file is the one this server listens on."""
+        return self._identity is not None and socket_identity(self.socket_path) == self._identity
+
+    # -- the advertised list -----------------------------------------------------------------
+    def publish(self, resource: devices.Resource) -> None:
+        """Advertise this list; open streams send it at once if it changed."""
+        with self._cond:
+            if resource != self._resource:
+                self._resource = resource
+                self._generation += 1
+                self._cond.notify_all()
+
+    def resource(self) -> devices.Resource:
+        """The list advertised now."""
+        with self._cond:
+            return self._resource
+
+    def watch(self, context: Any) -> Iterator[Any]:
+        """The ListAndWatch stream: the list now, then each new list until the RPC ends."""
+        with self._cond:
+            epoch, generation, resource = self._epoch, self._generation, self._resource
+
+        def wake() -> None:
+            with self._cond:
+                self._cond.notify_all()
+
+        context.add_callback(wake)
+        yield _encode_devices(resource)
+        while True:
+            with self._cond:
+                while (
+                    generation == self._generation and epoch == self._epoch and context.is_active()
+                ):
+                    self._cond.wait(timeout=1.0)
+                if epoch != self._epoch or not context.is_active():
+                    return
+                generation, resource = self._generation, self._resource
+            yield _encode_devices(resource)
+
+    def allocate(self, request: Any, context: Any) -> Any:
+        resource = self.resource()
+        settings = self._plugin.settings.allocate
+        answers = []
+        try:
+            for req in request.container_requests:
+                answers.append(
+                    allocating.container_allocation(resource, list(req.devices_ids), settings)
+                )
+        except allocating.AllocationError as err:
+            _log.warning("Allocate refused: %s", err)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        self._plugin.record_allocated(
+            [i for req in request.container_requests for i in req.devices_ids]
+        )
+        return api_pb2.AllocateResponse(
+            container_responses=[
+                api_pb2.ContainerAllocateResponse(
+                    envs=dict(a.envs),
+                    cdi_devices=[api_pb2.CDIDevice(name=n) for n in a.cdi_devices],
+                )
+                for a in answers
+            ]
+        )
+
+    def preferred(self, request: Any, context: Any) -> Any:
+        resource = self.resource()
+        responses = []
+        try:
+            for req in request.container_requests:
+                ids = allocating.preferred_allocation(
+                    resource,
+                    available=list(req.available_deviceIDs),
+                    must_include=list(req.must_include_deviceIDs),
+                    size=req.allocation_size,
+                )
+                responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        except allocating.AllocationError as err:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"error getting list of preferred allocation devices: {err}",
+            )
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+
+class _Servicer:
+    """The generated servicer interface, delegating to the resource server."""
+
+    def __init__(self, server: _ResourceServer) -> None:
+        self._server = server
+
+    def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:  # noqa: N802
+        return self._server.watch(context)
+
+    def GetPreferredAllocation(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return self._server.preferred(request, context)
+
+    def Allocate(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return self._server.allocate(request, context)
+
+    def PreStartContainer(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return api_pb2.PreStartContainerResponse()
+
+
+class DevicePlugin:
+    """The node's device plugin: every resource's server, registration and health.
+
+    Thread-safe. ``start`` serves and registers the resources of the first view and starts
+    the kubelet watcher; ``update`` applies a new view; ``report_xid`` applies a health event;
+    ``stop`` ends everything. A view that breaks the single strategy's invariants raises
+    :class:`advertising.InvalidMigConfigurationError` and changes nothing that is advertised.
+    """
+
+    def __init__(
+        self, settings: PluginSettings, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._servers: dict[str, _ResourceServer] = {}
+        self._registered: dict[str, SocketIdentity] = {}
+        self._node = devices.NodeDevices(gpus=())
+        self._unhealthy: set[str] = set()
+        self._ledger = allocations.AllocationLedger(grace_s=settings.allocation_grace_s)
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    # -- the agent's side --------------------------------------------------------------------
+    def start(self, node: devices.NodeDevices) -> None:
+        """Serve and register the resources of ``node``; watch for kubelet restarts."""
+        with self._lock:
+            if self._watcher is not None:
+                raise RuntimeError("device plugin already started")
+            self._apply(node)
+            self._stopping.clear()
+            self._watcher = threading.Thread(
+                target=self._watch_kubelet, name="migpilot-kubelet-watch", daemon=True
+            )
+            self._watcher.start()
+
+    def update(self, node: devices.NodeDevices) -> None:
+        """Advertise a new view of the node (devices appeared, disappeared or changed)."""
+        with self._lock:
+            self._apply(node)
+
+    def report_xid(self, event: health.XidEvent) -> frozenset[str]:
+        """Apply an XID event; return the device IDs it made Unhealthy (for good)."""
+        with self._lock:
+            hit = health.affected_devices(
+                event, self._node, strategy=self.settings.strategy, policy=self.settings.xids
+            )
+            if hit - self._unhealthy:
+                _log.warning("XID %d: marking %s Unhealthy", event.xid, ", ".join(sorted(hit)))
+                self._unhealthy |= hit
+                self._apply(self._node)
+            return hit
+
+    def stop(self) -> None:
+        """Stop the watcher and every server; sockets are removed."""
+        self._stopping.set()
+        watcher = self._watcher
+        if watcher is not None:
+            watcher.join()
+        with self._lock:
+            self._watcher = None
+            for server in self._servers.values():
+                server.stop()
+            self._servers.clear()
+            self._registered.clear()
+
+    # -- what others read --------------------------------------------------------------------
+    def advertised(self) -> dict[str, tuple[devices.Device, ...]]:
+        """Every served resource and the devices it advertises now (possibly none)."""
+        with self._lock:
+            return {name: s.resource().devices for name, s in sorted(self._servers.items())}
+
+    def registered(self) -> frozenset[str]:
+        """Resources registered with the kubelet now running."""
+        with self._lock:
+            return frozenset(self._registered)
+
+    def handed_out(self) -> frozenset[str]:
+        """Devices Allocate handed out that the kubelet has not shown released: in use."""
+        return self._ledger.held(now=self._clock())
+
+    def observe_kubelet(self, allocated: frozenset[str]) -> None:
+        """Tell the ledger what the kubelet's PodResources lists as allocated now."""
+        self._ledger.observe_kubelet(allocated, now=self._clock())
+
+    def record_allocated(self, device_ids: list[str]) -> None:
+        """Allocate handed these devices out (called by the servers)."""
+        self._ledger.record(device_ids, now=self._clock())
+
+    # -- internals ---------------------------------------------------------------------------
+    def _apply(self, node: devices.NodeDevices) -> None:
+        resources = advertising.resources_for(
+            node, self.settings.strategy, unhealthy=self._unhealthy
+        )
+        gone = {d.id for r in self._advertised_now() for d in r.devices} - {
+            d.id for r in resources for d in r.devices
+        }
+        self._ledger.forget(gone)
+        self._node = node
+        wanted = {r.name: r for r in resources}
+        for name, served in self._servers.items():
+            if name not in wanted:
+                served.publish(devices.Resource(name, ()))
+        for name, resource in wanted.items():
+            existing = self._servers.get(name)
+            if existing is not None:
+                existing.publish(resource)
+                continue
+            server = _ResourceServer(resource, self)
+            server.start()
+            self._servers[name] = server
+            self._register(server)
+
+    def _advertised_now(self) -> list[devices.Resource]:
+        return [s.resource() for s in self._servers.values()]
+
+    def _register(self, server: _ResourceServer) -> bool:
+        kubelet = self.settings.kubelet_socket
+        identity = socket_identity(kubelet)
+        if identity is None:
+            _log.info(
+                "kubelet socket %s absent; %s registers when it appears", kubelet, server.name
+            )
+            return False
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION,
+            endpoint=server.socket_path.name,
+            resource_name=server.name,
+            options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
+        )
+        timeout = self.settings.rpc_timeout_s
+        try:
+            with grpc.insecure_channel(f"unix://{kubelet}") as channel:
+                grpc.channel_ready_future(channel).result(timeout=timeout)
+                api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=timeout)
+        except (grpc.RpcError, grpc.FutureTimeoutError) as err:
+            _log.warning("registering %s with the kubelet failed: %s", server.name, err)
+            self._registered.pop(server.name, None)
+            return False
+        self._registered[server.name] = identity
+        _log.info("registered %s with the kubelet", server.name)
+        return True
+
+    def _watch_kubelet(self) -> None:
+        while not self._stopping.wait(self.settings.kubelet_poll_s):
+            self.check_kubelet()
+
+    def check_kubelet(self) -> None:
+        """Re-register every resource if ``kubelet.sock`` was recreated (the watcher's step)."""
+        identity = socket_identity(self.settings.kubelet_socket)
+        if identity is None:
+            return
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            for name, server in self._servers.items():
+                if self._registered.get(name) == identity:
+                    continue
+                if not server.socket_intact():
+                    _log.info("socket of %s was removed; serving it again", name)
+                    server.stop()
+                    server.start()
+                self._register(server)

@@ -1,0 +1,157 @@
+"""The GPU backend interface: what the node agent asks of a GPU driver, and the values it gets.
+
+The agent needs a handful of driver operations: list the GPUs and their MIG mode, list the MIG
+devices of a GPU with their placements and UUIDs, create a GPU instance at an exact placement
+together with its full compute instance, destroy one, list the processes running on a MIG
+device, and wait for XID error events. :class:`GpuBackend` is that interface; ``nvml`` implements
+it over NVIDIA's official bindings and ``emulated`` in process. Every failure is a
+:class:`BackendError` carrying an :class:`ErrorKind` (the driver's answer, mapped) and the
+backend's own message, so callers decide on kinds, never on message text.
+
+Types only: this module imports the MIG model and :mod:`migpilot.errors`, no driver bindings.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+from migpilot import errors
+from migpilot.mig import layouts, profiles
+
+
+class ErrorKind(enum.StrEnum):
+    """Why a backend operation failed, in the driver's terms."""
+
+    INSUFFICIENT_RESOURCES = "insufficient resources"
+    """The placement overlaps an instance or the GPU is full (NVML_ERROR_INSUFFICIENT_RESOURCES)."""
+    IN_USE = "in use"
+    """Processes run on the instance, or compute instances remain (NVML_ERROR_IN_USE)."""
+    NOT_FOUND = "not found"
+    """No such GPU, GPU instance or MIG device (NVML_ERROR_NOT_FOUND)."""
+    NOT_SUPPORTED = "not supported"
+    """The GPU or driver cannot do this, e.g. MIG mode is off (NVML_ERROR_NOT_SUPPORTED)."""
+    INVALID_ARGUMENT = "invalid argument"
+    """A placement the profile does not allow, or a bad id (NVML_ERROR_INVALID_ARGUMENT)."""
+    UNKNOWN = "unknown"
+    """Anything else the driver reported."""
+
+
+class BackendError(errors.MigpilotError):
+    """A GPU backend operation failed; ``kind`` says how, ``message`` is the backend's text."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(f"{message} ({kind.value})")
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class MigMode:
+    """A GPU's MIG mode now and after the next GPU reset."""
+
+    current: bool
+    pending: bool
+
+    @property
+    def reset_pending(self) -> bool:
+        """True when a mode change waits for a GPU reset."""
+        return self.current != self.pending
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One physical GPU as the driver reports it."""
+
+    index: int
+    uuid: str
+    """``GPU-...``."""
+    product_name: str
+    """What ``nvmlDeviceGetName`` reports (``NVIDIA H100 80GB HBM3``)."""
+    model: profiles.GpuModel | None
+    """The catalog model, or ``None`` for a GPU the catalog does not know."""
+    memory_mib: int
+    mig: MigMode | None
+    """``None`` for a GPU that is not MIG-capable."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One GPU instance and, when it has one, its full compute instance (the MIG device)."""
+
+    gpu: int
+    """Index of the parent GPU."""
+    gi_id: int
+    """GPU-instance id (unique on its GPU)."""
+    ci_id: int | None
+    """Compute-instance id, ``None`` for a GPU instance without one (left by a crash)."""
+    profile: str
+    """Canonical catalog profile name."""
+    start: int
+    """Start memory slot of the placement."""
+    uuid: str | None
+    """``MIG-...``, the device id kubelet sees; ``None`` without a compute instance."""
+
+    @property
+    def instance(self) -> layouts.Instance:
+        """The instance as the MIG model names it."""
+        return layouts.Instance(self.start, self.profile)
+
+    @property
+    def complete(self) -> bool:
+        """True when the GPU instance has its compute instance (a usable MIG device)."""
+        return self.ci_id is not None
+
+    def __str__(self) -> str:
+        return f"{self.profile}@{self.start}"
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """An XID critical-error event."""
+
+    gpu: int
+    gpu_uuid: str
+    xid: int
+    gi_id: int | None
+    """GPU instance the error is confined to, ``None`` when it concerns the whole GPU."""
+    ci_id: int | None
+    mig_uuid: str | None
+    """The affected MIG device, when the event names one that exists."""
+
+
+class GpuBackend(Protocol):
+    """The driver operations the node agent uses. Implementations raise :class:`BackendError`."""
+
+    def gpus(self) -> tuple[GpuInfo, ...]:
+        """Every GPU, by index."""
+        ...
+
+    def mig_devices(self, gpu: int) -> tuple[MigDevice, ...]:
+        """The GPU instances of one GPU, with their compute instances, by start slot."""
+        ...
+
+    def create_instance(self, gpu: int, *, profile: str, start: int) -> MigDevice:
+        """Create a GPU instance of ``profile`` at ``start`` and its full compute instance."""
+        ...
+
+    def create_compute_instance(self, gpu: int, gi_id: int) -> MigDevice:
+        """Give an existing GPU instance without one its full compute instance."""
+        ...
+
+    def destroy_instance(self, gpu: int, gi_id: int) -> None:
+        """Destroy a GPU instance: its compute instances first, then the GPU instance."""
+        ...
+
+    def running_processes(self, gpu: int, uuid: str) -> tuple[int, ...]:
+        """PIDs of the compute processes running on MIG device ``uuid``."""
+        ...
+
+    def wait_xid(self, timeout_s: float) -> XidEvent | None:
+        """The next XID critical-error event, or ``None`` after ``timeout_s`` without one."""
+        ...
+
+    def close(self) -> None:
+        """Release driver resources; the backend is unusable afterwards."""
+        ...

@@ -1,0 +1,591 @@
+"""Emulated GPUs: N GPUs of any catalog model, in process, with the driver's MIG semantics.
+
+Tests, the demo and the simulator need GPUs that behave like the driver without one: a
+placement that overlaps an instance fails with ``Insufficient Resources``, only the placements
+the catalog allows are accepted (checked with :mod:`migpilot.mig.layouts`), destroying an
+instance with processes fails with ``In Use``, a GPU instance exists without its compute
+instance between the two driver calls that create it, and every operation takes time on an
+injected :class:`~migpilot.gpu.clocks.Clock`. Faults are injected on demand: the Nth call of a
+driver step fails with a chosen kind, or a :class:`SimulatedCrash` stands for the agent process
+dying just before or just after that step took effect.
+
+The state lives in a JSON file rewritten atomically (temp file, fsync, rename) after every
+change, so a new :class:`EmulatedBackend` on the same file sees the same instances, as hardware
+survives an agent restart. UUIDs derive from a seed, the GPU index, the instance ids and a
+creation counter: runs are reproducible and a re-created device never reuses a UUID.
+
+The driver steps (:meth:`EmulatedBackend.create_gpu_instance` and friends) are public because
+the NVML stand-in (:mod:`migpilot.gpu.nvml_standin`) maps NVML's calls onto them one to one.
+A shell module: file I/O and threading only; no driver bindings.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypedDict, cast
+
+from migpilot import errors
+from migpilot.gpu import backend, clocks
+from migpilot.mig import catalog, layouts, profiles
+
+STATE_VERSION = 1
+MAX_GPUS = 64
+
+
+class Step(enum.StrEnum):
+    """The driver calls that change state, where faults can be injected."""
+
+    CREATE_GPU_INSTANCE = "create-gpu-instance"
+    CREATE_COMPUTE_INSTANCE = "create-compute-instance"
+    DESTROY_COMPUTE_INSTANCE = "destroy-compute-instance"
+    DESTROY_GPU_INSTANCE = "destroy-gpu-instance"
+
+
+class FaultEffect(enum.Enum):
+    """What an injected fault does when its call comes."""
+
+    FAIL = "fail"
+    """The call raises :class:`~migpilot.gpu.backend.BackendError`; nothing changes."""
+    CRASH_BEFORE = "crash-before"
+    """:class:`SimulatedCrash` before the step takes effect."""
+    CRASH_AFTER = "crash-after"
+    """:class:`SimulatedCrash` after the step took effect and was saved, before it returns."""
+
+
+class SimulatedCrash(Exception):  # noqa: N818 - it is not an error of the caller's making
+    """The agent process "died" here; the test drops the backend and starts a new one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """Make the ``nth`` call (1-based, counted from injection) of ``step`` misbehave.
+
+    ``step=None`` counts every state-changing step, so "crash after the 5th change" is one fault.
+    """
+
+    step: Step | None
+    nth: int
+    effect: FaultEffect
+    kind: backend.ErrorKind = backend.ErrorKind.UNKNOWN
+    """For :attr:`FaultEffect.FAIL`: the kind of the error raised."""
+
+
+@dataclass(frozen=True, slots=True)
+class OperationTimes:
+    """How long each driver step takes, in seconds (defaults after A100 measurements)."""
+
+    create_gpu_instance_s: float = 0.05
+    """Creating a GPU instance; default 0.05 s."""
+    create_compute_instance_s: float = 0.03
+    """Creating its compute instance; default 0.03 s."""
+    destroy_compute_instance_s: float = 0.04
+    """Destroying a compute instance; default 0.04 s."""
+    destroy_gpu_instance_s: float = 0.1
+    """Destroying a GPU instance; default 0.1 s."""
+
+    def of(self, step: Step) -> float:
+        """The time ``step`` takes."""
+        return {
+            Step.CREATE_GPU_INSTANCE: self.create_gpu_instance_s,
+            Step.CREATE_COMPUTE_INSTANCE: self.create_compute_instance_s,
+            Step.DESTROY_COMPUTE_INSTANCE: self.destroy_compute_instance_s,
+            Step.DESTROY_GPU_INSTANCE: self.destroy_gpu_instance_s,
+        }[step]
+
+
+INSTANT = OperationTimes(0.0, 0.0, 0.0, 0.0)
+"""Operations that take no time."""
+
+
+# --- the state file ----------------------------------------------------------------------------
+
+
+class InstanceState(TypedDict):
+    """One GPU instance in the state file."""
+
+    gi: int
+    profile: str
+    start: int
+    ci: int | None
+    uuid: str | None
+    processes: list[int]
+
+
+class GpuState(TypedDict):
+    """One GPU in the state file."""
+
+    index: int
+    model: str
+    uuid: str
+    mig_current: bool
+    mig_pending: bool
+    created: int
+    """How many compute instances were ever created on this GPU (for fresh UUIDs)."""
+    instances: list[InstanceState]
+
+
+class StateFile(TypedDict):
+    """The whole state file (``version: 1``)."""
+
+    version: int
+    seed: int
+    gpus: list[GpuState]
+
+
+def _uuid(prefix: str, text: str) -> str:
+    h = hashlib.sha256(text.encode()).hexdigest()
+    return f"{prefix}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _write_atomically(path: Path, text: str, *, durable: bool) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if not durable:
+        return
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _fresh_state(models: Sequence[profiles.GpuModel], *, seed: int, mig: bool) -> StateFile:
+    return StateFile(
+        version=STATE_VERSION,
+        seed=seed,
+        gpus=[
+            GpuState(
+                index=i,
+                model=m.id,
+                uuid=_uuid("GPU", f"migpilot-emulated:{seed}:gpu:{i}"),
+                mig_current=mig,
+                mig_pending=mig,
+                created=0,
+                instances=[],
+            )
+            for i, m in enumerate(models)
+        ],
+    )
+
+
+def _load_state(path: Path) -> StateFile:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise errors.AgentConfigError(f"emulated GPU state {path}: cannot read: {e}") from None
+    if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+        raise errors.AgentConfigError(
+            f"emulated GPU state {path}: not a version {STATE_VERSION} state file"
+        )
+    return cast(StateFile, data)
+
+
+# --- the backend -------------------------------------------------------------------------------
+
+
+class EmulatedBackend:
+    """GPUs emulated in process, with NVML's semantics; a :class:`~backend.GpuBackend`.
+
+    With ``state_path`` the state is read from that file when it exists (``models`` must then
+    match it, or be empty to take the file's) and written back after every change. ``durable``
+    (default true) fsyncs each write and its directory, so the file survives a power loss too;
+    a process crash needs only the atomic rename, and tests that crash thousands of times turn
+    the fsyncs off.
+    """
+
+    def __init__(
+        self,
+        models: Sequence[profiles.GpuModel] = (),
+        *,
+        state_path: Path | None = None,
+        seed: int = 0,
+        clock: clocks.Clock | None = None,
+        times: OperationTimes = INSTANT,
+        mig_enabled: bool = True,
+        durable: bool = True,
+    ) -> None:
+        self._path = state_path
+        self._durable = durable
+        self._clock: clocks.Clock = clock if clock is not None else clocks.VirtualClock()
+        self._times = times
+        self._lock = threading.RLock()
+        self._events: collections.deque[backend.XidEvent] = collections.deque()
+        self._event_ready = threading.Condition(self._lock)
+        self._faults: list[tuple[Fault, list[int]]] = []
+        if state_path is not None and state_path.exists():
+            self._state = _load_state(state_path)
+            have = [g["model"] for g in self._state["gpus"]]
+            if models and [m.id for m in models] != have:
+                raise errors.AgentConfigError(
+                    f"emulated GPU state {state_path} holds {', '.join(have) or 'no GPUs'}, "
+                    f"not {', '.join(m.id for m in models)}"
+                )
+        else:
+            if not models:
+                raise errors.AgentConfigError("an emulated backend needs at least one GPU")
+            self._state = _fresh_state(models, seed=seed, mig=mig_enabled)
+            self._save()
+        self._models = tuple(catalog.resolve_gpu(g["model"]) for g in self._state["gpus"])
+
+    # --- test hooks ----------------------------------------------------------------------------
+
+    def inject(self, fault: Fault) -> None:
+        """Arm a fault; it fires once, on the ``nth`` matching call from now."""
+        if fault.nth < 1:
+            raise ValueError(f"fault nth must be 1 or more, got {fault.nth}")
+        with self._lock:
+            self._faults.append((fault, [0]))
+
+    def attach_process(self, uuid: str, pid: int) -> None:
+        """A process starts on MIG device ``uuid`` (persisted, as it outlives the agent)."""
+        with self._lock:
+            inst = self._by_uuid(uuid)
+            if pid not in inst["processes"]:
+                inst["processes"].append(pid)
+                self._save()
+
+    def detach_process(self, uuid: str, pid: int) -> None:
+        """A process on MIG device ``uuid`` exits."""
+        with self._lock:
+            inst = self._by_uuid(uuid)
+            if pid in inst["processes"]:
+                inst["processes"].remove(pid)
+                self._save()
+
+    def emit_xid(
+        self, gpu: int, xid: int, *, gi_id: int | None = None, ci_id: int | None = None
+    ) -> None:
+        """Queue an XID critical-error event, as the driver would raise it."""
+        with self._lock:
+            g = self._gpu(gpu)
+            mig_uuid = None
+            for inst in g["instances"]:
+                if inst["gi"] == gi_id and (ci_id is None or inst["ci"] == ci_id):
+                    mig_uuid = inst["uuid"]
+            self._events.append(backend.XidEvent(gpu, g["uuid"], xid, gi_id, ci_id, mig_uuid))
+            self._event_ready.notify_all()
+
+    def set_mig_mode(self, gpu: int, *, enabled: bool) -> None:
+        """Request a MIG mode change; it takes effect at :meth:`reset_gpu`."""
+        with self._lock:
+            self._gpu(gpu)["mig_pending"] = enabled
+            self._save()
+
+    def reset_gpu(self, gpu: int) -> None:
+        """Reset a GPU: the pending MIG mode becomes current; disabling MIG removes instances."""
+        with self._lock:
+            g = self._gpu(gpu)
+            if any(inst["processes"] for inst in g["instances"]):
+                raise backend.BackendError(
+                    backend.ErrorKind.IN_USE, f"GPU {gpu} has processes; cannot reset it"
+                )
+            g["mig_current"] = g["mig_pending"]
+            if not g["mig_current"]:
+                g["instances"] = []
+            self._save()
+
+    # --- the GpuBackend protocol ---------------------------------------------------------------
+
+    def gpus(self) -> tuple[backend.GpuInfo, ...]:
+        """Every emulated GPU."""
+        with self._lock:
+            return tuple(
+                backend.GpuInfo(
+                    index=g["index"],
+                    uuid=g["uuid"],
+                    product_name=m.product_names[0],
+                    model=m,
+                    memory_mib=_total_memory_mib(m),
+                    mig=backend.MigMode(g["mig_current"], g["mig_pending"]),
+                )
+                for g, m in zip(self._state["gpus"], self._models, strict=True)
+            )
+
+    def model(self, gpu: int) -> profiles.GpuModel:
+        """The catalog model of GPU ``gpu``."""
+        self._gpu(gpu)
+        return self._models[gpu]
+
+    def mig_devices(self, gpu: int) -> tuple[backend.MigDevice, ...]:
+        """The GPU instances of one GPU by start slot, with their compute instances."""
+        with self._lock:
+            g = self._gpu(gpu)
+            return tuple(
+                sorted(
+                    (self._device(gpu, inst) for inst in g["instances"]),
+                    key=lambda d: (d.start, d.gi_id),
+                )
+            )
+
+    def create_instance(self, gpu: int, *, profile: str, start: int) -> backend.MigDevice:
+        """Create a GPU instance and its full compute instance (two driver steps)."""
+        gi = self.create_gpu_instance(gpu, profile=profile, start=start)
+        return self.create_compute_instance(gpu, gi)
+
+    def destroy_instance(self, gpu: int, gi_id: int) -> None:
+        """Destroy a GPU instance's compute instance, then the GPU instance (two driver steps)."""
+        with self._lock:
+            has_ci = self._instance(gpu, gi_id)["ci"] is not None
+        if has_ci:
+            self.destroy_compute_instance(gpu, gi_id)
+        self.destroy_gpu_instance(gpu, gi_id)
+
+    def running_processes(self, gpu: int, uuid: str) -> tuple[int, ...]:
+        """PIDs attached to MIG device ``uuid`` on GPU ``gpu``."""
+        with self._lock:
+            for inst in self._gpu(gpu)["instances"]:
+                if inst["uuid"] == uuid:
+                    return tuple(inst["processes"])
+        raise backend.BackendError(
+            backend.ErrorKind.NOT_FOUND, f"GPU {gpu} has no MIG device {uuid}"
+        )
+
+    def wait_xid(self, timeout_s: float) -> backend.XidEvent | None:
+        """The next queued XID event; waits up to ``timeout_s`` (real time) for one."""
+        with self._event_ready:
+            if not self._events and timeout_s > 0:
+                self._event_ready.wait(timeout_s)
+            return self._events.popleft() if self._events else None
+
+    def close(self) -> None:
+        """Nothing to release: the state is saved after every change."""
+
+    # --- driver steps (one NVML call each) -----------------------------------------------------
+
+    def create_gpu_instance(self, gpu: int, *, profile: str, start: int) -> int:
+        """``nvmlDeviceCreateGpuInstanceWithPlacement``: a GPU instance without compute instance.
+
+        Returns its GPU-instance id (the lowest free one).
+        """
+        with self._lock:
+            g = self._gpu(gpu)
+            model = self._models[gpu]
+            self._require_mig(gpu, g)
+            geo = layouts.geometry(model)
+            inst = layouts.Instance(start, profile)
+            try:
+                geo.placement(inst)
+            except errors.UnknownProfileError as e:
+                raise backend.BackendError(backend.ErrorKind.NOT_SUPPORTED, str(e)) from None
+            except errors.LayoutError as e:
+                raise backend.BackendError(backend.ErrorKind.INVALID_ARGUMENT, str(e)) from None
+            existing = [layouts.Instance(i["start"], i["profile"]) for i in g["instances"]]
+            reason = layouts.violation(model, [*existing, inst])
+            if reason is not None:
+                raise backend.BackendError(
+                    backend.ErrorKind.INSUFFICIENT_RESOURCES,
+                    f"cannot create {inst} on GPU {gpu}: {reason}",
+                )
+            used = {i["gi"] for i in g["instances"]}
+            gi = next(n for n in range(1, 2 * model.max_gpu_instances + 2) if n not in used)
+
+            def apply() -> None:
+                g["instances"].append(
+                    InstanceState(
+                        gi=gi, profile=profile, start=start, ci=None, uuid=None, processes=[]
+                    )
+                )
+
+            self._step(Step.CREATE_GPU_INSTANCE, apply)
+            return gi
+
+    def create_compute_instance(self, gpu: int, gi_id: int) -> backend.MigDevice:
+        """``nvmlGpuInstanceCreateComputeInstance`` with the full profile: the MIG device."""
+        with self._lock:
+            g = self._gpu(gpu)
+            inst = self._instance(gpu, gi_id)
+            if inst["ci"] is not None:
+                raise backend.BackendError(
+                    backend.ErrorKind.INSUFFICIENT_RESOURCES,
+                    f"GPU instance {gi_id} on GPU {gpu} already has its compute instance",
+                )
+
+            def apply() -> None:
+                g["created"] += 1
+                inst["ci"] = 0
+                inst["uuid"] = _uuid(
+                    "MIG",
+                    f"migpilot-emulated:{self._state['seed']}:gpu:{gpu}:gi:{gi_id}:ci:0:"
+                    f"n:{g['created']}",
+                )
+
+            self._step(Step.CREATE_COMPUTE_INSTANCE, apply)
+            return self._device(gpu, inst)
+
+    def destroy_compute_instance(self, gpu: int, gi_id: int) -> None:
+        """``nvmlComputeInstanceDestroy``: fails with in-use while processes run on it."""
+        with self._lock:
+            inst = self._instance(gpu, gi_id)
+            if inst["ci"] is None:
+                raise backend.BackendError(
+                    backend.ErrorKind.NOT_FOUND,
+                    f"GPU instance {gi_id} on GPU {gpu} has no compute instance",
+                )
+            if inst["processes"]:
+                pids = ", ".join(map(str, inst["processes"]))
+                raise backend.BackendError(
+                    backend.ErrorKind.IN_USE,
+                    f"{inst['profile']}@{inst['start']} on GPU {gpu} has processes ({pids})",
+                )
+
+            def apply() -> None:
+                inst["ci"] = None
+                inst["uuid"] = None
+
+            self._step(Step.DESTROY_COMPUTE_INSTANCE, apply)
+
+    def destroy_gpu_instance(self, gpu: int, gi_id: int) -> None:
+        """``nvmlGpuInstanceDestroy``: fails with in-use while a compute instance remains."""
+        with self._lock:
+            g = self._gpu(gpu)
+            inst = self._instance(gpu, gi_id)
+            if inst["ci"] is not None:
+                raise backend.BackendError(
+                    backend.ErrorKind.IN_USE,
+                    f"GPU instance {gi_id} on GPU {gpu} still has a compute instance",
+                )
+            self._step(Step.DESTROY_GPU_INSTANCE, lambda: g["instances"].remove(inst))
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _step(self, step: Step, apply: collections.abc.Callable[[], None]) -> None:
+        fault = self._due_fault(step)
+        if fault is not None and fault.effect is FaultEffect.FAIL:
+            raise backend.BackendError(fault.kind, f"injected failure of {step.value}")
+        if fault is not None and fault.effect is FaultEffect.CRASH_BEFORE:
+            raise SimulatedCrash(f"crash before {step.value}")
+        self._clock.sleep(self._times.of(step))
+        apply()
+        self._save()
+        if fault is not None and fault.effect is FaultEffect.CRASH_AFTER:
+            raise SimulatedCrash(f"crash after {step.value}")
+
+    def _due_fault(self, step: Step) -> Fault | None:
+        due: Fault | None = None
+        for entry in list(self._faults):
+            fault, seen = entry
+            if fault.step is not None and fault.step is not step:
+                continue
+            seen[0] += 1
+            if seen[0] == fault.nth and due is None:
+                due = fault
+                self._faults.remove(entry)
+        return due
+
+    def _save(self) -> None:
+        if self._path is not None:
+            _write_atomically(
+                self._path,
+                json.dumps(self._state, indent=1, sort_keys=True),
+                durable=self._durable,
+            )
+
+    def _gpu(self, gpu: int) -> GpuState:
+        gpus = self._state["gpus"]
+        if not 0 <= gpu < len(gpus):
+            raise backend.BackendError(backend.ErrorKind.NOT_FOUND, f"no GPU {gpu}")
+        return gpus[gpu]
+
+    def _instance(self, gpu: int, gi_id: int) -> InstanceState:
+        for inst in self._gpu(gpu)["instances"]:
+            if inst["gi"] == gi_id:
+                return inst
+        raise backend.BackendError(
+            backend.ErrorKind.NOT_FOUND, f"GPU {gpu} has no GPU instance {gi_id}"
+        )
+
+    def _by_uuid(self, uuid: str) -> InstanceState:
+        for g in self._state["gpus"]:
+            for inst in g["instances"]:
+                if inst["uuid"] == uuid:
+                    return inst
+        raise backend.BackendError(backend.ErrorKind.NOT_FOUND, f"no MIG device {uuid}")
+
+    def _require_mig(self, gpu: int, g: GpuState) -> None:
+        if not g["mig_current"]:
+            raise backend.BackendError(
+                backend.ErrorKind.NOT_SUPPORTED, f"MIG mode is disabled on GPU {gpu}"
+            )
+
+    @staticmethod
+    def _device(gpu: int, inst: InstanceState) -> backend.MigDevice:
+        return backend.MigDevice(
+            gpu=gpu,
+            gi_id=inst["gi"],
+            ci_id=inst["ci"],
+            profile=inst["profile"],
+            start=inst["start"],
+            uuid=inst["uuid"],
+        )
+
+
+def _total_memory_mib(model: profiles.GpuModel) -> int:
+    """The GPU's memory: its largest profile's, else the nominal figure of the id."""
+    known = [p.memory_mib for p in model.profiles if p.memory_mib is not None]
+    return max(known) if known else 1024 * max(p.nominal_gb for p in model.profiles)
+
+
+# --- the command-line spec ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatedSpec:
+    """What ``emulated:MODEL:xN[,MODEL:xN...]`` asks for: the GPU models, by index."""
+
+    models: tuple[profiles.GpuModel, ...]
+
+
+_GROUP = re.compile(r"^(?P<model>[^:,]+?)(?::x(?P<count>\d+))?$")
+
+
+def parse_spec(text: str) -> EmulatedSpec:
+    """Parse ``emulated:h100-80gb:x8`` (several groups joined by ``,``); one-line errors."""
+    head, sep, rest = text.strip().partition(":")
+    if head != "emulated":
+        raise errors.AgentConfigError(
+            f"unknown backend {text!r} (expected nvml or emulated:MODEL:xN, "
+            "e.g. emulated:h100-80gb:x8)"
+        )
+    if not sep or not rest.strip():
+        raise errors.AgentConfigError(
+            f"backend {text!r} names no GPU model (e.g. emulated:h100-80gb:x8)"
+        )
+    models: list[profiles.GpuModel] = []
+    for group in rest.split(","):
+        m = _GROUP.match(group.strip())
+        if m is None:
+            raise errors.AgentConfigError(
+                f"backend {text!r}: {group.strip()!r} is not MODEL or MODEL:xN (e.g. h100-80gb:x8)"
+            )
+        try:
+            model = catalog.resolve_gpu(m["model"])
+        except errors.UnknownGpuError as e:
+            raise errors.AgentConfigError(f"backend {text!r}: {e}") from None
+        count = int(m["count"]) if m["count"] is not None else 1
+        if not 1 <= count <= MAX_GPUS:
+            raise errors.AgentConfigError(
+                f"backend {text!r}: GPU count must be 1 to {MAX_GPUS}, got {count}"
+            )
+        models.extend([model] * count)
+    if len(models) > MAX_GPUS:
+        raise errors.AgentConfigError(f"backend {text!r}: more than {MAX_GPUS} GPUs")
+    return EmulatedSpec(tuple(models))

@@ -1,0 +1,379 @@
+"""The NVML backend: the node agent's GPU operations over NVIDIA's official Python bindings.
+
+This is the only module that talks to the driver. It follows what NVIDIA's own tools do with
+NVML (mig-parted, the device plugin, go-nvlib): GPU-instance profiles are looked up per GPU with
+``nvmlDeviceGetGpuInstanceProfileInfo`` by their ``NVML_GPU_INSTANCE_PROFILE_*`` index (the
+catalog's ``nvml:`` field), so the profile *id* the driver uses comes from the driver; instances
+are created with ``nvmlDeviceCreateGpuInstanceWithPlacement`` at an exact start, each with one
+compute instance of the full profile; MIG device UUIDs come from the MIG device handles. Driver
+errors (``pynvml.NVMLError``) become :class:`~migpilot.gpu.backend.BackendError` with a kind.
+
+The bindings module is injected (default: ``import pynvml`` from nvidia-ml-py), so the same
+code runs in CI against :mod:`migpilot.gpu.nvml_standin`. A shell module: it may import
+``pynvml`` and ``ctypes``; it never imports the agent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml  # type: ignore[import-untyped]
+
+from migpilot import errors
+from migpilot.gpu import backend
+from migpilot.mig import catalog, profiles
+
+_NONE_ID = 0xFFFFFFFF
+"""NVML's "not applicable" instance id in event data."""
+
+
+@dataclass(frozen=True, slots=True)
+class DriverProfile:
+    """A GPU-instance profile as the driver reports it for one GPU."""
+
+    profile: profiles.Profile
+    """The catalog profile it maps to (by NVML profile index)."""
+    profile_id: int
+    """The driver's profile id (what create and list calls take)."""
+    memory_mib: int
+    instance_count: int
+    placements: tuple[int, ...]
+    """Possible start slots, read with ``nvmlDeviceGetGpuInstancePossiblePlacements``."""
+
+
+class NvmlBackend:
+    """A :class:`~migpilot.gpu.backend.GpuBackend` over NVML; calls ``nvmlInit`` on creation."""
+
+    def __init__(self, bindings: Any = None, *, cat: catalog.Catalog | None = None) -> None:
+        self._nvml: Any = bindings if bindings is not None else pynvml
+        self._catalog = cat if cat is not None else catalog.default()
+        self._lock = threading.RLock()
+        self._profiles: dict[int, dict[int, DriverProfile]] = {}
+        self._event_set: Any = None
+        with self._mapped("initialising NVML"):
+            self._nvml.nvmlInit()
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    @contextmanager
+    def _mapped(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except self._nvml.NVMLError as e:
+            raise _error(self._nvml, e, what) from None
+
+    def _handle(self, gpu: int) -> Any:
+        with self._mapped(f"GPU {gpu}"):
+            return self._nvml.nvmlDeviceGetHandleByIndex(gpu)
+
+    def _model(self, gpu: int, handle: Any) -> profiles.GpuModel:
+        with self._mapped(f"GPU {gpu}: reading its name"):
+            name = _text(self._nvml.nvmlDeviceGetName(handle))
+        try:
+            return self._catalog.resolve(name)
+        except errors.UnknownGpuError:
+            raise backend.BackendError(
+                backend.ErrorKind.NOT_SUPPORTED, f"GPU {gpu} ({name}) is not a known MIG GPU"
+            ) from None
+
+    def _array(self, item_type: Any, count: int) -> tuple[Any, ctypes.c_uint]:
+        return (item_type * max(count, 1))(), ctypes.c_uint(count)
+
+    # --- profiles ------------------------------------------------------------------------------
+
+    def driver_profiles(self, gpu: int) -> tuple[DriverProfile, ...]:
+        """The GPU-instance profiles the driver offers on GPU ``gpu``, with their placements."""
+        return tuple(self._profile_table(gpu).values())
+
+    def _profile_table(self, gpu: int) -> dict[int, DriverProfile]:
+        with self._lock:
+            if gpu in self._profiles:
+                return self._profiles[gpu]
+            nvml = self._nvml
+            handle = self._handle(gpu)
+            model = self._model(gpu, handle)
+            table: dict[int, DriverProfile] = {}
+            for p in model.profiles:
+                try:
+                    info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, p.nvml_index)
+                except nvml.NVMLError as e:
+                    if e.value in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT):
+                        continue  # this driver does not offer the profile (go-nvlib skips too)
+                    raise _error(nvml, e, f"GPU {gpu}: profile {p.name}") from None
+                with self._mapped(f"GPU {gpu}: placements of {p.name}"):
+                    places, count = self._array(
+                        nvml.c_nvmlGpuInstancePlacement_t, len(p.placements) + 8
+                    )
+                    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(
+                        handle, info.id, places, ctypes.byref(count)
+                    )
+                table[int(info.id)] = DriverProfile(
+                    profile=p,
+                    profile_id=int(info.id),
+                    memory_mib=int(info.memorySizeMB),
+                    instance_count=int(info.instanceCount),
+                    placements=tuple(int(places[i].start) for i in range(count.value)),
+                )
+            self._profiles[gpu] = table
+            return table
+
+    def _driver_profile(self, gpu: int, name: str) -> DriverProfile:
+        for dp in self._profile_table(gpu).values():
+            if dp.profile.name == name:
+                return dp
+        raise backend.BackendError(
+            backend.ErrorKind.NOT_SUPPORTED, f"GPU {gpu}: the driver offers no profile {name}"
+        )
+
+    # --- the GpuBackend protocol ---------------------------------------------------------------
+
+    def gpus(self) -> tuple[backend.GpuInfo, ...]:
+        """Every GPU NVML sees."""
+        nvml = self._nvml
+        with self._mapped("counting GPUs"):
+            count = int(nvml.nvmlDeviceGetCount())
+        out: list[backend.GpuInfo] = []
+        for index in range(count):
+            handle = self._handle(index)
+            with self._mapped(f"GPU {index}"):
+                name = _text(nvml.nvmlDeviceGetName(handle))
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                memory = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
+            mig: backend.MigMode | None
+            try:
+                current, pending = nvml.nvmlDeviceGetMigMode(handle)
+                mig = backend.MigMode(
+                    current == nvml.NVML_DEVICE_MIG_ENABLE, pending == nvml.NVML_DEVICE_MIG_ENABLE
+                )
+            except nvml.NVMLError as e:
+                if e.value != nvml.NVML_ERROR_NOT_SUPPORTED:
+                    raise _error(nvml, e, f"GPU {index}: MIG mode") from None
+                mig = None
+            try:
+                model: profiles.GpuModel | None = self._catalog.resolve(name)
+            except errors.UnknownGpuError:
+                model = None
+            out.append(backend.GpuInfo(index, uuid, name, model, memory, mig))
+        return tuple(out)
+
+    def mig_devices(self, gpu: int) -> tuple[backend.MigDevice, ...]:
+        """The GPU instances of GPU ``gpu`` with their full compute instances and UUIDs."""
+        nvml = self._nvml
+        handle = self._handle(gpu)
+        with self._mapped(f"GPU {gpu}: MIG mode"):
+            current, _ = nvml.nvmlDeviceGetMigMode(handle)
+        if current != nvml.NVML_DEVICE_MIG_ENABLE:
+            return ()
+        uuids = self._mig_uuids(gpu, handle)
+        out: list[backend.MigDevice] = []
+        for dp in self._profile_table(gpu).values():
+            with self._mapped(f"GPU {gpu}: listing {dp.profile.name} instances"):
+                gis, count = self._array(nvml.c_nvmlGpuInstance_t, dp.instance_count)
+                nvml.nvmlDeviceGetGpuInstances(handle, dp.profile_id, gis, ctypes.byref(count))
+                for i in range(count.value):
+                    info = nvml.nvmlGpuInstanceGetInfo(gis[i])
+                    cis = self._compute_instance_ids(gis[i], dp.profile)
+                    ci = min(cis) if cis else None
+                    gi_id = int(info.id)
+                    out.append(
+                        backend.MigDevice(
+                            gpu=gpu,
+                            gi_id=gi_id,
+                            ci_id=ci,
+                            profile=dp.profile.name,
+                            start=int(info.placement.start),
+                            uuid=uuids.get((gi_id, ci)) if ci is not None else None,
+                        )
+                    )
+        return tuple(sorted(out, key=lambda d: (d.start, d.gi_id)))
+
+    def create_instance(self, gpu: int, *, profile: str, start: int) -> backend.MigDevice:
+        """``nvmlDeviceCreateGpuInstanceWithPlacement`` then a full compute instance."""
+        nvml = self._nvml
+        handle = self._handle(gpu)
+        dp = self._driver_profile(gpu, profile)
+        placement = nvml.c_nvmlGpuInstancePlacement_t()
+        placement.start = start
+        placement.size = dp.profile.memory_slots
+        with self._mapped(f"GPU {gpu}: creating {profile}@{start}"):
+            gi = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+                handle, dp.profile_id, ctypes.byref(placement)
+            )
+            gi_id = int(nvml.nvmlGpuInstanceGetInfo(gi).id)
+        return self._create_full_compute_instance(
+            gpu, handle=handle, gi=gi, gi_id=gi_id, profile=dp.profile, start=start
+        )
+
+    def create_compute_instance(self, gpu: int, gi_id: int) -> backend.MigDevice:
+        """Give GPU instance ``gi_id`` its full compute instance (repairs a half-made one)."""
+        nvml = self._nvml
+        handle = self._handle(gpu)
+        with self._mapped(f"GPU {gpu}: GPU instance {gi_id}"):
+            gi = nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+            info = nvml.nvmlGpuInstanceGetInfo(gi)
+        dp = self._profile_table(gpu).get(int(info.profileId))
+        if dp is None:
+            raise backend.BackendError(
+                backend.ErrorKind.NOT_SUPPORTED,
+                f"GPU {gpu}: GPU instance {gi_id} has unknown profile id {info.profileId}",
+            )
+        start = int(info.placement.start)
+        return self._create_full_compute_instance(
+            gpu, handle=handle, gi=gi, gi_id=gi_id, profile=dp.profile, start=start
+        )
+
+    def destroy_instance(self, gpu: int, gi_id: int) -> None:
+        """Destroy the compute instances of GPU instance ``gi_id``, then the GPU instance."""
+        nvml = self._nvml
+        handle = self._handle(gpu)
+        with self._mapped(f"GPU {gpu}: GPU instance {gi_id}"):
+            gi = nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+            info = nvml.nvmlGpuInstanceGetInfo(gi)
+        dp = self._profile_table(gpu).get(int(info.profileId))
+        if dp is not None:
+            for ci in self._compute_instances(gi, dp.profile):
+                with self._mapped(f"GPU {gpu}: destroying the compute instance of {gi_id}"):
+                    nvml.nvmlComputeInstanceDestroy(ci)
+        with self._mapped(f"GPU {gpu}: destroying GPU instance {gi_id}"):
+            nvml.nvmlGpuInstanceDestroy(gi)
+
+    def running_processes(self, gpu: int, uuid: str) -> tuple[int, ...]:
+        """PIDs of compute processes on MIG device ``uuid``."""
+        nvml = self._nvml
+        with self._mapped(f"GPU {gpu}: processes on {uuid}"):
+            mig = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            return tuple(int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(mig))
+
+    def wait_xid(self, timeout_s: float) -> backend.XidEvent | None:
+        """The next XID critical error (registered on every GPU at the first call)."""
+        nvml = self._nvml
+        with self._lock:
+            if self._event_set is None:
+                self._event_set = self._register_xid_events()
+            event_set = self._event_set
+        try:
+            data = nvml.nvmlEventSetWait(event_set, int(timeout_s * 1000))
+        except nvml.NVMLError as e:
+            if e.value == nvml.NVML_ERROR_TIMEOUT:
+                return None
+            raise _error(nvml, e, "waiting for XID events") from None
+        with self._mapped("reading an XID event"):
+            gpu_uuid = _text(nvml.nvmlDeviceGetUUID(data.device))
+        index = next((g.index for g in self.gpus() if g.uuid == gpu_uuid), -1)
+        gi = None if data.gpuInstanceId == _NONE_ID else int(data.gpuInstanceId)
+        ci = None if data.computeInstanceId == _NONE_ID else int(data.computeInstanceId)
+        mig_uuid = None
+        if index >= 0 and gi is not None:
+            for dev in self.mig_devices(index):
+                if dev.gi_id == gi and (ci is None or dev.ci_id == ci):
+                    mig_uuid = dev.uuid
+        return backend.XidEvent(index, gpu_uuid, int(data.eventData), gi, ci, mig_uuid)
+
+    def close(self) -> None:
+        """Free the event set and shut NVML down."""
+        with self._lock, self._mapped("shutting NVML down"):
+            if self._event_set is not None:
+                self._nvml.nvmlEventSetFree(self._event_set)
+                self._event_set = None
+            self._nvml.nvmlShutdown()
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _register_xid_events(self) -> Any:
+        nvml = self._nvml
+        with self._mapped("creating an NVML event set"):
+            event_set = nvml.nvmlEventSetCreate()
+            count = int(nvml.nvmlDeviceGetCount())
+        for index in range(count):
+            handle = self._handle(index)
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+            except nvml.NVMLError as e:
+                if e.value != nvml.NVML_ERROR_NOT_SUPPORTED:
+                    raise _error(nvml, e, f"GPU {index}: registering XID events") from None
+        return event_set
+
+    def _mig_uuids(self, gpu: int, handle: Any) -> dict[tuple[int, int], str]:
+        """(GPU-instance id, compute-instance id) -> MIG device UUID, from the MIG handles."""
+        nvml = self._nvml
+        out: dict[tuple[int, int], str] = {}
+        with self._mapped(f"GPU {gpu}: MIG device handles"):
+            count = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+        for i in range(count):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+            except nvml.NVMLError as e:
+                if e.value == nvml.NVML_ERROR_NOT_FOUND:
+                    continue  # no MIG device at this index (mig-parted and the plugin skip too)
+                raise _error(nvml, e, f"GPU {gpu}: MIG device {i}") from None
+            with self._mapped(f"GPU {gpu}: MIG device {i}"):
+                key = (
+                    int(nvml.nvmlDeviceGetGpuInstanceId(mig)),
+                    int(nvml.nvmlDeviceGetComputeInstanceId(mig)),
+                )
+                out[key] = _text(nvml.nvmlDeviceGetUUID(mig))
+        return out
+
+    def _full_ci_profile(self, gi: Any, profile: profiles.Profile) -> Any:
+        nvml = self._nvml
+        index = getattr(nvml, f"NVML_COMPUTE_INSTANCE_PROFILE_{profile.compute_slices}_SLICE")
+        return nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi, index, nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        )
+
+    def _compute_instances(self, gi: Any, profile: profiles.Profile) -> list[Any]:
+        nvml = self._nvml
+        with self._mapped(f"compute instances of a {profile.name} GPU instance"):
+            ci_info = self._full_ci_profile(gi, profile)
+            cis, count = self._array(nvml.c_nvmlComputeInstance_t, int(ci_info.instanceCount))
+            nvml.nvmlGpuInstanceGetComputeInstances(gi, ci_info.id, cis, ctypes.byref(count))
+            return [cis[i] for i in range(count.value)]
+
+    def _compute_instance_ids(self, gi: Any, profile: profiles.Profile) -> list[int]:
+        nvml = self._nvml
+        return [
+            int(nvml.nvmlComputeInstanceGetInfo(ci).id)
+            for ci in self._compute_instances(gi, profile)
+        ]
+
+    def _create_full_compute_instance(
+        self, gpu: int, *, handle: Any, gi: Any, gi_id: int, profile: profiles.Profile, start: int
+    ) -> backend.MigDevice:
+        nvml = self._nvml
+        with self._mapped(f"GPU {gpu}: creating the compute instance of {profile.name}@{start}"):
+            ci_info = self._full_ci_profile(gi, profile)
+            ci = nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
+            ci_id = int(nvml.nvmlComputeInstanceGetInfo(ci).id)
+        uuid = self._mig_uuids(gpu, handle).get((gi_id, ci_id))
+        return backend.MigDevice(gpu, gi_id, ci_id, profile.name, start, uuid)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _error(nvml: Any, err: Any, what: str) -> backend.BackendError:
+    """A backend error for an ``NVMLError`` raised while doing ``what``."""
+    text = str(err)
+    if text.startswith("NVML Error with code"):
+        # Without the library nvmlErrorString is unavailable; name the constant instead.
+        names = sorted(n for n in dir(nvml) if n.startswith("NVML_ERROR_"))
+        text = next((n for n in names if getattr(nvml, n) == err.value), text)
+    return backend.BackendError(_kind(nvml, err.value), f"{what}: {text}")
+
+
+def _kind(nvml: Any, code: int) -> backend.ErrorKind:
+    """The backend error kind of an NVML return code."""
+    table: dict[int, backend.ErrorKind] = {
+        nvml.NVML_ERROR_INSUFFICIENT_RESOURCES: backend.ErrorKind.INSUFFICIENT_RESOURCES,
+        nvml.NVML_ERROR_IN_USE: backend.ErrorKind.IN_USE,
+        nvml.NVML_ERROR_NOT_FOUND: backend.ErrorKind.NOT_FOUND,
+        nvml.NVML_ERROR_NOT_SUPPORTED: backend.ErrorKind.NOT_SUPPORTED,
+        nvml.NVML_ERROR_INVALID_ARGUMENT: backend.ErrorKind.INVALID_ARGUMENT,
+    }
+    return table.get(code, backend.ErrorKind.UNKNOWN)
