@@ -119,10 +119,17 @@ class Explainer:
         self._offered: dict[_ShapeKey, str | tuple[tuple[str, ...], list[snapshot.Gpu]]] = {}
         self._room: dict[_ShapeKey, tuple[Why, str]] = {}
 
-    def node_reason(self, position: int, pod: snapshot.Pod) -> tuple[Why, str]:
-        """Why the node at ``position`` does not run the pod in the plan."""
+    def node_reason(
+        self, position: int, pod: snapshot.Pod, *, admission: list[str | None] | None = None
+    ) -> tuple[Why, str]:
+        """Why the node at ``position`` does not run the pod in the plan.
+
+        ``admission`` is ``Admission.reasons(pod)`` when the caller has it already.
+        """
         node = self.snap.nodes[position]
-        reason = self._admission.reason(position, pod)
+        if admission is None:
+            admission = self._admission.reasons(pod)
+        reason = admission[self._admission.class_of(position)]
         if reason is not None:
             return Why.NOT_ADMITTED, reason
         vkey = (self._shape[position], pod.mig)
@@ -202,8 +209,9 @@ class Explainer:
         cached = self._cache.get(key)
         if cached is not None:
             return plans.Unschedulable(pod.key, cached.reason, cached.nodes)
+        admission = self._admission.reasons(pod)
         reasons = [
-            (node.name, *self.node_reason(position, pod))
+            (node.name, *self.node_reason(position, pod, admission=admission))
             for position, node in enumerate(self.snap.nodes)
         ]
         result = plans.Unschedulable(

@@ -327,12 +327,14 @@ class _Index:
         full = st.models[model].compute_slices
         for touched in (True, False):
             found = 0
+            tries = 16 * per_kind
             for room in range(compute, full + 1):
                 for sid in self.fitting.get((model, touched, largest, room), ()):
-                    if found >= per_kind:
+                    if found >= per_kind or tries <= 0:
                         break
+                    tries -= 1
                     found += consider(sid)
-            if touched and found >= per_kind:
+            if touched and (found >= per_kind or tries <= 0):
                 complete = False
         if not out:
             # Maybe only a repacked GPU can take it: look further, within a budget.
@@ -627,8 +629,9 @@ class _Run:
                 if opt is not None:
                     found.append((opt.cost, sid, opt))
             alive = [f for f in found if f[1] in self.index.members]
-            alive.sort(key=lambda f: (f[0], self.index.members[f[1]][0]))
-            del alive[_REMEMBERED:]
+            if len(alive) > _REMEMBERED:  # keep the best (the order is _choose's business)
+                alive.sort(key=lambda f: (f[0], self.index.members[f[1]][0]))
+                del alive[_REMEMBERED:]
             self.remembered[key] = (alive, len(self.entered), searched_all)
             out.extend(f for f in alive if usable(f[1]))
         return out, complete
