@@ -39,8 +39,9 @@ from __future__ import annotations
 import bisect
 import copy
 import dataclasses
+import functools
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from migpilot.mig import layouts, profiles
@@ -146,14 +147,10 @@ class _States:
         sid = len(self.keys)
         self.sid[key] = sid
         self.keys.append(key)
-        model = self.models[key[0]]
-        sizes = self.compute[key[0]]
-        taken = sum(sizes[i.profile] for i in key[1]) + sum(sizes[n] for n in key[3])
-        self.room.append(model.compute_slices - taken)
-        lay = layouts.pack(model, key[3], key[1] | key[2])
-        assert lay is not None  # every state the planner builds is a valid layout
-        self.fits.append(layouts.fitting_profiles(model, lay))
-        self.value.append(self._value(model, lay, key[2]))
+        room, fits, value = _facts(self.models[key[0]], key[1], key[2], key[3])
+        self.room.append(room)
+        self.fits.append(fits)
+        self.value.append(value)
         return sid
 
     @staticmethod
@@ -233,6 +230,29 @@ class _States:
         return None
 
 
+@functools.lru_cache(maxsize=131072)
+def _facts(
+    model: profiles.GpuModel,
+    fixed: frozenset[Instance],
+    free: frozenset[Instance],
+    new: tuple[str, ...],
+) -> tuple[int, frozenset[str], int]:
+    """(compute room, profiles that fit as it stands, free value) of a GPU state.
+
+    A function of the state alone, so it is cached across plans: a controller re-planning a
+    cluster that changed a little finds most states known.
+    """
+    taken = sum(model.profile_named(i.profile).compute_slices for i in fixed)
+    taken += sum(model.profile_named(n).compute_slices for n in new)
+    lay = layouts.pack(model, new, fixed | free)
+    assert lay is not None  # every state the planner builds is a valid layout
+    return (
+        model.compute_slices - taken,
+        layouts.fitting_profiles(model, lay),
+        _States._value(model, lay, free),
+    )
+
+
 class _Index:
     """Which GPUs are in which state during one pass, and the states indexed for lookup."""
 
@@ -248,6 +268,7 @@ class _Index:
         self.by_room: dict[tuple[str, bool, int], dict[int, None]] = {}
         self.claimable: dict[tuple[str, str], dict[int, None]] = {}
         self.destroyable: dict[str, dict[int, None]] = {}
+        self.group_of: dict[int, list[dict[int, None]]] = {}
 
     def clone(self) -> _Index:
         twin = copy.copy(self)
@@ -256,20 +277,28 @@ class _Index:
         twin.by_room = {k: dict(v) for k, v in self.by_room.items()}
         twin.claimable = {k: dict(v) for k, v in self.claimable.items()}
         twin.destroyable = {k: dict(v) for k, v in self.destroyable.items()}
+        twin.group_of = {}  # the twin's groups are its own dicts
         return twin
 
-    def _groups(self, sid: int) -> Iterator[dict[int, None]]:
+    def _groups(self, sid: int) -> list[dict[int, None]]:
+        """The lookup groups a state belongs to (computed once per state and pass)."""
+        found = self.group_of.get(sid)
+        if found is not None:
+            return found
         st = self.states
         key = st.keys[sid]
         model, touched, room = key[0], key[4], st.room[sid]
+        found = []
         if room > 0:
-            yield self.by_room.setdefault((model, touched, room), {})
+            found.append(self.by_room.setdefault((model, touched, room), {}))
             for name in sorted(st.fits[sid]):
-                yield self.fitting.setdefault((model, touched, name, room), {})
+                found.append(self.fitting.setdefault((model, touched, name, room), {}))
         for name in sorted({i.profile for i in key[2]}):
-            yield self.claimable.setdefault((model, name), {})
+            found.append(self.claimable.setdefault((model, name), {}))
         if key[2]:
-            yield self.destroyable.setdefault(model, {})
+            found.append(self.destroyable.setdefault(model, {}))
+        self.group_of[sid] = found
+        return found
 
     def enter(self, sid: int, gid: int) -> None:
         b = self.members.get(sid)
@@ -563,7 +592,7 @@ class _Run:
             # good as a search would find (bar the free-value tie-break). So is one that touches
             # a new GPU when the last search saw every option that would not: every state GPUs
             # entered since has been looked at. Otherwise search again.
-            remembered, complete = self._remembered(pod, needs, usable)
+            remembered, complete = self._remembered(pod, needs)
             choice = self._choose(pod, admits, remembered)
             if choice is not None and (choice[1].cost[:2] == (0, 0) or complete):
                 st, opt = choice
@@ -596,7 +625,6 @@ class _Run:
         self,
         pod: snapshot.Pod,
         needs: dict[str, tuple[str, ...]],
-        usable: Callable[[int], bool],
     ) -> tuple[list[tuple[Cost, int, Option]], bool]:
         """The options found for the last pod of this kind, brought up to date.
 
@@ -633,7 +661,7 @@ class _Run:
                 alive.sort(key=lambda f: (f[0], self.index.members[f[1]][0]))
                 del alive[_REMEMBERED:]
             self.remembered[key] = (alive, len(self.entered), searched_all)
-            out.extend(f for f in alive if usable(f[1]))
+            out.extend(alive)  # _choose skips GPUs the pod may not use
         return out, complete
 
     def _place_spanning(
