@@ -223,3 +223,11 @@ def test_every_plan_is_valid(seed: int, nodes: int, gpn: int, pods: int, trace: 
     placed_keys = {p.pod for p in result.placements}
     assert len(placed_keys) + len(result.unschedulable) == len(snap.pods)
     assert objective.score(snap, result).placed == len(placed_keys)
+
+
+def test_plans_are_the_same_with_cold_and_warm_caches() -> None:
+    snap = generate.random_snapshot(seed=3, nodes=12, gpus_per_node=4, pods=60)
+    warm = fast.plan(snap, options.Options())
+    fast.clear_caches()
+    cold = fast.plan(snap, options.Options())
+    assert plans.to_json(cold, explain=True) == plans.to_json(warm, explain=True)

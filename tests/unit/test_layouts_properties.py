@@ -131,3 +131,12 @@ def test_enumeration_finds_every_valid_layout_on_a_small_gpu() -> None:
             if naive_valid(model, list(combo)):
                 expected.add(layouts.Layout.of(combo))
     assert set(layouts.enumerate_layouts(model, maximal=False)) == expected
+
+
+def test_free_room_is_fitting_profiles_and_free_value_in_one_scan() -> None:
+    for model in catalog.gpu_models():
+        for lay in layouts.enumerate_layouts(model, maximal=False)[:400]:
+            assert layouts.free_room(model, lay) == (
+                layouts.fitting_profiles(model, lay),
+                layouts.free_value(model, lay),
+            )

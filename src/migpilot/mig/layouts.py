@@ -283,6 +283,14 @@ def free_value(model: profiles.GpuModel, layout: Layout) -> int:
     return _flexibility(g, _state_of(g, layout))
 
 
+def free_room(model: profiles.GpuModel, layout: Layout) -> tuple[frozenset[str], int]:
+    """(:func:`fitting_profiles`, :func:`free_value`) of a layout, sharing one occupancy scan."""
+    g = geometry(model)
+    st = _state_of(g, layout)
+    fits = frozenset(g.profiles[pl.profile].name for pl in g.placements if st.fits(g, pl))
+    return fits, _flexibility(g, st)
+
+
 def _describe(counts: Mapping[str, int]) -> str:
     return " + ".join(f"{n} x {name}" if n > 1 else name for name, n in counts.items())
 
@@ -519,3 +527,13 @@ def parse_instance(model: profiles.GpuModel, text: str) -> tuple[str, int | None
         return prof.name, int(start)
     except ValueError:
         raise errors.LayoutError(f"{text!r}: start slot {start!r} is not a number") from None
+
+
+def clear_caches() -> None:
+    """Forget every cached placement and enumeration (benchmarks measure cold runs with it).
+
+    The geometry tables stay: they are a model's fixed data, built once.
+    """
+    _validated.cache_clear()
+    _pack.cache_clear()
+    _enumerate_cached.cache_clear()

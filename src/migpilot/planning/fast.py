@@ -180,54 +180,62 @@ class _States:
             return self.cache[ck]
         except KeyError:
             pass
-        opt = self._best(sid, need, destroy=destroy)
+        key = self.keys[sid]
+        if self.room[sid] < self.need_compute(key[0], need):
+            opt = None
+        else:
+            opt = _best(self.models[key[0]], key, need, destroy, self.value[sid])
         self.cache[ck] = opt
         return opt
 
-    def _best(self, sid: int, need: tuple[str, ...], *, destroy: bool) -> Option | None:
-        key = self.keys[sid]
-        model = self.models[key[0]]
-        fixed, free, new, touched = key[1], key[2], key[3], key[4]
-        if self.room[sid] < self.need_compute(key[0], need):
-            return None
-        # Reuse free existing instances first: it costs nothing.
-        claim: list[Instance] = []
-        rest_list = list(need)
-        if free:
-            for inst in sorted(free):
-                if inst.profile in rest_list:
-                    rest_list.remove(inst.profile)
-                    claim.append(inst)
-        rest = tuple(rest_list)
-        claimed = frozenset(claim)
-        fixed2 = fixed | claimed
-        free2 = free - claimed
-        before = self.value[sid]
-        new2 = tuple(sorted(new + rest))
-        newly = 0 if touched or not rest else 1
-        lay = layouts.pack(model, new2, fixed2 | free2)
-        if lay is not None:
-            after = self._value(model, lay, free2)
-            return Option(tuple(claim), (), rest, (0, newly, before - after))
-        if not destroy:
-            return None
-        # Destroy the fewest free existing instances; among those, lose the least value.
-        newly = 0 if touched else 1
-        pool = sorted(free2)
-        for size in range(1, len(pool) + 1):
-            best: Option | None = None
-            for combo in itertools.combinations(pool, size):
-                kept = free2 - frozenset(combo)
-                lay = layouts.pack(model, new2, fixed2 | kept)
-                if lay is None:
-                    continue
-                after = self._value(model, lay, kept)
-                opt = Option(tuple(claim), combo, rest, (size, newly, before - after))
-                if best is None or opt.cost < best.cost:
-                    best = opt
-            if best is not None:
-                return best
+
+@functools.lru_cache(maxsize=262144)
+def _best(
+    model: profiles.GpuModel,
+    key: StateKey,
+    need: tuple[str, ...],
+    destroy: bool,
+    before: int,
+) -> Option | None:
+    """:meth:`_States.best` for a state (``before`` is its free value), cached across plans."""
+    fixed, free, new, touched = key[1], key[2], key[3], key[4]
+    # Reuse free existing instances first: it costs nothing.
+    claim: list[Instance] = []
+    rest_list = list(need)
+    if free:
+        for inst in sorted(free):
+            if inst.profile in rest_list:
+                rest_list.remove(inst.profile)
+                claim.append(inst)
+    rest = tuple(rest_list)
+    claimed = frozenset(claim)
+    fixed2 = fixed | claimed
+    free2 = free - claimed
+    new2 = tuple(sorted(new + rest))
+    newly = 0 if touched or not rest else 1
+    lay = layouts.pack(model, new2, fixed2 | free2)
+    if lay is not None:
+        after = _States._value(model, lay, free2)
+        return Option(tuple(claim), (), rest, (0, newly, before - after))
+    if not destroy:
         return None
+    # Destroy the fewest free existing instances; among those, lose the least value.
+    newly = 0 if touched else 1
+    pool = sorted(free2)
+    for size in range(1, len(pool) + 1):
+        best: Option | None = None
+        for combo in itertools.combinations(pool, size):
+            kept = free2 - frozenset(combo)
+            lay = layouts.pack(model, new2, fixed2 | kept)
+            if lay is None:
+                continue
+            after = _States._value(model, lay, kept)
+            opt = Option(tuple(claim), combo, rest, (size, newly, before - after))
+            if best is None or opt.cost < best.cost:
+                best = opt
+        if best is not None:
+            return best
+    return None
 
 
 @functools.lru_cache(maxsize=131072)
@@ -244,13 +252,14 @@ def _facts(
     """
     taken = sum(model.profile_named(i.profile).compute_slices for i in fixed)
     taken += sum(model.profile_named(n).compute_slices for n in new)
-    lay = layouts.pack(model, new, fixed | free)
+    # Nothing new: the existing instances as they stand (no placement to search).
+    lay = layouts.pack(model, new, fixed | free) if new else layouts.Layout.of(fixed | free)
     assert lay is not None  # every state the planner builds is a valid layout
-    return (
-        model.compute_slices - taken,
-        layouts.fitting_profiles(model, lay),
-        _States._value(model, lay, free),
-    )
+    if free:
+        fits, value = layouts.fitting_profiles(model, lay), _States._value(model, lay, free)
+    else:
+        fits, value = layouts.free_room(model, lay)
+    return model.compute_slices - taken, fits, value
 
 
 class _Index:
@@ -930,3 +939,14 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     return dataclasses.replace(
         chosen, unschedulable=tuple(sorted(unsched, key=lambda u: index[u.pod]))
     )
+
+
+def clear_caches() -> None:
+    """Forget what earlier plans learnt about GPU states, here and in the layout model.
+
+    Plans are the same with or without it; benchmarks call it to time a cold first plan.
+    """
+    _best.cache_clear()
+    _facts.cache_clear()
+    snapshot.resolve_request.cache_clear()
+    layouts.clear_caches()
