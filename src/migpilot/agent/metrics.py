@@ -3,8 +3,9 @@
 The figures nobody else publishes for MIG: how long a reconfiguration takes, how many actions
 were done, refused (in use) or failed, and how many devices of each resource are healthy. The
 metrics live on a :class:`prometheus_client.CollectorRegistry` created here, never the global
-default, so several agents (tests, the simulator) can live in one process. This is the only
-module that imports ``prometheus_client``; others call :class:`AgentMetrics`' methods.
+default, so several agents (tests, the simulator) can live in one process. This module defines
+and updates the metrics; others call :class:`AgentMetrics`' methods. Serving them over HTTP is
+``agent.running.MetricsServer``'s job (the other module that imports ``prometheus_client``).
 """
 
 from __future__ import annotations

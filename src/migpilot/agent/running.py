@@ -1,0 +1,635 @@
+"""The node agent's main loop: desired layouts in, MIG instances, advertised devices and labels out.
+
+The parts exist on their own (the GPU backend, the reconciler, the device plugin, the GFD label
+generator, the metrics); :class:`Agent` wires them into one loop and takes every part by
+constructor, so tests run it in process on an emulated backend with a virtual clock. One pass
+(:meth:`Agent.reconcile`): read the desired layouts from a :class:`DesiredSource`, reconcile them
+with the in-use devices (the kubelet's PodResources, this plugin's Allocate hand-outs, running
+processes) never destroyed, send the devices now there to the plugin at once (the open
+ListAndWatch streams change, nothing restarts), rewrite the GFD labels file when it changed and
+refresh the device metrics. :meth:`Agent.tick` runs a pass when the desired-layout files changed
+or the interval elapsed; :meth:`Agent.run` repeats ticks until told to stop; a second thread
+feeds XID events from the backend into the plugin's health.
+
+Safety rule: when the kubelet cannot be asked which devices pods hold, :class:`FailClosed` says
+every MIG device is in use, so nothing is destroyed until it answers again, and it logs so.
+
+Desired layouts come from a nvidia-mig-parted config file with a config name, or with the name
+read from a node-labels file (``nvidia.com/mig.config``, as mig-manager reads the node label),
+or from nowhere (:class:`KeepLayout`: keep what is there and only advertise). Files are re-read
+when their size, mtime or inode change, polled (no inotify dependency).
+
+A shell module: it reads and writes files, runs threads and serves metrics over HTTP with
+``prometheus_client``; it never imports the CLI.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import prometheus_client
+
+from migpilot import errors
+from migpilot.agent import desired, labels, metrics, reconciling
+from migpilot.agent.deviceplugin import advertising, devices, health, podresources
+from migpilot.gpu import backend, clocks
+from migpilot.mig import migparted
+
+_log = logging.getLogger(__name__)
+
+
+# --- the parts the agent drives ----------------------------------------------------------------
+
+
+class Plugin(Protocol):
+    """What the agent asks of the device plugin (:class:`~deviceplugin.serving.DevicePlugin`)."""
+
+    def start(self, node: devices.NodeDevices) -> None:
+        """Serve and register the resources of ``node``."""
+        ...
+
+    def update(self, node: devices.NodeDevices) -> None:
+        """Advertise a new view of the node on the open streams."""
+        ...
+
+    def report_xid(self, event: health.XidEvent) -> frozenset[str]:
+        """Apply an XID event; the device IDs it made Unhealthy."""
+        ...
+
+    def advertised(self) -> dict[str, tuple[devices.Device, ...]]:
+        """Every served resource and its devices now."""
+        ...
+
+    def handed_out(self) -> frozenset[str]:
+        """Devices Allocate handed out that the kubelet has not shown released."""
+        ...
+
+    def stop(self) -> None:
+        """Stop serving; sockets are removed."""
+        ...
+
+
+class HandedOut:
+    """The plugin's Allocate ledger as an in-use source."""
+
+    def __init__(self, plugin: Plugin) -> None:
+        self._plugin = plugin
+
+    def in_use(self) -> frozenset[str]:
+        """Devices handed out and not yet released."""
+        return self._plugin.handed_out()
+
+
+def mig_uuids(gpus: backend.GpuBackend) -> frozenset[str]:
+    """Every MIG device UUID on the backend's MIG-enabled GPUs."""
+    out: set[str] = set()
+    for info in gpus.gpus():
+        if info.mig is None or not info.mig.current or info.model is None:
+            continue
+        out.update(d.uuid for d in gpus.mig_devices(info.index) if d.uuid is not None)
+    return frozenset(out)
+
+
+class FailClosed:
+    """An in-use source that, when it cannot be asked, says that everything is in use.
+
+    ``failures`` are the exceptions that mean "cannot be asked" (e.g. the kubelet's
+    PodResources API is down); then ``everything()`` is returned, so the reconciler destroys
+    nothing, and a warning says so once per outage.
+    """
+
+    def __init__(
+        self,
+        source: reconciling.InUse,
+        *,
+        everything: Callable[[], frozenset[str]],
+        failures: tuple[type[Exception], ...],
+        what: str,
+    ) -> None:
+        self._source = source
+        self._everything = everything
+        self._failures = failures
+        self._what = what
+        self._lock = threading.Lock()
+        self._down = False
+
+    @property
+    def down(self) -> bool:
+        """True while the source cannot be asked."""
+        with self._lock:
+            return self._down
+
+    def in_use(self) -> frozenset[str]:
+        """The source's answer, or every device when it has none."""
+        try:
+            got = self._source.in_use()
+        except self._failures as err:
+            with self._lock:
+                was_down, self._down = self._down, True
+            if not was_down:
+                _log.warning(
+                    "%s cannot be asked (%s): treating every MIG device as in use; "
+                    "nothing is destroyed until it answers",
+                    self._what,
+                    err,
+                )
+            return self._everything()
+        with self._lock:
+            was_down, self._down = self._down, False
+        if was_down:
+            _log.info("%s answers again", self._what)
+        return got
+
+
+class PodResourcesInUse:
+    """The kubelet's PodResources as an in-use source that fails at once without its socket.
+
+    The gRPC client waits for the socket up to its timeout; when the file is not there at all
+    (no kubelet, or one restarting) waiting is pointless, so this raises
+    :class:`~podresources.PodResourcesError` straight away.
+    """
+
+    def __init__(self, source: reconciling.InUse, *, socket_path: Path) -> None:
+        self._source = source
+        self._socket_path = socket_path
+
+    def in_use(self) -> frozenset[str]:
+        """The kubelet's answer; :class:`~podresources.PodResourcesError` if there is none."""
+        if not self._socket_path.exists():
+            raise podresources.PodResourcesError(f"socket {self._socket_path} is missing")
+        return self._source.in_use()
+
+
+# --- where desired layouts come from -----------------------------------------------------------
+
+
+FileStamp = tuple[int, int, int] | None
+"""(inode, size, mtime ns) of a file, ``None`` when it is missing: changes when it is rewritten."""
+
+
+def file_stamp(path: Path) -> FileStamp:
+    """The stamp of ``path`` now."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class DesiredSource(Protocol):
+    """Where the desired layout per GPU comes from."""
+
+    def fingerprint(self) -> Hashable:
+        """A cheap value that changes when the inputs change (file stamps)."""
+        ...
+
+    def desired(
+        self,
+        *,
+        gpus: Sequence[backend.GpuInfo],
+        current: Mapping[int, Sequence[backend.MigDevice]],
+        in_use: frozenset[str],
+    ) -> dict[int, reconciling.DesiredGpu]:
+        """The desired layouts now; a :class:`MigpilotError` (or ``OSError``) if unreadable."""
+        ...
+
+    def describe(self) -> str:
+        """One line for the log: where layouts come from."""
+        ...
+
+
+class KeepLayout:
+    """No desired layout: keep the instances there are and only advertise them."""
+
+    def fingerprint(self) -> Hashable:
+        """Never changes."""
+        return None
+
+    def desired(
+        self,
+        *,
+        gpus: Sequence[backend.GpuInfo],
+        current: Mapping[int, Sequence[backend.MigDevice]],
+        in_use: frozenset[str],
+    ) -> dict[int, reconciling.DesiredGpu]:
+        """Nothing: every GPU is left as it is."""
+        return {}
+
+    def describe(self) -> str:
+        """For the log."""
+        return "no desired layout: keeping the MIG instances there are"
+
+
+def parse_labels(text: str, *, source: str) -> dict[str, str]:
+    """``key=value`` lines (values optionally double-quoted, as the downward API writes them).
+
+    Blank lines and ``#`` comments are skipped; a line without ``=`` is a
+    :class:`AgentConfigError`.
+    """
+    out: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise errors.AgentConfigError(f"{source}: line {number} is not key=value: {line!r}")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+class MigPartedConfig:
+    """Desired layouts from a mig-parted config file and a config name.
+
+    The name is given (``name``) or read from the ``nvidia.com/mig.config`` line of a labels
+    file (``labels_path``); without that label nothing is reconfigured. Both files are re-read
+    on every call, so edits take effect at the next pass.
+    """
+
+    def __init__(
+        self, path: Path, *, name: str | None = None, labels_path: Path | None = None
+    ) -> None:
+        if (name is None) == (labels_path is None):
+            raise errors.AgentConfigError(
+                "a mig-parted config needs exactly one of a config name or a node-labels file"
+            )
+        self._path = path
+        self._name = name
+        self._labels_path = labels_path
+
+    def fingerprint(self) -> Hashable:
+        """The stamps of the config file and the labels file."""
+        labels_stamp = file_stamp(self._labels_path) if self._labels_path is not None else None
+        return (file_stamp(self._path), labels_stamp)
+
+    def config_name(self) -> str | None:
+        """The config to apply now (``None``: the labels file names none)."""
+        if self._labels_path is None:
+            return self._name
+        text = _read_text(self._labels_path)
+        found = parse_labels(text, source=str(self._labels_path))
+        return desired.config_name_from_labels(found)
+
+    def load(self) -> migparted.ConfigFile:
+        """The config file, parsed."""
+        return migparted.parse(_read_text(self._path), source=str(self._path))
+
+    def desired(
+        self,
+        *,
+        gpus: Sequence[backend.GpuInfo],
+        current: Mapping[int, Sequence[backend.MigDevice]],
+        in_use: frozenset[str],
+    ) -> dict[int, reconciling.DesiredGpu]:
+        """The layouts config :meth:`config_name` gives each GPU, keeping instances in place."""
+        config = self.load()
+        name = self.config_name()
+        if name is None:
+            return {}
+        return desired.from_migparted(config, name, gpus=gpus, current=current, in_use=in_use)
+
+    def describe(self) -> str:
+        """For the log."""
+        if self._labels_path is not None:
+            return f"mig-parted config {self._path}, name from {desired.CONFIG_LABEL} in " + str(
+                self._labels_path
+            )
+        return f"mig-parted config {self._path}, config {self._name!r}"
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise errors.AgentConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
+# --- the view, the labels file -----------------------------------------------------------------
+
+
+def node_view(state: Mapping[int, reconciling.GpuState]) -> devices.NodeDevices:
+    """The device plugin's view of the GPUs as read from the backend.
+
+    GPUs the catalog does not know are left out (their profiles are unknown); GPU instances
+    without their compute instance are not MIG devices yet and are not advertised.
+    """
+    gpus: list[devices.Gpu] = []
+    migs: list[devices.MigDevice] = []
+    for index in sorted(state):
+        info = state[index].info
+        if info.model is None:
+            continue
+        enabled = info.mig is not None and info.mig.current
+        gpus.append(
+            devices.Gpu(index, info.uuid, info.model, info.product_name, info.memory_mib, enabled)
+        )
+        if not enabled:
+            continue
+        for dev in state[index].devices:
+            if dev.uuid is None or dev.ci_id is None:
+                continue
+            migs.append(
+                devices.MigDevice(
+                    uuid=dev.uuid,
+                    gpu_index=index,
+                    profile=info.model.profile_named(dev.profile),
+                    start=dev.start,
+                    gpu_instance_id=dev.gi_id,
+                    compute_instance_id=dev.ci_id,
+                )
+            )
+    return devices.NodeDevices(gpus=tuple(gpus), mig_devices=tuple(migs))
+
+
+def labels_text(node_labels: Mapping[str, str]) -> str:
+    """GFD's feature-file format: one ``key=value`` line per label, sorted by key."""
+    return "".join(f"{k}={v}\n" for k, v in sorted(node_labels.items()))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def xid_event(event: backend.XidEvent) -> health.XidEvent:
+    """A backend XID event as the plugin's health rules take it."""
+    return health.XidEvent(
+        gpu_uuid=event.gpu_uuid,
+        xid=event.xid,
+        gpu_instance_id=event.gi_id,
+        compute_instance_id=event.ci_id,
+    )
+
+
+def device_counts(
+    advertised: Mapping[str, Sequence[devices.Device]],
+) -> dict[tuple[str, str], int]:
+    """``(resource, health) -> count`` of the advertised devices, for the metrics."""
+    counts: dict[tuple[str, str], int] = {}
+    for resource, devs in advertised.items():
+        for d in devs:
+            key = (resource, d.health.value)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+# --- the agent ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """How the agent loop behaves."""
+
+    strategy: devices.MigStrategy = devices.MigStrategy.MIXED
+    """MIG strategy the labels follow; the plugin must use the same (default ``mixed``)."""
+    interval_s: float = 30.0
+    """Seconds between periodic reconciliations (default 30)."""
+    watch_s: float = 1.0
+    """How often the desired-layout files are checked for changes, in seconds (default 1)."""
+    xid_wait_s: float = 0.5
+    """Longest wait for one XID event before checking for shutdown, in seconds (default 0.5)."""
+    labels_file: Path | None = None
+    """Where the GFD labels are written (``key=value`` lines); ``None``: not written."""
+
+
+class Agent:
+    """The node agent: reconcile, advertise, label, measure; in a loop until stopped.
+
+    ``plugin`` may be ``None`` (``--once``: reconcile and label without serving the kubelet).
+    Thread-safe: passes are serialised; the XID thread only talks to the plugin.
+    """
+
+    def __init__(
+        self,
+        *,
+        gpus: backend.GpuBackend,
+        in_use: reconciling.InUse,
+        source: DesiredSource,
+        plugin: Plugin | None,
+        agent_metrics: metrics.AgentMetrics,
+        clock: clocks.Clock,
+        settings: AgentSettings,
+    ) -> None:
+        self._backend = gpus
+        self._in_use = in_use
+        self._source = source
+        self._plugin = plugin
+        self._metrics = agent_metrics
+        self._clock = clock
+        self.settings = settings
+        self._reconciler = reconciling.Reconciler(
+            gpus, in_use, clock=clock, agent_metrics=agent_metrics
+        )
+        self._pass_lock = threading.Lock()
+        self._started = False
+        self._last_pass: float | None = None
+        self._last_fingerprint: Hashable = None
+        self._last_refusals: frozenset[str] = frozenset()
+        self._last_labels: str | None = None
+        self._view = devices.NodeDevices(gpus=())
+        self._stopping = threading.Event()
+        self._xid_thread: threading.Thread | None = None
+
+    # -- one pass ----------------------------------------------------------------------------
+    def reconcile(self) -> reconciling.Report:
+        """One pass: desired layouts, reconcile, advertise, labels, metrics."""
+        with self._pass_lock:
+            self._last_fingerprint = self._source.fingerprint()
+            self._last_pass = self._clock.monotonic()
+            want = self._desired()
+            report = self._reconciler.reconcile(want)
+            self._log_report(report)
+            self._publish(node_view(self._reconciler.read()))
+            return report
+
+    def _desired(self) -> dict[int, reconciling.DesiredGpu]:
+        state = self._reconciler.read()
+        try:
+            return self._source.desired(
+                gpus=[s.info for s in state.values()],
+                current={g: s.devices for g, s in state.items()},
+                in_use=self._in_use.in_use(),
+            )
+        except (errors.MigpilotError, OSError) as err:
+            detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            where = f": {err.filename}" if isinstance(err, OSError) and err.filename else ""
+            _log.error("desired layout unavailable, changing nothing: %s%s", detail, where)
+            return {}
+
+    def _log_report(self, report: reconciling.Report) -> None:
+        for applied in report.applied:
+            if applied.outcome is reconciling.Outcome.DONE:
+                _log.info("%s", applied.action)
+            elif applied.outcome is reconciling.Outcome.REFUSED:
+                _log.warning("%s refused: %s", applied.action, applied.detail)
+            else:
+                _log.error("%s failed: %s", applied.action, applied.detail)
+        refusals = tuple(dict.fromkeys(str(r) for r in report.refusals))
+        for text in refusals:
+            # Reported once at WARNING while it lasts; every pass repeats it at DEBUG.
+            level = logging.DEBUG if text in self._last_refusals else logging.WARNING
+            _log.log(level, "not done: %s", text)
+        self._last_refusals = frozenset(refusals)
+        if report.applied:
+            done = len(report.outcomes(reconciling.Outcome.DONE))
+            _log.info(
+                "reconfigured in %.2f s: %d of %d actions done%s",
+                report.duration_s,
+                done,
+                len(report.applied),
+                "" if report.converged else "; not converged, retrying at the next pass",
+            )
+
+    def _publish(self, view: devices.NodeDevices) -> None:
+        if self._plugin is not None and self._started:
+            try:
+                self._plugin.update(view)
+            except advertising.InvalidMigConfigurationError as err:
+                _log.error("new layout not advertised: %s", err)
+                return
+        self._view = view
+        self._write_labels(view)
+        self._refresh_device_metrics()
+
+    def _write_labels(self, view: devices.NodeDevices) -> None:
+        path = self.settings.labels_file
+        if path is None:
+            return
+        text = labels_text(labels.node_labels(view, self.settings.strategy))
+        if text == self._last_labels:
+            return
+        try:
+            write_atomically(path, text)
+        except OSError as err:
+            _log.error("cannot write labels to %s: %s", path, err.strerror or err)
+            return
+        self._last_labels = text
+        _log.info("labels written to %s (%d labels)", path, text.count("\n"))
+
+    def _refresh_device_metrics(self) -> None:
+        if self._plugin is not None and self._started:
+            self._metrics.set_devices(device_counts(self._plugin.advertised()))
+            return
+        try:
+            advertised = advertising.resources_for(self._view, self.settings.strategy)
+        except advertising.InvalidMigConfigurationError:
+            advertised = ()  # the single strategy would advertise nothing
+        self._metrics.set_devices(device_counts({r.name: r.devices for r in advertised}))
+
+    # -- the loop ----------------------------------------------------------------------------
+    def start(self) -> reconciling.Report:
+        """The first pass, then serve the plugin with its result and start the XID thread.
+
+        Raises :class:`advertising.InvalidMigConfigurationError` when the single strategy
+        cannot advertise the node (NVIDIA's plugin refuses to start too).
+        """
+        _log.info("desired layouts: %s", self._source.describe())
+        report = self.reconcile()
+        if self._plugin is None:
+            return report
+        with self._pass_lock:
+            self._plugin.start(self._view)
+            self._started = True
+            self._refresh_device_metrics()
+        self._stopping.clear()
+        self._xid_thread = threading.Thread(
+            target=self._pump_xids, name="migpilot-xid", daemon=True
+        )
+        self._xid_thread.start()
+        return report
+
+    def due(self) -> bool:
+        """True when a pass is due: the inputs changed or the interval elapsed."""
+        if self._last_pass is None:
+            return True
+        if self._source.fingerprint() != self._last_fingerprint:
+            return True
+        return self._clock.monotonic() - self._last_pass >= self.settings.interval_s
+
+    def tick(self) -> reconciling.Report | None:
+        """Run a pass if one is due; its report, or ``None``."""
+        if not self.due():
+            return None
+        if self._source.fingerprint() != self._last_fingerprint and self._last_pass is not None:
+            _log.info("desired-layout input changed: reconciling")
+        return self.reconcile()
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick until ``stop`` is set, checking inputs every ``watch_s`` seconds."""
+        while not stop.is_set():
+            try:
+                self.tick()
+            except backend.BackendError as err:
+                _log.error("GPU backend failed, retrying at the next pass: %s", err)
+            stop.wait(self.settings.watch_s)
+
+    def pump_xid(self, timeout_s: float) -> frozenset[str]:
+        """Wait up to ``timeout_s`` for one XID event and apply it; the devices it took down."""
+        event = self._backend.wait_xid(timeout_s)
+        if event is None or self._plugin is None:
+            return frozenset()
+        hit = self._plugin.report_xid(xid_event(event))
+        if hit:
+            with self._pass_lock:
+                self._refresh_device_metrics()
+        return hit
+
+    def _pump_xids(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.pump_xid(self.settings.xid_wait_s)
+            except backend.BackendError as err:
+                _log.error("waiting for XID events failed: %s", err)
+                self._stopping.wait(self.settings.xid_wait_s)
+
+    def stop(self) -> None:
+        """Stop the XID thread and the plugin (its sockets are removed)."""
+        self._stopping.set()
+        thread, self._xid_thread = self._xid_thread, None
+        if thread is not None:
+            thread.join()
+        if self._plugin is not None and self._started:
+            self._plugin.stop()
+            self._started = False
+
+    def view(self) -> devices.NodeDevices:
+        """The node as last advertised."""
+        with self._pass_lock:
+            return self._view
+
+
+# --- metrics over HTTP -------------------------------------------------------------------------
+
+
+class MetricsServer:
+    """The agent's metrics served over HTTP by ``prometheus_client`` from its own registry."""
+
+    def __init__(self, agent_metrics: metrics.AgentMetrics, *, port: int, address: str) -> None:
+        self._server, self._thread = prometheus_client.start_http_server(
+            port, addr=address, registry=agent_metrics.registry
+        )
+        self.port: int = self._server.server_port
+        _log.info("metrics on http://%s:%d/metrics", address or "0.0.0.0", self.port)
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()

@@ -1,0 +1,375 @@
+"""``migpilot agent``: the node agent as a command (reconcile MIG layouts, serve the kubelet).
+
+The shell around :mod:`migpilot.agent.running`: it checks every flag and the desired-layout
+files before anything starts (bad input is one line and exit code 2), opens the GPU backend,
+wires the reconciler's in-use sources (kubelet PodResources, the plugin's Allocate ledger,
+running processes), the device plugin, the labels file and the metrics server, and runs the loop
+until SIGTERM or SIGINT. ``--once`` reconciles once, prints what it did and exits: 0 when the
+node reached its desired layouts, 1 when something was refused or failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import IO
+
+from migpilot import errors
+from migpilot.agent import desired, reconciling, running
+from migpilot.agent import metrics as agent_metrics
+from migpilot.agent.deviceplugin import allocating, devices, podresources, serving
+from migpilot.gpu import backend, clocks, emulated, nvml
+
+EXIT_NOT_CONVERGED = 1
+"""``--once``: something the desired layouts ask for was refused or failed."""
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
+
+_log = logging.getLogger("migpilot.agent")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``agent`` to the top-level subparsers."""
+    p = subparsers.add_parser(
+        "agent",
+        help="run the node agent: reconcile MIG layouts and serve the kubelet device plugin",
+        description=(
+            "Reconcile the GPUs of this node towards desired MIG layouts (a mig-parted config), "
+            "never destroying an instance in use, and advertise the MIG devices to the kubelet "
+            "as NVIDIA's device plugin does, without ever restarting. Stops on SIGTERM/SIGINT."
+        ),
+    )
+    p.add_argument(
+        "--backend",
+        default="nvml",
+        metavar="nvml|emulated:MODEL:xN",
+        help="GPU backend: the driver through NVML (default), or emulated GPUs, e.g. "
+        "emulated:h100-80gb:x8 or emulated:a100-80gb:x4,a30:x2",
+    )
+    p.add_argument(
+        "--state-file",
+        metavar="FILE",
+        help="emulated backend: keep the GPUs' state in this file (survives restarts)",
+    )
+    p.add_argument(
+        "--strategy",
+        default="mixed",
+        metavar="none|single|mixed",
+        help="MIG strategy, as NVIDIA's --mig-strategy (default: mixed)",
+    )
+    p.add_argument(
+        "--device-list-strategy",
+        default="envvar",
+        metavar="envvar|cdi[,...]",
+        help="how Allocate names devices: NVIDIA_VISIBLE_DEVICES (envvar, default) or CDI names "
+        "(cdi, i.e. cdi-cri); both with envvar,cdi",
+    )
+    p.add_argument(
+        "--kubelet-dir",
+        default=DEFAULT_KUBELET_DIR,
+        metavar="DIR",
+        help="the kubelet's folder, holding device-plugins/ and pod-resources/ "
+        f"(default: {DEFAULT_KUBELET_DIR})",
+    )
+    p.add_argument(
+        "--no-kubelet",
+        action="store_true",
+        help="standalone: no kubelet on this machine; serve no device plugin and count only "
+        "devices with running processes as in use",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="nvidia-mig-parted config file with the desired layouts (re-read when it changes)",
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "-c",
+        "--config-name",
+        metavar="NAME",
+        help="the config in --config to apply (as mig-parted's -c)",
+    )
+    which.add_argument(
+        "--node-labels",
+        metavar="FILE",
+        help="key=value lines; the nvidia.com/mig.config line names the config to apply, as "
+        "mig-manager reads the node label (re-read when it changes)",
+    )
+    p.add_argument(
+        "--labels-file",
+        metavar="FILE",
+        help="write the GFD node labels here as key=value lines (GFD's --output-file format)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=0,
+        metavar="N",
+        help="serve Prometheus metrics on this port (default: 0, off)",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        metavar="ADDR",
+        help="address the metrics server listens on (default: 0.0.0.0)",
+    )
+    p.add_argument(
+        "--interval",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="seconds between periodic reconciliations (default: 30); file changes are seen "
+        "within a second",
+    )
+    p.add_argument("--once", action="store_true", help="reconcile once, print the result and exit")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    p.set_defaults(func=cmd_agent)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the interval must be more than 0 seconds")
+    return value
+
+
+def _device_list(text: str) -> tuple[devices.DeviceListStrategy, ...]:
+    parts = [p for p in (t.strip() for t in text.split(",")) if p]
+    if not parts:
+        raise errors.AgentConfigError("--device-list-strategy names no strategy")
+    return tuple(dict.fromkeys(devices.DeviceListStrategy.parse(p) for p in parts))
+
+
+def _source(args: argparse.Namespace) -> running.DesiredSource:
+    """The desired-layout source the flags name, checked (file readable, name known)."""
+    if args.config is None:
+        if args.config_name is not None or args.node_labels is not None:
+            flag = "-c" if args.config_name is not None else "--node-labels"
+            raise errors.AgentConfigError(f"{flag} needs --config FILE (a mig-parted config)")
+        return running.KeepLayout()
+    if args.config_name is None and args.node_labels is None:
+        raise errors.AgentConfigError(
+            "--config needs -c NAME or --node-labels FILE to say which config to apply"
+        )
+    source = running.MigPartedConfig(
+        Path(args.config),
+        name=args.config_name,
+        labels_path=Path(args.node_labels) if args.node_labels is not None else None,
+    )
+    name = source.config_name()
+    if name is not None:
+        # Checks the name alone (no GPUs yet): unknown names fail with a did-you-mean hint.
+        desired.from_migparted(source.load(), name, gpus=())
+    return source
+
+
+def _open_backend(args: argparse.Namespace) -> backend.GpuBackend:
+    spec = args.backend.strip()
+    if spec == "nvml":
+        if args.state_file is not None:
+            raise errors.AgentConfigError("--state-file applies only to an emulated backend")
+        return nvml.NvmlBackend()
+    models = emulated.parse_spec(spec).models
+    state = Path(args.state_file) if args.state_file is not None else None
+    if state is not None and not state.parent.is_dir():
+        raise errors.AgentConfigError(f"--state-file {state}: folder {state.parent} does not exist")
+    return emulated.EmulatedBackend(
+        models, state_path=state, clock=clocks.SystemClock(), times=emulated.OperationTimes()
+    )
+
+
+def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
+    """Check the flags, open the backend, run the agent."""
+    strategy = devices.MigStrategy.parse(args.strategy)
+    list_strategies = _device_list(args.device_list_strategy)
+    kubelet_dir = Path(args.kubelet_dir)
+    plugin_dir = kubelet_dir / "device-plugins"
+    serve = not args.no_kubelet and not args.once
+    if serve and not plugin_dir.is_dir():
+        raise errors.AgentConfigError(
+            f"kubelet device-plugin folder {plugin_dir} does not exist (see --kubelet-dir, "
+            "--no-kubelet)"
+        )
+    labels_file = Path(args.labels_file) if args.labels_file is not None else None
+    if labels_file is not None and not labels_file.parent.is_dir():
+        raise errors.AgentConfigError(
+            f"--labels-file {labels_file}: folder {labels_file.parent} does not exist"
+        )
+    source = _source(args)
+    gpus = _open_backend(args)
+    try:
+        # A config that names unknown profiles or cannot be placed on these GPUs fails here,
+        # before anything changes.
+        state = reconciling.Reconciler(gpus, reconciling.InUseSet()).read()
+        source.desired(
+            gpus=[s.info for s in state.values()],
+            current={g: s.devices for g, s in state.items()},
+            in_use=frozenset(),
+        )
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.INFO,
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        settings = running.AgentSettings(
+            strategy=strategy, interval_s=args.interval, labels_file=labels_file
+        )
+        if args.once:
+            return _run_once(
+                args, gpus=gpus, source=source, settings=settings, kubelet_dir=kubelet_dir, out=out
+            )
+        plugin_settings = serving.PluginSettings(
+            plugin_dir=plugin_dir,
+            strategy=strategy,
+            allocate=allocating.AllocateSettings(device_list_strategies=list_strategies),
+        )
+        return _serve(
+            args,
+            gpus=gpus,
+            source=source,
+            settings=settings,
+            plugin_settings=plugin_settings,
+            kubelet_dir=kubelet_dir,
+        )
+    finally:
+        gpus.close()
+
+
+def _kubelet_in_use(
+    gpus: backend.GpuBackend,
+    *,
+    kubelet_dir: Path,
+    plugin: serving.DevicePlugin | None,
+    timeout_s: float,
+) -> tuple[reconciling.InUse, podresources.PodResourcesClient]:
+    socket = kubelet_dir / "pod-resources" / "kubelet.sock"
+    client = podresources.PodResourcesClient(socket, timeout_s=timeout_s)
+    source = running.FailClosed(
+        running.PodResourcesInUse(podresources.KubeletInUse(client, plugin), socket_path=socket),
+        everything=lambda: running.mig_uuids(gpus),
+        failures=(podresources.PodResourcesError,),
+        what="the kubelet's PodResources API",
+    )
+    return source, client
+
+
+def _run_once(
+    args: argparse.Namespace,
+    *,
+    gpus: backend.GpuBackend,
+    source: running.DesiredSource,
+    settings: running.AgentSettings,
+    kubelet_dir: Path,
+    out: IO[str],
+) -> int:
+    sources: list[reconciling.InUse] = [reconciling.RunningProcesses(gpus)]
+    client = None
+    if not args.no_kubelet:
+        kubelet, client = _kubelet_in_use(gpus, kubelet_dir=kubelet_dir, plugin=None, timeout_s=5.0)
+        sources.append(kubelet)
+    agent = running.Agent(
+        gpus=gpus,
+        in_use=reconciling.AnyOf(sources),
+        source=source,
+        plugin=None,
+        agent_metrics=agent_metrics.AgentMetrics(),
+        clock=clocks.SystemClock(),
+        settings=settings,
+    )
+    try:
+        report = agent.start()
+    finally:
+        if client is not None:
+            client.close()
+    for applied in report.applied:
+        detail = f": {applied.detail}" if applied.detail else ""
+        out.write(f"{applied.outcome.value:8} {applied.action}{detail}\n")
+    for refusal in report.refusals:
+        out.write(f"not done {refusal}\n")
+    for index in sorted(report.devices):
+        layout = report.layout(index)
+        out.write(f"GPU {index}: {layout if layout.instances else '(no MIG instances)'}\n")
+    failed = report.outcomes(reconciling.Outcome.FAILED) or report.outcomes(
+        reconciling.Outcome.REFUSED
+    )
+    if report.converged and not report.refusals and not failed:
+        return 0
+    return EXIT_NOT_CONVERGED
+
+
+def _serve(
+    args: argparse.Namespace,
+    *,
+    gpus: backend.GpuBackend,
+    source: running.DesiredSource,
+    settings: running.AgentSettings,
+    plugin_settings: serving.PluginSettings,
+    kubelet_dir: Path,
+) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        # Set from another thread: Event.set takes a lock the interrupted frame may hold.
+        _log.info("%s received: stopping", signal.Signals(signum).name)
+        threading.Thread(target=stop.set, name="migpilot-stop").start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    the_metrics = agent_metrics.AgentMetrics()
+    plugin: serving.DevicePlugin | None = None
+    client: podresources.PodResourcesClient | None = None
+    sources: list[reconciling.InUse] = [reconciling.RunningProcesses(gpus)]
+    if not args.no_kubelet:
+        plugin = serving.DevicePlugin(plugin_settings)
+        kubelet, client = _kubelet_in_use(
+            gpus, kubelet_dir=kubelet_dir, plugin=plugin, timeout_s=plugin_settings.rpc_timeout_s
+        )
+        sources += [kubelet, running.HandedOut(plugin)]
+    agent = running.Agent(
+        gpus=gpus,
+        in_use=reconciling.AnyOf(sources),
+        source=source,
+        plugin=plugin,
+        agent_metrics=the_metrics,
+        clock=clocks.SystemClock(),
+        settings=settings,
+    )
+    server = None
+    try:
+        if args.metrics_port:
+            try:
+                server = running.MetricsServer(
+                    the_metrics, port=args.metrics_port, address=args.metrics_address
+                )
+            except OSError as err:
+                raise errors.AgentConfigError(
+                    f"cannot serve metrics on {args.metrics_address}:{args.metrics_port}: "
+                    f"{err.strerror or err}"
+                ) from None
+        agent.start()
+        agent.run(stop)
+    finally:
+        agent.stop()
+        if server is not None:
+            server.close()
+        if client is not None:
+            client.close()
+    _log.info("stopped")
+    return 0

@@ -1,0 +1,184 @@
+"""``migpilot agent``: bad input is one line and exit 2 before anything starts; ``--once`` works.
+
+Everything here runs ``cli.main`` in process with ``--once`` or a flag that fails before the
+agent starts, so no socket is served and nothing waits.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from migpilot.cli import main as cli
+
+CONFIG = """\
+version: v1
+mig-configs:
+  all-1g.10gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 7}
+  balanced:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 1, "2g.20gb": 1, "3g.40gb": 1}
+  too-big:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"4g.40gb": 2}
+  a100-only:
+    - device-filter: "0x20B010DE"
+      devices: all
+      mig-enabled: true
+      mig-devices: {"1g.5gb": 9}
+"""
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = cli.main(["agent", *argv], out=out)
+    return code, out.getvalue()
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "mig-parted.yaml"
+    path.write_text(CONFIG)
+    return path
+
+
+@pytest.fixture
+def kubelet_dir(tmp_path: Path) -> Path:
+    (tmp_path / "kubelet" / "device-plugins").mkdir(parents=True)
+    return tmp_path / "kubelet"
+
+
+BAD_CASES = [
+    (["--strategy", "mixd"], "unknown MIG strategy 'mixd' (choose none, single, mixed)"),
+    (["--backend", "cuda"], "unknown backend 'cuda' (expected nvml or emulated:MODEL:xN"),
+    (["--backend", "emulated:h100-81gb:x2"], "backend 'emulated:h100-81gb:x2': unknown GPU"),
+    (["--backend", "emulated:h100-80gb:x0"], "GPU count must be 1 to 64, got 0"),
+    (["--backend", "emulated"], "names no GPU model"),
+    (["--device-list-strategy", "volume"], "unknown device-list strategy 'volume'"),
+    (["--device-list-strategy", ","], "--device-list-strategy names no strategy"),
+    (["--config", "{config}"], "--config needs -c NAME or --node-labels FILE"),
+    (["-c", "balanced"], "-c needs --config FILE"),
+    (["--config", "{config}", "-c", "balancd"], "no config 'balancd'; did you mean 'balanced'?"),
+    (
+        ["--config", "{config}", "-c", "too-big"],
+        "config 'too-big' entry 0 cannot be placed on GPU 0",
+    ),
+    (["--config", "{missing}", "-c", "balanced"], "No such file or directory"),
+    (["--config", "{config}", "--node-labels", "{labels}"], "no config 'nope'"),
+    (["--backend", "nvml", "--state-file", "{tmp}/s.json"], "--state-file applies only to an"),
+    (["--state-file", "{tmp}/no/such/s.json"], "does not exist"),
+    (["--labels-file", "{tmp}/no/such/labels"], "--labels-file"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_CASES, ids=[m for _, m in BAD_CASES])
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str],
+    message: str,
+    config: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    labels = tmp_path / "node-labels"
+    labels.write_text("nvidia.com/mig.config=nope\n")
+    state = tmp_path / "state.json"
+    values = {
+        "config": str(config),
+        "missing": str(tmp_path / "absent.yaml"),
+        "labels": str(labels),
+        "tmp": str(tmp_path),
+    }
+    args = [a.format(**values) for a in argv]
+    if "--backend" not in args:
+        args += ["--backend", "emulated:h100-80gb:x2"]
+    if "--state-file" not in args and "nvml" not in args:
+        args += ["--state-file", str(state)]
+    code, out = run(*args, "--once", "--no-kubelet")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert out == ""
+    assert err.startswith("migpilot: error: ") and err.count("\n") == 1, err
+    assert message in err
+    if state.exists():  # the emulated GPUs were opened, but nothing was created
+        gpus = json.loads(state.read_text())["gpus"]
+        assert all(g["instances"] == [] for g in gpus)
+
+
+def test_missing_kubelet_folder_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _ = run("--backend", "emulated:a30", "--kubelet-dir", str(tmp_path / "nope"))
+    assert code == 2
+    assert "device-plugin folder" in capsys.readouterr().err
+
+
+def test_mutually_exclusive_name_and_labels(config: Path) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        run("--config", str(config), "-c", "balanced", "--node-labels", "x")
+    assert exit_.value.code == 2
+
+
+def test_once_applies_then_is_idempotent(
+    config: Path,
+    kubelet_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    state = tmp_path / "state.json"
+    labels = tmp_path / "labels"
+    common = [
+        "--backend",
+        "emulated:h100-80gb:x2",
+        "--state-file",
+        str(state),
+        "--config",
+        str(config),
+        "--kubelet-dir",
+        str(kubelet_dir),
+        "--once",
+    ]
+    code, out = run(*common, "-c", "balanced", "--labels-file", str(labels))
+    assert code == 0, capsys.readouterr().err
+    assert out.count("done     GPU ") == 6
+    assert "GPU 1: 2g.20gb@0 1g.10gb@2 3g.40gb@4\n" in out
+    assert "nvidia.com/mig-2g.20gb.count=2\n" in labels.read_text()
+    code, out = run(*common, "-c", "balanced")
+    assert code == 0
+    assert "done" not in out
+    # No kubelet answers here: devices count as in use, so the change is refused (exit 1).
+    caplog.clear()
+    code, out = run(*common, "-c", "all-1g.10gb")
+    assert code == 1
+    assert "is in use; desired 1g.10gb@0 not created" in out
+    assert "PodResources API cannot be asked" in caplog.text
+    # Standalone, only processes hold devices: the change goes through.
+    code, out = run(*common, "-c", "all-1g.10gb", "--no-kubelet")
+    assert code == 0
+    assert out.endswith("GPU 1: " + " ".join(f"1g.10gb@{s}" for s in range(7)) + "\n")
+
+
+def test_entries_that_match_no_gpu_leave_it_alone(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a100-only would not place 9 x 1g.5gb, but no A100 is on this node: nothing to do.
+    code, out = run(
+        "--backend",
+        "emulated:h100-80gb",
+        "--config",
+        str(config),
+        "-c",
+        "a100-only",
+        "--once",
+        "--no-kubelet",
+    )
+    assert code == 0, capsys.readouterr().err
+    assert out == "GPU 0: (no MIG instances)\n"
