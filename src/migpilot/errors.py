@@ -43,3 +43,7 @@ class TraceError(MigpilotError):
 
 class AgentConfigError(MigpilotError):
     """Node-agent settings that cannot work: unknown strategy or backend, unplaceable layout."""
+
+
+class ClusterSpecError(MigpilotError):
+    """A simulated cluster spec (``h100-80gb:8x8,a100-80gb:4x8``) that does not parse."""

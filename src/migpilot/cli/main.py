@@ -11,7 +11,7 @@ import yaml
 
 import migpilot
 from migpilot import errors
-from migpilot.cli import config_cmd, mig_cmds, plan_cmd
+from migpilot.cli import agent_cmd, config_cmd, mig_cmds, plan_cmd, simulate_cmd
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     mig_cmds.register(sub)
     config_cmd.register(sub)
     plan_cmd.register(sub)
+    simulate_cmd.register(sub)
+    agent_cmd.register(sub)
     return parser
 
 

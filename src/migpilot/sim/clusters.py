@@ -1,0 +1,112 @@
+"""Simulated clusters: the ``h100-80gb:8x8,a100-80gb:4x8`` spec and the nodes it stands for.
+
+A spec is a comma-separated list of ``MODEL:NODESxGPUS`` groups (any catalog alias for the
+model). Every node gets the CPU and memory per GPU of the openb trace's most common GPU node (8
+GPUs, 96 cores, 384 GiB: 12 cores and 48 GiB per GPU) and the ``nvidia.com/gpu.product`` label.
+
+Pure core: may import :mod:`migpilot.errors`, :mod:`migpilot.mig` and :mod:`migpilot.planning`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from migpilot import errors
+from migpilot.mig import catalog, profiles
+from migpilot.planning import snapshot
+
+DEFAULT_SPEC = "h100-80gb:8x8,a100-80gb:4x8"
+"""The default cluster (inflate mode): 96 GPUs of two models."""
+DEFAULT_FAITHFUL_SPEC = "h100-80gb:4x8,a100-80gb:2x8"
+"""The default cluster in faithful mode: 48 GPUs, which the openb default trace keeps busy
+(its pods ask for about 65 GPUs at its peak, more once rounded up to MIG profiles)."""
+CPU_MILLI_PER_GPU = 12_000
+MEMORY_PER_GPU = 48 * 2**30
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+_GROUP = re.compile(r"^(?P<model>[^:]+):(?P<nodes>\d+)x(?P<gpus>\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Identical nodes: ``nodes`` nodes of ``gpus`` GPUs of one model."""
+
+    model: profiles.GpuModel
+    nodes: int
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One node of the cluster as it starts."""
+
+    name: str
+    model: profiles.GpuModel
+    gpus: int
+    labels: MappingProxyType[str, str]
+    allocatable: snapshot.Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """The simulated cluster."""
+
+    spec: str
+    groups: tuple[Group, ...]
+    nodes: tuple[NodeSpec, ...]
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs in the cluster."""
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def compute_slices(self) -> int:
+        """Compute slices of all GPUs together (the allocation ratio's denominator)."""
+        return sum(n.gpus * n.model.compute_slices for n in self.nodes)
+
+    @property
+    def reference_model(self) -> profiles.GpuModel:
+        """The model trace pods' GPU shares are mapped on (the first group's)."""
+        return self.groups[0].model
+
+
+def parse(spec: str) -> Cluster:
+    """Parse ``MODEL:NODESxGPUS[,...]``; raise :class:`ClusterSpecError` naming the bad group."""
+    groups: list[Group] = []
+    for raw in spec.split(","):
+        text = raw.strip()
+        m = _GROUP.match(text)
+        if m is None:
+            raise errors.ClusterSpecError(
+                f"cluster: {text!r} is not MODEL:NODESxGPUS (like h100-80gb:8x8)"
+            )
+        try:
+            model = catalog.resolve_gpu(m["model"])
+        except errors.UnknownGpuError as e:
+            raise errors.ClusterSpecError(f"cluster: {e}") from None
+        nodes, gpus = int(m["nodes"]), int(m["gpus"])
+        if nodes < 1 or gpus < 1:
+            raise errors.ClusterSpecError(f"cluster: {text!r} needs at least one node and one GPU")
+        groups.append(Group(model, nodes, gpus))
+    out: list[NodeSpec] = []
+    for g in groups:
+        label = g.model.gfd_product_names[0] if g.model.gfd_product_names else g.model.id
+        width = max(len(str(g.nodes - 1)), 2)
+        for i in range(g.nodes):
+            out.append(
+                NodeSpec(
+                    name=f"{g.model.id}-{i:0{width}d}",
+                    model=g.model,
+                    gpus=g.gpus,
+                    labels=MappingProxyType({PRODUCT_LABEL: label}),
+                    allocatable=snapshot.Resources(
+                        g.gpus * CPU_MILLI_PER_GPU, g.gpus * MEMORY_PER_GPU
+                    ),
+                )
+            )
+    names = [n.name for n in out]
+    if len(set(names)) != len(names):
+        raise errors.ClusterSpecError(f"cluster: {spec!r} names a GPU model twice")
+    return Cluster(spec=spec, groups=tuple(groups), nodes=tuple(out))

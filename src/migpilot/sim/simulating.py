@@ -1,0 +1,961 @@
+"""The discrete-event simulator: a Kubernetes cluster with MIG GPUs on a virtual clock.
+
+Events, in time order (ties in the order they were scheduled):
+
+- **arrival**: a pod is created. The scheduler model (kube-scheduler's) tries it at once: a node
+  fits when it advertises enough free, unreserved MIG instances of each profile the pod asks for
+  and has the CPU and memory; among fitting nodes ``binpack`` takes the most allocated (compute
+  slices held or reserved), ``spread`` the least; ties go to the first node. A pod no node could
+  run even empty is rejected with a reason. Otherwise it waits.
+- **plan**: a batch window after the first pod is left waiting (and after any later change), the
+  partitioning policy is given a snapshot (every GPU with its instances, those held by pods,
+  reserved or still being created marked *used*; every waiting pod) and returns a plan. Its
+  actions run per GPU one after another: destroying an instance takes ``destroy_s``, creating one
+  ``create_s``; a created instance is seen by the scheduler ``advertise_s`` after it exists. The
+  plan's placements reserve instances (existing or to be created) and CPU/memory for their pods.
+- **bind**: a pod whose reserved instances are all advertised is bound to them.
+- **visible**: an instance created without a pod (nos creates whole geometries) is advertised;
+  waiting pods are tried on its node.
+- **departure** (faithful mode): the pod's run time after binding is over; its instances stay,
+  free, and waiting pods are tried on that node.
+
+Two replay modes: ``faithful`` uses the trace's arrival times and run times and stops at the
+trace's end; ``inflate`` (the method of Weng et al., ATC'23) submits pods in trace order,
+``inflate_gap_s`` apart, with no departures, until the compute they request reaches
+``inflate_fraction`` of the cluster's, and stops when nothing is left to happen.
+
+Invariants are asserted on every event (:class:`InvariantViolation`, a bug, never a user error):
+no instance is destroyed while a pod holds it or it is reserved, every target layout is valid,
+every pod is bound at most once and is in exactly one state (not yet arrived, waiting, reserved,
+running, finished or rejected), and the per-state counts add up to the trace. With ``paranoid``
+the whole cluster is also recounted after every event (tests).
+
+Pure core: no clock (the planner CPU time is measured by a ``cpu_clock`` the caller passes; the
+default reads nothing and reports 0), no I/O, no randomness. May import :mod:`migpilot.errors`,
+:mod:`migpilot.mig`, :mod:`migpilot.planning` and this package.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import heapq
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from migpilot import errors
+from migpilot.mig import layouts, profiles
+from migpilot.planning import plans, snapshot
+from migpilot.sim import clusters, policies, traces
+
+CpuClock = Callable[[], float]
+Progress = Callable[[float], None]
+
+
+class InvariantViolation(AssertionError):  # noqa: N818 - it is an assertion, named for what broke
+    """The simulation broke one of its invariants: a bug in a policy or in the simulator."""
+
+
+class Mode(enum.StrEnum):
+    """How a trace is replayed."""
+
+    FAITHFUL = "faithful"
+    """The trace's arrival and run times; the cluster should be sized so it is busy."""
+    INFLATE = "inflate"
+    """Arrivals in trace order without departures until requests reach a share of the cluster."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Modelled durations, in seconds of virtual time."""
+
+    create_s: float = 0.1
+    """Creating one GPU instance (measured on A100/H100 with nvidia-smi). Default 0.1."""
+    destroy_s: float = 0.15
+    """Destroying one GPU instance. Default 0.15."""
+    advertise_s: float = 1.0
+    """From an instance existing to the scheduler seeing it (device plugin, kubelet). Default 1."""
+    batch_window_s: float = 1.0
+    """How long waiting pods are collected before the policy plans. Default 1."""
+    inflate_gap_s: float = 0.2
+    """Inflate mode: time between two arrivals. Default 0.2."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How to simulate."""
+
+    mode: Mode = Mode.INFLATE
+    """Replay mode. Default inflate."""
+    inflate_fraction: float = 1.3
+    """Inflate mode: stop submitting once requests reach this share of the cluster's compute
+    slices. Default 1.3 (130 %)."""
+    shuffle_seed: int | None = 1
+    """Inflate mode: submit the trace's pods in an order shuffled with this seed (as the
+    simulator of Weng et al. does); ``None``: in trace order. Default 1."""
+    scoring: snapshot.Policy = snapshot.Policy.BINPACK
+    """Scheduler node scoring and the planner's node policy. Default binpack."""
+    timing: Timing = Timing()
+    paranoid: bool = False
+    """Recount the whole cluster after every event (slow; for tests). Default off."""
+
+
+class PodState(enum.StrEnum):
+    """Where a pod is in its life."""
+
+    NOT_ARRIVED = "not-arrived"
+    WAITING = "waiting"
+    RESERVED = "reserved"
+    """A plan reserved instances for it; it binds when they are advertised."""
+    RUNNING = "running"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class PodOutcome:
+    """What happened to one pod."""
+
+    name: str
+    state: PodState
+    arrival: float
+    bound_at: float | None
+    node: str | None
+    reason: str | None
+    """Why a rejected pod can never run, or why a pod still waits at the end."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """The figures of one simulation."""
+
+    policy: str
+    mode: Mode
+    pods_total: int
+    pods_scheduled: int
+    pods_rejected: int
+    allocation_ratio: float
+    """Inflate: compute slices held by pods at the end over the cluster's. Faithful: the same
+    ratio averaged over time from the first arrival to the end."""
+    pending_s: tuple[float, ...]
+    """Per pod that arrived and was not rejected: arrival to binding, or to the end if never
+    bound (in trace order)."""
+    reconfigurations: int
+    """GPUs whose layout a plan changed (one per GPU per plan)."""
+    instances_destroyed: int
+    planner_seconds: float
+    planner_calls: int
+    placements_refused: int
+    """Pods a plan placed on a node without the CPU or memory left (left waiting)."""
+    end: float
+    """Virtual time the simulation stopped."""
+    ratio_over_time: tuple[tuple[float, float], ...]
+    """(time, allocation ratio) after every change."""
+    outcomes: tuple[PodOutcome, ...] = field(repr=False)
+
+    def pending_percentile(self, q: float) -> float:
+        """The ``q``-th percentile (0-100, nearest rank) of :attr:`pending_s`; 0 when empty."""
+        return percentile(self.pending_s, q)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of ``values`` (0 for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def replayed(
+    trace: traces.Trace, *, cluster: clusters.Cluster, settings: Settings
+) -> list[tuple[traces.TracePod, float, float | None]]:
+    """The pods a replay submits, with their arrival time and run time (``None``: to the end).
+
+    Faithful: every pod, as the trace has it. Inflate: pods in trace order, ``inflate_gap_s``
+    apart and never leaving, until the compute slices they request (on the model they resolve
+    on first, the reference model first) reach ``inflate_fraction`` of the cluster's.
+    """
+    if settings.mode is Mode.FAITHFUL:
+        if not trace.timed:
+            raise errors.TraceError(
+                f"{trace.name} has no arrival and deletion times; replay it with --mode inflate"
+            )
+        return [(tp, tp.arrival, tp.duration) for tp in trace.pods]
+    if not settings.inflate_fraction > 0:
+        raise errors.MigpilotError(
+            f"the inflate fraction must be above 0, got {settings.inflate_fraction}"
+        )
+    target = settings.inflate_fraction * cluster.compute_slices
+    models = [cluster.reference_model, *(g.model for g in cluster.groups)]
+    order = list(trace.pods)
+    if settings.shuffle_seed is not None:
+        random.Random(settings.shuffle_seed).shuffle(order)
+    out: list[tuple[traces.TracePod, float, float | None]] = []
+    requested = 0
+    for tp in order:
+        if requested >= target:
+            break
+        out.append((tp, len(out) * settings.timing.inflate_gap_s, None))
+        requested += next((s for m in models if (s := _slices(tp.mig, m)) is not None), 0)
+    return out
+
+
+# --------------------------------------------------------------------------- mutable state
+
+
+class _Inst:
+    """A MIG instance in the simulated cluster."""
+
+    __slots__ = ("advertised", "holder", "profile", "reserved_for", "slices", "start", "visible_at")
+
+    def __init__(self, profile: str, start: int, slices: int, visible_at: float) -> None:
+        self.profile = profile
+        self.start = start
+        self.slices = slices
+        self.visible_at = visible_at
+        self.advertised = False
+        """Whether the scheduler sees it (its visible event ran)."""
+        self.holder: _Pod | None = None
+        self.reserved_for: _Pod | None = None
+
+    @property
+    def free(self) -> bool:
+        return self.holder is None and self.reserved_for is None
+
+
+class _Gpu:
+    __slots__ = ("busy_until", "cached", "index", "insts", "model", "node")
+
+    def __init__(self, node: _Node, index: int, model: profiles.GpuModel) -> None:
+        self.node = node
+        self.index = index
+        self.model = model
+        self.insts: dict[int, _Inst] = {}
+        self.busy_until = 0.0
+        self.cached: snapshot.Gpu | None = None
+
+
+class _Node:
+    __slots__ = (
+        "busy_slices",
+        "cached",
+        "cpu_free",
+        "free",
+        "gpus",
+        "mem_free",
+        "order",
+        "spec",
+    )  # fmt: skip
+
+    def __init__(self, spec: clusters.NodeSpec, order: int) -> None:
+        self.spec = spec
+        self.order = order
+        self.gpus = [_Gpu(self, i, spec.model) for i in range(spec.gpus)]
+        self.cpu_free = spec.allocatable.cpu_milli
+        self.mem_free = spec.allocatable.memory_bytes
+        self.free: Counter[str] = Counter()
+        """Advertised instances nobody holds or reserved, per profile."""
+        self.busy_slices = 0
+        """Compute slices held or reserved (the scheduler's allocation score)."""
+        self.cached: snapshot.Node | None = None
+
+
+class _Pod:
+    __slots__ = (
+        "arrival",
+        "bound_at",
+        "duration",
+        "index",
+        "insts",
+        "node",
+        "reason",
+        "spod",
+        "state",
+        "trace",
+    )  # fmt: skip
+
+    def __init__(self, trace: traces.TracePod, index: int, arrival: float) -> None:
+        self.trace = trace
+        self.index = index
+        self.spod = snapshot.Pod(
+            name=trace.name,
+            namespace="default",
+            priority=0,
+            mig=trace.mig,
+            cpu_milli=trace.cpu_milli,
+            memory_bytes=trace.memory_bytes,
+            node_selector=MappingProxyType({}),
+            affinity=(),
+            tolerations=(),
+        )
+        self.state = PodState.NOT_ARRIVED
+        self.arrival = arrival
+        self.bound_at: float | None = None
+        self.node: _Node | None = None
+        self.insts: list[_Inst] = []
+        self.reason: str | None = None
+        self.duration = trace.duration
+
+
+class _Kind(enum.IntEnum):
+    # Same-time order: instances appear and pods leave before arrivals are tried, plans last.
+    VISIBLE = 0
+    BIND = 1
+    DEPARTURE = 2
+    ARRIVAL = 3
+    PLAN = 4
+
+
+@functools.lru_cache(maxsize=4096)
+def _needs(mig: tuple[snapshot.MigRequest, ...], model: profiles.GpuModel) -> Counter[str] | None:
+    names = snapshot.resolve_request(mig, model)
+    return None if names is None else Counter(names)
+
+
+@functools.lru_cache(maxsize=4096)
+def _slices(mig: tuple[snapshot.MigRequest, ...], model: profiles.GpuModel) -> int | None:
+    names = snapshot.resolve_request(mig, model)
+    if names is None:
+        return None
+    return sum(model.profile_named(n).compute_slices for n in names)
+
+
+def _fits_empty(mig: tuple[snapshot.MigRequest, ...], model: profiles.GpuModel, gpus: int) -> bool:
+    """Whether the request could be placed on ``gpus`` empty GPUs of ``model``."""
+    return _fits_empty_cached(mig, model, gpus)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fits_empty_cached(
+    mig: tuple[snapshot.MigRequest, ...], model: profiles.GpuModel, gpus: int
+) -> bool:
+    names = snapshot.resolve_request(mig, model)
+    if names is None:
+        return False
+    # First-fit decreasing over empty GPUs, each packed exactly.
+    bins: list[list[str]] = []
+    for name in sorted(names, key=lambda n: -model.profile_named(n).memory_slots):
+        for b in bins:
+            try:
+                layouts.place(model, [*b, name])
+            except errors.LayoutError:
+                continue
+            b.append(name)
+            break
+        else:
+            if len(bins) == gpus:
+                return False
+            bins.append([name])
+    return True
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+class _Simulation:
+    def __init__(
+        self,
+        *,
+        trace: traces.Trace,
+        cluster: clusters.Cluster,
+        policy: policies.Policy,
+        settings: Settings,
+        cpu_clock: CpuClock,
+        progress: Progress | None,
+    ) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.settings = settings
+        self.timing = settings.timing
+        self.cpu_clock = cpu_clock
+        self.progress = progress
+        self.nodes = [_Node(spec, i) for i, spec in enumerate(cluster.nodes)]
+        self.node_by_name = {n.spec.name: n for n in self.nodes}
+        self.total_slices = cluster.compute_slices
+        self.events: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.held_slices = 0
+        self.samples: list[tuple[float, float]] = [(0.0, 0.0)]
+        self.area = 0.0
+        self.last_t = 0.0
+        self.counts: Counter[PodState] = Counter()
+        self.waiting: dict[str, _Pod] = {}
+        self.plan_pending = False
+        self.dirty = False
+        self.reconfigurations = 0
+        self.destroyed = 0
+        self.refused = 0
+        self.planner_seconds = 0.0
+        self.planner_calls = 0
+        self.pods = self._admit_trace(trace)
+        self.by_name = {p.trace.name: p for p in self.pods}
+        self.counts[PodState.NOT_ARRIVED] = len(self.pods)
+        self.horizon = self._horizon()
+        for node in self.nodes:
+            for gpu in node.gpus:
+                for inst in policy.initial_layout(node.spec.model, gpu.index).instances:
+                    self._add_instance(gpu, inst.profile, inst.start, visible_at=0.0)
+        for pod in self.pods:
+            self._push(pod.arrival, _Kind.ARRIVAL, pod)
+        self.first_arrival = self.pods[0].arrival if self.pods else 0.0
+
+    # -- setup
+
+    def _admit_trace(self, trace: traces.Trace) -> list[_Pod]:
+        out: list[_Pod] = []
+        for i, (tp, arrival, duration) in enumerate(
+            replayed(trace, cluster=self.cluster, settings=self.settings)
+        ):
+            pod = _Pod(tp, i, arrival)
+            pod.duration = duration
+            out.append(pod)
+        return out
+
+    def _horizon(self) -> float:
+        if self.settings.mode is Mode.INFLATE:
+            return math.inf
+        end = 0.0
+        for p in self.pods:
+            end = max(end, p.arrival + (p.duration or 0.0))
+        return end
+
+    # -- events
+
+    def _push(self, t: float, kind: _Kind, payload: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, int(kind), self.seq, payload))
+
+    def run(self) -> Result:
+        arrivals = len(self.pods)
+        seen = 0
+        step = max(arrivals // 100, 1)
+        while self.events:
+            t, kind, _, payload = heapq.heappop(self.events)
+            if t > self.horizon:
+                break
+            self._advance(t)
+            if kind == _Kind.ARRIVAL:
+                assert isinstance(payload, _Pod)
+                self._arrive(payload)
+                seen += 1
+                if self.progress is not None and seen % step == 0:
+                    self.progress(seen / arrivals)
+            elif kind == _Kind.BIND:
+                assert isinstance(payload, _Pod)
+                self._bind_reserved(payload)
+            elif kind == _Kind.DEPARTURE:
+                assert isinstance(payload, _Pod)
+                self._depart(payload)
+            elif kind == _Kind.VISIBLE:
+                assert isinstance(payload, tuple)
+                self._visible(*payload)
+            else:
+                self._plan()
+            self._check()
+        end = self.now if self.settings.mode is Mode.INFLATE else self.horizon
+        self._advance(max(end, self.now))
+        if self.progress is not None:
+            self.progress(1.0)
+        return self._result(end)
+
+    def _advance(self, t: float) -> None:
+        if t > self.last_t:
+            self.area += self.held_slices * (t - self.last_t)
+            self.last_t = t
+        self.now = max(self.now, t)
+
+    def _sample(self) -> None:
+        ratio = self.held_slices / self.total_slices
+        if self.samples and self.samples[-1][0] == self.now:
+            self.samples[-1] = (self.now, ratio)
+        else:
+            self.samples.append((self.now, ratio))
+
+    def _set_state(self, pod: _Pod, state: PodState) -> None:
+        self.counts[pod.state] -= 1
+        self.counts[state] += 1
+        pod.state = state
+
+    def _touch(self) -> None:
+        """Something changed: plan again after a batch window if pods wait."""
+        self.dirty = True
+        if self.waiting and not self.plan_pending:
+            self.plan_pending = True
+            self._push(self.now + self.timing.batch_window_s, _Kind.PLAN, None)
+
+    # -- the scheduler model
+
+    def _rejection(self, pod: _Pod) -> str | None:
+        offered = False
+        for node in self.nodes:
+            model = node.spec.model
+            if _needs(pod.trace.mig, model) is None:
+                continue
+            offered = True
+            alloc = node.spec.allocatable
+            if pod.trace.cpu_milli > alloc.cpu_milli or pod.trace.memory_bytes > alloc.memory_bytes:
+                continue
+            if _fits_empty(pod.trace.mig, model, node.spec.gpus):
+                return None
+        if not offered:
+            wanted = ", ".join(f"{r.count} x {r.profile}" for r in pod.trace.mig)
+            return f"no GPU model in the cluster offers {wanted}"
+        return "no node could run it even with every GPU empty (GPUs, CPU or memory too small)"
+
+    def _fit(self, pod: _Pod, node: _Node) -> bool:
+        need = _needs(pod.trace.mig, node.spec.model)
+        if need is None:
+            return False
+        if pod.trace.cpu_milli > node.cpu_free or pod.trace.memory_bytes > node.mem_free:
+            return False
+        free = node.free
+        return all(free[p] >= n for p, n in need.items())
+
+    def _score(self, node: _Node) -> tuple[float, int]:
+        used = node.busy_slices / (node.spec.gpus * node.spec.model.compute_slices)
+        if self.settings.scoring is snapshot.Policy.BINPACK:
+            return (-used, node.order)
+        return (used, node.order)
+
+    def _schedule(self, pod: _Pod, candidates: Sequence[_Node]) -> bool:
+        best: _Node | None = None
+        best_score: tuple[float, int] | None = None
+        for node in candidates:
+            if self._fit(pod, node):
+                score = self._score(node)
+                if best_score is None or score < best_score:
+                    best, best_score = node, score
+        if best is None:
+            return False
+        wanted = _needs(pod.trace.mig, best.spec.model)
+        assert wanted is not None
+        need = Counter(wanted)  # a copy: the cached one is shared
+        chosen: list[_Inst] = []
+        for gpu in best.gpus:
+            for start in sorted(gpu.insts):
+                inst = gpu.insts[start]
+                if inst.free and inst.advertised and need[inst.profile] > 0:
+                    need[inst.profile] -= 1
+                    chosen.append(inst)
+        if any(n > 0 for n in need.values()):
+            raise InvariantViolation(f"node {best.spec.name} advertised instances it lacks")
+        for inst in chosen:
+            best.free[inst.profile] -= 1
+        self._hold(pod, best, chosen)
+        return True
+
+    def _retry(self, node: _Node) -> None:
+        """Instances became free on ``node``: try waiting pods there (queue order)."""
+        if not self.waiting:
+            return
+        for pod in sorted(self.waiting.values(), key=lambda p: p.index):
+            if self._schedule(pod, (node,)):
+                del self.waiting[pod.trace.name]
+
+    def _hold(self, pod: _Pod, node: _Node, insts: list[_Inst]) -> None:
+        """Bind ``pod`` to free instances of ``node`` (the scheduler's own choice)."""
+        for inst in insts:
+            inst.holder = pod
+            node.busy_slices += inst.slices
+            self._invalidate(node, inst)
+        node.cpu_free -= pod.trace.cpu_milli
+        node.mem_free -= pod.trace.memory_bytes
+        if node.cpu_free < 0 or node.mem_free < 0:
+            raise InvariantViolation(f"node {node.spec.name} overcommitted by {pod.trace.name}")
+        pod.node = node
+        pod.insts = insts
+        self._start(pod)
+
+    def _start(self, pod: _Pod) -> None:
+        if pod.bound_at is not None:
+            raise InvariantViolation(f"pod {pod.trace.name} bound twice")
+        pod.bound_at = self.now
+        self._set_state(pod, PodState.RUNNING)
+        self.held_slices += sum(i.slices for i in pod.insts)
+        self._sample()
+        if pod.duration is not None:
+            self._push(self.now + pod.duration, _Kind.DEPARTURE, pod)
+
+    def _invalidate(self, node: _Node, inst: _Inst | None = None) -> None:
+        node.cached = None
+        if inst is not None:
+            for gpu in node.gpus:
+                if gpu.insts.get(inst.start) is inst:
+                    gpu.cached = None
+
+    # -- event handlers
+
+    def _arrive(self, pod: _Pod) -> None:
+        self._set_state(pod, PodState.WAITING)
+        reason = self._rejection(pod)
+        if reason is not None:
+            pod.reason = reason
+            self._set_state(pod, PodState.REJECTED)
+            return
+        if self._schedule(pod, self.nodes):
+            return
+        self.waiting[pod.trace.name] = pod
+        self._touch()
+
+    def _depart(self, pod: _Pod) -> None:
+        node = pod.node
+        assert node is not None
+        for inst in pod.insts:
+            if inst.holder is not pod:
+                raise InvariantViolation(f"{pod.trace.name} left an instance it did not hold")
+            inst.holder = None
+            node.busy_slices -= inst.slices
+            node.free[inst.profile] += 1
+            self._invalidate(node, inst)
+        node.cpu_free += pod.trace.cpu_milli
+        node.mem_free += pod.trace.memory_bytes
+        self.held_slices -= sum(i.slices for i in pod.insts)
+        self._set_state(pod, PodState.FINISHED)
+        self._sample()
+        self._retry(node)
+        self._touch()
+
+    def _visible(self, gpu: _Gpu, inst: _Inst) -> None:
+        if gpu.insts.get(inst.start) is not inst:
+            return  # destroyed before it was advertised
+        inst.advertised = True
+        if not inst.free:
+            return
+        gpu.node.free[inst.profile] += 1
+        self._retry(gpu.node)
+        self._touch()
+
+    def _bind_reserved(self, pod: _Pod) -> None:
+        if pod.state is not PodState.RESERVED:
+            raise InvariantViolation(f"{pod.trace.name} bound while {pod.state}")
+        for inst in pod.insts:
+            if inst.reserved_for is not pod or not inst.advertised:
+                raise InvariantViolation(f"{pod.trace.name} lost its reserved instance")
+            inst.reserved_for = None
+            inst.holder = pod
+        # Reserved and held look the same to the planner (used): no cached snapshot changes.
+        self._start(pod)
+
+    # -- the policy
+
+    def _snapshot(self) -> snapshot.Snapshot:
+        nodes: list[snapshot.Node] = []
+        for node in self.nodes:
+            if node.cached is None:
+                gpus: list[snapshot.Gpu] = []
+                for gpu in node.gpus:
+                    if gpu.cached is None:
+                        gpu.cached = snapshot.Gpu(
+                            gpu.index,
+                            gpu.model,
+                            tuple(
+                                snapshot.ExistingInstance(i.profile, i.start, not i.free)
+                                for i in sorted(gpu.insts.values(), key=lambda i: i.start)
+                            ),
+                        )
+                    gpus.append(gpu.cached)
+                node.cached = snapshot.Node(
+                    name=node.spec.name,
+                    labels=node.spec.labels,
+                    taints=(),
+                    unschedulable=False,
+                    allocatable=snapshot.Resources(node.cpu_free, node.mem_free),
+                    gpus=tuple(gpus),
+                )
+            nodes.append(node.cached)
+        pods = tuple(p.spod for p in sorted(self.waiting.values(), key=lambda p: p.index))
+        return snapshot.Snapshot(nodes=tuple(nodes), pods=pods, policy=self.settings.scoring)
+
+    def _plan(self) -> None:
+        self.plan_pending = False
+        if not self.waiting or not self.dirty or self.policy.planner is None:
+            return
+        self.dirty = False
+        snap = self._snapshot()
+        started = self.cpu_clock()
+        plan = self.policy.plan(snap)
+        self.planner_seconds += self.cpu_clock() - started
+        self.planner_calls += 1
+        if plan is not None:
+            self._apply(plan)
+
+    def _apply(self, plan: plans.Plan) -> None:
+        t = self.timing
+        ops: dict[tuple[str, int], list[plans.Action]] = {}
+        for action in plan.actions:
+            ops.setdefault((action.node, action.gpu), []).append(action)
+        for (node_name, index), actions in ops.items():
+            node = self.node_by_name[node_name]
+            gpu = node.gpus[index]
+            clock = max(self.now, gpu.busy_until)
+            for a in actions:
+                if a.op is plans.Op.DESTROY:
+                    inst = gpu.insts.get(a.start)
+                    if inst is None or inst.profile != a.profile:
+                        raise InvariantViolation(f"{plan.planner} destroys a missing instance")
+                    if not inst.free:
+                        raise InvariantViolation(
+                            f"{plan.planner} destroyed {a.profile}@{a.start} on "
+                            f"{node_name}/{index} while a pod holds or reserved it"
+                        )
+                    if inst.advertised:
+                        node.free[inst.profile] -= 1
+                    del gpu.insts[a.start]
+                    clock += t.destroy_s
+                    self.destroyed += 1
+                else:
+                    clock += t.create_s
+                    self._add_instance(gpu, a.profile, a.start, visible_at=clock + t.advertise_s)
+            gpu.busy_until = clock
+            gpu.cached = None
+            node.cached = None
+            self.reconfigurations += 1
+            reason = layouts.violation(
+                gpu.model, [layouts.Instance(i.start, i.profile) for i in gpu.insts.values()]
+            )
+            if reason is not None:
+                raise InvariantViolation(f"{plan.planner} made an invalid layout: {reason}")
+        for placement in plan.placements:
+            self._reserve(placement, planner=plan.planner)
+
+    def _add_instance(self, gpu: _Gpu, profile: str, start: int, *, visible_at: float) -> None:
+        if start in gpu.insts:
+            raise InvariantViolation(f"two instances at start {start} of {gpu.node.spec.name}")
+        inst = _Inst(profile, start, gpu.model.profile_named(profile).compute_slices, visible_at)
+        gpu.insts[start] = inst
+        gpu.cached = None
+        gpu.node.cached = None
+        if visible_at <= self.now:
+            inst.advertised = True
+            gpu.node.free[profile] += 1
+        else:
+            self._push(visible_at, _Kind.VISIBLE, (gpu, inst))
+
+    def _reserve(self, placement: plans.Placement, *, planner: str) -> None:
+        pod = self.waiting.get(placement.pod.split("/", 1)[-1])
+        if pod is None:
+            raise InvariantViolation(f"{planner} placed {placement.pod}, which is not waiting")
+        node = self.node_by_name[placement.node]
+        if pod.trace.cpu_milli > node.cpu_free or pod.trace.memory_bytes > node.mem_free:
+            # The plan ignored CPU or memory (a baseline that models GPUs only): as in a real
+            # cluster, the instances get made but the scheduler cannot bind the pod there.
+            self.refused += 1
+            return
+        del self.waiting[pod.trace.name]
+        insts: list[_Inst] = []
+        for ai in placement.instances:
+            inst = node.gpus[ai.gpu].insts.get(ai.start)
+            if inst is None or inst.profile != ai.profile or not inst.free:
+                raise InvariantViolation(f"{planner} gave {placement.pod} an unavailable instance")
+            inst.reserved_for = pod
+            node.busy_slices += inst.slices
+            if inst.advertised:
+                node.free[inst.profile] -= 1
+            node.gpus[ai.gpu].cached = None
+            insts.append(inst)
+        node.cached = None
+        node.cpu_free -= pod.trace.cpu_milli
+        node.mem_free -= pod.trace.memory_bytes
+        pod.node = node
+        pod.insts = insts
+        self._set_state(pod, PodState.RESERVED)
+        ready = max(i.visible_at for i in insts)
+        self._push(max(ready, self.now), _Kind.BIND, pod)
+
+    # -- invariants and results
+
+    def _check(self) -> None:
+        if sum(self.counts.values()) != len(self.pods) or min(self.counts.values()) < 0:
+            raise InvariantViolation(f"pod states do not add up: {dict(self.counts)}")
+        if len(self.waiting) != self.counts[PodState.WAITING]:
+            raise InvariantViolation("the waiting queue and the pod states disagree")
+        if not 0 <= self.held_slices <= self.total_slices:
+            raise InvariantViolation(f"{self.held_slices} compute slices held")
+        if self.settings.paranoid:
+            self._recount()
+
+    def _recount(self) -> None:
+        held = 0
+        for node in self.nodes:
+            free: Counter[str] = Counter()
+            busy = 0
+            for gpu in node.gpus:
+                if layouts.violation(
+                    gpu.model, [layouts.Instance(i.start, i.profile) for i in gpu.insts.values()]
+                ):
+                    raise InvariantViolation(f"invalid layout on {node.spec.name}/{gpu.index}")
+                for inst in gpu.insts.values():
+                    if inst.holder is not None and inst.reserved_for is not None:
+                        raise InvariantViolation("an instance both held and reserved")
+                    if inst.holder is not None:
+                        if (
+                            inst.holder.state is not PodState.RUNNING
+                            or inst not in inst.holder.insts
+                        ):
+                            raise InvariantViolation("an instance held by a pod not running on it")
+                        held += inst.slices
+                        busy += inst.slices
+                    elif inst.reserved_for is not None:
+                        busy += inst.slices
+                    elif inst.advertised:
+                        free[inst.profile] += 1
+            if +node.free != +free or node.busy_slices != busy:
+                raise InvariantViolation(f"free instance counts of {node.spec.name} drifted")
+        if held != self.held_slices:
+            raise InvariantViolation("held compute slices drifted")
+        for pod in self.pods:
+            bound = pod.state in (PodState.RUNNING, PodState.FINISHED)
+            if bound != (pod.bound_at is not None):
+                raise InvariantViolation(
+                    f"{pod.trace.name} is {pod.state} with bound_at {pod.bound_at}"
+                )
+
+    def _result(self, end: float) -> Result:
+        if self.settings.mode is Mode.INFLATE:
+            ratio = self.held_slices / self.total_slices
+        else:
+            span = end - self.first_arrival
+            ratio = self.area / (self.total_slices * span) if span > 0 else 0.0
+        pending: list[float] = []
+        outcomes: list[PodOutcome] = []
+        scheduled = rejected = 0
+        for pod in self.pods:
+            if pod.state is PodState.REJECTED:
+                rejected += 1
+            elif pod.bound_at is not None:
+                scheduled += 1
+                pending.append(pod.bound_at - pod.arrival)
+            elif pod.state is not PodState.NOT_ARRIVED:
+                pending.append(max(end - pod.arrival, 0.0))
+            reason = pod.reason
+            if pod.state in (PodState.WAITING, PodState.RESERVED):
+                reason = "still waiting at the end of the simulation"
+            outcomes.append(
+                PodOutcome(
+                    name=pod.trace.name,
+                    state=pod.state,
+                    arrival=pod.arrival,
+                    bound_at=pod.bound_at,
+                    node=pod.node.spec.name
+                    if pod.node is not None and pod.bound_at is not None
+                    else None,
+                    reason=reason,
+                )
+            )
+        return Result(
+            policy=self.policy.name,
+            mode=self.settings.mode,
+            pods_total=len(self.pods),
+            pods_scheduled=scheduled,
+            pods_rejected=rejected,
+            allocation_ratio=ratio,
+            pending_s=tuple(pending),
+            reconfigurations=self.reconfigurations,
+            instances_destroyed=self.destroyed,
+            planner_seconds=self.planner_seconds,
+            planner_calls=self.planner_calls,
+            placements_refused=self.refused,
+            end=end,
+            ratio_over_time=tuple(self.samples),
+            outcomes=tuple(outcomes),
+        )
+
+
+def _no_clock() -> float:
+    return 0.0
+
+
+def simulate(
+    trace: traces.Trace,
+    *,
+    cluster: clusters.Cluster,
+    policy: policies.Policy,
+    settings: Settings = Settings(),
+    cpu_clock: CpuClock = _no_clock,
+    progress: Progress | None = None,
+) -> Result:
+    """Replay ``trace`` on ``cluster`` under ``policy``; deterministic in everything but the
+    planner CPU time ``cpu_clock`` measures (pass ``time.process_time`` from a shell)."""
+    sim = _Simulation(
+        trace=trace,
+        cluster=cluster,
+        policy=policy,
+        settings=settings,
+        cpu_clock=cpu_clock,
+        progress=progress,
+    )
+    return sim.run()
+
+
+# --------------------------------------------------------------------------- static-best
+
+STATIC_BEST_CANDIDATES = 6
+"""Layouts per GPU model the ``static-best`` search simulates."""
+
+
+def _better(a: Result, b: Result | None) -> bool:
+    if b is None:
+        return True
+    key_a = (a.allocation_ratio, a.pods_scheduled, -a.pending_percentile(99))
+    key_b = (b.allocation_ratio, b.pods_scheduled, -b.pending_percentile(99))
+    return key_a > key_b
+
+
+def best_static(
+    trace: traces.Trace,
+    *,
+    cluster: clusters.Cluster,
+    settings: Settings = Settings(),
+    candidates: int = STATIC_BEST_CANDIDATES,
+    progress: Progress | None = None,
+) -> tuple[policies.Policy, Result]:
+    """The ``static-best`` policy: one layout per GPU model, the best for this trace.
+
+    For each model the ``candidates`` maximal layouts that best cover the instances the replay
+    asks for (:func:`policies.static_candidates`) are simulated in turn, the other models keeping
+    their current choice (one round of coordinate search, starting from each model's first
+    candidate); the best allocation ratio wins, then the most pods scheduled, then the lowest p99
+    pending time. Returns the policy and its result.
+    """
+    demand: Counter[str] = Counter()
+    for tp, _, _ in replayed(trace, cluster=cluster, settings=settings):
+        for req in tp.mig:
+            demand[req.profile] += req.count
+    models: dict[str, tuple[profiles.GpuModel, int]] = {}
+    for g in cluster.groups:
+        model, gpus = models.get(g.model.id, (g.model, 0))
+        models[g.model.id] = (model, gpus + g.nodes * g.gpus)
+    options = {
+        mid: policies.static_candidates(model, demand, gpus=gpus, count=candidates)
+        for mid, (model, gpus) in models.items()
+    }
+    choice = {mid: opts[0] for mid, opts in options.items()}
+    best: Result | None = None
+    best_policy: policies.Policy | None = None
+    total = sum(len(o) for o in options.values())
+    done = 0
+    tried: set[tuple[tuple[str, layouts.Layout], ...]] = set()
+    for mid, opts in options.items():
+        keep = choice[mid]
+        for lay in opts:
+            choice[mid] = lay
+            key = tuple(sorted(choice.items()))
+            done += 1
+            if key in tried:
+                continue
+            tried.add(key)
+            policy = policies.fixed("static-best", dict(choice))
+            result = simulate(trace, cluster=cluster, policy=policy, settings=settings)
+            if _better(result, best):
+                best, best_policy, keep = result, policy, lay
+            if progress is not None:
+                progress(done / total)
+        choice[mid] = keep
+    assert best is not None and best_policy is not None
+    return best_policy, best

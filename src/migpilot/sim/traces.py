@@ -1,0 +1,406 @@
+"""Workload traces: the pods a simulation replays, from the openb CSV, a MIG-native CSV or a name.
+
+A trace is a list of pods with an arrival time, a run time and MIG, CPU and memory requests. Three
+sources make one:
+
+- **openb** (Alibaba cluster-trace-gpu-v2023, Weng et al., ATC'23): rows ``name, cpu_milli,
+  memory_mib, num_gpu, gpu_milli[, creation_time, deletion_time, ...]``. A GPU share becomes a
+  MIG profile by :class:`ProfileMapping` on a reference GPU model (the cluster's first):
+  ``compute`` (default) asks for the smallest profile whose share of the GPU's compute slices
+  covers ``gpu_milli / 1000``; ``memory`` asks for the smallest whose share of its memory
+  covers it. A whole GPU or ``num_gpu > 1`` asks for that many whole-GPU instances (all on one
+  node). CPU and memory are kept; CPU-only pods (``num_gpu`` 0) are left out, since they do not
+  touch a GPU. Variants without times (multigpu50) can only be replayed in inflate mode.
+- **MIG-native** CSV for users' own traces: ``name,arrival,duration,requests`` with times in
+  seconds (an empty duration runs to the end) and requests like
+  ``mig-1g.10gb=2;cpu=4;memory=8Gi``.
+- **synthetic** generators by name (``inference``, ``training``, ``mixed``), seeded.
+
+Pure core: parses text it is given (the CLI reads files) and the bundled openb pod list (package
+data read with :mod:`importlib.resources`); randomness only from a ``random.Random(seed)`` made
+here. May import :mod:`migpilot.errors`, :mod:`migpilot.mig` and :mod:`migpilot.planning`.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import functools
+import importlib.resources
+import io
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from migpilot import errors
+from migpilot.mig import profiles
+from migpilot.planning import snapshot
+
+_MIB = 2**20
+_GIB = 2**30
+
+OPENB_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+"""The columns every openb pod list has (times are optional)."""
+NATIVE_COLUMNS = ("name", "arrival", "duration", "requests")
+SYNTHETIC = ("inference", "training", "mixed")
+"""Names of the synthetic generators (``synthetic:NAME``)."""
+
+
+class ProfileMapping(enum.StrEnum):
+    """How a fraction of a GPU (openb's ``gpu_milli``) becomes a MIG profile."""
+
+    COMPUTE = "compute"
+    """The smallest profile whose compute slices cover the fraction (default)."""
+    MEMORY = "memory"
+    """The smallest profile whose memory slots cover the fraction."""
+
+
+@dataclass(frozen=True, slots=True)
+class TracePod:
+    """One pod of a trace."""
+
+    name: str
+    arrival: float
+    """Seconds from the start of the trace."""
+    duration: float | None
+    """Seconds it runs once bound; ``None``: until the end of the simulation."""
+    mig: tuple[snapshot.MigRequest, ...]
+    cpu_milli: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """The pods of a trace, in arrival order (ties keep file order)."""
+
+    name: str
+    pods: tuple[TracePod, ...]
+    timed: bool
+    """Whether arrivals and durations come from the source (faithful replay possible)."""
+    skipped: int = 0
+    """Rows left out (CPU-only openb pods)."""
+
+
+def profile_for(
+    model: profiles.GpuModel, *, gpu_milli: int, mapping: ProfileMapping = ProfileMapping.COMPUTE
+) -> str:
+    """The MIG profile of ``model`` that a pod using ``gpu_milli`` thousandths of a GPU gets.
+
+    Only profiles without attributes (no ``+me``) are candidates; among those that cover the
+    fraction the smallest (compute slices, then memory slots) wins. A full GPU gets the whole-GPU
+    profile.
+    """
+    return _profile_for(model, gpu_milli, mapping)
+
+
+@functools.lru_cache(maxsize=1024)
+def _profile_for(model: profiles.GpuModel, gpu_milli: int, mapping: ProfileMapping) -> str:
+    plain = sorted(
+        (p for p in model.profiles if p.attribute is profiles.Attribute.NONE),
+        key=lambda p: (p.compute_slices, p.memory_slots, p.name),
+    )
+    if mapping is ProfileMapping.MEMORY:
+        plain.sort(key=lambda p: (p.memory_slots, p.compute_slices, p.name))
+    whole = max(plain, key=lambda p: (p.compute_slices, p.memory_slots))
+    if gpu_milli >= 1000:
+        return whole.name
+    for p in plain:
+        if mapping is ProfileMapping.COMPUTE:
+            covers = p.compute_slices * 1000 >= gpu_milli * model.compute_slices
+        else:
+            covers = p.memory_slots * 1000 >= gpu_milli * model.memory_slots
+        if covers:
+            return p.name
+    return whole.name
+
+
+# --------------------------------------------------------------------------- CSV helpers
+
+
+def _rows(text: str, *, source: str) -> Iterator[tuple[int, list[str]]]:
+    """Non-empty, non-comment CSV rows with their 1-based line numbers."""
+    reader = csv.reader(io.StringIO(text))
+    for row in reader:
+        line = reader.line_num
+        if not row or not any(c.strip() for c in row) or row[0].lstrip().startswith("#"):
+            continue
+        yield line, [c.strip() for c in row]
+
+
+def _int_field(text: str, *, column: str, where: str, least: int = 0) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise errors.TraceError(f"{where}: {column} {text!r} is not a whole number") from None
+    if value < least:
+        raise errors.TraceError(f"{where}: {column} {value} is below {least}")
+    return value
+
+
+def _seconds(text: str, *, column: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise errors.TraceError(f"{where}: {column} {text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise errors.TraceError(f"{where}: {column} {text!r} must be a non-negative number")
+    return value
+
+
+def _ordered(pods: list[TracePod]) -> tuple[TracePod, ...]:
+    order = sorted(range(len(pods)), key=lambda i: (pods[i].arrival, i))
+    return tuple(pods[i] for i in order)
+
+
+def _check_names(pods: list[TracePod], lines: list[int], *, source: str) -> None:
+    seen: dict[str, int] = {}
+    for pod, line in zip(pods, lines, strict=True):
+        if pod.name in seen:
+            raise errors.TraceError(
+                f"{source}:{line}: pod name {pod.name!r} already used on line {seen[pod.name]}"
+            )
+        seen[pod.name] = line
+
+
+# --------------------------------------------------------------------------- openb
+
+
+def parse_openb(
+    text: str,
+    *,
+    source: str,
+    model: profiles.GpuModel,
+    mapping: ProfileMapping = ProfileMapping.COMPUTE,
+) -> Trace:
+    """An openb pod list (see the module docstring); raises :class:`TraceError` naming the line."""
+    rows = _rows(text, source=source)
+    header_line, header = next(rows, (0, []))
+    missing = [c for c in OPENB_COLUMNS if c not in header]
+    if missing:
+        raise errors.TraceError(
+            f"{source}:{header_line or 1}: not an openb pod list (missing column {missing[0]!r})"
+        )
+    col = {name: i for i, name in enumerate(header)}
+    timed = "creation_time" in col and "deletion_time" in col
+    pods: list[TracePod] = []
+    lines: list[int] = []
+    skipped = 0
+    for line, row in rows:
+        where = f"{source}:{line}"
+        if len(row) != len(header):
+            raise errors.TraceError(f"{where}: expected {len(header)} fields, got {len(row)}")
+        num_gpu = _int_field(row[col["num_gpu"]], column="num_gpu", where=where)
+        gpu_milli = _int_field(row[col["gpu_milli"]], column="gpu_milli", where=where)
+        cpu = _int_field(row[col["cpu_milli"]], column="cpu_milli", where=where)
+        memory = _int_field(row[col["memory_mib"]], column="memory_mib", where=where)
+        if gpu_milli > 1000:
+            raise errors.TraceError(f"{where}: gpu_milli {gpu_milli} is above 1000")
+        if num_gpu == 0:
+            skipped += 1
+            continue
+        if gpu_milli == 0:
+            raise errors.TraceError(f"{where}: num_gpu {num_gpu} with gpu_milli 0")
+        if num_gpu > 1 and gpu_milli < 1000:
+            raise errors.TraceError(
+                f"{where}: num_gpu {num_gpu} with gpu_milli {gpu_milli} (several GPUs are whole)"
+            )
+        arrival, duration = 0.0, None
+        if timed:
+            created = _int_field(row[col["creation_time"]], column="creation_time", where=where)
+            deleted = _int_field(row[col["deletion_time"]], column="deletion_time", where=where)
+            if deleted < created:
+                raise errors.TraceError(
+                    f"{where}: deletion_time {deleted} is before creation_time {created}"
+                )
+            arrival, duration = float(created), float(deleted - created)
+        name = profile_for(model, gpu_milli=gpu_milli, mapping=mapping)
+        pods.append(
+            TracePod(
+                name=row[col["name"]] or f"line-{line}",
+                arrival=arrival,
+                duration=duration,
+                mig=(snapshot.MigRequest(name, max(num_gpu, 1)),),
+                cpu_milli=cpu,
+                memory_bytes=memory * _MIB,
+            )
+        )
+        lines.append(line)
+    _check_names(pods, lines, source=source)
+    return Trace(name=source, pods=_ordered(pods), timed=timed, skipped=skipped)
+
+
+@functools.cache
+def bundled_openb_text() -> str:
+    """The openb default pod list shipped in the package (only the columns used here)."""
+    files = importlib.resources.files("migpilot.sim")
+    return files.joinpath("data/openb_pod_list_default.csv").read_text(encoding="utf-8")
+
+
+def bundled_openb(
+    model: profiles.GpuModel, *, mapping: ProfileMapping = ProfileMapping.COMPUTE
+) -> Trace:
+    """The bundled openb default trace, mapped to ``model``'s profiles."""
+    trace = parse_openb(bundled_openb_text(), source="openb", model=model, mapping=mapping)
+    return trace
+
+
+# --------------------------------------------------------------------------- MIG-native
+
+
+def _requests(text: str, *, where: str) -> tuple[tuple[snapshot.MigRequest, ...], int, int]:
+    mig: dict[str, int] = {}
+    cpu = memory = 0
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise errors.TraceError(f"{where}: request {part!r} is not NAME=AMOUNT")
+        try:
+            if key == "cpu":
+                cpu = snapshot.cpu_milli(value, where=key)
+            elif key == "memory":
+                memory = snapshot.memory_bytes(value, where=key)
+            elif key.startswith(("mig-", snapshot.MIG_RESOURCE_PREFIX)):
+                name = key.removeprefix("nvidia.com/").removeprefix("mig-")
+                parsed = profiles.parse_profile_name(name)
+                if not value.isdigit() or int(value) == 0:
+                    raise errors.TraceError(f"{key}: {value!r} is not a positive whole number")
+                mig[parsed.canonical] = mig.get(parsed.canonical, 0) + int(value)
+            else:
+                raise errors.TraceError(
+                    f"unknown resource {key!r} (expected mig-<profile>, cpu or memory)"
+                )
+        except (errors.SnapshotError, errors.UnknownProfileError, errors.TraceError) as e:
+            raise errors.TraceError(f"{where}: {e}") from None
+    if not mig:
+        raise errors.TraceError(f"{where}: requests name no MIG profile (like mig-1g.10gb=1)")
+    return tuple(snapshot.MigRequest(p, n) for p, n in sorted(mig.items())), cpu, memory
+
+
+def parse_native(text: str, *, source: str) -> Trace:
+    """A MIG-native CSV ``name,arrival,duration,requests``; raises :class:`TraceError`."""
+    rows = _rows(text, source=source)
+    header_line, header = next(rows, (0, []))
+    if tuple(header) != NATIVE_COLUMNS:
+        raise errors.TraceError(
+            f"{source}:{header_line or 1}: expected the header {','.join(NATIVE_COLUMNS)}"
+        )
+    pods: list[TracePod] = []
+    lines: list[int] = []
+    for line, row in rows:
+        where = f"{source}:{line}"
+        if len(row) != len(NATIVE_COLUMNS):
+            raise errors.TraceError(f"{where}: expected 4 fields, got {len(row)}")
+        name, arrival, duration, requests = row
+        if not name:
+            raise errors.TraceError(f"{where}: empty pod name")
+        mig, cpu, memory = _requests(requests, where=where)
+        pods.append(
+            TracePod(
+                name=name,
+                arrival=_seconds(arrival, column="arrival", where=where),
+                duration=None if duration == "" else _seconds(duration, column="duration",
+                                                                where=where),
+                mig=mig,
+                cpu_milli=cpu,
+                memory_bytes=memory,
+            )
+        )  # fmt: skip
+        lines.append(line)
+    _check_names(pods, lines, source=source)
+    return Trace(name=source, pods=_ordered(pods), timed=True)
+
+
+def parse(
+    text: str,
+    *,
+    source: str,
+    model: profiles.GpuModel,
+    mapping: ProfileMapping = ProfileMapping.COMPUTE,
+) -> Trace:
+    """A trace file's text, its format recognised by its header (openb or MIG-native)."""
+    first = next(_rows(text, source=source), None)
+    if first is None:
+        raise errors.TraceError(f"{source}: the trace is empty")
+    if tuple(first[1]) == NATIVE_COLUMNS:
+        return parse_native(text, source=source)
+    if all(c in first[1] for c in OPENB_COLUMNS):
+        return parse_openb(text, source=source, model=model, mapping=mapping)
+    raise errors.TraceError(
+        f"{source}:{first[0]}: unknown trace format (expected the header "
+        f"{','.join(NATIVE_COLUMNS)} or an openb pod list with {','.join(OPENB_COLUMNS)})"
+    )
+
+
+# --------------------------------------------------------------------------- synthetic
+
+# Per generator: (weight, gpu_milli, num_gpu, cpu cores, memory GiB, mean run time in seconds).
+_MIXES: dict[str, tuple[tuple[int, int, int, int, int, float], ...]] = {
+    "inference": (
+        (40, 140, 1, 2, 8, 1800.0),
+        (25, 250, 1, 4, 16, 3600.0),
+        (20, 420, 1, 4, 24, 3600.0),
+        (10, 560, 1, 6, 32, 7200.0),
+        (5, 1000, 1, 8, 48, 7200.0),
+    ),
+    "training": (
+        (15, 420, 1, 6, 32, 14400.0),
+        (20, 560, 1, 8, 48, 14400.0),
+        (40, 1000, 1, 12, 64, 28800.0),
+        (15, 1000, 2, 24, 128, 43200.0),
+        (7, 1000, 4, 48, 256, 43200.0),
+        (3, 1000, 8, 88, 320, 86400.0),
+    ),
+}
+_MIXES["mixed"] = tuple(
+    (row[0] * share, *row[1:])
+    for source, share in (("inference", 3), ("training", 1))
+    for row in _MIXES[source]
+)
+_SYNTHETIC_MEAN_GAP_S = 60.0
+"""Mean time between arrivals of a synthetic trace (Poisson arrivals)."""
+
+
+def synthetic(
+    name: str,
+    *,
+    seed: int,
+    model: profiles.GpuModel,
+    pods: int = 2000,
+    mapping: ProfileMapping = ProfileMapping.COMPUTE,
+) -> Trace:
+    """A seeded synthetic trace: ``inference`` (small slices, short runs), ``training`` (whole
+    GPUs, some multi-GPU, long runs) or ``mixed`` (three inference pods to one training pod).
+    Poisson arrivals one minute apart on average, exponential run times."""
+    mix = _MIXES.get(name)
+    if mix is None:
+        raise errors.TraceError(
+            f"unknown synthetic trace {name!r} "
+            f"(known: {', '.join('synthetic:' + s for s in SYNTHETIC)})"
+        )
+    if pods < 1:
+        raise errors.TraceError(f"a synthetic trace needs at least one pod, got {pods}")
+    rng = random.Random(seed)
+    weights = [row[0] for row in mix]
+    width = len(str(pods - 1))
+    out: list[TracePod] = []
+    now = 0.0
+    for i in range(pods):
+        _, gpu_milli, num_gpu, cores, mem_gib, mean = rng.choices(mix, weights)[0]
+        now += rng.expovariate(1.0 / _SYNTHETIC_MEAN_GAP_S)
+        profile = profile_for(model, gpu_milli=gpu_milli, mapping=mapping)
+        out.append(
+            TracePod(
+                name=f"{name}-{i:0{width}d}",
+                arrival=round(now, 3),
+                duration=round(rng.expovariate(1.0 / mean), 3),
+                mig=(snapshot.MigRequest(profile, num_gpu),),
+                cpu_milli=cores * 1000,
+                memory_bytes=mem_gib * _GIB,
+            )
+        )
+    return Trace(name=f"synthetic:{name}", pods=tuple(out), timed=True)
