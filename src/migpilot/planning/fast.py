@@ -135,6 +135,7 @@ class _States:
         self.sid: dict[StateKey, int] = {}
         self.keys: list[StateKey] = []
         self.room: list[int] = []
+        self.free_slots: list[int] = []
         self.fits: list[frozenset[str]] = []
         self.value: list[int] = []
         self.cache: dict[tuple[int, tuple[str, ...], bool], Option | None] = {}
@@ -147,8 +148,9 @@ class _States:
         sid = len(self.keys)
         self.sid[key] = sid
         self.keys.append(key)
-        room, fits, value = _facts(self.models[key[0]], key[1], key[2], key[3])
+        room, slots, fits, value = _facts(self.models[key[0]], key[1], key[2], key[3])
         self.room.append(room)
+        self.free_slots.append(slots)
         self.fits.append(fits)
         self.value.append(value)
         return sid
@@ -244,14 +246,18 @@ def _facts(
     fixed: frozenset[Instance],
     free: frozenset[Instance],
     new: tuple[str, ...],
-) -> tuple[int, frozenset[str], int]:
-    """(compute room, profiles that fit as it stands, free value) of a GPU state.
+) -> tuple[int, int, frozenset[str], int]:
+    """(compute room, memory slots not held, profiles that fit as it stands, free value).
+
+    Slots held are those of the fixed and the new instances (free existing instances may go).
 
     A function of the state alone, so it is cached across plans: a controller re-planning a
     cluster that changed a little finds most states known.
     """
-    taken = sum(model.profile_named(i.profile).compute_slices for i in fixed)
-    taken += sum(model.profile_named(n).compute_slices for n in new)
+    held = [model.profile_named(i.profile) for i in fixed]
+    held += [model.profile_named(n) for n in new]
+    taken = sum(p.compute_slices for p in held)
+    slots = model.memory_slots - sum(p.memory_slots for p in held)
     # Nothing new: the existing instances as they stand (no placement to search).
     lay = layouts.pack(model, new, fixed | free) if new else layouts.Layout.of(fixed | free)
     assert lay is not None  # every state the planner builds is a valid layout
@@ -259,7 +265,7 @@ def _facts(
         fits, value = layouts.fitting_profiles(model, lay), _States._value(model, lay, free)
     else:
         fits, value = layouts.free_room(model, lay)
-    return model.compute_slices - taken, fits, value
+    return model.compute_slices - taken, slots, fits, value
 
 
 class _Index:
@@ -694,16 +700,26 @@ class _Run:
         if candidates is None:
             candidates = [ni for ni in range(len(self.snap.nodes)) if admits[ni]]
         smallest_instance = {
-            m: min(self.states.compute[m][name] for name in need) for m, need in needs.items()
+            m: (
+                min(self.states.compute[m][name] for name in need),
+                min(self.states.slots[m][name] for name in need),
+            )
+            for m, need in needs.items()
         }
-        room = self.states.room
+        room, free_slots, sid = self.states.room, self.states.free_slots, self.sid
 
         def ruled_out(ni: int) -> bool:
             gpus = self.node_gpus[ni]
-            # Each GPU holds at most room // (smallest instance's compute) of the instances.
+            # Each GPU holds at most as many of the instances as its compute room and its memory
+            # slots not held allow, counted in the smallest instance's compute and slots.
             return not any(
-                sum(room[self.sid[g.id]] // c for g in gpus if g.model.id == m) >= len(needs[m])
-                for m, c in smallest_instance.items()
+                sum(
+                    min(room[sid[g.id]] // c, free_slots[sid[g.id]] // k)
+                    for g in gpus
+                    if g.model.id == m
+                )
+                >= len(needs[m])
+                for m, (c, k) in smallest_instance.items()
             )
 
         order = candidates
