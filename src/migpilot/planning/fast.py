@@ -155,15 +155,6 @@ class _States:
         self.value.append(value)
         return sid
 
-    @staticmethod
-    def _value(
-        model: profiles.GpuModel, layout: layouts.Layout, others: frozenset[Instance]
-    ) -> int:
-        """Free value of a layout, counting ``others`` (free existing instances) as free."""
-        return layouts.free_value(
-            model, layouts.Layout.of(i for i in layout.instances if i not in others)
-        )
-
     def need_compute(self, model: str, need: tuple[str, ...]) -> int:
         k = (model, need)
         c = self.need_cache.get(k)
@@ -189,6 +180,13 @@ class _States:
             opt = _best(self.models[key[0]], key, need, destroy, self.value[sid])
         self.cache[ck] = opt
         return opt
+
+
+def _value(model: profiles.GpuModel, layout: layouts.Layout, others: frozenset[Instance]) -> int:
+    """Free value of a layout, counting ``others`` (free existing instances) as free."""
+    return layouts.free_value(
+        model, layouts.Layout.of(i for i in layout.instances if i not in others)
+    )
 
 
 @functools.lru_cache(maxsize=262144)
@@ -217,7 +215,7 @@ def _best(
     newly = 0 if touched or not rest else 1
     lay = layouts.pack(model, new2, fixed2 | free2)
     if lay is not None:
-        after = _States._value(model, lay, free2)
+        after = _value(model, lay, free2)
         return Option(tuple(claim), (), rest, (0, newly, before - after))
     if not destroy:
         return None
@@ -231,7 +229,7 @@ def _best(
             lay = layouts.pack(model, new2, fixed2 | kept)
             if lay is None:
                 continue
-            after = _States._value(model, lay, kept)
+            after = _value(model, lay, kept)
             opt = Option(tuple(claim), combo, rest, (size, newly, before - after))
             if best is None or opt.cost < best.cost:
                 best = opt
@@ -262,7 +260,7 @@ def _facts(
     lay = layouts.pack(model, new, fixed | free) if new else layouts.Layout.of(fixed | free)
     assert lay is not None  # every state the planner builds is a valid layout
     if free:
-        fits, value = layouts.fitting_profiles(model, lay), _States._value(model, lay, free)
+        fits, value = layouts.fitting_profiles(model, lay), _value(model, lay, free)
     else:
         fits, value = layouts.free_room(model, lay)
     return model.compute_slices - taken, slots, fits, value
