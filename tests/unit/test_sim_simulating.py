@@ -136,6 +136,18 @@ def test_inflate_stops_at_the_requested_share() -> None:
     assert all(d is None for _, _, d in submitted)
 
 
+def test_inflate_submits_in_trace_order_unless_shuffled() -> None:
+    trace = _trace(pods=500)
+    plain = simulating.replayed(trace, cluster=SMALL, settings=simulating.Settings())
+    names = [p.name for p, _, _ in plain]
+    assert names == [p.name for p in trace.pods[: len(names)]]
+    shuffled = [
+        [p.name for p, _, _ in simulating.replayed(trace, cluster=SMALL, settings=cfg)]
+        for cfg in (simulating.Settings(shuffle_seed=3), simulating.Settings(shuffle_seed=3))
+    ]
+    assert shuffled[0] == shuffled[1] != names[: len(shuffled[0])]
+
+
 def test_faithful_needs_times() -> None:
     untimed = traces.parse(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,1000\n",
@@ -163,6 +175,30 @@ def test_a_pod_no_node_can_run_is_rejected_with_a_reason() -> None:
     assert reasons["odd"] == "no GPU model in the cluster offers 1 x 1g.6gb"
     assert "even with every GPU empty" in (reasons["big"] or "")
     assert "even with every GPU empty" in (reasons["cpu"] or "")
+
+
+@pytest.mark.parametrize("name", ["migpilot", "nos", "hami-template", "hami-placement", "static"])
+def test_node_selectors_are_honoured(name: str) -> None:
+    h100 = SMALL.groups[0].model.gfd_product_names[0]
+    rows = [f"h{i},{i},,mig-1g.10gb=1,nvidia.com/gpu.product={h100}" for i in range(6)]
+    rows += [f"n{i},{i},,mig-2g.20gb=1,kubernetes.io/hostname=a100-80gb-00" for i in range(3)]
+    rows += ["lost,0,,mig-1g.10gb=1,zone=nowhere"]
+    trace = traces.parse(
+        "name,arrival,duration,requests,node_selector\n" + "\n".join(rows) + "\n",
+        source="sel.csv",
+        model=SMALL.reference_model,
+    )
+    result = simulating.simulate(
+        trace, cluster=SMALL, policy=_policy(name), settings=PARANOID_INFLATE
+    )
+    _conserved(result)
+    where = {o.name: o.node for o in result.outcomes}
+    reasons = {o.name: o.reason for o in result.outcomes}
+    assert all((where[f"h{i}"] or "").startswith("h100-80gb-") for i in range(6) if where[f"h{i}"])
+    assert all(where[f"n{i}"] in (None, "a100-80gb-00") for i in range(3))
+    assert reasons["lost"] == "no node has the labels of its node selector (zone=nowhere)"
+    if name != "static":  # all-balanced offers 1g and 2g instances: static serves them too
+        assert all(where[f"h{i}"] for i in range(6))
 
 
 def test_bound_is_above_every_policy_in_inflate_mode() -> None:

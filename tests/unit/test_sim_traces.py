@@ -73,6 +73,31 @@ def test_native_rows() -> None:
     assert [(r.profile, r.count) for r in a.mig] == [("1g.10gb", 2)]
 
 
+def test_native_node_selector_column() -> None:
+    text = (
+        NATIVE.strip()
+        + ",node_selector\n"
+        + "a,0,,mig-1g.10gb=1,zone=b;nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3\n"
+        + "b,0,,mig-1g.10gb=1,\n"
+    )
+    a, b = traces.parse(text, source="n.csv", model=H100).pods
+    assert a.node_selector == (("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"), ("zone", "b"))
+    assert b.node_selector == ()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("a,1,1,mig-1g.10gb=1,zone", r"n.csv:2: node selector 'zone' is not LABEL=VALUE"),
+        ("a,1,1,mig-1g.10gb=1,z=a;z=b", r"n.csv:2: node selector names 'z' twice"),
+        ("a,1,1,mig-1g.10gb=1", r"n.csv:2: expected 5 fields, got 4"),
+    ],
+)
+def test_native_malformed_selectors_name_the_line(body: str, message: str) -> None:
+    with pytest.raises(errors.TraceError, match=message):
+        traces.parse(NATIVE.strip() + ",node_selector\n" + body + "\n", source="n.csv", model=H100)
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [

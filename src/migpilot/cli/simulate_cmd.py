@@ -72,7 +72,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"(default: {','.join(policies.DEFAULT)})",
     )
     p.add_argument(
-        "--seed", type=int, default=1, help="seed of synthetic traces and inflate order (default 1)"
+        "--seed",
+        type=int,
+        default=1,
+        help="seed of synthetic traces and of --shuffle (default 1)",
     )
     p.add_argument(
         "--out",
@@ -88,9 +91,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="inflate mode: requested compute, in %% of the cluster's (default 130)",
     )
     p.add_argument(
-        "--trace-order",
+        "--shuffle",
         action="store_true",
-        help="inflate mode: submit pods in trace order instead of a seeded shuffle",
+        help="inflate mode: submit pods in an order shuffled with --seed instead of trace order",
     )
     p.add_argument(
         "--profile-mapping",
@@ -188,7 +191,7 @@ def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
     settings = simulating.Settings(
         mode=mode,
         inflate_fraction=args.inflate / 100.0,
-        shuffle_seed=None if args.trace_order else args.seed,
+        shuffle_seed=args.seed if args.shuffle else None,
         scoring=snapshot.Policy(args.scoring),
         timing=simulating.Timing(
             batch_window_s=args.batch_window, advertise_s=args.advertise_delay

@@ -2,7 +2,8 @@
 
 A spec is a comma-separated list of ``MODEL:NODESxGPUS`` groups (any catalog alias for the
 model). Every node gets the CPU and memory per GPU of the openb trace's most common GPU node (8
-GPUs, 96 cores, 384 GiB: 12 cores and 48 GiB per GPU) and the ``nvidia.com/gpu.product`` label.
+GPUs, 96 cores, 384 GiB: 12 cores and 48 GiB per GPU) and the labels pods may select on:
+``nvidia.com/gpu.product`` (as gpu-feature-discovery sets it) and ``kubernetes.io/hostname``.
 
 Pure core: may import :mod:`migpilot.errors`, :mod:`migpilot.mig` and :mod:`migpilot.planning`.
 """
@@ -25,6 +26,7 @@ DEFAULT_FAITHFUL_SPEC = "h100-80gb:4x8,a100-80gb:2x8"
 CPU_MILLI_PER_GPU = 12_000
 MEMORY_PER_GPU = 48 * 2**30
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 _GROUP = re.compile(r"^(?P<model>[^:]+):(?P<nodes>\d+)x(?P<gpus>\d+)$")
 
 
@@ -95,12 +97,13 @@ def parse(spec: str) -> Cluster:
         label = g.model.gfd_product_names[0] if g.model.gfd_product_names else g.model.id
         width = max(len(str(g.nodes - 1)), 2)
         for i in range(g.nodes):
+            name = f"{g.model.id}-{i:0{width}d}"
             out.append(
                 NodeSpec(
-                    name=f"{g.model.id}-{i:0{width}d}",
+                    name=name,
                     model=g.model,
                     gpus=g.gpus,
-                    labels=MappingProxyType({PRODUCT_LABEL: label}),
+                    labels=MappingProxyType({PRODUCT_LABEL: label, HOSTNAME_LABEL: name}),
                     allocatable=snapshot.Resources(
                         g.gpus * CPU_MILLI_PER_GPU, g.gpus * MEMORY_PER_GPU
                     ),

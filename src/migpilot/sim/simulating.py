@@ -94,9 +94,9 @@ class Settings:
     inflate_fraction: float = 1.3
     """Inflate mode: stop submitting once requests reach this share of the cluster's compute
     slices. Default 1.3 (130 %)."""
-    shuffle_seed: int | None = 1
+    shuffle_seed: int | None = None
     """Inflate mode: submit the trace's pods in an order shuffled with this seed (as the
-    simulator of Weng et al. does); ``None``: in trace order. Default 1."""
+    simulator of Weng et al. can); ``None``: in trace order. Default ``None``."""
     scoring: snapshot.Policy = snapshot.Policy.BINPACK
     """Scheduler node scoring and the planner's node policy. Default binpack."""
     timing: Timing = Timing()
@@ -289,7 +289,7 @@ class _Pod:
             mig=trace.mig,
             cpu_milli=trace.cpu_milli,
             memory_bytes=trace.memory_bytes,
-            node_selector=MappingProxyType({}),
+            node_selector=MappingProxyType(dict(trace.node_selector)),
             affinity=(),
             tolerations=(),
         )
@@ -352,6 +352,12 @@ def _fits_empty_cached(
                 return False
             bins.append([name])
     return True
+
+
+def _selects(pod: _Pod, node: _Node) -> bool:
+    """Whether ``node`` has every label of the pod's node selector."""
+    labels = node.spec.labels
+    return all(labels.get(k) == v for k, v in pod.trace.node_selector)
 
 
 # --------------------------------------------------------------------------- the engine
@@ -492,8 +498,11 @@ class _Simulation:
     # -- the scheduler model
 
     def _rejection(self, pod: _Pod) -> str | None:
-        offered = False
+        offered = selected = False
         for node in self.nodes:
+            if not _selects(pod, node):
+                continue
+            selected = True
             model = node.spec.model
             if _needs(pod.trace.mig, model) is None:
                 continue
@@ -503,14 +512,18 @@ class _Simulation:
                 continue
             if _fits_empty(pod.trace.mig, model, node.spec.gpus):
                 return None
+        if not selected:
+            wanted = ", ".join(f"{k}={v}" for k, v in pod.trace.node_selector)
+            return f"no node has the labels of its node selector ({wanted})"
         if not offered:
             wanted = ", ".join(f"{r.count} x {r.profile}" for r in pod.trace.mig)
-            return f"no GPU model in the cluster offers {wanted}"
+            where = "the nodes it selects" if pod.trace.node_selector else "the cluster"
+            return f"no GPU model in {where} offers {wanted}"
         return "no node could run it even with every GPU empty (GPUs, CPU or memory too small)"
 
     def _fit(self, pod: _Pod, node: _Node) -> bool:
         need = _needs(pod.trace.mig, node.spec.model)
-        if need is None:
+        if need is None or not _selects(pod, node):
             return False
         if pod.trace.cpu_milli > node.cpu_free or pod.trace.memory_bytes > node.mem_free:
             return False

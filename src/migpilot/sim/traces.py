@@ -13,7 +13,10 @@ sources make one:
   touch a GPU. Variants without times (multigpu50) can only be replayed in inflate mode.
 - **MIG-native** CSV for users' own traces: ``name,arrival,duration,requests`` with times in
   seconds (an empty duration runs to the end) and requests like
-  ``mig-1g.10gb=2;cpu=4;memory=8Gi``.
+  ``mig-1g.10gb=2;cpu=4;memory=8Gi``; an optional fifth column ``node_selector`` holds the
+  pod's node selector like ``nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3`` (several joined
+  by ``;``), matched against the simulated nodes' labels. openb's ``gpu_spec`` (GPU models of
+  Alibaba's cluster) is not a selector here: those models are not MIG GPUs.
 - **synthetic** generators by name (``inference``, ``training``, ``mixed``), seeded.
 
 Pure core: parses text it is given (the CLI reads files) and the bundled openb pod list (package
@@ -43,6 +46,8 @@ _GIB = 2**30
 OPENB_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 """The columns every openb pod list has (times are optional)."""
 NATIVE_COLUMNS = ("name", "arrival", "duration", "requests")
+NATIVE_SELECTOR_COLUMN = "node_selector"
+"""The MIG-native CSV's optional fifth column."""
 SYNTHETIC = ("inference", "training", "mixed")
 """Names of the synthetic generators (``synthetic:NAME``)."""
 
@@ -68,6 +73,8 @@ class TracePod:
     mig: tuple[snapshot.MigRequest, ...]
     cpu_milli: int
     memory_bytes: int
+    node_selector: tuple[tuple[str, str], ...] = ()
+    """Labels a node must have to run the pod (sorted ``(key, value)`` pairs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,21 +288,44 @@ def _requests(text: str, *, where: str) -> tuple[tuple[snapshot.MigRequest, ...]
     return tuple(snapshot.MigRequest(p, n) for p, n in sorted(mig.items())), cpu, memory
 
 
+def _selector(text: str, *, where: str) -> tuple[tuple[str, str], ...]:
+    out: dict[str, str] = {}
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or not key:
+            raise errors.TraceError(f"{where}: node selector {part!r} is not LABEL=VALUE")
+        if key in out and out[key] != value:
+            raise errors.TraceError(f"{where}: node selector names {key!r} twice")
+        out[key] = value
+    return tuple(sorted(out.items()))
+
+
+def _is_native_header(header: list[str]) -> bool:
+    return tuple(header) in (NATIVE_COLUMNS, (*NATIVE_COLUMNS, NATIVE_SELECTOR_COLUMN))
+
+
 def parse_native(text: str, *, source: str) -> Trace:
-    """A MIG-native CSV ``name,arrival,duration,requests``; raises :class:`TraceError`."""
+    """A MIG-native CSV ``name,arrival,duration,requests[,node_selector]``; raises
+    :class:`TraceError`."""
     rows = _rows(text, source=source)
     header_line, header = next(rows, (0, []))
-    if tuple(header) != NATIVE_COLUMNS:
+    if not _is_native_header(header):
         raise errors.TraceError(
-            f"{source}:{header_line or 1}: expected the header {','.join(NATIVE_COLUMNS)}"
+            f"{source}:{header_line or 1}: expected the header {','.join(NATIVE_COLUMNS)} "
+            f"(optionally followed by ,{NATIVE_SELECTOR_COLUMN})"
         )
+    width = len(header)
     pods: list[TracePod] = []
     lines: list[int] = []
     for line, row in rows:
         where = f"{source}:{line}"
-        if len(row) != len(NATIVE_COLUMNS):
-            raise errors.TraceError(f"{where}: expected 4 fields, got {len(row)}")
-        name, arrival, duration, requests = row
+        if len(row) != width:
+            raise errors.TraceError(f"{where}: expected {width} fields, got {len(row)}")
+        name, arrival, duration, requests = row[:4]
+        selector = _selector(row[4], where=where) if width > 4 else ()
         if not name:
             raise errors.TraceError(f"{where}: empty pod name")
         mig, cpu, memory = _requests(requests, where=where)
@@ -308,6 +338,7 @@ def parse_native(text: str, *, source: str) -> Trace:
                 mig=mig,
                 cpu_milli=cpu,
                 memory_bytes=memory,
+                node_selector=selector,
             )
         )  # fmt: skip
         lines.append(line)
@@ -326,7 +357,7 @@ def parse(
     first = next(_rows(text, source=source), None)
     if first is None:
         raise errors.TraceError(f"{source}: the trace is empty")
-    if tuple(first[1]) == NATIVE_COLUMNS:
+    if _is_native_header(first[1]):
         return parse_native(text, source=source)
     if all(c in first[1] for c in OPENB_COLUMNS):
         return parse_openb(text, source=source, model=model, mapping=mapping)
