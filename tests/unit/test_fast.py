@@ -175,45 +175,6 @@ def test_spread_policy_uses_the_least_loaded_nodes() -> None:
     assert sorted(p.node for p in spread.placements) == ["n0", "n1", "n2"]
 
 
-def test_cpu_hungry_pod_goes_where_cpu_backs_the_gpu_room_it_leaves() -> None:
-    # Both nodes have one empty H100. On 'lean' a pod taking 7 of 8 cores leaves 6 free slices
-    # with 1 core: GPU room nobody could use. 'rich' has CPU to spare, so the pod goes there,
-    # although binpack alone would take the first node.
-    nodes = [
-        node("lean", [gpu("h100-80gb")], allocatable={"cpu": "8", "memory": "64Gi"}),
-        node("rich", [gpu("h100-80gb")], allocatable={"cpu": "64", "memory": "512Gi"}),
-    ]
-    _, result = plan_of(nodes, [pod("hungry", "1g.10gb", requests={"cpu": "7"})])
-    assert [p.node for p in result.placements] == ["rich"]
-
-
-def test_frugal_pod_fills_gpu_room_on_a_node_short_of_cpu() -> None:
-    # 'short' already runs a pod that took most of its CPU: its free GPU room is stranded
-    # unless a pod that needs little CPU goes there, which is where the frugal pod goes (the
-    # hungry one, which only 'spare' can back, goes to 'spare').
-    nodes = [
-        node(
-            "spare",
-            [gpu("h100-80gb", ("3g.40gb", 4, True))],
-            allocatable={"cpu": "64", "memory": "512Gi"},
-        ),
-        node(
-            "short",
-            [gpu("h100-80gb", ("3g.40gb", 4, True))],
-            allocatable={"cpu": "2", "memory": "512Gi"},
-        ),
-    ]
-    pods = [
-        pod("frugal", "2g.20gb", requests={"cpu": "1"}),
-        pod("hungry", "2g.20gb", requests={"cpu": "16"}),
-    ]
-    _, result = plan_of(nodes, pods)
-    assert {p.pod.split("/")[1]: p.node for p in result.placements} == {
-        "frugal": "short",
-        "hungry": "spare",
-    }
-
-
 def test_unknown_profile_on_every_model_is_explained() -> None:
     _, result = plan_of([node("n0", [gpu("a30-24gb")])], [pod("x", "3g.40gb")])
     assert result.placements == ()

@@ -67,7 +67,6 @@ _FEASIBLE_PER_KIND_MAX = 64
 _DESTROY_LIMIT = 16
 _FALLBACK_BUDGET = 64
 _MEMBER_SCAN = 32
-_NODE_SCAN = 4
 _REMEMBERED = 24
 _REMEMBERED_STALE = 256
 # Pod orders within a priority level, each with and without deferring destroys, most promising
@@ -421,7 +420,6 @@ class _Run:
         pods: Sequence[snapshot.Pod],
         *,
         admission: constraints.Admission,
-        supply: tuple[float | None, float | None] | None = None,
     ) -> None:
         self.snap = snap
         self.states = states
@@ -459,15 +457,6 @@ class _Run:
         self.node_room = [sum(states.room[self.sid[g.id]] for g in gs) for gs in self.node_gpus]
         self.cpu = [n.allocatable.cpu_milli if n.allocatable else None for n in snap.nodes]
         self.mem = [n.allocatable.memory_bytes if n.allocatable else None for n in snap.nodes]
-        # GPU room is "stranded" on a node when its CPU or memory left could not back it at the
-        # cluster's rate (``supply``: free compute slices per milli-CPU and per byte left, see
-        # _supply); see _stranded. The count of nodes with some stranded room lets _choose stop
-        # early when there is none.
-        self.per_unit: list[tuple[float | None, float | None] | None] = [
-            None if n.allocatable is None or supply is None else supply for n in snap.nodes
-        ]
-        self.strand = [self._stranded(ni, 0, 0, 0) for ni in range(len(snap.nodes))]
-        self.stranding = sum(1 for x in self.strand if x > 0)
         self.load = [0] * len(snap.nodes)
         self.span_nodes: dict[tuple[object, ...], list[int]] = {}
         self.failed: set[tuple[object, ...]] = set()
@@ -492,7 +481,6 @@ class _Run:
         twin.cpu = list(self.cpu)
         twin.mem = list(self.mem)
         twin.load = list(self.load)
-        twin.strand = list(self.strand)
         twin.entered = list(self.entered)
         twin.span_nodes = {k: list(v) for k, v in self.span_nodes.items()}
         twin.failed = set(self.failed)
@@ -531,9 +519,6 @@ class _Run:
             self.mem[ni] = mem = mem - pod.memory_bytes
         self.placed[pod.key] = [(st.id, opt.claim, opt.add) for st, opt in parts]
         self.node_of[pod.key] = ni
-        was = self.strand[ni]
-        self.strand[ni] = now = self._stranded(ni, 0, 0, 0)
-        self.stranding += (now > 0) - (was > 0)
         # A node without CPU or memory for the smallest pod left takes no more pods: take its
         # GPUs out of the index so that no search looks at them again.
         if (cpu is not None and cpu < self.min_cpu) or (mem is not None and mem < self.min_mem):
@@ -546,75 +531,28 @@ class _Run:
         cpu, mem = self.cpu[ni], self.mem[ni]
         return (cpu is None or pod.cpu_milli <= cpu) and (mem is None or pod.memory_bytes <= mem)
 
-    def _stranded(self, ni: int, slices: int, cpu: int, mem: int) -> float:
-        """Compute slices of node ``ni`` its CPU or memory left could not back at the even
-        cluster's rate (``per_unit``), once ``slices`` more slices, ``cpu`` and ``mem``
-        are taken."""
-        unit = self.per_unit[ni]
-        if unit is None:
-            return 0.0
-        room = self.node_room[ni] - slices
-        short = 0.0
-        left_cpu, left_mem = self.cpu[ni], self.mem[ni]
-        if left_cpu is not None and unit[0] is not None:
-            short = room - (left_cpu - cpu) * unit[0]
-        if left_mem is not None and unit[1] is not None:
-            short = max(short, room - (left_mem - mem) * unit[1])
-        return short if short > 0.0 else 0.0
-
     def _choose(
         self, pod: snapshot.Pod, admits: list[bool], found: list[tuple[Cost, int, Option]]
     ) -> tuple[_Gpu, Option] | None:
-        """The best option that has a GPU on a node that admits the pod and has CPU/memory.
-
-        Ranked by free instances destroyed and GPUs newly touched, then by the GPU room the
-        pod's CPU and memory would strand on the node (so CPU-hungry pods go where CPU is
-        plentiful and frugal ones where it is short, and GPUs do not sit idle on a node whose
-        CPU or memory is gone), then by free value lost, then by the node policy. At most
-        ``_NODE_SCAN`` nodes are looked at per GPU state.
-        """
+        """The best option that has a GPU on a node that admits the pod and has CPU/memory."""
         spread = self.snap.policy is snapshot.Policy.SPREAD
         found.sort(key=lambda o: (o[0], self.index.members[o[1]][0]))
-        # Stranding can only go down on a node that has some: with none anywhere, a choice that
-        # strands nothing cannot be beaten on that count.
-        floor = 0.0 if self.stranding == 0 else -float("inf")
-        node_of, cpu, mem = self.node_of_gpu, self.cpu, self.mem
-        per_unit, node_room, strand = self.per_unit, self.node_room, self.strand
-        best: tuple[tuple[int, int, float, int, int], _Gpu, Option] | None = None
+        best: tuple[Cost, int, _Gpu, Option] | None = None
         for cost, sid, opt in found:
-            if best is not None:
-                bk = best[0]
-                if cost[:2] > bk[:2] or (bk[2] <= floor and cost[2] >= bk[3] and not spread):
-                    break
-            sizes = self.states.compute[self.states.keys[sid][0]]
-            slices = sum(sizes[i.profile] for i in opt.claim) + sum(sizes[n] for n in opt.add)
-            seen: set[int] = set()
-            cpu_want, mem_want = pod.cpu_milli, pod.memory_bytes
+            if best is not None and cost > best[0]:
+                break
             for gid in self.index.members[sid]:
-                ni = node_of[gid]
-                if ni in seen or not admits[ni]:
+                st = self.gpus[gid]
+                if not admits[st.node] or not self._resources_ok(st.node, pod):
                     continue
-                c, m = cpu[ni], mem[ni]
-                if (c is not None and cpu_want > c) or (m is not None and mem_want > m):
-                    continue
-                seen.add(ni)
-                unit = per_unit[ni]
-                delta = 0.0
-                if unit is not None:
-                    # _stranded, inlined: this loop is hot on large clusters.
-                    room = node_room[ni] - slices
-                    uc, um = unit
-                    short = 0.0 if c is None or uc is None else room - (c - cpu_want) * uc
-                    if m is not None and um is not None:
-                        short = max(short, room - (m - mem_want) * um)
-                    delta = (short if short > 0.0 else 0.0) - strand[ni]
-                rank = self.load[ni] if spread else gid
-                key = (cost[0], cost[1], delta, cost[2], rank)
-                if best is None or key < best[0]:
-                    best = (key, self.gpus[gid], opt)
-                if len(seen) >= _NODE_SCAN or (delta <= floor and not spread):
+                rank = self.load[st.node] if spread else gid
+                if best is None or (cost, rank) < (best[0], best[1]):
+                    best = (cost, rank, st, opt)
+                if not spread:
                     break
-        return None if best is None else (best[1], best[2])
+            if best is not None and not spread:
+                break
+        return None if best is None else (best[2], best[3])
 
     def place(self, pod: snapshot.Pod, needs: dict[str, tuple[str, ...]], *, destroy: bool) -> bool:
         """Place one pod if it fits anywhere (destroying free instances only if ``destroy``).
@@ -913,29 +851,6 @@ def _dominant_shares(
     }
 
 
-def _supply(snap: snapshot.Snapshot) -> tuple[float | None, float | None] | None:
-    """Free compute slices per milli-CPU and per byte of memory left, over the nodes whose CPU
-    and memory are limited: the rate at which the cluster as a whole backs its GPU room.
-
-    The planner holds every node to it: GPU room beyond what a node's CPU (or memory) left
-    backs at this rate is "stranded" (``_Run._stranded``). ``None``: nothing to hold to.
-    """
-    room = cpu = mem = 0
-    for n in snap.nodes:
-        if n.allocatable is None:
-            continue
-        for g in n.gpus:
-            held = sum(
-                g.model.profile_named(i.profile).compute_slices for i in g.instances if i.used
-            )
-            room += g.model.compute_slices - held
-        cpu += n.allocatable.cpu_milli
-        mem += n.allocatable.memory_bytes
-    if room == 0:
-        return None
-    return (room / cpu if cpu else None, room / mem if mem else None)
-
-
 def _hopeless(
     snap: snapshot.Snapshot,
     needs: dict[str, dict[str, tuple[str, ...]]],
@@ -1004,7 +919,7 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     # Later variants run only while pods of the level stay pending; on large problems only the
     # first runs (each costs a pass; there the greedy's first choice is what a controller that
     # re-plans every few seconds can afford).
-    base = _Run(snap, states, hopeful, admission=admission, supply=_supply(snap))
+    base = _Run(snap, states, hopeful, admission=admission)
     pending: list[snapshot.Pod] = []
     for level in sorted({p.priority for p in hopeful}, reverse=True):
         at_level = [p for p in hopeful if p.priority == level]
