@@ -6,7 +6,7 @@ turns a parsed config (:mod:`migpilot.mig.migparted`) and a config name, or the 
 :class:`~migpilot.agent.reconciling.DesiredGpu` per GPU of this node.
 
 The entry for each GPU is chosen as mig-parted does (every entry whose device-filter and devices
-match applies in file order, so the last match wins; see ``migparted._entry_for``), per GPU, so
+match applies in file order, so the last match wins; see ``migparted.entry_for``), per GPU, so
 nodes mixing GPU models work. A GPU that no entry matches is left out (mig-parted apply leaves it
 as it is). Unlike mig-parted, which destroys and recreates every instance of a GPU whose layout
 changes, the placement keeps the instances already there wherever the wanted multiset allows
@@ -17,7 +17,6 @@ touches nothing else. No I/O: the caller reads the file and the labels.
 from __future__ import annotations
 
 import collections
-import difflib
 from collections.abc import Collection, Mapping, Sequence
 
 from migpilot import errors
@@ -64,20 +63,14 @@ def from_migparted(
     existing instances. Raises :class:`ConfigError` for an unknown config name or an entry
     that cannot be placed on a GPU it matches.
     """
-    entries = config.configs.get(name)
-    if entries is None:
-        close = difflib.get_close_matches(name, list(config.configs), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        known = ", ".join(config.configs)
-        raise errors.ConfigError(f"{config.source}: no config {name!r}{hint} (known: {known})")
+    entries = migparted.selected(config, name)
     out: dict[int, reconciling.DesiredGpu] = {}
     for info in gpus:
         if info.model is None:
             continue
-        chosen: int | None = None
-        for i, entry in enumerate(entries):
-            if entry.matches(device_ids=info.model.pci_device_ids, index=info.index):
-                chosen = i
+        chosen = migparted.entry_for(
+            entries, device_ids=info.model.pci_device_ids, index=info.index
+        )
         if chosen is None:
             continue
         entry = entries[chosen]

@@ -330,7 +330,9 @@ def _place(entry: Entry, model: profiles.GpuModel) -> layouts.Layout:
     return layouts.place(model, names)
 
 
-def _selected(config: ConfigFile, name: str) -> tuple[Entry, ...]:
+def selected(config: ConfigFile, name: str) -> tuple[Entry, ...]:
+    """The entries of config ``name``; raises :class:`ConfigError` naming the config (with the
+    closest known name) when there is none."""
     entries = config.configs.get(name)
     if entries is None:
         close = difflib.get_close_matches(name, list(config.configs), n=1)
@@ -350,9 +352,9 @@ def _selected(config: ConfigFile, name: str) -> tuple[Entry, ...]:
 # the LAST matching entry is what the GPU ends with; assert likewise records the last match. A
 # GPU that no entry matches is left as it is by apply, and assert then fails with "not all GPUs
 # match the specified config".
-def _entry_for(
-    entries: tuple[Entry, ...], *, device_ids: Collection[int], index: int
-) -> int | None:
+def entry_for(entries: tuple[Entry, ...], *, device_ids: Collection[int], index: int) -> int | None:
+    """The position of the entry mig-parted applies to GPU ``index`` with one of ``device_ids``
+    (the last entry that matches, as the comment above explains); ``None``: no entry matches."""
     chosen: int | None = None
     for i, entry in enumerate(entries):
         if entry.matches(device_ids=device_ids, index=index):
@@ -375,13 +377,13 @@ def layout_for(
     :func:`layouts.place`. Raises :class:`ConfigError` for an unknown config, a GPU no entry
     matches, or an entry that cannot be placed (with the reason).
     """
-    entries = _selected(config, name)
+    entries = selected(config, name)
     ids = (device_id,) if device_id is not None else model.pci_device_ids
     where = f"{config.source}: config {name!r}"
     placed: dict[int, layouts.Layout] = {}
     out: list[GpuLayout] = []
     for index in range(gpus):
-        i = _entry_for(entries, device_ids=ids, index=index)
+        i = entry_for(entries, device_ids=ids, index=index)
         if i is None:
             raise errors.ConfigError(
                 f"{where}: no entry matches GPU {index} ({model.id}); mig-parted apply would "
