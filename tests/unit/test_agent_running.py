@@ -172,6 +172,7 @@ def test_start_creates_the_config_and_advertises_it(node: Node) -> None:
     assert labels["nvidia.com/gpu.count"] == "2"
     assert labels["nvidia.com/mig-1g.10gb.count"] == "2"
     assert labels["nvidia.com/mig-3g.40gb.slices.gi"] == "3"
+    assert labels["nvidia.com/mig.config.state"] == "success"
     # Idempotent: the next pass does nothing.
     assert node.agent.reconcile().applied == ()
 
@@ -222,6 +223,7 @@ def test_a_handed_out_device_is_never_destroyed(
     refused = [r.getMessage() for r in caplog.records if taken in r.getMessage()]
     assert refused and all("in use" in m for m in refused)
     assert node.advertised()[R3G] == {taken: "Healthy"}
+    assert "nvidia.com/mig.config.state=pending\n" in node.labels.read_text()
     # Refusals already reported are not logged again at the next pass.
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="migpilot.agent.running"):
@@ -324,6 +326,7 @@ def test_keep_layout_only_advertises(root: pathlib.Path) -> None:
         report = node.agent.start()
         assert report.applied == ()
         assert set(node.advertised()) == {"nvidia.com/mig-7g.80gb"}
+        assert "mig.config.state" not in node.labels.read_text()  # nothing asked for
         assert [d.gi_id for d in node.gpus.mig_devices(1)] == [half]  # left as it is
     finally:
         node.agent.stop()
@@ -356,6 +359,7 @@ def test_bad_config_at_runtime_changes_nothing(
     (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert record.getMessage().startswith("desired layout unavailable, changing nothing: ")
     assert "\n" not in record.getMessage()
+    assert "nvidia.com/mig.config.state=failed\n" in node.labels.read_text()
 
 
 def test_mig_mode_change_is_refused_not_forced(node: Node) -> None:
@@ -365,6 +369,7 @@ def test_mig_mode_change_is_refused_not_forced(node: Node) -> None:
     assert report is not None and report.applied == ()
     assert all("needs a GPU reset" in r.reason for r in report.refusals)
     assert len(node.advertised()[R1G]) == 2
+    assert "nvidia.com/mig.config.state=failed\n" in node.labels.read_text()  # waiting won't do
 
 
 def test_single_strategy_layout_it_cannot_advertise_keeps_the_old_list(

@@ -14,7 +14,11 @@ rather than guessed. Driver/CUDA version and machine-type labels need facts this
 carry and are not produced. Sharing (time-slicing, MPS) is not configured in migpilot, so
 ``replicas`` is 1 (0 for MIG-enabled GPUs, as GFD) and ``sharing-strategy`` is ``none``.
 
-A pure function: no I/O, no clock. GFD iterates Go maps where several GPU products share the
+:func:`config_state` gives the ``nvidia.com/mig.config.state`` label NVIDIA's mig-manager sets
+beside ``nvidia.com/mig.config`` (``success``, ``pending`` or ``failed``), which the GPU
+Operator's components and admins' scripts wait on.
+
+Pure functions: no I/O, no clock. GFD iterates Go maps where several GPU products share the
 ``nvidia.com/gpu.*`` keys; here the order is fixed (products by name, MIG-disabled last).
 """
 
@@ -23,11 +27,31 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from migpilot.agent import reconciling
 from migpilot.agent.deviceplugin import advertising, devices
 from migpilot.mig import profiles
 
 _GPU = "nvidia.com/gpu"
 _INVALID = "INVALID"
+CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
+"""mig-manager's label saying how applying ``nvidia.com/mig.config`` went."""
+
+
+def config_state(report: reconciling.Report | None, *, unavailable: bool) -> str:
+    """``nvidia.com/mig.config.state`` after a pass, as mig-manager uses its values.
+
+    ``failed``: the desired layout could not be read or placed (``unavailable``), a driver call
+    failed, or something is refused that waiting will not fix (a MIG mode change needs a GPU
+    reset); ``pending``: not there yet, but it will be (instances in use are in the way, or
+    actions are left for the next pass); ``success``: the GPUs have the desired layout.
+    """
+    if unavailable or report is None:
+        return "failed"
+    if report.outcomes(reconciling.Outcome.FAILED):
+        return "failed"
+    if any(not r.in_use for r in report.refusals):
+        return "failed"
+    return "success" if report.converged and not report.refusals else "pending"
 
 
 def node_labels(node: devices.NodeDevices, strategy: devices.MigStrategy) -> dict[str, str]:

@@ -163,6 +163,8 @@ class Refusal:
     gpu: int
     reason: str
     instance: layouts.Instance | None = None
+    in_use: bool = False
+    """Held back only by an instance in use: it gets done once that instance is free."""
 
     def __str__(self) -> str:
         return f"GPU {self.gpu}: {self.reason}"
@@ -270,7 +272,7 @@ def _diff_gpu(
             names = ", ".join(f"{d} ({d.uuid})" for d in overlapping)
             verb = "is" if len(overlapping) == 1 else "are"
             refusals.append(
-                Refusal(gpu, f"{names} {verb} in use; desired {inst} not created", inst)
+                Refusal(gpu, f"{names} {verb} in use; desired {inst} not created", inst, True)
             )
         else:
             refusals.append(Refusal(gpu, f"desired {inst} not created: {reason}", inst))
@@ -281,6 +283,7 @@ def _diff_gpu(
                     gpu,
                     f"{dev} ({dev.uuid}) is in use and not in the desired layout; kept",
                     dev.instance,
+                    True,
                 )
             )
     return [*destroys, *repairs, *creates], refusals

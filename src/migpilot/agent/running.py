@@ -443,6 +443,8 @@ class Agent:
         self._last_fingerprint: Hashable = None
         self._last_refusals: frozenset[str] = frozenset()
         self._last_labels: str | None = None
+        self._config_state: str | None = None
+        """``nvidia.com/mig.config.state`` for the labels file (None: no layout is asked for)."""
         self._view = devices.NodeDevices(gpus=())
         self._stopping = threading.Event()
         self._xid_thread: threading.Thread | None = None
@@ -453,16 +455,22 @@ class Agent:
         with self._pass_lock:
             self._last_fingerprint = self._source.fingerprint()
             self._last_pass = self._clock.monotonic()
-            want = self._desired()
+            want, unavailable = self._desired()
             report = self._reconciler.reconcile(want)
             self._log_report(report)
+            self._config_state = (
+                labels.config_state(report, unavailable=unavailable)
+                if want or unavailable
+                else None
+            )
             self._publish(node_view(self._reconciler.read()))
             return report
 
-    def _desired(self) -> dict[int, reconciling.DesiredGpu]:
+    def _desired(self) -> tuple[dict[int, reconciling.DesiredGpu], bool]:
+        """The desired layouts, and whether they could not be had (an error, logged)."""
         state = self._reconciler.read()
         try:
-            return self._source.desired(
+            want = self._source.desired(
                 gpus=[s.info for s in state.values()],
                 current={g: s.devices for g, s in state.items()},
                 in_use=self._in_use.in_use(),
@@ -471,7 +479,8 @@ class Agent:
             detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
             where = f": {err.filename}" if isinstance(err, OSError) and err.filename else ""
             _log.error("desired layout unavailable, changing nothing: %s%s", detail, where)
-            return {}
+            return {}, True
+        return want, False
 
     def _log_report(self, report: reconciling.Report) -> None:
         for applied in report.applied:
@@ -512,7 +521,10 @@ class Agent:
         path = self.settings.labels_file
         if path is None:
             return
-        text = labels_text(labels.node_labels(view, self.settings.strategy))
+        found = labels.node_labels(view, self.settings.strategy)
+        if self._config_state is not None:
+            found[labels.CONFIG_STATE_LABEL] = self._config_state
+        text = labels_text(found)
         if text == self._last_labels:
             return
         try:
