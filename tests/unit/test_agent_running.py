@@ -110,15 +110,26 @@ def make_node(
     config_name: str | None = "balanced",
     extra_in_use: reconciling.InUse | None = None,
     strategy: devices.MigStrategy = devices.MigStrategy.MIXED,
+    reuse: Node | None = None,
 ) -> Node:
+    """An agent on ``gpus`` emulated H100s; with ``reuse``, a restarted agent on that node's
+    GPUs, clock and files (the old agent must be stopped)."""
     config = root / "mig-parted.yaml"
-    config.write_text(CONFIG)
-    (root / "device-plugins").mkdir()
-    clock = clocks.VirtualClock()
-    emu = emulated.EmulatedBackend([H100] * gpus, clock=clock, durable=False)
+    if not config.exists():  # a restart (same root, same GPUs) keeps what is there
+        config.write_text(CONFIG)
+    (root / "device-plugins").mkdir(exist_ok=True)
+    clock = clocks.VirtualClock() if reuse is None else reuse.clock
+    emu = (
+        emulated.EmulatedBackend([H100] * gpus, clock=clock, durable=False)
+        if reuse is None
+        else reuse.gpus
+    )
     plugin = serving.DevicePlugin(
         serving.PluginSettings(
-            plugin_dir=root / "device-plugins", strategy=strategy, kubelet_poll_s=0.02
+            plugin_dir=root / "device-plugins",
+            strategy=strategy,
+            kubelet_poll_s=0.02,
+            ledger_file=root / "allocations.json",
         )
     )
     sources: list[reconciling.InUse] = [
@@ -229,6 +240,33 @@ def test_a_handed_out_device_is_never_destroyed(
     with caplog.at_level(logging.WARNING, logger="migpilot.agent.running"):
         node.agent.reconcile()
     assert not [r for r in caplog.records if taken in r.getMessage()]
+
+
+def test_a_handed_out_device_survives_an_agent_restart(root: pathlib.Path) -> None:
+    first = make_node(root)
+    first.agent.start()
+    taken = first.uuid(0, "3g.40gb@4")
+    first.plugin.record_allocated([taken])  # Allocate answered; the kubelet lists nothing yet
+    first.agent.stop()
+    second = make_node(root, reuse=first)  # a new process: only the ledger file remembers
+    try:
+        second.write_config(as_balanced("all-1g.10gb"))
+        report = second.agent.start()
+        assert second.uuid(0, "3g.40gb@4") == taken
+        assert {str(r.instance) for r in report.refusals} == {
+            "1g.10gb@4",
+            "1g.10gb@5",
+            "1g.10gb@6",
+        }
+        assert taken in second.plugin.handed_out()
+    finally:
+        second.agent.stop()
+
+
+def test_an_unreadable_ledger_stops_the_agent_from_starting(root: pathlib.Path) -> None:
+    (root / "allocations.json").write_text("{not json")
+    with pytest.raises(errors.AgentConfigError, match="the allocation ledger is not JSON"):
+        make_node(root)
 
 
 def test_running_processes_keep_a_device(node: Node) -> None:

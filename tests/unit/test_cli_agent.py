@@ -120,6 +120,23 @@ def test_missing_kubelet_folder_is_bad_input(
     assert "device-plugin folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("case", ["folder-is-a-file", "not-json"])
+def test_bad_allocations_file_is_bad_input(
+    case: str, kubelet_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if case == "folder-is-a-file":
+        (tmp_path / "plain").write_text("")
+        ledger, message = tmp_path / "plain" / "allocations.json", "cannot create"
+    else:
+        ledger, message = tmp_path / "allocations.json", "the allocation ledger is not JSON"
+        ledger.write_text("{half")
+    backend = ["--backend", "emulated:h100-80gb:x1", "--state-file", str(tmp_path / "s.json")]
+    code, _ = run(*backend, "--kubelet-dir", str(kubelet_dir), "--allocations-file", str(ledger))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("migpilot: error: ") and message in err
+
+
 def test_mutually_exclusive_name_and_labels(config: Path) -> None:
     with pytest.raises(SystemExit) as exit_:
         run("--config", str(config), "-c", "balanced", "--node-labels", "x")

@@ -4,6 +4,7 @@ XID health and the allocation ledger."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from hypothesis import given
@@ -395,3 +396,39 @@ def test_ledger_keeps_unseen_devices_for_the_grace_period() -> None:
     ledger.record(["c"], now=20)
     ledger.forget(["c"])
     assert ledger.held(now=20) == set()
+
+
+def test_ledger_reloads_with_ages_and_what_the_kubelet_saw() -> None:
+    ledger = allocations.AllocationLedger(grace_s=10)
+    assert ledger.record(["a", "b"], now=100)
+    assert ledger.observe_kubelet({"a"}, now=104)
+    assert not ledger.observe_kubelet({"a"}, now=105)  # nothing changed
+    data = json.loads(json.dumps(ledger.dump(now=106)))
+    assert data["devices"]["b"] == {"age_s": 6.0, "seen_by_kubelet": False}
+    # Another process, another clock: b keeps the 4 s of grace it had left, a stays held.
+    again = allocations.AllocationLedger(grace_s=10)
+    again.load(data, now=0.0, source="ledger.json")
+    assert again.held(now=3.9) == {"a", "b"}
+    again.observe_kubelet({"a"}, now=4.0)
+    assert again.held(now=4.0) == {"a"}
+    again.observe_kubelet(set(), now=5.0)  # listed before, gone now: the pod is gone
+    assert again.held(now=5.0) == set()
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([], r"x.json: not an allocation ledger of version 1"),
+        ({"version": 2, "devices": {}}, r"x.json: not an allocation ledger of version 1"),
+        ({"version": 1, "devices": []}, r"x.json: 'devices' is not a mapping"),
+        ({"version": 1, "devices": {"a": {"age_s": -1, "seen_by_kubelet": False}}}, r"'a'"),
+        ({"version": 1, "devices": {"a": {"age_s": 1, "seen_by_kubelet": "no"}}}, r"'a'"),
+        ({"version": 1, "devices": {"a": {"age_s": True, "seen_by_kubelet": False}}}, r"'a'"),
+        ({"version": 1, "devices": {"a": 5}}, r"x.json: device 'a': expected"),
+    ],
+)
+def test_ledger_load_rejects_what_dump_does_not_write(data: object, message: str) -> None:
+    ledger = allocations.AllocationLedger()
+    with pytest.raises(errors.AgentConfigError, match=message):
+        ledger.load(data, now=0.0, source="x.json")
+    assert ledger.held(now=0.0) == set()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from typing import Protocol
 
 import prometheus_client
 
-from migpilot import errors
+from migpilot import errors, files
 from migpilot.agent import desired, labels, metrics, reconciling
 from migpilot.agent.deviceplugin import advertising, devices, health, podresources
 from migpilot.gpu import backend, clocks
@@ -356,18 +355,6 @@ def labels_text(node_labels: Mapping[str, str]) -> str:
     return "".join(f"{k}={v}\n" for k, v in sorted(node_labels.items()))
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def xid_event(event: backend.XidEvent) -> health.XidEvent:
     """A backend XID event as the plugin's health rules take it."""
     return health.XidEvent(
@@ -528,7 +515,7 @@ class Agent:
         if text == self._last_labels:
             return
         try:
-            write_atomically(path, text)
+            files.write_atomically(path, text)
         except OSError as err:
             _log.error("cannot write labels to %s: %s", path, err.strerror or err)
             return

@@ -75,6 +75,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"(default: {DEFAULT_KUBELET_DIR})",
     )
     p.add_argument(
+        "--allocations-file",
+        default=None,
+        metavar="FILE",
+        help="where the ledger of devices handed out by Allocate is kept across agent restarts "
+        "(default: migpilot/allocations.json in --kubelet-dir; its folder is created)",
+    )
+    p.add_argument(
         "--no-kubelet",
         action="store_true",
         help="standalone: no kubelet on this machine; serve no device plugin and count only "
@@ -238,6 +245,7 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
             plugin_dir=plugin_dir,
             strategy=strategy,
             allocate=allocating.AllocateSettings(device_list_strategies=list_strategies),
+            ledger_file=_ledger_file(args, kubelet_dir),
         )
         return _serve(
             args,
@@ -249,6 +257,22 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
         )
     finally:
         gpus.close()
+
+
+def _ledger_file(args: argparse.Namespace, kubelet_dir: Path) -> Path:
+    """``--allocations-file``, or its default in the kubelet folder; its folder exists after."""
+    path = (
+        Path(args.allocations_file)
+        if args.allocations_file is not None
+        else kubelet_dir / "migpilot" / "allocations.json"
+    )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise errors.AgentConfigError(
+            f"--allocations-file {path}: cannot create {path.parent}: {err.strerror or err}"
+        ) from None
+    return path
 
 
 def _kubelet_in_use(

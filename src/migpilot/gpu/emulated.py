@@ -25,16 +25,14 @@ import collections
 import enum
 import hashlib
 import json
-import os
 import re
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, cast
 
-from migpilot import errors
+from migpilot import errors, files
 from migpilot.gpu import backend, clocks
 from migpilot.mig import catalog, layouts, profiles
 
@@ -145,27 +143,6 @@ class StateFile(TypedDict):
 def _uuid(prefix: str, text: str) -> str:
     h = hashlib.sha256(text.encode()).hexdigest()
     return f"{prefix}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
-def _write_atomically(path: Path, text: str, *, durable: bool) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    if not durable:
-        return
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _fresh_state(models: Sequence[profiles.GpuModel], *, seed: int, mig: bool) -> StateFile:
@@ -493,7 +470,7 @@ class EmulatedBackend:
 
     def _save(self) -> None:
         if self._path is not None:
-            _write_atomically(
+            files.write_atomically(
                 self._path,
                 json.dumps(self._state, indent=1, sort_keys=True),
                 durable=self._durable,

@@ -17,6 +17,7 @@ speak to the kubelet.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import os
 import pathlib
@@ -28,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from migpilot import errors, files
 from migpilot.agent.deviceplugin import advertising, allocating, allocations, devices, health
 from migpilot.agent.kubeletapi.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
@@ -60,6 +62,9 @@ class PluginSettings:
     """Timeout of each call to the kubelet, in seconds (default 5)."""
     allocation_grace_s: float = 300.0
     """How long an allocated device the kubelet never lists stays held, s (default 300)."""
+    ledger_file: pathlib.Path | None = None
+    """Where the ledger of devices handed out is kept, so that an agent restart remembers them
+    (read at start, rewritten durably after every change); ``None``: in memory only."""
 
     @property
     def kubelet_socket(self) -> pathlib.Path:
@@ -248,6 +253,7 @@ class DevicePlugin:
         self._node = devices.NodeDevices(gpus=())
         self._unhealthy: set[str] = set()
         self._ledger = allocations.AllocationLedger(grace_s=settings.allocation_grace_s)
+        self._load_ledger()
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
 
@@ -311,13 +317,51 @@ class DevicePlugin:
 
     def observe_kubelet(self, allocated: frozenset[str]) -> None:
         """Tell the ledger what the kubelet's PodResources lists as allocated now."""
-        self._ledger.observe_kubelet(allocated, now=self._clock())
+        if self._ledger.observe_kubelet(allocated, now=self._clock()):
+            self._save_ledger()
 
     def record_allocated(self, device_ids: list[str]) -> None:
         """Allocate handed these devices out (called by the servers)."""
-        self._ledger.record(device_ids, now=self._clock())
+        if self._ledger.record(device_ids, now=self._clock()):
+            self._save_ledger()
 
     # -- internals ---------------------------------------------------------------------------
+    def _load_ledger(self) -> None:
+        path = self.settings.ledger_file
+        if path is None:
+            return
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            raise errors.AgentConfigError(
+                f"cannot read the allocation ledger {path}: {err.strerror or err}"
+            ) from None
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise errors.AgentConfigError(
+                f"{path}: the allocation ledger is not JSON ({err}); devices handed out before "
+                "the restart would be forgotten, so the agent does not start (move the file "
+                "away once no pod is starting on this node)"
+            ) from None
+        self._ledger.load(data, now=self._clock(), source=str(path))
+        held = self._ledger.held(now=self._clock())
+        if held:
+            _log.info("allocation ledger %s: %d device(s) still held", path, len(held))
+
+    def _save_ledger(self) -> None:
+        path = self.settings.ledger_file
+        if path is None:
+            return
+        text = json.dumps(self._ledger.dump(now=self._clock()), indent=1, sort_keys=True) + "\n"
+        try:
+            files.write_atomically(path, text, durable=True)
+        except OSError as err:
+            # The ledger in memory still holds the devices; only a restart could forget them.
+            _log.error("cannot write the allocation ledger %s: %s", path, err.strerror or err)
+
     def _apply(self, node: devices.NodeDevices) -> None:
         resources = advertising.resources_for(
             node, self.settings.strategy, unhealthy=self._unhealthy
@@ -325,7 +369,8 @@ class DevicePlugin:
         gone = {d.id for r in self._advertised_now() for d in r.devices} - {
             d.id for r in resources for d in r.devices
         }
-        self._ledger.forget(gone)
+        if self._ledger.forget(gone):
+            self._save_ledger()
         self._node = node
         wanted = {r.name: r for r in resources}
         for name, served in self._servers.items():
