@@ -201,6 +201,26 @@ def test_node_selectors_are_honoured(name: str) -> None:
         assert all(where[f"h{i}"] for i in range(6))
 
 
+def test_requests_no_pod_of_which_ran_are_named() -> None:
+    trace = traces.parse(
+        "name,arrival,duration,requests\n"
+        "a,0,,mig-4g.40gb=1\nb,1,,mig-1g.10gb=1\nc,2,,mig-1g.10gb=2;mig-3g.40gb=1\n"
+        "d,3,,mig-7g.80gb=8\n",
+        source="k.csv",
+        model=SMALL.reference_model,
+    )
+    whole = policies.fixed("whole", {m.id: layouts.Layout.of([layouts.Instance(0, "7g.80gb")])
+                                     for m in (g.model for g in SMALL.groups)})  # fmt: skip
+    fixed = simulating.simulate(trace, cluster=SMALL, policy=whole, settings=PARANOID_INFLATE)
+    assert fixed.requests_never_served == ("1g.10gb", "2 x 1g.10gb + 3g.40gb", "4g.40gb")
+    assert reports.row(fixed)["requests_never_served"] == list(fixed.requests_never_served)
+    mine = simulating.simulate(
+        trace, cluster=SMALL, policy=_policy("migpilot"), settings=PARANOID_INFLATE
+    )
+    assert mine.requests_never_served == ()
+    assert mine.pods_rejected == 1  # 8 x 7g.80gb fits no 4-GPU node: rejected, not listed
+
+
 def test_bound_is_above_every_policy_in_inflate_mode() -> None:
     trace = _trace(7, pods=300)
     submitted = [

@@ -274,6 +274,11 @@ def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
         )
     if best_layouts:
         out.write(f"static-best layouts: {best_layouts}\n")
+    refused = [r for r in rows if r["requests_never_served"]]
+    if refused:
+        out.write("never ran a pod asking for:\n")
+        for r in refused:
+            out.write(f"  {r['policy']}: {', '.join(r['requests_never_served'])}\n")
     out.write(f"results: {outdir / 'results.json'}\n")
     if plots:
         out.write(f"plots: {', '.join(str(p) for p in plots)}\n")

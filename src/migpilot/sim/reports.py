@@ -1,7 +1,8 @@
 """The results of a simulation as rows: ``results.json``, ``-o json`` and the CLI table.
 
 The row keys are fixed (``policy, pods_total, pods_scheduled, allocation_ratio, pending_p50_s,
-pending_p95_s, pending_p99_s, reconfigurations, instances_destroyed, planner_seconds``); floats
+pending_p95_s, pending_p99_s, reconfigurations, instances_destroyed, planner_seconds``, then
+``requests_never_served``: the MIG requests no pod of which was ever scheduled); floats
 are rounded so that equal simulations give byte-identical files. ``planner_seconds`` is the only
 measured figure: ``None`` when timing is omitted (the determinism test does that).
 
@@ -26,6 +27,7 @@ KEYS = (
     "reconfigurations",
     "instances_destroyed",
     "planner_seconds",
+    "requests_never_served",
 )
 HEADERS = (
     "policy",
@@ -54,6 +56,7 @@ class ResultRow(TypedDict):
     reconfigurations: int
     instances_destroyed: int
     planner_seconds: float | None
+    requests_never_served: list[str]
 
 
 def row(result: simulating.Result, *, timing: bool = True) -> ResultRow:
@@ -69,6 +72,7 @@ def row(result: simulating.Result, *, timing: bool = True) -> ResultRow:
         reconfigurations=result.reconfigurations,
         instances_destroyed=result.instances_destroyed,
         planner_seconds=round(result.planner_seconds, 3) if timing else None,
+        requests_never_served=list(result.requests_never_served),
     )
 
 

@@ -156,6 +156,10 @@ class Result:
     ratio_over_time: tuple[tuple[float, float], ...]
     """(time, allocation ratio) after every change."""
     outcomes: tuple[PodOutcome, ...] = field(repr=False)
+    requests_never_served: tuple[str, ...] = ()
+    """MIG requests (``4g.40gb``, ``8 x 7g.80gb``) that pods asked for and none of them got,
+    rejected pods aside: whole kinds of pods a policy never runs (a static layout without the
+    profile, HAMi without a template for it)."""
 
     def pending_percentile(self, q: float) -> float:
         """The ``q``-th percentile (0-100, nearest rank) of :attr:`pending_s`; 0 when empty."""
@@ -838,7 +842,11 @@ class _Simulation:
         pending: list[float] = []
         outcomes: list[PodOutcome] = []
         scheduled = rejected = 0
+        served: dict[str, bool] = {}
         for pod in self.pods:
+            if pod.state not in (PodState.REJECTED, PodState.NOT_ARRIVED):
+                asked = request_text(pod.trace.mig)
+                served[asked] = served.get(asked, False) or pod.bound_at is not None
             if pod.state is PodState.REJECTED:
                 rejected += 1
             elif pod.bound_at is not None:
@@ -877,7 +885,13 @@ class _Simulation:
             end=end,
             ratio_over_time=tuple(self.samples),
             outcomes=tuple(outcomes),
+            requests_never_served=tuple(sorted(k for k, ok in served.items() if not ok)),
         )
+
+
+def request_text(mig: tuple[snapshot.MigRequest, ...]) -> str:
+    """A MIG request as people write it: ``4g.40gb``, ``8 x 7g.80gb``, ``2 x 1g.10gb + 3g.40gb``."""
+    return " + ".join(r.profile if r.count == 1 else f"{r.count} x {r.profile}" for r in mig)
 
 
 def _no_clock() -> float:
