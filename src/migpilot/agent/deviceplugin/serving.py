@@ -253,6 +253,9 @@ class DevicePlugin:
         self._node = devices.NodeDevices(gpus=())
         self._unhealthy: set[str] = set()
         self._ledger = allocations.AllocationLedger(grace_s=settings.allocation_grace_s)
+        self._ledger_write = threading.Lock()
+        """Held from taking the ledger's dump to its file being replaced, so that writes from
+        Allocate's threads and from the agent's pass land in the order of their dumps."""
         self._load_ledger()
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -346,8 +349,9 @@ class DevicePlugin:
                 "the restart would be forgotten, so the agent does not start (move the file "
                 "away once no pod is starting on this node)"
             ) from None
-        self._ledger.load(data, now=self._clock(), source=str(path))
-        held = self._ledger.held(now=self._clock())
+        now = self._clock()
+        self._ledger.load(data, now=now, source=str(path))
+        held = self._ledger.held(now=now)
         if held:
             _log.info("allocation ledger %s: %d device(s) still held", path, len(held))
 
@@ -355,9 +359,11 @@ class DevicePlugin:
         path = self.settings.ledger_file
         if path is None:
             return
-        text = json.dumps(self._ledger.dump(now=self._clock()), indent=1, sort_keys=True) + "\n"
         try:
-            files.write_atomically(path, text, durable=True)
+            with self._ledger_write:
+                data = self._ledger.dump(now=self._clock())
+                text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+                files.write_atomically(path, text, durable=True)
         except OSError as err:
             # The ledger in memory still holds the devices; only a restart could forget them.
             _log.error("cannot write the allocation ledger %s: %s", path, err.strerror or err)
