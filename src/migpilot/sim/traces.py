@@ -255,17 +255,27 @@ def bundled_openb(
 # --------------------------------------------------------------------------- MIG-native
 
 
-def _requests(text: str, *, where: str) -> tuple[tuple[snapshot.MigRequest, ...], int, int]:
-    mig: dict[str, int] = {}
-    cpu = memory = 0
+def _assignments(
+    text: str, *, where: str, what: str, form: str, empty_value: bool
+) -> Iterator[tuple[str, str]]:
+    """The ``KEY=VALUE`` items of a ``;``-separated field, stripped (empty items skipped); an
+    item without ``=`` or key (or value, unless ``empty_value``) is a :class:`TraceError`."""
     for part in text.split(";"):
         part = part.strip()
         if not part:
             continue
-        key, sep, value = part.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not key or not value:
-            raise errors.TraceError(f"{where}: request {part!r} is not NAME=AMOUNT")
+        key, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or not key or not (value or empty_value):
+            raise errors.TraceError(f"{where}: {what} {part!r} is not {form}")
+        yield key, value
+
+
+def _requests(text: str, *, where: str) -> tuple[tuple[snapshot.MigRequest, ...], int, int]:
+    mig: dict[str, int] = {}
+    cpu = memory = 0
+    for key, value in _assignments(
+        text, where=where, what="request", form="NAME=AMOUNT", empty_value=False
+    ):
         try:
             if key == "cpu":
                 cpu = snapshot.cpu_milli(value, where=key)
@@ -290,13 +300,9 @@ def _requests(text: str, *, where: str) -> tuple[tuple[snapshot.MigRequest, ...]
 
 def _selector(text: str, *, where: str) -> tuple[tuple[str, str], ...]:
     out: dict[str, str] = {}
-    for part in text.split(";"):
-        part = part.strip()
-        if not part:
-            continue
-        key, sep, value = (s.strip() for s in part.partition("="))
-        if not sep or not key:
-            raise errors.TraceError(f"{where}: node selector {part!r} is not LABEL=VALUE")
+    for key, value in _assignments(
+        text, where=where, what="node selector", form="LABEL=VALUE", empty_value=True
+    ):
         if key in out and out[key] != value:
             raise errors.TraceError(f"{where}: node selector names {key!r} twice")
         out[key] = value
