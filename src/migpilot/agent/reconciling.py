@@ -272,7 +272,9 @@ def _diff_gpu(
             names = ", ".join(f"{d} ({d.uuid})" for d in overlapping)
             verb = "is" if len(overlapping) == 1 else "are"
             refusals.append(
-                Refusal(gpu, f"{names} {verb} in use; desired {inst} not created", inst, True)
+                Refusal(
+                    gpu, f"{names} {verb} in use; desired {inst} not created", inst, in_use=True
+                )
             )
         else:
             refusals.append(Refusal(gpu, f"desired {inst} not created: {reason}", inst))
@@ -283,7 +285,7 @@ def _diff_gpu(
                     gpu,
                     f"{dev} ({dev.uuid}) is in use and not in the desired layout; kept",
                     dev.instance,
-                    True,
+                    in_use=True,
                 )
             )
     return [*destroys, *repairs, *creates], refusals
