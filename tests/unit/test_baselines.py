@@ -46,7 +46,7 @@ def pod(name: str, *requests: str, **extra: Any) -> dict[str, Any]:
     reqs: dict[str, Any] = {}
     for r in requests:
         profile, _, count = r.partition("*")
-        reqs[f"nvidia.com/mig-{profile}"] = int(count or 1)
+        reqs[snapshot.resource_name(profile)] = int(count or 1)
     return {"name": name, "requests": reqs, **extra}
 
 
@@ -456,7 +456,7 @@ def snapshots(draw: st.DrawFn) -> snapshot.Snapshot:
     pods = []
     for k in range(draw(st.integers(0, 8))):
         requests: dict[str, Any] = {
-            f"nvidia.com/mig-{p}": draw(st.integers(1, 2))
+            snapshot.resource_name(p): draw(st.integers(1, 2))
             for p in draw(st.lists(st.sampled_from(_PROFILES), min_size=1, max_size=2))
         }
         requests["cpu"] = "1"

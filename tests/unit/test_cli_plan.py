@@ -181,11 +181,15 @@ def test_json_content_of_the_small_example() -> None:
     assert [i["profile"] for i in placements["infer/p3"]["instances"]] == ["1g.10gb+me"]
     # The free 7g.80gb on node-0's second GPU is reused as it is.
     assert placements["default/p2"]["instances"] == [{"gpu": 1, "profile": "7g.80gb", "start": 0}]
-    # The greedy planner gave node-0's room to p1 and p3: the drifted 3g.39gb resolves to 3g.40gb.
+    # The greedy planner gave node-0's room to p1 and p3.
     reasons = {n["node"]: n["reason"] for n in unsched["default/p4"]["nodes"]}
     assert reasons["node-0"] == "the room for 3g.40gb went to other pending pods"
     assert "not enough CPU: needs 12000m, 8000m free" in unsched["default/p6"]["reason"]
-    assert set(placements) | set(unsched) == {f"default/p{i}" for i in (1, 2, 4, 5, 6, 7)} | {
+    # A resource no GPU of the cluster advertises is named, with the GPU that offers it.
+    assert unsched["default/p8"]["reason"] == (
+        "no GPU in the cluster advertises nvidia.com/mig-1g.5gb (only a100-40gb offers it)"
+    )
+    assert set(placements) | set(unsched) == {f"default/p{i}" for i in (1, 2, 4, 5, 6, 7, 8)} | {
         "infer/p3"
     }
 
@@ -214,7 +218,7 @@ def test_explain_adds_per_node_reasons() -> None:
     p7 = next(u for u in explained["unschedulable"] if u["pod"] == "default/p7")  # type: ignore[attr-defined]
     by_node = {n["node"]: n["reason"] for n in p7["nodes"]}
     assert "taint dedicated=infer:NoSchedule" in by_node["node-1"]
-    assert "offer no" in by_node["node-2"]
+    assert "do not advertise" in by_node["node-2"]
 
 
 def test_table_is_readable() -> None:
@@ -222,7 +226,7 @@ def test_table_is_readable() -> None:
     assert code == 0
     lines = text.splitlines()
     assert lines[0].startswith("planner greedy: ")
-    assert "/7 pods placed" in lines[0]
+    assert "/8 pods placed" in lines[0]
     assert "GPUs changed" in lines[0] and "actions" in lines[0]
     assert lines[0].endswith("(policy binpack)")
     for title in ("GPU layouts that change:", "Actions:", "Placements:", "Unschedulable:"):
@@ -276,7 +280,11 @@ def test_unschedulable_pods_are_an_answer_not_an_error(tmp_path: Path) -> None:
     doc = plan_json(str(path), "--planner", "greedy")
     assert doc["placements"] == []
     assert doc["unschedulable"] == [
-        {"pod": "default/big", "reason": "no node that admits the pod offers 7g.80gb"}
+        {
+            "pod": "default/big",
+            "reason": "no GPU in the cluster advertises nvidia.com/mig-7g.80gb"
+            " (only a100-80gb, h100-80gb offer it)",
+        }
     ]
 
 

@@ -36,7 +36,7 @@ def node(name: str, *gpus: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 
 def pod(name: str, profile: str, count: int = 1, **fields: Any) -> dict[str, Any]:
-    requests = {f"nvidia.com/mig-{profile}": count, **fields.pop("requests", {})}
+    requests = {snapshot.resource_name(profile): count, **fields.pop("requests", {})}
     return {"name": name, "requests": requests, **fields}
 
 
@@ -191,15 +191,21 @@ def test_a_pod_gets_all_it_asks_for_or_nothing() -> None:
 def test_media_extension_instances_are_one_per_gpu() -> None:
     _, plan = solve(
         [node("n0", gpu())],
-        [pod("a", "1g.10gb.me"), pod("b", "1g.10gb+me")],
+        [pod("a", "1g.10gb+me"), pod("b", "1g.10gb+me")],
     )
     assert len(plan.placements) == 1
     assert plan.placements[0].instances[0].profile == "1g.10gb+me"
 
 
-def test_profile_names_are_resolved_by_shape() -> None:
-    _, plan = solve([node("n0", gpu(model="a100-80gb"))], [pod("p", "3g.39gb")])
+def test_requests_are_matched_by_exact_resource_name() -> None:
+    # 3g.39gb is an older driver's name for the A100-80GB's 3g.40gb: kube-scheduler would never
+    # bind a pod asking for it to a node advertising 3g.40gb.
+    _, plan = solve(
+        [node("n0", gpu(model="a100-80gb"))], [pod("p", "3g.39gb"), pod("q", "3g.40gb")]
+    )
+    assert [p.pod for p in plan.placements] == ["default/q"]
     assert plan.placements[0].instances[0].profile == "3g.40gb"
+    assert "nvidia.com/mig-3g.39gb" in plan.unschedulable[0].reason
 
 
 def test_mixed_models_on_one_node_each_serve_what_they_offer() -> None:
@@ -293,7 +299,7 @@ def test_a_pod_no_model_offers_is_unschedulable_and_nothing_else_fails() -> None
         [pod("odd", "1g.6gb"), pod("ok", "1g.10gb")],
     )
     assert placed(plan) == {"default/ok": "n0"}
-    assert "no GPU model in the cluster offers" in reason(plan, "odd")
+    assert "no GPU in the cluster advertises" in reason(plan, "odd")
 
 
 def test_a_pod_asking_for_more_than_the_cluster_has_is_unschedulable() -> None:

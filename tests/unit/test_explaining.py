@@ -36,7 +36,21 @@ def test_not_offered() -> None:
         [{"name": "n0", "gpus": [{"model": "a30"}]}],
         [{"name": "p", "requests": {"nvidia.com/mig-7g.80gb": 1}}],
     )
-    assert reason(snap) == "no node that admits the pod offers 7g.80gb"
+    assert reason(snap) == (
+        "no GPU in the cluster advertises nvidia.com/mig-7g.80gb (only a100-80gb, h100-80gb "
+        "offer it)"
+    )
+
+
+def test_not_offered_by_the_nodes_that_admit_the_pod() -> None:
+    snap = snap_of(
+        [
+            {"name": "n0", "gpus": [{"model": "a30"}]},
+            {"name": "n1", "unschedulable": True, "gpus": [h100()]},
+        ],
+        [{"name": "p", "requests": {"nvidia.com/mig-7g.80gb": 1}}],
+    )
+    assert reason(snap) == "no node that admits the pod advertises nvidia.com/mig-7g.80gb"
 
 
 def test_cpu() -> None:
@@ -92,5 +106,6 @@ def test_unresolvable() -> None:
         [{"name": "p", "requests": {"nvidia.com/mig-7g.80gb": 1}}],
     )
     assert explaining.unresolvable(snap) == {
-        "default/p": "no GPU model in the cluster offers 7g.80gb"
+        "default/p": "no GPU in the cluster advertises nvidia.com/mig-7g.80gb"
+        " (only a100-80gb, h100-80gb offer it)"
     }

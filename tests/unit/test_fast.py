@@ -25,7 +25,7 @@ def gpu(model: str, *instances: tuple[str, int, bool]) -> dict[str, Any]:
 
 
 def pod(name: str, profile: str, count: int = 1, **extra: Any) -> dict[str, Any]:
-    reqs = {f"nvidia.com/mig-{profile}": count, **extra.pop("requests", {})}
+    reqs = {snapshot.resource_name(profile): count, **extra.pop("requests", {})}
     return {"name": name, "requests": reqs, **extra}
 
 
@@ -178,7 +178,7 @@ def test_spread_policy_uses_the_least_loaded_nodes() -> None:
 def test_unknown_profile_on_every_model_is_explained() -> None:
     _, result = plan_of([node("n0", [gpu("a30-24gb")])], [pod("x", "3g.40gb")])
     assert result.placements == ()
-    assert "offers 3g.40gb" in result.unschedulable[0].reason
+    assert "advertises nvidia.com/mig-3g.40gb" in result.unschedulable[0].reason
 
 
 def test_explain_gives_a_reason_per_node() -> None:
@@ -194,7 +194,7 @@ def test_explain_gives_a_reason_per_node() -> None:
     )
     result = fast.plan(snap, options.Options(explain=True))
     nodes = dict(result.unschedulable[0].nodes)
-    assert "offer no 3g.40gb" in nodes["n0"]
+    assert "do not advertise nvidia.com/mig-3g.40gb" in nodes["n0"]
     assert "cordoned" in nodes["n1"]
 
 

@@ -172,7 +172,7 @@ def test_a_pod_no_node_can_run_is_rejected_with_a_reason() -> None:
     )
     reasons = {o.name: o.reason for o in result.outcomes}
     assert result.pods_rejected == 3
-    assert reasons["odd"] == "no GPU model in the cluster offers 1 x 1g.6gb"
+    assert reasons["odd"] == "no GPU model in the cluster advertises all of nvidia.com/mig-1g.6gb"
     assert "even with every GPU empty" in (reasons["big"] or "")
     assert "even with every GPU empty" in (reasons["cpu"] or "")
 

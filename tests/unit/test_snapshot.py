@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -138,8 +139,7 @@ def test_model_aliases(model: str) -> None:
     [
         ("nvidia.com/mig-1g.10gb", "1g.10gb"),
         ("nvidia.com/mig-1g.10gb.me", "1g.10gb+me"),  # NVIDIA's mixed-strategy spelling
-        ("nvidia.com/mig-1g.10gb+me", "1g.10gb+me"),
-        ("nvidia.com/mig-3g.39gb", "3g.39gb"),  # drift: resolved per GPU model later
+        ("nvidia.com/mig-3g.39gb", "3g.39gb"),  # kept as asked: only GPUs advertising it serve it
     ],
 )
 def test_mig_resource_names(resource: str, profile: str) -> None:
@@ -148,12 +148,50 @@ def test_mig_resource_names(resource: str, profile: str) -> None:
     assert parse(doc).pods[0].mig == (snapshot.MigRequest(profile, 1),)
 
 
-def test_drifted_request_resolves_per_model() -> None:
+@pytest.mark.parametrize(
+    ("resource", "message"),
+    [
+        ("nvidia.com/mig-1g.10gb+me", "did you mean nvidia.com/mig-1g.10gb.me?"),
+        ("nvidia.com/MIG-1g.10gb", "is not a MIG resource (expected nvidia.com/mig-<profile>)"),
+        ("nvidia.com/mig-1G.10GB", "did you mean nvidia.com/mig-1g.10gb?"),
+        ("nvidia.com/mig-01g.10gb", "did you mean nvidia.com/mig-1g.10gb?"),
+        ("nvidia.com/mig-1c.3g.40gb", "compute-instance profile"),
+        ("nvidia.com/mig-banana", "is not a MIG profile name"),
+    ],
+)
+def test_mig_resource_names_must_be_exactly_what_a_device_plugin_advertises(
+    resource: str, message: str
+) -> None:
     doc = base()
-    doc["pods"][0]["requests"] = {"nvidia.com/mig-3g.39gb": 1, "nvidia.com/mig-1g.10gb.me": 1}
+    doc["pods"][0]["requests"] = {resource: 1}
+    with pytest.raises(errors.SnapshotError, match=re.escape(message)):
+        parse(doc)
+
+
+def test_requests_match_exactly_per_model() -> None:
+    doc = base()
+    doc["pods"][0]["requests"] = {"nvidia.com/mig-3g.40gb": 1, "nvidia.com/mig-1g.10gb.me": 1}
     pod = parse(doc).pods[0]
     assert pod.profiles_on(catalog.resolve_gpu("a100-80gb")) == ("1g.10gb+me", "3g.40gb")
+    assert pod.profiles_on(catalog.resolve_gpu("h100-80gb")) == ("1g.10gb+me", "3g.40gb")
     assert pod.profiles_on(catalog.resolve_gpu("a30-24gb")) is None
+
+
+@pytest.mark.parametrize(
+    ("resource", "model"),
+    [
+        # The cases: the same shape (or a near one) under another model's name.
+        ("nvidia.com/mig-1g.5gb", "a30-24gb"),
+        ("nvidia.com/mig-2g.12gb", "a100-40gb"),
+        ("nvidia.com/mig-1g.6gb", "a100-40gb"),
+        ("nvidia.com/mig-3g.39gb", "a100-80gb"),  # an older driver's name: not advertised now
+        ("nvidia.com/mig-1g.10gb", "h200"),
+    ],
+)
+def test_a_request_is_not_served_by_another_name(resource: str, model: str) -> None:
+    doc = base()
+    doc["pods"][0]["requests"] = {resource: 1}
+    assert parse(doc).pods[0].profiles_on(catalog.resolve_gpu(model)) is None
 
 
 def test_drifted_instance_names_resolve_at_parse() -> None:
@@ -165,8 +203,7 @@ def test_drifted_instance_names_resolve_at_parse() -> None:
 def test_counts_merge_and_zero_counts_drop() -> None:
     doc = base()
     doc["pods"][0]["requests"] = {
-        "nvidia.com/mig-1g.10gb.me": 1,
-        "nvidia.com/mig-1g.10gb+me": 2,
+        "nvidia.com/mig-1g.10gb.me": 3,
         "nvidia.com/mig-2g.20gb": 0,
         "nvidia.com/mig-3g.40gb": "2",
         "ephemeral-storage": "10Gi",  # not modelled, ignored

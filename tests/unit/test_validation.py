@@ -41,7 +41,7 @@ nodes:
 pods:
   - {name: p1, requests: {nvidia.com/mig-1g.10gb: 2, cpu: "4", memory: 8Gi},
      nodeSelector: {zone: a}}
-  - {name: p2, requests: {nvidia.com/mig-3g.39gb: 1, cpu: "2"}}
+  - {name: p2, requests: {nvidia.com/mig-3g.40gb: 1, cpu: "2"}}
   - {name: p3, requests: {nvidia.com/mig-7g.80gb: 1},
      tolerations: [{key: k, operator: Exists}]}
   - {name: p4, requests: {nvidia.com/mig-1g.10gb: 1, cpu: "4", memory: 10Gi}}
@@ -173,7 +173,11 @@ def test_target_layout_with_a_profile_the_gpu_lacks() -> None:
 def test_placement_with_a_profile_the_gpu_lacks() -> None:
     plan = make(placements=replace_placement("default/p3", "node-1", A(0, "1g.6gb", 0)))
     found = validation.problems(SNAP, plan)
-    only(found, "pod default/p3: node-1/gpu0: 1g.6gb is not what the pod asked for")
+    only(
+        found,
+        "pod default/p3: node-1/gpu0: 1g.6gb is advertised as nvidia.com/mig-1g.6gb, but the pod "
+        "requests nvidia.com/mig-7g.80gb",
+    )
 
 
 def test_gpu_missing_or_listed_twice() -> None:
@@ -301,8 +305,8 @@ def test_wrong_profile() -> None:
         placements=replace_placement("default/p2", "node-0", A(1, "4g.40gb", 0)),
     )
     found = validation.problems(SNAP, plan)
-    only(found, "pod default/p2: node-0/gpu1: 4g.40gb is not what the pod asked for")
-    only(found, "pod default/p2: got {} but asked for {'3g.39gb': 1}")
+    only(found, "pod default/p2: node-0/gpu1: 4g.40gb is advertised as nvidia.com/mig-4g.40gb")
+    only(found, "pod default/p2: got {} but asked for {'3g.40gb': 1}")
 
 
 def test_too_few_instances() -> None:
@@ -320,7 +324,7 @@ def test_too_many_instances() -> None:
             "default/p2", "node-0", A(1, "3g.40gb", 0), A(1, "3g.40gb", 4)
         ),
     )
-    only(validation.problems(SNAP, plan), "pod default/p2: got {'3g.39gb': 2} but asked for")
+    only(validation.problems(SNAP, plan), "pod default/p2: got {'3g.40gb': 2} but asked for")
 
 
 def test_instance_not_in_target_layout() -> None:
@@ -408,4 +412,28 @@ def test_clearing_a_gpu_with_used_instances_is_caught(seed: int) -> None:
     destroyed = [f for f in found if "destroyed or moved" in f]
     assert len(destroyed) == sum(
         1 for n in snap.nodes for g in n.gpus for i in g.instances if i.used
+    )
+
+
+def test_a_profile_of_the_same_shape_under_another_name_is_rejected() -> None:
+    # kube-scheduler binds a pod asking nvidia.com/mig-3g.39gb only where that name is advertised:
+    # a 3g.40gb (the same hardware shape on an A100-80GB) never serves it.
+    snap = snapshot.parse(
+        {
+            "version": 1,
+            "nodes": [{"name": "n", "gpus": [{"model": "a100-80gb"}]}],
+            "pods": [{"name": "p", "requests": {"nvidia.com/mig-3g.39gb": 1}}],
+        }
+    )
+    plan = plans.build(
+        snap,
+        planner="hand",
+        targets={("n", 0): layouts.Layout.of([I(0, "3g.40gb")])},
+        placements=[plans.Placement("default/p", "n", (A(0, "3g.40gb", 0),))],
+        unschedulable=(),
+    )
+    only(
+        validation.problems(snap, plan),
+        "pod default/p: n/gpu0: 3g.40gb is advertised as nvidia.com/mig-3g.40gb, but the pod "
+        "requests nvidia.com/mig-3g.39gb",
     )

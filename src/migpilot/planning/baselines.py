@@ -54,8 +54,14 @@ _RESOLVED: dict[tuple[int, str], tuple[object, str | None]] = {}
 _SHAPES: dict[tuple[int, str], tuple[object, tuple[int, int, int]]] = {}
 
 
+def _requested(model: profiles.GpuModel, name: str) -> str | None:
+    """``name`` if a pod asking for it can be served on ``model`` (exact resource name)."""
+    return name if snapshot.offered(model, name) else None
+
+
 def _resolved(model: profiles.GpuModel, name: str) -> str | None:
-    """The canonical name of the profile ``name`` stands for on ``model`` (by shape), if any."""
+    """The canonical name of the profile a configuration's ``name`` stands for on ``model`` (by
+    shape, tolerating driver drift), if any. Never for pods' requests: see :func:`_requested`."""
     key = (id(model.profiles), name)
     hit = _RESOLVED.get(key)
     if hit is not None:
@@ -152,7 +158,7 @@ class _NodePool:
         for req in pod.mig:
             have = 0
             for m in self.models:
-                name = _resolved(m, req.profile)
+                name = _requested(m, req.profile)
                 if name is not None:
                     have += self.counts[(m.id, name)]
             if have < req.count:
@@ -172,7 +178,7 @@ class _NodePool:
             for _ in range(req.count):
                 pick = None
                 for pool in self.gpus:
-                    name = _resolved(pool.model, req.profile)
+                    name = _requested(pool.model, req.profile)
                     if name is None:
                         continue
                     for i in pool.free:
@@ -972,7 +978,7 @@ def _hami_fit(
     assigned: list[plans.AssignedInstance] = []
     for req in pod.mig:
         need = req.count
-        names = [_resolved(g.gpu.model, req.profile) for g in trial]
+        names = [_requested(g.gpu.model, req.profile) for g in trial]
         order = sorted(
             range(len(trial)),
             key=lambda k: (
@@ -1049,7 +1055,7 @@ def _hami_schedule(
             cands = candidates[key] = frozenset(
                 k
                 for k in admitted.indices(pod)
-                if all(any(_resolved(m, p) is not None for m in models[k]) for p in asked)
+                if all(any(_requested(m, p) is not None for m in models[k]) for p in asked)
             )
         if not cands:
             continue
@@ -1093,8 +1099,8 @@ def _hami_notes(
 
     def notes(pod: snapshot.Pod, reason: str) -> str:
         for req in pod.mig:
-            models = [m for m in snap.models if _resolved(m, req.profile) is not None]
-            if models and all(_resolved(m, req.profile) not in set(offered(m)) for m in models):
+            models = [m for m in snap.models if _requested(m, req.profile) is not None]
+            if models and all(_requested(m, req.profile) not in set(offered(m)) for m in models):
                 have = "; ".join(f"{m.id}: {', '.join(offered(m)) or 'none'}" for m in models)
                 return f"HAMi's {what} offers no {req.profile} ({have})"
         return reason

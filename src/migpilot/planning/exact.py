@@ -245,20 +245,9 @@ def _classes(pods: Iterable[snapshot.Pod]) -> list[_PodClass]:
     return [_PodClass(tuple(group)) for group in groups.values()]
 
 
-class _Resolver:
-    """``GpuModel.resolve_profile`` with a cache and ``None`` for "not offered"."""
-
-    def __init__(self) -> None:
-        self._cache: dict[tuple[str, str], str | None] = {}
-
-    def __call__(self, model: profiles.GpuModel, text: str) -> str | None:
-        key = (model.id, text)
-        if key not in self._cache:
-            try:
-                self._cache[key] = model.resolve_profile(text).name
-            except errors.UnknownProfileError:
-                self._cache[key] = None
-        return self._cache[key]
+def _offered(model: profiles.GpuModel, profile: str) -> str | None:
+    """``profile`` if a pod asking for it can be served on ``model`` (exact resource name)."""
+    return profile if snapshot.offered(model, profile) else None
 
 
 # --------------------------------------------------------------------------- the model
@@ -428,7 +417,6 @@ class _Builder:
 
     def __init__(self, snap: snapshot.Snapshot, classes: Sequence[_PodClass]) -> None:
         self.model = cp_model.CpModel()
-        self.resolve = _Resolver()
         self.groups: list[_Group] = []
         self.demands: list[_Demand] = []
         self.levels: dict[int, _Linear] = defaultdict(_Linear)
@@ -452,13 +440,13 @@ class _Builder:
             cls
             for cls in classes
             if constraints.rejection(node, cls.pod) is None
-            and all(any(self.resolve(g.model, r.profile) for g in node.gpus) for r in cls.pod.mig)
+            and all(any(_offered(g.model, r.profile) for g in node.gpus) for r in cls.pod.mig)
         ]
         if not admitted:
             return  # nobody may use this node: its GPUs keep their layout
         kinds: dict[_Kind, list[snapshot.Gpu]] = {}
         for gpu in node.gpus:
-            names = {self.resolve(gpu.model, r.profile) for cls in admitted for r in cls.pod.mig}
+            names = {_offered(gpu.model, r.profile) for cls in admitted for r in cls.pod.mig}
             kind = _Kind(
                 gpu.model,
                 tuple(i.instance for i in gpu.instances if i.used),
@@ -502,7 +490,7 @@ class _Builder:
         pod = cls.pod
         keys: list[list[_Supply]] = []
         for req in pod.mig:
-            found = {(g.model.id, self.resolve(g.model, req.profile)) for g in node.gpus}
+            found = {(g.model.id, _offered(g.model, req.profile)) for g in node.gpus}
             keys.append(sorted((m, n) for m, n in found if n is not None and most.get((m, n))))
         upper = len(cls.pods)
         for req, ks in zip(pod.mig, keys, strict=True):
@@ -702,7 +690,7 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     classes = _classes(p for p in snap.pods if p.key not in unresolvable)
     builder = _Builder(snap, classes) if classes else None
     if builder is None or not builder.demands:
-        return _finish(snap, opts, targets={}, placements=[], unresolvable=unresolvable)
+        return _finish(snap, opts, targets={}, placements=[])
     solution, optimal = builder.solve(opts)
     targets, placements = builder.extract(solution)
     return _finish(
@@ -710,7 +698,6 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
         opts,
         targets=targets,
         placements=placements,
-        unresolvable=unresolvable,
         optimal=optimal,
     )
 
@@ -721,16 +708,11 @@ def _finish(
     *,
     targets: Mapping[plans.GpuKey, layouts.Layout],
     placements: list[plans.Placement],
-    unresolvable: Mapping[str, str],
     optimal: bool = True,
 ) -> plans.Plan:
     placed = {p.pod for p in placements}
     pending = [p for p in snap.pods if p.key not in placed]
-    # Pods no GPU model offers get the plainer reason; the per-node reasons stay.
-    unschedulable = [
-        plans.Unschedulable(u.pod, unresolvable[u.pod], u.nodes) if u.pod in unresolvable else u
-        for u in explaining.explain(snap, pending, placements, per_node=opts.explain)
-    ]
+    unschedulable = explaining.explain(snap, pending, placements, per_node=opts.explain)
     return plans.build(
         snap,
         planner=PLANNER,

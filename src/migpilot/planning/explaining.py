@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from migpilot import errors
-from migpilot.mig import layouts, profiles
+from migpilot.mig import catalog, layouts, profiles
 from migpilot.planning import constraints, plans, snapshot
 
 
@@ -168,10 +168,16 @@ class Explainer:
                 by_need.setdefault(need, []).extend(gpus_of_model)
         if not by_need:
             models = ", ".join(sorted({g.model.id for g in node.gpus}))
-            wanted = " + ".join(
-                f"{r.count} x {r.profile}" if r.count > 1 else r.profile for r in pod.mig
+            missing = sorted(
+                {
+                    snapshot.resource_name(r.profile)
+                    for r in pod.mig
+                    if not any(snapshot.offered(g.model, r.profile) for g in node.gpus)
+                }
             )
-            return f"its GPUs ({models}) offer no {wanted}"
+            if missing:
+                return f"its GPUs ({models}) do not advertise {', '.join(missing)}"
+            return f"no one model of its GPUs ({models}) advertises all of {_wanted(pod)}"
         if len(by_need) > 1:  # mixed models on one node: pick the largest group
             return max(by_need.items(), key=lambda kv: len(kv[1]))
         return next(iter(by_need.items()))
@@ -233,7 +239,7 @@ def _summary(pod: snapshot.Pod, reasons: list[tuple[str, Why, str]]) -> str:
     if best is Why.NOT_ADMITTED:
         return f"no node admits the pod (e.g. {example[0]}: {example[1]})"
     if best is Why.NOT_OFFERED:
-        return f"no node that admits the pod offers {wanted}"
+        return f"no node that admits the pod advertises {_wanted(pod)}"
     if best is Why.NO_CPU_MEMORY:
         return (
             f"not enough CPU or memory on the nodes that offer {wanted} "
@@ -255,12 +261,22 @@ def explain(
     *,
     per_node: bool = False,
 ) -> list[plans.Unschedulable]:
-    """Reasons for every pod in ``pending`` against the final placements of a plan."""
+    """Reasons for every pod in ``pending`` against the final placements of a plan. A pod whose
+    resources no GPU of the cluster advertises gets that plainer reason (per-node reasons stay)."""
     pending = list(pending)
     if not pending:
         return []
     explainer = Explainer(snap, list(placements))
-    return [explainer.explain(p, per_node=per_node) for p in pending]
+    plain = unresolvable(
+        snapshot.Snapshot(nodes=snap.nodes, pods=tuple(pending), policy=snap.policy)
+    )
+    out = []
+    for pod in pending:
+        why = explainer.explain(pod, per_node=per_node)
+        if pod.key in plain:
+            why = plans.Unschedulable(why.pod, plain[pod.key], why.nodes)
+        out.append(why)
+    return out
 
 
 def unresolvable(snap: snapshot.Snapshot) -> Mapping[str, str]:
@@ -268,6 +284,37 @@ def unresolvable(snap: snapshot.Snapshot) -> Mapping[str, str]:
     out: dict[str, str] = {}
     for pod in snap.pods:
         if all(pod.profiles_on(m) is None for m in snap.models):
-            wanted = " + ".join(r.profile for r in pod.mig)
-            out[pod.key] = f"no GPU model in the cluster offers {wanted}"
+            missing = [
+                snapshot.resource_name(r.profile)
+                for r in pod.mig
+                if not any(snapshot.offered(m, r.profile) for m in snap.models)
+            ]
+            if missing:
+                out[pod.key] = (
+                    f"no GPU in the cluster advertises {', '.join(missing)}{_offered_by(missing)}"
+                )
+            else:
+                out[pod.key] = f"no one GPU model in the cluster advertises all of {_wanted(pod)}"
     return out
+
+
+def _wanted(pod: snapshot.Pod) -> str:
+    return " + ".join(
+        f"{r.count} x {snapshot.resource_name(r.profile)}"
+        if r.count > 1
+        else snapshot.resource_name(r.profile)
+        for r in pod.mig
+    )
+
+
+def _offered_by(resources: list[str]) -> str:
+    """`` (it is a profile of A100-SXM4-40GB)``: which known GPUs advertise these, if any, so a
+    user who typed another model's name sees whose it is."""
+    models = [
+        m.id
+        for m in catalog.gpu_models()
+        if all(snapshot.offered(m, snapshot.mig_profile(r)) for r in resources)
+    ]
+    if not models:
+        return " (no known GPU offers it)" if len(resources) == 1 else ""
+    return f" (only {', '.join(models)} offer{'s' if len(models) == 1 else ''} it)"

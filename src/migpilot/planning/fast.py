@@ -30,6 +30,9 @@ How it works:
   looks at every state before a pod is left pending.
 * A pod whose instances fit on no single GPU is spread over the GPUs of one node, largest
   instance first. Pods no node could run even with every GPU empty are set aside at once.
+* Plain first-fit (:mod:`migpilot.planning.firstfit`) is the last variant: if it places more
+  pods (or, on small problems, scores better on the whole objective), its plan is the answer,
+  so ``fast`` is never below first-fit.
 
 Pure: no clock, no randomness; the same snapshot gives the same plan.
 """
@@ -45,7 +48,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from migpilot.mig import layouts, profiles
-from migpilot.planning import constraints, explaining, objective, options, plans, snapshot
+from migpilot.planning import (
+    constraints,
+    explaining,
+    firstfit,
+    objective,
+    options,
+    plans,
+    snapshot,
+)
 
 Instance = layouts.Instance
 
@@ -780,8 +791,22 @@ class _Run:
                     seen.add((sid, have))
                     trial = tuple(sorted((*have, name)))
                     opt = self.states.best(sid, trial, destroy=destroy)
-                    if opt is not None and (best is None or (opt.cost, g.id) < best):
-                        best = (opt.cost, g.id)
+                    if opt is None:
+                        continue
+                    # Compare what adding this instance costs, not the GPU's whole share of the
+                    # pod: a GPU already holding part of it is touched anyway, so the pod packs
+                    # into as few GPUs as it can and whole GPUs stay free for others.
+                    cost = opt.cost
+                    if have:
+                        before = self.states.best(sid, have, destroy=destroy)
+                        assert before is not None  # feasible when it was chosen
+                        cost = (
+                            cost[0] - before.cost[0],
+                            cost[1] - before.cost[1],
+                            cost[2] - before.cost[2],
+                        )
+                    if best is None or (cost, g.id) < best:
+                        best = (cost, g.id)
                 if best is None:
                     break
                 per_gpu[best[1]] = tuple(sorted((*per_gpu.get(best[1], ()), name)))
@@ -888,6 +913,58 @@ def _hopeless(
 
 def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """Plan the whole pending set (see the module docstring)."""
+    chosen, orders, thorough = _greedy(snap)
+    if thorough and any(not i.used for n in snap.nodes for g in n.gpus for i in g.instances):
+        # As if every free instance were gone (as HAMi's reconciler would have it): sometimes a
+        # clean slate packs more pods than working around free instances. Destroys count
+        # against it in the comparison.
+        bare, _, _ = _greedy(_without_free(snap))
+        alt = plans.build(
+            snap,
+            planner="fast",
+            targets={(g.node, g.gpu): g.layout for g in bare.gpus},
+            placements=bare.placements,
+            unschedulable=(),
+        )
+        if _key(snap, alt) > _key(snap, chosen):
+            chosen = alt
+    floor = _first_fit(snap, chosen, orders=orders, thorough=thorough)
+    if floor is not None:
+        chosen = floor
+    placed = {p.pod for p in chosen.placements}
+    pending = [p for p in snap.pods if p.key not in placed]
+    index = {p.key: i for i, p in enumerate(snap.pods)}
+    unsched = explaining.explain(snap, pending, chosen.placements, per_node=opts.explain)
+    return dataclasses.replace(
+        chosen, unschedulable=tuple(sorted(unsched, key=lambda u: index[u.pod]))
+    )
+
+
+def _key(snap: snapshot.Snapshot, plan: plans.Plan) -> tuple[int, int, int, int]:
+    """Pods placed (priority-weighted) before pods pending; then the whole objective."""
+    return objective.score(snap, plan).key
+
+
+def _without_free(snap: snapshot.Snapshot) -> snapshot.Snapshot:
+    """``snap`` with every free instance removed (instances in use stay)."""
+    nodes = tuple(
+        dataclasses.replace(
+            n,
+            gpus=tuple(
+                snapshot.Gpu(g.index, g.model, tuple(i for i in g.instances if i.used))
+                for g in n.gpus
+            ),
+        )
+        for n in snap.nodes
+    )
+    return snapshot.Snapshot(nodes=nodes, pods=snap.pods, policy=snap.policy, models=snap.models)
+
+
+def _greedy(
+    snap: snapshot.Snapshot,
+) -> tuple[plans.Plan, list[list[snapshot.Pod] | None], bool]:
+    """The greedy passes over the variants: the plan chosen (no reasons yet), the pod orders
+    first-fit should also try, and whether the problem is small enough for every variant."""
     states = _States(snap.models)
     needs: dict[str, dict[str, tuple[str, ...]]] = {}
     for pod in snap.pods:
@@ -948,11 +1025,52 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     chosen = plans.build(
         snap, planner="fast", targets=targets, placements=placements, unschedulable=()
     )
-    pending += [p for p in snap.pods if p.key in hopeless]
-    unsched = explaining.explain(snap, pending, chosen.placements, per_node=opts.explain)
-    return dataclasses.replace(
-        chosen, unschedulable=tuple(sorted(unsched, key=lambda u: index[u.pod]))
-    )
+    ff_orders: list[list[snapshot.Pod] | None] = [None]  # kube-scheduler's queue order
+    if budget > 1:
+        share_all = _dominant_shares(snap, snap.pods, size)
+        ff_orders += [
+            sorted(snap.pods, key=lambda p: (-p.priority, -size[p.key], index[p.key])),
+            sorted(snap.pods, key=lambda p: (-p.priority, size[p.key], index[p.key])),
+            sorted(snap.pods, key=lambda p: (-p.priority, share_all[p.key], index[p.key])),
+        ]
+    return chosen, ff_orders, budget > 1
+
+
+def _first_fit(
+    snap: snapshot.Snapshot,
+    chosen: plans.Plan,
+    *,
+    orders: Sequence[Sequence[snapshot.Pod] | None],
+    thorough: bool,
+) -> plans.Plan | None:
+    """The best first-fit plan (as ``fast``'s) over ``orders`` if it beats ``chosen``, else
+    ``None``.
+
+    The floor under every plan: the greedy above can miss what plain first-fit finds (a pod
+    order and node order that happen to suit the cluster). First-fit costs about one pass over
+    the nodes per kind of pod. Compared on pods placed (priority-weighted), then, on problems
+    small enough for every variant (``thorough``), on the whole objective.
+    """
+    weights = objective.pod_weights(snap.pods)
+    best = chosen
+    best_key: tuple[int, ...] = (sum(weights[p.pod] for p in chosen.placements),)
+    for order in orders:
+        floor = firstfit.plan(snap, options.Options(), order=order)
+        theirs = sum(weights[p.pod] for p in floor.placements)
+        if theirs < best_key[0] or (theirs == best_key[0] and not thorough):
+            continue
+        key: tuple[int, ...]
+        if thorough:
+            if len(best_key) == 1:
+                best_key = (best_key[0], *objective.score(snap, best).key[1:])
+            key = (theirs, *objective.score(snap, floor).key[1:])
+        else:
+            key = (theirs,)
+        if key > best_key:
+            best, best_key = floor, key
+    if best is chosen:
+        return None
+    return dataclasses.replace(best, planner="fast", unschedulable=())
 
 
 def clear_caches() -> None:

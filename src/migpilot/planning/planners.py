@@ -2,8 +2,9 @@
 
 ``fast`` is migpilot's own planner; ``exact`` solves the same objective with CP-SAT; ``nos``,
 ``hami-template``, ``hami-placement`` and ``static`` re-implement the systems migpilot is measured
-against (see ``shared/design/ANCHORS.md``), inside the same framework so all run on the same
-snapshot and are checked by the same validator.
+against (see ``shared/design/ANCHORS.md``), and ``first-fit`` is the plainest dynamic planner (the
+floor ``fast`` never goes below), inside the same framework so all run on the same snapshot and
+are checked by the same validator.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from migpilot import errors
-from migpilot.planning import baselines, exact, fast, options, plans, snapshot
+from migpilot.planning import baselines, exact, fast, firstfit, options, plans, snapshot
 
 Planner = Callable[[snapshot.Snapshot, options.Options], plans.Plan]
 
@@ -22,6 +23,7 @@ PLANNERS: dict[str, Planner] = {
     "hami-template": baselines.hami_template,
     "hami-placement": baselines.hami_placement,
     "static": baselines.static,
+    "first-fit": firstfit.plan,
 }
 
 

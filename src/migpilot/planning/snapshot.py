@@ -143,9 +143,12 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class MigRequest:
-    """``count`` instances of a profile, as the pod names it (resolved per GPU model later)."""
+    """``count`` instances of a profile, as the pod names it: a pod asking for
+    ``nvidia.com/mig-1g.10gb.me`` asks for ``1g.10gb+me``, on any GPU whose device plugin
+    advertises exactly that resource."""
 
     profile: str
+    """Canonical profile name (the resource name less ``nvidia.com/mig-``, ``.me`` as ``+me``)."""
     count: int
 
 
@@ -174,18 +177,125 @@ class Pod:
         return resolve_request(self.mig, model)
 
 
+def resource_name(profile: str) -> str:
+    """The extended resource the device plugin advertises for a canonical profile name
+    (mixed strategy: ``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me``)."""
+    return MIG_RESOURCE_PREFIX + profile.replace("+", ".")
+
+
+def mig_profile(resource: str) -> str:
+    """The canonical profile name a MIG resource name stands for, exactly.
+
+    ``nvidia.com/mig-1g.10gb.me`` -> ``1g.10gb+me``. kube-scheduler matches resource names as
+    strings, so only the spelling the device plugin advertises is accepted: no other case, no
+    ``+``, no compute-instance profile. Raise :class:`SnapshotError` naming the problem.
+    """
+    if not resource.startswith(MIG_RESOURCE_PREFIX):
+        raise errors.SnapshotError(f"{resource} is not a MIG resource (nvidia.com/mig-<profile>)")
+    try:
+        parsed = profiles.parse_profile_name(resource)
+    except errors.UnknownProfileError as err:
+        raise errors.SnapshotError(str(err)) from None
+    if parsed.compute is not None and parsed.compute != parsed.g:
+        raise errors.SnapshotError(
+            f"{resource} is a compute-instance profile; migpilot manages whole GPU "
+            f"instances (ask for {resource_name(parsed.canonical)})"
+        )
+    canonical = parsed.canonical
+    if resource != resource_name(canonical):
+        raise errors.SnapshotError(
+            f"{resource} is not a resource name any device plugin advertises "
+            f"(did you mean {resource_name(canonical)}?)"
+        )
+    return canonical
+
+
+def _counted(value: Any, where: str) -> int:
+    """A whole number of instances (an int, or a string of digits as quantities are)."""
+    if isinstance(value, bool):
+        count = None
+    elif isinstance(value, int):
+        count = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        count = int(value)
+    else:
+        count = None
+    if count is None or count < 0:
+        raise errors.SnapshotError(f"{where}: expected a whole number of instances, got {value!r}")
+    return count
+
+
+@dataclass(frozen=True, slots=True)
+class Requests:
+    """What a pod asks for, as the planner sees it."""
+
+    mig: tuple[MigRequest, ...]
+    """MIG instances by canonical profile name, sorted, counts > 0."""
+    cpu_milli: int
+    memory_bytes: int
+
+
+def pod_requests(resources: Mapping[str, Any], *, where: str) -> Requests:
+    """A pod's resource requests (``{nvidia.com/mig-1g.10gb: 2, cpu: "4", memory: 8Gi}``).
+
+    The one parser of pod requests: the snapshot file, the simulator's traces and the
+    controller's Kubernetes pods all build requests here. Other ``nvidia.com/`` resources are
+    rejected; resources the planner does not model (ephemeral-storage, hugepages...) are ignored.
+    A request for no MIG instance at all is an error.
+    """
+    mig: dict[str, int] = {}
+    cpu = mem = 0
+    for key, value in resources.items():
+        if not isinstance(key, str):
+            raise errors.SnapshotError(f"{where}: resource names must be strings")
+        if key == "cpu":
+            cpu = cpu_milli(value, where=f"{where}.cpu")
+        elif key == "memory":
+            mem = memory_bytes(value, where=f"{where}.memory")
+        elif key.startswith(MIG_RESOURCE_PREFIX):
+            try:
+                profile = mig_profile(key)
+            except errors.SnapshotError as err:
+                raise errors.SnapshotError(f"{where}: {err}") from None
+            count = _counted(value, f"{where}.{key}")
+            if count:
+                mig[profile] = mig.get(profile, 0) + count
+        elif key.startswith("nvidia.com/"):
+            raise errors.SnapshotError(
+                f"{where}: {key} is not a MIG resource (expected nvidia.com/mig-<profile>)"
+            )
+    if not mig:
+        raise errors.SnapshotError(
+            f"{where}: the pod requests no MIG resource (nvidia.com/mig-...)"
+        )
+    return Requests(tuple(MigRequest(p, n) for p, n in sorted(mig.items())), cpu, mem)
+
+
+@functools.lru_cache(maxsize=256)
+def advertised(model: profiles.GpuModel) -> frozenset[str]:
+    """The canonical names of the profiles a GPU of ``model`` can be asked for by name: each is
+    advertised by the device plugin as :func:`resource_name` of it."""
+    return frozenset(p.name for p in model.profiles)
+
+
+def offered(model: profiles.GpuModel, profile: str) -> bool:
+    """Whether a pod asking for ``profile`` (canonical) can be served by a GPU of ``model``:
+    only by an instance the device plugin advertises under exactly the requested name."""
+    return profile in advertised(model)
+
+
 @functools.lru_cache(maxsize=16384)
 def resolve_request(
     mig: tuple[MigRequest, ...], model: profiles.GpuModel
 ) -> tuple[str, ...] | None:
-    """A MIG request as canonical profile names of ``model`` (sorted), ``None`` if not offered."""
+    """A MIG request as profile names of ``model`` (sorted), ``None`` if ``model`` does not
+    advertise every requested resource under exactly its name."""
+    names = advertised(model)
     out: list[str] = []
     for req in mig:
-        try:
-            name = model.resolve_profile(req.profile).name
-        except errors.UnknownProfileError:
+        if req.profile not in names:
             return None
-        out.extend([name] * req.count)
+        out.extend([req.profile] * req.count)
     return tuple(sorted(out))
 
 
@@ -470,51 +580,15 @@ def _pod(raw: Any, where: str) -> Pod:
         where,
     )
     name = _str(d.get("name"), f"{where}.name")
-    rw = f"{where}.requests"
-    requests = _mapping(d.get("requests"), rw)
-    mig: dict[str, int] = {}
-    cpu = mem = 0
-    for key, value in requests.items():
-        if not isinstance(key, str):
-            raise errors.SnapshotError(f"{rw}: resource names must be strings")
-        if key == "cpu":
-            cpu = cpu_milli(value, where=f"{rw}.cpu")
-        elif key == "memory":
-            mem = memory_bytes(value, where=f"{rw}.memory")
-        elif key.startswith(MIG_RESOURCE_PREFIX):
-            try:
-                parsed = profiles.parse_profile_name(key)
-            except errors.UnknownProfileError as err:
-                raise errors.SnapshotError(f"{rw}: {err}") from None
-            if parsed.compute is not None and parsed.compute != parsed.g:
-                raise errors.SnapshotError(
-                    f"{rw}: {key} is a compute-instance profile; migpilot manages whole GPU "
-                    f"instances (ask for nvidia.com/mig-{parsed.g}g.{parsed.gb}gb"
-                    f"{parsed.attribute.value.replace('+', '.')})"
-                )
-            canonical = parsed.canonical
-            count = value if isinstance(value, int) and not isinstance(value, bool) else None
-            if isinstance(value, str) and value.isdigit():
-                count = int(value)
-            if count is None or count < 0:
-                raise errors.SnapshotError(f"{rw}.{key}: expected a whole number of instances")
-            if count:
-                mig[canonical] = mig.get(canonical, 0) + count
-        elif key.startswith("nvidia.com/"):
-            raise errors.SnapshotError(
-                f"{rw}: {key} is not a MIG resource (expected nvidia.com/mig-<profile>)"
-            )
-        # Other resources (ephemeral-storage, hugepages...) are not modelled by the planner.
-    if not mig:
-        raise errors.SnapshotError(f"{rw}: the pod requests no MIG resource (nvidia.com/mig-...)")
+    req = pod_requests(_mapping(d.get("requests"), f"{where}.requests"), where=f"{where}.requests")
     priority = d.get("priority", 0)
     return Pod(
         name=name,
         namespace=_str(d.get("namespace", "default"), f"{where}.namespace"),
         priority=_int(priority, f"{where}.priority"),
-        mig=tuple(MigRequest(p, n) for p, n in sorted(mig.items())),
-        cpu_milli=cpu,
-        memory_bytes=mem,
+        mig=req.mig,
+        cpu_milli=req.cpu_milli,
+        memory_bytes=req.memory_bytes,
         node_selector=_labels(d.get("nodeSelector"), f"{where}.nodeSelector"),
         affinity=_affinity(d.get("affinity"), f"{where}.affinity"),
         tolerations=tuple(
@@ -594,7 +668,7 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
         nodes.append(nd)
     pods = []
     for p in snap.pods:
-        reqs: dict[str, Any] = {MIG_RESOURCE_PREFIX + r.profile: r.count for r in p.mig}
+        reqs: dict[str, Any] = {resource_name(r.profile): r.count for r in p.mig}
         if p.cpu_milli:
             reqs["cpu"] = f"{p.cpu_milli}m"
         if p.memory_bytes:

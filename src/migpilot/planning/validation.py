@@ -2,9 +2,10 @@
 
 It re-derives what a correct plan must satisfy without trusting the planner: target layouts are
 valid, instances in use are neither destroyed nor moved, the actions turn the current layouts
-into the targets, every pod is placed at most once with exactly what it asked for on one node
-that admits it, no instance serves two pods or a pod that did not get it from a free slot, and
-CPU and memory fit. Used by the property-based tests, the benchmark and ``migpilot plan``'s
+into the targets, every pod is placed at most once with exactly what it asked for (instances
+advertised under exactly the resource names it requests, as kube-scheduler matches them) on one
+node that admits it, no instance serves two pods or a pod that did not get it from a free slot,
+and CPU and memory fit. Used by the property-based tests, the benchmark and ``migpilot plan``'s
 self-check.
 """
 
@@ -125,11 +126,16 @@ def _check_pods(
             if (node.name, ai.gpu, ai.start) in taken:
                 out.append(f"{where}: {inst} is given to two pods")
             taken.add((node.name, ai.gpu, ai.start))
-            match = [r.profile for r in pod.mig if _resolves(gpu, r.profile) == ai.profile]
-            if not match:
-                out.append(f"{where}: {ai.profile} is not what the pod asked for")
+            # kube-scheduler matches resource names as strings: the instance must be advertised
+            # under exactly a name the pod requests.
+            if ai.profile not in need or not snapshot.offered(gpu.model, ai.profile):
+                asked = ", ".join(snapshot.resource_name(r.profile) for r in pod.mig)
+                out.append(
+                    f"{where}: {ai.profile} is advertised as {snapshot.resource_name(ai.profile)}"
+                    f", but the pod requests {asked}"
+                )
             else:
-                got[_first_short(match, need, got)] += 1
+                got[ai.profile] += 1
         if got != need:
             out.append(f"pod {pl.pod}: got {dict(got)} but asked for {dict(need)}")
     for name, node in nodes.items():
@@ -143,18 +149,3 @@ def _check_pods(
                 f"node {name}: pods need {mem[name]} bytes, {alloc.memory_bytes} allocatable"
             )
     return out
-
-
-def _resolves(gpu: snapshot.Gpu, profile: str) -> str | None:
-    try:
-        return gpu.model.resolve_profile(profile).name
-    except errors.UnknownProfileError:
-        return None
-
-
-def _first_short(match: list[str], need: Counter[str], got: Counter[str]) -> str:
-    """The requested profile an instance counts towards (the first one still short)."""
-    for m in match:
-        if got[m] < need[m]:
-            return m
-    return match[0]

@@ -139,10 +139,8 @@ def static_candidates(
     ``static-best`` search, which then simulates the candidates."""
     wanted: Counter[str] = Counter()
     for name, n in demand.items():
-        try:
-            wanted[model.resolve_profile(name).name] += n
-        except errors.UnknownProfileError:
-            continue
+        if snapshot.offered(model, name):
+            wanted[name] += n
     scored: list[tuple[int, int, tuple[tuple[int, str], ...], layouts.Layout]] = []
     for lay in layouts.enumerate_layouts(model):
         served = unused = 0

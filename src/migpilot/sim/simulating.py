@@ -520,9 +520,9 @@ class _Simulation:
             wanted = ", ".join(f"{k}={v}" for k, v in pod.trace.node_selector)
             return f"no node has the labels of its node selector ({wanted})"
         if not offered:
-            wanted = ", ".join(f"{r.count} x {r.profile}" for r in pod.trace.mig)
+            wanted = ", ".join(snapshot.resource_name(r.profile) for r in pod.trace.mig)
             where = "the nodes it selects" if pod.trace.node_selector else "the cluster"
-            return f"no GPU model in {where} offers {wanted}"
+            return f"no GPU model in {where} advertises all of {wanted}"
         return "no node could run it even with every GPU empty (GPUs, CPU or memory too small)"
 
     def _fit(self, pod: _Pod, node: _Node) -> bool:

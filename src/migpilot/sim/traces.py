@@ -270,32 +270,34 @@ def _assignments(
         yield key, value
 
 
-def _requests(text: str, *, where: str) -> tuple[tuple[snapshot.MigRequest, ...], int, int]:
-    mig: dict[str, int] = {}
-    cpu = memory = 0
+def _requests(text: str, *, where: str) -> snapshot.Requests:
+    """A MIG-native trace's requests field (``mig-1g.10gb=2;cpu=4;memory=8Gi``), read by the
+    snapshot's request parser after ``mig-`` becomes ``nvidia.com/mig-``."""
+    resources: dict[str, str] = {}
     for key, value in _assignments(
         text, where=where, what="request", form="NAME=AMOUNT", empty_value=False
     ):
-        try:
-            if key == "cpu":
-                cpu = snapshot.cpu_milli(value, where=key)
-            elif key == "memory":
-                memory = snapshot.memory_bytes(value, where=key)
-            elif key.startswith(("mig-", snapshot.MIG_RESOURCE_PREFIX)):
-                name = key.removeprefix("nvidia.com/").removeprefix("mig-")
-                parsed = profiles.parse_profile_name(name)
-                if not value.isdigit() or int(value) == 0:
-                    raise errors.TraceError(f"{key}: {value!r} is not a positive whole number")
-                mig[parsed.canonical] = mig.get(parsed.canonical, 0) + int(value)
-            else:
+        written = key
+        if key.startswith("mig-"):
+            key = "nvidia.com/" + key
+        if key.startswith(snapshot.MIG_RESOURCE_PREFIX):
+            if not value.isdigit() or int(value) == 0:
                 raise errors.TraceError(
-                    f"unknown resource {key!r} (expected mig-<profile>, cpu or memory)"
+                    f"{where}: {written}: {value!r} is not a positive whole number"
                 )
-        except (errors.SnapshotError, errors.UnknownProfileError, errors.TraceError) as e:
-            raise errors.TraceError(f"{where}: {e}") from None
-    if not mig:
+        elif key not in ("cpu", "memory"):
+            raise errors.TraceError(
+                f"{where}: unknown resource {key!r} (expected mig-<profile>, cpu or memory)"
+            )
+        if key in resources:
+            raise errors.TraceError(f"{where}: {written} is named twice")
+        resources[key] = value
+    if not any(k.startswith(snapshot.MIG_RESOURCE_PREFIX) for k in resources):
         raise errors.TraceError(f"{where}: requests name no MIG profile (like mig-1g.10gb=1)")
-    return tuple(snapshot.MigRequest(p, n) for p, n in sorted(mig.items())), cpu, memory
+    try:
+        return snapshot.pod_requests(resources, where=where)
+    except errors.SnapshotError as e:
+        raise errors.TraceError(str(e)) from None
 
 
 def _selector(text: str, *, where: str) -> tuple[tuple[str, str], ...]:
@@ -334,16 +336,16 @@ def parse_native(text: str, *, source: str) -> Trace:
         selector = _selector(row[4], where=where) if width > 4 else ()
         if not name:
             raise errors.TraceError(f"{where}: empty pod name")
-        mig, cpu, memory = _requests(requests, where=where)
+        req = _requests(requests, where=where)
         pods.append(
             TracePod(
                 name=name,
                 arrival=_seconds(arrival, column="arrival", where=where),
                 duration=None if duration == "" else _seconds(duration, column="duration",
                                                                 where=where),
-                mig=mig,
-                cpu_milli=cpu,
-                memory_bytes=memory,
+                mig=req.mig,
+                cpu_milli=req.cpu_milli,
+                memory_bytes=req.memory_bytes,
                 node_selector=selector,
             )
         )  # fmt: skip

@@ -1,0 +1,205 @@
+"""First-fit: the simplest planner a cluster could run, and the floor under migpilot's own.
+
+Pods in kube-scheduler's queue order (higher priority first, then snapshot order); each goes to
+the first node, in node order, that admits it, has its CPU and memory, and can give it every
+instance it asks for: on the node's GPUs in index order, a free existing instance of the
+requested profile, or else room to create one beside everything that exists and everything
+already planned (new instances of a GPU are placed jointly at the end, so "room" means that a
+valid layout holds them all). Nothing is ever destroyed. A pod's instances are taken largest
+first.
+
+``fast`` runs it as one of the variants it compares, so no plan of ``fast`` places fewer pods
+than first-fit would (the issue "Plans a real cluster can carry out" found a snapshot where it
+did). It is also a planner of its own (``migpilot plan --planner first-fit``).
+
+Every step only takes capacity away (free instances get claimed, room shrinks, CPU and memory
+are used), so a node that cannot serve a kind of pod now never can later in the same plan: each
+kind keeps a cursor into the node list and the whole plan costs about one pass over the nodes
+per kind of pod, which keeps it cheap at thousands of GPUs.
+
+Pure: no clock, no randomness; the same snapshot gives the same plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from migpilot.mig import layouts
+from migpilot.planning import constraints, explaining, options, plans, snapshot
+
+PLANNER = "first-fit"
+
+
+@dataclass(slots=True)
+class _Gpu:
+    """One GPU while planning: what exists (kept whole), what is claimed, what is added."""
+
+    gpu: snapshot.Gpu
+    fixed: frozenset[layouts.Instance]
+    """Every existing instance: first-fit destroys nothing."""
+    free: list[layouts.Instance]
+    """Existing free instances not yet given to a pod, in start order."""
+    new: tuple[str, ...] = ()
+    """Profiles to create (sorted), positions decided at the end."""
+    owners: list[tuple[str, str]] = field(default_factory=list)
+    """(pod key, profile) per new instance, in the order they were planned."""
+
+    def take(self, profile: str) -> layouts.Instance | str | None:
+        """Give one instance of ``profile``: a free existing one, else room for a new one (the
+        profile name is returned), else ``None``."""
+        for i, inst in enumerate(self.free):
+            if inst.profile == profile:
+                return self.free.pop(i)
+        grown = tuple(sorted((*self.new, profile)))
+        if layouts.pack(self.gpu.model, grown, self.fixed) is None:
+            return None
+        self.new = grown
+        return profile
+
+
+def _node_state(node: snapshot.Node) -> list[_Gpu]:
+    return [
+        _Gpu(
+            gpu=g,
+            fixed=frozenset(i.instance for i in g.instances),
+            free=[i.instance for i in g.instances if not i.used],
+        )
+        for g in node.gpus
+    ]
+
+
+def _copy(gpus: list[_Gpu]) -> list[_Gpu]:
+    return [_Gpu(g.gpu, g.fixed, list(g.free), g.new, list(g.owners)) for g in gpus]
+
+
+def _try(
+    gpus: list[_Gpu], pod: snapshot.Pod, wanted: list[str]
+) -> list[tuple[int, layouts.Instance | str]] | None:
+    """Take ``wanted`` (largest first) from ``gpus`` in place; ``None`` (and ``gpus`` partly
+    changed: callers work on a copy) if one of them has no GPU."""
+    got: list[tuple[int, layouts.Instance | str]] = []
+    for profile in wanted:
+        for k, g in enumerate(gpus):
+            if not snapshot.offered(g.gpu.model, profile):
+                continue
+            taken = g.take(profile)
+            if taken is not None:
+                if isinstance(taken, str):
+                    g.owners.append((pod.key, taken))
+                got.append((k, taken))
+                break
+        else:
+            return None
+    return got
+
+
+def _wanted(pod: snapshot.Pod, node: snapshot.Node) -> list[str] | None:
+    """The pod's instances, largest first, or ``None`` if no GPU of the node offers one."""
+    names = [r.profile for r in pod.mig for _ in range(r.count)]
+    sizes: dict[str, int] = {}
+    for name in set(names):
+        slots = [
+            g.model.profile_named(name).memory_slots
+            for g in node.gpus
+            if snapshot.offered(g.model, name)
+        ]
+        if not slots:
+            return None
+        sizes[name] = max(slots)
+    return sorted(names, key=lambda n: (-sizes[n], n))
+
+
+def plan(
+    snap: snapshot.Snapshot,
+    opts: options.Options,
+    *,
+    order: Sequence[snapshot.Pod] | None = None,
+) -> plans.Plan:
+    """Plan ``snap`` first-fit (see the module docstring); pods in kube-scheduler's queue order,
+    or in ``order`` (``fast`` also tries its own orders)."""
+    admission = constraints.Admission(snap.nodes)
+    state: dict[int, list[_Gpu]] = {}
+    left: list[tuple[int, int] | None] = [
+        None if n.allocatable is None else (n.allocatable.cpu_milli, n.allocatable.memory_bytes)
+        for n in snap.nodes
+    ]
+    cursor: dict[tuple[object, ...], int] = {}
+    claimed: dict[str, list[tuple[int, int, layouts.Instance | str]]] = {}
+    pending: list[snapshot.Pod] = []
+    for pod in sorted(snap.pods, key=lambda p: -p.priority) if order is None else order:
+        kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
+        admits = admission.admits(pod)
+        ni = cursor.get(kind, 0)
+        while ni < len(snap.nodes):
+            node = snap.nodes[ni]
+            room = left[ni]
+            wanted = _wanted(pod, node) if admits[ni] else None
+            if wanted is not None and (
+                room is None or (pod.cpu_milli <= room[0] and pod.memory_bytes <= room[1])
+            ):
+                trial = _copy(state.get(ni) or _node_state(node))
+                got = _try(trial, pod, wanted)
+                if got is not None:
+                    state[ni] = trial
+                    if room is not None:
+                        left[ni] = (room[0] - pod.cpu_milli, room[1] - pod.memory_bytes)
+                    claimed[pod.key] = [(ni, k, t) for k, t in got]
+                    break
+            ni += 1
+        cursor[kind] = ni
+        if pod.key not in claimed:
+            pending.append(pod)
+    targets, placements = _result(snap, state, claimed)
+    chosen = plans.build(
+        snap, planner=PLANNER, targets=targets, placements=placements, unschedulable=()
+    )
+    index = {p.key: i for i, p in enumerate(snap.pods)}
+    unsched = explaining.explain(snap, pending, chosen.placements, per_node=opts.explain)
+    return dataclasses.replace(
+        chosen, unschedulable=tuple(sorted(unsched, key=lambda u: index[u.pod]))
+    )
+
+
+def _result(
+    snap: snapshot.Snapshot,
+    state: dict[int, list[_Gpu]],
+    claimed: dict[str, list[tuple[int, int, layouts.Instance | str]]],
+) -> tuple[dict[plans.GpuKey, layouts.Layout], list[plans.Placement]]:
+    """Target layouts (new instances placed jointly) and each pod's instances."""
+    targets: dict[plans.GpuKey, layouts.Layout] = {}
+    new_at: dict[tuple[int, int], dict[tuple[str, str], list[layouts.Instance]]] = {}
+    for ni, gpus in state.items():
+        node = snap.nodes[ni]
+        for k, g in enumerate(gpus):
+            if not g.new:
+                continue
+            lay = layouts.pack(g.gpu.model, g.new, g.fixed)
+            assert lay is not None  # take() checked that exactly these fit
+            targets[(node.name, g.gpu.index)] = lay
+            created = sorted(
+                (i for i in lay.instances if i not in g.fixed), key=lambda i: (i.profile, i.start)
+            )
+            by_owner: dict[tuple[str, str], list[layouts.Instance]] = {}
+            for owner in g.owners:
+                inst = next(i for i in created if i.profile == owner[1])
+                created.remove(inst)
+                by_owner.setdefault(owner, []).append(inst)
+            new_at[(ni, k)] = by_owner
+    placements: list[plans.Placement] = []
+    for pod in snap.pods:
+        parts = claimed.get(pod.key)
+        if parts is None:
+            continue
+        got: list[plans.AssignedInstance] = []
+        for ni, k, taken in parts:
+            gpu = snap.nodes[ni].gpus[k]
+            inst = (
+                taken
+                if isinstance(taken, layouts.Instance)
+                else new_at[(ni, k)][(pod.key, taken)].pop(0)
+            )
+            got.append(plans.AssignedInstance(gpu.index, inst.profile, inst.start))
+        placements.append(plans.Placement(pod.key, snap.nodes[parts[0][0]].name, tuple(got)))
+    return targets, placements

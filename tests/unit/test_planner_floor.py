@@ -1,0 +1,168 @@
+"""Every planner places exactly what pods request, and ``fast`` is never below a simpler one.
+
+Property tests over generated snapshots of mixed GPU models (A30, A100-40GB, A100-80GB and
+H100-80GB, whose profile names overlap only in part), partly occupied, with constraints, CPU
+and memory, priorities and multi-instance pods.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from migpilot.planning import (
+    firstfit,
+    generate,
+    objective,
+    options,
+    planners,
+    plans,
+    snapshot,
+    validation,
+)
+
+MODELS = ("a30-24gb", "a100-40gb", "a100-80gb", "h100-80gb")
+OPTS = options.Options()
+BASELINES = ("first-fit", "nos", "hami-template", "hami-placement", "static")
+
+
+def weighted(snap: snapshot.Snapshot, plan: plans.Plan) -> int:
+    weights = objective.pod_weights(snap.pods)
+    return sum(weights[p.pod] for p in plan.placements)
+
+
+def exact_names(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
+    """Placements whose instances are not advertised under a resource name the pod requests."""
+    pods = {p.key: p for p in snap.pods}
+    gpus = {(n.name, g.index): g for n in snap.nodes for g in n.gpus}
+    out = []
+    for pl in plan.placements:
+        requested = {snapshot.resource_name(r.profile) for r in pods[pl.pod].mig}
+        for inst in pl.instances:
+            model = gpus[(pl.node, inst.gpu)].model
+            advertised = snapshot.resource_name(model.profile_named(inst.profile).name)
+            if advertised not in requested:
+                out.append(f"{pl.pod}: {advertised} on {model.id}, requested {sorted(requested)}")
+    return out
+
+
+# Drawn as generator arguments (readable when hypothesis reports a failure), not as snapshots.
+snapshot_args = st.fixed_dictionaries(
+    dict(
+        seed=st.integers(0, 10**6),
+        nodes=st.integers(1, 8),
+        gpus_per_node=st.integers(1, 4),
+        pods=st.integers(1, 40),
+        models=st.sampled_from([MODELS, MODELS[:2], ("a30-24gb", "a100-80gb"), MODELS[1:]]),
+        used_fraction=st.sampled_from([0.0, 0.3, 0.7]),
+        priority_levels=st.integers(1, 3),
+    )
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(args=snapshot_args)
+def test_every_planner_places_exactly_the_requested_resources(args: dict[str, object]) -> None:
+    snap = generate.random_snapshot(**args)  # type: ignore[arg-type]
+    for name in ("fast", *BASELINES):
+        plan = planners.run(snap, name, OPTS)
+        assert validation.problems(snap, plan) == [], name
+        assert exact_names(snap, plan) == [], name
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(args=snapshot_args)
+def test_fast_is_never_below_first_fit_or_any_baseline(args: dict[str, object]) -> None:
+    snap = generate.random_snapshot(**args)  # type: ignore[arg-type]
+    ours = weighted(snap, planners.run(snap, "fast", OPTS))
+    for name in BASELINES:
+        assert ours >= weighted(snap, planners.run(snap, name, OPTS)), name
+
+
+# Found by a wider search than the property test's (2 of 600 draws, before fast learnt to pack
+# spanning pods into few GPUs and to compare a plan without free instances): CPU and memory bind
+# on every node and HAMi's binpack order happens to leave room for one more pod. Kept so the day
+# fast gets it right this test says so (strict xfail).
+@pytest.mark.xfail(strict=True, reason="known gap: fast 11 pods, hami-placement 12, exact 13")
+def test_known_gap_where_cpu_and_memory_bind() -> None:
+    snap = generate.random_snapshot(
+        seed=882439,
+        nodes=7,
+        gpus_per_node=1,
+        pods=28,
+        models=MODELS,
+        used_fraction=0.7,
+        priority_levels=1,
+    )
+    ours = weighted(snap, planners.run(snap, "fast", OPTS))
+    assert ours >= weighted(snap, planners.run(snap, "hami-placement", OPTS))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_is_never_below_first_fit_on_trace_snapshots(seed: int) -> None:
+    snap = generate.trace_snapshot(seed=seed, nodes=6, gpus_per_node=4, pods=60)
+    assert weighted(snap, planners.run(snap, "fast", OPTS)) >= weighted(
+        snap, firstfit.plan(snap, OPTS)
+    )
+
+
+def test_first_fit_takes_the_first_node_and_gpu_with_room() -> None:
+    snap = snapshot.parse(
+        {
+            "version": 1,
+            "nodes": [
+                {"name": "a", "gpus": [{"model": "a30-24gb"}]},
+                {
+                    "name": "b",
+                    "gpus": [
+                        {
+                            "model": "a100-80gb",
+                            "instances": [{"profile": "4g.40gb", "start": 0, "used": True}],
+                        },
+                        {"model": "a100-80gb", "instances": [{"profile": "1g.10gb", "start": 6}]},
+                    ],
+                },
+            ],
+            "pods": [
+                {"name": "p1", "requests": {"nvidia.com/mig-1g.10gb": 1}},
+                {"name": "p2", "requests": {"nvidia.com/mig-3g.40gb": 1}},
+                {"name": "p3", "requests": {"nvidia.com/mig-3g.40gb": 1}},
+            ],
+        }
+    )
+    plan = firstfit.plan(snap, OPTS)
+    assert validation.problems(snap, plan) == []
+    got = {
+        p.pod: (p.node, [(i.gpu, i.profile, i.start) for i in p.instances]) for p in plan.placements
+    }
+    # The A30 advertises no 1g.10gb; on b, GPU 0 has room beside the 4g in use.
+    assert got["default/p1"][0] == "b" and got["default/p1"][1][0][0] == 0
+    # GPU 0 has no room for a 3g.40gb beside both; GPU 1's free 1g.10gb@6 stays (first-fit
+    # destroys nothing) and a 3g.40gb still fits at 0.
+    assert got["default/p2"] == ("b", [(1, "3g.40gb", 0)])
+    # Nothing is left for p3 without destroying.
+    assert [u.pod for u in plan.unschedulable] == ["default/p3"]
+    assert not any(a.op is plans.Op.DESTROY for a in plan.actions)
+
+
+def test_first_fit_leaves_a_pod_pending_rather_than_destroy() -> None:
+    snap = snapshot.parse(
+        {
+            "version": 1,
+            "nodes": [
+                {
+                    "name": "a",
+                    "gpus": [
+                        {"model": "a100-80gb", "instances": [{"profile": "1g.10gb", "start": 0}]}
+                    ],
+                }
+            ],
+            "pods": [{"name": "big", "requests": {"nvidia.com/mig-7g.80gb": 1}}],
+        }
+    )
+    plan = firstfit.plan(snap, OPTS)
+    assert plan.placements == ()
+    assert [u.pod for u in plan.unschedulable] == ["default/big"]
+    # fast destroys the free instance for it.
+    assert [p.pod for p in planners.run(snap, "fast", OPTS).placements] == ["default/big"]
