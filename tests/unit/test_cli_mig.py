@@ -74,6 +74,45 @@ def test_layouts_keep_lists_completions() -> None:
     ]
 
 
+def test_layouts_keep_repeated_keeps_every_instance() -> None:
+    once = run_json("layouts", "a100-40gb", "--keep", "3g.20gb@4,1g.5gb@0")
+    twice = run_json("layouts", "a100-40gb", "--keep", "3g.20gb@4", "--keep", "1g.5gb@0")
+    assert isinstance(twice, dict) and twice == once
+    assert twice["keep"] == [
+        {"profile": "1g.5gb", "start": 0},
+        {"profile": "3g.20gb", "start": 4},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "instances", "reason"),
+    [
+        ("h100-80gb", ["3g.40gb@4", "3g.40gb@4"], "3g.40gb@4 and 3g.40gb@4 overlap on memory"),
+        ("a100-40gb", ["7g.40gb@0", "7g.40gb@0"], "7g.40gb@0 and 7g.40gb@0 overlap on memory"),
+        ("a30", ["4g.24gb@0", "4g.24gb@0"], "4g.24gb@0 and 4g.24gb@0 overlap on memory"),
+        # The same instance written two ways is still two instances.
+        ("a100-80gb", ["3g.40gb@4", "3g.39gb@4"], "3g.40gb@4 and 3g.40gb@4 overlap on memory"),
+    ],
+)
+def test_check_never_merges_an_instance_typed_twice(
+    gpu: str, instances: list[str], reason: str
+) -> None:
+    code, text = run("check", gpu, *instances)
+    assert code == 1
+    assert text.startswith("invalid: ") and reason in text
+    code, text = run("check", gpu, *instances, "-o", "json")
+    data = json.loads(text)
+    assert code == 1 and data["valid"] is False and reason in data["reason"]
+
+
+def test_layouts_keep_never_merges_an_instance_typed_twice(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _ = run("layouts", "h100-80gb", "--keep", "3g.40gb@4", "--keep", "3g.40gb@4")
+    assert code == 2
+    assert "3g.40gb@4 and 3g.40gb@4 overlap" in capsys.readouterr().err
+
+
 def test_check_valid_layout() -> None:
     code, text = run("check", "a100-40gb", "4g.20gb@0", "3g.20gb@4")
     assert code == 0

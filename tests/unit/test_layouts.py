@@ -292,3 +292,11 @@ def test_every_catalog_gpu_has_a_consistent_geometry() -> None:
             assert layouts.Layout((Instance(0, p.name),)) in full
         for lay, other in itertools.pairwise(full):
             assert lay != other
+
+
+def test_place_never_merges_a_fixed_instance_listed_twice() -> None:
+    h100 = catalog.resolve_gpu("h100-80gb")
+    with pytest.raises(errors.LayoutError, match="3g.40gb@4 and 3g.40gb@4 overlap"):
+        layouts.place(h100, ["1g.10gb"], fixed=[Instance(4, "3g.40gb"), Instance(4, "3g.40gb")])
+    with pytest.raises(errors.LayoutError, match="overlap"):
+        layouts.validate(h100, [Instance(0, "7g.80gb"), Instance(0, "7g.80gb")])

@@ -681,6 +681,18 @@ def test_duplicate_gpu_index() -> None:
     assert error_of(doc) == "nodes[0].gpus: two GPUs share an index"
 
 
+def test_an_instance_listed_twice_is_not_merged() -> None:
+    doc = base()
+    doc["nodes"][0]["gpus"][0]["instances"] = [
+        {"profile": "3g.40gb", "start": 4, "used": True},
+        {"profile": "3g.40gb", "start": 4},
+    ]
+    assert error_of(doc) == (
+        "nodes[0].gpus[0]: current instances are not a valid layout: 3g.40gb@4 and 3g.40gb@4 "
+        "overlap on memory slots 4-7"
+    )
+
+
 def test_second_node_and_pod_errors_name_their_index() -> None:
     doc = base()
     doc["nodes"].append({"name": "n1", "gpus": [{"model": "a30-24gb", "instances": [{}]}]})

@@ -33,7 +33,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--keep",
         metavar="P@S,...",
-        help="instances that must stay where they are: list the completions of this layout",
+        action="append",
+        help="instances that must stay where they are: list the completions of this layout "
+        "(comma-separated, or the flag repeated)",
     )
     output.add_output_flag(p)
     p.set_defaults(func=cmd_layouts)
@@ -195,7 +197,7 @@ def cmd_layouts(args: argparse.Namespace, out: IO[str]) -> int:
         allowed = [m.resolve_profile(x.strip()).name for x in args.profiles.split(",") if x.strip()]
     fixed: list[layouts.Instance] = []
     if args.keep:
-        fixed, loose = _parse_instances(m, [args.keep])
+        fixed, loose = _parse_instances(m, args.keep)
         if loose:
             raise errors.LayoutError(
                 f"--keep needs PROFILE@START for every instance (missing for {', '.join(loose)})"

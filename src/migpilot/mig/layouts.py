@@ -308,7 +308,14 @@ def place(
     contiguous regions stay free), ties going to the lowest starts: deterministic. Raises
     :class:`LayoutError` saying why no assignment exists.
     """
-    fixed = fixed if isinstance(fixed, frozenset) else frozenset(fixed)
+    if not isinstance(fixed, frozenset):
+        listed = list(fixed)
+        fixed = frozenset(listed)
+        if len(fixed) != len(listed):
+            # Two instances at one place overlap: never merge what the caller listed twice.
+            reason = violation(model, listed)
+            assert reason is not None  # a repeated instance overlaps itself
+            raise errors.LayoutError(reason)
     names = tuple(sorted(wanted))
     layout = _pack(model, _validated(model, fixed), names)
     if layout is None:
