@@ -34,7 +34,7 @@ from migpilot import gcpause
 from migpilot.planning import fast, generate, objective, options, planners, snapshot, validation
 
 RESULTS = Path(__file__).parent / "results" / "planner.json"
-BASELINES = ("nos", "hami-template", "hami-placement", "static")
+BASELINES = ("first-fit", "nos", "hami-template", "hami-placement", "static")
 ALL = ("fast", "exact", *BASELINES)
 
 

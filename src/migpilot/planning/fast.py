@@ -978,6 +978,13 @@ def _greedy(
     hopeless = _hopeless(snap, needs, admission)
     index = {p.key: i for i, p in enumerate(snap.pods)}
     size = {p.key: _size(needs[p.key], states) for p in snap.pods}
+    # Memory slots break ties between pods of equal compute (1g.10gb before 1g.20gb).
+    slots = {
+        p.key: max(
+            (sum(states.slots[m][n] for n in need) for m, need in needs[p.key].items()), default=0
+        )
+        for p in snap.pods
+    }
     hopeful = [p for p in snap.pods if p.key not in hopeless]
     share = _dominant_shares(snap, hopeful, size)
     gpus = sum(len(n.gpus) for n in snap.nodes)
@@ -1001,8 +1008,8 @@ def _greedy(
     for level in sorted({p.priority for p in hopeful}, reverse=True):
         at_level = [p for p in hopeful if p.priority == level]
         orders = {
-            "largest": sorted(at_level, key=lambda p: (-size[p.key], index[p.key])),
-            "smallest": sorted(at_level, key=lambda p: (size[p.key], index[p.key])),
+            "largest": sorted(at_level, key=lambda p: (-size[p.key], -slots[p.key], index[p.key])),
+            "smallest": sorted(at_level, key=lambda p: (size[p.key], slots[p.key], index[p.key])),
             "share": sorted(at_level, key=lambda p: (share[p.key], index[p.key])),
         }
         tried: list[tuple[tuple[int, ...], _Run, list[snapshot.Pod]]] = []
@@ -1029,8 +1036,10 @@ def _greedy(
     if budget > 1:
         share_all = _dominant_shares(snap, snap.pods, size)
         ff_orders += [
-            sorted(snap.pods, key=lambda p: (-p.priority, -size[p.key], index[p.key])),
-            sorted(snap.pods, key=lambda p: (-p.priority, size[p.key], index[p.key])),
+            sorted(
+                snap.pods, key=lambda p: (-p.priority, -size[p.key], -slots[p.key], index[p.key])
+            ),
+            sorted(snap.pods, key=lambda p: (-p.priority, size[p.key], slots[p.key], index[p.key])),
             sorted(snap.pods, key=lambda p: (-p.priority, share_all[p.key], index[p.key])),
         ]
     return chosen, ff_orders, budget > 1
