@@ -27,10 +27,47 @@ def test_table_results_and_plots(tmp_path: Path) -> None:
     assert text.rstrip().splitlines()[-1] == (
         f"plots: {tmp_path / 'allocation.png'}, {tmp_path / 'pending-cdf.png'}"
     )
-    rows = json.loads((tmp_path / "results.json").read_text())
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert tuple(doc) == tuple(reports.Document.__annotations__)
+    assert doc["mode"] == "inflate" and 0 < doc["upper_bound"] <= 1
+    rows = doc["results"]
     assert [r["policy"] for r in rows] == ["migpilot", "static"]
     assert all(tuple(r) == reports.KEYS for r in rows)
+    assert [r["share_of_bound"] for r in rows] == [
+        round(r["allocation_ratio"] / doc["upper_bound"], 4) for r in rows
+    ]
+    # all-balanced has no 7g.80gb, which the synthetic trace's training pods ask for.
+    static = rows[1]
+    assert static["serves_every_request"] is (not static["requests_never_served"])
+    lines = text.splitlines()
+    table = lines[lines.index("") + 1 : lines.index("", lines.index("") + 1)]
+    assert all(len(line) <= 100 for line in table)
+    for r in rows:
+        mark = "" if r["serves_every_request"] else reports.MARK
+        assert any(line.startswith(r["policy"] + mark + " ") for line in table)
+    assert any(line.startswith("rule: migpilot's allocation ratio") for line in lines)
+    assert any(line.startswith("  best of all: ") for line in lines)
     assert (tmp_path / "allocation.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_table_marks_a_policy_that_left_a_kind_unserved(tmp_path: Path) -> None:
+    trace = tmp_path / "kinds.csv"
+    trace.write_text(
+        "name,arrival,duration,requests\na,0,,mig-4g.40gb=1\nb,1,,mig-1g.10gb=1\n"
+        "c,2,,mig-7g.80gb=1\n"
+    )
+    code, text = run(["simulate", *SMALL, "--trace", str(trace), "--policies", "migpilot,static",
+                      "--no-plots", "--out", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    lines = text.splitlines()
+    assert any(line.startswith("migpilot  ") for line in lines)
+    assert any(line.startswith("static*  ") for line in lines)
+    assert "  static: 4g.40gb, 7g.80gb" in lines
+    assert "  best serving every kind of request: migpilot " in text
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["request_kinds"] == ["1g.10gb", "4g.40gb", "7g.80gb"]
+    assert [r["serves_every_request"] for r in doc["results"]] == [True, False]
+    assert doc["best_serving_every_request"]["policies"] == ["migpilot"]
 
 
 def test_json_is_byte_identical_for_equal_runs(tmp_path: Path) -> None:
@@ -42,7 +79,10 @@ def test_json_is_byte_identical_for_equal_runs(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "results.json").read_bytes() == (
         tmp_path / "b" / "results.json"
     ).read_bytes()
-    assert all(r["planner_seconds"] is None for r in json.loads(one))
+    doc = json.loads(one)
+    assert all(r["planner_seconds"] is None for r in doc["results"])
+    assert doc["upper_bound"] is not None
+    assert [isinstance(r["serves_every_request"], bool) for r in doc["results"]] == [True] * 3
 
 
 @pytest.mark.parametrize(
@@ -83,5 +123,8 @@ def test_native_trace_file_in_faithful_mode(tmp_path: Path) -> None:
     code, text = run(["simulate", *SMALL, "--trace", str(trace), "--mode", "faithful", "--policies",
                       "migpilot", "--no-plots", "-o", "json", "--out", str(tmp_path)])  # fmt: skip
     assert code == 0
-    (row,) = json.loads(text)
+    doc = json.loads(text)
+    (row,) = doc["results"]
     assert (row["pods_total"], row["pods_scheduled"]) == (2, 2)
+    assert doc["mode"] == "faithful" and doc["upper_bound"] is None and doc["rule_met"] is True
+    assert row["share_of_bound"] is None and row["serves_every_request"] is True

@@ -219,6 +219,70 @@ def test_requests_no_pod_of_which_ran_are_named() -> None:
     )
     assert mine.requests_never_served == ()
     assert mine.pods_rejected == 1  # 8 x 7g.80gb fits no 4-GPU node: rejected, not listed
+    # A kind no GPU of the cluster can serve counts against no policy.
+    assert (
+        mine.request_kinds
+        == fixed.request_kinds
+        == (
+            "1g.10gb",
+            "2 x 1g.10gb + 3g.40gb",
+            "4g.40gb",
+        )
+    )
+    assert mine.serves_every_request and not fixed.serves_every_request
+
+
+@pytest.mark.parametrize(
+    ("mig", "kind"),
+    [
+        ((("4g.40gb", 1),), "4g.40gb"),
+        ((("7g.80gb", 8),), "8 x 7g.80gb"),
+        ((("3g.40gb", 1), ("1g.10gb", 2)), "2 x 1g.10gb + 3g.40gb"),
+        ((("1g.10gb", 1), ("3g.40gb", 1), ("1g.10gb", 1)), "2 x 1g.10gb + 3g.40gb"),
+    ],
+)
+def test_a_request_kind_is_the_multiset_of_profiles_asked_for(
+    mig: tuple[tuple[str, int], ...], kind: str
+) -> None:
+    assert simulating.request_kind(tuple(snapshot.MigRequest(p, n) for p, n in mig)) == kind
+
+
+def _kinds_trace() -> traces.Trace:
+    # Three kinds the cluster serves (two whole GPUs on one node among them): a static layout
+    # of 4g.40gb + 3g.40gb per GPU never runs the 7g.80gb pod; e selects no node.
+    return traces.parse(
+        "name,arrival,duration,requests,node_selector\n"
+        "a,0,,mig-3g.40gb=1,\nb,1,,mig-4g.40gb=1,\nc,2,,mig-7g.80gb=2,\n"
+        "d,3,,mig-3g.40gb=1;cpu=1;memory=1Gi,\n"
+        "e,4,,mig-1g.10gb=1,zone=nowhere\n",
+        source="kinds.csv",
+        model=SMALL.reference_model,
+    )
+
+
+def test_serves_every_request_names_the_policy_that_left_a_kind_unserved() -> None:
+    trace = _kinds_trace()
+    halves = policies.fixed(
+        "halves",
+        {
+            m.id: layouts.Layout.of(
+                [layouts.Instance(0, "4g.40gb"), layouts.Instance(4, "3g.40gb")]
+            )
+            for m in (g.model for g in SMALL.groups)
+        },
+    )
+    fixed = simulating.simulate(trace, cluster=SMALL, policy=halves, settings=PARANOID_INFLATE)
+    mine = simulating.simulate(
+        trace, cluster=SMALL, policy=_policy("migpilot"), settings=PARANOID_INFLATE
+    )
+    # e selects no node: rejected, so 1g.10gb is no kind of this run.
+    assert fixed.request_kinds == mine.request_kinds == ("2 x 7g.80gb", "3g.40gb", "4g.40gb")
+    assert fixed.requests_never_served == ("2 x 7g.80gb",)
+    assert not fixed.serves_every_request and mine.serves_every_request
+    rows = [reports.row(r, bound=0.5) for r in (mine, fixed)]
+    assert [r["serves_every_request"] for r in rows] == [True, False]
+    assert rows[1]["share_of_bound"] == round(fixed.allocation_ratio / 0.5, 4)
+    assert reports.row(mine)["share_of_bound"] is None
 
 
 def test_bound_is_above_every_policy_in_inflate_mode() -> None:

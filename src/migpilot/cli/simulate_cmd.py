@@ -239,21 +239,21 @@ def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
             results.append(result)
     finally:
         bar.close()
-    rows = [reports.row(r, timing=not args.omit_timing) for r in results]
     bound = None
     if mode is simulating.Mode.INFLATE:
         submitted = [
             p for p, _, _ in simulating.replayed(trace, cluster=cluster, settings=settings)
         ]
-        bound = bounds.inflate_bound(submitted, cluster=cluster)
+        bound = bounds.inflate_bound(submitted, cluster=cluster).allocation_ratio
+    doc = reports.document(results, mode=mode, bound=bound, timing=not args.omit_timing)
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "results.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    (outdir / "results.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     plots: list[Path] = []
     if not args.no_plots:
         plots = _plot(results, outdir=outdir, mode=mode)
     if args.output == "json":
-        output.write_json(out, rows)
+        output.write_json(out, doc)
         return 0
     submitted_pods = results[0].pods_total if results else 0
     what = (
@@ -265,20 +265,12 @@ def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
         f"trace {trace.name} ({what}), cluster {spec} ({cluster.gpu_count} GPUs), "
         f"mode {mode.value}\n\n"
     )
-    output.write_table(out, reports.HEADERS, reports.table(rows))
+    output.write_table(out, reports.HEADERS, reports.table(doc["results"]))
     out.write("\n")
-    if bound is not None:
-        out.write(
-            f"upper bound on the allocation ratio (LP relaxation of the packing): "
-            f"{100 * bound.allocation_ratio:.1f}%\n"
-        )
     if best_layouts:
         out.write(f"static-best layouts: {best_layouts}\n")
-    refused = [r for r in rows if r["requests_never_served"]]
-    if refused:
-        out.write("never ran a pod asking for:\n")
-        for r in refused:
-            out.write(f"  {r['policy']}: {', '.join(r['requests_never_served'])}\n")
+    for line in reports.summary(doc):
+        out.write(line + "\n")
     out.write(f"results: {outdir / 'results.json'}\n")
     if plots:
         out.write(f"plots: {', '.join(str(p) for p in plots)}\n")

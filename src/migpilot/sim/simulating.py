@@ -156,10 +156,17 @@ class Result:
     ratio_over_time: tuple[tuple[float, float], ...]
     """(time, allocation ratio) after every change."""
     outcomes: tuple[PodOutcome, ...] = field(repr=False)
+    request_kinds: tuple[str, ...] = ()
+    """The kinds of request (:func:`request_kind`) of the submitted pods that are not rejected:
+    the kinds some node of the cluster could serve. The same for every policy of a run."""
     requests_never_served: tuple[str, ...] = ()
-    """MIG requests (``4g.40gb``, ``8 x 7g.80gb``) that pods asked for and none of them got,
-    rejected pods aside: whole kinds of pods a policy never runs (a static layout without the
-    profile, HAMi without a template for it)."""
+    """The kinds of :attr:`request_kinds` of which no pod was ever bound: whole kinds of pods a
+    policy never runs (a static layout without the profile, HAMi without a template for it)."""
+
+    @property
+    def serves_every_request(self) -> bool:
+        """Whether the policy ran at least one pod of every kind in :attr:`request_kinds`."""
+        return not self.requests_never_served
 
     def pending_percentile(self, q: float) -> float:
         """The ``q``-th percentile (0-100, nearest rank) of :attr:`pending_s`; 0 when empty."""
@@ -845,8 +852,8 @@ class _Simulation:
         served: dict[str, bool] = {}
         for pod in self.pods:
             if pod.state not in (PodState.REJECTED, PodState.NOT_ARRIVED):
-                asked = request_text(pod.trace.mig)
-                served[asked] = served.get(asked, False) or pod.bound_at is not None
+                kind = request_kind(pod.trace.mig)
+                served[kind] = served.get(kind, False) or pod.bound_at is not None
             if pod.state is PodState.REJECTED:
                 rejected += 1
             elif pod.bound_at is not None:
@@ -885,6 +892,7 @@ class _Simulation:
             end=end,
             ratio_over_time=tuple(self.samples),
             outcomes=tuple(outcomes),
+            request_kinds=tuple(sorted(served)),
             requests_never_served=tuple(sorted(k for k, ok in served.items() if not ok)),
         )
 
@@ -892,6 +900,23 @@ class _Simulation:
 def request_text(mig: tuple[snapshot.MigRequest, ...]) -> str:
     """A MIG request as people write it: ``4g.40gb``, ``8 x 7g.80gb``, ``2 x 1g.10gb + 3g.40gb``."""
     return " + ".join(r.profile if r.count == 1 else f"{r.count} x {r.profile}" for r in mig)
+
+
+def request_kind(mig: tuple[snapshot.MigRequest, ...]) -> str:
+    """The kind of request a pod makes, the unit of "a policy serves every request".
+
+    Two pods are of one kind when they ask for the same MIG instances: the same count of each
+    profile, as the pods name them (:attr:`snapshot.MigRequest.profile`), in any order and
+    however the counts are split over request lines; CPU, memory and node selectors are not
+    part of it. Written as :func:`request_text` of the profiles sorted by name
+    (``2 x 1g.10gb + 3g.40gb``). A kind counts in a run when at least one submitted pod of it is
+    not rejected, i.e. some node of the cluster could run it with every GPU empty: a kind no GPU
+    of the cluster can serve never counts against a policy.
+    """
+    counts: Counter[str] = Counter()
+    for r in mig:
+        counts[r.profile] += r.count
+    return request_text(tuple(snapshot.MigRequest(p, counts[p]) for p in sorted(counts)))
 
 
 def _no_clock() -> float:
