@@ -466,6 +466,7 @@ class _Run:
         self.dead = [False] * len(self.gpus)
         self.node_of_gpu = [g.node for g in self.gpus]
         self.node_room = [sum(states.room[self.sid[g.id]] for g in gs) for gs in self.node_gpus]
+        self.node_slices = [sum(g.model.compute_slices for g in gs) for gs in self.node_gpus]
         self.cpu = [n.allocatable.cpu_milli if n.allocatable else None for n in snap.nodes]
         self.mem = [n.allocatable.memory_bytes if n.allocatable else None for n in snap.nodes]
         self.load = [0] * len(snap.nodes)
@@ -548,22 +549,50 @@ class _Run:
         """The best option that has a GPU on a node that admits the pod and has CPU/memory."""
         spread = self.snap.policy is snapshot.Policy.SPREAD
         found.sort(key=lambda o: (o[0], self.index.members[o[1]][0]))
-        best: tuple[Cost, int, _Gpu, Option] | None = None
+        best: tuple[Cost, tuple[int, int], _Gpu, Option] | None = None
         for cost, sid, opt in found:
             if best is not None and cost > best[0]:
                 break
+            scanned = 0
             for gid in self.index.members[sid]:
                 st = self.gpus[gid]
                 if not admits[st.node] or not self._resources_ok(st.node, pod):
                     continue
-                rank = self.load[st.node] if spread else gid
+                # Binpack: among equally good options, the one whose node is left with the least
+                # GPU room its CPU and memory cannot back, then first fit.
+                rank = (self.load[st.node], gid) if spread else (self._strands(st, pod, opt), gid)
                 if best is None or (cost, rank) < (best[0], best[1]):
                     best = (cost, rank, st, opt)
-                if not spread:
+                scanned += 1
+                if not spread and scanned >= _MEMBER_SCAN:
                     break
-            if best is not None and not spread:
-                break
         return None if best is None else (best[2], best[3])
+
+    def _strands(self, st: _Gpu, pod: snapshot.Pod, opt: Option) -> int:
+        """Compute slices of the node of ``st`` that placing ``pod`` there leaves without CPU or
+        memory to back them, less those it already had (negative: the pod relieves it)."""
+        ni = st.node
+        alloc = self.snap.nodes[ni].allocatable
+        cpu, mem = self.cpu[ni], self.mem[ni]
+        if alloc is None or cpu is None or mem is None:
+            return 0
+        total = self.node_slices[ni]
+        sizes = self.states.compute[st.model.id]
+        taken = sum(sizes[i.profile] for i in opt.claim) + sum(sizes[n] for n in opt.add)
+        room = self.node_room[ni]
+
+        def stranded(room: int, cpu: int, mem: int) -> int:
+            out = 0
+            for left, whole in ((cpu, alloc.cpu_milli), (mem, alloc.memory_bytes)):
+                if whole <= 0 or whole >= 2**61:
+                    continue
+                backed = left * total // whole
+                out = max(out, room - backed)
+            return max(out, 0)
+
+        before = stranded(room, cpu, mem)
+        after = stranded(room - taken, cpu - pod.cpu_milli, mem - pod.memory_bytes)
+        return after - before
 
     def place(self, pod: snapshot.Pod, needs: dict[str, tuple[str, ...]], *, destroy: bool) -> bool:
         """Place one pod if it fits anywhere (destroying free instances only if ``destroy``).
