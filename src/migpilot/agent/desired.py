@@ -69,7 +69,7 @@ def from_migparted(
         if info.model is None:
             continue
         chosen = migparted.entry_for(
-            entries, device_ids=info.model.pci_device_ids, index=info.index
+            entries, pci_ids=migparted.model_pci_ids(info.model), index=info.index
         )
         if chosen is None:
             continue
