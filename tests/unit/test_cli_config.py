@@ -349,3 +349,31 @@ def test_show_hints_at_the_board_when_only_board_entries_exist(
     assert "give the GPU as DEVICE:SUBSYSTEM" in err
     code, _ = run("config", "show", str(path), "-c", "by-board", "--gpu", "0x233010DE:0x16C110DE")
     assert code == 0
+
+
+@pytest.mark.parametrize("name", ["0g.0gb", "0c.0g.0gb", "1g.5gb+me,you,them"])
+def test_validate_a_well_formed_name_no_gpu_offers_exits_1(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "odd.yaml"
+    path.write_text(
+        "version: v1\nmig-configs:\n  odd:\n"
+        f"    - {{devices: all, mig-enabled: true, mig-devices: {{'{name}': 1}}}}\n"
+    )
+    code, text = run("config", "validate", str(path))
+    assert code == 1
+    assert f"config 'odd' entry 0: no known GPU offers {name}\n" in text
+    assert "invalid format" not in text
+
+
+def test_validate_a_malformed_name_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad-name.yaml"
+    path.write_text(
+        "version: v1\nmig-configs:\n  odd:\n"
+        "    - {devices: all, mig-enabled: true, mig-devices: {'1g.5gb+me,me': 1}}\n"
+    )
+    code, _ = run("config", "validate", str(path))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "invalid format for '1g.5gb+me,me': attribute 'me' repeated" in err
+    assert err.count("\n") == 1

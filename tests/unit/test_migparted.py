@@ -197,11 +197,8 @@ def test_entry_index_counts_from_zero_in_file_order() -> None:
         "1g10gb",
         "1g.10",
         "g.10gb",
-        "0g.5gb",
-        "1g.0gb",
         "1g.10gb+",
         "1g.10gb+1me",
-        "1g.10gb+warp",  # well-formed but not an attribute any GPU has
         " 1g.10gb",
         "1G.10GB",
     ],
@@ -834,3 +831,149 @@ def test_a_model_without_a_board_gets_no_board_entry_and_a_hint() -> None:
         migparted.layout_for(
             config, "custom", model=model("h100-80gb"), gpus=1, pci_id=pci(H100_SXM, H100_BOARD)
         )
+
+
+# Profile names: mig-parted checks only their format. Well-formed names parse; whether a GPU
+# offers them is check()'s question (exit 1 from `config validate`), not a format error.
+WELL_FORMED = [
+    "1g.5gb",
+    "1c.1g.5gb",
+    "1g.5gb+me",
+    "1c.1g.5gb+me",
+    "0g.0gb",
+    "0c.0g.0gb",
+    "10000g.500000gb",
+    "10000c.10000g.500000gb",
+    "1g.5gb+me,you,them",
+    "1c.1g.5gb+me,you,them",
+    "1g.10gb+warp",
+    "1g.24gb-me,gfx",
+    "01g.05gb",
+]
+MALFORMED = [
+    "",
+    " 1c.1g.5gb",
+    "1 c.1g.5gb",
+    "1c .1g.5gb",
+    "1c. 1g.5gb",
+    "1c.1 g.5gb",
+    "1c.1g .5gb",
+    "1c.1g. 5gb",
+    "1c.1g.5 gb",
+    "1c.1g.5g b",
+    "1c.1g.5gb ",
+    "1c . 1g . 5gb",
+    "1c.f1g.5gb",
+    "1r.1g.5gb",
+    "1g.5gbk",
+    "1g.5",
+    "g.5gb",
+    "1g.gb",
+    "1g.5gb+me,me",
+    "1g.5gb+",
+    "1g.5gb+ ",
+    "1g.5gb+,",
+    "1g.5gb+me,",
+    "1g.5gb+me, ",
+    "1g.5gb+2me",
+    "1g.5gb+.me",
+    "1g.5gb+me.",
+    "1g.5gb*me",
+    "1c.1g.5gb*me",
+    "1g.5gb*me,you,them",
+    "1g.5gb+me-you",
+    "bogus",
+]
+
+
+@pytest.mark.parametrize("name", WELL_FORMED)
+def test_names_mig_parted_calls_well_formed_parse(name: str) -> None:
+    assert migparted.format_problem(name) is None
+    config = parse(
+        one_config(f"- devices: all\n  mig-enabled: true\n  mig-devices: {{'{name}': 1}}")
+    )
+    assert config.configs["custom"][0].mig_devices == ((name, 1),)
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_names_mig_parted_calls_malformed_are_format_errors(name: str) -> None:
+    assert migparted.format_problem(name) is not None
+    message = parse_error(
+        one_config(f"- devices: all\n  mig-enabled: true\n  mig-devices: {{'{name}': 1}}")
+    )
+    assert f"mig-devices: invalid format for {name!r}: " in message
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "0g.0gb",
+        "0c.0g.0gb",
+        "10000g.500000gb",
+        "1g.5gb+me,you,them",
+        "1g.10gb+warp",
+        "1g.24gb-me,gfx",
+    ],
+)
+def test_well_formed_names_no_gpu_offers_are_reported_by_check(name: str) -> None:
+    config = parse(
+        one_config(f"- devices: all\n  mig-enabled: true\n  mig-devices: {{'{name}': 1}}")
+    )
+    assert migparted.check(config) == [
+        f"mig.yaml: config 'custom' entry 0: no known GPU offers {name}"
+    ]
+
+
+def test_a_well_formed_name_the_filtered_gpu_lacks_is_reported_for_that_gpu() -> None:
+    config = parse(
+        one_config(
+            "- device-filter: '0x233010DE'\n  devices: all\n  mig-enabled: true\n"
+            "  mig-devices: {'0g.0gb': 100}"
+        )
+    )
+    (problem,) = migparted.check(config)
+    assert problem.startswith("mig.yaml: config 'custom' entry 0: h100-80gb: h100-80gb has no MIG")
+    assert "'0g.0gb' (offered: 1g.10gb," in problem
+    with pytest.raises(errors.ConfigError, match="entry 0 cannot be placed on h100-80gb"):
+        migparted.layout_for(config, "custom", model=model("h100-80gb"), gpus=1)
+
+
+def test_mig_parted_round_trip_file_parses_and_check_names_the_unoffered_profile() -> None:
+    # TestMarshallUnmarshall's configs, with the model-name filters (which migpilot refuses)
+    # replaced by the A100-40GB's PCI ids.
+    config = parse(
+        """
+        version: v1
+        mig-configs:
+          valid-format-non-existent-devices:
+            - {devices: all, mig-enabled: true, mig-devices: {"0g.0gb": 100}}
+          all-disabled:
+            - {device-filter: "0x20B010DE", devices: all, mig-enabled: false}
+          all-1-slice:
+            - {device-filter: "0x20B010DE", devices: all, mig-enabled: true,
+               mig-devices: {"1g.5gb": 7}}
+          all-balanced-slices:
+            - {device-filter: "0x20B010DE", devices: all, mig-enabled: true,
+               mig-devices: {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}}
+          half-disabled-half-balanced-slices:
+            - {device-filter: "0x20B010DE", devices: [0, 1, 2, 3], mig-enabled: false}
+            - {device-filter: "0x20B010DE", devices: [4, 5, 6, 7], mig-enabled: true,
+               mig-devices: {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}}
+          multi-device-filter:
+            - {device-filter: ["0x20B010DE", "0x20B110DE"], devices: [0, 1, 2, 3],
+               mig-enabled: false}
+            - {device-filter: ["0x20B010DE", "0x20B110DE"], devices: [4, 5, 6, 7],
+               mig-enabled: true, mig-devices: {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}}
+        """
+    )
+    assert migparted.check(config) == [
+        "mig.yaml: config 'valid-format-non-existent-devices' entry 0: no known GPU offers 0g.0gb"
+    ]
+    half = migparted.layout_for(
+        config,
+        "half-disabled-half-balanced-slices",
+        model=model("a100-40gb"),
+        gpus=8,
+        pci_id=pci(A100_40GB_SXM, 0x145F10DE),
+    )
+    assert [g.mig_enabled for g in half] == [False] * 4 + [True] * 4

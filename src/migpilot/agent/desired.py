@@ -81,7 +81,9 @@ def from_migparted(
         where = f"{config.source}: config {name!r} entry {chosen}"
         try:
             names = [
-                info.model.resolve_profile(t).name for t, n in entry.wanted() for _ in range(n)
+                migparted.resolve_profile(info.model, t).name
+                for t, n in entry.wanted()
+                for _ in range(n)
             ]
             layout = place_keeping(info.model, names, existing=existing, in_use=in_use)
         except (errors.UnknownProfileError, errors.LayoutError) as e:

@@ -3,14 +3,15 @@
 Clusters that run NVIDIA's GPU Operator already describe their MIG layouts in mig-parted's format
 (``version: v1``, ``mig-configs: {NAME: [entry, ...]}``); migpilot reads those files so that a
 static setup can be validated, shown and later migrated without rewriting it. :func:`parse`
-accepts and rejects what mig-parted's own parser does (``api/spec/v1/spec.go`` and
-``pkg/types/mig_config.go`` in github.com/NVIDIA/mig-parted), with one-line messages that name
-the file, the config and the entry; the few inputs it rejects although mig-parted reads them
-are listed in :func:`parse` (and in the README): each is one mig-parted accepts but then
-silently ignores or misreads. Entries are picked per GPU as mig-parted picks them
-(:func:`entry_for`), comparing device filters with the GPU's own PCI device and board subsystem
-ids (:mod:`migpilot.mig.pciids`). :func:`layout_for` says what each GPU of a node would get, and
-:func:`check` looks for entries that no GPU they target can hold.
+accepts and rejects what mig-parted's own parser does (``api/spec/v1/spec.go``,
+``pkg/types/mig_config.go`` and go-nvlib's profile-name format check, in
+github.com/NVIDIA/mig-parted), with one-line messages that name the file, the config and the
+entry; the few inputs it rejects although mig-parted reads them are listed in :func:`parse`
+(and in the README): each is one mig-parted accepts but then silently ignores or misreads.
+Entries are picked per GPU as mig-parted picks them (:func:`entry_for`), comparing device
+filters with the GPU's own PCI device and board subsystem ids (:mod:`migpilot.mig.pciids`).
+:func:`layout_for` says what each GPU of a node would get, and :func:`check` looks for entries
+that no GPU they target can hold, including well-formed profile names no GPU offers.
 
 Part of the pure core: text in, frozen values out. No file I/O (the CLI reads the file), no
 clock; it may import PyYAML, :mod:`migpilot.errors` and the other ``migpilot.mig`` modules only.
@@ -37,11 +38,14 @@ _TOP_FIELDS = ("version", "mig-configs")
 _ENTRY_FIELDS = ("device-filter", "devices", "mig-enabled", "mig-devices")
 _REQUIRED_ENTRY_FIELDS = ("devices", "mig-enabled")
 
-# mig-parted's profile grammar: [Cc.]Gg.GBgb, then '+' and comma-separated alphanumeric
-# attributes (dots allowed inside, as in 'me.all'), or the RTX PRO '-me' suffix. Spellings that
-# migpilot tolerates elsewhere ('mig-1g.10gb', '1g.10gb.me') are errors in this format.
-_ATTRIBUTE = r"[A-Za-z](?:[A-Za-z0-9.]*[A-Za-z0-9])?"
-_MIGPARTED_NAME = re.compile(rf"^(?:\d+c\.)?\d+g\.\d+gb(?:\+{_ATTRIBUTE}(?:,{_ATTRIBUTE})*|-me)?$")
+# mig-parted checks a profile name's format with go-nvlib's parser (pkg/nvlib/device/
+# mig_profile.go, parseMigProfile), without asking whether any GPU offers it: 'Cc.Gg.GBgb' or
+# 'Gg.GBgb' with decimal numbers (zero allowed), then optionally '+' (or '-') and a comma-separated
+# list of distinct attributes, each letters, digits and inner dots, not starting with a digit.
+# So '0g.0gb' and '1g.5gb+me,you,them' are well formed; whether a GPU offers them is check()'s
+# question. Spellings that migpilot tolerates elsewhere ('mig-1g.10gb', '1g.10gb.me') are not.
+_GO_INT_MAX = 2**63 - 1  # strconv.Atoi on a 64-bit platform
+_ATTRIBUTE = re.compile(r"[A-Za-z](?:[A-Za-z0-9.]*[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,16 +205,63 @@ def _parse_devices(raw: Any) -> Literal["all"] | tuple[int, ...]:
     raise ValueError(f"devices must be 'all' or a list of GPU indexes, got {_describe(raw)}")
 
 
+def _field_problem(text: str, unit: str) -> str | None:
+    """Why ``text`` is not ``<decimal><unit>`` (``3g``, ``40gb``), or ``None``."""
+    if text.strip() != text:
+        return f"spaces around {text.strip()!r}"
+    if not text.endswith(unit):
+        return f"{text!r} does not end in '{unit}'"
+    number = text[: -len(unit)]
+    if not (number.isascii() and number.isdigit()) or int(number) > _GO_INT_MAX:
+        return f"{text!r} does not start with a decimal number"
+    return None
+
+
+def _attributes_problem(text: str) -> str | None:
+    """Why ``text`` is not a list of distinct attributes (``me``, ``me.all,gfx``), or ``None``."""
+    seen: set[str] = set()
+    for attribute in text.split(","):
+        if attribute in seen:
+            return f"attribute {attribute!r} repeated"
+        if not attribute:
+            return "an empty attribute"
+        if _ATTRIBUTE.fullmatch(attribute) is None:
+            return (
+                f"attribute {attribute!r} is not letters, digits and inner dots "
+                "starting with a letter"
+            )
+        seen.add(attribute)
+    return None
+
+
+def format_problem(name: str) -> str | None:
+    """Why mig-parted would reject ``name``'s format (see the comment on the grammar above),
+    or ``None`` for a well-formed name, whether or not any GPU offers it."""
+    if not name:
+        return "an empty name"
+    plus = name.split("+", 1)
+    minus = name.split("-", 1)
+    if len(plus) == 2 and len(minus) == 2:
+        return "both '+' and '-' attributes"
+    head, *attributes = plus if len(plus) == 2 else minus
+    fields = head.split(".", 2)
+    units = {3: ("c", "g", "gb"), 2: ("g", "gb")}.get(len(fields))
+    if units is None:
+        return "expected Gg.GBgb or Cc.Gg.GBgb before any attributes"
+    for text, unit in zip(fields, units, strict=True):
+        problem = _field_problem(text, unit)
+        if problem is not None:
+            return problem
+    return _attributes_problem(attributes[0]) if attributes else None
+
+
 def _check_profile_name(name: str) -> None:
-    if not _MIGPARTED_NAME.match(name):
+    problem = format_problem(name)
+    if problem is not None:
         raise ValueError(
-            f"mig-devices: invalid format for {name!r} "
+            f"mig-devices: invalid format for {name!r}: {problem} "
             "(expected e.g. 1g.10gb, 3g.40gb, 1g.10gb+me, 1c.3g.40gb)"
         )
-    try:
-        profiles.parse_profile_name(name)
-    except errors.UnknownProfileError as e:
-        raise ValueError(f"mig-devices: invalid format for {name!r}: {e}") from None
 
 
 def _parse_mig_devices(raw: Any) -> tuple[tuple[str, int], ...] | None:
@@ -271,7 +322,9 @@ def parse(text: str, *, source: str) -> ConfigFile:
     keeps the last silently), device-filter ids mig-parted cannot read (a model name, spaces,
     a second ``:``, a number over 32 bits: mig-parted ignores the error and the id never
     matches a GPU), negative GPU indexes (never a GPU's), and an empty file or one without
-    ``mig-configs`` (mig-parted fails only when a config is selected).
+    ``mig-configs`` (mig-parted fails only when a config is selected). Profile names are checked
+    for format only, as mig-parted does: ``0g.0gb`` parses, and :func:`check` reports that no
+    GPU offers it.
     """
     data = _load_yaml(text, source)
     if data is None:
@@ -319,11 +372,28 @@ def parse(text: str, *, source: str) -> ConfigFile:
 # --- what a node gets ------------------------------------------------------------------------
 
 
+def resolve_profile(model: profiles.GpuModel, text: str) -> profiles.Profile:
+    """The profile of ``model`` that the entry's name ``text`` asks for.
+
+    Resolved by hardware shape (:meth:`profiles.GpuModel.resolve_profile`). A name that is well
+    formed for mig-parted but names no profile migpilot knows of (``0g.0gb``,
+    ``1g.10gb+me,gfx``) raises :class:`UnknownProfileError` saying that ``model`` lacks it.
+    """
+    try:
+        profiles.parse_profile_name(text)
+    except errors.UnknownProfileError:
+        offered = ", ".join(p.name for p in model.profiles)
+        raise errors.UnknownProfileError(
+            f"{model.id} has no MIG profile {text!r} (offered: {offered})"
+        ) from None
+    return model.resolve_profile(text)
+
+
 def _place(entry: Entry, model: profiles.GpuModel) -> layouts.Layout:
     """The entry's instances placed on ``model``; raises the resolve or layout error."""
     names: list[str] = []
     for text, count in entry.wanted():
-        names.extend([model.resolve_profile(text).name] * count)
+        names.extend([resolve_profile(model, text).name] * count)
     return layouts.place(model, names)
 
 
@@ -433,13 +503,13 @@ def _board_hint(
 
 
 def _resolves(model: profiles.GpuModel, text: str, *, exact: bool) -> bool:
-    if exact:
-        canonical = profiles.parse_profile_name(text).canonical
-        return any(canonical == p.name or canonical in p.aliases for p in model.profiles)
     try:
-        model.resolve_profile(text)
+        if exact:
+            canonical = profiles.parse_profile_name(text).canonical
+            return any(canonical == p.name or canonical in p.aliases for p in model.profiles)
+        resolve_profile(model, text)
     except errors.UnknownProfileError:
-        return False
+        return False  # includes names mig-parted's format allows but migpilot cannot read
     return True
 
 
@@ -461,8 +531,11 @@ def _targets(entry: Entry, cat: catalog.Catalog) -> list[profiles.GpuModel] | st
             return models
     missing = [t for t in names if not any(_resolves(m, t, exact=False) for m in cat.models)]
     if missing:
-        parsed = profiles.parse_profile_name(missing[0])
-        if parsed.compute is not None and parsed.compute != parsed.g:
+        try:
+            parsed: profiles.ParsedName | None = profiles.parse_profile_name(missing[0])
+        except errors.UnknownProfileError:
+            parsed = None  # well formed for mig-parted (0g.0gb, 1g.5gb+me,gfx) yet no profile
+        if parsed is not None and parsed.compute is not None and parsed.compute != parsed.g:
             return f"{missing[0]} is a compute-instance profile; migpilot places GPU instances"
         return "no known GPU offers " + ", ".join(missing)
     return "no known GPU offers all of " + ", ".join(names)
