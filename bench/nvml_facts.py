@@ -2,10 +2,11 @@
 
 Run on a machine with NVIDIA GPUs: ``python bench/nvml_facts.py [OUT.json]``. It never changes
 anything (no MIG mode change, no instance created or destroyed): it reads each GPU's name, PCI
-device id, memory and MIG mode, every GPU-instance profile the driver offers (by NVML profile
-index: id, slices, instances, memory, SMs, engines, name) with its possible placements, and the
-MIG devices that exist. ``bench/results/nvml-<gpu>.json`` holds what it printed on real
-hardware; ``tests/unit/test_catalog_hardware.py`` checks the catalog against those files.
+device and board subsystem ids, memory and MIG mode, every GPU-instance profile the driver
+offers (by NVML profile index: id, slices, instances, memory, SMs, engines, name) with its
+possible placements, and the MIG devices that exist. ``bench/results/nvml-<gpu>.json`` holds
+what it printed on real hardware; ``tests/unit/test_catalog_hardware.py`` checks the catalog
+against those files.
 Needs only nvidia-ml-py (no migpilot import), so it runs on a bare GPU machine.
 """
 
@@ -65,10 +66,14 @@ def main() -> int:
     facts: dict[str, Any] = {"driver": _text(pynvml.nvmlSystemGetDriverVersion()), "gpus": []}
     for index in range(pynvml.nvmlDeviceGetCount()):
         h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        pci = pynvml.nvmlDeviceGetPciInfo(h)
         gpu: dict[str, Any] = {
             "index": index,
             "name": _text(pynvml.nvmlDeviceGetName(h)),
-            "pci_device_id": int(pynvml.nvmlDeviceGetPciInfo(h).pciDeviceId),
+            "pci_device_id": int(pci.pciDeviceId),
+            # The board (what a mig-parted device-filter DEVICE:SUBSYSTEM names); records
+            # taken before this field was read lack it.
+            "pci_subsystem_id": int(pci.pciSubSystemId),
             "memory_mib": int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // 2**20,
         }
         try:

@@ -34,6 +34,14 @@ mig-configs:
       devices: all
       mig-enabled: true
       mig-devices: {"1g.5gb": 9}
+  by-board:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"3g.40gb": 2}
+    - device-filter: "0x233010DE:0x16C110DE"
+      devices: all
+      mig-enabled: true
+      mig-devices: {"7g.80gb": 1}
 """
 
 
@@ -62,6 +70,10 @@ BAD_CASES = [
     (["--backend", "emulated:h100-81gb:x2"], "backend 'emulated:h100-81gb:x2': unknown GPU"),
     (["--backend", "emulated:h100-80gb:x0"], "GPU count must be 1 to 64, got 0"),
     (["--backend", "emulated"], "names no GPU model"),
+    (
+        ["--backend", "emulated:0x233010DE:0x16C110DE:extra"],
+        "'0x233010DE:0x16C110DE:extra' expected DEVICE or DEVICE:SUBSYSTEM",
+    ),
     (["--device-list-strategy", "volume"], "unknown device-list strategy 'volume'"),
     (["--device-list-strategy", ","], "--device-list-strategy names no strategy"),
     (["--config", "{config}"], "--config needs -c NAME or --node-labels FILE"),
@@ -199,3 +211,22 @@ def test_entries_that_match_no_gpu_leave_it_alone(
     )
     assert code == 0, capsys.readouterr().err
     assert out == "GPU 0: (no MIG instances)\n"
+
+
+def test_an_entry_for_one_board_reaches_only_gpus_on_that_board(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out = run(
+        "--backend",
+        "emulated:0x233010DE:0x16C110DE,0x233010DE:0x16C010DE,h100-80gb",
+        "--config",
+        str(config),
+        "-c",
+        "by-board",
+        "--once",
+        "--no-kubelet",
+    )
+    assert code == 0, capsys.readouterr().err
+    assert "GPU 0: 7g.80gb@0\n" in out
+    assert "GPU 1: 3g.40gb@0 3g.40gb@4\n" in out  # a sibling board: not the board's entry
+    assert "GPU 2: 3g.40gb@0 3g.40gb@4\n" in out  # a board nothing is known about

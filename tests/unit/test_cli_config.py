@@ -180,7 +180,8 @@ def test_show_json(good: Path) -> None:
     assert all(set(item) == {"profile", "start"} for item in layout)
     assert sorted(item["profile"] for item in layout) == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
     assert len({item["start"] for item in layout}) == 4
-    assert set(data) == {"config", "gpu", "gpus"}
+    assert set(data) == {"config", "gpu", "pci_id", "gpus"}
+    assert data["pci_id"] is None  # a model name says nothing of the board
     assert set(data["gpus"][0]) == {"index", "mig_enabled", "layout"}
 
 
@@ -261,3 +262,118 @@ def test_console_script_reports_a_malformed_file_on_one_line(tmp_path: Path) -> 
     assert proc.stderr.startswith(f"migpilot: error: {path}: malformed YAML at line 5")
     assert proc.stderr.count("\n") == 1
     assert "Traceback" not in proc.stderr
+
+
+BOARDS = textwrap.dedent(
+    """
+    version: v1
+    mig-configs:
+      by-board:
+        - devices: all
+          mig-enabled: true
+          mig-devices: {"1g.10gb": 7}
+        - device-filter: "0x233010DE:0x16C110DE"
+          devices: all
+          mig-enabled: true
+          mig-devices: {"7g.80gb": 1}
+    """
+).lstrip()
+
+
+@pytest.fixture
+def boards(tmp_path: Path) -> Path:
+    path = tmp_path / "boards.yaml"
+    path.write_text(BOARDS)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("gpu", "layout"),
+    [
+        ("0x233010DE:0x16C110DE", "7g.80gb@0"),  # the board the entry names
+        ("0x233010de:0x16c110de", "7g.80gb@0"),
+        ("0x233010DE:0x16C010DE", "1g.10gb@0"),  # a sibling board: not that entry
+        ("0x233010DE:0x00000000", "1g.10gb@0"),  # a board nothing is known about
+        ("0x233010DE", "1g.10gb@0"),  # the device alone names no board
+        ("h100-80gb", "1g.10gb@0"),
+    ],
+)
+def test_show_picks_entries_by_the_gpus_board(boards: Path, gpu: str, layout: str) -> None:
+    code, text = run("config", "show", str(boards), "-c", "by-board", "--gpu", gpu, "--gpus", "1")
+    assert code == 0
+    assert text.splitlines()[1].split()[2].startswith(layout)
+
+
+def test_show_json_names_the_gpus_pci_id(boards: Path) -> None:
+    code, text = run(
+        "config", "show", str(boards), "-c", "by-board", "--gpu", "0x233010de:0x16c110de",
+        "--gpus", "1", "-o", "json",
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(text)
+    assert data["gpu"] == "h100-80gb"
+    assert data["pci_id"] == "0x233010DE:0x16C110DE"
+    assert data["gpus"][0]["layout"] == [{"profile": "7g.80gb", "start": 0}]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "expected"),
+    [
+        ("0x233010DE:0x16C010DE:extra", "--gpu '0x233010DE:0x16C010DE:extra': expected DEVICE"),
+        ("0x233010DE:board", "subsystem id 'board' is not a 32-bit number"),
+        ("0x1234ABCD:0x16C110DE", "unknown GPU PCI device id 0x1234ABCD"),
+    ],
+)
+def test_show_rejects_a_bad_gpu_id_in_one_line(
+    boards: Path, capsys: pytest.CaptureFixture[str], gpu: str, expected: str
+) -> None:
+    code, text = run("config", "show", str(boards), "-c", "by-board", "--gpu", gpu)
+    assert (code, text) == (2, "")
+    err = capsys.readouterr().err
+    assert expected in err
+    assert err.count("\n") == 1
+
+
+def test_show_hints_at_the_board_when_only_board_entries_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "only-board.yaml"
+    path.write_text(
+        "version: v1\nmig-configs:\n  by-board:\n"
+        "    - {device-filter: '0x233010DE:0x16C110DE', devices: all, mig-enabled: false}\n"
+    )
+    code, _ = run("config", "show", str(path), "-c", "by-board", "--gpu", "h100-80gb")
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "no entry matches GPU 0 (h100-80gb)" in err
+    assert "give the GPU as DEVICE:SUBSYSTEM" in err
+    code, _ = run("config", "show", str(path), "-c", "by-board", "--gpu", "0x233010DE:0x16C110DE")
+    assert code == 0
+
+
+@pytest.mark.parametrize("name", ["0g.0gb", "0c.0g.0gb", "1g.5gb+me,you,them"])
+def test_validate_a_well_formed_name_no_gpu_offers_exits_1(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "odd.yaml"
+    path.write_text(
+        "version: v1\nmig-configs:\n  odd:\n"
+        f"    - {{devices: all, mig-enabled: true, mig-devices: {{'{name}': 1}}}}\n"
+    )
+    code, text = run("config", "validate", str(path))
+    assert code == 1
+    assert f"config 'odd' entry 0: no known GPU offers {name}\n" in text
+    assert "invalid format" not in text
+
+
+def test_validate_a_malformed_name_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad-name.yaml"
+    path.write_text(
+        "version: v1\nmig-configs:\n  odd:\n"
+        "    - {devices: all, mig-enabled: true, mig-devices: {'1g.5gb+me,me': 1}}\n"
+    )
+    code, _ = run("config", "validate", str(path))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "invalid format for '1g.5gb+me,me': attribute 'me' repeated" in err
+    assert err.count("\n") == 1

@@ -9,7 +9,7 @@ import pytest
 
 from migpilot import errors
 from migpilot.gpu import backend, clocks, emulated
-from migpilot.mig import catalog, layouts
+from migpilot.mig import catalog, layouts, pciids
 
 H100 = catalog.resolve_gpu("h100-80gb")
 A30 = catalog.resolve_gpu("a30")
@@ -246,7 +246,12 @@ def test_spec_parses(text: str, models: list[str]) -> None:
         ("emulated:", "names no GPU model"),
         ("emulated:t4:x8", "unknown GPU 't4'"),
         ("emulated:h100-80gb:x0", "GPU count must be 1 to 64, got 0"),
-        ("emulated:h100-80gb:8", "is not MODEL or MODEL:xN"),
+        ("emulated:h100-80gb:8", "is not MODEL, MODEL:xN or 0xDEVICE[:0xSUBSYSTEM][:xN]"),
+        ("emulated:a30,", "'' is not MODEL, MODEL:xN"),
+        ("emulated:0x233010DE:0x16C110DE:extra:x2", "with one ':' at most"),
+        ("emulated:0x233010DE:board", "subsystem id 'board' is not a 32-bit number"),
+        ("emulated:0x1234ABCD:x2", "unknown GPU PCI device id 0x1234ABCD"),
+        ("emulated:0x233010DE:x0", "GPU count must be 1 to 64, got 0"),
         ("emulated:h100-80gb:x40,a30:x40", "more than 64 GPUs"),
     ],
 )
@@ -264,3 +269,107 @@ def test_placements_respect_the_catalog_layout_rules() -> None:
     got = layouts.Layout.of(d.instance for d in emu.mig_devices(0))
     assert layouts.violation(H100, got.instances) is None
     assert len(got) == 4
+
+
+# --- PCI ids --------------------------------------------------------------------------------
+
+H100_SXM = 0x233010DE
+
+
+def test_gpus_default_to_the_models_first_device_id_and_an_unknown_board() -> None:
+    infos = _emu(H100, A30).gpus()
+    assert [i.pci_id for i in infos] == [
+        pciids.PciId(H100_SXM, 0),
+        pciids.PciId(0x20B710DE, 0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "models", "ids"),
+    [
+        ("emulated:h100-80gb:x2", ["h100-80gb"] * 2, [None] * 2),
+        (
+            "emulated:0x233010DE:0x16C110DE:x2",
+            ["h100-80gb"] * 2,
+            ["0x233010DE:0x16C110DE"] * 2,
+        ),
+        ("emulated:0x233110de", ["h100-80gb"], ["0x233110DE:0x00000000"]),  # the PCIe card
+        (
+            "emulated:0x233010DE:0x16C010DE,0x233010DE:0x16C110DE:x1,a30",
+            ["h100-80gb", "h100-80gb", "a30-24gb"],
+            ["0x233010DE:0x16C010DE", "0x233010DE:0x16C110DE", None],
+        ),
+    ],
+)
+def test_spec_may_name_gpus_by_pci_id_and_board(
+    text: str, models: list[str], ids: list[str | None]
+) -> None:
+    spec = emulated.parse_spec(text)
+    assert [m.id for m in spec.models] == models
+    assert [None if p is None else str(p) for p in spec.pci_ids] == ids
+    emu = emulated.EmulatedBackend(spec.models, pci_ids=spec.pci_ids)
+    defaults = [str(emulated.default_pci_id(m)) for m in spec.models]
+    assert [str(i.pci_id) for i in emu.gpus()] == [
+        d if i is None else i for i, d in zip(ids, defaults, strict=True)
+    ]
+
+
+def test_pci_ids_persist_in_the_state_file(tmp_path: Path) -> None:
+    path = tmp_path / "gpus.json"
+    board = pciids.PciId(H100_SXM, 0x16C110DE)
+    _emu(H100, A30, state_path=path, pci_ids=[board, pciids.PciId(0x20B710DE)])
+    gpus = json.loads(path.read_text())["gpus"]
+    assert [(g["pci_device_id"], g["pci_subsystem_id"]) for g in gpus] == [
+        (H100_SXM, 0x16C110DE),
+        (0x20B710DE, 0),
+    ]
+    again = emulated.EmulatedBackend(state_path=path)
+    assert again.gpus()[0].pci_id == board
+    # GPUs named by model keep the file's ids; a GPU named by id must have it.
+    by_model = emulated.parse_spec("emulated:h100-80gb,a30")
+    assert (
+        _emu(*by_model.models, state_path=path, pci_ids=by_model.pci_ids).gpus()[0].pci_id == board
+    )
+    mixed = emulated.parse_spec("emulated:0x233010DE:0x16C110DE,a30")
+    _emu(*mixed.models, state_path=path, pci_ids=mixed.pci_ids)
+    with pytest.raises(errors.AgentConfigError, match="holds GPUs with PCI ids"):
+        _emu(H100, A30, state_path=path, pci_ids=[pciids.PciId(H100_SXM, 1), board])
+
+
+def test_a_state_file_from_before_pci_ids_loads_with_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"
+    _emu(H100, state_path=path)
+    data = json.loads(path.read_text())
+    for g in data["gpus"]:
+        del g["pci_device_id"], g["pci_subsystem_id"]
+    path.write_text(json.dumps(data))
+    emu = emulated.EmulatedBackend(state_path=path)
+    assert emu.gpus()[0].pci_id == pciids.PciId(H100_SXM, 0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("pci_device_id", 0x20B710DE, r"GPU 0 \(h100-80gb\) cannot have PCI device id 0x20B710DE"),
+        ("pci_subsystem_id", "0x16C110DE", "GPU 0: PCI id '0x16C110DE' is not a number"),
+        ("pci_subsystem_id", 2**40, "is not 32-bit"),
+    ],
+)
+def test_a_state_file_with_bad_pci_ids_is_refused(
+    tmp_path: Path, field: str, value: object, message: str
+) -> None:
+    path = tmp_path / "bad.json"
+    _emu(H100, state_path=path)
+    data = json.loads(path.read_text())
+    data["gpus"][0][field] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(errors.AgentConfigError, match=message) as info:
+        emulated.EmulatedBackend(state_path=path)
+    assert "\n" not in str(info.value)
+
+
+def test_pci_ids_must_belong_to_the_model_and_be_one_per_gpu() -> None:
+    with pytest.raises(errors.AgentConfigError, match="cannot have PCI device id 0x20B710DE"):
+        _emu(H100, pci_ids=[pciids.PciId(0x20B710DE)])
+    with pytest.raises(errors.AgentConfigError, match="1 PCI ids for 2 GPUs"):
+        _emu(H100, A30, pci_ids=[pciids.PciId(H100_SXM)])

@@ -13,7 +13,7 @@ import pytest
 
 from migpilot.agent import reconciling
 from migpilot.gpu import backend, emulated, nvml, nvml_standin
-from migpilot.mig import catalog, layouts
+from migpilot.mig import catalog, layouts, pciids
 
 H100 = catalog.resolve_gpu("h100-80gb")
 A100 = catalog.resolve_gpu("a100-40gb")
@@ -184,3 +184,31 @@ def test_reconciler_drives_the_nvml_adapter() -> None:
     report = rec.reconcile({0: reconciling.DesiredGpu(True, want)})
     assert report.converged and report.layout(0) == want
     assert layouts.Layout.of(d.instance for d in emu.mig_devices(0)) == want
+
+
+def test_the_standin_reports_pci_ids_in_nvidia_ml_pys_struct() -> None:
+    board = pciids.PciId(0x233010DE, 0x16C110DE)
+    emu, standin, _ = _pair(H100, A100, pci_ids=[board, pciids.PciId(0x20B110DE)])
+    standin.nvmlInit()
+    info = standin.nvmlDeviceGetPciInfo(standin.nvmlDeviceGetHandleByIndex(0))
+    assert isinstance(info, pynvml.nvmlPciInfo_t)
+    assert (info.pciDeviceId, info.pciSubSystemId) == (0x233010DE, 0x16C110DE)
+    assert info.busId == "00000000:01:00.0"  # nvidia-ml-py decodes char arrays
+    other = standin.nvmlDeviceGetPciInfo(standin.nvmlDeviceGetHandleByIndex(1))
+    assert (other.pciDeviceId, other.pciSubSystemId) == (0x20B110DE, 0)
+    assert emu.gpus()[1].pci_id == pciids.PciId(0x20B110DE, 0)
+
+
+def test_the_adapter_reads_each_gpus_own_pci_id() -> None:
+    board = pciids.PciId(0x233010DE, 0x16C010DE)
+    _, standin, adapter = _pair(H100, H100, pci_ids=[board, pciids.PciId(0x233110DE, 0x162610DE)])
+    infos = adapter.gpus()
+    assert [str(i.pci_id) for i in infos] == ["0x233010DE:0x16C010DE", "0x233110DE:0x162610DE"]
+    assert "nvmlDeviceGetPciInfo" in standin.calls
+
+
+def test_pci_info_of_a_bad_handle_is_an_nvml_error() -> None:
+    _, standin, _ = _pair()
+    standin.nvmlInit()
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        standin.nvmlDeviceGetPciInfo(ctypes.cast(ctypes.c_void_p(0), pynvml.c_nvmlDevice_t))

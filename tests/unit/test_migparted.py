@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from migpilot import errors
-from migpilot.mig import catalog, migparted, profiles
+from migpilot.mig import catalog, migparted, pciids, profiles
 
 DEFAULT_CONFIG = (
     Path(__file__).resolve().parents[3] / "shared" / "reference" / "mig-parted-config-default.yaml"
@@ -16,6 +16,10 @@ DEFAULT_CONFIG = (
 A100_40GB_SXM = 0x20B010DE
 A100_80GB_SXM = 0x20B210DE
 A30 = 0x20B710DE
+
+
+def pci(device: int, subsystem: int | None = None) -> pciids.PciId:
+    return pciids.PciId(device, subsystem)
 
 
 def doc(text: str) -> str:
@@ -153,7 +157,7 @@ ENTRY_ERRORS = {
         "- {device-filter: ['A100-SXM4'], devices: all, mig-enabled: false}",
         "device-filter 'A100-SXM4' is not a PCI device id",
     ),
-    "device-filter beyond 31 bits": (
+    "device-filter beyond 32 bits": (
         "- {device-filter: '0x8000000000', devices: all, mig-enabled: false}",
         "device-filter '0x8000000000' is not a PCI device id",
     ),
@@ -193,11 +197,8 @@ def test_entry_index_counts_from_zero_in_file_order() -> None:
         "1g10gb",
         "1g.10",
         "g.10gb",
-        "0g.5gb",
-        "1g.0gb",
         "1g.10gb+",
         "1g.10gb+1me",
-        "1g.10gb+warp",  # well-formed but not an attribute any GPU has
         " 1g.10gb",
         "1G.10GB",
     ],
@@ -289,7 +290,7 @@ def test_valid_file_parses_into_frozen_values() -> None:
     disabled = config.configs["all-disabled"][0]
     assert disabled == migparted.Entry((), (), "all", mig_enabled=False, mig_devices=())
     first, second = config.configs["custom"]
-    assert first.device_filter == (A100_40GB_SXM,)
+    assert first.device_filter == (pci(A100_40GB_SXM),)
     assert first.device_filter_text == ("0x20B010DE",)
     assert first.devices == (0, 1)
     assert first.mig_enabled is True
@@ -315,7 +316,7 @@ def test_device_filter_string_and_list_mean_the_same() -> None:
         )
     )
     entry = several.configs["custom"][0]
-    assert entry.device_filter == (A100_40GB_SXM, A30)
+    assert entry.device_filter == (pci(A100_40GB_SXM), pci(A30))
     assert entry.device_filter_text == ("0x20B010DE", "0x20b710de")
 
 
@@ -324,7 +325,7 @@ def test_an_empty_device_filter_matches_every_gpu(empty: str) -> None:
     config = parse(one_config(f"- {{device-filter: {empty}, devices: all, mig-enabled: false}}"))
     entry = config.configs["custom"][0]
     assert entry.device_filter == ()
-    assert entry.matches(device_ids=(A30,), index=5)
+    assert entry.matches(pci_ids=(pci(A30, 0x16C110DE),), index=5)
 
 
 def test_disabled_entry_may_carry_an_empty_mig_devices_map() -> None:
@@ -344,12 +345,12 @@ def test_profile_names_mig_parted_accepts(name: str) -> None:
 
 def test_entry_matches_filter_and_index() -> None:
     entry = migparted.Entry(
-        (A100_40GB_SXM,), ("0x20B010DE",), (0, 2), mig_enabled=False, mig_devices=()
+        (pci(A100_40GB_SXM),), ("0x20B010DE",), (0, 2), mig_enabled=False, mig_devices=()
     )
-    assert entry.matches(device_ids=(A100_40GB_SXM,), index=0)
-    assert entry.matches(device_ids=(A30, A100_40GB_SXM), index=2)
-    assert not entry.matches(device_ids=(A100_40GB_SXM,), index=1)
-    assert not entry.matches(device_ids=(A30,), index=0)
+    assert entry.matches(pci_ids=(pci(A100_40GB_SXM, 0x145F10DE),), index=0)
+    assert entry.matches(pci_ids=(pci(A30, 0), pci(A100_40GB_SXM, 0)), index=2)
+    assert not entry.matches(pci_ids=(pci(A100_40GB_SXM, 0),), index=1)
+    assert not entry.matches(pci_ids=(pci(A30, 0),), index=0)
 
 
 # --- what each GPU gets ----------------------------------------------------------------------
@@ -395,8 +396,8 @@ def test_device_filter_picks_among_a_models_pci_ids() -> None:
         )
     )
     a100 = model("a100-40gb")
-    sxm = migparted.layout_for(config, "custom", model=a100, gpus=1, device_id=A100_40GB_SXM)
-    pcie = migparted.layout_for(config, "custom", model=a100, gpus=1, device_id=0x20B110DE)
+    sxm = migparted.layout_for(config, "custom", model=a100, gpus=1, pci_id=pci(A100_40GB_SXM))
+    pcie = migparted.layout_for(config, "custom", model=a100, gpus=1, pci_id=pci(0x20B110DE))
     assert layout_texts(sxm) == ["7g.40gb@0"]
     assert layout_texts(pcie) == ["disabled"]
 
@@ -590,7 +591,7 @@ def test_every_default_filter_id_is_a_known_gpu(default_config: migparted.Config
         for entries in default_config.configs.values()
         for entry in entries
         for dev, text in zip(entry.device_filter, entry.device_filter_text, strict=True)
-        if cat.by_pci_device_id(dev) is None
+        if dev.subsystem is not None or cat.by_pci_device_id(dev.device) is None
     }
     assert unknown == set()
 
@@ -600,7 +601,7 @@ def filtered_cases() -> list[tuple[str, int, int]]:
         return []
     config = migparted.parse(DEFAULT_CONFIG.read_text(encoding="utf-8"), source="default")
     return [
-        (name, i, dev)
+        (name, i, dev.device)
         for name, entries in config.configs.items()
         for i, entry in enumerate(entries)
         for dev in entry.device_filter
@@ -617,7 +618,362 @@ def test_default_filtered_entries_place_on_the_gpus_they_name(
 ) -> None:
     gpu = catalog.default().by_pci_device_id(device_id)
     assert gpu is not None, f"{device_id:#010x} is not in the catalog"
-    gpus = migparted.layout_for(default_config, name, model=gpu, gpus=2, device_id=device_id)
+    gpus = migparted.layout_for(default_config, name, model=gpu, gpus=2, pci_id=pci(device_id))
     assert [g.entry for g in gpus] == [entry, entry]
     wanted = sum(n for _, n in default_config.configs[name][entry].wanted())
     assert all(len(g.layout) == wanted for g in gpus)
+
+
+# --- mig-parted's own test cases, restated ---------------------------------------------------
+# The cases of api/spec/v1/spec_test.go, api/spec/v1/helpers_test.go and the profile-name cases
+# once in pkg/types (now go-nvlib's), in github.com/NVIDIA/mig-parted, written as config files.
+# Where migpilot deliberately answers differently the case says so (and the README lists it).
+
+H100_SXM = 0x233010DE
+H100_BOARD = 0x16C010DE  # the board mig-parted's matching tests use
+H100_SIBLING = 0x16C110DE  # another board with the same device id
+
+SPEC_CASES = {
+    # name: (file, mig-parted accepts, migpilot accepts)
+    "well formed": (
+        "version: v1\nmig-configs:\n  all-disabled:\n    - {devices: all, mig-enabled: false}\n",
+        True,
+        True,
+    ),
+    "wrong version": (
+        "version: v2\nmig-configs:\n  all-disabled:\n    - {devices: all, mig-enabled: false}\n",
+        False,
+        False,
+    ),
+    "only a wrong version": ("version: v2\n", False, False),
+    "missing version": (
+        "mig-configs:\n  all-disabled:\n    - {devices: all, mig-enabled: false}\n",
+        False,
+        False,
+    ),
+    "an unexpected field": (
+        "bogus: field\nversion: v1\nmig-configs:\n"
+        "  all-disabled:\n    - {devices: all, mig-enabled: false}\n",
+        False,
+        False,
+    ),
+    "empty mig-configs": ("version: v1\nmig-configs: {}\n", False, False),
+    # Stricter: a file with nothing to apply fails when read, not when a config is selected.
+    "an empty file": ("", True, False),
+    "only the version": ("version: v1\n", True, False),
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "mig_parted", "migpilot"), SPEC_CASES.values(), ids=SPEC_CASES.keys()
+)
+def test_mig_parted_spec_cases(text: str, mig_parted: bool, migpilot: bool) -> None:
+    assert migpilot == mig_parted or (mig_parted and not migpilot)  # only ever stricter
+    if migpilot:
+        migparted.parse(text, source="mig.yaml")
+    else:
+        parse_error(text)
+
+
+ENTRY_CASES = {
+    # name: (entry, mig-parted accepts, migpilot accepts)
+    "well formed": ("{devices: all, mig-enabled: true, mig-devices: {1g.5gb: 2}}", True, True),
+    "with a filter": (
+        "{device-filter: '0x20B010DE', devices: all, mig-enabled: true, mig-devices: {1g.5gb: 2}}",
+        True,
+        True,
+    ),
+    "with several filters": (
+        "{device-filter: ['0x20B010DE', '0x20B110DE'], devices: all, mig-enabled: true, "
+        "mig-devices: {1g.5gb: 2}}",
+        True,
+        True,
+    ),
+    "missing devices": ("{mig-enabled: true, mig-devices: {1g.5gb: 2}}", False, False),
+    "missing mig-enabled": ("{devices: all, mig-devices: {1g.5gb: 2}}", False, False),
+    "disabled without mig-devices": ("{devices: all, mig-enabled: false}", True, True),
+    "enabled without mig-devices": ("{devices: all, mig-enabled: true}", False, False),
+    "a malformed profile": (
+        "{devices: all, mig-enabled: true, mig-devices: {bogus: 2}}",
+        False,
+        False,
+    ),
+    "an unexpected field": ("{bogus: field, devices: all, mig-enabled: false}", False, False),
+    "devices a string other than all": ("{devices: bogus, mig-enabled: false}", False, False),
+    "devices a list": ("{devices: [0, 1, 2, 3], mig-enabled: false}", True, True),
+    "devices a mapping": ("{devices: {}, mig-enabled: false}", False, False),
+    # Stricter: mig-parted reads a model name as a filter, then never matches it to a GPU.
+    "a model name as filter": (
+        "{device-filter: A100-SXM4-40GB, devices: all, mig-enabled: false}",
+        True,
+        False,
+    ),
+    "model names as filters": (
+        "{device-filter: [A100-SXM4-40GB, A100-PCIE-40GB], devices: all, mig-enabled: false}",
+        True,
+        False,
+    ),
+    # Stricter: an id with a second ':' fails mig-parted's reading and then matches nothing.
+    "a filter with an extra separator": (
+        "{device-filter: '0x233010DE:0x16C010DE:extra', devices: all, mig-enabled: false}",
+        True,
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("entry", "mig_parted", "migpilot"), ENTRY_CASES.values(), ids=ENTRY_CASES.keys()
+)
+def test_mig_parted_entry_cases(entry: str, mig_parted: bool, migpilot: bool) -> None:
+    assert migpilot == mig_parted or (mig_parted and not migpilot)  # only ever stricter
+    text = one_config(f"- {entry}")
+    if migpilot:
+        migparted.parse(text, source="mig.yaml")
+    else:
+        parse_error(text)
+
+
+def test_an_extra_separator_is_rejected_not_read_as_the_device_alone() -> None:
+    message = parse_error(
+        one_config(
+            "- {device-filter: '0x233010DE:0x16C010DE:extra', devices: all, mig-enabled: false}"
+        )
+    )
+    assert message == (
+        "mig.yaml: config 'custom' entry 0: device-filter '0x233010DE:0x16C010DE:extra' is not "
+        "a PCI device id such as 0x20B010DE or 0x233010DE:0x16C110DE: expected DEVICE or "
+        "DEVICE:SUBSYSTEM, with one ':' at most"
+    )
+
+
+def test_a_filter_with_spaces_is_rejected_as_mig_parted_never_matches_it() -> None:
+    message = parse_error(
+        one_config("- {device-filter: ' 0x233010DE', devices: all, mig-enabled: false}")
+    )
+    assert "device-filter ' 0x233010DE' is not a PCI device id" in message
+
+
+FILTER_CASES = {
+    # name: (device-filter, whether it selects the H100 on board 0x16C010DE)
+    "an empty filter matches every GPU": ("''", True),
+    "a device-only filter matches every board": ("'0x233010DE'", True),
+    "a lower-case filter is the same id": ("'0x233010de:0x16c010de'", True),
+    "the GPU's own board matches": ("'0x233010DE:0x16C010DE'", True),
+    "a sibling board does not match": ("'0x233010DE:0x16C110DE'", False),
+    "one matching id among several is enough": (
+        "['0x233010DE:0x16C110DE', '0x233010DE:0x16C010DE']",
+        True,
+    ),
+    "another device does not match": ("'0x233110DE'", False),
+}
+
+
+@pytest.mark.parametrize(
+    ("device_filter", "selects"), FILTER_CASES.values(), ids=FILTER_CASES.keys()
+)
+def test_mig_parted_filter_cases(device_filter: str, selects: bool) -> None:
+    config = parse(
+        one_config(
+            f"""
+            - {{devices: all, mig-enabled: false}}
+            - {{device-filter: {device_filter}, devices: all, mig-enabled: true,
+               mig-devices: {{"7g.80gb": 1}}}}
+            """
+        )
+    )
+    entries = config.configs["custom"]
+    gpu = pci(H100_SXM, H100_BOARD)
+    assert migparted.entry_for(entries, pci_ids=(gpu,), index=0) == (1 if selects else 0)
+
+
+BOARD_CONFIG = one_config(
+    """
+    - {devices: all, mig-enabled: false}
+    - {device-filter: '0x233010DE:0x16C110DE', devices: all, mig-enabled: true,
+       mig-devices: {"7g.80gb": 1}}
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "expected"),
+    [
+        (pci(H100_SXM, H100_SIBLING), ["7g.80gb@0"]),
+        (pci(H100_SXM, H100_BOARD), ["disabled"]),  # a sibling board
+        (pci(H100_SXM, 0), ["disabled"]),  # a board nothing is known about
+        (pci(H100_SXM), ["disabled"]),  # the device id alone names no board
+    ],
+    ids=str,
+)
+def test_an_entry_for_one_board_is_not_applied_to_another(
+    gpu: pciids.PciId, expected: list[str]
+) -> None:
+    config = parse(BOARD_CONFIG)
+    gpus = migparted.layout_for(config, "custom", model=model("h100-80gb"), gpus=1, pci_id=gpu)
+    assert layout_texts(gpus) == expected
+
+
+def test_a_model_without_a_board_gets_no_board_entry_and_a_hint() -> None:
+    config = parse(
+        one_config(
+            """
+            - {device-filter: '0x233010DE:0x16C110DE', devices: all, mig-enabled: false}
+            """
+        )
+    )
+    with pytest.raises(errors.ConfigError) as info:
+        migparted.layout_for(config, "custom", model=model("h100-80gb"), gpus=1)
+    message = str(info.value)
+    assert "no entry matches GPU 0 (h100-80gb)" in message
+    assert "entries name boards such as 0x233010DE:0x16C110DE" in message
+    with pytest.raises(errors.ConfigError, match=r"\(h100-80gb, 0x233010DE:0x16C010DE\)"):
+        migparted.layout_for(
+            config, "custom", model=model("h100-80gb"), gpus=1, pci_id=pci(H100_SXM, H100_BOARD)
+        )
+
+
+# Profile names: mig-parted checks only their format. Well-formed names parse; whether a GPU
+# offers them is check()'s question (exit 1 from `config validate`), not a format error.
+WELL_FORMED = [
+    "1g.5gb",
+    "1c.1g.5gb",
+    "1g.5gb+me",
+    "1c.1g.5gb+me",
+    "0g.0gb",
+    "0c.0g.0gb",
+    "10000g.500000gb",
+    "10000c.10000g.500000gb",
+    "1g.5gb+me,you,them",
+    "1c.1g.5gb+me,you,them",
+    "1g.10gb+warp",
+    "1g.24gb-me,gfx",
+    "01g.05gb",
+]
+MALFORMED = [
+    "",
+    " 1c.1g.5gb",
+    "1 c.1g.5gb",
+    "1c .1g.5gb",
+    "1c. 1g.5gb",
+    "1c.1 g.5gb",
+    "1c.1g .5gb",
+    "1c.1g. 5gb",
+    "1c.1g.5 gb",
+    "1c.1g.5g b",
+    "1c.1g.5gb ",
+    "1c . 1g . 5gb",
+    "1c.f1g.5gb",
+    "1r.1g.5gb",
+    "1g.5gbk",
+    "1g.5",
+    "g.5gb",
+    "1g.gb",
+    "1g.5gb+me,me",
+    "1g.5gb+",
+    "1g.5gb+ ",
+    "1g.5gb+,",
+    "1g.5gb+me,",
+    "1g.5gb+me, ",
+    "1g.5gb+2me",
+    "1g.5gb+.me",
+    "1g.5gb+me.",
+    "1g.5gb*me",
+    "1c.1g.5gb*me",
+    "1g.5gb*me,you,them",
+    "1g.5gb+me-you",
+    "bogus",
+]
+
+
+@pytest.mark.parametrize("name", WELL_FORMED)
+def test_names_mig_parted_calls_well_formed_parse(name: str) -> None:
+    assert migparted.format_problem(name) is None
+    config = parse(
+        one_config(f"- devices: all\n  mig-enabled: true\n  mig-devices: {{'{name}': 1}}")
+    )
+    assert config.configs["custom"][0].mig_devices == ((name, 1),)
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_names_mig_parted_calls_malformed_are_format_errors(name: str) -> None:
+    assert migparted.format_problem(name) is not None
+    message = parse_error(
+        one_config(f"- devices: all\n  mig-enabled: true\n  mig-devices: {{'{name}': 1}}")
+    )
+    assert f"mig-devices: invalid format for {name!r}: " in message
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "0g.0gb",
+        "0c.0g.0gb",
+        "10000g.500000gb",
+        "1g.5gb+me,you,them",
+        "1g.10gb+warp",
+        "1g.24gb-me,gfx",
+    ],
+)
+def test_well_formed_names_no_gpu_offers_are_reported_by_check(name: str) -> None:
+    config = parse(
+        one_config(f"- devices: all\n  mig-enabled: true\n  mig-devices: {{'{name}': 1}}")
+    )
+    assert migparted.check(config) == [
+        f"mig.yaml: config 'custom' entry 0: no known GPU offers {name}"
+    ]
+
+
+def test_a_well_formed_name_the_filtered_gpu_lacks_is_reported_for_that_gpu() -> None:
+    config = parse(
+        one_config(
+            "- device-filter: '0x233010DE'\n  devices: all\n  mig-enabled: true\n"
+            "  mig-devices: {'0g.0gb': 100}"
+        )
+    )
+    (problem,) = migparted.check(config)
+    assert problem.startswith("mig.yaml: config 'custom' entry 0: h100-80gb: h100-80gb has no MIG")
+    assert "'0g.0gb' (offered: 1g.10gb," in problem
+    with pytest.raises(errors.ConfigError, match="entry 0 cannot be placed on h100-80gb"):
+        migparted.layout_for(config, "custom", model=model("h100-80gb"), gpus=1)
+
+
+def test_mig_parted_round_trip_file_parses_and_check_names_the_unoffered_profile() -> None:
+    # TestMarshallUnmarshall's configs, with the model-name filters (which migpilot refuses)
+    # replaced by the A100-40GB's PCI ids.
+    config = parse(
+        """
+        version: v1
+        mig-configs:
+          valid-format-non-existent-devices:
+            - {devices: all, mig-enabled: true, mig-devices: {"0g.0gb": 100}}
+          all-disabled:
+            - {device-filter: "0x20B010DE", devices: all, mig-enabled: false}
+          all-1-slice:
+            - {device-filter: "0x20B010DE", devices: all, mig-enabled: true,
+               mig-devices: {"1g.5gb": 7}}
+          all-balanced-slices:
+            - {device-filter: "0x20B010DE", devices: all, mig-enabled: true,
+               mig-devices: {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}}
+          half-disabled-half-balanced-slices:
+            - {device-filter: "0x20B010DE", devices: [0, 1, 2, 3], mig-enabled: false}
+            - {device-filter: "0x20B010DE", devices: [4, 5, 6, 7], mig-enabled: true,
+               mig-devices: {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}}
+          multi-device-filter:
+            - {device-filter: ["0x20B010DE", "0x20B110DE"], devices: [0, 1, 2, 3],
+               mig-enabled: false}
+            - {device-filter: ["0x20B010DE", "0x20B110DE"], devices: [4, 5, 6, 7],
+               mig-enabled: true, mig-devices: {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}}
+        """
+    )
+    assert migparted.check(config) == [
+        "mig.yaml: config 'valid-format-non-existent-devices' entry 0: no known GPU offers 0g.0gb"
+    ]
+    half = migparted.layout_for(
+        config,
+        "half-disabled-half-balanced-slices",
+        model=model("a100-40gb"),
+        gpus=8,
+        pci_id=pci(A100_40GB_SXM, 0x145F10DE),
+    )
+    assert [g.mig_enabled for g in half] == [False] * 4 + [True] * 4

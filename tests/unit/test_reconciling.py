@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from migpilot import errors
 from migpilot.agent import desired, reconciling
-from migpilot.gpu import backend, emulated
-from migpilot.mig import catalog, layouts, migparted
+from migpilot.gpu import backend, emulated, nvml, nvml_standin
+from migpilot.mig import catalog, layouts, migparted, pciids
 
 H100 = catalog.resolve_gpu("h100-80gb")
 A30 = catalog.resolve_gpu("a30")
@@ -274,3 +276,68 @@ def test_gpus_no_entry_matches_are_left_out() -> None:
     a30 = backend.GpuInfo(0, "GPU-x", "NVIDIA A30", A30, 24003, backend.MigMode(True, True))
     with pytest.raises(errors.ConfigError, match="a30-24gb has no MIG profile matching '1g.10gb'"):
         desired.from_migparted(CONFIG, "custom", gpus=[a30])
+
+
+BOARDS = migparted.parse(
+    """
+version: v1
+mig-configs:
+  by-board:
+    - device-filter: "0x233010DE"
+      devices: all
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 7}
+    - device-filter: "0x233010DE:0x16C110DE"
+      devices: all
+      mig-enabled: true
+      mig-devices: {"7g.80gb": 1}
+""",
+    source="boards.yaml",
+)
+BOARD = pciids.PciId(0x233010DE, 0x16C110DE)
+SIBLING = pciids.PciId(0x233010DE, 0x16C010DE)
+
+
+def _with_id(index: int, pci_id: pciids.PciId) -> backend.GpuInfo:
+    return dataclasses.replace(_info(index), pci_id=pci_id)
+
+
+def test_entries_are_picked_by_each_gpus_own_board() -> None:
+    gpus = [
+        _with_id(0, BOARD),
+        _with_id(1, SIBLING),  # a sibling board: never the board's entry
+        _with_id(2, pciids.PciId(0x233010DE, 0)),  # a board nothing is known about
+        _with_id(3, pciids.PciId(0x233110DE, 0x162610DE)),  # the PCIe card: neither entry
+    ]
+    out = desired.from_migparted(BOARDS, "by-board", gpus=gpus)
+    assert out[0].layout == _layout("7g.80gb@0")
+    assert len(out[1].layout) == 7
+    assert len(out[2].layout) == 7
+    assert 3 not in out  # left as it is, as mig-parted apply does
+
+
+def test_a_gpu_without_an_id_is_matched_by_its_models_ids_with_no_board() -> None:
+    out = desired.from_migparted(BOARDS, "by-board", gpus=[_info(0)])
+    assert len(out[0].layout) == 7  # the device-only entry, never the board's
+
+
+@pytest.mark.parametrize("through_nvml", [False, True], ids=["emulated", "nvml-standin"])
+def test_the_agent_reads_the_board_from_the_backend(through_nvml: bool) -> None:
+    spec = emulated.parse_spec("emulated:0x233010DE:0x16C110DE,0x233010DE:0x16C010DE")
+    emu = emulated.EmulatedBackend(spec.models, pci_ids=spec.pci_ids)
+    gpus: backend.GpuBackend = (
+        nvml.NvmlBackend(nvml_standin.NvmlStandin(emu)) if through_nvml else emu
+    )
+    out = desired.from_migparted(BOARDS, "by-board", gpus=gpus.gpus())
+    assert out[0].layout == _layout("7g.80gb@0")
+    assert len(out[1].layout) == 7
+
+
+def test_a_well_formed_profile_no_gpu_offers_is_a_config_error_naming_it() -> None:
+    conf = migparted.parse(
+        "version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: true\n"
+        '      mig-devices: {"0g.0gb": 1}\n',
+        source="c.yaml",
+    )
+    with pytest.raises(errors.ConfigError, match="h100-80gb has no MIG profile '0g.0gb'"):
+        desired.from_migparted(conf, "c", gpus=_gpus(1))

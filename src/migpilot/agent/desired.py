@@ -6,12 +6,14 @@ turns a parsed config (:mod:`migpilot.mig.migparted`) and a config name, or the 
 :class:`~migpilot.agent.reconciling.DesiredGpu` per GPU of this node.
 
 The entry for each GPU is chosen as mig-parted does (every entry whose device-filter and devices
-match applies in file order, so the last match wins; see ``migparted.entry_for``), per GPU, so
-nodes mixing GPU models work. A GPU that no entry matches is left out (mig-parted apply leaves it
-as it is). Unlike mig-parted, which destroys and recreates every instance of a GPU whose layout
-changes, the placement keeps the instances already there wherever the wanted multiset allows
-(in-use ones first), so applying the same config twice, or a config that differs by one instance,
-touches nothing else. No I/O: the caller reads the file and the labels.
+match applies in file order, so the last match wins; see ``migparted.entry_for``), per GPU, by
+that GPU's own PCI id as the backend reads it (device and board subsystem ids), so nodes mixing
+GPU models work and an entry written for one board is not applied to its sibling boards. A GPU
+that no entry matches is left out (mig-parted apply leaves it as it is). Unlike mig-parted,
+which destroys and recreates every instance of a GPU whose layout changes, the placement keeps
+the instances already there wherever the wanted multiset allows (in-use ones first), so applying
+the same config twice, or a config that differs by one instance, touches nothing else. No I/O:
+the caller reads the file and the labels.
 """
 
 from __future__ import annotations
@@ -68,9 +70,9 @@ def from_migparted(
     for info in gpus:
         if info.model is None:
             continue
-        chosen = migparted.entry_for(
-            entries, device_ids=info.model.pci_device_ids, index=info.index
-        )
+        # A backend that cannot read the id gets the model's ids with an unknown board.
+        ids = (info.pci_id,) if info.pci_id is not None else migparted.model_pci_ids(info.model)
+        chosen = migparted.entry_for(entries, pci_ids=ids, index=info.index)
         if chosen is None:
             continue
         entry = entries[chosen]
@@ -81,7 +83,9 @@ def from_migparted(
         where = f"{config.source}: config {name!r} entry {chosen}"
         try:
             names = [
-                info.model.resolve_profile(t).name for t, n in entry.wanted() for _ in range(n)
+                migparted.resolve_profile(info.model, t).name
+                for t, n in entry.wanted()
+                for _ in range(n)
             ]
             layout = place_keeping(info.model, names, existing=existing, in_use=in_use)
         except (errors.UnknownProfileError, errors.LayoutError) as e:

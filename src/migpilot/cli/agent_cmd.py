@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="nvml",
         metavar="nvml|emulated:MODEL:xN",
         help="GPU backend: the driver through NVML (default), or emulated GPUs, e.g. "
-        "emulated:h100-80gb:x8 or emulated:a100-80gb:x4,a30:x2",
+        "emulated:h100-80gb:x8 or emulated:a100-80gb:x4,a30:x2; a GPU may be named by its PCI "
+        "id and board instead of a model: emulated:0x233010DE:0x16C110DE:x8",
     )
     p.add_argument(
         "--state-file",
@@ -192,12 +193,16 @@ def _open_backend(args: argparse.Namespace) -> backend.GpuBackend:
         if args.state_file is not None:
             raise errors.AgentConfigError("--state-file applies only to an emulated backend")
         return nvml.NvmlBackend()
-    models = emulated.parse_spec(spec).models
+    parsed = emulated.parse_spec(spec)
     state = Path(args.state_file) if args.state_file is not None else None
     if state is not None and not state.parent.is_dir():
         raise errors.AgentConfigError(f"--state-file {state}: folder {state.parent} does not exist")
     return emulated.EmulatedBackend(
-        models, state_path=state, clock=clocks.SystemClock(), times=emulated.OperationTimes()
+        parsed.models,
+        pci_ids=parsed.pci_ids,
+        state_path=state,
+        clock=clocks.SystemClock(),
+        times=emulated.OperationTimes(),
     )
 
 

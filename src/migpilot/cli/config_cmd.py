@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from migpilot import errors
 from migpilot.cli import output
-from migpilot.mig import catalog, migparted
+from migpilot.mig import catalog, migparted, pciids, profiles
 
 EXIT_PROBLEMS = 1
 """``validate`` found configs that the catalog's GPUs cannot hold."""
@@ -51,8 +51,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--gpu",
         required=True,
-        metavar="MODEL",
-        help="GPU model of the node (any alias, or a PCI device id such as 0x20B010DE)",
+        metavar="GPU",
+        help="the node's GPUs: a model (any alias), or a PCI id such as 0x20B010DE or, with "
+        "the board's subsystem id, 0x233010DE:0x16C110DE (entries filtered to a board match "
+        "only a GPU given with that board's id)",
     )
     p.add_argument(
         "--gpus", type=_positive_int, default=8, metavar="N", help="GPUs on the node (default: 8)"
@@ -101,20 +103,15 @@ def cmd_validate(args: argparse.Namespace, out: IO[str]) -> int:
 def cmd_show(args: argparse.Namespace, out: IO[str]) -> int:
     """``migpilot config show FILE -c NAME --gpu MODEL [--gpus N]``."""
     config = _read(args.file)
-    model = catalog.resolve_gpu(args.gpu)
-    gpus = migparted.layout_for(
-        config,
-        args.config,
-        model=model,
-        gpus=args.gpus,
-        device_id=catalog.parse_pci_device_id(args.gpu),
-    )
+    model, pci_id = _gpu(args.gpu)
+    gpus = migparted.layout_for(config, args.config, model=model, gpus=args.gpus, pci_id=pci_id)
     if args.output == "json":
         output.write_json(
             out,
             {
                 "config": args.config,
                 "gpu": model.id,
+                "pci_id": None if pci_id is None else str(pci_id),
                 "gpus": [_gpu_json(g) for g in gpus],
             },
         )
@@ -122,6 +119,20 @@ def cmd_show(args: argparse.Namespace, out: IO[str]) -> int:
     rows = [(g.index, g.entry, str(g.layout) if g.mig_enabled else "disabled") for g in gpus]
     output.write_table(out, ("GPU", "ENTRY", "LAYOUT"), rows)
     return 0
+
+
+def _gpu(text: str) -> tuple[profiles.GpuModel, pciids.PciId | None]:
+    """``--gpu``: a model name, or a PCI id read as mig-parted reads device-filter ids."""
+    if not pciids.looks_like_id(text):
+        return catalog.resolve_gpu(text), None
+    try:
+        pci_id = pciids.parse(text.strip())
+    except ValueError as e:
+        raise errors.UnknownGpuError(f"--gpu {text.strip()!r}: {e}") from None
+    model = catalog.default().by_pci_device_id(pci_id.device)
+    if model is None:
+        raise errors.UnknownGpuError(f"unknown GPU PCI device id 0x{pci_id.device:08X}")
+    return model, pci_id
 
 
 def _gpu_json(gpu: migparted.GpuLayout) -> dict[str, Any]:

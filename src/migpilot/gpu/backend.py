@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from migpilot import errors
-from migpilot.mig import layouts, profiles
+from migpilot.mig import layouts, pciids, profiles
 
 
 class ErrorKind(enum.StrEnum):
@@ -74,6 +74,9 @@ class GpuInfo:
     memory_mib: int
     mig: MigMode | None
     """``None`` for a GPU that is not MIG-capable."""
+    pci_id: pciids.PciId | None = None
+    """The GPU's own PCI device and board subsystem ids (``nvmlDeviceGetPciInfo``), which
+    mig-parted device filters are matched against; ``None`` from a backend that cannot say."""
 
 
 @dataclass(frozen=True, slots=True)

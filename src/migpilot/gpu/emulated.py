@@ -9,6 +9,12 @@ injected :class:`~migpilot.gpu.clocks.Clock`. Faults are injected on demand: the
 driver step fails with a chosen kind, or a :class:`SimulatedCrash` stands for the agent process
 dying just before or just after that step took effect.
 
+Each GPU has its own PCI id, the device id and the board's subsystem id, which mig-parted
+device filters are matched against: by default the model's first catalog device id with
+subsystem ``0`` (a board nothing is known about, so a filter naming a board never selects it),
+or the ids given (``emulated:0x233010DE:0x16C110DE:x8``). State files written before GPUs had
+ids load with those defaults.
+
 The state lives in a JSON file rewritten atomically (temp file, fsync, rename) after every
 change, so a new :class:`EmulatedBackend` on the same file sees the same instances, as hardware
 survives an agent restart. UUIDs derive from a seed, the GPU index, the instance ids and a
@@ -30,11 +36,11 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict, cast
+from typing import NotRequired, TypedDict, cast
 
 from migpilot import errors, files
 from migpilot.gpu import backend, clocks
-from migpilot.mig import catalog, layouts, profiles
+from migpilot.mig import catalog, layouts, pciids, profiles
 
 STATE_VERSION = 1
 MAX_GPUS = 64
@@ -130,6 +136,10 @@ class GpuState(TypedDict):
     created: int
     """How many compute instances were ever created on this GPU (for fresh UUIDs)."""
     instances: list[InstanceState]
+    pci_device_id: NotRequired[int]
+    """``0xDDDDVVVV``; absent in older files: the model's first catalog id."""
+    pci_subsystem_id: NotRequired[int]
+    """``0xSSSSWWWW``, the board; absent in older files: 0 (unknown board)."""
 
 
 class StateFile(TypedDict):
@@ -145,7 +155,45 @@ def _uuid(prefix: str, text: str) -> str:
     return f"{prefix}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def _fresh_state(models: Sequence[profiles.GpuModel], *, seed: int, mig: bool) -> StateFile:
+def default_pci_id(model: profiles.GpuModel) -> pciids.PciId:
+    """An emulated GPU's id unless told otherwise: the model's first device id, board 0."""
+    return pciids.PciId(model.pci_device_ids[0] if model.pci_device_ids else 0, 0)
+
+
+def _pci_id(g: GpuState, model: profiles.GpuModel, *, where: str) -> pciids.PciId:
+    default = default_pci_id(model)
+    device = g.get("pci_device_id", default.device)
+    subsystem = g.get("pci_subsystem_id", default.subsystem)
+    for value in (device, subsystem):
+        if type(value) is not int:
+            raise errors.AgentConfigError(
+                f"{where}: GPU {g['index']}: PCI id {value!r} is not a number"
+            )
+    return pciids.PciId(device, subsystem)
+
+
+def _check_pci_ids(
+    models: Sequence[profiles.GpuModel], ids: Sequence[pciids.PciId], *, where: str
+) -> None:
+    for i, (model, pci) in enumerate(zip(models, ids, strict=True)):
+        if model.pci_device_ids and pci.device not in model.pci_device_ids:
+            known = ", ".join(f"0x{d:08X}" for d in model.pci_device_ids)
+            raise errors.AgentConfigError(
+                f"{where}: GPU {i} ({model.id}) cannot have PCI device id 0x{pci.device:08X} "
+                f"(its ids: {known})"
+            )
+        for value in (pci.device, pci.subsystem or 0):
+            if not 0 <= value <= pciids.UINT32_MAX:
+                raise errors.AgentConfigError(f"{where}: GPU {i}: PCI id {value} is not 32-bit")
+
+
+def _fresh_state(
+    models: Sequence[profiles.GpuModel],
+    pci_ids: Sequence[pciids.PciId],
+    *,
+    seed: int,
+    mig: bool,
+) -> StateFile:
     return StateFile(
         version=STATE_VERSION,
         seed=seed,
@@ -158,8 +206,10 @@ def _fresh_state(models: Sequence[profiles.GpuModel], *, seed: int, mig: bool) -
                 mig_pending=mig,
                 created=0,
                 instances=[],
+                pci_device_id=p.device,
+                pci_subsystem_id=p.subsystem or 0,
             )
-            for i, m in enumerate(models)
+            for i, (m, p) in enumerate(zip(models, pci_ids, strict=True))
         ],
     )
 
@@ -183,7 +233,10 @@ class EmulatedBackend:
     """GPUs emulated in process, with NVML's semantics; a :class:`~backend.GpuBackend`.
 
     With ``state_path`` the state is read from that file when it exists (``models`` must then
-    match it, or be empty to take the file's) and written back after every change. ``durable``
+    match it, or be empty to take the file's) and written back after every change. ``pci_ids``
+    gives each GPU its PCI id (one per model, each a device id of its model; a missing subsystem
+    is 0); where it is empty or ``None`` a new GPU gets :func:`default_pci_id` and a GPU of the
+    file keeps its id, and a given id must be the file's. ``durable``
     (default true) fsyncs each write and its directory, so the file survives a power loss too;
     a process crash needs only the atomic rename, and tests that crash thousands of times turn
     the fsyncs off.
@@ -193,6 +246,7 @@ class EmulatedBackend:
         self,
         models: Sequence[profiles.GpuModel] = (),
         *,
+        pci_ids: Sequence[pciids.PciId | None] = (),
         state_path: Path | None = None,
         seed: int = 0,
         clock: clocks.Clock | None = None,
@@ -208,6 +262,11 @@ class EmulatedBackend:
         self._events: collections.deque[backend.XidEvent] = collections.deque()
         self._event_ready = threading.Condition(self._lock)
         self._faults: list[tuple[Fault, list[int]]] = []
+        if pci_ids and len(pci_ids) != len(models):
+            raise errors.AgentConfigError(
+                f"emulated GPUs: {len(pci_ids)} PCI ids for {len(models)} GPUs"
+            )
+        wanted = [None if p is None else pciids.PciId(p.device, p.subsystem or 0) for p in pci_ids]
         if state_path is not None and state_path.exists():
             self._state = _load_state(state_path)
             have = [g["model"] for g in self._state["gpus"]]
@@ -219,9 +278,28 @@ class EmulatedBackend:
         else:
             if not models:
                 raise errors.AgentConfigError("an emulated backend needs at least one GPU")
-            self._state = _fresh_state(models, seed=seed, mig=mig_enabled)
+            given = wanted or [None] * len(models)
+            ids = [
+                default_pci_id(m) if w is None else w for w, m in zip(given, models, strict=True)
+            ]
+            _check_pci_ids(models, ids, where="emulated GPUs")
+            self._state = _fresh_state(models, ids, seed=seed, mig=mig_enabled)
             self._save()
         self._models = tuple(catalog.resolve_gpu(g["model"]) for g in self._state["gpus"])
+        where = f"emulated GPU state {state_path}"
+        self._pci_ids = tuple(
+            _pci_id(g, m, where=where)
+            for g, m in zip(self._state["gpus"], self._models, strict=True)
+        )
+        if state_path is not None:
+            _check_pci_ids(self._models, self._pci_ids, where=where)
+            if wanted and any(
+                w is not None and w != p for w, p in zip(wanted, self._pci_ids, strict=True)
+            ):
+                raise errors.AgentConfigError(
+                    f"{where} holds GPUs with PCI ids {', '.join(map(str, self._pci_ids))}, "
+                    f"not {', '.join(map(str, wanted))}"
+                )
 
     # --- test hooks ----------------------------------------------------------------------------
 
@@ -293,8 +371,11 @@ class EmulatedBackend:
                     model=m,
                     memory_mib=_total_memory_mib(m),
                     mig=backend.MigMode(g["mig_current"], g["mig_pending"]),
+                    pci_id=pci_id,
                 )
-                for g, m in zip(self._state["gpus"], self._models, strict=True)
+                for g, m, pci_id in zip(
+                    self._state["gpus"], self._models, self._pci_ids, strict=True
+                )
             )
 
     def model(self, gpu: int) -> profiles.GpuModel:
@@ -526,16 +607,57 @@ def _total_memory_mib(model: profiles.GpuModel) -> int:
 
 @dataclass(frozen=True, slots=True)
 class EmulatedSpec:
-    """What ``emulated:MODEL:xN[,MODEL:xN...]`` asks for: the GPU models, by index."""
+    """What ``emulated:GPU[:xN][,GPU[:xN]...]`` asks for: the GPUs' models and ids, by index."""
 
     models: tuple[profiles.GpuModel, ...]
+    pci_ids: tuple[pciids.PciId | None, ...]
+    """Each GPU's PCI id as the spec gives it; ``None`` for a GPU named by its model (a new GPU
+    then gets :func:`default_pci_id`, one in a state file keeps its id)."""
 
 
-_GROUP = re.compile(r"^(?P<model>[^:,]+?)(?::x(?P<count>\d+))?$")
+_COUNT = re.compile(r"x(?P<count>\d+)")
+
+
+def _group(text: str, group: str) -> tuple[profiles.GpuModel, pciids.PciId | None, int]:
+    """One ``GPU[:xN]``: GPU is a model name or a PCI id ``0xDEVICE[:0xSUBSYSTEM]``."""
+    parts = group.split(":")
+    count = 1
+    if len(parts) > 1 and (m := _COUNT.fullmatch(parts[-1])) is not None:
+        count = int(m["count"])
+        parts = parts[:-1]
+    gpu = ":".join(parts)
+    pci: pciids.PciId | None = None
+    try:
+        if pciids.looks_like_id(gpu):
+            pci = pciids.parse(gpu)
+            model = catalog.default().by_pci_device_id(pci.device)
+            if model is None:
+                raise errors.UnknownGpuError(f"unknown GPU PCI device id 0x{pci.device:08X}")
+            pci = pciids.PciId(pci.device, pci.subsystem or 0)
+        elif len(parts) == 1 and parts[0]:
+            model = catalog.resolve_gpu(gpu)
+        else:
+            raise ValueError("is not MODEL, MODEL:xN or 0xDEVICE[:0xSUBSYSTEM][:xN]")
+    except ValueError as e:
+        raise errors.AgentConfigError(
+            f"backend {text!r}: {group!r} {e} (e.g. h100-80gb:x8, 0x233010DE:0x16C110DE:x8)"
+        ) from None
+    except errors.UnknownGpuError as e:
+        raise errors.AgentConfigError(f"backend {text!r}: {e}") from None
+    if not 1 <= count <= MAX_GPUS:
+        raise errors.AgentConfigError(
+            f"backend {text!r}: GPU count must be 1 to {MAX_GPUS}, got {count}"
+        )
+    return model, pci, count
 
 
 def parse_spec(text: str) -> EmulatedSpec:
-    """Parse ``emulated:h100-80gb:x8`` (several groups joined by ``,``); one-line errors."""
+    """Parse ``emulated:h100-80gb:x8`` (several groups joined by ``,``); one-line errors.
+
+    A group names its GPUs by model (their ids are then the backend's default) or by PCI id, board
+    included (``emulated:0x233010DE:0x16C110DE:x8``): the id picks the model and is what
+    mig-parted device filters are matched against.
+    """
     head, sep, rest = text.strip().partition(":")
     if head != "emulated":
         raise errors.AgentConfigError(
@@ -547,22 +669,11 @@ def parse_spec(text: str) -> EmulatedSpec:
             f"backend {text!r} names no GPU model (e.g. emulated:h100-80gb:x8)"
         )
     models: list[profiles.GpuModel] = []
+    ids: list[pciids.PciId | None] = []
     for group in rest.split(","):
-        m = _GROUP.match(group.strip())
-        if m is None:
-            raise errors.AgentConfigError(
-                f"backend {text!r}: {group.strip()!r} is not MODEL or MODEL:xN (e.g. h100-80gb:x8)"
-            )
-        try:
-            model = catalog.resolve_gpu(m["model"])
-        except errors.UnknownGpuError as e:
-            raise errors.AgentConfigError(f"backend {text!r}: {e}") from None
-        count = int(m["count"]) if m["count"] is not None else 1
-        if not 1 <= count <= MAX_GPUS:
-            raise errors.AgentConfigError(
-                f"backend {text!r}: GPU count must be 1 to {MAX_GPUS}, got {count}"
-            )
+        model, pci, count = _group(text, group.strip())
         models.extend([model] * count)
-    if len(models) > MAX_GPUS:
-        raise errors.AgentConfigError(f"backend {text!r}: more than {MAX_GPUS} GPUs")
-    return EmulatedSpec(tuple(models))
+        ids.extend([pci] * count)
+        if len(models) > MAX_GPUS:
+            raise errors.AgentConfigError(f"backend {text!r}: more than {MAX_GPUS} GPUs")
+    return EmulatedSpec(tuple(models), tuple(ids))

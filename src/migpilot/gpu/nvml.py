@@ -26,7 +26,7 @@ import pynvml  # type: ignore[import-untyped]
 
 from migpilot import errors
 from migpilot.gpu import backend
-from migpilot.mig import catalog, profiles
+from migpilot.mig import catalog, pciids, profiles
 
 _NONE_ID = 0xFFFFFFFF
 """NVML's "not applicable" instance id in event data."""
@@ -144,6 +144,9 @@ class NvmlBackend:
                 name = _text(nvml.nvmlDeviceGetName(handle))
                 uuid = _text(nvml.nvmlDeviceGetUUID(handle))
                 memory = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
+                pci = nvml.nvmlDeviceGetPciInfo(handle)
+                # Both 32-bit fields pack device<<16 | vendor, as mig-parted's ids are written.
+                pci_id = pciids.PciId(int(pci.pciDeviceId), int(pci.pciSubSystemId))
             mig: backend.MigMode | None
             try:
                 current, pending = nvml.nvmlDeviceGetMigMode(handle)
@@ -158,7 +161,7 @@ class NvmlBackend:
                 model: profiles.GpuModel | None = self._catalog.resolve(name)
             except errors.UnknownGpuError:
                 model = None
-            out.append(backend.GpuInfo(index, uuid, name, model, memory, mig))
+            out.append(backend.GpuInfo(index, uuid, name, model, memory, mig, pci_id=pci_id))
         return tuple(out)
 
     def mig_devices(self, gpu: int) -> tuple[backend.MigDevice, ...]:

@@ -188,6 +188,22 @@ class NvmlStandin:
         mem.used = 0
         return mem
 
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        self._enter("nvmlDeviceGetPciInfo")
+        gpu = self._device(handle)
+        pci_id = self._emu.gpus()[gpu].pci_id
+        assert pci_id is not None
+        info = pynvml.nvmlPciInfo_t()
+        bus_id = f"00000000:{gpu + 1:02X}:00.0".encode()
+        info.busIdLegacy = bus_id
+        info.busId = bus_id
+        info.domain = 0
+        info.bus = gpu + 1
+        info.device = 0
+        info.pciDeviceId = pci_id.device
+        info.pciSubSystemId = pci_id.subsystem or 0
+        return info
+
     def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
         self._enter("nvmlDeviceGetMigMode")
         mig = self._emu.gpus()[self._device(device)].mig

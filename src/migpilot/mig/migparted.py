@@ -3,10 +3,15 @@
 Clusters that run NVIDIA's GPU Operator already describe their MIG layouts in mig-parted's format
 (``version: v1``, ``mig-configs: {NAME: [entry, ...]}``); migpilot reads those files so that a
 static setup can be validated, shown and later migrated without rewriting it. :func:`parse`
-accepts and rejects what mig-parted's own parser does (``api/spec/v1/spec.go`` and
-``pkg/types/mig_config.go`` in github.com/NVIDIA/mig-parted), with one-line messages that name
-the file, the config and the entry. :func:`layout_for` says what each GPU of a node would get,
-and :func:`check` looks for entries that no GPU they target can hold.
+accepts and rejects what mig-parted's own parser does (``api/spec/v1/spec.go``,
+``pkg/types/mig_config.go`` and go-nvlib's profile-name format check, in
+github.com/NVIDIA/mig-parted), with one-line messages that name the file, the config and the
+entry; the few inputs it rejects although mig-parted reads them are listed in :func:`parse`
+(and in the README): each is one mig-parted accepts but then silently ignores or misreads.
+Entries are picked per GPU as mig-parted picks them (:func:`entry_for`), comparing device
+filters with the GPU's own PCI device and board subsystem ids (:mod:`migpilot.mig.pciids`).
+:func:`layout_for` says what each GPU of a node would get, and :func:`check` looks for entries
+that no GPU they target can hold, including well-formed profile names no GPU offers.
 
 Part of the pure core: text in, frozen values out. No file I/O (the CLI reads the file), no
 clock; it may import PyYAML, :mod:`migpilot.errors` and the other ``migpilot.mig`` modules only.
@@ -24,7 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from migpilot import errors
-from migpilot.mig import catalog, layouts, profiles
+from migpilot.mig import catalog, layouts, pciids, profiles
 
 VERSION = "v1"
 """The only config-file version mig-parted knows."""
@@ -33,25 +38,23 @@ _TOP_FIELDS = ("version", "mig-configs")
 _ENTRY_FIELDS = ("device-filter", "devices", "mig-enabled", "mig-devices")
 _REQUIRED_ENTRY_FIELDS = ("devices", "mig-enabled")
 
-# mig-parted's profile grammar: [Cc.]Gg.GBgb, then '+' and comma-separated alphanumeric
-# attributes (dots allowed inside, as in 'me.all'), or the RTX PRO '-me' suffix. Spellings that
-# migpilot tolerates elsewhere ('mig-1g.10gb', '1g.10gb.me') are errors in this format.
-_ATTRIBUTE = r"[A-Za-z](?:[A-Za-z0-9.]*[A-Za-z0-9])?"
-_MIGPARTED_NAME = re.compile(rf"^(?:\d+c\.)?\d+g\.\d+gb(?:\+{_ATTRIBUTE}(?:,{_ATTRIBUTE})*|-me)?$")
-
-# Go's strconv.ParseUint(s, 0, 32), which mig-parted uses for device-filter ids
-# (pkg/types/device.go, NewDeviceIDFromString), accepts 0x/0o/0b prefixes and decimal, and only
-# values that fit an unsigned 32-bit integer. A ":0x<subsystem>" suffix narrows the match to one
-# board; migpilot matches on the primary device+vendor id.
-_UINT32_MAX = 2**32 - 1
+# mig-parted checks a profile name's format with go-nvlib's parser (pkg/nvlib/device/
+# mig_profile.go, parseMigProfile), without asking whether any GPU offers it: 'Cc.Gg.GBgb' or
+# 'Gg.GBgb' with decimal numbers (zero allowed), then optionally '+' (or '-') and a comma-separated
+# list of distinct attributes, each letters, digits and inner dots, not starting with a digit.
+# So '0g.0gb' and '1g.5gb+me,you,them' are well formed; whether a GPU offers them is check()'s
+# question. Spellings that migpilot tolerates elsewhere ('mig-1g.10gb', '1g.10gb.me') are not.
+_GO_INT_MAX = 2**63 - 1  # strconv.Atoi on a 64-bit platform
+_ATTRIBUTE = re.compile(r"[A-Za-z](?:[A-Za-z0-9.]*[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One entry of a mig-config: which GPUs it applies to and what they get."""
 
-    device_filter: tuple[int, ...]
-    """32-bit PCI device+vendor ids (``0x20B010DE``); empty means every GPU."""
+    device_filter: tuple[pciids.PciId, ...]
+    """PCI ids (``0x20B010DE``, or with a board's subsystem ``0x233010DE:0x16C110DE``);
+    empty means every GPU."""
     device_filter_text: tuple[str, ...]
     """The filter ids as written in the file."""
     devices: Literal["all"] | tuple[int, ...]
@@ -60,13 +63,16 @@ class Entry:
     mig_devices: tuple[tuple[str, int], ...]
     """(profile name as written, count), in file order; counts of zero are kept."""
 
-    def matches(self, *, device_ids: Collection[int], index: int) -> bool:
-        """Whether the entry applies to GPU ``index`` whose PCI id is one of ``device_ids``.
+    def matches(self, *, pci_ids: Collection[pciids.PciId], index: int) -> bool:
+        """Whether the entry applies to GPU ``index`` whose PCI id is one of ``pci_ids``.
 
-        A GPU has one PCI id; a catalog model has several (SXM, PCIe, OEM variants), so a model
-        matches a filter naming any of its ids.
+        A real GPU has one id (pass it alone); a catalog model has several (SXM, PCIe, OEM
+        variants), so asking about "a GPU of this model" passes them all and any may match.
+        Each filter id is compared as mig-parted does (:meth:`pciids.PciId.matches`).
         """
-        if self.device_filter and not any(d in self.device_filter for d in device_ids):
+        if self.device_filter and not any(
+            f.matches(gpu) for f in self.device_filter for gpu in pci_ids
+        ):
             return False
         return self.devices == "all" or index in self.devices
 
@@ -155,16 +161,7 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _device_id(text: str) -> int | None:
-    primary = text.split(":", 1)[0]
-    try:
-        value = int(primary, 0)
-    except ValueError:
-        return None
-    return value if 0 <= value <= _UINT32_MAX else None
-
-
-def _parse_device_filter(raw: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
+def _parse_device_filter(raw: Any) -> tuple[tuple[pciids.PciId, ...], tuple[str, ...]]:
     # null, "" and [] all mean "no filter" to mig-parted (MatchesDeviceFilter returns true).
     if raw is None or raw in ("", []):
         return (), ()
@@ -176,17 +173,20 @@ def _parse_device_filter(raw: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
         raise ValueError(
             f"device-filter must be a string or a list of strings, got {_describe(raw)}"
         )
-    ids: list[int] = []
+    ids: list[pciids.PciId] = []
     for text in texts:
         if not isinstance(text, str):
             # YAML reads an unquoted 0x20B010DE as a number, which mig-parted cannot unmarshal.
             hint = f' (quote it: "0x{text:08X}")' if type(text) is int and text >= 0 else ""
             raise ValueError(f"device-filter ids must be strings, got {_describe(text)}{hint}")
-        dev = _device_id(text.strip())
-        if dev is None:
-            # mig-parted ignores this parse error and the entry silently never matches.
-            raise ValueError(f"device-filter {text!r} is not a PCI device id such as 0x20B010DE")
-        ids.append(dev)
+        try:
+            ids.append(pciids.parse(text))
+        except ValueError as e:
+            # mig-parted ignores this parse error and the id silently never matches a GPU.
+            raise ValueError(
+                f"device-filter {text!r} is not a PCI device id such as 0x20B010DE or "
+                f"0x233010DE:0x16C110DE: {e}"
+            ) from None
     return tuple(ids), tuple(texts)
 
 
@@ -205,16 +205,63 @@ def _parse_devices(raw: Any) -> Literal["all"] | tuple[int, ...]:
     raise ValueError(f"devices must be 'all' or a list of GPU indexes, got {_describe(raw)}")
 
 
+def _field_problem(text: str, unit: str) -> str | None:
+    """Why ``text`` is not ``<decimal><unit>`` (``3g``, ``40gb``), or ``None``."""
+    if text.strip() != text:
+        return f"spaces around {text.strip()!r}"
+    if not text.endswith(unit):
+        return f"{text!r} does not end in '{unit}'"
+    number = text[: -len(unit)]
+    if not (number.isascii() and number.isdigit()) or int(number) > _GO_INT_MAX:
+        return f"{text!r} does not start with a decimal number"
+    return None
+
+
+def _attributes_problem(text: str) -> str | None:
+    """Why ``text`` is not a list of distinct attributes (``me``, ``me.all,gfx``), or ``None``."""
+    seen: set[str] = set()
+    for attribute in text.split(","):
+        if attribute in seen:
+            return f"attribute {attribute!r} repeated"
+        if not attribute:
+            return "an empty attribute"
+        if _ATTRIBUTE.fullmatch(attribute) is None:
+            return (
+                f"attribute {attribute!r} is not letters, digits and inner dots "
+                "starting with a letter"
+            )
+        seen.add(attribute)
+    return None
+
+
+def format_problem(name: str) -> str | None:
+    """Why mig-parted would reject ``name``'s format (see the comment on the grammar above),
+    or ``None`` for a well-formed name, whether or not any GPU offers it."""
+    if not name:
+        return "an empty name"
+    plus = name.split("+", 1)
+    minus = name.split("-", 1)
+    if len(plus) == 2 and len(minus) == 2:
+        return "both '+' and '-' attributes"
+    head, *attributes = plus if len(plus) == 2 else minus
+    fields = head.split(".", 2)
+    units = {3: ("c", "g", "gb"), 2: ("g", "gb")}.get(len(fields))
+    if units is None:
+        return "expected Gg.GBgb or Cc.Gg.GBgb before any attributes"
+    for text, unit in zip(fields, units, strict=True):
+        problem = _field_problem(text, unit)
+        if problem is not None:
+            return problem
+    return _attributes_problem(attributes[0]) if attributes else None
+
+
 def _check_profile_name(name: str) -> None:
-    if not _MIGPARTED_NAME.match(name):
+    problem = format_problem(name)
+    if problem is not None:
         raise ValueError(
-            f"mig-devices: invalid format for {name!r} "
+            f"mig-devices: invalid format for {name!r}: {problem} "
             "(expected e.g. 1g.10gb, 3g.40gb, 1g.10gb+me, 1c.3g.40gb)"
         )
-    try:
-        profiles.parse_profile_name(name)
-    except errors.UnknownProfileError as e:
-        raise ValueError(f"mig-devices: invalid format for {name!r}: {e}") from None
 
 
 def _parse_mig_devices(raw: Any) -> tuple[tuple[str, int], ...] | None:
@@ -272,9 +319,12 @@ def parse(text: str, *, source: str) -> ConfigFile:
 
     Raises :class:`ConfigError` with one line naming the source, and the config and entry
     (0-based) where there is one. Beyond mig-parted, it also rejects duplicate keys (mig-parted
-    keeps the last silently), device-filter ids that are not 31-bit numbers (mig-parted never
-    matches them), negative GPU indexes, and a file without ``mig-configs`` (mig-parted fails only
-    when a config is selected).
+    keeps the last silently), device-filter ids mig-parted cannot read (a model name, spaces,
+    a second ``:``, a number over 32 bits: mig-parted ignores the error and the id never
+    matches a GPU), negative GPU indexes (never a GPU's), and an empty file or one without
+    ``mig-configs`` (mig-parted fails only when a config is selected). Profile names are checked
+    for format only, as mig-parted does: ``0g.0gb`` parses, and :func:`check` reports that no
+    GPU offers it.
     """
     data = _load_yaml(text, source)
     if data is None:
@@ -322,11 +372,28 @@ def parse(text: str, *, source: str) -> ConfigFile:
 # --- what a node gets ------------------------------------------------------------------------
 
 
+def resolve_profile(model: profiles.GpuModel, text: str) -> profiles.Profile:
+    """The profile of ``model`` that the entry's name ``text`` asks for.
+
+    Resolved by hardware shape (:meth:`profiles.GpuModel.resolve_profile`). A name that is well
+    formed for mig-parted but names no profile migpilot knows of (``0g.0gb``,
+    ``1g.10gb+me,gfx``) raises :class:`UnknownProfileError` saying that ``model`` lacks it.
+    """
+    try:
+        profiles.parse_profile_name(text)
+    except errors.UnknownProfileError:
+        offered = ", ".join(p.name for p in model.profiles)
+        raise errors.UnknownProfileError(
+            f"{model.id} has no MIG profile {text!r} (offered: {offered})"
+        ) from None
+    return model.resolve_profile(text)
+
+
 def _place(entry: Entry, model: profiles.GpuModel) -> layouts.Layout:
     """The entry's instances placed on ``model``; raises the resolve or layout error."""
     names: list[str] = []
     for text, count in entry.wanted():
-        names.extend([model.resolve_profile(text).name] * count)
+        names.extend([resolve_profile(model, text).name] * count)
     return layouts.place(model, names)
 
 
@@ -352,14 +419,22 @@ def selected(config: ConfigFile, name: str) -> tuple[Entry, ...]:
 # the LAST matching entry is what the GPU ends with; assert likewise records the last match. A
 # GPU that no entry matches is left as it is by apply, and assert then fails with "not all GPUs
 # match the specified config".
-def entry_for(entries: tuple[Entry, ...], *, device_ids: Collection[int], index: int) -> int | None:
-    """The position of the entry mig-parted applies to GPU ``index`` with one of ``device_ids``
+def entry_for(
+    entries: tuple[Entry, ...], *, pci_ids: Collection[pciids.PciId], index: int
+) -> int | None:
+    """The position of the entry mig-parted applies to GPU ``index`` with one of ``pci_ids``
     (the last entry that matches, as the comment above explains); ``None``: no entry matches."""
     chosen: int | None = None
     for i, entry in enumerate(entries):
-        if entry.matches(device_ids=device_ids, index=index):
+        if entry.matches(pci_ids=pci_ids, index=index):
             chosen = i
     return chosen
+
+
+def model_pci_ids(model: profiles.GpuModel) -> tuple[pciids.PciId, ...]:
+    """The ids "a GPU of this model" may have when its board is not known: every device id of
+    the model with an unknown subsystem, so filters naming a board never match it."""
+    return tuple(pciids.PciId(d, 0) for d in model.pci_device_ids)
 
 
 def layout_for(
@@ -368,27 +443,29 @@ def layout_for(
     *,
     model: profiles.GpuModel,
     gpus: int,
-    device_id: int | None = None,
+    pci_id: pciids.PciId | None = None,
 ) -> tuple[GpuLayout, ...]:
     """What each of ``gpus`` GPUs of ``model`` gets under config ``name``, by GPU index.
 
-    The GPUs' PCI id is ``device_id`` when given, otherwise any of the model's ids. Profile names
-    are resolved by hardware shape (``3g.39gb`` is the A100-80GB's ``3g.40gb``) and placed with
+    The GPUs' PCI id is ``pci_id`` when given (its subsystem, if any, is the board's), otherwise
+    any of the model's ids with an unknown board (:func:`model_pci_ids`). Profile names are
+    resolved by hardware shape (``3g.39gb`` is the A100-80GB's ``3g.40gb``) and placed with
     :func:`layouts.place`. Raises :class:`ConfigError` for an unknown config, a GPU no entry
     matches, or an entry that cannot be placed (with the reason).
     """
     entries = selected(config, name)
-    ids = (device_id,) if device_id is not None else model.pci_device_ids
+    ids = (pci_id,) if pci_id is not None else model_pci_ids(model)
     where = f"{config.source}: config {name!r}"
     placed: dict[int, layouts.Layout] = {}
     out: list[GpuLayout] = []
     for index in range(gpus):
-        i = entry_for(entries, device_ids=ids, index=index)
+        i = entry_for(entries, pci_ids=ids, index=index)
         if i is None:
+            gpu = model.id if pci_id is None else f"{model.id}, {pci_id}"
             raise errors.ConfigError(
-                f"{where}: no entry matches GPU {index} ({model.id}); mig-parted apply would "
+                f"{where}: no entry matches GPU {index} ({gpu}); mig-parted apply would "
                 "leave that GPU as it is and mig-parted assert would fail with 'not all GPUs "
-                "match the specified config'"
+                f"match the specified config'{_board_hint(entries, model, pci_id)}"
             )
         entry = entries[i]
         if not entry.mig_enabled:
@@ -405,17 +482,34 @@ def layout_for(
     return tuple(out)
 
 
+def _board_hint(
+    entries: tuple[Entry, ...], model: profiles.GpuModel, pci_id: pciids.PciId | None
+) -> str:
+    """When entries name boards of this model and the GPU's board is unknown, how to name it."""
+    if pci_id is not None and pci_id.subsystem is not None:
+        return ""
+    boards = [
+        f
+        for e in entries
+        for f in e.device_filter
+        if f.subsystem is not None and f.device in model.pci_device_ids
+    ]
+    if not boards:
+        return ""
+    return f" (entries name boards such as {boards[0]}: give the GPU as DEVICE:SUBSYSTEM)"
+
+
 # --- checking against the catalog ------------------------------------------------------------
 
 
 def _resolves(model: profiles.GpuModel, text: str, *, exact: bool) -> bool:
-    if exact:
-        canonical = profiles.parse_profile_name(text).canonical
-        return any(canonical == p.name or canonical in p.aliases for p in model.profiles)
     try:
-        model.resolve_profile(text)
+        if exact:
+            canonical = profiles.parse_profile_name(text).canonical
+            return any(canonical == p.name or canonical in p.aliases for p in model.profiles)
+        resolve_profile(model, text)
     except errors.UnknownProfileError:
-        return False
+        return False  # includes names mig-parted's format allows but migpilot cannot read
     return True
 
 
@@ -423,7 +517,7 @@ def _targets(entry: Entry, cat: catalog.Catalog) -> list[profiles.GpuModel] | st
     """The catalog GPUs an entry is meant for, or why there are none."""
     if entry.device_filter:
         # Unknown ids are not errors: mig-parted just never matches them.
-        known = (cat.by_pci_device_id(d) for d in entry.device_filter)
+        known = (cat.by_pci_device_id(f.device) for f in entry.device_filter)
         return list(dict.fromkeys(m for m in known if m is not None))
     names = [text for text, _ in entry.wanted()]
     # Without a filter an entry is meant for the GPUs that offer its profiles. Names are matched
@@ -437,8 +531,11 @@ def _targets(entry: Entry, cat: catalog.Catalog) -> list[profiles.GpuModel] | st
             return models
     missing = [t for t in names if not any(_resolves(m, t, exact=False) for m in cat.models)]
     if missing:
-        parsed = profiles.parse_profile_name(missing[0])
-        if parsed.compute is not None and parsed.compute != parsed.g:
+        try:
+            parsed: profiles.ParsedName | None = profiles.parse_profile_name(missing[0])
+        except errors.UnknownProfileError:
+            parsed = None  # well formed for mig-parted (0g.0gb, 1g.5gb+me,gfx) yet no profile
+        if parsed is not None and parsed.compute is not None and parsed.compute != parsed.g:
             return f"{missing[0]} is a compute-instance profile; migpilot places GPU instances"
         return "no known GPU offers " + ", ".join(missing)
     return "no known GPU offers all of " + ", ".join(names)
