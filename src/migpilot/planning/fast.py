@@ -942,12 +942,15 @@ def _hopeless(
 
 def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """Plan the whole pending set (see the module docstring)."""
-    chosen, orders, thorough = _greedy(snap)
+    chosen, orders, thorough, hopeful = _greedy(snap)
+    # The other variants can only matter where the greedy left a pod pending that could run.
+    if len(chosen.placements) == hopeful:
+        orders, thorough = [], False
     if thorough and any(not i.used for n in snap.nodes for g in n.gpus for i in g.instances):
         # As if every free instance were gone (as HAMi's reconciler would have it): sometimes a
         # clean slate packs more pods than working around free instances. Destroys count
         # against it in the comparison.
-        bare, _, _ = _greedy(_without_free(snap))
+        bare = _greedy(_without_free(snap))[0]
         alt = plans.build(
             snap,
             planner="fast",
@@ -957,7 +960,7 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
         )
         if _key(snap, alt) > _key(snap, chosen):
             chosen = alt
-    floor = _first_fit(snap, chosen, orders=orders, thorough=thorough)
+    floor = _first_fit(snap, chosen, orders=orders)
     if floor is not None:
         chosen = floor
     placed = {p.pod for p in chosen.placements}
@@ -991,9 +994,10 @@ def _without_free(snap: snapshot.Snapshot) -> snapshot.Snapshot:
 
 def _greedy(
     snap: snapshot.Snapshot,
-) -> tuple[plans.Plan, list[list[snapshot.Pod] | None], bool]:
+) -> tuple[plans.Plan, list[list[snapshot.Pod] | None], bool, int]:
     """The greedy passes over the variants: the plan chosen (no reasons yet), the pod orders
-    first-fit should also try, and whether the problem is small enough for every variant."""
+    first-fit should also try, whether the problem is small enough for every variant, and how
+    many pods some node could run with every GPU empty."""
     states = _States(snap.models)
     needs: dict[str, dict[str, tuple[str, ...]]] = {}
     for pod in snap.pods:
@@ -1071,7 +1075,7 @@ def _greedy(
             sorted(snap.pods, key=lambda p: (-p.priority, size[p.key], slots[p.key], index[p.key])),
             sorted(snap.pods, key=lambda p: (-p.priority, share_all[p.key], index[p.key])),
         ]
-    return chosen, ff_orders, budget > 1
+    return chosen, ff_orders, budget > 1, len(hopeful)
 
 
 def _first_fit(
@@ -1079,36 +1083,25 @@ def _first_fit(
     chosen: plans.Plan,
     *,
     orders: Sequence[Sequence[snapshot.Pod] | None],
-    thorough: bool,
 ) -> plans.Plan | None:
-    """The best first-fit plan (as ``fast``'s) over ``orders`` if it beats ``chosen``, else
-    ``None``.
+    """The first-fit plan (as ``fast``'s) over ``orders`` that places the most pods
+    (priority-weighted), if that is more than ``chosen`` places, else ``None``.
 
     The floor under every plan: the greedy above can miss what plain first-fit finds (a pod
     order and node order that happen to suit the cluster). First-fit costs about one pass over
-    the nodes per kind of pod. Compared on pods placed (priority-weighted), then, on problems
-    small enough for every variant (``thorough``), on the whole objective.
+    the nodes per kind of pod.
     """
     weights = objective.pod_weights(snap.pods)
-    best = chosen
-    best_key: tuple[int, ...] = (sum(weights[p.pod] for p in chosen.placements),)
+    best: tuple[dict[plans.GpuKey, layouts.Layout], list[plans.Placement]] | None = None
+    most = sum(weights[p.pod] for p in chosen.placements)
     for order in orders:
-        floor = firstfit.plan(snap, options.Options(), order=order)
-        theirs = sum(weights[p.pod] for p in floor.placements)
-        if theirs < best_key[0] or (theirs == best_key[0] and not thorough):
-            continue
-        key: tuple[int, ...]
-        if thorough:
-            if len(best_key) == 1:
-                best_key = (best_key[0], *objective.score(snap, best).key[1:])
-            key = (theirs, *objective.score(snap, floor).key[1:])
-        else:
-            key = (theirs,)
-        if key > best_key:
-            best, best_key = floor, key
-    if best is chosen:
+        targets, placements = firstfit.place(snap, order=order)
+        theirs = sum(weights[p.pod] for p in placements)
+        if theirs > most:
+            best, most = (targets, placements), theirs
+    if best is None:
         return None
-    return dataclasses.replace(best, planner="fast", unschedulable=())
+    return plans.build(snap, planner="fast", targets=best[0], placements=best[1], unschedulable=())
 
 
 def clear_caches() -> None:

@@ -118,7 +118,22 @@ def plan(
     order: Sequence[snapshot.Pod] | None = None,
 ) -> plans.Plan:
     """Plan ``snap`` first-fit (see the module docstring); pods in kube-scheduler's queue order,
-    or in ``order`` (``fast`` also tries its own orders)."""
+    or in ``order``."""
+    targets, placements = place(snap, order=order)
+    chosen = plans.build(
+        snap, planner=PLANNER, targets=targets, placements=placements, unschedulable=()
+    )
+    placed = {p.pod for p in placements}
+    pending = [p for p in snap.pods if p.key not in placed]
+    unsched = explaining.explain(snap, pending, chosen.placements, per_node=opts.explain)
+    return dataclasses.replace(chosen, unschedulable=tuple(unsched))
+
+
+def place(
+    snap: snapshot.Snapshot, *, order: Sequence[snapshot.Pod] | None = None
+) -> tuple[dict[plans.GpuKey, layouts.Layout], list[plans.Placement]]:
+    """First-fit's target layouts (GPUs it changes) and placements, without reasons for the
+    pods left pending: what ``fast`` compares its own plan with."""
     admission = constraints.Admission(snap.nodes)
     state: dict[int, list[_Gpu]] = {}
     left: list[tuple[int, int] | None] = [
@@ -127,39 +142,37 @@ def plan(
     ]
     cursor: dict[tuple[object, ...], int] = {}
     claimed: dict[str, list[tuple[int, int, layouts.Instance | str]]] = {}
-    pending: list[snapshot.Pod] = []
+    wanted_on: dict[tuple[tuple[snapshot.MigRequest, ...], int], list[str] | None] = {}
+    classes = [tuple(g.model.id for g in n.gpus) for n in snap.nodes]
+    first_of: dict[tuple[str, ...], int] = {}
+    for ni, c in enumerate(classes):
+        first_of.setdefault(c, ni)
     for pod in sorted(snap.pods, key=lambda p: -p.priority) if order is None else order:
         kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
         admits = admission.admits(pod)
         ni = cursor.get(kind, 0)
         while ni < len(snap.nodes):
-            node = snap.nodes[ni]
             room = left[ni]
-            wanted = _wanted(pod, node) if admits[ni] else None
-            if wanted is not None and (
+            if admits[ni] and (
                 room is None or (pod.cpu_milli <= room[0] and pod.memory_bytes <= room[1])
             ):
-                trial = _copy(state.get(ni) or _node_state(node))
-                got = _try(trial, pod, wanted)
-                if got is not None:
-                    state[ni] = trial
-                    if room is not None:
-                        left[ni] = (room[0] - pod.cpu_milli, room[1] - pod.memory_bytes)
-                    claimed[pod.key] = [(ni, k, t) for k, t in got]
-                    break
+                # Nodes with the same GPU models want the same instances.
+                wkey = (pod.mig, first_of[classes[ni]])
+                if wkey not in wanted_on:
+                    wanted_on[wkey] = _wanted(pod, snap.nodes[ni])
+                wanted = wanted_on[wkey]
+                if wanted is not None:
+                    trial = _copy(state.get(ni) or _node_state(snap.nodes[ni]))
+                    got = _try(trial, pod, wanted)
+                    if got is not None:
+                        state[ni] = trial
+                        if room is not None:
+                            left[ni] = (room[0] - pod.cpu_milli, room[1] - pod.memory_bytes)
+                        claimed[pod.key] = [(ni, k, t) for k, t in got]
+                        break
             ni += 1
         cursor[kind] = ni
-        if pod.key not in claimed:
-            pending.append(pod)
-    targets, placements = _result(snap, state, claimed)
-    chosen = plans.build(
-        snap, planner=PLANNER, targets=targets, placements=placements, unschedulable=()
-    )
-    index = {p.key: i for i, p in enumerate(snap.pods)}
-    unsched = explaining.explain(snap, pending, chosen.placements, per_node=opts.explain)
-    return dataclasses.replace(
-        chosen, unschedulable=tuple(sorted(unsched, key=lambda u: index[u.pod]))
-    )
+    return _result(snap, state, claimed)
 
 
 def _result(
