@@ -81,6 +81,7 @@ def locate() -> Tools:
             tools.etcd,
             tools.kwok,
             *tools.kwok_stages,
+            tools.helm,
         )
         if not p.is_file()
     ]
