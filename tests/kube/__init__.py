@@ -1,0 +1,3 @@
+"""A real Kubernetes control plane for migpilot's tests: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and KWOK, built by scripts/k8s-tools and started on free
+loopback ports by the `control_plane` fixture (tests/conftest.py)."""

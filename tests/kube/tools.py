@@ -1,0 +1,92 @@
+"""Where the control-plane binaries are: the folders scripts/k8s-tools names in MIGPILOT_* vars.
+
+`./scripts/test` exports them; when pytest runs on its own they are missing and this module runs
+scripts/k8s-tools itself, which builds whatever is not in the cache yet (minutes, once). A missing
+binary is built, never a reason to skip a test.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_SCRIPT = ROOT / "scripts" / "k8s-tools"
+_VARIABLES = (
+    "MIGPILOT_KUBE_BIN",
+    "MIGPILOT_ETCD_BIN",
+    "MIGPILOT_KWOK_BIN",
+    "MIGPILOT_KWOK_STAGES",
+    "MIGPILOT_HELM_BIN",
+)
+STAGES = (
+    "node-initialize.yaml",
+    "node-heartbeat-with-lease.yaml",
+    "pod-ready.yaml",
+    "pod-complete.yaml",
+    "pod-delete.yaml",
+)
+
+
+@dataclass(frozen=True)
+class Tools:
+    """Paths of the binaries and KWOK's Stage configs."""
+
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    etcd: Path
+    kwok: Path
+    kwok_stages: tuple[Path, ...]
+    helm: Path
+
+
+def _from_script() -> dict[str, str]:
+    done = subprocess.run(
+        [str(_SCRIPT), "--print-env"], check=True, stdout=subprocess.PIPE, text=True
+    )
+    found: dict[str, str] = {}
+    for line in done.stdout.splitlines():
+        words = shlex.split(line)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, _, value = words[1].partition("=")
+            found[key] = value
+    return found
+
+
+def locate() -> Tools:
+    """The tools from the environment, or from running scripts/k8s-tools when it lacks them."""
+    env = {k: os.environ[k] for k in _VARIABLES if os.environ.get(k)}
+    if len(env) < len(_VARIABLES):
+        env = _from_script()
+    kube, stages = Path(env["MIGPILOT_KUBE_BIN"]), Path(env["MIGPILOT_KWOK_STAGES"])
+    tools = Tools(
+        kube_apiserver=kube / "kube-apiserver",
+        kube_controller_manager=kube / "kube-controller-manager",
+        kube_scheduler=kube / "kube-scheduler",
+        etcd=Path(env["MIGPILOT_ETCD_BIN"]) / "etcd",
+        kwok=Path(env["MIGPILOT_KWOK_BIN"]) / "kwok",
+        kwok_stages=tuple(stages / name for name in STAGES),
+        helm=Path(env["MIGPILOT_HELM_BIN"]) / "helm",
+    )
+    missing = [
+        str(p)
+        for p in (
+            tools.kube_apiserver,
+            tools.kube_controller_manager,
+            tools.kube_scheduler,
+            tools.etcd,
+            tools.kwok,
+            *tools.kwok_stages,
+            tools.helm,
+        )
+        if not p.is_file()
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"control-plane tools missing: {', '.join(missing)}; run scripts/k8s-tools"
+        )
+    return tools
