@@ -98,6 +98,31 @@ def test_where_cpu_and_memory_bind_fast_is_not_below_hami() -> None:
     assert ours >= weighted(snap, planners.run(snap, "hami-placement", OPTS))
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        # Found by a wider random search; the clean-slate variant (plan as if free instances
+        # were gone) is what keeps fast at or above HAMi on these.
+        dict(seed=876507, nodes=5, gpus_per_node=1, pods=15, models=MODELS, used_fraction=0.7,
+             priority_levels=2),
+        dict(seed=962468, nodes=3, gpus_per_node=1, pods=23, models=("a30-24gb", "a100-80gb"),
+             used_fraction=0.0, priority_levels=2),
+        dict(seed=357292, nodes=6, gpus_per_node=2, pods=22, models=("a30-24gb", "a100-80gb"),
+             used_fraction=0.7, priority_levels=3),
+        dict(seed=371341, nodes=4, gpus_per_node=3, pods=25, models=("a30-24gb", "a100-40gb"),
+             used_fraction=0.3, priority_levels=2),
+        # Spanning pods packed into few GPUs.
+        dict(seed=613656, nodes=3, gpus_per_node=4, pods=13, models=("a30-24gb", "a100-80gb"),
+             used_fraction=0.0, priority_levels=1),
+    ],
+)  # fmt: skip
+def test_cases_a_wider_search_found(args: dict[str, object]) -> None:
+    snap = generate.random_snapshot(**args)  # type: ignore[arg-type]
+    ours = weighted(snap, planners.run(snap, "fast", OPTS))
+    for name in BASELINES:
+        assert ours >= weighted(snap, planners.run(snap, name, OPTS)), name
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_fast_is_never_below_first_fit_on_trace_snapshots(seed: int) -> None:
     snap = generate.trace_snapshot(seed=seed, nodes=6, gpus_per_node=4, pods=60)
