@@ -30,9 +30,10 @@ How it works:
   looks at every state before a pod is left pending.
 * A pod whose instances fit on no single GPU is spread over the GPUs of one node, largest
   instance first. Pods no node could run even with every GPU empty are set aside at once.
-* Plain first-fit (:mod:`migpilot.planning.firstfit`) is the last variant: if it places more
-  pods (or, on small problems, scores better on the whole objective), its plan is the answer,
-  so ``fast`` is never below first-fit.
+* Where a pod that some node could run is left pending, two more variants run: on small
+  problems, the greedy again as if every free instance were gone (kept if it scores better,
+  destroys counted), and plain first-fit (:mod:`migpilot.planning.firstfit`), whose plan is the
+  answer if it places more pods: ``fast`` is never below first-fit.
 
 Pure: no clock, no randomness; the same snapshot gives the same plan.
 """
@@ -958,7 +959,7 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
             placements=bare.placements,
             unschedulable=(),
         )
-        if _key(snap, alt) > _key(snap, chosen):
+        if objective.score(snap, alt).key > objective.score(snap, chosen).key:
             chosen = alt
     floor = _first_fit(snap, chosen, orders=orders)
     if floor is not None:
@@ -970,11 +971,6 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     return dataclasses.replace(
         chosen, unschedulable=tuple(sorted(unsched, key=lambda u: index[u.pod]))
     )
-
-
-def _key(snap: snapshot.Snapshot, plan: plans.Plan) -> tuple[int, int, int, int]:
-    """Pods placed (priority-weighted) before pods pending; then the whole objective."""
-    return objective.score(snap, plan).key
 
 
 def _without_free(snap: snapshot.Snapshot) -> snapshot.Snapshot:
