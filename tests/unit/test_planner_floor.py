@@ -71,6 +71,18 @@ def test_every_planner_places_exactly_the_requested_resources(args: dict[str, ob
         assert exact_names(snap, plan) == [], name
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_places_exactly_the_requested_resources(seed: int) -> None:
+    snap = generate.random_snapshot(
+        seed=seed, nodes=3, gpus_per_node=2, pods=12, models=MODELS, used_fraction=0.3
+    )
+    plan = planners.run(snap, "exact", options.Options(time_limit_s=5.0))
+    assert validation.problems(snap, plan) == []
+    assert exact_names(snap, plan) == []
+    if plan.optimal:
+        assert weighted(snap, plan) >= weighted(snap, planners.run(snap, "fast", OPTS))
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(args=snapshot_args)
 def test_fast_is_never_below_first_fit_or_any_baseline(args: dict[str, object]) -> None:
