@@ -79,6 +79,8 @@ _FEASIBLE_PER_KIND_MAX = 64
 _DESTROY_LIMIT = 16
 _FALLBACK_BUDGET = 64
 _MEMBER_SCAN = 32
+# Binpack ties: nodes compared per option for the CPU and memory they would leave unbacked.
+_NODE_SCAN = 4
 _REMEMBERED = 24
 _REMEMBERED_STALE = 256
 # Pod orders within a priority level, each with and without deferring destroys, most promising
@@ -554,18 +556,19 @@ class _Run:
         for cost, sid, opt in found:
             if best is not None and cost > best[0]:
                 break
-            scanned = 0
+            seen: set[int] = set()
             for gid in self.index.members[sid]:
                 st = self.gpus[gid]
-                if not admits[st.node] or not self._resources_ok(st.node, pod):
+                if st.node in seen or not admits[st.node] or not self._resources_ok(st.node, pod):
                     continue
                 # Binpack: among equally good options, the one whose node is left with the least
-                # GPU room its CPU and memory cannot back, then first fit.
+                # GPU room its CPU and memory cannot back, then first fit. (Members are in GPU
+                # order: a node's later GPUs in this state rank the same, only later.)
+                seen.add(st.node)
                 rank = (self.load[st.node], gid) if spread else (self._strands(st, pod, opt), gid)
                 if best is None or (cost, rank) < (best[0], best[1]):
                     best = (cost, rank, st, opt)
-                scanned += 1
-                if not spread and scanned >= _MEMBER_SCAN:
+                if not spread and len(seen) >= _NODE_SCAN:
                     break
         return None if best is None else (best[2], best[3])
 
