@@ -47,3 +47,8 @@ class AgentConfigError(MigpilotError):
 
 class ClusterSpecError(MigpilotError):
     """A simulated cluster spec (``h100-80gb:8x8,a100-80gb:4x8``) that does not parse."""
+
+
+class GpuLayoutError(MigpilotError):
+    """A GpuLayout object (migpilot.io/v1alpha1) that does not parse or describes an impossible
+    layout; the message names the field (``spec.gpus[1].instances[0].start: ...``)."""

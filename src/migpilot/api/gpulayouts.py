@@ -1,0 +1,724 @@
+"""The GpuLayout custom resource (``gpulayouts.migpilot.io``, ``v1alpha1``) as pure values.
+
+One GpuLayout per GPU node, cluster-scoped, named after the node. The controller owns ``spec``
+(the instances each GPU should hold, some reserved for a pending pod) and writes it with
+server-side apply as ``migpilot-controller``; the node agent owns ``status`` (the instances that
+exist and their state) and writes it through the status subresource as ``migpilot-agent``. Both
+shells parse and write the object here, so there is one model of it; the CRD YAML in
+``deploy/crds/`` is the same schema for the apiserver, and a unit test keeps the two in step.
+
+Raw JSON crosses the boundary as the TypedDicts below; inside, everything is frozen dataclasses.
+:func:`parse` rejects bad input with one line naming the field
+(``spec.gpus[1].instances[0].start: ...``); :func:`to_document` is its inverse;
+:func:`spec_patch` and :func:`status_patch` hold only the fields their writer owns.
+:func:`snapshot_gpus` and :func:`spec_from_plan` translate to and from the planner's types.
+The instance lifecycle is one table, :data:`TRANSITIONS` (``docs/gpulayout.md``).
+
+Pure core: imports :mod:`migpilot.planning`, :mod:`migpilot.mig` and :mod:`migpilot.errors`
+only; no Kubernetes client, no clock (condition timestamps are handed in as text).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NotRequired, TypedDict
+
+from migpilot import errors
+from migpilot.mig import catalog, layouts, profiles
+from migpilot.planning import plans, snapshot
+
+GROUP = "migpilot.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "GpuLayout"
+PLURAL = "gpulayouts"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+CONTROLLER_FIELD_MANAGER = "migpilot-controller"
+"""Server-side apply field manager of ``spec``."""
+AGENT_FIELD_MANAGER = "migpilot-agent"
+"""Server-side apply field manager of ``status``."""
+READY = "Ready"
+"""The condition type the ``Ready`` printer column shows."""
+
+PROFILE_PATTERN = r"^[0-9]+g\.[0-9]+gb(\+me|\+me\.all|\+gfx|-me)?$"
+"""GPU-instance profile names in NVIDIA's canonical spelling (the CRD's pattern)."""
+MAX_START = 11
+"""Highest start memory slot any catalog GPU allows (RTX PRO 6000 Blackwell: 12 slots)."""
+RESERVED_FOR_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"
+"""``namespace/name`` of a pod (the CRD's pattern)."""
+REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+"""A condition's reason, as ``metav1.Condition`` allows it."""
+_TIME_PATTERN = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$"
+
+_PROFILE = re.compile(PROFILE_PATTERN)
+_RESERVED_FOR = re.compile(RESERVED_FOR_PATTERN)
+_REASON = re.compile(REASON_PATTERN)
+_TIME = re.compile(_TIME_PATTERN)
+
+
+class InstanceState(enum.StrEnum):
+    """What the agent reports about one MIG instance that exists (or is being made)."""
+
+    FREE = "free"
+    """Exists, unallocated and unreserved: the only state the planner may destroy or hand out."""
+    USED = "used"
+    """Allocated to a container (the device plugin or the kubelet's PodResources says so)."""
+    RESERVED = "reserved"
+    """Kept for the pending pod the spec's ``reservedFor`` names."""
+    CREATING = "creating"
+    """Being created by the agent; no UUID yet."""
+    DESTROYING = "destroying"
+    """Being destroyed by the agent (it was free); gone at the next report."""
+
+
+UNTOUCHABLE = frozenset({InstanceState.USED, InstanceState.RESERVED, InstanceState.CREATING})
+"""States the planner must neither destroy nor hand to another pod."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One allowed change of an instance's state between two agent reports."""
+
+    before: InstanceState | None
+    """``None``: the instance was not listed."""
+    after: InstanceState | None
+    """``None``: the instance is no longer listed."""
+    why: str
+
+
+_S = InstanceState
+TRANSITIONS: tuple[Transition, ...] = (
+    Transition(None, _S.CREATING, "the spec lists an instance that does not exist"),
+    Transition(None, _S.FREE, "found at agent start, or made outside migpilot (static mode)"),
+    Transition(None, _S.USED, "found in use at agent start"),
+    Transition(None, _S.RESERVED, "found at agent start and reserved by the spec"),
+    Transition(_S.CREATING, _S.FREE, "created"),
+    Transition(_S.CREATING, _S.RESERVED, "created for the pod the spec reserves it for"),
+    Transition(_S.CREATING, None, "creation failed; the agent retries from scratch"),
+    Transition(_S.FREE, _S.RESERVED, "the controller reserved it for a pending pod"),
+    Transition(_S.FREE, _S.USED, "a pod took it without a reservation (kube-scheduler alone)"),
+    Transition(_S.FREE, _S.DESTROYING, "the spec no longer lists it"),
+    Transition(_S.RESERVED, _S.USED, "the reserved pod was bound and got it"),
+    Transition(_S.RESERVED, _S.FREE, "the reservation was dropped (pod deleted or re-planned)"),
+    Transition(_S.USED, _S.FREE, "its pod ended"),
+    Transition(_S.DESTROYING, None, "destroyed"),
+    Transition(_S.DESTROYING, _S.FREE, "the destroy failed; the instance is still there"),
+)
+"""The instance lifecycle. Only a free instance becomes destroying; the CRD enforces that edge
+with a CEL transition rule, so even a confused agent cannot report an instance in use as being
+destroyed."""
+_ALLOWED = frozenset((t.before, t.after) for t in TRANSITIONS)
+
+
+def transition_allowed(before: InstanceState | None, after: InstanceState | None) -> bool:
+    """Whether an instance may go from ``before`` to ``after`` (unchanged is always allowed)."""
+    return before == after or (before, after) in _ALLOWED
+
+
+class ConditionStatus(enum.StrEnum):
+    """A condition's status, as ``metav1.Condition`` spells it."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+# --------------------------------------------------------------------------- raw JSON
+
+
+class InstanceSpecDoc(TypedDict):
+    profile: str
+    start: int
+    reservedFor: NotRequired[str]
+
+
+class GpuSpecDoc(TypedDict):
+    index: int
+    model: NotRequired[str]
+    instances: list[InstanceSpecDoc]
+
+
+class SpecDoc(TypedDict):
+    gpus: list[GpuSpecDoc]
+
+
+class InstanceStatusDoc(TypedDict):
+    profile: str
+    start: int
+    uuid: NotRequired[str]
+    state: str
+
+
+class GpuStatusDoc(TypedDict):
+    index: int
+    model: str
+    uuid: str
+    instances: list[InstanceStatusDoc]
+
+
+class ConditionDoc(TypedDict):
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastTransitionTime: str
+    observedGeneration: NotRequired[int]
+
+
+class SummaryDoc(TypedDict):
+    gpus: int
+    instances: int
+    free: int
+
+
+class StatusDoc(TypedDict):
+    observedGeneration: NotRequired[int]
+    summary: SummaryDoc
+    gpus: list[GpuStatusDoc]
+    conditions: list[ConditionDoc]
+
+
+class MetadataDoc(TypedDict):
+    name: str
+    generation: NotRequired[int]
+
+
+class GpuLayoutDoc(TypedDict):
+    apiVersion: str
+    kind: str
+    metadata: MetadataDoc
+    spec: NotRequired[SpecDoc]
+    status: NotRequired[StatusDoc]
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """An instance the controller wants on a GPU."""
+
+    profile: str
+    """Canonical profile name (``3g.40gb``, ``1g.10gb+me``)."""
+    start: int
+    """First memory slot."""
+    reserved_for: str | None = None
+    """``namespace/name`` of the pending pod this instance is kept for; ``None``: not reserved."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """The instances the controller wants on one GPU, by start."""
+
+    index: int
+    model: str | None
+    """The GPU model (informative; when given, profiles and the layout are checked against it)."""
+    instances: tuple[InstanceSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutSpec:
+    """The controller's half: the target layout of each GPU, by index."""
+
+    gpus: tuple[GpuSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStatus:
+    """An instance the agent reports."""
+
+    profile: str
+    start: int
+    uuid: str | None
+    """MIG device UUID; ``None`` only while creating."""
+    state: InstanceState
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    """One GPU as the agent sees it, and its instances by start."""
+
+    index: int
+    model: str
+    """Product name as NVML reports it (any catalog alias)."""
+    uuid: str
+    instances: tuple[InstanceStatus, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A ``metav1.Condition``."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
+    last_transition_time: str
+    """RFC 3339 text, given by the shell (the core has no clock)."""
+    observed_generation: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The counts ``kubectl get gpulayouts`` shows (derived from the GPUs; never stored apart)."""
+
+    gpus: int
+    instances: int
+    free: int
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutStatus:
+    """The agent's half: what exists on the node."""
+
+    observed_generation: int | None
+    """The spec generation the agent last acted on."""
+    gpus: tuple[GpuStatus, ...]
+    conditions: tuple[Condition, ...] = ()
+
+    @property
+    def summary(self) -> Summary:
+        """Counts for the printer columns."""
+        insts = [i for g in self.gpus for i in g.instances]
+        free = sum(i.state is InstanceState.FREE for i in insts)
+        return Summary(len(self.gpus), len(insts), free)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLayout:
+    """One node's GpuLayout object."""
+
+    name: str
+    """The node's name."""
+    spec: LayoutSpec
+    status: LayoutStatus | None = None
+    """``None`` until the agent first reports."""
+    generation: int | None = None
+    """``metadata.generation`` as the apiserver set it (read-only)."""
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _fail(where: str, what: str) -> errors.GpuLayoutError:
+    return errors.GpuLayoutError(f"{where}: {what}")
+
+
+def _mapping(value: Any, where: str, *, required: bool = False) -> Mapping[str, Any]:
+    if value is None and not required:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _fail(where, "expected an object")
+    return value
+
+
+def _list(value: Any, where: str) -> Sequence[Any]:
+    if value is None:
+        return ()
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise _fail(where, "expected a list")
+    return value
+
+
+def _only(d: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
+    unknown = sorted(str(k) for k in d if k not in allowed)
+    if unknown:
+        raise _fail(
+            f"{where}.{unknown[0]}", f"unknown field (allowed: {', '.join(sorted(allowed))})"
+        )
+
+
+def _str(d: Mapping[str, Any], key: str, where: str) -> str:
+    value = d.get(key)
+    if not isinstance(value, str) or not value:
+        raise _fail(f"{where}.{key}", f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _int(d: Mapping[str, Any], key: str, where: str, *, maximum: int | None = None) -> int:
+    value = d.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(f"{where}.{key}", f"expected an integer, got {value!r}")
+    if value < 0 or (maximum is not None and value > maximum):
+        bound = f"0..{maximum}" if maximum is not None else ">= 0"
+        raise _fail(f"{where}.{key}", f"{value} is out of range ({bound})")
+    return value
+
+
+def _model(d: Mapping[str, Any], where: str, *, required: bool) -> profiles.GpuModel | None:
+    if not required and d.get("model") is None:
+        return None
+    text = _str(d, "model", where)
+    try:
+        return catalog.resolve_gpu(text)
+    except errors.UnknownGpuError as err:
+        raise _fail(f"{where}.model", str(err)) from None
+
+
+def _profile(d: Mapping[str, Any], where: str, model: profiles.GpuModel | None) -> str:
+    name = _str(d, "profile", where)
+    if not _PROFILE.match(name):
+        raise _fail(
+            f"{where}.profile",
+            f"{name!r} is not a profile name in NVIDIA's spelling (3g.40gb, 1g.10gb+me)",
+        )
+    if model is not None:
+        try:
+            canonical = model.resolve_profile(name).name
+        except errors.UnknownProfileError as err:
+            raise _fail(f"{where}.profile", str(err)) from None
+        if canonical != name:
+            raise _fail(f"{where}.profile", f"{model.id} calls {name!r} {canonical!r}")
+    return name
+
+
+def _unique_starts(starts: Sequence[int], where: str) -> None:
+    seen: set[int] = set()
+    for j, start in enumerate(starts):
+        if start in seen:
+            raise _fail(f"{where}[{j}].start", f"a second instance at start {start} (never merged)")
+        seen.add(start)
+
+
+def _check_layout(
+    model: profiles.GpuModel | None, insts: Sequence[layouts.Instance], where: str
+) -> None:
+    if model is None:
+        return
+    reason = layouts.violation(model, insts)
+    if reason is not None:
+        raise _fail(where, f"not a valid layout of {model.id}: {reason}")
+
+
+def _unique_indexes(indexes: Sequence[int], where: str) -> None:
+    seen: set[int] = set()
+    for i, index in enumerate(indexes):
+        if index in seen:
+            raise _fail(f"{where}[{i}].index", f"a second GPU with index {index}")
+        seen.add(index)
+
+
+def _instance_spec(raw: Any, where: str, model: profiles.GpuModel | None) -> InstanceSpec:
+    d = _mapping(raw, where, required=True)
+    _only(d, frozenset({"profile", "start", "reservedFor"}), where)
+    profile = _profile(d, where, model)
+    start = _int(d, "start", where, maximum=MAX_START)
+    reserved: str | None = None
+    if d.get("reservedFor") is not None:
+        reserved = _str(d, "reservedFor", where)
+        if not _RESERVED_FOR.match(reserved):
+            raise _fail(f"{where}.reservedFor", f"{reserved!r} is not namespace/name of a pod")
+    return InstanceSpec(profile, start, reserved)
+
+
+def _gpu_spec(raw: Any, where: str) -> GpuSpec:
+    d = _mapping(raw, where, required=True)
+    _only(d, frozenset({"index", "model", "instances"}), where)
+    index = _int(d, "index", where)
+    model = _model(d, where, required=False)
+    w = f"{where}.instances"
+    insts = [
+        _instance_spec(r, f"{w}[{j}]", model) for j, r in enumerate(_list(d.get("instances"), w))
+    ]
+    _unique_starts([i.start for i in insts], w)
+    _check_layout(model, [layouts.Instance(i.start, i.profile) for i in insts], w)
+    return GpuSpec(
+        index,
+        d["model"] if model is not None else None,
+        tuple(sorted(insts, key=lambda i: i.start)),
+    )
+
+
+def _spec(raw: Any) -> LayoutSpec:
+    d = _mapping(raw, "spec", required=True)
+    _only(d, frozenset({"gpus"}), "spec")
+    gpus = [
+        _gpu_spec(g, f"spec.gpus[{i}]") for i, g in enumerate(_list(d.get("gpus"), "spec.gpus"))
+    ]
+    _unique_indexes([g.index for g in gpus], "spec.gpus")
+    return LayoutSpec(tuple(sorted(gpus, key=lambda g: g.index)))
+
+
+def _instance_status(raw: Any, where: str, model: profiles.GpuModel) -> InstanceStatus:
+    d = _mapping(raw, where, required=True)
+    _only(d, frozenset({"profile", "start", "uuid", "state"}), where)
+    profile = _profile(d, where, model)
+    start = _int(d, "start", where, maximum=MAX_START)
+    text = d.get("state")
+    try:
+        state = InstanceState(str(text))
+    except ValueError:
+        names = ", ".join(s.value for s in InstanceState)
+        raise _fail(f"{where}.state", f"{text!r} is not one of {names}") from None
+    uuid: str | None = None
+    if d.get("uuid") is not None or state is not InstanceState.CREATING:
+        uuid = _str(d, "uuid", where)
+    return InstanceStatus(profile, start, uuid, state)
+
+
+def _gpu_status(raw: Any, where: str) -> GpuStatus:
+    d = _mapping(raw, where, required=True)
+    _only(d, frozenset({"index", "model", "uuid", "instances"}), where)
+    index = _int(d, "index", where)
+    model = _model(d, where, required=True)
+    assert model is not None
+    uuid = _str(d, "uuid", where)
+    w = f"{where}.instances"
+    insts = [
+        _instance_status(r, f"{w}[{j}]", model) for j, r in enumerate(_list(d.get("instances"), w))
+    ]
+    _unique_starts([i.start for i in insts], w)
+    _check_layout(model, [layouts.Instance(i.start, i.profile) for i in insts], w)
+    return GpuStatus(index, d["model"], uuid, tuple(sorted(insts, key=lambda i: i.start)))
+
+
+def _condition(raw: Any, where: str) -> Condition:
+    d = _mapping(raw, where, required=True)
+    allowed = {"type", "status", "reason", "message", "lastTransitionTime", "observedGeneration"}
+    _only(d, frozenset(allowed), where)
+    text = d.get("status")
+    try:
+        status = ConditionStatus(str(text))
+    except ValueError:
+        raise _fail(f"{where}.status", f"{text!r} is not True, False or Unknown") from None
+    reason = _str(d, "reason", where)
+    if not _REASON.match(reason):
+        raise _fail(f"{where}.reason", f"{reason!r} is not a CamelCase reason")
+    message = d.get("message", "")
+    if not isinstance(message, str):
+        raise _fail(f"{where}.message", "expected a string")
+    time = _str(d, "lastTransitionTime", where)
+    if not _TIME.match(time):
+        raise _fail(f"{where}.lastTransitionTime", f"{time!r} is not an RFC 3339 time")
+    generation = None
+    if d.get("observedGeneration") is not None:
+        generation = _int(d, "observedGeneration", where)
+    return Condition(_str(d, "type", where), status, reason, message, time, generation)
+
+
+def _status(raw: Any) -> LayoutStatus | None:
+    if raw is None:
+        return None
+    d = _mapping(raw, "status", required=True)
+    _only(d, frozenset({"observedGeneration", "summary", "gpus", "conditions"}), "status")
+    generation = None
+    if d.get("observedGeneration") is not None:
+        generation = _int(d, "observedGeneration", "status")
+    gpus = [
+        _gpu_status(g, f"status.gpus[{i}]")
+        for i, g in enumerate(_list(d.get("gpus"), "status.gpus"))
+    ]
+    _unique_indexes([g.index for g in gpus], "status.gpus")
+    w = "status.conditions"
+    conditions = [_condition(c, f"{w}[{i}]") for i, c in enumerate(_list(d.get("conditions"), w))]
+    types = [c.type for c in conditions]
+    for i, t in enumerate(types):
+        if t in types[:i]:
+            raise _fail(f"{w}[{i}].type", f"a second condition of type {t!r}")
+    status = LayoutStatus(generation, tuple(sorted(gpus, key=lambda g: g.index)), tuple(conditions))
+    if d.get("summary") is not None:
+        s = _mapping(d["summary"], "status.summary")
+        _only(s, frozenset({"gpus", "instances", "free"}), "status.summary")
+        given = Summary(*(_int(s, k, "status.summary") for k in ("gpus", "instances", "free")))
+        if given != status.summary:
+            want = status.summary
+            raise _fail(
+                "status.summary",
+                f"counts {given.gpus}/{given.instances}/{given.free} disagree with status.gpus "
+                f"({want.gpus} GPUs, {want.instances} instances, {want.free} free)",
+            )
+    return status
+
+
+def parse(document: Any) -> GpuLayout:
+    """A GpuLayout from its decoded JSON (as the apiserver returns it, or as a file holds it).
+
+    Raise :class:`GpuLayoutError` with one line naming the field. Beyond the CRD's schema this
+    checks what OpenAPI cannot: profiles the GPU's model offers and valid layouts (when the
+    model is known), and no two instances at one start (rejected, never merged).
+    """
+    d = _mapping(document, "GpuLayout", required=True)
+    _only(d, frozenset({"apiVersion", "kind", "metadata", "spec", "status"}), "GpuLayout")
+    if d.get("apiVersion") != API_VERSION:
+        raise _fail("apiVersion", f"expected {API_VERSION}, got {d.get('apiVersion')!r}")
+    if d.get("kind") != KIND:
+        raise _fail("kind", f"expected {KIND}, got {d.get('kind')!r}")
+    meta = _mapping(d.get("metadata"), "metadata", required=True)
+    name = _str(meta, "name", "metadata")
+    generation = None
+    if meta.get("generation") is not None:
+        generation = _int(meta, "generation", "metadata")
+    return GpuLayout(name, _spec(d.get("spec")), _status(d.get("status")), generation)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _spec_doc(spec: LayoutSpec) -> SpecDoc:
+    gpus: list[GpuSpecDoc] = []
+    for g in spec.gpus:
+        instances: list[InstanceSpecDoc] = []
+        for i in g.instances:
+            inst: InstanceSpecDoc = {"profile": i.profile, "start": i.start}
+            if i.reserved_for is not None:
+                inst["reservedFor"] = i.reserved_for
+            instances.append(inst)
+        gpu: GpuSpecDoc = {"index": g.index, "instances": instances}
+        if g.model is not None:
+            gpu["model"] = g.model
+        gpus.append(gpu)
+    return {"gpus": gpus}
+
+
+def _status_doc(status: LayoutStatus) -> StatusDoc:
+    gpus: list[GpuStatusDoc] = []
+    for g in status.gpus:
+        instances: list[InstanceStatusDoc] = []
+        for i in g.instances:
+            inst: InstanceStatusDoc = {
+                "profile": i.profile,
+                "start": i.start,
+                "state": i.state.value,
+            }
+            if i.uuid is not None:
+                inst["uuid"] = i.uuid
+            instances.append(inst)
+        gpus.append({"index": g.index, "model": g.model, "uuid": g.uuid, "instances": instances})
+    conditions: list[ConditionDoc] = []
+    for c in status.conditions:
+        cond: ConditionDoc = {
+            "type": c.type,
+            "status": c.status.value,
+            "reason": c.reason,
+            "message": c.message,
+            "lastTransitionTime": c.last_transition_time,
+        }
+        if c.observed_generation is not None:
+            cond["observedGeneration"] = c.observed_generation
+        conditions.append(cond)
+    s = status.summary
+    doc: StatusDoc = {
+        "summary": {"gpus": s.gpus, "instances": s.instances, "free": s.free},
+        "gpus": gpus,
+        "conditions": conditions,
+    }
+    if status.observed_generation is not None:
+        doc["observedGeneration"] = status.observed_generation
+    return doc
+
+
+def _object(name: str) -> GpuLayoutDoc:
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}}
+
+
+def to_document(layout: GpuLayout) -> GpuLayoutDoc:
+    """The whole object as JSON (inverse of :func:`parse`; deterministic: GPUs by index,
+    instances by start, states as plain strings)."""
+    doc = _object(layout.name)
+    if layout.generation is not None:
+        doc["metadata"]["generation"] = layout.generation
+    doc["spec"] = _spec_doc(layout.spec)
+    if layout.status is not None:
+        doc["status"] = _status_doc(layout.status)
+    return doc
+
+
+def spec_patch(name: str, spec: LayoutSpec) -> GpuLayoutDoc:
+    """The controller's server-side apply body: identity and ``spec`` only (field manager
+    :data:`CONTROLLER_FIELD_MANAGER`). Instances it leaves out are released by the apply."""
+    doc = _object(name)
+    doc["spec"] = _spec_doc(spec)
+    return doc
+
+
+def status_patch(name: str, status: LayoutStatus) -> GpuLayoutDoc:
+    """The agent's server-side apply body for the status subresource: identity and ``status``
+    only, with the summary the printer columns show (field manager :data:`AGENT_FIELD_MANAGER`)."""
+    doc = _object(name)
+    doc["status"] = _status_doc(status)
+    return doc
+
+
+# --------------------------------------------------------------------------- the planner
+
+
+def snapshot_gpus(layout: GpuLayout) -> tuple[snapshot.Gpu, ...]:
+    """The node's GPUs as the planner sees them, from what the agent reports.
+
+    An instance is ``used`` (never destroyed, never handed to another pod) when its state is in
+    :data:`UNTOUCHABLE`, or when the spec reserves it for a pod even though the status says
+    free (the two may disagree for a moment: the safer one wins). Destroying instances are left
+    out: no pod may be given one, and their slots will be free once the agent is done. A
+    GpuLayout the agent has not reported on yet has no GPUs.
+    """
+    if layout.status is None:
+        return ()
+    reserved = {
+        (g.index, i.start, i.profile)
+        for g in layout.spec.gpus
+        for i in g.instances
+        if i.reserved_for is not None
+    }
+    gpus: list[snapshot.Gpu] = []
+    for g in layout.status.gpus:
+        instances = tuple(
+            snapshot.ExistingInstance(
+                i.profile,
+                i.start,
+                i.state in UNTOUCHABLE or (g.index, i.start, i.profile) in reserved,
+            )
+            for i in g.instances
+            if i.state is not InstanceState.DESTROYING
+        )
+        gpus.append(snapshot.Gpu(g.index, catalog.resolve_gpu(g.model), instances))
+    return tuple(gpus)
+
+
+def spec_from_plan(plan: plans.Plan, node: snapshot.Node) -> LayoutSpec:
+    """The spec the controller writes for ``node``: each GPU's target layout from the plan, with
+    ``reservedFor`` on the instances the plan gives to pending pods.
+
+    Raise :class:`GpuLayoutError` if the plan gives a pod an instance its target layout lacks,
+    or one instance to two pods (a planner bug: such a spec must never be written).
+    """
+    reservations: dict[tuple[int, int], str] = {}
+    for placement in plan.placements:
+        if placement.node != node.name:
+            continue
+        for a in placement.instances:
+            key = (a.gpu, a.start)
+            if key in reservations:
+                raise errors.GpuLayoutError(
+                    f"plan: {a.profile}@{a.start} on GPU {a.gpu} of {node.name} given to both "
+                    f"{reservations[key]} and {placement.pod}"
+                )
+            reservations[key] = placement.pod
+    models = {g.index: g.model.id for g in node.gpus}
+    gpus: list[GpuSpec] = []
+    targets: dict[tuple[int, int], str] = {}
+    for gp in plan.gpus:
+        if gp.node != node.name:
+            continue
+        for inst in gp.layout.instances:
+            targets[(gp.gpu, inst.start)] = inst.profile
+        gpus.append(
+            GpuSpec(
+                gp.gpu,
+                models.get(gp.gpu),
+                tuple(
+                    InstanceSpec(i.profile, i.start, reservations.get((gp.gpu, i.start)))
+                    for i in gp.layout.instances
+                ),
+            )
+        )
+    for placement in plan.placements:
+        for a in placement.instances:
+            if placement.node == node.name and targets.get((a.gpu, a.start)) != a.profile:
+                raise errors.GpuLayoutError(
+                    f"plan: {placement.pod} is given {a.profile}@{a.start} on GPU {a.gpu} of "
+                    f"{node.name}, which its target layout does not hold"
+                )
+    return LayoutSpec(tuple(sorted(gpus, key=lambda g: g.index)))

@@ -1,0 +1,421 @@
+"""The GpuLayout API types: parse/write round trips, one-line errors naming the field, the
+lifecycle table over every state, conversions to and from the planner, and the CRD YAML kept in
+step with the Python schema."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+import re
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from migpilot import errors
+from migpilot.api import gpulayouts as gl
+from migpilot.mig import catalog, layouts
+from migpilot.planning import planners, snapshot
+
+CRD = pathlib.Path(__file__).parents[2] / "deploy" / "crds" / "gpulayouts.migpilot.io.yaml"
+S = gl.InstanceState
+
+
+def _doc() -> dict[str, Any]:
+    return {
+        "apiVersion": "migpilot.io/v1alpha1",
+        "kind": "GpuLayout",
+        "metadata": {"name": "node-a", "generation": 3, "uid": "ignored", "managedFields": []},
+        "spec": {
+            "gpus": [
+                {
+                    "index": 1,
+                    "model": "h100-80gb",
+                    "instances": [
+                        {"profile": "3g.40gb", "start": 4},
+                        {"profile": "1g.10gb", "start": 0, "reservedFor": "default/p1"},
+                    ],
+                },
+                {"index": 0, "instances": [{"profile": "7g.80gb", "start": 0}]},
+            ]
+        },
+        "status": {
+            "observedGeneration": 3,
+            "summary": {"gpus": 1, "instances": 4, "free": 1},
+            "gpus": [
+                {
+                    "index": 1,
+                    "model": "NVIDIA H100 80GB HBM3",
+                    "uuid": "GPU-1",
+                    "instances": [
+                        {"profile": "1g.10gb", "start": 0, "uuid": "MIG-a", "state": "reserved"},
+                        {"profile": "1g.10gb", "start": 1, "uuid": "MIG-b", "state": "used"},
+                        {"profile": "1g.10gb", "start": 2, "state": "creating"},
+                        {"profile": "3g.40gb", "start": 4, "uuid": "MIG-c", "state": "free"},
+                    ],
+                }
+            ],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Reconciled",
+                    "message": "",
+                    "lastTransitionTime": "2026-01-02T03:04:05Z",
+                    "observedGeneration": 3,
+                }
+            ],
+        },
+    }
+
+
+def test_parse_sorts_by_index_and_start_and_keeps_what_it_owns() -> None:
+    layout = gl.parse(_doc())
+    assert layout.name == "node-a"
+    assert layout.generation == 3
+    assert [g.index for g in layout.spec.gpus] == [0, 1]
+    gpu1 = layout.spec.gpus[1]
+    assert gpu1.model == "h100-80gb"
+    assert gpu1.instances == (
+        gl.InstanceSpec("1g.10gb", 0, "default/p1"),
+        gl.InstanceSpec("3g.40gb", 4, None),
+    )
+    assert layout.spec.gpus[0].model is None
+    assert layout.status is not None
+    assert layout.status.gpus[0].instances[2] == gl.InstanceStatus("1g.10gb", 2, None, S.CREATING)
+    assert layout.status.summary == gl.Summary(gpus=1, instances=4, free=1)
+    assert layout.status.conditions[0].status is gl.ConditionStatus.TRUE
+
+
+def test_to_document_round_trips_and_is_deterministic() -> None:
+    layout = gl.parse(_doc())
+    doc = gl.to_document(layout)
+    assert gl.parse(doc) == layout
+    assert gl.to_document(gl.parse(doc)) == doc
+    assert "uid" not in doc["metadata"]
+    assert doc["status"]["gpus"][0]["instances"][0]["state"] == "reserved"
+    assert type(doc["status"]["gpus"][0]["instances"][0]["state"]) is str
+    assert yaml.safe_dump(doc)  # plain data, no enum objects
+
+
+def test_patches_hold_only_the_writers_fields() -> None:
+    layout = gl.parse(_doc())
+    spec = gl.spec_patch("node-a", layout.spec)
+    assert set(spec) == {"apiVersion", "kind", "metadata", "spec"}
+    assert spec["metadata"] == {"name": "node-a"}
+    assert layout.status is not None
+    status = gl.status_patch("node-a", layout.status)
+    assert set(status) == {"apiVersion", "kind", "metadata", "status"}
+    assert status["status"]["summary"] == {"gpus": 1, "instances": 4, "free": 1}
+
+
+def test_a_layout_without_status_parses_and_writes_none() -> None:
+    doc = _doc()
+    del doc["status"]
+    layout = gl.parse(doc)
+    assert layout.status is None
+    assert "status" not in gl.to_document(layout)
+    assert gl.snapshot_gpus(layout) == ()
+
+
+def _set(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """Set (or with value ... delete) a dotted path with [i] indexes in a copy of doc."""
+    out = copy.deepcopy(doc)
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
+    target: Any = out
+    for p in parts[:-1]:
+        target = target[int(p[1:-1])] if p.startswith("[") else target[p]
+    last = parts[-1]
+    key: Any = int(last[1:-1]) if last.startswith("[") else last
+    if value is ...:
+        del target[key]
+    else:
+        target[key] = value
+    return out
+
+
+_SI = "spec.gpus[0].instances"
+_TI = "status.gpus[0].instances"
+BAD = [
+    ("apiVersion", "migpilot.io/v1", "apiVersion"),
+    ("kind", "Node", "kind"),
+    ("metadata.name", "", "metadata.name"),
+    ("spec", ..., "spec"),
+    ("spec.gpus", {"index": 0}, "spec.gpus"),
+    ("spec.extra", 1, "spec.extra"),
+    ("spec.gpus[0].index", -1, "spec.gpus[0].index"),
+    ("spec.gpus[0].index", True, "spec.gpus[0].index"),
+    ("spec.gpus[1].index", 1, "spec.gpus[1].index"),
+    ("spec.gpus[1].model", "tesla-v100", "spec.gpus[1].model"),
+    (f"{_SI}[0].start", 9, f"{_SI}"),  # in 0..11 (RTX PRO starts at 9), not 3g.40gb's
+    (f"{_SI}[0].start", 12, f"{_SI}[0].start"),
+    (f"{_SI}[0].start", "4", f"{_SI}[0].start"),
+    (f"{_SI}[0].start", 0, f"{_SI}[1].start"),
+    (f"{_SI}[0].profile", "3g.40GB", f"{_SI}[0].profile"),
+    (f"{_SI}[0].profile", "1g.10gb.me", f"{_SI}[0].profile"),
+    (f"{_SI}[0].profile", "3g.39gb", f"{_SI}[0].profile"),
+    (f"{_SI}[0].profile", "1g.5gb", f"{_SI}[0].profile"),
+    (f"{_SI}[0].profile", "4g.40gb", f"{_SI}"),
+    (f"{_SI}[1].reservedFor", "p1", f"{_SI}[1].reservedFor"),
+    (f"{_SI}[1].reservedFor", "Default/p1", f"{_SI}[1].reservedFor"),
+    (f"{_SI}[1].reservedFor", 7, f"{_SI}[1].reservedFor"),
+    (f"{_SI}[1].owner", "x", f"{_SI}[1].owner"),
+    ("status.observedGeneration", -2, "status.observedGeneration"),
+    ("status.summary.free", 2, "status.summary"),
+    ("status.gpus[0].model", ..., "status.gpus[0].model"),
+    ("status.gpus[0].uuid", ..., "status.gpus[0].uuid"),
+    ("status.gpus", [{"index": 0, "model": "a30", "uuid": "G"}] * 2, "status.gpus[1].index"),
+    (f"{_TI}[0].state", "gone", f"{_TI}[0].state"),
+    (f"{_TI}[0].state", ..., f"{_TI}[0].state"),
+    (f"{_TI}[0].uuid", ..., f"{_TI}[0].uuid"),
+    (f"{_TI}[1].start", 0, f"{_TI}[1].start"),
+    (f"{_TI}[3].start", 5, f"{_TI}"),
+    (f"{_TI}[3].profile", "7g.40gb", f"{_TI}[3].profile"),
+    ("status.conditions[0].status", "true", "status.conditions[0].status"),
+    ("status.conditions[0].reason", "not ok", "status.conditions[0].reason"),
+    (
+        "status.conditions[0].lastTransitionTime",
+        "yesterday",
+        "status.conditions[0].lastTransitionTime",
+    ),
+    ("status.conditions[1]", None, "status.conditions[1]"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "named"), BAD, ids=[f"{p}={v!r}" for p, v, _ in BAD])
+def test_bad_input_is_one_line_naming_the_field(path: str, value: Any, named: str) -> None:
+    doc = _doc()
+    if path == "status.conditions[1]":
+        doc["status"]["conditions"].append(copy.deepcopy(doc["status"]["conditions"][0]))
+        path, value, named = "status.conditions[1].message", "again", "status.conditions[1].type"
+    with pytest.raises(errors.GpuLayoutError) as info:
+        gl.parse(_set(doc, path, value))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.split(": ", 1)[0] == named, message
+
+
+def test_duplicate_instances_are_rejected_never_merged() -> None:
+    doc = _doc()
+    twice = {"profile": "3g.40gb", "start": 4}
+    doc["spec"]["gpus"][0] = {"index": 0, "instances": [twice, dict(twice)]}  # no model given
+    with pytest.raises(errors.GpuLayoutError, match=r"^spec\.gpus\[0\]\.instances\[1\]\.start: "):
+        gl.parse(doc)
+
+
+def test_overlapping_instances_are_rejected_when_the_model_is_known() -> None:
+    doc = _set(_doc(), f"{_SI}[1]", {"profile": "1g.10gb", "start": 5})
+    with pytest.raises(errors.GpuLayoutError, match=r"^spec\.gpus\[0\]\.instances: .*overlap"):
+        gl.parse(doc)
+    # Without a model nothing says how many slots 3g.40gb takes: only the starts are checked.
+    doc = _set(doc, "spec.gpus[0].model", ...)
+    assert [i.start for i in gl.parse(doc).spec.gpus[1].instances] == [4, 5]
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+STATES: list[S | None] = [None, *S]
+
+
+@pytest.mark.parametrize("before", STATES, ids=str)
+@pytest.mark.parametrize("after", STATES, ids=str)
+def test_transition_table_over_every_pair(before: S | None, after: S | None) -> None:
+    listed = any(t.before == before and t.after == after for t in gl.TRANSITIONS)
+    assert gl.transition_allowed(before, after) == (listed or before == after)
+    if after is S.DESTROYING and before is not S.DESTROYING:
+        assert gl.transition_allowed(before, after) == (before is S.FREE)
+    if before in gl.UNTOUCHABLE and after is None:
+        # Only a failed creation vanishes; used and reserved instances never go away at all.
+        assert gl.transition_allowed(before, after) == (before is S.CREATING)
+
+
+def test_every_state_is_reachable_and_left() -> None:
+    for s in S:
+        assert any(t.after is s for t in gl.TRANSITIONS), s
+        assert any(t.before is s for t in gl.TRANSITIONS), s
+    assert len({(t.before, t.after) for t in gl.TRANSITIONS}) == len(gl.TRANSITIONS)
+
+
+# --------------------------------------------------------------------------- the planner
+
+
+def test_snapshot_gpus_mark_everything_the_planner_must_not_destroy_as_used() -> None:
+    doc = _doc()
+    doc["status"]["gpus"][0]["instances"].append(
+        {"profile": "1g.10gb", "start": 3, "uuid": "MIG-d", "state": "destroying"}
+    )
+    doc["status"]["summary"]["instances"] = 5
+    (gpu,) = gl.snapshot_gpus(gl.parse(doc))
+    assert gpu.index == 1
+    assert gpu.model == catalog.resolve_gpu("h100-80gb")
+    assert gpu.instances == (
+        snapshot.ExistingInstance("1g.10gb", 0, True),  # reserved
+        snapshot.ExistingInstance("1g.10gb", 1, True),  # used
+        snapshot.ExistingInstance("1g.10gb", 2, True),  # creating
+        snapshot.ExistingInstance("3g.40gb", 4, False),  # free; destroying left out
+    )
+
+
+def test_a_spec_reservation_wins_over_a_free_status() -> None:
+    doc = _set(_doc(), f"{_TI}[0].state", "free")
+    doc["status"]["summary"]["free"] = 2
+    (gpu,) = gl.snapshot_gpus(gl.parse(doc))
+    assert gpu.instances[0] == snapshot.ExistingInstance("1g.10gb", 0, True)
+
+
+def test_spec_from_plan_reserves_what_the_plan_assigns() -> None:
+    snap = snapshot.parse(
+        {
+            "version": 1,
+            "nodes": [
+                {"name": "n0", "gpus": [{"model": "a100-40gb", "instances": []}]},
+                {"name": "n1", "gpus": [{"model": "a100-40gb", "instances": []}]},
+            ],
+            "pods": [
+                {"name": "a", "requests": {"nvidia.com/mig-3g.20gb": 1}},
+                {"name": "b", "requests": {"nvidia.com/mig-1g.5gb": 2}},
+            ],
+        }
+    )
+    plan = planners.run(snap, "fast")
+    for node in snap.nodes:
+        spec = gl.spec_from_plan(plan, node)
+        targets = {(g.gpu, i.start): i.profile for g in plan.gpus if g.node == node.name
+                   for i in g.layout.instances}  # fmt: skip
+        assert {(g.index, i.start): i.profile for g in spec.gpus for i in g.instances} == targets
+        assert all(g.model == "a100-40gb" for g in spec.gpus)
+        reserved = {
+            (g.index, i.start): i.reserved_for
+            for g in spec.gpus
+            for i in g.instances
+            if i.reserved_for
+        }
+        want = {
+            (a.gpu, a.start): p.pod for p in plan.placements if p.node == node.name
+            for a in p.instances
+        }  # fmt: skip
+        assert reserved == want
+    assert sorted(i for n in snap.nodes for g in gl.spec_from_plan(plan, n).gpus
+                  for i in (x.reserved_for for x in g.instances) if i) == [
+        "default/a", "default/b", "default/b"]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- property
+
+
+_MODEL = catalog.resolve_gpu("a100-40gb")
+_LAYOUTS = layouts.enumerate_layouts(_MODEL, maximal=False)
+
+
+@st.composite
+def _layouts(draw: st.DrawFn) -> gl.GpuLayout:
+    pods = st.sampled_from(["default/p", "ns-1/pod.a", "x/y-2"])
+    indexes = draw(st.lists(st.integers(0, 15), unique=True, max_size=3).map(sorted))
+    spec_gpus = []
+    status_gpus = []
+    for index in indexes:
+        lay = draw(st.sampled_from(_LAYOUTS))
+        model = draw(st.sampled_from([None, "a100-40gb", "NVIDIA A100-SXM4-40GB"]))
+        spec_gpus.append(
+            gl.GpuSpec(
+                index,
+                model,
+                tuple(
+                    gl.InstanceSpec(i.profile, i.start, draw(st.none() | pods))
+                    for i in lay.instances
+                ),
+            )
+        )
+        if draw(st.booleans()):
+            insts = []
+            for i in draw(st.sampled_from(_LAYOUTS)).instances:
+                state = draw(st.sampled_from(list(S)))
+                uuid = draw(st.none()) if state is S.CREATING else f"MIG-{index}-{i.start}"
+                insts.append(gl.InstanceStatus(i.profile, i.start, uuid, state))
+            status_gpus.append(gl.GpuStatus(index, "a100-40gb", f"GPU-{index}", tuple(insts)))
+    conditions = draw(
+        st.lists(
+            st.builds(
+                gl.Condition,
+                type=st.sampled_from(["Ready", "Degraded", "migpilot.io/Static"]),
+                status=st.sampled_from(list(gl.ConditionStatus)),
+                reason=st.from_regex(gl.REASON_PATTERN, fullmatch=True).filter(
+                    lambda r: len(r) < 20
+                ),
+                message=st.text(max_size=10),
+                last_transition_time=st.just("2026-03-04T05:06:07Z"),
+                observed_generation=st.none() | st.integers(0, 9),
+            ),
+            max_size=3,
+            unique_by=lambda c: c.type,
+        )
+    )
+    status = draw(
+        st.none()
+        | st.just(
+            gl.LayoutStatus(
+                draw(st.none() | st.integers(0, 99)), tuple(status_gpus), tuple(conditions)
+            )
+        )
+    )
+    return gl.GpuLayout(
+        draw(st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True)),
+        gl.LayoutSpec(tuple(spec_gpus)),
+        status,
+        draw(st.none() | st.integers(1, 99)),
+    )
+
+
+@given(_layouts())
+def test_parse_inverts_to_document(layout: gl.GpuLayout) -> None:
+    doc = gl.to_document(layout)
+    assert gl.parse(doc) == layout
+    assert gl.parse(copy.deepcopy(doc)) == gl.parse(doc)
+    assert gl.to_document(gl.parse(doc)) == doc
+
+
+# --------------------------------------------------------------------------- the CRD YAML
+
+
+def _crd_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD.read_text())
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == gl.VERSION
+    return dict(version["schema"]["openAPIV3Schema"]["properties"])
+
+
+def test_the_crd_matches_the_python_schema() -> None:
+    crd = yaml.safe_load(CRD.read_text())
+    assert crd["metadata"]["name"] == gl.CRD_NAME
+    assert crd["spec"]["group"] == gl.GROUP
+    assert crd["spec"]["scope"] == "Cluster"
+    assert crd["spec"]["names"]["kind"] == gl.KIND
+    assert crd["spec"]["names"]["plural"] == gl.PLURAL
+    assert "gl" in crd["spec"]["names"]["shortNames"]
+    props = _crd_schema()
+    spec_gpu = props["spec"]["properties"]["gpus"]
+    status_gpu = props["status"]["properties"]["gpus"]
+    for gpus in (spec_gpu, status_gpu):
+        assert gpus["x-kubernetes-list-map-keys"] == ["index"]
+        insts = gpus["items"]["properties"]["instances"]
+        assert insts["x-kubernetes-list-map-keys"] == ["start"]
+        item = insts["items"]["properties"]
+        assert item["profile"]["pattern"] == gl.PROFILE_PATTERN
+        assert (item["start"]["minimum"], item["start"]["maximum"]) == (0, gl.MAX_START)
+    spec_item = spec_gpu["items"]["properties"]["instances"]["items"]["properties"]
+    assert spec_item["reservedFor"]["pattern"] == gl.RESERVED_FOR_PATTERN
+    state = status_gpu["items"]["properties"]["instances"]["items"]["properties"]["state"]
+    assert state["enum"] == [s.value for s in S]
+    cond = props["status"]["properties"]["conditions"]["items"]["properties"]
+    assert cond["reason"]["pattern"] == gl.REASON_PATTERN
+
+
+def test_the_crd_allows_every_start_and_profile_of_the_catalog() -> None:
+    pattern = re.compile(gl.PROFILE_PATTERN)
+    for model in catalog.gpu_models():
+        for p in model.profiles:
+            assert pattern.match(p.name), (model.id, p.name)
+            assert max(p.placements) <= gl.MAX_START, (model.id, p.name)
+    assert max(m.memory_slots for m in catalog.gpu_models()) - 1 == gl.MAX_START
