@@ -11,7 +11,7 @@ import yaml
 
 import migpilot
 from migpilot import errors
-from migpilot.cli import agent_cmd, config_cmd, mig_cmds, plan_cmd, simulate_cmd
+from migpilot.cli import agent_cmd, config_cmd, mig_cmds, plan_cmd, simulate_cmd, webhook_cmd
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.register(sub)
     simulate_cmd.register(sub)
     agent_cmd.register(sub)
+    webhook_cmd.register(sub)
     return parser
 
 

@@ -1,0 +1,69 @@
+"""``migpilot webhook``: the mutating admission webhook that gates MIG pods, as a command.
+
+Thin: it turns flags into :class:`migpilot.webhook.serving.Settings` and calls
+:func:`migpilot.webhook.serving.run`, which serves until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import IO
+
+from migpilot import errors
+from migpilot.webhook import serving
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``webhook`` to the top-level subparsers."""
+    defaults = serving.LeaseSettings()
+    p = subparsers.add_parser(
+        "webhook",
+        help="serve the admission webhook that gates new MIG pods for the controller",
+        description=(
+            "Serve the mutating admission webhook (HTTPS, POST /mutate-pods, GET /healthz): "
+            "it adds the scheduling gate migpilot.io/plan to new pods that request MIG "
+            "resources while the controller holds a fresh Lease, and lets every pod through "
+            "otherwise. Stops on SIGTERM/SIGINT."
+        ),
+    )
+    p.add_argument("--cert", required=True, type=Path, metavar="FILE", help="PEM serving cert")
+    p.add_argument("--key", required=True, type=Path, metavar="FILE", help="PEM private key")
+    p.add_argument("--port", type=int, default=9443, help="port to listen on (default: 9443)")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="kubeconfig to read the controller's Lease with (default: in-cluster)",
+    )
+    p.add_argument(
+        "--lease-namespace",
+        default=defaults.namespace,
+        metavar="NS",
+        help=f"namespace of the Lease {defaults.name} (default: {defaults.namespace})",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log every request")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace, out: IO[str]) -> int:
+    for path in (args.cert, args.key, args.kubeconfig):
+        if path is not None and not path.is_file():
+            raise errors.MigpilotError(f"no such file: {path}")
+    if not 0 < args.port < 65536:
+        raise errors.MigpilotError(f"--port must be 1..65535, got {args.port}")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    serving.run(
+        serving.Settings(
+            tls=serving.TlsSettings(cert_file=args.cert, key_file=args.key),
+            lease=serving.LeaseSettings(namespace=args.lease_namespace, kubeconfig=args.kubeconfig),
+            host=args.host,
+            port=args.port,
+        )
+    )
+    return 0

@@ -1,0 +1,125 @@
+"""Whether the controller is alive: its Lease, read through lightkube and cached for a moment.
+
+Why it exists: the webhook gates MIG pods only while a controller holds a fresh Lease, so a dead
+controller never strands new pods. The apiserver calls the webhook for every pod it creates;
+reading the Lease on each call would double that traffic, so the Lease is re-read at most every
+``cache_s`` seconds and its freshness judged at each call against the clock.
+
+Any error reading the Lease (not found, forbidden, timeout, TLS) counts as "not fresh": the
+webhook then fails open, as its ``failurePolicy: Ignore`` does.
+
+The one module of the webhook that imports the Kubernetes client (an import-linter contract
+checks it). :class:`StaticLease` is the in-memory stand-in for tests and demos.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx2
+import lightkube
+from lightkube.resources.coordination_v1 import Lease
+
+from migpilot.webhook import admission
+
+_log = logging.getLogger("migpilot.webhook")
+
+READ_TIMEOUT_S = 1.0
+"""How long one read of the Lease may take: well inside the webhook's 2 s timeout."""
+
+
+class LeaseSource(Protocol):
+    """Where the controller's Lease comes from."""
+
+    def read(self) -> Mapping[str, Any]:
+        """The Lease as a coordination.k8s.io/v1 dict; raises on any failure."""
+        ...
+
+
+class KubeLease:
+    """The Lease ``namespace/name`` read from the Kubernetes API."""
+
+    def __init__(self, client: lightkube.Client, *, name: str, namespace: str) -> None:
+        self._client = client
+        self._name = name
+        self._namespace = namespace
+
+    @classmethod
+    def connect(cls, kubeconfig: Path | None, *, name: str, namespace: str) -> KubeLease:
+        """A source with its own client: from ``kubeconfig``, or in-cluster when None."""
+        config = (
+            lightkube.KubeConfig.from_file(kubeconfig)
+            if kubeconfig is not None
+            else lightkube.KubeConfig.from_env()
+        )
+        client = lightkube.Client(
+            config=config, timeout=httpx2.Timeout(READ_TIMEOUT_S), trust_env=False
+        )
+        return cls(client, name=name, namespace=namespace)
+
+    def read(self) -> Mapping[str, Any]:
+        lease = self._client.get(Lease, self._name, namespace=self._namespace)
+        return lease.to_dict()
+
+
+class StaticLease:
+    """An in-memory Lease: set it, or set an error that reading raises."""
+
+    def __init__(self, lease: Mapping[str, Any] | None = None) -> None:
+        self.lease: Mapping[str, Any] | None = lease
+        self.reads = 0
+
+    def read(self) -> Mapping[str, Any]:
+        self.reads += 1
+        if self.lease is None:
+            raise LookupError("no Lease")
+        return self.lease
+
+
+class Freshness:
+    """Answers "is the controller's Lease fresh now?", reading the source at most every
+    ``cache_s`` seconds of ``clock`` (seconds since the Unix epoch). Thread-safe."""
+
+    def __init__(
+        self,
+        source: LeaseSource,
+        *,
+        cache_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._source = source
+        self._cache_s = cache_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._lease: Mapping[str, Any] | None = None
+        self._read_at: float | None = None
+        self._last: bool | None = None
+
+    def fresh(self) -> bool:
+        with self._lock:
+            now = self._clock()
+            # A clock that went back re-reads too.
+            if self._read_at is None or not 0 <= now - self._read_at < self._cache_s:
+                self._lease = self._read()
+                self._read_at = now
+            fresh = self._lease is not None and admission.lease_fresh(self._lease, now)
+            if fresh != self._last:
+                _log.info("controller Lease %s: MIG pods are %s", *_said(fresh))
+                self._last = fresh
+            return fresh
+
+    def _read(self) -> Mapping[str, Any] | None:
+        try:
+            return self._source.read()
+        except Exception as err:  # fail open on anything: that is the point
+            _log.warning("cannot read the controller Lease (pods pass ungated): %s", err)
+            return None
+
+
+def _said(fresh: bool) -> tuple[str, str]:
+    return ("fresh", "gated") if fresh else ("missing or stale", "not gated")
