@@ -1,0 +1,371 @@
+"""The webhook's pure decision: which new pods get the migpilot.io/plan gate, the patch it sends,
+that it never rejects, and the Lease freshness rule."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from migpilot.webhook import admission
+
+GATE = {"name": "migpilot.io/plan"}
+
+
+def _pod(
+    *,
+    containers: list[dict[str, Any]] | None = None,
+    init: list[dict[str, Any]] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "containers": containers if containers is not None else [{"name": "app", "image": "x"}]
+    }
+    if init is not None:
+        body["initContainers"] = init
+    body.update(spec)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": body}
+
+
+def _container(name: str = "app", **resources: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "image": "x", "resources": resources}
+
+
+MIG = _container(requests={"nvidia.com/mig-1g.10gb": "1", "cpu": "1"})
+PLAIN = _container(requests={"cpu": "1", "memory": "1Gi"})
+
+
+def _review(
+    obj: Any, *, operation: str = "CREATE", kind: str = "Pod", uid: str = "u-1"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": kind},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": operation,
+            "namespace": "default",
+            "object": obj,
+        },
+    }
+
+
+def _answer(document: Any, *, fresh: bool = True) -> dict[str, Any]:
+    out = admission.review(document, lease_fresh=fresh)
+    assert out["apiVersion"] == "admission.k8s.io/v1"
+    assert out["kind"] == "AdmissionReview"
+    response = dict(out["response"])
+    assert response["allowed"] is True  # never rejects
+    json.dumps(out)  # serialisable as is
+    return response
+
+
+def _patch(response: dict[str, Any]) -> list[dict[str, Any]]:
+    assert response["patchType"] == "JSONPatch"
+    patch: list[dict[str, Any]] = json.loads(base64.b64decode(response["patch"]))
+    return patch
+
+
+def _apply(obj: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
+    """A minimal RFC 6902 'add' (all the webhook sends), to check the result."""
+    out = json.loads(json.dumps(obj))
+    for op in patch:
+        assert op["op"] == "add"
+        *parents, last = [
+            t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]
+        ]
+        target = out
+        for token in parents:
+            target = target[token]
+        if last == "-":
+            target.append(op["value"])
+        else:
+            target[last] = op["value"]
+    return out
+
+
+# --- the matrix --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pod", "fresh", "outcome"),
+    [
+        (_pod(containers=[MIG]), True, admission.Outcome.GATED),
+        (_pod(containers=[PLAIN]), True, admission.Outcome.NO_MIG_REQUEST),
+        (_pod(containers=[{"name": "app"}]), True, admission.Outcome.NO_MIG_REQUEST),
+        (_pod(containers=[MIG], schedulingGates=[GATE]), True, admission.Outcome.ALREADY_GATED),
+        (_pod(containers=[MIG], nodeName="n1"), True, admission.Outcome.BOUND),
+        (_pod(containers=[MIG]), False, admission.Outcome.LEASE_STALE),
+        (_pod(containers=[PLAIN], init=[MIG]), True, admission.Outcome.GATED),
+        (
+            _pod(containers=[_container(limits={"nvidia.com/mig-3g.40gb": 1})]),
+            True,
+            admission.Outcome.GATED,
+        ),
+        (
+            _pod(containers=[_container(requests={"nvidia.com/mig-1g.10gb": "0"})]),
+            True,
+            admission.Outcome.NO_MIG_REQUEST,
+        ),
+        (
+            _pod(containers=[_container(requests={"nvidia.com/gpu": "1"})]),
+            True,
+            admission.Outcome.NO_MIG_REQUEST,
+        ),
+    ],
+    ids=[
+        "mig-gated",
+        "plain-untouched",
+        "no-resources",
+        "already-gated",
+        "node-name-set",
+        "lease-stale",
+        "init-container-mig",
+        "limits-only",
+        "zero-mig",
+        "whole-gpu",
+    ],
+)
+def test_decision_matrix(pod: dict[str, Any], fresh: bool, outcome: admission.Outcome) -> None:
+    decision = admission.decide(_review(pod), lease_fresh=fresh)
+    assert decision.outcome is outcome
+    response = _answer(_review(pod), fresh=fresh)
+    assert response["uid"] == "u-1"
+    assert ("patch" in response) == (outcome is admission.Outcome.GATED)
+    assert "status" not in response
+    assert "warnings" not in response
+
+
+def test_gated_pod_gets_gate_and_label_when_both_absent() -> None:
+    pod = _pod(containers=[MIG])
+    patched = _apply(pod, _patch(_answer(_review(pod))))
+    assert patched["spec"]["schedulingGates"] == [GATE]
+    assert patched["metadata"]["labels"] == {"migpilot.io/gated": "true"}
+    assert patched["spec"]["containers"] == pod["spec"]["containers"]
+
+
+def test_gate_is_appended_to_existing_gates_and_labels_kept() -> None:
+    pod = _pod(containers=[MIG], schedulingGates=[{"name": "kueue.x-k8s.io/admission"}])
+    pod["metadata"]["labels"] = {"app": "train"}
+    patch = _patch(_answer(_review(pod)))
+    assert patch[0]["path"] == "/spec/schedulingGates/-"
+    assert patch[1]["path"] == "/metadata/labels/migpilot.io~1gated"
+    patched = _apply(pod, patch)
+    assert patched["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/admission"}, GATE]
+    assert patched["metadata"]["labels"] == {"app": "train", "migpilot.io/gated": "true"}
+
+
+@pytest.mark.parametrize("gates", [None, []])
+def test_null_or_empty_gates_are_replaced(gates: Any) -> None:
+    pod = _pod(containers=[MIG], schedulingGates=gates)
+    patched = _apply(pod, _patch(_answer(_review(pod))))
+    assert patched["spec"]["schedulingGates"] == [GATE]
+
+
+@pytest.mark.parametrize("uid", ["u-1", "705ab4f5-6393-11e8-b7cc-42010a800002"])
+def test_uid_is_echoed(uid: str) -> None:
+    assert _answer(_review(_pod(containers=[MIG]), uid=uid))["uid"] == uid
+    assert _answer(_review("not a pod", uid=uid))["uid"] == uid
+
+
+@pytest.mark.parametrize(
+    ("operation", "kind"), [("UPDATE", "Pod"), ("DELETE", "Pod"), ("CREATE", "Deployment")]
+)
+def test_only_pod_creates_are_gated(operation: str, kind: str) -> None:
+    document = _review(_pod(containers=[MIG]), operation=operation, kind=kind)
+    assert admission.decide(document, lease_fresh=True).outcome is (
+        admission.Outcome.NOT_POD_CREATE
+    )
+    assert "patch" not in _answer(document)
+
+
+def test_a_subresource_create_is_not_gated() -> None:
+    document = _review(_pod(containers=[MIG]))
+    document["request"]["subResource"] = "binding"
+    assert "patch" not in _answer(document)
+
+
+# --- never reject: malformed input --------------------------------------------------------------
+
+
+def _without(document: dict[str, Any], *path: str) -> dict[str, Any]:
+    target = document
+    for key in path[:-1]:
+        target = target[key]
+    del target[path[-1]]
+    return document
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (None, "not a JSON object"),
+        ([1, 2], "not a JSON object"),
+        ({"kind": "AdmissionReview"}, "expected an AdmissionReview of admission.k8s.io/v1"),
+        (_without(_review(_pod()), "request"), "request is not an object"),
+        (_without(_review(_pod()), "request", "uid"), "request.uid is missing"),
+        (_without(_review(_pod()), "request", "object"), "request.object is not an object"),
+        (_review({"metadata": {}}), "the pod's spec is not an object"),
+        (_review({"metadata": [], "spec": {}}), "the pod's metadata is not an object"),
+        (_review(_pod(containers="app")), "spec.containers is not a list"),  # type: ignore[arg-type]
+        (_review(_pod(containers=["app"])), "spec.containers[0] is not an object"),
+        (
+            _review(_pod(containers=[{"name": "a", "resources": {"limits": [1]}}])),
+            "container a: resources.limits is not an object",
+        ),
+        (
+            _review(_pod(containers=[MIG], schedulingGates={"name": "x"})),
+            "spec.schedulingGates is not a list",
+        ),
+    ],
+)
+def test_malformed_reviews_are_allowed_with_a_message(document: Any, message: str) -> None:
+    assert admission.decide(document, lease_fresh=True).outcome is admission.Outcome.MALFORMED
+    response = _answer(document)
+    assert message in response["status"]["message"]
+    assert any(message in w for w in response["warnings"])
+    assert "patch" not in response
+
+
+# --- malformed MIG resource names ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("resource", "spelling"),
+    [
+        ("nvidia.com/mig-1g.10gb+me", "nvidia.com/mig-1g.10gb.me"),
+        ("nvidia.com/mig-1c.3g.40gb", "nvidia.com/mig-3g.40gb"),
+        ("nvidia.com/mig-1G.10GB", "nvidia.com/mig-1g.10gb"),
+    ],
+)
+def test_bad_resource_name_is_admitted_with_a_warning(resource: str, spelling: str) -> None:
+    pod = _pod(containers=[_container(requests={resource: 1}, limits={resource: 1})])
+    response = _answer(_review(pod))
+    assert "patch" not in response  # the planner cannot place what no plugin advertises
+    assert "status" not in response  # the pod itself is well formed
+    [warning] = response["warnings"]  # one per resource, not per requests/limits
+    assert resource in warning
+    assert spelling in warning
+    assert "container app" in warning
+
+
+def test_bad_name_beside_a_good_one_still_gates_with_the_warning() -> None:
+    pod = _pod(
+        containers=[MIG],
+        init=[_container("setup", limits={"nvidia.com/mig-1g.10gb+me": 1})],
+    )
+    response = _answer(_review(pod))
+    assert "patch" in response
+    [warning] = response["warnings"]
+    assert "initContainer setup" in warning
+    assert "nvidia.com/mig-1g.10gb.me" in warning
+
+
+def test_unknown_profile_warns() -> None:
+    pod = _pod(containers=[_container(requests={"nvidia.com/mig-lots": 1})])
+    response = _answer(_review(pod))
+    assert "patch" not in response
+    assert "nvidia.com/mig-lots" in response["warnings"][0]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@given(JSON)
+def test_any_json_is_allowed(document: Any) -> None:
+    response = _answer(document)
+    assert "patch" not in response
+
+
+# --- the Lease ---------------------------------------------------------------------------------
+
+RENEWED = "2026-01-02T03:04:05.000000Z"
+RENEWED_S = 1767323045.0
+
+
+def _lease(**spec: Any) -> dict[str, Any]:
+    base = {"holderIdentity": "controller-0", "renewTime": RENEWED, "leaseDurationSeconds": 15}
+    base.update(spec)
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": base}
+
+
+@pytest.mark.parametrize(
+    ("lease", "now", "fresh"),
+    [
+        (_lease(), RENEWED_S, True),
+        (_lease(), RENEWED_S + 14.999, True),
+        (_lease(), RENEWED_S + 15, False),  # renewTime + duration must be later than now
+        (_lease(), RENEWED_S + 60, False),
+        (_lease(), RENEWED_S - 100, True),  # renewed "in the future": clocks differ a little
+        (_lease(holderIdentity=""), RENEWED_S, False),
+        (_lease(holderIdentity=None), RENEWED_S, False),
+        (_lease(renewTime=None), RENEWED_S, False),
+        (_lease(renewTime="yesterday"), RENEWED_S, False),
+        (_lease(renewTime="2026-13-02T03:04:05Z"), RENEWED_S, False),
+        (_lease(renewTime="2026-02-30T03:04:05Z"), RENEWED_S, False),
+        (_lease(leaseDurationSeconds=0), RENEWED_S, False),
+        (_lease(leaseDurationSeconds=-5), RENEWED_S, False),
+        (_lease(leaseDurationSeconds="15"), RENEWED_S, False),
+        (_lease(leaseDurationSeconds=True), RENEWED_S, False),
+        (_lease(renewTime="2026-01-02T04:04:05+01:00"), RENEWED_S + 10, True),
+        (_lease(renewTime="2026-01-02T03:04:05Z"), RENEWED_S + 10, True),
+        ({"spec": None}, RENEWED_S, False),
+        ({}, RENEWED_S, False),
+    ],
+)
+def test_lease_fresh(lease: dict[str, Any], now: float, fresh: bool) -> None:
+    assert admission.lease_fresh(lease, now) is fresh
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1970-01-01T00:00:00Z", 0.0),
+        ("1970-01-01T00:00:01.250000Z", 1.25),
+        ("1970-01-01T01:00:00+01:00", 0.0),
+        ("1969-12-31T23:00:00-01:00", 0.0),
+        ("2024-02-29T00:00:00Z", 1709164800.0),
+    ],
+)
+def test_parse_time(text: str, seconds: float) -> None:
+    assert admission.parse_time(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "text", ["", "2024-02-29", "2023-02-29T00:00:00Z", "2024-01-01T24:00:00Z", 5]
+)
+def test_parse_time_rejects(text: Any) -> None:
+    assert admission.parse_time(text) is None
+
+
+@given(JSON)
+def test_any_object_in_a_review_is_allowed_and_its_uid_echoed(obj: Any) -> None:
+    response = _answer(_review(obj, uid="u-9"))
+    assert response["uid"] == "u-9"
+
+
+@given(
+    st.lists(st.sampled_from([MIG, PLAIN, _container("b", limits={"nvidia.com/mig-1g.10gb": 2})])),
+    st.lists(st.sampled_from([MIG, PLAIN])),
+    st.lists(st.sampled_from([GATE, {"name": "other"}]), max_size=2, unique_by=lambda g: g["name"]),
+)
+def test_a_gated_pod_ends_with_exactly_one_gate(
+    containers: list[dict[str, Any]], init: list[dict[str, Any]], gates: list[dict[str, str]]
+) -> None:
+    pod = _pod(containers=containers, init=init, schedulingGates=gates)
+    response = _answer(_review(pod))
+    patched = _apply(pod, _patch(response)) if "patch" in response else pod
+    mig = MIG in containers or MIG in init or any(c["name"] == "b" for c in containers)
+    assert patched["spec"]["schedulingGates"].count(GATE) == (1 if mig or GATE in gates else 0)
