@@ -182,7 +182,10 @@ class WebhookServer:
             connection_timeout_s=settings.connection_timeout_s,
         )
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="migpilot-webhook", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},  # how long stop() may wait for the loop to notice
+            name="migpilot-webhook",
+            daemon=True,
         )
 
     @property

@@ -1,0 +1,165 @@
+"""The webhook's HTTPS server on loopback with a certificate from a throwaway CA: health, the
+review round trip, malformed bodies still allowed, keep-alive, concurrent clients (one stuck
+before its TLS handshake blocks nobody), and stop() really closing open connections."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import socket
+import ssl
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from migpilot.webhook import leases, serving
+from tests.kube import certs
+
+LEASE = {
+    "spec": {
+        "holderIdentity": "controller-0",
+        "renewTime": "1970-01-01T00:01:40Z",
+        "leaseDurationSeconds": 15,
+    }
+}
+
+
+def _review(uid: str, resources: dict[str, Any]) -> bytes:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": uid},
+        "spec": {"containers": [{"name": "app", "resources": {"requests": resources}}]},
+    }
+    document = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": "CREATE",
+            "object": pod,
+        },
+    }
+    return json.dumps(document).encode()
+
+
+class Webhook:
+    def __init__(self, server: serving.WebhookServer, lease: leases.StaticLease, ca: Path) -> None:
+        self.server = server
+        self.lease = lease
+        self.context = ssl.create_default_context(cafile=ca)
+
+    def connect(self) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(
+            "127.0.0.1", self.server.port, context=self.context, timeout=10
+        )
+
+    def post(self, body: bytes, conn: http.client.HTTPSConnection | None = None) -> tuple[int, Any]:
+        own = conn is None
+        conn = conn or self.connect()
+        try:
+            conn.request("POST", "/mutate-pods", body, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            data = response.read()
+            return response.status, json.loads(data)
+        finally:
+            if own:
+                conn.close()
+
+
+@pytest.fixture
+def webhook(tmp_path: Path) -> Iterator[Webhook]:
+    ca = certs.CertificateAuthority(tmp_path)
+    pair = ca.issue("webhook", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
+    lease = leases.StaticLease(LEASE)
+    freshness = leases.Freshness(lease, cache_s=2.0, clock=lambda: 100.0)
+    settings = serving.Settings(
+        tls=serving.TlsSettings(cert_file=pair.cert, key_file=pair.key),
+        host="127.0.0.1",
+        port=0,
+        connection_timeout_s=5.0,
+    )
+    with serving.WebhookServer(settings, freshness=freshness) as server:
+        yield Webhook(server, lease, ca.pair.cert)
+
+
+def test_healthz_and_unknown_paths(webhook: Webhook) -> None:
+    conn = webhook.connect()
+    try:
+        conn.request("GET", "/healthz")
+        response = conn.getresponse()
+        assert (response.status, response.read()) == (200, b"ok")
+        conn.request("GET", "/nope")  # same connection: keep-alive
+        response = conn.getresponse()
+        assert response.status == 404
+        response.read()
+    finally:
+        conn.close()
+
+
+def test_mig_pod_is_patched_and_plain_pod_is_not(webhook: Webhook) -> None:
+    status, answer = webhook.post(_review("u-mig", {"nvidia.com/mig-1g.10gb": "1"}))
+    assert status == 200
+    response = answer["response"]
+    assert response["uid"] == "u-mig"
+    assert response["allowed"] is True
+    patch = json.loads(base64.b64decode(response["patch"]))
+    assert patch[0] == {
+        "op": "add",
+        "path": "/spec/schedulingGates",
+        "value": [{"name": "migpilot.io/plan"}],
+    }
+    status, answer = webhook.post(_review("u-cpu", {"cpu": "1"}))
+    assert status == 200
+    assert answer["response"] == {"uid": "u-cpu", "allowed": True}
+
+
+def test_missing_lease_lets_mig_pods_through(webhook: Webhook) -> None:
+    webhook.lease.lease = None  # before the first request: nothing cached yet
+    status, answer = webhook.post(_review("u-1", {"nvidia.com/mig-1g.10gb": "1"}))
+    assert status == 200
+    assert answer["response"] == {"uid": "u-1", "allowed": True}
+    assert webhook.lease.reads == 1
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"\xff\xfe", b"[]", b""])
+def test_malformed_bodies_are_allowed_with_a_message(webhook: Webhook, body: bytes) -> None:
+    status, answer = webhook.post(body)
+    assert status == 200
+    assert answer["response"]["allowed"] is True
+    assert "admitted without a gate" in answer["response"]["status"]["message"]
+
+
+def test_concurrent_requests_while_a_client_stalls_before_tls(webhook: Webhook) -> None:
+    stalled = socket.create_connection(("127.0.0.1", webhook.server.port))  # never handshakes
+    try:
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            results = list(
+                pool.map(
+                    lambda i: webhook.post(_review(f"u-{i}", {"nvidia.com/mig-3g.40gb": 1})),
+                    range(64),
+                )
+            )
+    finally:
+        stalled.close()
+    assert [a["response"]["uid"] for _, a in results] == [f"u-{i}" for i in range(64)]
+    assert all(status == 200 and "patch" in a["response"] for status, a in results)
+    assert webhook.lease.reads == 1  # cached
+
+
+def test_stop_closes_kept_alive_connections(webhook: Webhook) -> None:
+    conn = webhook.connect()
+    try:
+        assert webhook.post(_review("u-1", {"cpu": "1"}), conn)[0] == 200
+        webhook.server.stop()
+        with pytest.raises((OSError, http.client.HTTPException)):
+            webhook.post(_review("u-2", {"cpu": "1"}), conn)
+    finally:
+        conn.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", webhook.server.port), timeout=2).close()
