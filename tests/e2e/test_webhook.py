@@ -1,0 +1,210 @@
+"""The webhook on the real kube-apiserver (v1.37): `migpilot webhook` as a process on loopback,
+registered with the rendered MutatingWebhookConfiguration (its CEL matchConditions accepted),
+gates a new MIG pod while the controller's Lease is fresh, leaves other pods alone, gates nothing
+once the Lease is stale, and when it is stopped pods are still created (failurePolicy Ignore).
+
+The control plane is shared by the session: the webhook configuration, the namespace and the
+pods this test makes are deleted at the end. Every wait has a generous timeout; no duration
+decides a pass (the one sleep outlasts the webhook's 2 s Lease cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import http.client
+import ssl
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import lightkube
+import pytest
+from lightkube import codecs
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.types import PatchType
+
+from migpilot.webhook import registering, serving
+from tests.kube import certs, controlplane
+from tests.kube.controlplane import ControlPlane, wait_for
+
+pytestmark = pytest.mark.kube
+
+GATE = "migpilot.io/plan"
+POD_NS = "default"
+LEASE_CACHE_S = serving.LeaseSettings().cache_s
+REPO = Path(__file__).parents[2]
+
+
+def _micro_time(seconds_ago: float) -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds_ago)
+
+
+class Scene:
+    def __init__(self, plane: ControlPlane, lease_ns: str, suffix: str) -> None:
+        self.plane = plane
+        self.client = plane.client
+        self.lease_ns = lease_ns
+        self.suffix = suffix
+        self.pods: list[str] = []
+
+    def pod(self, name: str, *, mig: str | None) -> Pod:
+        full = f"wh-{name}-{self.suffix}"
+        limits = {mig: "1"} if mig else None
+        pod = Pod(
+            metadata=ObjectMeta(name=full, namespace=POD_NS),
+            spec=PodSpec(
+                containers=[
+                    Container(
+                        name="main",
+                        image="registry.example/never-pulled:1",
+                        resources=ResourceRequirements(limits=limits, requests={"cpu": "10m"}),
+                    )
+                ]
+            ),
+        )
+        self.pods.append(full)
+        return self.client.create(pod)
+
+    def renew(self, *, seconds_ago: float) -> None:
+        renewed = _micro_time(seconds_ago).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        self.client.patch(
+            Lease,
+            serving.LeaseSettings().name,
+            {"spec": {"renewTime": renewed}},
+            namespace=self.lease_ns,
+            patch_type=PatchType.MERGE,
+        )
+
+
+def _gates(pod: Pod) -> list[str]:
+    return [g.name for g in (pod.spec.schedulingGates if pod.spec else None) or []]
+
+
+def _scheduling_gated(client: lightkube.Client, name: str) -> bool:
+    pod = client.get(Pod, name, namespace=POD_NS)
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return any(
+        c.type == "PodScheduled" and c.status == "False" and c.reason == "SchedulingGated"
+        for c in conditions
+    )
+
+
+def _healthy(port: int, ca: Path) -> bool:
+    conn = http.client.HTTPSConnection(
+        "127.0.0.1", port, context=ssl.create_default_context(cafile=ca), timeout=2
+    )
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().read() == b"ok"
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def scene(
+    control_plane: ControlPlane, tmp_path: Path
+) -> Iterator[tuple[Scene, controlplane.Component]]:
+    client = control_plane.client
+    suffix = uuid.uuid4().hex[:6]
+    lease_ns = f"migpilot-wh-{suffix}"
+    config_name = f"migpilot-webhook-e2e-{suffix}"
+    ca = certs.CertificateAuthority(tmp_path)
+    pair = ca.issue("webhook", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
+    [port] = controlplane.free_ports(1)
+    webhook = controlplane.launch(
+        "migpilot-webhook",
+        [
+            sys.executable,
+            "-m",
+            "migpilot",
+            "webhook",
+            "--verbose",
+            "--cert",
+            str(pair.cert),
+            "--key",
+            str(pair.key),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "--lease-namespace",
+            lease_ns,
+        ],
+        log=tmp_path / "webhook.log",
+        cwd=REPO,
+    )
+    scene = Scene(control_plane, lease_ns, suffix)
+    try:
+        wait_for(lambda: _healthy(port, ca.pair.cert), what="the webhook to serve", watch=[webhook])
+        client.create(Namespace(metadata=ObjectMeta(name=lease_ns)))
+        client.create(
+            Lease(
+                metadata=ObjectMeta(name=serving.LeaseSettings().name, namespace=lease_ns),
+                spec=LeaseSpec(
+                    holderIdentity="e2e", renewTime=_micro_time(0), leaseDurationSeconds=60
+                ),
+            )
+        )
+        document = registering.configuration(
+            ca_bundle=ca.pair.cert.read_bytes(),
+            url=f"https://127.0.0.1:{port}/mutate-pods",
+            name=config_name,
+        )
+        client.create(codecs.from_dict(document))  # the CEL matchConditions compile on 1.37
+        yield scene, webhook
+    finally:
+        controlplane.stop_components([webhook])
+        with contextlib.suppress(lightkube.ApiError):
+            client.delete(MutatingWebhookConfiguration, config_name)
+        for name in scene.pods:
+            with contextlib.suppress(lightkube.ApiError):
+                client.delete(Pod, name, namespace=POD_NS, grace_period=0)
+        with contextlib.suppress(lightkube.ApiError):
+            client.delete(Namespace, lease_ns)
+
+
+def test_webhook_gates_mig_pods_only_while_the_lease_is_fresh_and_fails_open(
+    scene: tuple[Scene, controlplane.Component],
+) -> None:
+    s, webhook = scene
+    client = s.client
+
+    # The apiserver starts calling a new webhook configuration within a moment.
+    attempt = iter(range(1000))
+
+    def a_mig_pod_is_gated() -> str | None:
+        pod = s.pod(f"mig{next(attempt)}", mig="nvidia.com/mig-1g.10gb")
+        return pod.metadata.name if pod.metadata and GATE in _gates(pod) else None
+
+    gated = wait_for(a_mig_pod_is_gated, what="a MIG pod to be gated", watch=[webhook])
+    pod = client.get(Pod, gated, namespace=POD_NS)
+    assert _gates(pod) == [GATE]
+    assert pod.metadata and pod.metadata.labels == {"migpilot.io/gated": "true"}
+    wait_for(lambda: _scheduling_gated(client, gated), what="PodScheduled=False/SchedulingGated")
+
+    assert _gates(s.pod("plain", mig=None)) == []
+    assert _gates(s.pod("me", mig="nvidia.com/mig-1g.10gb.me")) == [GATE]
+    # A name no device plugin advertises: admitted (with a warning), not gated. (`+me` never
+    # gets this far on a real apiserver: `+` is not allowed in a resource name.)
+    assert _gates(s.pod("badname", mig="nvidia.com/mig-1G.10gb")) == []
+
+    s.renew(seconds_ago=3600)
+    time.sleep(LEASE_CACHE_S + 0.5)  # outlast the webhook's cache of the Lease
+    assert _gates(s.pod("stale", mig="nvidia.com/mig-1g.10gb")) == []
+
+    s.renew(seconds_ago=0)
+    controlplane.stop_components([webhook])
+    assert webhook.process.returncode == 0
+    created = s.pod("nowebhook", mig="nvidia.com/mig-1g.10gb")  # failurePolicy Ignore
+    assert _gates(created) == []
+    assert "review" in webhook.tail(200)  # it logged the reviews it answered
