@@ -1,0 +1,51 @@
+"""``migpilot webhook``: flags become Settings and one call to ``serving.run``; bad input is one
+line and exit 2 before anything is served."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from migpilot.cli import main as cli
+from migpilot.webhook import serving
+
+
+def test_flags_become_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("tls.crt", "tls.key", "kubeconfig"):
+        (tmp_path / name).write_text("x")
+    got: list[serving.Settings] = []
+    monkeypatch.setattr(serving, "run", got.append)
+    argv = ["webhook", "--cert", str(tmp_path / "tls.crt"), "--key", str(tmp_path / "tls.key")]
+    argv += ["--port", "8443", "--kubeconfig", str(tmp_path / "kubeconfig")]
+    argv += ["--lease-namespace", "gpu-system"]
+    assert cli.main(argv, out=io.StringIO()) == 0
+    assert got == [
+        serving.Settings(
+            tls=serving.TlsSettings(tmp_path / "tls.crt", tmp_path / "tls.key"),
+            lease=serving.LeaseSettings(namespace="gpu-system", kubeconfig=tmp_path / "kubeconfig"),
+            port=8443,
+        )
+    ]
+    assert got[0].lease.name == "migpilot-controller"
+    assert got[0].lease.cache_s == 2.0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--kubeconfig", "/nonexistent/kc"], "no such file"), (["--port", "0"], "--port")],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
+) -> None:
+    for name in ("tls.crt", "tls.key"):
+        (tmp_path / name).write_text("x")
+    argv = ["webhook", "--cert", str(tmp_path / "tls.crt"), "--key", str(tmp_path / "tls.key")]
+    assert cli.main(argv + extra, out=io.StringIO()) == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
