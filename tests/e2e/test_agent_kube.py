@@ -1,6 +1,7 @@
 """``migpilot agent --node`` as a real process against the real control plane of tests/kube.
 
-The agent runs with emulated GPUs and no kubelet on a KWOK node; the test writes the GpuLayout's
+The agent runs with emulated GPUs on a KWOK node with the stand-in kubelet (``--kubelet
+simulated``: the resource counts go into the Node's capacity); the test writes the GpuLayout's
 spec as the controller would (server-side apply, ``migpilot-controller``) and waits, with
 generous timeouts and never a sleep deciding a pass, for the agent's status and the Node's labels.
 """
@@ -19,7 +20,9 @@ from typing import Any
 import lightkube
 import pytest
 from lightkube import codecs
-from lightkube.resources.core_v1 import Node
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod
 
 from migpilot.api import gpulayouts as gl
 from tests.kube import crds
@@ -28,6 +31,7 @@ from tests.kube.controlplane import ControlPlane
 pytestmark = pytest.mark.kube
 
 NODE = "agent-kube-node"
+POD = "agent-kube-pod"
 WAIT_S = 60.0
 
 
@@ -41,7 +45,7 @@ class Agent:
             sys.executable, "-m", "migpilot", "agent",
             "--node", NODE, "--kubeconfig", str(plane.kubeconfig),
             "--backend", "emulated:h100-80gb:x2", "--state-file", str(root / "gpus.json"),
-            "--no-kubelet", "--interval", "5",
+            "--kubelet", "simulated", "--interval", "5",
         ]  # fmt: skip
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -80,9 +84,9 @@ def agent(control_plane: ControlPlane) -> Iterator[Agent]:
         a.process.kill()
         a.process.wait()
     client = control_plane.client
-    for res in (crds.GpuLayout, Node):
+    for res, name, ns in ((Pod, POD, "default"), (crds.GpuLayout, NODE, None), (Node, NODE, None)):
         try:
-            client.delete(res, NODE)
+            client.delete(res, name, namespace=ns, grace_period=0)
         except lightkube.ApiError as e:
             if e.status.code != 404:
                 raise
@@ -148,6 +152,31 @@ def test_agent_follows_its_gpulayout_and_reports_status(
 
     agent.wait(labelled, "the Node's GFD labels")
 
+    # The stand-in kubelet publishes the counts, and kube-scheduler places a pod on them.
+    def allocatable(resource: str, count: str) -> bool:
+        status = control_plane.client.get(Node, NODE).status
+        return ((status.allocatable if status else None) or {}).get(resource) == count
+
+    agent.wait(lambda: allocatable("nvidia.com/mig-3g.40gb", "1"), "the Node's allocatable")
+    assert allocatable("nvidia.com/mig-1g.10gb", "1")
+    limits = {"nvidia.com/mig-3g.40gb": "1"}
+    pod = Pod(
+        metadata=ObjectMeta(name=POD, namespace="default"),
+        spec=PodSpec(
+            nodeSelector={"kubernetes.io/hostname": NODE},
+            containers=[
+                Container(name="c", image="none", resources=ResourceRequirements(limits=limits))
+            ],
+        ),
+    )
+    control_plane.client.create(pod)
+
+    def bound() -> bool:
+        got = control_plane.client.get(Pod, POD, namespace="default")
+        return got.spec is not None and got.spec.nodeName == NODE
+
+    agent.wait(bound, "kube-scheduler to bind the pod to the node")
+
     # The controller changes the spec: only the changed instance moves, and a reservation shows.
     _apply_spec(
         control_plane,
@@ -161,6 +190,8 @@ def test_agent_follows_its_gpulayout_and_reports_status(
     )
     want1 = {0: {"2g.20gb@0", "3g.40gb@4"}}
     agent.wait(lambda: _reports(control_plane, 2, want1), "the status of generation 2")
+    agent.wait(lambda: allocatable("nvidia.com/mig-1g.10gb", "0"), "1g.10gb to go to 0")
+    assert allocatable("nvidia.com/mig-2g.20gb", "1")
     got = _layout(control_plane)
     assert got is not None and got.status is not None
     (gpu0,) = [g for g in got.status.gpus if g.index == 0]

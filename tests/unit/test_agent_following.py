@@ -15,7 +15,17 @@ from typing import Any
 import pytest
 
 from migpilot import errors
-from migpilot.agent import desired, following, kubeapi, metrics, reconciling, reporting, running
+from migpilot.agent import (
+    desired,
+    following,
+    kubeapi,
+    metrics,
+    reconciling,
+    reporting,
+    running,
+    standin,
+)
+from migpilot.agent.deviceplugin import devices
 from migpilot.api import gpulayouts as gl
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.mig import catalog, layouts
@@ -87,7 +97,12 @@ def node() -> Iterator[Node]:
         agent_metrics=metrics.AgentMetrics(),
         clock=clocks.VirtualClock(),
         settings=running.AgentSettings(),
-        listener=reporter,
+        listener=running.Listeners(
+            [
+                reporter,
+                standin.SimulatedKubelet(api, node=NODE, strategy=devices.MigStrategy.MIXED),
+            ]
+        ),
     )
     yield Node(api, gpus, source, kubelet, agent)
     api.close()
@@ -242,6 +257,23 @@ def test_gfd_labels_follow_the_layout_and_stale_keys_are_removed(node: Node) -> 
     labels = node.api.node_labels[NODE]
     assert labels["nvidia.com/mig-2g.20gb.count"] == "1"
     assert "nvidia.com/mig-1g.10gb.count" not in labels
+
+
+def test_the_simulated_kubelet_publishes_resource_counts(node: Node) -> None:
+    node.api.put_spec(NODE, spec([inst("1g.10gb", 0), inst("1g.10gb", 1), inst("3g.40gb", 4)]))
+    node.step()
+    assert node.api.node_resources[NODE] == {
+        "nvidia.com/mig-1g.10gb": "2",
+        "nvidia.com/mig-3g.40gb": "1",
+    }
+    node.api.put_spec(NODE, spec([inst("7g.80gb", 0)]))
+    node.step()
+    # A resource whose last device went stays at 0, as the kubelet keeps a registered one.
+    assert node.api.node_resources[NODE] == {
+        "nvidia.com/mig-1g.10gb": "0",
+        "nvidia.com/mig-3g.40gb": "0",
+        "nvidia.com/mig-7g.80gb": "1",
+    }
 
 
 def test_the_watch_follows_changes_and_lists_again_after_410() -> None:

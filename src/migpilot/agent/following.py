@@ -26,6 +26,7 @@ from typing import Any
 
 from migpilot import errors
 from migpilot.agent import desired, kubeapi, reconciling, reporting
+from migpilot.agent.deviceplugin import devices
 from migpilot.api import gpulayouts
 from migpilot.gpu import backend
 
@@ -189,6 +190,7 @@ class KubeReporter:
         state: Mapping[int, reconciling.GpuState],
         report: reconciling.Report | None,
         labels: Mapping[str, str],
+        view: devices.NodeDevices,
     ) -> None:
         """Write what changed; API failures are logged and retried at the next pass."""
         self._write_labels(labels)

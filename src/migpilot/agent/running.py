@@ -325,9 +325,29 @@ class PassListener(Protocol):
         state: Mapping[int, reconciling.GpuState],
         report: reconciling.Report | None,
         labels: Mapping[str, str],
+        view: devices.NodeDevices,
     ) -> None:
         """React to a pass; must not raise for a failure outside the node."""
         ...
+
+
+class Listeners:
+    """Several :class:`PassListener` told in order."""
+
+    def __init__(self, listeners: Sequence[PassListener]) -> None:
+        self._listeners = tuple(listeners)
+
+    def passed(
+        self,
+        *,
+        state: Mapping[int, reconciling.GpuState],
+        report: reconciling.Report | None,
+        labels: Mapping[str, str],
+        view: devices.NodeDevices,
+    ) -> None:
+        """Tell each listener."""
+        for listener in self._listeners:
+            listener.passed(state=state, report=report, labels=labels, view=view)
 
 
 # --- the view, the labels file -----------------------------------------------------------------
@@ -473,7 +493,10 @@ class Agent:
             self._publish(node_view(state))
             if self._listener is not None:
                 self._listener.passed(
-                    state=state, report=report, labels=self._node_labels(self._view)
+                    state=state,
+                    report=report,
+                    labels=self._node_labels(self._view),
+                    view=self._view,
                 )
             return report
 

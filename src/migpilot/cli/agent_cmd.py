@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from migpilot import errors
-from migpilot.agent import desired, following, kube, kubeapi, reconciling, running
+from migpilot.agent import desired, following, kube, kubeapi, reconciling, running, standin
 from migpilot.agent import metrics as agent_metrics
 from migpilot.agent.deviceplugin import allocating, devices, podresources, serving
 from migpilot.gpu import backend, clocks, emulated, nvml
@@ -29,6 +29,8 @@ from migpilot.gpu import backend, clocks, emulated, nvml
 EXIT_NOT_CONVERGED = 1
 """``--once``: something the desired layouts ask for was refused or failed."""
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
+SIMULATED = "simulated"
+"""``--kubelet simulated``: the stand-in kubelet of :mod:`migpilot.agent.standin`."""
 
 _log = logging.getLogger("migpilot.agent")
 
@@ -76,6 +78,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="DIR",
         help="the kubelet's folder, holding device-plugins/ and pod-resources/ "
         f"(default: {DEFAULT_KUBELET_DIR})",
+    )
+    p.add_argument(
+        "--kubelet",
+        metavar="DIR|simulated",
+        help="the kubelet's folder (as --kubelet-dir), or 'simulated' with --node on a node with "
+        "no kubelet (KWOK): serve no device plugin and publish its resource counts into the "
+        "Node's capacity and allocatable, for tests and demos",
     )
     p.add_argument(
         "--allocations-file",
@@ -213,26 +222,33 @@ class _Cluster:
 
     api: kubeapi.NodeApi
     source: following.GpuLayoutSource
+    simulated_kubelet: standin.SimulatedKubelet | None
 
     def wire(self, real: reconciling.InUse) -> tuple[reconciling.InUse, running.PassListener]:
         """The agent's in-use source (``real`` and the GpuLayout's protection) and its reporter
-        (which counts only ``real`` as in use)."""
+        (which counts only ``real`` as in use), with the simulated kubelet when asked for."""
         reporter = following.KubeReporter(self.api, source=self.source, in_use=real, now=_now)
-        return reconciling.AnyOf([real, self.source]), reporter
+        listeners: list[running.PassListener] = [reporter]
+        if self.simulated_kubelet is not None:
+            listeners.append(self.simulated_kubelet)
+        return reconciling.AnyOf([real, self.source]), running.Listeners(listeners)
 
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _cluster(args: argparse.Namespace) -> _Cluster | None:
+def _cluster(args: argparse.Namespace, strategy: devices.MigStrategy) -> _Cluster | None:
     """With ``--node``: connect and read the node's GpuLayout once (errors stop the agent)."""
     if args.node is None:
         return None
     api = kube.connect(Path(args.kubeconfig) if args.kubeconfig is not None else None)
     source = following.GpuLayoutSource(api, node=args.node)
     source.sync()
-    return _Cluster(api, source)
+    simulated = None
+    if args.kubelet == SIMULATED:
+        simulated = standin.SimulatedKubelet(api, node=args.node, strategy=strategy)
+    return _Cluster(api, source, simulated)
 
 
 def _open_backend(args: argparse.Namespace) -> backend.GpuBackend:
@@ -258,6 +274,14 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
     """Check the flags, open the backend, run the agent."""
     strategy = devices.MigStrategy.parse(args.strategy)
     list_strategies = _device_list(args.device_list_strategy)
+    if args.kubelet == SIMULATED:
+        if args.node is None:
+            raise errors.AgentConfigError("--kubelet simulated needs --node NAME")
+        args.no_kubelet = True  # the stand-in replaces the kubelet: no plugin, no PodResources
+    elif args.kubelet is not None:
+        if args.kubelet_dir != DEFAULT_KUBELET_DIR:
+            raise errors.AgentConfigError("--kubelet DIR and --kubelet-dir name the same folder")
+        args.kubelet_dir = args.kubelet
     kubelet_dir = Path(args.kubelet_dir)
     plugin_dir = kubelet_dir / "device-plugins"
     serve = not args.no_kubelet and not args.once
@@ -272,7 +296,7 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
             f"--labels-file {labels_file}: folder {labels_file.parent} does not exist"
         )
     source = _source(args)
-    cluster = _cluster(args)
+    cluster = _cluster(args, strategy)
     if cluster is not None:
         source = cluster.source
     gpus = _open_backend(args)
