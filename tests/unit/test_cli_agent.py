@@ -101,6 +101,8 @@ BAD_CASES = [
     (["--node", "n", "--config", "{config}", "-c", "balanced"], "--config (static layouts"),
     (["--node", "n", "--kubeconfig", "{missing}"], "--kubeconfig {missing}"),
     (["--node", "n", "--kubeconfig", "{unreachable}"], "the API server cannot be reached"),
+    (["--kubelet", "simulated"], "--kubelet simulated needs --node NAME"),
+    (["--kubelet", "{tmp}", "--kubelet-dir", "{tmp}/k"], "name the same folder"),
 ]
 
 
