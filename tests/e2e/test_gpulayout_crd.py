@@ -6,7 +6,6 @@ agent's summary says. Every wait has a generous timeout; no duration decides a p
 from __future__ import annotations
 
 import json
-import pathlib
 import ssl
 from typing import Any
 
@@ -15,38 +14,21 @@ import lightkube
 import pytest
 import yaml
 from lightkube import codecs
-from lightkube.generic_resource import create_global_resource
-from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.types import PatchType
 
 from migpilot.api import gpulayouts as gl
-from tests.kube.controlplane import ControlPlane, wait_for
+from tests.kube import crds
+from tests.kube.controlplane import ControlPlane
 
 pytestmark = pytest.mark.kube
 
-CRD = pathlib.Path(__file__).parents[2] / "deploy" / "crds" / "gpulayouts.migpilot.io.yaml"
-GpuLayout = create_global_resource(gl.GROUP, gl.VERSION, gl.KIND, gl.PLURAL)
+GpuLayout = crds.GpuLayout
 TIME = "2026-01-02T03:04:05Z"
 
 
 @pytest.fixture(scope="module")
 def crd(control_plane: ControlPlane) -> ControlPlane:
-    client = control_plane.client
-    resource = codecs.from_dict(yaml.safe_load(CRD.read_text()))
-    try:
-        client.create(resource)
-    except lightkube.ApiError as e:
-        if e.status.code != 409:
-            raise
-
-    def established() -> bool:
-        got = client.get(CustomResourceDefinition, gl.CRD_NAME)
-        conditions = (got.status.conditions if got.status else None) or []
-        return any(c.type == "Established" and c.status == "True" for c in conditions)
-
-    wait_for(established, what="the GpuLayout CRD to be Established", timeout=60)
-    # Discovery of a new group can lag Established by a moment.
-    wait_for(lambda: list(client.list(GpuLayout)) is not None, what="gpulayouts to be served")
+    crds.ensure_gpulayouts(control_plane)
     return control_plane
 
 

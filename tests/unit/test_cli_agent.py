@@ -64,6 +64,15 @@ def kubelet_dir(tmp_path: Path) -> Path:
     return tmp_path / "kubelet"
 
 
+UNREACHABLE = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
 BAD_CASES = [
     (["--strategy", "mixd"], "unknown MIG strategy 'mixd' (choose none, single, mixed)"),
     (["--backend", "cuda"], "unknown backend 'cuda' (expected nvml or emulated:MODEL:xN"),
@@ -88,6 +97,12 @@ BAD_CASES = [
     (["--backend", "nvml", "--state-file", "{tmp}/s.json"], "--state-file applies only to an"),
     (["--state-file", "{tmp}/no/such/s.json"], "does not exist"),
     (["--labels-file", "{tmp}/no/such/labels"], "--labels-file"),
+    (["--kubeconfig", "{missing}"], "--kubeconfig needs --node NAME"),
+    (["--node", "n", "--config", "{config}", "-c", "balanced"], "--config (static layouts"),
+    (["--node", "n", "--kubeconfig", "{missing}"], "--kubeconfig {missing}"),
+    (["--node", "n", "--kubeconfig", "{unreachable}"], "the API server cannot be reached"),
+    (["--kubelet", "simulated"], "--kubelet simulated needs --node NAME"),
+    (["--kubelet", "{tmp}", "--kubelet-dir", "{tmp}/k"], "name the same folder"),
 ]
 
 
@@ -102,8 +117,11 @@ def test_bad_input_is_one_line_and_exit_2(
     labels = tmp_path / "node-labels"
     labels.write_text("nvidia.com/mig.config=nope\n")
     state = tmp_path / "state.json"
+    unreachable = tmp_path / "unreachable.kubeconfig"
+    unreachable.write_text(UNREACHABLE)
     values = {
         "config": str(config),
+        "unreachable": str(unreachable),
         "missing": str(tmp_path / "absent.yaml"),
         "labels": str(labels),
         "tmp": str(tmp_path),
@@ -118,7 +136,7 @@ def test_bad_input_is_one_line_and_exit_2(
     assert code == 2
     assert out == ""
     assert err.startswith("migpilot: error: ") and err.count("\n") == 1, err
-    assert message in err
+    assert message.format(**values) in err
     if state.exists():  # the emulated GPUs were opened, but nothing was created
         gpus = json.loads(state.read_text())["gpus"]
         assert all(g["instances"] == [] for g in gpus)

@@ -1,4 +1,11 @@
-"""Where desired layouts come from when no controller sends them: mig-parted configs.
+"""Where desired layouts come from: the node's GpuLayout spec, or mig-parted configs.
+
+With a controller, :func:`from_gpulayout` turns the GpuLayout's spec into a desired layout per GPU
+at the exact placements the controller chose, and :func:`protected` names the instances the
+GpuLayout says must survive whatever the spec now lists (reserved in the spec, or reported
+used or reserved in the last status), which the agent adds to its in-use set.
+
+Without one, static layouts come from mig-parted configs.
 
 Admins who want static layouts already write nvidia-mig-parted config files and select one with
 the node label ``nvidia.com/mig.config`` (NVIDIA's mig-manager watches that label). This module
@@ -23,8 +30,9 @@ from collections.abc import Collection, Mapping, Sequence
 
 from migpilot import errors
 from migpilot.agent import reconciling
+from migpilot.api import gpulayouts
 from migpilot.gpu import backend
-from migpilot.mig import layouts, migparted, profiles
+from migpilot.mig import catalog, layouts, migparted, profiles
 
 CONFIG_LABEL = "nvidia.com/mig.config"
 """The node label whose value names the mig-parted config to apply."""
@@ -128,3 +136,73 @@ def place_keeping(
             kept.append(inst)
             remaining = rest
     return layouts.place(model, list(remaining.elements()), fixed=kept)
+
+
+def from_gpulayout(
+    spec: gpulayouts.LayoutSpec, *, gpus: Sequence[backend.GpuInfo]
+) -> dict[int, reconciling.DesiredGpu]:
+    """The desired layout of each GPU the spec lists, at the spec's placements.
+
+    GPUs the spec does not list are left alone. Raises :class:`ConfigError` when the spec names
+    a GPU index this node lacks, a model other than the GPU's, or a layout the GPU cannot hold
+    (then the caller keeps its last good layout).
+    """
+    by_index = {g.index: g for g in gpus}
+    out: dict[int, reconciling.DesiredGpu] = {}
+    for g in spec.gpus:
+        where = f"spec.gpus[index={g.index}]"
+        info = by_index.get(g.index)
+        if info is None:
+            raise errors.ConfigError(f"{where}: this node has no GPU {g.index}")
+        if info.model is None:
+            raise errors.ConfigError(f"{where}: {info.product_name} is not a GPU migpilot knows")
+        if g.model is not None:
+            try:
+                model = catalog.resolve_gpu(g.model)
+            except errors.UnknownGpuError as err:
+                raise errors.ConfigError(f"{where}.model: {err}") from None
+            if model.id != info.model.id:
+                raise errors.ConfigError(
+                    f"{where}.model: {g.model!r}, but GPU {g.index} is {info.model.id}"
+                )
+        insts = [layouts.Instance(i.start, i.profile) for i in g.instances]
+        try:
+            reason = layouts.violation(info.model, insts)
+        except errors.UnknownProfileError as err:
+            reason = str(err)
+        if reason is not None:
+            raise errors.ConfigError(f"{where}: not a valid layout of {info.model.id}: {reason}")
+        out[g.index] = reconciling.DesiredGpu(mig_enabled=True, layout=layouts.Layout.of(insts))
+    return out
+
+
+def protected(
+    layout: gpulayouts.GpuLayout, *, current: Mapping[int, Sequence[backend.MigDevice]]
+) -> frozenset[str]:
+    """MIG device UUIDs the GpuLayout says must not be destroyed, whatever its spec lists.
+
+    An instance the spec reserves for a pod (matched by GPU, start and profile), and one the
+    last status reported ``used``, ``reserved`` or ``creating``: the controller may have dropped
+    it from the spec while a pod holds it, and the CRD lets such an instance only become free
+    before it is destroyed (the agent reports it free first, then destroys it at a later pass).
+    """
+    reserved = {
+        (g.index, i.start, i.profile)
+        for g in layout.spec.gpus
+        for i in g.instances
+        if i.reserved_for is not None
+    }
+    out = {
+        d.uuid
+        for index, devs in current.items()
+        for d in devs
+        if d.uuid is not None and (index, d.start, d.profile) in reserved
+    }
+    if layout.status is not None:
+        out.update(
+            i.uuid
+            for g in layout.status.gpus
+            for i in g.instances
+            if i.uuid is not None and i.state in gpulayouts.UNTOUCHABLE
+        )
+    return frozenset(out)

@@ -17,7 +17,9 @@ every MIG device is in use, so nothing is destroyed until it answers again, and 
 Desired layouts come from a nvidia-mig-parted config file with a config name, or with the name
 read from a node-labels file (``nvidia.com/mig.config``, as mig-manager reads the node label),
 or from nowhere (:class:`KeepLayout`: keep what is there and only advertise). Files are re-read
-when their size, mtime or inode change, polled (no inotify dependency).
+when their size, mtime or inode change, polled (no inotify dependency). In a cluster they come
+from the node's GpuLayout (:class:`~migpilot.agent.following.GpuLayoutSource`), and a
+:class:`PassListener` reports each pass (its status, the Node's labels).
 
 A shell module: it reads and writes files, runs threads and serves metrics over HTTP with
 ``prometheus_client``; it never imports the CLI.
@@ -313,6 +315,41 @@ def _read_text(path: Path) -> str:
         raise errors.AgentConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
 
 
+class PassListener(Protocol):
+    """Told after every pass what the GPUs hold (:class:`~following.KubeReporter`: status, Node
+    labels)."""
+
+    def passed(
+        self,
+        *,
+        state: Mapping[int, reconciling.GpuState],
+        report: reconciling.Report | None,
+        labels: Mapping[str, str],
+        view: devices.NodeDevices,
+    ) -> None:
+        """React to a pass; must not raise for a failure outside the node."""
+        ...
+
+
+class Listeners:
+    """Several :class:`PassListener` told in order."""
+
+    def __init__(self, listeners: Sequence[PassListener]) -> None:
+        self._listeners = tuple(listeners)
+
+    def passed(
+        self,
+        *,
+        state: Mapping[int, reconciling.GpuState],
+        report: reconciling.Report | None,
+        labels: Mapping[str, str],
+        view: devices.NodeDevices,
+    ) -> None:
+        """Tell each listener."""
+        for listener in self._listeners:
+            listener.passed(state=state, report=report, labels=labels, view=view)
+
+
 # --- the view, the labels file -----------------------------------------------------------------
 
 
@@ -413,8 +450,10 @@ class Agent:
         agent_metrics: metrics.AgentMetrics,
         clock: clocks.Clock,
         settings: AgentSettings,
+        listener: PassListener | None = None,
     ) -> None:
         self._backend = gpus
+        self._listener = listener
         self._in_use = in_use
         self._source = source
         self._plugin = plugin
@@ -450,7 +489,15 @@ class Agent:
                 if want or unavailable
                 else None
             )
-            self._publish(node_view(self._reconciler.read()))
+            state = self._reconciler.read()
+            self._publish(node_view(state))
+            if self._listener is not None:
+                self._listener.passed(
+                    state=state,
+                    report=report,
+                    labels=self._node_labels(self._view),
+                    view=self._view,
+                )
             return report
 
     def _desired(self) -> tuple[dict[int, reconciling.DesiredGpu], bool]:
@@ -508,10 +555,7 @@ class Agent:
         path = self.settings.labels_file
         if path is None:
             return
-        found = labels.node_labels(view, self.settings.strategy)
-        if self._config_state is not None:
-            found[labels.CONFIG_STATE_LABEL] = self._config_state
-        text = labels_text(found)
+        text = labels_text(self._node_labels(view))
         if text == self._last_labels:
             return
         try:
@@ -521,6 +565,12 @@ class Agent:
             return
         self._last_labels = text
         _log.info("labels written to %s (%d labels)", path, text.count("\n"))
+
+    def _node_labels(self, view: devices.NodeDevices) -> dict[str, str]:
+        found = labels.node_labels(view, self.settings.strategy)
+        if self._config_state is not None:
+            found[labels.CONFIG_STATE_LABEL] = self._config_state
+        return found
 
     def _refresh_device_metrics(self) -> None:
         if self._plugin is not None and self._started:

@@ -11,15 +11,17 @@ node reached its desired layouts, 1 when something was refused or failed.
 from __future__ import annotations
 
 import argparse
+import datetime
 import logging
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from migpilot import errors
-from migpilot.agent import desired, reconciling, running
+from migpilot.agent import desired, following, kube, kubeapi, reconciling, running, standin
 from migpilot.agent import metrics as agent_metrics
 from migpilot.agent.deviceplugin import allocating, devices, podresources, serving
 from migpilot.gpu import backend, clocks, emulated, nvml
@@ -27,6 +29,8 @@ from migpilot.gpu import backend, clocks, emulated, nvml
 EXIT_NOT_CONVERGED = 1
 """``--once``: something the desired layouts ask for was refused or failed."""
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
+SIMULATED = "simulated"
+"""``--kubelet simulated``: the stand-in kubelet of :mod:`migpilot.agent.standin`."""
 
 _log = logging.getLogger("migpilot.agent")
 
@@ -76,6 +80,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"(default: {DEFAULT_KUBELET_DIR})",
     )
     p.add_argument(
+        "--kubelet",
+        metavar="DIR|simulated",
+        help="the kubelet's folder (as --kubelet-dir), or 'simulated' with --node on a node with "
+        "no kubelet (KWOK): serve no device plugin and publish its resource counts into the "
+        "Node's capacity and allocatable, for tests and demos",
+    )
+    p.add_argument(
         "--allocations-file",
         default=None,
         metavar="FILE",
@@ -87,6 +98,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="standalone: no kubelet on this machine; serve no device plugin and count only "
         "devices with running processes as in use",
+    )
+    p.add_argument(
+        "--node",
+        metavar="NAME",
+        help="in a cluster: this node's name; the desired layouts come from the GpuLayout of "
+        "that name (watched), which gets the status, and the Node gets the GFD labels",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="with --node: the kubeconfig to reach the API server (default: in-cluster config)",
     )
     p.add_argument(
         "--config",
@@ -166,6 +188,13 @@ def _device_list(text: str) -> tuple[devices.DeviceListStrategy, ...]:
 
 def _source(args: argparse.Namespace) -> running.DesiredSource:
     """The desired-layout source the flags name, checked (file readable, name known)."""
+    if args.node is not None and args.config is not None:
+        raise errors.AgentConfigError(
+            "--node takes the layouts from the node's GpuLayout; --config (static layouts from "
+            "the Node's nvidia.com/mig.config label) is not supported with it yet"
+        )
+    if args.node is None and args.kubeconfig is not None:
+        raise errors.AgentConfigError("--kubeconfig needs --node NAME")
     if args.config is None:
         if args.config_name is not None or args.node_labels is not None:
             flag = "-c" if args.config_name is not None else "--node-labels"
@@ -185,6 +214,41 @@ def _source(args: argparse.Namespace) -> running.DesiredSource:
         # Checks the name alone (no GPUs yet): unknown names fail with a did-you-mean hint.
         desired.from_migparted(source.load(), name, gpus=())
     return source
+
+
+@dataclass(frozen=True, slots=True)
+class _Cluster:
+    """The agent's Kubernetes side: the API, the GpuLayout it follows."""
+
+    api: kubeapi.NodeApi
+    source: following.GpuLayoutSource
+    simulated_kubelet: standin.SimulatedKubelet | None
+
+    def wire(self, real: reconciling.InUse) -> tuple[reconciling.InUse, running.PassListener]:
+        """The agent's in-use source (``real`` and the GpuLayout's protection) and its reporter
+        (which counts only ``real`` as in use), with the simulated kubelet when asked for."""
+        reporter = following.KubeReporter(self.api, source=self.source, in_use=real, now=_now)
+        listeners: list[running.PassListener] = [reporter]
+        if self.simulated_kubelet is not None:
+            listeners.append(self.simulated_kubelet)
+        return reconciling.AnyOf([real, self.source]), running.Listeners(listeners)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cluster(args: argparse.Namespace, strategy: devices.MigStrategy) -> _Cluster | None:
+    """With ``--node``: connect and read the node's GpuLayout once (errors stop the agent)."""
+    if args.node is None:
+        return None
+    api = kube.connect(Path(args.kubeconfig) if args.kubeconfig is not None else None)
+    source = following.GpuLayoutSource(api, node=args.node)
+    source.sync()
+    simulated = None
+    if args.kubelet == SIMULATED:
+        simulated = standin.SimulatedKubelet(api, node=args.node, strategy=strategy)
+    return _Cluster(api, source, simulated)
 
 
 def _open_backend(args: argparse.Namespace) -> backend.GpuBackend:
@@ -210,6 +274,14 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
     """Check the flags, open the backend, run the agent."""
     strategy = devices.MigStrategy.parse(args.strategy)
     list_strategies = _device_list(args.device_list_strategy)
+    if args.kubelet == SIMULATED:
+        if args.node is None:
+            raise errors.AgentConfigError("--kubelet simulated needs --node NAME")
+        args.no_kubelet = True  # the stand-in replaces the kubelet: no plugin, no PodResources
+    elif args.kubelet is not None:
+        if args.kubelet_dir != DEFAULT_KUBELET_DIR:
+            raise errors.AgentConfigError("--kubelet DIR and --kubelet-dir name the same folder")
+        args.kubelet_dir = args.kubelet
     kubelet_dir = Path(args.kubelet_dir)
     plugin_dir = kubelet_dir / "device-plugins"
     serve = not args.no_kubelet and not args.once
@@ -224,16 +296,20 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
             f"--labels-file {labels_file}: folder {labels_file.parent} does not exist"
         )
     source = _source(args)
+    cluster = _cluster(args, strategy)
+    if cluster is not None:
+        source = cluster.source
     gpus = _open_backend(args)
     try:
         # A config that names unknown profiles or cannot be placed on these GPUs fails here,
         # before anything changes.
         state = reconciling.Reconciler(gpus, reconciling.InUseSet()).read()
-        source.desired(
-            gpus=[s.info for s in state.values()],
-            current={g: s.devices for g, s in state.items()},
-            in_use=frozenset(),
-        )
+        if cluster is None:  # a GpuLayout that cannot be applied is reported, not fatal
+            source.desired(
+                gpus=[s.info for s in state.values()],
+                current={g: s.devices for g, s in state.items()},
+                in_use=frozenset(),
+            )
         logging.basicConfig(
             level=logging.DEBUG if args.verbose else logging.INFO,
             stream=sys.stderr,
@@ -244,7 +320,13 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
         )
         if args.once:
             return _run_once(
-                args, gpus=gpus, source=source, settings=settings, kubelet_dir=kubelet_dir, out=out
+                args,
+                gpus=gpus,
+                source=source,
+                settings=settings,
+                kubelet_dir=kubelet_dir,
+                out=out,
+                cluster=cluster,
             )
         plugin_settings = serving.PluginSettings(
             plugin_dir=plugin_dir,
@@ -259,6 +341,7 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
             settings=settings,
             plugin_settings=plugin_settings,
             kubelet_dir=kubelet_dir,
+            cluster=cluster,
         )
     finally:
         gpus.close()
@@ -306,20 +389,26 @@ def _run_once(
     settings: running.AgentSettings,
     kubelet_dir: Path,
     out: IO[str],
+    cluster: _Cluster | None,
 ) -> int:
     sources: list[reconciling.InUse] = [reconciling.RunningProcesses(gpus)]
     client = None
     if not args.no_kubelet:
         kubelet, client = _kubelet_in_use(gpus, kubelet_dir=kubelet_dir, plugin=None, timeout_s=5.0)
         sources.append(kubelet)
+    in_use: reconciling.InUse = reconciling.AnyOf(sources)
+    listener = None
+    if cluster is not None:
+        in_use, listener = cluster.wire(in_use)
     agent = running.Agent(
         gpus=gpus,
-        in_use=reconciling.AnyOf(sources),
+        in_use=in_use,
         source=source,
         plugin=None,
         agent_metrics=agent_metrics.AgentMetrics(),
         clock=clocks.SystemClock(),
         settings=settings,
+        listener=listener,
     )
     try:
         report = agent.start()
@@ -350,6 +439,7 @@ def _serve(
     settings: running.AgentSettings,
     plugin_settings: serving.PluginSettings,
     kubelet_dir: Path,
+    cluster: _Cluster | None,
 ) -> int:
     stop = threading.Event()
 
@@ -371,14 +461,22 @@ def _serve(
             gpus, kubelet_dir=kubelet_dir, plugin=plugin, timeout_s=plugin_settings.rpc_timeout_s
         )
         sources += [kubelet, running.HandedOut(plugin)]
+    in_use: reconciling.InUse = reconciling.AnyOf(sources)
+    listener = None
+    if cluster is not None:
+        in_use, listener = cluster.wire(in_use)
+        threading.Thread(
+            target=cluster.source.follow, args=(stop,), name="migpilot-gpulayout", daemon=True
+        ).start()  # daemon: a watch blocks until the next event; stopping does not wait for it
     agent = running.Agent(
         gpus=gpus,
-        in_use=reconciling.AnyOf(sources),
+        in_use=in_use,
         source=source,
         plugin=plugin,
         agent_metrics=the_metrics,
         clock=clocks.SystemClock(),
         settings=settings,
+        listener=listener,
     )
     server = None
     try:

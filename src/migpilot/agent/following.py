@@ -1,0 +1,236 @@
+"""The agent in a cluster: follow the node's GpuLayout, report its status and the Node's labels.
+
+:class:`GpuLayoutSource` is the desired-layout source of a node whose layout a controller
+plans. A thread (:meth:`GpuLayoutSource.follow`) lists the GpuLayout named after the node and
+watches it, listing again on 410 Gone and after any other failure; the agent's loop sees a new
+:meth:`~GpuLayoutSource.fingerprint` when the spec's generation changes or the last status
+reports other instances as untouchable, and reconciles. A spec that cannot be applied (a GPU
+the node lacks, a layout the GPU cannot hold) is logged and reported, and the last good spec is
+kept; no GpuLayout at all keeps the instances there are. The source is also an in-use source:
+instances the GpuLayout reserves, or last reported used or reserved, are never destroyed even
+if the spec no longer lists them (:func:`desired.protected`).
+
+:class:`KubeReporter` runs after every pass: it applies the GpuLayout's status
+(:func:`reporting.layout_status`) when it changed, and sets the GFD labels on the Node.
+
+A shell module: it talks to the API only through :class:`~kubeapi.NodeApi` and never imports a
+Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
+
+from migpilot import errors
+from migpilot.agent import desired, kubeapi, reconciling, reporting
+from migpilot.agent.deviceplugin import devices
+from migpilot.api import gpulayouts
+from migpilot.gpu import backend
+
+_log = logging.getLogger(__name__)
+
+RETRY_S = 2.0
+"""Seconds to wait before listing again after the API server failed."""
+
+
+class GpuLayoutSource:
+    """Desired layouts from the node's GpuLayout, followed by a watch (see the module)."""
+
+    def __init__(self, api: kubeapi.NodeApi, *, node: str) -> None:
+        self._api = api
+        self.node = node
+        self._lock = threading.Lock()
+        self._doc: Mapping[str, Any] | None = None
+        self._listed = False
+        self._good: gpulayouts.GpuLayout | None = None
+        """The last GpuLayout whose spec could be applied."""
+        self._problem: str | None = None
+        self._protected: frozenset[str] = frozenset()
+
+    # -- following -----------------------------------------------------------------------------
+    def sync(self) -> str:
+        """List once: take the object as it is now; the version to watch from."""
+        listed = self._api.list_layout(self.node)
+        with self._lock:
+            self._doc = listed.document
+            self._listed = True
+        return listed.resource_version
+
+    def follow(self, stop: threading.Event) -> None:
+        """List and watch until ``stop`` is set (run it in a thread)."""
+        while not stop.is_set():
+            try:
+                version = self.sync()
+                for event in self._api.watch_layout(self.node, resource_version=version):
+                    with self._lock:
+                        deleted = event.type is kubeapi.EventType.DELETED
+                        self._doc = None if deleted else event.document
+                    if stop.is_set():
+                        return
+            except kubeapi.GoneError:
+                _log.info("GpuLayout %s: watch expired (410 Gone), listing again", self.node)
+                continue
+            except kubeapi.KubeApiError as err:
+                _log.warning("GpuLayout %s: %s; listing again in %.0f s", self.node, err, RETRY_S)
+            stop.wait(RETRY_S)
+
+    def layout(self) -> gpulayouts.GpuLayout | None:
+        """The GpuLayout as last seen, parsed (``None``: absent or not parseable)."""
+        with self._lock:
+            doc = self._doc
+        if doc is None:
+            return None
+        try:
+            return gpulayouts.parse(doc)
+        except errors.GpuLayoutError:
+            return None
+
+    # -- DesiredSource -------------------------------------------------------------------------
+    def fingerprint(self) -> Hashable:
+        """Changes with the spec's generation and with the instances the status protects."""
+        with self._lock:
+            doc = self._doc
+        if doc is None:
+            return None
+        meta = doc.get("metadata") or {}
+        status = doc.get("status") or {}
+        held = frozenset(
+            str(i.get("uuid"))
+            for g in status.get("gpus") or ()
+            for i in g.get("instances") or ()
+            if i.get("state") in {s.value for s in gpulayouts.UNTOUCHABLE}
+        )
+        return (meta.get("uid"), meta.get("generation"), held)
+
+    def desired(
+        self,
+        *,
+        gpus: Sequence[backend.GpuInfo],
+        current: Mapping[int, Sequence[backend.MigDevice]],
+        in_use: frozenset[str],
+    ) -> dict[int, reconciling.DesiredGpu]:
+        """The spec's layouts; the last good ones when the spec cannot be applied."""
+        with self._lock:
+            doc = self._doc
+        if doc is None:
+            self._problem = None
+            self._protected = frozenset()
+            return {}
+        try:
+            layout = gpulayouts.parse(doc)
+            want = desired.from_gpulayout(layout.spec, gpus=gpus)
+        except errors.MigpilotError as err:
+            if str(err) != self._problem:
+                _log.warning("GpuLayout %s cannot be applied, keeping the last good: %s",
+                             self.node, err)  # fmt: skip
+            self._problem = str(err)
+            good = self._good
+            if good is None:
+                return {}
+            self._protected = desired.protected(good, current=current)
+            try:
+                return desired.from_gpulayout(good.spec, gpus=gpus)
+            except errors.MigpilotError:
+                return {}
+        self._good, self._problem = layout, None
+        self._protected = desired.protected(layout, current=current)
+        return want
+
+    def in_use(self) -> frozenset[str]:
+        """Instances the GpuLayout protects (as of the last :meth:`desired`)."""
+        return self._protected
+
+    def describe(self) -> str:
+        """For the log."""
+        return f"GpuLayout {self.node} ({gpulayouts.CRD_NAME})"
+
+    # -- for the reporter ----------------------------------------------------------------------
+    @property
+    def acted_on(self) -> gpulayouts.GpuLayout | None:
+        """The last good GpuLayout (the one the layouts came from)."""
+        return self._good
+
+    @property
+    def problem(self) -> str | None:
+        """Why the newest spec was not applied (``None``: it was)."""
+        return self._problem
+
+    @property
+    def present(self) -> bool:
+        """Whether the GpuLayout exists (as last seen)."""
+        with self._lock:
+            return self._doc is not None
+
+
+class KubeReporter:
+    """After each pass: the GpuLayout's status and the Node's GFD labels, written when changed."""
+
+    def __init__(
+        self,
+        api: kubeapi.NodeApi,
+        *,
+        source: GpuLayoutSource,
+        in_use: reconciling.InUse,
+        now: Callable[[], str],
+    ) -> None:
+        self._api = api
+        self._source = source
+        self._in_use = in_use
+        self._now = now
+        self._last_status: gpulayouts.LayoutStatus | None = None
+        self._last_labels: dict[str, str] | None = None
+        self._managed: frozenset[str] = frozenset()
+
+    def passed(
+        self,
+        *,
+        state: Mapping[int, reconciling.GpuState],
+        report: reconciling.Report | None,
+        labels: Mapping[str, str],
+        view: devices.NodeDevices,
+    ) -> None:
+        """Write what changed; API failures are logged and retried at the next pass."""
+        self._write_labels(labels)
+        if not self._source.present:
+            return
+        good = self._source.acted_on
+        try:
+            status = reporting.layout_status(
+                state=state,
+                in_use=self._in_use.in_use(),
+                spec=good.spec if good is not None else None,
+                generation=good.generation if good is not None else None,
+                report=report,
+                problem=self._source.problem,
+                previous=self._last_status,
+                now=self._now(),
+            )
+        except errors.MigpilotError as err:
+            _log.error("GpuLayout %s: status not computed: %s", self._source.node, err)
+            return
+        if status == self._last_status:
+            return
+        try:
+            self._api.apply_layout_status(self._source.node, status)
+        except kubeapi.KubeApiError as err:
+            _log.error("GpuLayout %s: status not written: %s", self._source.node, err)
+            return
+        self._last_status = status
+        _log.info("GpuLayout %s: status written (%s)", self._source.node,
+                  status.conditions[0].reason)  # fmt: skip
+
+    def _write_labels(self, labels: Mapping[str, str]) -> None:
+        if dict(labels) == self._last_labels:
+            return
+        patch: dict[str, str | None] = dict.fromkeys(self._managed - set(labels))
+        patch.update(labels)
+        try:
+            self._api.patch_node_labels(self._source.node, patch)
+        except kubeapi.KubeApiError as err:
+            _log.error("Node %s: labels not written: %s", self._source.node, err)
+            return
+        self._last_labels = dict(labels)
+        self._managed = frozenset(labels)

@@ -1,0 +1,119 @@
+"""The node agent's Kubernetes API client: :class:`~kubeapi.NodeApi` over lightkube.
+
+The only agent module that imports lightkube (an import-linter contract checks it). Each call
+is prepare (the body, from :mod:`migpilot.api.gpulayouts` or a plain dict) → send (one lightkube
+call) → interpret (raw JSON back, or :class:`~kubeapi.KubeApiError` with the server's message;
+410 Gone as :class:`~kubeapi.GoneError` so the caller lists again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import lightkube
+from lightkube.generic_resource import create_global_resource
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
+
+from migpilot.agent import kubeapi
+from migpilot.api import gpulayouts
+
+GpuLayout = create_global_resource(
+    gpulayouts.GROUP, gpulayouts.VERSION, gpulayouts.KIND, gpulayouts.PLURAL
+)
+WATCH_SERVER_TIMEOUT_S = 300
+"""The apiserver ends a watch after this many seconds; lightkube reopens it from the last
+version seen."""
+
+
+def connect(kubeconfig: Path | None) -> LightkubeNodeApi:
+    """A client from a kubeconfig file, or the in-cluster service account without one."""
+    try:
+        config = (
+            lightkube.KubeConfig.from_file(kubeconfig)
+            if kubeconfig is not None
+            else lightkube.KubeConfig.from_env()
+        )
+        # Proxies from the environment are not for the apiserver the kubeconfig names.
+        client = lightkube.Client(config=config, field_manager=gpulayouts.AGENT_FIELD_MANAGER,
+                                  trust_env=False)  # fmt: skip
+    except (OSError, lightkube.ConfigError, ValueError, KeyError) as err:
+        where = f"--kubeconfig {kubeconfig}" if kubeconfig is not None else "in-cluster config"
+        raise kubeapi.KubeApiError(f"{where}: {err}") from None
+    return LightkubeNodeApi(client)
+
+
+def _error(err: Exception) -> kubeapi.KubeApiError:
+    if isinstance(err, lightkube.ApiError):
+        text = f"{err.status.code} {err.status.reason}: {err.status.message}"
+        if err.status.code == 410:
+            return kubeapi.GoneError(text)
+        return kubeapi.KubeApiError(text)
+    return kubeapi.KubeApiError(f"the API server cannot be reached: {err}")
+
+
+class LightkubeNodeApi:
+    """:class:`~kubeapi.NodeApi` over a lightkube sync client."""
+
+    def __init__(self, client: lightkube.Client) -> None:
+        self._client = client
+
+    def list_layout(self, name: str) -> kubeapi.Listed:
+        """One list call with a field selector: the object (or none) and the list's version."""
+        try:
+            found = self._client.list(GpuLayout, fields={"metadata.name": name})
+            docs = [obj.to_dict() for obj in found]  # type: ignore[no-untyped-call]
+            version = found.resourceVersion
+        except (lightkube.ApiError, httpx2.HTTPError) as err:
+            raise _error(err) from None
+        return kubeapi.Listed(docs[0] if docs else None, version)
+
+    def watch_layout(self, name: str, *, resource_version: str) -> Iterator[kubeapi.WatchEvent]:
+        """Watch events for ``name``; lightkube reopens the stream when the server ends it."""
+        events = self._client.watch(
+            GpuLayout,
+            fields={"metadata.name": name},
+            resource_version=resource_version,
+            server_timeout=WATCH_SERVER_TIMEOUT_S,
+        )
+        try:
+            for kind, obj in events:
+                if kind in kubeapi.EventType.__members__:
+                    doc = obj.to_dict()  # type: ignore[no-untyped-call]
+                    yield kubeapi.WatchEvent(kubeapi.EventType(kind), doc)
+        except (lightkube.ApiError, httpx2.HTTPError) as err:
+            raise _error(err) from None
+
+    def apply_layout_status(self, name: str, status: gpulayouts.LayoutStatus) -> None:
+        """Server-side apply on ``status`` as ``migpilot-agent`` (forced: the agent owns it)."""
+        body: dict[str, Any] = dict(gpulayouts.status_patch(name, status))
+        self._send_patch(GpuLayout.Status, name, body, PatchType.APPLY)
+
+    def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
+        """A merge patch of ``metadata.labels`` (``None`` deletes a key)."""
+        self._send_patch(Node, node, {"metadata": {"labels": dict(labels)}}, PatchType.MERGE)
+
+    def patch_node_resources(self, node: str, resources: Mapping[str, str | None]) -> None:
+        """A merge patch of ``status.capacity`` and ``status.allocatable``."""
+        body = {"status": {"capacity": dict(resources), "allocatable": dict(resources)}}
+        self._send_patch(Node.Status, node, body, PatchType.MERGE)
+
+    def _send_patch(self, res: Any, name: str, body: dict[str, Any], kind: PatchType) -> None:
+        try:
+            self._client.patch(
+                res,
+                name,
+                body,
+                patch_type=kind,
+                field_manager=gpulayouts.AGENT_FIELD_MANAGER,
+                force=kind is PatchType.APPLY,
+            )
+        except (lightkube.ApiError, httpx2.HTTPError) as err:
+            raise _error(err) from None
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._client.close()

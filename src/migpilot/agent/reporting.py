@@ -1,0 +1,124 @@
+"""The GpuLayout status the agent reports, from what the GPUs hold after a pass.
+
+:func:`layout_status` is pure: the GPUs as the reconciler read them, the devices in use (the
+kubelet, Allocate hand-outs, running processes; never the GpuLayout's own protection, or a used
+instance would stay used for ever), the spec the agent acted on, the pass's report and any
+problem with the spec in; a :class:`~gpulayouts.LayoutStatus` out. The states follow the
+lifecycle of ``docs/gpulayout.md``: ``used`` when in use, ``reserved`` when the spec keeps it for
+a pod, ``creating`` for a GPU instance still without its compute instance or a spec instance
+that does not exist yet but has room, ``free`` otherwise. The ``Ready`` condition is ``True``
+when the GPUs hold the spec, with reasons ``Reconciled``, ``Pending`` (instances in use in the
+way, or work left for the next pass), ``Refused`` (something waiting will not fix) or
+``InvalidSpec`` (the spec cannot be applied; the last good one is kept). Its transition time
+changes only when status, reason or message change.
+
+No I/O, no clock (``now`` is RFC 3339 text from the caller).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from migpilot.agent import reconciling
+from migpilot.api import gpulayouts
+from migpilot.mig import layouts
+
+_S = gpulayouts.InstanceState
+
+
+def layout_status(
+    *,
+    state: Mapping[int, reconciling.GpuState],
+    in_use: frozenset[str],
+    spec: gpulayouts.LayoutSpec | None,
+    generation: int | None,
+    report: reconciling.Report | None,
+    problem: str | None = None,
+    previous: gpulayouts.LayoutStatus | None = None,
+    now: str,
+) -> gpulayouts.LayoutStatus:
+    """The status to apply after a pass (see the module docstring).
+
+    ``spec`` and ``generation`` are the last good spec the agent acted on (``None``: none yet);
+    ``problem`` is why the newest spec was not applied.
+    """
+    wanted = {g.index: g for g in spec.gpus} if spec is not None else {}
+    gpus: list[gpulayouts.GpuStatus] = []
+    for index in sorted(state):
+        info = state[index].info
+        if info.model is None or info.mig is None or not info.mig.current:
+            continue  # the planner may place instances only on MIG-enabled GPUs it knows
+        reserved = {
+            (i.start, i.profile) for i in (wanted[index].instances if index in wanted else ())
+            if i.reserved_for is not None
+        }  # fmt: skip
+        found: list[gpulayouts.InstanceStatus] = []
+        taken: list[layouts.Instance] = []
+        for dev in sorted(state[index].devices, key=lambda d: (d.start, d.gi_id)):
+            if dev.instance in taken:
+                continue
+            taken.append(dev.instance)
+            if dev.uuid is None:
+                st = _S.CREATING
+            elif dev.uuid in in_use:
+                st = _S.USED
+            elif (dev.start, dev.profile) in reserved:
+                st = _S.RESERVED
+            else:
+                st = _S.FREE
+            found.append(gpulayouts.InstanceStatus(dev.profile, dev.start, dev.uuid, st))
+        for inst in wanted[index].instances if index in wanted else ():
+            spot = layouts.Instance(inst.start, inst.profile)
+            if spot in taken or layouts.violation(info.model, [*taken, spot]) is not None:
+                continue
+            taken.append(spot)
+            found.append(gpulayouts.InstanceStatus(inst.profile, inst.start, None, _S.CREATING))
+        gpus.append(
+            gpulayouts.GpuStatus(
+                index, info.product_name, info.uuid, tuple(sorted(found, key=lambda i: i.start))
+            )
+        )
+    ready = _ready(report=report, problem=problem, generation=generation, spec=spec)
+    return gpulayouts.LayoutStatus(
+        observed_generation=generation,
+        gpus=tuple(gpus),
+        conditions=(_keep_time(ready, previous, now),),
+    )
+
+
+def _ready(
+    *,
+    report: reconciling.Report | None,
+    problem: str | None,
+    generation: int | None,
+    spec: gpulayouts.LayoutSpec | None,
+) -> tuple[gpulayouts.ConditionStatus, str, str]:
+    t, f = gpulayouts.ConditionStatus.TRUE, gpulayouts.ConditionStatus.FALSE
+    if problem is not None:
+        kept = "the last good spec is kept" if spec is not None else "nothing is changed"
+        return f, "InvalidSpec", f"{problem}; {kept}"
+    if report is None:
+        return gpulayouts.ConditionStatus.UNKNOWN, "NotReconciled", "no pass has run yet"
+    failed = report.outcomes(reconciling.Outcome.FAILED)
+    hard = [r for r in report.refusals if not r.in_use]
+    if failed or hard:
+        texts = [f"{a.action} failed: {a.detail}" for a in failed] + [str(r) for r in hard]
+        return f, "Refused", "; ".join(texts)
+    if report.refusals or not report.converged:
+        texts = [str(r) for r in report.refusals] or ["actions are left for the next pass"]
+        return f, "Pending", "; ".join(texts)
+    return t, "Reconciled", ""
+
+
+def _keep_time(
+    ready: tuple[gpulayouts.ConditionStatus, str, str],
+    previous: gpulayouts.LayoutStatus | None,
+    now: str,
+) -> gpulayouts.Condition:
+    status, reason, message = ready
+    before = next(
+        (c for c in (previous.conditions if previous else ()) if c.type == gpulayouts.READY), None
+    )
+    same = before is not None and (before.status, before.reason, before.message) == ready
+    when = before.last_transition_time if same and before is not None else now
+    return gpulayouts.Condition(gpulayouts.READY, status, reason, message, when)

@@ -1,0 +1,201 @@
+"""``migpilot agent --node`` as a real process against the real control plane of tests/kube.
+
+The agent runs with emulated GPUs on a KWOK node with the stand-in kubelet (``--kubelet
+simulated``: the resource counts go into the Node's capacity); the test writes the GpuLayout's
+spec as the controller would (server-side apply, ``migpilot-controller``) and waits, with
+generous timeouts and never a sleep deciding a pass, for the agent's status and the Node's labels.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightkube
+import pytest
+from lightkube import codecs
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod
+
+from migpilot.api import gpulayouts as gl
+from tests.kube import crds
+from tests.kube.controlplane import ControlPlane
+
+pytestmark = pytest.mark.kube
+
+NODE = "agent-kube-node"
+POD = "agent-kube-pod"
+WAIT_S = 60.0
+
+
+class Agent:
+    """The agent process and its temp folder."""
+
+    def __init__(self, plane: ControlPlane, root: pathlib.Path) -> None:
+        self.root = root
+        self.log = root / "agent.log"
+        self.args = [
+            sys.executable, "-m", "migpilot", "agent",
+            "--node", NODE, "--kubeconfig", str(plane.kubeconfig),
+            "--backend", "emulated:h100-80gb:x2", "--state-file", str(root / "gpus.json"),
+            "--kubelet", "simulated", "--interval", "5",
+        ]  # fmt: skip
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(self.args, stdout=log, stderr=log)
+
+    def stop(self) -> int:
+        assert self.process is not None
+        self.process.terminate()
+        code = self.process.wait(timeout=30)
+        self.process = None
+        return code
+
+    def wait(self, predicate: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not predicate():
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"the agent exited waiting for {what}:\n{self.log_text()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}:\n{self.log_text()}")
+            time.sleep(0.05)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+
+@pytest.fixture
+def agent(control_plane: ControlPlane) -> Iterator[Agent]:
+    crds.ensure_gpulayouts(control_plane)
+    control_plane.add_node(NODE)
+    root = pathlib.Path(tempfile.mkdtemp(prefix="mpk"))
+    a = Agent(control_plane, root)
+    yield a
+    if a.process is not None:
+        a.process.kill()
+        a.process.wait()
+    client = control_plane.client
+    for res, name, ns in ((Pod, POD, "default"), (crds.GpuLayout, NODE, None), (Node, NODE, None)):
+        try:
+            client.delete(res, name, namespace=ns, grace_period=0)
+        except lightkube.ApiError as e:
+            if e.status.code != 404:
+                raise
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _apply_spec(plane: ControlPlane, gpus: list[gl.GpuSpec]) -> None:
+    doc = gl.spec_patch(NODE, gl.LayoutSpec(tuple(gpus)))
+    plane.client.apply(
+        codecs.from_dict(dict(doc)), field_manager=gl.CONTROLLER_FIELD_MANAGER, force=True
+    )
+
+
+def _layout(plane: ControlPlane) -> gl.GpuLayout | None:
+    try:
+        doc: dict[str, Any] = plane.client.get(crds.GpuLayout, NODE).to_dict()
+    except lightkube.ApiError as e:
+        if e.status.code == 404:
+            return None
+        raise
+    return gl.parse(doc)
+
+
+def _reports(plane: ControlPlane, generation: int, want: dict[int, set[str]]) -> bool:
+    """The status is for ``generation``, Ready, and each GPU holds ``want`` (profile@start)."""
+    got = _layout(plane)
+    if got is None or got.status is None or got.status.observed_generation != generation:
+        return False
+    ready = [c for c in got.status.conditions if c.type == gl.READY]
+    if not ready or ready[0].status is not gl.ConditionStatus.TRUE:
+        return False
+    held = {g.index: {f"{i.profile}@{i.start}" for i in g.instances} for g in got.status.gpus}
+    return all(held.get(index) == insts for index, insts in want.items())
+
+
+def test_agent_follows_its_gpulayout_and_reports_status(
+    control_plane: ControlPlane, agent: Agent
+) -> None:
+    agent.start()
+    _apply_spec(
+        control_plane,
+        [
+            gl.GpuSpec(
+                0, "h100-80gb", (gl.InstanceSpec("1g.10gb", 0), gl.InstanceSpec("3g.40gb", 4))
+            )
+        ],
+    )
+    want0 = {0: {"1g.10gb@0", "3g.40gb@4"}}
+    agent.wait(lambda: _reports(control_plane, 1, want0), "the status of generation 1")
+    got = _layout(control_plane)
+    assert got is not None and got.status is not None
+    (gpu0,) = [g for g in got.status.gpus if g.index == 0]
+    assert all(i.uuid and i.uuid.startswith("MIG-") for i in gpu0.instances)
+    assert {i.state for i in gpu0.instances} == {gl.InstanceState.FREE}
+    assert got.status.summary.free == 2
+    kept = next(i.uuid for i in gpu0.instances if i.start == 4)
+
+    # The Node gets GFD's labels.
+    def labelled() -> bool:
+        node = control_plane.client.get(Node, NODE)
+        labels = (node.metadata.labels if node.metadata else None) or {}
+        return labels.get("nvidia.com/mig-1g.10gb.count") == "1"
+
+    agent.wait(labelled, "the Node's GFD labels")
+
+    # The stand-in kubelet publishes the counts, and kube-scheduler places a pod on them.
+    def allocatable(resource: str, count: str) -> bool:
+        status = control_plane.client.get(Node, NODE).status
+        return ((status.allocatable if status else None) or {}).get(resource) == count
+
+    agent.wait(lambda: allocatable("nvidia.com/mig-3g.40gb", "1"), "the Node's allocatable")
+    assert allocatable("nvidia.com/mig-1g.10gb", "1")
+    limits = {"nvidia.com/mig-3g.40gb": "1"}
+    pod = Pod(
+        metadata=ObjectMeta(name=POD, namespace="default"),
+        spec=PodSpec(
+            nodeSelector={"kubernetes.io/hostname": NODE},
+            containers=[
+                Container(name="c", image="none", resources=ResourceRequirements(limits=limits))
+            ],
+        ),
+    )
+    control_plane.client.create(pod)
+
+    def bound() -> bool:
+        got = control_plane.client.get(Pod, POD, namespace="default")
+        return got.spec is not None and got.spec.nodeName == NODE
+
+    agent.wait(bound, "kube-scheduler to bind the pod to the node")
+
+    # The controller changes the spec: only the changed instance moves, and a reservation shows.
+    _apply_spec(
+        control_plane,
+        [
+            gl.GpuSpec(
+                0,
+                "h100-80gb",
+                (gl.InstanceSpec("2g.20gb", 0, "default/p1"), gl.InstanceSpec("3g.40gb", 4)),
+            )
+        ],
+    )
+    want1 = {0: {"2g.20gb@0", "3g.40gb@4"}}
+    agent.wait(lambda: _reports(control_plane, 2, want1), "the status of generation 2")
+    agent.wait(lambda: allocatable("nvidia.com/mig-1g.10gb", "0"), "1g.10gb to go to 0")
+    assert allocatable("nvidia.com/mig-2g.20gb", "1")
+    got = _layout(control_plane)
+    assert got is not None and got.status is not None
+    (gpu0,) = [g for g in got.status.gpus if g.index == 0]
+    states = {f"{i.profile}@{i.start}": (i.state, i.uuid) for i in gpu0.instances}
+    assert states["2g.20gb@0"][0] is gl.InstanceState.RESERVED
+    assert states["3g.40gb@4"] == (gl.InstanceState.FREE, kept)
+    assert agent.stop() == 0
