@@ -135,6 +135,25 @@ def test_cases_a_wider_search_found(args: dict[str, object]) -> None:
         assert ours >= weighted(snap, planners.run(snap, name, OPTS)), name
 
 
+@pytest.mark.xfail(strict=True, reason="known gap: fast 36 weighted, nos 37, exact 37")
+def test_known_gap_memory_binds_across_priority_levels() -> None:
+    # Found by a final wider search (1 in 400 draws): the priority-100 pods take node-00's
+    # memory whole (64 + 32 of 96 GiB), so a low-priority 1g.6gb finds no node; nos and exact
+    # leave room by putting the 1g.6gb of priority 100 elsewhere. Strict: says so once fixed.
+    snap = generate.random_snapshot(
+        seed=864410,
+        nodes=6,
+        gpus_per_node=1,
+        pods=13,
+        models=("a30-24gb", "a100-40gb"),
+        used_fraction=0.3,
+        priority_levels=2,
+    )
+    assert weighted(snap, planners.run(snap, "fast", OPTS)) >= weighted(
+        snap, planners.run(snap, "nos", OPTS)
+    )
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_fast_is_never_below_first_fit_on_trace_snapshots(seed: int) -> None:
     snap = generate.trace_snapshot(seed=seed, nodes=6, gpus_per_node=4, pods=60)
