@@ -49,7 +49,7 @@ from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import plans, snapshot
+from migpilot.planning import control, plans, snapshot
 from migpilot.sim import clusters, policies, traces
 
 CpuClock = Callable[[], float]
@@ -338,31 +338,8 @@ def _slices(mig: tuple[snapshot.MigRequest, ...], model: profiles.GpuModel) -> i
 
 def _fits_empty(mig: tuple[snapshot.MigRequest, ...], model: profiles.GpuModel, gpus: int) -> bool:
     """Whether the request could be placed on ``gpus`` empty GPUs of ``model``."""
-    return _fits_empty_cached(mig, model, gpus)
-
-
-@functools.lru_cache(maxsize=4096)
-def _fits_empty_cached(
-    mig: tuple[snapshot.MigRequest, ...], model: profiles.GpuModel, gpus: int
-) -> bool:
     names = snapshot.resolve_request(mig, model)
-    if names is None:
-        return False
-    # First-fit decreasing over empty GPUs, each packed exactly.
-    bins: list[list[str]] = []
-    for name in sorted(names, key=lambda n: -model.profile_named(n).memory_slots):
-        for b in bins:
-            try:
-                layouts.place(model, [*b, name])
-            except errors.LayoutError:
-                continue
-            b.append(name)
-            break
-        else:
-            if len(bins) == gpus:
-                return False
-            bins.append([name])
-    return True
+    return names is not None and control.fits_empty(names, model, gpus)
 
 
 def _selects(pod: _Pod, node: _Node) -> bool:
@@ -403,8 +380,8 @@ class _Simulation:
         self.last_t = 0.0
         self.counts: Counter[PodState] = Counter()
         self.waiting: dict[str, _Pod] = {}
-        self.plan_pending = False
-        self.dirty = False
+        self.batch = control.Batch()
+        self.control = control.Settings(batch_window_s=settings.timing.batch_window_s)
         self.reconfigurations = 0
         self.destroyed = 0
         self.refused = 0
@@ -500,11 +477,16 @@ class _Simulation:
         pod.state = state
 
     def _touch(self) -> None:
-        """Something changed: plan again after a batch window if pods wait."""
-        self.dirty = True
-        if self.waiting and not self.plan_pending:
-            self.plan_pending = True
-            self._push(self.now + self.timing.batch_window_s, _Kind.PLAN, None)
+        """Something changed: plan again after a batch window if pods wait (the loop's rule,
+        :func:`control.changed`; a policy without a planner never plans)."""
+        if self.policy.planner is None:
+            return
+        due = self.batch.due
+        self.batch = control.changed(
+            self.batch, now=self.now, waiting=bool(self.waiting), settings=self.control
+        )
+        if self.batch.due is not None and due is None:
+            self._push(self.batch.due, _Kind.PLAN, None)
 
     # -- the scheduler model
 
@@ -697,17 +679,20 @@ class _Simulation:
         return snapshot.Snapshot(nodes=tuple(nodes), pods=pods, policy=self.settings.scoring)
 
     def _plan(self) -> None:
-        self.plan_pending = False
-        if not self.waiting or not self.dirty or self.policy.planner is None:
-            return
-        self.dirty = False
-        snap = self._snapshot()
+        decision = control.decide(
+            self._snapshot(), self.batch, now=self.now, planner=self._run_planner
+        )
+        self.batch = decision.batch
+        if decision.plan is not None:
+            self._apply(decision.plan)
+
+    def _run_planner(self, snap: snapshot.Snapshot) -> plans.Plan:
         started = self.cpu_clock()
         plan = self.policy.plan(snap)
         self.planner_seconds += self.cpu_clock() - started
         self.planner_calls += 1
-        if plan is not None:
-            self._apply(plan)
+        assert plan is not None  # only policies with a planner schedule plans
+        return plan
 
     def _apply(self, plan: plans.Plan) -> None:
         t = self.timing
