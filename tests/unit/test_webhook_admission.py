@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from migpilot.api import leases
 from migpilot.webhook import admission
 
 GATE = {"name": "migpilot.io/plan"}
@@ -326,7 +327,7 @@ def _lease(**spec: Any) -> dict[str, Any]:
     ],
 )
 def test_lease_fresh(lease: dict[str, Any], now: float, fresh: bool) -> None:
-    assert admission.lease_fresh(lease, now) is fresh
+    assert leases.fresh(lease, now) is fresh
 
 
 @pytest.mark.parametrize(
@@ -340,14 +341,14 @@ def test_lease_fresh(lease: dict[str, Any], now: float, fresh: bool) -> None:
     ],
 )
 def test_parse_time(text: str, seconds: float) -> None:
-    assert admission.parse_time(text) == seconds
+    assert leases.parse_time(text) == seconds
 
 
 @pytest.mark.parametrize(
     "text", ["", "2024-02-29", "2023-02-29T00:00:00Z", "2024-01-01T24:00:00Z", 5]
 )
 def test_parse_time_rejects(text: Any) -> None:
-    assert admission.parse_time(text) is None
+    assert leases.parse_time(text) is None
 
 
 @given(JSON)

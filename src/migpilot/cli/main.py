@@ -11,7 +11,15 @@ import yaml
 
 import migpilot
 from migpilot import errors
-from migpilot.cli import agent_cmd, config_cmd, mig_cmds, plan_cmd, simulate_cmd, webhook_cmd
+from migpilot.cli import (
+    agent_cmd,
+    config_cmd,
+    controller_cmd,
+    mig_cmds,
+    plan_cmd,
+    simulate_cmd,
+    webhook_cmd,
+)
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -34,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_cmd.register(sub)
     agent_cmd.register(sub)
     webhook_cmd.register(sub)
+    controller_cmd.register(sub)
     return parser
 
 

@@ -421,7 +421,8 @@ def _labels(value: Any, where: str) -> Mapping[str, str]:
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
-def _taint(raw: Any, where: str) -> Taint:
+def taint(raw: Any, where: str) -> Taint:
+    """A taint from its Kubernetes form (``{key, value, effect}``); ``where`` names it in errors."""
     d = _mapping(raw, where)
     _only(d, {"key", "value", "effect"}, where)
     effect = _str(d.get("effect"), f"{where}.effect")
@@ -436,7 +437,8 @@ def _taint(raw: Any, where: str) -> Taint:
     )
 
 
-def _toleration(raw: Any, where: str) -> Toleration:
+def toleration(raw: Any, where: str) -> Toleration:
+    """A toleration from its Kubernetes form; ``where`` names it in errors."""
     d = _mapping(raw, where)
     _only(d, {"key", "operator", "value", "effect", "tolerationSeconds"}, where)
     op = _str(d.get("operator", "Equal"), f"{where}.operator")
@@ -479,7 +481,7 @@ def _requirement(raw: Any, where: str) -> Requirement:
     return Requirement(_str(d.get("key"), f"{where}.key"), op, values)
 
 
-def _affinity(raw: Any, where: str) -> tuple[tuple[Requirement, ...], ...]:
+def node_affinity(raw: Any, where: str) -> tuple[tuple[Requirement, ...], ...]:
     d = _mapping(raw, where)
     _only(d, {"nodeAffinity", "podAffinity", "podAntiAffinity"}, where)
     if d.get("podAffinity") or d.get("podAntiAffinity"):
@@ -563,7 +565,7 @@ def _node(raw: Any, where: str) -> Node:
         name=name,
         labels=_labels(d.get("labels"), f"{where}.labels"),
         taints=tuple(
-            _taint(t, f"{where}.taints[{i}]")
+            taint(t, f"{where}.taints[{i}]")
             for i, t in enumerate(_sequence(d.get("taints"), f"{where}.taints"))
         ),
         unschedulable=unsched,
@@ -590,9 +592,9 @@ def _pod(raw: Any, where: str) -> Pod:
         cpu_milli=req.cpu_milli,
         memory_bytes=req.memory_bytes,
         node_selector=_labels(d.get("nodeSelector"), f"{where}.nodeSelector"),
-        affinity=_affinity(d.get("affinity"), f"{where}.affinity"),
+        affinity=node_affinity(d.get("affinity"), f"{where}.affinity"),
         tolerations=tuple(
-            _toleration(t, f"{where}.tolerations[{i}]")
+            toleration(t, f"{where}.tolerations[{i}]")
             for i, t in enumerate(_sequence(d.get("tolerations"), f"{where}.tolerations"))
         ),
     )

@@ -20,10 +20,8 @@ contract in pyproject.toml checks it).
 from __future__ import annotations
 
 import base64
-import calendar
 import enum
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
@@ -265,52 +263,3 @@ def _label_patch(metadata: Mapping[str, Any]) -> PatchOperation:
 def _pointer_token(key: str) -> str:
     """A JSON Pointer reference token (RFC 6901): ``~`` and ``/`` escaped."""
     return key.replace("~", "~0").replace("/", "~1")
-
-
-# --- the controller's Lease --------------------------------------------------------------------
-
-_RFC3339 = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})"
-)
-
-
-def lease_fresh(lease: Mapping[str, Any], now: float) -> bool:
-    """Whether a coordination.k8s.io/v1 Lease (as a dict) is held now: it names a holder and its
-    ``renewTime + leaseDurationSeconds`` is later than ``now`` (seconds since the Unix epoch).
-
-    Anything missing or malformed means not fresh: the webhook then lets pods through ungated.
-    """
-    spec = lease.get("spec")
-    if not isinstance(spec, Mapping):
-        return False
-    holder = spec.get("holderIdentity")
-    duration = spec.get("leaseDurationSeconds")
-    renewed = parse_time(spec.get("renewTime"))
-    if not isinstance(holder, str) or not holder:
-        return False
-    if isinstance(duration, bool) or not isinstance(duration, int) or duration <= 0:
-        return False
-    return renewed is not None and renewed + duration > now
-
-
-def parse_time(value: object) -> float | None:
-    """Seconds since the Unix epoch of an RFC 3339 time (Kubernetes Time or MicroTime), or
-    None when ``value`` is not one."""
-    if not isinstance(value, str):
-        return None
-    match = _RFC3339.fullmatch(value)
-    if match is None:
-        return None
-    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
-    if not (1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]):
-        return None
-    if hour > 23 or minute > 59 or second > 60:
-        return None
-    seconds = float(calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)))
-    if match.group(7):
-        seconds += float("0" + match.group(7))
-    zone = match.group(8)
-    if zone not in ("Z", "z"):
-        sign = 1 if zone[0] == "+" else -1
-        seconds -= sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
-    return seconds

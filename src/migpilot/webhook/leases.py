@@ -25,7 +25,7 @@ import httpx2
 import lightkube
 from lightkube.resources.coordination_v1 import Lease
 
-from migpilot.webhook import admission
+from migpilot.api import leases as api_leases
 
 _log = logging.getLogger("migpilot.webhook")
 
@@ -107,7 +107,7 @@ class Freshness:
             if self._read_at is None or not 0 <= now - self._read_at < self._cache_s:
                 self._lease = self._read()
                 self._read_at = now
-            fresh = self._lease is not None and admission.lease_fresh(self._lease, now)
+            fresh = self._lease is not None and api_leases.fresh(self._lease, now)
             if fresh != self._last:
                 _log.info("controller Lease %s: MIG pods are %s", *_said(fresh))
                 self._last = fresh

@@ -1,0 +1,106 @@
+"""``migpilot controller``: the controller that plans MIG pods and pins them, as a command.
+
+Thin: flags become :class:`migpilot.controller.serving.ServeSettings`, then
+:func:`migpilot.controller.serving.run` until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+from pathlib import Path
+from typing import IO
+
+from migpilot import errors
+from migpilot.api import leases
+from migpilot.controller import running, serving
+from migpilot.planning import snapshot
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``controller`` to the top-level subparsers."""
+    p = subparsers.add_parser(
+        "controller",
+        help="run the controller: plan waiting MIG pods, write GpuLayouts, pin pods to nodes",
+        description=(
+            "Watch pods, nodes and GpuLayouts; plan the MIG pods the webhook gated (and pods "
+            "kube-scheduler left Unschedulable) with the fast planner; write each changed "
+            "node's GpuLayout spec, reserving instances; once they exist, pin each pod to its "
+            "node and remove its gate. Active/passive on a Lease. Stops on SIGTERM/SIGINT."
+        ),
+    )
+    p.add_argument(
+        "--kubeconfig", type=Path, metavar="FILE", help="kubeconfig (default: in-cluster)"
+    )
+    p.add_argument(
+        "--batch-window",
+        type=float,
+        default=0.25,
+        metavar="S",
+        help="seconds to collect waiting pods before planning (default: 0.25)",
+    )
+    p.add_argument(
+        "--scoring",
+        choices=[x.value for x in snapshot.Policy],
+        default=snapshot.Policy.BINPACK.value,
+        help="the planner's node policy (default: binpack)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8080,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port, 0 for none (default: 8080)",
+    )
+    p.add_argument(
+        "--lease-namespace",
+        default=leases.NAMESPACE,
+        metavar="NS",
+        help=f"namespace of the Lease (default: {leases.NAMESPACE})",
+    )
+    p.add_argument(
+        "--lease-name",
+        default=leases.NAME,
+        metavar="NAME",
+        help=f"the Lease the webhook checks (default: {leases.NAME})",
+    )
+    p.add_argument(
+        "--identity",
+        default=None,
+        metavar="ID",
+        help="who holds the Lease (default: the host name, the pod's name in a cluster)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    p.set_defaults(func=_run)
+
+
+def settings_from(args: argparse.Namespace) -> serving.ServeSettings:
+    """The settings the flags describe; a clear error for bad values."""
+    if args.kubeconfig is not None and not args.kubeconfig.is_file():
+        raise errors.MigpilotError(f"--kubeconfig: no such file: {args.kubeconfig}")
+    if not 0 <= args.metrics_port < 65536:
+        raise errors.MigpilotError(f"--metrics-port must be 0..65535, got {args.metrics_port}")
+    if not args.batch_window >= 0:
+        raise errors.MigpilotError(f"--batch-window must be 0 or more, got {args.batch_window}")
+    return serving.ServeSettings(
+        controller=running.Settings(
+            identity=args.identity or socket.gethostname(),
+            batch_window_s=args.batch_window,
+            lease_namespace=args.lease_namespace,
+            lease_name=args.lease_name,
+            policy=snapshot.Policy(args.scoring),
+        ),
+        kubeconfig=args.kubeconfig,
+        metrics_port=args.metrics_port or None,
+    )
+
+
+def _run(args: argparse.Namespace, out: IO[str]) -> int:
+    settings = settings_from(args)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    serving.run(settings)
+    return 0

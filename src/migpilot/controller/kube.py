@@ -1,0 +1,185 @@
+"""The controller's Kubernetes API client: :class:`~kubeapi.ControllerApi` over lightkube's
+async client.
+
+The only controller module that imports lightkube (an import-linter contract checks it). Each
+call is prepare (a body from :mod:`migpilot.api.gpulayouts` or a plain dict) → send (one
+lightkube call) → interpret (raw JSON back, or :class:`~kubeapi.KubeApiError` with the server's
+message: 410 as :class:`~kubeapi.GoneError`, 409 as :class:`~kubeapi.ConflictError`).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import httpx2
+import lightkube
+from lightkube.generic_resource import create_global_resource
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.types import PatchType
+
+from migpilot.api import gpulayouts
+from migpilot.controller import kubeapi
+
+GpuLayout = create_global_resource(
+    gpulayouts.GROUP, gpulayouts.VERSION, gpulayouts.KIND, gpulayouts.PLURAL
+)
+WATCH_SERVER_TIMEOUT_S = 300
+"""The apiserver ends a watch after this many seconds; the loop lists again from there."""
+COMPONENT = "migpilot-controller"
+_RESOURCES: dict[kubeapi.Kind, Any] = {
+    kubeapi.Kind.PODS: Pod,
+    kubeapi.Kind.NODES: Node,
+    kubeapi.Kind.LAYOUTS: GpuLayout,
+}
+
+
+def connect(kubeconfig: Path | None) -> LightkubeControllerApi:
+    """A client from a kubeconfig file, or the in-cluster service account without one."""
+    try:
+        config = (
+            lightkube.KubeConfig.from_file(kubeconfig)
+            if kubeconfig is not None
+            else lightkube.KubeConfig.from_env()
+        )
+        # Proxies from the environment are not for the apiserver the kubeconfig names.
+        client = lightkube.AsyncClient(config=config, field_manager=COMPONENT, trust_env=False)
+    except (OSError, lightkube.ConfigError, ValueError, KeyError) as err:
+        where = f"--kubeconfig {kubeconfig}" if kubeconfig is not None else "in-cluster config"
+        raise kubeapi.KubeApiError(f"{where}: {err}") from None
+    return LightkubeControllerApi(client)
+
+
+def _error(err: Exception) -> kubeapi.KubeApiError:
+    if isinstance(err, lightkube.ApiError):
+        text = f"{err.status.code} {err.status.reason}: {err.status.message}"
+        if err.status.code == 410:
+            return kubeapi.GoneError(text)
+        if err.status.code == 409:
+            return kubeapi.ConflictError(text)
+        return kubeapi.KubeApiError(text)
+    return kubeapi.KubeApiError(f"the API server cannot be reached: {err!r}")
+
+
+_ERRORS = (lightkube.ApiError, httpx2.HTTPError)
+
+
+class LightkubeControllerApi:
+    """:class:`~kubeapi.ControllerApi` over a lightkube async client."""
+
+    def __init__(self, client: lightkube.AsyncClient) -> None:
+        self._client = client
+
+    async def list_all(self, kind: kubeapi.Kind) -> kubeapi.Listed:
+        res = _RESOURCES[kind]
+        try:
+            found = self._client.list(res, namespace="*" if kind is kubeapi.Kind.PODS else None)
+            items = [obj.to_dict() async for obj in found]
+            version = str(found.resourceVersion)
+        except _ERRORS as err:
+            raise _error(err) from None
+        return kubeapi.Listed(items, version)
+
+    async def watch(
+        self, kind: kubeapi.Kind, *, resource_version: str
+    ) -> AsyncIterator[kubeapi.WatchEvent]:
+        res = _RESOURCES[kind]
+        events = self._client.watch(
+            res,
+            namespace="*" if kind is kubeapi.Kind.PODS else None,
+            resource_version=resource_version,
+            server_timeout=WATCH_SERVER_TIMEOUT_S,
+        )
+        try:
+            async for type_, obj in events:
+                if type_ in kubeapi.EventType.__members__:
+                    yield kubeapi.WatchEvent(kubeapi.EventType(type_), obj.to_dict())
+        except _ERRORS as err:
+            raise _error(err) from None
+
+    async def apply_layout_spec(
+        self, name: str, spec: gpulayouts.LayoutSpec, *, owner_uid: str | None
+    ) -> None:
+        body: dict[str, Any] = dict(gpulayouts.spec_patch(name, spec))
+        if owner_uid is not None:
+            body["metadata"] = {
+                **body["metadata"],
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": name, "uid": owner_uid}
+                ],
+            }
+        try:
+            await self._client.patch(
+                GpuLayout,
+                name,
+                body,
+                patch_type=PatchType.APPLY,
+                field_manager=gpulayouts.CONTROLLER_FIELD_MANAGER,
+                force=True,
+            )
+        except _ERRORS as err:
+            raise _error(err) from None
+
+    async def patch_pod(self, key: str, patch: list[dict[str, Any]]) -> None:
+        namespace, name = key.split("/", 1)
+        try:
+            await self._client.patch(
+                Pod, name, patch, namespace=namespace, patch_type=PatchType.JSON
+            )
+        except _ERRORS as err:
+            raise _error(err) from None
+
+    async def record(self, note: kubeapi.EventNote) -> None:
+        now = datetime.datetime.now(datetime.UTC)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        namespace = note.namespace or "default"
+        body = {
+            "metadata": {"generateName": f"{note.name}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": note.kind,
+                "name": note.name,
+                "namespace": note.namespace,
+                "uid": note.uid,
+            },
+            "type": note.type,
+            "reason": note.reason,
+            "message": note.message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self._client.create(cast(Event, Event.from_dict(body)))
+        except _ERRORS as err:
+            raise _error(err) from None
+
+    async def get_lease(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            lease = await self._client.get(Lease, name, namespace=namespace)
+        except lightkube.ApiError as err:
+            if err.status.code == 404:
+                return None
+            raise _error(err) from None
+        except httpx2.HTTPError as err:
+            raise _error(err) from None
+        doc: dict[str, Any] = lease.to_dict()
+        return doc
+
+    async def write_lease(self, lease: Mapping[str, Any], *, create: bool) -> None:
+        obj = cast(Lease, Lease.from_dict(dict(lease)))
+        try:
+            if create:
+                await self._client.create(obj)
+            else:
+                await self._client.replace(obj)
+        except _ERRORS as err:
+            raise _error(err) from None
+
+    async def close(self) -> None:
+        await self._client.close()

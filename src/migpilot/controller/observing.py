@@ -1,0 +1,510 @@
+"""What the controller sees: Pods, Nodes and GpuLayouts read into the planner's snapshot.
+
+Why it exists: the controller must plan from the same model the simulator plans from, and keep
+no second model of pods, GPUs or reservations. This module is the one translation from the
+Kubernetes objects (raw JSON, as the API returns them) to :mod:`migpilot.planning.snapshot`:
+
+- a pod's **requests** are what kube-scheduler counts (per resource, the sum over containers or
+  the largest init container, whichever is more, plus overhead; a limit stands in for a missing
+  request), parsed by :func:`snapshot.pod_requests`, the one request parser;
+- a node's **GPUs** come from its GpuLayout: the spec's instances (what the controller asked
+  for: reserved ones are *used*), the status's used instances (which the agent never destroys,
+  even if the spec dropped them), and, so that no instance a kubelet could have handed out is
+  ever planned away, at least as many used instances of each profile as the pods bound to the
+  node ask for;
+- a node's **CPU and memory** are its allocatable less the requests of the pods bound to it and
+  of the pods reserved on it;
+- **pending pods** are the pods gated by ``migpilot.io/plan`` alone, and, as a fallback for pods
+  created while no controller held the Lease, ungated pods kube-scheduler marked Unschedulable;
+  a pod holding a live reservation is not pending again (it is never planned twice).
+
+Nodes labelled ``nvidia.com/mig.config`` are laid out statically (mig-manager's way): they are
+not planned, and their free capacity is offered as it is (:func:`static_fit`).
+
+Pure: no client, no clock, no I/O. May import :mod:`migpilot.api`, :mod:`migpilot.planning`,
+:mod:`migpilot.mig` and :mod:`migpilot.errors`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from migpilot import errors
+from migpilot.api import gpulayouts
+from migpilot.mig import catalog, layouts
+from migpilot.planning import constraints, snapshot
+
+GATE = "migpilot.io/plan"
+"""The scheduling gate the webhook adds and the controller removes."""
+STATIC_LABEL = "nvidia.com/mig.config"
+"""A node with this label is laid out statically from a mig-parted config (not planned)."""
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+_TERMINATED = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """One pod as the controller sees it."""
+
+    key: str
+    """``namespace/name``."""
+    uid: str
+    node: str | None
+    """``spec.nodeName``: where it is bound."""
+    gates: tuple[str, ...]
+    unschedulable: bool
+    """kube-scheduler tried and found no node (``PodScheduled=False``, ``Unschedulable``)."""
+    done: bool
+    """Terminated or being deleted: holds nothing any more."""
+    mig: Counter[str]
+    """MIG instances asked for, by profile (empty: not a MIG pod, or a bad request)."""
+    pod: snapshot.Pod | None
+    """The pod as the planner sees it; ``None`` when :attr:`problem` says why it cannot be."""
+    problem: str | None
+    """Why the pod's MIG request cannot be planned (a bad resource name, an unsupported
+    affinity); ``None`` for a good one or a pod that asks for no MIG resource."""
+    created: str
+    """``metadata.creationTimestamp`` as the API gives it."""
+
+    @property
+    def is_mig(self) -> bool:
+        """Whether it asks for a MIG resource (good or bad)."""
+        return bool(self.mig) or self.problem is not None
+
+    @property
+    def gated_by_us(self) -> bool:
+        """Gated by ``migpilot.io/plan`` and by no other gate."""
+        return self.gates == (GATE,)
+
+    @property
+    def waiting(self) -> bool:
+        """Not bound, not done, and either gated by us alone or left Unschedulable."""
+        if self.node or self.done:
+            return False
+        return self.gated_by_us or (not self.gates and self.unschedulable)
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _seq(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _effective(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Per resource, the amount kube-scheduler counts for the pod."""
+    summed: dict[str, int] = {}
+    init_max: dict[str, int] = {}
+
+    def amounts(container: Any, at: str) -> dict[str, int]:
+        res = _map(_map(container).get("resources"))
+        merged = {**_map(res.get("limits")), **_map(res.get("requests"))}
+        out: dict[str, int] = {}
+        for name, value in merged.items():
+            out[name] = _amount(name, value, f"{at}.{name}")
+        return out
+
+    for i, c in enumerate(_seq(spec.get("containers"))):
+        for name, n in amounts(c, f"{where}.containers[{i}]").items():
+            summed[name] = summed.get(name, 0) + n
+    for i, c in enumerate(_seq(spec.get("initContainers"))):
+        for name, n in amounts(c, f"{where}.initContainers[{i}]").items():
+            init_max[name] = max(init_max.get(name, 0), n)
+    total = {k: max(summed.get(k, 0), init_max.get(k, 0)) for k in {*summed, *init_max}}
+    for name, value in _map(spec.get("overhead")).items():
+        total[name] = total.get(name, 0) + _amount(name, value, f"{where}.overhead.{name}")
+    return total
+
+
+def _amount(name: str, value: Any, where: str) -> int:
+    if name == "cpu":
+        return snapshot.cpu_milli(value, where=where)
+    if name == "memory":
+        return snapshot.memory_bytes(value, where=where)
+    if name.startswith("nvidia.com/"):
+        return int(snapshot.parse_quantity(value, where=where))
+    return 0  # not modelled (ephemeral-storage, hugepages, other vendors)
+
+
+def _as_requests(total: Mapping[str, int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, n in total.items():
+        if name == "cpu":
+            out[name] = f"{n}m"
+        elif name == "memory" or (name.startswith("nvidia.com/") and n):
+            out[name] = str(n)
+    return out
+
+
+def pod_view(doc: Mapping[str, Any]) -> PodView:
+    """Read one Pod (raw JSON); a bad MIG request is kept with its :attr:`PodView.problem`."""
+    meta = _map(doc.get("metadata"))
+    spec = _map(doc.get("spec"))
+    status = _map(doc.get("status"))
+    key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+    gates = tuple(str(_map(g).get("name", "")) for g in _seq(spec.get("schedulingGates")))
+    unschedulable = any(
+        _map(c).get("type") == "PodScheduled"
+        and _map(c).get("status") == "False"
+        and _map(c).get("reason") == "Unschedulable"
+        for c in _seq(status.get("conditions"))
+    )
+    done = status.get("phase") in _TERMINATED or meta.get("deletionTimestamp") is not None
+    mig: Counter[str] = Counter()
+    pod: snapshot.Pod | None = None
+    problem: str | None = None
+    try:
+        total = _effective(spec, "spec")
+        wanted = {
+            k: v for k, v in total.items() if k.startswith(snapshot.MIG_RESOURCE_PREFIX) and v
+        }
+        if wanted:
+            requests = snapshot.pod_requests(_as_requests(total), where="resources")
+            mig.update({r.profile: r.count for r in requests.mig})
+            pod = _planned_pod(meta, spec, requests)
+    except errors.MigpilotError as err:
+        mig.clear()
+        problem = str(err)
+    return PodView(
+        key=key,
+        uid=str(meta.get("uid", "")),
+        node=spec.get("nodeName") or None,
+        gates=gates,
+        unschedulable=unschedulable,
+        done=done,
+        mig=mig,
+        pod=pod,
+        problem=problem,
+        created=str(meta.get("creationTimestamp", "")),
+    )
+
+
+def _planned_pod(
+    meta: Mapping[str, Any], spec: Mapping[str, Any], requests: snapshot.Requests
+) -> snapshot.Pod:
+    affinity = _map(spec.get("affinity"))
+    required = _map(
+        _map(affinity.get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution")
+    )
+    terms = (
+        snapshot.node_affinity(
+            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}},
+            "spec.affinity",
+        )
+        if required
+        else ()
+    )
+    selector = {str(k): str(v) for k, v in _map(spec.get("nodeSelector")).items()}
+    priority = spec.get("priority")
+    return snapshot.Pod(
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace", "default")),
+        priority=priority if isinstance(priority, int) else 0,
+        mig=requests.mig,
+        cpu_milli=requests.cpu_milli,
+        memory_bytes=requests.memory_bytes,
+        node_selector=MappingProxyType(selector),
+        affinity=terms,
+        tolerations=tuple(
+            snapshot.toleration(
+                {k: v for k, v in _map(t).items() if k != "tolerationSeconds"},
+                f"spec.tolerations[{i}]",
+            )
+            for i, t in enumerate(_seq(spec.get("tolerations")))
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One Node as the controller sees it."""
+
+    name: str
+    labels: Mapping[str, str]
+    taints: tuple[snapshot.Taint, ...]
+    unschedulable: bool
+    ready: bool
+    allocatable: Mapping[str, int]
+    """cpu (millicores), memory (bytes) and ``nvidia.com/*`` resources, as the Node reports."""
+    uid: str
+
+    @property
+    def static(self) -> bool:
+        """Laid out from a mig-parted config (``nvidia.com/mig.config``), not planned."""
+        return STATIC_LABEL in self.labels
+
+    @property
+    def mig_capable(self) -> bool:
+        """The agent labelled it a MIG node (GFD's ``nvidia.com/mig.capable``)."""
+        return self.labels.get("nvidia.com/mig.capable") == "true"
+
+    @property
+    def hostname(self) -> str | None:
+        """Its ``kubernetes.io/hostname`` label, what a pod's node affinity pins it by."""
+        return self.labels.get(HOSTNAME_LABEL)
+
+
+def node_view(doc: Mapping[str, Any]) -> NodeView:
+    """Read one Node (raw JSON); malformed parts read as absent, never raise."""
+    meta = _map(doc.get("metadata"))
+    spec = _map(doc.get("spec"))
+    status = _map(doc.get("status"))
+    labels = {str(k): str(v) for k, v in _map(meta.get("labels")).items()}
+    taints: list[snapshot.Taint] = []
+    for i, t in enumerate(_seq(spec.get("taints"))):
+        t = _map(t)
+        try:
+            taints.append(
+                snapshot.taint(
+                    {k: t[k] for k in ("key", "value", "effect") if k in t}, f"taints[{i}]"
+                )
+            )
+        except errors.MigpilotError:
+            continue
+    ready = any(
+        _map(c).get("type") == "Ready" and _map(c).get("status") == "True"
+        for c in _seq(status.get("conditions"))
+    )
+    alloc: dict[str, int] = {}
+    for name, value in _map(status.get("allocatable")).items():
+        if name in ("cpu", "memory") or str(name).startswith("nvidia.com/"):
+            try:
+                alloc[str(name)] = _amount(str(name), value, f"allocatable.{name}")
+            except errors.MigpilotError:
+                continue
+    return NodeView(
+        name=str(meta.get("name", "")),
+        labels=MappingProxyType(labels),
+        taints=tuple(taints),
+        unschedulable=bool(spec.get("unschedulable", False)),
+        ready=ready,
+        allocatable=MappingProxyType(alloc),
+        uid=str(meta.get("uid", "")),
+    )
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Instances a GpuLayout's spec keeps for one pod."""
+
+    pod: str
+    node: str
+    instances: tuple[tuple[int, int, str], ...]
+    """(GPU index, start, profile)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """The cluster, read: what the loop plans and pins from."""
+
+    snapshot: snapshot.Snapshot
+    """Planned nodes (their GPUs as the module says) and the pending pods without a reservation."""
+    pods: Mapping[str, PodView]
+    nodes: Mapping[str, NodeView]
+    layouts: Mapping[str, gpulayouts.GpuLayout]
+    reservations: Mapping[str, Reservation]
+    """Live reservations by pod: the pod exists, is not done and is not bound elsewhere."""
+    stale: frozenset[str]
+    """Nodes whose spec reserves instances for pods that are gone, done, or bound (their
+    reservation has served its purpose): their spec is rewritten without it."""
+    bound: Mapping[str, Counter[str]]
+    """Per node, MIG instances by profile held by pods bound to it (not done)."""
+    unplanned: tuple[str, ...]
+    """Nodes with MIG GPUs that are not planned, and why (``name: reason``), for events."""
+
+
+def observe(
+    *,
+    pods: Iterable[PodView],
+    nodes: Iterable[NodeView],
+    layouts_by_node: Mapping[str, gpulayouts.GpuLayout],
+    policy: snapshot.Policy = snapshot.Policy.BINPACK,
+) -> Observed:
+    """Read the cluster into an :class:`Observed` (see the module for the rules)."""
+    pod_map = {p.key: p for p in pods}
+    node_map = {n.name: n for n in nodes}
+    bound: dict[str, Counter[str]] = {}
+    used_cpu: Counter[str] = Counter()
+    used_mem: Counter[str] = Counter()
+    for p in pod_map.values():
+        if p.node and not p.done:
+            bound.setdefault(p.node, Counter()).update(p.mig)
+            if p.pod is not None:
+                used_cpu[p.node] += p.pod.cpu_milli
+                used_mem[p.node] += p.pod.memory_bytes
+    reservations: dict[str, Reservation] = {}
+    stale: set[str] = set()
+    for node_name, layout in layouts_by_node.items():
+        held: dict[str, list[tuple[int, int, str]]] = {}
+        for g in layout.spec.gpus:
+            for i in g.instances:
+                if i.reserved_for is not None:
+                    held.setdefault(i.reserved_for, []).append((g.index, i.start, i.profile))
+        for key, insts in held.items():
+            holder = pod_map.get(key)
+            if holder is None or holder.done or holder.node is not None or key in reservations:
+                stale.add(node_name)
+                continue
+            reservations[key] = Reservation(key, node_name, tuple(sorted(insts)))
+    for r in reservations.values():
+        reserved_pod = pod_map[r.pod].pod
+        if reserved_pod is not None:
+            used_cpu[r.node] += reserved_pod.cpu_milli
+            used_mem[r.node] += reserved_pod.memory_bytes
+    planned: list[snapshot.Node] = []
+    unplanned: list[str] = []
+    for name in sorted(node_map):
+        view = node_map[name]
+        found = layouts_by_node.get(name)
+        if view.static:
+            continue
+        if found is None or found.status is None:
+            if view.mig_capable:
+                unplanned.append(f"{name}: its agent has not reported its GPUs yet")
+            continue
+        if not view.ready:
+            unplanned.append(f"{name}: not Ready")
+            continue
+        live = {i for r in reservations.values() if r.node == name for i in r.instances}
+        try:
+            gpus = node_gpus(found, reserved=live, bound=bound.get(name, Counter()))
+        except errors.MigpilotError as err:
+            unplanned.append(f"{name}: {err}")
+            continue
+        cpu = view.allocatable.get("cpu")
+        mem = view.allocatable.get("memory")
+        alloc = (
+            snapshot.Resources(
+                max(cpu - used_cpu[name], 0) if cpu is not None else 2**62,
+                max(mem - used_mem[name], 0) if mem is not None else 2**62,
+            )
+            if cpu is not None or mem is not None
+            else None
+        )
+        planned.append(
+            snapshot.Node(
+                name=name,
+                labels=view.labels,
+                taints=view.taints,
+                unschedulable=view.unschedulable,
+                allocatable=alloc,
+                gpus=gpus,
+            )
+        )
+    pending = tuple(
+        p.pod
+        for p in sorted(pod_map.values(), key=lambda p: (p.created, p.key))
+        if p.waiting and p.pod is not None and p.key not in reservations
+    )
+    return Observed(
+        snapshot=snapshot.Snapshot(nodes=tuple(planned), pods=pending, policy=policy),
+        pods=MappingProxyType(pod_map),
+        nodes=MappingProxyType(node_map),
+        layouts=MappingProxyType(dict(layouts_by_node)),
+        reservations=MappingProxyType(reservations),
+        stale=frozenset(stale),
+        bound=MappingProxyType(bound),
+        unplanned=tuple(unplanned),
+    )
+
+
+def node_gpus(
+    layout: gpulayouts.GpuLayout,
+    *,
+    reserved: frozenset[tuple[int, int, str]] | set[tuple[int, int, str]],
+    bound: Counter[str],
+) -> tuple[snapshot.Gpu, ...]:
+    """A node's GPUs for the planner, from its GpuLayout (see the module for the rules).
+
+    ``reserved``: (GPU, start, profile) of the live reservations; ``bound``: instances by
+    profile that pods bound to the node hold. Raise :class:`errors.GpuLayoutError` when the
+    status names a GPU model the catalog lacks.
+    """
+    assert layout.status is not None
+    spec = {g.index: g for g in layout.spec.gpus}
+    out: list[tuple[int, Any, dict[tuple[int, str], bool]]] = []
+    for gs in layout.status.gpus:
+        try:
+            model = catalog.resolve_gpu(gs.model)
+        except errors.MigpilotError as err:
+            raise errors.GpuLayoutError(f"GPU {gs.index}: {err}") from None
+        held = {
+            (i.start, i.profile)
+            for i in gs.instances
+            if i.state in (gpulayouts.InstanceState.USED,)
+        }
+        insts: dict[tuple[int, str], bool] = dict.fromkeys(held, True)
+        sg = spec.get(gs.index)
+        if sg is None:
+            for i in gs.instances:
+                if i.state is gpulayouts.InstanceState.DESTROYING:
+                    continue
+                untouchable = i.state in gpulayouts.UNTOUCHABLE
+                insts[(i.start, i.profile)] = insts.get((i.start, i.profile), False) or untouchable
+        else:
+            for want in sg.instances:
+                k = (want.start, want.profile)
+                if k in insts:
+                    continue
+                trial = [layouts.Instance(s, p) for s, p in (*insts, k)]
+                if layouts.violation(model, trial) is not None:
+                    continue  # the agent keeps a used instance there: it cannot make this one
+                insts[k] = (gs.index, want.start, want.profile) in reserved
+        out.append((gs.index, model, insts))
+    # At least as many used instances of each profile as the bound pods hold.
+    for profile, need in sorted(bound.items()):
+        have = sum(used for _, _, insts in out for (_, p), used in insts.items() if p == profile)
+        for _, _, insts in out:
+            for k in sorted(insts):
+                if have >= need:
+                    break
+                if k[1] == profile and not insts[k]:
+                    insts[k] = True
+                    have += 1
+    return tuple(
+        snapshot.Gpu(
+            index,
+            model,
+            tuple(snapshot.ExistingInstance(p, s, used) for (s, p), used in sorted(insts.items())),
+        )
+        for index, model, insts in out
+    )
+
+
+def static_fit(observed: Observed, view: PodView) -> str | None:
+    """A statically laid out node with free instances for ``view`` now, by the counts
+    kube-scheduler checks (allocatable less what bound pods hold), or ``None``."""
+    if view.pod is None:
+        return None
+    for name in sorted(observed.nodes):
+        node = observed.nodes[name]
+        if not node.static or not node.ready:
+            continue
+        planner_node = snapshot.Node(
+            name=name,
+            labels=node.labels,
+            taints=node.taints,
+            unschedulable=node.unschedulable,
+            allocatable=None,
+            gpus=(),
+        )
+        if constraints.rejection(planner_node, view.pod) is not None:
+            continue
+        held = observed.bound.get(name, Counter())
+        if all(
+            node.allocatable.get(snapshot.resource_name(p), 0) - held[p] >= n
+            for p, n in view.mig.items()
+        ):
+            return name
+    return None

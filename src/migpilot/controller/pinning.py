@@ -1,0 +1,201 @@
+"""What the controller writes: GpuLayout specs with reservations, and the patches that pin a pod.
+
+Why it exists: every write the controller makes is decided here, as data, so the rules that
+keep the cluster safe are tested without a server:
+
+- :func:`spec_for` turns a plan into a node's spec, keeping the reservations of the pods still
+  waiting for instances an earlier plan gave them (the planner saw those as used, so they are in
+  its target layout);
+- :func:`without_stale` drops reservations whose pods are gone, done or bound;
+- :func:`ready` says when a reserved pod can be let go: every instance reserved for it exists
+  (the agent reports it with a UUID) and the Node advertises enough of each resource for it after
+  the pods bound to the node and the pods already let go there (kube-scheduler's own count, so
+  the pod binds at once instead of waiting out the scheduler's back-off);
+- :func:`pin_patch` narrows a gated pod's required node affinity to that node and removes the
+  gate (a JSON patch; narrowing is what the API allows on a gated pod); :func:`ungate_patch`
+  removes the gate alone (for a pod no plan can serve, so kube-scheduler reports it too).
+
+Pure: no client, no clock. May import :mod:`migpilot.api`, :mod:`migpilot.planning` and this
+package's pure modules.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from migpilot.api import gpulayouts
+from migpilot.controller import observing
+from migpilot.planning import plans, snapshot
+
+Patch = list[dict[str, Any]]
+"""A JSON patch (RFC 6902)."""
+
+
+def spec_for(
+    node: snapshot.Node, plan: plans.Plan, *, kept: Mapping[tuple[int, int, str], str]
+) -> gpulayouts.LayoutSpec:
+    """The spec of ``node`` after ``plan``, with the ``kept`` reservations ((GPU, start,
+    profile) -> pod) of earlier plans on instances the target layout still holds."""
+    spec = gpulayouts.spec_from_plan(plan, node)
+    gpus = []
+    for g in spec.gpus:
+        gpus.append(
+            gpulayouts.GpuSpec(
+                g.index,
+                g.model,
+                tuple(
+                    i
+                    if i.reserved_for is not None
+                    else gpulayouts.InstanceSpec(
+                        i.profile, i.start, kept.get((g.index, i.start, i.profile))
+                    )
+                    for i in g.instances
+                ),
+            )
+        )
+    return gpulayouts.LayoutSpec(tuple(gpus))
+
+
+def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpulayouts.LayoutSpec:
+    """``spec`` with only the reservations of the ``live`` pods."""
+    return gpulayouts.LayoutSpec(
+        tuple(
+            gpulayouts.GpuSpec(
+                g.index,
+                g.model,
+                tuple(
+                    i
+                    if i.reserved_for is None or i.reserved_for in live
+                    else gpulayouts.InstanceSpec(i.profile, i.start, None)
+                    for i in g.instances
+                ),
+            )
+            for g in spec.gpus
+        )
+    )
+
+
+def ready(observed: observing.Observed, pod_key: str) -> bool:
+    """Whether the reserved pod ``pod_key`` can be let go to kube-scheduler now."""
+    r = observed.reservations.get(pod_key)
+    if r is None:
+        return False
+    layout = observed.layouts.get(r.node)
+    node = observed.nodes.get(r.node)
+    if layout is None or layout.status is None or node is None or not node.ready:
+        return False
+    made = {
+        (g.index, i.start, i.profile)
+        for g in layout.status.gpus
+        for i in g.instances
+        if i.uuid
+        and i.state not in (gpulayouts.InstanceState.CREATING, gpulayouts.InstanceState.DESTROYING)
+    }
+    if not all(i in made for i in r.instances):
+        return False
+    taken: Counter[str] = Counter(observed.bound.get(r.node, Counter()))
+    for other in observed.reservations.values():
+        if other.node == r.node and other.pod != pod_key:
+            view = observed.pods.get(other.pod)
+            if view is not None and not view.gated_by_us:
+                taken.update(view.mig)
+    want = observed.pods[pod_key].mig
+    return all(
+        node.allocatable.get(snapshot.resource_name(p), 0) - taken[p] >= n for p, n in want.items()
+    )
+
+
+def _gate_ops(spec: Mapping[str, Any]) -> Patch:
+    gates = [
+        g.get("name") if isinstance(g, Mapping) else None for g in spec.get("schedulingGates") or []
+    ]
+    if observing.GATE not in gates:
+        return []
+    at = gates.index(observing.GATE)
+    test = {"op": "test", "path": f"/spec/schedulingGates/{at}/name", "value": observing.GATE}
+    if len(gates) == 1:
+        return [test, {"op": "remove", "path": "/spec/schedulingGates"}]
+    return [test, {"op": "remove", "path": f"/spec/schedulingGates/{at}"}]
+
+
+def ungate_patch(pod: Mapping[str, Any]) -> Patch:
+    """Remove the ``migpilot.io/plan`` gate (empty when the pod has none)."""
+    return _gate_ops(pod.get("spec") or {})
+
+
+def pin_patch(pod: Mapping[str, Any], node: observing.NodeView) -> Patch:
+    """Narrow the pod's required node affinity to ``node`` and remove the gate.
+
+    The node is named by its ``kubernetes.io/hostname`` label (by ``metadata.name`` through a
+    field selector when it has none). Every existing term gains the requirement (a pod matches
+    when any term does, so each must be narrowed); with no terms, one term is added.
+    """
+    spec = pod.get("spec") or {}
+    if not _gate_ops(spec):
+        return []
+    if node.hostname is not None:
+        kind = "matchExpressions"
+        requirement = {"key": observing.HOSTNAME_LABEL, "operator": "In", "values": [node.hostname]}
+    else:
+        kind = "matchFields"
+        requirement = {"key": "metadata.name", "operator": "In", "values": [node.name]}
+    term = {kind: [requirement]}
+    ops: Patch = []
+    affinity = spec.get("affinity")
+    node_aff = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = (
+        node_aff.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(node_aff, Mapping)
+        else None
+    )
+    terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+    base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
+    if not isinstance(affinity, Mapping):
+        ops.append(
+            {
+                "op": "add",
+                "path": "/spec/affinity",
+                "value": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [term]
+                        }
+                    }
+                },
+            }
+        )
+    elif not isinstance(node_aff, Mapping):
+        ops.append(
+            {
+                "op": "add",
+                "path": "/spec/affinity/nodeAffinity",
+                "value": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+                },
+            }
+        )
+    elif not isinstance(required, Mapping) or not terms:
+        ops.append({"op": "add", "path": base, "value": {"nodeSelectorTerms": [term]}})
+    else:
+        for i, t in enumerate(terms):
+            if isinstance(t, Mapping) and t.get(kind):
+                if requirement in t[kind]:
+                    continue
+                ops.append(
+                    {
+                        "op": "add",
+                        "path": f"{base}/nodeSelectorTerms/{i}/{kind}/-",
+                        "value": requirement,
+                    }
+                )
+            else:
+                ops.append(
+                    {
+                        "op": "add",
+                        "path": f"{base}/nodeSelectorTerms/{i}/{kind}",
+                        "value": [requirement],
+                    }
+                )
+    return ops + _gate_ops(spec)

@@ -1,0 +1,513 @@
+"""The controller's loop: watch the cluster, plan the waiting MIG pods, reserve, pin, release.
+
+Why it exists: this is the one place that turns the pure rules into API calls. Per wake-up:
+
+1. **observe** the cluster from the watched Pods, Nodes and GpuLayouts
+   (:func:`observing.observe`);
+2. **record** a Warning on pods whose MIG request is bad, and let them go to kube-scheduler;
+3. **release** reservations whose pods are gone, done or bound (spec rewritten without them);
+4. **pin** each reserved pod whose instances exist and whose node advertises them: narrow its
+   node affinity to that node and remove its gate (:mod:`pinning`), so kube-scheduler binds it;
+5. **plan** when the batch window is over (:func:`control.decide`, the simulator's own rule)
+   with the fast planner in a worker thread, and write each changed node's GpuLayout spec with
+   server-side apply, reserving the chosen instances for their pods.
+
+Restart-safe by construction: everything the controller knows lives in the API (reservations
+in the specs, pins in the pods), so a new controller, or this one after the API server comes
+back, reads it again and plans nothing twice. Writes are reflected in the local view at once, so
+the next wake-up never plans a pod whose reservation is still on its way back through the watch.
+
+Active/passive: the loop acts only while it holds the Lease (:mod:`migpilot.api.leases`);
+watches run either way so a standby takes over warm. Bad input (a malformed object, a pod the
+API refuses to patch) is logged and skipped, never fatal.
+
+A shell module: the API only through :class:`kubeapi.ControllerApi`; time from the clocks it is
+given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from migpilot import errors, gcpause
+from migpilot.api import gpulayouts, leases
+from migpilot.controller import kubeapi, metrics, observing, pinning
+from migpilot.planning import control, fast, options, plans, snapshot
+
+_log = logging.getLogger("migpilot.controller")
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How the controller runs."""
+
+    identity: str
+    """Who holds the Lease (the pod's name in a cluster). Required."""
+    batch_window_s: float = 0.25
+    """Seconds from the first waiting pod to the plan that serves it and the pods arriving with
+    it. Default 0.25."""
+    lease_namespace: str = leases.NAMESPACE
+    """Namespace of the Lease (and the webhook's). Default migpilot-system."""
+    lease_name: str = leases.NAME
+    """Name of the Lease the webhook checks. Default migpilot-controller."""
+    lease_duration_s: int = leases.DURATION_S
+    """Seconds a Lease stays held without renewal. Default 15."""
+    renew_every_s: float = 2.0
+    """Seconds between Lease renewals. Default 2."""
+    resync_s: float = 5.0
+    """Seconds between wake-ups when nothing happens (pins and releases are re-checked).
+    Default 5."""
+    retry_s: float = 1.0
+    """Seconds before listing again after the API server failed. Default 1."""
+    writers: int = 32
+    """API writes in flight at once. Default 32."""
+    policy: snapshot.Policy = snapshot.Policy.BINPACK
+    """The planner's node policy. Default binpack."""
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            raise errors.MigpilotError("the controller's identity must not be empty")
+        control.Settings(batch_window_s=self.batch_window_s)  # checks the window
+        if self.renew_every_s * 2 > self.lease_duration_s:
+            raise errors.MigpilotError(
+                f"the Lease must be renewed at least twice per duration ({self.lease_duration_s}"
+                f" s), not every {self.renew_every_s} s"
+            )
+
+
+@dataclass
+class _Store:
+    """What the watches have shown, as views the pure modules read."""
+
+    pods: dict[str, tuple[dict[str, Any], observing.PodView]] = field(default_factory=dict)
+    nodes: dict[str, observing.NodeView] = field(default_factory=dict)
+    layouts: dict[str, gpulayouts.GpuLayout] = field(default_factory=dict)
+    synced: set[kubeapi.Kind] = field(default_factory=set)
+
+
+def _key(doc: Mapping[str, Any]) -> str:
+    meta = doc.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+class Controller:
+    """The loop (see the module). :meth:`run` until ``stop`` is set."""
+
+    def __init__(
+        self,
+        api: kubeapi.ControllerApi,
+        *,
+        settings: Settings,
+        metrics_: metrics.ControllerMetrics | None = None,
+        clock: Clock = time.monotonic,
+        wall: Clock = time.time,
+    ) -> None:
+        self.api = api
+        self.settings = settings
+        self.metrics = metrics_ or metrics.ControllerMetrics()
+        self._clock = clock
+        self._wall = wall
+        self._store = _Store()
+        self._wake = asyncio.Event()
+        self._changed = True
+        self._batch = control.Batch()
+        self._control = control.Settings(batch_window_s=settings.batch_window_s)
+        self.leading = False
+        self._lease_until = 0.0
+        self._seen_waiting: dict[str, float] = {}
+        self._said: dict[str, tuple[str, str]] = {}
+        self._writes = asyncio.Semaphore(settings.writers)
+        self.plans = 0
+        """Plans made (tests and the benchmark read it)."""
+
+    # -- watches ----------------------------------------------------------------------------
+
+    def _put(self, kind: kubeapi.Kind, doc: Mapping[str, Any], *, deleted: bool) -> None:
+        key = _key(doc)
+        store = self._store
+        if kind is kubeapi.Kind.PODS:
+            if deleted:
+                store.pods.pop(key, None)
+                self._seen_waiting.pop(key, None)
+                self._said.pop(key, None)
+                return
+            view = observing.pod_view(doc)
+            store.pods[key] = (dict(doc), view)
+            if view.is_mig and view.waiting:
+                self._seen_waiting.setdefault(key, self._clock())
+            elif view.node and key in self._seen_waiting:
+                self.metrics.bind_seconds.observe(self._clock() - self._seen_waiting.pop(key))
+        elif kind is kubeapi.Kind.NODES:
+            if deleted:
+                store.nodes.pop(key, None)
+            else:
+                store.nodes[key] = observing.node_view(doc)
+        elif deleted:
+            store.layouts.pop(key, None)
+        else:
+            try:
+                store.layouts[key] = gpulayouts.parse(doc)
+            except errors.MigpilotError as err:
+                _log.warning("GpuLayout %s ignored: %s", key, err)
+                store.layouts.pop(key, None)
+
+    async def _inform(self, kind: kubeapi.Kind, stop: asyncio.Event) -> None:
+        """List, then watch; list again on 410 Gone or any failure."""
+        while not stop.is_set():
+            try:
+                listed = await self.api.list_all(kind)
+                keep = {_key(d) for d in listed.items}
+                current: set[str] = set(
+                    self._store.pods
+                    if kind is kubeapi.Kind.PODS
+                    else self._store.nodes
+                    if kind is kubeapi.Kind.NODES
+                    else self._store.layouts
+                )
+                for gone in current - keep:
+                    self._put(kind, {"metadata": _meta_of(gone)}, deleted=True)
+                for doc in listed.items:
+                    self._put(kind, doc, deleted=False)
+                self._store.synced.add(kind)
+                self._poke()
+                async for event in self.api.watch(kind, resource_version=listed.resource_version):
+                    self._put(kind, event.object, deleted=event.type is kubeapi.EventType.DELETED)
+                    self._poke()
+            except kubeapi.GoneError:
+                continue
+            except kubeapi.KubeApiError as err:
+                self.metrics.api_errors.labels(operation=f"watch-{kind}").inc()
+                _log.warning("watching %s failed, listing again: %s", kind, err)
+                await _sleep(self.settings.retry_s, stop)
+
+    def _poke(self) -> None:
+        self._changed = True
+        self._wake.set()
+
+    # -- the Lease ---------------------------------------------------------------------------
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        while not stop.is_set():
+            now = self._wall()
+            try:
+                lease = await self.api.get_lease(s.lease_namespace, s.lease_name)
+                body = leases.claim(
+                    lease,
+                    identity=s.identity,
+                    now=now,
+                    namespace=s.lease_namespace,
+                    name=s.lease_name,
+                    duration_s=s.lease_duration_s,
+                )
+                if body is not None:
+                    await self.api.write_lease(body, create=lease is None)
+                    self._lease_until = self._clock() + s.lease_duration_s - s.renew_every_s
+                    self._set_leading(True)
+                else:
+                    self._set_leading(False)
+            except kubeapi.ConflictError:
+                self._set_leading(False)
+            except kubeapi.KubeApiError as err:
+                self.metrics.api_errors.labels(operation="lease").inc()
+                _log.warning("Lease %s/%s not renewed: %s", s.lease_namespace, s.lease_name, err)
+                if self._clock() >= self._lease_until:
+                    self._set_leading(False)
+            await _sleep(s.renew_every_s, stop)
+        self._set_leading(False)
+
+    def _set_leading(self, leading: bool) -> None:
+        if leading != self.leading:
+            _log.info(
+                "%s the Lease as %s",
+                "holding" if leading else "not holding",
+                self.settings.identity,
+            )
+            self.leading = leading
+            self.metrics.leader.set(1 if leading else 0)
+            self._poke()
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set."""
+        tasks = [asyncio.create_task(self._inform(k, stop)) for k in kubeapi.Kind]
+        tasks.append(asyncio.create_task(self._lead(stop)))
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                timeout = self.settings.resync_s
+                if self._batch.due is not None:
+                    timeout = max(0.0, min(timeout, self._batch.due - self._clock()))
+                waker = asyncio.create_task(self._wake.wait())
+                await asyncio.wait({waker, stopper}, timeout=timeout, return_when="FIRST_COMPLETED")
+                waker.cancel()
+                self._wake.clear()
+                if stop.is_set():
+                    break
+                if self.leading and len(self._store.synced) == len(kubeapi.Kind):
+                    await self.step()
+        finally:
+            stopper.cancel()
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+
+    def observe(self) -> observing.Observed:
+        """The cluster as the watches show it now."""
+        return observing.observe(
+            pods=(v for _, v in self._store.pods.values()),
+            nodes=self._store.nodes.values(),
+            layouts_by_node=self._store.layouts,
+            policy=self.settings.policy,
+        )
+
+    async def step(self) -> None:
+        """One pass of the loop (see the module)."""
+        observed = self.observe()
+        now = self._clock()
+        if self._changed:
+            self._changed = False
+            self._batch = control.changed(
+                self._batch,
+                now=now,
+                waiting=bool(observed.snapshot.pods),
+                settings=self._control,
+            )
+        self._gauge(observed)
+        await self._ensure_layouts(observed)
+        await self._refuse_bad(observed)
+        await self._release(observed)
+        await self._pin(observed)
+        if not control.is_due(self._batch, now=now):
+            return
+        started = time.perf_counter()
+        decision = await asyncio.to_thread(
+            control.decide, observed.snapshot, self._batch, now=now, planner=_plan_fast
+        )
+        self._batch = decision.batch
+        if decision.plan is None:
+            return
+        self.plans += 1
+        self.metrics.plan_seconds.observe(time.perf_counter() - started)
+        await self._carry_out(observed, decision.plan)
+
+    def _gauge(self, observed: observing.Observed) -> None:
+        self.metrics.pending.labels(stage="planning").set(len(observed.snapshot.pods))
+        self.metrics.pending.labels(stage="reserved").set(len(observed.reservations))
+        self.metrics.observe_cluster(observed.snapshot)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def _call(self, what: str, call: Any) -> bool:
+        async with self._writes:
+            try:
+                await call
+            except kubeapi.KubeApiError as err:
+                self.metrics.api_errors.labels(operation=what.split(" ", 1)[0]).inc()
+                _log.warning("%s failed: %s", what, err)
+                return False
+        return True
+
+    async def _say(self, view: observing.PodView, *, type_: str, reason: str, message: str) -> None:
+        """An Event on the pod, once per distinct reason and message."""
+        if self._said.get(view.key) == (reason, message):
+            return
+        self._said[view.key] = (reason, message)
+        namespace, name = view.key.split("/", 1)
+        note = kubeapi.EventNote("Pod", namespace, name, view.uid, type_, reason, message)
+        await self._call(f"event on {view.key}", self.api.record(note))
+
+    async def _patch_pod(self, key: str, patch: pinning.Patch) -> bool:
+        if not patch:
+            return True
+        ok = await self._call(f"patch of pod {key}", self.api.patch_pod(key, patch))
+        if ok and key in self._store.pods:
+            doc, _ = self._store.pods[key]
+            with contextlib.suppress(kubeapi.KubeApiError):
+                self._put(kubeapi.Kind.PODS, kubeapi.apply_json_patch(doc, patch), deleted=False)
+        return ok
+
+    async def _write_spec(
+        self, name: str, spec: gpulayouts.LayoutSpec, *, owner_uid: str | None = None
+    ) -> bool:
+        ok = await self._call(
+            f"apply of GpuLayout {name}",
+            self.api.apply_layout_spec(name, spec, owner_uid=owner_uid),
+        )
+        if ok:
+            current = self._store.layouts.get(name)
+            if current is not None:
+                self._store.layouts[name] = replace(current, spec=spec)
+        return ok
+
+    async def _ensure_layouts(self, observed: observing.Observed) -> None:
+        """A GpuLayout for every MIG node that lacks one, so its agent can report its GPUs."""
+        missing = [
+            n
+            for n in observed.nodes.values()
+            if (n.mig_capable or n.static) and n.name not in observed.layouts
+        ]
+        await asyncio.gather(
+            *(
+                self._write_spec(n.name, gpulayouts.LayoutSpec(()), owner_uid=n.uid or None)
+                for n in missing
+            )
+        )
+
+    async def _refuse_bad(self, observed: observing.Observed) -> None:
+        """Pods whose MIG request cannot be planned: a Warning, and let kube-scheduler say the
+        rest (they are never kept gated)."""
+        jobs = []
+        for key, (doc, view) in self._store.pods.items():
+            if view.problem is None or not view.waiting:
+                continue
+            jobs.append(self._refuse(key, doc, view, view.problem))
+        await asyncio.gather(*jobs)
+
+    async def _refuse(
+        self, key: str, doc: Mapping[str, Any], view: observing.PodView, why: str
+    ) -> None:
+        await self._say(view, type_="Warning", reason="MigRequestUnservable", message=why)
+        if view.gated_by_us:
+            await self._patch_pod(key, pinning.ungate_patch(doc))
+
+    async def _release(self, observed: observing.Observed) -> None:
+        live = frozenset(observed.reservations)
+        jobs = []
+        for name in sorted(observed.stale):
+            layout = observed.layouts[name]
+            spec = pinning.without_stale(layout.spec, live=live)
+            if spec != layout.spec:
+                jobs.append(self._write_spec(name, spec))
+        await asyncio.gather(*jobs)
+
+    async def _pin(self, observed: observing.Observed) -> None:
+        jobs = []
+        for key, r in observed.reservations.items():
+            entry = self._store.pods.get(key)
+            if entry is None or not entry[1].gated_by_us or not pinning.ready(observed, key):
+                continue
+            node = observed.nodes[r.node]
+            jobs.append(self._pin_one(key, entry[0], node))
+        await asyncio.gather(*jobs)
+
+    async def _pin_one(self, key: str, doc: Mapping[str, Any], node: observing.NodeView) -> None:
+        if await self._patch_pod(key, pinning.pin_patch(doc, node)):
+            _log.info("pod %s pinned to %s", key, node.name)
+
+    async def _carry_out(self, observed: observing.Observed, plan: plans.Plan) -> None:
+        placed: dict[str, list[plans.Placement]] = {}
+        for p in plan.placements:
+            placed.setdefault(p.node, []).append(p)
+        changed = {g.node for g in plan.gpus if g.changed}
+        writes = []
+        for node in observed.snapshot.nodes:
+            if node.name not in changed and node.name not in placed:
+                continue
+            kept = {
+                i: r.pod
+                for r in observed.reservations.values()
+                if r.node == node.name
+                for i in r.instances
+            }
+            try:
+                spec = pinning.spec_for(node, plan, kept=kept)
+            except errors.MigpilotError as err:  # a planner bug: never write such a spec
+                _log.error("plan for %s not carried out: %s", node.name, err)
+                continue
+            self.metrics.reconfigurations.inc(
+                sum(1 for g in plan.gpus if g.node == node.name and g.changed)
+            )
+            writes.append(self._write_and_tell(node.name, spec, placed.get(node.name, [])))
+        await asyncio.gather(*writes)
+        await self._tell_unplaced(observed, plan)
+
+    async def _write_and_tell(
+        self, name: str, spec: gpulayouts.LayoutSpec, placements: list[plans.Placement]
+    ) -> None:
+        if not await self._write_spec(name, spec):
+            return
+        for p in placements:
+            entry = self._store.pods.get(p.pod)
+            if entry is None:
+                continue
+            where = ", ".join(f"{a.profile} at GPU {a.gpu} start {a.start}" for a in p.instances)
+            await self._say(
+                entry[1], type_="Normal", reason="MigInstancesReserved",
+                message=f"reserved on node {name}: {where}; waiting for the instances",
+            )  # fmt: skip
+
+    async def _tell_unplaced(self, observed: observing.Observed, plan: plans.Plan) -> None:
+        empty = _emptied(observed)
+        jobs = []
+        for u in plan.unschedulable:
+            entry = self._store.pods.get(u.pod)
+            if entry is None:
+                continue
+            doc, view = entry
+            pod = view.pod
+            never = control.never_runs(pod, empty) if pod is not None and empty else None
+            static = observing.static_fit(observed, view)
+            if static is not None and view.gated_by_us:
+                jobs.append(self._let_go(u.pod, doc, view, f"node {static} has free instances"))
+            elif never is not None:
+                jobs.append(self._refuse(u.pod, doc, view, f"can never run: {never}"))
+            else:
+                jobs.append(self._say(view, type_="Normal", reason="MigWaiting", message=u.reason))
+        await asyncio.gather(*jobs)
+
+    async def _let_go(
+        self, key: str, doc: Mapping[str, Any], view: observing.PodView, why: str
+    ) -> None:
+        await self._say(view, type_="Normal", reason="MigStaticLayout", message=why)
+        await self._patch_pod(key, pinning.ungate_patch(doc))
+
+
+def _meta_of(key: str) -> dict[str, str]:
+    if "/" in key:
+        ns, name = key.split("/", 1)
+        return {"namespace": ns, "name": name}
+    return {"name": key}
+
+
+def _emptied(observed: observing.Observed) -> tuple[snapshot.Node, ...]:
+    """The planned nodes as they would be empty (whole CPU and memory, no instances)."""
+    out = []
+    for n in observed.snapshot.nodes:
+        view = observed.nodes[n.name]
+        cpu, mem = view.allocatable.get("cpu"), view.allocatable.get("memory")
+        alloc = (
+            snapshot.Resources(cpu if cpu is not None else 2**62, mem if mem is not None else 2**62)
+            if cpu is not None or mem is not None
+            else None
+        )
+        out.append(
+            replace(
+                n,
+                allocatable=alloc,
+                gpus=tuple(snapshot.Gpu(g.index, g.model, ()) for g in n.gpus),
+            )
+        )
+    return tuple(out)
+
+
+def _plan_fast(snap: snapshot.Snapshot) -> plans.Plan:
+    with gcpause.paused():
+        return fast.plan(snap, options.Options())
+
+
+async def _sleep(seconds: float, stop: asyncio.Event) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

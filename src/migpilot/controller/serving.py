@@ -1,0 +1,70 @@
+"""Assemble and run the controller process: the API client, the metrics endpoint, the signals.
+
+Why it exists: the CLI stays thin (flags in, one :func:`run` call) and tests or a demo can start
+a whole controller in a thread with the same assembly. Serves ``/metrics`` (Prometheus text) on
+``metrics_port`` and stops cleanly on SIGTERM or SIGINT, giving the Lease up by letting it expire
+(a standby takes over within the Lease's duration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import prometheus_client
+
+from migpilot.controller import kube, metrics, running
+
+_log = logging.getLogger("migpilot.controller")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSettings:
+    """The process around the loop."""
+
+    controller: running.Settings
+    kubeconfig: Path | None = None
+    """kubeconfig file; ``None``: the in-cluster service account. Default in-cluster."""
+    metrics_port: int | None = 8080
+    """Port of ``/metrics``; ``None``: not served. Default 8080."""
+    metrics_host: str = "0.0.0.0"
+    """Address of ``/metrics``. Default all addresses."""
+
+
+def run(settings: ServeSettings, *, stop: threading.Event | None = None) -> None:
+    """Run the controller until SIGTERM/SIGINT (or ``stop``, from another thread)."""
+    asyncio.run(_main(settings, stop))
+
+
+async def _main(settings: ServeSettings, outer: threading.Event | None) -> None:
+    api = kube.connect(settings.kubeconfig)
+    figures = metrics.ControllerMetrics()
+    server = None
+    if settings.metrics_port is not None:
+        server, _ = prometheus_client.start_http_server(
+            settings.metrics_port, addr=settings.metrics_host, registry=figures.registry
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    if outer is not None:
+        threading.Thread(
+            target=lambda: (outer.wait(), loop.call_soon_threadsafe(stop.set)),
+            daemon=True,
+            name="controller-stop",
+        ).start()
+    controller = running.Controller(api, settings=settings.controller, metrics_=figures)
+    _log.info("controller %s starting", settings.controller.identity)
+    try:
+        await controller.run(stop)
+    finally:
+        await api.close()
+        if server is not None:
+            server.shutdown()
+        _log.info("controller %s stopped", settings.controller.identity)
