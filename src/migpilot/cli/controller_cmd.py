@@ -102,5 +102,8 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    # One line per HTTP request is the client's business, not the operator's.
+    for noisy in ("httpx2", "httpcore2", "httpx", "httpcore", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     serving.run(settings)
     return 0

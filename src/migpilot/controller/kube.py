@@ -102,7 +102,7 @@ class LightkubeControllerApi:
 
     async def apply_layout_spec(
         self, name: str, spec: gpulayouts.LayoutSpec, *, owner_uid: str | None
-    ) -> None:
+    ) -> Mapping[str, Any]:
         body: dict[str, Any] = dict(gpulayouts.spec_patch(name, spec))
         if owner_uid is not None:
             body["metadata"] = {
@@ -112,7 +112,7 @@ class LightkubeControllerApi:
                 ],
             }
         try:
-            await self._client.patch(
+            got = await self._client.patch(
                 GpuLayout,
                 name,
                 body,
@@ -122,15 +122,19 @@ class LightkubeControllerApi:
             )
         except _ERRORS as err:
             raise _error(err) from None
+        doc: dict[str, Any] = got.to_dict()  # type: ignore[no-untyped-call]
+        return doc
 
-    async def patch_pod(self, key: str, patch: list[dict[str, Any]]) -> None:
+    async def patch_pod(self, key: str, patch: list[dict[str, Any]]) -> Mapping[str, Any]:
         namespace, name = key.split("/", 1)
         try:
-            await self._client.patch(
+            got = await self._client.patch(
                 Pod, name, patch, namespace=namespace, patch_type=PatchType.JSON
             )
         except _ERRORS as err:
             raise _error(err) from None
+        doc: dict[str, Any] = got.to_dict()
+        return doc
 
     async def record(self, note: kubeapi.EventNote) -> None:
         now = datetime.datetime.now(datetime.UTC)

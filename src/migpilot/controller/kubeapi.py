@@ -94,13 +94,14 @@ class ControllerApi(Protocol):
 
     async def apply_layout_spec(
         self, name: str, spec: gpulayouts.LayoutSpec, *, owner_uid: str | None
-    ) -> None:
+    ) -> Mapping[str, Any]:
         """Server-side apply of the GpuLayout's spec as ``migpilot-controller`` (forced),
-        creating it (owned by the Node ``name`` when ``owner_uid`` is given) if absent."""
+        creating it (owned by the Node ``name`` when ``owner_uid`` is given) if absent; the
+        object as the server now has it."""
         ...
 
-    async def patch_pod(self, key: str, patch: list[dict[str, Any]]) -> None:
-        """A JSON patch on the pod ``namespace/name``."""
+    async def patch_pod(self, key: str, patch: list[dict[str, Any]]) -> Mapping[str, Any]:
+        """A JSON patch on the pod ``namespace/name``; the pod as the server now has it."""
         ...
 
     async def record(self, note: EventNote) -> None:
@@ -236,7 +237,7 @@ class InMemoryApi:
 
     async def apply_layout_spec(
         self, name: str, spec: gpulayouts.LayoutSpec, *, owner_uid: str | None
-    ) -> None:
+    ) -> Mapping[str, Any]:
         self._maybe_fail()
         self.spec_writes.append((name, spec))
         current = self.objects[Kind.LAYOUTS].get(name)
@@ -256,14 +257,17 @@ class InMemoryApi:
             ]
         type_ = EventType.ADDED if current is None else EventType.MODIFIED
         await self._store(Kind.LAYOUTS, name, body, type_)
+        return copy.deepcopy(body)
 
-    async def patch_pod(self, key: str, patch: list[dict[str, Any]]) -> None:
+    async def patch_pod(self, key: str, patch: list[dict[str, Any]]) -> Mapping[str, Any]:
         self._maybe_fail()
         current = self.objects[Kind.PODS].get(key)
         if current is None:
             raise KubeApiError(f"404: pod {key} not found")
         self.pod_patches.append((key, patch))
-        await self._store(Kind.PODS, key, apply_json_patch(current, patch), EventType.MODIFIED)
+        body = apply_json_patch(current, patch)
+        await self._store(Kind.PODS, key, body, EventType.MODIFIED)
+        return copy.deepcopy(body)
 
     async def record(self, note: EventNote) -> None:
         self.events.append(note)

@@ -77,8 +77,11 @@ def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpula
     )
 
 
-def ready(observed: observing.Observed, pod_key: str) -> bool:
-    """Whether the reserved pod ``pod_key`` can be let go to kube-scheduler now."""
+def ready(
+    observed: observing.Observed, pod_key: str, *, let_go: frozenset[str] = frozenset()
+) -> bool:
+    """Whether the reserved pod ``pod_key`` can be let go to kube-scheduler now; ``let_go``:
+    reserved pods let go since ``observed`` was read (they count as taken too)."""
     r = observed.reservations.get(pod_key)
     if r is None:
         return False
@@ -99,7 +102,7 @@ def ready(observed: observing.Observed, pod_key: str) -> bool:
     for other in observed.reservations.values():
         if other.node == r.node and other.pod != pod_key:
             view = observed.pods.get(other.pod)
-            if view is not None and not view.gated_by_us:
+            if view is not None and (not view.gated_by_us or other.pod in let_go):
                 taken.update(view.mig)
     want = observed.pods[pod_key].mig
     return all(

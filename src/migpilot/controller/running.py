@@ -67,6 +67,9 @@ class Settings:
     Default 5."""
     retry_s: float = 1.0
     """Seconds before listing again after the API server failed. Default 1."""
+    reservation_timeout_s: float = 60.0
+    """Seconds a reservation may wait for its pod to be bound before it is dropped and the pod
+    planned again (instances that never appeared, capacity another pod took). Default 60."""
     writers: int = 32
     """API writes in flight at once. Default 32."""
     policy: snapshot.Policy = snapshot.Policy.BINPACK
@@ -90,6 +93,9 @@ class _Store:
     pods: dict[str, tuple[dict[str, Any], observing.PodView]] = field(default_factory=dict)
     nodes: dict[str, observing.NodeView] = field(default_factory=dict)
     layouts: dict[str, gpulayouts.GpuLayout] = field(default_factory=dict)
+    versions: dict[tuple[kubeapi.Kind, str], int] = field(default_factory=dict)
+    """The newest ``resourceVersion`` seen per object: what the controller's own writes
+    returned, or a watch showed. An older one is a stale event and is dropped."""
     synced: set[kubeapi.Kind] = field(default_factory=set)
 
 
@@ -124,6 +130,7 @@ class Controller:
         self.leading = False
         self._lease_until = 0.0
         self._seen_waiting: dict[str, float] = {}
+        self._reserved_since: dict[tuple[str, str], float] = {}
         self._said: dict[str, tuple[str, str]] = {}
         self._writes = asyncio.Semaphore(settings.writers)
         self.plans = 0
@@ -134,6 +141,13 @@ class Controller:
     def _put(self, kind: kubeapi.Kind, doc: Mapping[str, Any], *, deleted: bool) -> None:
         key = _key(doc)
         store = self._store
+        version = _version(doc)
+        if deleted:
+            store.versions.pop((kind, key), None)
+        elif version is not None:
+            if version < store.versions.get((kind, key), -1):
+                return  # older than what a write of ours returned: a stale event
+            store.versions[(kind, key)] = version
         if kind is kubeapi.Kind.PODS:
             if deleted:
                 store.pods.pop(key, None)
@@ -300,7 +314,21 @@ class Controller:
         if decision.plan is None:
             return
         self.plans += 1
-        self.metrics.plan_seconds.observe(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.metrics.plan_seconds.observe(seconds)
+        plan = decision.plan
+        _log.info(
+            "plan %d: %d pods waiting, %d placed, %d GPUs changed, %d not placed%s (%.3f s)",
+            self.plans,
+            len(observed.snapshot.pods),
+            len(plan.placements),
+            sum(g.changed for g in plan.gpus),
+            len(plan.unschedulable),
+            f" ({plan.unschedulable[0].pod}: {plan.unschedulable[0].reason})"
+            if plan.unschedulable
+            else "",
+            seconds,
+        )
         await self._carry_out(observed, decision.plan)
 
     def _gauge(self, observed: observing.Observed) -> None:
@@ -310,15 +338,15 @@ class Controller:
 
     # -- writes ------------------------------------------------------------------------------
 
-    async def _call(self, what: str, call: Any) -> bool:
+    async def _call(self, what: str, call: Any) -> tuple[bool, Any]:
         async with self._writes:
             try:
-                await call
+                got = await call
             except kubeapi.KubeApiError as err:
                 self.metrics.api_errors.labels(operation=what.split(" ", 1)[0]).inc()
                 _log.warning("%s failed: %s", what, err)
-                return False
-        return True
+                return False, None
+        return True, got
 
     async def _say(self, view: observing.PodView, *, type_: str, reason: str, message: str) -> None:
         """An Event on the pod, once per distinct reason and message."""
@@ -332,24 +360,20 @@ class Controller:
     async def _patch_pod(self, key: str, patch: pinning.Patch) -> bool:
         if not patch:
             return True
-        ok = await self._call(f"patch of pod {key}", self.api.patch_pod(key, patch))
-        if ok and key in self._store.pods:
-            doc, _ = self._store.pods[key]
-            with contextlib.suppress(kubeapi.KubeApiError):
-                self._put(kubeapi.Kind.PODS, kubeapi.apply_json_patch(doc, patch), deleted=False)
+        ok, got = await self._call(f"patch of pod {key}", self.api.patch_pod(key, patch))
+        if ok:
+            self._put(kubeapi.Kind.PODS, got, deleted=False)
         return ok
 
     async def _write_spec(
         self, name: str, spec: gpulayouts.LayoutSpec, *, owner_uid: str | None = None
     ) -> bool:
-        ok = await self._call(
+        ok, got = await self._call(
             f"apply of GpuLayout {name}",
             self.api.apply_layout_spec(name, spec, owner_uid=owner_uid),
         )
         if ok:
-            current = self._store.layouts.get(name)
-            if current is not None:
-                self._store.layouts[name] = replace(current, spec=spec)
+            self._put(kubeapi.Kind.LAYOUTS, got, deleted=False)
         return ok
 
     async def _ensure_layouts(self, observed: observing.Observed) -> None:
@@ -395,13 +419,46 @@ class Controller:
 
     async def _pin(self, observed: observing.Observed) -> None:
         jobs = []
-        for key, r in observed.reservations.items():
+        let_go: set[str] = set()
+        now = self._clock()
+        since = {k: self._reserved_since.get(k, now) for k in (
+            (key, r.node) for key, r in observed.reservations.items())}  # fmt: skip
+        self._reserved_since = since
+        expired = {
+            key for (key, node), t in since.items() if now - t > self.settings.reservation_timeout_s
+        }
+        if expired:
+            await self._expire(observed, expired)
+        for key, r in sorted(observed.reservations.items()):
             entry = self._store.pods.get(key)
-            if entry is None or not entry[1].gated_by_us or not pinning.ready(observed, key):
+            if entry is None or not entry[1].gated_by_us or key in expired:
                 continue
-            node = observed.nodes[r.node]
-            jobs.append(self._pin_one(key, entry[0], node))
+            if not pinning.ready(observed, key, let_go=frozenset(let_go)):
+                continue
+            let_go.add(key)
+            jobs.append(self._pin_one(key, entry[0], observed.nodes[r.node]))
         await asyncio.gather(*jobs)
+
+    async def _expire(self, observed: observing.Observed, expired: set[str]) -> None:
+        """Drop reservations that waited too long, so their pods are planned again."""
+        live = frozenset(observed.reservations) - expired
+        nodes = sorted({observed.reservations[k].node for k in expired})
+        for name in nodes:
+            layout = observed.layouts[name]
+            spec = pinning.without_stale(layout.spec, live=live)
+            if await self._write_spec(name, spec):
+                for key in sorted(expired):
+                    if observed.reservations[key].node == name:
+                        self._reserved_since.pop((key, name), None)
+                        _log.warning("reservation of %s on %s expired: planning again", key, name)
+                        view = observed.pods[key]
+                        await self._say(
+                            view,
+                            type_="Warning",
+                            reason="MigReservationExpired",
+                            message=f"its instances on node {name} were not usable within "
+                            f"{self.settings.reservation_timeout_s:g} s; planning again",
+                        )
 
     async def _pin_one(self, key: str, doc: Mapping[str, Any], node: observing.NodeView) -> None:
         if await self._patch_pod(key, pinning.pin_patch(doc, node)):
@@ -473,6 +530,15 @@ class Controller:
     ) -> None:
         await self._say(view, type_="Normal", reason="MigStaticLayout", message=why)
         await self._patch_pod(key, pinning.ungate_patch(doc))
+
+
+def _version(doc: Mapping[str, Any]) -> int | None:
+    """``metadata.resourceVersion`` as a number (etcd's revision), or ``None``."""
+    text = (doc.get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(text) if text is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _meta_of(key: str) -> dict[str, str]:
