@@ -11,20 +11,15 @@ no sleep decides a pass.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import pathlib
 import re
-import ssl
-import sys
+import signal
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import lightkube
 import pytest
-from lightkube import codecs
 from lightkube.models.apps_v1 import DeploymentSpec
 from lightkube.models.core_v1 import (
     Container,
@@ -33,13 +28,11 @@ from lightkube.models.core_v1 import (
     ResourceRequirements,
 )
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
-from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
+from lightkube.resources.core_v1 import Event, Namespace, Pod
 
 from migpilot.api import gpulayouts as gl
-from migpilot.webhook import registering
-from tests.kube import certs, controlplane, crds
+from tests.kube import controlplane, crds, system
 from tests.kube.controlplane import ControlPlane
 
 pytestmark = pytest.mark.kube
@@ -49,77 +42,10 @@ WAIT_S = 120.0
 NODES = {"ctl-a100": "a100-80gb", "ctl-h100": "h100-80gb"}
 
 
-@dataclass
-class Scene:
-    """The processes of one test and the names it made."""
+class Scene(system.System):
+    """The processes of one test, its namespace, and helpers to make and read pods."""
 
-    plane: ControlPlane
-    root: pathlib.Path
-    namespace: str
-    lease_ns: str
-    agents: dict[str, controlplane.Component] = field(default_factory=dict)
-    controllers: dict[str, controlplane.Component] = field(default_factory=dict)
-    webhook: controlplane.Component | None = None
-
-    @property
-    def client(self) -> lightkube.Client:
-        return self.plane.client
-
-    def components(self) -> list[controlplane.Component]:
-        out = [*self.agents.values(), *self.controllers.values()]
-        return [*out, self.webhook] if self.webhook is not None else out
-
-    def start_agent(self, node: str) -> None:
-        self.agents[node] = controlplane.launch(
-            f"agent-{node}",
-            [
-                sys.executable,
-                "-m",
-                "migpilot",
-                "agent",
-                "--node",
-                node,
-                "--kubeconfig",
-                str(self.plane.kubeconfig),
-                "--backend",
-                f"emulated:{NODES[node]}:x2",
-                "--state-file",
-                str(self.root / f"{node}.json"),
-                "--kubelet",
-                "simulated",
-                "--interval",
-                "5",
-                "--metrics-port",
-                "0",
-            ],  # fmt: skip
-            log=self.root / f"agent-{node}.log",
-            cwd=REPO,
-        )
-
-    def start_controller(self, identity: str) -> None:
-        self.controllers[identity] = controlplane.launch(
-            f"controller-{identity}",
-            [
-                sys.executable,
-                "-m",
-                "migpilot",
-                "controller",
-                "--verbose",
-                "--kubeconfig",
-                str(self.plane.kubeconfig),
-                "--identity",
-                identity,
-                "--lease-namespace",
-                self.lease_ns,
-                "--metrics-port",
-                "0",
-            ],  # fmt: skip
-            log=self.root / f"controller-{identity}.log",
-            cwd=REPO,
-        )
-
-    def stop(self, component: controlplane.Component) -> None:
-        controlplane.stop_components([component])
+    namespace: str = ""
 
     def wait(self, predicate: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
         deadline = time.monotonic() + timeout
@@ -127,15 +53,8 @@ class Scene:
             got = predicate()
             if got:
                 return got
-            for c in self.components():
-                if c.process.poll() is not None and not getattr(c, "stopped", False):
-                    pass
             if time.monotonic() > deadline:
-                logs = "\n".join(
-                    f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                    for p in sorted(self.root.glob("*.log"))
-                )
-                raise AssertionError(f"timed out waiting for {what}\n{self.dump()}\n{logs}")
+                raise AssertionError(f"timed out waiting for {what}\n{self.dump()}\n{self.logs()}")
             time.sleep(0.1)
 
     def dump(self) -> str:
@@ -187,91 +106,38 @@ class Scene:
         except lightkube.ApiError:
             return None
 
+    def reported(self) -> bool:
+        """Every node's agent has reported its GPUs."""
+        return all((lay := self.layout(n)) is not None and lay.status is not None for n in NODES)
+
 
 def _container(profile: str, count: int = 1) -> Container:
     limits = {f"nvidia.com/mig-{profile}": str(count)}
     return Container(name="c", image="none", resources=ResourceRequirements(limits=limits))
 
 
-def _healthy(port: int, ca: pathlib.Path) -> bool:
-    conn = http.client.HTTPSConnection(
-        "127.0.0.1", port, context=ssl.create_default_context(cafile=ca), timeout=2
-    )
-    try:
-        conn.request("GET", "/healthz")
-        return conn.getresponse().read() == b"ok"
-    except OSError:
-        return False
-    finally:
-        conn.close()
-
-
 @pytest.fixture
 def scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Scene]:
+    s = Scene(control_plane, tmp_path)
+    s.namespace = f"mig-{s.lease_ns.rsplit('-', 1)[-1]}"
     client = control_plane.client
-    crds.ensure_gpulayouts(control_plane)
-    suffix = uuid.uuid4().hex[:6]
-    s = Scene(control_plane, tmp_path, f"mig-{suffix}", f"migpilot-{suffix}")
-    config_name = f"migpilot-e2e-{suffix}"
-    client.create(Namespace(metadata=ObjectMeta(name=s.namespace)))
-    client.create(Namespace(metadata=ObjectMeta(name=s.lease_ns)))
-    ca = certs.CertificateAuthority(tmp_path)
-    pair = ca.issue("webhook", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
-    [port] = controlplane.free_ports(1)
     try:
-        s.webhook = controlplane.launch(
-            "migpilot-webhook",
-            [
-                sys.executable,
-                "-m",
-                "migpilot",
-                "webhook",
-                "--cert",
-                str(pair.cert),
-                "--key",
-                str(pair.key),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--kubeconfig",
-                str(control_plane.kubeconfig),
-                "--lease-namespace",
-                s.lease_ns,
-            ],  # fmt: skip
-            log=tmp_path / "webhook.log",
-            cwd=REPO,
-        )
-        controlplane.wait_for(
-            lambda: _healthy(port, ca.pair.cert), what="the webhook", watch=[s.webhook]
-        )
-        document = registering.configuration(
-            ca_bundle=ca.pair.cert.read_bytes(),
-            url=f"https://127.0.0.1:{port}/mutate-pods",
-            name=config_name,
-        )
-        client.create(codecs.from_dict(document))
-        for node in NODES:
-            control_plane.add_node(node)
-            s.start_agent(node)
+        s.prepare()
+        client.create(Namespace(metadata=ObjectMeta(name=s.namespace)))
+        s.start_webhook()
+        for node, model in NODES.items():
+            s.add_node(node, f"emulated:{model}:x2")
         yield s
     finally:
-        controlplane.stop_components(s.components())
-        with contextlib.suppress(lightkube.ApiError):
-            client.delete(MutatingWebhookConfiguration, config_name)
         with contextlib.suppress(lightkube.ApiError):
             client.delete(Deployment, "infer", namespace=s.namespace)
         for p in s.pods():
             with contextlib.suppress(lightkube.ApiError):
                 assert p.metadata is not None
                 client.delete(Pod, p.metadata.name or "", namespace=s.namespace, grace_period=0)
-        for node in NODES:
-            for res in (crds.GpuLayout, Node):
-                with contextlib.suppress(lightkube.ApiError):
-                    client.delete(res, node)
-        for ns in (s.namespace, s.lease_ns):
-            with contextlib.suppress(lightkube.ApiError):
-                client.delete(Namespace, ns)
+        s.stop()
+        with contextlib.suppress(lightkube.ApiError):
+            client.delete(Namespace, s.namespace)
 
 
 _DESTROY = re.compile(r"GPU (\d+): destroy (\S+) \((MIG-[^)]+)\)")
@@ -293,10 +159,7 @@ def test_pods_get_their_instances_and_a_second_wave_repartitions(scene: Scene) -
     client = scene.client
     scene.start_controller("c1")
     # The agents report their GPUs once the controller made their GpuLayouts.
-    scene.wait(
-        lambda: all((lay := scene.layout(n)) is not None and lay.status for n in NODES),
-        "the agents' first status",
-    )
+    scene.wait(scene.reported, "the agents' first status")
 
     # Wave 1: 28 pods of 1g.10gb fill all four GPUs.
     names = {f"small-{i:02d}" for i in range(28)}
@@ -385,10 +248,7 @@ def test_unknown_profile_gets_a_warning_and_is_not_kept_gated(scene: Scene) -> N
 def test_two_controllers_never_both_act_and_a_standby_takes_over(scene: Scene) -> None:
     client = scene.client
     scene.start_controller("c1")
-    scene.wait(
-        lambda: all((lay := scene.layout(n)) is not None and lay.status for n in NODES),
-        "the agents' first status",
-    )
+    scene.wait(scene.reported, "the agents' first status")
     scene.start_controller("c2")
     for i in range(4):
         client.create(scene.pod(f"p{i}", "2g.20gb"))
@@ -402,7 +262,7 @@ def test_two_controllers_never_both_act_and_a_standby_takes_over(scene: Scene) -
     # The leader dies mid-wave: the standby takes over and serves every pod once.
     for i in range(4, 8):
         client.create(scene.pod(f"p{i}", "2g.20gb"))
-    scene.stop(scene.controllers["c1"])
+    controlplane.stop_components([scene.controllers["c1"]])
     scene.wait(
         lambda: scene.running({f"p{i}" for i in range(8)}),
         "8 pods Running after the standby took over",
@@ -422,16 +282,36 @@ def test_two_controllers_never_both_act_and_a_standby_takes_over(scene: Scene) -
 def test_pods_are_served_with_the_webhook_down(scene: Scene) -> None:
     client = scene.client
     assert scene.webhook is not None
-    scene.stop(scene.webhook)
-    scene.webhook = None
+    scene.stop_webhook()
     scene.start_controller("c1")
-    scene.wait(
-        lambda: all((lay := scene.layout(n)) is not None and lay.status for n in NODES),
-        "the agents' first status",
-    )
+    scene.wait(scene.reported, "the agents' first status")
     for i in range(3):
         client.create(scene.pod(f"u{i}", "3g.40gb"))
     got = scene.wait(lambda: scene.running({f"u{i}" for i in range(3)}), "ungated pods Running")
     assert len(got) == 3
     for p in scene.pods():
         assert p.spec is not None and not p.spec.schedulingGates
+
+
+def test_killing_the_controller_and_an_agent_mid_wave_loses_nothing(scene: Scene) -> None:
+    client = scene.client
+    scene.start_controller("c1")
+    scene.wait(scene.reported, "the agents' first status")
+    names = {f"k{i}" for i in range(8)}
+    for name in sorted(names):
+        client.create(scene.pod(name, "1g.20gb"))
+    # Both die mid-wave (SIGKILL: no clean shutdown), then come back.
+    scene.agents["ctl-a100"].signal(signal.SIGKILL)
+    scene.controllers["c1"].signal(signal.SIGKILL)
+    scene.agents["ctl-a100"].process.wait()
+    scene.controllers["c1"].process.wait()
+    scene.start_agent("ctl-a100", "emulated:a100-80gb:x2")
+    scene.start_controller("c1")
+    got = scene.wait(lambda: scene.running(names), "every pod Running after the restarts")
+    assert set(got) == names
+    reserved: dict[str, int] = {}
+    for e in client.list(Event, namespace=scene.namespace):
+        if e.reason == "MigInstancesReserved":
+            name = e.involvedObject.name or ""
+            reserved[name] = reserved.get(name, 0) + 1
+    assert all(n == 1 for n in reserved.values()), reserved

@@ -425,8 +425,10 @@ class AgentSettings:
     """MIG strategy the labels follow; the plugin must use the same (default ``mixed``)."""
     interval_s: float = 30.0
     """Seconds between periodic reconciliations (default 30)."""
-    watch_s: float = 1.0
-    """How often the desired-layout files are checked for changes, in seconds (default 1)."""
+    watch_s: float = 0.05
+    """How often the desired-layout input (files, or the GpuLayout a watch keeps in memory) is
+    checked for changes, in seconds (default 0.05: a check costs a few stat calls or none, and
+    it is most of the delay between a new spec and the agent acting on it)."""
     xid_wait_s: float = 0.5
     """Longest wait for one XID event before checking for shutdown, in seconds (default 0.5)."""
     labels_file: Path | None = None

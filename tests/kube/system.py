@@ -1,0 +1,192 @@
+"""migpilot's own processes on a real control plane: webhook, controller, agents.
+
+The end-to-end tests and the controller benchmark start the same processes the same way (each
+`python -m migpilot ...`, a log file each, stopped with SIGTERM and waited for). The webhook is
+registered with the apiserver (a MutatingWebhookConfiguration pointing at its loopback port,
+TLS from a test CA); the agents run emulated GPUs with the stand-in kubelet on KWOK nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import ssl
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightkube
+from lightkube import codecs
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
+from lightkube.resources.core_v1 import Namespace, Node
+
+from migpilot.webhook import registering
+from tests.kube import certs, controlplane, crds
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _healthy(port: int, ca: Path) -> bool:
+    conn = http.client.HTTPSConnection(
+        "127.0.0.1", port, context=ssl.create_default_context(cafile=ca), timeout=2
+    )
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().read() == b"ok"
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+@dataclass
+class System:
+    """The migpilot processes of one test or benchmark run, and the names they use."""
+
+    plane: controlplane.ControlPlane
+    root: Path
+    lease_ns: str = field(default_factory=lambda: f"migpilot-{uuid.uuid4().hex[:6]}")
+    agents: dict[str, controlplane.Component] = field(default_factory=dict)
+    controllers: dict[str, controlplane.Component] = field(default_factory=dict)
+    webhook: controlplane.Component | None = None
+    webhook_config: str | None = None
+    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def client(self) -> lightkube.Client:
+        return self.plane.client
+
+    def components(self) -> list[controlplane.Component]:
+        out = [*self.agents.values(), *self.controllers.values()]
+        return [*out, self.webhook] if self.webhook is not None else out
+
+    def prepare(self) -> None:
+        """The GpuLayout CRD and the Lease's namespace."""
+        crds.ensure_gpulayouts(self.plane)
+        self.client.create(Namespace(metadata=ObjectMeta(name=self.lease_ns)))
+
+    def start_webhook(self) -> None:
+        """Serve the webhook on a loopback port and register it with the apiserver."""
+        ca = certs.CertificateAuthority(self.root)
+        pair = ca.issue("webhook", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
+        [port] = controlplane.free_ports(1)
+        self.webhook = controlplane.launch(
+            "migpilot-webhook",
+            [
+                sys.executable,
+                "-m",
+                "migpilot",
+                "webhook",
+                "--cert",
+                str(pair.cert),
+                "--key",
+                str(pair.key),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--kubeconfig",
+                str(self.plane.kubeconfig),
+                "--lease-namespace",
+                self.lease_ns,
+            ],
+            log=self.root / "webhook.log",
+            cwd=REPO,
+        )
+        controlplane.wait_for(
+            lambda: _healthy(port, ca.pair.cert), what="the webhook", watch=[self.webhook]
+        )
+        self.webhook_config = f"migpilot-{self.lease_ns}"
+        document = registering.configuration(
+            ca_bundle=ca.pair.cert.read_bytes(),
+            url=f"https://127.0.0.1:{port}/mutate-pods",
+            name=self.webhook_config,
+        )
+        self.client.create(codecs.from_dict(document))
+
+    def stop_webhook(self) -> None:
+        """Stop the webhook process (its registration stays: the apiserver fails open)."""
+        if self.webhook is not None:
+            controlplane.stop_components([self.webhook])
+            self.webhook = None
+
+    def add_node(self, name: str, backend: str) -> None:
+        """A KWOK node and its agent with ``backend`` (``emulated:a100-80gb:x2``)."""
+        self.plane.add_node(name)
+        self.nodes.append(name)
+        self.start_agent(name, backend)
+
+    def start_agent(self, node: str, backend: str) -> None:
+        self.agents[node] = controlplane.launch(
+            f"agent-{node}",
+            [
+                sys.executable,
+                "-m",
+                "migpilot",
+                "agent",
+                "--node",
+                node,
+                "--kubeconfig",
+                str(self.plane.kubeconfig),
+                "--backend",
+                backend,
+                "--state-file",
+                str(self.root / f"{node}.json"),
+                "--kubelet",
+                "simulated",
+                "--interval",
+                "5",
+                "--metrics-port",
+                "0",
+            ],
+            log=self.root / f"agent-{node}.log",
+            cwd=REPO,
+        )
+
+    def start_controller(self, identity: str, *extra: str) -> None:
+        self.controllers[identity] = controlplane.launch(
+            f"controller-{identity}",
+            [
+                sys.executable,
+                "-m",
+                "migpilot",
+                "controller",
+                "--verbose",
+                "--kubeconfig",
+                str(self.plane.kubeconfig),
+                "--identity",
+                identity,
+                "--lease-namespace",
+                self.lease_ns,
+                "--metrics-port",
+                "0",
+                *extra,
+            ],
+            log=self.root / f"controller-{identity}.log",
+            cwd=REPO,
+        )
+
+    def logs(self, limit: int = 3000) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-limit:]}"
+            for p in sorted(self.root.glob("*.log"))
+        )
+
+    def stop(self) -> None:
+        """Stop every process and delete what the run made in the cluster."""
+        controlplane.stop_components(self.components())
+        self.agents.clear()
+        self.controllers.clear()
+        self.webhook = None
+        client = self.client
+        if self.webhook_config is not None:
+            with contextlib.suppress(lightkube.ApiError):
+                client.delete(MutatingWebhookConfiguration, self.webhook_config)
+        for node in self.nodes:
+            for res in (crds.GpuLayout, Node):
+                with contextlib.suppress(lightkube.ApiError):
+                    client.delete(res, node)
+        with contextlib.suppress(lightkube.ApiError):
+            client.delete(Namespace, self.lease_ns)
