@@ -433,7 +433,7 @@ def node_gpus(
     """
     assert layout.status is not None
     spec = {g.index: g for g in layout.spec.gpus}
-    out: list[tuple[int, Any, dict[tuple[int, str], bool]]] = []
+    out: list[tuple[int, Any, dict[tuple[int, str], bool], set[tuple[int, str]]]] = []
     for gs in layout.status.gpus:
         try:
             model = catalog.resolve_gpu(gs.model)
@@ -461,11 +461,13 @@ def node_gpus(
                 if layouts.violation(model, trial) is not None:
                     continue  # the agent keeps a used instance there: it cannot make this one
                 insts[k] = (gs.index, want.start, want.profile) in reserved
-        out.append((gs.index, model, insts))
-    # At least as many used instances of each profile as the bound pods hold.
+        out.append((gs.index, model, insts, held))
+    # At least as many instances of each profile held for the bound pods as they ask for: the
+    # ones the agent reports in use, then free ones (never a reserved one: that is another
+    # pod's). The kubelet counts, it does not tell which; the planner only needs the count.
     for profile, need in sorted(bound.items()):
-        have = sum(used for _, _, insts in out for (_, p), used in insts.items() if p == profile)
-        for _, _, insts in out:
+        have = sum(1 for _, _, _, held in out for _, p in held if p == profile)
+        for _, _, insts, _ in out:
             for k in sorted(insts):
                 if have >= need:
                     break
@@ -478,7 +480,7 @@ def node_gpus(
             model,
             tuple(snapshot.ExistingInstance(p, s, used) for (s, p), used in sorted(insts.items())),
         )
-        for index, model, insts in out
+        for index, model, insts, _ in out
     )
 
 

@@ -82,13 +82,20 @@ def ready(
 ) -> bool:
     """Whether the reserved pod ``pod_key`` can be let go to kube-scheduler now; ``let_go``:
     reserved pods let go since ``observed`` was read (they count as taken too)."""
+    return waiting_for(observed, pod_key, let_go=let_go) is None
+
+
+def waiting_for(
+    observed: observing.Observed, pod_key: str, *, let_go: frozenset[str] = frozenset()
+) -> str | None:
+    """What the reserved pod ``pod_key`` still waits for, or ``None`` when it is :func:`ready`."""
     r = observed.reservations.get(pod_key)
     if r is None:
-        return False
+        return "no reservation"
     layout = observed.layouts.get(r.node)
     node = observed.nodes.get(r.node)
     if layout is None or layout.status is None or node is None or not node.ready:
-        return False
+        return f"node {r.node} to be Ready and reported"
     made = {
         (g.index, i.start, i.profile)
         for g in layout.status.gpus
@@ -96,18 +103,22 @@ def ready(
         if i.uuid
         and i.state not in (gpulayouts.InstanceState.CREATING, gpulayouts.InstanceState.DESTROYING)
     }
-    if not all(i in made for i in r.instances):
-        return False
+    missing = [i for i in r.instances if i not in made]
+    if missing:
+        gpu, start, profile = missing[0]
+        return f"{profile} at GPU {gpu} start {start} on {r.node} to be created"
     taken: Counter[str] = Counter(observed.bound.get(r.node, Counter()))
     for other in observed.reservations.values():
         if other.node == r.node and other.pod != pod_key:
             view = observed.pods.get(other.pod)
             if view is not None and (not view.gated_by_us or other.pod in let_go):
                 taken.update(view.mig)
-    want = observed.pods[pod_key].mig
-    return all(
-        node.allocatable.get(snapshot.resource_name(p), 0) - taken[p] >= n for p, n in want.items()
-    )
+    for p, n in sorted(observed.pods[pod_key].mig.items()):
+        name = snapshot.resource_name(p)
+        have = node.allocatable.get(name, 0)
+        if have - taken[p] < n:
+            return f"node {r.node} to advertise {name} (allocatable {have}, taken {taken[p]})"
+    return None
 
 
 def _gate_ops(spec: Mapping[str, Any]) -> Patch:

@@ -433,7 +433,10 @@ class Controller:
             entry = self._store.pods.get(key)
             if entry is None or not entry[1].gated_by_us or key in expired:
                 continue
-            if not pinning.ready(observed, key, let_go=frozenset(let_go)):
+            why = pinning.waiting_for(observed, key, let_go=frozenset(let_go))
+            if why is not None:
+                if now - since[(key, r.node)] > 5.0:
+                    _log.debug("pod %s waits for %s", key, why)
                 continue
             let_go.add(key)
             jobs.append(self._pin_one(key, entry[0], observed.nodes[r.node]))
@@ -487,6 +490,15 @@ class Controller:
             self.metrics.reconfigurations.inc(
                 sum(1 for g in plan.gpus if g.node == node.name and g.changed)
             )
+            if _log.isEnabledFor(logging.DEBUG):
+                _log.debug(
+                    "plan %d: %s had %s (bound %s)",
+                    self.plans,
+                    node.name,
+                    _describe_node(node),
+                    dict(observed.bound.get(node.name, {})),
+                )
+                _log.debug("plan %d: %s gets %s", self.plans, node.name, _describe_spec(spec))
             writes.append(self._write_and_tell(node.name, spec, placed.get(node.name, [])))
         await asyncio.gather(*writes)
         await self._tell_unplaced(observed, plan)
@@ -530,6 +542,25 @@ class Controller:
     ) -> None:
         await self._say(view, type_="Normal", reason="MigStaticLayout", message=why)
         await self._patch_pod(key, pinning.ungate_patch(doc))
+
+
+def _describe_node(node: snapshot.Node) -> str:
+    return "; ".join(
+        f"{g.index}: "
+        + " ".join(f"{i.profile}@{i.start}{'*' if i.used else ''}" for i in g.instances)
+        for g in node.gpus
+    )
+
+
+def _describe_spec(spec: gpulayouts.LayoutSpec) -> str:
+    return "; ".join(
+        f"{g.index}: "
+        + " ".join(
+            f"{i.profile}@{i.start}" + (f">{i.reserved_for}" if i.reserved_for else "")
+            for i in g.instances
+        )
+        for g in spec.gpus
+    )
 
 
 def _version(doc: Mapping[str, Any]) -> int | None:
