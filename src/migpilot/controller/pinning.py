@@ -7,7 +7,8 @@ keep the cluster safe are tested without a server:
   waiting for instances an earlier plan gave them (the planner saw those as used, so they are in
   its target layout);
 - :func:`without_stale` drops reservations whose pods are gone, done or bound;
-- :func:`ready` says when a reserved pod can be let go: every instance reserved for it exists
+- :func:`ready` (and :func:`waiting_for`, which says what is missing) says when a reserved pod
+  can be let go: every instance reserved for it exists
   (the agent reports it with a UUID) and the Node advertises enough of each resource for it after
   the pods bound to the node and the pods already let go there (kube-scheduler's own count, so
   the pod binds at once instead of waiting out the scheduler's back-off);
@@ -77,18 +78,29 @@ def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpula
     )
 
 
-def ready(
-    observed: observing.Observed, pod_key: str, *, let_go: frozenset[str] = frozenset()
-) -> bool:
-    """Whether the reserved pod ``pod_key`` can be let go to kube-scheduler now; ``let_go``:
-    reserved pods let go since ``observed`` was read (they count as taken too)."""
-    return waiting_for(observed, pod_key, let_go=let_go) is None
+def taken(observed: observing.Observed) -> dict[str, Counter[str]]:
+    """Per node, MIG instances by profile that kube-scheduler counts as taken or about to be:
+    those of the pods bound there and of the reserved pods already let go (not gated)."""
+    out = {node: Counter(c) for node, c in observed.bound.items()}
+    for r in observed.reservations.values():
+        view = observed.pods.get(r.pod)
+        if view is not None and not view.gated_by_us:
+            out.setdefault(r.node, Counter()).update(view.mig)
+    return out
 
 
-def waiting_for(
-    observed: observing.Observed, pod_key: str, *, let_go: frozenset[str] = frozenset()
-) -> str | None:
-    """What the reserved pod ``pod_key`` still waits for, or ``None`` when it is :func:`ready`."""
+def ready(observed: observing.Observed, pod_key: str) -> bool:
+    """Whether the reserved pod ``pod_key`` can be let go to kube-scheduler now."""
+    r = observed.reservations.get(pod_key)
+    held = taken(observed).get(r.node, Counter()) if r is not None else Counter()
+    return waiting_for(observed, pod_key, taken=held) is None
+
+
+def waiting_for(observed: observing.Observed, pod_key: str, *, taken: Counter[str]) -> str | None:
+    """What the reserved pod ``pod_key`` still waits for, or ``None`` when it is ready to be let
+    go: every instance reserved for it exists (the agent reports it with a UUID) and its node
+    advertises enough of each resource beyond ``taken`` (see :func:`taken`; the caller adds the
+    pods it lets go as it goes)."""
     r = observed.reservations.get(pod_key)
     if r is None:
         return "no reservation"
@@ -107,12 +119,6 @@ def waiting_for(
     if missing:
         gpu, start, profile = missing[0]
         return f"{profile} at GPU {gpu} start {start} on {r.node} to be created"
-    taken: Counter[str] = Counter(observed.bound.get(r.node, Counter()))
-    for other in observed.reservations.values():
-        if other.node == r.node and other.pod != pod_key:
-            view = observed.pods.get(other.pod)
-            if view is not None and (not view.gated_by_us or other.pod in let_go):
-                taken.update(view.mig)
     for p, n in sorted(observed.pods[pod_key].mig.items()):
         name = snapshot.resource_name(p)
         have = node.allocatable.get(name, 0)

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -419,7 +420,6 @@ class Controller:
 
     async def _pin(self, observed: observing.Observed) -> None:
         jobs = []
-        let_go: set[str] = set()
         now = self._clock()
         since = {k: self._reserved_since.get(k, now) for k in (
             (key, r.node) for key, r in observed.reservations.items())}  # fmt: skip
@@ -429,16 +429,18 @@ class Controller:
         }
         if expired:
             await self._expire(observed, expired)
+        held = pinning.taken(observed)
         for key, r in sorted(observed.reservations.items()):
             entry = self._store.pods.get(key)
             if entry is None or not entry[1].gated_by_us or key in expired:
                 continue
-            why = pinning.waiting_for(observed, key, let_go=frozenset(let_go))
+            node_taken = held.setdefault(r.node, Counter())
+            why = pinning.waiting_for(observed, key, taken=node_taken)
             if why is not None:
                 if now - since[(key, r.node)] > 5.0:
                     _log.debug("pod %s waits for %s", key, why)
                 continue
-            let_go.add(key)
+            node_taken.update(entry[1].mig)
             jobs.append(self._pin_one(key, entry[0], observed.nodes[r.node]))
         await asyncio.gather(*jobs)
 
