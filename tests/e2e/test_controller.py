@@ -209,6 +209,12 @@ def test_pods_get_their_instances_and_a_second_wave_repartitions(scene: Scene) -
 
     # Nothing in use was destroyed: the full node kept every instance its pods hold.
     assert _destroyed(scene, freed), "wave 2 needed a repartition"
+    told = [
+        e.message or ""
+        for e in client.list(Event, namespace="default")
+        if e.involvedObject.name == freed and e.reason == "MigReconfiguring"
+    ]
+    assert any("destroy" in m for m in told), told
     assert not _destroyed(scene, full) & kept
     assert kept <= _uuids(scene.layout(full))
     # Reservations are released once the pods are bound.

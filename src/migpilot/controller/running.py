@@ -501,15 +501,37 @@ class Controller:
                     dict(observed.bound.get(node.name, {})),
                 )
                 _log.debug("plan %d: %s gets %s", self.plans, node.name, _describe_spec(spec))
-            writes.append(self._write_and_tell(node.name, spec, placed.get(node.name, [])))
+            writes.append(
+                self._write_and_tell(
+                    node.name,
+                    spec,
+                    placed.get(node.name, []),
+                    [a for a in plan.actions if a.node == node.name],
+                )
+            )
         await asyncio.gather(*writes)
         await self._tell_unplaced(observed, plan)
 
     async def _write_and_tell(
-        self, name: str, spec: gpulayouts.LayoutSpec, placements: list[plans.Placement]
+        self,
+        name: str,
+        spec: gpulayouts.LayoutSpec,
+        placements: list[plans.Placement],
+        actions: list[plans.Action],
     ) -> None:
         if not await self._write_spec(name, spec):
             return
+        node = self._store.nodes.get(name)
+        if actions and node is not None:
+            by_gpu: dict[int, list[str]] = {}
+            for a in actions:
+                by_gpu.setdefault(a.gpu, []).append(f"{a.op.value} {a.profile}@{a.start}")
+            what = "; ".join(f"GPU {g}: {', '.join(ops)}" for g, ops in sorted(by_gpu.items()))
+            note = kubeapi.EventNote(
+                "Node", None, name, node.uid, "Normal", "MigReconfiguring",
+                f"plan {self.plans} for {len(placements)} pod(s): {what}",
+            )  # fmt: skip
+            await self._call(f"event on node {name}", self.api.record(note))
         for p in placements:
             entry = self._store.pods.get(p.pod)
             if entry is None:
