@@ -321,3 +321,22 @@ def test_killing_the_controller_and_an_agent_mid_wave_loses_nothing(scene: Scene
             name = e.involvedObject.name or ""
             reserved[name] = reserved.get(name, 0) + 1
     assert all(n == 1 for n in reserved.values()), reserved
+
+
+def test_an_apiserver_restart_mid_wave_loses_nothing(scene: Scene) -> None:
+    client = scene.client
+    scene.start_controller("c1")
+    scene.wait(scene.reported, "the agents' first status")
+    names = {f"r{i}" for i in range(6)}
+    for name in sorted(names):
+        client.create(scene.pod(name, "2g.20gb"))
+    scene.plane.restart_apiserver(down_s=2.0)
+    got = scene.wait(lambda: scene.running(names), "every pod Running after the restart")
+    assert set(got) == names
+    reserved: dict[str, int] = {}
+    for e in client.list(Event, namespace=scene.namespace):
+        if e.reason == "MigInstancesReserved":
+            name = e.involvedObject.name or ""
+            reserved[name] = reserved.get(name, 0) + 1
+    assert all(n == 1 for n in reserved.values()), reserved
+    assert scene.controllers["c1"].process.poll() is None, "the controller died"

@@ -245,6 +245,8 @@ class ControlPlane:
     started_in_s: float = 0.0
     """Seconds from the first process started to the whole control plane ready."""
     _client: lightkube.Client | None = None
+    _apiserver_args: list[str] = field(default_factory=list)
+    _apiserver_port: int = 0
 
     @property
     def logs(self) -> Path:
@@ -361,29 +363,28 @@ class ControlPlane:
         wait_for(
             lambda: _etcd_healthy(etcd_port), what="etcd /health", timeout=timeout, watch=[etcd]
         )
-        apiserver = run(
-            "kube-apiserver",
-            [
-                str(found.kube_apiserver),
-                f"--etcd-servers=http://{LOOPBACK}:{etcd_port}",
-                f"--bind-address={LOOPBACK}",
-                f"--advertise-address={LOOPBACK}",
-                f"--secure-port={api_port}",
-                f"--tls-cert-file={serving.cert}",
-                f"--tls-private-key-file={serving.key}",
-                f"--client-ca-file={self.ca.pair.cert}",
-                "--authorization-mode=Node,RBAC",
-                f"--service-account-issuer={ISSUER}",
-                f"--service-account-key-file={sa.cert}",
-                f"--service-account-signing-key-file={sa.key}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                # The `kubernetes` Service would point at 127.0.0.1, which endpoints reject.
-                "--endpoint-reconciler-type=none",
-                "--allow-privileged=true",
-                "--profiling=false",
-                f"--cert-dir={d / 'apiserver'}",
-            ],
-        )
+        self._apiserver_port = api_port
+        self._apiserver_args = [
+            str(found.kube_apiserver),
+            f"--etcd-servers=http://{LOOPBACK}:{etcd_port}",
+            f"--bind-address={LOOPBACK}",
+            f"--advertise-address={LOOPBACK}",
+            f"--secure-port={api_port}",
+            f"--tls-cert-file={serving.cert}",
+            f"--tls-private-key-file={serving.key}",
+            f"--client-ca-file={self.ca.pair.cert}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-account-issuer={ISSUER}",
+            f"--service-account-key-file={sa.cert}",
+            f"--service-account-signing-key-file={sa.key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # The `kubernetes` Service would point at 127.0.0.1, which endpoints reject.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--profiling=false",
+            f"--cert-dir={d / 'apiserver'}",
+        ]
+        apiserver = run("kube-apiserver", self._apiserver_args)
         wait_for(
             lambda: self._readyz(api_port),
             what="kube-apiserver /readyz",
@@ -461,6 +462,27 @@ class ControlPlane:
         for component in self.components:
             component.check_running()
         self.started_in_s = time.monotonic() - began
+
+    def restart_apiserver(self, *, down_s: float = 0.0, timeout: float = _START_TIMEOUT_S) -> None:
+        """Stop kube-apiserver (waiting for it to exit), leave it down ``down_s`` seconds, start
+        it again with the same flags (etcd keeps the state) and wait until it is ready."""
+        old = self.component("kube-apiserver")
+        stop_components([old])
+        self.components.remove(old)
+        time.sleep(down_s)
+        new = launch(
+            "kube-apiserver",
+            self._apiserver_args,
+            log=self.logs / "kube-apiserver.log",
+            cwd=self.directory,
+        )
+        self.components.append(new)
+        wait_for(
+            lambda: self._readyz(self._apiserver_port),
+            what="kube-apiserver /readyz after a restart",
+            timeout=timeout,
+            watch=[new],
+        )
 
     def _readyz(self, port: int) -> bool:
         context = ssl.create_default_context(cafile=str(self.ca.pair.cert))

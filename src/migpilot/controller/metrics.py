@@ -65,6 +65,12 @@ class ControllerMetrics:
             "1 while this controller holds the Lease and acts, else 0.",
             registry=r,
         )
+        self.api_requests = prometheus_client.Counter(
+            "migpilot_controller_api_requests",
+            "Calls to the API server, by operation (lists and watch starts count once each).",
+            ["operation"],
+            registry=r,
+        )
         self.api_errors = prometheus_client.Counter(
             "migpilot_controller_api_errors",
             "Calls to the API server that failed, by operation.",

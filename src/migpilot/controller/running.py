@@ -179,6 +179,7 @@ class Controller:
         """List, then watch; list again on 410 Gone or any failure."""
         while not stop.is_set():
             try:
+                self.metrics.api_requests.labels(operation=f"list-{kind}").inc()
                 listed = await self.api.list_all(kind)
                 keep = {_key(d) for d in listed.items}
                 current: set[str] = set(
@@ -194,6 +195,7 @@ class Controller:
                     self._put(kind, doc, deleted=False)
                 self._store.synced.add(kind)
                 self._poke()
+                self.metrics.api_requests.labels(operation=f"watch-{kind}").inc()
                 async for event in self.api.watch(kind, resource_version=listed.resource_version):
                     self._put(kind, event.object, deleted=event.type is kubeapi.EventType.DELETED)
                     self._poke()
@@ -215,6 +217,7 @@ class Controller:
         while not stop.is_set():
             now = self._wall()
             try:
+                self.metrics.api_requests.labels(operation="lease-get").inc()
                 lease = await self.api.get_lease(s.lease_namespace, s.lease_name)
                 body = leases.claim(
                     lease,
@@ -225,6 +228,7 @@ class Controller:
                     duration_s=s.lease_duration_s,
                 )
                 if body is not None:
+                    self.metrics.api_requests.labels(operation="lease-write").inc()
                     await self.api.write_lease(body, create=lease is None)
                     self._lease_until = self._clock() + s.lease_duration_s - s.renew_every_s
                     self._set_leading(True)
@@ -340,6 +344,7 @@ class Controller:
     # -- writes ------------------------------------------------------------------------------
 
     async def _call(self, what: str, call: Any) -> tuple[bool, Any]:
+        self.metrics.api_requests.labels(operation=what.split(" ", 1)[0]).inc()
         async with self._writes:
             try:
                 got = await call

@@ -1,0 +1,215 @@
+"""Scale benchmark: 1,000 KWOK nodes of 8 GPUs, 5,000 MIG pods submitted at once.
+
+Run: ``.venv/bin/python bench/bench_scale.py [--nodes 1000] [--pods 5000]`` (after
+``./scripts/test`` has set up ``.venv`` and built the control plane; about 10 minutes on 2
+cores). Prints a table and writes ``bench/results/scale.json``. Timing never decides a test.
+
+A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler with its
+client QPS raised to 500, KWOK for the nodes), ``migpilot webhook``, ``migpilot controller``
+(default settings) and one ``migpilot agent --fleet`` process running the simulated agents of
+every node (emulated GPUs, half A100-80GB and half H100-80GB nodes; the stand-in kubelet
+publishes each node's resources). Every GPU starts empty, so every pod needs an instance made.
+
+Measured: seconds from the first create call to every pod bound (this client's watch), the
+controller's API requests (its own counter, by operation), its CPU seconds and peak memory
+(``/proc``), the number of plans and their planner seconds (its metrics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import lightkube  # noqa: E402
+from lightkube.models.meta_v1 import ObjectMeta  # noqa: E402
+from lightkube.resources.core_v1 import Namespace, Node  # noqa: E402
+from tests.kube import controlplane, system  # noqa: E402
+
+import bench_controller  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "scale.json"
+PROFILES = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+EMULATED_LABEL = "migpilot.io/emulated-gpus"
+SCHEDULER_QPS = 500
+TIMEOUT_S = 1200.0
+
+
+def _proc(pid: int) -> tuple[float, int]:
+    """CPU seconds (user + system) and peak resident memory in bytes of a process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    peak = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            peak = int(line.split()[1]) * 1024
+    return cpu, peak
+
+
+def _metrics(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("migpilot_") and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def _make_nodes(client: lightkube.Client, names: list[str]) -> None:
+    key, value = controlplane.KWOK_ANNOTATION
+
+    def one(i_name: tuple[int, str]) -> None:
+        i, name = i_name
+        model = "a100-80gb" if i % 2 == 0 else "h100-80gb"
+        client.create(
+            Node(
+                metadata=ObjectMeta(
+                    name=name,
+                    labels={
+                        "kubernetes.io/hostname": name,
+                        "type": "kwok",
+                        EMULATED_LABEL: f"{model}.x8",
+                    },
+                    annotations={key: value},
+                )
+            )
+        )
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, enumerate(names)))
+
+
+def _ready_nodes(client: lightkube.Client, prefix: str) -> int:
+    n = 0
+    for node in client.list(Node):
+        assert node.metadata is not None
+        if not (node.metadata.name or "").startswith(prefix):
+            continue
+        conditions = (node.status.conditions if node.status else None) or []
+        taints = (node.spec.taints if node.spec else None) or []
+        if any(c.type == "Ready" and c.status == "True" for c in conditions) and not taints:
+            n += 1
+    return n
+
+
+def run(*, nodes: int, pods: int) -> dict[str, Any]:
+    plane = controlplane.ControlPlane.start(
+        scheduler_qps=SCHEDULER_QPS, scheduler_burst=SCHEDULER_QPS * 2
+    )
+    root = Path(tempfile.mkdtemp(prefix="mpscale-"))
+    migpilot = system.System(plane, root)
+    client = plane.client
+    namespace = "scale"
+    try:
+        migpilot.prepare()
+        client.create(Namespace(metadata=ObjectMeta(name=namespace)))
+        migpilot.start_webhook()
+        names = [f"scale-{i:04d}" for i in range(nodes)]
+        t = time.monotonic()
+        _make_nodes(client, names)
+        controlplane.wait_for(
+            lambda: _ready_nodes(client, "scale-") == nodes,
+            what=f"{nodes} KWOK nodes Ready",
+            timeout=TIMEOUT_S,
+        )
+        nodes_ready_s = time.monotonic() - t
+        migpilot.nodes.extend(names)
+        migpilot.start_fleet()
+        [port] = controlplane.free_ports(1)
+        migpilot.start_controller("scale", "--metrics-port", str(port))
+        controlplane.wait_for(
+            lambda: bench_controller._reported(client, names),
+            what="every agent's first status",
+            timeout=TIMEOUT_S,
+        )
+        pid = migpilot.controllers["scale"].pid
+        cpu0, _ = _proc(pid)
+        before = _metrics(port)
+        watch = bench_controller.BindWatch(plane.kubeconfig, namespace)
+        pod_names = [f"p{i:05d}" for i in range(pods)]
+        started = time.time()
+
+        def create(i: int) -> None:
+            client.create(
+                bench_controller._pod(pod_names[i], namespace, PROFILES[i % len(PROFILES)])
+            )
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(create, range(pods)))
+        submitted_s = time.time() - started
+        bench_controller.TIMEOUT_S = TIMEOUT_S
+        watch.wait(set(pod_names))
+        all_bound_s = max(watch.bound.values()) - started
+        watch.stop()
+        cpu1, peak = _proc(pid)
+        after = _metrics(port)
+        requests = {
+            re.sub(r'.*operation="([^"]+)".*', r"\1", k): after[k] - before.get(k, 0.0)
+            for k in after
+            if k.startswith("migpilot_controller_api_requests_total")
+        }
+        plans = after.get("migpilot_plan_duration_seconds_count", 0) - before.get(
+            "migpilot_plan_duration_seconds_count", 0
+        )
+        plan_s = after.get("migpilot_plan_duration_seconds_sum", 0) - before.get(
+            "migpilot_plan_duration_seconds_sum", 0
+        )
+        return {
+            "nodes": nodes,
+            "gpus": nodes * 8,
+            "pods": pods,
+            "nodes_ready_s": round(nodes_ready_s, 1),
+            "submit_s": round(submitted_s, 1),
+            "all_bound_s": round(all_bound_s, 1),
+            "controller_api_requests": {k: int(v) for k, v in sorted(requests.items()) if v},
+            "controller_api_requests_total": int(sum(requests.values())),
+            "controller_cpu_s": round(cpu1 - cpu0, 1),
+            "controller_peak_rss_mib": round(peak / 2**20),
+            "plans": int(plans),
+            "planner_s_total": round(plan_s, 1),
+        }
+    finally:
+        migpilot.stop()
+        plane.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=5000)
+    args = parser.parse_args()
+    row = run(nodes=args.nodes, pods=args.pods)
+    for k, v in row.items():
+        print(f"{k:<28}{v}")
+    doc = {
+        "command": f"python bench/bench_scale.py --nodes {args.nodes} --pods {args.pods}",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "settings": f"controller defaults; kube-scheduler client QPS {SCHEDULER_QPS}",
+        "results": row,
+    }
+    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
