@@ -41,6 +41,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds to collect waiting pods before planning (default: 0.25)",
     )
     p.add_argument(
+        "--reservation-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds a reservation may wait for its pod to be bound before the pod is planned "
+        "again (default: 60)",
+    )
+    p.add_argument(
         "--scoring",
         choices=[x.value for x in snapshot.Policy],
         default=snapshot.Policy.BINPACK.value,
@@ -83,10 +91,15 @@ def settings_from(args: argparse.Namespace) -> serving.ServeSettings:
         raise errors.MigpilotError(f"--metrics-port must be 0..65535, got {args.metrics_port}")
     if not args.batch_window >= 0:
         raise errors.MigpilotError(f"--batch-window must be 0 or more, got {args.batch_window}")
+    if not args.reservation_timeout > 0:
+        raise errors.MigpilotError(
+            f"--reservation-timeout must be more than 0, got {args.reservation_timeout}"
+        )
     return serving.ServeSettings(
         controller=running.Settings(
             identity=args.identity or socket.gethostname(),
             batch_window_s=args.batch_window,
+            reservation_timeout_s=args.reservation_timeout,
             lease_namespace=args.lease_namespace,
             lease_name=args.lease_name,
             policy=snapshot.Policy(args.scoring),

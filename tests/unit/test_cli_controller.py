@@ -1,0 +1,76 @@
+"""``migpilot controller``'s flags: settings built from them, bad values refused with a reason."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from migpilot import errors
+from migpilot.cli import controller_cmd
+from migpilot.planning import snapshot
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    controller_cmd.register(sub)
+    return parser.parse_args(["controller", *argv])
+
+
+def test_defaults() -> None:
+    settings = controller_cmd.settings_from(_parse("--identity", "me"))
+    assert settings.kubeconfig is None
+    assert settings.metrics_port == 8080
+    c = settings.controller
+    assert (c.identity, c.batch_window_s, c.reservation_timeout_s) == ("me", 0.25, 60.0)
+    assert (c.lease_namespace, c.lease_name) == ("migpilot-system", "migpilot-controller")
+    assert c.policy is snapshot.Policy.BINPACK
+
+
+def test_flags(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kc"
+    kubeconfig.write_text("{}")
+    settings = controller_cmd.settings_from(
+        _parse(
+            "--kubeconfig",
+            str(kubeconfig),
+            "--batch-window",
+            "0",
+            "--scoring",
+            "spread",
+            "--metrics-port",
+            "0",
+            "--lease-namespace",
+            "ns",
+            "--identity",
+            "c2",
+            "--reservation-timeout",
+            "5",
+        )
+    )
+    assert settings.kubeconfig == kubeconfig
+    assert settings.metrics_port is None
+    c = settings.controller
+    assert (c.batch_window_s, c.policy, c.lease_namespace, c.identity) == (
+        0.0,
+        snapshot.Policy.SPREAD,
+        "ns",
+        "c2",
+    )
+    assert c.reservation_timeout_s == 5.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--batch-window", "-1"), "--batch-window must be 0 or more"),
+        (("--metrics-port", "70000"), "--metrics-port must be 0..65535"),
+        (("--reservation-timeout", "0"), "--reservation-timeout must be more than 0"),
+        (("--kubeconfig", "/nonexistent/kc"), "no such file"),
+    ],
+)
+def test_bad_values_are_refused_with_a_reason(argv: tuple[str, ...], message: str) -> None:
+    with pytest.raises(errors.MigpilotError, match=message):
+        controller_cmd.settings_from(_parse("--identity", "x", *argv))
