@@ -124,6 +124,7 @@ class Controller:
         self._clock = clock
         self._wall = wall
         self._store = _Store()
+        self._node_cache: observing.NodeCache = {}
         self._wake = asyncio.Event()
         self._changed = True
         self._batch = control.Batch()
@@ -290,6 +291,7 @@ class Controller:
             nodes=self._store.nodes.values(),
             layouts_by_node=self._store.layouts,
             policy=self.settings.policy,
+            cache=self._node_cache,
         )
 
     async def step(self) -> None:
