@@ -1,0 +1,21 @@
+{{- define "migpilot.name" -}}migpilot{{- end -}}
+
+{{- define "migpilot.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "migpilot.labels" -}}
+app.kubernetes.io/name: migpilot
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end -}}
+
+{{- define "migpilot.selector" -}}
+app.kubernetes.io/name: migpilot
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The webhook's Service name (the serving certificate is issued for it). */}}
+{{- define "migpilot.webhookService" -}}{{ .Release.Name }}-webhook{{- end -}}
