@@ -197,5 +197,27 @@ def test_agent_follows_its_gpulayout_and_reports_status(
     (gpu0,) = [g for g in got.status.gpus if g.index == 0]
     states = {f"{i.profile}@{i.start}": (i.state, i.uuid) for i in gpu0.instances}
     assert states["2g.20gb@0"][0] is gl.InstanceState.RESERVED
-    assert states["3g.40gb@4"] == (gl.InstanceState.FREE, kept)
+    # The bound pod holds the 3g.40gb (the simulated kubelet assigned it, as Allocate would).
+    assert states["3g.40gb@4"] == (gl.InstanceState.USED, kept)
+
+    # A spec without the pod's instance does not destroy it while the pod lives.
+    _apply_spec(control_plane, [gl.GpuSpec(0, "h100-80gb", (gl.InstanceSpec("1g.10gb", 0),))])
+
+    def status_of(generation: int) -> dict[str, gl.InstanceState] | None:
+        got = _layout(control_plane)
+        if got is None or got.status is None or got.status.observed_generation != generation:
+            return None
+        (gpu0,) = [g for g in got.status.gpus if g.index == 0]
+        return {f"{i.profile}@{i.start}": i.state for i in gpu0.instances}
+
+    agent.wait(
+        lambda: status_of(3) == {"1g.10gb@0": gl.InstanceState.FREE,
+                                 "3g.40gb@4": gl.InstanceState.USED},
+        "the status of generation 3 with the pod's instance kept, used",
+    )  # fmt: skip
+    control_plane.client.delete(Pod, POD, namespace="default", grace_period=0)
+    agent.wait(
+        lambda: status_of(3) == {"1g.10gb@0": gl.InstanceState.FREE},
+        "the pod's instance to go once the pod is deleted",
+    )
     assert agent.stop() == 0

@@ -3,7 +3,8 @@
 The end-to-end tests and the controller benchmark start the same processes the same way (each
 `python -m migpilot ...`, a log file each, stopped with SIGTERM and waited for). The webhook is
 registered with the apiserver (a MutatingWebhookConfiguration pointing at its loopback port,
-TLS from a test CA); the agents run emulated GPUs with the stand-in kubelet on KWOK nodes.
+TLS from a test CA); the agents run emulated GPUs with the stand-in kubelet on KWOK nodes, one
+process per node, or all in one ``migpilot fleet`` process for nodes labelled for it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from migpilot.webhook import registering
 from tests.kube import certs, controlplane, crds
 
 REPO = Path(__file__).resolve().parents[2]
+FLEET_LABEL = "migpilot.io/emulated-gpus"
+"""The Node label the fleet selects its nodes by, naming their emulated GPUs."""
 
 
 def _healthy(port: int, ca: Path) -> bool:
@@ -51,6 +54,7 @@ class System:
     agents: dict[str, controlplane.Component] = field(default_factory=dict)
     controllers: dict[str, controlplane.Component] = field(default_factory=dict)
     webhook: controlplane.Component | None = None
+    fleet: controlplane.Component | None = None
     webhook_config: str | None = None
     nodes: list[str] = field(default_factory=list)
 
@@ -60,7 +64,7 @@ class System:
 
     def components(self) -> list[controlplane.Component]:
         out = [*self.agents.values(), *self.controllers.values()]
-        return [*out, self.webhook] if self.webhook is not None else out
+        return out + [c for c in (self.webhook, self.fleet) if c is not None]
 
     def prepare(self) -> None:
         """The GpuLayout CRD and the Lease's namespace."""
@@ -145,6 +149,33 @@ class System:
             cwd=REPO,
         )
 
+    def add_fleet_node(self, name: str, gpus: str) -> None:
+        """A KWOK node labelled for the fleet with its emulated GPUs (``a100-80gb.x2``)."""
+        self.plane.add_node(name, labels={FLEET_LABEL: gpus})
+        self.nodes.append(name)
+
+    def start_fleet(self, *extra: str) -> None:
+        """``migpilot fleet``: one process running the agents of every node labelled
+        ``migpilot.io/emulated-gpus`` (:meth:`add_fleet_node`), in memory."""
+        self.fleet = controlplane.launch(
+            "fleet",
+            [
+                sys.executable,
+                "-m",
+                "migpilot",
+                "fleet",
+                "--kubeconfig",
+                str(self.plane.kubeconfig),
+                "--kubelet",
+                "simulated",
+                "--interval",
+                "5",
+                *extra,
+            ],
+            log=self.root / "fleet.log",
+            cwd=REPO,
+        )
+
     def start_controller(self, identity: str, *extra: str) -> None:
         self.controllers[identity] = controlplane.launch(
             f"controller-{identity}",
@@ -180,6 +211,7 @@ class System:
         self.agents.clear()
         self.controllers.clear()
         self.webhook = None
+        self.fleet = None
         client = self.client
         if self.webhook_config is not None:
             with contextlib.suppress(lightkube.ApiError):

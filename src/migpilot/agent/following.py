@@ -59,6 +59,13 @@ class GpuLayoutSource:
             self._listed = True
         return listed.resource_version
 
+    def take(self, doc: Mapping[str, Any] | None) -> None:
+        """Take the GpuLayout as someone else's watch saw it (``None``: there is none); the
+        fleet of simulated agents watches every GpuLayout once for all its nodes."""
+        with self._lock:
+            self._doc = doc
+            self._listed = True
+
     def follow(self, stop: threading.Event) -> None:
         """List and watch until ``stop`` is set (run it in a thread)."""
         while not stop.is_set():

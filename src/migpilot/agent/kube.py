@@ -14,8 +14,9 @@ from typing import Any
 
 import httpx2
 import lightkube
+from lightkube import operators
 from lightkube.generic_resource import create_global_resource
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from migpilot.agent import kubeapi
@@ -55,6 +56,15 @@ def _error(err: Exception) -> kubeapi.KubeApiError:
     return kubeapi.KubeApiError(f"the API server cannot be reached: {err}")
 
 
+def _node_field(node: str | None) -> dict[str, Any]:
+    return {"spec.nodeName": operators.not_equal("") if node is None else node}
+
+
+def _labels(selector: kubeapi.LabelSelector) -> dict[str, Any]:
+    value = operators.exists() if selector.value is None else selector.value
+    return {selector.key: value}
+
+
 class LightkubeNodeApi:
     """:class:`~kubeapi.NodeApi` over a lightkube sync client."""
 
@@ -84,6 +94,59 @@ class LightkubeNodeApi:
                 if kind in kubeapi.EventType.__members__:
                     doc = obj.to_dict()  # type: ignore[no-untyped-call]
                     yield kubeapi.WatchEvent(kubeapi.EventType(kind), doc)
+        except (lightkube.ApiError, httpx2.HTTPError) as err:
+            raise _error(err) from None
+
+    def list_pods(self, *, node: str | None) -> kubeapi.ListedAll:
+        """Pods in every namespace with ``spec.nodeName=node`` (``!=""`` for ``None``)."""
+        return self._list_all(Pod, namespace="*", fields=_node_field(node))
+
+    def watch_pods(
+        self, *, node: str | None, resource_version: str
+    ) -> Iterator[kubeapi.WatchEvent]:
+        """Watch the pods :meth:`list_pods` selects."""
+        return self._watch_all(Pod, resource_version, namespace="*", fields=_node_field(node))
+
+    def list_layouts(self) -> kubeapi.ListedAll:
+        """Every GpuLayout."""
+        return self._list_all(GpuLayout)
+
+    def watch_layouts(self, *, resource_version: str) -> Iterator[kubeapi.WatchEvent]:
+        """Watch every GpuLayout."""
+        return self._watch_all(GpuLayout, resource_version)
+
+    def list_nodes(self, *, selector: kubeapi.LabelSelector) -> kubeapi.ListedAll:
+        """The Nodes ``selector`` selects."""
+        return self._list_all(Node, labels=_labels(selector))
+
+    def watch_nodes(
+        self, *, selector: kubeapi.LabelSelector, resource_version: str
+    ) -> Iterator[kubeapi.WatchEvent]:
+        """Watch the Nodes ``selector`` selects."""
+        return self._watch_all(Node, resource_version, labels=_labels(selector))
+
+    def _list_all(self, res: Any, **selectors: Any) -> kubeapi.ListedAll:
+        try:
+            found = self._client.list(res, **selectors)
+            docs = tuple(obj.to_dict() for obj in found)
+            version = found.resourceVersion
+        except (lightkube.ApiError, httpx2.HTTPError) as err:
+            raise _error(err) from None
+        return kubeapi.ListedAll(docs, version)
+
+    def _watch_all(
+        self, res: Any, resource_version: str, **selectors: Any
+    ) -> Iterator[kubeapi.WatchEvent]:
+        events = self._client.watch(
+            res,
+            resource_version=resource_version,
+            server_timeout=WATCH_SERVER_TIMEOUT_S,
+            **selectors,
+        )
+        try:
+            for kind, obj in events:
+                if kind in kubeapi.EventType.__members__:
+                    yield kubeapi.WatchEvent(kubeapi.EventType(kind), obj.to_dict())
         except (lightkube.ApiError, httpx2.HTTPError) as err:
             raise _error(err) from None
 

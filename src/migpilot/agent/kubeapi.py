@@ -5,7 +5,10 @@ node), follows it with a watch, and writes three things: the GpuLayout's status 
 apply as ``migpilot-agent``), the GFD labels on its Node, and, when it stands in for the kubelet,
 the Node's extended-resource capacity and allocatable. :class:`NodeApi` is exactly that, with raw
 JSON documents in and out (the caller parses them with :mod:`migpilot.api.gpulayouts`), so a
-malformed object reaches the agent's own checks rather than failing inside a client.
+malformed object reaches the agent's own checks rather than failing inside a client. The
+simulated kubelet also lists and watches the pods bound to its node(s), and the fleet of
+simulated agents (:mod:`migpilot.agent.fleet`) lists and watches every GpuLayout and the Nodes a
+label selects, once for all its nodes.
 
 :class:`InMemoryNodeApi` is the same contract without a server, shipped here so that unit tests
 and demos drive the real agent code: objects carry ``metadata.generation`` (bumped by spec
@@ -22,7 +25,7 @@ from __future__ import annotations
 import copy
 import enum
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -65,6 +68,46 @@ class WatchEvent:
     """The raw object after the change (before it, for ``DELETED``)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ListedAll:
+    """Every object a list call found, and where to watch from."""
+
+    documents: tuple[Mapping[str, Any], ...]
+    """The raw objects."""
+    resource_version: str
+    """The list's resource version: a watch from it misses nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """Nodes whose label ``key`` exists (``value`` ``None``) or equals ``value``."""
+
+    key: str
+    """The label's key, e.g. ``migpilot.io/emulated-gpus``."""
+    value: str | None = None
+    """The value it must have; ``None``: any value."""
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether a node with ``labels`` is selected."""
+        if self.key not in labels:
+            return False
+        return self.value is None or labels[self.key] == self.value
+
+    def __str__(self) -> str:
+        return self.key if self.value is None else f"{self.key}={self.value}"
+
+
+def labels_of(doc: Mapping[str, Any]) -> dict[str, str]:
+    """An object's ``metadata.labels`` (raw JSON), empty when it has none."""
+    meta = doc.get("metadata") or {}
+    return {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+
+
+def node_name_of(pod: Mapping[str, Any]) -> str:
+    """The node a pod (raw JSON) is bound to, ``""`` when it is not bound."""
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
 class NodeApi(Protocol):
     """What the node agent asks of the Kubernetes API (errors: :class:`KubeApiError`)."""
 
@@ -92,13 +135,60 @@ class NodeApi(Protocol):
         removes one); other resources are left alone."""
         ...
 
+    def list_pods(self, *, node: str | None) -> ListedAll:
+        """The pods bound to ``node`` (``None``: to any node), in every namespace."""
+        ...
+
+    def watch_pods(self, *, node: str | None, resource_version: str) -> Iterator[WatchEvent]:
+        """Changes to the pods :meth:`list_pods` selects (a pod bound after the list arrives
+        as ``ADDED``); :class:`GoneError` when the version is too old."""
+        ...
+
+    def list_layouts(self) -> ListedAll:
+        """Every GpuLayout."""
+        ...
+
+    def watch_layouts(self, *, resource_version: str) -> Iterator[WatchEvent]:
+        """Changes to every GpuLayout; :class:`GoneError` when the version is too old."""
+        ...
+
+    def list_nodes(self, *, selector: LabelSelector) -> ListedAll:
+        """The Nodes ``selector`` selects."""
+        ...
+
+    def watch_nodes(
+        self, *, selector: LabelSelector, resource_version: str
+    ) -> Iterator[WatchEvent]:
+        """Changes to the Nodes ``selector`` selects (a Node that stops matching arrives as
+        ``DELETED``); :class:`GoneError` when the version is too old."""
+        ...
+
+
+class _Kind(enum.Enum):
+    """Which store a change is in."""
+
+    LAYOUT = "layout"
+    NODE = "node"
+    POD = "pod"
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    version: int
+    kind: _Kind
+    before: Mapping[str, Any] | None
+    after: Mapping[str, Any] | None
+
 
 class InMemoryNodeApi:
     """A :class:`NodeApi` in memory, with the apiserver's generation and watch semantics.
 
-    Tests write the controller's half with :meth:`put_spec` and :meth:`delete_layout`, and read
-    what the agent wrote with :meth:`layout`, :attr:`node_labels` and :attr:`node_resources`.
-    Thread-safe; a watch blocks until the next change or until :meth:`close`.
+    Tests write the controller's half with :meth:`put_spec` and :meth:`delete_layout`, Nodes
+    with :meth:`put_node` and pods with :meth:`put_pod` and :meth:`delete_pod`, and read what
+    the agent wrote with :meth:`layout`, :attr:`node_labels` and :attr:`node_resources` (also
+    merged into a Node made with :meth:`put_node`, as a server would). Watches filter as the
+    server's selectors do: an object that starts or stops matching arrives as ``ADDED`` or
+    ``DELETED``. Thread-safe; a watch blocks until the next change or until :meth:`close`.
     """
 
     def __init__(self) -> None:
@@ -106,7 +196,9 @@ class InMemoryNodeApi:
         self._version = 0
         self._compacted = 0
         self._layouts: dict[str, dict[str, Any]] = {}
-        self._events: list[tuple[int, str, WatchEvent]] = []
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._pods: dict[str, dict[str, Any]] = {}
+        self._events: list[_Change] = []
         self._closed = False
         self.node_labels: dict[str, dict[str, str]] = {}
         """Node name -> its labels as the agent set them."""
@@ -143,7 +235,7 @@ class InMemoryNodeApi:
             if old is None:
                 return
             self._version += 1
-            self._events.append((self._version, name, WatchEvent(EventType.DELETED, old)))
+            self._events.append(_Change(self._version, _Kind.LAYOUT, old, None))
             self._cond.notify_all()
 
     def layout(self, name: str) -> gpulayouts.GpuLayout | None:
@@ -165,11 +257,55 @@ class InMemoryNodeApi:
             self._cond.notify_all()
 
     def _store(self, name: str, doc: dict[str, Any], kind: EventType) -> None:
+        self._put(_Kind.LAYOUT, self._layouts, name, doc)
+
+    def _put(
+        self, kind: _Kind, store: dict[str, dict[str, Any]], key: str, doc: dict[str, Any] | None
+    ) -> None:
+        """Store ``doc`` under ``key`` (``None`` deletes it) and record the change."""
+        before = store.get(key)
+        if doc is None and before is None:
+            return
         self._version += 1
-        doc["metadata"]["resourceVersion"] = str(self._version)
-        self._layouts[name] = doc
-        self._events.append((self._version, name, WatchEvent(kind, copy.deepcopy(doc))))
+        if doc is None:
+            del store[key]
+        else:
+            doc.setdefault("metadata", {})["resourceVersion"] = str(self._version)
+            store[key] = doc
+        after = None if doc is None else copy.deepcopy(doc)
+        self._events.append(_Change(self._version, kind, before, after))
         self._cond.notify_all()
+
+    def put_node(self, name: str, labels: Mapping[str, str]) -> None:
+        """Create a Node with ``labels``, or replace its labels."""
+        with self._cond:
+            old = self._nodes.get(name)
+            fresh: dict[str, Any] = {"apiVersion": "v1", "kind": "Node",
+                                     "metadata": {"name": name}, "status": {}}  # fmt: skip
+            doc = copy.deepcopy(old) if old is not None else fresh
+            doc["metadata"]["labels"] = dict(labels)
+            self._put(_Kind.NODE, self._nodes, name, doc)
+
+    def delete_node(self, name: str) -> None:
+        """Delete the Node (nothing if there is none)."""
+        with self._cond:
+            self._put(_Kind.NODE, self._nodes, name, None)
+
+    def put_pod(self, doc: Mapping[str, Any]) -> None:
+        """Create or replace a pod (raw JSON, ``metadata.namespace`` and ``name`` set)."""
+        meta = doc["metadata"]
+        with self._cond:
+            self._put(
+                _Kind.POD,
+                self._pods,
+                f"{meta['namespace']}/{meta['name']}",
+                copy.deepcopy(dict(doc)),
+            )
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod (nothing if there is none)."""
+        with self._cond:
+            self._put(_Kind.POD, self._pods, f"{namespace}/{name}", None)
 
     # -- NodeApi -------------------------------------------------------------------------------
     def list_layout(self, name: str) -> Listed:
@@ -180,20 +316,65 @@ class InMemoryNodeApi:
 
     def watch_layout(self, name: str, *, resource_version: str) -> Iterator[WatchEvent]:
         """Events after ``resource_version`` until :meth:`close`."""
+        return self._watch(_Kind.LAYOUT, lambda d: d["metadata"]["name"] == name, resource_version)
+
+    def _watch(
+        self, kind: _Kind, match: Callable[[Mapping[str, Any]], bool], resource_version: str
+    ) -> Iterator[WatchEvent]:
+        """Changes of ``kind`` after ``resource_version`` as a selector ``match`` sees them."""
         seen = int(resource_version)
         while True:
             with self._cond:
                 if seen < self._compacted:
                     raise GoneError(f"too old resource version: {seen} ({self._compacted})")
-                pending = [e for e in self._events if e[0] > seen and e[1] == name]
+                pending = [c for c in self._events if c.version > seen and c.kind is kind]
                 if not pending:
                     if self._closed:
                         return
                     self._cond.wait()
                     continue
-            for version, _, event in pending:
-                seen = version
-                yield event
+            for change in pending:
+                seen = change.version
+                was = change.before is not None and match(change.before)
+                now = change.after is not None and match(change.after)
+                if now and change.after is not None:
+                    kind_of = EventType.MODIFIED if was else EventType.ADDED
+                    yield WatchEvent(kind_of, copy.deepcopy(change.after))
+                elif was and change.before is not None:
+                    yield WatchEvent(EventType.DELETED, copy.deepcopy(change.before))
+
+    def _list(
+        self, store: dict[str, dict[str, Any]], match: Callable[[Mapping[str, Any]], bool]
+    ) -> ListedAll:
+        with self._cond:
+            docs = tuple(copy.deepcopy(d) for _, d in sorted(store.items()) if match(d))
+            return ListedAll(docs, str(self._version))
+
+    def list_pods(self, *, node: str | None) -> ListedAll:
+        """The pods bound to ``node`` (any node for ``None``)."""
+        return self._list(self._pods, _on_node(node))
+
+    def watch_pods(self, *, node: str | None, resource_version: str) -> Iterator[WatchEvent]:
+        """Pod changes after ``resource_version`` as the field selector sees them."""
+        return self._watch(_Kind.POD, _on_node(node), resource_version)
+
+    def list_layouts(self) -> ListedAll:
+        """Every GpuLayout."""
+        return self._list(self._layouts, lambda d: True)
+
+    def watch_layouts(self, *, resource_version: str) -> Iterator[WatchEvent]:
+        """Every GpuLayout change after ``resource_version``."""
+        return self._watch(_Kind.LAYOUT, lambda d: True, resource_version)
+
+    def list_nodes(self, *, selector: LabelSelector) -> ListedAll:
+        """The Nodes ``selector`` selects."""
+        return self._list(self._nodes, lambda d: selector.matches(labels_of(d)))
+
+    def watch_nodes(
+        self, *, selector: LabelSelector, resource_version: str
+    ) -> Iterator[WatchEvent]:
+        """Node changes after ``resource_version`` as the label selector sees them."""
+        return self._watch(_Kind.NODE, lambda d: selector.matches(labels_of(d)), resource_version)
 
     def apply_layout_status(self, name: str, status: gpulayouts.LayoutStatus) -> None:
         """Replace the status; a missing object is a :class:`KubeApiError` (404), as on a
@@ -209,14 +390,34 @@ class InMemoryNodeApi:
                 self._store(name, doc, EventType.MODIFIED)
 
     def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
-        """Merge into the node's labels."""
+        """Merge into the node's labels (and into its Node, when there is one)."""
         with self._cond:
             _merge(self.node_labels.setdefault(node, {}), labels)
+            old = self._nodes.get(node)
+            if old is not None:
+                doc = copy.deepcopy(old)
+                _merge(doc["metadata"].setdefault("labels", {}), labels)
+                if doc != old:
+                    self._put(_Kind.NODE, self._nodes, node, doc)
 
     def patch_node_resources(self, node: str, resources: Mapping[str, str | None]) -> None:
-        """Merge into the node's extended resources."""
+        """Merge into the node's extended resources (and into its Node, when there is one)."""
         with self._cond:
             _merge(self.node_resources.setdefault(node, {}), resources)
+            old = self._nodes.get(node)
+            if old is not None:
+                doc = copy.deepcopy(old)
+                for part in ("capacity", "allocatable"):
+                    _merge(doc.setdefault("status", {}).setdefault(part, {}), resources)
+                if doc != old:
+                    self._put(_Kind.NODE, self._nodes, node, doc)
+
+
+def _on_node(node: str | None) -> Callable[[Mapping[str, Any]], bool]:
+    """The field selector ``spec.nodeName=node`` (``!=""`` for ``None``)."""
+    if node is None:
+        return lambda d: node_name_of(d) != ""
+    return lambda d: node_name_of(d) == node
 
 
 def _merge(into: dict[str, str], patch: Mapping[str, str | None]) -> None:

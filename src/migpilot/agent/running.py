@@ -228,6 +228,33 @@ class KeepLayout:
         return "no desired layout: keeping the MIG instances there are"
 
 
+class AlsoWatching:
+    """A desired source whose fingerprint also changes with other inputs (the simulated
+    kubelet's pods), so that a change of those makes a pass due at once."""
+
+    def __init__(self, source: DesiredSource, *others: Callable[[], Hashable]) -> None:
+        self._source = source
+        self._others = others
+
+    def fingerprint(self) -> Hashable:
+        """The source's fingerprint and the others'."""
+        return (self._source.fingerprint(), *(f() for f in self._others))
+
+    def desired(
+        self,
+        *,
+        gpus: Sequence[backend.GpuInfo],
+        current: Mapping[int, Sequence[backend.MigDevice]],
+        in_use: frozenset[str],
+    ) -> dict[int, reconciling.DesiredGpu]:
+        """The source's layouts."""
+        return self._source.desired(gpus=gpus, current=current, in_use=in_use)
+
+    def describe(self) -> str:
+        """The source's description."""
+        return self._source.describe()
+
+
 def parse_labels(text: str, *, source: str) -> dict[str, str]:
     """``key=value`` lines (values optionally double-quoted, as the downward API writes them).
 

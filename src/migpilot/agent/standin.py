@@ -5,10 +5,16 @@ into the Node's ``status.capacity`` and ``status.allocatable`` (``docs/agent.md`
 node nothing does, so with ``migpilot agent --kubelet simulated`` this listener does it after
 every pass: each resource the device plugin would advertise under the strategy (``nvidia.com/
 mig-<profile>`` under mixed), counted, with a resource whose last device disappeared kept at
-``0`` as the kubelet keeps a registered resource. It is kept apart from the real path on
-purpose: nothing else in the agent knows it exists.
+``0`` as the kubelet keeps a registered resource.
 
-Not yet: assigning instances to the pods bound to the node, as Allocate would.
+It also does what Allocate does on a real node: each pod bound to the node (:class:`PodBook`,
+fed by a pod watch) that is not terminated and asks for MIG resources gets distinct healthy
+devices of those resources (:func:`assign`, pure), preferring the instances the GpuLayout spec
+reserves for that pod, then unreserved ones; a pod keeps its devices while it lives. The
+assigned devices are in use (:meth:`SimulatedKubelet.in_use`): the reconciler never destroys
+them and the GpuLayout status reports them ``used``. They are released when the pod is deleted
+or terminates. It is kept apart from the real path on purpose: nothing else in the agent knows
+it exists.
 
 A shell module: it writes through :class:`~kubeapi.NodeApi` and never imports a client.
 """
@@ -16,32 +22,311 @@ A shell module: it writes through :class:`~kubeapi.NodeApi` and never imports a 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from migpilot import errors
 from migpilot.agent import kubeapi, reconciling
 from migpilot.agent.deviceplugin import advertising, devices
+from migpilot.api import gpulayouts
+from migpilot.planning import snapshot
 
 _log = logging.getLogger(__name__)
+
+TERMINATED = frozenset({"Succeeded", "Failed"})
+"""Pod phases whose containers hold no device any more."""
 
 
 def resource_counts(view: devices.NodeDevices, strategy: devices.MigStrategy) -> dict[str, int]:
     """How many healthy devices of each resource the plugin would advertise (none under an
     invalid single-strategy node, as NVIDIA's plugin then advertises nothing)."""
+    return {
+        name: sum(d.health is devices.Health.HEALTHY for d in devs)
+        for name, devs in _advertised(view, strategy).items()
+    }
+
+
+def _advertised(
+    view: devices.NodeDevices, strategy: devices.MigStrategy
+) -> dict[str, tuple[devices.Device, ...]]:
     try:
         resources = advertising.resources_for(view, strategy)
     except advertising.InvalidMigConfigurationError:
         return {}
-    return {r.name: sum(d.health is devices.Health.HEALTHY for d in r.devices) for r in resources}
+    return {r.name: r.devices for r in resources}
+
+
+# --- the pods bound to the node ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPod:
+    """A live pod bound to a node, asking for MIG resources."""
+
+    namespace: str
+    name: str
+    node: str
+    """The node it is bound to (``spec.nodeName``)."""
+    created: str
+    """``metadata.creationTimestamp`` (RFC 3339: sorts as text)."""
+    requests: tuple[tuple[str, int], ...]
+    """``(resource, count)`` per MIG resource, sorted by resource."""
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``, as ``reservedFor`` names a pod."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def order(self) -> tuple[str, str, str]:
+        """Who is served first: the oldest, then by namespace and name."""
+        return (self.created, self.namespace, self.name)
+
+
+def bound_pod(doc: Mapping[str, Any]) -> BoundPod | None:
+    """A pod (raw JSON) as the stand-in sees it; ``None`` when it holds no device (not bound,
+    terminated, no MIG request). A bad MIG request is a :class:`MigpilotError`."""
+    meta = doc.get("metadata") or {}
+    node = kubeapi.node_name_of(doc)
+    if not node or (doc.get("status") or {}).get("phase") in TERMINATED:
+        return None
+    spec = doc.get("spec") or {}
+    where = f"pod {meta.get('namespace', '')}/{meta.get('name', '')}"
+    total = _mig_amounts(spec, where)
+    if not any(total.values()):
+        return None
+    requests = snapshot.pod_requests(total, where=where)  # checks the names, one line each
+    return BoundPod(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        node=node,
+        created=str(meta.get("creationTimestamp") or ""),
+        requests=tuple((snapshot.resource_name(r.profile), r.count) for r in requests.mig),
+    )
+
+
+def _mig_amounts(spec: Mapping[str, Any], where: str) -> dict[str, int]:
+    """Per ``nvidia.com/`` resource, what kube-scheduler counts: the containers' sum, or an init
+    container's amount when larger (limits, overridden by requests where both are given)."""
+    summed: dict[str, int] = {}
+    init: dict[str, int] = {}
+    for part, into in (("containers", summed), ("initContainers", init)):
+        for i, container in enumerate(spec.get(part) or ()):
+            res = container.get("resources") or {}
+            amounts = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+            for name, value in amounts.items():
+                if not str(name).startswith("nvidia.com/"):
+                    continue
+                n = int(snapshot.parse_quantity(value, where=f"{where}.{part}[{i}].{name}"))
+                if into is summed:
+                    summed[name] = summed.get(name, 0) + n
+                else:
+                    init[name] = max(init.get(name, 0), n)
+    return {k: max(summed.get(k, 0), init.get(k, 0)) for k in {*summed, *init}}
+
+
+class PodBook:
+    """The pods holding devices on the nodes followed, as the pod watch last showed them.
+
+    Fed by :func:`watching.follow` (:meth:`listed`, :meth:`changed`); ``on_change`` is told the
+    node whose pods changed (the fleet wakes that node's pass). Thread-safe.
+    """
+
+    def __init__(self, *, on_change: Callable[[str], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._by_node: dict[str, dict[str, BoundPod]] = {}
+        self._where: dict[str, str] = {}
+        self._versions: dict[str, int] = {}
+        self._on_change = on_change
+        self._bad: set[str] = set()
+
+    def listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
+        """Replace everything with the pods of a list."""
+        pods = [p for p in (self._read(d) for d in docs) if p is not None]
+        with self._lock:
+            before = {node: dict(pods) for node, pods in self._by_node.items()}
+            self._by_node, self._where = {}, {}
+            for pod in pods:
+                self._by_node.setdefault(pod.node, {})[pod.key] = pod
+                self._where[pod.key] = pod.node
+            touched = {
+                n for n in {*before, *self._by_node} if before.get(n) != self._by_node.get(n)
+            }
+            for node in touched:
+                self._versions[node] = self._versions.get(node, 0) + 1
+        self._tell(touched)
+
+    def changed(self, event: kubeapi.WatchEvent) -> None:
+        """Apply one watch event."""
+        meta = event.document.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        pod = None if event.type is kubeapi.EventType.DELETED else self._read(event.document)
+        touched: set[str] = set()
+        with self._lock:
+            old_node = self._where.pop(key, None)
+            if old_node is not None:
+                old = self._by_node[old_node].pop(key)
+                if old != pod:
+                    touched.add(old_node)
+                if not self._by_node[old_node]:
+                    del self._by_node[old_node]
+            if pod is not None:
+                self._by_node.setdefault(pod.node, {})[key] = pod
+                self._where[key] = pod.node
+                if old_node != pod.node:
+                    touched.add(pod.node)
+            for node in touched:
+                self._versions[node] = self._versions.get(node, 0) + 1
+        self._tell(touched)
+
+    def pods(self, node: str) -> tuple[BoundPod, ...]:
+        """The node's pods, oldest first."""
+        with self._lock:
+            found = tuple(self._by_node.get(node, {}).values())
+        return tuple(sorted(found, key=lambda p: p.order))
+
+    def version(self, node: str) -> int:
+        """A number that changes whenever the node's pods change."""
+        with self._lock:
+            return self._versions.get(node, 0)
+
+    def _read(self, doc: Mapping[str, Any]) -> BoundPod | None:
+        try:
+            return bound_pod(doc)
+        except errors.MigpilotError as err:
+            text = str(err)
+            if text not in self._bad:  # once per problem; the watch repeats it at every change
+                self._bad.add(text)
+                _log.warning("%s; it gets no device", text)
+            return None
+
+    def _tell(self, nodes: set[str]) -> None:
+        if self._on_change is not None:
+            for node in sorted(nodes):
+                self._on_change(node)
+
+
+def assign(
+    pods: Sequence[BoundPod],
+    *,
+    advertised: Mapping[str, Sequence[devices.Device]],
+    reserved: Mapping[str, str],
+    previous: Mapping[str, tuple[str, ...]],
+) -> dict[str, tuple[str, ...]]:
+    """Which devices each pod holds: ``namespace/name`` -> device ids (pure).
+
+    A pod keeps the devices it had (``previous``) that are still advertised for a resource it
+    asks for; then, in ``pods``' order, each gets what it still lacks from the healthy devices
+    no other pod holds: those ``reserved`` (device id -> ``namespace/name``) for it first, then
+    unreserved ones, then those reserved for another pod, each in advertised order. A pod may
+    get fewer than it asks for when there are not enough.
+    """
+    taken: set[str] = set()
+    kept: dict[str, list[str]] = {}
+    for pod in pods:
+        mine = kept.setdefault(pod.key, [])
+        for resource, count in pod.requests:
+            ids = {d.id for d in advertised.get(resource, ())}
+            had = [u for u in previous.get(pod.key, ()) if u in ids and u not in taken][:count]
+            mine.extend(had)
+            taken.update(had)
+    out: dict[str, tuple[str, ...]] = {}
+    for pod in pods:
+        mine = kept[pod.key]
+        for resource, count in pod.requests:
+            offered = advertised.get(resource, ())
+            need = count - sum(1 for d in offered if d.id in mine)
+            if need <= 0:
+                continue
+            free = [d.id for d in offered
+                    if d.health is devices.Health.HEALTHY and d.id not in taken]  # fmt: skip
+
+            def rank(uuid: str, key: str = pod.key) -> int:
+                holder = reserved.get(uuid)
+                return 0 if holder == key else 1 if holder is None else 2
+
+            got = sorted(free, key=rank)[:need]  # sorted() is stable: advertised order within
+            mine.extend(got)
+            taken.update(got)
+        out[pod.key] = tuple(mine)
+    return out
+
+
+def reservations(
+    spec: gpulayouts.LayoutSpec | None, state: Mapping[int, reconciling.GpuState]
+) -> dict[str, str]:
+    """MIG device UUID -> ``namespace/name`` of the pod the spec reserves its instance for."""
+    if spec is None:
+        return {}
+    wanted = {
+        (g.index, i.start, i.profile): i.reserved_for
+        for g in spec.gpus
+        for i in g.instances
+        if i.reserved_for is not None
+    }
+    return {
+        d.uuid: pod
+        for index, gpu in state.items()
+        for d in gpu.devices
+        if d.uuid is not None and (pod := wanted.get((index, d.start, d.profile))) is not None
+    }
+
+
+# --- the stand-in ------------------------------------------------------------------------------
 
 
 class SimulatedKubelet:
-    """Publishes the advertised resource counts into the Node's capacity and allocatable."""
+    """Publishes the advertised resource counts into the Node's capacity and allocatable, and,
+    given a :class:`PodBook`, assigns devices to the node's pods as Allocate would.
 
-    def __init__(self, api: kubeapi.NodeApi, *, node: str, strategy: devices.MigStrategy) -> None:
+    A :class:`~running.PassListener` (tell it before the status is written, so the status sees
+    the newest assignment) and a :class:`~reconciling.InUse` source (the assigned devices).
+    ``spec`` gives the GpuLayout spec whose reservations are preferred.
+    """
+
+    def __init__(
+        self,
+        api: kubeapi.NodeApi,
+        *,
+        node: str,
+        strategy: devices.MigStrategy,
+        pods: PodBook | None = None,
+        spec: Callable[[], gpulayouts.LayoutSpec | None] = lambda: None,
+    ) -> None:
         self._api = api
         self._node = node
         self._strategy = strategy
+        self._pods = pods
+        self._spec = spec
         self._published: dict[str, str] | None = None
+        self._lock = threading.Lock()
+        self._state: Mapping[int, reconciling.GpuState] | None = None
+        self._view: devices.NodeDevices | None = None
+        self._seen_version = -1
+        self._assigned: dict[str, tuple[str, ...]] = {}
+
+    @property
+    def node(self) -> str:
+        """The node it stands in for."""
+        return self._node
+
+    def fingerprint(self) -> Hashable:
+        """Changes when the node's pods change (a pass is then due)."""
+        return None if self._pods is None else self._pods.version(self._node)
+
+    def in_use(self) -> frozenset[str]:
+        """The devices assigned to the node's live pods."""
+        with self._lock:
+            self._refresh()
+            return frozenset(u for devs in self._assigned.values() for u in devs)
+
+    def assigned(self) -> dict[str, tuple[str, ...]]:
+        """``namespace/name`` -> the device ids each pod holds now."""
+        with self._lock:
+            self._refresh()
+            return dict(self._assigned)
 
     def passed(
         self,
@@ -51,7 +336,40 @@ class SimulatedKubelet:
         labels: Mapping[str, str],
         view: devices.NodeDevices,
     ) -> None:
-        """Patch the Node when the counts changed; API failures are logged and retried."""
+        """Assign devices to new pods, then patch the Node when the counts changed; API
+        failures are logged and retried."""
+        with self._lock:
+            self._state, self._view = state, view
+            self._refresh(force=True)
+        self._publish(view)
+
+    def _refresh(self, *, force: bool = False) -> None:
+        """Assign again when the pods or the devices changed (under the lock)."""
+        if self._pods is None or self._view is None or self._state is None:
+            return
+        version = self._pods.version(self._node)
+        if not force and version == self._seen_version:
+            return
+        self._seen_version = version
+        pods = self._pods.pods(self._node)
+        now = assign(
+            pods,
+            advertised=_advertised(self._view, self._strategy),
+            reserved=reservations(self._spec(), self._state),
+            previous=self._assigned,
+        )
+        for key in sorted(now.keys() - self._assigned.keys()):
+            _log.info("Node %s: pod %s gets %s (simulated Allocate)", self._node, key,
+                      ", ".join(now[key]) or "nothing yet")  # fmt: skip
+        for key in sorted(self._assigned.keys() - now.keys()):
+            _log.info("Node %s: pod %s released %s", self._node, key,
+                      ", ".join(self._assigned[key]) or "nothing")  # fmt: skip
+        for key in sorted(now.keys() & self._assigned.keys()):
+            if now[key] != self._assigned[key]:
+                _log.info("Node %s: pod %s now holds %s", self._node, key, ", ".join(now[key]))
+        self._assigned = now
+
+    def _publish(self, view: devices.NodeDevices) -> None:
         counts = {k: str(v) for k, v in resource_counts(view, self._strategy).items()}
         before = self._published or {}
         patch = dict.fromkeys(before, "0") | counts

@@ -21,9 +21,19 @@ from pathlib import Path
 from typing import IO
 
 from migpilot import errors
-from migpilot.agent import desired, following, kube, kubeapi, reconciling, running, standin
+from migpilot.agent import (
+    desired,
+    following,
+    kube,
+    kubeapi,
+    reconciling,
+    running,
+    standin,
+    watching,
+)
 from migpilot.agent import metrics as agent_metrics
 from migpilot.agent.deviceplugin import allocating, devices, podresources, serving
+from migpilot.api import gpulayouts
 from migpilot.gpu import backend, clocks, emulated, nvml
 
 EXIT_NOT_CONVERGED = 1
@@ -223,15 +233,40 @@ class _Cluster:
     api: kubeapi.NodeApi
     source: following.GpuLayoutSource
     simulated_kubelet: standin.SimulatedKubelet | None
+    pods: standin.PodBook | None = None
+    """With the simulated kubelet: the pods bound to the node, which a thread keeps current."""
 
     def wire(self, real: reconciling.InUse) -> tuple[reconciling.InUse, running.PassListener]:
-        """The agent's in-use source (``real`` and the GpuLayout's protection) and its reporter
-        (which counts only ``real`` as in use), with the simulated kubelet when asked for."""
-        reporter = following.KubeReporter(self.api, source=self.source, in_use=real, now=_now)
+        """The agent's in-use source (``real``, the simulated kubelet's pods and the GpuLayout's
+        protection) and its reporter (which counts ``real`` and the pods' devices as in use),
+        with the simulated kubelet told first so the status sees its newest assignment."""
+        kubelet = self.simulated_kubelet
+        used = real if kubelet is None else reconciling.AnyOf([real, kubelet])
+        reporter = following.KubeReporter(self.api, source=self.source, in_use=used, now=_now)
         listeners: list[running.PassListener] = [reporter]
-        if self.simulated_kubelet is not None:
-            listeners.append(self.simulated_kubelet)
-        return reconciling.AnyOf([real, self.source]), running.Listeners(listeners)
+        if kubelet is not None:
+            listeners.insert(0, kubelet)
+        return reconciling.AnyOf([used, self.source]), running.Listeners(listeners)
+
+    def desired_source(self) -> running.DesiredSource:
+        """The GpuLayout, a pass due also when the node's pods change (simulated kubelet)."""
+        if self.simulated_kubelet is None:
+            return self.source
+        return running.AlsoWatching(self.source, self.simulated_kubelet.fingerprint)
+
+    def follow_pods(self, stop: threading.Event) -> None:
+        """Keep :attr:`pods` current until ``stop`` (run it in a thread)."""
+        book, node = self.pods, self.source.node
+        if book is None:
+            return
+        watching.follow(
+            what=f"pods on {node}",
+            lister=lambda: self.api.list_pods(node=node),
+            watcher=lambda version: self.api.watch_pods(node=node, resource_version=version),
+            listed=book.listed,
+            changed=book.changed,
+            stop=stop,
+        )
 
 
 def _now() -> str:
@@ -245,10 +280,18 @@ def _cluster(args: argparse.Namespace, strategy: devices.MigStrategy) -> _Cluste
     api = kube.connect(Path(args.kubeconfig) if args.kubeconfig is not None else None)
     source = following.GpuLayoutSource(api, node=args.node)
     source.sync()
-    simulated = None
+    simulated = book = None
     if args.kubelet == SIMULATED:
-        simulated = standin.SimulatedKubelet(api, node=args.node, strategy=strategy)
-    return _Cluster(api, source, simulated)
+        book = standin.PodBook()
+        book.listed(api.list_pods(node=args.node).documents)
+
+        def spec() -> gpulayouts.LayoutSpec | None:
+            return source.acted_on.spec if source.acted_on is not None else None
+
+        simulated = standin.SimulatedKubelet(
+            api, node=args.node, strategy=strategy, pods=book, spec=spec
+        )
+    return _Cluster(api, source, simulated, book)
 
 
 def _open_backend(args: argparse.Namespace) -> backend.GpuBackend:
@@ -298,7 +341,7 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
     source = _source(args)
     cluster = _cluster(args, strategy)
     if cluster is not None:
-        source = cluster.source
+        source = cluster.desired_source()
     gpus = _open_backend(args)
     try:
         # A config that names unknown profiles or cannot be placed on these GPUs fails here,
@@ -468,6 +511,9 @@ def _serve(
         threading.Thread(
             target=cluster.source.follow, args=(stop,), name="migpilot-gpulayout", daemon=True
         ).start()  # daemon: a watch blocks until the next event; stopping does not wait for it
+        threading.Thread(
+            target=cluster.follow_pods, args=(stop,), name="migpilot-pods", daemon=True
+        ).start()
     agent = running.Agent(
         gpus=gpus,
         in_use=in_use,

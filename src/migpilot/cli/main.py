@@ -15,6 +15,7 @@ from migpilot.cli import (
     agent_cmd,
     config_cmd,
     controller_cmd,
+    fleet_cmd,
     mig_cmds,
     plan_cmd,
     simulate_cmd,
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.register(sub)
     simulate_cmd.register(sub)
     agent_cmd.register(sub)
+    fleet_cmd.register(sub)
     webhook_cmd.register(sub)
     controller_cmd.register(sub)
     return parser

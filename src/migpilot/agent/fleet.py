@@ -1,0 +1,482 @@
+"""Many simulated node agents in one process: ``migpilot fleet``, for scale tests on KWOK nodes.
+
+A benchmark of 1,000 KWOK nodes cannot start 1,000 agent processes, nor one thread and three
+watches per node. The fleet runs the simulated agent (emulated GPUs, ``--kubelet simulated``)
+of every Node a label selects, with ONE list+watch of those Nodes, ONE of every GpuLayout and
+ONE of every pod bound to a node (filtered locally by :class:`~standin.PodBook`), and a bounded
+pool of worker threads that run the nodes' passes. Each node's GPUs are named by its label
+``migpilot.io/emulated-gpus`` in a label-safe spelling of the emulated backend
+(:func:`backend_spec`), and kept in memory (no state files).
+
+Nothing here reconciles or reports: each node is the single agent's own parts,
+:class:`running.Agent` over an emulated backend, :class:`following.GpuLayoutSource` (fed by the
+shared watch through :meth:`~following.GpuLayoutSource.take`), :class:`following.KubeReporter`
+(status and GFD labels, written before any GpuLayout exists, so the controller creates one) and
+:class:`standin.SimulatedKubelet` (resource counts, devices assigned to pods). The fleet only
+dispatches: a node's pass is queued when its GpuLayout or its pods change and the pass is due
+(:meth:`running.Agent.due`), or its interval elapsed; a node is never in two passes at once, and
+a change during a pass queues one more (:class:`WorkQueue`).
+
+A shell module: it talks to the API only through :class:`~kubeapi.NodeApi` (:func:`run` opens
+the lightkube one from :mod:`migpilot.agent.kube`); never imports a Kubernetes client itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import logging
+import signal
+import threading
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from migpilot import errors
+from migpilot.agent import (
+    following,
+    kube,
+    kubeapi,
+    metrics,
+    reconciling,
+    running,
+    standin,
+    watching,
+)
+from migpilot.agent.deviceplugin import devices
+from migpilot.api import gpulayouts
+from migpilot.gpu import backend, clocks, emulated
+
+_log = logging.getLogger(__name__)
+
+EMULATED_GPUS_LABEL = "migpilot.io/emulated-gpus"
+"""The Node label naming the node's emulated GPUs (:func:`backend_spec`), and by default the
+one that selects the fleet's nodes."""
+
+
+DEFAULT_SELECTOR = kubeapi.LabelSelector(EMULATED_GPUS_LABEL)
+"""The fleet's Nodes by default: those with the label :data:`EMULATED_GPUS_LABEL`."""
+DEFAULT_WORKERS = 32
+DEFAULT_INTERVAL_S = 30.0
+
+
+# --- a node's GPUs from its label --------------------------------------------------------------
+
+
+def backend_spec(value: str, *, node: str) -> emulated.EmulatedSpec:
+    """The emulated GPUs a label value names: the backend spec of ``--backend emulated:...``
+    spelt with label characters only, ``.`` for ``:`` and ``_`` for ``,``:
+    ``a100-80gb.x8``, ``a100-80gb.x4_a30.x2``, ``0x233010DE.0x16C110DE.x8``.
+
+    A bad value is a one-line :class:`AgentConfigError` naming the node and the label.
+    """
+    spec = "emulated:" + value.strip().replace("_", ",").replace(".", ":")
+    try:
+        return emulated.parse_spec(spec)
+    except errors.AgentConfigError as err:
+        raise errors.AgentConfigError(
+            f"Node {node}: label {EMULATED_GPUS_LABEL}={value!r} does not name emulated GPUs "
+            f"as MODEL.xN[_MODEL.xN...] (e.g. a100-80gb.x8): {err}"
+        ) from None
+
+
+def _seed(node: str) -> int:
+    """Each node's own UUIDs (the emulator derives them from a seed), the same at every start."""
+    return zlib.crc32(node.encode())
+
+
+# --- the work queue ----------------------------------------------------------------------------
+
+
+class WorkQueue:
+    """Node names waiting for a pass, each at most once, never two passes of one node at once.
+
+    :meth:`add` while the node's pass runs marks it to run again when :meth:`done` is called
+    (as client-go's workqueue). Thread-safe; :meth:`get` blocks until a node or :meth:`close`.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[str] = collections.deque()
+        self._queued: set[str] = set()
+        self._running: set[str] = set()
+        self._again: set[str] = set()
+        self._closed = False
+
+    def add(self, node: str) -> None:
+        """Queue a pass of ``node`` (once)."""
+        with self._cond:
+            if node in self._running:
+                self._again.add(node)
+            elif node not in self._queued:
+                self._queued.add(node)
+                self._waiting.append(node)
+                self._cond.notify()
+
+    def get(self) -> str | None:
+        """The next node to pass (now running), or ``None`` once closed."""
+        with self._cond:
+            while not self._waiting and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return None
+            node = self._waiting.popleft()
+            self._queued.discard(node)
+            self._running.add(node)
+            return node
+
+    def done(self, node: str) -> None:
+        """The pass of ``node`` ended; queue it again if it was asked for meanwhile."""
+        with self._cond:
+            self._running.discard(node)
+            if node in self._again:
+                self._again.discard(node)
+                if node not in self._queued:
+                    self._queued.add(node)
+                    self._waiting.append(node)
+                    self._cond.notify()
+
+    def idle(self) -> bool:
+        """Nothing waiting and nothing running."""
+        with self._cond:
+            return not self._waiting and not self._running
+
+    def close(self) -> None:
+        """Wake every :meth:`get` with ``None``."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+# --- the fleet ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSettings:
+    """How the fleet runs."""
+
+    kubeconfig: Path | None = None
+    """The kubeconfig to reach the API server (:func:`run`); ``None``: in-cluster config."""
+    selector: kubeapi.LabelSelector = DEFAULT_SELECTOR
+    """The Nodes to run agents for (default: those with the label ``migpilot.io/emulated-gpus``;
+    each needs that label in any case)."""
+    workers: int = DEFAULT_WORKERS
+    """Threads running passes, nodes in parallel (default 32): emulated creations take ~0.1 s
+    each, as on hardware, so one busy node must not hold up the others."""
+    strategy: devices.MigStrategy = devices.MigStrategy.MIXED
+    """MIG strategy of every node's labels and resources (default ``mixed``)."""
+    interval_s: float = DEFAULT_INTERVAL_S
+    """Seconds between a node's periodic passes, which retry what was refused (default 30)."""
+    tick_s: float = 1.0
+    """Seconds between checks for nodes whose periodic pass is due (default 1)."""
+    times: emulated.OperationTimes = field(default_factory=emulated.OperationTimes)
+    """How long the emulated driver steps take (default: the A100's measured times)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One node of the fleet: the single agent's parts over its emulated GPUs."""
+
+    node: str
+    label: str
+    """The ``migpilot.io/emulated-gpus`` value its GPUs came from."""
+    gpus: emulated.EmulatedBackend
+    source: following.GpuLayoutSource
+    kubelet: standin.SimulatedKubelet
+    agent: running.Agent
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Fleet:
+    """The simulated agents of the selected nodes, fed by three shared watches (see the module).
+
+    Tests drive it with the in-memory API: :meth:`run` in a thread, or the watch callbacks
+    (:meth:`nodes_listed`, :meth:`node_changed`, ...) and :meth:`drain` without threads.
+    """
+
+    def __init__(
+        self,
+        api: kubeapi.NodeApi,
+        *,
+        settings: FleetSettings,
+        clock: clocks.Clock | None = None,
+        now: Callable[[], str] = _now,
+    ) -> None:
+        self._api = api
+        self.settings = settings
+        self._clock: clocks.Clock = clock if clock is not None else clocks.SystemClock()
+        self._now = now
+        self._lock = threading.Lock()
+        self._members: dict[str, Member] = {}
+        self._layouts: dict[str, Mapping[str, Any]] = {}
+        self._refused: dict[str, str] = {}
+        """Node -> the label value it was refused for (logged once)."""
+        self.pods = standin.PodBook(on_change=self.poke)
+        self.queue = WorkQueue()
+        self._metrics = metrics.AgentMetrics()
+        """Shared by every node (the reconciler counts into it); not served."""
+
+    # -- members -------------------------------------------------------------------------------
+    def member(self, node: str) -> Member | None:
+        """The node's agent, if it runs one."""
+        with self._lock:
+            return self._members.get(node)
+
+    def members(self) -> list[str]:
+        """The nodes it runs agents for."""
+        with self._lock:
+            return sorted(self._members)
+
+    def _join(self, doc: Mapping[str, Any]) -> None:
+        node = str((doc.get("metadata") or {}).get("name", ""))
+        value = kubeapi.labels_of(doc).get(EMULATED_GPUS_LABEL)
+        with self._lock:
+            have = self._members.get(node)
+        if have is not None:
+            if value != have.label:
+                self._refuse(node, value or "", "changing a node's emulated GPUs needs a restart")
+            return
+        if value is None:
+            self._refuse(node, "", f"Node {node} has no label {EMULATED_GPUS_LABEL}")
+            return
+        try:
+            spec = backend_spec(value, node=node)
+        except errors.AgentConfigError as err:
+            self._refuse(node, value, str(err))
+            return
+        member = self._make(node, value, spec)
+        with self._lock:
+            self._members[node] = member
+            member.source.take(self._layouts.get(node))
+            self._refused.pop(node, None)
+        _log.info("Node %s: running its agent (%s)", node, value)
+        self.queue.add(node)
+
+    def _refuse(self, node: str, value: str, why: str) -> None:
+        with self._lock:
+            seen = self._refused.get(node) == value
+            self._refused[node] = value
+        if not seen:
+            _log.error("%s; not running an agent for it", why)
+
+    def _leave(self, node: str) -> None:
+        with self._lock:
+            member = self._members.pop(node, None)
+            self._refused.pop(node, None)
+        if member is not None:
+            _log.info("Node %s: gone, its agent stops", node)
+
+    def _make(self, node: str, label: str, spec: emulated.EmulatedSpec) -> Member:
+        """The single agent's parts, wired as ``migpilot agent --node --kubelet simulated``."""
+        gpus = emulated.EmulatedBackend(
+            spec.models,
+            pci_ids=spec.pci_ids,
+            seed=_seed(node),
+            clock=self._clock,
+            times=self.settings.times,
+            durable=False,
+        )
+        source = following.GpuLayoutSource(self._api, node=node)
+
+        def reserving() -> gpulayouts.LayoutSpec | None:
+            return source.acted_on.spec if source.acted_on is not None else None
+
+        kubelet = standin.SimulatedKubelet(
+            self._api, node=node, strategy=self.settings.strategy, pods=self.pods, spec=reserving
+        )
+        used = reconciling.AnyOf([reconciling.RunningProcesses(gpus), kubelet])
+        reporter = following.KubeReporter(self._api, source=source, in_use=used, now=self._now)
+        agent = running.Agent(
+            gpus=gpus,
+            in_use=reconciling.AnyOf([used, source]),
+            source=running.AlsoWatching(source, kubelet.fingerprint),
+            plugin=None,
+            agent_metrics=self._metrics,
+            clock=self._clock,
+            settings=running.AgentSettings(
+                strategy=self.settings.strategy, interval_s=self.settings.interval_s
+            ),
+            listener=running.Listeners([kubelet, reporter]),
+        )
+        return Member(node, label, gpus, source, kubelet, agent)
+
+    # -- the watches' callbacks ----------------------------------------------------------------
+    def nodes_listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
+        """The selected Nodes as a list found them: join new ones, drop the others."""
+        names = {str((d.get("metadata") or {}).get("name", "")) for d in docs}
+        for node in set(self.members()) - names:
+            self._leave(node)
+        for doc in docs:
+            self._join(doc)
+
+    def node_changed(self, event: kubeapi.WatchEvent) -> None:
+        """A selected Node appeared, changed, or went (or stopped matching)."""
+        if event.type is kubeapi.EventType.DELETED:
+            self._leave(str((event.document.get("metadata") or {}).get("name", "")))
+        else:
+            self._join(event.document)
+
+    def layouts_listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
+        """Every GpuLayout as a list found them."""
+        found = {str((d.get("metadata") or {}).get("name", "")): d for d in docs}
+        with self._lock:
+            self._layouts = found
+            members = list(self._members.values())
+            for m in members:
+                m.source.take(found.get(m.node))
+        for m in members:
+            self._wake(m)
+
+    def layout_changed(self, event: kubeapi.WatchEvent) -> None:
+        """One GpuLayout changed: its node's source takes it, and a pass is queued if due."""
+        name = str((event.document.get("metadata") or {}).get("name", ""))
+        doc = None if event.type is kubeapi.EventType.DELETED else event.document
+        with self._lock:
+            if doc is None:
+                self._layouts.pop(name, None)
+            else:
+                self._layouts[name] = doc
+            member = self._members.get(name)
+            if member is not None:
+                member.source.take(doc)
+        if member is not None:
+            self._wake(member)
+
+    def poke(self, node: str) -> None:
+        """Something of ``node`` changed (its pods): queue a pass if one is due."""
+        member = self.member(node)
+        if member is not None:
+            self._wake(member)
+
+    def _wake(self, member: Member) -> None:
+        if member.agent.due():
+            self.queue.add(member.node)
+
+    def tick(self) -> None:
+        """Queue every node whose pass is due (its interval elapsed, or an input changed)."""
+        with self._lock:
+            members = list(self._members.values())
+        for m in members:
+            self._wake(m)
+
+    # -- passes --------------------------------------------------------------------------------
+    def pass_once(self, node: str) -> None:
+        """Run one pass of ``node`` (a worker's job); failures are logged, never raised."""
+        member = self.member(node)
+        if member is None:
+            return
+        try:
+            member.agent.reconcile()
+        except backend.BackendError as err:
+            _log.error("Node %s: GPU backend failed, retrying at the next pass: %s", node, err)
+        except Exception:  # a worker must survive any one node's bug
+            _log.exception("Node %s: the pass failed", node)
+
+    def drain(self) -> None:
+        """Run queued passes in this thread until none is queued (tests, without workers)."""
+        while not self.queue.idle():
+            node = self.queue.get()
+            if node is None:
+                return
+            try:
+                self.pass_once(node)
+            finally:
+                self.queue.done(node)
+
+    def _work(self) -> None:
+        thread = threading.current_thread()
+        name = thread.name
+        while (node := self.queue.get()) is not None:
+            thread.name = f"{name}:{node}"  # the log says which node a line is about
+            try:
+                self.pass_once(node)
+            finally:
+                thread.name = name
+                self.queue.done(node)
+
+    def run(self, stop: threading.Event) -> None:
+        """Watch, dispatch and pass until ``stop`` is set; the passes in progress finish."""
+        api, selector = self._api, self.settings.selector
+        follows: list[tuple[str, Callable[[], None]]] = [
+            (
+                "nodes",
+                lambda: watching.follow(
+                    what=f"Nodes {selector}",
+                    lister=lambda: api.list_nodes(selector=selector),
+                    watcher=lambda v: api.watch_nodes(selector=selector, resource_version=v),
+                    listed=self.nodes_listed,
+                    changed=self.node_changed,
+                    stop=stop,
+                ),
+            ),
+            (
+                "gpulayouts",
+                lambda: watching.follow(
+                    what="GpuLayouts",
+                    lister=api.list_layouts,
+                    watcher=lambda v: api.watch_layouts(resource_version=v),
+                    listed=self.layouts_listed,
+                    changed=self.layout_changed,
+                    stop=stop,
+                ),
+            ),
+            (
+                "pods",
+                lambda: watching.follow(
+                    what="bound pods",
+                    lister=lambda: api.list_pods(node=None),
+                    watcher=lambda v: api.watch_pods(node=None, resource_version=v),
+                    listed=self.pods.listed,
+                    changed=self.pods.changed,
+                    stop=stop,
+                ),
+            ),
+        ]
+        for what, target in follows:
+            # daemon: a watch blocks until its next event; stopping does not wait for it
+            threading.Thread(target=target, name=f"fleet-watch-{what}", daemon=True).start()
+        workers = [
+            threading.Thread(target=self._work, name=f"fleet-{i}")
+            for i in range(self.settings.workers)
+        ]
+        for w in workers:
+            w.start()
+        try:
+            while not stop.wait(self.settings.tick_s):
+                self.tick()
+        finally:
+            self.queue.close()
+            for w in workers:
+                w.join()
+
+
+def run(settings: FleetSettings) -> int:
+    """Connect, run the fleet until SIGTERM or SIGINT, exit code 0.
+
+    An API server that cannot be reached at start is a :class:`~kubeapi.KubeApiError`.
+    """
+    if settings.workers < 1:
+        raise errors.AgentConfigError(f"--workers must be at least 1, got {settings.workers}")
+    api = kube.connect(settings.kubeconfig)
+    api.list_nodes(selector=settings.selector)  # fails here, not in a thread, when unreachable
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        # Set from another thread: Event.set takes a lock the interrupted frame may hold.
+        _log.info("%s received: stopping", signal.Signals(signum).name)
+        threading.Thread(target=stop.set, name="migpilot-stop").start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    _log.info("fleet: agents for the Nodes %s, %d workers", settings.selector, settings.workers)
+    try:
+        Fleet(api, settings=settings).run(stop)
+    finally:
+        api.close()
+    _log.info("stopped")
+    return 0

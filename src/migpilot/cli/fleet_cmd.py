@@ -1,0 +1,112 @@
+"""``migpilot fleet``: the simulated agents of many KWOK nodes in one process, as a command.
+
+Thin: flags become :class:`migpilot.agent.fleet.FleetSettings`, then
+:func:`migpilot.agent.fleet.run` until SIGTERM or SIGINT. A separate command rather than
+``migpilot agent --fleet``: almost none of the single agent's flags (backend, state file,
+configs, kubelet folder, device plugin) mean anything for a fleet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import IO
+
+from migpilot import errors
+from migpilot.agent import fleet, kubeapi
+from migpilot.agent.deviceplugin import devices
+
+SIMULATED = "simulated"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``fleet`` to the top-level subparsers."""
+    p = subparsers.add_parser(
+        "fleet",
+        help="run the simulated agents of many KWOK nodes in one process (scale tests)",
+        description=(
+            "Run the node agent, with emulated GPUs and the simulated kubelet, for every Node "
+            f"the selector picks; each node's GPUs come from its {fleet.EMULATED_GPUS_LABEL} "
+            "label (a100-80gb.x8, a100-80gb.x4_a30.x2). One watch of the Nodes, one of the "
+            "GpuLayouts and one of the pods for all of them; passes run on a pool of "
+            "threads. Stops on SIGTERM/SIGINT."
+        ),
+    )
+    p.add_argument(
+        "--kubeconfig", type=Path, metavar="FILE", help="kubeconfig (default: in-cluster)"
+    )
+    p.add_argument(
+        "--kubelet",
+        choices=[SIMULATED],
+        default=SIMULATED,
+        help="the only kubelet a fleet has: the stand-in (default: simulated)",
+    )
+    p.add_argument(
+        "--fleet-selector",
+        "--selector",
+        default=fleet.EMULATED_GPUS_LABEL,
+        metavar="LABEL[=VALUE]",
+        help=f"the Nodes to run agents for (default: those with the label "
+        f"{fleet.EMULATED_GPUS_LABEL})",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=fleet.DEFAULT_WORKERS,
+        metavar="N",
+        help="threads running node passes in parallel (default: 32)",
+    )
+    p.add_argument(
+        "--strategy",
+        default="mixed",
+        metavar="none|single|mixed",
+        help="MIG strategy, as NVIDIA's --mig-strategy (default: mixed)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=fleet.DEFAULT_INTERVAL_S,
+        metavar="S",
+        help="seconds between a node's periodic passes (default: 30)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    p.set_defaults(func=_run)
+
+
+def selector(text: str) -> kubeapi.LabelSelector:
+    """``LABEL`` (the label exists) or ``LABEL=VALUE``; a one-line error otherwise."""
+    key, sep, value = text.strip().partition("=")
+    if not key or (sep and not value) or "," in text or "!" in key:
+        raise errors.AgentConfigError(
+            f"--fleet-selector {text!r} is not LABEL or LABEL=VALUE (one label)"
+        )
+    return kubeapi.LabelSelector(key, value if sep else None)
+
+
+def settings_from(args: argparse.Namespace) -> fleet.FleetSettings:
+    """The settings the flags describe; a clear error for bad values."""
+    if args.kubeconfig is not None and not args.kubeconfig.is_file():
+        raise errors.AgentConfigError(f"--kubeconfig: no such file: {args.kubeconfig}")
+    if args.workers < 1:
+        raise errors.AgentConfigError(f"--workers must be at least 1, got {args.workers}")
+    if not args.interval > 0:
+        raise errors.AgentConfigError(f"--interval must be more than 0, got {args.interval}")
+    return fleet.FleetSettings(
+        kubeconfig=args.kubeconfig,
+        selector=selector(args.fleet_selector),
+        workers=args.workers,
+        strategy=devices.MigStrategy.parse(args.strategy),
+        interval_s=args.interval,
+    )
+
+
+def _run(args: argparse.Namespace, out: IO[str]) -> int:
+    settings = settings_from(args)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
+    )
+    for noisy in ("httpx2", "httpcore2", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return fleet.run(settings)

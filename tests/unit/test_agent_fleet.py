@@ -1,0 +1,251 @@
+"""The fleet of simulated agents with the in-memory API: labels, dispatch, the work queue.
+
+Most tests run :meth:`Fleet.run` in a thread against :class:`kubeapi.InMemoryNodeApi` with
+instant emulated GPUs and wait (with a timeout, never a sleep deciding anything) for what the
+nodes' agents write; one drives the callbacks and :meth:`Fleet.drain` without threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from migpilot import errors
+from migpilot.agent import fleet, kubeapi
+from migpilot.api import gpulayouts as gl
+from migpilot.gpu import emulated
+
+LABEL = fleet.EMULATED_GPUS_LABEL
+R1G = "nvidia.com/mig-1g.10gb"
+
+
+def spec(*gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"gpus": [{"index": i, "instances": insts} for i, insts in enumerate(gpus)]}
+
+
+def inst(profile: str, start: int, reserved: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"profile": profile, "start": start}
+    if reserved is not None:
+        out["reservedFor"] = reserved
+    return out
+
+
+def pod_doc(name: str, node: str, limits: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": limits}}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def _wait(predicate: Callable[[], Any], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (got := predicate()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+    return got
+
+
+# --- the label ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "models", "ids"),
+    [
+        ("a100-80gb.x8", ["a100-80gb"] * 8, [None] * 8),
+        ("a100-80gb.x1_a30.x2", ["a100-80gb", "a30-24gb", "a30-24gb"], [None] * 3),
+        ("h100-80gb", ["h100-80gb"], [None]),
+    ],
+)
+def test_backend_spec_from_a_label(value: str, models: list[str], ids: list[None]) -> None:
+    got = fleet.backend_spec(value, node="n1")
+    assert [m.id for m in got.models] == models
+    assert list(got.pci_ids) == ids
+
+
+def test_backend_spec_by_pci_id() -> None:
+    got = fleet.backend_spec("0x233010DE.0x16C110DE.x2", node="n1")
+    assert [m.id for m in got.models] == ["h100-80gb"] * 2
+    assert all(p is not None and p.subsystem == 0x16C110DE for p in got.pci_ids)
+
+
+@pytest.mark.parametrize("value", ["", "nope-gpu.x2", "a100-80gb.x0", "a100-80gb.x2.x3"])
+def test_a_bad_label_names_the_node_and_the_label(value: str) -> None:
+    with pytest.raises(errors.AgentConfigError) as err:
+        fleet.backend_spec(value, node="n7")
+    text = str(err.value)
+    assert text.startswith(f"Node n7: label {LABEL}={value!r}") and "\n" not in text
+
+
+# --- the work queue ----------------------------------------------------------------------------
+
+
+def test_work_queue_runs_a_node_once_and_again_after_a_change_during_its_pass() -> None:
+    q = fleet.WorkQueue()
+    q.add("a")
+    q.add("b")
+    q.add("a")  # already waiting: once
+    assert q.get() == "a"
+    q.add("a")  # running: again after done
+    assert q.get() == "b"
+    q.done("b")
+    assert not q.idle()
+    q.done("a")
+    assert q.get() == "a"
+    q.done("a")
+    assert q.idle()
+    q.close()
+    assert q.get() is None
+
+
+def test_work_queue_never_runs_one_node_twice_at_once() -> None:
+    q = fleet.WorkQueue()
+    running: set[str] = set()
+    overlaps: list[str] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        while (node := q.get()) is not None:
+            with lock:
+                if node in running:
+                    overlaps.append(node)
+                running.add(node)
+            time.sleep(0.001)
+            with lock:
+                running.discard(node)
+            q.done(node)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for i in range(400):
+        q.add(f"n{i % 5}")
+    _wait(q.idle)
+    q.close()
+    for t in threads:
+        t.join()
+    assert overlaps == []
+
+
+# --- the fleet ---------------------------------------------------------------------------------
+
+
+class Running:
+    """A fleet running in a thread over the in-memory API."""
+
+    def __init__(self, api: kubeapi.InMemoryNodeApi, settings: fleet.FleetSettings) -> None:
+        self.api = api
+        self.fleet = fleet.Fleet(api, settings=settings, now=lambda: "2026-01-01T00:00:00Z")
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.fleet.run, args=(self.stop,))
+
+    def status(self, node: str) -> gl.LayoutStatus | None:
+        got = self.api.layout(node)
+        return None if got is None else got.status
+
+    def states(self, node: str, gpu: int = 0) -> dict[str, str]:
+        status = self.status(node)
+        if status is None:
+            return {}
+        return {
+            f"{i.profile}@{i.start}": i.state.value
+            for g in status.gpus
+            if g.index == gpu
+            for i in g.instances
+        }
+
+
+@pytest.fixture
+def running() -> Iterator[Running]:
+    api = kubeapi.InMemoryNodeApi()
+    settings = fleet.FleetSettings(workers=4, tick_s=0.01, times=emulated.INSTANT)
+    r = Running(api, settings)
+    r.thread.start()
+    yield r
+    r.stop.set()
+    api.close()
+    r.thread.join(timeout=10)
+    assert not r.thread.is_alive()
+
+
+def test_the_fleet_labels_its_nodes_then_follows_their_gpulayouts(running: Running) -> None:
+    api = running.api
+    nodes = [f"n{i}" for i in range(3)]
+    for n in nodes:
+        api.put_node(n, {LABEL: "h100-80gb.x2"})
+    api.put_node("other", {"type": "kwok"})  # not selected
+    # GFD labels before any GpuLayout exists: the controller creates one for mig.capable nodes.
+    _wait(lambda: all(api.node_labels.get(n, {}).get("nvidia.com/mig.capable") for n in nodes))
+    assert "other" not in api.node_labels
+    assert running.fleet.members() == nodes
+    for n in nodes:
+        api.put_spec(n, spec([inst("1g.10gb", 0), inst("3g.40gb", 4)], [inst("7g.80gb", 0)]))
+    for n in nodes:
+        _wait(lambda n=n: running.states(n) == {"1g.10gb@0": "free", "3g.40gb@4": "free"})
+        _wait(lambda n=n: running.states(n, 1) == {"7g.80gb@0": "free"})
+        _wait(lambda n=n: api.node_resources.get(n, {}).get(R1G) == "1")
+    # Each node has its own GPUs (distinct UUIDs), in memory.
+    uuids = set()
+    for n in nodes:
+        status = running.status(n)
+        assert status is not None
+        uuids |= {g.uuid for g in status.gpus}
+    assert len(uuids) == 6
+    # A spec change wakes the node's pass at once (tick aside, the watch event queues it).
+    api.put_spec("n1", spec([inst("2g.20gb", 0)]))
+    _wait(lambda: running.states("n1") == {"2g.20gb@0": "free"})
+    assert running.states("n0") == {"1g.10gb@0": "free", "3g.40gb@4": "free"}
+
+
+def test_the_fleet_assigns_instances_to_bound_pods(running: Running) -> None:
+    api = running.api
+    api.put_node("n0", {LABEL: "h100-80gb.x1"})
+    api.put_spec("n0", spec([inst("1g.10gb", 0), inst("1g.10gb", 1, "ns/p")]))
+    _wait(lambda: running.states("n0") == {"1g.10gb@0": "free", "1g.10gb@1": "reserved"})
+    api.put_pod(pod_doc("p", "n0", {R1G: 1}))
+    _wait(lambda: running.states("n0") == {"1g.10gb@0": "free", "1g.10gb@1": "used"})
+    # The spec drops the pod's instance: it stays, used, until the pod goes.
+    api.put_spec("n0", spec([inst("7g.80gb", 0)]))
+    _wait(lambda: running.states("n0") == {"1g.10gb@1": "used"})
+    api.delete_pod("ns", "p")
+    _wait(lambda: running.states("n0") == {"7g.80gb@0": "free"})
+
+
+def test_nodes_come_and_go_and_a_bad_label_is_logged(
+    running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = running.api
+    caplog.set_level(logging.ERROR, logger="migpilot.agent.fleet")
+    api.put_node("bad", {LABEL: "nope.x2"})
+    api.put_node("n0", {LABEL: "a100-80gb.x1"})
+    _wait(lambda: running.fleet.members() == ["n0"])
+    _wait(lambda: any("Node bad: label" in r.getMessage() for r in caplog.records))
+    api.delete_node("n0")
+    _wait(lambda: running.fleet.members() == [])
+    api.put_node("bad", {LABEL: "a100-80gb.x1"})  # fixed: it joins
+    _wait(lambda: running.fleet.members() == ["bad"])
+
+
+def test_callbacks_and_drain_without_threads() -> None:
+    api = kubeapi.InMemoryNodeApi()
+    f = fleet.Fleet(api, settings=fleet.FleetSettings(times=emulated.INSTANT))
+    api.put_node("n0", {LABEL: "h100-80gb.x1"})
+    api.put_spec("n0", spec([inst("1g.10gb", 0)]))
+    f.layouts_listed(api.list_layouts().documents)  # a layout before its node: kept for it
+    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents)
+    f.drain()
+    got = api.layout("n0")
+    assert got is not None and got.status is not None
+    assert [i.state for g in got.status.gpus for i in g.instances] == [gl.InstanceState.FREE]
+    f.drain()  # nothing due: nothing runs
+    writes = api.status_writes
+    f.tick()
+    f.drain()
+    assert api.status_writes == writes
+    f.nodes_listed([])
+    assert f.members() == []

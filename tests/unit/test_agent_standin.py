@@ -1,0 +1,322 @@
+"""The simulated kubelet assigns devices to the pods bound to its node, as Allocate would.
+
+Pure parts (:func:`standin.assign`, :func:`standin.bound_pod`, :class:`standin.PodBook`) are
+tested alone; then the single agent runs in process with the in-memory API, emulated GPUs and
+the stand-in wired as ``migpilot agent --node --kubelet simulated`` wires it. Nothing sleeps:
+passes are driven with ``reconcile``, the pod watch with ``listed``/``changed`` or a thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from migpilot import errors
+from migpilot.agent import (
+    following,
+    kubeapi,
+    metrics,
+    reconciling,
+    running,
+    standin,
+    watching,
+)
+from migpilot.agent.deviceplugin import devices
+from migpilot.api import gpulayouts as gl
+from migpilot.gpu import clocks, emulated
+from migpilot.mig import catalog
+
+H100 = catalog.resolve_gpu("h100-80gb")
+NODE = "node-a"
+T0 = "2026-01-01T00:00:00Z"
+R1G = "nvidia.com/mig-1g.10gb"
+R3G = "nvidia.com/mig-3g.40gb"
+
+
+def pod_doc(
+    name: str,
+    limits: dict[str, Any],
+    *,
+    node: str | None = NODE,
+    namespace: str = "default",
+    created: str = T0,
+    phase: str = "Running",
+    init: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"limits": limits}}]}
+    if init is not None:
+        spec["initContainers"] = [{"name": "i", "resources": {"limits": init}}]
+    if node is not None:
+        spec["nodeName"] = node
+    return {
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def dev(uuid: str, health: devices.Health = devices.Health.HEALTHY) -> devices.Device:
+    return devices.Device(uuid, 0, health)
+
+
+def bp(name: str, *requests: tuple[str, int], created: str = T0) -> standin.BoundPod:
+    return standin.BoundPod("ns", name, NODE, created, tuple(sorted(requests)))
+
+
+# --- pure parts --------------------------------------------------------------------------------
+
+
+def test_bound_pod_reads_mig_requests() -> None:
+    pod = standin.bound_pod(pod_doc("p", {R1G: 2, "cpu": "1"}, init={R3G: "1"}))
+    assert pod is not None
+    assert pod.key == "default/p" and pod.node == NODE
+    assert pod.requests == ((R1G, 2), (R3G, 1))
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pod_doc("unbound", {R1G: 1}, node=None),
+        pod_doc("done", {R1G: 1}, phase="Succeeded"),
+        pod_doc("failed", {R1G: 1}, phase="Failed"),
+        pod_doc("cpu-only", {"cpu": "1"}),
+        pod_doc("zero", {R1G: 0}),
+    ],
+)
+def test_pods_holding_no_device(doc: dict[str, Any]) -> None:
+    assert standin.bound_pod(doc) is None
+
+
+def test_a_bad_mig_request_is_one_line() -> None:
+    with pytest.raises(errors.MigpilotError, match=r"pod default/p.*nvidia.com/mig-1g.10gb"):
+        standin.bound_pod(pod_doc("p", {"nvidia.com/mig-1g.10GB": 1}))
+
+
+def test_assign_prefers_the_pods_reservation_then_unreserved_devices() -> None:
+    advertised = {R1G: (dev("a"), dev("b"), dev("c"), dev("d"))}
+    reserved = {"a": "ns/other", "c": "ns/p2"}
+    got = standin.assign(
+        [bp("p1", (R1G, 2)), bp("p2", (R1G, 1))],
+        advertised=advertised,
+        reserved=reserved,
+        previous={},
+    )
+    # p1 comes first but never takes c (p2's) while unreserved ones remain; a goes last.
+    assert got == {"ns/p1": ("b", "d"), "ns/p2": ("c",)}
+
+
+def test_assign_keeps_what_a_pod_holds_and_skips_unhealthy_devices() -> None:
+    advertised = {R1G: (dev("a", devices.Health.UNHEALTHY), dev("b"), dev("c"))}
+    got = standin.assign(
+        [bp("new", (R1G, 1), created="2025-01-01T00:00:00Z"), bp("old", (R1G, 2))],
+        advertised=advertised,
+        reserved={},
+        previous={"ns/old": ("a", "c")},
+    )
+    # "new" sorts first but "old" keeps a (unhealthy, still its) and c; b goes to "new"; old
+    # is not given more than it asked for.
+    assert got == {"ns/new": ("b",), "ns/old": ("a", "c")}
+
+
+def test_assign_gives_what_there_is_and_drops_devices_that_went() -> None:
+    got = standin.assign(
+        [bp("p", (R1G, 3), (R3G, 1))],
+        advertised={R1G: (dev("a"),), R3G: ()},
+        reserved={},
+        previous={"ns/p": ("gone", "a")},
+    )
+    assert got == {"ns/p": ("a",)}
+
+
+def test_assign_is_deterministic_and_distinct() -> None:
+    pods = [bp(f"p{i}", (R1G, 1 + i % 2)) for i in range(6)]
+    advertised = {R1G: tuple(dev(f"d{i}") for i in range(7))}
+    first = standin.assign(pods, advertised=advertised, reserved={}, previous={})
+    assert first == standin.assign(pods, advertised=advertised, reserved={}, previous={})
+    held = [u for devs in first.values() for u in devs]
+    assert len(held) == len(set(held)) == 7
+
+
+def test_pod_book_follows_lists_and_events() -> None:
+    told: list[str] = []
+    book = standin.PodBook(on_change=told.append)
+    book.listed([pod_doc("p1", {R1G: 1}), pod_doc("x", {R1G: 1}, node="node-b")])
+    assert [p.key for p in book.pods(NODE)] == ["default/p1"]
+    assert sorted(told) == [NODE, "node-b"]
+    v = book.version(NODE)
+    told.clear()
+    # A status change that does not change what the stand-in sees tells nobody.
+    book.changed(kubeapi.WatchEvent(kubeapi.EventType.MODIFIED, pod_doc("p1", {R1G: 1})))
+    assert told == [] and book.version(NODE) == v
+    book.changed(
+        kubeapi.WatchEvent(kubeapi.EventType.MODIFIED, pod_doc("p1", {R1G: 1}, phase="Failed"))
+    )
+    assert book.pods(NODE) == () and told == [NODE] and book.version(NODE) > v
+    book.changed(kubeapi.WatchEvent(kubeapi.EventType.ADDED, pod_doc("p2", {"bad": 1, R3G: 1})))
+    book.changed(
+        kubeapi.WatchEvent(kubeapi.EventType.DELETED, pod_doc("x", {R1G: 1}, node="node-b"))
+    )
+    assert [p.key for p in book.pods(NODE)] == ["default/p2"] and book.pods("node-b") == ()
+
+
+# --- the single agent with the stand-in ---------------------------------------------------------
+
+
+def spec(*gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"gpus": [{"index": i, "instances": insts} for i, insts in enumerate(gpus)]}
+
+
+def inst(profile: str, start: int, reserved: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"profile": profile, "start": start}
+    if reserved is not None:
+        out["reservedFor"] = reserved
+    return out
+
+
+@dataclass
+class Node:
+    api: kubeapi.InMemoryNodeApi
+    gpus: emulated.EmulatedBackend
+    source: following.GpuLayoutSource
+    book: standin.PodBook
+    kubelet: standin.SimulatedKubelet
+    agent: running.Agent
+
+    def step(self) -> reconciling.Report:
+        self.source.sync()
+        self.book.listed(self.api.list_pods(node=NODE).documents)
+        return self.agent.reconcile()
+
+    def uuid(self, text: str, gpu: int = 0) -> str:
+        (d,) = [d for d in self.gpus.mig_devices(gpu) if str(d) == text]
+        assert d.uuid is not None
+        return d.uuid
+
+    def layout(self, gpu: int = 0) -> list[str]:
+        return sorted(str(d) for d in self.gpus.mig_devices(gpu))
+
+    def states(self, gpu: int = 0) -> dict[str, str]:
+        got = self.api.layout(NODE)
+        assert got is not None and got.status is not None
+        (g,) = [g for g in got.status.gpus if g.index == gpu]
+        return {f"{i.profile}@{i.start}": i.state.value for i in g.instances}
+
+
+@pytest.fixture
+def node() -> Iterator[Node]:
+    """Wired as ``agent_cmd._Cluster.wire`` wires ``--kubelet simulated``."""
+    api = kubeapi.InMemoryNodeApi()
+    gpus = emulated.EmulatedBackend([H100] * 2, durable=False)
+    source = following.GpuLayoutSource(api, node=NODE)
+    book = standin.PodBook()
+
+    def reserving() -> gl.LayoutSpec | None:
+        return source.acted_on.spec if source.acted_on is not None else None
+
+    kubelet = standin.SimulatedKubelet(
+        api, node=NODE, strategy=devices.MigStrategy.MIXED, pods=book, spec=reserving
+    )
+    used = reconciling.AnyOf([reconciling.RunningProcesses(gpus), kubelet])
+    reporter = following.KubeReporter(api, source=source, in_use=used, now=lambda: T0)
+    agent = running.Agent(
+        gpus=gpus,
+        in_use=reconciling.AnyOf([used, source]),
+        source=running.AlsoWatching(source, kubelet.fingerprint),
+        plugin=None,
+        agent_metrics=metrics.AgentMetrics(),
+        clock=clocks.VirtualClock(),
+        settings=running.AgentSettings(),
+        listener=running.Listeners([kubelet, reporter]),
+    )
+    yield Node(api, gpus, source, book, kubelet, agent)
+    api.close()
+    gpus.close()
+
+
+def test_a_bound_pod_gets_its_reserved_instance_which_is_reported_used(node: Node) -> None:
+    node.api.put_spec(
+        NODE, spec([inst("1g.10gb", 0), inst("1g.10gb", 1, "default/p"), inst("3g.40gb", 4)])
+    )
+    node.step()
+    assert node.states() == {"1g.10gb@0": "free", "1g.10gb@1": "reserved", "3g.40gb@4": "free"}
+    node.api.put_pod(pod_doc("p", {R1G: 1}))
+    node.step()
+    assert node.kubelet.assigned() == {"default/p": (node.uuid("1g.10gb@1"),)}
+    assert node.states() == {"1g.10gb@0": "free", "1g.10gb@1": "used", "3g.40gb@4": "free"}
+
+
+def test_an_assigned_instance_outlives_the_spec_until_its_pod_goes(node: Node) -> None:
+    node.api.put_spec(NODE, spec([inst("3g.40gb", 0), inst("3g.40gb", 4)]))
+    node.step()
+    node.api.put_pod(pod_doc("p", {R3G: 1}))
+    node.step()
+    held = node.kubelet.assigned()["default/p"]
+    assert held == (node.uuid("3g.40gb@0"),)  # no reservation: the first free one
+    # The controller drops both instances from the spec: only the free one goes.
+    node.api.put_spec(NODE, spec([inst("7g.80gb", 0)], []))
+    node.step()
+    node.step()
+    assert node.layout() == ["3g.40gb@0"]
+    assert node.states()["3g.40gb@0"] == "used"
+    # The pod ends: the instance is released, reported free, then replaced.
+    node.api.delete_pod("default", "p")
+    for _ in range(3):
+        node.step()
+    assert node.kubelet.assigned() == {}
+    assert node.layout() == ["7g.80gb@0"]
+
+
+def test_a_pod_change_makes_a_pass_due(node: Node) -> None:
+    node.api.put_spec(NODE, spec([inst("1g.10gb", 0)]))
+    node.step()
+    assert not node.agent.due()
+    node.book.changed(kubeapi.WatchEvent(kubeapi.EventType.ADDED, pod_doc("p", {R1G: 1})))
+    assert node.agent.due()
+    # in_use sees the new pod at once, before the pass (nothing it holds can go meanwhile).
+    assert node.kubelet.in_use() == {node.uuid("1g.10gb@0")}
+
+
+def test_the_pod_watch_follows_binds_and_deletions() -> None:
+    api = kubeapi.InMemoryNodeApi()
+    book = standin.PodBook()
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=watching.follow,
+        kwargs={
+            "what": "pods",
+            "lister": lambda: api.list_pods(node=NODE),
+            "watcher": lambda v: api.watch_pods(node=NODE, resource_version=v),
+            "listed": book.listed,
+            "changed": book.changed,
+            "stop": stop,
+            "retry_s": 0.01,
+        },
+        daemon=True,
+    )
+    api.put_pod(pod_doc("before", {R1G: 1}))
+    thread.start()
+    try:
+        _wait(lambda: [p.name for p in book.pods(NODE)] == ["before"])
+        api.put_pod(pod_doc("pending", {R1G: 1}, node=None))
+        api.put_pod(pod_doc("elsewhere", {R1G: 1}, node="node-b"))
+        api.put_pod(pod_doc("pending", {R1G: 1}))  # bound: arrives as ADDED
+        _wait(lambda: [p.name for p in book.pods(NODE)] == ["before", "pending"])
+        api.compact()
+        api.delete_pod("default", "before")
+        _wait(lambda: [p.name for p in book.pods(NODE)] == ["pending"])
+        assert book.pods("node-b") == ()
+    finally:
+        stop.set()
+        api.close()
+
+
+def _wait(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
