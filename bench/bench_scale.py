@@ -6,7 +6,7 @@ cores). Prints a table and writes ``bench/results/scale.json``. Timing never dec
 
 A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler with its
 client QPS raised to 500, KWOK for the nodes), ``migpilot webhook``, ``migpilot controller``
-(default settings) and one ``migpilot agent --fleet`` process running the simulated agents of
+(default settings) and one ``migpilot fleet`` process running the simulated agents of
 every node (emulated GPUs, half A100-80GB and half H100-80GB nodes; the stand-in kubelet
 publishes each node's resources). Every GPU starts empty, so every pod needs an instance made.
 
