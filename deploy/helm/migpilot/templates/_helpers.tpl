@@ -19,3 +19,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The webhook's Service name (the serving certificate is issued for it). */}}
 {{- define "migpilot.webhookService" -}}{{ .Release.Name }}-webhook{{- end -}}
+
+{{/* CEL: the pod asks (requests or limits) for some nvidia.com/mig- resource; equal to
+     migpilot.webhook.registering.MIG_CONDITION (a test checks). */}}
+{{- define "migpilot.migCondition" -}}
+object.spec.containers.exists(c, has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('nvidia.com/mig-'))) || (has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('nvidia.com/mig-'))))) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('nvidia.com/mig-'))) || (has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('nvidia.com/mig-'))))))
+{{- end -}}
