@@ -527,6 +527,8 @@ class Controller:
         actions: list[plans.Action],
     ) -> None:
         if not await self._write_spec(name, spec):
+            # Nothing else will change for these pods: plan them again a batch window later.
+            self._poke()
             return
         node = self._store.nodes.get(name)
         if actions and node is not None:
