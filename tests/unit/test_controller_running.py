@@ -242,9 +242,16 @@ def test_a_reservation_that_waits_too_long_is_dropped_and_planned_again() -> Non
         await _agent_reports(api, "n0", [])
         await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
-        # The agent never makes the instance: the reservation expires with a Warning.
+        # The agent makes the instance but the Node never advertises it (say another pod took
+        # the capacity): the reservation expires with a Warning, and the pod is planned again.
+        _, start, profile = _reserved(api, "n0")["ns/p"]
+        await _agent_reports(
+            api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
+        )
         await _until(
             "the expiry", lambda: any(e.reason == "MigReservationExpired" for e in api.events)
         )
+        await _until("a new reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        assert not api.pod_patches
 
     _run(body, reservation_timeout_s=0.3)

@@ -89,6 +89,23 @@ def taken(observed: observing.Observed) -> dict[str, Counter[str]]:
     return out
 
 
+def made(observed: observing.Observed, pod_key: str) -> bool:
+    """Whether every instance reserved for ``pod_key`` exists (reported with a UUID, neither
+    being created nor destroyed)."""
+    r = observed.reservations.get(pod_key)
+    layout = observed.layouts.get(r.node) if r is not None else None
+    if r is None or layout is None or layout.status is None:
+        return False
+    have = {
+        (g.index, i.start, i.profile)
+        for g in layout.status.gpus
+        for i in g.instances
+        if i.uuid
+        and i.state not in (gpulayouts.InstanceState.CREATING, gpulayouts.InstanceState.DESTROYING)
+    }
+    return all(i in have for i in r.instances)
+
+
 def ready(observed: observing.Observed, pod_key: str) -> bool:
     """Whether the reserved pod ``pod_key`` can be let go to kube-scheduler now."""
     r = observed.reservations.get(pod_key)

@@ -69,8 +69,9 @@ class Settings:
     retry_s: float = 1.0
     """Seconds before listing again after the API server failed. Default 1."""
     reservation_timeout_s: float = 60.0
-    """Seconds a reservation may wait for its pod to be bound before it is dropped and the pod
-    planned again (instances that never appeared, capacity another pod took). Default 60."""
+    """Seconds a reservation may wait, once its instances exist, for its pod to be bound
+    before it is dropped and the pod planned again (capacity another pod took); ten times
+    that for instances that never appear. Default 60."""
     writers: int = 32
     """API writes in flight at once. Default 32."""
     policy: snapshot.Policy = snapshot.Policy.BINPACK
@@ -133,6 +134,7 @@ class Controller:
         self._lease_until = 0.0
         self._seen_waiting: dict[str, float] = {}
         self._reserved_since: dict[tuple[str, str], float] = {}
+        self._made_since: dict[tuple[str, str], float] = {}
         self._said: dict[str, tuple[str, str]] = {}
         self._writes = asyncio.Semaphore(settings.writers)
         self.plans = 0
@@ -428,11 +430,24 @@ class Controller:
     async def _pin(self, observed: observing.Observed) -> None:
         jobs = []
         now = self._clock()
-        since = {k: self._reserved_since.get(k, now) for k in (
-            (key, r.node) for key, r in observed.reservations.items())}  # fmt: skip
-        self._reserved_since = since
+        # When each reservation was first seen, and first seen with its instances made. A
+        # reservation expires when its pod is still not bound reservation_timeout_s after its
+        # instances exist (capacity another pod took, a pin the scheduler cannot honour), or
+        # ten times that after it was made (an agent that never creates them).
+        keys = [(key, r.node) for key, r in observed.reservations.items()]
+        since = {k: self._reserved_since.get(k, now) for k in keys}
+        made_since = {
+            k: self._made_since.get(k, now)
+            for k in keys
+            if k in self._made_since or pinning.made(observed, k[0])
+        }
+        self._reserved_since, self._made_since = since, made_since
+        limit = self.settings.reservation_timeout_s
         expired = {
-            key for (key, node), t in since.items() if now - t > self.settings.reservation_timeout_s
+            key
+            for key, node in keys
+            if now - made_since.get((key, node), now) > limit
+            or now - since[(key, node)] > 10 * limit
         }
         if expired:
             await self._expire(observed, expired)
@@ -462,14 +477,16 @@ class Controller:
                 for key in sorted(expired):
                     if observed.reservations[key].node == name:
                         self._reserved_since.pop((key, name), None)
+                        self._made_since.pop((key, name), None)
                         _log.warning("reservation of %s on %s expired: planning again", key, name)
                         view = observed.pods[key]
                         await self._say(
                             view,
                             type_="Warning",
                             reason="MigReservationExpired",
-                            message=f"its instances on node {name} were not usable within "
-                            f"{self.settings.reservation_timeout_s:g} s; planning again",
+                            message=f"its instances on node {name} were not usable in time "
+                            f"(reservation timeout {self.settings.reservation_timeout_s:g} s); "
+                            "planning again",
                         )
 
     async def _pin_one(self, key: str, doc: Mapping[str, Any], node: observing.NodeView) -> None:
