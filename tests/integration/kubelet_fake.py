@@ -5,9 +5,11 @@ It does what the kubelet's device manager does with a device plugin: serves ``Re
 socket and keeps a ``ListAndWatch`` stream open, remembering the latest device list per
 resource; calls ``Allocate`` and ``GetPreferredAllocation`` when a test asks; serves
 ``PodResourcesLister.List`` on ``<dir>/pod-resources/kubelet.sock`` from assignments a test
-sets. :meth:`FakeKubelet.restart` behaves like a kubelet restart: the registration socket is
-recreated and the other sockets in the device-plugin folder are removed. Tests wait on
-conditions (with timeouts), never on sleeps.
+sets, and ``GetAllocatableResources`` from the device lists ListAndWatch brought (the healthy
+devices, each list shown ``allocatable_delay_s`` after it arrived). :meth:`FakeKubelet.restart`
+behaves like a kubelet restart: the registration socket is recreated and the other sockets in
+the device-plugin folder are removed. Tests wait on conditions (with timeouts), never on
+sleeps.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import pathlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +51,8 @@ class PluginClient:
         grpc.channel_ready_future(self.channel).result(timeout=WAIT_S)
         self.stub = dp_grpc.DevicePluginStub(self.channel)
         self.lists: list[dict[str, str]] = []
+        self.received: list[float] = []
+        """When each list arrived (monotonic seconds)."""
         self.ended = False
         self._changed = changed
         self._stream = self.stub.ListAndWatch(dp.Empty())
@@ -59,6 +64,7 @@ class PluginClient:
             for response in self._stream:
                 with self._changed:
                     self.lists.append({d.ID: d.health for d in response.devices})
+                    self.received.append(time.monotonic())
                     self._changed.notify_all()
         except grpc.RpcError:
             pass
@@ -77,6 +83,11 @@ class _State:
     registrations: list[Registration] = field(default_factory=list)
     clients: dict[str, PluginClient] = field(default_factory=dict)
     pods: list[tuple[str, str, str, str, tuple[str, ...]]] = field(default_factory=list)
+    allocatable_delay_s: float = 0.0
+    """How long a device list takes to show in GetAllocatableResources (the device manager's
+    lag behind ListAndWatch)."""
+    allocatable_unimplemented: bool = False
+    """Answer GetAllocatableResources with UNIMPLEMENTED, as kubelets before 1.23 do."""
 
 
 class FakeKubelet:
@@ -231,6 +242,24 @@ class _Registration(dp_grpc.RegistrationServicer):
 class _PodResources(pr_grpc.PodResourcesListerServicer):
     def __init__(self, kubelet: FakeKubelet) -> None:
         self._kubelet = kubelet
+
+    def GetAllocatableResources(self, request: Any, context: Any) -> Any:
+        state = self._kubelet.state
+        if state.allocatable_unimplemented:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "GetAllocatableResources is off")
+        now = time.monotonic()
+        devices = []
+        with self._kubelet.changed:
+            for name, client in state.clients.items():
+                shown = [
+                    lst
+                    for lst, at in zip(client.lists, client.received, strict=True)
+                    if now - at >= state.allocatable_delay_s
+                ]
+                if shown:
+                    ids = [i for i, health in shown[-1].items() if health == "Healthy"]
+                    devices.append(pr.ContainerDevices(resource_name=name, device_ids=ids))
+        return pr.AllocatableResourcesResponse(devices=devices)
 
     def List(self, request: Any, context: Any) -> Any:
         with self._kubelet.changed:

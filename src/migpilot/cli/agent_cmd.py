@@ -22,6 +22,7 @@ from typing import IO
 
 from migpilot import errors
 from migpilot.agent import (
+    capacity,
     desired,
     following,
     kube,
@@ -163,6 +164,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="S",
         help="seconds between periodic reconciliations (default: 30); file changes are seen "
         "within a second",
+    )
+    p.add_argument(
+        "--no-publish-capacity",
+        action="store_true",
+        help="with --node and a real kubelet: do not write new MIG device counts into the Node "
+        "as soon as the kubelet lists them; wait for the kubelet's own status sync (10 s)",
     )
     p.add_argument("--once", action="store_true", help="reconcile once, print the result and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -406,6 +413,22 @@ def _ledger_file(args: argparse.Namespace, kubelet_dir: Path) -> Path:
     return path
 
 
+def _publisher(
+    cluster: _Cluster, plugin: serving.DevicePlugin, client: podresources.PodResourcesClient
+) -> capacity.CapacityPublisher:
+    """Publishes the kubelet's new device counts into the Node at once (``agent/capacity.py``)."""
+
+    def advertised() -> dict[str, frozenset[str]]:
+        return {
+            name: frozenset(d.id for d in devs if d.health is devices.Health.HEALTHY)
+            for name, devs in plugin.advertised().items()
+        }
+
+    return capacity.CapacityPublisher(
+        cluster.api, node=cluster.source.node, kubelet=client, advertised=advertised
+    )
+
+
 def _kubelet_in_use(
     gpus: backend.GpuBackend,
     *,
@@ -505,9 +528,13 @@ def _serve(
         )
         sources += [kubelet, running.HandedOut(plugin)]
     in_use: reconciling.InUse = reconciling.AnyOf(sources)
-    listener = None
+    listener: running.PassListener | None = None
+    publisher: capacity.CapacityPublisher | None = None
     if cluster is not None:
         in_use, listener = cluster.wire(in_use)
+        if plugin is not None and client is not None and not args.no_publish_capacity:
+            publisher = _publisher(cluster, plugin, client)
+            listener = running.Listeners([listener, publisher])
         threading.Thread(
             target=cluster.source.follow, args=(stop,), name="migpilot-gpulayout", daemon=True
         ).start()  # daemon: a watch blocks until the next event; stopping does not wait for it
@@ -540,6 +567,8 @@ def _serve(
         agent.run(stop)
     finally:
         agent.stop()
+        if publisher is not None:
+            publisher.close()
         if server is not None:
             server.close()
         if client is not None:

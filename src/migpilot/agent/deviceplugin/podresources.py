@@ -83,6 +83,31 @@ class PodResourcesClient:
             for dev in container.devices
         )
 
+    def allocatable(self) -> dict[str, frozenset[str]]:
+        """The device IDs per resource the kubelet's device manager can hand out now
+        (``GetAllocatableResources``: healthy devices of registered plugins). Raise
+        :class:`PodResourcesError` (``UNIMPLEMENTED`` on kubelets before 1.23 or with the
+        feature off)."""
+        with self._lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(self._target)
+            channel = self._channel
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        try:
+            response = stub.GetAllocatableResources(
+                api_pb2.AllocatableResourcesRequest(), timeout=self._timeout_s, wait_for_ready=True
+            )
+        except grpc.RpcError as err:
+            self.close()
+            raise PodResourcesError(
+                f"kubelet PodResources GetAllocatableResources on {self._target} failed: "
+                f"{err.code().name}"
+            ) from err
+        out: dict[str, set[str]] = {}
+        for dev in response.devices:
+            out.setdefault(dev.resource_name, set()).update(dev.device_ids)
+        return {name: frozenset(ids) for name, ids in out.items()}
+
     def allocated_device_ids(
         self, *, resource_filter: Callable[[str], bool] = is_nvidia_resource
     ) -> frozenset[str]:

@@ -1,0 +1,175 @@
+"""Close the kubelet's capacity gap: publish new MIG devices into the Node as soon as the kubelet
+can hand them out, not at its next status sync.
+
+Why it exists: the kubelet's device manager learns a plugin's new devices at once from
+ListAndWatch, so its admission accepts pods using them, but it copies device-plugin capacity into
+the Node object only in its periodic node-status sync (``nodeStatusUpdateFrequency``, 10 s by
+default). kube-scheduler reads the Node, so until then a pod waiting for a new MIG instance
+cannot be bound: most of a reconfiguration's latency. After each pass that changed what the
+device plugin advertises, :class:`CapacityPublisher` asks the kubelet's PodResources
+``GetAllocatableResources`` (every ``poll_s``, up to ``give_up_s``) until it lists every device
+the plugin advertises, then writes the counts the kubelet lists for the ``nvidia.com/mig-*``
+resources into the Node's ``status.capacity`` and ``status.allocatable`` (a merge patch of
+those keys only). The kubelet later writes the same values itself.
+
+It counts what the kubelet lists, never what the plugin sent, so the Node never promises a
+device the kubelet would refuse. On a kubelet without ``GetAllocatableResources``
+(``UNIMPLEMENTED``) or when the API fails it logs and does nothing: the kubelet's own sync
+still comes. The waiting runs on a thread of its own, so a pass is never held up.
+
+A shell module: the kubelet through :class:`AllocatableSource`, the API through
+:class:`~kubeapi.NodeApi`; it imports neither gRPC nor a Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from migpilot.agent import kubeapi, reconciling
+from migpilot.agent.deviceplugin import devices
+
+_log = logging.getLogger(__name__)
+
+MIG_PREFIX = f"{devices.RESOURCE_DOMAIN}/mig-"
+
+
+class AllocatableSource(Protocol):
+    """The kubelet's view of the devices it can hand out."""
+
+    def allocatable(self) -> Mapping[str, frozenset[str]]:
+        """Device IDs per resource; raises on any failure."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CapacitySettings:
+    """How the publisher waits for the kubelet."""
+
+    poll_s: float = 0.05
+    """Seconds between two asks of GetAllocatableResources. Default 0.05."""
+    give_up_s: float = 5.0
+    """Seconds after a change to stop waiting for the kubelet to list every new device and
+    publish what it lists by then. Default 5."""
+
+
+def counts(kubelet: Mapping[str, frozenset[str]]) -> dict[str, int]:
+    """The MIG resources the kubelet lists, counted."""
+    return {name: len(ids) for name, ids in kubelet.items() if name.startswith(MIG_PREFIX)}
+
+
+def caught_up(
+    kubelet: Mapping[str, frozenset[str]], advertised: Mapping[str, frozenset[str]]
+) -> bool:
+    """Whether the kubelet lists exactly the healthy MIG devices the plugin advertises."""
+    want = {k: v for k, v in advertised.items() if k.startswith(MIG_PREFIX) and v}
+    have = {k: v for k, v in kubelet.items() if k.startswith(MIG_PREFIX) and v}
+    return want == have
+
+
+def patch_for(
+    new: Mapping[str, int], published: Mapping[str, int] | None
+) -> dict[str, str | None] | None:
+    """The Node resources patch taking ``published`` to ``new`` (a resource no longer listed
+    goes to ``0``, as the kubelet keeps a registered resource), or ``None`` if nothing
+    changed."""
+    before = dict(published or {})
+    after = {**dict.fromkeys(before, 0), **new}
+    if after == before:
+        return None
+    return {k: str(v) for k, v in sorted(after.items())}
+
+
+class CapacityPublisher:
+    """A pass listener (see the module): wakes its thread when the plugin's devices changed."""
+
+    def __init__(
+        self,
+        api: kubeapi.NodeApi,
+        *,
+        node: str,
+        kubelet: AllocatableSource,
+        advertised: Callable[[], Mapping[str, frozenset[str]]],
+        settings: CapacitySettings = CapacitySettings(),
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = api
+        self._node = node
+        self._kubelet = kubelet
+        self._advertised = advertised
+        self.settings = settings
+        self._monotonic = monotonic
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._published: dict[str, int] | None = None
+        self._last_seen: dict[str, frozenset[str]] | None = None
+        self._unavailable: str | None = None
+        self._thread = threading.Thread(target=self._run, name="migpilot-capacity", daemon=True)
+        self._thread.start()
+
+    def passed(
+        self,
+        *,
+        state: Mapping[int, reconciling.GpuState],
+        report: reconciling.Report | None,
+        labels: Mapping[str, str],
+        view: devices.NodeDevices,
+    ) -> None:
+        """After a pass: wake the thread if the advertised devices changed."""
+        now = dict(self._advertised())
+        if now != self._last_seen:
+            self._last_seen = now
+            self._wake.set()
+
+    def close(self) -> None:
+        """Stop the thread."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            self.publish_once()
+
+    def publish_once(self) -> bool:
+        """Wait (bounded) for the kubelet to list what the plugin advertises, then publish
+        its counts; ``True`` when the Node was patched."""
+        deadline = self._monotonic() + self.settings.give_up_s
+        listed: Mapping[str, frozenset[str]] = {}
+        while True:
+            try:
+                listed = self._kubelet.allocatable()
+            except Exception as err:
+                if str(err) != self._unavailable:
+                    _log.warning("kubelet allocatable devices unavailable, leaving the Node "
+                                 "to the kubelet's own sync: %s", err)  # fmt: skip
+                    self._unavailable = str(err)
+                return False
+            self._unavailable = None
+            if caught_up(listed, self._advertised()) or self._monotonic() >= deadline:
+                break
+            if self._stop.wait(self.settings.poll_s):
+                return False
+        patch = patch_for(counts(listed), self._published)
+        if patch is None:
+            return False
+        try:
+            self._api.patch_node_resources(self._node, patch)
+        except kubeapi.KubeApiError as err:
+            _log.error("Node %s: device capacity not published: %s", self._node, err)
+            return False
+        self._published = {k: int(v) for k, v in patch.items() if v is not None}
+        _log.info(
+            "Node %s: published %s as the kubelet lists them",
+            self._node,
+            ", ".join(f"{k}={v}" for k, v in patch.items()),
+        )
+        return True

@@ -1,0 +1,134 @@
+"""Publishing new MIG devices into the Node as soon as the kubelet lists them (agent/capacity.py):
+the real device plugin over gRPC, the fake kubelet's PodResources ``GetAllocatableResources``
+(real gRPC on a unix socket, lagging behind ListAndWatch as the device manager may), and the
+in-memory Node API."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from migpilot.agent import capacity, kubeapi
+from migpilot.agent.deviceplugin import devices, podresources, serving
+from tests.integration.kubelet_fake import FakeKubelet
+from tests.integration.test_deviceplugin import R1G, R3G, START, make_node
+
+WAIT_S = 10.0
+
+
+@pytest.fixture
+def kubelet() -> Iterator[FakeKubelet]:
+    root = pathlib.Path(tempfile.mkdtemp(dir="/tmp", prefix="mpc"))
+    fake = FakeKubelet(root).start()
+    yield fake
+    fake.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _advertised(plugin: serving.DevicePlugin) -> dict[str, frozenset[str]]:
+    return {
+        name: frozenset(d.id for d in devs if d.health is devices.Health.HEALTHY)
+        for name, devs in plugin.advertised().items()
+    }
+
+
+def _published(api: kubeapi.InMemoryNodeApi, node: str) -> dict[str, str]:
+    return dict(api.node_resources.get(node, {}))
+
+
+def _wait(what: str, check: object) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_counts_are_published_when_the_kubelet_lists_them_not_before(kubelet: FakeKubelet) -> None:
+    api = kubeapi.InMemoryNodeApi()
+    plugin = serving.DevicePlugin(
+        serving.PluginSettings(plugin_dir=kubelet.plugin_dir, kubelet_poll_s=0.02)
+    )
+    client = podresources.PodResourcesClient(kubelet.pod_resources_socket, timeout_s=1.0)
+    kubelet.state.allocatable_delay_s = 3600.0  # the device manager has not caught up
+    publisher = capacity.CapacityPublisher(
+        api,
+        node="n0",
+        kubelet=client,
+        advertised=lambda: _advertised(plugin),
+        settings=capacity.CapacitySettings(poll_s=0.02, give_up_s=0.2),
+    )
+    try:
+        plugin.start(START)
+        kubelet.wait_registered(R1G, R3G)
+        # The plugin advertises them, the kubelet does not list them yet: nothing published.
+        assert publisher.publish_once() is False
+        assert not _published(api, "n0")
+        # The kubelet lists them: published (by the thread, woken by the pass).
+        kubelet.state.allocatable_delay_s = 0.0
+        publisher.passed(state={}, report=None, labels={}, view=START)
+        _wait("the counts", lambda: _published(api, "n0"))
+        assert _published(api, "n0") == {R1G: "2", R3G: "1"}
+        assert client.allocatable()[R1G] == frozenset(_advertised(plugin)[R1G])
+        # A 1g.10gb goes, a 3g.40gb comes: published again, the gone resource at its count.
+        changed = make_node([[("1g.10gb", 0), ("3g.40gb", 4)], [("3g.40gb", 0)]])
+        plugin.update(changed)
+        publisher.passed(state={}, report=None, labels={}, view=changed)
+        _wait("the new counts", lambda: _published(api, "n0") == {R1G: "1", R3G: "2"})
+    finally:
+        publisher.close()
+        client.close()
+        plugin.stop()
+
+
+def test_a_kubelet_without_allocatable_resources_is_left_alone(kubelet: FakeKubelet) -> None:
+    api = kubeapi.InMemoryNodeApi()
+    kubelet.state.allocatable_unimplemented = True
+    client = podresources.PodResourcesClient(kubelet.pod_resources_socket, timeout_s=1.0)
+    publisher = capacity.CapacityPublisher(
+        api, node="n0", kubelet=client, advertised=lambda: {R1G: frozenset({"a"})}
+    )
+    try:
+        assert publisher.publish_once() is False
+        assert not _published(api, "n0")
+        with pytest.raises(podresources.PodResourcesError, match="UNIMPLEMENTED"):
+            client.allocatable()
+    finally:
+        publisher.close()
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("kubelet_ids", "advertised", "ready"),
+    [
+        ({R1G: frozenset({"a", "b"})}, {R1G: frozenset({"a", "b"})}, True),
+        ({R1G: frozenset({"a"})}, {R1G: frozenset({"a", "b"})}, False),
+        (
+            {R1G: frozenset({"a", "b"}), "example.com/fpga": frozenset({"f"})},
+            {R1G: frozenset({"a", "b"})},
+            True,
+        ),
+        ({}, {R1G: frozenset()}, True),
+    ],
+)
+def test_caught_up(
+    kubelet_ids: dict[str, frozenset[str]], advertised: dict[str, frozenset[str]], ready: bool
+) -> None:
+    assert capacity.caught_up(kubelet_ids, advertised) is ready
+
+
+def test_the_patch_touches_mig_resources_only_and_zeroes_what_went() -> None:
+    listed = {
+        R1G: frozenset({"a"}),
+        "example.com/fpga": frozenset({"f"}),
+        "nvidia.com/gpu": frozenset(),
+    }
+    assert capacity.counts(listed) == {R1G: 1}
+    assert capacity.patch_for({R1G: 1}, None) == {R1G: "1"}
+    assert capacity.patch_for({R1G: 1}, {R1G: 1}) is None
+    assert capacity.patch_for({}, {R1G: 1, R3G: 2}) == {R1G: "0", R3G: "0"}
