@@ -29,7 +29,7 @@ from lightkube.models.core_v1 import (
 )
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Event, Namespace, Pod
+from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod
 
 from migpilot.api import gpulayouts as gl
 from tests.kube import controlplane, crds, system
@@ -340,3 +340,42 @@ def test_an_apiserver_restart_mid_wave_loses_nothing(scene: Scene) -> None:
             reserved[name] = reserved.get(name, 0) + 1
     assert all(n == 1 for n in reserved.values()), reserved
     assert scene.controllers["c1"].process.poll() is None, "the controller died"
+
+
+def test_a_static_node_is_laid_out_from_its_label_and_left_alone_by_the_controller(
+    scene: Scene,
+) -> None:
+    client = scene.client
+    config = (
+        "version: v1\nmig-configs:\n  all-3g.40gb:\n    - devices: all\n      mig-enabled: true\n"
+        '      mig-devices:\n        "3g.40gb": 2\n'
+    )
+    with contextlib.suppress(lightkube.ApiError):
+        client.create(Namespace(metadata=ObjectMeta(name="gpu-operator")))
+    client.apply(
+        ConfigMap(
+            metadata=ObjectMeta(name="default-mig-parted-config", namespace="gpu-operator"),
+            data={"config.yaml": config},
+        ),
+        field_manager="e2e",
+    )
+    scene.start_controller("c1")
+    scene.wait(scene.reported, "the agents' first status")
+    client.patch(
+        Node, "ctl-h100", {"metadata": {"labels": {"nvidia.com/mig.config": "all-3g.40gb"}}}
+    )
+
+    def static_layout() -> bool:
+        lay = scene.layout("ctl-h100")
+        if lay is None or lay.status is None:
+            return False
+        held = sorted(f"{i.profile}@{i.start}" for g in lay.status.gpus for i in g.instances)
+        labels = client.get(Node, "ctl-h100").metadata.labels or {}  # type: ignore[union-attr]
+        state = labels.get("nvidia.com/mig.config.state")
+        return held == ["3g.40gb@0", "3g.40gb@0", "3g.40gb@4", "3g.40gb@4"] and state == "success"
+
+    scene.wait(static_layout, "the static layout on ctl-h100")
+    client.create(scene.pod("small", "1g.10gb"))
+    got = scene.wait(lambda: scene.running({"small"}), "the 1g.10gb pod Running")
+    assert got["small"] == "ctl-a100"
+    assert static_layout(), "the controller changed a static node"

@@ -16,7 +16,7 @@ import httpx2
 import lightkube
 from lightkube import operators
 from lightkube.generic_resource import create_global_resource
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
 from migpilot.agent import kubeapi
@@ -124,6 +124,26 @@ class LightkubeNodeApi:
     ) -> Iterator[kubeapi.WatchEvent]:
         """Watch the Nodes ``selector`` selects."""
         return self._watch_all(Node, resource_version, labels=_labels(selector))
+
+    def list_node(self, name: str) -> kubeapi.ListedAll:
+        """The Node ``name`` (a list with a field selector: none or one)."""
+        return self._list_all(Node, fields={"metadata.name": name})
+
+    def watch_node(self, name: str, *, resource_version: str) -> Iterator[kubeapi.WatchEvent]:
+        """Watch the Node ``name``."""
+        return self._watch_all(Node, resource_version, fields={"metadata.name": name})
+
+    def list_configmap(self, namespace: str, name: str) -> kubeapi.ListedAll:
+        """The ConfigMap ``namespace/name`` (none or one)."""
+        return self._list_all(ConfigMap, namespace=namespace, fields={"metadata.name": name})
+
+    def watch_configmap(
+        self, namespace: str, name: str, *, resource_version: str
+    ) -> Iterator[kubeapi.WatchEvent]:
+        """Watch that ConfigMap."""
+        return self._watch_all(
+            ConfigMap, resource_version, namespace=namespace, fields={"metadata.name": name}
+        )
 
     def _list_all(self, res: Any, **selectors: Any) -> kubeapi.ListedAll:
         try:

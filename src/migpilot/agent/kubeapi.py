@@ -103,6 +103,14 @@ def labels_of(doc: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
 
 
+def _named(name: str, namespace: str | None = None) -> Callable[[Mapping[str, Any]], bool]:
+    def match(doc: Mapping[str, Any]) -> bool:
+        meta = doc.get("metadata") or {}
+        return bool(meta.get("name") == name and meta.get("namespace") == namespace)
+
+    return match
+
+
 def node_name_of(pod: Mapping[str, Any]) -> str:
     """The node a pod (raw JSON) is bound to, ``""`` when it is not bound."""
     return str((pod.get("spec") or {}).get("nodeName") or "")
@@ -163,6 +171,24 @@ class NodeApi(Protocol):
         ``DELETED``); :class:`GoneError` when the version is too old."""
         ...
 
+    def list_node(self, name: str) -> ListedAll:
+        """The Node ``name`` (none or one)."""
+        ...
+
+    def watch_node(self, name: str, *, resource_version: str) -> Iterator[WatchEvent]:
+        """Changes to the Node ``name``; :class:`GoneError` when the version is too old."""
+        ...
+
+    def list_configmap(self, namespace: str, name: str) -> ListedAll:
+        """The ConfigMap ``namespace/name`` (none or one)."""
+        ...
+
+    def watch_configmap(
+        self, namespace: str, name: str, *, resource_version: str
+    ) -> Iterator[WatchEvent]:
+        """Changes to that ConfigMap; :class:`GoneError` when the version is too old."""
+        ...
+
 
 class _Kind(enum.Enum):
     """Which store a change is in."""
@@ -170,6 +196,7 @@ class _Kind(enum.Enum):
     LAYOUT = "layout"
     NODE = "node"
     POD = "pod"
+    CONFIGMAP = "configmap"
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +225,7 @@ class InMemoryNodeApi:
         self._layouts: dict[str, dict[str, Any]] = {}
         self._nodes: dict[str, dict[str, Any]] = {}
         self._pods: dict[str, dict[str, Any]] = {}
+        self._configmaps: dict[str, dict[str, Any]] = {}
         self._events: list[_Change] = []
         self._closed = False
         self.node_labels: dict[str, dict[str, str]] = {}
@@ -302,6 +330,24 @@ class InMemoryNodeApi:
                 copy.deepcopy(dict(doc)),
             )
 
+    def put_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        """Create or replace a ConfigMap."""
+        doc = {"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"namespace": namespace, "name": name}, "data": dict(data)}  # fmt: skip
+        with self._cond:
+            self._put(_Kind.CONFIGMAP, self._configmaps, f"{namespace}/{name}", doc)
+
+    def set_node_label(self, name: str, key: str, value: str | None) -> None:
+        """Set (``None``: remove) one label of an existing Node, as an admin would."""
+        with self._cond:
+            doc = copy.deepcopy(self._nodes[name])
+            labels = doc["metadata"].setdefault("labels", {})
+            if value is None:
+                labels.pop(key, None)
+            else:
+                labels[key] = value
+            self._put(_Kind.NODE, self._nodes, name, doc)
+
     def delete_pod(self, namespace: str, name: str) -> None:
         """Delete a pod (nothing if there is none)."""
         with self._cond:
@@ -349,6 +395,24 @@ class InMemoryNodeApi:
         with self._cond:
             docs = tuple(copy.deepcopy(d) for _, d in sorted(store.items()) if match(d))
             return ListedAll(docs, str(self._version))
+
+    def list_node(self, name: str) -> ListedAll:
+        """The Node ``name`` (none or one)."""
+        return self._list(self._nodes, _named(name))
+
+    def watch_node(self, name: str, *, resource_version: str) -> Iterator[WatchEvent]:
+        """Changes to the Node ``name``."""
+        return self._watch(_Kind.NODE, _named(name), resource_version)
+
+    def list_configmap(self, namespace: str, name: str) -> ListedAll:
+        """The ConfigMap (none or one)."""
+        return self._list(self._configmaps, _named(name, namespace))
+
+    def watch_configmap(
+        self, namespace: str, name: str, *, resource_version: str
+    ) -> Iterator[WatchEvent]:
+        """Changes to the ConfigMap."""
+        return self._watch(_Kind.CONFIGMAP, _named(name, namespace), resource_version)
 
     def list_pods(self, *, node: str | None) -> ListedAll:
         """The pods bound to ``node`` (any node for ``None``)."""

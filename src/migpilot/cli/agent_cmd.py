@@ -30,6 +30,7 @@ from migpilot.agent import (
     reconciling,
     running,
     standin,
+    statics,
     watching,
 )
 from migpilot.agent import metrics as agent_metrics
@@ -166,6 +167,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "within a second",
     )
     p.add_argument(
+        "--mig-parted-configmap",
+        default="gpu-operator/default-mig-parted-config:config.yaml",
+        metavar="NS/NAME[:KEY]",
+        help="with --node: while the Node has the label nvidia.com/mig.config=NAME, lay its GPUs "
+        "out from config NAME of the mig-parted file in this ConfigMap, as mig-manager does "
+        "(default: the GPU Operator's gpu-operator/default-mig-parted-config:config.yaml)",
+    )
+    p.add_argument(
         "--no-publish-capacity",
         action="store_true",
         help="with --node and a real kubelet: do not write new MIG device counts into the Node "
@@ -242,6 +251,8 @@ class _Cluster:
     simulated_kubelet: standin.SimulatedKubelet | None
     pods: standin.PodBook | None = None
     """With the simulated kubelet: the pods bound to the node, which a thread keeps current."""
+    statics: statics.StaticOrDynamic | None = None
+    """The layouts: a mig-parted config named by the Node's label, else the GpuLayout."""
 
     def wire(self, real: reconciling.InUse) -> tuple[reconciling.InUse, running.PassListener]:
         """The agent's in-use source (``real``, the simulated kubelet's pods and the GpuLayout's
@@ -256,10 +267,17 @@ class _Cluster:
         return reconciling.AnyOf([used, self.source]), running.Listeners(listeners)
 
     def desired_source(self) -> running.DesiredSource:
-        """The GpuLayout, a pass due also when the node's pods change (simulated kubelet)."""
+        """The static config or the GpuLayout, a pass due also when the node's pods change
+        (simulated kubelet)."""
+        base: running.DesiredSource = self.statics if self.statics is not None else self.source
         if self.simulated_kubelet is None:
-            return self.source
-        return running.AlsoWatching(self.source, self.simulated_kubelet.fingerprint)
+            return base
+        return running.AlsoWatching(base, self.simulated_kubelet.fingerprint)
+
+    def follow_static(self, stop: threading.Event) -> None:
+        """Keep the Node's label and the ConfigMap current until ``stop`` (in a thread)."""
+        if self.statics is not None:
+            self.statics.follow(stop)
 
     def follow_pods(self, stop: threading.Event) -> None:
         """Keep :attr:`pods` current until ``stop`` (run it in a thread)."""
@@ -287,6 +305,10 @@ def _cluster(args: argparse.Namespace, strategy: devices.MigStrategy) -> _Cluste
     api = kube.connect(Path(args.kubeconfig) if args.kubeconfig is not None else None)
     source = following.GpuLayoutSource(api, node=args.node)
     source.sync()
+    static = statics.StaticOrDynamic(
+        api, dynamic=source, configmap=statics.ConfigMapRef.parse(args.mig_parted_configmap)
+    )
+    static.sync()
     simulated = book = None
     if args.kubelet == SIMULATED:
         book = standin.PodBook()
@@ -298,7 +320,7 @@ def _cluster(args: argparse.Namespace, strategy: devices.MigStrategy) -> _Cluste
         simulated = standin.SimulatedKubelet(
             api, node=args.node, strategy=strategy, pods=book, spec=spec
         )
-    return _Cluster(api, source, simulated, book)
+    return _Cluster(api, source, simulated, book, static)
 
 
 def _open_backend(args: argparse.Namespace) -> backend.GpuBackend:
@@ -540,6 +562,9 @@ def _serve(
         ).start()  # daemon: a watch blocks until the next event; stopping does not wait for it
         threading.Thread(
             target=cluster.follow_pods, args=(stop,), name="migpilot-pods", daemon=True
+        ).start()
+        threading.Thread(
+            target=cluster.follow_static, args=(stop,), name="migpilot-static", daemon=True
         ).start()
     agent = running.Agent(
         gpus=gpus,

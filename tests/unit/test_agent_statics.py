@@ -1,0 +1,171 @@
+"""Static layouts in a cluster (agent/statics.py): the Node's ``nvidia.com/mig.config`` label
+names a config of the mig-parted file in a ConfigMap, as mig-manager does; without the label
+the node follows its GpuLayout. Driven through the real agent loop on emulated GPUs and the
+in-memory API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from migpilot import errors
+from migpilot.agent import following, kubeapi, metrics, reconciling, running, statics
+from migpilot.agent.deviceplugin import devices
+from migpilot.gpu import clocks, emulated
+from migpilot.mig import catalog
+
+NODE = "node-s"
+H100 = catalog.resolve_gpu("h100-80gb")
+REF = statics.ConfigMapRef("gpu-operator", "mig-parted", "config.yaml")
+DEFAULT_CONFIG = (
+    Path(__file__).resolve().parents[3] / "shared" / "reference" / "mig-parted-config-default.yaml"
+)
+CONFIG = """version: v1
+mig-configs:
+  all-disabled:
+    - devices: all
+      mig-enabled: false
+  all-1g.10gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "1g.10gb": 7
+  all-3g.40gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "3g.40gb": 2
+"""
+
+
+@dataclass
+class Node:
+    api: kubeapi.InMemoryNodeApi
+    gpus: emulated.EmulatedBackend
+    source: statics.StaticOrDynamic
+    agent: running.Agent
+    kubelet: reconciling.InUseSet
+
+    def profiles(self, gpu: int = 0) -> list[str]:
+        return sorted(d.profile for d in self.gpus.mig_devices(gpu))
+
+    def state(self) -> str | None:
+        return self.api.node_labels.get(NODE, {}).get("nvidia.com/mig.config.state")
+
+
+@pytest.fixture
+def node() -> Iterator[Node]:
+    api = kubeapi.InMemoryNodeApi()
+    api.put_node(NODE, {"kubernetes.io/hostname": NODE})
+    gpus = emulated.EmulatedBackend([H100] * 2, durable=False)
+    dynamic = following.GpuLayoutSource(api, node=NODE)
+    source = statics.StaticOrDynamic(api, dynamic=dynamic, configmap=REF)
+    kubelet = reconciling.InUseSet()
+    reporter = following.KubeReporter(api, source=dynamic, in_use=kubelet, now=lambda: "now")
+    agent = running.Agent(
+        gpus=gpus,
+        in_use=reconciling.AnyOf([kubelet, dynamic]),
+        source=source,
+        plugin=None,
+        agent_metrics=metrics.AgentMetrics(),
+        clock=clocks.VirtualClock(),
+        settings=running.AgentSettings(strategy=devices.MigStrategy.MIXED),
+        listener=reporter,
+    )
+    yield Node(api, gpus, source, agent, kubelet)
+    api.close()
+    gpus.close()
+
+
+def test_the_label_names_the_config_and_a_change_relayouts(node: Node) -> None:
+    node.api.put_configmap("gpu-operator", "mig-parted", {"config.yaml": CONFIG})
+    node.api.set_node_label(NODE, "nvidia.com/mig.config", "all-1g.10gb")
+    node.source.sync()
+    assert node.source.static_name == "all-1g.10gb"
+    node.agent.reconcile()
+    assert node.profiles(0) == ["1g.10gb"] * 7 and node.profiles(1) == ["1g.10gb"] * 7
+    assert node.state() == "success"
+    before = node.source.fingerprint()
+    node.api.set_node_label(NODE, "nvidia.com/mig.config", "all-3g.40gb")
+    node.source.sync()
+    assert node.source.fingerprint() != before
+    node.agent.reconcile()
+    assert node.profiles(0) == ["3g.40gb", "3g.40gb"]
+
+
+def test_the_gpu_operators_default_config_works(node: Node) -> None:
+    if not DEFAULT_CONFIG.is_file():
+        pytest.skip("the shared reference folder is not beside the project")
+    node.api.put_configmap(
+        "gpu-operator", "mig-parted", {"config.yaml": DEFAULT_CONFIG.read_text()}
+    )
+    node.api.set_node_label(NODE, "nvidia.com/mig.config", "all-balanced")
+    node.source.sync()
+    node.agent.reconcile()
+    assert node.profiles(0) and node.state() == "success"
+
+
+def test_a_kept_instance_in_use_is_never_destroyed_by_a_new_config(node: Node) -> None:
+    node.api.put_configmap("gpu-operator", "mig-parted", {"config.yaml": CONFIG})
+    node.api.set_node_label(NODE, "nvidia.com/mig.config", "all-1g.10gb")
+    node.source.sync()
+    node.agent.reconcile()
+    (busy, *_) = node.gpus.mig_devices(0)
+    assert busy.uuid is not None
+    node.kubelet.add(busy.uuid)
+    node.api.set_node_label(NODE, "nvidia.com/mig.config", "all-3g.40gb")
+    node.source.sync()
+    node.agent.reconcile()
+    assert busy.uuid in {d.uuid for d in node.gpus.mig_devices(0)}
+    assert node.state() in ("pending", "failed")
+
+
+@pytest.mark.parametrize(
+    ("data", "label", "why"),
+    [
+        ({"config.yaml": CONFIG}, "all-2g.20gb", "all-2g.20gb"),
+        ({"config.yaml": "version: v1\nmig-configs: [oops"}, "all-1g.10gb", "ConfigMap"),
+        ({"other.yaml": CONFIG}, "all-1g.10gb", "not found"),
+    ],
+)
+def test_bad_input_changes_nothing_and_says_failed(
+    node: Node, data: dict[str, str], label: str, why: str
+) -> None:
+    node.api.put_configmap("gpu-operator", "mig-parted", data)
+    node.api.set_node_label(NODE, "nvidia.com/mig.config", label)
+    node.source.sync()
+    node.agent.reconcile()
+    assert node.profiles(0) == [] and node.state() == "failed"
+    assert node.source.problem is not None and why in node.source.problem
+
+
+def test_without_the_label_the_node_follows_its_gpulayout(node: Node) -> None:
+    node.api.put_configmap("gpu-operator", "mig-parted", {"config.yaml": CONFIG})
+    node.source.sync()
+    assert node.source.static_name is None
+    node.api.put_spec(
+        NODE, {"gpus": [{"index": 0, "instances": [{"profile": "4g.40gb", "start": 0}]}]}
+    )
+    node.source.dynamic.sync()
+    node.agent.reconcile()
+    assert node.profiles(0) == ["4g.40gb"]
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("ns/name", statics.ConfigMapRef("ns", "name", "config.yaml")),
+        ("ns/name:cfg.yaml", statics.ConfigMapRef("ns", "name", "cfg.yaml")),
+    ],
+)
+def test_configmap_reference(text: str, want: statics.ConfigMapRef) -> None:
+    assert statics.ConfigMapRef.parse(text) == want
+
+
+@pytest.mark.parametrize("text", ["name", "/name", "ns/", "ns/name:"])
+def test_bad_configmap_reference(text: str) -> None:
+    with pytest.raises(errors.AgentConfigError, match="NAMESPACE/NAME"):
+        statics.ConfigMapRef.parse(text)
