@@ -1,0 +1,240 @@
+"""HAMi-style GPU requests (``nvidia.com/gpu`` with ``gpumem``/``gpucores``) read and turned into
+MIG profiles per GPU model.
+
+Why it exists: many users do not want to know MIG profile names, which differ per GPU model (a
+10 GB slice is ``1g.10gb`` on an H100-80GB, ``1g.12gb`` on an H100 NVL, ``1g.18gb`` on an H200).
+HAMi lets a pod ask ``nvidia.com/gpu: 1`` with ``nvidia.com/gpumem: 8000`` (MiB) and picks the
+slice. This module is the pure half of accepting the same pod specs: :func:`parse` reads a pod's
+requests and annotations into a :class:`UnifiedRequest`, refusing bad input with one line that
+names the field; :func:`resolve` gives, for one GPU model, the MIG instances that serve it:
+``N`` instances of the smallest profile (by memory, then compute) whose memory and compute
+satisfy the request, on a model the pod's filters allow, or ``None``.
+
+The rules, as HAMi's documentation gives them where it gives one:
+
+- per container ``nvidia.com/gpu: N`` (N GPUs), with ``nvidia.com/gpumem: MiB`` or
+  ``nvidia.com/gpumem-percentage: 1-100`` (of the GPU's memory), optional
+  ``nvidia.com/gpucores: 1-100`` (a share of the GPU's compute, here its compute slices,
+  rounded up); a pod's containers add up (each container's GPUs are its own instances);
+- annotations ``nvidia.com/use-gputype`` / ``nvidia.com/nouse-gputype``: comma-separated
+  filters, each matching a GPU model whose id or product name contains it (case-insensitive,
+  as HAMi matches device types); ``nvidia.com/vgpu-mode``: ``mig`` (or absent) is what
+  migpilot serves; ``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy``:
+  ``binpack`` or ``spread``;
+- "GPU memory" of a model is its largest profile's memory (what MIG can hand to one instance);
+  only profiles without an attribute (no ``+me`` and the like) are chosen, so a unified request
+  never takes a GPU's one media-extension slot.
+
+Not yet wired into the planners, the simulator or the controller (issue 12 follows).
+
+Pure: no I/O, no clock. May import :mod:`migpilot.mig`, this package and :mod:`migpilot.errors`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from migpilot import errors
+from migpilot.mig import catalog, profiles
+from migpilot.planning import snapshot
+
+GPU = "nvidia.com/gpu"
+GPUMEM = "nvidia.com/gpumem"
+GPUMEM_PERCENT = "nvidia.com/gpumem-percentage"
+GPUCORES = "nvidia.com/gpucores"
+USE_TYPE = "nvidia.com/use-gputype"
+NOUSE_TYPE = "nvidia.com/nouse-gputype"
+VGPU_MODE = "nvidia.com/vgpu-mode"
+NODE_POLICY = "hami.io/node-scheduler-policy"
+GPU_POLICY = "hami.io/gpu-scheduler-policy"
+MIG_MODE = "mig"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAsk:
+    """What one container asks of each of its GPUs."""
+
+    count: int
+    memory_mib: int | None = None
+    memory_percent: int | None = None
+    cores_percent: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UnifiedRequest:
+    """A pod's HAMi-style request."""
+
+    asks: tuple[GpuAsk, ...]
+    """One per container that asks for ``nvidia.com/gpu``."""
+    use_models: tuple[str, ...] = ()
+    """Filters a model must match one of (empty: any)."""
+    nouse_models: tuple[str, ...] = ()
+    """Filters a model must match none of."""
+    node_policy: snapshot.Policy | None = None
+    gpu_policy: snapshot.Policy | None = None
+
+    @property
+    def count(self) -> int:
+        """MIG instances asked for in all."""
+        return sum(a.count for a in self.asks)
+
+
+def _whole(value: Any, where: str, *, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+    else:
+        number = None
+    if number is None:
+        raise errors.SnapshotError(f"{where}: expected a whole number, got {value!r}")
+    if number < low or (high is not None and number > high):
+        span = f"{low} to {high}" if high is not None else f"at least {low}"
+        raise errors.SnapshotError(f"{where}: {number} is outside {span}")
+    return number
+
+
+def _filters(text: str | None, where: str) -> tuple[str, ...]:
+    if text is None:
+        return ()
+    out = tuple(f.strip() for f in text.split(",") if f.strip())
+    for f in out:
+        if not any(_matches(m, f) for m in catalog.gpu_models()):
+            raise errors.SnapshotError(f"{where}: {f!r} matches no GPU model migpilot knows")
+    return out
+
+
+def _policy(text: str | None, where: str) -> snapshot.Policy | None:
+    if text is None:
+        return None
+    try:
+        return snapshot.Policy(text.strip())
+    except ValueError:
+        raise errors.SnapshotError(f"{where}: {text!r} is not binpack or spread") from None
+
+
+def parse_container(resources: Mapping[str, Any], *, where: str) -> GpuAsk | None:
+    """One container's ``nvidia.com/gpu*`` resources (limits standing in for requests), or
+    ``None`` when it asks for no GPU. Raises :class:`SnapshotError` naming the field."""
+    gpus = resources.get(GPU)
+    mem = resources.get(GPUMEM)
+    pct = resources.get(GPUMEM_PERCENT)
+    cores = resources.get(GPUCORES)
+    if gpus is None:
+        for name, value in ((GPUMEM, mem), (GPUMEM_PERCENT, pct), (GPUCORES, cores)):
+            if value is not None:
+                raise errors.SnapshotError(f"{where}.{name}: needs {GPU} in the same container")
+        return None
+    count = _whole(gpus, f"{where}.{GPU}", low=0)
+    if count == 0:
+        return None
+    if mem is not None and pct is not None:
+        raise errors.SnapshotError(f"{where}: give {GPUMEM} or {GPUMEM_PERCENT}, not both")
+    return GpuAsk(
+        count=count,
+        memory_mib=_whole(mem, f"{where}.{GPUMEM}", low=1) if mem is not None else None,
+        memory_percent=_whole(pct, f"{where}.{GPUMEM_PERCENT}", low=1, high=100)
+        if pct is not None
+        else None,
+        cores_percent=_whole(cores, f"{where}.{GPUCORES}", low=1, high=100)
+        if cores is not None
+        else None,
+    )
+
+
+def parse(
+    containers: list[Mapping[str, Any]], annotations: Mapping[str, str], *, where: str = "pod"
+) -> UnifiedRequest | None:
+    """A pod's unified request from its containers' resources (each a resource -> quantity
+    mapping) and its annotations; ``None`` when no container asks for ``nvidia.com/gpu``.
+
+    A ``nvidia.com/vgpu-mode`` other than ``mig`` is refused (another system serves it)."""
+    asks = tuple(
+        ask
+        for i, res in enumerate(containers)
+        if (ask := parse_container(res, where=f"{where}.containers[{i}]")) is not None
+    )
+    if not asks:
+        return None
+    mode = annotations.get(VGPU_MODE)
+    if mode is not None and mode.strip().lower() != MIG_MODE:
+        raise errors.SnapshotError(
+            f"{where}: {VGPU_MODE}={mode!r} is not served by migpilot (it serves {MIG_MODE!r})"
+        )
+    return UnifiedRequest(
+        asks=asks,
+        use_models=_filters(annotations.get(USE_TYPE), f"{where}.annotations[{USE_TYPE}]"),
+        nouse_models=_filters(annotations.get(NOUSE_TYPE), f"{where}.annotations[{NOUSE_TYPE}]"),
+        node_policy=_policy(annotations.get(NODE_POLICY), f"{where}.annotations[{NODE_POLICY}]"),
+        gpu_policy=_policy(annotations.get(GPU_POLICY), f"{where}.annotations[{GPU_POLICY}]"),
+    )
+
+
+def _matches(model: profiles.GpuModel, text: str) -> bool:
+    needle = text.lower()
+    return any(needle in name.lower() for name in (model.id, *model.product_names))
+
+
+def allowed(request: UnifiedRequest, model: profiles.GpuModel) -> bool:
+    """Whether the pod's model filters allow ``model``."""
+    if request.use_models and not any(_matches(model, f) for f in request.use_models):
+        return False
+    return not any(_matches(model, f) for f in request.nouse_models)
+
+
+def memory_mib(model: profiles.GpuModel) -> int:
+    """A model's GPU memory as MIG can hand it out: its largest profile's memory."""
+    return max((p.memory_mib or 0) for p in model.profiles)
+
+
+def profile_for(ask: GpuAsk, model: profiles.GpuModel) -> str | None:
+    """The smallest plain profile of ``model`` (by memory, then compute) that serves ``ask``."""
+    need_mem = ask.memory_mib or 0
+    if ask.memory_percent is not None:
+        need_mem = math.ceil(ask.memory_percent * memory_mib(model) / 100)
+    need_slices = (
+        math.ceil(ask.cores_percent * model.compute_slices / 100)
+        if ask.cores_percent is not None
+        else 0
+    )
+    fitting = [
+        p
+        for p in model.profiles
+        if p.attribute is profiles.Attribute.NONE
+        and (p.memory_mib or 0) >= need_mem
+        and p.compute_slices >= need_slices
+    ]
+    if not fitting:
+        return None
+    best = min(fitting, key=lambda p: ((p.memory_mib or 0), p.compute_slices, p.name))
+    return best.name
+
+
+def resolve(request: UnifiedRequest, model: profiles.GpuModel) -> tuple[str, ...] | None:
+    """The MIG instances (profile names, sorted) that serve ``request`` on ``model``, or
+    ``None`` when the filters exclude it or some container's ask fits no profile."""
+    if not allowed(request, model):
+        return None
+    out: list[str] = []
+    for ask in request.asks:
+        name = profile_for(ask, model)
+        if name is None:
+            return None
+        out.extend([name] * ask.count)
+    return tuple(sorted(out))
+
+
+def never_served(request: UnifiedRequest) -> str | None:
+    """Why no GPU model migpilot knows could serve ``request`` (``None``: some could)."""
+    models = [m for m in catalog.gpu_models() if allowed(request, m)]
+    if not models:
+        return "its GPU model filters exclude every GPU model"
+    if any(resolve(request, m) is not None for m in models):
+        return None
+    biggest = max(memory_mib(m) for m in models)
+    return f"it asks more than any allowed GPU offers (at most {biggest} MiB in one instance)"

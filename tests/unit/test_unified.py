@@ -1,0 +1,142 @@
+"""HAMi-style requests (planning/unified.py): parsing with clear errors, and the smallest MIG
+profile per GPU model that serves each GPU a container asks for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from migpilot import errors
+from migpilot.mig import catalog
+from migpilot.planning import snapshot, unified
+
+H100 = catalog.resolve_gpu("h100-80gb")
+H200 = catalog.resolve_gpu("h200")
+A100_40 = catalog.resolve_gpu("a100-40gb")
+A30 = catalog.resolve_gpu("a30")
+
+
+def _req(*containers: dict[str, Any], **annotations: str) -> unified.UnifiedRequest:
+    got = unified.parse(list(containers), dict(annotations))
+    assert got is not None
+    return got
+
+
+@pytest.mark.parametrize(
+    ("model", "memory", "want"),
+    [
+        (H100, 8000, "1g.10gb"),  # the README's example: 8000 MiB
+        (H200, 8000, "1g.18gb"),  # the same pod spec, the same slice size on another model
+        (A100_40, 8000, "1g.10gb"),
+        (A30, 8000, "2g.12gb"),
+        (H100, 10000, "1g.20gb"),  # 1g.10gb holds 9984 MiB: never rounded down
+        (H100, 40000, "3g.40gb"),  # smallest by memory, then compute (not 4g.40gb)
+    ],
+)
+def test_the_smallest_profile_with_enough_memory(model: Any, memory: int, want: str) -> None:
+    assert unified.resolve(_req({"nvidia.com/gpu": 1, "nvidia.com/gpumem": memory}), model) == (
+        want,
+    )
+
+
+def test_cores_and_percentages() -> None:
+    # 50 % of an H100's 7 compute slices is 4 slices: 4g.40gb.
+    assert unified.resolve(_req({"nvidia.com/gpu": "1", "nvidia.com/gpucores": 50}), H100) == (
+        "4g.40gb",
+    )
+    # 50 % of an H200's memory (143360 MiB) is 71680 MiB: more than 3g.71gb's 71424.
+    got = unified.resolve(_req({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}), H200)
+    assert got == ("7g.141gb",)
+    # No memory or cores: the smallest plain profile; never a +me one.
+    assert unified.resolve(_req({"nvidia.com/gpu": 2}), H100) == ("1g.10gb", "1g.10gb")
+
+
+def test_containers_add_up() -> None:
+    req = _req(
+        {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 8000},
+        {"cpu": "1"},
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 30000},
+    )
+    assert req.count == 3
+    assert unified.resolve(req, H100) == ("1g.10gb", "1g.10gb", "3g.40gb")
+    assert unified.resolve(req, A30) is None  # 30000 MiB fits no A30 slice
+
+
+def test_model_filters_and_policies() -> None:
+    req = _req({"nvidia.com/gpu": 1}, **{"nvidia.com/use-gputype": "H100,H200"})
+    assert unified.resolve(req, H100) is not None and unified.resolve(req, A30) is None
+    req = _req({"nvidia.com/gpu": 1}, **{"nvidia.com/nouse-gputype": "a100"})
+    assert unified.resolve(req, A100_40) is None and unified.resolve(req, H100) is not None
+    req = _req(
+        {"nvidia.com/gpu": 1},
+        **{"hami.io/node-scheduler-policy": "spread", "hami.io/gpu-scheduler-policy": "binpack"},
+    )
+    assert (req.node_policy, req.gpu_policy) == (snapshot.Policy.SPREAD, snapshot.Policy.BINPACK)
+
+
+def test_pods_without_gpu_requests_are_not_unified() -> None:
+    assert unified.parse([{"cpu": "2"}, {"nvidia.com/mig-1g.10gb": 1}], {}) is None
+    assert unified.parse([{"nvidia.com/gpu": 0}], {}) is None
+
+
+@pytest.mark.parametrize(
+    ("containers", "annotations", "message"),
+    [
+        ([{"nvidia.com/gpumem": 8000}], {}, "needs nvidia.com/gpu"),
+        ([{"nvidia.com/gpu": "1.5"}], {}, "expected a whole number"),
+        ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 101}], {}, "outside 1 to 100"),
+        ([{"nvidia.com/gpu": 1, "nvidia.com/gpucores": 0}], {}, "outside 1 to 100"),
+        ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": 0}], {}, "outside at least 1"),
+        (
+            [{"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1, "nvidia.com/gpumem-percentage": 5}],
+            {},
+            "not both",
+        ),
+        ([{"nvidia.com/gpu": 1}], {"nvidia.com/use-gputype": "V100"}, "matches no GPU model"),
+        ([{"nvidia.com/gpu": 1}], {"nvidia.com/vgpu-mode": "hami-core"}, "not served"),
+        ([{"nvidia.com/gpu": 1}], {"hami.io/gpu-scheduler-policy": "random"}, "binpack or spread"),
+    ],
+)
+def test_bad_input_names_the_field(
+    containers: list[dict[str, Any]], annotations: dict[str, str], message: str
+) -> None:
+    with pytest.raises(errors.SnapshotError, match=message):
+        unified.parse(containers, annotations)
+
+
+def test_never_served_says_why() -> None:
+    assert unified.never_served(_req({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000})) is None
+    too_big = _req({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10**7})
+    assert "more than any allowed GPU offers" in (unified.never_served(too_big) or "")
+    excluded = _req(
+        {"nvidia.com/gpu": 1},
+        **{"nvidia.com/use-gputype": "A30", "nvidia.com/nouse-gputype": "A30"},
+    )
+    assert "exclude every GPU model" in (unified.never_served(excluded) or "")
+
+
+@given(
+    memory=st.integers(min_value=1, max_value=300_000),
+    cores=st.none() | st.integers(min_value=1, max_value=100),
+    model=st.sampled_from(catalog.gpu_models()),
+)
+def test_the_choice_fits_and_nothing_smaller_does(
+    memory: int, cores: int | None, model: Any
+) -> None:
+    ask = unified.GpuAsk(1, memory_mib=memory, cores_percent=cores)
+    name = unified.profile_for(ask, model)
+    need_slices = 0 if cores is None else -(-cores * model.compute_slices // 100)
+    plain = [p for p in model.profiles if not p.attribute.value]
+    fits = [p for p in plain if (p.memory_mib or 0) >= memory and p.compute_slices >= need_slices]
+    if name is None:
+        assert not fits
+        return
+    chosen = model.profile_named(name)
+    assert chosen in fits
+    assert all(
+        ((chosen.memory_mib or 0), chosen.compute_slices) <= ((p.memory_mib or 0), p.compute_slices)
+        for p in fits
+    )
