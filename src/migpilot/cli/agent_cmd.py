@@ -25,6 +25,7 @@ from migpilot.agent import (
     capacity,
     desired,
     following,
+    holding,
     kube,
     kubeapi,
     reconciling,
@@ -254,17 +255,25 @@ class _Cluster:
     statics: statics.StaticOrDynamic | None = None
     """The layouts: a mig-parted config named by the Node's label, else the GpuLayout."""
 
-    def wire(self, real: reconciling.InUse) -> tuple[reconciling.InUse, running.PassListener]:
-        """The agent's in-use source (``real``, the simulated kubelet's pods and the GpuLayout's
-        protection) and its reporter (which counts ``real`` and the pods' devices as in use),
-        with the simulated kubelet told first so the status sees its newest assignment."""
+    def wire(
+        self, real: reconciling.InUse, *, gpus: backend.GpuBackend
+    ) -> tuple[reconciling.InUse, running.PassListener]:
+        """The agent's in-use source (``real``, the simulated kubelet's pods, the instances the
+        bound pods' counts keep, and the GpuLayout's protection) and its reporter (which counts
+        ``real`` and the pods' devices as in use), with the simulated kubelet told first so the
+        status sees its newest assignment."""
         kubelet = self.simulated_kubelet
         used = real if kubelet is None else reconciling.AnyOf([real, kubelet])
         reporter = following.KubeReporter(self.api, source=self.source, in_use=used, now=_now)
         listeners: list[running.PassListener] = [reporter]
         if kubelet is not None:
             listeners.insert(0, kubelet)
-        return reconciling.AnyOf([used, self.source]), running.Listeners(listeners)
+        protect: list[reconciling.InUse] = [used, self.source]
+        if self.pods is not None:
+            protect.append(
+                holding.BoundPodsHold(self.pods, node=self.source.node, gpus=gpus, allocated=used)
+            )
+        return reconciling.AnyOf(protect), running.Listeners(listeners)
 
     def desired_source(self) -> running.DesiredSource:
         """The static config or the GpuLayout, a pass due also when the node's pods change
@@ -309,10 +318,12 @@ def _cluster(args: argparse.Namespace, strategy: devices.MigStrategy) -> _Cluste
         api, dynamic=source, configmap=statics.ConfigMapRef.parse(args.mig_parted_configmap)
     )
     static.sync()
-    simulated = book = None
+    simulated = None
+    # The pods bound to the node: the simulated kubelet assigns them devices, and on any node
+    # their counts keep instances from being destroyed (agent/holding.py).
+    book = standin.PodBook()
+    book.listed(api.list_pods(node=args.node).documents)
     if args.kubelet == SIMULATED:
-        book = standin.PodBook()
-        book.listed(api.list_pods(node=args.node).documents)
 
         def spec() -> gpulayouts.LayoutSpec | None:
             return source.acted_on.spec if source.acted_on is not None else None
@@ -487,7 +498,7 @@ def _run_once(
     in_use: reconciling.InUse = reconciling.AnyOf(sources)
     listener = None
     if cluster is not None:
-        in_use, listener = cluster.wire(in_use)
+        in_use, listener = cluster.wire(in_use, gpus=gpus)
     agent = running.Agent(
         gpus=gpus,
         in_use=in_use,
@@ -553,7 +564,7 @@ def _serve(
     listener: running.PassListener | None = None
     publisher: capacity.CapacityPublisher | None = None
     if cluster is not None:
-        in_use, listener = cluster.wire(in_use)
+        in_use, listener = cluster.wire(in_use, gpus=gpus)
         if plugin is not None and client is not None and not args.no_publish_capacity:
             publisher = _publisher(cluster, plugin, client)
             listener = running.Listeners([listener, publisher])
