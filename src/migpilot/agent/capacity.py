@@ -137,7 +137,10 @@ class CapacityPublisher:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            self.publish_once()
+            try:
+                self.publish_once()
+            except Exception:  # the kubelet's own sync still comes: never let the thread die
+                _log.exception("Node %s: publishing device capacity failed", self._node)
 
     def publish_once(self) -> bool:
         """Wait (bounded) for the kubelet to list what the plugin advertises, then publish

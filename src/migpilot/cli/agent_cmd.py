@@ -260,7 +260,9 @@ class _Cluster:
         with the simulated kubelet told first so the status sees its newest assignment."""
         kubelet = self.simulated_kubelet
         used = real if kubelet is None else reconciling.AnyOf([real, kubelet])
-        reporter = following.KubeReporter(self.api, source=self.source, in_use=used, now=_now)
+        reporter = following.KubeReporter(
+            self.api, source=self.source, in_use=used, now=_now, static=self.statics
+        )
         listeners: list[running.PassListener] = [reporter]
         if kubelet is not None:
             listeners.insert(0, kubelet)
