@@ -120,6 +120,11 @@ class CapacityPublisher:
         view: devices.NodeDevices,
     ) -> None:
         """After a pass: wake the thread if the advertised devices changed."""
+        self.check()
+
+    def check(self) -> None:
+        """Wake the thread if the advertised devices changed since the last check (also after
+        the plugin starts serving: the first pass runs before it does)."""
         now = dict(self._advertised())
         if now != self._last_seen:
             self._last_seen = now

@@ -591,6 +591,8 @@ def _serve(
                     f"{err.strerror or err}"
                 ) from None
         agent.start()
+        if publisher is not None:
+            publisher.check()  # the first pass ran before the plugin served its devices
         agent.run(stop)
     finally:
         agent.stop()
