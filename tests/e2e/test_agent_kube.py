@@ -22,7 +22,8 @@ import pytest
 from lightkube import codecs
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod
+from lightkube.types import PatchType
 
 from migpilot.api import gpulayouts as gl
 from tests.kube import crds
@@ -221,3 +222,106 @@ def test_agent_follows_its_gpulayout_and_reports_status(
         "the pod's instance to go once the pod is deleted",
     )
     assert agent.stop() == 0
+
+
+STATIC_CONFIG = """version: v1
+mig-configs:
+  all-1g.10gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "1g.10gb": 7
+  all-3g.40gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "3g.40gb": 2
+"""
+
+
+def test_a_static_label_lays_the_node_out_from_a_configmap_until_it_is_removed(
+    control_plane: ControlPlane, agent: Agent
+) -> None:
+    """mig-manager's way in a cluster: the Node's nvidia.com/mig.config names a config of the
+    mig-parted file in a ConfigMap; switching it re-lays the node out, a bad name fails without
+    changing anything, and removing it gives the node back to its GpuLayout."""
+    client = control_plane.client
+    client.apply(
+        ConfigMap(
+            metadata=ObjectMeta(name="agent-kube-static", namespace="default"),
+            data={"mig.yaml": STATIC_CONFIG},
+        ),
+        field_manager="e2e",
+    )
+    agent.args += ["--mig-parted-configmap", "default/agent-kube-static:mig.yaml"]
+    _apply_spec(control_plane, [])  # the empty GpuLayout the controller creates
+    try:
+        agent.start()
+        agent.wait(lambda: _reports(control_plane, 1, {}), "the first status")
+
+        def label(value: str | None) -> None:
+            patch = {"metadata": {"labels": {"nvidia.com/mig.config": value}}}
+            client.patch(Node, NODE, patch, patch_type=PatchType.MERGE)
+
+        def node_has(state: str, counts: dict[str, str]) -> bool:
+            node = client.get(Node, NODE)
+            labels = (node.metadata.labels if node.metadata else None) or {}
+            got = (node.status.allocatable if node.status else None) or {}
+            return labels.get("nvidia.com/mig.config.state") == state and all(
+                got.get(k) == v for k, v in counts.items()
+            )
+
+        def held() -> dict[int, list[str]]:
+            got = _layout(control_plane)
+            assert got is not None and got.status is not None
+            return {
+                g.index: sorted(f"{i.profile}@{i.start}" for i in g.instances)
+                for g in got.status.gpus
+            }
+
+        label("all-1g.10gb")
+        ones = sorted(f"1g.10gb@{s}" for s in range(7))
+        agent.wait(
+            lambda: node_has("success", {"nvidia.com/mig-1g.10gb": "14"}),
+            "14 1g.10gb instances, state success, in the Node's allocatable",
+        )
+        agent.wait(lambda: held() == {0: ones, 1: ones}, "the status to show them")
+
+        label("all-3g.40gb")
+        threes = ["3g.40gb@0", "3g.40gb@4"]
+        agent.wait(
+            lambda: node_has(
+                "success", {"nvidia.com/mig-3g.40gb": "4", "nvidia.com/mig-1g.10gb": "0"}
+            ),
+            "the switch to all-3g.40gb",
+        )
+        agent.wait(lambda: held() == {0: threes, 1: threes}, "the status of all-3g.40gb")
+
+        label("no-such-config")
+
+        def invalid() -> bool:
+            got = _layout(control_plane)
+            if got is None or got.status is None:
+                return False
+            (ready,) = got.status.conditions
+            return ready.reason == "InvalidConfig" and "no-such-config" in ready.message
+
+        agent.wait(lambda: node_has("failed", {}) and invalid(), "state failed, InvalidConfig")
+        assert held() == {0: threes, 1: threes}, "a bad name changed the GPUs"
+
+        label(None)
+        _apply_spec(
+            control_plane,
+            [gl.GpuSpec(0, "h100-80gb", (gl.InstanceSpec("4g.40gb", 0),))],
+        )
+        agent.wait(
+            lambda: _reports(control_plane, 2, {0: {"4g.40gb@0"}, 1: set(threes)}),
+            "the GpuLayout's spec again (GPU 1, which it does not list, left alone)",
+        )
+        agent.wait(
+            lambda: node_has("success", {"nvidia.com/mig-4g.40gb": "1"}),
+            "the 4g.40gb in the Node's allocatable",
+        )
+        assert agent.stop() == 0
+    finally:
+        client.delete(ConfigMap, "agent-kube-static", namespace="default")

@@ -9,12 +9,14 @@ import pathlib
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 
-from migpilot.agent import capacity, kubeapi
+from migpilot.agent import capacity, following, kubeapi, metrics, reconciling, running
 from migpilot.agent.deviceplugin import devices, podresources, serving
+from migpilot.gpu import clocks, emulated
+from migpilot.mig import catalog
 from tests.integration.kubelet_fake import FakeKubelet
 from tests.integration.test_deviceplugin import R1G, R3G, START, make_node
 
@@ -132,3 +134,114 @@ def test_the_patch_touches_mig_resources_only_and_zeroes_what_went() -> None:
     assert capacity.patch_for({R1G: 1}, None) == {R1G: "1"}
     assert capacity.patch_for({R1G: 1}, {R1G: 1}) is None
     assert capacity.patch_for({}, {R1G: 1, R3G: 2}) == {R1G: "0", R3G: "0"}
+
+
+def test_the_agent_publishes_a_reconfiguration_as_soon_as_the_kubelet_lists_it(
+    kubelet: FakeKubelet,
+) -> None:
+    """The whole agent: GpuLayout in, emulated GPUs reconfigured, the real plugin streaming to
+    the fake kubelet, whose GetAllocatableResources lags 0.5 s behind ListAndWatch; the Node
+    gets the counts once the kubelet lists them, never before, and each write equals what the
+    kubelet lists at that moment."""
+    kubelet.state.allocatable_delay_s = 0.5
+    client = podresources.PodResourcesClient(kubelet.pod_resources_socket, timeout_s=1.0)
+
+    mismatches: list[str] = []
+
+    class Recording(kubeapi.InMemoryNodeApi):
+        """Checks each write against what the kubelet lists at that moment."""
+
+        def patch_node_resources(self, node: str, resources: Mapping[str, str | None]) -> None:
+            listed = {k: str(v) for k, v in capacity.counts(client.allocatable()).items()}
+            if dict(resources) != {**dict.fromkeys(resources, "0"), **listed}:
+                mismatches.append(f"wrote {dict(resources)}, the kubelet lists {listed}")
+            super().patch_node_resources(node, resources)
+
+    api = Recording()
+    api.put_node("n0", {"kubernetes.io/hostname": "n0"})
+    api.put_spec(
+        "n0",
+        {"gpus": [{"index": 0, "instances": [{"profile": "1g.10gb", "start": 0},
+                                              {"profile": "3g.40gb", "start": 4}]}]},
+    )  # fmt: skip
+    source = following.GpuLayoutSource(api, node="n0")
+    source.sync()
+    gpus = emulated.EmulatedBackend([catalog.resolve_gpu("h100-80gb")], durable=False)
+    plugin = serving.DevicePlugin(
+        serving.PluginSettings(plugin_dir=kubelet.plugin_dir, kubelet_poll_s=0.02)
+    )
+    publisher = capacity.CapacityPublisher(
+        api,
+        node="n0",
+        kubelet=client,
+        advertised=lambda: _advertised(plugin),
+        settings=capacity.CapacitySettings(poll_s=0.05, give_up_s=5.0),
+    )
+    agent = running.Agent(
+        gpus=gpus,
+        in_use=reconciling.InUseSet(),
+        source=source,
+        plugin=plugin,
+        agent_metrics=metrics.AgentMetrics(),
+        clock=clocks.SystemClock(),
+        settings=running.AgentSettings(strategy=devices.MigStrategy.MIXED),
+        listener=publisher,
+    )
+    try:
+        agent.start()
+        publisher.check()
+        kubelet.wait_registered(R1G, R3G)
+        _wait("the first counts", lambda: _published(api, "n0") == {R1G: "1", R3G: "1"})
+        # A reconfiguration: the 1g.10gb gives way to a second 3g.40gb.
+        api.put_spec(
+            "n0", {"gpus": [{"index": 0, "instances": [{"profile": "3g.40gb", "start": 0},
+                                                        {"profile": "3g.40gb", "start": 4}]}]},
+        )  # fmt: skip
+        source.sync()
+        agent.reconcile()
+        assert _published(api, "n0") == {R1G: "1", R3G: "1"}, "published before the kubelet"
+        _wait("the new counts", lambda: _published(api, "n0") == {R1G: "0", R3G: "2"})
+        assert not mismatches
+    finally:
+        agent.stop()
+        publisher.close()
+        client.close()
+        plugin.stop()
+        gpus.close()
+
+
+def test_an_api_server_that_refuses_is_logged_and_retried_at_the_next_change(
+    kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Refusing(kubeapi.InMemoryNodeApi):
+        refuse = True
+
+        def patch_node_resources(self, node: str, resources: Mapping[str, str | None]) -> None:
+            if self.refuse:
+                raise kubeapi.KubeApiError("nodes/status is forbidden")
+            super().patch_node_resources(node, resources)
+
+    api = Refusing()
+    plugin = serving.DevicePlugin(
+        serving.PluginSettings(plugin_dir=kubelet.plugin_dir, kubelet_poll_s=0.02)
+    )
+    client = podresources.PodResourcesClient(kubelet.pod_resources_socket, timeout_s=1.0)
+    publisher = capacity.CapacityPublisher(
+        api,
+        node="n0",
+        kubelet=client,
+        advertised=lambda: _advertised(plugin),
+        settings=capacity.CapacitySettings(poll_s=0.02, give_up_s=2.0),
+    )
+    try:
+        plugin.start(START)
+        kubelet.wait_registered(R1G, R3G)
+        assert publisher.publish_once() is False
+        assert "device capacity not published: nodes/status is forbidden" in caplog.text
+        api.refuse = False
+        assert publisher.publish_once() is True
+        assert _published(api, "n0") == {R1G: "2", R3G: "1"}
+    finally:
+        publisher.close()
+        client.close()
+        plugin.stop()

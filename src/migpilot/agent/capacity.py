@@ -120,6 +120,11 @@ class CapacityPublisher:
         view: devices.NodeDevices,
     ) -> None:
         """After a pass: wake the thread if the advertised devices changed."""
+        self.check()
+
+    def check(self) -> None:
+        """Wake the thread if the advertised devices changed since the last check (also after
+        the plugin starts serving: the first pass runs before it does)."""
         now = dict(self._advertised())
         if now != self._last_seen:
             self._last_seen = now
@@ -137,7 +142,10 @@ class CapacityPublisher:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            self.publish_once()
+            try:
+                self.publish_once()
+            except Exception:  # the kubelet's own sync still comes: never let the thread die
+                _log.exception("Node %s: publishing device capacity failed", self._node)
 
     def publish_once(self) -> bool:
         """Wait (bounded) for the kubelet to list what the plugin advertises, then publish

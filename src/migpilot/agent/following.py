@@ -11,7 +11,8 @@ instances the GpuLayout reserves, or last reported used or reserved, are never d
 if the spec no longer lists them (:func:`desired.protected`).
 
 :class:`KubeReporter` runs after every pass: it applies the GpuLayout's status
-(:func:`reporting.layout_status`) when it changed, and sets the GFD labels on the Node.
+(:func:`reporting.layout_status`) when it changed, and sets the GFD labels on the Node. On a
+static node (:class:`StaticLayouts`) the status reports no spec and the config's problem.
 
 A shell module: it talks to the API only through :class:`~kubeapi.NodeApi` and never imports a
 Kubernetes client.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from migpilot import errors
 from migpilot.agent import desired, kubeapi, reconciling, reporting
@@ -171,6 +172,28 @@ class GpuLayoutSource:
         with self._lock:
             return self._doc is not None
 
+    def keep_protecting(self, *, current: Mapping[int, Sequence[backend.MigDevice]]) -> None:
+        """While the layouts come from elsewhere (a static node, ``agent/statics.py``): keep
+        :meth:`in_use` current with what the GpuLayout protects, without applying its spec."""
+        layout = self.layout()
+        self._protected = (
+            desired.protected(layout, current=current) if layout is not None else frozenset()
+        )
+
+
+class StaticLayouts(Protocol):
+    """A static node's layouts (``agent/statics.py``), as the reporter needs them."""
+
+    @property
+    def applied(self) -> str | None:
+        """The mig-parted config the last pass applied (``None``: it followed the GpuLayout)."""
+        ...
+
+    @property
+    def problem(self) -> str | None:
+        """Why that config could not be applied (``None``: it was)."""
+        ...
+
 
 class KubeReporter:
     """After each pass: the GpuLayout's status and the Node's GFD labels, written when changed."""
@@ -182,9 +205,11 @@ class KubeReporter:
         source: GpuLayoutSource,
         in_use: reconciling.InUse,
         now: Callable[[], str],
+        static: StaticLayouts | None = None,
     ) -> None:
         self._api = api
         self._source = source
+        self._static = static
         self._in_use = in_use
         self._now = now
         self._last_status: gpulayouts.LayoutStatus | None = None
@@ -204,14 +229,21 @@ class KubeReporter:
         if not self._source.present:
             return
         good = self._source.acted_on
+        spec, generation = (good.spec, good.generation) if good is not None else (None, None)
+        problem, reason = self._source.problem, "InvalidSpec"
+        if self._static is not None and self._static.applied is not None:
+            # A static node: the layouts came from a mig-parted config, not from the spec.
+            spec, generation = None, None
+            problem, reason = self._static.problem, "InvalidConfig"
         try:
             status = reporting.layout_status(
                 state=state,
                 in_use=self._in_use.in_use(),
-                spec=good.spec if good is not None else None,
-                generation=good.generation if good is not None else None,
+                spec=spec,
+                generation=generation,
                 report=report,
-                problem=self._source.problem,
+                problem=problem,
+                problem_reason=reason,
                 previous=self._last_status,
                 now=self._now(),
             )

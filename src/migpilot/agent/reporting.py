@@ -9,8 +9,9 @@ a pod, ``creating`` for a GPU instance still without its compute instance or a s
 that does not exist yet but has room, ``free`` otherwise. The ``Ready`` condition is ``True``
 when the GPUs hold the spec, with reasons ``Reconciled``, ``Pending`` (instances in use in the
 way, or work left for the next pass), ``Refused`` (something waiting will not fix) or
-``InvalidSpec`` (the spec cannot be applied; the last good one is kept). Its transition time
-changes only when status, reason or message change.
+``InvalidSpec`` (the spec cannot be applied; the last good one is kept; a static node's
+unusable mig-parted config says ``InvalidConfig``). Its transition time changes only when
+status, reason or message change.
 
 No I/O, no clock (``now`` is RFC 3339 text from the caller).
 """
@@ -34,13 +35,15 @@ def layout_status(
     generation: int | None,
     report: reconciling.Report | None,
     problem: str | None = None,
+    problem_reason: str = "InvalidSpec",
     previous: gpulayouts.LayoutStatus | None = None,
     now: str,
 ) -> gpulayouts.LayoutStatus:
     """The status to apply after a pass (see the module docstring).
 
     ``spec`` and ``generation`` are the last good spec the agent acted on (``None``: none yet);
-    ``problem`` is why the newest spec was not applied.
+    ``problem`` is why the newest spec was not applied, reported with ``problem_reason``
+    (``InvalidConfig`` for a static node's mig-parted config).
     """
     wanted = {g.index: g for g in spec.gpus} if spec is not None else {}
     gpus: list[gpulayouts.GpuStatus] = []
@@ -79,6 +82,8 @@ def layout_status(
             )
         )
     ready = _ready(report=report, problem=problem, generation=generation, spec=spec)
+    if problem is not None:
+        ready = (ready[0], problem_reason, ready[2])
     return gpulayouts.LayoutStatus(
         observed_generation=generation,
         gpus=tuple(gpus),

@@ -14,8 +14,12 @@ ConfigMap are watched, so a change takes effect at once. The same reconciler app
 so an instance in use is never destroyed, whatever the config says.
 
 Bad input (a name the file lacks, a malformed file, no such ConfigMap or key) changes nothing:
-the pass logs why, and the agent's labels say ``nvidia.com/mig.config.state=failed`` (the
-label it writes after every pass that has a layout to apply: pending, success or failed).
+the pass logs why, the agent's labels say ``nvidia.com/mig.config.state=failed`` (the
+label it writes after every pass that has a layout to apply: pending, success or failed), and
+the GpuLayout's ``Ready`` condition is ``False`` with reason ``InvalidConfig`` (the reporter
+reads :attr:`StaticOrDynamic.applied` and :attr:`StaticOrDynamic.problem`). While the label is
+on, the GpuLayout's reservations and reported use still protect instances
+(:meth:`~following.GpuLayoutSource.keep_protecting`), and its spec is not applied.
 
 A shell module: the API through :class:`~kubeapi.NodeApi` only; no client, no gRPC.
 """
@@ -80,6 +84,7 @@ class StaticOrDynamic:
         self._label: str | None = None
         self._text: str | None = None
         self._problem: str | None = None
+        self._applied: str | None = None
 
     # -- following the Node and the ConfigMap --------------------------------------------------
     def sync(self) -> None:
@@ -152,13 +157,19 @@ class StaticOrDynamic:
         """Why the static config could not be applied at the last pass (``None``: it was)."""
         return self._problem
 
+    @property
+    def applied(self) -> str | None:
+        """The config the last pass applied (``None``: it followed the GpuLayout)."""
+        return self._applied
+
     def fingerprint(self) -> Hashable:
-        """Changes with the label, the ConfigMap's text and the GpuLayout."""
+        """Changes with the label, the ConfigMap's text and the GpuLayout (whose reservations
+        and reported use still protect instances on a static node)."""
         with self._lock:
             label, text = self._label, self._text
         if label is None:
             return ("dynamic", self.dynamic.fingerprint())
-        return ("static", label, hash(text))
+        return ("static", label, hash(text), self.dynamic.fingerprint())
 
     def desired(
         self,
@@ -170,9 +181,12 @@ class StaticOrDynamic:
         """The layouts of the named config, or the GpuLayout's without the label."""
         with self._lock:
             label, text = self._label, self._text
+        self._applied = label
         if label is None:
             self._problem = None
             return self.dynamic.desired(gpus=gpus, current=current, in_use=in_use)
+        # Reservations and reported use still protect instances while the label is on.
+        self.dynamic.keep_protecting(current=current)
         try:
             if text is None:
                 raise errors.AgentConfigError(f"{self.configmap} not found")

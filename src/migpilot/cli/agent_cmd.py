@@ -264,7 +264,9 @@ class _Cluster:
         status sees its newest assignment."""
         kubelet = self.simulated_kubelet
         used = real if kubelet is None else reconciling.AnyOf([real, kubelet])
-        reporter = following.KubeReporter(self.api, source=self.source, in_use=used, now=_now)
+        reporter = following.KubeReporter(
+            self.api, source=self.source, in_use=used, now=_now, static=self.statics
+        )
         listeners: list[running.PassListener] = [reporter]
         if kubelet is not None:
             listeners.insert(0, kubelet)
@@ -600,6 +602,8 @@ def _serve(
                     f"{err.strerror or err}"
                 ) from None
         agent.start()
+        if publisher is not None:
+            publisher.check()  # the first pass ran before the plugin served its devices
         agent.run(stop)
     finally:
         agent.stop()
