@@ -12,7 +12,11 @@ RUN python -m venv /opt/migpilot \
        --require-hashes -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN /opt/migpilot/bin/pip install --no-cache-dir --disable-pip-version-check --no-deps .
+# The project itself, as scripts/_env.sh installs it (not editable here): no dependencies, and
+# built with the locked setuptools already installed above rather than an unpinned one fetched
+# into an isolated build environment.
+RUN /opt/migpilot/bin/pip install --no-cache-dir --disable-pip-version-check --no-deps \
+       --no-build-isolation .
 
 FROM python:3.11-slim
 COPY --from=build /opt/migpilot /opt/migpilot

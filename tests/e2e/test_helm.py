@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
+import re
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -15,21 +17,61 @@ import lightkube
 import pytest
 import yaml
 from lightkube import codecs
-from lightkube.generic_resource import load_in_cluster_generic_resources
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.authorization_v1 import ResourceAttributes, SubjectAccessReviewSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.core_v1 import Namespace, Secret, Service, ServiceAccount
-from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+from lightkube.resources.rbac_authorization_v1 import (
+    ClusterRole,
+    ClusterRoleBinding,
+    Role,
+    RoleBinding,
+)
 
+from migpilot.api import gpulayouts, leases
+from migpilot.cli import main
 from migpilot.webhook import registering
 from tests.kube import tools
-from tests.kube.controlplane import ControlPlane
+from tests.kube.controlplane import ControlPlane, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "migpilot"
+ServiceMonitor = create_namespaced_resource(
+    "monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors"
+)
+# The Prometheus Operator's CRD cut to what lets the apiserver store a ServiceMonitor.
+SERVICEMONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "names": {
+            "kind": "ServiceMonitor",
+            "plural": "servicemonitors",
+            "listKind": "ServiceMonitorList",
+            "singular": "servicemonitor",
+        },
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
 
 
 def _helm(*args: str) -> subprocess.CompletedProcess[str]:
@@ -66,6 +108,10 @@ def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
         ("controller.scoring=random", "/controller/scoring"),
         ("agent.strategy=both", "/agent/strategy"),
         ("agent.backend=cuda", "/agent/backend"),
+        ("agent.migPartedConfigMap=gpu-operator", "/agent/migPartedConfigMap"),
+        ("webhook.port=70000", "/webhook/port"),
+        ("controler.replicas=1", "'controler' not allowed"),
+        ("agent.intervall=5", "'intervall' not allowed"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(bad: str, message: str) -> None:
@@ -77,6 +123,126 @@ def test_bad_values_are_refused_naming_the_field(bad: str, message: str) -> None
 def test_the_chart_ships_the_crd_of_deploy_crds() -> None:
     shipped = (CHART / "crds" / "gpulayouts.migpilot.io.yaml").read_bytes()
     assert shipped == (REPO / "deploy" / "crds" / "gpulayouts.migpilot.io.yaml").read_bytes()
+
+
+def _containers(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each workload's (only) container, by component."""
+    found = {}
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "DaemonSet"):
+            (container,) = doc["spec"]["template"]["spec"]["containers"]
+            found[doc["metadata"]["labels"]["app.kubernetes.io/component"]] = container
+    return found
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [(), ("controller.verbose=true", "agent.extraArgs={--no-publish-capacity}")],
+)
+def test_every_container_runs_a_command_line_migpilot_accepts(sets: tuple[str, ...]) -> None:
+    """The rendered args parse with migpilot's own parser: no flag the CLI lacks."""
+    containers = _containers(_render("mp", "gpu-system", *sets))
+    assert set(containers) == {"controller", "webhook", "agent"}
+    for component, container in containers.items():
+        env = {e["name"]: e for e in container.get("env", [])}
+        args = [re.sub(r"\$\((\w+)\)", lambda m: f"<{m[1]}>", a) for a in container["args"]]
+        for name in re.findall(r"\$\((\w+)\)", " ".join(container["args"])):
+            assert name in env, f"{component}: $({name}) is not in the container's env"
+        parsed = main.build_parser().parse_args(args)
+        assert parsed.command == component
+        if component in ("controller", "webhook"):
+            assert parsed.lease_namespace == "gpu-system"
+    assert containers["controller"]["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.name"
+    )
+    agent_env = {e["name"]: e for e in containers["agent"]["env"]}
+    assert agent_env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert agent_env["NVIDIA_MIG_CONFIG_DEVICES"]["value"] == "all"
+
+
+def test_the_agent_keeps_its_state_on_the_host_and_reaches_the_kubelet() -> None:
+    docs = _render("mp", "gpu-system")
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["securityContext"]["privileged"] is True
+    assert container["securityContext"]["runAsUser"] == 0
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    mounts = {m["mountPath"]: host[m["name"]] for m in container["volumeMounts"]}
+    assert mounts == {
+        "/var/lib/kubelet/device-plugins": "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources": "/var/lib/kubelet/pod-resources",
+        "/var/lib/migpilot": "/var/lib/migpilot",
+    }
+    parsed = main.build_parser().parse_args(
+        [a.replace("$(NODE_NAME)", "n") for a in container["args"]]
+    )
+    # The Allocate ledger survives a restart only on a host folder.
+    assert Path(parsed.allocations_file).parent == Path("/var/lib/migpilot")
+    assert "runtimeClassName" not in pod
+    docs = _render("mp", "gpu-system", "agent.runtimeClassName=nvidia")
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert ds["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+
+
+def test_the_controller_and_the_webhook_run_unprivileged() -> None:
+    docs = _render("mp", "gpu-system")
+    for doc in docs:
+        if doc["kind"] == "Deployment":
+            pod = doc["spec"]["template"]["spec"]
+            assert pod["securityContext"]["runAsNonRoot"] is True
+            (container,) = pod["containers"]
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"] == {"drop": ["ALL"]}
+
+
+def _value_rows() -> dict[str, str]:
+    """The README's values table: value -> default as written."""
+    text = (CHART / "README.md").read_text()
+    return dict(re.findall(r"^\| `([\w.]+)` \| `(.*?)` \|", text, flags=re.MULTILINE))
+
+
+def _values_by_row() -> dict[str, Any]:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    rows: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            rows.update({f"{key}.{sub}": v for sub, v in value.items()})
+        else:
+            rows[key] = value
+    return rows
+
+
+def test_the_readme_documents_every_value_with_its_default() -> None:
+    rows, values = _value_rows(), _values_by_row()
+    assert set(rows) == set(values)
+    for key, default in rows.items():
+        assert json.loads(default) == values[key], key
+
+
+def test_values_yaml_documents_every_field() -> None:
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    for i, line in enumerate(lines):
+        match = re.match(r"^( {0,2})([A-Za-z]\w*):", line)
+        if match is None or (not match[1] and lines[i + 1].startswith("  ")):
+            continue  # a section (image:, controller:, ...): its fields carry the text
+        above = lines[i - 1].strip()
+        assert above.startswith("#"), f"values.yaml line {i + 1}: {match[2]} is undocumented"
+
+
+def test_the_webhook_only_reads_the_controllers_lease() -> None:
+    docs = _render("mp", "gpu-system")
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "mp-webhook"]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [leases.NAME],
+            "verbs": ["get"],
+        }
+    ]
 
 
 def test_the_webhook_configuration_is_the_one_registering_renders() -> None:
@@ -105,6 +271,15 @@ def test_cert_manager_injects_the_ca_instead() -> None:
     assert "caBundle" not in hook["webhooks"][0]["clientConfig"]
 
 
+def _wait_established(client: lightkube.Client, name: str) -> None:
+    def established() -> bool:
+        got = client.get(CustomResourceDefinition, name)
+        conditions = (got.status.conditions if got.status else None) or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    wait_for(established, what=f"the CRD {name} to be Established", timeout=60)
+
+
 @pytest.fixture
 def installed(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, str, str]]:
     """The rendered chart applied to the real apiserver in a namespace of its own."""
@@ -112,14 +287,19 @@ def installed(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, str, 
     suffix = uuid.uuid4().hex[:6]
     release, namespace = f"mp{suffix}", f"migpilot-{suffix}"
     client.create(Namespace(metadata=ObjectMeta(name=namespace)))
-    docs = _render(release, namespace)
+    with contextlib.suppress(lightkube.ApiError):  # 409: made by an earlier test
+        client.create(codecs.from_dict(SERVICEMONITOR_CRD))
+    _wait_established(client, "servicemonitors.monitoring.coreos.com")
+    docs = _render(release, namespace, "serviceMonitor.enabled=true")
     applied: list[Any] = []
     try:
         for doc in docs:
             obj = codecs.from_dict(doc)
             client.apply(obj, field_manager="helm-test", force=True)
             applied.append(obj)
-        load_in_cluster_generic_resources(client)
+            if obj.kind == "CustomResourceDefinition":
+                assert obj.metadata is not None and obj.metadata.name is not None
+                _wait_established(client, obj.metadata.name)
         yield control_plane, release, namespace
     finally:
         for obj in reversed(applied):
@@ -138,17 +318,33 @@ def test_the_rendered_chart_applies_to_the_real_apiserver(
 ) -> None:
     plane, release, namespace = installed
     client = plane.client
+    crd = client.get(CustomResourceDefinition, gpulayouts.CRD_NAME)
+    assert crd.status is not None and crd.status.conditions is not None
+    assert any(c.type == "Established" and c.status == "True" for c in crd.status.conditions)
     for name in (f"{release}-controller", f"{release}-webhook"):
-        assert client.get(Deployment, name, namespace=namespace)
+        deployment = client.get(Deployment, name, namespace=namespace)
+        assert deployment.spec is not None and deployment.spec.replicas == 2
     assert client.get(DaemonSet, f"{release}-agent", namespace=namespace)
     for name in ("controller", "webhook", "agent"):
         assert client.get(ServiceAccount, f"{release}-{name}", namespace=namespace)
-    assert client.get(Service, f"{release}-webhook", namespace=namespace)
+    ports = {}
+    for name in ("controller-metrics", "agent-metrics", "webhook"):
+        service = client.get(Service, f"{release}-{name}", namespace=namespace)
+        assert service.spec is not None and service.spec.ports is not None
+        ports[name] = service.spec.ports[0].port
+    assert ports == {"controller-metrics": 8080, "agent-metrics": 9400, "webhook": 443}
+    for name in ("controller", "agent"):
+        assert client.get(ServiceMonitor, f"{release}-{name}", namespace=namespace)
     assert client.get(Secret, f"{release}-webhook-tls", namespace=namespace)
-    assert client.get(ClusterRole, f"{release}-controller")
-    assert client.get(ClusterRoleBinding, f"{release}-agent")
+    for name in ("controller", "agent"):
+        assert client.get(ClusterRole, f"{release}-{name}")
+        assert client.get(ClusterRoleBinding, f"{release}-{name}")
+    for name in ("controller", "webhook"):
+        assert client.get(Role, f"{release}-{name}", namespace=namespace)
+        assert client.get(RoleBinding, f"{release}-{name}", namespace=namespace)
     hook = client.get(MutatingWebhookConfiguration, f"{release}-webhook")
     assert hook.webhooks is not None and hook.webhooks[0].failurePolicy == "Ignore"
+    assert hook.webhooks[0].clientConfig.caBundle
 
 
 def _allowed(
@@ -192,20 +388,24 @@ def test_each_component_has_only_the_rights_it_needs(
         return f"system:serviceaccount:{namespace}:{release}-{name}"
 
     ctl, agent, hook = sa("controller"), sa("agent"), sa("webhook")
+    lease_group = {"group": "coordination.k8s.io"}
+    controller_lease = {
+        "resource": "leases",
+        **lease_group,
+        "namespace": namespace,
+        "name": leases.NAME,
+    }
+    mig_parted = {
+        "resource": "configmaps",
+        "namespace": "gpu-operator",
+        "name": "default-mig-parted-config",
+    }
     yes = [
         (ctl, {"verb": "patch", "resource": "pods", "namespace": "default"}),
         (ctl, {"verb": "watch", "resource": "pods"}),
         (ctl, {"verb": "patch", "resource": "gpulayouts", "group": "migpilot.io"}),
         (ctl, {"verb": "create", "resource": "events", "namespace": "default"}),
-        (
-            ctl,
-            {
-                "verb": "update",
-                "resource": "leases",
-                "group": "coordination.k8s.io",
-                "namespace": namespace,
-            },
-        ),
+        (ctl, {"verb": "update", **controller_lease}),
         (
             agent,
             {
@@ -216,7 +416,12 @@ def test_each_component_has_only_the_rights_it_needs(
             },
         ),
         (agent, {"verb": "patch", "resource": "nodes", "subresource": "status"}),
+        (agent, {"verb": "patch", "resource": "nodes"}),
         (agent, {"verb": "watch", "resource": "pods"}),
+        (agent, {"verb": "list", "resource": "gpulayouts", "group": "migpilot.io"}),
+        (agent, {"verb": "watch", **mig_parted}),
+        (ctl, {"verb": "create", "resource": "leases", **lease_group, "namespace": namespace}),
+        (ctl, {"verb": "get", **controller_lease}),
         (
             hook,
             {
@@ -232,18 +437,20 @@ def test_each_component_has_only_the_rights_it_needs(
         (ctl, {"verb": "delete", "resource": "nodes"}),
         (ctl, {"verb": "get", "resource": "secrets", "namespace": namespace}),
         (ctl, {"verb": "delete", "resource": "pods", "namespace": "default"}),
-        (
-            ctl,
-            {
-                "verb": "update",
-                "resource": "leases",
-                "group": "coordination.k8s.io",
-                "namespace": "kube-system",
-            },
-        ),
+        (ctl, {"verb": "update", **{**controller_lease, "namespace": "kube-system"}}),
+        (ctl, {"verb": "create", "resource": "leases", **lease_group, "namespace": "default"}),
         (agent, {"verb": "patch", "resource": "gpulayouts", "group": "migpilot.io"}),
         (agent, {"verb": "patch", "resource": "pods", "namespace": "default"}),
         (agent, {"verb": "get", "resource": "secrets", "namespace": namespace}),
+        (agent, {"verb": "delete", "resource": "nodes"}),
+        (agent, {"verb": "list", "resource": "configmaps", "namespace": "gpu-operator"}),
+        (agent, {"verb": "get", **{**mig_parted, "name": "some-other-config"}}),
+        (ctl, {"verb": "update", **{**controller_lease, "name": "someone-elses-lease"}}),
+        (ctl, {"verb": "get", "resource": "configmaps", "namespace": namespace}),
+        (hook, {"verb": "list", "resource": "leases", **lease_group}),
+        (hook, {"verb": "get", "resource": "nodes"}),
+        (hook, {"verb": "list", "resource": "gpulayouts", "group": "migpilot.io"}),
+        (hook, {"verb": "get", "resource": "secrets", "namespace": namespace}),
         (
             hook,
             {
@@ -255,16 +462,7 @@ def test_each_component_has_only_the_rights_it_needs(
             },
         ),
         (hook, {"verb": "list", "resource": "pods"}),
-        (
-            hook,
-            {
-                "verb": "update",
-                "resource": "leases",
-                "group": "coordination.k8s.io",
-                "namespace": namespace,
-                "name": "migpilot-controller",
-            },
-        ),
+        (hook, {"verb": "update", **controller_lease}),
     ]
     for user, attrs in yes:
         assert _allowed(client, user, **attrs), (user, attrs)

@@ -38,9 +38,12 @@ def test_every_copied_path_exists_and_is_in_the_build_context() -> None:
 
 
 def test_dependencies_come_from_the_lock_with_hashes() -> None:
-    runs = " ".join(_instructions("RUN"))
+    runs = " ".join(" ".join(run.split()) for run in _instructions("RUN"))
     assert "--require-hashes -r requirements.lock" in runs
-    assert "--no-deps ." in runs
+    assert "--no-deps --no-build-isolation ." in runs
+    # Building without isolation uses the lock's setuptools: it must be there.
+    lock = (REPO / "requirements.lock").read_text()
+    assert re.search(r"^setuptools==", lock, flags=re.MULTILINE)
 
 
 def test_it_runs_as_a_non_root_user() -> None:

@@ -25,3 +25,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "migpilot.migCondition" -}}
 object.spec.containers.exists(c, has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('nvidia.com/mig-'))) || (has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('nvidia.com/mig-'))))) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('nvidia.com/mig-'))) || (has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('nvidia.com/mig-'))))))
 {{- end -}}
+
+{{/* agent.migPartedConfigMap (NAMESPACE/NAME[:KEY]) as {namespace, name}, as the agent's
+     statics.ConfigMapRef.parse reads it. */}}
+{{- define "migpilot.migPartedConfigMap" -}}
+{{- $ref := .Values.agent.migPartedConfigMap | splitList ":" | first }}
+{{- $parts := splitList "/" $ref }}
+namespace: {{ first $parts | quote }}
+name: {{ last $parts | quote }}
+{{- end -}}
