@@ -207,19 +207,23 @@ class Node:
         return {f"{i.profile}@{i.start}": i.state.value for i in g.instances}
 
 
-@pytest.fixture
-def node() -> Iterator[Node]:
-    """Wired as ``agent_cmd._Cluster.wire`` wires ``--kubelet simulated``."""
-    api = kubeapi.InMemoryNodeApi()
-    gpus = emulated.EmulatedBackend([H100] * 2, durable=False)
+def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend) -> Node:
+    """Wired as ``agent_cmd._cluster`` and ``_Cluster.wire`` wire ``--kubelet simulated``."""
     source = following.GpuLayoutSource(api, node=NODE)
+    source.sync()
     book = standin.PodBook()
+    book.listed(api.list_pods(node=NODE).documents)
 
     def reserving() -> gl.LayoutSpec | None:
         return source.acted_on.spec if source.acted_on is not None else None
 
     kubelet = standin.SimulatedKubelet(
-        api, node=NODE, strategy=devices.MigStrategy.MIXED, pods=book, spec=reserving
+        api,
+        node=NODE,
+        strategy=devices.MigStrategy.MIXED,
+        pods=book,
+        spec=reserving,
+        held=lambda: standin.reported_used(source.layout()),
     )
     used = reconciling.AnyOf([reconciling.RunningProcesses(gpus), kubelet])
     reporter = following.KubeReporter(api, source=source, in_use=used, now=lambda: T0)
@@ -233,7 +237,14 @@ def node() -> Iterator[Node]:
         settings=running.AgentSettings(),
         listener=running.Listeners([kubelet, reporter]),
     )
-    yield Node(api, gpus, source, book, kubelet, agent)
+    return Node(api, gpus, source, book, kubelet, agent)
+
+
+@pytest.fixture
+def node() -> Iterator[Node]:
+    api = kubeapi.InMemoryNodeApi()
+    gpus = emulated.EmulatedBackend([H100] * 2, durable=False)
+    yield wire(api, gpus)
     api.close()
     gpus.close()
 
@@ -269,6 +280,80 @@ def test_an_assigned_instance_outlives_the_spec_until_its_pod_goes(node: Node) -
         node.step()
     assert node.kubelet.assigned() == {}
     assert node.layout() == ["7g.80gb@0"]
+
+
+def test_a_restarted_agent_gives_the_pods_the_devices_they_held(node: Node) -> None:
+    node.api.put_spec(NODE, spec([inst("1g.10gb", 0), inst("1g.10gb", 1), inst("1g.10gb", 2)]))
+    node.step()
+    node.api.put_pod(pod_doc("a", {R1G: 1}, created="2026-01-01T00:00:01Z"))
+    node.api.put_pod(pod_doc("b", {R1G: 1}, created="2026-01-01T00:00:02Z"))
+    node.step()
+    node.api.delete_pod("default", "a")
+    node.step()
+    held = node.kubelet.assigned()
+    assert held == {"default/b": (node.uuid("1g.10gb@1"),)}
+    assert node.states() == {"1g.10gb@0": "free", "1g.10gb@1": "used", "1g.10gb@2": "free"}
+    # A new agent over the same GPUs and API. Made afresh, b would get the first free device,
+    # 1g.10gb@0, and 1g.10gb@1 would turn free (destroyable); the devices the status reported
+    # used go to the pods first, so nothing moves.
+    again = wire(node.api, node.gpus)
+    again.step()
+    assert again.kubelet.assigned() == held
+    assert again.states() == {"1g.10gb@0": "free", "1g.10gb@1": "used", "1g.10gb@2": "free"}
+    # The hint serves the first assignment only: a new pod then takes the first free device,
+    # even though the status still says used for the one b held.
+    node.api.delete_pod("default", "b")
+    node.api.put_pod(pod_doc("d", {R1G: 1}, created="2026-01-01T00:00:04Z"))
+    again.book.listed(node.api.list_pods(node=NODE).documents)
+    assert again.kubelet.assigned() == {"default/d": (node.uuid("1g.10gb@0"),)}
+
+
+def test_assign_prefers_held_devices_after_the_pods_own_reservation() -> None:
+    advertised = {R1G: (dev("a"), dev("b"), dev("c"), dev("d"))}
+    got = standin.assign(
+        [bp("p1", (R1G, 1)), bp("p2", (R1G, 1)), bp("p3", (R1G, 1))],
+        advertised=advertised,
+        reserved={"a": "ns/p1", "d": "ns/p9"},
+        previous={},
+        held=frozenset({"c", "d"}),
+    )
+    # p1 takes its reservation; p2 and p3 the held ones, even d, reserved for another pod
+    # (a pod held it before the restart); b, neither held nor reserved, stays free.
+    assert got == {"ns/p1": ("a",), "ns/p2": ("c",), "ns/p3": ("d",)}
+
+
+def test_the_first_assignment_waits_for_the_pod_list() -> None:
+    api = kubeapi.InMemoryNodeApi()
+    gpus = emulated.EmulatedBackend([H100], durable=False)
+    api.put_spec(NODE, spec([inst("1g.10gb", 0), inst("1g.10gb", 1)]))
+    first = wire(api, gpus)
+    first.step()
+    api.put_pod(pod_doc("a", {R1G: 1}))
+    api.put_pod(pod_doc("b", {R1G: 1}, created="2026-01-01T00:00:01Z"))
+    first.step()
+    api.delete_pod("default", "a")
+    first.step()
+    assert first.states() == {"1g.10gb@0": "free", "1g.10gb@1": "used"}
+    # As in the fleet: the pods are listed by another thread, after the first pass.
+    book = standin.PodBook()
+    source = following.GpuLayoutSource(api, node=NODE)
+    source.sync()
+    kubelet = standin.SimulatedKubelet(
+        api,
+        node=NODE,
+        strategy=devices.MigStrategy.MIXED,
+        pods=book,
+        held=lambda: standin.reported_used(source.layout()),
+    )
+    state = reconciling.Reconciler(gpus, reconciling.InUseSet()).read()
+    view = running.node_view(state)
+    kubelet.passed(state=state, report=None, labels={}, view=view)
+    assert kubelet.assigned() == {}
+    book.listed(api.list_pods(node=NODE).documents)
+    kubelet.passed(state=state, report=None, labels={}, view=view)
+    assert kubelet.assigned() == {"default/b": (first.uuid("1g.10gb@1"),)}
+    api.close()
+    gpus.close()
 
 
 def test_a_pod_change_makes_a_pass_due(node: Node) -> None:

@@ -287,7 +287,12 @@ class Fleet:
             return source.acted_on.spec if source.acted_on is not None else None
 
         kubelet = standin.SimulatedKubelet(
-            self._api, node=node, strategy=self.settings.strategy, pods=self.pods, spec=reserving
+            self._api,
+            node=node,
+            strategy=self.settings.strategy,
+            pods=self.pods,
+            spec=reserving,
+            held=lambda: standin.reported_used(source.layout()),
         )
         used = reconciling.AnyOf([reconciling.RunningProcesses(gpus), kubelet])
         reporter = following.KubeReporter(self._api, source=source, in_use=used, now=self._now)

@@ -13,8 +13,10 @@ devices of those resources (:func:`assign`, pure), preferring the instances the 
 reserves for that pod, then unreserved ones; a pod keeps its devices while it lives. The
 assigned devices are in use (:meth:`SimulatedKubelet.in_use`): the reconciler never destroys
 them and the GpuLayout status reports them ``used``. They are released when the pod is deleted
-or terminates. It is kept apart from the real path on purpose: nothing else in the agent knows
-it exists.
+or terminates. Assignments live in memory; after a restart they are made again from the pods,
+the devices the last status reported ``used`` going to the pods first (:func:`reported_used`),
+so the same instances stay in use. It is kept apart from the real path on purpose: nothing else
+in the agent knows it exists.
 
 A shell module: it writes through :class:`~kubeapi.NodeApi` and never imports a client.
 """
@@ -141,6 +143,13 @@ class PodBook:
         self._versions: dict[str, int] = {}
         self._on_change = on_change
         self._bad: set[str] = set()
+        self._synced = False
+
+    @property
+    def synced(self) -> bool:
+        """Whether a list has filled it (before that, the node's pods are unknown)."""
+        with self._lock:
+            return self._synced
 
     def listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
         """Replace everything with the pods of a list."""
@@ -148,6 +157,7 @@ class PodBook:
         with self._lock:
             before = {node: dict(pods) for node, pods in self._by_node.items()}
             self._by_node, self._where = {}, {}
+            self._synced = True
             for pod in pods:
                 self._by_node.setdefault(pod.node, {})[pod.key] = pod
                 self._where[pod.key] = pod.node
@@ -214,14 +224,16 @@ def assign(
     advertised: Mapping[str, Sequence[devices.Device]],
     reserved: Mapping[str, str],
     previous: Mapping[str, tuple[str, ...]],
+    held: frozenset[str] = frozenset(),
 ) -> dict[str, tuple[str, ...]]:
     """Which devices each pod holds: ``namespace/name`` -> device ids (pure).
 
     A pod keeps the devices it had (``previous``) that are still advertised for a resource it
     asks for; then, in ``pods``' order, each gets what it still lacks from the healthy devices
     no other pod holds: those ``reserved`` (device id -> ``namespace/name``) for it first, then
-    unreserved ones, then those reserved for another pod, each in advertised order. A pod may
-    get fewer than it asks for when there are not enough.
+    those ``held`` (in use before a restart, when nothing is ``previous``), then unreserved
+    ones, then those reserved for another pod, each in advertised order. A pod may get fewer
+    than it asks for when there are not enough.
     """
     taken: set[str] = set()
     kept: dict[str, list[str]] = {}
@@ -245,7 +257,11 @@ def assign(
 
             def rank(uuid: str, key: str = pod.key) -> int:
                 holder = reserved.get(uuid)
-                return 0 if holder == key else 1 if holder is None else 2
+                if holder == key:
+                    return 0
+                if uuid in held:
+                    return 1
+                return 2 if holder is None else 3
 
             got = sorted(free, key=rank)[:need]  # sorted() is stable: advertised order within
             mine.extend(got)
@@ -274,6 +290,19 @@ def reservations(
     }
 
 
+def reported_used(layout: gpulayouts.GpuLayout | None) -> frozenset[str]:
+    """MIG device UUIDs the GpuLayout's status reports ``used``: what the node's pods held
+    when the agent last reported (the hint of a restarted agent's first assignment)."""
+    if layout is None or layout.status is None:
+        return frozenset()
+    return frozenset(
+        i.uuid
+        for g in layout.status.gpus
+        for i in g.instances
+        if i.uuid is not None and i.state is gpulayouts.InstanceState.USED
+    )
+
+
 # --- the stand-in ------------------------------------------------------------------------------
 
 
@@ -283,7 +312,9 @@ class SimulatedKubelet:
 
     A :class:`~running.PassListener` (tell it before the status is written, so the status sees
     the newest assignment) and a :class:`~reconciling.InUse` source (the assigned devices).
-    ``spec`` gives the GpuLayout spec whose reservations are preferred.
+    ``spec`` gives the GpuLayout spec whose reservations are preferred; ``held`` the devices
+    in use when the agent started (:func:`reported_used` of the GpuLayout as listed), which the
+    first assignment made once the pods are listed prefers, so a restart moves no pod.
     """
 
     def __init__(
@@ -294,12 +325,15 @@ class SimulatedKubelet:
         strategy: devices.MigStrategy,
         pods: PodBook | None = None,
         spec: Callable[[], gpulayouts.LayoutSpec | None] = lambda: None,
+        held: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         self._api = api
         self._node = node
         self._strategy = strategy
         self._pods = pods
         self._spec = spec
+        self._held: Callable[[], frozenset[str]] | None = held
+        """Until the first assignment; then ``None``."""
         self._published: dict[str, str] | None = None
         self._lock = threading.Lock()
         self._state: Mapping[int, reconciling.GpuState] | None = None
@@ -347,6 +381,8 @@ class SimulatedKubelet:
         """Assign again when the pods or the devices changed (under the lock)."""
         if self._pods is None or self._view is None or self._state is None:
             return
+        if not self._pods.synced:  # the pods are not known yet: none is assigned nor released
+            return
         version = self._pods.version(self._node)
         if not force and version == self._seen_version:
             return
@@ -357,7 +393,9 @@ class SimulatedKubelet:
             advertised=_advertised(self._view, self._strategy),
             reserved=reservations(self._spec(), self._state),
             previous=self._assigned,
+            held=self._held() if self._held is not None else frozenset(),
         )
+        self._held = None
         for key in sorted(now.keys() - self._assigned.keys()):
             _log.info("Node %s: pod %s gets %s (simulated Allocate)", self._node, key,
                       ", ".join(now[key]) or "nothing yet")  # fmt: skip

@@ -331,7 +331,12 @@ def _cluster(args: argparse.Namespace, strategy: devices.MigStrategy) -> _Cluste
             return source.acted_on.spec if source.acted_on is not None else None
 
         simulated = standin.SimulatedKubelet(
-            api, node=args.node, strategy=strategy, pods=book, spec=spec
+            api,
+            node=args.node,
+            strategy=strategy,
+            pods=book,
+            spec=spec,
+            held=lambda: standin.reported_used(source.layout()),
         )
     return _Cluster(api, source, simulated, book, static)
 
