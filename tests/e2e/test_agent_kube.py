@@ -325,3 +325,102 @@ def test_a_static_label_lays_the_node_out_from_a_configmap_until_it_is_removed(
         assert agent.stop() == 0
     finally:
         client.delete(ConfigMap, "agent-kube-static", namespace="default")
+
+
+def _gpu0(plane: ControlPlane, generation: int) -> dict[str, tuple[gl.InstanceState, str]] | None:
+    """GPU 0's instances (``profile@start`` -> state, uuid) in the status of ``generation``."""
+    got = _layout(plane)
+    if got is None or got.status is None or got.status.observed_generation != generation:
+        return None
+    (gpu0,) = [g for g in got.status.gpus if g.index == 0]
+    return {f"{i.profile}@{i.start}": (i.state, i.uuid or "") for i in gpu0.instances}
+
+
+def _states(plane: ControlPlane, generation: int) -> dict[str, gl.InstanceState] | None:
+    got = _gpu0(plane, generation)
+    return None if got is None else {k: state for k, (state, _) in got.items()}
+
+
+def test_a_bound_pod_gets_its_reserved_instance_which_outlives_the_spec_until_the_pod_goes(
+    control_plane: ControlPlane, agent: Agent
+) -> None:
+    """The controller's path, played by the test: a spec reserving an instance for a pod, the
+    pod bound by kube-scheduler, the simulated kubelet handing it that instance (not the first
+    free one), an agent restart that moves nothing, a spec without it that destroys nothing,
+    and the pod's deletion that lets the spec's change through."""
+    client, free, used = control_plane.client, gl.InstanceState.FREE, gl.InstanceState.USED
+    agent.start()
+    ones = [gl.InstanceSpec("1g.10gb", s) for s in (0, 1)]
+    _apply_spec(
+        control_plane,
+        [gl.GpuSpec(0, "h100-80gb", (*ones, gl.InstanceSpec("1g.10gb", 2, f"default/{POD}")))],
+    )
+    reserved = {"1g.10gb@0": free, "1g.10gb@1": free, "1g.10gb@2": gl.InstanceState.RESERVED}
+    agent.wait(lambda: _states(control_plane, 1) == reserved, "the reserved instance")
+    status = _gpu0(control_plane, 1)
+    assert status is not None
+    uuid = status["1g.10gb@2"][1]
+    assert uuid.startswith("MIG-")
+
+    def allocatable() -> str | None:
+        got = client.get(Node, NODE).status
+        return ((got.allocatable if got else None) or {}).get("nvidia.com/mig-1g.10gb")
+
+    agent.wait(lambda: allocatable() == "3", "three 1g.10gb in the Node's allocatable")
+    limits = {"nvidia.com/mig-1g.10gb": "1"}
+    client.create(
+        Pod(
+            metadata=ObjectMeta(name=POD, namespace="default"),
+            spec=PodSpec(
+                nodeSelector={"kubernetes.io/hostname": NODE},
+                containers=[
+                    Container(name="c", image="none", resources=ResourceRequirements(limits=limits))
+                ],
+            ),
+        )
+    )
+
+    def running() -> bool:
+        got = client.get(Pod, POD, namespace="default")
+        bound = got.spec is not None and got.spec.nodeName == NODE
+        return bound and got.status is not None and got.status.phase == "Running"
+
+    agent.wait(running, "kube-scheduler to bind the pod and KWOK to run it")
+    held = {"1g.10gb@0": free, "1g.10gb@1": free, "1g.10gb@2": used}
+    agent.wait(lambda: _states(control_plane, 1) == held, "the reserved instance reported used")
+    assert f"pod default/{POD} gets {uuid} (simulated Allocate)" in agent.log_text()
+
+    # The controller drops the reservation once the pod is bound; the agent restarts: the pod
+    # keeps its instance (not the first free one, which it would get afresh).
+    _apply_spec(control_plane, [gl.GpuSpec(0, "h100-80gb", (*ones, gl.InstanceSpec("1g.10gb", 2)))])
+    agent.wait(lambda: _states(control_plane, 2) == held, "the status of generation 2")
+    assert agent.stop() == 0
+    agent.start()
+    agent.wait(
+        lambda: agent.log_text().count(f"pod default/{POD} gets {uuid} (simulated Allocate)") == 2,
+        "the restarted agent to hand the pod the same instance",
+    )
+    # The restarted agent's first status equals the last one, so nothing changes on the server.
+    assert _states(control_plane, 2) == held
+
+    # A spec without the pod's instance: the agent keeps it (still on the GPU, still used).
+    _apply_spec(control_plane, [gl.GpuSpec(0, "h100-80gb", tuple(ones))])
+    agent.wait(lambda: _states(control_plane, 3) == held, "the status of generation 3")
+    agent.wait(
+        lambda: (
+            "1g.10gb@2" in agent.log_text()
+            and "not in the desired layout; kept" in agent.log_text()
+        ),
+        "the agent to log the kept instance",
+    )
+    assert uuid in (agent.root / "gpus.json").read_text()
+    assert f"destroy 1g.10gb@2 ({uuid})" not in agent.log_text()
+
+    # The pod goes: the instance is released, then destroyed as the spec asks.
+    client.delete(Pod, POD, namespace="default", grace_period=0)
+    gone = {"1g.10gb@0": free, "1g.10gb@1": free}
+    agent.wait(lambda: _states(control_plane, 3) == gone, "the instance destroyed")
+    assert uuid not in (agent.root / "gpus.json").read_text()
+    assert f"GPU 0: destroy 1g.10gb@2 ({uuid})" in agent.log_text()
+    assert f"pod default/{POD} released {uuid}" in agent.log_text()
+    assert agent.stop() == 0
