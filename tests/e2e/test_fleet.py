@@ -1,10 +1,14 @@
 """``migpilot fleet`` on a real control plane: one process runs the agents of three KWOK nodes.
 
-Three KWOK nodes labelled ``migpilot.io/emulated-gpus`` (two A100-80GB each, one with two
-H100-80GB), one ``migpilot fleet`` process, the webhook and the real controller. The fleet
-writes each node's GFD labels, so the controller creates their GpuLayouts; pods asking for MIG
-profiles are gated, planned, made, pinned, bound and run; the simulated kubelet assigns each
-bound pod its instance, which the status reports ``used``. Every wait has a generous timeout.
+First alone, the test writing the GpuLayout specs as the controller would (server-side apply as
+``migpilot-controller``): each node gets its status and its Node capacity, a pod bound to one
+of them gets the instance reserved for it, and a node whose label names no GPUs is refused in
+one log line while the others run. Then the whole system: three KWOK nodes labelled
+``migpilot.io/emulated-gpus`` (two A100-80GB each, one with two H100-80GB), one ``migpilot
+fleet`` process, the webhook and the real controller. The fleet writes each node's GFD labels,
+so the controller creates their GpuLayouts; pods asking for MIG profiles are gated, planned,
+made, pinned, bound and run; the simulated kubelet assigns each bound pod its instance, which
+the status reports ``used``. Every wait has a generous timeout.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import lightkube
 import pytest
+from lightkube import codecs
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod
@@ -133,3 +138,114 @@ def test_one_fleet_process_runs_every_nodes_agent(scene: system.System) -> None:
     _wait(scene, used, "12 instances reported used")
     text = (scene.root / "fleet.log").read_text(errors="replace")
     assert "(simulated Allocate)" in text
+
+
+DIRECT = {"fleet-d": "a100-80gb.x2", "fleet-e": "a100-80gb.x2", "fleet-f": "h100-80gb.x1"}
+DIRECT_LABEL = "migpilot.io/fleet-test"
+"""Selects this test's nodes only (``--fleet-selector``): the control plane is shared."""
+SPECS = {
+    "fleet-d": [
+        gl.GpuSpec(0, "a100-80gb", (gl.InstanceSpec("3g.40gb", 0), gl.InstanceSpec("3g.40gb", 4))),
+        gl.GpuSpec(1, "a100-80gb", (gl.InstanceSpec("7g.80gb", 0),)),
+    ],
+    "fleet-e": [
+        gl.GpuSpec(1, "a100-80gb", tuple(gl.InstanceSpec("1g.10gb", s) for s in range(7))),
+    ],
+    "fleet-f": [
+        gl.GpuSpec(0, "h100-80gb", (gl.InstanceSpec("2g.20gb", 0), gl.InstanceSpec("3g.40gb", 4))),
+    ],
+}
+CAPACITY = {
+    "fleet-d": {"nvidia.com/mig-3g.40gb": "2", "nvidia.com/mig-7g.80gb": "1"},
+    "fleet-e": {"nvidia.com/mig-1g.10gb": "7"},
+    "fleet-f": {"nvidia.com/mig-2g.20gb": "1", "nvidia.com/mig-3g.40gb": "1"},
+}
+
+
+@pytest.fixture
+def alone(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[system.System]:
+    s = system.System(control_plane, tmp_path)
+    try:
+        s.prepare()
+        for node, gpus in {**DIRECT, "fleet-bad": "nope.x2"}.items():
+            control_plane.add_node(node, labels={system.FLEET_LABEL: gpus, DIRECT_LABEL: "direct"})
+            s.nodes.append(node)
+        yield s
+    finally:
+        with contextlib.suppress(lightkube.ApiError):
+            s.client.delete(Pod, "fleet-pod", namespace="default", grace_period=0)
+        s.stop()
+
+
+def _apply_spec(scene: system.System, node: str, gpus: list[gl.GpuSpec]) -> None:
+    doc = gl.spec_patch(node, gl.LayoutSpec(tuple(gpus)))
+    scene.client.apply(
+        codecs.from_dict(dict(doc)), field_manager=gl.CONTROLLER_FIELD_MANAGER, force=True
+    )
+
+
+def _held(lay: gl.GpuLayout | None, generation: int) -> dict[int, dict[str, str]] | None:
+    """Per GPU, ``profile@start`` -> state, in a Ready status of ``generation``."""
+    if lay is None or lay.status is None or lay.status.observed_generation != generation:
+        return None
+    ready = [c for c in lay.status.conditions if c.type == gl.READY]
+    if not ready or ready[0].status is not gl.ConditionStatus.TRUE:
+        return None
+    return {
+        g.index: {f"{i.profile}@{i.start}": i.state.value for i in g.instances}
+        for g in lay.status.gpus
+        if g.instances
+    }
+
+
+def test_the_fleet_follows_the_specs_of_its_nodes(alone: system.System) -> None:
+    client = alone.client
+    alone.start_fleet("--fleet-selector", f"{DIRECT_LABEL}=direct", "--workers", "4")
+    for node, gpus in SPECS.items():
+        _apply_spec(alone, node, gpus)
+
+    want = {
+        node: {g.index: {f"{i.profile}@{i.start}": "free" for i in g.instances} for g in gpus}
+        for node, gpus in SPECS.items()
+    }
+
+    def reported() -> bool:
+        return all(_held(_layout(alone, n), 1) == want[n] for n in SPECS)
+
+    _wait(alone, reported, "every node's status of generation 1")
+
+    def published() -> bool:
+        for node, counts in CAPACITY.items():
+            status = client.get(Node, node).status
+            for part in ("capacity", "allocatable"):
+                have = (getattr(status, part, None) if status else None) or {}
+                if any(have.get(k) != v for k, v in counts.items()):
+                    return False
+        return True
+
+    _wait(alone, published, "every node's MIG resources in its capacity and allocatable")
+
+    # A pod bound to fleet-d gets the 3g.40gb the spec reserves for it (not the first one).
+    reserved = (gl.InstanceSpec("3g.40gb", 0), gl.InstanceSpec("3g.40gb", 4, "default/fleet-pod"))
+    _apply_spec(alone, "fleet-d", [gl.GpuSpec(0, "a100-80gb", reserved), SPECS["fleet-d"][1]])
+    limits = {"nvidia.com/mig-3g.40gb": "1"}
+    client.create(
+        Pod(
+            metadata=ObjectMeta(name="fleet-pod", namespace="default"),
+            spec=PodSpec(
+                nodeSelector={"kubernetes.io/hostname": "fleet-d"},
+                containers=[
+                    Container(name="c", image="none", resources=ResourceRequirements(limits=limits))
+                ],
+            ),
+        )
+    )
+    used = {0: {"3g.40gb@0": "free", "3g.40gb@4": "used"}, 1: {"7g.80gb@0": "free"}}
+    _wait(alone, lambda: _held(_layout(alone, "fleet-d"), 2) == used, "the reserved one used")
+
+    # The node whose label names no GPUs is refused in one line; the others ran regardless.
+    text = (alone.root / "fleet.log").read_text(errors="replace")
+    assert (
+        f"Node fleet-bad: label {system.FLEET_LABEL}='nope.x2' does not name emulated GPUs" in text
+    )
+    assert _layout(alone, "fleet-bad") is None
