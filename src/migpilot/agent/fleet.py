@@ -18,7 +18,8 @@ dispatches: a node's pass is queued when its GpuLayout or its pods change and th
 a change during a pass queues one more (:class:`WorkQueue`).
 
 A shell module: it talks to the API only through :class:`~kubeapi.NodeApi` (:func:`run` opens
-the lightkube one from :mod:`migpilot.agent.kube`); never imports a Kubernetes client itself.
+the lightkube one from :mod:`migpilot.agent.kube`); never imports a Kubernetes client itself,
+nor gRPC: no device plugin is served (import-linter contracts).
 """
 
 from __future__ import annotations

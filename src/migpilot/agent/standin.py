@@ -18,7 +18,8 @@ the devices the last status reported ``used`` going to the pods first (:func:`re
 so the same instances stay in use. It is kept apart from the real path on purpose: nothing else
 in the agent knows it exists.
 
-A shell module: it writes through :class:`~kubeapi.NodeApi` and never imports a client.
+A shell module: it writes through :class:`~kubeapi.NodeApi` and never imports a Kubernetes
+client (lightkube) nor gRPC; import-linter contracts check both.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ object), watch from the list's version (the callback gets each event), list agai
 watch expires (410 Gone) or the server fails, after :data:`RETRY_S` seconds for a failure.
 
 A shell module: it talks to the API only through callables over :class:`~kubeapi.NodeApi`;
-never imports a Kubernetes client.
+never imports a Kubernetes client (lightkube) nor gRPC (import-linter contracts).
 """
 
 from __future__ import annotations
