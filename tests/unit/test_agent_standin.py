@@ -8,6 +8,7 @@ passes are driven with ``reconcile``, the pod watch with ``listed``/``changed`` 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -131,6 +132,22 @@ def test_assign_gives_what_there_is_and_drops_devices_that_went() -> None:
         previous={"ns/p": ("gone", "a")},
     )
     assert got == {"ns/p": ("a",)}
+
+
+def test_a_pod_that_holds_nothing_gets_all_it_asks_for_or_nothing() -> None:
+    advertised = {R1G: (dev("a"), dev("b"), dev("c")), R3G: (dev("x"),)}
+    got = standin.assign(
+        [
+            bp("p1", (R1G, 2), (R3G, 2)),  # 3g short: holds nothing, takes nothing
+            bp("p2", (R1G, 4)),  # short: nothing
+            bp("p3", (R1G, 2), (R3G, 1)),
+            bp("p4", (R1G, 1)),
+        ],
+        advertised=advertised,
+        reserved={},
+        previous={},
+    )
+    assert got == {"ns/p1": (), "ns/p2": (), "ns/p3": ("a", "b", "x"), "ns/p4": ("c",)}
 
 
 def test_assign_is_deterministic_and_distinct() -> None:
@@ -354,6 +371,32 @@ def test_the_first_assignment_waits_for_the_pod_list() -> None:
     assert kubelet.assigned() == {"default/b": (first.uuid("1g.10gb@1"),)}
     api.close()
     gpus.close()
+
+
+def test_a_pod_without_free_devices_waits_logged_once_and_gets_them_later(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    node.api.put_spec(NODE, spec([inst("1g.10gb", 0)]))
+    node.step()
+    node.api.put_pod(pod_doc("p", {R1G: 2}))
+    with caplog.at_level(logging.INFO, logger="migpilot.agent.standin"):
+        node.step()
+        node.step()
+    waits = [r for r in caplog.records if "gets no device yet" in r.getMessage()]
+    assert len(waits) == 1 and waits[0].levelno == logging.WARNING
+    assert f"1 {R1G}" not in waits[0].getMessage() and f"2 {R1G}" in waits[0].getMessage()
+    assert node.kubelet.assigned() == {"default/p": ()}
+    assert node.states() == {"1g.10gb@0": "free"}
+    node.api.put_spec(NODE, spec([inst("1g.10gb", 0), inst("1g.10gb", 1)]))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="migpilot.agent.standin"):
+        node.step()
+        node.step()
+    assert node.kubelet.assigned() == {
+        "default/p": (node.uuid("1g.10gb@0"), node.uuid("1g.10gb@1"))
+    }
+    assert node.states() == {"1g.10gb@0": "used", "1g.10gb@1": "used"}
+    assert any("pod default/p gets MIG-" in r.getMessage() for r in caplog.records)
 
 
 def test_a_pod_change_makes_a_pass_due(node: Node) -> None:

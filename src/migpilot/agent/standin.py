@@ -233,8 +233,10 @@ def assign(
     asks for; then, in ``pods``' order, each gets what it still lacks from the healthy devices
     no other pod holds: those ``reserved`` (device id -> ``namespace/name``) for it first, then
     those ``held`` (in use before a restart, when nothing is ``previous``), then unreserved
-    ones, then those reserved for another pod, each in advertised order. A pod may get fewer
-    than it asks for when there are not enough.
+    ones, then those reserved for another pod, each in advertised order. A pod that holds
+    nothing gets its devices only when all of them can be had, as a kubelet admits a pod whole
+    (so two pods never each hold half of what they need); it holds ``()`` meanwhile. A pod that
+    holds some (one of its devices went) gets what there is.
     """
     taken: set[str] = set()
     kept: dict[str, list[str]] = {}
@@ -248,13 +250,16 @@ def assign(
     out: dict[str, tuple[str, ...]] = {}
     for pod in pods:
         mine = kept[pod.key]
+        picks: list[str] = []
+        short = False
         for resource, count in pod.requests:
             offered = advertised.get(resource, ())
             need = count - sum(1 for d in offered if d.id in mine)
             if need <= 0:
                 continue
             free = [d.id for d in offered
-                    if d.health is devices.Health.HEALTHY and d.id not in taken]  # fmt: skip
+                    if d.health is devices.Health.HEALTHY and d.id not in taken
+                    and d.id not in picks]  # fmt: skip
 
             def rank(uuid: str, key: str = pod.key) -> int:
                 holder = reserved.get(uuid)
@@ -265,8 +270,11 @@ def assign(
                 return 2 if holder is None else 3
 
             got = sorted(free, key=rank)[:need]  # sorted() is stable: advertised order within
-            mine.extend(got)
-            taken.update(got)
+            short = short or len(got) < need
+            picks.extend(got)
+        if mine or not short:
+            mine.extend(picks)
+            taken.update(picks)
         out[pod.key] = tuple(mine)
     return out
 
@@ -397,16 +405,33 @@ class SimulatedKubelet:
             held=self._held() if self._held is not None else frozenset(),
         )
         self._held = None
-        for key in sorted(now.keys() - self._assigned.keys()):
-            _log.info("Node %s: pod %s gets %s (simulated Allocate)", self._node, key,
-                      ", ".join(now[key]) or "nothing yet")  # fmt: skip
-        for key in sorted(self._assigned.keys() - now.keys()):
-            _log.info("Node %s: pod %s released %s", self._node, key,
-                      ", ".join(self._assigned[key]) or "nothing")  # fmt: skip
-        for key in sorted(now.keys() & self._assigned.keys()):
-            if now[key] != self._assigned[key]:
-                _log.info("Node %s: pod %s now holds %s", self._node, key, ", ".join(now[key]))
+        self._log_changes(pods, now)
         self._assigned = now
+
+    def _log_changes(self, pods: Sequence[BoundPod], now: Mapping[str, tuple[str, ...]]) -> None:
+        before = self._assigned
+        for pod in pods:
+            got, had = now[pod.key], before.get(pod.key)
+            if got == had:
+                continue
+            if not had and got:
+                _log.info("Node %s: pod %s gets %s (simulated Allocate)", self._node, pod.key,
+                          ", ".join(got))  # fmt: skip
+            elif had is None:
+                asks = ", ".join(f"{n} {r}" for r, n in pod.requests)
+                _log.warning(
+                    "Node %s: pod %s gets no device yet: %s not free (simulated Allocate; "
+                    "retried at every pass)",
+                    self._node,
+                    pod.key,
+                    asks,
+                )
+            else:
+                held = ", ".join(got) or "nothing"
+                _log.info("Node %s: pod %s now holds %s", self._node, pod.key, held)
+        for key in sorted(before.keys() - now.keys()):
+            _log.info("Node %s: pod %s released %s", self._node, key,
+                      ", ".join(before[key]) or "nothing")  # fmt: skip
 
     def _publish(self, view: devices.NodeDevices) -> None:
         counts = {k: str(v) for k, v in resource_counts(view, self._strategy).items()}
