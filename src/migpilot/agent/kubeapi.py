@@ -22,6 +22,7 @@ No I/O, no clock; never imports lightkube or httpx2.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import enum
 import threading
@@ -290,7 +291,11 @@ class InMemoryNodeApi:
     def _put(
         self, kind: _Kind, store: dict[str, dict[str, Any]], key: str, doc: dict[str, Any] | None
     ) -> None:
-        """Store ``doc`` under ``key`` (``None`` deletes it) and record the change."""
+        """Store ``doc`` under ``key`` (``None`` deletes it) and record the change.
+
+        A stored document is never changed in place (every writer changes a copy), so the
+        change record shares it; what a list or a watch hands out is a deep copy.
+        """
         before = store.get(key)
         if doc is None and before is None:
             return
@@ -300,7 +305,7 @@ class InMemoryNodeApi:
         else:
             doc.setdefault("metadata", {})["resourceVersion"] = str(self._version)
             store[key] = doc
-        after = None if doc is None else copy.deepcopy(doc)
+        after = doc
         self._events.append(_Change(self._version, kind, before, after))
         self._cond.notify_all()
 
@@ -373,10 +378,14 @@ class InMemoryNodeApi:
             with self._cond:
                 if seen < self._compacted:
                     raise GoneError(f"too old resource version: {seen} ({self._compacted})")
-                pending = [c for c in self._events if c.version > seen and c.kind is kind]
+                # Versions grow along the list: start past ``seen`` (a fleet's three watches
+                # wake at every change of any kind; a scan from the start made that quadratic).
+                start = bisect.bisect_right(self._events, seen, key=_version_of)
+                pending = [c for c in self._events[start:] if c.kind is kind]
                 if not pending:
                     if self._closed:
                         return
+                    seen = self._version  # nothing of this kind up to here
                     self._cond.wait()
                     continue
             for change in pending:
@@ -447,7 +456,9 @@ class InMemoryNodeApi:
             old = self._layouts.get(name)
             if old is None:
                 raise KubeApiError(f'gpulayouts.migpilot.io "{name}" not found')
-            doc = copy.deepcopy(old)
+            # A fresh top level and metadata (``_put`` sets its resourceVersion); the spec is
+            # shared, never changed in place.
+            doc = {**old, "metadata": dict(old["metadata"])}
             doc["status"] = dict(gpulayouts.status_patch(name, status))["status"]
             self.status_writes += 1
             if doc != old:
@@ -475,6 +486,10 @@ class InMemoryNodeApi:
                     _merge(doc.setdefault("status", {}).setdefault(part, {}), resources)
                 if doc != old:
                     self._put(_Kind.NODE, self._nodes, node, doc)
+
+
+def _version_of(change: _Change) -> int:
+    return change.version
 
 
 def _on_node(node: str | None) -> Callable[[Mapping[str, Any]], bool]:

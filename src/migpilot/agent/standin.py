@@ -42,12 +42,12 @@ TERMINATED = frozenset({"Succeeded", "Failed"})
 """Pod phases whose containers hold no device any more."""
 
 
-def resource_counts(view: devices.NodeDevices, strategy: devices.MigStrategy) -> dict[str, int]:
-    """How many healthy devices of each resource the plugin would advertise (none under an
-    invalid single-strategy node, as NVIDIA's plugin then advertises nothing)."""
+def _counts(advertised: Mapping[str, Sequence[devices.Device]]) -> dict[str, int]:
+    """How many healthy devices of each advertised resource (:func:`_advertised`: none under
+    an invalid single-strategy node, as NVIDIA's plugin then advertises nothing)."""
     return {
         name: sum(d.health is devices.Health.HEALTHY for d in devs)
-        for name, devs in _advertised(view, strategy).items()
+        for name, devs in advertised.items()
     }
 
 
@@ -346,7 +346,8 @@ class SimulatedKubelet:
         self._published: dict[str, str] | None = None
         self._lock = threading.Lock()
         self._state: Mapping[int, reconciling.GpuState] | None = None
-        self._view: devices.NodeDevices | None = None
+        self._offered: dict[str, tuple[devices.Device, ...]] | None = None
+        """What the plugin would advertise, as of the last pass (computed once per pass)."""
         self._seen_version = -1
         self._assigned: dict[str, tuple[str, ...]] = {}
 
@@ -381,14 +382,15 @@ class SimulatedKubelet:
     ) -> None:
         """Assign devices to new pods, then patch the Node when the counts changed; API
         failures are logged and retried."""
+        offered = _advertised(view, self._strategy)
         with self._lock:
-            self._state, self._view = state, view
+            self._state, self._offered = state, offered
             self._refresh(force=True)
-        self._publish(view)
+        self._publish(_counts(offered))
 
     def _refresh(self, *, force: bool = False) -> None:
         """Assign again when the pods or the devices changed (under the lock)."""
-        if self._pods is None or self._view is None or self._state is None:
+        if self._pods is None or self._offered is None or self._state is None:
             return
         if not self._pods.synced:  # the pods are not known yet: none is assigned nor released
             return
@@ -399,7 +401,7 @@ class SimulatedKubelet:
         pods = self._pods.pods(self._node)
         now = assign(
             pods,
-            advertised=_advertised(self._view, self._strategy),
+            advertised=self._offered,
             reserved=reservations(self._spec(), self._state),
             previous=self._assigned,
             held=self._held() if self._held is not None else frozenset(),
@@ -433,8 +435,8 @@ class SimulatedKubelet:
             _log.info("Node %s: pod %s released %s", self._node, key,
                       ", ".join(before[key]) or "nothing")  # fmt: skip
 
-    def _publish(self, view: devices.NodeDevices) -> None:
-        counts = {k: str(v) for k, v in resource_counts(view, self._strategy).items()}
+    def _publish(self, healthy: Mapping[str, int]) -> None:
+        counts = {k: str(v) for k, v in healthy.items()}
         before = self._published or {}
         patch = dict.fromkeys(before, "0") | counts
         if patch == self._published:
