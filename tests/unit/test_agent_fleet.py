@@ -18,7 +18,7 @@ import pytest
 from migpilot import errors
 from migpilot.agent import fleet, kubeapi
 from migpilot.api import gpulayouts as gl
-from migpilot.gpu import emulated
+from migpilot.gpu import clocks, emulated
 
 LABEL = fleet.EMULATED_GPUS_LABEL
 R1G = "nvidia.com/mig-1g.10gb"
@@ -249,3 +249,74 @@ def test_callbacks_and_drain_without_threads() -> None:
     assert api.status_writes == writes
     f.nodes_listed([])
     assert f.members() == []
+
+
+class Flaky(kubeapi.InMemoryNodeApi):
+    """Refuses status writes while :attr:`down`."""
+
+    down = False
+
+    def apply_layout_status(self, name: str, status: gl.LayoutStatus) -> None:
+        if self.down:
+            raise kubeapi.KubeApiError("503 Service Unavailable: down")
+        super().apply_layout_status(name, status)
+
+
+def test_a_settled_node_waits_for_its_resync_one_with_work_left_for_its_interval() -> None:
+    api, clock = Flaky(), clocks.VirtualClock()
+    settings = fleet.FleetSettings(times=emulated.INSTANT, interval_s=30, resync_s=300)
+    f = fleet.Fleet(api, settings=settings, clock=clock)
+    api.put_node("n0", {LABEL: "h100-80gb.x1"})
+    api.put_spec("n0", spec([inst("1g.10gb", 0), inst("1g.10gb", 1)]))
+    f.layouts_listed(api.list_layouts().documents)
+    f.pods.listed(api.list_pods(node=None).documents)
+    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents)
+    f.drain()
+
+    def queued_after(seconds: float) -> bool:
+        clock.sleep(seconds)
+        f.tick()
+        queued = not f.queue.idle()
+        f.drain()
+        return queued
+
+    # Settled: nothing for the interval, a pass at the resync.
+    assert not queued_after(31)
+    assert not queued_after(200)
+    assert queued_after(70)
+    # A status write refused: retried every interval until it goes through.
+    api.down = True
+    api.put_spec("n0", spec([inst("1g.10gb", 0)]))
+    f.layout_changed(
+        kubeapi.WatchEvent(kubeapi.EventType.MODIFIED, api.list_layouts().documents[0])
+    )
+    f.drain()
+    assert queued_after(31)
+    api.down = False
+    assert queued_after(31)  # this pass writes it
+    got = api.layout("n0")
+    assert got is not None and got.status is not None and got.status.observed_generation == 2
+    assert not queued_after(31)
+    # A refusal (a bound pod holds an instance the spec drops) is retried every interval too.
+    pod = pod_doc("p", "n0", {R1G: 1})
+    api.put_pod(pod)
+    f.pods.changed(kubeapi.WatchEvent(kubeapi.EventType.ADDED, pod))
+    f.drain()
+    api.put_spec("n0", spec([inst("7g.80gb", 0)]))
+    f.layout_changed(
+        kubeapi.WatchEvent(kubeapi.EventType.MODIFIED, api.list_layouts().documents[0])
+    )
+    f.drain()
+    assert queued_after(31)
+    assert queued_after(31)
+    # The pod goes: the change passes the node at once, which then settles.
+    api.delete_pod("ns", "p")
+    f.pods.changed(kubeapi.WatchEvent(kubeapi.EventType.DELETED, pod))
+    for _ in range(3):  # released and reported free; the status seen, destroyed and replaced
+        f.drain()
+        f.layouts_listed(api.list_layouts().documents)  # as the watch shows the new status
+    f.drain()
+    member = f.member("n0")
+    assert member is not None
+    assert [str(d) for d in member.gpus.mig_devices(0)] == ["7g.80gb@0"]
+    assert not queued_after(31)

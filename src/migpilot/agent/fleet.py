@@ -14,8 +14,9 @@ shared watch through :meth:`~following.GpuLayoutSource.take`), :class:`following
 (status and GFD labels, written before any GpuLayout exists, so the controller creates one) and
 :class:`standin.SimulatedKubelet` (resource counts, devices assigned to pods). The fleet only
 dispatches: a node's pass is queued when its GpuLayout or its pods change and the pass is due
-(:meth:`running.Agent.due`), or its interval elapsed; a node is never in two passes at once, and
-a change during a pass queues one more (:class:`WorkQueue`).
+(:meth:`running.Agent.due`); again ``interval_s`` after a pass that left work undone (to retry
+it), and otherwise only every ``resync_s``, since nothing else changes a fleet node. A node is
+never in two passes at once, and a change during a pass queues one more (:class:`WorkQueue`).
 
 A shell module: it talks to the API only through :class:`~kubeapi.NodeApi` (:func:`run` opens
 the lightkube one from :mod:`migpilot.agent.kube`); never imports a Kubernetes client itself,
@@ -61,6 +62,7 @@ DEFAULT_SELECTOR = kubeapi.LabelSelector(EMULATED_GPUS_LABEL)
 """The fleet's Nodes by default: those with the label :data:`EMULATED_GPUS_LABEL`."""
 DEFAULT_WORKERS = 32
 DEFAULT_INTERVAL_S = 30.0
+DEFAULT_RESYNC_S = 300.0
 
 
 # --- a node's GPUs from its label --------------------------------------------------------------
@@ -169,7 +171,13 @@ class FleetSettings:
     strategy: devices.MigStrategy = devices.MigStrategy.MIXED
     """MIG strategy of every node's labels and resources (default ``mixed``)."""
     interval_s: float = DEFAULT_INTERVAL_S
-    """Seconds between a node's periodic passes, which retry what was refused (default 30)."""
+    """Seconds between the passes of a node whose last pass left something undone: an action
+    refused or failed, a write the API server refused (default 30). They retry it."""
+    resync_s: float = DEFAULT_RESYNC_S
+    """Seconds between the passes of a node whose last pass left nothing undone (default 300).
+    Every input of a fleet node is watched (its GpuLayout, its pods) and its emulated GPUs
+    change only in its own passes, so these only guard against a missed event; at 1,000 nodes
+    a pass of each every few seconds would keep the process busy doing nothing."""
     tick_s: float = 1.0
     """Seconds between checks for nodes whose periodic pass is due (default 1)."""
     times: emulated.OperationTimes = field(default_factory=emulated.OperationTimes)
@@ -186,6 +194,7 @@ class Member:
     gpus: emulated.EmulatedBackend
     source: following.GpuLayoutSource
     kubelet: standin.SimulatedKubelet
+    reporter: following.KubeReporter
     agent: running.Agent
 
 
@@ -217,6 +226,8 @@ class Fleet:
         self._layouts: dict[str, Mapping[str, Any]] = {}
         self._refused: dict[str, str] = {}
         """Node -> the label value it was refused for (logged once)."""
+        self._retry: dict[str, float] = {}
+        """Node -> when to pass it again (monotonic seconds): its last pass left work undone."""
         self.pods = standin.PodBook(on_change=self.poke)
         self.queue = WorkQueue()
         self._metrics = metrics.AgentMetrics()
@@ -269,6 +280,7 @@ class Fleet:
         with self._lock:
             member = self._members.pop(node, None)
             self._refused.pop(node, None)
+            self._retry.pop(node, None)
         if member is not None:
             _log.info("Node %s: gone, its agent stops", node)
 
@@ -305,11 +317,11 @@ class Fleet:
             agent_metrics=self._metrics,
             clock=self._clock,
             settings=running.AgentSettings(
-                strategy=self.settings.strategy, interval_s=self.settings.interval_s
+                strategy=self.settings.strategy, interval_s=self.settings.resync_s
             ),
             listener=running.Listeners([kubelet, reporter]),
         )
-        return Member(node, label, gpus, source, kubelet, agent)
+        return Member(node, label, gpus, source, kubelet, reporter, agent)
 
     # -- the watches' callbacks ----------------------------------------------------------------
     def nodes_listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
@@ -364,11 +376,17 @@ class Fleet:
             self.queue.add(member.node)
 
     def tick(self) -> None:
-        """Queue every node whose pass is due (its interval elapsed, or an input changed)."""
+        """Queue every node whose pass is due: an input changed, its last pass left work undone
+        :attr:`~FleetSettings.interval_s` ago, or its resync is due."""
+        now = self._clock.monotonic()
         with self._lock:
             members = list(self._members.values())
+            retry = {n for n, at in self._retry.items() if at <= now}
         for m in members:
-            self._wake(m)
+            if m.node in retry:
+                self.queue.add(m.node)
+            else:
+                self._wake(m)
 
     # -- passes --------------------------------------------------------------------------------
     def pass_once(self, node: str) -> None:
@@ -376,12 +394,25 @@ class Fleet:
         member = self.member(node)
         if member is None:
             return
+        settled = False
         try:
-            member.agent.reconcile()
+            report = member.agent.reconcile()
+            settled = (
+                report.converged
+                and not report.refusals
+                and not report.outcomes(reconciling.Outcome.FAILED)
+                and member.reporter.settled
+                and member.kubelet.settled
+            )
         except backend.BackendError as err:
             _log.error("Node %s: GPU backend failed, retrying at the next pass: %s", node, err)
         except Exception:  # a worker must survive any one node's bug
             _log.exception("Node %s: the pass failed", node)
+        with self._lock:
+            if settled or node not in self._members:
+                self._retry.pop(node, None)
+            else:
+                self._retry[node] = self._clock.monotonic() + self.settings.interval_s
 
     def drain(self) -> None:
         """Run queued passes in this thread until none is queued (tests, without workers)."""

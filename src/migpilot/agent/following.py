@@ -215,6 +215,13 @@ class KubeReporter:
         self._last_status: gpulayouts.LayoutStatus | None = None
         self._last_labels: dict[str, str] | None = None
         self._managed: frozenset[str] = frozenset()
+        self._settled = True
+
+    @property
+    def settled(self) -> bool:
+        """Whether the last pass wrote all it had to (no write failed): else the next pass,
+        whenever it comes, retries."""
+        return self._settled
 
     def passed(
         self,
@@ -225,7 +232,7 @@ class KubeReporter:
         view: devices.NodeDevices,
     ) -> None:
         """Write what changed; API failures are logged and retried at the next pass."""
-        self._write_labels(labels)
+        self._settled = self._write_labels(labels)
         if not self._source.present:
             return
         good = self._source.acted_on
@@ -249,6 +256,7 @@ class KubeReporter:
             )
         except errors.MigpilotError as err:
             _log.error("GpuLayout %s: status not computed: %s", self._source.node, err)
+            self._settled = False
             return
         if status == self._last_status:
             return
@@ -256,20 +264,23 @@ class KubeReporter:
             self._api.apply_layout_status(self._source.node, status)
         except kubeapi.KubeApiError as err:
             _log.error("GpuLayout %s: status not written: %s", self._source.node, err)
+            self._settled = False
             return
         self._last_status = status
         _log.info("GpuLayout %s: status written (%s)", self._source.node,
                   status.conditions[0].reason)  # fmt: skip
 
-    def _write_labels(self, labels: Mapping[str, str]) -> None:
+    def _write_labels(self, labels: Mapping[str, str]) -> bool:
+        """Set the labels when they changed; whether they are set."""
         if dict(labels) == self._last_labels:
-            return
+            return True
         patch: dict[str, str | None] = dict.fromkeys(self._managed - set(labels))
         patch.update(labels)
         try:
             self._api.patch_node_labels(self._source.node, patch)
         except kubeapi.KubeApiError as err:
             _log.error("Node %s: labels not written: %s", self._source.node, err)
-            return
+            return False
         self._last_labels = dict(labels)
         self._managed = frozenset(labels)
+        return True

@@ -344,6 +344,7 @@ class SimulatedKubelet:
         self._held: Callable[[], frozenset[str]] | None = held
         """Until the first assignment; then ``None``."""
         self._published: dict[str, str] | None = None
+        self._settled = True
         self._lock = threading.Lock()
         self._state: Mapping[int, reconciling.GpuState] | None = None
         self._offered: dict[str, tuple[devices.Device, ...]] | None = None
@@ -355,6 +356,11 @@ class SimulatedKubelet:
     def node(self) -> str:
         """The node it stands in for."""
         return self._node
+
+    @property
+    def settled(self) -> bool:
+        """Whether the last pass's resource counts are in the Node (its patch did not fail)."""
+        return self._settled
 
     def fingerprint(self) -> Hashable:
         """Changes when the node's pods change (a pass is then due)."""
@@ -439,13 +445,14 @@ class SimulatedKubelet:
         counts = {k: str(v) for k, v in healthy.items()}
         before = self._published or {}
         patch = dict.fromkeys(before, "0") | counts
-        if patch == self._published:
+        self._settled = patch == self._published
+        if self._settled:
             return
         try:
             self._api.patch_node_resources(self._node, dict(patch))
         except kubeapi.KubeApiError as err:
             _log.error("Node %s: resources not published: %s", self._node, err)
             return
-        self._published = patch
+        self._published, self._settled = patch, True
         _log.info("Node %s: published %s (simulated kubelet)", self._node,
                   ", ".join(f"{k}={v}" for k, v in sorted(patch.items())))  # fmt: skip

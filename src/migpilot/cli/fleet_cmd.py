@@ -68,7 +68,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=float,
         default=fleet.DEFAULT_INTERVAL_S,
         metavar="S",
-        help="seconds between a node's periodic passes (default: 30)",
+        help="seconds before a node whose last pass left work undone (refused, failed, a "
+        "write refused) is passed again (default: 30)",
+    )
+    p.add_argument(
+        "--resync",
+        type=float,
+        default=fleet.DEFAULT_RESYNC_S,
+        metavar="S",
+        help="seconds between passes of a node whose last pass left nothing undone; its inputs "
+        "are watched, so these only guard against a missed event (default: 300)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     p.set_defaults(func=_run)
@@ -92,12 +101,15 @@ def settings_from(args: argparse.Namespace) -> fleet.FleetSettings:
         raise errors.AgentConfigError(f"--workers must be at least 1, got {args.workers}")
     if not args.interval > 0:
         raise errors.AgentConfigError(f"--interval must be more than 0, got {args.interval}")
+    if not args.resync > 0:
+        raise errors.AgentConfigError(f"--resync must be more than 0, got {args.resync}")
     return fleet.FleetSettings(
         kubeconfig=args.kubeconfig,
         selector=selector(args.fleet_selector),
         workers=args.workers,
         strategy=devices.MigStrategy.parse(args.strategy),
         interval_s=args.interval,
+        resync_s=args.resync,
     )
 
 

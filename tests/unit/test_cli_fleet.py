@@ -1,0 +1,56 @@
+"""``migpilot fleet``: the flags become :class:`FleetSettings`; bad ones are one line, exit 2,
+before anything connects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from migpilot.agent import fleet, kubeapi
+from migpilot.cli import fleet_cmd
+from migpilot.cli import main as cli
+
+
+def settings(*argv: str) -> fleet.FleetSettings:
+    return fleet_cmd.settings_from(cli.build_parser().parse_args(["fleet", *argv]))
+
+
+def test_defaults() -> None:
+    got = settings()
+    assert got.selector == kubeapi.LabelSelector(fleet.EMULATED_GPUS_LABEL)
+    assert (got.workers, got.interval_s, got.resync_s) == (32, 30.0, 300.0)
+
+
+def test_flags(tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text("{}")
+    got = settings(
+        "--kubeconfig", str(config), "--fleet-selector", "pool=a", "--workers", "4",
+        "--interval", "5", "--resync", "60", "--strategy", "single",
+    )  # fmt: skip
+    assert got.kubeconfig == config
+    assert got.selector == kubeapi.LabelSelector("pool", "a")
+    assert (got.workers, got.interval_s, got.resync_s) == (4, 5.0, 60.0)
+    assert got.strategy.value == "single"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workers", "0"], "--workers must be at least 1, got 0"),
+        (["--interval", "0"], "--interval must be more than 0, got 0.0"),
+        (["--resync", "-1"], "--resync must be more than 0, got -1.0"),
+        (["--fleet-selector", "a=1,b=2"], "--fleet-selector 'a=1,b=2' is not LABEL or LABEL=VALUE"),
+        (["--fleet-selector", "a="], "--fleet-selector 'a=' is not LABEL or LABEL=VALUE"),
+        (["--kubeconfig", "/nonexistent/kc"], "--kubeconfig: no such file: /nonexistent/kc"),
+        (["--strategy", "most"], "most"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["fleet", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("migpilot: error: ") and message in err
+    assert err.count("\n") == 1
