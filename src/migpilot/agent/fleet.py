@@ -11,8 +11,9 @@ pool of worker threads that run the nodes' passes. Each node's GPUs are named by
 Nothing here reconciles or reports: each node is the single agent's own parts,
 :class:`running.Agent` over an emulated backend, :class:`following.GpuLayoutSource` (fed by the
 shared watch through :meth:`~following.GpuLayoutSource.take`), :class:`following.KubeReporter`
-(status and GFD labels, written before any GpuLayout exists, so the controller creates one) and
-:class:`standin.SimulatedKubelet` (resource counts, devices assigned to pods). The fleet only
+(status and GFD labels, written before any GpuLayout exists, so the controller creates one),
+:class:`standin.SimulatedKubelet` (resource counts, devices assigned to pods) and
+:class:`holding.BoundPodsHold` (a bound pod's count of instances kept). The fleet only
 dispatches: a node's pass is queued when its GpuLayout or its pods change and the pass is due
 (:meth:`running.Agent.due`); again ``interval_s`` after a pass that left work undone (to retry
 it), and otherwise only every ``resync_s``, since nothing else changes a fleet node. A node is
@@ -39,6 +40,7 @@ from typing import Any
 from migpilot import errors
 from migpilot.agent import (
     following,
+    holding,
     kube,
     kubeapi,
     metrics,
@@ -309,9 +311,10 @@ class Fleet:
         )
         used = reconciling.AnyOf([reconciling.RunningProcesses(gpus), kubelet])
         reporter = following.KubeReporter(self._api, source=source, in_use=used, now=self._now)
+        keep = holding.BoundPodsHold(self.pods, node=node, gpus=gpus, allocated=used)
         agent = running.Agent(
             gpus=gpus,
-            in_use=reconciling.AnyOf([used, source]),
+            in_use=reconciling.AnyOf([used, source, keep]),
             source=running.AlsoWatching(source, kubelet.fingerprint),
             plugin=None,
             agent_metrics=self._metrics,
