@@ -110,6 +110,13 @@ class CapacityPublisher:
         self._unavailable: str | None = None
         self._thread = threading.Thread(target=self._run, name="migpilot-capacity", daemon=True)
         self._thread.start()
+        _log.info(
+            "Node %s: new MIG device counts are published as soon as the kubelet lists them "
+            "(asked every %g s for up to %g s)",
+            node,
+            settings.poll_s,
+            settings.give_up_s,
+        )
 
     def passed(
         self,
