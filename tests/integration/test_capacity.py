@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 import pytest
 
 from migpilot.agent import capacity, following, kubeapi, metrics, reconciling, running
-from migpilot.agent.deviceplugin import devices, podresources, serving
+from migpilot.agent.deviceplugin import devices, health, podresources, serving
 from migpilot.gpu import clocks, emulated
 from migpilot.mig import catalog
 from tests.integration.kubelet_fake import FakeKubelet
@@ -241,6 +241,37 @@ def test_an_api_server_that_refuses_is_logged_and_retried_at_the_next_change(
         api.refuse = False
         assert publisher.publish_once() is True
         assert _published(api, "n0") == {R1G: "2", R3G: "1"}
+    finally:
+        publisher.close()
+        client.close()
+        plugin.stop()
+
+
+def test_a_device_made_unhealthy_between_passes_leaves_the_count(kubelet: FakeKubelet) -> None:
+    """An XID error marks a device Unhealthy without a pass: the publisher notices within
+    ``recheck_s`` and writes the kubelet's smaller count, once the kubelet drops it."""
+    api = kubeapi.InMemoryNodeApi()
+    plugin = serving.DevicePlugin(
+        serving.PluginSettings(plugin_dir=kubelet.plugin_dir, kubelet_poll_s=0.02)
+    )
+    client = podresources.PodResourcesClient(kubelet.pod_resources_socket, timeout_s=1.0)
+    publisher = capacity.CapacityPublisher(
+        api,
+        node="n0",
+        kubelet=client,
+        advertised=lambda: _advertised(plugin),
+        settings=capacity.CapacitySettings(poll_s=0.02, give_up_s=5.0, recheck_s=0.05),
+    )
+    try:
+        plugin.start(START)
+        kubelet.wait_registered(R1G, R3G)
+        publisher.check()  # the agent's, once the plugin serves
+        _wait("the counts", lambda: _published(api, "n0") == {R1G: "2", R3G: "1"})
+        kubelet.state.allocatable_delay_s = 0.3  # the kubelet takes its time to drop it
+        event = health.XidEvent("GPU-0", 79, gpu_instance_id=2, compute_instance_id=0)
+        assert plugin.report_xid(event) == {"MIG-0-1g.10gb-1"}
+        _wait("the smaller count", lambda: _published(api, "n0") == {R1G: "1", R3G: "1"})
+        assert client.allocatable()[R1G] == frozenset({"MIG-0-1g.10gb-0"})
     finally:
         publisher.close()
         client.close()

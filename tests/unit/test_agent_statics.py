@@ -152,16 +152,30 @@ def test_a_kept_instance_in_use_is_never_destroyed_by_a_new_config(node: Node) -
         ({"config.yaml": CONFIG}, "all-2g.20gb", "all-2g.20gb"),
         ({"config.yaml": "version: v1\nmig-configs: [oops"}, "all-1g.10gb", "ConfigMap"),
         ({"other.yaml": CONFIG}, "all-1g.10gb", "not found"),
+        ({"config.yaml": "version: v1\nmig-configs: {x: [{devices: all}]}"}, "x", "ConfigMap"),
+        (
+            {"config.yaml": CONFIG.replace('"3g.40gb": 2', '"3g.40gb": 3')},
+            "all-3g.40gb",
+            "cannot be placed",
+        ),
     ],
 )
 def test_bad_input_changes_nothing_and_says_failed(
     node: Node, data: dict[str, str], label: str, why: str
 ) -> None:
+    # A node laid out by a good config first: the bad input must leave it as it is.
+    node.api.put_configmap("gpu-operator", "mig-parted", {"config.yaml": CONFIG})
+    node.api.set_node_label(NODE, "nvidia.com/mig.config", "all-3g.40gb")
+    node.source.sync()
+    node.agent.reconcile()
+    before = {g: sorted(d.uuid or "" for d in node.gpus.mig_devices(g)) for g in (0, 1)}
+    assert node.profiles(0) == ["3g.40gb", "3g.40gb"] and node.state() == "success"
     node.api.put_configmap("gpu-operator", "mig-parted", data)
     node.api.set_node_label(NODE, "nvidia.com/mig.config", label)
     node.source.sync()
     node.agent.reconcile()
-    assert node.profiles(0) == [] and node.state() == "failed"
+    assert {g: sorted(d.uuid or "" for d in node.gpus.mig_devices(g)) for g in (0, 1)} == before
+    assert node.state() == "failed"
     assert node.source.problem is not None and why in node.source.problem
 
 

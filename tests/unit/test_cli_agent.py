@@ -98,10 +98,17 @@ BAD_CASES = [
     (["--state-file", "{tmp}/no/such/s.json"], "does not exist"),
     (["--labels-file", "{tmp}/no/such/labels"], "--labels-file"),
     (["--kubeconfig", "{missing}"], "--kubeconfig needs --node NAME"),
-    (["--node", "n", "--config", "{config}", "-c", "balanced"], "--config (static layouts"),
+    (
+        ["--node", "n", "--config", "{config}", "-c", "balanced"],
+        "--config does not apply with --node",
+    ),
     (["--node", "n", "--kubeconfig", "{missing}"], "--kubeconfig {missing}"),
     (["--node", "n", "--kubeconfig", "{unreachable}"], "the API server cannot be reached"),
     (["--kubelet", "simulated"], "--kubelet simulated needs --node NAME"),
+    (
+        ["--node", "n", "--kubeconfig", "{unreachable}", "--mig-parted-configmap", "cm"],
+        "--mig-parted-configmap 'cm': expected NAMESPACE/NAME[:KEY]",
+    ),
     (["--kubelet", "{tmp}", "--kubelet-dir", "{tmp}/k"], "name the same folder"),
 ]
 

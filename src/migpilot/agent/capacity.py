@@ -6,7 +6,8 @@ ListAndWatch, so its admission accepts pods using them, but it copies device-plu
 the Node object only in its periodic node-status sync (``nodeStatusUpdateFrequency``, 10 s by
 default). kube-scheduler reads the Node, so until then a pod waiting for a new MIG instance
 cannot be bound: most of a reconfiguration's latency. After each pass that changed what the
-device plugin advertises, :class:`CapacityPublisher` asks the kubelet's PodResources
+device plugin advertises (or a device's health changed between passes),
+:class:`CapacityPublisher` asks the kubelet's PodResources
 ``GetAllocatableResources`` (every ``poll_s``, up to ``give_up_s``) until it lists every device
 the plugin advertises, then writes the counts the kubelet lists for the ``nvidia.com/mig-*``
 resources into the Node's ``status.capacity`` and ``status.allocatable`` (a merge patch of
@@ -55,6 +56,9 @@ class CapacitySettings:
     give_up_s: float = 5.0
     """Seconds after a change to stop waiting for the kubelet to list every new device and
     publish what it lists by then. Default 5."""
+    recheck_s: float = 1.0
+    """Seconds between two looks, between passes, at what the plugin advertises (a device an
+    XID error made Unhealthy leaves the kubelet's list without a pass). Default 1."""
 
 
 def counts(kubelet: Mapping[str, frozenset[str]]) -> dict[str, int]:
@@ -107,9 +111,18 @@ class CapacityPublisher:
         self._stop = threading.Event()
         self._published: dict[str, int] | None = None
         self._last_seen: dict[str, frozenset[str]] | None = None
+        self._checking = threading.Lock()
+        """``check`` runs on the agent's thread and on the publisher's."""
         self._unavailable: str | None = None
         self._thread = threading.Thread(target=self._run, name="migpilot-capacity", daemon=True)
         self._thread.start()
+        _log.info(
+            "Node %s: new MIG device counts are published as soon as the kubelet lists them "
+            "(asked every %g s for up to %g s)",
+            node,
+            settings.poll_s,
+            settings.give_up_s,
+        )
 
     def passed(
         self,
@@ -124,11 +137,14 @@ class CapacityPublisher:
 
     def check(self) -> None:
         """Wake the thread if the advertised devices changed since the last check (also after
-        the plugin starts serving: the first pass runs before it does)."""
+        the plugin starts serving: the first pass runs before it does; and every
+        ``recheck_s``, for health changes between passes)."""
         now = dict(self._advertised())
-        if now != self._last_seen:
+        with self._checking:
+            if now == self._last_seen:
+                return
             self._last_seen = now
-            self._wake.set()
+        self._wake.set()
 
     def close(self) -> None:
         """Stop the thread."""
@@ -138,11 +154,15 @@ class CapacityPublisher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait()
-            self._wake.clear()
+            woken = self._wake.wait(self.settings.recheck_s)
             if self._stop.is_set():
                 return
             try:
+                if not woken:
+                    if self._last_seen is not None:  # once the agent has checked: it serves
+                        self.check()  # a health change between passes wakes it
+                    continue
+                self._wake.clear()
                 self.publish_once()
             except Exception:  # the kubelet's own sync still comes: never let the thread die
                 _log.exception("Node %s: publishing device capacity failed", self._node)

@@ -217,8 +217,9 @@ def _source(args: argparse.Namespace) -> running.DesiredSource:
     """The desired-layout source the flags name, checked (file readable, name known)."""
     if args.node is not None and args.config is not None:
         raise errors.AgentConfigError(
-            "--node takes the layouts from the node's GpuLayout; --config (static layouts from "
-            "the Node's nvidia.com/mig.config label) is not supported with it yet"
+            "--config does not apply with --node: in a cluster a static node's mig-parted file "
+            "is read from a ConfigMap (--mig-parted-configmap NS/NAME[:KEY]), the config named "
+            "by the Node's nvidia.com/mig.config label"
         )
     if args.node is None and args.kubeconfig is not None:
         raise errors.AgentConfigError("--kubeconfig needs --node NAME")
@@ -313,12 +314,11 @@ def _cluster(args: argparse.Namespace, strategy: devices.MigStrategy) -> _Cluste
     """With ``--node``: connect and read the node's GpuLayout once (errors stop the agent)."""
     if args.node is None:
         return None
+    configmap = statics.ConfigMapRef.parse(args.mig_parted_configmap)  # before connecting
     api = kube.connect(Path(args.kubeconfig) if args.kubeconfig is not None else None)
     source = following.GpuLayoutSource(api, node=args.node)
     source.sync()
-    static = statics.StaticOrDynamic(
-        api, dynamic=source, configmap=statics.ConfigMapRef.parse(args.mig_parted_configmap)
-    )
+    static = statics.StaticOrDynamic(api, dynamic=source, configmap=configmap)
     static.sync()
     simulated = None
     # The pods bound to the node: the simulated kubelet assigns them devices, and on any node
