@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python bench/bench_scale.py [--nodes 1000] [--pods 5000]`` (after
 ``./scripts/test`` has set up ``.venv`` and built the control plane; about 10 minutes on 2
-cores). Prints a table and writes ``bench/results/scale.json``. Timing never decides a test.
+cores). Prints a table and adds the run to ``bench/results/scale.json`` (earlier runs kept).
+Timing never decides a test.
 
 A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler with its
 client QPS raised to 500, KWOK for the nodes), ``migpilot webhook``, ``migpilot controller``
@@ -206,7 +207,10 @@ def main() -> int:
         "settings": f"controller defaults; kube-scheduler client QPS {SCHEDULER_QPS}",
         "results": row,
     }
-    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
+    # Runs accumulate: figures from a shared machine are compared run by run.
+    old = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    runs = old.get("runs", [old] if old.get("results") else [])
+    RESULTS.write_text(json.dumps({"runs": [*runs, doc]}, indent=2) + "\n")
     print(f"wrote {RESULTS.relative_to(ROOT)}")
     return 0
 
