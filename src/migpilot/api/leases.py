@@ -114,14 +114,16 @@ def claim(
     duration_s: int = DURATION_S,
 ) -> dict[str, Any] | None:
     """The Lease body that takes or renews the Lease for ``identity`` at ``now``, or ``None``
-    when another holder keeps it fresh. A new holder bumps ``leaseTransitions``."""
+    when another holder keeps it fresh. A new holder bumps ``leaseTransitions`` (the same
+    holder taking its own expired Lease again does not; its ``acquireTime`` is new)."""
     if lease is not None and fresh(lease, now):
         holder = (lease.get("spec") or {}).get("holderIdentity")
         if holder != identity:
             return None
     stamp = format_time(now)
     spec_in: Mapping[str, Any] = (lease or {}).get("spec") or {}
-    ours = spec_in.get("holderIdentity") == identity and lease is not None and fresh(lease, now)
+    same_holder = lease is not None and spec_in.get("holderIdentity") == identity
+    ours = same_holder and lease is not None and fresh(lease, now)
     transitions = spec_in.get("leaseTransitions")
     transitions = transitions if isinstance(transitions, int) and transitions >= 0 else 0
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
@@ -138,6 +140,6 @@ def claim(
             "leaseDurationSeconds": duration_s,
             "acquireTime": spec_in.get("acquireTime") if ours else stamp,
             "renewTime": stamp,
-            "leaseTransitions": transitions if ours or lease is None else transitions + 1,
+            "leaseTransitions": transitions if same_holder or lease is None else transitions + 1,
         },
     }
