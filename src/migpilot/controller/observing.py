@@ -70,6 +70,10 @@ class PodView:
     affinity); ``None`` for a good one or a pod that asks for no MIG resource."""
     created: str
     """``metadata.creationTimestamp`` as the API gives it."""
+    cpu_milli: int = 0
+    """CPU the pod asks for (millicores, as kube-scheduler counts it), MIG pod or not."""
+    memory_bytes: int = 0
+    """Memory the pod asks for (bytes, as kube-scheduler counts it), MIG pod or not."""
 
     @property
     def is_mig(self) -> bool:
@@ -159,6 +163,7 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
     mig: Counter[str] = Counter()
     pod: snapshot.Pod | None = None
     problem: str | None = None
+    total: dict[str, Any] = {}
     try:
         total = _effective(spec, "spec")
         wanted = {
@@ -182,6 +187,8 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         pod=pod,
         problem=problem,
         created=str(meta.get("creationTimestamp", "")),
+        cpu_milli=int(total.get("cpu", 0)),
+        memory_bytes=int(total.get("memory", 0)),
     )
 
 
@@ -352,9 +359,9 @@ def observe(
     for p in pod_map.values():
         if p.node and not p.done:
             bound.setdefault(p.node, Counter()).update(p.mig)
-            if p.pod is not None:
-                used_cpu[p.node] += p.pod.cpu_milli
-                used_mem[p.node] += p.pod.memory_bytes
+            # Every bound pod takes CPU and memory, MIG pod or not (kube-scheduler counts all).
+            used_cpu[p.node] += p.cpu_milli
+            used_mem[p.node] += p.memory_bytes
     reservations: dict[str, Reservation] = {}
     stale: set[str] = set()
     for node_name, layout in layouts_by_node.items():
@@ -522,12 +529,19 @@ def node_gpus(
 
 def static_fit(observed: Observed, view: PodView) -> str | None:
     """A statically laid out node with free instances for ``view`` now, by the counts
-    kube-scheduler checks (allocatable less what bound pods hold), or ``None``."""
+    kube-scheduler checks (allocatable less what bound pods hold), or ``None``. The node's
+    agent must have reported its GPUs in its GpuLayout."""
     if view.pod is None:
         return None
     for name in sorted(observed.nodes):
         node = observed.nodes[name]
-        if not node.static or not node.ready:
+        layout = observed.layouts.get(name)
+        if not node.static or not node.ready or layout is None:
+            continue
+        try:
+            # Its GPUs as reported: the placement rules ask for a node with MIG GPUs.
+            gpus = gpulayouts.snapshot_gpus(layout)
+        except errors.MigpilotError:
             continue
         planner_node = snapshot.Node(
             name=name,
@@ -535,7 +549,7 @@ def static_fit(observed: Observed, view: PodView) -> str | None:
             taints=node.taints,
             unschedulable=node.unschedulable,
             allocatable=None,
-            gpus=(),
+            gpus=gpus,
         )
         if constraints.rejection(planner_node, view.pod) is not None:
             continue
