@@ -149,7 +149,14 @@ def apply_json_patch(doc: dict[str, Any], patch: Sequence[Mapping[str, Any]]) ->
                     del parent[int(last)]
                 else:
                     del parent[last]
-            elif kind in ("add", "replace"):
+            elif kind == "replace":  # the target must exist, and is replaced in place
+                if isinstance(parent, list):
+                    parent[int(last)] = copy.deepcopy(op["value"])
+                else:
+                    if last not in parent:
+                        raise KeyError(last)
+                    parent[last] = copy.deepcopy(op["value"])
+            elif kind == "add":
                 if isinstance(parent, list):
                     if last == "-":
                         parent.append(copy.deepcopy(op["value"]))

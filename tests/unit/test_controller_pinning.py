@@ -1,0 +1,751 @@
+"""What the controller writes (controller/pinning.py): specs with reservations, when a reserved
+pod may be let go, and the JSON patches that pin and ungate it (applied here with the in-memory
+API's own patcher, to check that a pin only ever narrows the pod)."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from migpilot.api import gpulayouts as gl
+from migpilot.controller import kubeapi, observing, pinning
+from migpilot.mig import catalog, layouts
+from migpilot.planning import plans, snapshot
+
+A100 = "NVIDIA A100-SXM4-80GB"
+A100_MODEL = catalog.resolve_gpu(A100)
+GATE = observing.GATE
+S = gl.InstanceState
+HOST = {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n0"]}
+FIELD = {"key": "metadata.name", "operator": "In", "values": ["n0"]}
+ZONE_A = {"key": "zone", "operator": "In", "values": ["a"]}
+BASE = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
+
+
+# --------------------------------------------------------------------------- spec_for
+
+
+def _snode(*gpus: int) -> snapshot.Node:
+    return snapshot.Node(
+        name="n0",
+        labels=MappingProxyType({}),
+        taints=(),
+        unschedulable=False,
+        allocatable=None,
+        gpus=tuple(snapshot.Gpu(i, A100_MODEL, ()) for i in gpus),
+    )
+
+
+def _plan(
+    targets: dict[int, list[tuple[int, str]]],
+    placements: dict[str, list[tuple[int, int, str]]] | None = None,
+    *,
+    node: str = "n0",
+) -> plans.Plan:
+    return plans.Plan(
+        planner="test",
+        gpus=tuple(
+            plans.GpuPlan(
+                node, g, True, layouts.Layout.of(layouts.Instance(s, p) for s, p in insts)
+            )
+            for g, insts in sorted(targets.items())
+        ),
+        actions=(),
+        placements=tuple(
+            plans.Placement(pod, node, tuple(plans.AssignedInstance(g, p, s) for g, s, p in insts))
+            for pod, insts in (placements or {}).items()
+        ),
+        unschedulable=(),
+    )
+
+
+def _reserved(spec: gl.LayoutSpec) -> dict[tuple[int, int, str], str | None]:
+    return {(g.index, i.start, i.profile): i.reserved_for for g in spec.gpus for i in g.instances}
+
+
+@pytest.mark.parametrize(
+    ("targets", "placements", "kept", "want"),
+    [
+        pytest.param(
+            {0: [(0, "3g.40gb"), (4, "3g.40gb")]},
+            {"ns/q": [(0, 4, "3g.40gb")]},
+            {(0, 0, "3g.40gb"): "ns/p"},
+            {(0, 0, "3g.40gb"): "ns/p", (0, 4, "3g.40gb"): "ns/q"},
+            id="kept-beside-new",
+        ),
+        pytest.param(
+            {0: [(0, "7g.80gb")]},
+            {},
+            {(0, 0, "3g.40gb"): "ns/p"},
+            {(0, 0, "7g.80gb"): None},
+            id="kept-instance-gone-from-target",
+        ),
+        pytest.param(
+            {0: [(0, "4g.40gb"), (4, "3g.40gb")]},
+            {},
+            {(0, 0, "3g.40gb"): "ns/p"},
+            {(0, 0, "4g.40gb"): None, (0, 4, "3g.40gb"): None},
+            id="same-start-other-profile",
+        ),
+        pytest.param(
+            {0: [(0, "3g.40gb")], 1: [(0, "3g.40gb")]},
+            {},
+            {(1, 0, "3g.40gb"): "ns/p"},
+            {(0, 0, "3g.40gb"): None, (1, 0, "3g.40gb"): "ns/p"},
+            id="kept-on-its-own-gpu",
+        ),
+        pytest.param(
+            {0: [(0, "3g.40gb")]},
+            {"ns/q": [(0, 0, "3g.40gb")]},
+            {(0, 0, "3g.40gb"): "ns/p"},
+            {(0, 0, "3g.40gb"): "ns/q"},
+            id="plan-wins",
+        ),
+        pytest.param({0: []}, {}, {}, {}, id="emptied"),
+    ],
+)
+def test_spec_for_keeps_reservations_only_on_instances_still_in_the_target(
+    targets: dict[int, list[tuple[int, str]]],
+    placements: dict[str, list[tuple[int, int, str]]],
+    kept: dict[tuple[int, int, str], str],
+    want: dict[tuple[int, int, str], str | None],
+) -> None:
+    spec = pinning.spec_for(_snode(0, 1), _plan(targets, placements), kept=kept)
+    assert _reserved(spec) == want
+    assert [g.index for g in spec.gpus] == sorted(targets)
+    assert all(g.model == A100_MODEL.id for g in spec.gpus)
+
+
+def test_spec_for_leaves_out_other_nodes_gpus() -> None:
+    other = _plan({0: [(0, "7g.80gb")]}, {"ns/x": [(0, 0, "7g.80gb")]}, node="n1")
+    spec = pinning.spec_for(_snode(0), other, kept={(0, 0, "7g.80gb"): "ns/p"})
+    assert spec == gl.LayoutSpec(())
+
+
+# --------------------------------------------------------------------------- without_stale
+
+
+SPEC = gl.LayoutSpec(
+    (
+        gl.GpuSpec(
+            0,
+            "a100-80gb",
+            (gl.InstanceSpec("3g.40gb", 0, "ns/a"), gl.InstanceSpec("3g.40gb", 4, "ns/b")),
+        ),
+        gl.GpuSpec(1, None, (gl.InstanceSpec("7g.80gb", 0, None),)),
+    )
+)
+
+
+@pytest.mark.parametrize(
+    ("live", "want"),
+    [
+        (frozenset({"ns/a", "ns/b"}), {"ns/a", "ns/b"}),
+        (frozenset({"ns/a"}), {"ns/a"}),
+        (frozenset({"ns/b", "ns/zzz"}), {"ns/b"}),
+        (frozenset(), set()),
+    ],
+)
+def test_without_stale_keeps_the_live_reservations_and_every_instance(
+    live: frozenset[str], want: set[str]
+) -> None:
+    got = pinning.without_stale(SPEC, live=live)
+    assert {r for r in _reserved(got).values() if r} == want
+    assert set(_reserved(got)) == set(_reserved(SPEC))
+    assert [(g.index, g.model) for g in got.gpus] == [(0, "a100-80gb"), (1, None)]
+    if want == {"ns/a", "ns/b"}:
+        assert got == SPEC
+
+
+# --------------------------------------------------------------------------- ready, waiting_for
+
+
+def _pod(
+    name: str,
+    *,
+    mig: dict[str, int] | None = None,
+    gated: bool = True,
+    node: str | None = None,
+) -> dict[str, Any]:
+    limits = {f"nvidia.com/mig-{p}": str(n) for p, n in (mig or {"1g.10gb": 1}).items()}
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"limits": limits}}]}
+    if gated:
+        spec["schedulingGates"] = [{"name": GATE}]
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}"}, "spec": spec}
+
+
+def _node(*, ready: bool = True, **allocatable: int) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "n0",
+            "labels": {"kubernetes.io/hostname": "n0", "nvidia.com/mig.capable": "true"},
+        },
+        "status": {
+            "conditions": [{"type": "Ready", "status": str(ready)}],
+            "allocatable": {
+                f"nvidia.com/mig-{p.replace('_', '.')}": str(n) for p, n in allocatable.items()
+            },
+        },
+    }
+
+
+def _observed(
+    pods: list[dict[str, Any]],
+    *,
+    spec: list[tuple[int, str, str | None]],
+    status: list[tuple[int, str, gl.InstanceState, bool]] | None,
+    node: dict[str, Any] | None,
+) -> observing.Observed:
+    """One node, one GPU; status entries are (start, profile, state, has a UUID)."""
+    lay_status = None
+    if status is not None:
+        lay_status = gl.LayoutStatus(
+            1,
+            (
+                gl.GpuStatus(
+                    0,
+                    A100,
+                    "GPU-0",
+                    tuple(
+                        gl.InstanceStatus(p, s, f"MIG-{s}" if uuid else None, state)
+                        for s, p, state, uuid in status
+                    ),
+                ),
+            ),
+        )
+    layout = gl.GpuLayout(
+        "n0",
+        gl.LayoutSpec((gl.GpuSpec(0, None, tuple(gl.InstanceSpec(p, s, r) for s, p, r in spec)),)),
+        lay_status,
+    )
+    return observing.observe(
+        pods=[observing.pod_view(p) for p in pods],
+        nodes=[observing.node_view(node)] if node else [],
+        layouts_by_node={"n0": layout},
+    )
+
+
+MADE = (0, "1g.10gb", S.RESERVED, True)
+
+
+@pytest.mark.parametrize(
+    ("pods", "spec", "status", "node", "why"),
+    [
+        pytest.param(
+            [_pod("p")], [(0, "1g.10gb", "ns/p")], [MADE], _node(**{"1g_10gb": 1}), None, id="ready"
+        ),
+        pytest.param(
+            [_pod("p")], [(0, "1g.10gb", None)], [MADE], _node(**{"1g_10gb": 1}),
+            "no reservation", id="no-reservation",
+        ),
+        pytest.param(
+            [_pod("p")], [(0, "1g.10gb", "ns/p")], [MADE], _node(ready=False, **{"1g_10gb": 1}),
+            "node n0 to be Ready and reported", id="node-not-ready",
+        ),
+        pytest.param(
+            [_pod("p")], [(0, "1g.10gb", "ns/p")], [MADE], None,
+            "node n0 to be Ready and reported", id="node-gone",
+        ),
+        pytest.param(
+            [_pod("p")], [(0, "1g.10gb", "ns/p")], None, _node(**{"1g_10gb": 1}),
+            "node n0 to be Ready and reported", id="not-reported",
+        ),
+        pytest.param(
+            [_pod("p")], [(0, "1g.10gb", "ns/p")], [], _node(**{"1g_10gb": 1}),
+            "1g.10gb at GPU 0 start 0 on n0 to be created", id="not-made",
+        ),
+        pytest.param(
+            [_pod("p")], [(0, "1g.10gb", "ns/p")], [(0, "1g.10gb", S.CREATING, False)],
+            _node(**{"1g_10gb": 1}), "1g.10gb at GPU 0 start 0 on n0 to be created", id="creating",
+        ),
+        pytest.param(
+            [_pod("p")], [(0, "1g.10gb", "ns/p")], [(0, "1g.10gb", S.RESERVED, False)],
+            _node(**{"1g_10gb": 1}), "1g.10gb at GPU 0 start 0 on n0 to be created", id="no-uuid",
+        ),
+        pytest.param(
+            [_pod("p")], [(0, "1g.10gb", "ns/p")], [(0, "1g.10gb", S.DESTROYING, True)],
+            _node(**{"1g_10gb": 1}), "1g.10gb at GPU 0 start 0 on n0 to be created",
+            id="destroying",
+        ),
+        pytest.param(
+            [_pod("p")], [(0, "1g.10gb", "ns/p")], [(0, "1g.10gb", S.FREE, True)],
+            _node(**{"1g_10gb": 1}), None, id="made-reported-free",
+        ),
+        pytest.param(
+            [_pod("p", mig={"1g.10gb": 2})],
+            [(0, "1g.10gb", "ns/p"), (1, "1g.10gb", "ns/p")],
+            [MADE],
+            _node(**{"1g_10gb": 2}),
+            "1g.10gb at GPU 0 start 1 on n0 to be created",
+            id="one-of-two-made",
+        ),
+        pytest.param(
+            [_pod("p")], [(0, "1g.10gb", "ns/p")], [MADE], _node(),
+            "node n0 to advertise nvidia.com/mig-1g.10gb (allocatable 0, taken 0)",
+            id="not-advertised",
+        ),
+        pytest.param(
+            [_pod("p"), _pod("b", gated=False, node="n0")],
+            [(0, "1g.10gb", "ns/p"), (1, "1g.10gb", None)],
+            [MADE, (1, "1g.10gb", S.USED, True)],
+            _node(**{"1g_10gb": 1}),
+            "node n0 to advertise nvidia.com/mig-1g.10gb (allocatable 1, taken 1)",
+            id="advertised-one-held-by-a-bound-pod",
+        ),
+        pytest.param(
+            [_pod("p"), _pod("b", gated=False, node="n0")],
+            [(0, "1g.10gb", "ns/p"), (1, "1g.10gb", None)],
+            [MADE, (1, "1g.10gb", S.USED, True)],
+            _node(**{"1g_10gb": 2}),
+            None,
+            id="advertised-two-one-held",
+        ),
+        pytest.param(
+            [_pod("p"), _pod("q", gated=False)],
+            [(0, "1g.10gb", "ns/p"), (1, "1g.10gb", "ns/q")],
+            [MADE, (1, "1g.10gb", S.RESERVED, True)],
+            _node(**{"1g_10gb": 1}),
+            "node n0 to advertise nvidia.com/mig-1g.10gb (allocatable 1, taken 1)",
+            id="another-let-go-takes-it",
+        ),
+        pytest.param(
+            [_pod("p"), _pod("q")],
+            [(0, "1g.10gb", "ns/p"), (1, "1g.10gb", "ns/q")],
+            [MADE, (1, "1g.10gb", S.RESERVED, True)],
+            _node(**{"1g_10gb": 1}),
+            None,
+            id="another-still-gated-does-not",
+        ),
+    ],
+)  # fmt: skip
+def test_waiting_for_and_ready(
+    pods: list[dict[str, Any]],
+    spec: list[tuple[int, str, str | None]],
+    status: list[tuple[int, str, gl.InstanceState, bool]] | None,
+    node: dict[str, Any] | None,
+    why: str | None,
+) -> None:
+    obs = _observed(pods, spec=spec, status=status, node=node)
+    held = pinning.taken(obs).get("n0", Counter())
+    assert pinning.waiting_for(obs, "ns/p", taken=held) == why
+    assert pinning.ready(obs, "ns/p") is (why is None)
+
+
+def test_made_says_whether_every_reserved_instance_exists() -> None:
+    spec = [(0, "1g.10gb", "ns/p"), (1, "1g.10gb", "ns/p")]
+    node = _node()
+    obs = _observed([_pod("p", mig={"1g.10gb": 2})], spec=spec, status=[MADE], node=node)
+    assert not pinning.made(obs, "ns/p")
+    both = [MADE, (1, "1g.10gb", S.RESERVED, True)]
+    obs = _observed([_pod("p", mig={"1g.10gb": 2})], spec=spec, status=both, node=node)
+    assert pinning.made(obs, "ns/p")
+    assert not pinning.made(obs, "ns/nobody")
+    obs = _observed([_pod("p", mig={"1g.10gb": 2})], spec=spec, status=None, node=node)
+    assert not pinning.made(obs, "ns/p")
+
+
+def test_taken_counts_bound_pods_and_reserved_pods_let_go() -> None:
+    pods = [
+        _pod("bound", mig={"1g.10gb": 2, "2g.20gb": 1}, gated=False, node="n0"),
+        _pod("gone", gated=False, node="n0"),
+        _pod("let-go", mig={"1g.10gb": 1}, gated=False),
+        _pod("gated", mig={"1g.10gb": 1}),
+    ]
+    pods[1]["status"] = {"phase": "Succeeded"}
+    spec = [(0, "2g.20gb", None), (2, "1g.10gb", "ns/let-go"), (3, "1g.10gb", "ns/gated")]
+    obs = _observed(pods, spec=spec, status=[], node=_node())
+    assert pinning.taken(obs) == {"n0": Counter({"1g.10gb": 3, "2g.20gb": 1})}
+
+
+def test_the_caller_adds_the_pods_it_lets_go() -> None:
+    pods = [_pod("p"), _pod("q")]
+    spec = [(0, "1g.10gb", "ns/p"), (1, "1g.10gb", "ns/q")]
+    status = [MADE, (1, "1g.10gb", S.RESERVED, True)]
+    obs = _observed(pods, spec=spec, status=status, node=_node(**{"1g_10gb": 1}))
+    held: Counter[str] = Counter()
+    assert pinning.waiting_for(obs, "ns/p", taken=held) is None
+    held.update(obs.pods["ns/p"].mig)
+    assert pinning.waiting_for(obs, "ns/q", taken=held) is not None
+
+
+# --------------------------------------------------------------------------- pin_patch
+
+
+def _gated(*, gates: list[str] | None = None, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}],
+        **spec,
+    }
+    if gates is None:
+        gates = [GATE]
+    if gates:
+        body["schedulingGates"] = [{"name": g} for g in gates]
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "resourceVersion": "7"},
+        "spec": body,
+        "status": {"phase": "Pending"},
+    }
+
+
+def _node_view(*, hostname: bool = True) -> observing.NodeView:
+    labels = {"kubernetes.io/hostname": "n0"} if hostname else {}
+    return observing.node_view({"metadata": {"name": "n0", "labels": labels}})
+
+
+def _required(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    terms: list[dict[str, Any]] = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    return terms
+
+
+def _terms_of(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    try:
+        return _required(pod)
+    except (KeyError, TypeError):
+        return []
+
+
+def _assert_narrows(
+    before: dict[str, Any], after: dict[str, Any], requirement: dict[str, Any]
+) -> None:
+    """``after`` is ``before`` with only our gate gone and each required term narrowed by
+    ``requirement`` (one term of it when there were none)."""
+    kind = "matchExpressions" if requirement["key"] != "metadata.name" else "matchFields"
+    old_terms, new_terms = _terms_of(before), _required(after)
+    if not old_terms:
+        assert new_terms == [{kind: [requirement]}]
+    else:
+        assert len(new_terms) == len(old_terms)
+        for old, new in zip(old_terms, new_terms, strict=True):
+            had = old.get(kind, [])
+            assert new[kind] == (had if requirement in had else [*had, requirement])
+            assert {k: v for k, v in new.items() if k != kind} == {
+                k: v for k, v in old.items() if k != kind
+            }
+    gates = [g["name"] for g in before["spec"].get("schedulingGates", [])]
+    left = [g["name"] for g in after["spec"].get("schedulingGates", [])]
+    assert left == [g for g in gates if g != GATE]
+    if not left:
+        assert "schedulingGates" not in after["spec"]
+    # Nothing else changed.
+    strip = copy.deepcopy(after)
+    strip_before = copy.deepcopy(before)
+    for doc in (strip, strip_before):
+        doc["spec"].pop("schedulingGates", None)
+        aff = doc["spec"].get("affinity")
+        if isinstance(aff, dict):
+            na = aff.get("nodeAffinity")
+            if isinstance(na, dict):
+                na.pop("requiredDuringSchedulingIgnoredDuringExecution", None)
+                if not na:
+                    aff.pop("nodeAffinity")
+            if not aff:
+                doc["spec"].pop("affinity")
+    assert strip == strip_before
+
+
+PREFERRED = {
+    "preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [{"key": "z", "operator": "Exists"}]}}
+    ]
+}
+POD_AFFINITY = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "ops"),
+    [
+        pytest.param(
+            _gated(),
+            [
+                {
+                    "op": "add",
+                    "path": "/spec/affinity",
+                    "value": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [{"matchExpressions": [HOST]}]
+                            }
+                        }
+                    },
+                },
+                {"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
+                {"op": "remove", "path": "/spec/schedulingGates"},
+            ],
+            id="no-affinity",
+        ),
+        pytest.param(
+            _gated(affinity=POD_AFFINITY),
+            [
+                {
+                    "op": "add",
+                    "path": "/spec/affinity/nodeAffinity",
+                    "value": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchExpressions": [HOST]}]
+                        }
+                    },
+                },
+                {"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
+                {"op": "remove", "path": "/spec/schedulingGates"},
+            ],
+            id="affinity-without-node-affinity",
+        ),
+        pytest.param(
+            _gated(affinity={"nodeAffinity": PREFERRED}),
+            [
+                {
+                    "op": "add",
+                    "path": BASE,
+                    "value": {"nodeSelectorTerms": [{"matchExpressions": [HOST]}]},
+                },
+                {"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
+                {"op": "remove", "path": "/spec/schedulingGates"},
+            ],
+            id="node-affinity-without-required",
+        ),
+        pytest.param(
+            _gated(
+                affinity={
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [ZONE_A]},
+                                {"matchFields": [FIELD]},
+                            ]
+                        }
+                    }
+                }
+            ),
+            [
+                {
+                    "op": "add",
+                    "path": f"{BASE}/nodeSelectorTerms/0/matchExpressions/-",
+                    "value": HOST,
+                },
+                {
+                    "op": "add",
+                    "path": f"{BASE}/nodeSelectorTerms/1/matchExpressions",
+                    "value": [HOST],
+                },
+                {"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
+                {"op": "remove", "path": "/spec/schedulingGates"},
+            ],
+            id="terms-with-and-without-expressions",
+        ),
+        pytest.param(
+            _gated(gates=["a.io/x", GATE, "b.io/y"]),
+            [
+                {
+                    "op": "add",
+                    "path": "/spec/affinity",
+                    "value": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [{"matchExpressions": [HOST]}]
+                            }
+                        }
+                    },
+                },
+                {"op": "test", "path": "/spec/schedulingGates/1/name", "value": GATE},
+                {"op": "remove", "path": "/spec/schedulingGates/1"},
+            ],
+            id="other-gates-kept",
+        ),
+        pytest.param(_gated(gates=[]), [], id="no-gate"),
+        pytest.param(_gated(gates=["a.io/x"]), [], id="only-another-gate"),
+    ],
+)
+def test_pin_patch(pod: dict[str, Any], ops: list[dict[str, Any]]) -> None:
+    patch = pinning.pin_patch(pod, _node_view())
+    assert patch == ops
+    after = kubeapi.apply_json_patch(pod, patch)
+    if ops:
+        _assert_narrows(pod, after, HOST)
+    else:
+        assert after == pod
+
+
+def test_pin_patch_names_a_node_without_hostname_label_by_field() -> None:
+    pod = _gated(
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "NotIn", "values": ["x"]}
+                            ]
+                        },
+                    ]
+                }
+            }
+        }
+    )
+    patch = pinning.pin_patch(pod, _node_view(hostname=False))
+    assert patch[:2] == [
+        {"op": "add", "path": f"{BASE}/nodeSelectorTerms/0/matchFields", "value": [FIELD]},
+        {"op": "add", "path": f"{BASE}/nodeSelectorTerms/1/matchFields/-", "value": FIELD},
+    ]
+    _assert_narrows(pod, kubeapi.apply_json_patch(pod, patch), FIELD)
+    bare = pinning.pin_patch(_gated(), _node_view(hostname=False))
+    assert bare[0]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchFields": [FIELD]}]
+    }
+
+
+def test_pin_patch_does_not_repeat_a_requirement_a_term_has() -> None:
+    pod = _gated(
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [HOST]},
+                        {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
+                    ]
+                }
+            }
+        }
+    )
+    patch = pinning.pin_patch(pod, _node_view())
+    assert [op["path"] for op in patch if op["op"] == "add"] == [
+        f"{BASE}/nodeSelectorTerms/1/matchExpressions/-"
+    ]
+    after = kubeapi.apply_json_patch(pod, patch)
+    assert _required(after)[0] == {"matchExpressions": [HOST]}
+
+
+def test_a_pin_computed_from_an_old_pod_fails_on_a_changed_one() -> None:
+    pod = _gated(gates=["a.io/x", GATE])
+    patch = pinning.pin_patch(pod, _node_view())
+    moved = _gated(gates=[GATE])  # the other gate went meanwhile: index 1 is no longer ours
+    with pytest.raises(kubeapi.KubeApiError):
+        kubeapi.apply_json_patch(moved, patch)
+
+
+_REQ = st.fixed_dictionaries(
+    {
+        "key": st.sampled_from(["zone", "pool", "kubernetes.io/hostname"]),
+        "operator": st.sampled_from(["In", "NotIn"]),
+        "values": st.lists(st.sampled_from(["a", "b", "n0"]), min_size=1, max_size=2),
+    }
+)
+_TERM = st.fixed_dictionaries(
+    {},
+    optional={
+        "matchExpressions": st.lists(st.one_of(_REQ, st.just(HOST)), max_size=3),
+        "matchFields": st.lists(st.just(FIELD), max_size=1),
+    },
+)
+_AFFINITY = st.one_of(
+    st.none(),
+    st.just(POD_AFFINITY),
+    st.just({"nodeAffinity": PREFERRED}),
+    st.lists(_TERM, min_size=1, max_size=3).map(
+        lambda terms: {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms},
+                **PREFERRED,
+            }
+        }
+    ),
+)
+
+
+@given(
+    affinity=_AFFINITY,
+    others=st.lists(st.sampled_from(["a.io/x", "b.io/y", "c.io/z"]), unique=True, max_size=3),
+    at=st.integers(min_value=0, max_value=3),
+    hostname=st.booleans(),
+)
+def test_a_pin_only_narrows_the_pod_and_removes_only_our_gate(
+    affinity: dict[str, Any] | None, others: list[str], at: int, hostname: bool
+) -> None:
+    gates = [*others]
+    gates.insert(min(at, len(gates)), GATE)
+    pod = _gated(gates=gates, **({"affinity": affinity} if affinity is not None else {}))
+    patch = pinning.pin_patch(pod, _node_view(hostname=hostname))
+    after = kubeapi.apply_json_patch(pod, patch)
+    _assert_narrows(pod, after, HOST if hostname else FIELD)
+    # Pinned once: a second pin finds no gate and changes nothing.
+    assert pinning.pin_patch(after, _node_view(hostname=hostname)) == []
+
+
+# --------------------------------------------------------------------------- ungate_patch
+
+
+@pytest.mark.parametrize(
+    ("gates", "left"),
+    [
+        ([GATE], None),
+        (["a.io/x", GATE], ["a.io/x"]),
+        ([GATE, "a.io/x"], ["a.io/x"]),
+        (["a.io/x"], ["a.io/x"]),
+        ([], None),
+    ],
+)
+def test_ungate_patch_removes_only_our_gate(gates: list[str], left: list[str] | None) -> None:
+    pod = _gated(gates=gates)
+    after = kubeapi.apply_json_patch(pod, pinning.ungate_patch(pod))
+    if left is None:
+        assert "schedulingGates" not in after["spec"]
+    else:
+        assert [g["name"] for g in after["spec"]["schedulingGates"]] == left
+    assert "affinity" not in after["spec"]
+
+
+def test_ungate_patch_of_a_pod_without_spec_is_empty() -> None:
+    assert pinning.ungate_patch({"metadata": {"name": "p"}}) == []
+
+
+# --------------------------------------------------------------------------- apply_json_patch
+
+
+def test_apply_json_patch_works_on_a_copy() -> None:
+    doc = {"a": {"b": [1, 2]}}
+    out = kubeapi.apply_json_patch(doc, [{"op": "add", "path": "/a/b/-", "value": 3}])
+    assert out == {"a": {"b": [1, 2, 3]}} and doc == {"a": {"b": [1, 2]}}
+
+
+@pytest.mark.parametrize(
+    ("patch", "want"),
+    [
+        ([{"op": "add", "path": "/a/b/0", "value": 0}], {"a": {"b": [0, 1, 2]}, "c~/": 1}),
+        ([{"op": "replace", "path": "/a/b/1", "value": 9}], {"a": {"b": [1, 9]}, "c~/": 1}),
+        ([{"op": "remove", "path": "/a/b/0"}], {"a": {"b": [2]}, "c~/": 1}),
+        ([{"op": "remove", "path": "/c~0~1"}], {"a": {"b": [1, 2]}}),
+        ([{"op": "test", "path": "/a/b/1", "value": 2}], {"a": {"b": [1, 2]}, "c~/": 1}),
+    ],
+)
+def test_apply_json_patch_ops(patch: list[dict[str, Any]], want: dict[str, Any]) -> None:
+    assert kubeapi.apply_json_patch({"a": {"b": [1, 2]}, "c~/": 1}, patch) == want
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        [{"op": "test", "path": "/a/b/0", "value": 5}],
+        [{"op": "remove", "path": "/a/x"}],
+        [{"op": "add", "path": "/x/y", "value": 1}],
+        [{"op": "remove", "path": "/a/b/7"}],
+        [{"op": "replace", "path": "/a/x", "value": 1}],
+        [{"op": "replace", "path": "/a/b/2", "value": 1}],
+        [{"op": "move", "from": "/a", "path": "/z"}],
+        [{"op": "add", "path": "/a/c", "value": 1}, {"op": "test", "path": "/a/b/0", "value": 9}],
+    ],
+)
+def test_apply_json_patch_refuses_as_the_server_would(patch: list[dict[str, Any]]) -> None:
+    doc = {"a": {"b": [1, 2]}}
+    with pytest.raises(kubeapi.KubeApiError):
+        kubeapi.apply_json_patch(doc, patch)
+    assert doc == {"a": {"b": [1, 2]}}
