@@ -68,13 +68,46 @@ async def _until(what: str, check: Callable[[], bool]) -> None:
         await asyncio.sleep(0.01)
 
 
+class _Clock:
+    """A clock the test moves (the controller's monotonic clock, or its wall clock)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Counting(running.Controller):
+    """The controller, counting its passes (so a test can let a few go by)."""
+
+    passes = 0
+
+    async def step(self) -> None:
+        await super().step()
+        self.passes += 1
+
+
+async def _passes(controller: running.Controller, n: int = 3) -> None:
+    """Let ``n`` more passes of the loop go by."""
+    assert isinstance(controller, _Counting)
+    want = controller.passes + n
+    await _until(f"{n} passes", lambda: controller.passes >= want)
+
+
 def _run(
-    body: Callable[[kubeapi.InMemoryApi, running.Controller], Awaitable[None]], **kw: Any
+    body: Callable[[kubeapi.InMemoryApi, running.Controller], Awaitable[None]],
+    *,
+    api: kubeapi.InMemoryApi | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], float] = time.time,
+    **kw: Any,
 ) -> None:
     async def main() -> None:
-        api = kubeapi.InMemoryApi()
+        nonlocal api
+        api = api or kubeapi.InMemoryApi()
         settings = running.Settings(identity="c1", batch_window_s=0.0, resync_s=0.05, **kw)
-        controller = running.Controller(api, settings=settings)
+        controller = _Counting(api, settings=settings, clock=clock, wall=wall)
         stop = asyncio.Event()
         task = asyncio.create_task(controller.run(stop))
         try:
@@ -255,3 +288,371 @@ def test_a_reservation_that_waits_too_long_is_dropped_and_planned_again() -> Non
         assert not api.pod_patches
 
     _run(body, reservation_timeout_s=0.3)
+
+
+# --------------------------------------------------------------------------- more scenarios
+
+
+async def _ready_node(api: kubeapi.InMemoryApi, name: str = "n0", **allocatable: str) -> None:
+    """A MIG node whose agent has reported empty GPUs."""
+    await api.put(kubeapi.Kind.NODES, _node(name, **allocatable))
+    await _until(f"a GpuLayout for {name}", lambda: name in api.objects[kubeapi.Kind.LAYOUTS])
+    await _agent_reports(api, name, [])
+
+
+def _bind(api: kubeapi.InMemoryApi, key: str, node: str) -> dict[str, Any]:
+    bound = copy.deepcopy(api.objects[kubeapi.Kind.PODS][key])
+    bound["spec"]["nodeName"] = node
+    bound["spec"].pop("schedulingGates", None)
+    return bound
+
+
+def test_the_new_layout_is_empty_and_owned_by_its_node() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await api.put(kubeapi.Kind.NODES, _node("n0"))
+        plain = _node("cpu-only")
+        del plain["metadata"]["labels"]["nvidia.com/mig.capable"]
+        await api.put(kubeapi.Kind.NODES, plain)
+        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
+        await _passes(controller)
+        assert set(api.objects[kubeapi.Kind.LAYOUTS]) == {"n0"}
+        doc = api.objects[kubeapi.Kind.LAYOUTS]["n0"]
+        assert doc["spec"] == {"gpus": []}
+        assert doc["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": "n0", "uid": "uid-n0"}
+        ]
+        assert api.spec_writes == [("n0", gl.LayoutSpec(()))]
+        assert controller.leading
+        lease = api.leases[f"{leases.NAMESPACE}/{leases.NAME}"]
+        assert lease["spec"]["holderIdentity"] == "c1"
+
+    _run(body)
+
+
+def test_the_whole_path_with_one_spec_write_per_change() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        gpu, start, profile = _reserved(api, "n0")["ns/p"]
+        assert (gpu, profile) == (0, "1g.10gb")
+        await _passes(controller)
+        writes = len(api.spec_writes)
+        assert writes == 2  # the empty layout, then the reservation: nothing planned twice
+        assert controller.plans == 1
+        await _agent_reports(
+            api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
+        )
+        await _passes(controller)
+        assert not api.pod_patches, "pinned before the Node advertises the instance"
+        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        await _until("the pin", lambda: len(api.pod_patches) == 1)
+        ((key, patch),) = api.pod_patches
+        assert key == "ns/p"
+        assert [op["op"] for op in patch] == ["add", "test", "remove"]
+        await _passes(controller)
+        assert len(api.pod_patches) == 1
+        await api.put(kubeapi.Kind.PODS, _bind(api, "ns/p", "n0"))
+        await _until("the release", lambda: not _reserved(api, "n0"))
+        # The instance stays in the spec, unreserved: it is the bound pod's now.
+        (g,) = _layout(api, "n0").spec.gpus
+        assert [(i.profile, i.start, i.reserved_for) for i in g.instances] == [
+            (profile, start, None)
+        ]
+        await _passes(controller)
+        assert len(api.spec_writes) == writes + 1 and controller.plans == 1
+
+    _run(body)
+
+
+def test_a_deleted_pod_releases_its_reservation() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        await api.put(kubeapi.Kind.PODS, _pod("p", "3g.40gb"))
+        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        await api.delete(kubeapi.Kind.PODS, "ns/p")
+        await _until("the release", lambda: not _reserved(api, "n0"))
+        assert not api.pod_patches
+
+    _run(body)
+
+
+def test_a_pod_reserved_on_two_nodes_loses_the_second_reservation() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        # Say an earlier controller wrote two specs for one pod (it cannot be planned twice
+        # now, but a spec is only data): the second reservation is stale and is released.
+        await _ready_node(api, "a")
+        await _ready_node(api, "b")
+        for name in ("a", "b"):
+            doc = copy.deepcopy(api.objects[kubeapi.Kind.LAYOUTS][name])
+            doc["spec"] = {
+                "gpus": [
+                    {"index": 0, "instances": [
+                        {"profile": "7g.80gb", "start": 0, "reservedFor": "ns/p"}]}
+                ]
+            }  # fmt: skip
+            await api.put(kubeapi.Kind.LAYOUTS, doc)
+        await api.put(kubeapi.Kind.PODS, _pod("p", "7g.80gb"))
+        await _until(
+            "one reservation left", lambda: len(_reserved(api, "a")) + len(_reserved(api, "b")) == 1
+        )
+        await _passes(controller)
+        assert len(_reserved(api, "a")) + len(_reserved(api, "b")) == 1
+        assert controller.plans == 0
+
+    _run(body)
+
+
+def test_a_pod_left_unschedulable_by_kube_scheduler_is_planned_but_never_pinned() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        pod = _pod("p", "2g.20gb", gated=False)
+        await api.put(kubeapi.Kind.PODS, pod)
+        await _passes(controller)
+        assert not _reserved(api, "n0"), "planned before kube-scheduler gave up on it"
+        pod["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+        ]
+        await api.put(kubeapi.Kind.PODS, pod)
+        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        _, start, profile = _reserved(api, "n0")["ns/p"]
+        await _agent_reports(
+            api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
+        )
+        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-2g.20gb": "1"}))
+        await _passes(controller)
+        assert not api.pod_patches  # an ungated pod cannot be pinned; kube-scheduler retries
+        await api.put(kubeapi.Kind.PODS, _bind(api, "ns/p", "n0"))
+        await _until("the release", lambda: not _reserved(api, "n0"))
+
+    _run(body)
+
+
+def test_a_failed_pin_is_retried_and_lands_once() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        _, start, profile = _reserved(api, "n0")["ns/p"]
+        await _agent_reports(
+            api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
+        )
+        api.fail_next = kubeapi.KubeApiError("503: try again")
+        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        await _until("the pin", lambda: _ungated(api, "ns/p"))
+        await _passes(controller)
+        assert len(api.pod_patches) == 1  # the failed call recorded nothing
+        assert api.fail_next is None
+        errors_ = controller.metrics.api_errors.labels(operation="patch")._value.get()
+        assert errors_ == 1
+
+    _run(body)
+
+
+def test_a_bad_request_is_warned_once() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        bad = _pod("bad", "1g.10gb")
+        bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+        await api.put(kubeapi.Kind.PODS, bad)
+        await _until("the gate removed", lambda: _ungated(api, "ns/bad"))
+        await _passes(controller)
+        (warning,) = api.events
+        assert (warning.kind, warning.namespace, warning.name, warning.uid) == (
+            "Pod", "ns", "bad", "uid-bad",
+        )  # fmt: skip
+        assert (warning.type, warning.reason) == ("Warning", "MigRequestUnservable")
+        assert "nvidia.com/gpu" in warning.message
+        assert not _reserved(api, "n0") and controller.plans == 0
+
+    _run(body)
+
+
+def test_a_pod_that_fits_a_static_node_is_let_go_there() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        static = _node("s0", **{"nvidia.com/mig-1g.10gb": "7"})
+        static["metadata"]["labels"]["nvidia.com/mig.config"] = "all-1g.10gb"
+        await api.put(kubeapi.Kind.NODES, static)
+        await _until("a GpuLayout", lambda: "s0" in api.objects[kubeapi.Kind.LAYOUTS])
+        free = [
+            {"profile": "1g.10gb", "start": s, "uuid": f"MIG-{s}", "state": "free"}
+            for s in range(7)
+        ]
+        await _agent_reports(api, "s0", free)
+        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await _until("the gate removed", lambda: _ungated(api, "ns/p"))
+        (note,) = [e for e in api.events if e.name == "p"]
+        assert (note.type, note.reason) == ("Normal", "MigStaticLayout")
+        assert "s0" in note.message
+        assert api.spec_writes == [("s0", gl.LayoutSpec(()))]  # the static node is not planned
+
+    _run(body)
+
+
+def test_a_pod_nothing_can_hold_now_waits_gated_and_is_told_once() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        await api.put(kubeapi.Kind.PODS, _pod("big", "7g.80gb"))
+        await _until("a reservation", lambda: "ns/big" in _reserved(api, "n0"))
+        await api.put(kubeapi.Kind.PODS, _pod("more", "7g.80gb"))
+        await _until("an event", lambda: any(e.name == "more" for e in api.events))
+        await _passes(controller)
+        (note,) = [e for e in api.events if e.name == "more"]
+        assert (note.type, note.reason) == ("Normal", "MigWaiting")
+        assert not _ungated(api, "ns/more")
+
+    _run(body)
+
+
+def test_expiry_follows_the_controllers_clock() -> None:
+    clock = _Clock(1000.0)
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        _, start, profile = _reserved(api, "n0")["ns/p"]
+        await _agent_reports(
+            api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
+        )
+        await _passes(controller)
+        clock.now += 59.0  # made 59 s ago, not bound: not yet
+        await _passes(controller)
+        assert "ns/p" in _reserved(api, "n0")
+        assert not any(e.reason == "MigReservationExpired" for e in api.events)
+        clock.now += 2.0
+        await _until(
+            "the expiry", lambda: any(e.reason == "MigReservationExpired" for e in api.events)
+        )
+        (note,) = [e for e in api.events if e.reason == "MigReservationExpired"]
+        assert note.type == "Warning" and "n0" in note.message and "60 s" in note.message
+        await _until("planned again", lambda: controller.plans == 2)
+        await _until("a new reservation", lambda: "ns/p" in _reserved(api, "n0"))
+
+    _run(body, clock=clock)
+
+
+def test_instances_that_never_appear_expire_after_ten_timeouts() -> None:
+    clock = _Clock(1000.0)
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        await _passes(controller)
+        clock.now += 500.0  # the agent is slow: 50 s would have expired made instances
+        await _passes(controller)
+        assert not any(e.reason == "MigReservationExpired" for e in api.events)
+        clock.now += 101.0
+        await _until(
+            "the expiry", lambda: any(e.reason == "MigReservationExpired" for e in api.events)
+        )
+
+    _run(body, clock=clock, reservation_timeout_s=60.0)
+
+
+def test_a_standby_takes_over_when_the_lease_expires() -> None:
+    wall = _Clock(1_800_000_000.0)
+    api = kubeapi.InMemoryApi()
+    other = leases.claim(None, identity="c0", now=wall.now)
+    assert other is not None
+    asyncio.run(api.write_lease(other, create=True))
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await api.put(kubeapi.Kind.NODES, _node("n0"))
+        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await _until("the watches", lambda: len(controller._store.pods) == 1)
+        wall.now += 14.0
+        await asyncio.sleep(0.2)  # a pass or more: the standby must stay passive
+        assert not controller.leading
+        assert not api.spec_writes and not api.pod_patches and not api.events
+        wall.now += 2.0  # c0 last renewed 16 s ago: its Lease has expired
+        await _until("the Lease taken", lambda: controller.leading)
+        lease = api.leases[f"{leases.NAMESPACE}/{leases.NAME}"]
+        assert lease["spec"]["holderIdentity"] == "c1"
+        assert lease["spec"]["leaseTransitions"] == 1
+        await _until("the GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
+
+    _run(body, api=api, wall=wall, renew_every_s=0.05)
+
+
+def test_a_leader_that_loses_the_lease_stops_writing() -> None:
+    wall = _Clock(1_800_000_000.0)
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _until("the Lease", lambda: controller.leading)
+        # Another controller took the Lease (say after a partition): c1 sees it and stands by.
+        key = f"{leases.NAMESPACE}/{leases.NAME}"
+        theirs = copy.deepcopy(api.leases[key])
+        theirs["spec"]["holderIdentity"] = "c2"
+        theirs["spec"]["renewTime"] = leases.format_time(wall.now + 100)
+        api.leases[key] = theirs
+        await _until("standing by", lambda: not controller.leading)
+        await api.put(kubeapi.Kind.NODES, _node("n0"))
+        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await asyncio.sleep(0.2)
+        assert not api.spec_writes and not api.pod_patches
+        assert controller.metrics.leader._value.get() == 0
+
+    _run(body, wall=wall, renew_every_s=0.05)
+
+
+class _LaggingApi(kubeapi.InMemoryApi):
+    """An in-memory API whose watch can deliver an object late, as it was."""
+
+    async def replay(self, kind: kubeapi.Kind, doc: dict[str, Any]) -> None:
+        """Deliver ``doc`` through the watches with its own (old) resourceVersion."""
+        self._log.append(
+            (next(self._version), kind, kubeapi.WatchEvent(kubeapi.EventType.MODIFIED, doc))
+        )
+        async with self._changed:
+            self._changed.notify_all()
+
+
+def test_a_late_watch_event_rolls_back_neither_a_spec_nor_a_pin() -> None:
+    lagging = _LaggingApi()
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        before = copy.deepcopy(api.objects[kubeapi.Kind.LAYOUTS]["n0"])
+        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        gated = copy.deepcopy(api.objects[kubeapi.Kind.PODS]["ns/p"])
+        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        # The layout as it was before the reservation comes through the watch again.
+        await lagging.replay(kubeapi.Kind.LAYOUTS, before)
+        await _passes(controller)
+        assert controller.plans == 1, "planned again from a stale layout"
+        _, start, profile = _reserved(api, "n0")["ns/p"]
+        await _agent_reports(
+            api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
+        )
+        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        await _until("the pin", lambda: len(api.pod_patches) == 1)
+        # The pod as it was before the pin comes through the watch again: no second pin.
+        await lagging.replay(kubeapi.Kind.PODS, gated)
+        await _passes(controller)
+        assert len(api.pod_patches) == 1
+        assert controller.plans == 1
+
+    _run(body, api=lagging)
+
+
+def test_an_api_server_that_fails_to_list_is_listed_again() -> None:
+    class Flaky(kubeapi.InMemoryApi):
+        failures = 2
+
+        async def list_all(self, kind: kubeapi.Kind) -> kubeapi.Listed:
+            if kind is kubeapi.Kind.PODS and self.failures:
+                self.failures -= 1
+                raise kubeapi.KubeApiError("500: etcd is unhappy")
+            return await super().list_all(kind)
+
+    flaky = Flaky()
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        assert flaky.failures == 0
+
+    _run(body, api=flaky, retry_s=0.01)

@@ -418,10 +418,11 @@ class Controller:
             await self._patch_pod(key, pinning.ungate_patch(doc))
 
     async def _release(self, observed: observing.Observed) -> None:
-        live = frozenset(observed.reservations)
         jobs = []
         for name in sorted(observed.stale):
             layout = observed.layouts[name]
+            # Only the reservations live on this node: a pod reserved on two nodes keeps one.
+            live = frozenset(k for k, r in observed.reservations.items() if r.node == name)
             spec = pinning.without_stale(layout.spec, live=live)
             if spec != layout.spec:
                 jobs.append(self._write_spec(name, spec))
