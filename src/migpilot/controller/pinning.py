@@ -89,6 +89,19 @@ def taken(observed: observing.Observed) -> dict[str, Counter[str]]:
     return out
 
 
+def _existing(layout: gpulayouts.GpuLayout) -> set[tuple[int, int, str]]:
+    """(GPU, start, profile) of the instances the agent reports made: with a UUID, neither
+    being created nor destroyed."""
+    assert layout.status is not None
+    return {
+        (g.index, i.start, i.profile)
+        for g in layout.status.gpus
+        for i in g.instances
+        if i.uuid
+        and i.state not in (gpulayouts.InstanceState.CREATING, gpulayouts.InstanceState.DESTROYING)
+    }
+
+
 def made(observed: observing.Observed, pod_key: str) -> bool:
     """Whether every instance reserved for ``pod_key`` exists (reported with a UUID, neither
     being created nor destroyed)."""
@@ -96,13 +109,7 @@ def made(observed: observing.Observed, pod_key: str) -> bool:
     layout = observed.layouts.get(r.node) if r is not None else None
     if r is None or layout is None or layout.status is None:
         return False
-    have = {
-        (g.index, i.start, i.profile)
-        for g in layout.status.gpus
-        for i in g.instances
-        if i.uuid
-        and i.state not in (gpulayouts.InstanceState.CREATING, gpulayouts.InstanceState.DESTROYING)
-    }
+    have = _existing(layout)
     return all(i in have for i in r.instances)
 
 
@@ -125,13 +132,7 @@ def waiting_for(observed: observing.Observed, pod_key: str, *, taken: Counter[st
     node = observed.nodes.get(r.node)
     if layout is None or layout.status is None or node is None or not node.ready:
         return f"node {r.node} to be Ready and reported"
-    made = {
-        (g.index, i.start, i.profile)
-        for g in layout.status.gpus
-        for i in g.instances
-        if i.uuid
-        and i.state not in (gpulayouts.InstanceState.CREATING, gpulayouts.InstanceState.DESTROYING)
-    }
+    made = _existing(layout)
     missing = [i for i in r.instances if i not in made]
     if missing:
         gpu, start, profile = missing[0]
