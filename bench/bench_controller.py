@@ -132,7 +132,7 @@ def run_mode(
         suffix = migpilot.lease_ns.rsplit("-", 1)[-1]
         for i, model in enumerate(MODELS):
             migpilot.add_node(f"bench-{suffix}-{i}", f"emulated:{model}:x{GPUS_PER_NODE}")
-        migpilot.start_controller("bench", "--scoring", scoring)
+        migpilot.start_controller("bench", "--scoring", scoring, verbose=False)
         controlplane.wait_for(
             lambda: _reported(client, migpilot.nodes),
             what="every agent's first status",

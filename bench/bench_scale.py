@@ -132,7 +132,7 @@ def run(*, nodes: int, pods: int) -> dict[str, Any]:
         migpilot.nodes.extend(names)
         migpilot.start_fleet()
         [port] = controlplane.free_ports(1)
-        migpilot.start_controller("scale", "--metrics-port", str(port))
+        migpilot.start_controller("scale", "--metrics-port", str(port), verbose=False)
         controlplane.wait_for(
             lambda: bench_controller._reported(client, names),
             what="every agent's first status",
@@ -140,6 +140,9 @@ def run(*, nodes: int, pods: int) -> dict[str, Any]:
         )
         pid = migpilot.controllers["scale"].pid
         cpu0, _ = _proc(pid)
+        everyone = {c.name: c.pid for c in [*plane.components, *migpilot.components()]}
+        everyone["bench-client"] = os.getpid()
+        cpu_before = {name: _proc(p)[0] for name, p in everyone.items()}
         before = _metrics(port)
         watch = bench_controller.BindWatch(plane.kubeconfig, namespace)
         pod_names = [f"p{i:05d}" for i in range(pods)]
@@ -158,6 +161,9 @@ def run(*, nodes: int, pods: int) -> dict[str, Any]:
         all_bound_s = max(watch.bound.values()) - started
         watch.stop()
         cpu1, peak = _proc(pid)
+        cpu_by_process = {
+            name: round(_proc(p)[0] - cpu_before[name], 1) for name, p in everyone.items()
+        }
         after = _metrics(port)
         requests = {
             re.sub(r'.*operation="([^"]+)".*', r"\1", k): after[k] - before.get(k, 0.0)
@@ -181,6 +187,7 @@ def run(*, nodes: int, pods: int) -> dict[str, Any]:
             "controller_api_requests_total": int(sum(requests.values())),
             "controller_cpu_s": round(cpu1 - cpu0, 1),
             "controller_peak_rss_mib": round(peak / 2**20),
+            "cpu_s_by_process": dict(sorted(cpu_by_process.items(), key=lambda kv: -kv[1])),
             "plans": int(plans),
             "planner_s_total": round(plan_s, 1),
         }

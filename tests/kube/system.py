@@ -176,7 +176,8 @@ class System:
             cwd=REPO,
         )
 
-    def start_controller(self, identity: str, *extra: str) -> None:
+    def start_controller(self, identity: str, *extra: str, verbose: bool = True) -> None:
+        """``migpilot controller`` (with debug logs unless ``verbose=False``: benchmarks)."""
         self.controllers[identity] = controlplane.launch(
             f"controller-{identity}",
             [
@@ -184,7 +185,7 @@ class System:
                 "-m",
                 "migpilot",
                 "controller",
-                "--verbose",
+                *(["--verbose"] if verbose else []),
                 "--kubeconfig",
                 str(self.plane.kubeconfig),
                 "--identity",

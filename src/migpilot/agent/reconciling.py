@@ -8,11 +8,13 @@ placements) and a refusal with a reason for everything it cannot do: an in-use i
 way, a MIG mode that needs a GPU reset (never forced), a desired layout that is not valid.
 
 :class:`Reconciler` is the shell: it reads the state from a
-:class:`~migpilot.gpu.backend.GpuBackend`, asks :func:`diff`, applies the actions one backend
-call at a time, and re-reads. It keeps no state of its own, so the backend is the only truth: if
-the process dies between any two backend calls, a new reconciler on the same GPUs finishes the
-job with nothing leaked and nothing lost. In-use is asked again right before each destroy,
-because a device can be handed to a pod while a reconfiguration runs.
+:class:`~migpilot.gpu.backend.GpuBackend`, asks :func:`diff`, applies each GPU's actions one
+backend call at a time (different GPUs in parallel threads, so a burst of new instances spread
+over a node's GPUs does not wait for each other), and re-reads. It keeps no state of its own,
+so the backend is the only truth: if the process dies between any two backend calls, a new
+reconciler on the same GPUs finishes the job with nothing leaked and nothing lost. In-use is
+asked again right before each destroy, because a device can be handed to a pod while a
+reconfiguration runs.
 
 "In use" is an :class:`InUse` source, the union (:class:`AnyOf`) of kubelet's PodResources
 allocations, the devices this agent's Allocate handed out, the planner's reservations
@@ -22,6 +24,7 @@ allocations, the devices this agent's Allocate handed out, the planner's reserva
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -346,12 +349,16 @@ class Reconciler:
         clock: clocks.Clock | None = None,
         agent_metrics: metrics.AgentMetrics | None = None,
         max_rounds: int = 3,
+        parallel_gpus: int = 8,
     ) -> None:
         self._backend = gpus
         self._in_use = in_use
         self._clock: clocks.Clock = clock if clock is not None else clocks.SystemClock()
         self._metrics = agent_metrics
         self._max_rounds = max_rounds
+        self._parallel_gpus = max(1, parallel_gpus)
+        """GPUs changed at once: each GPU's actions run in order in one thread, GPUs side by
+        side (the driver serialises changes on one GPU, not across GPUs)."""
 
     def read(self) -> dict[int, GpuState]:
         """The actual state of every GPU, from the backend."""
@@ -370,11 +377,7 @@ class Reconciler:
             plan = diff(actual=self.read(), desired=desired, in_use=self._in_use.in_use())
             if not plan.actions:
                 break
-            for action in plan.actions:
-                result = self._apply(action)
-                applied.append(result)
-                if result.outcome is not Outcome.DONE:
-                    break  # the world is not as read: read it again and re-plan
+            applied.extend(self._apply_all(plan.actions))
         actual = self.read()
         plan = diff(actual=actual, desired=desired, in_use=self._in_use.in_use())
         duration = self._clock.monotonic() - started
@@ -387,6 +390,33 @@ class Reconciler:
             converged=not plan.actions,
             duration_s=duration,
         )
+
+    def _apply_all(self, actions: Sequence[Action]) -> list[Applied]:
+        """Each GPU's actions in order, GPUs in parallel; the results by GPU, then order."""
+        by_gpu: dict[int, list[Action]] = {}
+        for action in actions:
+            by_gpu.setdefault(action.gpu, []).append(action)
+        runs = [by_gpu[g] for g in sorted(by_gpu)]
+        if len(runs) == 1 or self._parallel_gpus == 1:
+            results = [self._apply_gpu(run) for run in runs]
+        else:
+            workers = min(len(runs), self._parallel_gpus)
+            with concurrent.futures.ThreadPoolExecutor(
+                workers, thread_name_prefix="migpilot-gpu"
+            ) as pool:
+                results = list(pool.map(self._apply_gpu, runs))
+        return [applied for run in results for applied in run]
+
+    def _apply_gpu(self, actions: Sequence[Action]) -> list[Applied]:
+        """One GPU's actions in order, stopping at the first not done: the world is not as
+        read, so the next round reads it again and re-plans."""
+        out: list[Applied] = []
+        for action in actions:
+            result = self._apply(action)
+            out.append(result)
+            if result.outcome is not Outcome.DONE:
+                break
+        return out
 
     def _apply(self, action: Action) -> Applied:
         result = self._call(action)

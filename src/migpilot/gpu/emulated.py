@@ -22,6 +22,8 @@ creation counter: runs are reproducible and a re-created device never reuses a U
 
 The driver steps (:meth:`EmulatedBackend.create_gpu_instance` and friends) are public because
 the NVML stand-in (:mod:`migpilot.gpu.nvml_standin`) maps NVML's calls onto them one to one.
+Each GPU changes under its own lock and a step's time passes without the state lock, so steps on
+different GPUs overlap, as the driver runs them (steps on one GPU are serialised).
 A shell module: file I/O and threading only; no driver bindings.
 """
 
@@ -259,6 +261,8 @@ class EmulatedBackend:
         self._clock: clocks.Clock = clock if clock is not None else clocks.VirtualClock()
         self._times = times
         self._lock = threading.RLock()
+        """Guards the state and the fault list; held for reads and brief updates, never while
+        a driver step takes its time, so steps on different GPUs overlap."""
         self._events: collections.deque[backend.XidEvent] = collections.deque()
         self._event_ready = threading.Condition(self._lock)
         self._faults: list[tuple[Fault, list[int]]] = []
@@ -286,6 +290,9 @@ class EmulatedBackend:
             self._state = _fresh_state(models, ids, seed=seed, mig=mig_enabled)
             self._save()
         self._models = tuple(catalog.resolve_gpu(g["model"]) for g in self._state["gpus"])
+        self._gpu_locks = tuple(threading.Lock() for _ in self._models)
+        """One per GPU, held through each state-changing step on it: the driver serialises
+        MIG changes on one GPU, while different GPUs change in parallel."""
         where = f"emulated GPU state {state_path}"
         self._pci_ids = tuple(
             _pci_id(g, m, where=where)
@@ -341,13 +348,13 @@ class EmulatedBackend:
 
     def set_mig_mode(self, gpu: int, *, enabled: bool) -> None:
         """Request a MIG mode change; it takes effect at :meth:`reset_gpu`."""
-        with self._lock:
+        with self._changing(gpu), self._lock:
             self._gpu(gpu)["mig_pending"] = enabled
             self._save()
 
     def reset_gpu(self, gpu: int) -> None:
         """Reset a GPU: the pending MIG mode becomes current; disabling MIG removes instances."""
-        with self._lock:
+        with self._changing(gpu), self._lock:
             g = self._gpu(gpu)
             if any(inst["processes"] for inst in g["instances"]):
                 raise backend.BackendError(
@@ -434,6 +441,10 @@ class EmulatedBackend:
 
         Returns its GPU-instance id (the lowest free one).
         """
+        with self._changing(gpu):
+            return self._create_gpu_instance(gpu, profile=profile, start=start)
+
+    def _create_gpu_instance(self, gpu: int, *, profile: str, start: int) -> int:
         with self._lock:
             g = self._gpu(gpu)
             model = self._models[gpu]
@@ -456,26 +467,25 @@ class EmulatedBackend:
             used = {i["gi"] for i in g["instances"]}
             gi = next(n for n in range(1, 2 * model.max_gpu_instances + 2) if n not in used)
 
-            def apply() -> None:
-                g["instances"].append(
-                    InstanceState(
-                        gi=gi, profile=profile, start=start, ci=None, uuid=None, processes=[]
-                    )
-                )
+        def apply() -> None:
+            g["instances"].append(
+                InstanceState(gi=gi, profile=profile, start=start, ci=None, uuid=None, processes=[])
+            )
 
-            self._step(Step.CREATE_GPU_INSTANCE, apply)
-            return gi
+        self._step(Step.CREATE_GPU_INSTANCE, apply)
+        return gi
 
     def create_compute_instance(self, gpu: int, gi_id: int) -> backend.MigDevice:
         """``nvmlGpuInstanceCreateComputeInstance`` with the full profile: the MIG device."""
-        with self._lock:
-            g = self._gpu(gpu)
-            inst = self._instance(gpu, gi_id)
-            if inst["ci"] is not None:
-                raise backend.BackendError(
-                    backend.ErrorKind.INSUFFICIENT_RESOURCES,
-                    f"GPU instance {gi_id} on GPU {gpu} already has its compute instance",
-                )
+        with self._changing(gpu):
+            with self._lock:
+                g = self._gpu(gpu)
+                inst = self._instance(gpu, gi_id)
+                if inst["ci"] is not None:
+                    raise backend.BackendError(
+                        backend.ErrorKind.INSUFFICIENT_RESOURCES,
+                        f"GPU instance {gi_id} on GPU {gpu} already has its compute instance",
+                    )
 
             def apply() -> None:
                 g["created"] += 1
@@ -487,53 +497,72 @@ class EmulatedBackend:
                 )
 
             self._step(Step.CREATE_COMPUTE_INSTANCE, apply)
-            return self._device(gpu, inst)
+            with self._lock:
+                return self._device(gpu, inst)
 
     def destroy_compute_instance(self, gpu: int, gi_id: int) -> None:
         """``nvmlComputeInstanceDestroy``: fails with in-use while processes run on it."""
-        with self._lock:
-            inst = self._instance(gpu, gi_id)
-            if inst["ci"] is None:
-                raise backend.BackendError(
-                    backend.ErrorKind.NOT_FOUND,
-                    f"GPU instance {gi_id} on GPU {gpu} has no compute instance",
-                )
-            if inst["processes"]:
-                pids = ", ".join(map(str, inst["processes"]))
-                raise backend.BackendError(
-                    backend.ErrorKind.IN_USE,
-                    f"{inst['profile']}@{inst['start']} on GPU {gpu} has processes ({pids})",
-                )
+        with self._changing(gpu):
+            with self._lock:
+                inst = self._instance(gpu, gi_id)
+                if inst["ci"] is None:
+                    raise backend.BackendError(
+                        backend.ErrorKind.NOT_FOUND,
+                        f"GPU instance {gi_id} on GPU {gpu} has no compute instance",
+                    )
+                self._refuse_if_running(gpu, inst)
 
             def apply() -> None:
+                # A process may have started while the step took its time: the driver refuses.
+                self._refuse_if_running(gpu, inst)
                 inst["ci"] = None
                 inst["uuid"] = None
 
             self._step(Step.DESTROY_COMPUTE_INSTANCE, apply)
 
+    @staticmethod
+    def _refuse_if_running(gpu: int, inst: InstanceState) -> None:
+        if inst["processes"]:
+            pids = ", ".join(map(str, inst["processes"]))
+            raise backend.BackendError(
+                backend.ErrorKind.IN_USE,
+                f"{inst['profile']}@{inst['start']} on GPU {gpu} has processes ({pids})",
+            )
+
     def destroy_gpu_instance(self, gpu: int, gi_id: int) -> None:
         """``nvmlGpuInstanceDestroy``: fails with in-use while a compute instance remains."""
-        with self._lock:
-            g = self._gpu(gpu)
-            inst = self._instance(gpu, gi_id)
-            if inst["ci"] is not None:
-                raise backend.BackendError(
-                    backend.ErrorKind.IN_USE,
-                    f"GPU instance {gi_id} on GPU {gpu} still has a compute instance",
-                )
+        with self._changing(gpu):
+            with self._lock:
+                g = self._gpu(gpu)
+                inst = self._instance(gpu, gi_id)
+                if inst["ci"] is not None:
+                    raise backend.BackendError(
+                        backend.ErrorKind.IN_USE,
+                        f"GPU instance {gi_id} on GPU {gpu} still has a compute instance",
+                    )
             self._step(Step.DESTROY_GPU_INSTANCE, lambda: g["instances"].remove(inst))
 
     # --- internals -----------------------------------------------------------------------------
 
+    def _changing(self, gpu: int) -> threading.Lock:
+        """The lock a state-changing step on GPU ``gpu`` holds throughout."""
+        if not 0 <= gpu < len(self._gpu_locks):
+            raise backend.BackendError(backend.ErrorKind.NOT_FOUND, f"no GPU {gpu}")
+        return self._gpu_locks[gpu]
+
     def _step(self, step: Step, apply: collections.abc.Callable[[], None]) -> None:
-        fault = self._due_fault(step)
+        """One driver step, called holding its GPU's lock (not the state lock): the step's
+        time passes with the state lock free, then ``apply`` changes the state and it is saved."""
+        with self._lock:
+            fault = self._due_fault(step)
         if fault is not None and fault.effect is FaultEffect.FAIL:
             raise backend.BackendError(fault.kind, f"injected failure of {step.value}")
         if fault is not None and fault.effect is FaultEffect.CRASH_BEFORE:
             raise SimulatedCrash(f"crash before {step.value}")
         self._clock.sleep(self._times.of(step))
-        apply()
-        self._save()
+        with self._lock:
+            apply()
+            self._save()
         if fault is not None and fault.effect is FaultEffect.CRASH_AFTER:
             raise SimulatedCrash(f"crash after {step.value}")
 
