@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import re
+import ssl
 import sys
 import tempfile
 import time
@@ -36,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import lightkube  # noqa: E402
+import yaml  # noqa: E402
 from lightkube.models.meta_v1 import ObjectMeta  # noqa: E402
 from lightkube.resources.core_v1 import Namespace, Node  # noqa: E402
 from tests.kube import controlplane, system  # noqa: E402
@@ -68,6 +70,31 @@ def _metrics(port: int) -> dict[str, float]:
         if line.startswith("migpilot_") and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
+    return out
+
+
+def _apiserver_requests(kubeconfig: Path) -> dict[str, float]:
+    """kube-apiserver's ``apiserver_request_total`` summed by verb and resource (and
+    subresource), read from its ``/metrics`` with the admin kubeconfig's client certificate."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    user = config["users"][0]["user"]
+    cluster = config["clusters"][0]["cluster"]
+    context = ssl.create_default_context(cafile=cluster["certificate-authority"])
+    context.load_cert_chain(user["client-certificate"], user["client-key"])
+    text = (
+        urllib.request.urlopen(cluster["server"] + "/metrics", context=context, timeout=30)
+        .read()
+        .decode()
+    )
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        key = f"{labels.get('verb', '?')} {labels.get('resource', '?')}"
+        if labels.get("subresource"):
+            key += f"/{labels['subresource']}"
+        out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -143,6 +170,7 @@ def run(*, nodes: int, pods: int) -> dict[str, Any]:
         everyone = {c.name: c.pid for c in [*plane.components, *migpilot.components()]}
         everyone["bench-client"] = os.getpid()
         cpu_before = {name: _proc(p)[0] for name, p in everyone.items()}
+        apiserver_before = _apiserver_requests(plane.kubeconfig)
         before = _metrics(port)
         watch = bench_controller.BindWatch(plane.kubeconfig, namespace)
         pod_names = [f"p{i:05d}" for i in range(pods)]
@@ -161,6 +189,12 @@ def run(*, nodes: int, pods: int) -> dict[str, Any]:
         all_bound_s = max(watch.bound.values()) - started
         watch.stop()
         cpu1, peak = _proc(pid)
+        apiserver_after = _apiserver_requests(plane.kubeconfig)
+        apiserver = {
+            k: int(v - apiserver_before.get(k, 0.0))
+            for k, v in apiserver_after.items()
+            if v - apiserver_before.get(k, 0.0) >= 1
+        }
         cpu_by_process = {
             name: round(_proc(p)[0] - cpu_before[name], 1) for name, p in everyone.items()
         }
@@ -188,6 +222,8 @@ def run(*, nodes: int, pods: int) -> dict[str, Any]:
             "controller_cpu_s": round(cpu1 - cpu0, 1),
             "controller_peak_rss_mib": round(peak / 2**20),
             "cpu_s_by_process": dict(sorted(cpu_by_process.items(), key=lambda kv: -kv[1])),
+            "apiserver_requests_total": sum(apiserver.values()),
+            "apiserver_requests": dict(sorted(apiserver.items(), key=lambda kv: -kv[1])),
             "plans": int(plans),
             "planner_s_total": round(plan_s, 1),
         }
