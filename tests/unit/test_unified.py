@@ -99,6 +99,12 @@ def test_pods_without_gpu_requests_are_not_unified() -> None:
         ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "-8000"}], {}, "expected a whole number"),
         ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": True}], {}, "expected a whole number"),
         ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "1e30"}], {}, "too large"),
+        ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "1e999999k"}], {}, "too large"),
+        (
+            [{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "9" * 5000}],
+            {},
+            r"'9{36}\.{3} is too large$",
+        ),
         ([{"nvidia.com/gpu": 1, "nvidia.com/gpucores": "1k"}], {}, "outside 1 to 100"),
         ([{"nvidia.com/gpu": 1}], {"nvidia.com/vgpu-mode": "hami-core"}, "not served"),
         ([{"nvidia.com/gpu": 1}], {"hami.io/gpu-scheduler-policy": "random"}, "binpack or spread"),

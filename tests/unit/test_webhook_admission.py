@@ -396,6 +396,13 @@ def test_bad_name_beside_a_good_one_still_gates_with_the_warning() -> None:
     assert "nvidia.com/mig-1g.10gb.me" in warning
 
 
+def test_a_count_too_long_to_read_warns() -> None:
+    pod = _pod(containers=[_container(limits={"nvidia.com/mig-1g.10gb": "9" * 5000})])
+    response = _answer(_review(pod))
+    assert "patch" not in response
+    assert "nvidia.com/mig-1g.10gb" in response["warnings"][0]
+
+
 def test_unknown_profile_warns() -> None:
     pod = _pod(containers=[_container(requests={"nvidia.com/mig-lots": 1})])
     response = _answer(_review(pod))

@@ -319,7 +319,9 @@ JSON = st.recursive(
 )
 AMOUNT = st.one_of(
     st.integers(-5, 400_000),
-    st.sampled_from(["1", "8k", "1.5", "500m", "8Gi", "1e3", "", " 7 ", "-1", "1e40", "x"]),
+    st.sampled_from(
+        ["1", "8k", "1.5", "500m", "8Gi", "1e3", "", " 7 ", "-1", "1e40", "1e999999k", "x"]
+    ),
     st.booleans(),
     st.none(),
 )

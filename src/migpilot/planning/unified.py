@@ -105,17 +105,25 @@ def _whole(value: Any, where: str, *, low: int, high: int | None = None) -> int:
             quantity = snapshot.parse_quantity(value, where=where)
         except errors.SnapshotError:
             quantity = None
+        except ArithmeticError:  # decimal.Overflow: an exponent beyond any context
+            raise errors.SnapshotError(f"{where}: {_shown(value)} is too large") from None
         if quantity is not None and quantity.is_finite() and quantity >= _LARGEST:
-            raise errors.SnapshotError(f"{where}: {value!r} is too large")
+            raise errors.SnapshotError(f"{where}: {_shown(value)} is too large")
         if quantity is not None and quantity.is_finite() and quantity == int(quantity):
             number = int(quantity)
     if number is None:
-        raise errors.SnapshotError(f"{where}: expected a whole number, got {value!r}")
+        raise errors.SnapshotError(f"{where}: expected a whole number, got {_shown(value)}")
     if high is None and number < low:
         raise errors.SnapshotError(f"{where}: {number} is less than {low}")
     if high is not None and not low <= number <= high:
         raise errors.SnapshotError(f"{where}: {number} is outside {low} to {high}")
     return number
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a message, cut short: it may come from anyone creating a pod."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _filters(text: str | None) -> tuple[str, ...]:

@@ -107,9 +107,11 @@ def decide(document: object, *, lease_fresh: bool) -> Decision:
             return Decision(Outcome.NOT_POD_CREATE)
         pod = reviews.pod_of(request)
         mig, warnings = _mig_requests(pod)
-        asks = _unified_outcome(pod)
-        if asks is Outcome.BAD_UNIFIED_REQUEST or (not mig and asks is not Outcome.GATED):
-            return Decision(asks, warnings=warnings)
+        as_unified = _unified_outcome(pod)
+        if as_unified is Outcome.BAD_UNIFIED_REQUEST or (
+            not mig and as_unified is not Outcome.GATED
+        ):
+            return Decision(as_unified, warnings=warnings)
         gates = _gates(pod.spec)
         if GATE in gates:
             return Decision(Outcome.ALREADY_GATED, warnings=warnings)
@@ -139,7 +141,7 @@ def _unified_outcome(pod: reviews.Pod) -> Outcome:
         request = unified.parse(
             containers, pod.annotations, where="metadata", wheres=[c.field for c in pod.containers]
         )
-    except (errors.SnapshotError, ValueError):
+    except errors.SnapshotError:
         return Outcome.BAD_UNIFIED_REQUEST
     return Outcome.NO_MIG_REQUEST if request is None else Outcome.GATED
 
@@ -156,12 +158,15 @@ def _mig_requests(pod: reviews.Pod) -> tuple[list[str], tuple[str, ...]]:
                     continue
                 try:
                     requests = snapshot.pod_requests({key: value}, where=container.label)
-                except (errors.SnapshotError, ValueError) as err:
-                    if _is_zero(value):
-                        continue  # asking for none is not a MIG request, and not an error
-                    warnings.setdefault(key, f"migpilot: {err}")
+                except errors.SnapshotError as err:
+                    problem = str(err)
+                except ValueError:  # int() refuses a string of over 4300 digits
+                    problem = f"{container.label}.{key}: the count is too long to read"
+                else:
+                    found.extend(r.profile for r in requests.mig)
                     continue
-                found.extend(r.profile for r in requests.mig)
+                if not _is_zero(value):  # asking for none is not a MIG request, nor an error
+                    warnings.setdefault(key, f"migpilot: {problem}")
     return found, tuple(warnings.values())
 
 

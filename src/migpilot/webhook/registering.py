@@ -74,7 +74,9 @@ def configuration(
     ``(namespace, name)`` on ``port`` at :data:`MUTATE_PATH`, trusting the PEM ``ca_bundle``."""
     hook = _webhook(
         WEBHOOK_NAME,
-        client_config=_client_config(ca_bundle, url, service, port, MUTATE_PATH),
+        client_config=_client_config(
+            ca_bundle=ca_bundle, url=url, service=service, port=port, path=MUTATE_PATH
+        ),
         excluded_namespaces=excluded_namespaces,
         condition=("requests-mig-or-unified", GATE_CONDITION),
         mutating=True,
@@ -95,7 +97,9 @@ def validating_configuration(
     Service is :data:`VALIDATE_PATH`; a ``url`` names its own)."""
     hook = _webhook(
         VALIDATING_WEBHOOK_NAME,
-        client_config=_client_config(ca_bundle, url, service, port, VALIDATE_PATH),
+        client_config=_client_config(
+            ca_bundle=ca_bundle, url=url, service=service, port=port, path=VALIDATE_PATH
+        ),
         excluded_namespaces=excluded_namespaces,
         condition=("unified", UNIFIED_CONDITION),
         mutating=False,
@@ -113,7 +117,7 @@ def _configuration(kind: str, name: str, hook: dict[str, Any]) -> dict[str, Any]
 
 
 def _client_config(
-    ca_bundle: bytes, url: str | None, service: tuple[str, str] | None, port: int, path: str
+    *, ca_bundle: bytes, url: str | None, service: tuple[str, str] | None, port: int, path: str
 ) -> dict[str, Any]:
     if (url is None) == (service is None):
         raise ValueError("give exactly one of url and service")

@@ -119,16 +119,17 @@ def check(pod: reviews.Pod) -> Verdict:
     except errors.SnapshotError as err:
         problems.append(str(err))
         pod_level = None
-    if problems or pod_level is None or not asks:
-        # Nothing asked (nvidia.com/gpu: 0, or only the vgpu-mode annotation): nothing to serve.
-        return Verdict(Outcome.REFUSED if problems else Outcome.ALLOWED, tuple(problems))
+    if problems or pod_level is None:
+        return Verdict(Outcome.REFUSED, tuple(problems))
+    if not asks:  # nvidia.com/gpu: 0, or only the vgpu-mode annotation: nothing to serve
+        return Verdict(Outcome.ALLOWED)
     request = dataclasses.replace(pod_level, asks=tuple(ask for _, ask in asks))
     models = [m for m in catalog.gpu_models() if unified.allowed(request, m)]
     problems.extend(_too_big(asks, models) if models else [_no_model(request, pod.annotations)])
     if not problems and (why := unified.never_served(request)) is not None:
         problems.append(f"spec: {why}")  # a safety net: the checks above name the field first
     warnings = tuple(
-        f"migpilot: metadata.annotations[{annotation}]: {f!r} matches no GPU model migpilot "
+        f"migpilot: metadata.annotations[{annotation}]: {_shown(f)} matches no GPU model migpilot "
         f"serves (it serves MIG-capable ones only): it selects nothing"
         for annotation, only in (
             (unified.USE_TYPE, dataclasses.replace(request, nouse_models=())),
@@ -156,7 +157,7 @@ def _too_big(
         # Say what a quantity with a unit came to: gpumem counts MiB, so 8Gi is 2^33 of them.
         amount = f"{ask.memory_mib} MiB"
         if raw != str(ask.memory_mib):
-            amount = f"{raw!r} ({amount}: {unified.GPUMEM} counts MiB)"
+            amount = f"{_shown(raw)} ({amount}: {unified.GPUMEM} counts MiB)"
         out.append(
             f"{field}: {amount} is more than any allowed GPU model offers in one MIG "
             f"instance (at most {unified.memory_mib(biggest)} MiB, on {biggest.id})"
@@ -172,10 +173,16 @@ def _no_model(request: unified.UnifiedRequest, annotations: Mapping[str, str]) -
     ):
         field = f"metadata.annotations[{unified.USE_TYPE}]"
         return (
-            f"{field}: {annotations[unified.USE_TYPE]!r} matches no GPU model migpilot serves "
-            f"(it serves MIG on: {known})"
+            f"{field}: {_shown(annotations[unified.USE_TYPE])} matches no GPU model migpilot "
+            f"serves (it serves MIG on: {known})"
         )
     return (
         f"metadata.annotations[{unified.USE_TYPE}], [{unified.NOUSE_TYPE}]: together they "
         f"exclude every GPU model migpilot serves ({known})"
     )
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a message, cut short: it may come from anyone creating a pod."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= 60 else f"{quoted[:57]}..."
