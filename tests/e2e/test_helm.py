@@ -20,7 +20,10 @@ from lightkube import codecs
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.authorization_v1 import ResourceAttributes, SubjectAccessReviewSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
+from lightkube.resources.admissionregistration_v1 import (
+    MutatingWebhookConfiguration,
+    ValidatingWebhookConfiguration,
+)
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.authorization_v1 import SubjectAccessReview
@@ -91,7 +94,12 @@ def _render(release: str, namespace: str, *sets: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(
     "sets",
-    [(), ("certManager.enabled=true", "serviceMonitor.enabled=true"), ("webhook.enabled=false",)],
+    [
+        (),
+        ("certManager.enabled=true", "serviceMonitor.enabled=true"),
+        ("webhook.enabled=false",),
+        ("webhook.validate=false",),
+    ],
 )
 def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
     args = ["lint", "--strict", str(CHART)]
@@ -110,6 +118,7 @@ def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
         ("agent.backend=cuda", "/agent/backend"),
         ("agent.migPartedConfigMap=gpu-operator", "/agent/migPartedConfigMap"),
         ("webhook.port=70000", "/webhook/port"),
+        ("webhook.validate=maybe", "/webhook/validate"),
         ("controler.replicas=1", "'controler' not allowed"),
         ("agent.intervall=5", "'intervall' not allowed"),
     ],
@@ -245,30 +254,39 @@ def test_the_webhook_only_reads_the_controllers_lease() -> None:
     ]
 
 
-def test_the_webhook_configuration_is_the_one_registering_renders() -> None:
+def test_the_webhook_configurations_are_the_ones_registering_renders() -> None:
     docs = _render("mp", "gpu-system")
-    (hook,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
     (secret,) = [d for d in docs if d["kind"] == "Secret"]
     ca = base64.b64decode(secret["data"]["ca.crt"])
-    want = registering.configuration(
-        ca_bundle=ca,
-        service=("gpu-system", "mp-webhook"),
-        excluded_namespaces=("kube-system", "gpu-system"),
-        name="mp-webhook",
-    )
-    assert hook["webhooks"] == want["webhooks"]
+    kwargs: dict[str, Any] = {
+        "ca_bundle": ca,
+        "service": ("gpu-system", "mp-webhook"),
+        "excluded_namespaces": ("kube-system", "gpu-system"),
+        "name": "mp-webhook",
+    }
+    for render in (registering.configuration, registering.validating_configuration):
+        want = render(**kwargs)
+        (hook,) = [d for d in docs if d["kind"] == want["kind"]]
+        assert hook["metadata"]["name"] == want["metadata"]["name"]
+        assert hook["webhooks"] == want["webhooks"]
     # The serving certificate is signed by that CA for the Service's DNS name.
     assert "BEGIN CERTIFICATE" in base64.b64decode(secret["data"]["tls.crt"]).decode()
+    # Without webhook.validate, the mutating webhook alone.
+    kinds = [d["kind"] for d in _render("mp", "gpu-system", "webhook.validate=false")]
+    assert "MutatingWebhookConfiguration" in kinds
+    assert "ValidatingWebhookConfiguration" not in kinds
 
 
 def test_cert_manager_injects_the_ca_instead() -> None:
     docs = _render("mp", "gpu-system", "certManager.enabled=true")
     kinds = {d["kind"] for d in docs}
     assert {"Issuer", "Certificate"} <= kinds and "Secret" not in kinds
-    (hook,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
-    annotations = hook["metadata"]["annotations"]
-    assert annotations["cert-manager.io/inject-ca-from"] == "gpu-system/mp-webhook"
-    assert "caBundle" not in hook["webhooks"][0]["clientConfig"]
+    hooks = [d for d in docs if d["kind"].endswith("WebhookConfiguration")]
+    assert len(hooks) == 2
+    for hook in hooks:
+        annotations = hook["metadata"]["annotations"]
+        assert annotations["cert-manager.io/inject-ca-from"] == "gpu-system/mp-webhook"
+        assert "caBundle" not in hook["webhooks"][0]["clientConfig"]
 
 
 def _wait_established(client: lightkube.Client, name: str) -> None:
@@ -342,9 +360,10 @@ def test_the_rendered_chart_applies_to_the_real_apiserver(
     for name in ("controller", "webhook"):
         assert client.get(Role, f"{release}-{name}", namespace=namespace)
         assert client.get(RoleBinding, f"{release}-{name}", namespace=namespace)
-    hook = client.get(MutatingWebhookConfiguration, f"{release}-webhook")
-    assert hook.webhooks is not None and hook.webhooks[0].failurePolicy == "Ignore"
-    assert hook.webhooks[0].clientConfig.caBundle
+    for kind in (MutatingWebhookConfiguration, ValidatingWebhookConfiguration):
+        hook = client.get(kind, f"{release}-webhook")  # its CEL compiled by the apiserver
+        assert hook.webhooks is not None and hook.webhooks[0].failurePolicy == "Ignore"
+        assert hook.webhooks[0].clientConfig.caBundle
 
 
 def _allowed(

@@ -1,7 +1,10 @@
 """The webhook on the real kube-apiserver (v1.37): `migpilot webhook` as a process on loopback,
-registered with the rendered MutatingWebhookConfiguration (its CEL matchConditions accepted),
-gates a new MIG pod while the controller's Lease is fresh, leaves other pods alone, gates nothing
-once the Lease is stale, and when it is stopped pods are still created (failurePolicy Ignore).
+registered with the rendered Mutating- and ValidatingWebhookConfigurations (their CEL
+matchConditions accepted), gates a new MIG pod while the controller's Lease is fresh, leaves
+other pods alone, gates nothing once the Lease is stale, and when it is stopped pods are still
+created (failurePolicy Ignore). A unified pod (``nvidia.com/gpumem``...) is gated alike; a
+malformed one is refused at creation with a message naming the field; one another system serves
+(``nvidia.com/vgpu-mode: hami-core``) is created untouched.
 
 The control plane is shared by the session: the webhook configuration, the namespace and the
 pods this test makes are deleted at the end. Every wait has a generous timeout; no duration
@@ -19,6 +22,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lightkube
 import pytest
@@ -26,7 +30,10 @@ from lightkube import codecs
 from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
+from lightkube.resources.admissionregistration_v1 import (
+    MutatingWebhookConfiguration,
+    ValidatingWebhookConfiguration,
+)
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.types import PatchType
@@ -55,11 +62,18 @@ class Scene:
         self.suffix = suffix
         self.pods: list[str] = []
 
-    def pod(self, name: str, *, mig: str | None) -> Pod:
+    def pod(
+        self,
+        name: str,
+        *,
+        mig: str | None = None,
+        unified: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> Pod:
         full = f"wh-{name}-{self.suffix}"
-        limits = {mig: "1"} if mig else None
+        limits = {mig: "1"} if mig else unified
         pod = Pod(
-            metadata=ObjectMeta(name=full, namespace=POD_NS),
+            metadata=ObjectMeta(name=full, namespace=POD_NS, annotations=annotations),
             spec=PodSpec(
                 containers=[
                     Container(
@@ -155,17 +169,25 @@ def scene(
                 ),
             )
         )
-        document = registering.configuration(
-            ca_bundle=ca.pair.cert.read_bytes(),
-            url=f"https://127.0.0.1:{port}/mutate-pods",
-            name=config_name,
-        )
-        client.create(codecs.from_dict(document))  # the CEL matchConditions compile on 1.37
+        for document in (
+            registering.configuration(
+                ca_bundle=ca.pair.cert.read_bytes(),
+                url=f"https://127.0.0.1:{port}/mutate-pods",
+                name=config_name,
+            ),
+            registering.validating_configuration(
+                ca_bundle=ca.pair.cert.read_bytes(),
+                url=f"https://127.0.0.1:{port}/validate-pods",
+                name=config_name,
+            ),
+        ):
+            client.create(codecs.from_dict(document))  # the CEL matchConditions compile on 1.37
         yield scene, webhook
     finally:
         controlplane.stop_components([webhook])
-        with contextlib.suppress(lightkube.ApiError):
-            client.delete(MutatingWebhookConfiguration, config_name)
+        for kind in (MutatingWebhookConfiguration, ValidatingWebhookConfiguration):
+            with contextlib.suppress(lightkube.ApiError):
+                client.delete(kind, config_name)
         for name in scene.pods:
             with contextlib.suppress(lightkube.ApiError):
                 client.delete(Pod, name, namespace=POD_NS, grace_period=0)
@@ -208,3 +230,90 @@ def test_webhook_gates_mig_pods_only_while_the_lease_is_fresh_and_fails_open(
     created = s.pod("nowebhook", mig="nvidia.com/mig-1g.10gb")  # failurePolicy Ignore
     assert _gates(created) == []
     assert "review" in webhook.tail(200)  # it logged the reviews it answered
+
+
+GPU, GPUMEM, GPUCORES = "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores"
+
+
+def _refusal(s: Scene, name: str, **kwargs: Any) -> lightkube.ApiError:
+    """Create the pod, expecting the apiserver to refuse it; the error."""
+    with pytest.raises(lightkube.ApiError) as refused:
+        s.pod(name, **kwargs)
+    return refused.value
+
+
+def test_unified_pods_are_gated_and_malformed_ones_refused_naming_the_field(
+    scene: tuple[Scene, controlplane.Component],
+) -> None:
+    s, webhook = scene
+    client = s.client
+
+    # A new configuration takes effect within a moment: wait until a malformed pod is refused.
+    attempt = iter(range(1000))
+
+    def refused() -> lightkube.ApiError | None:
+        try:
+            s.pod(f"nogpu{next(attempt)}", unified={GPUMEM: "8000"})
+        except lightkube.ApiError as err:
+            return err
+        return None
+
+    err = wait_for(refused, what="a malformed unified pod to be refused", watch=[webhook])
+    assert err.status.code == 422
+    message = err.status.message or ""
+    assert 'admission webhook "validate.pods.migpilot.io" denied the request' in message
+    assert "spec.containers[0].resources.nvidia.com/gpumem: needs nvidia.com/gpu" in message
+
+    err = _refusal(s, "cores", unified={GPU: "1", GPUCORES: "150"})
+    assert "spec.containers[0].resources.nvidia.com/gpucores: 150 is outside 1 to 100" in (
+        err.status.message or ""
+    )
+    err = _refusal(s, "huge", unified={GPU: "1", GPUMEM: "8Gi"})  # gpumem counts MiB
+    assert "'8Gi' (8589934592 MiB: nvidia.com/gpumem counts MiB) is more than" in (
+        err.status.message or ""
+    )
+    err = _refusal(
+        s,
+        "policy",
+        unified={GPU: "1", GPUMEM: "8000"},
+        annotations={"hami.io/gpu-scheduler-policy": "random"},
+    )
+    assert "metadata.annotations[hami.io/gpu-scheduler-policy]: 'random'" in (
+        err.status.message or ""
+    )
+    # A fraction of an extended resource never reaches a webhook: the apiserver refuses it.
+    err = _refusal(s, "fraction", unified={GPU: "1", GPUMEM: "7.5"})
+    assert "must be an integer" in (err.status.message or "")
+
+    # A well-formed unified pod is gated, as a MIG pod is; the apiserver hands the webhooks
+    # (and the controller) its quantities canonical: 8000 becomes "8k".
+    good = s.pod("good", unified={GPU: "1", GPUMEM: "8000"})
+    assert _gates(good) == [GATE]
+    assert good.metadata and good.metadata.labels == {"migpilot.io/gated": "true"}
+    assert good.spec and good.spec.containers[0].resources
+    assert (good.spec.containers[0].resources.limits or {})[GPUMEM] == "8k"
+    wait_for(lambda: _scheduling_gated(client, f"wh-good-{s.suffix}"), what="SchedulingGated")
+
+    # The annotation alone makes a whole-GPU pod unified; a filter naming a GPU without MIG
+    # beside one with it is allowed, with a warning.
+    mode = s.pod(
+        "mode",
+        unified={GPU: "1"},
+        annotations={"nvidia.com/vgpu-mode": "mig", "nvidia.com/use-gputype": "A100,V100"},
+    )
+    assert _gates(mode) == [GATE]
+
+    # Not migpilot's: whole GPUs for NVIDIA's plugin, and another vgpu-mode, even malformed.
+    assert _gates(s.pod("whole", unified={GPU: "1"})) == []
+    other = s.pod(
+        "hami",
+        unified={GPU: "1", GPUMEM: "8000", GPUCORES: "150"},
+        annotations={"nvidia.com/vgpu-mode": "hami-core"},
+    )
+    assert _gates(other) == []
+    # MIG resource names are never refused (the mutating webhook warns of a misspelt one).
+    assert _gates(s.pod("badmig", mig="nvidia.com/mig-1G.10gb")) == []
+
+    # Stopped, the validating webhook refuses nothing (failurePolicy Ignore).
+    controlplane.stop_components([webhook])
+    assert _gates(s.pod("down", unified={GPUMEM: "8000"})) == []

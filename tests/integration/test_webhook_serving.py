@@ -1,6 +1,7 @@
 """The webhook's HTTPS server on loopback with a certificate from a throwaway CA: health, the
-review round trip, malformed bodies still allowed, keep-alive, concurrent clients (one stuck
-before its TLS handshake blocks nobody), and stop() really closing open connections."""
+review round trip on both paths (gating on /mutate-pods, refusing a malformed unified request on
+/validate-pods), malformed bodies still allowed, keep-alive, concurrent clients (one stuck before
+its TLS handshake blocks nobody), and stop() really closing open connections."""
 
 from __future__ import annotations
 
@@ -59,11 +60,17 @@ class Webhook:
             "127.0.0.1", self.server.port, context=self.context, timeout=10
         )
 
-    def post(self, body: bytes, conn: http.client.HTTPSConnection | None = None) -> tuple[int, Any]:
+    def post(
+        self,
+        body: bytes,
+        conn: http.client.HTTPSConnection | None = None,
+        *,
+        path: str = "/mutate-pods",
+    ) -> tuple[int, Any]:
         own = conn is None
         conn = conn or self.connect()
         try:
-            conn.request("POST", "/mutate-pods", body, headers={"Content-Type": "application/json"})
+            conn.request("POST", path, body, headers={"Content-Type": "application/json"})
             response = conn.getresponse()
             data = response.read()
             return response.status, json.loads(data)
@@ -117,6 +124,60 @@ def test_mig_pod_is_patched_and_plain_pod_is_not(webhook: Webhook) -> None:
     status, answer = webhook.post(_review("u-cpu", {"cpu": "1"}))
     assert status == 200
     assert answer["response"] == {"uid": "u-cpu", "allowed": True}
+
+
+def test_a_unified_pod_is_patched(webhook: Webhook) -> None:
+    status, answer = webhook.post(
+        _review("u-uni", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8k"})
+    )
+    assert status == 200
+    patch = json.loads(base64.b64decode(answer["response"]["patch"]))
+    assert patch[0]["value"] == [{"name": "migpilot.io/plan"}]
+
+
+@pytest.mark.parametrize(
+    ("resources", "message"),
+    [
+        (
+            {"nvidia.com/gpumem": "8000"},
+            "spec.containers[0].resources.nvidia.com/gpumem: needs nvidia.com/gpu",
+        ),
+        (
+            {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"},
+            "spec.containers[0].resources.nvidia.com/gpucores: 150 is outside 1 to 100",
+        ),
+    ],
+)
+def test_a_malformed_unified_request_is_refused_on_validate(
+    webhook: Webhook, resources: dict[str, Any], message: str
+) -> None:
+    status, answer = webhook.post(_review("u-bad", resources), path="/validate-pods")
+    assert status == 200
+    response = answer["response"]
+    assert response["uid"] == "u-bad"
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 422
+    assert message in response["status"]["message"]
+    assert webhook.lease.reads == 0  # refusing does not depend on the controller
+
+
+def test_good_and_other_pods_are_allowed_on_validate(webhook: Webhook) -> None:
+    conn = webhook.connect()
+    try:
+        for uid, resources in [
+            ("u-good", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8k"}),
+            ("u-cpu", {"cpu": "1"}),
+            ("u-mig", {"nvidia.com/mig-1G.10GB": "1"}),  # warned of by /mutate-pods, not refused
+        ]:
+            status, answer = webhook.post(_review(uid, resources), conn, path="/validate-pods")
+            assert status == 200
+            assert answer["response"] == {"uid": uid, "allowed": True}
+        status, answer = webhook.post(b"{not json", conn, path="/validate-pods")
+        assert status == 200
+        assert answer["response"]["allowed"] is True
+        assert "not validated" in answer["response"]["status"]["message"]
+    finally:
+        conn.close()
 
 
 def test_missing_lease_lets_mig_pods_through(webhook: Webhook) -> None:

@@ -89,13 +89,23 @@ def test_pods_without_gpu_requests_are_not_unified() -> None:
         ([{"nvidia.com/gpu": "1.5"}], {}, "expected a whole number"),
         ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 101}], {}, "outside 1 to 100"),
         ([{"nvidia.com/gpu": 1, "nvidia.com/gpucores": 0}], {}, "outside 1 to 100"),
-        ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": 0}], {}, "outside at least 1"),
+        ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": 0}], {}, "0 is less than 1"),
         (
             [{"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1, "nvidia.com/gpumem-percentage": 5}],
             {},
             "not both",
         ),
-        ([{"nvidia.com/gpu": 1}], {"nvidia.com/use-gputype": "V100"}, "matches no GPU model"),
+        ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "500m"}], {}, "expected a whole number"),
+        ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "-8000"}], {}, "expected a whole number"),
+        ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": True}], {}, "expected a whole number"),
+        ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "1e30"}], {}, "too large"),
+        ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "1e999999k"}], {}, "too large"),
+        (
+            [{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "9" * 5000}],
+            {},
+            r"'9{36}\.{3} is too large$",
+        ),
+        ([{"nvidia.com/gpu": 1, "nvidia.com/gpucores": "1k"}], {}, "outside 1 to 100"),
         ([{"nvidia.com/gpu": 1}], {"nvidia.com/vgpu-mode": "hami-core"}, "not served"),
         ([{"nvidia.com/gpu": 1}], {"hami.io/gpu-scheduler-policy": "random"}, "binpack or spread"),
     ],
@@ -140,3 +150,74 @@ def test_the_choice_fits_and_nothing_smaller_does(
         ((chosen.memory_mib or 0), chosen.compute_slices) <= ((p.memory_mib or 0), p.compute_slices)
         for p in fits
     )
+
+
+@pytest.mark.parametrize(
+    ("quantity", "mib"),
+    [(8000, 8000), ("8000", 8000), ("8k", 8000), (" 10k ", 10000), ("1e3", 1000), ("2Ki", 2048)],
+)
+def test_amounts_are_whole_quantities_as_the_apiserver_writes_them(quantity: Any, mib: int) -> None:
+    # The apiserver canonicalises quantities: a pod created with gpumem 8000 reads back "8k".
+    [ask] = _req({"nvidia.com/gpu": 1, "nvidia.com/gpumem": quantity}).asks
+    assert ask.memory_mib == mib
+
+
+def test_filters_matching_no_known_model_are_kept_and_select_nothing() -> None:
+    # HAMi's own example names a GPU without MIG beside one with it.
+    req = _req({"nvidia.com/gpu": 1}, **{"nvidia.com/use-gputype": "A100,V100"})
+    assert req.use_models == ("A100", "V100")
+    assert unified.unknown_filters(req) == ("V100",)
+    assert unified.resolve(req, A100_40) is not None and unified.resolve(req, H100) is None
+    assert unified.never_served(req) is None
+    req = _req({"nvidia.com/gpu": 1}, **{"nvidia.com/nouse-gputype": "1080, 2080"})
+    assert unified.unknown_filters(req) == ("1080", "2080")
+    assert unified.resolve(req, H100) is not None  # excludes nothing
+    only_unknown = _req({"nvidia.com/gpu": 1}, **{"nvidia.com/use-gputype": "V100"})
+    assert "exclude every GPU model" in (unified.never_served(only_unknown) or "")
+
+
+GPU = "nvidia.com/gpu"
+MODE = "nvidia.com/vgpu-mode"
+
+
+@pytest.mark.parametrize(
+    ("containers", "annotations", "want"),
+    [
+        ([{GPU: 1, "nvidia.com/gpumem": 8000}], {}, True),
+        ([{"cpu": 1}, {GPU: 1, "nvidia.com/gpumem-percentage": 50}], {}, True),
+        ([{GPU: 1, "nvidia.com/gpucores": 30}], {}, True),
+        ([{"nvidia.com/gpumem": 8000}], {}, True),  # unified, and malformed (parse says why)
+        ([{GPU: 1}], {MODE: "mig"}, True),
+        ([{GPU: 1}], {MODE: " MIG "}, True),
+        ([{"cpu": 1}], {MODE: "mig"}, True),
+        ([{GPU: 1}], {}, False),  # whole GPUs, for NVIDIA's device plugin
+        ([{"nvidia.com/mig-1g.10gb": 1}], {}, False),
+        ([], {}, False),
+        ([{GPU: 1, "nvidia.com/gpumem": 8000}], {MODE: "hami-core"}, False),
+        ([{GPU: 1}], {MODE: "mps"}, False),
+    ],
+)
+def test_is_unified(
+    containers: list[dict[str, Any]], annotations: dict[str, str], want: bool
+) -> None:
+    assert unified.is_unified(containers, annotations) is want
+    assert unified.serves_mode(annotations) is (
+        annotations.get(MODE, "mig").strip().lower() == "mig"
+    )
+
+
+def test_errors_name_the_place_the_caller_gives() -> None:
+    with pytest.raises(errors.SnapshotError, match=r"^spec.initContainers\[0\].nvidia.com/gpumem:"):
+        unified.parse(
+            [{GPU: 1, "nvidia.com/gpumem": 0}, {GPU: 1}],
+            {},
+            wheres=["spec.initContainers[0]", "spec.containers[0]"],
+        )
+    with pytest.raises(ValueError):
+        unified.parse([{GPU: 1}], {}, wheres=[])
+    with pytest.raises(
+        errors.SnapshotError, match=r"^metadata.annotations\[hami.io/node-scheduler-policy\]"
+    ):
+        unified.parse_annotations({"hami.io/node-scheduler-policy": "pack"}, where="metadata")
+    pod_level = unified.parse_annotations({"nvidia.com/use-gputype": "H100"}, where="metadata")
+    assert pod_level == unified.UnifiedRequest(asks=(), use_models=("H100",))

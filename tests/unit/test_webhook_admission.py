@@ -192,6 +192,130 @@ def test_a_subresource_create_is_not_gated() -> None:
     assert "patch" not in _answer(document)
 
 
+# --- unified (HAMi-style) pods --------------------------------------------------------------------
+
+MODE = "nvidia.com/vgpu-mode"
+
+
+def _unified(annotations: dict[str, str] | None = None, **limits: Any) -> dict[str, Any]:
+    """A pod with one container whose limits are ``limits`` (keys: ``gpu``, ``gpumem``...)."""
+    resources = {f"nvidia.com/{k.replace('_', '-')}": v for k, v in limits.items()}
+    pod = _pod(containers=[_container(limits=resources, requests=dict(resources))])
+    if annotations is not None:
+        pod["metadata"]["annotations"] = annotations
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("pod", "outcome"),
+    [
+        (_unified(gpu="1", gpumem="8000"), admission.Outcome.GATED),
+        (_unified(gpu="1", gpumem="8k"), admission.Outcome.GATED),  # as the apiserver writes it
+        (_unified(gpu="2", gpumem_percentage="50"), admission.Outcome.GATED),
+        (_unified(gpu="1", gpucores="30"), admission.Outcome.GATED),
+        (_unified({MODE: "mig"}, gpu="1"), admission.Outcome.GATED),
+        (_unified({MODE: "MIG"}, gpu="1", gpumem="8000"), admission.Outcome.GATED),
+        (
+            _unified({"nvidia.com/use-gputype": "A100,V100"}, gpu="1", gpumem="8000"),
+            admission.Outcome.GATED,  # V100 selects nothing; A100 is served
+        ),
+        # a request the planner reads but no model could serve: gated; the validating webhook
+        # refuses it (and when that one is down, the controller says why in an event)
+        (_unified(gpu="1", gpumem="900000"), admission.Outcome.GATED),
+        (_unified(gpu="1"), admission.Outcome.NO_MIG_REQUEST),  # whole GPU: NVIDIA's plugin
+        (_unified(gpu="0", gpumem="8000"), admission.Outcome.NO_MIG_REQUEST),  # asks for none
+        (_unified({MODE: "mig"}), admission.Outcome.NO_MIG_REQUEST),  # nothing to plan
+        (_unified({MODE: "hami-core"}, gpu="1", gpumem="8000"), admission.Outcome.OTHER_VGPU_MODE),
+        (_unified({MODE: "mps"}, gpu="1"), admission.Outcome.OTHER_VGPU_MODE),
+        (_unified(gpumem="8000"), admission.Outcome.BAD_UNIFIED_REQUEST),  # no nvidia.com/gpu
+        (_unified(gpu="1", gpucores="101"), admission.Outcome.BAD_UNIFIED_REQUEST),
+        (
+            _unified(gpu="1", gpumem="1", gpumem_percentage="5"),
+            admission.Outcome.BAD_UNIFIED_REQUEST,
+        ),
+        (
+            _unified({"hami.io/gpu-scheduler-policy": "random"}, gpu="1", gpumem="8000"),
+            admission.Outcome.BAD_UNIFIED_REQUEST,
+        ),
+    ],
+    ids=[
+        "gpumem",
+        "gpumem-canonical",
+        "percentage",
+        "cores",
+        "mode-mig",
+        "mode-mig-upper",
+        "unknown-filter-beside-a-known-one",
+        "never-served",
+        "whole-gpu",
+        "zero-gpus",
+        "mode-only",
+        "hami-core",
+        "mps",
+        "gpumem-without-gpu",
+        "cores-out-of-range",
+        "both-memories",
+        "bad-policy",
+    ],
+)
+def test_unified_decision_matrix(pod: dict[str, Any], outcome: admission.Outcome) -> None:
+    assert admission.decide(_review(pod), lease_fresh=True).outcome is outcome
+    response = _answer(_review(pod))
+    assert ("patch" in response) == (outcome is admission.Outcome.GATED)
+    # The validating webhook tells what is wrong with a unified request; this one stays quiet
+    # (the user would read it twice).
+    assert "warnings" not in response
+    assert "status" not in response
+
+
+def test_a_unified_pod_is_gated_and_labelled_as_a_mig_pod_is() -> None:
+    pod = _unified(gpu="1", gpumem="8000")
+    patched = _apply(pod, _patch(_answer(_review(pod))))
+    assert patched["spec"]["schedulingGates"] == [GATE]
+    assert patched["metadata"]["labels"] == {"migpilot.io/gated": "true"}
+
+
+@pytest.mark.parametrize(
+    ("change", "fresh", "outcome"),
+    [
+        ({"schedulingGates": [GATE]}, True, admission.Outcome.ALREADY_GATED),
+        ({"nodeName": "n1"}, True, admission.Outcome.BOUND),
+        ({}, False, admission.Outcome.LEASE_STALE),
+    ],
+)
+def test_a_unified_pod_follows_the_same_gate_rules(
+    change: dict[str, Any], fresh: bool, outcome: admission.Outcome
+) -> None:
+    pod = _unified(gpu="1", gpucores="50")
+    pod["spec"].update(change)
+    assert admission.decide(_review(pod), lease_fresh=fresh).outcome is outcome
+    assert "patch" not in _answer(_review(pod), fresh=fresh)
+
+
+def test_an_init_container_makes_a_pod_unified() -> None:
+    pod = _pod(
+        containers=[PLAIN],
+        init=[_container("setup", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000"})],
+    )
+    assert admission.decide(_review(pod), lease_fresh=True).outcome is admission.Outcome.GATED
+
+
+def test_mig_beside_unified() -> None:
+    good = _unified(gpu="1", gpumem="8000")
+    good["spec"]["containers"].append(MIG)
+    assert admission.decide(_review(good), lease_fresh=True).outcome is admission.Outcome.GATED
+    # MIG beside a unified request the planner cannot read: not gated (it could not be planned)
+    bad = _unified(gpumem="8000")
+    bad["spec"]["containers"].append(MIG)
+    assert admission.decide(_review(bad), lease_fresh=True).outcome is (
+        admission.Outcome.BAD_UNIFIED_REQUEST
+    )
+    # MIG in a pod another system serves the unified part of: gated for its MIG instances
+    other = _unified({MODE: "hami-core"}, gpu="1", gpumem="8000")
+    other["spec"]["containers"].append(MIG)
+    assert admission.decide(_review(other), lease_fresh=True).outcome is admission.Outcome.GATED
+
+
 # --- never reject: malformed input --------------------------------------------------------------
 
 
@@ -223,6 +347,10 @@ def _without(document: dict[str, Any], *path: str) -> dict[str, Any]:
         (
             _review(_pod(containers=[MIG], schedulingGates={"name": "x"})),
             "spec.schedulingGates is not a list",
+        ),
+        (
+            _review({"metadata": {"annotations": ["x"]}, "spec": {"containers": []}}),
+            "metadata.annotations is not an object",
         ),
     ],
 )
@@ -266,6 +394,13 @@ def test_bad_name_beside_a_good_one_still_gates_with_the_warning() -> None:
     [warning] = response["warnings"]
     assert "initContainer setup" in warning
     assert "nvidia.com/mig-1g.10gb.me" in warning
+
+
+def test_a_count_too_long_to_read_warns() -> None:
+    pod = _pod(containers=[_container(limits={"nvidia.com/mig-1g.10gb": "9" * 5000})])
+    response = _answer(_review(pod))
+    assert "patch" not in response
+    assert "nvidia.com/mig-1g.10gb" in response["warnings"][0]
 
 
 def test_unknown_profile_warns() -> None:

@@ -1,11 +1,12 @@
-"""The webhook's registration (the MutatingWebhookConfiguration: fail open, 2 s, CREATE pods,
-kube-system excluded; the deploy manifest is the rendered one) and its cached Lease reading."""
+"""The webhook's registration (the Mutating- and ValidatingWebhookConfigurations: fail open, 2 s,
+CREATE pods, kube-system excluded, the same selectors; the deploy manifests and the chart's CEL
+are the rendered ones) and its cached Lease reading."""
 
 from __future__ import annotations
 
 import base64
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -13,9 +14,9 @@ import yaml
 
 from migpilot.webhook import leases, registering
 
-MANIFEST = (
-    pathlib.Path(__file__).parents[2] / "deploy" / "webhook" / "mutatingwebhookconfiguration.yaml"
-)
+REPO = pathlib.Path(__file__).parents[2]
+MANIFESTS = REPO / "deploy" / "webhook"
+HELPERS = REPO / "deploy" / "helm" / "migpilot" / "templates" / "_helpers.tpl"
 
 
 def test_configuration_fails_open_and_only_sees_pod_creates() -> None:
@@ -42,7 +43,49 @@ def test_configuration_fails_open_and_only_sees_pod_creates() -> None:
     [term] = hook["namespaceSelector"]["matchExpressions"]
     assert term["operator"] == "NotIn"
     assert "kube-system" in term["values"]
-    assert "nvidia.com/mig-" in hook["matchConditions"][0]["expression"]
+    [condition] = hook["matchConditions"]
+    assert condition["expression"] == registering.GATE_CONDITION
+    for needle in ("nvidia.com/mig-", "'nvidia.com/gpumem'", "'nvidia.com/gpucores'"):
+        assert needle in condition["expression"]
+    assert "'nvidia.com/gpumem-percentage'" in condition["expression"]
+    assert "'nvidia.com/vgpu-mode' in object.metadata.annotations" in condition["expression"]
+
+
+def test_the_validating_configuration_fails_open_beside_the_mutating_one() -> None:
+    kwargs: dict[str, Any] = {
+        "ca_bundle": b"PEM",
+        "service": ("gpu-system", "mp-webhook"),
+        "excluded_namespaces": ("kube-system", "gpu-system"),
+        "name": "mp-webhook",
+    }
+    mutating = registering.configuration(**kwargs)
+    validating = registering.validating_configuration(**kwargs)
+    assert validating["kind"] == "ValidatingWebhookConfiguration"
+    assert validating["metadata"] == {"name": "mp-webhook"}
+    [hook] = validating["webhooks"]
+    [gate] = mutating["webhooks"]
+    assert hook["name"] == "validate.pods.migpilot.io" != gate["name"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["sideEffects"] == "None"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["timeoutSeconds"] == 2
+    assert "reinvocationPolicy" not in hook  # mutating webhooks only
+    assert hook["clientConfig"]["service"] == {
+        "namespace": "gpu-system",
+        "name": "mp-webhook",
+        "path": "/validate-pods",
+        "port": 443,
+    }
+    assert gate["clientConfig"]["service"]["path"] == "/mutate-pods"
+    # A pod is seen by both webhooks or by neither (the validating one: unified pods only).
+    for key in ("rules", "namespaceSelector", "objectSelector", "matchPolicy"):
+        assert hook[key] == gate[key], key
+    [condition] = hook["matchConditions"]
+    assert condition["expression"] == registering.UNIFIED_CONDITION
+    assert "nvidia.com/mig-" not in condition["expression"]
+    assert condition["expression"] in gate["matchConditions"][0]["expression"].replace(
+        "r.startsWith('nvidia.com/mig-') || ", ""
+    )
 
 
 @pytest.mark.parametrize(
@@ -51,17 +94,44 @@ def test_configuration_fails_open_and_only_sees_pod_creates() -> None:
 def test_configuration_needs_exactly_one_address(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="exactly one"):
         registering.configuration(ca_bundle=b"", **kwargs)
+    with pytest.raises(ValueError, match="exactly one"):
+        registering.validating_configuration(ca_bundle=b"", **kwargs)
 
 
-def test_deploy_manifest_is_the_rendered_configuration() -> None:
-    manifest = yaml.safe_load(MANIFEST.read_text())
-    rendered = registering.configuration(
+@pytest.mark.parametrize(
+    ("render", "file"),
+    [
+        (registering.configuration, "mutatingwebhookconfiguration.yaml"),
+        (registering.validating_configuration, "validatingwebhookconfiguration.yaml"),
+    ],
+)
+def test_deploy_manifests_are_the_rendered_configurations(
+    render: Callable[..., dict[str, Any]], file: str
+) -> None:
+    manifest = yaml.safe_load((MANIFESTS / file).read_text())
+    rendered = render(
         ca_bundle=b"",
         service=("migpilot-system", "migpilot-webhook"),
         excluded_namespaces=("kube-system", "migpilot-system"),
     )
     rendered["webhooks"][0]["clientConfig"]["caBundle"] = "${CA_BUNDLE}"
     assert manifest == rendered
+
+
+@pytest.mark.parametrize(
+    ("define", "expression"),
+    [
+        ("migpilot.gateCondition", registering.GATE_CONDITION),
+        ("migpilot.unifiedCondition", registering.UNIFIED_CONDITION),
+    ],
+)
+def test_the_charts_cel_is_the_rendered_one(define: str, expression: str) -> None:
+    """The whole chart is compared with the renderings in tests/e2e/test_helm.py (it needs
+    helm); the CEL, the part most easily mistyped, is checked here too."""
+    head = "{{- define " + f'"{define}"' + " -}}\n"
+    text = HELPERS.read_text()
+    start = text.index(head) + len(head)
+    assert text[start : text.index("\n{{- end -}}", start)] == expression
 
 
 # --- the cached Lease ----------------------------------------------------------------------------

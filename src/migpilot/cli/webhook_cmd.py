@@ -1,4 +1,5 @@
-"""``migpilot webhook``: the mutating admission webhook that gates MIG pods, as a command.
+"""``migpilot webhook``: the admission webhooks (gating MIG and unified pods, refusing malformed
+unified requests), as a command.
 
 Thin: it turns flags into :class:`migpilot.webhook.serving.Settings` and calls
 :func:`migpilot.webhook.serving.run`, which serves until SIGTERM or SIGINT.
@@ -20,12 +21,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     defaults = serving.LeaseSettings()
     p = subparsers.add_parser(
         "webhook",
-        help="serve the admission webhook that gates new MIG pods for the controller",
+        help="serve the admission webhooks that gate new MIG pods for the controller",
         description=(
-            "Serve the mutating admission webhook (HTTPS, POST /mutate-pods, GET /healthz): "
-            "it adds the scheduling gate migpilot.io/plan to new pods that request MIG "
-            "resources while the controller holds a fresh Lease, and lets every pod through "
-            "otherwise. Stops on SIGTERM/SIGINT."
+            "Serve the admission webhooks over HTTPS (GET /healthz). POST /mutate-pods adds "
+            "the scheduling gate migpilot.io/plan to new pods that request MIG resources or "
+            "unified GPU slices (nvidia.com/gpumem...) while the controller holds a fresh "
+            "Lease, and lets every pod through otherwise. POST /validate-pods refuses a new "
+            "pod whose unified request is malformed, naming the field. Stops on SIGTERM/SIGINT."
         ),
     )
     p.add_argument("--cert", required=True, type=Path, metavar="FILE", help="PEM serving cert")

@@ -16,24 +16,35 @@ The rules, as HAMi's documentation gives them where it gives one:
   ``nvidia.com/gpumem-percentage: 1-100`` (of the GPU's memory), optional
   ``nvidia.com/gpucores: 1-100`` (a share of the GPU's compute, here its compute slices,
   rounded up); a pod's containers add up (each container's GPUs are its own instances);
+- amounts are Kubernetes quantities that must be whole numbers (``8000``, or ``8k`` as the
+  apiserver writes 8000 back: it canonicalises quantities before a webhook or a controller
+  sees them);
 - annotations ``nvidia.com/use-gputype`` / ``nvidia.com/nouse-gputype``: comma-separated
   filters, each matching a GPU model whose id or product name contains it (case-insensitive,
-  as HAMi matches device types); ``nvidia.com/vgpu-mode``: ``mig`` (or absent) is what
-  migpilot serves; ``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy``:
-  ``binpack`` or ``spread``;
+  as HAMi matches device types). A filter that matches no model migpilot knows is kept and
+  matches nothing (HAMi's own example, ``use-gputype: "A100,V100"``, names a GPU without MIG);
+  :func:`unknown_filters` lists them, :func:`never_served` says when the filters leave no
+  model at all. ``nvidia.com/vgpu-mode``: ``mig`` (or absent) is what migpilot serves;
+  ``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy``: ``binpack`` or
+  ``spread``;
+- a pod is *unified* (:func:`is_unified`) when some container asks for ``nvidia.com/gpumem``,
+  ``gpumem-percentage`` or ``gpucores``, or it carries ``nvidia.com/vgpu-mode: mig``; a pod
+  asking only ``nvidia.com/gpu`` is a whole-GPU request for NVIDIA's device plugin;
 - "GPU memory" of a model is its largest profile's memory (what MIG can hand to one instance);
   only profiles without an attribute (no ``+me`` and the like) are chosen, so a unified request
   never takes a GPU's one media-extension slot.
 
-Not yet wired into the planners, the simulator or the controller (issue 12 follows).
+Not yet wired into the planners, the simulator or the controller (issue 12 follows); the
+admission webhook gates and validates unified pods with it (``webhook/``).
 
 Pure: no I/O, no clock. May import :mod:`migpilot.mig`, this package and :mod:`migpilot.errors`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +62,10 @@ VGPU_MODE = "nvidia.com/vgpu-mode"
 NODE_POLICY = "hami.io/node-scheduler-policy"
 GPU_POLICY = "hami.io/gpu-scheduler-policy"
 MIG_MODE = "mig"
+UNIFIED_RESOURCES = (GPUMEM, GPUMEM_PERCENT, GPUCORES)
+"""The resources that make a container's ``nvidia.com/gpu`` a unified request."""
+_LARGEST = 10**18
+"""Amounts this large or larger are refused, not converted (they fit nothing anyway)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,30 +98,38 @@ class UnifiedRequest:
 
 
 def _whole(value: Any, where: str, *, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool):
-        number = None
-    elif isinstance(value, int):
-        number = value
-    elif isinstance(value, str) and value.strip().isdigit():
-        number = int(value.strip())
-    else:
-        number = None
+    """A whole-number quantity (``8000``, ``"8000"``, ``"8k"``) within ``low``..``high``."""
+    number = None
+    if not isinstance(value, bool) and isinstance(value, int | float | str):
+        try:
+            quantity = snapshot.parse_quantity(value, where=where)
+        except errors.SnapshotError:
+            quantity = None
+        except ArithmeticError:  # decimal.Overflow: an exponent beyond any context
+            raise errors.SnapshotError(f"{where}: {_shown(value)} is too large") from None
+        if quantity is not None and quantity.is_finite() and quantity >= _LARGEST:
+            raise errors.SnapshotError(f"{where}: {_shown(value)} is too large")
+        if quantity is not None and quantity.is_finite() and quantity == int(quantity):
+            number = int(quantity)
     if number is None:
-        raise errors.SnapshotError(f"{where}: expected a whole number, got {value!r}")
-    if number < low or (high is not None and number > high):
-        span = f"{low} to {high}" if high is not None else f"at least {low}"
-        raise errors.SnapshotError(f"{where}: {number} is outside {span}")
+        raise errors.SnapshotError(f"{where}: expected a whole number, got {_shown(value)}")
+    if high is None and number < low:
+        raise errors.SnapshotError(f"{where}: {number} is less than {low}")
+    if high is not None and not low <= number <= high:
+        raise errors.SnapshotError(f"{where}: {number} is outside {low} to {high}")
     return number
 
 
-def _filters(text: str | None, where: str) -> tuple[str, ...]:
+def _shown(value: Any) -> str:
+    """``value`` for a message, cut short: it may come from anyone creating a pod."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _filters(text: str | None) -> tuple[str, ...]:
     if text is None:
         return ()
-    out = tuple(f.strip() for f in text.split(",") if f.strip())
-    for f in out:
-        if not any(_matches(m, f) for m in catalog.gpu_models()):
-            raise errors.SnapshotError(f"{where}: {f!r} matches no GPU model migpilot knows")
-    return out
+    return tuple(f.strip() for f in text.split(",") if f.strip())
 
 
 def _policy(text: str | None, where: str) -> snapshot.Policy | None:
@@ -147,37 +170,81 @@ def parse_container(resources: Mapping[str, Any], *, where: str) -> GpuAsk | Non
     )
 
 
-def parse(
-    containers: list[Mapping[str, Any]], annotations: Mapping[str, str], *, where: str = "pod"
-) -> UnifiedRequest | None:
-    """A pod's unified request from its containers' resources (each a resource -> quantity
-    mapping) and its annotations; ``None`` when no container asks for ``nvidia.com/gpu``.
-
-    A ``nvidia.com/vgpu-mode`` other than ``mig`` is refused (another system serves it)."""
-    asks = tuple(
-        ask
-        for i, res in enumerate(containers)
-        if (ask := parse_container(res, where=f"{where}.containers[{i}]")) is not None
-    )
-    if not asks:
-        return None
+def serves_mode(annotations: Mapping[str, str]) -> bool:
+    """Whether the pod's ``nvidia.com/vgpu-mode`` (absent, or ``mig``) is one migpilot serves."""
     mode = annotations.get(VGPU_MODE)
-    if mode is not None and mode.strip().lower() != MIG_MODE:
-        raise errors.SnapshotError(
-            f"{where}: {VGPU_MODE}={mode!r} is not served by migpilot (it serves {MIG_MODE!r})"
-        )
+    return mode is None or mode.strip().lower() == MIG_MODE
+
+
+def is_unified(containers: Sequence[Mapping[str, Any]], annotations: Mapping[str, str]) -> bool:
+    """Whether migpilot serves the pod's ``nvidia.com/gpu`` requests: some container (its
+    resources, as in :func:`parse`) asks for one of :data:`UNIFIED_RESOURCES`, or the pod
+    carries ``nvidia.com/vgpu-mode: mig``. Never for a pod whose mode names another system."""
+    if not serves_mode(annotations):
+        return False
+    if VGPU_MODE in annotations:
+        return True
+    return any(name in res for res in containers for name in UNIFIED_RESOURCES)
+
+
+def parse_annotations(annotations: Mapping[str, str], *, where: str) -> UnifiedRequest:
+    """The pod-level half of a unified request (filters and policies, ``asks`` empty), from
+    the pod's annotations at ``where`` (``metadata``, say). Raises :class:`SnapshotError`
+    naming the annotation."""
     return UnifiedRequest(
-        asks=asks,
-        use_models=_filters(annotations.get(USE_TYPE), f"{where}.annotations[{USE_TYPE}]"),
-        nouse_models=_filters(annotations.get(NOUSE_TYPE), f"{where}.annotations[{NOUSE_TYPE}]"),
+        asks=(),
+        use_models=_filters(annotations.get(USE_TYPE)),
+        nouse_models=_filters(annotations.get(NOUSE_TYPE)),
         node_policy=_policy(annotations.get(NODE_POLICY), f"{where}.annotations[{NODE_POLICY}]"),
         gpu_policy=_policy(annotations.get(GPU_POLICY), f"{where}.annotations[{GPU_POLICY}]"),
     )
 
 
+def parse(
+    containers: Sequence[Mapping[str, Any]],
+    annotations: Mapping[str, str],
+    *,
+    where: str = "pod",
+    wheres: Sequence[str] | None = None,
+) -> UnifiedRequest | None:
+    """A pod's unified request from its containers' resources (each a resource -> quantity
+    mapping) and its annotations; ``None`` when no container asks for ``nvidia.com/gpu``.
+    Errors name ``{where}.containers[i]``, or ``wheres[i]`` when given (one per container).
+
+    A ``nvidia.com/vgpu-mode`` other than ``mig`` is refused (another system serves it)."""
+    places = (
+        wheres
+        if wheres is not None
+        else [f"{where}.containers[{i}]" for i in range(len(containers))]
+    )
+    asks = tuple(
+        ask
+        for res, at in zip(containers, places, strict=True)
+        if (ask := parse_container(res, where=at)) is not None
+    )
+    if not asks:
+        return None
+    if not serves_mode(annotations):
+        raise errors.SnapshotError(
+            f"{where}: {VGPU_MODE}={annotations[VGPU_MODE]!r} is not served by migpilot "
+            f"(it serves {MIG_MODE!r})"
+        )
+    return dataclasses.replace(parse_annotations(annotations, where=where), asks=asks)
+
+
 def _matches(model: profiles.GpuModel, text: str) -> bool:
     needle = text.lower()
     return any(needle in name.lower() for name in (model.id, *model.product_names))
+
+
+def unknown_filters(request: UnifiedRequest) -> tuple[str, ...]:
+    """The request's model filters that match no GPU model migpilot knows (they select
+    nothing: a ``nouse`` one excludes nothing, a ``use`` one adds no model)."""
+    return tuple(
+        f
+        for f in (*request.use_models, *request.nouse_models)
+        if not any(_matches(m, f) for m in catalog.gpu_models())
+    )
 
 
 def allowed(request: UnifiedRequest, model: profiles.GpuModel) -> bool:

@@ -1,9 +1,12 @@
-"""The webhook's HTTPS server: ``POST /mutate-pods`` and ``GET /healthz``.
+"""The webhook's HTTPS server: ``POST /mutate-pods``, ``POST /validate-pods``, ``GET /healthz``.
 
-A thin shell: it decodes the AdmissionReview, asks :mod:`migpilot.webhook.leases` whether the
-controller is alive, calls the pure :func:`migpilot.webhook.admission.review` and encodes its
-answer. It never answers an admission request with an error: a body that is not JSON gets an
-allowing review with a message, as the pure function gives for any malformed review.
+A thin shell: it decodes the AdmissionReview and calls a pure function, encoding its answer:
+for ``/mutate-pods`` it asks :mod:`migpilot.webhook.leases` whether the controller is alive and
+calls :func:`migpilot.webhook.admission.review` (which gates, never refuses); for
+``/validate-pods`` it calls :func:`migpilot.webhook.validation.review` (which refuses a
+malformed unified request, whether or not the controller is alive: the request is malformed
+either way). It never answers an admission request with an HTTP error: a body that is not JSON
+gets an allowing review with a message, as the pure functions give for any malformed review.
 
 The standard library's threading HTTP server, one thread per connection, so the apiserver's
 concurrent calls are served at once; the TLS handshake runs in the connection's thread (not in
@@ -30,11 +33,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from migpilot.webhook import admission, leases
+from migpilot.webhook import admission, leases, registering, validation
 
 _log = logging.getLogger("migpilot.webhook")
 
-MUTATE_PATH = "/mutate-pods"
+MUTATE_PATH = registering.MUTATE_PATH
+VALIDATE_PATH = registering.VALIDATE_PATH
 HEALTH_PATH = "/healthz"
 MAX_BODY_BYTES = 8 << 20
 """Largest AdmissionReview accepted; a pod is at most ~1.5 MiB in etcd."""
@@ -93,7 +97,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found", "text/plain")
 
     def do_POST(self) -> None:
-        if self.path.split("?", 1)[0] != MUTATE_PATH:
+        path = self.path.split("?", 1)[0]
+        if path not in (MUTATE_PATH, VALIDATE_PATH):
             self._send(404, b"not found", "text/plain")
             return
         try:
@@ -110,9 +115,15 @@ class _Handler(BaseHTTPRequestHandler):
             document = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             document = None  # review() answers it as malformed, allowing
-        answer = admission.review(document, lease_fresh=self.server.freshness.fresh())
-        response = answer.get("response", {})
-        _log.debug("review %s: %s", response.get("uid"), "patched" if "patch" in response else "-")
+        if path == MUTATE_PATH:
+            answer = admission.review(document, lease_fresh=self.server.freshness.fresh())
+            response = answer.get("response", {})
+            said = "patched" if "patch" in response else "-"
+        else:
+            answer = validation.review(document)
+            response = answer.get("response", {})
+            said = "allowed" if response.get("allowed") else "refused"
+        _log.debug("review %s %s: %s", path, response.get("uid"), said)
         self._send(200, json.dumps(answer).encode(), "application/json")
 
     def _send(self, code: int, body: bytes, content_type: str) -> None:
@@ -227,8 +238,9 @@ def run(settings: Settings) -> None:
     try:
         with WebhookServer(settings, freshness=freshness) as server:
             _log.info(
-                "serving %s on %s:%d (Lease %s/%s)",
+                "serving %s and %s on %s:%d (Lease %s/%s)",
                 MUTATE_PATH,
+                VALIDATE_PATH,
                 settings.host,
                 server.port,
                 settings.lease.namespace,

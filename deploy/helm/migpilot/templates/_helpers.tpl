@@ -20,10 +20,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* The webhook's Service name (the serving certificate is issued for it). */}}
 {{- define "migpilot.webhookService" -}}{{ .Release.Name }}-webhook{{- end -}}
 
-{{/* CEL: the pod asks (requests or limits) for some nvidia.com/mig- resource; equal to
-     migpilot.webhook.registering.MIG_CONDITION (a test checks). */}}
-{{- define "migpilot.migCondition" -}}
-object.spec.containers.exists(c, has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('nvidia.com/mig-'))) || (has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('nvidia.com/mig-'))))) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('nvidia.com/mig-'))) || (has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('nvidia.com/mig-'))))))
+{{/* CEL: the pod asks (requests or limits) for some nvidia.com/mig- resource or makes a unified
+     request (nvidia.com/gpumem, gpumem-percentage, gpucores, or the nvidia.com/vgpu-mode
+     annotation); equal to migpilot.webhook.registering.GATE_CONDITION (a test checks). */}}
+{{- define "migpilot.gateCondition" -}}
+object.spec.containers.exists(c, has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('nvidia.com/mig-') || r in ['nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores'])) || (has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('nvidia.com/mig-') || r in ['nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores'])))) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('nvidia.com/mig-') || r in ['nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores'])) || (has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('nvidia.com/mig-') || r in ['nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores']))))) || (has(object.metadata.annotations) && 'nvidia.com/vgpu-mode' in object.metadata.annotations)
+{{- end -}}
+
+{{/* CEL: the pod makes a unified request; equal to
+     migpilot.webhook.registering.UNIFIED_CONDITION (a test checks). */}}
+{{- define "migpilot.unifiedCondition" -}}
+object.spec.containers.exists(c, has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(r, r in ['nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores'])) || (has(c.resources.limits) && c.resources.limits.exists(r, r in ['nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores'])))) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(r, r in ['nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores'])) || (has(c.resources.limits) && c.resources.limits.exists(r, r in ['nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores']))))) || (has(object.metadata.annotations) && 'nvidia.com/vgpu-mode' in object.metadata.annotations)
 {{- end -}}
 
 {{/* agent.migPartedConfigMap (NAMESPACE/NAME[:KEY]) as {namespace, name}, as the agent's
