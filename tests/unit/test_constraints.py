@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -171,7 +172,7 @@ def test_affinity_operators(requirement: dict[str, Any], expected: bool) -> None
     if expected:
         assert reason is None
     else:
-        assert reason == "required node affinity does not match the node's labels"
+        assert reason == "required node affinity does not match the node's labels or name"
 
 
 def test_requirements_of_a_term_are_anded_and_terms_ored() -> None:
@@ -246,7 +247,7 @@ def test_first_failing_rule_is_reported_in_scheduler_order() -> None:
     assert constraints.rejection(n, strict) == "nodeSelector zone=b does not match (node has 'a')"
     loose = pod(affinity=affinity([{"key": "zone", "operator": "In", "values": ["c"]}]))
     assert constraints.rejection(n, loose) == (
-        "required node affinity does not match the node's labels"
+        "required node affinity does not match the node's labels or name"
     )
     assert constraints.rejection(n, pod()) == "taint k=v:NoSchedule is not tolerated"
 
@@ -272,3 +273,46 @@ def test_signature_groups_pods_with_the_same_constraints() -> None:
     assert constraints.signature(pod()) != constraints.signature(
         pod(affinity=affinity([{"key": "zone", "operator": "Exists"}]))
     )
+
+
+def test_a_field_requirement_matches_the_node_name_not_a_label() -> None:
+    pin = ((Req("metadata.name", "In", ("n1",), True),),)
+    assert constraints.affinity_matches(pin, {"metadata.name": "n1"}, name="n0") is False
+    assert constraints.affinity_matches(pin, {}, name="n1") is True
+    away = ((Req("metadata.name", "NotIn", ("n1",), True),),)
+    assert constraints.affinity_matches(away, {}, name="n0") is True
+
+
+def test_alike_nodes_admit_a_pod_pinned_to_one_of_them_differently() -> None:
+    """Admission decides per class of alike nodes, except for a pod that names its node."""
+    nodes = [dataclasses.replace(node(), name=f"n{i}") for i in range(3)]
+    admission = constraints.Admission(nodes)
+    assert admission.class_of(0) == admission.class_of(2)
+    pinned = pod(
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": ["n2"]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    )
+    assert pinned.affinity == ((Req("metadata.name", "In", ("n2",), True),),)
+    assert admission.admits(pinned) == [False, False, True]
+    assert admission.reason(2, pinned) is None
+    assert "affinity" in (admission.reason(0, pinned) or "")
+    assert admission.admits(pod()) == [True, True, True]
+    # The file format writes the requirement back where it came from.
+    doc = snapshot.to_document(snapshot.Snapshot(nodes=(), pods=(pinned,)))
+    terms = doc["pods"][0]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}
+    ]

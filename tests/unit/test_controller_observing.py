@@ -525,11 +525,26 @@ def test_required_node_affinity_is_read(
     assert view.pod.affinity == want
 
 
-def test_node_affinity_by_fields_is_a_problem() -> None:
+def test_node_affinity_by_node_name_is_read() -> None:
+    """The controller's own pin names the node by field: a pinned pod stays a good pod."""
     aff = _affinity({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n0"]}]})
     view = observing.pod_view(_pod(affinity=aff))
+    assert view.problem is None and view.pod is not None
+    assert view.pod.affinity == ((snapshot.Requirement("metadata.name", "In", ("n0",), True),),)
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ({"key": "metadata.uid", "operator": "In", "values": ["x"]}, "is not a node field"),
+        ({"key": "metadata.name", "operator": "Exists"}, "exactly one value"),
+        ({"key": "metadata.name", "operator": "In", "values": ["a", "b"]}, "exactly one value"),
+    ],
+)
+def test_node_affinity_by_other_fields_is_a_problem(field: dict[str, Any], message: str) -> None:
+    view = observing.pod_view(_pod(affinity=_affinity({"matchFields": [field]})))
     assert view.pod is None
-    assert view.problem is not None and "matchFields" in view.problem
+    assert view.problem is not None and message in view.problem
 
 
 def test_node_selector_priority_and_tolerations_are_read() -> None:

@@ -473,7 +473,7 @@ POD_AFFINITY = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecut
                     "value": {
                         "nodeAffinity": {
                             "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [{"matchExpressions": [HOST]}]
+                                "nodeSelectorTerms": [{"matchFields": [FIELD]}]
                             }
                         }
                     },
@@ -491,7 +491,7 @@ POD_AFFINITY = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecut
                     "path": "/spec/affinity/nodeAffinity",
                     "value": {
                         "requiredDuringSchedulingIgnoredDuringExecution": {
-                            "nodeSelectorTerms": [{"matchExpressions": [HOST]}]
+                            "nodeSelectorTerms": [{"matchFields": [FIELD]}]
                         }
                     },
                 },
@@ -506,7 +506,7 @@ POD_AFFINITY = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecut
                 {
                     "op": "add",
                     "path": BASE,
-                    "value": {"nodeSelectorTerms": [{"matchExpressions": [HOST]}]},
+                    "value": {"nodeSelectorTerms": [{"matchFields": [FIELD]}]},
                 },
                 {"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
                 {"op": "remove", "path": "/spec/schedulingGates"},
@@ -527,15 +527,11 @@ POD_AFFINITY = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecut
                 }
             ),
             [
+                # The second term names the node already: it is left as it is.
                 {
                     "op": "add",
-                    "path": f"{BASE}/nodeSelectorTerms/0/matchExpressions/-",
-                    "value": HOST,
-                },
-                {
-                    "op": "add",
-                    "path": f"{BASE}/nodeSelectorTerms/1/matchExpressions",
-                    "value": [HOST],
+                    "path": f"{BASE}/nodeSelectorTerms/0/matchFields",
+                    "value": [FIELD],
                 },
                 {"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
                 {"op": "remove", "path": "/spec/schedulingGates"},
@@ -551,7 +547,7 @@ POD_AFFINITY = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecut
                     "value": {
                         "nodeAffinity": {
                             "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [{"matchExpressions": [HOST]}]
+                                "nodeSelectorTerms": [{"matchFields": [FIELD]}]
                             }
                         }
                     },
@@ -570,12 +566,12 @@ def test_pin_patch(pod: dict[str, Any], ops: list[dict[str, Any]]) -> None:
     assert patch == ops
     after = kubeapi.apply_json_patch(pod, patch)
     if ops:
-        _assert_narrows(pod, after, HOST)
+        _assert_narrows(pod, after, FIELD)
     else:
         assert after == pod
 
 
-def test_pin_patch_names_a_node_without_hostname_label_by_field() -> None:
+def test_pin_patch_names_the_node_by_field_with_or_without_a_hostname_label() -> None:
     pod = _gated(
         affinity={
             "nodeAffinity": {
@@ -610,8 +606,13 @@ def test_pin_patch_does_not_repeat_a_requirement_a_term_has() -> None:
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
                     "nodeSelectorTerms": [
-                        {"matchExpressions": [HOST]},
-                        {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
+                        {"matchFields": [FIELD]},
+                        {
+                            "matchExpressions": [HOST],
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "NotIn", "values": ["x"]}
+                            ],
+                        },
                     ]
                 }
             }
@@ -619,10 +620,10 @@ def test_pin_patch_does_not_repeat_a_requirement_a_term_has() -> None:
     )
     patch = pinning.pin_patch(pod, _node_view())
     assert [op["path"] for op in patch if op["op"] == "add"] == [
-        f"{BASE}/nodeSelectorTerms/1/matchExpressions/-"
+        f"{BASE}/nodeSelectorTerms/1/matchFields/-"
     ]
     after = kubeapi.apply_json_patch(pod, patch)
-    assert _required(after)[0] == {"matchExpressions": [HOST]}
+    assert _required(after)[0] == {"matchFields": [FIELD]}
 
 
 def test_a_pin_computed_from_an_old_pod_fails_on_a_changed_one() -> None:
@@ -676,7 +677,7 @@ def test_a_pin_only_narrows_the_pod_and_removes_only_our_gate(
     pod = _gated(gates=gates, **({"affinity": affinity} if affinity is not None else {}))
     patch = pinning.pin_patch(pod, _node_view(hostname=hostname))
     after = kubeapi.apply_json_patch(pod, patch)
-    _assert_narrows(pod, after, HOST if hostname else FIELD)
+    _assert_narrows(pod, after, FIELD)
     # Pinned once: a second pin finds no gate and changes nothing.
     assert pinning.pin_patch(after, _node_view(hostname=hostname)) == []
 

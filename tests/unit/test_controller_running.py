@@ -15,7 +15,7 @@ from typing import Any
 
 from migpilot.api import gpulayouts as gl
 from migpilot.api import leases
-from migpilot.controller import kubeapi, observing, running
+from migpilot.controller import kubeapi, observing, pinning, running
 
 A100 = "NVIDIA A100-SXM4-80GB"
 WAIT_S = 10.0
@@ -168,11 +168,7 @@ def test_a_gated_pod_is_reserved_pinned_once_and_released_when_bound() -> None:
             "requiredDuringSchedulingIgnoredDuringExecution"
         ]["nodeSelectorTerms"]
         assert terms == [
-            {
-                "matchExpressions": [
-                    {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n0"]}
-                ]
-            }
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n0"]}]}
         ]
         # kube-scheduler binds it: the reservation goes, the pin is not repeated.
         bound = copy.deepcopy(pod)
@@ -288,6 +284,34 @@ def test_a_reservation_that_waits_too_long_is_dropped_and_planned_again() -> Non
         assert not api.pod_patches
 
     _run(body, reservation_timeout_s=0.3)
+
+
+def test_a_pinned_pod_keeps_its_reservation_however_long_the_scheduler_takes() -> None:
+    """Once pinned, a pod can be bound nowhere else: its instances must not go to others."""
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await api.put(kubeapi.Kind.NODES, _node("n0"))
+        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
+        await _agent_reports(api, "n0", [])
+        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        _, start, profile = _reserved(api, "n0")["ns/p"]
+        await _agent_reports(
+            api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
+        )
+        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        await _until("the pin", lambda: len(api.pod_patches) == 1)
+        # kube-scheduler does not bind it (say its cache lags): ten timeouts later the pod is
+        # still reserved there, and nothing was said about an expiry.
+        await asyncio.sleep(1.0)
+        await _passes(controller)
+        assert "ns/p" in _reserved(api, "n0")
+        assert not any(e.reason == "MigReservationExpired" for e in api.events)
+        view = observing.pod_view(api.objects[kubeapi.Kind.PODS]["ns/p"])
+        assert view.problem is None
+        assert pinning.pinned_to(view) == "n0"
+
+    _run(body, reservation_timeout_s=0.05)
 
 
 # --------------------------------------------------------------------------- more scenarios

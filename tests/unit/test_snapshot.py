@@ -605,8 +605,13 @@ BAD_CASES += [
     ),
     (
         POD + ".affinity",
-        _terms({"key": "metadata.name", "operator": "In", "values": ["n0"]}, fields=True),
-        TERM + ".matchFields: not supported (use matchExpressions)",
+        _terms({"key": "metadata.uid", "operator": "In", "values": ["n0"]}, fields=True),
+        TERM + ".matchFields[0].key: 'metadata.uid' is not a node field (only metadata.name is)",
+    ),
+    (
+        POD + ".affinity",
+        _terms({"key": "metadata.name", "operator": "NotIn", "values": ["a", "b"]}, fields=True),
+        TERM + ".matchFields[0]: a node field selector takes In or NotIn with exactly one value",
     ),
 ]
 

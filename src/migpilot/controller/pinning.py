@@ -89,6 +89,23 @@ def taken(observed: observing.Observed) -> dict[str, Counter[str]]:
     return out
 
 
+def pinned_to(view: observing.PodView) -> str | None:
+    """The node a pod's required node affinity confines it to by name (every term names the
+    same one node, as :func:`pin_patch` leaves it), or ``None``.
+
+    Such a pod can be bound nowhere else: its reservation there must outlive any wait."""
+    pod = view.pod
+    if pod is None or not pod.affinity:
+        return None
+    names: set[str] = set()
+    for term in pod.affinity:
+        named = {r.values[0] for r in term if r.field and r.operator == "In"}
+        if len(named) != 1:
+            return None
+        names |= named
+    return names.pop() if len(names) == 1 else None
+
+
 def _existing(layout: gpulayouts.GpuLayout) -> set[tuple[int, int, str]]:
     """(GPU, start, profile) of the instances the agent reports made: with a UUID, neither
     being created nor destroyed."""
@@ -166,19 +183,19 @@ def ungate_patch(pod: Mapping[str, Any]) -> Patch:
 def pin_patch(pod: Mapping[str, Any], node: observing.NodeView) -> Patch:
     """Narrow the pod's required node affinity to ``node`` and remove the gate.
 
-    The node is named by its ``kubernetes.io/hostname`` label (by ``metadata.name`` through a
-    field selector when it has none). Every existing term gains the requirement (a pod matches
-    when any term does, so each must be narrowed); with no terms, one term is added.
+    The node is named by ``metadata.name`` in a ``matchFields`` requirement, as the DaemonSet
+    controller pins its pods: kube-scheduler's NodeAffinity PreFilter then hands the scheduling
+    cycle that one node instead of filtering every node of the cluster (with a
+    ``kubernetes.io/hostname`` label requirement it would check all of them, one pod after
+    another: the cost grows with the cluster). Every existing term gains the requirement (a pod
+    matches when any term does, so each must be narrowed); with no terms, one term is added. A
+    gated pod's terms may gain requirements (the apiserver refuses any other change).
     """
     spec = pod.get("spec") or {}
     if not _gate_ops(spec):
         return []
-    if node.hostname is not None:
-        kind = "matchExpressions"
-        requirement = {"key": observing.HOSTNAME_LABEL, "operator": "In", "values": [node.hostname]}
-    else:
-        kind = "matchFields"
-        requirement = {"key": "metadata.name", "operator": "In", "values": [node.name]}
+    kind = "matchFields"
+    requirement = {"key": "metadata.name", "operator": "In", "values": [node.name]}
     term = {kind: [requirement]}
     ops: Patch = []
     affinity = spec.get("affinity")

@@ -444,11 +444,16 @@ class Controller:
         }
         self._reserved_since, self._made_since = since, made_since
         limit = self.settings.reservation_timeout_s
+        # A pod already pinned to its node keeps its reservation however long kube-scheduler
+        # takes: it can be bound nowhere else, and the instances freed would go to other pods.
         expired = {
             key
             for key, node in keys
-            if now - made_since.get((key, node), now) > limit
-            or now - since[(key, node)] > 10 * limit
+            if (
+                now - made_since.get((key, node), now) > limit
+                or now - since[(key, node)] > 10 * limit
+            )
+            and not _pinned_there(observed, key, node)
         }
         if expired:
             await self._expire(observed, expired)
@@ -628,6 +633,11 @@ def _meta_of(key: str) -> dict[str, str]:
         ns, name = key.split("/", 1)
         return {"namespace": ns, "name": name}
     return {"name": key}
+
+
+def _pinned_there(observed: observing.Observed, key: str, node: str) -> bool:
+    view = observed.pods.get(key)
+    return view is not None and not view.gated_by_us and pinning.pinned_to(view) == node
 
 
 def _emptied(observed: observing.Observed) -> tuple[snapshot.Node, ...]:

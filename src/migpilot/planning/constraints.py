@@ -24,8 +24,8 @@ def tolerates(toleration: snapshot.Toleration, taint: snapshot.Taint) -> bool:
     return toleration.value == taint.value
 
 
-def _requirement_matches(req: snapshot.Requirement, labels: Mapping[str, str]) -> bool:
-    value = labels.get(req.key)
+def _requirement_matches(req: snapshot.Requirement, labels: Mapping[str, str], name: str) -> bool:
+    value = name if req.field else labels.get(req.key)
     if req.operator == "In":
         return value is not None and value in req.values
     if req.operator == "NotIn":
@@ -45,12 +45,22 @@ def _requirement_matches(req: snapshot.Requirement, labels: Mapping[str, str]) -
 
 
 def affinity_matches(
-    terms: tuple[tuple[snapshot.Requirement, ...], ...], labels: Mapping[str, str]
+    terms: tuple[tuple[snapshot.Requirement, ...], ...],
+    labels: Mapping[str, str],
+    *,
+    name: str = "",
 ) -> bool:
-    """Required node affinity: any term whose requirements all hold (an empty term matches none)."""
+    """Required node affinity on a node with these labels and this name: any term whose
+    requirements all hold (an empty term matches none)."""
     if not terms:
         return True
-    return any(term and all(_requirement_matches(r, labels) for r in term) for term in terms)
+    return any(term and all(_requirement_matches(r, labels, name) for r in term) for term in terms)
+
+
+def names_nodes(pod: snapshot.Pod) -> bool:
+    """Whether the pod's node affinity names nodes (``matchFields`` on ``metadata.name``): then
+    alike nodes no longer admit it alike."""
+    return any(r.field for term in pod.affinity for r in term)
 
 
 def rejection(node: snapshot.Node, pod: snapshot.Pod) -> str | None:
@@ -62,8 +72,8 @@ def rejection(node: snapshot.Node, pod: snapshot.Pod) -> str | None:
         if have != want:
             shown = "missing" if have is None else repr(have)
             return f"nodeSelector {key}={want} does not match (node has {shown})"
-    if not affinity_matches(pod.affinity, node.labels):
-        return "required node affinity does not match the node's labels"
+    if not affinity_matches(pod.affinity, node.labels, name=node.name):
+        return "required node affinity does not match the node's labels or name"
     for taint in node.taints:
         if taint.effect == "PreferNoSchedule":
             continue
@@ -92,6 +102,9 @@ class Admission:
     """
 
     def __init__(self, nodes: Sequence[snapshot.Node]) -> None:
+        self._nodes = tuple(nodes)
+        self._named: dict[tuple[object, ...], list[str | None]] = {}
+        """Per signature of a pod that names nodes: the reason per node position."""
         classes: dict[tuple[object, ...], int] = {}
         self._class = [classes.setdefault(node_class(n), len(classes)) for n in nodes]
         first: dict[int, snapshot.Node] = {}
@@ -113,8 +126,18 @@ class Admission:
             found = self._reasons[sig] = [rejection(n, pod) for n in self._example]
         return found
 
+    def _per_node(self, pod: snapshot.Pod) -> list[str | None]:
+        """:func:`rejection` per node position, for a pod that names nodes."""
+        sig = signature(pod)
+        found = self._named.get(sig)
+        if found is None:
+            found = self._named[sig] = [rejection(n, pod) for n in self._nodes]
+        return found
+
     def reason(self, position: int, pod: snapshot.Pod) -> str | None:
         """:func:`rejection` for the node at ``position``."""
+        if names_nodes(pod):
+            return self._per_node(pod)[position]
         return self.reasons(pod)[self._class[position]]
 
     def admits(self, pod: snapshot.Pod) -> list[bool]:
@@ -122,6 +145,10 @@ class Admission:
         sig = signature(pod)
         found = self._admits.get(sig)
         if found is None:
-            per_class = [r is None for r in self.reasons(pod)]
-            found = self._admits[sig] = [per_class[c] for c in self._class]
+            if names_nodes(pod):
+                found = [r is None for r in self._per_node(pod)]
+            else:
+                per_class = [r is None for r in self.reasons(pod)]
+                found = [per_class[c] for c in self._class]
+            self._admits[sig] = found
         return found

@@ -127,9 +127,10 @@ class Explainer:
         ``admission`` is ``Admission.reasons(pod)`` when the caller has it already.
         """
         node = self.snap.nodes[position]
-        if admission is None:
-            admission = self._admission.reasons(pod)
-        reason = admission[self._admission.class_of(position)]
+        if admission is None or constraints.names_nodes(pod):
+            reason = self._admission.reason(position, pod)
+        else:
+            reason = admission[self._admission.class_of(position)]
         if reason is not None:
             return Why.NOT_ADMITTED, reason
         vkey = (self._shape[position], pod.mig)

@@ -88,6 +88,9 @@ class Requirement:
     operator: str
     """In, NotIn, Exists, DoesNotExist, Gt or Lt."""
     values: tuple[str, ...]
+    field: bool = False
+    """A ``matchFields`` requirement: on the node's ``metadata.name`` (the only field a node
+    selector may name, with In or NotIn and one value), not on a label."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,6 +462,8 @@ def toleration(raw: Any, where: str) -> Toleration:
 
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+NODE_NAME_FIELD = "metadata.name"
+"""The one node field a ``matchFields`` requirement may name."""
 
 
 def _requirement(raw: Any, where: str) -> Requirement:
@@ -503,13 +508,28 @@ def node_affinity(raw: Any, where: str) -> tuple[tuple[Requirement, ...], ...]:
         tw = f"{w}.nodeSelectorTerms[{i}]"
         t = _mapping(term, tw)
         _only(t, {"matchExpressions", "matchFields"}, tw)
-        if t.get("matchFields"):
-            raise errors.SnapshotError(f"{tw}.matchFields: not supported (use matchExpressions)")
         exprs = _sequence(t.get("matchExpressions"), f"{tw}.matchExpressions")
+        fields = _sequence(t.get("matchFields"), f"{tw}.matchFields")
         terms.append(
             tuple(_requirement(e, f"{tw}.matchExpressions[{j}]") for j, e in enumerate(exprs))
+            + tuple(_field_requirement(f, f"{tw}.matchFields[{j}]") for j, f in enumerate(fields))
         )
     return tuple(terms)
+
+
+def _field_requirement(raw: Any, where: str) -> Requirement:
+    """A ``matchFields`` requirement, as the apiserver validates it: ``metadata.name`` with In
+    or NotIn and exactly one value."""
+    req = _requirement(raw, where)
+    if req.key != NODE_NAME_FIELD:
+        raise errors.SnapshotError(
+            f"{where}.key: {req.key!r} is not a node field (only {NODE_NAME_FIELD} is)"
+        )
+    if req.operator not in ("In", "NotIn") or len(req.values) != 1:
+        raise errors.SnapshotError(
+            f"{where}: a node field selector takes In or NotIn with exactly one value"
+        )
+    return Requirement(req.key, req.operator, req.values, field=True)
 
 
 def _resources(raw: Any, where: str) -> Resources | None:
@@ -684,17 +704,7 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
             pd["affinity"] = {
                 "nodeAffinity": {
                     "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {"key": r.key, "operator": r.operator, "values": list(r.values)}
-                                    if r.values
-                                    else {"key": r.key, "operator": r.operator}
-                                    for r in term
-                                ]
-                            }
-                            for term in p.affinity
-                        ]
+                        "nodeSelectorTerms": [_term_document(term) for term in p.affinity]
                     }
                 }
             }
@@ -706,3 +716,19 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
             ]  # fmt: skip
         pods.append(pd)
     return {"version": SNAPSHOT_VERSION, "policy": snap.policy.value, "nodes": nodes, "pods": pods}
+
+
+def _term_document(term: tuple[Requirement, ...]) -> dict[str, Any]:
+    """One node selector term as the file (and Kubernetes) writes it."""
+    out: dict[str, Any] = {}
+    for kind, field_ in (("matchExpressions", False), ("matchFields", True)):
+        reqs = [
+            {"key": r.key, "operator": r.operator, "values": list(r.values)}
+            if r.values
+            else {"key": r.key, "operator": r.operator}
+            for r in term
+            if r.field is field_
+        ]
+        if reqs or (kind == "matchExpressions" and not term):
+            out[kind] = reqs
+    return out
