@@ -424,7 +424,8 @@ class SimulatedKubelet:
         with self._lock:
             self._refresh()
             out = dict(self._assigned)
-            out.update((k, tuple(sorted(a.devices))) for k, a in self._unified.items())
+            for key, a in self._unified.items():
+                out[key] = (*out.get(key, ()), *sorted(a.devices))
             return out
 
     # -- unifying.Allocations -------------------------------------------------------------------
@@ -471,15 +472,16 @@ class SimulatedKubelet:
             return
         self._seen_version = version
         pods = self._pods.pods(self._node)
+        mig = [p for p in pods if p.requests]  # unified pods are admitted below
         now = assign(
-            pods,
+            mig,
             advertised=self._offered,
             reserved=reservations(self._spec(), self._state),
             previous=self._assigned,
             held=self._held() if self._held is not None else frozenset(),
         )
         self._held = None
-        self._log_changes(pods, now)
+        self._log_changes(mig, now)
         self._assigned = now
         if self._unified_inputs is not None:
             self._assign_unified(pods)
