@@ -83,9 +83,7 @@ def test_counts_are_published_when_the_kubelet_lists_them_not_before(kubelet: Fa
         changed = make_node([[("1g.10gb", 0), ("3g.40gb", 4)], [("3g.40gb", 0)]])
         plugin.update(changed)
         publisher.passed(state={}, report=None, labels={}, view=changed)
-        _wait(
-            "the new counts", lambda: _published(api, "n0") == {R1G: "1", R3G: "2", GPU: "0"}
-        )
+        _wait("the new counts", lambda: _published(api, "n0") == {R1G: "1", R3G: "2", GPU: "0"})
     finally:
         publisher.close()
         client.close()
@@ -274,9 +272,7 @@ def test_a_device_made_unhealthy_between_passes_leaves_the_count(kubelet: FakeKu
         kubelet.state.allocatable_delay_s = 0.3  # the kubelet takes its time to drop it
         event = health.XidEvent("GPU-0", 79, gpu_instance_id=2, compute_instance_id=0)
         assert plugin.report_xid(event) == {"MIG-0-1g.10gb-1"}
-        _wait(
-            "the smaller count", lambda: _published(api, "n0") == {R1G: "1", R3G: "1", GPU: "1"}
-        )
+        _wait("the smaller count", lambda: _published(api, "n0") == {R1G: "1", R3G: "1", GPU: "1"})
         assert client.allocatable()[R1G] == frozenset({"MIG-0-1g.10gb-0"})
     finally:
         publisher.close()
