@@ -255,3 +255,11 @@ def test_an_entry_for_one_board_reaches_only_gpus_on_that_board(
     assert "GPU 0: 7g.80gb@0\n" in out
     assert "GPU 1: 3g.40gb@0 3g.40gb@4\n" in out  # a sibling board: not the board's entry
     assert "GPU 2: 3g.40gb@0 3g.40gb@4\n" in out  # a board nothing is known about
+
+
+def test_unified_flags() -> None:
+    parser = cli.build_parser()
+    got = parser.parse_args(["agent"])
+    assert got.unified_counters is True and got.allocate_wait == 5.0
+    got = parser.parse_args(["agent", "--no-unified-counters", "--allocate-wait", "0.5"])
+    assert got.unified_counters is False and got.allocate_wait == 0.5
