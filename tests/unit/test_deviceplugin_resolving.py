@@ -205,6 +205,21 @@ def test_an_entry_of_an_older_pod_of_the_same_name_does_not_count() -> None:
     assert isinstance(got, resolving.Refusal) and "allocated to another pod" in got.message
 
 
+def test_an_instance_handed_out_under_its_profile_is_never_given_to_a_unified_pod() -> None:
+    got = resolving.resolve(
+        requested=["x"],
+        pods=[pod("p")],
+        reservations={"ns/p": (inst("A"),)},
+        allocated={},
+        pool=frozenset({"A"}),
+        busy=frozenset({"A"}),
+    )
+    assert isinstance(got, resolving.Refusal)
+    assert got.message == (
+        "pod ns/p: the MIG instances reserved for it are allocated to another pod: GPU 0 1g.10gb@0"
+    )
+
+
 @pytest.mark.parametrize(
     ("reserved", "message"),
     [

@@ -263,12 +263,14 @@ def resolve(
     reservations: Mapping[str, Sequence[Instance]],
     allocated: Mapping[str, PodAllocation],
     pool: Collection[str],
+    busy: Collection[str] = (),
 ) -> Resolution:
     """What one container's Allocate of the devices ``requested`` (the kubelet's picks) gets.
 
     ``reservations``: pod key -> the instances the GpuLayout spec reserves for it;
     ``allocated``: the ledger (every entry is a live pod's); ``pool``: the MIG UUIDs advertised
-    as ``nvidia.com/gpu`` for unified pods.
+    as ``nvidia.com/gpu`` for unified pods; ``busy``: devices handed out otherwise (under a
+    ``nvidia.com/mig-*`` resource) and not yet released, never given to a unified pod.
     """
     found = candidate(len(requested), pods, allocated)
     if found is None:
@@ -291,6 +293,7 @@ def resolve(
         container,
         reserved=reservations.get(pod.key, ()),
         allocated=allocated,
+        busy=busy,
     )
 
 
@@ -300,6 +303,7 @@ def _unified(
     *,
     reserved: Sequence[Instance],
     allocated: Mapping[str, PodAllocation],
+    busy: Collection[str],
 ) -> Resolution:
     mine = _allocation_of(pod, allocated)
     others = {
@@ -308,6 +312,7 @@ def _unified(
         if key != pod.key or entry is not mine
         for uuid in entry.devices
     }
+    others.update(busy)
     if not reserved:
         return Refusal(
             f"pod {pod.key}: no MIG instance is reserved for it on this node (the GpuLayout "

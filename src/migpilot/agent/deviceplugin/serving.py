@@ -446,6 +446,7 @@ class DevicePlugin:
                 reservations=inputs.reservations,
                 allocated=self._ledger.pods(),
                 pool=inputs.pool,
+                busy=self._ledger.held(now=self._clock()),
             )
             if not isinstance(found, resolving.NoPod) or not wait:
                 return found, inputs.pool
