@@ -326,6 +326,26 @@ def test_a_bound_pods_reservation_dropped_before_allocate_is_remembered(node: No
     assert alone.update(v).unified == frozenset() and alone.in_use() == frozenset()
 
 
+def test_a_reservation_dropped_as_the_pod_binds_between_two_passes_is_remembered() -> None:
+    api = kubeapi.InMemoryNodeApi()
+    api.put_spec(NODE, spec([inst("1g.10gb", 0, "ns/u"), inst("1g.10gb", 1, "ns/gone")]))
+    api.put_pod(pod_doc("u", {GPU: 1, MEM: 1}, node=None))
+    api.put_pod(pod_doc("gone", {GPU: 1, MEM: 1}, node=None))
+    book = standin.PodBook()
+    book.listed([])
+    pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: _spec(api))
+    v = _mig_view(0, 1)
+    assert pool.update(v).unified == {"M0", "M1"}
+    # Before the next pass: u is bound, the controller drops both reservations (gone was
+    # re-planned elsewhere).
+    api.put_pod(pod_doc("u", {GPU: 1, MEM: 1}))
+    book.listed(api.list_pods(node=NODE).documents)
+    api.put_spec(NODE, spec([inst("1g.10gb", 0), inst("1g.10gb", 1)]))
+    assert pool.update(v).unified == {"M0"}
+    assert pool.in_use() == {"M0"}
+    assert [i.uuid for i in pool.inputs(fresh=False).reservations["ns/u"]] == ["M0"]
+
+
 def _spec(api: kubeapi.InMemoryNodeApi) -> gl.LayoutSpec | None:
     found = api.layout(NODE)
     return found.spec if found is not None else None

@@ -127,6 +127,8 @@ class UnifiedPool:
         self._release_gone()
         with self._lock:
             self._view = view
+            for key in _positions(self._spec()):
+                self._is_unified(key)  # known before a reservation is remembered
             reserved = self._reserved(view)
             kinds = {key: self._is_unified(key) for key in reserved}
             pool = resolving.set_aside(
@@ -243,16 +245,21 @@ class UnifiedPool:
             self._allocated.release_pods(gone)
 
     def _reserved(self, view: devices.NodeDevices) -> dict[str, tuple[resolving.Instance, ...]]:
-        """Pod key -> its instances: those the spec reserves (or last reserved, for a bound
-        unified pod) and those Allocate handed it. Under the lock."""
+        """Pod key -> its instances: those the spec reserves (or last reserved, for a unified
+        pod bound here) and those Allocate handed it. Under the lock.
+
+        A unified pod's reservation is remembered from the first time it is seen (the pod may
+        be bound and its reservation dropped between two passes) and forgotten once the spec
+        no longer reserves for it and it is not bound here (re-planned, gone, elsewhere)."""
         positions = {k: list(v) for k, v in _positions(self._spec()).items()}
         live = self._live()
         for key in list(self._remembered):
-            if key not in live:
+            if key not in live and key not in positions:
                 del self._remembered[key]
         for key, spots in positions.items():
             bound = live.get(key)
-            if bound is not None and bound.unified:
+            kind = self._kinds.get(key)
+            if bound.unified if bound is not None else kind is not None and kind[0]:
                 self._remembered[key] = tuple(spots)
         for key, kept in self._remembered.items():
             positions.setdefault(key, list(kept))
