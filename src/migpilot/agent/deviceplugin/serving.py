@@ -359,11 +359,6 @@ class DevicePlugin:
             self._save_ledger()
 
     # -- unified requests (docs/unified.md) --------------------------------------------------
-    def serve_unified(self, source: UnifiedSource) -> None:
-        """Resolve Allocates of ``nvidia.com/gpu`` to pods with ``source`` (before
-        :meth:`start`)."""
-        self._unified = source
-
     def pod_allocations(self) -> dict[str, resolving.PodAllocation]:
         """What Allocate of ``nvidia.com/gpu`` handed to each pod still in the ledger."""
         return self._ledger.pods()
