@@ -18,7 +18,7 @@ from migpilot.agent.deviceplugin import devices, health, podresources, serving
 from migpilot.gpu import clocks, emulated
 from migpilot.mig import catalog
 from tests.integration.kubelet_fake import FakeKubelet
-from tests.integration.test_deviceplugin import R1G, R3G, START, make_node
+from tests.integration.test_deviceplugin import GPU, R1G, R3G, START, make_node
 
 WAIT_S = 10.0
 
@@ -75,13 +75,15 @@ def test_counts_are_published_when_the_kubelet_lists_them_not_before(kubelet: Fa
         kubelet.state.allocatable_delay_s = 0.0
         publisher.passed(state={}, report=None, labels={}, view=START)
         _wait("the counts", lambda: _published(api, "n0"))
-        assert _published(api, "n0") == {R1G: "2", R3G: "1"}
+        # The MIG resources and nvidia.com/gpu (GPU 1 is whole here; on a node serving
+        # unified requests, also the instances set aside for them).
+        assert _published(api, "n0") == {R1G: "2", R3G: "1", GPU: "1"}
         assert client.allocatable()[R1G] == frozenset(_advertised(plugin)[R1G])
         # A 1g.10gb goes, a 3g.40gb comes: published again, the gone resource at its count.
         changed = make_node([[("1g.10gb", 0), ("3g.40gb", 4)], [("3g.40gb", 0)]])
         plugin.update(changed)
         publisher.passed(state={}, report=None, labels={}, view=changed)
-        _wait("the new counts", lambda: _published(api, "n0") == {R1G: "1", R3G: "2"})
+        _wait("the new counts", lambda: _published(api, "n0") == {R1G: "1", R3G: "2", GPU: "0"})
     finally:
         publisher.close()
         client.close()
@@ -124,13 +126,13 @@ def test_caught_up(
     assert capacity.caught_up(kubelet_ids, advertised) is ready
 
 
-def test_the_patch_touches_mig_resources_only_and_zeroes_what_went() -> None:
+def test_the_patch_touches_nvidia_resources_only_and_zeroes_what_went() -> None:
     listed = {
         R1G: frozenset({"a"}),
         "example.com/fpga": frozenset({"f"}),
         "nvidia.com/gpu": frozenset(),
     }
-    assert capacity.counts(listed) == {R1G: 1}
+    assert capacity.counts(listed) == {R1G: 1, GPU: 0}
     assert capacity.patch_for({R1G: 1}, None) == {R1G: "1"}
     assert capacity.patch_for({R1G: 1}, {R1G: 1}) is None
     assert capacity.patch_for({}, {R1G: 1, R3G: 2}) == {R1G: "0", R3G: "0"}
@@ -240,7 +242,7 @@ def test_an_api_server_that_refuses_is_logged_and_retried_at_the_next_change(
         assert "device capacity not published: nodes/status is forbidden" in caplog.text
         api.refuse = False
         assert publisher.publish_once() is True
-        assert _published(api, "n0") == {R1G: "2", R3G: "1"}
+        assert _published(api, "n0") == {R1G: "2", R3G: "1", GPU: "1"}
     finally:
         publisher.close()
         client.close()
@@ -266,11 +268,11 @@ def test_a_device_made_unhealthy_between_passes_leaves_the_count(kubelet: FakeKu
         plugin.start(START)
         kubelet.wait_registered(R1G, R3G)
         publisher.check()  # the agent's, once the plugin serves
-        _wait("the counts", lambda: _published(api, "n0") == {R1G: "2", R3G: "1"})
+        _wait("the counts", lambda: _published(api, "n0") == {R1G: "2", R3G: "1", GPU: "1"})
         kubelet.state.allocatable_delay_s = 0.3  # the kubelet takes its time to drop it
         event = health.XidEvent("GPU-0", 79, gpu_instance_id=2, compute_instance_id=0)
         assert plugin.report_xid(event) == {"MIG-0-1g.10gb-1"}
-        _wait("the smaller count", lambda: _published(api, "n0") == {R1G: "1", R3G: "1"})
+        _wait("the smaller count", lambda: _published(api, "n0") == {R1G: "1", R3G: "1", GPU: "1"})
         assert client.allocatable()[R1G] == frozenset({"MIG-0-1g.10gb-0"})
     finally:
         publisher.close()

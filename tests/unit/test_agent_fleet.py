@@ -216,6 +216,25 @@ def test_the_fleet_assigns_instances_to_bound_pods(running: Running) -> None:
     _wait(lambda: running.states("n0") == {"7g.80gb@0": "free"})
 
 
+def test_the_fleet_serves_unified_pods_and_publishes_the_counters(running: Running) -> None:
+    api = running.api
+    api.put_node("n0", {LABEL: "h100-80gb.x2"})
+    _wait(lambda: api.node_resources.get("n0", {}).get("nvidia.com/gpucores") == "200")
+    unified = pod_doc("u", "n0", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000})
+    api.put_pod({**unified, "spec": {**unified["spec"], "nodeName": None}})  # pending
+    api.put_spec("n0", spec([inst("1g.10gb", 0), inst("1g.10gb", 1, "ns/u")]))
+    _wait(lambda: api.node_resources["n0"].get("nvidia.com/gpu") == "1")
+    assert api.node_resources["n0"][R1G] == "1"
+    api.put_pod(unified)  # bound
+    _wait(lambda: running.states("n0") == {"1g.10gb@0": "free", "1g.10gb@1": "used"})
+    layout = api.layout("n0")
+    assert layout is not None and gl.allocated(layout, "ns/u")
+    api.delete_pod("ns", "u")
+    _wait(lambda: running.states("n0") == {"1g.10gb@0": "free", "1g.10gb@1": "reserved"})
+    api.put_spec("n0", spec([inst("1g.10gb", 0), inst("1g.10gb", 1)]))
+    _wait(lambda: api.node_resources["n0"].get("nvidia.com/gpu") == "0")
+
+
 def test_nodes_come_and_go_and_a_bad_label_is_logged(
     running: Running, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -111,6 +111,29 @@ def test_patches_hold_only_the_writers_fields() -> None:
     assert status["status"]["summary"] == {"gpus": 1, "instances": 4, "free": 1}
 
 
+def test_a_used_instance_names_the_unified_pod_it_went_to() -> None:
+    doc = _doc()
+    doc["status"]["gpus"][0]["instances"][1]["usedBy"] = "default/p1"
+    layout = gl.parse(doc)
+    assert layout.status is not None
+    assert layout.status.gpus[0].instances[1].used_by == "default/p1"
+    assert gl.to_document(layout)["status"]["gpus"][0]["instances"][1]["usedBy"] == "default/p1"
+    assert gl.used_by(layout) == {"default/p1": ((1, 1, "1g.10gb"),)}
+    # The spec still reserves 1g.10gb@0 for p1 and it is not yet used by it: p1 (two
+    # containers, say) is not allocated until it is.
+    assert not gl.allocated(layout, "default/p1")
+    doc["status"]["gpus"][0]["instances"][0]["state"] = "used"
+    doc["status"]["gpus"][0]["instances"][0]["usedBy"] = "default/p1"
+    doc["status"]["summary"]["free"] = 1
+    assert gl.allocated(gl.parse(doc), "default/p1")
+    # Once the controller drops the reservation, what the status says is enough.
+    del doc["spec"]["gpus"][0]["instances"][1]["reservedFor"]
+    assert gl.allocated(gl.parse(doc), "default/p1")
+    assert not gl.allocated(gl.parse(doc), "default/other")
+    del doc["status"]
+    assert not gl.allocated(gl.parse(doc), "default/p1") and gl.used_by(gl.parse(doc)) == {}
+
+
 def test_a_layout_without_status_parses_and_writes_none() -> None:
     doc = _doc()
     del doc["status"]
@@ -173,6 +196,8 @@ BAD = [
     (f"{_TI}[1].start", 0, f"{_TI}[1].start"),
     (f"{_TI}[3].start", 5, f"{_TI}"),
     (f"{_TI}[3].profile", "7g.40gb", f"{_TI}[3].profile"),
+    (f"{_TI}[1].usedBy", "p1", f"{_TI}[1].usedBy"),
+    (f"{_TI}[3].usedBy", "default/p1", f"{_TI}[3].usedBy"),  # a free instance names no pod
     ("status.conditions[0].status", "true", "status.conditions[0].status"),
     ("status.conditions[0].reason", "not ok", "status.conditions[0].reason"),
     (
@@ -333,7 +358,8 @@ def _layouts(draw: st.DrawFn) -> gl.GpuLayout:
             for i in draw(st.sampled_from(_LAYOUTS)).instances:
                 state = draw(st.sampled_from(list(S)))
                 uuid = draw(st.none()) if state is S.CREATING else f"MIG-{index}-{i.start}"
-                insts.append(gl.InstanceStatus(i.profile, i.start, uuid, state))
+                owner = draw(st.none() | pods) if state is S.USED else None
+                insts.append(gl.InstanceStatus(i.profile, i.start, uuid, state, owner))
             status_gpus.append(gl.GpuStatus(index, "a100-40gb", f"GPU-{index}", tuple(insts)))
     conditions = draw(
         st.lists(
@@ -406,6 +432,10 @@ def test_the_crd_matches_the_python_schema() -> None:
         assert (item["start"]["minimum"], item["start"]["maximum"]) == (0, gl.MAX_START)
     spec_item = spec_gpu["items"]["properties"]["instances"]["items"]["properties"]
     assert spec_item["reservedFor"]["pattern"] == gl.RESERVED_FOR_PATTERN
+    status_item = status_gpu["items"]["properties"]["instances"]["items"]
+    assert status_item["properties"]["usedBy"]["pattern"] == gl.RESERVED_FOR_PATTERN
+    rules = [r["rule"] for r in status_item["x-kubernetes-validations"]]
+    assert "!has(self.usedBy) || self.state == 'used'" in rules
     state = status_gpu["items"]["properties"]["instances"]["items"]["properties"]["state"]
     assert state["enum"] == [s.value for s in S]
     cond = props["status"]["properties"]["conditions"]["items"]["properties"]

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from migpilot.agent import kubeapi
+from migpilot.cli import agent_cmd
 from migpilot.cli import main as cli
 
 CONFIG = """\
@@ -255,3 +257,45 @@ def test_an_entry_for_one_board_reaches_only_gpus_on_that_board(
     assert "GPU 0: 7g.80gb@0\n" in out
     assert "GPU 1: 3g.40gb@0 3g.40gb@4\n" in out  # a sibling board: not the board's entry
     assert "GPU 2: 3g.40gb@0 3g.40gb@4\n" in out  # a board nothing is known about
+
+
+def test_unified_flags() -> None:
+    parser = cli.build_parser()
+    got = parser.parse_args(["agent"])
+    assert got.unified_counters is True and got.allocate_wait == 5.0
+    got = parser.parse_args(["agent", "--no-unified-counters", "--allocate-wait", "0.5"])
+    assert got.unified_counters is False and got.allocate_wait == 0.5
+
+
+def test_once_in_a_cluster_sets_aside_unified_instances_and_writes_the_counters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--node N --kubelet simulated --once`` as the CLI wires it, over the in-memory API."""
+    api = kubeapi.InMemoryNodeApi()
+    monkeypatch.setattr(agent_cmd.kube, "connect", lambda kubeconfig: api)
+    api.put_node("n0", {})
+    reserved = {"profile": "1g.10gb", "start": 0, "reservedFor": "ns/u"}
+    api.put_spec("n0", {"gpus": [{"index": 0, "instances": [reserved]}]})
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000}
+    api.put_pod(
+        {
+            "metadata": {
+                "name": "u",
+                "namespace": "ns",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+            "status": {"phase": "Pending"},
+        }
+    )
+    argv = ["--node", "n0", "--kubelet", "simulated", "--backend", "emulated:h100-80gb:x1"]
+    code, _ = run(*argv, "--once")
+    assert code == 0
+    got = api.node_resources["n0"]
+    assert got["nvidia.com/gpu"] == "1" and got["nvidia.com/gpucores"] == "100"
+    assert "nvidia.com/mig-1g.10gb" not in got or got["nvidia.com/mig-1g.10gb"] == "0"
+    api2 = kubeapi.InMemoryNodeApi()
+    monkeypatch.setattr(agent_cmd.kube, "connect", lambda kubeconfig: api2)
+    api2.put_node("n0", {})
+    assert run(*argv, "--once", "--no-unified-counters")[0] == 0
+    assert "nvidia.com/gpucores" not in api2.node_resources.get("n0", {})

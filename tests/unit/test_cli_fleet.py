@@ -20,6 +20,8 @@ def test_defaults() -> None:
     got = settings()
     assert got.selector == kubeapi.LabelSelector(fleet.EMULATED_GPUS_LABEL)
     assert (got.workers, got.interval_s, got.resync_s) == (32, 30.0, 300.0)
+    assert got.unified_counters
+    assert not settings("--no-unified-counters").unified_counters
 
 
 def test_flags(tmp_path: Path) -> None:

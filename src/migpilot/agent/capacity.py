@@ -10,8 +10,9 @@ device plugin advertises (or a device's health changed between passes),
 :class:`CapacityPublisher` asks the kubelet's PodResources
 ``GetAllocatableResources`` (every ``poll_s``, up to ``give_up_s``) until it lists every device
 the plugin advertises, then writes the counts the kubelet lists for the ``nvidia.com/mig-*``
-resources into the Node's ``status.capacity`` and ``status.allocatable`` (a merge patch of
-those keys only). The kubelet later writes the same values itself.
+resources and ``nvidia.com/gpu`` (whole GPUs, and the MIG instances set aside for unified pods,
+``docs/unified.md``) into the Node's ``status.capacity`` and ``status.allocatable`` (a merge
+patch of those keys only). The kubelet later writes the same values itself.
 
 It counts what the kubelet lists, never what the plugin sent, so the Node never promises a
 device the kubelet would refuse. On a kubelet without ``GetAllocatableResources``
@@ -39,6 +40,11 @@ _log = logging.getLogger(__name__)
 MIG_PREFIX = f"{devices.RESOURCE_DOMAIN}/mig-"
 
 
+def published(name: str) -> bool:
+    """Whether the publisher writes resource ``name``: a MIG resource or ``nvidia.com/gpu``."""
+    return name.startswith(MIG_PREFIX) or name == devices.FULL_GPU_RESOURCE
+
+
 class AllocatableSource(Protocol):
     """The kubelet's view of the devices it can hand out."""
 
@@ -62,16 +68,17 @@ class CapacitySettings:
 
 
 def counts(kubelet: Mapping[str, frozenset[str]]) -> dict[str, int]:
-    """The MIG resources the kubelet lists, counted."""
-    return {name: len(ids) for name, ids in kubelet.items() if name.startswith(MIG_PREFIX)}
+    """The resources the kubelet lists that are :func:`published`, counted."""
+    return {name: len(ids) for name, ids in kubelet.items() if published(name)}
 
 
 def caught_up(
     kubelet: Mapping[str, frozenset[str]], advertised: Mapping[str, frozenset[str]]
 ) -> bool:
-    """Whether the kubelet lists exactly the healthy MIG devices the plugin advertises."""
-    want = {k: v for k, v in advertised.items() if k.startswith(MIG_PREFIX) and v}
-    have = {k: v for k, v in kubelet.items() if k.startswith(MIG_PREFIX) and v}
+    """Whether the kubelet lists exactly the healthy devices the plugin advertises (of the
+    :func:`published` resources)."""
+    want = {k: v for k, v in advertised.items() if published(k) and v}
+    have = {k: v for k, v in kubelet.items() if published(k) and v}
     return want == have
 
 

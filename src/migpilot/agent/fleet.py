@@ -12,11 +12,13 @@ Nothing here reconciles or reports: each node is the single agent's own parts,
 :class:`running.Agent` over an emulated backend, :class:`following.GpuLayoutSource` (fed by the
 shared watch through :meth:`~following.GpuLayoutSource.take`), :class:`following.KubeReporter`
 (status and GFD labels, written before any GpuLayout exists, so the controller creates one),
-:class:`standin.SimulatedKubelet` (resource counts, devices assigned to pods) and
-:class:`holding.BoundPodsHold` (a bound pod's count of instances kept). The fleet only
-dispatches: a node's pass is queued when its GpuLayout or its pods change and the pass is due
-(:meth:`running.Agent.due`); again ``interval_s`` after a pass that left work undone (to retry
-it), and otherwise only every ``resync_s``, since nothing else changes a fleet node. A node is
+:class:`standin.SimulatedKubelet` (resource counts, devices assigned to pods),
+:class:`holding.BoundPodsHold` (a bound pod's count of instances kept),
+:class:`unifying.UnifiedPool` (the instances set aside for unified pods) and
+:class:`unifying.NodeCounters` (``nvidia.com/gpumem`` and the other unified counters). The fleet
+only dispatches: a node's pass is queued when its GpuLayout or its pods change and the pass is
+due (:meth:`running.Agent.due`); again ``interval_s`` after a pass that left work undone (to
+retry it), and otherwise only every ``resync_s``, since nothing else changes a fleet node. A node is
 never in two passes at once, and a change during a pass queues one more (:class:`WorkQueue`).
 
 A shell module: it talks to the API only through :class:`~kubeapi.NodeApi` (:func:`run` opens
@@ -47,6 +49,7 @@ from migpilot.agent import (
     reconciling,
     running,
     standin,
+    unifying,
     watching,
 )
 from migpilot.agent.deviceplugin import devices
@@ -184,6 +187,9 @@ class FleetSettings:
     """Seconds between checks for nodes whose periodic pass is due (default 1)."""
     times: emulated.OperationTimes = field(default_factory=emulated.OperationTimes)
     """How long the emulated driver steps take (default: the A100's measured times)."""
+    unified_counters: bool = True
+    """Write each node's unified counters (``nvidia.com/gpumem``, ``gpumem-percentage``,
+    ``gpucores``; ``docs/unified.md``) into its capacity and allocatable (default on)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +204,8 @@ class Member:
     kubelet: standin.SimulatedKubelet
     reporter: following.KubeReporter
     agent: running.Agent
+    pool: unifying.UnifiedPool
+    counters: unifying.NodeCounters | None = None
 
 
 def _now() -> str:
@@ -301,6 +309,7 @@ class Fleet:
         def reserving() -> gpulayouts.LayoutSpec | None:
             return source.acted_on.spec if source.acted_on is not None else None
 
+        pool = unifying.UnifiedPool(self._api, node=node, pods=self.pods, spec=reserving)
         kubelet = standin.SimulatedKubelet(
             self._api,
             node=node,
@@ -308,23 +317,36 @@ class Fleet:
             pods=self.pods,
             spec=reserving,
             held=lambda: standin.reported_used(source.layout()),
+            unified=lambda: pool.inputs(fresh=False),
+            held_by=lambda: standin.reported_used_by(source.layout()),
         )
-        used = reconciling.AnyOf([reconciling.RunningProcesses(gpus), kubelet])
-        reporter = following.KubeReporter(self._api, source=source, in_use=used, now=self._now)
-        keep = holding.BoundPodsHold(self.pods, node=node, gpus=gpus, allocated=used)
+        pool.attach(kubelet)
+        used = reconciling.AnyOf([reconciling.RunningProcesses(gpus), kubelet, pool])
+        reporter = following.KubeReporter(
+            self._api, source=source, in_use=used, now=self._now, used_by=pool.used_by
+        )
+        keep = holding.BoundPodsHold(
+            self.pods, node=node, gpus=gpus, allocated=used, unified=pool.profiles_for
+        )
+        listeners: list[running.PassListener] = [kubelet, reporter]
+        counters = None
+        if self.settings.unified_counters:
+            counters = unifying.NodeCounters(self._api, node=node)
+            listeners.append(counters)
         agent = running.Agent(
             gpus=gpus,
             in_use=reconciling.AnyOf([used, source, keep]),
-            source=running.AlsoWatching(source, kubelet.fingerprint),
+            source=running.AlsoWatching(source, kubelet.fingerprint, pool.fingerprint),
             plugin=None,
             agent_metrics=self._metrics,
             clock=self._clock,
             settings=running.AgentSettings(
                 strategy=self.settings.strategy, interval_s=self.settings.resync_s
             ),
-            listener=running.Listeners([kubelet, reporter]),
+            listener=running.Listeners(listeners),
+            view_filter=pool,
         )
-        return Member(node, label, gpus, source, kubelet, reporter, agent)
+        return Member(node, label, gpus, source, kubelet, reporter, agent, pool, counters)
 
     # -- the watches' callbacks ----------------------------------------------------------------
     def nodes_listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
@@ -406,6 +428,7 @@ class Fleet:
                 and not report.outcomes(reconciling.Outcome.FAILED)
                 and member.reporter.settled
                 and member.kubelet.settled
+                and (member.counters is None or member.counters.settled)
             )
         except backend.BackendError as err:
             _log.error("Node %s: GPU backend failed, retrying at the next pass: %s", node, err)

@@ -206,10 +206,12 @@ class KubeReporter:
         in_use: reconciling.InUse,
         now: Callable[[], str],
         static: StaticLayouts | None = None,
+        used_by: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
         self._api = api
         self._source = source
         self._static = static
+        self._used_by = used_by
         self._in_use = in_use
         self._now = now
         self._last_status: gpulayouts.LayoutStatus | None = None
@@ -252,6 +254,7 @@ class KubeReporter:
                 problem=problem,
                 problem_reason=reason,
                 previous=self._last_status,
+                used_by=self._used_by(),
                 now=self._now(),
             )
         except errors.MigpilotError as err:

@@ -9,7 +9,11 @@ the kubelet one device short, and the pod would fail admission. So, whatever the
 says, :class:`BoundPodsHold` counts as in use, for each MIG resource, enough free instances to
 make up what the bound pods ask for beyond the instances already known to be in use (lowest GPU
 and start first). The controller applies the same count when it plans; this is the agent's half
-of "even if the two disagree".
+of "even if the two disagree". A unified pod (``nvidia.com/gpu`` with ``gpumem``,
+``docs/unified.md``) counts the profiles of the instances reserved for it or handed to it (or,
+with none known, its asks resolved on the node's GPU model), given by ``unified``
+(:meth:`~unifying.UnifiedPool.profiles_for`); those instances are themselves kept by the
+GpuLayout's protection and the Allocate ledger, so the count adds only what they do not cover.
 
 A shell module: it reads the pods the agent's pod watch keeps (:class:`standin.PodBook`) and
 the GPU backend; it imports no client and no gRPC.
@@ -18,6 +22,7 @@ the GPU backend; it imports no client and no gRPC.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from migpilot.agent import reconciling, standin
 from migpilot.gpu import backend
@@ -34,11 +39,13 @@ class BoundPodsHold:
         node: str,
         gpus: backend.GpuBackend,
         allocated: reconciling.InUse,
+        unified: Callable[[standin.BoundPod], tuple[str, ...]] | None = None,
     ) -> None:
         self._pods = pods
         self._node = node
         self._gpus = gpus
         self._allocated = allocated
+        self._unified = unified
 
     def in_use(self) -> frozenset[str]:
         """UUIDs of the free instances held for bound pods."""
@@ -46,6 +53,9 @@ class BoundPodsHold:
         for pod in self._pods.pods(self._node):
             for resource, count in pod.requests:
                 need[resource] += count
+            if self._unified is not None and pod.gpu is not None and pod.gpu.unified:
+                for profile in self._unified(pod):
+                    need[snapshot.resource_name(profile)] += 1
         if not need:
             return frozenset()
         held = self._allocated.in_use()

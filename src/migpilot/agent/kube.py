@@ -101,6 +101,19 @@ class LightkubeNodeApi:
         """Pods in every namespace with ``spec.nodeName=node`` (``!=""`` for ``None``)."""
         return self._list_all(Pod, namespace="*", fields=_node_field(node))
 
+    def get_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """One get; ``None`` on 404."""
+        try:
+            found = self._client.get(Pod, name, namespace=namespace)
+        except lightkube.ApiError as err:
+            if err.status.code == 404:
+                return None
+            raise _error(err) from None
+        except httpx2.HTTPError as err:
+            raise _error(err) from None
+        doc: Mapping[str, Any] = found.to_dict()
+        return doc
+
     def watch_pods(
         self, *, node: str | None, resource_version: str
     ) -> Iterator[kubeapi.WatchEvent]:

@@ -6,7 +6,8 @@ apply as ``migpilot-agent``), the GFD labels on its Node, and, when it stands in
 the Node's extended-resource capacity and allocatable. :class:`NodeApi` is exactly that, with raw
 JSON documents in and out (the caller parses them with :mod:`migpilot.api.gpulayouts`), so a
 malformed object reaches the agent's own checks rather than failing inside a client. The
-simulated kubelet also lists and watches the pods bound to its node(s), and the fleet of
+simulated kubelet also lists and watches the pods bound to its node(s) (and any agent reads a
+pod the GpuLayout reserves instances for, to tell a unified request), and the fleet of
 simulated agents (:mod:`migpilot.agent.fleet`) lists and watches every GpuLayout and the Nodes a
 label selects, once for all its nodes.
 
@@ -148,6 +149,11 @@ class NodeApi(Protocol):
         """The pods bound to ``node`` (``None``: to any node), in every namespace."""
         ...
 
+    def get_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod ``namespace/name`` (raw JSON), ``None`` when there is none (404); the
+        agent reads a pod the GpuLayout reserves instances for before it is bound."""
+        ...
+
     def watch_pods(self, *, node: str | None, resource_version: str) -> Iterator[WatchEvent]:
         """Changes to the pods :meth:`list_pods` selects (a pod bound after the list arrives
         as ``ADDED``); :class:`GoneError` when the version is too old."""
@@ -235,6 +241,10 @@ class InMemoryNodeApi:
         """Node name -> extended resources in its capacity (= allocatable)."""
         self.status_writes = 0
         """How many status applies were made (to check the agent does not write needlessly)."""
+        self.pod_lists = 0
+        """How many times pods were listed."""
+        self.pod_gets = 0
+        """How many times one pod was read."""
 
     # -- the controller's side (tests) ---------------------------------------------------------
     def put_spec(self, name: str, spec: Mapping[str, Any]) -> None:
@@ -425,7 +435,16 @@ class InMemoryNodeApi:
 
     def list_pods(self, *, node: str | None) -> ListedAll:
         """The pods bound to ``node`` (any node for ``None``)."""
+        with self._cond:
+            self.pod_lists += 1
         return self._list(self._pods, _on_node(node))
+
+    def get_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod, or ``None``."""
+        with self._cond:
+            self.pod_gets += 1
+            doc = self._pods.get(f"{namespace}/{name}")
+            return copy.deepcopy(doc) if doc is not None else None
 
     def watch_pods(self, *, node: str | None, resource_version: str) -> Iterator[WatchEvent]:
         """Pod changes after ``resource_version`` as the field selector sees them."""

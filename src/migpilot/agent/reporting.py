@@ -6,7 +6,8 @@ instance would stay used for ever), the spec the agent acted on, the pass's repo
 problem with the spec in; a :class:`~gpulayouts.LayoutStatus` out. The states follow the
 lifecycle of ``docs/gpulayout.md``: ``used`` when in use, ``reserved`` when the spec keeps it for
 a pod, ``creating`` for a GPU instance still without its compute instance or a spec instance
-that does not exist yet but has room, ``free`` otherwise. The ``Ready`` condition is ``True``
+that does not exist yet but has room, ``free`` otherwise; a used instance Allocate handed to a
+unified pod names it (``usedBy``, ``docs/unified.md``). The ``Ready`` condition is ``True``
 when the GPUs hold the spec, with reasons ``Reconciled``, ``Pending`` (instances in use in the
 way, or work left for the next pass), ``Refused`` (something waiting will not fix) or
 ``InvalidSpec`` (the spec cannot be applied; the last good one is kept; a static node's
@@ -37,14 +38,17 @@ def layout_status(
     problem: str | None = None,
     problem_reason: str = "InvalidSpec",
     previous: gpulayouts.LayoutStatus | None = None,
+    used_by: Mapping[str, str] | None = None,
     now: str,
 ) -> gpulayouts.LayoutStatus:
     """The status to apply after a pass (see the module docstring).
 
     ``spec`` and ``generation`` are the last good spec the agent acted on (``None``: none yet);
     ``problem`` is why the newest spec was not applied, reported with ``problem_reason``
-    (``InvalidConfig`` for a static node's mig-parted config).
+    (``InvalidConfig`` for a static node's mig-parted config). ``used_by``: MIG UUID -> the
+    unified pod Allocate handed it to, reported on a used instance (``usedBy``).
     """
+    owners = used_by or {}
     wanted = {g.index: g for g in spec.gpus} if spec is not None else {}
     gpus: list[gpulayouts.GpuStatus] = []
     for index in sorted(state):
@@ -69,7 +73,8 @@ def layout_status(
                 st = _S.RESERVED
             else:
                 st = _S.FREE
-            found.append(gpulayouts.InstanceStatus(dev.profile, dev.start, dev.uuid, st))
+            owner = owners.get(dev.uuid) if st is _S.USED and dev.uuid is not None else None
+            found.append(gpulayouts.InstanceStatus(dev.profile, dev.start, dev.uuid, st, owner))
         for inst in wanted[index].instances if index in wanted else ():
             spot = layouts.Instance(inst.start, inst.profile)
             if spot in taken or layouts.violation(info.model, [*taken, spot]) is not None:

@@ -342,6 +342,15 @@ def _read_text(path: Path) -> str:
         raise errors.AgentConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
 
 
+class ViewFilter(Protocol):
+    """Changes the view before it is advertised (:class:`~unifying.UnifiedPool`: the
+    instances set aside for unified pods)."""
+
+    def update(self, view: devices.NodeDevices) -> devices.NodeDevices:
+        """The view to advertise."""
+        ...
+
+
 class PassListener(Protocol):
     """Told after every pass what the GPUs hold (:class:`~following.KubeReporter`: status, Node
     labels)."""
@@ -480,9 +489,11 @@ class Agent:
         clock: clocks.Clock,
         settings: AgentSettings,
         listener: PassListener | None = None,
+        view_filter: ViewFilter | None = None,
     ) -> None:
         self._backend = gpus
         self._listener = listener
+        self._view_filter = view_filter
         self._in_use = in_use
         self._source = source
         self._plugin = plugin
@@ -519,7 +530,10 @@ class Agent:
                 else None
             )
             state = self._reconciler.read()
-            self._publish(node_view(state))
+            view = node_view(state)
+            if self._view_filter is not None:
+                view = self._view_filter.update(view)
+            self._publish(view)
             if self._listener is not None:
                 self._listener.passed(
                     state=state,

@@ -24,6 +24,7 @@ client (lightkube) nor gRPC; import-linter contracts check both.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -32,13 +33,13 @@ from typing import Any
 
 from migpilot import errors
 from migpilot.agent import kubeapi, reconciling
-from migpilot.agent.deviceplugin import advertising, devices
+from migpilot.agent.deviceplugin import advertising, devices, resolving
 from migpilot.api import gpulayouts
 from migpilot.planning import snapshot
 
 _log = logging.getLogger(__name__)
 
-TERMINATED = frozenset({"Succeeded", "Failed"})
+TERMINATED = resolving.TERMINATED
 """Pod phases whose containers hold no device any more."""
 
 
@@ -66,7 +67,7 @@ def _advertised(
 
 @dataclass(frozen=True, slots=True)
 class BoundPod:
-    """A live pod bound to a node, asking for MIG resources."""
+    """A live pod bound to a node, asking for MIG resources or for ``nvidia.com/gpu``."""
 
     namespace: str
     name: str
@@ -76,6 +77,9 @@ class BoundPod:
     """``metadata.creationTimestamp`` (RFC 3339: sorts as text)."""
     requests: tuple[tuple[str, int], ...]
     """``(resource, count)`` per MIG resource, sorted by resource."""
+    gpu: resolving.GpuPod | None = None
+    """Its ``nvidia.com/gpu`` containers (a unified pod, or a whole-GPU one), ``None`` when
+    it asks for none."""
 
     @property
     def key(self) -> str:
@@ -90,24 +94,35 @@ class BoundPod:
 
 def bound_pod(doc: Mapping[str, Any]) -> BoundPod | None:
     """A pod (raw JSON) as the stand-in sees it; ``None`` when it holds no device (not bound,
-    terminated, no MIG request). A bad MIG request is a :class:`MigpilotError`."""
+    terminated, no MIG request, no ``nvidia.com/gpu``). A bad request is a
+    :class:`MigpilotError`."""
     meta = doc.get("metadata") or {}
     node = kubeapi.node_name_of(doc)
-    if not node or (doc.get("status") or {}).get("phase") in TERMINATED:
+    if not node or resolving.terminated(doc):
         return None
     spec = doc.get("spec") or {}
     where = f"pod {meta.get('namespace', '')}/{meta.get('name', '')}"
-    total = _mig_amounts(spec, where)
-    if not any(total.values()):
+    gpu = resolving.gpu_pod(doc)
+    total = {k: v for k, v in _mig_amounts(spec, where).items() if k not in _GPU_FAMILY}
+    if not any(total.values()) and gpu is None:
         return None
-    requests = snapshot.pod_requests(total, where=where)  # checks the names, one line each
+    mig = (
+        snapshot.pod_requests(total, where=where).mig  # checks the names, one line each
+        if any(total.values())
+        else ()
+    )
     return BoundPod(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         node=node,
         created=str(meta.get("creationTimestamp") or ""),
-        requests=tuple((snapshot.resource_name(r.profile), r.count) for r in requests.mig),
+        requests=tuple((snapshot.resource_name(r.profile), r.count) for r in mig),
+        gpu=gpu,
     )
+
+
+_GPU_FAMILY = frozenset({devices.FULL_GPU_RESOURCE, *resolving.UNIFIED_RESOURCES})
+"""``nvidia.com/gpu`` and the resources that qualify it (read by :func:`resolving.gpu_pod`)."""
 
 
 def _mig_amounts(spec: Mapping[str, Any], where: str) -> dict[str, int]:
@@ -299,6 +314,19 @@ def reservations(
     }
 
 
+def reported_used_by(layout: gpulayouts.GpuLayout | None) -> dict[str, str]:
+    """MIG device UUID -> the unified pod the GpuLayout's status reports it used by
+    (``usedBy``): a restarted stand-in gives those pods back their instances."""
+    if layout is None or layout.status is None:
+        return {}
+    return {
+        i.uuid: i.used_by
+        for g in layout.status.gpus
+        for i in g.instances
+        if i.uuid is not None and i.used_by is not None
+    }
+
+
 def reported_used(layout: gpulayouts.GpuLayout | None) -> frozenset[str]:
     """MIG device UUIDs the GpuLayout's status reports ``used``: what the node's pods held
     when the agent last reported (the hint of a restarted agent's first assignment)."""
@@ -324,6 +352,14 @@ class SimulatedKubelet:
     ``spec`` gives the GpuLayout spec whose reservations are preferred; ``held`` the devices
     in use when the agent started (:func:`reported_used` of the GpuLayout as listed), which the
     first assignment made once the pods are listed prefers, so a restart moves no pod.
+
+    Unified pods (``nvidia.com/gpu`` with ``gpumem``, ``docs/unified.md``) are admitted as the
+    kubelet admits them, in creation order, each container in turn resolved by the device
+    plugin's own :func:`resolving.resolve` from ``unified`` (the pool's inputs,
+    :meth:`~unifying.UnifiedPool.inputs`): a pod gets the instances reserved for it, all of
+    its containers or none (retried at every pass). The stand-in is then the pool's
+    :class:`~unifying.Allocations`; ``held_by`` (:func:`reported_used_by`) gives a restarted
+    stand-in's pods back the instances the status last reported them using.
     """
 
     def __init__(
@@ -335,7 +371,16 @@ class SimulatedKubelet:
         pods: PodBook | None = None,
         spec: Callable[[], gpulayouts.LayoutSpec | None] = lambda: None,
         held: Callable[[], frozenset[str]] = frozenset,
+        unified: Callable[[], resolving.Inputs] | None = None,
+        held_by: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
+        self._unified_inputs = unified
+        self._held_by: Callable[[], Mapping[str, str]] | None = held_by
+        """Until the first assignment of unified pods; then ``None``."""
+        self._unified: Mapping[str, resolving.PodAllocation] = {}
+        """Unified pod -> its instances; replaced whole, so readers need no lock."""
+        self._unified_version = 0
+        self._unified_refused: dict[str, str] = {}
         self._api = api
         self._node = node
         self._strategy = strategy
@@ -370,13 +415,35 @@ class SimulatedKubelet:
         """The devices assigned to the node's live pods."""
         with self._lock:
             self._refresh()
-            return frozenset(u for devs in self._assigned.values() for u in devs)
+            return frozenset(u for devs in self._assigned.values() for u in devs) | frozenset(
+                u for a in self._unified.values() for u in a.devices
+            )
 
     def assigned(self) -> dict[str, tuple[str, ...]]:
-        """``namespace/name`` -> the device ids each pod holds now."""
+        """``namespace/name`` -> the device ids each pod holds now (a unified pod's, sorted)."""
         with self._lock:
             self._refresh()
-            return dict(self._assigned)
+            out = dict(self._assigned)
+            for key, a in self._unified.items():
+                out[key] = (*out.get(key, ()), *sorted(a.devices))
+            return out
+
+    # -- unifying.Allocations -------------------------------------------------------------------
+    def pod_allocations(self) -> Mapping[str, resolving.PodAllocation]:
+        """Unified pod -> the instances each of its containers got."""
+        return self._unified
+
+    def pods_version(self) -> int:
+        """Changes whenever :meth:`pod_allocations` does."""
+        return self._unified_version
+
+    def release_pods(self, pods: Sequence[str]) -> None:
+        """These pods are gone."""
+        with self._lock:
+            kept = {k: a for k, a in self._unified.items() if k not in pods}
+            if len(kept) != len(self._unified):
+                self._unified = kept
+                self._unified_version += 1
 
     def passed(
         self,
@@ -405,16 +472,84 @@ class SimulatedKubelet:
             return
         self._seen_version = version
         pods = self._pods.pods(self._node)
+        mig = [p for p in pods if p.requests]  # unified pods are admitted below
         now = assign(
-            pods,
+            mig,
             advertised=self._offered,
             reserved=reservations(self._spec(), self._state),
             previous=self._assigned,
             held=self._held() if self._held is not None else frozenset(),
         )
         self._held = None
-        self._log_changes(pods, now)
+        self._log_changes(mig, now)
         self._assigned = now
+        if self._unified_inputs is not None:
+            self._assign_unified(pods)
+
+    def _assign_unified(self, pods: Sequence[BoundPod]) -> None:
+        """Admit the unified pods not yet served, oldest first, as the kubelet would (under
+        the lock; see the class)."""
+        assert self._unified_inputs is not None
+        live = {p.key: p.gpu for p in pods if p.gpu is not None and p.gpu.unified}
+        kept = {
+            k: a
+            for k, a in self._unified.items()
+            if (g := live.get(k)) is not None and (not a.uid or not g.uid or a.uid == g.uid)
+        }
+        for key in sorted(self._unified.keys() - kept.keys()):
+            _log.info("Node %s: pod %s released %s", self._node, key,
+                      ", ".join(sorted(self._unified[key].devices)))  # fmt: skip
+        if self._held_by is not None:
+            owners: dict[str, list[str]] = {}
+            for uuid, key in self._held_by().items():
+                owners.setdefault(key, []).append(uuid)
+            self._held_by = None
+            for key, gpu in live.items():
+                if key not in kept and owners.get(key):
+                    containers = tuple(
+                        (c.name, tuple(sorted(owners[key])) if n == 0 else ())
+                        for n, c in enumerate(gpu.containers)
+                    )
+                    kept[key] = resolving.PodAllocation(gpu.uid, True, containers)
+        inputs = self._unified_inputs()
+        for pod in pods:
+            waiting = live.get(pod.key)
+            if waiting is None or pod.key in kept:
+                continue
+            gpu = waiting
+            trial, refusal = dict(kept), None
+            admitting = dataclasses.replace(gpu, pending=True)  # KWOK may say Running already
+            for container in gpu.containers:
+                found = resolving.resolve(
+                    requested=tuple(f"simulated-{i}" for i in range(container.count)),
+                    pods=(admitting,),
+                    reservations=inputs.reservations,
+                    allocated=trial,
+                    pool=inputs.pool,
+                )
+                if not isinstance(found, resolving.Decision):
+                    refusal = found.message
+                    break
+                entry = trial.get(pod.key) or resolving.PodAllocation(gpu.uid, True)
+                trial[pod.key] = entry.adding(container.name, found.device_ids)
+            if refusal is not None:
+                if self._unified_refused.get(pod.key) != refusal:
+                    _log.warning(
+                        "Node %s: pod %s gets no device yet: %s (simulated Allocate; retried "
+                        "at every pass)",
+                        self._node,
+                        pod.key,
+                        refusal,
+                    )
+                    self._unified_refused[pod.key] = refusal
+                continue
+            self._unified_refused.pop(pod.key, None)
+            kept = trial
+            _log.info("Node %s: pod %s gets %s (simulated Allocate)", self._node, pod.key,
+                      ", ".join(sorted(kept[pod.key].devices)))  # fmt: skip
+        if kept != self._unified:
+            self._unified = kept
+            self._unified_version += 1
 
     def _log_changes(self, pods: Sequence[BoundPod], now: Mapping[str, tuple[str, ...]]) -> None:
         before = self._assigned

@@ -150,6 +150,7 @@ class InstanceStatusDoc(TypedDict):
     start: int
     uuid: NotRequired[str]
     state: str
+    usedBy: NotRequired[str]
 
 
 class GpuStatusDoc(TypedDict):
@@ -235,6 +236,10 @@ class InstanceStatus:
     uuid: str | None
     """MIG device UUID; ``None`` only while creating."""
     state: InstanceState
+    used_by: str | None = None
+    """``namespace/name`` of the unified pod the agent's Allocate handed it to (state
+    ``used`` only; ``docs/unified.md``). ``None``: not known to be a unified pod's (a
+    ``nvidia.com/mig-*`` pod's instance, or a unified pod not yet allocated)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,7 +449,7 @@ def _spec(raw: Any) -> LayoutSpec:
 
 def _instance_status(raw: Any, where: str, model: profiles.GpuModel) -> InstanceStatus:
     d = _mapping(raw, where, required=True)
-    _only(d, frozenset({"profile", "start", "uuid", "state"}), where)
+    _only(d, frozenset({"profile", "start", "uuid", "state", "usedBy"}), where)
     profile = _profile(d, where, model)
     start = _int(d, "start", where, maximum=MAX_START)
     text = d.get("state")
@@ -456,7 +461,14 @@ def _instance_status(raw: Any, where: str, model: profiles.GpuModel) -> Instance
     uuid: str | None = None
     if d.get("uuid") is not None or state is not InstanceState.CREATING:
         uuid = _str(d, "uuid", where)
-    return InstanceStatus(profile, start, uuid, state)
+    used_by: str | None = None
+    if d.get("usedBy") is not None:
+        used_by = _str(d, "usedBy", where)
+        if not _RESERVED_FOR.match(used_by):
+            raise _fail(f"{where}.usedBy", f"{used_by!r} is not namespace/name of a pod")
+        if state is not InstanceState.USED:
+            raise _fail(f"{where}.usedBy", f"only a used instance has one (state {state.value})")
+    return InstanceStatus(profile, start, uuid, state, used_by)
 
 
 def _gpu_status(raw: Any, where: str) -> GpuStatus:
@@ -585,6 +597,8 @@ def _status_doc(status: LayoutStatus) -> StatusDoc:
             }
             if i.uuid is not None:
                 inst["uuid"] = i.uuid
+            if i.used_by is not None:
+                inst["usedBy"] = i.used_by
             instances.append(inst)
         gpus.append({"index": g.index, "model": g.model, "uuid": g.uuid, "instances": instances})
     conditions: list[ConditionDoc] = []
@@ -640,6 +654,38 @@ def status_patch(name: str, status: LayoutStatus) -> GpuLayoutDoc:
     doc = _object(name)
     doc["status"] = _status_doc(status)
     return doc
+
+
+# --------------------------------------------------------------------------- unified pods
+
+
+def used_by(layout: GpuLayout) -> dict[str, tuple[tuple[int, int, str], ...]]:
+    """Pod ``namespace/name`` -> the instances ((GPU, start, profile), sorted) the status
+    reports handed to it by the agent's Allocate (``usedBy``; unified pods only)."""
+    out: dict[str, list[tuple[int, int, str]]] = {}
+    for g in layout.status.gpus if layout.status is not None else ():
+        for i in g.instances:
+            if i.used_by is not None:
+                out.setdefault(i.used_by, []).append((g.index, i.start, i.profile))
+    return {pod: tuple(sorted(found)) for pod, found in out.items()}
+
+
+def allocated(layout: GpuLayout, pod: str) -> bool:
+    """Whether the unified pod ``pod`` (``namespace/name``) has been allocated on this node:
+    the status reports some instance ``usedBy`` it, and every instance the spec still reserves
+    for it is among them (a pod whose containers are allocated one by one is allocated once
+    the last one is). The controller may then drop the pod's reservations and let the next
+    unified pod go to the node (``docs/unified.md``)."""
+    have = set(used_by(layout).get(pod, ()))
+    if not have:
+        return False
+    wanted = {
+        (g.index, i.start, i.profile)
+        for g in layout.spec.gpus
+        for i in g.instances
+        if i.reserved_for == pod
+    }
+    return wanted <= have
 
 
 # --------------------------------------------------------------------------- the planner

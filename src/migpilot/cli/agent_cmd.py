@@ -16,6 +16,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -32,6 +33,7 @@ from migpilot.agent import (
     running,
     standin,
     statics,
+    unifying,
     watching,
 )
 from migpilot.agent import metrics as agent_metrics
@@ -181,6 +183,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="with --node and a real kubelet: do not write new MIG device counts into the Node "
         "as soon as the kubelet lists them; wait for the kubelet's own status sync (10 s)",
     )
+    p.add_argument(
+        "--unified-counters",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --node: write nvidia.com/gpumem (MiB), nvidia.com/gpumem-percentage and "
+        "nvidia.com/gpucores (100 per MIG GPU) into the Node's capacity and allocatable, so that "
+        "pods asking for them (unified requests, HAMi's spelling) are admitted (default: on)",
+    )
+    p.add_argument(
+        "--allocate-wait",
+        type=_seconds,
+        default=5.0,
+        metavar="S",
+        help="how long an Allocate of nvidia.com/gpu for a pod the agent does not know yet waits "
+        "for it to show in the API server before failing (default: 5)",
+    )
     p.add_argument("--once", action="store_true", help="reconcile once, print the result and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     p.set_defaults(func=cmd_agent)
@@ -255,6 +273,10 @@ class _Cluster:
     """With the simulated kubelet: the pods bound to the node, which a thread keeps current."""
     statics: statics.StaticOrDynamic | None = None
     """The layouts: a mig-parted config named by the Node's label, else the GpuLayout."""
+    pool: unifying.UnifiedPool | None = None
+    """The instances set aside for unified pods (``nvidia.com/gpu``), Allocate's inputs."""
+    counters: bool = True
+    """Write the unified node counters into the Node (``--unified-counters``)."""
 
     def wire(
         self, real: reconciling.InUse, *, gpus: backend.GpuBackend
@@ -265,16 +287,31 @@ class _Cluster:
         status sees its newest assignment."""
         kubelet = self.simulated_kubelet
         used = real if kubelet is None else reconciling.AnyOf([real, kubelet])
+        if self.pool is not None:
+            used = reconciling.AnyOf([used, self.pool])
         reporter = following.KubeReporter(
-            self.api, source=self.source, in_use=used, now=_now, static=self.statics
+            self.api,
+            source=self.source,
+            in_use=used,
+            now=_now,
+            static=self.statics,
+            used_by=self.pool.used_by if self.pool is not None else dict,
         )
         listeners: list[running.PassListener] = [reporter]
         if kubelet is not None:
             listeners.insert(0, kubelet)
+        if self.counters:
+            listeners.append(unifying.NodeCounters(self.api, node=self.source.node))
         protect: list[reconciling.InUse] = [used, self.source]
         if self.pods is not None:
             protect.append(
-                holding.BoundPodsHold(self.pods, node=self.source.node, gpus=gpus, allocated=used)
+                holding.BoundPodsHold(
+                    self.pods,
+                    node=self.source.node,
+                    gpus=gpus,
+                    allocated=used,
+                    unified=self.pool.profiles_for if self.pool is not None else None,
+                )
             )
         return reconciling.AnyOf(protect), running.Listeners(listeners)
 
@@ -282,9 +319,12 @@ class _Cluster:
         """The static config or the GpuLayout, a pass due also when the node's pods change
         (simulated kubelet)."""
         base: running.DesiredSource = self.statics if self.statics is not None else self.source
-        if self.simulated_kubelet is None:
-            return base
-        return running.AlsoWatching(base, self.simulated_kubelet.fingerprint)
+        others: list[Callable[[], Hashable]] = []
+        if self.pool is not None:
+            others.append(self.pool.fingerprint)  # a new allocation is reported at once
+        if self.simulated_kubelet is not None:
+            others.append(self.simulated_kubelet.fingerprint)
+        return running.AlsoWatching(base, *others) if others else base
 
     def follow_static(self, stop: threading.Event) -> None:
         """Keep the Node's label and the ConfigMap current until ``stop`` (in a thread)."""
@@ -325,11 +365,12 @@ def _cluster(args: argparse.Namespace, strategy: devices.MigStrategy) -> _Cluste
     # their counts keep instances from being destroyed (agent/holding.py).
     book = standin.PodBook()
     book.listed(api.list_pods(node=args.node).documents)
+
+    def spec() -> gpulayouts.LayoutSpec | None:
+        return source.acted_on.spec if source.acted_on is not None else None
+
+    pool = unifying.UnifiedPool(api, node=args.node, pods=book, spec=spec)
     if args.kubelet == SIMULATED:
-
-        def spec() -> gpulayouts.LayoutSpec | None:
-            return source.acted_on.spec if source.acted_on is not None else None
-
         simulated = standin.SimulatedKubelet(
             api,
             node=args.node,
@@ -337,8 +378,11 @@ def _cluster(args: argparse.Namespace, strategy: devices.MigStrategy) -> _Cluste
             pods=book,
             spec=spec,
             held=lambda: standin.reported_used(source.layout()),
+            unified=lambda: pool.inputs(fresh=False),
+            held_by=lambda: standin.reported_used_by(source.layout()),
         )
-    return _Cluster(api, source, simulated, book, static)
+        pool.attach(simulated)
+    return _Cluster(api, source, simulated, book, static, pool, args.unified_counters)
 
 
 def _open_backend(args: argparse.Namespace) -> backend.GpuBackend:
@@ -423,6 +467,7 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
             strategy=strategy,
             allocate=allocating.AllocateSettings(device_list_strategies=list_strategies),
             ledger_file=_ledger_file(args, kubelet_dir),
+            allocate_wait_s=args.allocate_wait,
         )
         return _serve(
             args,
@@ -515,6 +560,7 @@ def _run_once(
         clock=clocks.SystemClock(),
         settings=settings,
         listener=listener,
+        view_filter=cluster.pool if cluster is not None else None,
     )
     try:
         report = agent.start()
@@ -562,7 +608,11 @@ def _serve(
     client: podresources.PodResourcesClient | None = None
     sources: list[reconciling.InUse] = [reconciling.RunningProcesses(gpus)]
     if not args.no_kubelet:
-        plugin = serving.DevicePlugin(plugin_settings)
+        plugin = serving.DevicePlugin(
+            plugin_settings, unified=cluster.pool if cluster is not None else None
+        )
+        if cluster is not None and cluster.pool is not None:
+            cluster.pool.attach(plugin)  # the plugin's ledger says what Allocate handed out
         kubelet, client = _kubelet_in_use(
             gpus, kubelet_dir=kubelet_dir, plugin=plugin, timeout_s=plugin_settings.rpc_timeout_s
         )
@@ -593,6 +643,7 @@ def _serve(
         clock=clocks.SystemClock(),
         settings=settings,
         listener=listener,
+        view_filter=cluster.pool if cluster is not None else None,
     )
     server = None
     try:

@@ -79,6 +79,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds between passes of a node whose last pass left nothing undone; its inputs "
         "are watched, so these only guard against a missed event (default: 300)",
     )
+    p.add_argument(
+        "--unified-counters",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write each node's nvidia.com/gpumem, nvidia.com/gpumem-percentage and "
+        "nvidia.com/gpucores into its capacity and allocatable (unified requests; default: on)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     p.set_defaults(func=_run)
 
@@ -110,6 +117,7 @@ def settings_from(args: argparse.Namespace) -> fleet.FleetSettings:
         strategy=devices.MigStrategy.parse(args.strategy),
         interval_s=args.interval,
         resync_s=args.resync,
+        unified_counters=args.unified_counters,
     )
 
 

@@ -2,8 +2,10 @@
 
 This is NVIDIA's device map (k8s-device-plugin ``internal/rm/device_map.go``) as a pure
 function: ``none`` advertises every GPU whole; ``mixed`` advertises MIG-disabled GPUs whole and
-each MIG profile as ``nvidia.com/mig-<profile>``; ``single`` advertises every MIG device as
-``nvidia.com/gpu`` and refuses a node that breaks its invariants with NVIDIA's messages. No I/O.
+each MIG profile as ``nvidia.com/mig-<profile>``, except the instances set aside for unified
+pods (``NodeDevices.unified``, ``docs/unified.md``): one ``nvidia.com/gpu`` device each;
+``single`` advertises every MIG device as ``nvidia.com/gpu`` and refuses a node that breaks its
+invariants with NVIDIA's messages. No I/O.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def resources_for(
         for mig in node.mig_devices_on(gpu.index):
             name = (
                 devices.FULL_GPU_RESOURCE
-                if strategy is devices.MigStrategy.SINGLE
+                if strategy is devices.MigStrategy.SINGLE or mig.uuid in node.unified
                 else devices.mig_resource_name(mig.profile)
             )
             add(name, mig.uuid, gpu.index, mig.health)

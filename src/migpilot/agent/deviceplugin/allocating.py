@@ -70,6 +70,11 @@ def container_allocation(
 ) -> ContainerAllocation:
     """The answer for one container asking for ``device_ids`` of ``resource``."""
     check_known(resource, device_ids)
+    return answer(device_ids, settings)
+
+
+def answer(device_ids: Sequence[str], settings: AllocateSettings) -> ContainerAllocation:
+    """What a container that gets ``device_ids`` is told (envvar and/or CDI names)."""
     strategies = settings.device_list_strategies
     cdi: tuple[str, ...] = ()
     if devices.DeviceListStrategy.CDI_CRI in strategies:

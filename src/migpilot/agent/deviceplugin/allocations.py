@@ -7,10 +7,18 @@ until PodResources has listed it and then stops listing it (the pod is gone), or
 PodResources never lists it, for ``grace_s`` seconds (the container never started). Time is an
 input (``now``, seconds on any monotonic clock); the ledger does no I/O.
 
+It also keeps, per pod, what Allocate of ``nvidia.com/gpu`` handed to each of its containers
+(:class:`~resolving.PodAllocation`, ``docs/unified.md``): the MIG instances of a unified pod
+are held for as long as the pod lives, whatever the kubelet lists, and an entry is dropped only
+when the agent has seen the pod gone (:meth:`AllocationLedger.release_pods`). These entries
+also tell Allocate which pods are already allocated.
+
 So that an agent restart does not forget what it handed out, :meth:`AllocationLedger.dump` and
 :meth:`AllocationLedger.load` turn the ledger into JSON-ready data and back (the device plugin
 writes it to a file after every change). Ages are stored, not clock readings, and the time the
-agent was down does not count: a reloaded hold lasts at least as long as it would have.
+agent was down does not count: a reloaded hold lasts at least as long as it would have. The pod
+entries are an optional ``pods`` key of the same version-1 document, so an older agent reading a
+newer file keeps its device holds.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from migpilot import errors
+from migpilot.agent.deviceplugin import resolving
 
 FORMAT_VERSION = 1
 
@@ -38,6 +47,8 @@ class AllocationLedger:
     def __init__(self, *, grace_s: float = 300.0) -> None:
         self._grace_s = grace_s
         self._entries: dict[str, _Entry] = {}
+        self._pods: dict[str, resolving.PodAllocation] = {}
+        self._pods_version = 0
         self._lock = threading.Lock()
 
     def record(self, device_ids: Iterable[str], *, now: float) -> bool:
@@ -73,10 +84,48 @@ class AllocationLedger:
                 changed = self._entries.pop(device_id, None) is not None or changed
         return changed
 
+    def record_container(
+        self, pod: str, *, uid: str, unified: bool, container: str, device_ids: tuple[str, ...]
+    ) -> bool:
+        """Allocate handed ``device_ids`` to ``container`` of ``pod`` (``namespace/name``); an
+        entry of an older pod of that name (another ``uid``) is replaced."""
+        with self._lock:
+            old = self._pods.get(pod)
+            if old is None or old.uid != uid or old.unified != unified:
+                old = resolving.PodAllocation(uid, unified)
+            new = old.adding(container, device_ids)
+            if self._pods.get(pod) == new:
+                return False
+            self._pods[pod] = new
+            self._pods_version += 1
+            return True
+
+    def pods(self) -> dict[str, resolving.PodAllocation]:
+        """``namespace/name`` -> what its containers got."""
+        with self._lock:
+            return dict(self._pods)
+
+    @property
+    def pods_version(self) -> int:
+        """A number that changes whenever :meth:`pods` does."""
+        with self._lock:
+            return self._pods_version
+
+    def release_pods(self, pods: Iterable[str]) -> bool:
+        """These pods are gone: their devices are free."""
+        changed = False
+        with self._lock:
+            for pod in pods:
+                if self._pods.pop(pod, None) is not None:
+                    changed = True
+            if changed:
+                self._pods_version += 1
+        return changed
+
     def dump(self, *, now: float) -> dict[str, Any]:
         """The ledger as JSON-ready data (ages at ``now``)."""
         with self._lock:
-            return {
+            data: dict[str, Any] = {
                 "version": FORMAT_VERSION,
                 "devices": {
                     device_id: {
@@ -86,6 +135,16 @@ class AllocationLedger:
                     for device_id, entry in sorted(self._entries.items())
                 },
             }
+            if self._pods:
+                data["pods"] = {
+                    pod: {
+                        "uid": a.uid,
+                        "unified": a.unified,
+                        "containers": [[name, list(ids)] for name, ids in a.containers],
+                    }
+                    for pod, a in sorted(self._pods.items())
+                }
+            return data
 
     def load(self, data: Any, *, now: float, source: str) -> None:
         """Add the entries of :meth:`dump`'s ``data`` (read back after a restart) as of ``now``.
@@ -117,8 +176,12 @@ class AllocationLedger:
                     "seen_by_kubelet: true|false}"
                 )
             entries[device_id] = _Entry(allocated_at=now - float(age), seen_by_kubelet=seen)
+        pods = _load_pods(data.get("pods"), source)
         with self._lock:
             self._entries.update(entries)
+            if pods:
+                self._pods.update(pods)
+                self._pods_version += 1
 
     def held(self, *, now: float) -> frozenset[str]:
         """Devices still held at ``now``."""
@@ -128,3 +191,37 @@ class AllocationLedger:
                 for device_id, entry in self._entries.items()
                 if entry.seen_by_kubelet or now - entry.allocated_at < self._grace_s
             )
+
+
+def _load_pods(found: Any, source: str) -> dict[str, resolving.PodAllocation]:
+    """The ``pods`` of :meth:`AllocationLedger.dump`; a malformed entry is an error naming it."""
+    if found is None:
+        return {}
+    if not isinstance(found, Mapping):
+        raise errors.AgentConfigError(f"{source}: 'pods' is not a mapping")
+    out: dict[str, resolving.PodAllocation] = {}
+    for pod, entry in found.items():
+        shape = (
+            f"{source}: pod {pod!r}: expected {{uid: text, unified: true|false, "
+            "containers: [[name, [device, ...]], ...]}"
+        )
+        if not isinstance(pod, str) or not isinstance(entry, Mapping):
+            raise errors.AgentConfigError(shape)
+        uid, unified, containers = entry.get("uid"), entry.get("unified"), entry.get("containers")
+        if not isinstance(uid, str) or not isinstance(unified, bool):
+            raise errors.AgentConfigError(shape)
+        if not isinstance(containers, list):
+            raise errors.AgentConfigError(shape)
+        parsed: list[tuple[str, tuple[str, ...]]] = []
+        for item in containers:
+            if (
+                not isinstance(item, list)
+                or len(item) != 2
+                or not isinstance(item[0], str)
+                or not isinstance(item[1], list)
+                or not all(isinstance(i, str) for i in item[1])
+            ):
+                raise errors.AgentConfigError(shape)
+            parsed.append((item[0], tuple(item[1])))
+        out[pod] = resolving.PodAllocation(uid, unified, tuple(parsed))
+    return out

@@ -112,6 +112,9 @@ class NodeDevices:
 
     gpus: tuple[Gpu, ...]
     mig_devices: tuple[MigDevice, ...] = ()
+    unified: frozenset[str] = frozenset()
+    """MIG device UUIDs set aside for unified pods (``docs/unified.md``): under the mixed
+    strategy they are advertised as ``nvidia.com/gpu``, not as ``nvidia.com/mig-<profile>``."""
 
     def __post_init__(self) -> None:
         indexes = [g.index for g in self.gpus]

@@ -10,8 +10,12 @@ recreated (the kubelet restarted): servers whose socket the kubelet removed are 
 and every resource registers again.
 
 The servicer only decodes, calls the sans-IO core (``advertising``, ``allocating``,
-``health``, ``allocations``) and encodes. This module and ``podresources`` are the only ones that
-speak to the kubelet.
+``health``, ``allocations``, ``resolving``) and encodes. With a :class:`UnifiedSource`
+(``docs/unified.md``), Allocate of ``nvidia.com/gpu`` is resolved to a pod
+(:func:`resolving.resolve`) one call at a time under a lock, and the answer is recorded in the
+ledger, on disk, before it is sent; when no pod is known for it yet, the node's pods are read
+again from the API and the call waits up to ``allocate_wait_s`` before failing. This module
+and ``podresources`` are the only ones that speak to the kubelet.
 """
 
 from __future__ import annotations
@@ -23,14 +27,21 @@ import os
 import pathlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from migpilot import errors, files
-from migpilot.agent.deviceplugin import advertising, allocating, allocations, devices, health
+from migpilot.agent.deviceplugin import (
+    advertising,
+    allocating,
+    allocations,
+    devices,
+    health,
+    resolving,
+)
 from migpilot.agent.kubeletapi.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 API_VERSION = "v1beta1"
@@ -65,11 +76,26 @@ class PluginSettings:
     ledger_file: pathlib.Path | None = None
     """Where the ledger of devices handed out is kept, so that an agent restart remembers them
     (read at start, rewritten durably after every change); ``None``: in memory only."""
+    allocate_wait_s: float = 5.0
+    """How long an Allocate of ``nvidia.com/gpu`` for which no pod is known yet waits for the
+    pod (the agent's pod watch lagging behind the kubelet), reading the node's pods from the
+    API again, before it fails; seconds (default 5)."""
+    allocate_poll_s: float = 0.2
+    """Seconds between two reads of the node's pods while such an Allocate waits (default 0.2)."""
 
     @property
     def kubelet_socket(self) -> pathlib.Path:
         """The kubelet's registration socket."""
         return self.plugin_dir / KUBELET_SOCKET
+
+
+class UnifiedSource(Protocol):
+    """Where the plugin learns the node's pods and reservations (``agent/unifying.py``)."""
+
+    def inputs(self, *, fresh: bool) -> resolving.Inputs:
+        """The inputs now; ``fresh``: read the node's pods from the API first (the watch may
+        lag). Never raises for an API failure (it answers with what it has)."""
+        ...
 
 
 def socket_identity(path: pathlib.Path) -> SocketIdentity | None:
@@ -168,19 +194,13 @@ class _ResourceServer:
 
     def allocate(self, request: Any, context: Any) -> Any:
         resource = self.resource()
-        settings = self._plugin.settings.allocate
-        answers = []
         try:
-            for req in request.container_requests:
-                answers.append(
-                    allocating.container_allocation(resource, list(req.devices_ids), settings)
-                )
+            answers = self._plugin.allocate_containers(
+                resource, [list(req.devices_ids) for req in request.container_requests]
+            )
         except allocating.AllocationError as err:
             _log.warning("Allocate refused: %s", err)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        self._plugin.record_allocated(
-            [i for req in request.container_requests for i in req.devices_ids]
-        )
         return api_pb2.AllocateResponse(
             container_responses=[
                 api_pb2.ContainerAllocateResponse(
@@ -196,7 +216,7 @@ class _ResourceServer:
         responses = []
         try:
             for req in request.container_requests:
-                ids = allocating.preferred_allocation(
+                ids = self._plugin.preferred_devices(
                     resource,
                     available=list(req.available_deviceIDs),
                     must_include=list(req.must_include_deviceIDs),
@@ -243,10 +263,18 @@ class DevicePlugin:
     """
 
     def __init__(
-        self, settings: PluginSettings, *, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: PluginSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        unified: UnifiedSource | None = None,
     ) -> None:
         self.settings = settings
         self._clock = clock
+        self._unified = unified
+        self._allocating = threading.Lock()
+        """Held while an Allocate of ``nvidia.com/gpu`` is resolved and recorded: one at a
+        time, so two never take the same pod."""
         self._lock = threading.RLock()
         self._servers: dict[str, _ResourceServer] = {}
         self._registered: dict[str, SocketIdentity] = {}
@@ -315,8 +343,10 @@ class DevicePlugin:
             return frozenset(self._registered)
 
     def handed_out(self) -> frozenset[str]:
-        """Devices Allocate handed out that the kubelet has not shown released: in use."""
-        return self._ledger.held(now=self._clock())
+        """Devices Allocate handed out that the kubelet has not shown released, and the MIG
+        instances handed to unified pods still alive: in use."""
+        unified = {u for a in self._ledger.pods().values() if a.unified for u in a.devices}
+        return self._ledger.held(now=self._clock()) | unified
 
     def observe_kubelet(self, allocated: frozenset[str]) -> None:
         """Tell the ledger what the kubelet's PodResources lists as allocated now."""
@@ -327,6 +357,125 @@ class DevicePlugin:
         """Allocate handed these devices out (called by the servers)."""
         if self._ledger.record(device_ids, now=self._clock()):
             self._save_ledger()
+
+    # -- unified requests (docs/unified.md) --------------------------------------------------
+    def pod_allocations(self) -> dict[str, resolving.PodAllocation]:
+        """What Allocate of ``nvidia.com/gpu`` handed to each pod still in the ledger."""
+        return self._ledger.pods()
+
+    def pods_version(self) -> int:
+        """Changes whenever :meth:`pod_allocations` does."""
+        return self._ledger.pods_version
+
+    def release_pods(self, pods: Sequence[str]) -> None:
+        """These pods are gone: drop their entries (their instances are free)."""
+        if self._ledger.release_pods(pods):
+            _log.info("allocations released, their pods are gone: %s", ", ".join(sorted(pods)))
+            self._save_ledger()
+
+    def allocate_containers(
+        self, resource: devices.Resource, requests: Sequence[list[str]]
+    ) -> list[allocating.ContainerAllocation]:
+        """The answers to one Allocate call (one request per container); raises
+        :class:`allocating.AllocationError` with the message the kubelet is sent."""
+        settings = self.settings.allocate
+        if self._unified is None or resource.name != devices.FULL_GPU_RESOURCE:
+            answers = [allocating.container_allocation(resource, ids, settings) for ids in requests]
+            self.record_allocated([i for ids in requests for i in ids])
+            return answers
+        with self._allocating:
+            return [self._allocate_gpu(resource, ids) for ids in requests]
+
+    def _allocate_gpu(
+        self, resource: devices.Resource, requested: list[str]
+    ) -> allocating.ContainerAllocation:
+        allocating.check_known(resource, requested)
+        found, pool = self._resolve(requested, wait=True)
+        settings = self.settings.allocate
+        if isinstance(found, resolving.Refusal):
+            raise allocating.AllocationError(found.message)
+        if isinstance(found, resolving.NoPod):
+            if any(i in pool for i in requested):
+                raise allocating.AllocationError(
+                    f"{found.message}; waited {self.settings.allocate_wait_s:g} s for the pod "
+                    "to show in the API server"
+                )
+            # Whole GPUs for a pod the API does not show: answered as NVIDIA's plugin would.
+            _log.warning("Allocate of %s: %s; answering as NVIDIA's plugin", ", ".join(requested),
+                         found.message)  # fmt: skip
+            self.record_allocated(requested)
+            return allocating.answer(requested, settings)
+        now = self._clock()
+        changed = self._ledger.record_container(
+            found.pod.key,
+            uid=found.pod.uid,
+            unified=found.pod.unified,
+            container=found.container.name,
+            device_ids=found.device_ids,
+        )
+        if not found.pod.unified:
+            changed = self._ledger.record(requested, now=now) or changed
+        if changed:
+            self._save_ledger()  # before the answer: a restart must not forget it
+        _log.info(
+            "Allocate: pod %s container %s gets %s (the kubelet picked %s)",
+            found.pod.key,
+            found.container.name,
+            ", ".join(found.device_ids),
+            ", ".join(requested),
+        )
+        return allocating.answer(found.device_ids, settings)
+
+    def _resolve(
+        self, requested: Sequence[str], *, wait: bool
+    ) -> tuple[resolving.Resolution, frozenset[str]]:
+        """Resolve; while no pod is known, read the pods again (up to ``allocate_wait_s``)."""
+        assert self._unified is not None
+        deadline = self._clock() + (self.settings.allocate_wait_s if wait else 0.0)
+        fresh = False
+        while True:
+            inputs = self._unified.inputs(fresh=fresh)
+            found = resolving.resolve(
+                requested=requested,
+                pods=inputs.pods,
+                reservations=inputs.reservations,
+                allocated=self._ledger.pods(),
+                pool=inputs.pool,
+                busy=self._ledger.held(now=self._clock()),
+            )
+            if not isinstance(found, resolving.NoPod) or not wait:
+                return found, inputs.pool
+            if fresh:
+                stopping = self._stopping.wait(self.settings.allocate_poll_s)
+                if stopping or self._clock() >= deadline:
+                    return found, inputs.pool
+            else:
+                _log.info("Allocate of %s: %s yet; reading the node's pods again",
+                          ", ".join(requested), found.message)  # fmt: skip
+            fresh = True
+
+    def preferred_devices(
+        self,
+        resource: devices.Resource,
+        *,
+        available: list[str],
+        must_include: list[str],
+        size: int,
+    ) -> tuple[str, ...]:
+        """GetPreferredAllocation's answer: packed onto few GPUs; for ``nvidia.com/gpu``
+        with unified requests, the devices Allocate will hand the pod come first."""
+        if self._unified is not None and resource.name == devices.FULL_GPU_RESOURCE:
+            allocating.check_known(resource, [*available, *must_include])
+            with self._allocating:
+                found, pool = self._resolve(["?"] * size, wait=False)
+            must_include = list(
+                resolving.preferred(
+                    found, available=available, must_include=must_include, size=size, pool=pool
+                )
+            )
+        return allocating.preferred_allocation(
+            resource, available=available, must_include=must_include, size=size
+        )
 
     # -- internals ---------------------------------------------------------------------------
     def _load_ledger(self) -> None:

@@ -1,0 +1,399 @@
+"""The agent's half of unified requests (``docs/unified.md``): the ``nvidia.com/gpu`` pool, what
+Allocate resolves pods with, and the node counters kube-scheduler checks.
+
+Why it exists: kube-scheduler and the kubelet admit a pod asking ``nvidia.com/gpu`` with
+``nvidia.com/gpumem`` (HAMi's spelling) only if the node advertises those resources, and the
+kubelet's Allocate never says which pod it serves. So:
+
+- :class:`UnifiedPool` keeps the *pool*: the MIG instances the GpuLayout spec reserves for a
+  unified pod, or that Allocate handed to one still alive. :meth:`UnifiedPool.update` (every
+  pass) puts them in the view the device plugin advertises (``NodeDevices.unified``: one
+  ``nvidia.com/gpu`` device each, no longer ``nvidia.com/mig-<profile>``), after releasing the
+  ledger entries of pods that are gone (the pod watch says so and a read of the pod confirms
+  it). A pod reserved but not yet bound is read from the API once to tell whether it is
+  unified. :meth:`UnifiedPool.inputs` gives Allocate the node's pods (read again from the API
+  when asked: the watch may lag the kubelet) and the reservations; :meth:`UnifiedPool.used_by`
+  says which pod each allocated instance went to (the GpuLayout status reports it, so the
+  controller knows a unified pod is allocated). A bound unified pod's reservation is
+  remembered while the pod lives, so a spec that drops it before Allocate leaves the pod its
+  instances (:meth:`UnifiedPool.in_use` keeps them).
+- :class:`NodeCounters` writes ``nvidia.com/gpumem`` (MiB: the sum over the node's MIG GPUs of
+  :func:`unified.memory_mib`), ``nvidia.com/gpumem-percentage`` and ``nvidia.com/gpucores``
+  (100 per MIG GPU) into the Node's capacity and allocatable, kept in step with the GPUs. They
+  never bind: every unified pod gets instances at least as large as its ask.
+
+A shell module: the API through :class:`~kubeapi.NodeApi`, the pods through
+:class:`~standin.PodBook`; it imports neither a Kubernetes client nor gRPC (import-linter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, Protocol
+
+from migpilot import errors
+from migpilot.agent import kubeapi, reconciling, standin
+from migpilot.agent.deviceplugin import devices, resolving
+from migpilot.api import gpulayouts
+from migpilot.planning import unified
+
+_log = logging.getLogger(__name__)
+
+RECHECK_S = 5.0
+"""Seconds a reserved pod the API server does not show is taken as absent before it is read
+again."""
+COUNTERS = (unified.GPUMEM, unified.GPUMEM_PERCENT, unified.GPUCORES)
+"""The node counters, in the order they are logged."""
+
+_Position = tuple[int, int, str]
+"""(GPU index, start, profile) of an instance."""
+
+
+class Allocations(Protocol):
+    """Who knows what Allocate handed to pods: the device plugin's ledger, or the simulated
+    kubelet's assignments."""
+
+    def pod_allocations(self) -> Mapping[str, resolving.PodAllocation]:
+        """Pod key -> what its containers got."""
+        ...
+
+    def pods_version(self) -> int:
+        """Changes whenever :meth:`pod_allocations` does."""
+        ...
+
+    def release_pods(self, pods: Sequence[str]) -> None:
+        """These pods are gone: their instances are free."""
+        ...
+
+
+class NoAllocations:
+    """Nothing was handed out (until the plugin or the stand-in is attached)."""
+
+    def pod_allocations(self) -> Mapping[str, resolving.PodAllocation]:
+        """None."""
+        return {}
+
+    def pods_version(self) -> int:
+        """Never changes."""
+        return 0
+
+    def release_pods(self, pods: Sequence[str]) -> None:
+        """Nothing to release."""
+
+
+class UnifiedPool:
+    """The instances set aside for unified pods on one node, and Allocate's inputs (see the
+    module). Thread-safe: the agent's pass and Allocate's threads call it."""
+
+    def __init__(
+        self,
+        api: kubeapi.NodeApi,
+        *,
+        node: str,
+        pods: standin.PodBook,
+        spec: Callable[[], gpulayouts.LayoutSpec | None],
+        allocated: Allocations | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        recheck_s: float = RECHECK_S,
+    ) -> None:
+        self._api = api
+        self.node = node
+        self._book = pods
+        self._spec = spec
+        self._allocated: Allocations = allocated if allocated is not None else NoAllocations()
+        self._monotonic = monotonic
+        self._recheck_s = recheck_s
+        self._lock = threading.RLock()
+        self._view = devices.NodeDevices(gpus=())
+        self._pool: frozenset[str] = frozenset()
+        self._kinds: dict[str, tuple[bool, float | None]] = {}
+        """Reserved pod not bound here -> (unified, when it was found absent or ``None``)."""
+        self._remembered: dict[str, tuple[_Position, ...]] = {}
+        """Bound unified pod -> the instances the spec last reserved for it."""
+        self._failing: str | None = None
+
+    def attach(self, allocated: Allocations) -> None:
+        """Take hand-outs from ``allocated`` (the plugin, made after the pool)."""
+        with self._lock:
+            self._allocated = allocated
+
+    # -- the pass ------------------------------------------------------------------------------
+    def update(self, view: devices.NodeDevices) -> devices.NodeDevices:
+        """``view`` with the pool set aside, after releasing the allocations of pods gone."""
+        self._release_gone()
+        with self._lock:
+            self._view = view
+            for key in _positions(self._spec()):
+                self._is_unified(key)  # known before a reservation is remembered
+            reserved = self._reserved(view)
+            kinds = {key: self._is_unified(key) for key in reserved}
+            pool = resolving.set_aside(
+                reservations=reserved,
+                unified_pods={k for k, yes in kinds.items() if yes},
+                allocated=self._allocated.pod_allocations(),
+                existing={m.uuid for m in view.mig_devices},
+            )
+            for key in set(self._kinds) - set(reserved):
+                del self._kinds[key]
+            if pool != self._pool:
+                _log.info("Node %s: %d MIG instance(s) set aside for unified pods, advertised "
+                          "as %s", self.node, len(pool), devices.FULL_GPU_RESOURCE)  # fmt: skip
+            self._pool = pool
+        return dataclasses.replace(view, unified=pool)
+
+    def fingerprint(self) -> Hashable:
+        """Changes when Allocate handed something out or a pod that holds instances went (a
+        pass is then due: the status reports it, the pool changes)."""
+        allocated = self._allocated.pod_allocations()
+        live = self._live()
+        gone = frozenset(k for k, a in allocated.items() if not _alive(a, live.get(k)))
+        return (self._allocated.pods_version(), gone)
+
+    # -- Allocate's inputs ---------------------------------------------------------------------
+    def inputs(self, *, fresh: bool) -> resolving.Inputs:
+        """The pods bound to the node (read from the API when ``fresh``; the watch's otherwise
+        or when the API fails), the reservations and the pool."""
+        pods = [p.gpu for p in self._book.pods(self.node) if p.gpu is not None]
+        if fresh:
+            try:
+                docs = self._api.list_pods(node=self.node).documents
+            except kubeapi.KubeApiError as err:
+                _log.warning("Node %s: pods not read again (%s); using the pod watch's",
+                             self.node, err)  # fmt: skip
+            else:
+                pods = [p for p in (_gpu_pod(d) for d in docs) if p is not None]
+        with self._lock:
+            return resolving.Inputs(tuple(pods), self._reserved(self._view), self._pool)
+
+    def used_by(self) -> dict[str, str]:
+        """MIG UUID -> the unified pod (``namespace/name``) Allocate handed it to."""
+        return {
+            uuid: key
+            for key, a in self._allocated.pod_allocations().items()
+            if a.unified
+            for uuid in a.devices
+        }
+
+    def in_use(self) -> frozenset[str]:
+        """Instances the spec no longer reserves for a bound unified pod, remembered for it
+        until it is allocated (and while it lives): never destroyed."""
+        spec = self._spec()
+        listed = _positions(spec)
+        with self._lock:
+            by_pos = _by_position(self._view)
+            return frozenset(
+                uuid
+                for key, found in self._remembered.items()
+                if key not in listed
+                for pos in found
+                if (uuid := by_pos.get(pos)) is not None
+            )
+
+    def profiles_for(self, pod: standin.BoundPod) -> tuple[str, ...]:
+        """The profiles a bound unified pod holds or is about to get (its reserved or
+        allocated instances; without any, its asks resolved on the node's first MIG GPU
+        model that serves them), for ``holding.BoundPodsHold``."""
+        if pod.gpu is None or not pod.gpu.unified:
+            return ()
+        with self._lock:
+            mine = self._reserved(self._view).get(pod.key, ())
+            models = [g.model for g in self._view.gpus if g.mig_enabled]
+        if mine:
+            return tuple(sorted(i.profile for i in mine))
+        request = unified.UnifiedRequest(
+            tuple(c.ask for c in pod.gpu.containers if c.ask is not None and not c.init)
+        )
+        for model in models:
+            found = unified.resolve(request, model)
+            if found is not None:
+                return found
+        return ()
+
+    # -- internals -----------------------------------------------------------------------------
+    def _live(self) -> dict[str, resolving.GpuPod]:
+        return {p.key: p.gpu for p in self._book.pods(self.node) if p.gpu is not None}
+
+    def _release_gone(self) -> None:
+        """Release ledger entries whose pods the watch no longer shows, once a read of each
+        confirms it is gone (deleted, finished, or another pod of that name)."""
+        if not self._book.synced:
+            return
+        live = self._live()
+        gone: list[str] = []
+        for key, a in self._allocated.pod_allocations().items():
+            if _alive(a, live.get(key)):
+                continue
+            namespace, _, name = key.partition("/")
+            try:
+                doc = self._api.get_pod(namespace, name)
+            except kubeapi.KubeApiError as err:
+                _log.warning("Node %s: pod %s not read (%s); its allocation is kept", self.node,
+                             key, err)  # fmt: skip
+                continue
+            if (
+                doc is None
+                or resolving.terminated(doc)
+                or kubeapi.node_name_of(doc) != self.node
+                or (a.uid and _uid(doc) != a.uid)
+            ):
+                gone.append(key)
+        if gone:
+            self._allocated.release_pods(gone)
+
+    def _reserved(self, view: devices.NodeDevices) -> dict[str, tuple[resolving.Instance, ...]]:
+        """Pod key -> its instances: those the spec reserves (or last reserved, for a unified
+        pod bound here) and those Allocate handed it. Under the lock.
+
+        A unified pod's reservation is remembered from the first time it is seen (the pod may
+        be bound and its reservation dropped between two passes) and forgotten once the spec
+        no longer reserves for it and it is not bound here (re-planned, gone, elsewhere)."""
+        positions = {k: list(v) for k, v in _positions(self._spec()).items()}
+        live = self._live()
+        for key in list(self._remembered):
+            if key not in live and key not in positions:
+                del self._remembered[key]
+        for key, spots in positions.items():
+            bound = live.get(key)
+            kind = self._kinds.get(key)
+            if bound.unified if bound is not None else kind is not None and kind[0]:
+                self._remembered[key] = tuple(spots)
+        for key, kept in self._remembered.items():
+            positions.setdefault(key, list(kept))
+        by_pos = _by_position(view)
+        models = {g.index: g.model for g in view.gpus}
+        out: dict[str, list[resolving.Instance]] = {
+            key: [
+                resolving.Instance(g, s, p, by_pos.get((g, s, p)), models.get(g))
+                for g, s, p in found
+            ]
+            for key, found in positions.items()
+        }
+        by_uuid = {m.uuid: m for m in view.mig_devices}
+        for key, a in self._allocated.pod_allocations().items():
+            have = {i.uuid for i in out.get(key, ())}
+            for uuid in sorted(a.devices if a.unified else ()):
+                m = by_uuid.get(uuid)
+                if m is not None and uuid not in have:
+                    out.setdefault(key, []).append(
+                        resolving.Instance(
+                            m.gpu_index, m.start, m.profile.name, uuid, models.get(m.gpu_index)
+                        )
+                    )
+        return {k: tuple(v) for k, v in out.items()}
+
+    def _is_unified(self, key: str) -> bool:
+        """Whether the reserved pod ``key`` is unified: the pod watch's view when it is bound
+        here, else one read (a pod's requests do not change), again every ``recheck_s`` while
+        the API server does not show it. Under the lock."""
+        for pod in self._book.pods(self.node):
+            if pod.key == key:
+                return pod.gpu is not None and pod.gpu.unified
+        cached = self._kinds.get(key)
+        now = self._monotonic()
+        if cached is not None and (cached[1] is None or now - cached[1] < self._recheck_s):
+            return cached[0]
+        namespace, _, name = key.partition("/")
+        try:
+            doc = self._api.get_pod(namespace, name)
+        except kubeapi.KubeApiError as err:
+            if str(err) != self._failing:
+                _log.warning("Node %s: reserved pod %s not read: %s", self.node, key, err)
+                self._failing = str(err)
+            return cached[0] if cached is not None else False
+        self._failing = None
+        if doc is None:
+            self._kinds[key] = (False, now)
+            return False
+        read = _gpu_pod(doc)
+        self._kinds[key] = (read is not None and read.unified, None)
+        return self._kinds[key][0]
+
+
+def _gpu_pod(doc: Mapping[str, Any]) -> resolving.GpuPod | None:
+    if resolving.terminated(doc):
+        return None
+    try:
+        return resolving.gpu_pod(doc)
+    except errors.MigpilotError:
+        return None  # the pod watch logs it (standin.PodBook)
+
+
+def _uid(doc: Mapping[str, Any]) -> str:
+    return str((doc.get("metadata") or {}).get("uid") or "")
+
+
+def _alive(entry: resolving.PodAllocation, pod: resolving.GpuPod | None) -> bool:
+    """Whether the pod the watch shows is the one ``entry`` was made for."""
+    return pod is not None and (not entry.uid or not pod.uid or entry.uid == pod.uid)
+
+
+def _positions(spec: gpulayouts.LayoutSpec | None) -> dict[str, tuple[_Position, ...]]:
+    """Pod key -> the instances the spec reserves for it."""
+    out: dict[str, list[_Position]] = {}
+    for g in spec.gpus if spec is not None else ():
+        for i in g.instances:
+            if i.reserved_for is not None:
+                out.setdefault(i.reserved_for, []).append((g.index, i.start, i.profile))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _by_position(view: devices.NodeDevices) -> dict[_Position, str]:
+    return {(m.gpu_index, m.start, m.profile.name): m.uuid for m in view.mig_devices}
+
+
+# --- the node counters -------------------------------------------------------------------------
+
+
+def counters(view: devices.NodeDevices) -> dict[str, int]:
+    """The node-level resources a unified pod's ask is checked against: memory in MiB (each
+    MIG GPU's :func:`unified.memory_mib`), and 100 per MIG GPU for percentage and cores."""
+    gpus = [g for g in view.gpus if g.mig_enabled]
+    return {
+        unified.GPUMEM: sum(unified.memory_mib(g.model) for g in gpus),
+        unified.GPUMEM_PERCENT: 100 * len(gpus),
+        unified.GPUCORES: 100 * len(gpus),
+    }
+
+
+class NodeCounters:
+    """A pass listener: writes :func:`counters` into the Node's capacity and allocatable when
+    they change (a merge patch of those keys only; API failures are logged and retried at the
+    next pass)."""
+
+    def __init__(self, api: kubeapi.NodeApi, *, node: str) -> None:
+        self._api = api
+        self._node = node
+        self._published: dict[str, str] | None = None
+        self._settled = True
+
+    @property
+    def settled(self) -> bool:
+        """Whether the last pass's counters are in the Node (its patch did not fail)."""
+        return self._settled
+
+    def passed(
+        self,
+        *,
+        state: Mapping[int, reconciling.GpuState],
+        report: reconciling.Report | None,
+        labels: Mapping[str, str],
+        view: devices.NodeDevices,
+    ) -> None:
+        """Patch the Node when the counters changed."""
+        want = {k: str(v) for k, v in counters(view).items()}
+        if want == self._published:
+            self._settled = True
+            return
+        try:
+            self._api.patch_node_resources(self._node, dict(want))
+        except kubeapi.KubeApiError as err:
+            _log.error("Node %s: unified counters not published: %s", self._node, err)
+            self._settled = False
+            return
+        self._published, self._settled = want, True
+        _log.info("Node %s: published %s", self._node,
+                  ", ".join(f"{k}={want[k]}" for k in COUNTERS))  # fmt: skip

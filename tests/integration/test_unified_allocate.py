@@ -1,0 +1,425 @@
+"""Unified requests through the real device plugin and the fake kubelet (real gRPC on unix
+sockets): ``nvidia.com/gpu`` advertised with one device per instance set aside for unified
+pods, concurrent Allocates each answered with their own pod's MIG instances, the per-pod
+ledger surviving a restart of the plugin, and Allocates for pods the agent does not know yet.
+The Kubernetes side is the in-memory API; the pool is :class:`unifying.UnifiedPool`."""
+
+from __future__ import annotations
+
+import pathlib
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+
+from migpilot.agent import kubeapi, standin, unifying
+from migpilot.agent.deviceplugin import devices, serving
+from migpilot.api import gpulayouts as gl
+from tests.integration.kubelet_fake import FakeKubelet
+from tests.integration.test_deviceplugin import make_node
+
+NODE = "n0"
+GPU = "nvidia.com/gpu"
+R1G = "nvidia.com/mig-1g.10gb"
+H = "Healthy"
+# GPU 0: seven 1g.10gb; GPU 1: a 3g.40gb and four 1g.10gb. UUIDs are MIG-<gpu>-<profile>-<start>.
+VIEW = make_node(
+    [
+        [("1g.10gb", s) for s in range(7)],
+        [("3g.40gb", 0), *(("1g.10gb", s) for s in range(4, 8))],
+    ]
+)
+
+
+def uuid(gpu: int, start: int, profile: str = "1g.10gb") -> str:
+    return f"MIG-{gpu}-{profile}-{start}"
+
+
+def pod_doc(
+    name: str,
+    *counts: int,
+    mem: int | None = 8000,
+    created: str = "2026-01-01T00:00:00Z",
+    node: str | None = NODE,
+    resource: str = GPU,
+) -> dict[str, Any]:
+    containers = []
+    for i, n in enumerate(counts):
+        limits: dict[str, Any] = {resource: n}
+        if mem is not None and resource == GPU:
+            limits["nvidia.com/gpumem"] = mem
+        containers.append({"name": f"c{i}", "resources": {"limits": limits}})
+    spec: dict[str, Any] = {"containers": containers}
+    if node is not None:
+        spec["nodeName"] = node
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "creationTimestamp": created,
+        },
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+def layout_spec(reserved: dict[tuple[int, int, str], str]) -> dict[str, Any]:
+    """Every instance of VIEW, some reserved (GPU, start, profile) -> pod."""
+    gpus: dict[int, list[dict[str, Any]]] = {}
+    for m in VIEW.mig_devices:
+        inst: dict[str, Any] = {"profile": m.profile.name, "start": m.start}
+        who = reserved.get((m.gpu_index, m.start, m.profile.name))
+        if who is not None:
+            inst["reservedFor"] = who
+        gpus.setdefault(m.gpu_index, []).append(inst)
+    return {"gpus": [{"index": g, "instances": insts} for g, insts in sorted(gpus.items())]}
+
+
+@dataclass
+class Node:
+    api: kubeapi.InMemoryNodeApi
+    book: standin.PodBook
+    pool: unifying.UnifiedPool
+    plugin: serving.DevicePlugin
+    kubelet: FakeKubelet
+
+    def pass_(self) -> None:
+        """What the agent's pass does for the plugin: the pool set aside, advertised."""
+        self.plugin.update(self.pool.update(VIEW))
+
+    def visible(self, response: Any) -> list[set[str]]:
+        return [
+            set(dict(c.envs)["NVIDIA_VISIBLE_DEVICES"].split(","))
+            for c in response.container_responses
+        ]
+
+
+@pytest.fixture
+def root() -> Iterator[pathlib.Path]:
+    path = pathlib.Path(tempfile.mkdtemp(dir="/tmp", prefix="mpu"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(root: pathlib.Path) -> Iterator[FakeKubelet]:
+    fake = FakeKubelet(root).start()
+    yield fake
+    fake.stop()
+
+
+def start(
+    kubelet: FakeKubelet,
+    api: kubeapi.InMemoryNodeApi,
+    *,
+    ledger: pathlib.Path | None = None,
+    wait_s: float = 2.0,
+) -> Node:
+    """Wired as ``migpilot agent --node`` wires the pool and the plugin."""
+    book = standin.PodBook()
+    book.listed(api.list_pods(node=NODE).documents)
+
+    def spec() -> gl.LayoutSpec | None:
+        found = api.layout(NODE)
+        return found.spec if found is not None else None
+
+    pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=spec)
+    settings = serving.PluginSettings(
+        plugin_dir=kubelet.plugin_dir,
+        kubelet_poll_s=0.02,
+        ledger_file=ledger,
+        allocate_wait_s=wait_s,
+        allocate_poll_s=0.05,
+    )
+    plugin = serving.DevicePlugin(settings, unified=pool)
+    pool.attach(plugin)
+    plugin.start(pool.update(VIEW))
+    return Node(api, book, pool, plugin, kubelet)
+
+
+@pytest.fixture
+def api() -> Iterator[kubeapi.InMemoryNodeApi]:
+    found = kubeapi.InMemoryNodeApi()
+    yield found
+    found.close()
+
+
+def test_nvidia_gpu_advertises_the_unified_instances_and_nothing_twice(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi
+) -> None:
+    reserved = {
+        (0, 0, "1g.10gb"): "ns/u1",
+        (0, 1, "1g.10gb"): "ns/u1",
+        (1, 0, "3g.40gb"): "ns/u2",
+        (0, 2, "1g.10gb"): "ns/mig",  # a nvidia.com/mig-1g.10gb pod: stays under its name
+        (0, 3, "1g.10gb"): "ns/absent",  # not in the API server: not unified
+    }
+    api.put_spec(NODE, layout_spec(reserved))
+    api.put_pod(pod_doc("u1", 2))
+    api.put_pod(pod_doc("u2", 1, mem=30000, node=None))  # reserved, not bound yet
+    api.put_pod(pod_doc("mig", 1, resource=R1G, node=None))
+    node = start(kubelet, api)
+    try:
+        kubelet.wait_registered(GPU, R1G)
+        assert kubelet.devices(GPU) == {uuid(0, 0): H, uuid(0, 1): H, uuid(1, 0, "3g.40gb"): H}
+        ones = set(kubelet.devices(R1G))
+        assert uuid(0, 2) in ones and uuid(0, 3) in ones
+        assert not ones & set(kubelet.devices(GPU))
+        assert len(ones) + len(kubelet.devices(GPU)) == len(VIEW.mig_devices)
+        reads = api.pod_gets
+        node.pass_()  # the kinds of pods read once are remembered (the absent one re-read later)
+        assert api.pod_gets == reads
+    finally:
+        node.plugin.stop()
+
+
+def _told_apart(api: kubeapi.InMemoryNodeApi) -> dict[str, set[str]]:
+    """Pods asking 1, 2 and 3 GPUs (told apart by the rule) and their reservations."""
+    want = {
+        "ns/one": {uuid(0, 6)},
+        "ns/two": {uuid(0, 0), uuid(1, 7)},
+        "ns/three": {uuid(0, 3), uuid(0, 4), uuid(1, 4)},
+    }
+    reserved = {}
+    for pod, uuids in want.items():
+        for m in VIEW.mig_devices:
+            if m.uuid in uuids:
+                reserved[(m.gpu_index, m.start, m.profile.name)] = pod
+    api.put_spec(NODE, layout_spec(reserved))
+    for i, (pod, uuids) in enumerate(want.items()):
+        api.put_pod(pod_doc(pod.split("/")[1], len(uuids), created=f"2026-01-01T00:00:0{i}Z"))
+    return want
+
+
+def _concurrently(calls: list[Any]) -> list[Any]:
+    """Run the calls on threads released together; their results (or exceptions)."""
+    barrier = threading.Barrier(len(calls))
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = calls[i]()
+        except Exception as err:  # the test inspects it
+            results[i] = err
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return results
+
+
+def test_concurrent_allocates_each_get_their_pods_instances(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi
+) -> None:
+    want = _told_apart(api)
+    node = start(kubelet, api)
+    try:
+        kubelet.wait_registered(GPU)
+        pool = sorted(kubelet.devices(GPU))
+        assert set(pool) == set().union(*want.values())
+        rng = random.Random(7)
+        for _ in range(3):  # the kubelet's picks are any devices, never the right ones
+            rng.shuffle(pool)
+        sizes = {len(v): k for k, v in want.items()}
+        calls = [lambda n=n: kubelet.allocate(GPU, pool[:n]) for n in sorted(sizes)]
+        got = _concurrently(calls)
+        for n, response in zip(sorted(sizes), got, strict=True):
+            assert not isinstance(response, Exception), response
+            assert node.visible(response) == [want[sizes[n]]]
+        allocated = node.plugin.pod_allocations()
+        assert {k: set(a.devices) for k, a in allocated.items()} == want
+        assert node.plugin.handed_out() >= set().union(*want.values())
+        # The status reports who uses what, so the controller knows they are allocated.
+        assert {u: k for k, v in want.items() for u in v} == node.pool.used_by()
+    finally:
+        node.plugin.stop()
+
+
+def test_a_burst_of_interchangeable_pods_shares_out_each_reservation_once(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi
+) -> None:
+    reserved = {(0, s, "1g.10gb"): f"ns/r{s}" for s in range(6)}
+    api.put_spec(NODE, layout_spec(reserved))
+    for s in range(6):
+        api.put_pod(pod_doc(f"r{s}", 1))
+    node = start(kubelet, api)
+    try:
+        kubelet.wait_registered(GPU)
+        ids = sorted(kubelet.devices(GPU))
+        assert len(ids) == 6
+        got = _concurrently([lambda i=i: kubelet.allocate(GPU, [ids[5 - i]]) for i in range(6)])
+        handed = [node.visible(r)[0] for r in got]
+        assert sorted(u for h in handed for u in h) == ids  # each instance exactly once
+        allocated = node.plugin.pod_allocations()
+        assert {k: set(a.devices) for k, a in allocated.items()} == {
+            f"ns/r{s}": {uuid(0, s)} for s in range(6)
+        }
+        # A seventh Allocate has no pod left: it waits, then names the problem.
+        with pytest.raises(grpc.RpcError) as err:
+            kubelet.allocate(GPU, [ids[0]])
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "no pod bound to this node is waiting for 1 nvidia.com/gpu" in str(
+            err.value.details()
+        )
+    finally:
+        node.plugin.stop()
+
+
+def test_the_ledger_survives_a_restart_of_the_plugin(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi, root: pathlib.Path
+) -> None:
+    ledger = root / "allocations.json"
+    # One pod with two containers (1 then 2 GPUs), and one asking 1 GPU made later.
+    reserved = {(0, 0, "1g.10gb"): "ns/a", (0, 1, "1g.10gb"): "ns/a", (0, 2, "1g.10gb"): "ns/a"}
+    reserved[(0, 5, "1g.10gb")] = "ns/b"
+    api.put_spec(NODE, layout_spec(reserved))
+    api.put_pod(pod_doc("a", 1, 2))
+    api.put_pod(pod_doc("b", 1, created="2026-01-01T00:00:09Z"))
+    node = start(kubelet, api, ledger=ledger)
+    kubelet.wait_registered(GPU)
+    first = node.visible(kubelet.allocate(GPU, [uuid(0, 5)]))
+    assert first == [{uuid(0, 0)}]  # a's first container (not b's, though b's was picked)
+    node.plugin.stop()
+    assert '"ns/a"' in ledger.read_text()
+    # A new plugin (an agent restart) reads the ledger: a's first container is allocated.
+    again = start(kubelet, api, ledger=ledger)
+    try:
+        kubelet.wait_registered(GPU)
+        assert again.plugin.pod_allocations()["ns/a"].done == {"c0"}
+        assert uuid(0, 0) in again.plugin.handed_out()
+        # The next Allocate of 1 GPU is b's: a's next container asks for 2.
+        assert again.visible(kubelet.allocate(GPU, [uuid(0, 1)])) == [{uuid(0, 5)}]
+        assert again.visible(kubelet.allocate(GPU, [uuid(0, 0), uuid(0, 5)])) == [
+            {uuid(0, 1), uuid(0, 2)}
+        ]
+    finally:
+        again.plugin.stop()
+
+
+def test_a_pod_the_watch_has_not_shown_is_read_from_the_api_or_waited_for(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi
+) -> None:
+    api.put_spec(NODE, layout_spec({(0, 0, "1g.10gb"): "ns/late", (0, 1, "1g.10gb"): "ns/later"}))
+    api.put_pod(pod_doc("late", 1, node=None))
+    api.put_pod(pod_doc("later", 1, node=None, created="2026-01-01T00:00:05Z"))
+    node = start(kubelet, api, wait_s=5.0)
+    try:
+        kubelet.wait_registered(GPU)
+        # Bound in the API server, not yet in the agent's pod watch: read again at once.
+        api.put_pod(pod_doc("late", 1))
+        assert node.book.pods(NODE) == ()
+        lists = api.pod_lists
+        assert node.visible(kubelet.allocate(GPU, [uuid(0, 1)])) == [{uuid(0, 0)}]
+        assert api.pod_lists > lists
+        # Bound 0.3 s after the kubelet asks: the Allocate waits for it.
+        timer = threading.Timer(0.3, lambda: api.put_pod(pod_doc("later", 1)))
+        began = time.monotonic()
+        timer.start()
+        assert node.visible(kubelet.allocate(GPU, [uuid(0, 0)])) == [{uuid(0, 1)}]
+        assert 0.3 <= time.monotonic() - began < 5.0
+    finally:
+        node.plugin.stop()
+
+
+def test_reserved_instances_that_do_not_exist_are_named(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi
+) -> None:
+    spec = layout_spec({(0, 0, "1g.10gb"): "ns/p"})
+    spec["gpus"][1]["instances"] = [  # GPU 1: a 3g.40gb at 4 reserved for p, not made yet
+        {"profile": "3g.40gb", "start": 4, "reservedFor": "ns/p"}
+    ]
+    api.put_spec(NODE, spec)
+    api.put_pod(pod_doc("p", 2))
+    node = start(kubelet, api)
+    try:
+        kubelet.wait_registered(GPU)
+        with pytest.raises(grpc.RpcError) as err:
+            kubelet.allocate(GPU, [uuid(0, 0)])
+        assert "waiting for 1" in str(err.value.details())  # p asks 2: not this Allocate
+        with pytest.raises(grpc.RpcError) as err:
+            kubelet.allocate(GPU, [uuid(0, 0), uuid(0, 0)])
+        assert str(err.value.details()) == (
+            "pod ns/p: the MIG instances reserved for it do not exist: GPU 1 3g.40gb@4"
+        )
+        assert node.plugin.pod_allocations() == {}
+    finally:
+        node.plugin.stop()
+
+
+def test_a_gone_pods_instances_go_back_to_their_profile(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi
+) -> None:
+    api.put_spec(NODE, layout_spec({(0, 4, "1g.10gb"): "ns/p"}))
+    api.put_pod(pod_doc("p", 1))
+    node = start(kubelet, api)
+    try:
+        kubelet.wait_registered(GPU)
+        # GetPreferredAllocation steers the kubelet to the pod's own instance.
+        assert kubelet.preferred(GPU, available=[uuid(0, 4)], must_include=[], size=1) == [
+            uuid(0, 4)
+        ]
+        kubelet.allocate(GPU, [uuid(0, 4)])
+        # The controller drops the reservation once the status says the pod has it: the
+        # ledger keeps the instance in the pool while the pod lives.
+        api.put_spec(NODE, layout_spec({}))
+        node.pass_()
+        assert kubelet.devices(GPU) == {uuid(0, 4): H}
+        fingerprint = node.pool.fingerprint()
+        api.delete_pod("ns", "p")
+        node.book.listed(api.list_pods(node=NODE).documents)
+        assert node.pool.fingerprint() != fingerprint  # a pass is due
+        node.pass_()
+        assert node.plugin.pod_allocations() == {}
+        kubelet.wait_devices(GPU, {})
+        kubelet.wait_for(
+            lambda s: uuid(0, 4) in s.clients[R1G].lists[-1], "the instance back under its name"
+        )
+        assert uuid(0, 4) not in node.plugin.handed_out()
+    finally:
+        node.plugin.stop()
+
+
+def test_whole_gpu_pods_are_served_as_nvidia_does(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi
+) -> None:
+    whole = make_node([[("1g.10gb", 0)], None])  # GPU 1 without MIG: nvidia.com/gpu GPU-1
+    api.put_spec(NODE, {"gpus": [{"index": 0, "instances": [
+        {"profile": "1g.10gb", "start": 0, "reservedFor": "ns/u"}]}]})  # fmt: skip
+    api.put_pod(pod_doc("u", 1, created="2026-01-01T00:00:05Z"))
+    api.put_pod(pod_doc("w", 1, mem=None))  # nvidia.com/gpu alone: a whole GPU
+    node = start(kubelet, api)
+    node.plugin.update(node.pool.update(whole))
+    try:
+        kubelet.wait_devices(GPU, {"GPU-1": H, uuid(0, 0): H})
+        # w is older: the first Allocate of 1 is its; the kubelet picked the MIG instance.
+        with pytest.raises(grpc.RpcError) as err:
+            kubelet.allocate(GPU, [uuid(0, 0)])
+        assert "asks for whole GPUs" in str(err.value.details())
+        assert node.visible(kubelet.allocate(GPU, ["GPU-1"])) == [{"GPU-1"}]
+        assert node.visible(kubelet.allocate(GPU, ["GPU-1"])) == [{uuid(0, 0)}]
+        assert set(node.plugin.pod_allocations()) == {"ns/w", "ns/u"}
+    finally:
+        node.plugin.stop()
+
+
+def test_other_resources_are_untouched(kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi) -> None:
+    node = start(kubelet, api)
+    try:
+        kubelet.wait_registered(R1G)
+        response = kubelet.allocate(R1G, [uuid(0, 3)])
+        assert node.visible(response) == [{uuid(0, 3)}]
+        assert node.plugin.pod_allocations() == {}
+        assert devices.FULL_GPU_RESOURCE not in node.plugin.registered()
+    finally:
+        node.plugin.stop()
