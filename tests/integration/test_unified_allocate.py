@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,14 +71,19 @@ def pod_doc(
     }
 
 
-def layout_spec(reserved: dict[tuple[int, int, str], str]) -> dict[str, Any]:
-    """Every instance of VIEW, some reserved (GPU, start, profile) -> pod."""
+def layout_spec(
+    reserved: dict[tuple[int, int, str], str], *, mig: Collection[str] = ()
+) -> dict[str, Any]:
+    """Every instance of VIEW, some reserved (GPU, start, profile) -> pod: for a unified pod
+    (``resource: nvidia.com/gpu``, as the controller writes it) unless the pod is in ``mig``."""
     gpus: dict[int, list[dict[str, Any]]] = {}
     for m in VIEW.mig_devices:
         inst: dict[str, Any] = {"profile": m.profile.name, "start": m.start}
         who = reserved.get((m.gpu_index, m.start, m.profile.name))
         if who is not None:
             inst["reservedFor"] = who
+            if who not in mig:
+                inst["resource"] = "nvidia.com/gpu"
         gpus.setdefault(m.gpu_index, []).append(inst)
     return {"gpus": [{"index": g, "instances": insts} for g, insts in sorted(gpus.items())]}
 
@@ -160,9 +165,9 @@ def test_nvidia_gpu_advertises_the_unified_instances_and_nothing_twice(
         (0, 1, "1g.10gb"): "ns/u1",
         (1, 0, "3g.40gb"): "ns/u2",
         (0, 2, "1g.10gb"): "ns/mig",  # a nvidia.com/mig-1g.10gb pod: stays under its name
-        (0, 3, "1g.10gb"): "ns/absent",  # not in the API server: not unified
+        (0, 3, "1g.10gb"): "ns/absent",  # reserved for a MIG pod: stays under its name too
     }
-    api.put_spec(NODE, layout_spec(reserved))
+    api.put_spec(NODE, layout_spec(reserved, mig={"ns/mig", "ns/absent"}))
     api.put_pod(pod_doc("u1", 2))
     api.put_pod(pod_doc("u2", 1, mem=30000, node=None))  # reserved, not bound yet
     api.put_pod(pod_doc("mig", 1, resource=R1G, node=None))

@@ -28,10 +28,15 @@ def spec(*gpus: list[dict[str, Any]]) -> dict[str, Any]:
     return {"gpus": [{"index": i, "instances": insts} for i, insts in enumerate(gpus)]}
 
 
-def inst(profile: str, start: int, reserved: str | None = None) -> dict[str, Any]:
+def inst(
+    profile: str, start: int, reserved: str | None = None, *, unified: bool = False
+) -> dict[str, Any]:
+    """A spec instance; ``unified``: reserved for a unified pod (as the controller writes it)."""
     out: dict[str, Any] = {"profile": profile, "start": start}
     if reserved is not None:
         out["reservedFor"] = reserved
+    if unified:
+        out["resource"] = "nvidia.com/gpu"
     return out
 
 
@@ -222,7 +227,7 @@ def test_the_fleet_serves_unified_pods_and_publishes_the_counters(running: Runni
     _wait(lambda: api.node_resources.get("n0", {}).get("nvidia.com/gpucores") == "200")
     unified = pod_doc("u", "n0", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000})
     api.put_pod({**unified, "spec": {**unified["spec"], "nodeName": None}})  # pending
-    api.put_spec("n0", spec([inst("1g.10gb", 0), inst("1g.10gb", 1, "ns/u")]))
+    api.put_spec("n0", spec([inst("1g.10gb", 0), inst("1g.10gb", 1, "ns/u", unified=True)]))
     _wait(lambda: api.node_resources["n0"].get("nvidia.com/gpu") == "1")
     assert api.node_resources["n0"][R1G] == "1"
     api.put_pod(unified)  # bound

@@ -62,10 +62,15 @@ def spec(*gpus: list[dict[str, Any]]) -> dict[str, Any]:
     return {"gpus": [{"index": i, "instances": insts} for i, insts in enumerate(gpus)]}
 
 
-def inst(profile: str, start: int, reserved: str | None = None) -> dict[str, Any]:
+def inst(
+    profile: str, start: int, reserved: str | None = None, *, unified: bool = False
+) -> dict[str, Any]:
+    """A spec instance; ``unified``: reserved for a unified pod (as the controller writes it)."""
     out: dict[str, Any] = {"profile": profile, "start": start}
     if reserved is not None:
         out["reservedFor"] = reserved
+    if unified:
+        out["resource"] = "nvidia.com/gpu"
     return out
 
 
@@ -233,7 +238,11 @@ FOUR = [inst("1g.10gb", s) for s in range(4)]
 def test_a_unified_pod_is_served_from_its_reservation_and_reported_used_by_it(
     node: Node,
 ) -> None:
-    reserved = [inst("1g.10gb", 0), inst("1g.10gb", 1, "ns/u"), inst("1g.10gb", 2, "ns/u")]
+    reserved = [
+        inst("1g.10gb", 0),
+        inst("1g.10gb", 1, "ns/u", unified=True),
+        inst("1g.10gb", 2, "ns/u", unified=True),
+    ]
     node.api.put_spec(NODE, spec([*reserved, inst("1g.10gb", 3, "ns/m")]))
     node.api.put_pod(pod_doc("u", {GPU: 2, MEM: 8000}, node=None))  # reserved, not bound yet
     node.api.put_pod(pod_doc("m", {R1G: 1}, node=None))
@@ -328,7 +337,12 @@ def test_a_bound_pods_reservation_dropped_before_allocate_is_remembered(node: No
 
 def test_a_reservation_dropped_as_the_pod_binds_between_two_passes_is_remembered() -> None:
     api = kubeapi.InMemoryNodeApi()
-    api.put_spec(NODE, spec([inst("1g.10gb", 0, "ns/u"), inst("1g.10gb", 1, "ns/gone")]))
+    api.put_spec(
+        NODE,
+        spec(
+            [inst("1g.10gb", 0, "ns/u", unified=True), inst("1g.10gb", 1, "ns/gone", unified=True)]
+        ),
+    )
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 1}, node=None))
     api.put_pod(pod_doc("gone", {GPU: 1, MEM: 1}, node=None))
     book = standin.PodBook()
@@ -389,39 +403,21 @@ def _mig_view(*starts: int) -> devices.NodeDevices:
     )
 
 
-def test_reserved_pods_are_read_once_and_absent_ones_again_later(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    class Failing(kubeapi.InMemoryNodeApi):
-        down = False
-
-        def get_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-            if self.down:
-                raise kubeapi.KubeApiError("the API server cannot be reached")
-            return super().get_pod(namespace, name)
-
-    api = Failing()
-    api.put_spec(NODE, spec([inst("1g.10gb", 0, "ns/u"), inst("1g.10gb", 1, "ns/later")]))
-    api.put_pod(pod_doc("u", {GPU: 1, MEM: 1}, node=None))
-    clock = Clock()
+def test_the_spec_says_which_reservations_are_for_unified_pods_and_no_pod_is_read() -> None:
+    """A reserved pod not bound yet is unified when the spec names its resource
+    ``nvidia.com/gpu`` (the controller knows the pod): a pass reads no pod from the API."""
+    api = kubeapi.InMemoryNodeApi()
+    api.put_spec(
+        NODE,
+        spec([inst("1g.10gb", 0, "ns/u", unified=True), inst("1g.10gb", 1, "ns/m")]),
+    )
     book = standin.PodBook()
     book.listed([])
-    pool = unifying.UnifiedPool(
-        api, node=NODE, pods=book, spec=lambda: _spec(api), monotonic=clock, recheck_s=5.0
-    )
+    pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: _spec(api))
     v = _mig_view(0, 1)
     assert pool.update(v).unified == {"M0"}
-    assert api.pod_gets == 2
-    pool.update(v)
-    assert api.pod_gets == 2  # u is known; "later" is absent, re-read after 5 s
-    api.put_pod(pod_doc("later", {GPU: 1, MEM: 1}, node=None))
-    clock.now = 6.0
-    api.down = True  # a failure keeps the last answer and is logged once
     assert pool.update(v).unified == {"M0"}
-    pool.update(v)
-    assert caplog.text.count("reserved pod ns/later not read") == 1
-    api.down = False
-    assert pool.update(v).unified == {"M0", "M1"}
+    assert api.pod_gets == 0
 
 
 def test_allocations_of_gone_pods_are_released_once_a_read_confirms_it() -> None:

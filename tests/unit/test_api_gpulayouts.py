@@ -185,6 +185,8 @@ BAD = [
     (f"{_SI}[1].reservedFor", "Default/p1", f"{_SI}[1].reservedFor"),
     (f"{_SI}[1].reservedFor", 7, f"{_SI}[1].reservedFor"),
     (f"{_SI}[1].owner", "x", f"{_SI}[1].owner"),
+    (f"{_SI}[1].resource", "nvidia.com/mig-1g.10gb", f"{_SI}[1].resource"),
+    (f"{_SI}[0].resource", "nvidia.com/gpu", f"{_SI}[0].resource"),  # not reserved
     ("status.observedGeneration", -2, "status.observedGeneration"),
     ("status.summary.free", 2, "status.summary"),
     ("status.gpus[0].model", ..., "status.gpus[0].model"),
@@ -449,3 +451,12 @@ def test_the_crd_allows_every_start_and_profile_of_the_catalog() -> None:
             assert pattern.match(p.name), (model.id, p.name)
             assert max(p.placements) <= gl.MAX_START, (model.id, p.name)
     assert max(m.memory_slots for m in catalog.gpu_models()) - 1 == gl.MAX_START
+
+
+def test_an_instance_kept_for_a_unified_pod_names_its_resource() -> None:
+    doc = _doc()
+    doc["spec"]["gpus"][0]["instances"][1]["resource"] = "nvidia.com/gpu"
+    layout = gl.parse(doc)
+    kept = [i for g in layout.spec.gpus for i in g.instances if i.reserved_for]
+    assert [(i.reserved_for, i.resource) for i in kept] == [("default/p1", gl.UNIFIED_RESOURCE)]
+    assert gl.parse(gl.to_document(layout)) == layout

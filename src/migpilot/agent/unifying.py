@@ -10,13 +10,14 @@ kubelet's Allocate never says which pod it serves. So:
   pass) puts them in the view the device plugin advertises (``NodeDevices.unified``: one
   ``nvidia.com/gpu`` device each, no longer ``nvidia.com/mig-<profile>``), after releasing the
   ledger entries of pods that are gone (the pod watch says so and a read of the pod confirms
-  it). A pod reserved but not yet bound is read from the API once to tell whether it is
-  unified. :meth:`UnifiedPool.inputs` gives Allocate the node's pods (read again from the API
-  when asked: the watch may lag the kubelet) and the reservations; :meth:`UnifiedPool.used_by`
-  says which pod each allocated instance went to (the GpuLayout status reports it, so the
-  controller knows a unified pod is allocated). A bound unified pod's reservation is
-  remembered while the pod lives, so a spec that drops it before Allocate leaves the pod its
-  instances (:meth:`UnifiedPool.in_use` keeps them).
+  it). A reservation is for a unified pod when the spec says so (``resource:
+  nvidia.com/gpu``, written by the controller, which knows the pod), so a pass reads no pod
+  from the API. :meth:`UnifiedPool.inputs` gives Allocate the node's pods (read again from
+  the API when asked: the watch may lag the kubelet) and the reservations;
+  :meth:`UnifiedPool.used_by` says which pod each allocated instance went to (the GpuLayout
+  status reports it, so the controller knows a unified pod is allocated). A bound unified
+  pod's reservation is remembered while the pod lives, so a spec that drops it before
+  Allocate leaves the pod its instances (:meth:`UnifiedPool.in_use` keeps them).
 - :class:`NodeCounters` writes ``nvidia.com/gpumem`` (MiB: the sum over the node's MIG GPUs of
   :func:`unified.memory_mib`), ``nvidia.com/gpumem-percentage`` and ``nvidia.com/gpucores``
   (100 per MIG GPU) into the Node's capacity and allocatable, kept in step with the GPUs. They
@@ -31,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -43,9 +43,6 @@ from migpilot.planning import unified
 
 _log = logging.getLogger(__name__)
 
-RECHECK_S = 5.0
-"""Seconds a reserved pod the API server does not show is taken as absent before it is read
-again."""
 COUNTERS = (unified.GPUMEM, unified.GPUMEM_PERCENT, unified.GPUCORES)
 """The node counters, in the order they are logged."""
 
@@ -97,24 +94,17 @@ class UnifiedPool:
         pods: standin.PodBook,
         spec: Callable[[], gpulayouts.LayoutSpec | None],
         allocated: Allocations | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
-        recheck_s: float = RECHECK_S,
     ) -> None:
         self._api = api
         self.node = node
         self._book = pods
         self._spec = spec
         self._allocated: Allocations = allocated if allocated is not None else NoAllocations()
-        self._monotonic = monotonic
-        self._recheck_s = recheck_s
         self._lock = threading.RLock()
         self._view = devices.NodeDevices(gpus=())
         self._pool: frozenset[str] = frozenset()
-        self._kinds: dict[str, tuple[bool, float | None]] = {}
-        """Reserved pod not bound here -> (unified, when it was found absent or ``None``)."""
         self._remembered: dict[str, tuple[_Position, ...]] = {}
         """Bound unified pod -> the instances the spec last reserved for it."""
-        self._failing: str | None = None
 
     def attach(self, allocated: Allocations) -> None:
         """Take hand-outs from ``allocated`` (the plugin, made after the pool)."""
@@ -127,18 +117,13 @@ class UnifiedPool:
         self._release_gone()
         with self._lock:
             self._view = view
-            for key in _positions(self._spec()):
-                self._is_unified(key)  # known before a reservation is remembered
             reserved = self._reserved(view)
-            kinds = {key: self._is_unified(key) for key in reserved}
             pool = resolving.set_aside(
                 reservations=reserved,
-                unified_pods={k for k, yes in kinds.items() if yes},
+                unified_pods=self._unified_pods() & set(reserved),
                 allocated=self._allocated.pod_allocations(),
                 existing={m.uuid for m in view.mig_devices},
             )
-            for key in set(self._kinds) - set(reserved):
-                del self._kinds[key]
             if pool != self._pool:
                 _log.info("Node %s: %d MIG instance(s) set aside for unified pods, advertised "
                           "as %s", self.node, len(pool), devices.FULL_GPU_RESOURCE)  # fmt: skip
@@ -253,13 +238,12 @@ class UnifiedPool:
         no longer reserves for it and it is not bound here (re-planned, gone, elsewhere)."""
         positions = {k: list(v) for k, v in _positions(self._spec()).items()}
         live = self._live()
+        unified_pods = self._unified_pods()
         for key in list(self._remembered):
             if key not in live and key not in positions:
                 del self._remembered[key]
         for key, spots in positions.items():
-            bound = live.get(key)
-            kind = self._kinds.get(key)
-            if bound.unified if bound is not None else kind is not None and kind[0]:
+            if key in unified_pods:
                 self._remembered[key] = tuple(spots)
         for key, kept in self._remembered.items():
             positions.setdefault(key, list(kept))
@@ -285,32 +269,18 @@ class UnifiedPool:
                     )
         return {k: tuple(v) for k, v in out.items()}
 
-    def _is_unified(self, key: str) -> bool:
-        """Whether the reserved pod ``key`` is unified: the pod watch's view when it is bound
-        here, else one read (a pod's requests do not change), again every ``recheck_s`` while
-        the API server does not show it. Under the lock."""
-        for pod in self._book.pods(self.node):
-            if pod.key == key:
-                return pod.gpu is not None and pod.gpu.unified
-        cached = self._kinds.get(key)
-        now = self._monotonic()
-        if cached is not None and (cached[1] is None or now - cached[1] < self._recheck_s):
-            return cached[0]
-        namespace, _, name = key.partition("/")
-        try:
-            doc = self._api.get_pod(namespace, name)
-        except kubeapi.KubeApiError as err:
-            if str(err) != self._failing:
-                _log.warning("Node %s: reserved pod %s not read: %s", self.node, key, err)
-                self._failing = str(err)
-            return cached[0] if cached is not None else False
-        self._failing = None
-        if doc is None:
-            self._kinds[key] = (False, now)
-            return False
-        read = _gpu_pod(doc)
-        self._kinds[key] = (read is not None and read.unified, None)
-        return self._kinds[key][0]
+    def _unified_pods(self) -> set[str]:
+        """The pods whose reservations are for unified pods: the spec names their resource
+        ``nvidia.com/gpu`` (the controller knows the pod), or the pod bound here is unified."""
+        spec = self._spec()
+        out = {
+            i.reserved_for
+            for g in (spec.gpus if spec is not None else ())
+            for i in g.instances
+            if i.reserved_for is not None and i.resource == gpulayouts.UNIFIED_RESOURCE
+        }
+        out.update(k for k, p in self._live().items() if p.unified)
+        return out
 
 
 def _gpu_pod(doc: Mapping[str, Any]) -> resolving.GpuPod | None:

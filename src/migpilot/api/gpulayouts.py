@@ -40,6 +40,8 @@ CONTROLLER_FIELD_MANAGER = "migpilot-controller"
 """Server-side apply field manager of ``spec``."""
 AGENT_FIELD_MANAGER = "migpilot-agent"
 """Server-side apply field manager of ``status``."""
+UNIFIED_RESOURCE = "nvidia.com/gpu"
+"""What an instance kept for a unified pod is advertised as (``spec...instances[].resource``)."""
 READY = "Ready"
 """The condition type the ``Ready`` printer column shows."""
 
@@ -133,6 +135,7 @@ class InstanceSpecDoc(TypedDict):
     profile: str
     start: int
     reservedFor: NotRequired[str]
+    resource: NotRequired[str]
 
 
 class GpuSpecDoc(TypedDict):
@@ -208,6 +211,10 @@ class InstanceSpec:
     """First memory slot."""
     reserved_for: str | None = None
     """``namespace/name`` of the pending pod this instance is kept for; ``None``: not reserved."""
+    resource: str | None = None
+    """The extended resource the agent advertises the reserved instance under:
+    :data:`UNIFIED_RESOURCE` when it is kept for a unified pod (``docs/unified.md``); ``None``:
+    its MIG profile's own resource. Only with ``reserved_for``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,7 +415,7 @@ def _unique_indexes(indexes: Sequence[int], where: str) -> None:
 
 def _instance_spec(raw: Any, where: str, model: profiles.GpuModel | None) -> InstanceSpec:
     d = _mapping(raw, where, required=True)
-    _only(d, frozenset({"profile", "start", "reservedFor"}), where)
+    _only(d, frozenset({"profile", "start", "reservedFor", "resource"}), where)
     profile = _profile(d, where, model)
     start = _int(d, "start", where, maximum=MAX_START)
     reserved: str | None = None
@@ -416,7 +423,14 @@ def _instance_spec(raw: Any, where: str, model: profiles.GpuModel | None) -> Ins
         reserved = _str(d, "reservedFor", where)
         if not _RESERVED_FOR.match(reserved):
             raise _fail(f"{where}.reservedFor", f"{reserved!r} is not namespace/name of a pod")
-    return InstanceSpec(profile, start, reserved)
+    resource: str | None = None
+    if d.get("resource") is not None:
+        resource = _str(d, "resource", where)
+        if resource != UNIFIED_RESOURCE:
+            raise _fail(f"{where}.resource", f"{resource!r} is not {UNIFIED_RESOURCE}")
+        if reserved is None:
+            raise _fail(f"{where}.resource", "only a reserved instance has one")
+    return InstanceSpec(profile, start, reserved, resource)
 
 
 def _gpu_spec(raw: Any, where: str) -> GpuSpec:
@@ -577,6 +591,8 @@ def _spec_doc(spec: LayoutSpec) -> SpecDoc:
             inst: InstanceSpecDoc = {"profile": i.profile, "start": i.start}
             if i.reserved_for is not None:
                 inst["reservedFor"] = i.reserved_for
+            if i.resource is not None:
+                inst["resource"] = i.resource
             instances.append(inst)
         gpu: GpuSpecDoc = {"index": g.index, "instances": instances}
         if g.model is not None:
