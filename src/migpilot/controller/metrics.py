@@ -77,6 +77,11 @@ class ControllerMetrics:
             ["operation"],
             registry=r,
         )
+        self.events_dropped = prometheus_client.Counter(
+            "migpilot_controller_events_dropped",
+            "Events not recorded because the backlog of Events to record was full.",
+            registry=r,
+        )
 
     def observe_cluster(self, snap: snapshot.Snapshot) -> None:
         """Set the allocation and fragmentation gauges from the planned nodes."""

@@ -74,6 +74,10 @@ class Settings:
     that for instances that never appear. Default 60."""
     writers: int = 32
     """API writes in flight at once. Default 32."""
+    event_writers: int = 4
+    """Events recorded at once, in the background: an Event never holds up a pass. Default 4."""
+    event_backlog: int = 20000
+    """Events waiting to be recorded at most; more are dropped (and counted). Default 20000."""
     policy: snapshot.Policy = snapshot.Policy.BINPACK
     """The planner's node policy. Default binpack."""
 
@@ -137,6 +141,7 @@ class Controller:
         self._made_since: dict[tuple[str, str], float] = {}
         self._said: dict[str, tuple[str, str]] = {}
         self._writes = asyncio.Semaphore(settings.writers)
+        self._notes: asyncio.Queue[kubeapi.EventNote] = asyncio.Queue(settings.event_backlog)
         self.plans = 0
         """Plans made (tests and the benchmark read it)."""
 
@@ -264,6 +269,9 @@ class Controller:
         """Run until ``stop`` is set."""
         tasks = [asyncio.create_task(self._inform(k, stop)) for k in kubeapi.Kind]
         tasks.append(asyncio.create_task(self._lead(stop)))
+        tasks.extend(
+            asyncio.create_task(self._record_events()) for _ in range(self.settings.event_writers)
+        )
         stopper = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
@@ -359,13 +367,31 @@ class Controller:
         return True, got
 
     async def _say(self, view: observing.PodView, *, type_: str, reason: str, message: str) -> None:
-        """An Event on the pod, once per distinct reason and message."""
+        """An Event on the pod, once per distinct reason and message (recorded in the
+        background)."""
         if self._said.get(view.key) == (reason, message):
             return
         self._said[view.key] = (reason, message)
         namespace, name = view.key.split("/", 1)
-        note = kubeapi.EventNote("Pod", namespace, name, view.uid, type_, reason, message)
-        await self._call(f"event on {view.key}", self.api.record(note))
+        self._tell(kubeapi.EventNote("Pod", namespace, name, view.uid, type_, reason, message))
+
+    def _tell(self, note: kubeapi.EventNote) -> None:
+        """Queue an Event for the background writers. Events only inform: a pass never waits
+        for one (a thousand pods placed by one plan once held the loop for 15 s), and when
+        the API server cannot keep up the backlog is bounded: the surplus is dropped and
+        counted (``migpilot_controller_events_dropped_total``)."""
+        try:
+            self._notes.put_nowait(note)
+        except asyncio.QueueFull:
+            self.metrics.events_dropped.inc()
+            _log.debug("event on %s %s dropped: backlog full", note.kind, note.name)
+
+    async def _record_events(self) -> None:
+        """One background writer of Events (the loop runs a few)."""
+        while True:
+            note = await self._notes.get()
+            where = f"{note.namespace}/{note.name}" if note.namespace else note.name
+            await self._call(f"event on {note.kind.lower()} {where}", self.api.record(note))
 
     async def _patch_pod(self, key: str, patch: pinning.Patch) -> bool:
         if not patch:
@@ -559,11 +585,10 @@ class Controller:
             for a in actions:
                 by_gpu.setdefault(a.gpu, []).append(f"{a.op.value} {a.profile}@{a.start}")
             what = "; ".join(f"GPU {g}: {', '.join(ops)}" for g, ops in sorted(by_gpu.items()))
-            note = kubeapi.EventNote(
+            self._tell(kubeapi.EventNote(
                 "Node", None, name, node.uid, "Normal", "MigReconfiguring",
                 f"plan {self.plans} for {len(placements)} pod(s): {what}",
-            )  # fmt: skip
-            await self._call(f"event on node {name}", self.api.record(note))
+            ))  # fmt: skip
         for p in placements:
             entry = self._store.pods.get(p.pod)
             if entry is None:
