@@ -77,6 +77,11 @@ class ControllerMetrics:
             ["operation"],
             registry=r,
         )
+        self.events_pending = prometheus_client.Gauge(
+            "migpilot_controller_events_pending",
+            "Events waiting to be recorded by the background writers.",
+            registry=r,
+        )
         self.events_dropped = prometheus_client.Counter(
             "migpilot_controller_events_dropped",
             "Events not recorded because the backlog of Events to record was full.",

@@ -385,11 +385,13 @@ class Controller:
         except asyncio.QueueFull:
             self.metrics.events_dropped.inc()
             _log.debug("event on %s %s dropped: backlog full", note.kind, note.name)
+        self.metrics.events_pending.set(self._notes.qsize())
 
     async def _record_events(self) -> None:
         """One background writer of Events (the loop runs a few)."""
         while True:
             note = await self._notes.get()
+            self.metrics.events_pending.set(self._notes.qsize())
             where = f"{note.namespace}/{note.name}" if note.namespace else note.name
             await self._call(f"event on {note.kind.lower()} {where}", self.api.record(note))
 
