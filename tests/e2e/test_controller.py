@@ -14,130 +14,25 @@ import contextlib
 import pathlib
 import re
 import signal
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import lightkube
 import pytest
 from lightkube.models.apps_v1 import DeploymentSpec
 from lightkube.models.core_v1 import (
-    Container,
     PodSpec,
     PodTemplateSpec,
-    ResourceRequirements,
 )
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod
 
 from migpilot.api import gpulayouts as gl
-from tests.kube import controlplane, crds, system
-from tests.kube.controlplane import ControlPlane
+from tests.kube import controlplane
+from tests.kube.scenes import NODES, WAIT_S, Scene, container
 
 pytestmark = pytest.mark.kube
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-WAIT_S = 120.0
-NODES = {"ctl-a100": "a100-80gb", "ctl-h100": "h100-80gb"}
-
-
-class Scene(system.System):
-    """The processes of one test, its namespace, and helpers to make and read pods."""
-
-    namespace: str = ""
-
-    def wait(self, predicate: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            got = predicate()
-            if got:
-                return got
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}\n{self.dump()}\n{self.logs()}")
-            time.sleep(0.1)
-
-    def dump(self) -> str:
-        """The GpuLayouts and the pods, for a failure's message."""
-        lines = []
-        for node in NODES:
-            lay = self.layout(node)
-            if lay is None:
-                continue
-            for g in lay.spec.gpus:
-                insts = " ".join(
-                    f"{i.profile}@{i.start}" + (f"->{i.reserved_for}" if i.reserved_for else "")
-                    for i in g.instances
-                )
-                lines.append(f"{node} spec gpu {g.index}: {insts}")
-            for gs in lay.status.gpus if lay.status else ():
-                insts = " ".join(f"{i.profile}@{i.start}:{i.state}" for i in gs.instances)
-                lines.append(f"{node} status gpu {gs.index}: {insts}")
-        for p in self.pods():
-            assert p.metadata is not None and p.spec is not None and p.status is not None
-            gates = [g.name for g in p.spec.schedulingGates or []]
-            lines.append(f"pod {p.metadata.name}: {p.status.phase} {p.spec.nodeName} {gates}")
-        return "\n".join(lines)
-
-    def pod(self, name: str, profile: str, count: int = 1) -> Pod:
-        return Pod(
-            metadata=ObjectMeta(name=name, namespace=self.namespace),
-            spec=PodSpec(containers=[_container(profile, count)]),
-        )
-
-    def pods(self) -> list[Pod]:
-        return list(self.client.list(Pod, namespace=self.namespace))
-
-    def running(self, names: set[str] | None = None) -> dict[str, str]:
-        """Pod name -> node, of the pods Running (all of ``names`` or nothing)."""
-        out = {}
-        for p in self.pods():
-            assert p.metadata is not None and p.status is not None and p.spec is not None
-            name = p.metadata.name or ""
-            if p.status.phase == "Running" and p.spec.nodeName:
-                out[name] = p.spec.nodeName
-        if names is not None and not names <= set(out):
-            return {}
-        return out
-
-    def layout(self, node: str) -> gl.GpuLayout | None:
-        try:
-            return gl.parse(self.client.get(crds.GpuLayout, node).to_dict())
-        except lightkube.ApiError:
-            return None
-
-    def reported(self) -> bool:
-        """Every node's agent has reported its GPUs."""
-        return all((lay := self.layout(n)) is not None and lay.status is not None for n in NODES)
-
-
-def _container(profile: str, count: int = 1) -> Container:
-    limits = {f"nvidia.com/mig-{profile}": str(count)}
-    return Container(name="c", image="none", resources=ResourceRequirements(limits=limits))
-
-
-@pytest.fixture
-def scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Scene]:
-    s = Scene(control_plane, tmp_path)
-    s.namespace = f"mig-{s.lease_ns.rsplit('-', 1)[-1]}"
-    client = control_plane.client
-    try:
-        s.prepare()
-        client.create(Namespace(metadata=ObjectMeta(name=s.namespace)))
-        s.start_webhook()
-        for node, model in NODES.items():
-            s.add_node(node, f"emulated:{model}:x2")
-        yield s
-    finally:
-        with contextlib.suppress(lightkube.ApiError):
-            client.delete(Deployment, "infer", namespace=s.namespace)
-        for p in s.pods():
-            with contextlib.suppress(lightkube.ApiError):
-                assert p.metadata is not None
-                client.delete(Pod, p.metadata.name or "", namespace=s.namespace, grace_period=0)
-        s.stop()
-        with contextlib.suppress(lightkube.ApiError):
-            client.delete(Namespace, s.namespace)
 
 
 _DESTROY = re.compile(r"GPU (\d+): destroy (\S+) \((MIG-[^)]+)\)")
@@ -185,7 +80,7 @@ def test_pods_get_their_instances_and_a_second_wave_repartitions(scene: Scene) -
     scene.wait(lambda: not any(v == freed for v in scene.running().values()), f"{freed} emptied")
     template = PodTemplateSpec(
         metadata=ObjectMeta(labels={"app": "infer"}),
-        spec=PodSpec(containers=[_container("4g.40gb")]),
+        spec=PodSpec(containers=[container("4g.40gb")]),
     )
     client.create(
         Deployment(
