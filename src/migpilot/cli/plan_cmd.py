@@ -273,7 +273,7 @@ def write_plan_table(
 
     _section(out, "Placements", len(plan.placements))
     if plan.placements:
-        placement_rows = [
+        placement_rows: list[tuple[str, ...]] = [
             (
                 p.pod,
                 p.node,
