@@ -274,7 +274,12 @@ def test_once_in_a_cluster_sets_aside_unified_instances_and_writes_the_counters(
     api = kubeapi.InMemoryNodeApi()
     monkeypatch.setattr(agent_cmd.kube, "connect", lambda kubeconfig: api)
     api.put_node("n0", {})
-    reserved = {"profile": "1g.10gb", "start": 0, "reservedFor": "ns/u"}
+    reserved = {
+        "profile": "1g.10gb",
+        "start": 0,
+        "reservedFor": "ns/u",
+        "resource": "nvidia.com/gpu",  # the controller marks a unified pod's reservation
+    }
     api.put_spec("n0", {"gpus": [{"index": 0, "instances": [reserved]}]})
     limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000}
     api.put_pod(

@@ -313,7 +313,7 @@ def test_missing_file_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         (
             "gpu.yaml",
             "version: 1\npods: [{name: p, requests: {nvidia.com/gpu: 1}}]\n",
-            "pods[0].requests: nvidia.com/gpu is not a MIG resource",
+            "pods[0].requests: nvidia.com/gpu without nvidia.com/gpumem",
         ),
         ("bin.yaml", b"version: 1\n\xff\xfe".decode("latin-1"), "not UTF-8"),
     ],

@@ -123,6 +123,10 @@ def test_where_cpu_and_memory_bind_fast_is_not_below_hami() -> None:
              used_fraction=0.7, priority_levels=3),
         dict(seed=371341, nodes=4, gpus_per_node=3, pods=25, models=("a30-24gb", "a100-40gb"),
              used_fraction=0.3, priority_levels=2),
+        # A 4g.24gb and a pod of 4 x 1g.6gb of the same compute: the single large instance goes
+        # first (it cannot span GPUs), else the small ones took its only GPU (fast 124, HAMi 137).
+        dict(seed=2, nodes=6, gpus_per_node=2, pods=24, models=("a30-24gb", "a100-40gb"),
+             used_fraction=0.3, priority_levels=2),
         # Spanning pods packed into few GPUs.
         dict(seed=613656, nodes=3, gpus_per_node=4, pods=13, models=("a30-24gb", "a100-80gb"),
              used_fraction=0.0, priority_levels=1),

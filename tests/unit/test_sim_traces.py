@@ -106,7 +106,12 @@ def test_native_malformed_selectors_name_the_line(body: str, message: str) -> No
         ("a,1,1,cpu=4", r"n.csv:2: requests name no MIG profile"),
         ("a,1,1,mig-1g.10gb=0", r"n.csv:2: mig-1g.10gb: '0' is not a positive"),
         ("a,1,1,mig-abc=1", r"n.csv:2: "),
-        ("a,1,1,gpu=1", r"n.csv:2: unknown resource 'gpu'"),
+        ("a,1,1,gpux=1", r"n.csv:2: unknown resource 'gpux'"),
+        ("a,1,1,gpu=1", r"n.csv:2: nvidia.com/gpu without nvidia.com/gpumem"),
+        (
+            "a,1,1,gpu=1;gpumem-percentage=101",
+            r"n.csv:2.nvidia.com/gpumem-percentage: 101 is outside 1 to 100",
+        ),
         ("a,1,1,mig-1g.10gb", r"n.csv:2: request 'mig-1g.10gb' is not NAME=AMOUNT"),
         ("a,1,1", r"n.csv:2: expected 4 fields, got 3"),
         ("a,1,1,mig-1g.10gb=1\na,2,1,mig-1g.10gb=1", r"n.csv:3: pod name 'a' already used"),

@@ -461,8 +461,8 @@ BAD_CASES: list[tuple[str, Any, str]] = [
     (
         POD + ".requests",
         {"nvidia.com/gpu": 1},
-        "pods[0].requests: nvidia.com/gpu is not a MIG resource "
-        "(expected nvidia.com/mig-<profile>)",
+        "pods[0].requests: nvidia.com/gpu without nvidia.com/gpumem, "
+        "nvidia.com/gpumem-percentage or nvidia.com/gpucores asks for whole GPUs",
     ),
     (
         POD + ".requests",

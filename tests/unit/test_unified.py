@@ -44,14 +44,20 @@ def test_the_smallest_profile_with_enough_memory(model: Any, memory: int, want: 
 
 def test_cores_and_percentages() -> None:
     # 50 % of an H100's 7 compute slices is 4 slices: 4g.40gb.
-    assert unified.resolve(_req({"nvidia.com/gpu": "1", "nvidia.com/gpucores": 50}), H100) == (
-        "4g.40gb",
-    )
+    req = _req({"nvidia.com/gpu": "1", "nvidia.com/gpumem": 8000, "nvidia.com/gpucores": 50})
+    assert unified.resolve(req, H100) == ("4g.40gb",)
     # 50 % of an H200's memory (143360 MiB) is 71680 MiB: more than 3g.71gb's 71424.
     got = unified.resolve(_req({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}), H200)
     assert got == ("7g.141gb",)
-    # No memory or cores: the smallest plain profile; never a +me one.
-    assert unified.resolve(_req({"nvidia.com/gpu": 2}), H100) == ("1g.10gb", "1g.10gb")
+
+
+def test_no_memory_asked_is_the_whole_gpu_memory_as_in_hami() -> None:
+    # HAMi's defaultMemory is 0 in its chart: gpumem-percentage 100, the whole GPU's memory.
+    req = _req({"nvidia.com/gpu": 2}, **{"nvidia.com/vgpu-mode": "mig"})
+    assert req.asks[0].memory_percent == 100
+    assert unified.resolve(req, H100) == ("7g.80gb", "7g.80gb")
+    cores = _req({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 10})
+    assert unified.resolve(cores, A30) == ("4g.24gb",)
 
 
 def test_containers_add_up() -> None:
@@ -70,11 +76,11 @@ def test_model_filters_and_policies() -> None:
     assert unified.resolve(req, H100) is not None and unified.resolve(req, A30) is None
     req = _req({"nvidia.com/gpu": 1}, **{"nvidia.com/nouse-gputype": "a100"})
     assert unified.resolve(req, A100_40) is None and unified.resolve(req, H100) is not None
-    req = _req(
-        {"nvidia.com/gpu": 1},
-        **{"hami.io/node-scheduler-policy": "spread", "hami.io/gpu-scheduler-policy": "binpack"},
+    got = unified.parse_policies(
+        {"hami.io/node-scheduler-policy": "spread", "hami.io/gpu-scheduler-policy": "binpack"}
     )
-    assert (req.node_policy, req.gpu_policy) == (snapshot.Policy.SPREAD, snapshot.Policy.BINPACK)
+    assert got == (snapshot.Policy.SPREAD, snapshot.Policy.BINPACK)
+    assert unified.parse_policies({}) == (None, None)
 
 
 def test_pods_without_gpu_requests_are_not_unified() -> None:
@@ -107,7 +113,6 @@ def test_pods_without_gpu_requests_are_not_unified() -> None:
         ),
         ([{"nvidia.com/gpu": 1, "nvidia.com/gpucores": "1k"}], {}, "outside 1 to 100"),
         ([{"nvidia.com/gpu": 1}], {"nvidia.com/vgpu-mode": "hami-core"}, "not served"),
-        ([{"nvidia.com/gpu": 1}], {"hami.io/gpu-scheduler-policy": "random"}, "binpack or spread"),
     ],
 )
 def test_bad_input_names_the_field(
@@ -115,6 +120,11 @@ def test_bad_input_names_the_field(
 ) -> None:
     with pytest.raises(errors.SnapshotError, match=message):
         unified.parse(containers, annotations)
+
+
+def test_a_bad_policy_names_the_annotation() -> None:
+    with pytest.raises(errors.SnapshotError, match=r"gpu-scheduler-policy\]: 'random' is not"):
+        unified.parse_policies({"hami.io/gpu-scheduler-policy": "random"})
 
 
 def test_never_served_says_why() -> None:

@@ -54,7 +54,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--policy",
         choices=tuple(pol.value for pol in snapshot.Policy),
-        help="node policy, overriding the snapshot's (default: the snapshot's, else binpack)",
+        help="node policy, overriding the snapshot's (default: the snapshot's, else binpack); "
+        "a pod's hami.io/node-scheduler-policy annotation still wins for that pod",
+    )
+    p.add_argument(
+        "--gpu-policy",
+        choices=tuple(pol.value for pol in snapshot.Policy),
+        help="GPU policy, overriding the snapshot's (default: the snapshot's, else spread); "
+        "a pod's hami.io/gpu-scheduler-policy annotation still wins for that pod",
     )
     p.add_argument(
         "--time-limit",
@@ -188,6 +195,8 @@ def cmd_plan(args: argparse.Namespace, out: IO[str]) -> int:
     snap = read_snapshot(args.snapshot)
     if args.policy is not None:
         snap = dataclasses.replace(snap, policy=snapshot.Policy(args.policy))
+    if args.gpu_policy is not None:
+        snap = dataclasses.replace(snap, gpu_policy=snapshot.Policy(args.gpu_policy))
     defaults = options.Options()
     opts = options.Options(
         explain=args.explain,
@@ -241,7 +250,12 @@ def write_plan_table(
         summary += f", {seconds:.3f} s"
     if plan.optimal is not None:
         summary += ", optimality " + ("proven" if plan.optimal else "not proven")
-    out.write(f"{summary} (policy {snap.policy.value})\n")
+    policies = f"policy {snap.policy.value}"
+    if snap.gpu_policy is not snapshot.Policy.SPREAD or any(
+        p.node_policy or p.gpu_policy or p.unified for p in snap.pods
+    ):
+        policies += f", GPU policy {snap.gpu_policy.value}"
+    out.write(f"{summary} ({policies})\n")
 
     current = {(n.name, g.index): g for n in snap.nodes for g in n.gpus}
     _section(out, "GPU layouts that change", len(changed))
@@ -259,7 +273,7 @@ def write_plan_table(
 
     _section(out, "Placements", len(plan.placements))
     if plan.placements:
-        placement_rows = [
+        placement_rows: list[tuple[str, ...]] = [
             (
                 p.pod,
                 p.node,
@@ -267,7 +281,16 @@ def write_plan_table(
             )
             for p in plan.placements
         ]
-        output.write_table(out, ("POD", "NODE", "INSTANCES (gpu:profile@start)"), placement_rows)
+        headers: tuple[str, ...] = ("POD", "NODE", "INSTANCES (gpu:profile@start)")
+        pods = {p.key: p for p in snap.pods}
+        if any(p.unified is not None for p in snap.pods):
+            # Unified pods name no profile: show what each asked beside the profile chosen.
+            headers = (*headers, "ASKED")
+            placement_rows = [
+                (*row, pods[p.pod].request_text())
+                for row, p in zip(placement_rows, plan.placements, strict=True)
+            ]
+        output.write_table(out, headers, placement_rows)
 
     _section(out, "Unschedulable", len(plan.unschedulable))
     for u in plan.unschedulable:

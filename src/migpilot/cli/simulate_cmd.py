@@ -67,9 +67,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--policies",
-        default=",".join(policies.DEFAULT),
+        default=None,
         help=f"comma-separated, from {', '.join(policies.NAMES)} "
-        f"(default: {','.join(policies.DEFAULT)})",
+        f"(default: {','.join(policies.DEFAULT)}; with --requests unified: "
+        f"{','.join(policies.DEFAULT_UNIFIED)})",
     )
     p.add_argument(
         "--seed",
@@ -98,8 +99,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--profile-mapping",
         choices=tuple(m.value for m in traces.ProfileMapping),
-        default=traces.ProfileMapping.COMPUTE.value,
+        default=None,
         help="openb gpu_milli to MIG profile: smallest covering compute (default) or memory",
+    )
+    p.add_argument(
+        "--requests",
+        choices=tuple(r.value for r in traces.Requests),
+        default=traces.Requests.MIG.value,
+        help="how openb and synthetic pods ask: mig (nvidia.com/mig-<profile>, the profile "
+        "chosen by --profile-mapping; default) or unified (HAMi-style nvidia.com/gpu with "
+        "gpumem-percentage = gpu_milli / 10: the planner picks the slice per GPU model)",
     )
     p.add_argument(
         "--scoring",
@@ -165,16 +174,24 @@ class _Bar:
 
 def load_trace(args: argparse.Namespace, cluster: clusters.Cluster) -> traces.Trace:
     """The trace ``--trace`` names, mapped onto the cluster's first GPU model."""
-    mapping = traces.ProfileMapping(args.profile_mapping)
+    requests = traces.Requests(args.requests)
+    if args.profile_mapping is not None and requests is traces.Requests.UNIFIED:
+        raise errors.MigpilotError(
+            "--profile-mapping chooses MIG profiles for --requests mig; unified requests leave "
+            "the choice to the planner"
+        )
+    mapping = traces.ProfileMapping(args.profile_mapping or traces.ProfileMapping.COMPUTE)
     model = cluster.reference_model
     if args.trace == "openb":
-        return traces.bundled_openb(model, mapping=mapping)
+        return traces.bundled_openb(model, mapping=mapping, requests=requests)
     if args.trace.startswith("synthetic:"):
         name = args.trace.removeprefix("synthetic:")
-        return traces.synthetic(name, seed=args.seed, model=model, mapping=mapping)
+        return traces.synthetic(
+            name, seed=args.seed, model=model, mapping=mapping, requests=requests
+        )
     path = Path(args.trace)
     text = path.read_text(encoding="utf-8")
-    return traces.parse(text, source=path.name, model=model, mapping=mapping)
+    return traces.parse(text, source=path.name, model=model, mapping=mapping, requests=requests)
 
 
 def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
@@ -184,7 +201,10 @@ def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
         clusters.DEFAULT_SPEC if mode is simulating.Mode.INFLATE else clusters.DEFAULT_FAITHFUL_SPEC
     )
     cluster = clusters.parse(spec)
-    names = policies.parse_names(args.policies)
+    default = (
+        policies.DEFAULT_UNIFIED if args.requests == traces.Requests.UNIFIED else policies.DEFAULT
+    )
+    names = policies.parse_names(args.policies or ",".join(default))
     trace = load_trace(args, cluster)
     if not trace.pods:
         raise errors.TraceError(f"{trace.name}: the trace has no GPU pod")

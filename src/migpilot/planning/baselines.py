@@ -11,6 +11,11 @@ pure functions with the planners' signature ``(snapshot, options) -> Plan``:
 - :func:`hami_placement`: HAMi v2.10, one pod at a time, one exact placement per instance;
 - :func:`static`: no reconfiguration at all (NVIDIA device plugin + kube-scheduler).
 
+Unified (HAMi-style) requests: ``static`` serves them from free instances of the profile the
+request resolves to; ``hami-placement`` and ``hami-template`` serve them as HAMi does (the
+smallest allow-listed, or template, profile big enough that has room); ``nos`` does not serve
+them at all (it knows only ``nvidia.com/mig-*`` resources) and says so in the pod's reason.
+
 Every choice the original leaves to chance (Go map order, unstable sorts) is made deterministic
 here, and every point where our framework cannot express what the original does is documented on
 the function concerned. Files cited as ``nos:path`` are in github.com/nebuly-ai/nos (main, last
@@ -34,7 +39,7 @@ from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import constraints, explaining, options, plans, snapshot
+from migpilot.planning import constraints, explaining, options, plans, scoring, snapshot, unified
 
 Instance = layouts.Instance
 GpuKey = plans.GpuKey
@@ -155,13 +160,14 @@ class _NodePool:
 
     def may_fit(self, pod: snapshot.Pod) -> bool:
         """False when the node surely lacks free instances for the pod (cheap check)."""
-        for req in pod.mig:
+        on = [pod.parts_on(m) for m in self.models]
+        for part, count in enumerate(pod.parts):
             have = 0
-            for m in self.models:
-                name = _requested(m, req.profile)
+            for m, names in zip(self.models, on, strict=True):
+                name = names[part]
                 if name is not None:
                     have += self.counts[(m.id, name)]
-            if have < req.count:
+            if have < count:
                 return False
         return True
 
@@ -174,11 +180,11 @@ class _NodePool:
         """
         picks: list[tuple[_Pool, Instance]] = []
         taken: set[tuple[int, int]] = set()
-        for req in pod.mig:
-            for _ in range(req.count):
+        for part, count in enumerate(pod.parts):
+            for _ in range(count):
                 pick = None
                 for pool in self.gpus:
-                    name = _requested(pool.model, req.profile)
+                    name = pod.parts_on(pool.model)[part]
                     if name is None:
                         continue
                     for i in pool.free:
@@ -242,10 +248,10 @@ def _bind_free(
     by_key = {p.key: p for p in snap.pods}
     for pl in before:
         capacity.take(pl.node, by_key[pl.pod])
-    short: dict[tuple[snapshot.MigRequest, ...], set[int]] = {}
+    short: dict[snapshot.Demand, set[int]] = {}
     placements: list[plans.Placement] = []
     for pod in sorted(pods, key=lambda p: -p.priority):
-        dead = short.setdefault(pod.mig, set())
+        dead = short.setdefault(pod.demand, set())
         for k in admitted.indices(pod):
             if k in dead or not capacity.fits(nodes[k].name, pod):
                 continue
@@ -684,9 +690,10 @@ def nos(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     describes, ``GPU.AddPod``'s partial update when a multi-profile pod does not fit, and
     nodes with GPUs of several models (nos assumes one model per node; we use each GPU's own).
     """
-    first = _bind_free(snap, targets={}, pods=snap.pods)
+    served = [p for p in snap.pods if p.unified is None]  # nos knows no unified request
+    first = _bind_free(snap, targets={}, pods=served)
     bound = {p.pod for p in first}
-    pending = [p for p in snap.pods if p.key not in bound]
+    pending = [p for p in served if p.key not in bound]
     committed = _nos_partition(snap, pods=pending, bound=first)
     held = _held(first)
     targets: dict[GpuKey, layouts.Layout] = {}
@@ -708,6 +715,11 @@ def nos(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     placements = [*first, *second]
 
     def notes(pod: snapshot.Pod, reason: str) -> str:
+        if pod.unified is not None:
+            return (
+                f"nos serves only nvidia.com/mig-* requests, not {unified.GPU} with "
+                f"{unified.GPUMEM} ({pod.request_text()})"
+            )
         asked = {r.profile for r in pod.mig}
         for f in failures:
             if asked & {p for p, _ in f.geometry} and _admits(nodes[f.node], pod):
@@ -876,6 +888,35 @@ the instance the pod gets."""
 Chooser = Callable[[_HamiGpu, str], Choice | None]
 """Where HAMi would give one instance of a canonical profile on this GPU, without changing it."""
 
+Menu = Callable[[profiles.GpuModel], tuple[str, ...]]
+"""The profiles HAMi's configuration may hand out on a model (allowlist or templates)."""
+
+
+def _hami_names(
+    pod: snapshot.Pod, model: profiles.GpuModel, *, menu: Menu
+) -> tuple[tuple[str, ...], ...]:
+    """Per part of the pod's request, the profiles HAMi may give one instance of it on ``model``,
+    in the order it tries them: a MIG request's own profile (exact name); for a unified request
+    the profiles of ``menu`` that serve the container's ask, smallest (memory, then slices)
+    first, as hami:pkg/device/nvidia/device.go ``selectMigCandidate`` sorts them."""
+    if pod.unified is None:
+        return tuple(() if (n := _requested(model, r.profile)) is None else (n,) for r in pod.mig)
+    return _unified_names(pod.unified, model, menu(model))
+
+
+@functools.lru_cache(maxsize=4096)
+def _unified_names(
+    request: unified.UnifiedRequest, model: profiles.GpuModel, menu: tuple[str, ...]
+) -> tuple[tuple[str, ...], ...]:
+    if not unified.allowed(request, model):
+        return tuple(() for _ in request.asks)
+    out = []
+    for ask in request.asks:
+        fit = [p for p in map(model.profile_named, menu) if unified.serves(ask, model, p)]
+        fit.sort(key=lambda p: (p.memory_mib or 0, p.compute_slices, p.name))
+        out.append(tuple(p.name for p in fit))
+    return tuple(out)
+
 
 def _choose_from_template(g: _HamiGpu, name: str) -> Choice | None:
     """HAMi <= v2.9 (hami:pkg/device/nvidia/device.go ``CustomFilterRule``, ``migNeedsReset``,
@@ -965,33 +1006,44 @@ def _node_score(gpus: Sequence[_HamiGpu]) -> float:
 
 
 def _hami_fit(
-    gpus: Sequence[_HamiGpu], pod: snapshot.Pod, *, choose: Chooser
+    gpus: Sequence[_HamiGpu],
+    pod: snapshot.Pod,
+    *,
+    choose: Chooser,
+    menu: Menu,
+    policy: scoring.Policy,
 ) -> tuple[list[_HamiGpu], list[plans.AssignedInstance]] | None:
     """HAMi's ``Fit`` on one node: every request of the pod, on copies of the node's GPUs.
 
-    Each ``nvidia.com/mig-P: n`` request is a container asking for n devices: GPUs are tried in
-    the chart's default GPU policy, spread (least-used score first, ties to the lower index), and
-    in MIG mode a GPU that gave one instance is asked again before moving on.
+    Each ``nvidia.com/mig-P: n`` request (or unified container asking ``nvidia.com/gpu: n``) is
+    a container asking for n devices: GPUs are tried in the pod's GPU policy (the chart's default
+    is spread: least-used score first; binpack: most used first; ties to the lower index), and
+    in MIG mode a GPU that gave one instance is asked again before moving on. A unified ask
+    takes, on each GPU, the first of :func:`_hami_names` that has room.
     """
     trial = list(gpus)
     copied = [False] * len(trial)
     assigned: list[plans.AssignedInstance] = []
-    for req in pod.mig:
-        need = req.count
-        names = [_requested(g.gpu.model, req.profile) for g in trial]
+    sign = -1 if policy is scoring.Policy.BINPACK else 1
+    for part, count in enumerate(pod.parts):
+        need = count
+        names = [_hami_names(pod, g.gpu.model, menu=menu)[part] for g in trial]
         order = sorted(
             range(len(trial)),
             key=lambda k: (
-                _gpu_score(trial[k], name=names[k], count=req.count),
+                sign * _gpu_score(trial[k], name=names[k][0] if names[k] else None, count=count),
                 trial[k].gpu.index,
             ),
         )
         for k in order:
-            name = names[k]
-            if name is None:
+            if not names[k]:
                 continue
             while need:
-                choice = choose(trial[k], name)
+                choice = None
+                for name in names[k]:
+                    choice = choose(trial[k], name)
+                    if choice is not None:
+                        break
                 if choice is None:
                     break
                 if not copied[k]:
@@ -1000,7 +1052,9 @@ def _hami_fit(
                 if layout is not None:
                     trial[k].layout = set(layout)
                 trial[k].hold(inst)
-                assigned.append(plans.AssignedInstance(trial[k].gpu.index, name, inst.start))
+                assigned.append(
+                    plans.AssignedInstance(trial[k].gpu.index, inst.profile, inst.start)
+                )
                 need -= 1
             if not need:
                 break
@@ -1010,7 +1064,7 @@ def _hami_fit(
 
 
 def _hami_schedule(
-    snap: snapshot.Snapshot, choose: Chooser
+    snap: snapshot.Snapshot, choose: Chooser, *, menu: Menu
 ) -> tuple[dict[str, list[_HamiGpu]], list[plans.Placement]]:
     """HAMi's scheduler extender, one pod at a time in queue order.
 
@@ -1019,8 +1073,8 @@ def _hami_schedule(
     hami:pkg/scheduler/score.go ``calcScore``, hami:pkg/scheduler/policy/node_policy.go;
     defaults from hami:charts/hami/values.yaml ``scheduler.defaultSchedulerPolicy``): the
     chart's default node policy is binpack (the most used node); the snapshot's ``policy:
-    spread`` selects HAMi's spread. Ties, which Go's
-    unstable sort leaves open, go to the first node by name.
+    spread`` selects HAMi's spread, and a pod's own ``hami.io/node-scheduler-policy`` overrides
+    both. Ties, which Go's unstable sort leaves open, go to the first node by name.
     """
     nodes = sorted(snap.nodes, key=lambda n: n.name)
     state = [
@@ -1041,43 +1095,47 @@ def _hami_schedule(
         for n in nodes
     ]
     version = [0] * len(nodes)
-    no_fit: list[tuple[int, set[tuple[snapshot.MigRequest, ...]]]] = [(0, set()) for _ in nodes]
+    no_fit: list[tuple[int, set[snapshot.Demand]]] = [(0, set()) for _ in nodes]
     """Per node: the requests it could not fit at that version of its state."""
     candidates: dict[tuple[object, ...], frozenset[int]] = {}
     placements: list[plans.Placement] = []
     for pod in _ordered_pods(snap):
-        mig, cpu, mem = pod.mig, pod.cpu_milli, pod.memory_bytes
-        asked = frozenset(r.profile for r in mig)
-        key = (constraints.signature(pod), asked)
+        demand, cpu, mem = pod.demand, pod.cpu_milli, pod.memory_bytes
+        key = (constraints.signature(pod), demand)
         cands = candidates.get(key)
         if cands is None:
-            # Nodes that admit the pod and have a GPU model offering each of its profiles.
+            # Nodes that admit the pod and have a GPU model offering each part of its request.
+            parts = range(len(pod.parts))
             cands = candidates[key] = frozenset(
                 k
                 for k in admitted.indices(pod)
-                if all(any(_requested(m, p) is not None for m in models[k]) for p in asked)
+                if all(any(_hami_names(pod, m, menu=menu)[i] for m in models[k]) for i in parts)
             )
         if not cands:
             continue
+        node_policy, gpu_policy = pod.policies(snap)
         # Best node first: a few candidates are sorted, many are filtered lazily from the kept
-        # order (the loop stops at the first node that fits, before the order changes).
-        ranked: Iterable[int] = (
-            sorted(cands, key=keys.__getitem__)
-            if 8 * len(cands) < len(order)
-            else (k for _, k in order if k in cands)
-        )
+        # order (the loop stops at the first node that fits, before the order changes). A pod
+        # with the other node policy than the snapshot's ranks the candidates its own way.
+        ranked: Iterable[int]
+        if (node_policy is scoring.Policy.BINPACK) != (sign == -1):
+            ranked = sorted(cands, key=lambda k: (-keys[k][0], k))
+        elif 8 * len(cands) < len(order):
+            ranked = sorted(cands, key=keys.__getitem__)
+        else:
+            ranked = (k for _, k in order if k in cands)
         for k in ranked:
             room = left[k]
             if room is not None and (cpu > room[0] or mem > room[1]):
                 continue
             seen, failed = no_fit[k]
-            if seen == version[k] and mig in failed:
+            if seen == version[k] and demand in failed:
                 continue
-            fit = _hami_fit(state[k], pod, choose=choose)
+            fit = _hami_fit(state[k], pod, choose=choose, menu=menu, policy=gpu_policy)
             if fit is None:
                 if seen != version[k]:
                     no_fit[k] = (version[k], set())
-                no_fit[k][1].add(mig)
+                no_fit[k][1].add(demand)
                 continue
             state[k] = fit[0]
             version[k] += 1
@@ -1129,13 +1187,14 @@ def hami_template(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     it. A profile no template contains (4g on A100, +me, 1g.20gb...) is never served, and the
     pod's reason says so.
     """
-    state, placements = _hami_schedule(snap, _choose_from_template)
-    targets = {
-        (name, g.gpu.index): layouts.Layout.of(g.layout) for name, gs in state.items() for g in gs
-    }
 
     def offered(model: profiles.GpuModel) -> tuple[str, ...]:
         return tuple(dict.fromkeys(n for t in hami_templates(model) for n in t.counts))
+
+    state, placements = _hami_schedule(snap, _choose_from_template, menu=offered)
+    targets = {
+        (name, g.gpu.index): layouts.Layout.of(g.layout) for name, gs in state.items() for g in gs
+    }
 
     return _finish(
         snap,
@@ -1163,11 +1222,17 @@ def hami_placement(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan
     dynamic-mig-lifecycle.md; that is not v2.10.)
 
     HAMi picks the smallest allowlisted profile whose memory covers the request and moves up to
-    a larger one when it has no free placement; here the request is a profile, so a pod gets
-    exactly that profile (it is the smallest covering one whenever it is allowlisted) and a GPU
-    without a free placement for it does not serve it.
+    a larger one when it has no free placement. For a ``nvidia.com/mig-*`` request the request
+    is a profile, so a pod gets exactly that profile (it is the smallest covering one whenever
+    it is allowlisted) and a GPU without a free placement for it does not serve it. A unified
+    request is served as HAMi serves it: per container, on each GPU in policy order, the
+    smallest allowlisted profile with the memory asked that has a free placement
+    (:func:`_hami_names`). Two differences from HAMi, both so that the plan gives the pod what
+    it asked: compute slices asked with ``nvidia.com/gpucores`` must be covered too (HAMi's MIG
+    choice looks at memory only), and a GPU's memory is its largest profile's (HAMi takes NVML's
+    total, a little more, for ``gpumem-percentage``).
     """
-    state, placements = _hami_schedule(snap, _choose_placement)
+    state, placements = _hami_schedule(snap, _choose_placement, menu=hami_profiles)
     targets = {
         (name, g.gpu.index): layouts.Layout.of(g.busy) for name, gs in state.items() for g in gs
     }

@@ -240,14 +240,22 @@ def _classes(pods: Iterable[snapshot.Pod]) -> list[_PodClass]:
     """Pods grouped into classes, in the order each class first appears."""
     groups: dict[tuple[object, ...], list[snapshot.Pod]] = {}
     for pod in pods:
-        key = (pod.priority, constraints.signature(pod), pod.mig, pod.cpu_milli, pod.memory_bytes)
+        key = (
+            pod.priority,
+            constraints.signature(pod),
+            pod.demand,
+            pod.cpu_milli,
+            pod.memory_bytes,
+        )
         groups.setdefault(key, []).append(pod)
     return [_PodClass(tuple(group)) for group in groups.values()]
 
 
-def _offered(model: profiles.GpuModel, profile: str) -> str | None:
-    """``profile`` if a pod asking for it can be served on ``model`` (exact resource name)."""
-    return profile if snapshot.offered(model, profile) else None
+def _serves_every_part(pod: snapshot.Pod, node: snapshot.Node) -> bool:
+    """Whether every part of the pod's request (:attr:`snapshot.Pod.parts`) is served by some
+    GPU of ``node`` (exact resource names; a unified request resolved on the GPU's model)."""
+    on = [pod.parts_on(g.model) for g in node.gpus]
+    return all(any(names[i] is not None for names in on) for i in range(len(pod.parts)))
 
 
 # --------------------------------------------------------------------------- the model
@@ -278,7 +286,8 @@ class _Demand:
     upper: int
     """The upper bound of ``count``."""
     sources: list[list[tuple[_Supply, _Linear]]]
-    """Per request of the class (``pod.mig`` order): instances drawn from each supply."""
+    """Per part of the class's request (``pod.parts`` order): instances drawn from each
+    supply."""
 
 
 @dataclass(slots=True)
@@ -334,8 +343,8 @@ class _Greedy:
             return False
         given: list[tuple[int, int]] = []  # (GPU, column) of each instance given so far
         splits: list[_Linear] = []
-        for sources, req in zip(d.sources, pod.mig, strict=True):
-            for _ in range(req.count):
+        for sources, count in zip(d.sources, pod.parts, strict=True):
+            for _ in range(count):
                 got = self._take(name, sources)
                 if got is None:
                     for k, column in given:
@@ -395,8 +404,19 @@ class _Greedy:
 
 
 def _size(d: _Demand) -> int:
-    """Compute slices a pod of ``d`` asks for (its requests' names say)."""
-    return sum(profiles.parse_profile_name(r.profile).g * r.count for r in d.cls.pod.mig)
+    """Compute slices a pod of ``d`` asks for (its requests' names say; a unified request, the
+    most it needs on a GPU model of the node)."""
+    pod = d.cls.pod
+    if pod.unified is None:
+        return sum(profiles.parse_profile_name(r.profile).g * r.count for r in pod.mig)
+    return max(
+        (
+            sum(g.model.profile_named(n).compute_slices for n in names)
+            for g in d.node.gpus
+            if (names := pod.profiles_on(g.model)) is not None
+        ),
+        default=0,
+    )
 
 
 class _Budget:
@@ -439,14 +459,13 @@ class _Builder:
         admitted = [
             cls
             for cls in classes
-            if constraints.rejection(node, cls.pod) is None
-            and all(any(_offered(g.model, r.profile) for g in node.gpus) for r in cls.pod.mig)
+            if constraints.rejection(node, cls.pod) is None and _serves_every_part(cls.pod, node)
         ]
         if not admitted:
             return  # nobody may use this node: its GPUs keep their layout
         kinds: dict[_Kind, list[snapshot.Gpu]] = {}
         for gpu in node.gpus:
-            names = {_offered(gpu.model, r.profile) for cls in admitted for r in cls.pod.mig}
+            names = {n for cls in admitted for n in cls.pod.parts_on(gpu.model)}
             kind = _Kind(
                 gpu.model,
                 tuple(i.instance for i in gpu.instances if i.used),
@@ -489,12 +508,12 @@ class _Builder:
     ) -> None:
         pod = cls.pod
         keys: list[list[_Supply]] = []
-        for req in pod.mig:
-            found = {(g.model.id, _offered(g.model, req.profile)) for g in node.gpus}
+        for part in range(len(pod.parts)):
+            found = {(g.model.id, pod.parts_on(g.model)[part]) for g in node.gpus}
             keys.append(sorted((m, n) for m, n in found if n is not None and most.get((m, n))))
         upper = len(cls.pods)
-        for req, ks in zip(pod.mig, keys, strict=True):
-            upper = min(upper, sum(most[k] for k in ks) // req.count)
+        for n, ks in zip(pod.parts, keys, strict=True):
+            upper = min(upper, sum(most[k] for k in ks) // n)
         alloc = node.allocatable
         if alloc is not None:
             if pod.cpu_milli:
@@ -505,12 +524,12 @@ class _Builder:
             return
         count = self._var(upper)
         sources: list[list[tuple[_Supply, _Linear]]] = []
-        for req, ks in zip(pod.mig, keys, strict=True):
+        for n, ks in zip(pod.parts, keys, strict=True):
             if len(ks) == 1:
-                drawn = [(ks[0], _Linear([(req.count, count)]))]
+                drawn = [(ks[0], _Linear([(n, count)]))]
             else:  # GPUs of several models on the node offer this request: split it
-                drawn = [(k, _Linear([(1, self._var(req.count * upper))])) for k in ks]
-                self.model.add(sum(d.expr() for _, d in drawn) == req.count * count)
+                drawn = [(k, _Linear([(1, self._var(n * upper))])) for k in ks]
+                self.model.add(sum(d.expr() for _, d in drawn) == n * count)
             for k, d in drawn:
                 demand[k].terms.extend(d.terms)
             sources.append(drawn)
@@ -672,8 +691,8 @@ class _Builder:
             quotas = [{key: expr.value(solution) for key, expr in drawn} for drawn in d.sources]
             for pod in d.cls.pods[first : first + n]:
                 got: list[plans.AssignedInstance] = []
-                for req, quota in zip(pod.mig, quotas, strict=True):
-                    for _ in range(req.count):
+                for n, quota in zip(pod.parts, quotas, strict=True):
+                    for _ in range(n):
                         key = next(k for k, left in quota.items() if left)
                         quota[key] -= 1
                         got.append(pools[(d.node.name, key)].pop(0))

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 
 from migpilot import errors
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import constraints, plans, snapshot
+from migpilot.planning import constraints, plans, snapshot, unified
 
 
 class Why(enum.IntEnum):
@@ -71,8 +71,8 @@ def _slots(gpus: list[tuple[snapshot.Gpu, frozenset[layouts.Instance]]], name: s
     return 0
 
 
-_ShapeKey = tuple[int, tuple[snapshot.MigRequest, ...]]
-"""(a node's GPU state, a pod's MIG request): what explanations are cached by."""
+_ShapeKey = tuple[int, snapshot.Demand]
+"""(a node's GPU state, a pod's request): what explanations are cached by."""
 
 
 class Explainer:
@@ -133,7 +133,7 @@ class Explainer:
             reason = admission[self._admission.class_of(position)]
         if reason is not None:
             return Why.NOT_ADMITTED, reason
-        vkey = (self._shape[position], pod.mig)
+        vkey = (self._shape[position], pod.demand)
         offered = self._offered.get(vkey)
         if offered is None:
             offered = self._offered[vkey] = self._offer(node, pod)
@@ -164,11 +164,14 @@ class Explainer:
         """The profiles the pod needs on the node's GPUs and those GPUs, or why none offer them."""
         by_need: dict[tuple[str, ...], list[snapshot.Gpu]] = {}
         for model, gpus_of_model in self._models[node.name]:
-            need = snapshot.resolve_request(pod.mig, model)
+            need = pod.profiles_on(model)
             if need is not None:
                 by_need.setdefault(need, []).extend(gpus_of_model)
         if not by_need:
             models = ", ".join(sorted({g.model.id for g in node.gpus}))
+            if pod.unified is not None:
+                why = unified.never_served(pod.unified, [m for m, _ in self._models[node.name]])
+                return f"its GPUs ({models}) cannot serve {pod.request_text()}: {why}"
             missing = sorted(
                 {
                     snapshot.resource_name(r.profile)
@@ -208,7 +211,7 @@ class Explainer:
         """The pod's summary reason (and per-node reasons when asked)."""
         key = (
             constraints.signature(pod),
-            pod.mig,
+            pod.demand,
             pod.cpu_milli,
             pod.memory_bytes,
             per_node,
@@ -231,7 +234,7 @@ class Explainer:
 
 
 def _summary(pod: snapshot.Pod, reasons: list[tuple[str, Why, str]]) -> str:
-    wanted = " + ".join(f"{r.count} x {r.profile}" if r.count > 1 else r.profile for r in pod.mig)
+    wanted = pod.request_text()
     if not reasons:
         return "the cluster has no nodes"
     best = max(why for _, why, _ in reasons)
@@ -240,6 +243,8 @@ def _summary(pod: snapshot.Pod, reasons: list[tuple[str, Why, str]]) -> str:
     if best is Why.NOT_ADMITTED:
         return f"no node admits the pod (e.g. {example[0]}: {example[1]})"
     if best is Why.NOT_OFFERED:
+        if pod.unified is not None:
+            return f"no node that admits the pod has a GPU that serves {wanted} ({example[1]})"
         return f"no node that admits the pod advertises {_wanted(pod)}"
     if best is Why.NO_CPU_MEMORY:
         return (
@@ -285,6 +290,10 @@ def unresolvable(snap: snapshot.Snapshot) -> Mapping[str, str]:
     out: dict[str, str] = {}
     for pod in snap.pods:
         if all(pod.profiles_on(m) is None for m in snap.models):
+            if pod.unified is not None:
+                why = unified.never_served(pod.unified, snap.models)
+                out[pod.key] = f"no GPU in the cluster serves {pod.request_text()}: {why}"
+                continue
             missing = [
                 snapshot.resource_name(r.profile)
                 for r in pod.mig

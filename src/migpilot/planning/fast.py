@@ -56,6 +56,7 @@ from migpilot.planning import (
     objective,
     options,
     plans,
+    scoring,
     snapshot,
 )
 
@@ -84,14 +85,18 @@ _NODE_SCAN = 4
 _REMEMBERED = 24
 _REMEMBERED_STALE = 256
 # Pod orders within a priority level, each with and without deferring destroys, most promising
-# first.
+# first; the last breaks ties between equally good options by node order instead of the pods'
+# node policies (a greedy's tie-breaks can cost a pod either way: the objective picks).
 _VARIANTS = (
-    ("largest", True),
-    ("largest", False),
-    ("smallest", True),
-    ("share", True),
-    ("smallest", False),
-    ("share", False),
+    ("largest", True, True),
+    ("largest", False, True),
+    ("smallest", True, True),
+    ("share", True, True),
+    ("smallest", False, True),
+    ("share", False, True),
+    ("largest", True, False),
+    ("smallest", True, False),
+    ("share", True, False),
 )
 # GPUs x pods up to which every planning variant runs (a few hundred milliseconds at most).
 _SMALL_PROBLEM = 200_000
@@ -470,9 +475,14 @@ class _Run:
         self.node_of_gpu = [g.node for g in self.gpus]
         self.node_room = [sum(states.room[self.sid[g.id]] for g in gs) for gs in self.node_gpus]
         self.node_slices = [sum(g.model.compute_slices for g in gs) for gs in self.node_gpus]
+        self.node_free_slots = [
+            sum(states.free_slots[self.sid[g.id]] for g in gs) for gs in self.node_gpus
+        ]
+        self.node_slots = [sum(g.model.memory_slots for g in gs) for gs in self.node_gpus]
         self.cpu = [n.allocatable.cpu_milli if n.allocatable else None for n in snap.nodes]
         self.mem = [n.allocatable.memory_bytes if n.allocatable else None for n in snap.nodes]
-        self.load = [0] * len(snap.nodes)
+        # The policy scores' CPU and memory: capacity, and what was taken before this plan.
+        self.capacity = [_capacity(n) for n in snap.nodes]
         self.span_nodes: dict[tuple[object, ...], list[int]] = {}
         self.failed: set[tuple[object, ...]] = set()
         self.entered: list[int] = []
@@ -483,6 +493,9 @@ class _Run:
         self.split_cache: dict[tuple[object, ...], list[tuple[int, Option]] | None] = {}
         self.placed: dict[str, list[tuple[int, tuple[Instance, ...], tuple[str, ...]]]] = {}
         self.node_of: dict[str, int] = {}
+        self.by_policy = True
+        """Whether ties between equally good options go by the pods' node and GPU policies
+        (else by node order, then GPU index: a variant)."""
 
     def fork(self) -> _Run:
         """An independent copy of this pass (to try variants without replaying what is done)."""
@@ -493,9 +506,9 @@ class _Run:
         twin.sid = list(self.sid)
         twin.dead = list(self.dead)
         twin.node_room = list(self.node_room)
+        twin.node_free_slots = list(self.node_free_slots)
         twin.cpu = list(self.cpu)
         twin.mem = list(self.mem)
-        twin.load = list(self.load)
         twin.entered = list(self.entered)
         twin.span_nodes = {k: list(v) for k, v in self.span_nodes.items()}
         twin.failed = set(self.failed)
@@ -520,9 +533,7 @@ class _Run:
         self.index.enter(sid, st.id)
         self.entered.append(sid)
         self.node_room[st.node] += self.states.room[sid] - self.states.room[old]
-        sizes = self.states.compute[st.model.id]
-        self.load[st.node] += sum(sizes[i.profile] for i in opt.claim)
-        self.load[st.node] += sum(sizes[n] for n in opt.add)
+        self.node_free_slots[st.node] += self.states.free_slots[sid] - self.states.free_slots[old]
 
     def _commit(self, pod: snapshot.Pod, ni: int, parts: list[tuple[_Gpu, Option]]) -> None:
         for st, opt in parts:
@@ -549,28 +560,68 @@ class _Run:
     def _choose(
         self, pod: snapshot.Pod, admits: list[bool], found: list[tuple[Cost, int, Option]]
     ) -> tuple[_Gpu, Option] | None:
-        """The best option that has a GPU on a node that admits the pod and has CPU/memory."""
-        spread = self.snap.policy is snapshot.Policy.SPREAD
+        """The best option that has a GPU on a node that admits the pod and has CPU/memory.
+
+        Among options equal on the objective the pod's node policy decides (binpack: the node
+        left with the least GPU room its CPU and memory cannot back, then the most used node;
+        spread: the least used), then its GPU policy between GPUs of that node, then node order.
+        """
+        node_policy, gpu_policy = pod.policies(self.snap)
+        spread = node_policy is snapshot.Policy.SPREAD
         found.sort(key=lambda o: (o[0], self.index.members[o[1]][0]))
-        best: tuple[Cost, tuple[int, int], _Gpu, Option] | None = None
+        best: tuple[Cost, tuple[float, ...], _Gpu, Option] | None = None
         for cost, sid, opt in found:
             if best is not None and cost > best[0]:
                 break
             seen: set[int] = set()
+            gpu_rank = scoring.rank(gpu_policy, self._gpu_use(sid)) if self.by_policy else 0.0
             for gid in self.index.members[sid]:
                 st = self.gpus[gid]
                 if st.node in seen or not admits[st.node] or not self._resources_ok(st.node, pod):
                     continue
-                # Binpack: among equally good options, the one whose node is left with the least
-                # GPU room its CPU and memory cannot back, then first fit. (Members are in GPU
-                # order: a node's later GPUs in this state rank the same, only later.)
+                # (Members are in GPU order: a node's later GPUs in this state rank the same,
+                # only later.)
                 seen.add(st.node)
-                rank = (self.load[st.node], gid) if spread else (self._strands(st, pod, opt), gid)
+                use = scoring.rank(node_policy, self._node_use(st.node)) if self.by_policy else 0.0
+                rank = (
+                    (use, gpu_rank, gid)
+                    if spread
+                    else (self._strands(st, pod, opt), use, gpu_rank, gid)
+                )
                 if best is None or (cost, rank) < (best[0], best[1]):
                     best = (cost, rank, st, opt)
                 if not spread and len(seen) >= _NODE_SCAN:
                     break
         return None if best is None else (best[2], best[3])
+
+    def _gpu_use(self, sid: int) -> float:
+        """:func:`scoring.gpu_use` of a GPU in state ``sid``: what instances in use, given to
+        pods or created hold (free existing instances count as free)."""
+        model = self.states.models[self.states.keys[sid][0]]
+        return scoring.gpu_use(
+            slots_held=model.memory_slots - self.states.free_slots[sid],
+            slots=model.memory_slots,
+            slices_held=model.compute_slices - self.states.room[sid],
+            slices=model.compute_slices,
+        )
+
+    def _node_use(self, ni: int) -> float:
+        """:func:`scoring.node_use` of node ``ni`` as the pass has it now."""
+        gpus = scoring.gpu_use(
+            slots_held=self.node_slots[ni] - self.node_free_slots[ni],
+            slots=self.node_slots[ni],
+            slices_held=self.node_slices[ni] - self.node_room[ni],
+            slices=self.node_slices[ni],
+        )
+        cap_cpu, cap_mem = self.capacity[ni]
+        cpu, mem = self.cpu[ni], self.mem[ni]
+        return scoring.node_use(
+            gpus=gpus,
+            cpu_taken=0 if cpu is None else cap_cpu - cpu,
+            cpu=cap_cpu,
+            memory_taken=0 if mem is None else cap_mem - mem,
+            memory=cap_mem,
+        )
 
     def _strands(self, st: _Gpu, pod: snapshot.Pod, opt: Option) -> int:
         """Compute slices of the node of ``st`` that placing ``pod`` there leaves without CPU or
@@ -604,7 +655,7 @@ class _Run:
         Within a sweep room only shrinks, so once a kind of pod (same request, node constraints,
         CPU and memory) fails, the same kind fails again without another search.
         """
-        kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes, destroy)
+        kind = (pod.demand, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes, destroy)
         if kind in self.failed:
             return False
         if not self._place(pod, needs, destroy=destroy):
@@ -730,14 +781,14 @@ class _Run:
         destroy: bool,
     ) -> bool:
         """Spread the pod's instances over the GPUs of one node (largest instance first)."""
-        if sum(r.count for r in pod.mig) < 2:
+        if pod.count < 2:
             return False
         # Within a pass a node only fills up (GPU room only shrinks), so a node whose GPUs cannot
         # take this kind of pod now never will: each kind keeps the list of nodes not yet ruled
         # out, and a pass looks at each node's GPUs at most once per kind.
         # (CPU and memory are checked per pod, outside the kind: pods that differ only in them
         # share what is known about the GPUs.)
-        kind = (pod.mig, constraints.signature(pod), destroy)
+        kind = (pod.demand, constraints.signature(pod), destroy)
         candidates = self.span_nodes.get(kind)
         if candidates is None:
             candidates = [ni for ni in range(len(self.snap.nodes)) if admits[ni]]
@@ -764,9 +815,10 @@ class _Run:
                 for m, (c, k) in smallest_instance.items()
             )
 
+        node_policy, gpu_policy = pod.policies(self.snap)
         order = candidates
-        if self.snap.policy is snapshot.Policy.SPREAD:
-            order = sorted(candidates, key=lambda ni: (self.load[ni], ni))
+        if self.by_policy and node_policy is snapshot.Policy.SPREAD:
+            order = sorted(candidates, key=lambda ni: (self._node_use(ni), ni))
         out: set[int] = set()
         placed = False
         for ni in order:
@@ -775,7 +827,12 @@ class _Run:
             if ruled_out(ni):
                 out.add(ni)
                 continue
-            parts = self._split(self.node_gpus[ni], needs, destroy=destroy)
+            parts = self._split(
+                self.node_gpus[ni],
+                needs,
+                destroy=destroy,
+                policy=gpu_policy if self.by_policy else None,
+            )
             if parts is None:
                 out.add(ni)
                 continue
@@ -786,24 +843,35 @@ class _Run:
         return placed
 
     def _split(
-        self, gpus: list[_Gpu], needs: dict[str, tuple[str, ...]], *, destroy: bool
+        self,
+        gpus: list[_Gpu],
+        needs: dict[str, tuple[str, ...]],
+        *,
+        destroy: bool,
+        policy: snapshot.Policy | None,
     ) -> list[tuple[_Gpu, Option]] | None:
-        """Assign a pod's instances one at a time to the best GPU of a node (trial states).
+        """Assign a pod's instances one at a time to the best GPU of a node (trial states); ties
+        between GPUs go by the GPU ``policy`` (``None``: GPU order).
 
         Nodes in the same state (the same GPU states in the same order) get the same answer,
         so it is cached: most nodes a big pod passes over are identical (full, or empty).
         """
-        ck = (tuple(self.sid[g.id] for g in gpus), tuple(sorted(needs.items())), destroy)
+        ck = (tuple(self.sid[g.id] for g in gpus), tuple(sorted(needs.items())), destroy, policy)
         cached = self.split_cache.get(ck)
         if cached is not None or ck in self.split_cache:
             return None if cached is None else [(gpus[k], opt) for k, opt in cached]
-        parts = self._split_uncached(gpus, needs, destroy=destroy)
+        parts = self._split_uncached(gpus, needs, destroy=destroy, policy=policy)
         pos = {g.id: k for k, g in enumerate(gpus)}
         self.split_cache[ck] = None if parts is None else [(pos[g.id], o) for g, o in parts]
         return parts
 
     def _split_uncached(
-        self, gpus: list[_Gpu], needs: dict[str, tuple[str, ...]], *, destroy: bool
+        self,
+        gpus: list[_Gpu],
+        needs: dict[str, tuple[str, ...]],
+        *,
+        destroy: bool,
+        policy: snapshot.Policy | None,
     ) -> list[tuple[_Gpu, Option]] | None:
         by_model: dict[str, list[_Gpu]] = {}
         for g in gpus:
@@ -814,7 +882,7 @@ class _Run:
             wanted = sorted(needs[model], key=lambda n: (-slots[n], n))
             per_gpu: dict[int, tuple[str, ...]] = {}
             for name in wanted:
-                best: tuple[Cost, int] | None = None
+                best: tuple[Cost, float, int] | None = None
                 seen: set[tuple[int, tuple[str, ...]]] = set()
                 for g in group:
                     have = per_gpu.get(g.id, ())
@@ -838,11 +906,13 @@ class _Run:
                             cost[1] - before.cost[1],
                             cost[2] - before.cost[2],
                         )
-                    if best is None or (cost, g.id) < best:
-                        best = (cost, g.id)
+                    # The pod's GPU policy between GPUs equally good on the objective.
+                    rank = 0.0 if policy is None else scoring.rank(policy, self._gpu_use(sid))
+                    if best is None or (cost, rank, g.id) < best:
+                        best = (cost, rank, g.id)
                 if best is None:
                     break
-                per_gpu[best[1]] = tuple(sorted((*per_gpu.get(best[1], ()), name)))
+                per_gpu[best[2]] = tuple(sorted((*per_gpu.get(best[2], ()), name)))
             else:
                 out = []
                 for g in group:
@@ -888,6 +958,17 @@ class _Run:
         return targets, placements
 
 
+def _capacity(node: snapshot.Node) -> tuple[int, int]:
+    """The CPU and memory the policy scores measure use against (0: not constrained)."""
+    whole = node.capacity or node.allocatable
+    if whole is None or node.allocatable is None:
+        return 0, 0
+    return (
+        whole.cpu_milli if whole.cpu_milli < 2**61 else 0,
+        whole.memory_bytes if whole.memory_bytes < 2**61 else 0,
+    )
+
+
 def _size(needs: dict[str, tuple[str, ...]], states: _States) -> int:
     """A model-independent size: the most compute a pod needs on any model it can use."""
     return max((states.need_compute(m, n) for m, n in needs.items()), default=0)
@@ -922,7 +1003,7 @@ def _hopeless(
     verdict: dict[tuple[object, ...], bool] = {}
     models = [frozenset(g.model.id for g in n.gpus) for n in snap.nodes]
     for pod in snap.pods:
-        kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
+        kind = (pod.demand, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
         ok = verdict.get(kind)
         if ok is None:
             admits = admission.admits(pod)
@@ -988,7 +1069,7 @@ def _without_free(snap: snapshot.Snapshot) -> snapshot.Snapshot:
         )
         for n in snap.nodes
     )
-    return snapshot.Snapshot(nodes=nodes, pods=snap.pods, policy=snap.policy, models=snap.models)
+    return dataclasses.replace(snap, nodes=nodes)
 
 
 def _greedy(
@@ -1017,6 +1098,15 @@ def _greedy(
         )
         for p in snap.pods
     }
+    # The largest single instance a pod needs: one big instance is harder to place than as much
+    # compute in small ones, which may span GPUs (4g.24gb before 4 x 1g.6gb).
+    biggest = {
+        p.key: max(
+            (max(states.compute[m][n] for n in need) for m, need in needs[p.key].items() if need),
+            default=0,
+        )
+        for p in snap.pods
+    }
     hopeful = [p for p in snap.pods if p.key not in hopeless]
     share = _dominant_shares(snap, hopeful, size)
     gpus = sum(len(n.gpus) for n in snap.nodes)
@@ -1040,13 +1130,17 @@ def _greedy(
     for level in sorted({p.priority for p in hopeful}, reverse=True):
         at_level = [p for p in hopeful if p.priority == level]
         orders = {
-            "largest": sorted(at_level, key=lambda p: (-size[p.key], -slots[p.key], index[p.key])),
+            "largest": sorted(
+                at_level,
+                key=lambda p: (-biggest[p.key], -size[p.key], -slots[p.key], index[p.key]),
+            ),
             "smallest": sorted(at_level, key=lambda p: (size[p.key], slots[p.key], index[p.key])),
             "share": sorted(at_level, key=lambda p: (share[p.key], index[p.key])),
         }
         tried: list[tuple[tuple[int, ...], _Run, list[snapshot.Pod]]] = []
-        for name, defer in _VARIANTS[:budget]:
+        for name, defer, by_policy in _VARIANTS[:budget]:
             run = base.fork() if budget > 1 else base
+            run.by_policy = by_policy
             left = sweep(run, orders[name], defer)
             key: tuple[int, ...] = ()
             if budget > 1:
@@ -1110,5 +1204,5 @@ def clear_caches() -> None:
     """
     _best.cache_clear()
     _facts.cache_clear()
-    snapshot.resolve_request.cache_clear()
+    snapshot.clear_caches()
     layouts.clear_caches()

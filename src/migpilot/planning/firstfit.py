@@ -75,14 +75,21 @@ def _copy(gpus: list[_Gpu]) -> list[_Gpu]:
 
 
 def _try(
-    gpus: list[_Gpu], pod: snapshot.Pod, wanted: list[str]
+    gpus: list[_Gpu], pod: snapshot.Pod, wanted: list[int]
 ) -> list[tuple[int, layouts.Instance | str]] | None:
-    """Take ``wanted`` (largest first) from ``gpus`` in place; ``None`` (and ``gpus`` partly
-    changed: callers work on a copy) if one of them has no GPU."""
+    """Take one instance per entry of ``wanted`` (parts of the request, largest first) from
+    ``gpus`` in place, each of the profile that serves the part on the GPU's model; ``None``
+    (and ``gpus`` partly changed: callers work on a copy) if one of them has no GPU."""
     got: list[tuple[int, layouts.Instance | str]] = []
-    for profile in wanted:
+    names: dict[str, tuple[str | None, ...]] = {}
+    for part in wanted:
         for k, g in enumerate(gpus):
-            if not snapshot.offered(g.gpu.model, profile):
+            model = g.gpu.model
+            on = names.get(model.id)
+            if on is None:
+                on = names[model.id] = pod.parts_on(model)
+            profile = on[part]
+            if profile is None:
                 continue
             taken = g.take(profile)
             if taken is not None:
@@ -95,20 +102,22 @@ def _try(
     return got
 
 
-def _wanted(pod: snapshot.Pod, node: snapshot.Node) -> list[str] | None:
-    """The pod's instances, largest first, or ``None`` if no GPU of the node offers one."""
-    names = [r.profile for r in pod.mig for _ in range(r.count)]
-    sizes: dict[str, int] = {}
-    for name in set(names):
-        slots = [
-            g.model.profile_named(name).memory_slots
+def _wanted(pod: snapshot.Pod, node: snapshot.Node) -> list[int] | None:
+    """The pod's instances as parts of its request (one entry per instance), largest first, or
+    ``None`` if no GPU of the node serves one of them."""
+    counts = pod.parts
+    keys: list[tuple[int, str]] = []
+    for part in range(len(counts)):
+        found = [
+            (g.model.profile_named(name).memory_slots, name)
             for g in node.gpus
-            if snapshot.offered(g.model, name)
+            if (name := pod.parts_on(g.model)[part]) is not None
         ]
-        if not slots:
+        if not found:
             return None
-        sizes[name] = max(slots)
-    return sorted(names, key=lambda n: (-sizes[n], n))
+        keys.append((-max(s for s, _ in found), min(n for _, n in found)))
+    order = sorted(range(len(counts)), key=lambda part: (*keys[part], part))
+    return [part for part in order for _ in range(counts[part])]
 
 
 def plan(
@@ -142,13 +151,13 @@ def place(
     ]
     cursor: dict[tuple[object, ...], int] = {}
     claimed: dict[str, list[tuple[int, int, layouts.Instance | str]]] = {}
-    wanted_on: dict[tuple[tuple[snapshot.MigRequest, ...], int], list[str] | None] = {}
+    wanted_on: dict[tuple[snapshot.Demand, int], list[int] | None] = {}
     classes = [tuple(g.model.id for g in n.gpus) for n in snap.nodes]
     first_of: dict[tuple[str, ...], int] = {}
     for ni, c in enumerate(classes):
         first_of.setdefault(c, ni)
     for pod in sorted(snap.pods, key=lambda p: -p.priority) if order is None else order:
-        kind = (pod.mig, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
+        kind = (pod.demand, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
         admits = admission.admits(pod)
         ni = cursor.get(kind, 0)
         while ni < len(snap.nodes):
@@ -157,7 +166,7 @@ def place(
                 room is None or (pod.cpu_milli <= room[0] and pod.memory_bytes <= room[1])
             ):
                 # Nodes with the same GPU models want the same instances.
-                wkey = (pod.mig, first_of[classes[ni]])
+                wkey = (pod.demand, first_of[classes[ni]])
                 if wkey not in wanted_on:
                     wanted_on[wkey] = _wanted(pod, snap.nodes[ni])
                 wanted = wanted_on[wkey]

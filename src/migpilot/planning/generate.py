@@ -8,12 +8,14 @@ real clusters have. :func:`random_snapshot` draws such a cluster from a few knob
 Pure core: the only randomness is a ``random.Random(seed)`` made here (never the global one), so
 the same arguments give an equal snapshot on every machine; no file is read (the trace shape is a
 table below). May import only :mod:`migpilot.errors`, :mod:`migpilot.mig` and
-:mod:`migpilot.planning.snapshot`. Per-model tables are computed once and cached, so 8,000 GPUs
+:mod:`migpilot.planning.snapshot`, :mod:`~migpilot.planning.unified` and
+:mod:`~migpilot.planning.scoring`. Per-model tables are computed once and cached, so 8,000 GPUs
 and 5,000 pods take a fraction of a second.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 from collections.abc import Sequence
@@ -22,7 +24,7 @@ from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import snapshot
+from migpilot.planning import scoring, snapshot, unified
 
 DEFAULT_MODELS = ("a100-80gb", "h100-80gb", "a30-24gb")
 
@@ -274,6 +276,42 @@ def _tolerations(rng: random.Random) -> tuple[snapshot.Toleration, ...]:
     return ()
 
 
+def _unified(
+    rng: random.Random, pod: snapshot.Pod, table: _ModelTables, tables: Sequence[_ModelTables]
+) -> snapshot.Pod:
+    """``pod`` asking as a HAMi user would for what its MIG request names: per request line a
+    container of that many GPUs with a little less memory than the profile's (or a share of
+    the GPU's memory), sometimes gpucores, model filters and node or GPU policies."""
+    model = table.model
+    asks = []
+    for r in pod.mig:
+        prof = model.profile_named(r.profile)
+        draw = rng.random()
+        if draw < 0.15:
+            mib, pct = None, max(1, prof.memory_slots * 100 // model.memory_slots)
+        else:
+            mib, pct = max(1, (prof.memory_mib or 1024) - rng.randint(0, 3000)), None
+        cores = None
+        if rng.random() < 0.2:
+            cores = max(1, prof.compute_slices * 100 // model.compute_slices)
+        ask = unified.GpuAsk(r.count, memory_mib=mib, memory_percent=pct, cores_percent=cores)
+        asks.append(ask)
+    use: tuple[str, ...] = ()
+    nouse: tuple[str, ...] = ()
+    draw = rng.random()
+    if draw < 0.15:
+        use = (rng.choice(tables).model.id,)
+    elif draw < 0.25:
+        nouse = (rng.choice(tables).model.id,)
+    policies = (None, scoring.Policy.BINPACK, scoring.Policy.SPREAD)
+    node_policy = rng.choice(policies) if rng.random() < 0.3 else None
+    gpu_policy = rng.choice(policies) if rng.random() < 0.3 else None
+    request = unified.UnifiedRequest(tuple(asks), use_models=use, nouse_models=nouse)
+    return dataclasses.replace(
+        pod, mig=(), unified=request, node_policy=node_policy, gpu_policy=gpu_policy
+    )
+
+
 def _mig_request(
     rng: random.Random, tables: _ModelTables, *, multi_instance_fraction: float
 ) -> tuple[tuple[snapshot.MigRequest, ...], int]:
@@ -302,6 +340,7 @@ def random_snapshot(
     priority_levels: int = 2,
     multi_instance_fraction: float = 0.15,
     cpu: bool = True,
+    unified_fraction: float = 0.0,
 ) -> snapshot.Snapshot:
     """A random cluster: mixed-model nodes, partly occupied GPUs and pending pods.
 
@@ -314,12 +353,17 @@ def random_snapshot(
     have a nodeSelector or required node affinity; priorities are ``0, 100, ...`` over
     ``priority_levels`` levels, lower ones commoner. With ``cpu``, nodes have allocatable CPU
     and memory and pods ask for some in proportion to their compute slices, enough to bind on
-    some nodes. Deterministic in all arguments.
+    some nodes. ``unified_fraction`` of the pods make a unified (HAMi-style) request instead,
+    sized like the MIG request drawn (:func:`_unified`), some with model filters, gpucores or
+    node and GPU policies; drawn from a second generator, so the rest of the snapshot is the
+    same whatever the fraction. Deterministic in all arguments.
     """
     _check_sizes(nodes=nodes, gpus_per_node=gpus_per_node, pods=pods)
     _check_fraction("used_fraction", used_fraction)
     _check_fraction("selector_fraction", selector_fraction)
     _check_fraction("multi_instance_fraction", multi_instance_fraction)
+    _check_fraction("unified_fraction", unified_fraction)
+    urng = random.Random(seed * 7919 + 17)
     if priority_levels < 1:
         raise errors.MigpilotError(f"priority_levels must be at least 1, got {priority_levels}")
     tables = _resolve_models(models)
@@ -352,19 +396,20 @@ def random_snapshot(
         if cpu:
             cpu_milli = compute * rng.choice((500, 1000, 2000, 4000))
             mem = compute * rng.choice((4, 8, 16, 32)) * _GIB
-        pod_list.append(
-            snapshot.Pod(
-                name=f"pod-{i:0{width}d}",
-                namespace=rng.choice(_NAMESPACES),
-                priority=level * 100,
-                mig=mig,
-                cpu_milli=cpu_milli,
-                memory_bytes=mem,
-                node_selector=selector,
-                affinity=affinity,
-                tolerations=_tolerations(rng),
-            )
+        pod = snapshot.Pod(
+            name=f"pod-{i:0{width}d}",
+            namespace=rng.choice(_NAMESPACES),
+            priority=level * 100,
+            mig=mig,
+            cpu_milli=cpu_milli,
+            memory_bytes=mem,
+            node_selector=selector,
+            affinity=affinity,
+            tolerations=_tolerations(rng),
         )
+        if unified_fraction and urng.random() < unified_fraction:
+            pod = _unified(urng, pod, table, present)
+        pod_list.append(pod)
     return snapshot.Snapshot(nodes=node_list, pods=tuple(pod_list))
 
 

@@ -6,13 +6,15 @@ planner what it would do for a cluster without running one:
 .. code-block:: yaml
 
     version: 1
-    policy: binpack                 # optional: binpack (default) or spread
+    policy: binpack                 # optional node policy: binpack (default) or spread
+    gpuPolicy: spread               # optional GPU policy: spread (default) or binpack
     nodes:
       - name: node-0
         labels: {zone: a}
         taints: [{key: k, value: v, effect: NoSchedule}]
         unschedulable: false
-        allocatable: {cpu: "64", memory: 512Gi}      # absent means unlimited
+        allocatable: {cpu: "64", memory: 512Gi}      # free for pending pods; absent: unlimited
+        capacity: {cpu: "96", memory: 768Gi}         # optional: the whole node, for the scores
         gpus:
           - model: NVIDIA A100-SXM4-80GB             # any catalog alias
             instances:
@@ -25,6 +27,16 @@ planner what it would do for a cluster without running one:
         nodeSelector: {zone: a}
         affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: ...}}
         tolerations: [{key: k, operator: Equal, value: v, effect: NoSchedule}]
+      - name: p2                    # a unified (HAMi-style) request: the planner picks the slice
+        requests: {nvidia.com/gpu: 1, nvidia.com/gpumem: 8000, cpu: "2"}
+        annotations: {nvidia.com/use-gputype: H100, hami.io/gpu-scheduler-policy: binpack}
+
+A pod asks either for MIG resources by name (``nvidia.com/mig-<profile>``, as a device plugin
+advertises them) or for a *unified* request (:mod:`migpilot.planning.unified`: ``nvidia.com/gpu``
+with ``nvidia.com/gpumem``, ``nvidia.com/gpumem-percentage`` or ``nvidia.com/gpucores``, or with
+the annotation ``nvidia.com/vgpu-mode: mig``), which :meth:`Pod.profiles_on` resolves per GPU
+model. :func:`pod_requests` and :func:`container_requests` are the one parser of pod requests:
+the file, the simulator's traces and the controller's Kubernetes pods all build them there.
 
 :func:`parse` turns the decoded document into frozen values and rejects bad input with one line
 that names the place (``pods[2].requests: ...``). Pure: it is given data, never a path.
@@ -32,29 +44,23 @@ that names the place (``pods[2].requests: ...``). Pure: it is given data, never 
 
 from __future__ import annotations
 
-import enum
 import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from types import MappingProxyType
 from typing import Any
 
 from migpilot import errors
 from migpilot.mig import catalog, layouts, profiles
+from migpilot.planning import quantities, scoring
+from migpilot.planning import unified as unifying
 
 SNAPSHOT_VERSION = 1
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
-
-class Policy(enum.StrEnum):
-    """How to choose among nodes that are otherwise equally good."""
-
-    BINPACK = "binpack"
-    """Fill nodes that already run work first (the default): whole nodes stay free."""
-    SPREAD = "spread"
-    """Prefer the least-loaded nodes: failures hit fewer pods."""
+Policy = scoring.Policy
+"""Binpack or spread (:class:`migpilot.planning.scoring.Policy`), for nodes and for GPUs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +148,9 @@ class Node:
     allocatable: Resources | None
     """CPU and memory left for the pending pods; ``None`` means not constrained."""
     gpus: tuple[Gpu, ...]
+    capacity: Resources | None = None
+    """The node's whole CPU and memory, for the policy scores (:mod:`scoring`); ``None``: taken
+    as :attr:`allocatable`, so only the plan's own pods count as use."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +164,11 @@ class MigRequest:
     count: int
 
 
+Demand = tuple[tuple[MigRequest, ...], unifying.UnifiedRequest | None]
+"""What a pod asks of GPUs, as one hashable value: its MIG requests by name, or its unified
+request (pods with equal demands need the same instances on every model)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Pod:
     """A pod waiting for MIG resources."""
@@ -163,21 +177,64 @@ class Pod:
     namespace: str
     priority: int
     mig: tuple[MigRequest, ...]
+    """MIG instances asked for by name; empty for a unified pod."""
     cpu_milli: int
     memory_bytes: int
     node_selector: Mapping[str, str]
     affinity: tuple[tuple[Requirement, ...], ...]
     """Required node affinity: OR of terms, each an AND of requirements; empty: no constraint."""
     tolerations: tuple[Toleration, ...]
+    unified: unifying.UnifiedRequest | None = None
+    """A unified (HAMi-style) request, resolved per GPU model; ``None`` for a MIG pod."""
+    node_policy: Policy | None = None
+    """``hami.io/node-scheduler-policy``; ``None``: the snapshot's :attr:`Snapshot.policy`."""
+    gpu_policy: Policy | None = None
+    """``hami.io/gpu-scheduler-policy``; ``None``: the snapshot's :attr:`Snapshot.gpu_policy`."""
 
     @property
     def key(self) -> str:
         """``namespace/name``, unique in a snapshot."""
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def demand(self) -> Demand:
+        """What the pod asks of GPUs (hashable: planners group pods by it)."""
+        return (self.mig, self.unified)
+
+    @property
+    def count(self) -> int:
+        """MIG instances asked for in all."""
+        if self.unified is not None:
+            return self.unified.count
+        return sum(r.count for r in self.mig)
+
+    @property
+    def parts(self) -> tuple[int, ...]:
+        """Instances per part of the request: per MIG request line, or per container of a
+        unified request (each part gets one profile per model: :meth:`parts_on`)."""
+        if self.unified is not None:
+            return tuple(a.count for a in self.unified.asks)
+        return tuple(r.count for r in self.mig)
+
+    def parts_on(self, model: profiles.GpuModel) -> tuple[str | None, ...]:
+        """Per part (:attr:`parts`), the profile that serves it on ``model`` (``None``: none)."""
+        return parts_on(self.demand, model)
+
     def profiles_on(self, model: profiles.GpuModel) -> tuple[str, ...] | None:
         """The canonical profile names this pod needs on ``model``, or ``None`` if not offered."""
-        return resolve_request(self.mig, model)
+        return resolve_demand(self.demand, model)
+
+    def policies(self, snap: Snapshot) -> tuple[Policy, Policy]:
+        """The node and GPU policies this pod is placed by in ``snap``."""
+        return (self.node_policy or snap.policy, self.gpu_policy or snap.gpu_policy)
+
+    def request_text(self) -> str:
+        """The request as people write it: ``2 x 1g.10gb + 3g.40gb`` or ``gpu 1, gpumem 8000``."""
+        if self.unified is not None:
+            return self.unified.text()
+        return " + ".join(
+            f"{r.count} x {r.profile}" if r.count > 1 else r.profile for r in self.mig
+        )
 
 
 def resource_name(profile: str) -> str:
@@ -233,19 +290,63 @@ class Requests:
     """What a pod asks for, as the planner sees it."""
 
     mig: tuple[MigRequest, ...]
-    """MIG instances by canonical profile name, sorted, counts > 0."""
+    """MIG instances by canonical profile name, sorted, counts > 0; empty for a unified pod."""
     cpu_milli: int
     memory_bytes: int
+    unified: unifying.UnifiedRequest | None = None
+    """The unified request, for a pod that makes one (then :attr:`mig` is empty)."""
+    node_policy: Policy | None = None
+    """From ``hami.io/node-scheduler-policy`` (any pod may carry it)."""
+    gpu_policy: Policy | None = None
+    """From ``hami.io/gpu-scheduler-policy``."""
 
 
-def pod_requests(resources: Mapping[str, Any], *, where: str) -> Requests:
-    """A pod's resource requests (``{nvidia.com/mig-1g.10gb: 2, cpu: "4", memory: 8Gi}``).
+_UNIFIED_RESOURCES = (
+    unifying.GPU,
+    unifying.GPUMEM,
+    unifying.GPUMEM_PERCENT,
+    unifying.GPUCORES,
+)
 
-    The one parser of pod requests: the snapshot file, the simulator's traces and the
-    controller's Kubernetes pods all build requests here. Other ``nvidia.com/`` resources are
-    rejected; resources the planner does not model (ephemeral-storage, hugepages...) are ignored.
-    A request for no MIG instance at all is an error.
+
+def pod_requests(
+    resources: Mapping[str, Any], *, where: str, annotations: Mapping[str, Any] | None = None
+) -> Requests:
+    """A pod's resource requests given as one mapping, as if of one container
+    (``{nvidia.com/mig-1g.10gb: 2, cpu: "4", memory: 8Gi}``, or ``{nvidia.com/gpu: 1,
+    nvidia.com/gpumem: 8000}``), with its annotations: the snapshot file's and the traces' form.
+
+    :func:`container_requests` is the same parser for a pod's containers; errors name the field
+    under ``where``.
     """
+    return _requests([(where, resources)], [], annotations or {}, where=where)
+
+
+def container_requests(
+    containers: Sequence[Mapping[str, Any]],
+    *,
+    where: str,
+    annotations: Mapping[str, Any] | None = None,
+    init_containers: Sequence[Mapping[str, Any]] = (),
+) -> Requests:
+    """A Kubernetes pod's requests from its containers (each a resource -> quantity mapping,
+    requests over limits) and annotations: the controller's form.
+
+    CPU, memory and MIG resources count as kube-scheduler counts them (the containers' sum, or
+    an init container's amount when larger); a unified request is read per container
+    (:func:`migpilot.planning.unified.parse`), init containers may not make one.
+    """
+    return _requests(
+        [(f"{where}.containers[{i}]", c) for i, c in enumerate(containers)],
+        [(f"{where}.initContainers[{i}]", c) for i, c in enumerate(init_containers)],
+        annotations or {},
+        where=where,
+    )
+
+
+def _amounts(resources: Mapping[str, Any], where: str) -> tuple[dict[str, int], int, int]:
+    """One container's MIG instances per profile, CPU (millicores) and memory (bytes); other
+    ``nvidia.com/`` resources than the unified ones are rejected, the rest ignored."""
     mig: dict[str, int] = {}
     cpu = mem = 0
     for key, value in resources.items():
@@ -263,15 +364,69 @@ def pod_requests(resources: Mapping[str, Any], *, where: str) -> Requests:
             count = _counted(value, f"{where}.{key}")
             if count:
                 mig[profile] = mig.get(profile, 0) + count
-        elif key.startswith("nvidia.com/"):
+        elif key.startswith("nvidia.com/") and key not in _UNIFIED_RESOURCES:
             raise errors.SnapshotError(
-                f"{where}: {key} is not a MIG resource (expected nvidia.com/mig-<profile>)"
+                f"{where}: {key} is not a MIG resource (expected nvidia.com/mig-<profile>) "
+                f"nor a unified one ({', '.join(_UNIFIED_RESOURCES)})"
             )
-    if not mig:
+    return mig, cpu, mem
+
+
+def _requests(
+    containers: Sequence[tuple[str, Mapping[str, Any]]],
+    init: Sequence[tuple[str, Mapping[str, Any]]],
+    annotations: Mapping[str, Any],
+    *,
+    where: str,
+) -> Requests:
+    """The one parser behind :func:`pod_requests` and :func:`container_requests`."""
+    if not isinstance(annotations, Mapping):
+        raise errors.SnapshotError(f"{where}: annotations must be a mapping")
+    mig: dict[str, int] = {}
+    cpu = mem = 0
+    for at, resources in containers:
+        got, c, m = _amounts(resources, at)
+        for p, n in got.items():
+            mig[p] = mig.get(p, 0) + n
+        cpu, mem = cpu + c, mem + m
+    for at, resources in init:
+        if any(resources.get(k) is not None for k in _UNIFIED_RESOURCES):
+            raise errors.SnapshotError(
+                f"{at}: an init container may not ask for {unifying.GPU} (HAMi serves only "
+                "containers)"
+            )
+        got, c, m = _amounts(resources, at)
+        for p, n in got.items():
+            mig[p] = max(mig.get(p, 0), n)
+        cpu, mem = max(cpu, c), max(mem, m)
+    node_policy, gpu_policy = unifying.parse_policies(annotations, where=where)
+    request = unifying.parse_labelled(containers, annotations, where=where)
+    if request is not None:
+        if not unifying.is_unified([r for _, r in containers], annotations):
+            raise errors.SnapshotError(
+                f"{where}: {unifying.GPU} without {unifying.GPUMEM}, {unifying.GPUMEM_PERCENT} "
+                f"or {unifying.GPUCORES} asks for whole GPUs, which NVIDIA's device plugin "
+                f"serves (annotate the pod {unifying.VGPU_MODE}: {unifying.MIG_MODE} to have "
+                "migpilot serve it with MIG instances)"
+            )
+        if mig:
+            raise errors.SnapshotError(
+                f"{where}: the pod asks for both nvidia.com/mig-* and {unifying.GPU}; ask for "
+                "one or the other"
+            )
+    elif not mig:
         raise errors.SnapshotError(
-            f"{where}: the pod requests no MIG resource (nvidia.com/mig-...)"
+            f"{where}: the pod requests no MIG resource (nvidia.com/mig-...) and no unified one "
+            f"({unifying.GPU} with {unifying.GPUMEM})"
         )
-    return Requests(tuple(MigRequest(p, n) for p, n in sorted(mig.items())), cpu, mem)
+    return Requests(
+        tuple(MigRequest(p, n) for p, n in sorted(mig.items())),
+        cpu,
+        mem,
+        unified=request,
+        node_policy=node_policy,
+        gpu_policy=gpu_policy,
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -285,6 +440,36 @@ def offered(model: profiles.GpuModel, profile: str) -> bool:
     """Whether a pod asking for ``profile`` (canonical) can be served by a GPU of ``model``:
     only by an instance the device plugin advertises under exactly the requested name."""
     return profile in advertised(model)
+
+
+@functools.lru_cache(maxsize=16384)
+def resolve_demand(demand: Demand, model: profiles.GpuModel) -> tuple[str, ...] | None:
+    """What a pod of ``demand`` needs on ``model`` (profile names, sorted), ``None`` if
+    ``model`` cannot serve it: its MIG requests by exact name, or its unified request resolved
+    (:func:`migpilot.planning.unified.resolve`)."""
+    mig, request = demand
+    if request is not None:
+        return unifying.resolve(request, model)
+    return resolve_request(mig, model)
+
+
+@functools.lru_cache(maxsize=16384)
+def parts_on(demand: Demand, model: profiles.GpuModel) -> tuple[str | None, ...]:
+    """Per part of ``demand`` (:attr:`Pod.parts`), the profile serving it on ``model``."""
+    mig, request = demand
+    if request is not None:
+        return unifying.by_ask(request, model)
+    names = advertised(model)
+    return tuple(r.profile if r.profile in names else None for r in mig)
+
+
+def clear_caches() -> None:
+    """Forget resolved requests (plans are the same with or without)."""
+    resolve_request.cache_clear()
+    resolve_demand.cache_clear()
+    parts_on.cache_clear()
+    unifying.resolve.cache_clear()
+    unifying.profile_for.cache_clear()
 
 
 @functools.lru_cache(maxsize=16384)
@@ -308,7 +493,10 @@ class Snapshot:
 
     nodes: tuple[Node, ...]
     pods: tuple[Pod, ...]
-    policy: Policy = Policy.BINPACK
+    policy: Policy = scoring.DEFAULT_NODE_POLICY
+    """The node policy of pods that name none."""
+    gpu_policy: Policy = scoring.DEFAULT_GPU_POLICY
+    """The GPU policy of pods that name none."""
     models: tuple[profiles.GpuModel, ...] = field(default=(), compare=False)
     """Distinct GPU models present, in first-seen order (derived)."""
 
@@ -323,35 +511,7 @@ class Snapshot:
 
 # --------------------------------------------------------------------------- quantities
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
-            "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
-            "P": Decimal(10**15), "E": Decimal(10**18)}  # fmt: skip
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([A-Za-z]*)$")
-
-
-def parse_quantity(value: Any, *, where: str) -> Decimal:
-    """A Kubernetes resource quantity (``4``, ``500m``, ``8Gi``, ``1.5G``) as a number."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise errors.SnapshotError(f"{where}: expected a quantity like 4, 500m or 8Gi")
-    text = str(value).strip()
-    m = _QUANTITY.match(text)
-    if m is None:
-        raise errors.SnapshotError(f"{where}: {text!r} is not a quantity (like 4, 500m or 8Gi)")
-    try:
-        number = Decimal(m[1])
-    except InvalidOperation:
-        raise errors.SnapshotError(f"{where}: {text!r} is not a quantity") from None
-    suffix = m[2]
-    if suffix in _BINARY:
-        result = number * _BINARY[suffix]
-    elif suffix in _DECIMAL:
-        result = number * _DECIMAL[suffix]
-    else:
-        raise errors.SnapshotError(f"{where}: unknown unit {suffix!r} in {text!r}")
-    if result < 0:
-        raise errors.SnapshotError(f"{where}: {text!r} is negative")
-    return result
+parse_quantity = quantities.parse_quantity
 
 
 def cpu_milli(value: Any, *, where: str) -> int:
@@ -570,7 +730,9 @@ def _gpu(raw: Any, index: int, where: str) -> Gpu:
 
 def _node(raw: Any, where: str) -> Node:
     d = _mapping(raw, where)
-    _only(d, {"name", "labels", "taints", "unschedulable", "allocatable", "gpus"}, where)
+    _only(
+        d, {"name", "labels", "taints", "unschedulable", "allocatable", "capacity", "gpus"}, where
+    )
     name = _str(d.get("name"), f"{where}.name")
     unsched = d.get("unschedulable", False)
     if not isinstance(unsched, bool):
@@ -591,6 +753,7 @@ def _node(raw: Any, where: str) -> Node:
         unschedulable=unsched,
         allocatable=_resources(d.get("allocatable"), f"{where}.allocatable"),
         gpus=gpus,
+        capacity=_resources(d.get("capacity"), f"{where}.capacity"),
     )
 
 
@@ -598,17 +761,33 @@ def _pod(raw: Any, where: str) -> Pod:
     d = _mapping(raw, where)
     _only(
         d,
-        {"name", "namespace", "priority", "requests", "nodeSelector", "affinity", "tolerations"},
+        {
+            "name",
+            "namespace",
+            "priority",
+            "requests",
+            "annotations",
+            "nodeSelector",
+            "affinity",
+            "tolerations",
+        },
         where,
     )
     name = _str(d.get("name"), f"{where}.name")
-    req = pod_requests(_mapping(d.get("requests"), f"{where}.requests"), where=f"{where}.requests")
+    req = pod_requests(
+        _mapping(d.get("requests"), f"{where}.requests"),
+        where=f"{where}.requests",
+        annotations=_labels(d.get("annotations"), f"{where}.annotations"),
+    )
     priority = d.get("priority", 0)
     return Pod(
         name=name,
         namespace=_str(d.get("namespace", "default"), f"{where}.namespace"),
         priority=_int(priority, f"{where}.priority"),
         mig=req.mig,
+        unified=req.unified,
+        node_policy=req.node_policy,
+        gpu_policy=req.gpu_policy,
         cpu_milli=req.cpu_milli,
         memory_bytes=req.memory_bytes,
         node_selector=_labels(d.get("nodeSelector"), f"{where}.nodeSelector"),
@@ -632,16 +811,22 @@ def parse(document: Any, *, source: str = "snapshot") -> Snapshot:
 
 def _parse(document: Any) -> Snapshot:
     d = _mapping(document, "snapshot")
-    _only(d, {"version", "policy", "nodes", "pods"}, "snapshot")
+    _only(d, {"version", "policy", "gpuPolicy", "nodes", "pods"}, "snapshot")
     if "version" not in d:
         raise errors.SnapshotError("missing 'version' (this format is version 1)")
     if type(d["version"]) is not int or d["version"] != SNAPSHOT_VERSION:
         raise errors.SnapshotError(f"unsupported version {d['version']!r} (expected 1)")
-    policy_text = d.get("policy", Policy.BINPACK.value)
-    try:
-        policy = Policy(policy_text)
-    except ValueError:
-        raise errors.SnapshotError(f"policy: {policy_text!r} is not binpack or spread") from None
+    policies: list[Policy] = []
+    for name, default in (
+        ("policy", scoring.DEFAULT_NODE_POLICY),
+        ("gpuPolicy", scoring.DEFAULT_GPU_POLICY),
+    ):
+        text = d.get(name, default.value)
+        try:
+            policies.append(Policy(text))
+        except ValueError:
+            raise errors.SnapshotError(f"{name}: {text!r} is not binpack or spread") from None
+    policy, gpu_policy = policies
     nodes = tuple(_node(n, f"nodes[{i}]") for i, n in enumerate(_sequence(d.get("nodes"), "nodes")))
     names = [n.name for n in nodes]
     if len(set(names)) != len(names):
@@ -652,7 +837,7 @@ def _parse(document: Any) -> Snapshot:
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise errors.SnapshotError(f"pods: pod {dup!r} appears twice")
-    return Snapshot(nodes=nodes, pods=pods, policy=policy)
+    return Snapshot(nodes=nodes, pods=pods, policy=policy, gpu_policy=gpu_policy)
 
 
 def to_document(snap: Snapshot) -> dict[str, Any]:
@@ -677,6 +862,8 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
             nd["unschedulable"] = True
         if n.allocatable is not None:
             nd["allocatable"] = res(n.allocatable)
+        if n.capacity is not None:
+            nd["capacity"] = res(n.capacity)
         nd["gpus"] = [
             {
                 "index": g.index,
@@ -691,6 +878,19 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
     pods = []
     for p in snap.pods:
         reqs: dict[str, Any] = {resource_name(r.profile): r.count for r in p.mig}
+        annotations: dict[str, str] = {}
+        if p.unified is not None:
+            reqs.update(_unified_document(p.unified))
+            if p.unified.use_models:
+                annotations[unifying.USE_TYPE] = ",".join(p.unified.use_models)
+            if p.unified.nouse_models:
+                annotations[unifying.NOUSE_TYPE] = ",".join(p.unified.nouse_models)
+            if not unifying.is_unified([reqs], {}):
+                annotations[unifying.VGPU_MODE] = unifying.MIG_MODE
+        if p.node_policy is not None:
+            annotations[unifying.NODE_POLICY] = p.node_policy.value
+        if p.gpu_policy is not None:
+            annotations[unifying.GPU_POLICY] = p.gpu_policy.value
         if p.cpu_milli:
             reqs["cpu"] = f"{p.cpu_milli}m"
         if p.memory_bytes:
@@ -698,6 +898,8 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
         pd: dict[str, Any] = {"name": p.name, "namespace": p.namespace, "requests": reqs}
         if p.priority:
             pd["priority"] = p.priority
+        if annotations:
+            pd["annotations"] = annotations
         if p.node_selector:
             pd["nodeSelector"] = dict(p.node_selector)
         if p.affinity:
@@ -715,7 +917,29 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
                 for t in p.tolerations
             ]  # fmt: skip
         pods.append(pd)
-    return {"version": SNAPSHOT_VERSION, "policy": snap.policy.value, "nodes": nodes, "pods": pods}
+    doc: dict[str, Any] = {"version": SNAPSHOT_VERSION, "policy": snap.policy.value}
+    if snap.gpu_policy is not scoring.DEFAULT_GPU_POLICY:
+        doc["gpuPolicy"] = snap.gpu_policy.value
+    return doc | {"nodes": nodes, "pods": pods}
+
+
+def _unified_document(request: unifying.UnifiedRequest) -> dict[str, Any]:
+    """A unified request as one container's resources (the file's ``requests``). The file holds
+    one container per pod, so a request of several containers cannot be written."""
+    if len(request.asks) != 1:
+        raise errors.SnapshotError(
+            f"a unified request of {len(request.asks)} containers cannot be written as one "
+            "pod's requests"
+        )
+    ask = request.asks[0]
+    out: dict[str, Any] = {unifying.GPU: ask.count}
+    if ask.memory_mib is not None:
+        out[unifying.GPUMEM] = ask.memory_mib
+    if ask.memory_percent is not None:
+        out[unifying.GPUMEM_PERCENT] = ask.memory_percent
+    if ask.cores_percent is not None:
+        out[unifying.GPUCORES] = ask.cores_percent
+    return out
 
 
 def _term_document(term: tuple[Requirement, ...]) -> dict[str, Any]:

@@ -30,19 +30,30 @@ The rules, as HAMi's documentation gives them where it gives one:
 - a pod is *unified* (:func:`is_unified`) when some container asks for ``nvidia.com/gpumem``,
   ``gpumem-percentage`` or ``gpucores``, or it carries ``nvidia.com/vgpu-mode: mig``; a pod
   asking only ``nvidia.com/gpu`` is a whole-GPU request for NVIDIA's device plugin;
+- a container asking ``nvidia.com/gpu`` without ``gpumem`` or ``gpumem-percentage`` gets the
+  whole GPU's memory: HAMi's ``GenerateResourceRequests`` falls back to its ``defaultMemory``
+  setting, which its chart sets to 0, meaning ``gpumem-percentage: 100``
+  (hami:pkg/device/nvidia/device.go, hami:charts/hami/templates/scheduler/device-configmap.yaml);
 - "GPU memory" of a model is its largest profile's memory (what MIG can hand to one instance);
   only profiles without an attribute (no ``+me`` and the like) are chosen, so a unified request
   never takes a GPU's one media-extension slot.
 
-Not yet wired into the planners, the simulator or the controller (issue 12 follows); the
-admission webhook gates and validates unified pods with it (``webhook/``).
+The snapshot (:mod:`migpilot.planning.snapshot`) holds a pod's :class:`UnifiedRequest` and
+resolves it per model with :func:`resolve`; the planners place it like any MIG request, and
+:func:`serves` says which instances a pod may be given (the validator's rule).
 
-Pure: no I/O, no clock. May import :mod:`migpilot.mig`, this package and :mod:`migpilot.errors`.
+The admission webhook gates and validates unified pods with it (``webhook/``), the agent
+tells unified pods with :func:`is_unified`.
+
+Pure: no I/O, no clock. May import :mod:`migpilot.mig`, :mod:`migpilot.planning.scoring`,
+:mod:`migpilot.planning.quantities` and :mod:`migpilot.errors`; never the snapshot, which
+imports this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,7 +61,7 @@ from typing import Any
 
 from migpilot import errors
 from migpilot.mig import catalog, profiles
-from migpilot.planning import snapshot
+from migpilot.planning import quantities, scoring
 
 GPU = "nvidia.com/gpu"
 GPUMEM = "nvidia.com/gpumem"
@@ -73,9 +84,24 @@ class GpuAsk:
     """What one container asks of each of its GPUs."""
 
     count: int
+    """GPUs (MIG instances) asked for."""
     memory_mib: int | None = None
+    """``nvidia.com/gpumem``, MiB per GPU."""
     memory_percent: int | None = None
+    """``nvidia.com/gpumem-percentage`` (1-100); 100 when neither memory field is given."""
     cores_percent: int | None = None
+    """``nvidia.com/gpucores`` (1-100), a share of the GPU's compute slices; ``None``: any."""
+
+    def text(self) -> str:
+        """The ask as a pod spec writes it: ``gpu 2, gpumem 8000``."""
+        parts = [f"gpu {self.count}"]
+        if self.memory_mib is not None:
+            parts.append(f"gpumem {self.memory_mib}")
+        if self.memory_percent is not None:
+            parts.append(f"gpumem-percentage {self.memory_percent}")
+        if self.cores_percent is not None:
+            parts.append(f"gpucores {self.cores_percent}")
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +114,20 @@ class UnifiedRequest:
     """Filters a model must match one of (empty: any)."""
     nouse_models: tuple[str, ...] = ()
     """Filters a model must match none of."""
-    node_policy: snapshot.Policy | None = None
-    gpu_policy: snapshot.Policy | None = None
 
     @property
     def count(self) -> int:
         """MIG instances asked for in all."""
         return sum(a.count for a in self.asks)
+
+    def text(self) -> str:
+        """The request as a pod spec writes it, containers joined by ``+``, filters after."""
+        out = " + ".join(f"({a.text()})" if len(self.asks) > 1 else a.text() for a in self.asks)
+        if self.use_models:
+            out += f"; use {','.join(self.use_models)}"
+        if self.nouse_models:
+            out += f"; not {','.join(self.nouse_models)}"
+        return out
 
 
 def _whole(value: Any, where: str, *, low: int, high: int | None = None) -> int:
@@ -102,7 +135,7 @@ def _whole(value: Any, where: str, *, low: int, high: int | None = None) -> int:
     number = None
     if not isinstance(value, bool) and isinstance(value, int | float | str):
         try:
-            quantity = snapshot.parse_quantity(value, where=where)
+            quantity = quantities.parse_quantity(value, where=where)
         except errors.SnapshotError:
             quantity = None
         except ArithmeticError:  # decimal.Overflow: an exponent beyond any context
@@ -126,19 +159,30 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
-def _filters(text: str | None) -> tuple[str, ...]:
+def _filters(text: Any) -> tuple[str, ...]:
     if text is None:
         return ()
-    return tuple(f.strip() for f in text.split(",") if f.strip())
+    return tuple(f.strip() for f in str(text).split(",") if f.strip())
 
 
-def _policy(text: str | None, where: str) -> snapshot.Policy | None:
+def _policy(text: Any, where: str) -> scoring.Policy | None:
     if text is None:
         return None
     try:
-        return snapshot.Policy(text.strip())
+        return scoring.Policy(str(text).strip())
     except ValueError:
         raise errors.SnapshotError(f"{where}: {text!r} is not binpack or spread") from None
+
+
+def parse_policies(
+    annotations: Mapping[str, Any], *, where: str = "pod"
+) -> tuple[scoring.Policy | None, scoring.Policy | None]:
+    """A pod's node and GPU policies from ``hami.io/node-scheduler-policy`` and
+    ``hami.io/gpu-scheduler-policy`` (``None``: the cluster's default)."""
+    return (
+        _policy(annotations.get(NODE_POLICY), f"{where}.annotations[{NODE_POLICY}]"),
+        _policy(annotations.get(GPU_POLICY), f"{where}.annotations[{GPU_POLICY}]"),
+    )
 
 
 def parse_container(resources: Mapping[str, Any], *, where: str) -> GpuAsk | None:
@@ -158,6 +202,8 @@ def parse_container(resources: Mapping[str, Any], *, where: str) -> GpuAsk | Non
         return None
     if mem is not None and pct is not None:
         raise errors.SnapshotError(f"{where}: give {GPUMEM} or {GPUMEM_PERCENT}, not both")
+    if mem is None and pct is None:
+        pct = 100  # HAMi's default: the whole GPU's memory (see the module docstring)
     return GpuAsk(
         count=count,
         memory_mib=_whole(mem, f"{where}.{GPUMEM}", low=1) if mem is not None else None,
@@ -170,13 +216,13 @@ def parse_container(resources: Mapping[str, Any], *, where: str) -> GpuAsk | Non
     )
 
 
-def serves_mode(annotations: Mapping[str, str]) -> bool:
+def serves_mode(annotations: Mapping[str, Any]) -> bool:
     """Whether the pod's ``nvidia.com/vgpu-mode`` (absent, or ``mig``) is one migpilot serves."""
     mode = annotations.get(VGPU_MODE)
-    return mode is None or mode.strip().lower() == MIG_MODE
+    return mode is None or str(mode).strip().lower() == MIG_MODE
 
 
-def is_unified(containers: Sequence[Mapping[str, Any]], annotations: Mapping[str, str]) -> bool:
+def is_unified(containers: Sequence[Mapping[str, Any]], annotations: Mapping[str, Any]) -> bool:
     """Whether migpilot serves the pod's ``nvidia.com/gpu`` requests: some container (its
     resources, as in :func:`parse`) asks for one of :data:`UNIFIED_RESOURCES`, or the pod
     carries ``nvidia.com/vgpu-mode: mig``. Never for a pod whose mode names another system."""
@@ -187,22 +233,21 @@ def is_unified(containers: Sequence[Mapping[str, Any]], annotations: Mapping[str
     return any(name in res for res in containers for name in UNIFIED_RESOURCES)
 
 
-def parse_annotations(annotations: Mapping[str, str], *, where: str) -> UnifiedRequest:
-    """The pod-level half of a unified request (filters and policies, ``asks`` empty), from
-    the pod's annotations at ``where`` (``metadata``, say). Raises :class:`SnapshotError`
-    naming the annotation."""
+def parse_annotations(annotations: Mapping[str, Any], *, where: str) -> UnifiedRequest:
+    """The pod-level half of a unified request (its model filters, ``asks`` empty), from the
+    pod's annotations at ``where`` (``metadata``, say), with its policies checked. Raises
+    :class:`SnapshotError` naming the annotation."""
+    parse_policies(annotations, where=where)
     return UnifiedRequest(
         asks=(),
         use_models=_filters(annotations.get(USE_TYPE)),
         nouse_models=_filters(annotations.get(NOUSE_TYPE)),
-        node_policy=_policy(annotations.get(NODE_POLICY), f"{where}.annotations[{NODE_POLICY}]"),
-        gpu_policy=_policy(annotations.get(GPU_POLICY), f"{where}.annotations[{GPU_POLICY}]"),
     )
 
 
 def parse(
     containers: Sequence[Mapping[str, Any]],
-    annotations: Mapping[str, str],
+    annotations: Mapping[str, Any],
     *,
     where: str = "pod",
     wheres: Sequence[str] | None = None,
@@ -217,10 +262,18 @@ def parse(
         if wheres is not None
         else [f"{where}.containers[{i}]" for i in range(len(containers))]
     )
+    return parse_labelled(list(zip(places, containers, strict=True)), annotations, where=where)
+
+
+def parse_labelled(
+    containers: Sequence[tuple[str, Mapping[str, Any]]],
+    annotations: Mapping[str, Any],
+    *,
+    where: str,
+) -> UnifiedRequest | None:
+    """:func:`parse` with each container's place in errors given (``where`` names the pod)."""
     asks = tuple(
-        ask
-        for res, at in zip(containers, places, strict=True)
-        if (ask := parse_container(res, where=at)) is not None
+        ask for at, res in containers if (ask := parse_container(res, where=at)) is not None
     )
     if not asks:
         return None
@@ -259,8 +312,8 @@ def memory_mib(model: profiles.GpuModel) -> int:
     return max((p.memory_mib or 0) for p in model.profiles)
 
 
-def profile_for(ask: GpuAsk, model: profiles.GpuModel) -> str | None:
-    """The smallest plain profile of ``model`` (by memory, then compute) that serves ``ask``."""
+def need(ask: GpuAsk, model: profiles.GpuModel) -> tuple[int, int]:
+    """What one GPU of ``ask`` needs on ``model``: (memory MiB, compute slices)."""
     need_mem = ask.memory_mib or 0
     if ask.memory_percent is not None:
         need_mem = math.ceil(ask.memory_percent * memory_mib(model) / 100)
@@ -269,19 +322,31 @@ def profile_for(ask: GpuAsk, model: profiles.GpuModel) -> str | None:
         if ask.cores_percent is not None
         else 0
     )
-    fitting = [
-        p
-        for p in model.profiles
-        if p.attribute is profiles.Attribute.NONE
-        and (p.memory_mib or 0) >= need_mem
-        and p.compute_slices >= need_slices
-    ]
+    return need_mem, need_slices
+
+
+def serves(ask: GpuAsk, model: profiles.GpuModel, profile: profiles.Profile) -> bool:
+    """Whether an instance of ``profile`` (on ``model``) serves one GPU of ``ask``: a plain
+    profile with at least the memory and compute slices asked (the filters are the request's)."""
+    need_mem, need_slices = need(ask, model)
+    return (
+        profile.attribute is profiles.Attribute.NONE
+        and (profile.memory_mib or 0) >= need_mem
+        and profile.compute_slices >= need_slices
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def profile_for(ask: GpuAsk, model: profiles.GpuModel) -> str | None:
+    """The smallest plain profile of ``model`` (by memory, then compute) that serves ``ask``."""
+    fitting = [p for p in model.profiles if serves(ask, model, p)]
     if not fitting:
         return None
     best = min(fitting, key=lambda p: ((p.memory_mib or 0), p.compute_slices, p.name))
     return best.name
 
 
+@functools.lru_cache(maxsize=16384)
 def resolve(request: UnifiedRequest, model: profiles.GpuModel) -> tuple[str, ...] | None:
     """The MIG instances (profile names, sorted) that serve ``request`` on ``model``, or
     ``None`` when the filters exclude it or some container's ask fits no profile."""
@@ -296,12 +361,27 @@ def resolve(request: UnifiedRequest, model: profiles.GpuModel) -> tuple[str, ...
     return tuple(sorted(out))
 
 
-def never_served(request: UnifiedRequest) -> str | None:
-    """Why no GPU model migpilot knows could serve ``request`` (``None``: some could)."""
-    models = [m for m in catalog.gpu_models() if allowed(request, m)]
-    if not models:
-        return "its GPU model filters exclude every GPU model"
-    if any(resolve(request, m) is not None for m in models):
+def by_ask(request: UnifiedRequest, model: profiles.GpuModel) -> tuple[str | None, ...]:
+    """Per ask (container) of ``request``, the profile one of its GPUs gets on ``model``
+    (``None``: not served there, or the filters exclude the model)."""
+    if not allowed(request, model):
+        return tuple(None for _ in request.asks)
+    return tuple(profile_for(ask, model) for ask in request.asks)
+
+
+def never_served(
+    request: UnifiedRequest, models: Sequence[profiles.GpuModel] | None = None
+) -> str | None:
+    """Why no GPU of ``models`` (default: every model migpilot knows) could serve ``request``
+    (``None``: some could)."""
+    pool = list(catalog.gpu_models() if models is None else models)
+    fitting = [m for m in pool if allowed(request, m)]
+    if not fitting:
+        if models is None:
+            return "its GPU model filters exclude every GPU model"
+        names = ", ".join(m.id for m in pool) or "none"
+        return f"its GPU model filters exclude every GPU model in the cluster ({names})"
+    if any(resolve(request, m) is not None for m in fitting):
         return None
-    biggest = max(memory_mib(m) for m in models)
+    biggest = max(memory_mib(m) for m in fitting)
     return f"it asks more than any allowed GPU offers (at most {biggest} MiB in one instance)"

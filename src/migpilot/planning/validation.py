@@ -3,9 +3,12 @@
 It re-derives what a correct plan must satisfy without trusting the planner: target layouts are
 valid, instances in use are neither destroyed nor moved, the actions turn the current layouts
 into the targets, every pod is placed at most once with exactly what it asked for (instances
-advertised under exactly the resource names it requests, as kube-scheduler matches them) on one
-node that admits it, no instance serves two pods or a pod that did not get it from a free slot,
-and CPU and memory fit. Used by the property-based tests, the benchmark and ``migpilot plan``'s
+advertised under exactly the resource names it requests, as kube-scheduler matches them; for a
+unified request, one instance per GPU asked, each serving its container's ask on its GPU's model:
+a plain profile with the memory and compute slices asked, on a model the pod's filters allow --
+migpilot's planners give the smallest such profile, HAMi may give a larger one) on one node that
+admits it, no instance serves two pods or a pod that did not get it from a free slot, and CPU
+and memory fit. Used by the property-based tests, the benchmark and ``migpilot plan``'s
 self-check.
 """
 
@@ -14,8 +17,8 @@ from __future__ import annotations
 from collections import Counter
 
 from migpilot import errors
-from migpilot.mig import layouts
-from migpilot.planning import constraints, plans, snapshot
+from migpilot.mig import layouts, profiles
+from migpilot.planning import constraints, plans, snapshot, unified
 
 
 def problems(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
@@ -106,6 +109,7 @@ def _check_pods(
         mem[node.name] += pod.memory_bytes
         need = Counter({r.profile: r.count for r in pod.mig})
         got: Counter[str] = Counter()
+        given: list[tuple[str, profiles.GpuModel, str]] = []
         for ai in pl.instances:
             where = f"pod {pl.pod}: {node.name}/gpu{ai.gpu}"
             n_g = gpus.get((node.name, ai.gpu))
@@ -126,9 +130,11 @@ def _check_pods(
             if (node.name, ai.gpu, ai.start) in taken:
                 out.append(f"{where}: {inst} is given to two pods")
             taken.add((node.name, ai.gpu, ai.start))
+            if pod.unified is not None:
+                given.append((where, gpu.model, ai.profile))
             # kube-scheduler matches resource names as strings: the instance must be advertised
             # under exactly a name the pod requests.
-            if ai.profile not in need or not snapshot.offered(gpu.model, ai.profile):
+            elif ai.profile not in need or not snapshot.offered(gpu.model, ai.profile):
                 asked = ", ".join(snapshot.resource_name(r.profile) for r in pod.mig)
                 out.append(
                     f"{where}: {ai.profile} is advertised as {snapshot.resource_name(ai.profile)}"
@@ -136,7 +142,9 @@ def _check_pods(
                 )
             else:
                 got[ai.profile] += 1
-        if got != need:
+        if pod.unified is not None:
+            out.extend(_check_unified(pl.pod, pod.unified, given))
+        elif got != need:
             out.append(f"pod {pl.pod}: got {dict(got)} but asked for {dict(need)}")
     for name, node in nodes.items():
         alloc = node.allocatable
@@ -149,3 +157,55 @@ def _check_pods(
                 f"node {name}: pods need {mem[name]} bytes, {alloc.memory_bytes} allocatable"
             )
     return out
+
+
+def _check_unified(
+    key: str,
+    request: unified.UnifiedRequest,
+    given: list[tuple[str, profiles.GpuModel, str]],
+) -> list[str]:
+    """A unified pod's instances against its request: each on an allowed model, of a profile that
+    serves a container's ask (:func:`unified.serves`), one per GPU asked (a matching of
+    instances to the GPUs the containers ask for must exist)."""
+    out: list[str] = []
+    usable: list[list[int]] = []
+    """Per instance, the asks (by index) it may serve."""
+    for where, model, name in given:
+        if not unified.allowed(request, model):
+            out.append(f"{where}: {model.id} is excluded by the pod's GPU model filters")
+            continue
+        try:
+            prof = model.profile_named(name)
+        except errors.UnknownProfileError:
+            out.append(f"{where}: {name} is not a profile of {model.id}")
+            continue
+        fits = [k for k, ask in enumerate(request.asks) if unified.serves(ask, model, prof)]
+        if not fits:
+            out.append(f"{where}: {name} does not serve the pod's request ({request.text()})")
+        usable.append(fits)
+    if out:
+        return out
+    if len(given) != request.count or not _matched(usable, [a.count for a in request.asks]):
+        have = ", ".join(f"{m.id}:{n}" for _, m, n in given) or "nothing"
+        out.append(f"pod {key}: got {have} but asked for {request.text()}")
+    return out
+
+
+def _matched(usable: list[list[int]], counts: list[int]) -> bool:
+    """Whether every instance can be given to an ask it serves, no ask getting more than its
+    count (augmenting paths; a pod has a handful of instances)."""
+    slots = [k for k, n in enumerate(counts) for _ in range(n)]
+    owner: list[int | None] = [None] * len(slots)
+
+    def assign(i: int, seen: set[int]) -> bool:
+        for s, k in enumerate(slots):
+            if k not in usable[i] or s in seen:
+                continue
+            seen.add(s)
+            current = owner[s]
+            if current is None or assign(current, seen):
+                owner[s] = i
+                return True
+        return False
+
+    return all(assign(i, set()) for i in range(len(usable)))

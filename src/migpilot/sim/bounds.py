@@ -7,8 +7,9 @@ relaxed into a linear program (solved with GLOP, OR-Tools' LP solver):
 - ``y[m, L] >= 0``: how many GPUs of model ``m`` use maximal layout ``L`` (every maximal layout
   of the profiles the pods ask for, from :func:`layouts.enumerate_layouts`), with
   ``sum_L y[m, L] <= GPUs of m``;
-- ``x[c, m] >= 0``: how many pods of class ``c`` (same MIG request, CPU and memory) run on
-  model ``m``, with ``sum_m x[c, m] <= pods of c``;
+- ``x[c, m] >= 0``: how many pods of class ``c`` (same request, CPU and memory) run on
+  model ``m``, with ``sum_m x[c, m] <= pods of c`` (a unified request as it resolves on ``m``,
+  counting the compute slices it asked for, as the simulator does);
 - per model and profile, instances used ``<=`` instances the layouts offer;
 - per model, CPU and memory used ``<=`` the sum over its nodes (node boundaries are relaxed);
 - maximise the compute slices of the pods run, over the cluster's slices.
@@ -54,10 +55,17 @@ def inflate_bound(pods: Sequence[traces.TracePod], *, cluster: clusters.Cluster)
     solver = pywraplp.Solver.CreateSolver("GLOP")
     if solver is None:  # pragma: no cover - GLOP ships with every OR-Tools wheel
         raise errors.MigpilotError("the GLOP LP solver is not available")
-    classes: Counter[tuple[tuple[snapshot.MigRequest, ...], int, int]] = Counter(
-        (p.mig, p.cpu_milli, p.memory_bytes) for p in pods
+    classes: Counter[tuple[snapshot.Demand, int, int]] = Counter(
+        (p.demand, p.cpu_milli, p.memory_bytes) for p in pods
     )
-    class_list = sorted(classes, key=lambda c: (tuple((r.profile, r.count) for r in c[0]), c[1:]))
+    class_list = sorted(
+        classes,
+        key=lambda c: (
+            tuple((r.profile, r.count) for r in c[0][0]),
+            "" if c[0][1] is None else c[0][1].text(),
+            c[1:],
+        ),
+    )
     per_model: dict[str, tuple[profiles.GpuModel, int, int, int]] = {}
     for node in cluster.nodes:
         model, gpus, cpu, mem = per_model.get(node.model.id, (node.model, 0, 0, 0))
@@ -73,8 +81,8 @@ def inflate_bound(pods: Sequence[traces.TracePod], *, cluster: clusters.Cluster)
     n_layouts = 0
     for mid, (model, gpus, cpu, mem) in per_model.items():
         wanted: dict[int, Counter[str]] = {}
-        for ci, (mig, _, _) in enumerate(class_list):
-            names = snapshot.resolve_request(mig, model)
+        for ci, (demand, _, _) in enumerate(class_list):
+            names = snapshot.resolve_demand(demand, model)
             if names is not None:
                 wanted[ci] = Counter(names)
         if not wanted:

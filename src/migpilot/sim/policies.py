@@ -31,6 +31,9 @@ NAMES = ("migpilot", "exact", "nos", "hami-template", "hami-placement", "static"
 """Every policy, in the order results are shown."""
 DEFAULT = ("migpilot", "nos", "hami-template", "hami-placement", "static", "static-best")
 """The policies run when none are named (``exact`` is left out: small clusters only)."""
+DEFAULT_UNIFIED = ("migpilot", "hami-placement")
+"""The policies run on unified (HAMi-style) requests when none are named: the systems that
+serve them by choosing the slice (nos serves none; the others are in :data:`NAMES`)."""
 DEFAULT_STATIC_CONFIG = "all-balanced"
 EXACT_MAX_GPUS = 32
 """The largest cluster the ``exact`` policy accepts."""

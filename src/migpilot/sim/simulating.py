@@ -50,6 +50,7 @@ from types import MappingProxyType
 from migpilot import errors
 from migpilot.mig import layouts, profiles
 from migpilot.planning import control, plans, snapshot
+from migpilot.planning import unified as unifying
 from migpilot.sim import clusters, policies, traces
 
 CpuClock = Callable[[], float]
@@ -140,7 +141,9 @@ class Result:
     pods_rejected: int
     allocation_ratio: float
     """Inflate: compute slices held by pods at the end over the cluster's. Faithful: the same
-    ratio averaged over time from the first arrival to the end."""
+    ratio averaged over time from the first arrival to the end. A unified pod counts the slices
+    of what it asked (its request resolved on its node's model), not of a larger instance a
+    policy gave it (HAMi may)."""
     pending_s: tuple[float, ...]
     """Per pod that arrived and was not rejected: arrival to binding, or to the end if never
     bound (in trace order)."""
@@ -212,7 +215,7 @@ def replayed(
         if requested >= target:
             break
         out.append((tp, len(out) * settings.timing.inflate_gap_s, None))
-        requested += next((s for m in models if (s := _slices(tp.mig, m)) is not None), 0)
+        requested += next((s for m in models if (s := _slices(tp.demand, m)) is not None), 0)
     return out
 
 
@@ -281,6 +284,7 @@ class _Pod:
         "arrival",
         "bound_at",
         "duration",
+        "held",
         "index",
         "insts",
         "node",
@@ -298,6 +302,7 @@ class _Pod:
             namespace="default",
             priority=0,
             mig=trace.mig,
+            unified=trace.unified,
             cpu_milli=trace.cpu_milli,
             memory_bytes=trace.memory_bytes,
             node_selector=MappingProxyType(dict(trace.node_selector)),
@@ -309,6 +314,8 @@ class _Pod:
         self.bound_at: float | None = None
         self.node: _Node | None = None
         self.insts: list[_Inst] = []
+        self.held = 0
+        """Compute slices it counts for while running (what it asked, on its node's model)."""
         self.reason: str | None = None
         self.duration = trace.duration
 
@@ -323,22 +330,22 @@ class _Kind(enum.IntEnum):
 
 
 @functools.lru_cache(maxsize=4096)
-def _needs(mig: tuple[snapshot.MigRequest, ...], model: profiles.GpuModel) -> Counter[str] | None:
-    names = snapshot.resolve_request(mig, model)
+def _needs(demand: snapshot.Demand, model: profiles.GpuModel) -> Counter[str] | None:
+    names = snapshot.resolve_demand(demand, model)
     return None if names is None else Counter(names)
 
 
 @functools.lru_cache(maxsize=4096)
-def _slices(mig: tuple[snapshot.MigRequest, ...], model: profiles.GpuModel) -> int | None:
-    names = snapshot.resolve_request(mig, model)
+def _slices(demand: snapshot.Demand, model: profiles.GpuModel) -> int | None:
+    names = snapshot.resolve_demand(demand, model)
     if names is None:
         return None
     return sum(model.profile_named(n).compute_slices for n in names)
 
 
-def _fits_empty(mig: tuple[snapshot.MigRequest, ...], model: profiles.GpuModel, gpus: int) -> bool:
+def _fits_empty(demand: snapshot.Demand, model: profiles.GpuModel, gpus: int) -> bool:
     """Whether the request could be placed on ``gpus`` empty GPUs of ``model``."""
-    names = snapshot.resolve_request(mig, model)
+    names = snapshot.resolve_demand(demand, model)
     return names is not None and control.fits_empty(names, model, gpus)
 
 
@@ -497,25 +504,27 @@ class _Simulation:
                 continue
             selected = True
             model = node.spec.model
-            if _needs(pod.trace.mig, model) is None:
+            if _needs(pod.trace.demand, model) is None:
                 continue
             offered = True
             alloc = node.spec.allocatable
             if pod.trace.cpu_milli > alloc.cpu_milli or pod.trace.memory_bytes > alloc.memory_bytes:
                 continue
-            if _fits_empty(pod.trace.mig, model, node.spec.gpus):
+            if _fits_empty(pod.trace.demand, model, node.spec.gpus):
                 return None
         if not selected:
             wanted = ", ".join(f"{k}={v}" for k, v in pod.trace.node_selector)
             return f"no node has the labels of its node selector ({wanted})"
         if not offered:
-            wanted = ", ".join(snapshot.resource_name(r.profile) for r in pod.trace.mig)
             where = "the nodes it selects" if pod.trace.node_selector else "the cluster"
+            if pod.trace.unified is not None:
+                return f"no GPU model in {where} serves {pod.trace.unified.text()}"
+            wanted = ", ".join(snapshot.resource_name(r.profile) for r in pod.trace.mig)
             return f"no GPU model in {where} advertises all of {wanted}"
         return "no node could run it even with every GPU empty (GPUs, CPU or memory too small)"
 
     def _fit(self, pod: _Pod, node: _Node) -> bool:
-        need = _needs(pod.trace.mig, node.spec.model)
+        need = _needs(pod.trace.demand, node.spec.model)
         if need is None or not _selects(pod, node):
             return False
         if pod.trace.cpu_milli > node.cpu_free or pod.trace.memory_bytes > node.mem_free:
@@ -539,7 +548,7 @@ class _Simulation:
                     best, best_score = node, score
         if best is None:
             return False
-        wanted = _needs(pod.trace.mig, best.spec.model)
+        wanted = _needs(pod.trace.demand, best.spec.model)
         assert wanted is not None
         need = Counter(wanted)  # a copy: the cached one is shared
         chosen: list[_Inst] = []
@@ -583,7 +592,8 @@ class _Simulation:
             raise InvariantViolation(f"pod {pod.trace.name} bound twice")
         pod.bound_at = self.now
         self._set_state(pod, PodState.RUNNING)
-        self.held_slices += sum(i.slices for i in pod.insts)
+        pod.held = _held(pod)
+        self.held_slices += pod.held
         self._sample()
         if pod.duration is not None:
             self._push(self.now + pod.duration, _Kind.DEPARTURE, pod)
@@ -621,7 +631,7 @@ class _Simulation:
             self._invalidate(node, inst)
         node.cpu_free += pod.trace.cpu_milli
         node.mem_free += pod.trace.memory_bytes
-        self.held_slices -= sum(i.slices for i in pod.insts)
+        self.held_slices -= pod.held
         self._set_state(pod, PodState.FINISHED)
         self._sample()
         self._retry(node)
@@ -673,6 +683,7 @@ class _Simulation:
                     unschedulable=False,
                     allocatable=snapshot.Resources(node.cpu_free, node.mem_free),
                     gpus=tuple(gpus),
+                    capacity=node.spec.allocatable,
                 )
             nodes.append(node.cached)
         pods = tuple(p.spod for p in sorted(self.waiting.values(), key=lambda p: p.index))
@@ -808,7 +819,6 @@ class _Simulation:
                             or inst not in inst.holder.insts
                         ):
                             raise InvariantViolation("an instance held by a pod not running on it")
-                        held += inst.slices
                         busy += inst.slices
                     elif inst.reserved_for is not None:
                         busy += inst.slices
@@ -816,6 +826,9 @@ class _Simulation:
                         free[inst.profile] += 1
             if +node.free != +free or node.busy_slices != busy:
                 raise InvariantViolation(f"free instance counts of {node.spec.name} drifted")
+        for pod in self.pods:
+            if pod.state is PodState.RUNNING:
+                held += _held(pod)
         if held != self.held_slices:
             raise InvariantViolation("held compute slices drifted")
         for pod in self.pods:
@@ -837,7 +850,7 @@ class _Simulation:
         served: dict[str, bool] = {}
         for pod in self.pods:
             if pod.state not in (PodState.REJECTED, PodState.NOT_ARRIVED):
-                kind = request_kind(pod.trace.mig)
+                kind = request_kind(pod.trace.mig, pod.trace.unified)
                 served[kind] = served.get(kind, False) or pod.bound_at is not None
             if pod.state is PodState.REJECTED:
                 rejected += 1
@@ -887,7 +900,9 @@ def request_text(mig: tuple[snapshot.MigRequest, ...]) -> str:
     return " + ".join(r.profile if r.count == 1 else f"{r.count} x {r.profile}" for r in mig)
 
 
-def request_kind(mig: tuple[snapshot.MigRequest, ...]) -> str:
+def request_kind(
+    mig: tuple[snapshot.MigRequest, ...], request: unifying.UnifiedRequest | None = None
+) -> str:
     """The kind of request a pod makes, the unit of "a policy serves every request".
 
     Two pods are of one kind when they ask for the same MIG instances: the same count of each
@@ -896,12 +911,26 @@ def request_kind(mig: tuple[snapshot.MigRequest, ...]) -> str:
     part of it. Written as :func:`request_text` of the profiles sorted by name
     (``2 x 1g.10gb + 3g.40gb``). A kind counts in a run when at least one submitted pod of it is
     not rejected, i.e. some node of the cluster could run it with every GPU empty: a kind no GPU
-    of the cluster can serve never counts against a policy.
+    of the cluster can serve never counts against a policy. A unified request is its own kind,
+    written as the pod spec asks (``gpu 1, gpumem-percentage 50``).
     """
+    if request is not None:
+        return request.text()
     counts: Counter[str] = Counter()
     for r in mig:
         counts[r.profile] += r.count
     return request_text(tuple(snapshot.MigRequest(p, counts[p]) for p in sorted(counts)))
+
+
+def _held(pod: _Pod) -> int:
+    """The compute slices a running pod counts for: what it asked on its node's model (its
+    instances' for a MIG request, where asked and given are the same)."""
+    if pod.trace.unified is None:
+        return sum(i.slices for i in pod.insts)
+    assert pod.node is not None
+    slices = _slices(pod.trace.demand, pod.node.spec.model)
+    assert slices is not None  # a policy placed it there, so the model serves it
+    return slices
 
 
 def _no_clock() -> float:
@@ -960,16 +989,21 @@ def best_static(
     candidate); the best allocation ratio wins, then the most pods scheduled, then the lowest p99
     pending time. Returns the policy and its result.
     """
-    demand: Counter[str] = Counter()
-    for tp, _, _ in replayed(trace, cluster=cluster, settings=settings):
-        for req in tp.mig:
-            demand[req.profile] += req.count
     models: dict[str, tuple[profiles.GpuModel, int]] = {}
     for g in cluster.groups:
         model, gpus = models.get(g.model.id, (g.model, 0))
         models[g.model.id] = (model, gpus + g.nodes * g.gpus)
+    # Instances wanted per profile, per model (a unified request resolves per model).
+    demand: dict[str, Counter[str]] = {mid: Counter() for mid in models}
+    for tp, _, _ in replayed(trace, cluster=cluster, settings=settings):
+        for mid, (model, _) in models.items():
+            if tp.unified is None:
+                for req in tp.mig:
+                    demand[mid][req.profile] += req.count
+            else:
+                demand[mid].update(snapshot.resolve_demand(tp.demand, model) or ())
     options = {
-        mid: policies.static_candidates(model, demand, gpus=gpus, count=candidates)
+        mid: policies.static_candidates(model, demand[mid], gpus=gpus, count=candidates)
         for mid, (model, gpus) in models.items()
     }
     choice = {mid: opts[0] for mid, opts in options.items()}

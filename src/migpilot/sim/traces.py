@@ -4,19 +4,25 @@ A trace is a list of pods with an arrival time, a run time and MIG, CPU and memo
 sources make one:
 
 - **openb** (Alibaba cluster-trace-gpu-v2023, Weng et al., ATC'23): rows ``name, cpu_milli,
-  memory_mib, num_gpu, gpu_milli[, creation_time, deletion_time, ...]``. A GPU share becomes a
-  MIG profile by :class:`ProfileMapping` on a reference GPU model (the cluster's first):
-  ``compute`` (default) asks for the smallest profile whose share of the GPU's compute slices
-  covers ``gpu_milli / 1000``; ``memory`` asks for the smallest whose share of its memory
-  covers it. A whole GPU or ``num_gpu > 1`` asks for that many whole-GPU instances (all on one
-  node). CPU and memory are kept; CPU-only pods (``num_gpu`` 0) are left out, since they do not
-  touch a GPU. Variants without times (multigpu50) can only be replayed in inflate mode.
+  memory_mib, num_gpu, gpu_milli[, creation_time, deletion_time, ...]``. With
+  :attr:`Requests.MIG` (default) a GPU share becomes a MIG profile by :class:`ProfileMapping` on
+  a reference GPU model (the cluster's first): ``compute`` (default) asks for the smallest
+  profile whose share of the GPU's compute slices covers ``gpu_milli / 1000``; ``memory`` asks
+  for the smallest whose share of its memory covers it. A whole GPU or ``num_gpu > 1`` asks for
+  that many whole-GPU instances (all on one node). With :attr:`Requests.UNIFIED` the pod asks
+  as a HAMi user would, and the planner picks the profile on each model: ``gpu_milli`` is read
+  as a share of the GPU's memory (``nvidia.com/gpu: 1``, ``nvidia.com/gpumem-percentage:
+  ceil(gpu_milli / 10)``), ``num_gpu > 1`` as that many whole GPUs (``gpumem-percentage:
+  100``). CPU and memory are kept; CPU-only pods (``num_gpu`` 0) are left out, since they do
+  not touch a GPU. Variants without times (multigpu50) can only be replayed in inflate mode.
 - **MIG-native** CSV for users' own traces: ``name,arrival,duration,requests`` with times in
   seconds (an empty duration runs to the end) and requests like
-  ``mig-1g.10gb=2;cpu=4;memory=8Gi``; an optional fifth column ``node_selector`` holds the
-  pod's node selector like ``nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3`` (several joined
-  by ``;``), matched against the simulated nodes' labels. openb's ``gpu_spec`` (GPU models of
-  Alibaba's cluster) is not a selector here: those models are not MIG GPUs.
+  ``mig-1g.10gb=2;cpu=4;memory=8Gi`` (or a unified request, ``gpu=1;gpumem=8000``, with
+  ``gpumem-percentage`` and ``gpucores`` as well); an optional fifth column ``node_selector``
+  holds the pod's node selector like ``nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3``
+  (several joined by ``;``), matched against the simulated nodes' labels. openb's
+  ``gpu_spec`` (GPU models of Alibaba's cluster) is not a selector here: those models are not
+  MIG GPUs.
 - **synthetic** generators by name (``inference``, ``training``, ``mixed``), seeded.
 
 Pure core: parses text it is given (the CLI reads files) and the bundled openb pod list (package
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from migpilot import errors
 from migpilot.mig import profiles
 from migpilot.planning import snapshot
+from migpilot.planning import unified as unifying
 
 _MIB = 2**20
 _GIB = 2**30
@@ -50,6 +57,15 @@ NATIVE_SELECTOR_COLUMN = "node_selector"
 """The MIG-native CSV's optional fifth column."""
 SYNTHETIC = ("inference", "training", "mixed")
 """Names of the synthetic generators (``synthetic:NAME``)."""
+
+
+class Requests(enum.StrEnum):
+    """How openb's and the synthetic traces' GPU shares become pod requests."""
+
+    MIG = "mig"
+    """``nvidia.com/mig-<profile>``: the profile chosen on a reference model (default)."""
+    UNIFIED = "unified"
+    """HAMi-style ``nvidia.com/gpu`` with ``gpumem-percentage``: the share read as memory."""
 
 
 class ProfileMapping(enum.StrEnum):
@@ -71,10 +87,18 @@ class TracePod:
     duration: float | None
     """Seconds it runs once bound; ``None``: until the end of the simulation."""
     mig: tuple[snapshot.MigRequest, ...]
+    """MIG instances asked for by name; empty for a unified pod."""
     cpu_milli: int
     memory_bytes: int
     node_selector: tuple[tuple[str, str], ...] = ()
     """Labels a node must have to run the pod (sorted ``(key, value)`` pairs)."""
+    unified: unifying.UnifiedRequest | None = None
+    """A unified (HAMi-style) request, resolved per GPU model; ``None`` for a MIG pod."""
+
+    @property
+    def demand(self) -> snapshot.Demand:
+        """What the pod asks of GPUs (:attr:`migpilot.planning.snapshot.Pod.demand`)."""
+        return (self.mig, self.unified)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +144,34 @@ def _profile_for(model: profiles.GpuModel, gpu_milli: int, mapping: ProfileMappi
         if covers:
             return p.name
     return whole.name
+
+
+@functools.lru_cache(maxsize=1024)
+def unified_for(*, num_gpu: int, gpu_milli: int) -> unifying.UnifiedRequest:
+    """The unified request of a pod using ``num_gpu`` GPUs of ``gpu_milli`` thousandths each,
+    the share read as memory: ``nvidia.com/gpu: num_gpu`` with ``nvidia.com/gpumem-percentage:
+    ceil(gpu_milli / 10)`` (100 for several GPUs, which are whole). Built by the snapshot's
+    request parser, as the controller builds a pod's."""
+    percent = 100 if num_gpu > 1 else -(-gpu_milli // 10)
+    resources = {unifying.GPU: num_gpu, unifying.GPUMEM_PERCENT: percent}
+    request = snapshot.pod_requests(resources, where="trace").unified
+    assert request is not None  # gpumem-percentage makes it unified
+    return request
+
+
+def _pod_asks(
+    model: profiles.GpuModel,
+    *,
+    num_gpu: int,
+    gpu_milli: int,
+    mapping: ProfileMapping,
+    requests: Requests,
+) -> tuple[tuple[snapshot.MigRequest, ...], unifying.UnifiedRequest | None]:
+    """What a trace pod using ``num_gpu`` GPUs of ``gpu_milli`` thousandths asks for."""
+    if requests is Requests.UNIFIED:
+        return (), unified_for(num_gpu=num_gpu, gpu_milli=gpu_milli)
+    name = profile_for(model, gpu_milli=gpu_milli, mapping=mapping)
+    return (snapshot.MigRequest(name, max(num_gpu, 1)),), None
 
 
 # --------------------------------------------------------------------------- CSV helpers
@@ -179,6 +231,7 @@ def parse_openb(
     source: str,
     model: profiles.GpuModel,
     mapping: ProfileMapping = ProfileMapping.COMPUTE,
+    requests: Requests = Requests.MIG,
 ) -> Trace:
     """An openb pod list (see the module docstring); raises :class:`TraceError` naming the line."""
     rows = _rows(text, source=source)
@@ -221,13 +274,16 @@ def parse_openb(
                     f"{where}: deletion_time {deleted} is before creation_time {created}"
                 )
             arrival, duration = float(created), float(deleted - created)
-        name = profile_for(model, gpu_milli=gpu_milli, mapping=mapping)
+        mig, request = _pod_asks(
+            model, num_gpu=num_gpu, gpu_milli=gpu_milli, mapping=mapping, requests=requests
+        )
         pods.append(
             TracePod(
                 name=row[col["name"]] or f"line-{line}",
                 arrival=arrival,
                 duration=duration,
-                mig=(snapshot.MigRequest(name, max(num_gpu, 1)),),
+                mig=mig,
+                unified=request,
                 cpu_milli=cpu,
                 memory_bytes=memory * _MIB,
             )
@@ -245,11 +301,15 @@ def bundled_openb_text() -> str:
 
 
 def bundled_openb(
-    model: profiles.GpuModel, *, mapping: ProfileMapping = ProfileMapping.COMPUTE
+    model: profiles.GpuModel,
+    *,
+    mapping: ProfileMapping = ProfileMapping.COMPUTE,
+    requests: Requests = Requests.MIG,
 ) -> Trace:
-    """The bundled openb default trace, mapped to ``model``'s profiles."""
-    trace = parse_openb(bundled_openb_text(), source="openb", model=model, mapping=mapping)
-    return trace
+    """The bundled openb default trace, mapped to ``model``'s profiles (or unified requests)."""
+    return parse_openb(
+        bundled_openb_text(), source="openb", model=model, mapping=mapping, requests=requests
+    )
 
 
 # --------------------------------------------------------------------------- MIG-native
@@ -270,30 +330,38 @@ def _assignments(
         yield key, value
 
 
+_UNIFIED_KEYS = ("gpu", "gpumem", "gpumem-percentage", "gpucores")
+"""A MIG-native trace's names for the unified resources (``nvidia.com/`` left out)."""
+
+
 def _requests(text: str, *, where: str) -> snapshot.Requests:
-    """A MIG-native trace's requests field (``mig-1g.10gb=2;cpu=4;memory=8Gi``), read by the
-    snapshot's request parser after ``mig-`` becomes ``nvidia.com/mig-``."""
+    """A MIG-native trace's requests field (``mig-1g.10gb=2;cpu=4;memory=8Gi``, or
+    ``gpu=1;gpumem=8000;cpu=4``), read by the snapshot's request parser after ``mig-`` and the
+    unified names get their ``nvidia.com/`` prefix."""
     resources: dict[str, str] = {}
     for key, value in _assignments(
         text, where=where, what="request", form="NAME=AMOUNT", empty_value=False
     ):
         written = key
-        if key.startswith("mig-"):
+        if key.startswith("mig-") or key in _UNIFIED_KEYS:
             key = "nvidia.com/" + key
         if key.startswith(snapshot.MIG_RESOURCE_PREFIX):
             if not value.isdigit() or int(value) == 0:
                 raise errors.TraceError(
                     f"{where}: {written}: {value!r} is not a positive whole number"
                 )
-        elif key not in ("cpu", "memory"):
+        elif key not in ("cpu", "memory") and written not in _UNIFIED_KEYS:
             raise errors.TraceError(
-                f"{where}: unknown resource {key!r} (expected mig-<profile>, cpu or memory)"
+                f"{where}: unknown resource {key!r} (expected mig-<profile>, "
+                f"{', '.join(_UNIFIED_KEYS)}, cpu or memory)"
             )
         if key in resources:
             raise errors.TraceError(f"{where}: {written} is named twice")
         resources[key] = value
-    if not any(k.startswith(snapshot.MIG_RESOURCE_PREFIX) for k in resources):
-        raise errors.TraceError(f"{where}: requests name no MIG profile (like mig-1g.10gb=1)")
+    if not any(k.startswith(snapshot.MIG_RESOURCE_PREFIX) or k == unifying.GPU for k in resources):
+        raise errors.TraceError(
+            f"{where}: requests name no MIG profile (like mig-1g.10gb=1) and no gpu"
+        )
     try:
         return snapshot.pod_requests(resources, where=where)
     except errors.SnapshotError as e:
@@ -344,6 +412,7 @@ def parse_native(text: str, *, source: str) -> Trace:
                 duration=None if duration == "" else _seconds(duration, column="duration",
                                                                 where=where),
                 mig=req.mig,
+                unified=req.unified,
                 cpu_milli=req.cpu_milli,
                 memory_bytes=req.memory_bytes,
                 node_selector=selector,
@@ -360,15 +429,17 @@ def parse(
     source: str,
     model: profiles.GpuModel,
     mapping: ProfileMapping = ProfileMapping.COMPUTE,
+    requests: Requests = Requests.MIG,
 ) -> Trace:
-    """A trace file's text, its format recognised by its header (openb or MIG-native)."""
+    """A trace file's text, its format recognised by its header (openb or MIG-native; the
+    latter names its requests itself, so ``mapping`` and ``requests`` are openb's)."""
     first = next(_rows(text, source=source), None)
     if first is None:
         raise errors.TraceError(f"{source}: the trace is empty")
     if _is_native_header(first[1]):
         return parse_native(text, source=source)
     if all(c in first[1] for c in OPENB_COLUMNS):
-        return parse_openb(text, source=source, model=model, mapping=mapping)
+        return parse_openb(text, source=source, model=model, mapping=mapping, requests=requests)
     raise errors.TraceError(
         f"{source}:{first[0]}: unknown trace format (expected the header "
         f"{','.join(NATIVE_COLUMNS)} or an openb pod list with {','.join(OPENB_COLUMNS)})"
@@ -411,6 +482,7 @@ def synthetic(
     model: profiles.GpuModel,
     pods: int = 2000,
     mapping: ProfileMapping = ProfileMapping.COMPUTE,
+    requests: Requests = Requests.MIG,
 ) -> Trace:
     """A seeded synthetic trace: ``inference`` (small slices, short runs), ``training`` (whole
     GPUs, some multi-GPU, long runs) or ``mixed`` (three inference pods to one training pod).
@@ -431,13 +503,16 @@ def synthetic(
     for i in range(pods):
         _, gpu_milli, num_gpu, cores, mem_gib, mean = rng.choices(mix, weights)[0]
         now += rng.expovariate(1.0 / _SYNTHETIC_MEAN_GAP_S)
-        profile = profile_for(model, gpu_milli=gpu_milli, mapping=mapping)
+        mig, request = _pod_asks(
+            model, num_gpu=num_gpu, gpu_milli=gpu_milli, mapping=mapping, requests=requests
+        )
         out.append(
             TracePod(
                 name=f"{name}-{i:0{width}d}",
                 arrival=round(now, 3),
                 duration=round(rng.expovariate(1.0 / mean), 3),
-                mig=(snapshot.MigRequest(profile, num_gpu),),
+                mig=mig,
+                unified=request,
                 cpu_milli=cores * 1000,
                 memory_bytes=mem_gib * _GIB,
             )
