@@ -32,6 +32,7 @@ from migpilot.planning import (
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ROOT / "examples" / "snapshot-small.yaml"
+UNIFIED = ROOT / "examples" / "snapshot-unified.yaml"
 RANDOM_64 = ROOT / "examples" / "snapshot-random-64.yaml"
 
 SEEN: dict[str, object] = {}
@@ -431,7 +432,7 @@ def test_console_script_generates(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- shipped examples
 
 
-@pytest.mark.parametrize("path", [SMALL, RANDOM_64], ids=["small", "random-64"])
+@pytest.mark.parametrize("path", [SMALL, RANDOM_64, UNIFIED], ids=["small", "random-64", "unified"])
 def test_examples_parse(path: Path) -> None:
     snap = plan_cmd.read_snapshot(str(path))
     assert snap.pods
@@ -448,7 +449,7 @@ def test_random_64_example_is_what_generate_writes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("planner", sorted(set(planners.PLANNERS) - {"greedy", "broken"}))
-@pytest.mark.parametrize("path", [SMALL, RANDOM_64], ids=["small", "random-64"])
+@pytest.mark.parametrize("path", [SMALL, RANDOM_64, UNIFIED], ids=["small", "random-64", "unified"])
 def test_real_planners_on_examples(planner: str, path: Path) -> None:
     """Every shipped planner plans the examples, passes the validator and is deterministic."""
     snap = plan_cmd.read_snapshot(str(path))
@@ -461,3 +462,17 @@ def test_real_planners_on_examples(planner: str, path: Path) -> None:
     assert first[0] == 0, first[1]
     if planner != "exact":  # a time-limited solver may stop at different points
         assert run(*argv, "--omit-timing") == first
+
+
+def test_the_table_shows_what_a_unified_pod_asked_and_the_profile_chosen() -> None:
+    code, text = run("plan", str(UNIFIED), "--omit-timing")
+    assert code == 0, text
+    assert text.splitlines()[0].endswith("(policy binpack, GPU policy spread)")
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("default/")}
+    assert "ASKED" in text
+    assert "3g." in rows["default/infer-mid"]  # 40 % of the memory: a 3g on either model
+    assert rows["default/train"].split()[-6:] == ["gpu", "2,", "gpumem", "20000,", "gpucores", "50"]
+    assert "4g." in rows["default/train"]  # half the compute slices: a 4g on either model
+    assert "asks more than any allowed GPU offers" in rows["default/too-big:"]
+    code, text = run("plan", str(UNIFIED), "--omit-timing", "--gpu-policy", "binpack")
+    assert code == 0 and "(policy binpack, GPU policy binpack)" in text.splitlines()[0]

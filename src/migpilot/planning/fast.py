@@ -4,9 +4,11 @@ How it works:
 
 * Priority levels are planned one at a time, highest first, as the objective
   (:mod:`migpilot.planning.objective`) ranks them. Within a level several variants are tried
-  on copies of the pass: largest request first (packs tightly), smallest first and smallest
-  dominant share of GPU, CPU or memory first (place the most pods when capacity is short), each
-  with and without deferring pods that need free instances destroyed. The variant that places
+  on copies of the pass: largest request first (the largest single instance, then the most
+  compute: packs tightly), smallest first and smallest dominant share of GPU, CPU or memory
+  first (place the most pods when capacity is short), each with and without deferring pods that
+  need free instances destroyed, and each again with ties broken by node order rather than by
+  the pods' policies. The variant that places
   the most pods of the level, then scores best on the objective, is kept. A variant runs only
   while pods of the level remain pending, and on large problems only the first runs.
 * Each GPU carries a planning state: the instances that must stay (in use, or existing free
@@ -20,8 +22,12 @@ How it works:
   then the fewest free instances are destroyed (the variants without deferral destroy as they
   go). Options are ranked by the objective: free
   instances destroyed, then GPUs newly touched, then the free capacity lost (area-weighted
-  placements, so large regions and whole GPUs stay free), then the node policy (binpack: first
-  fit in node order; spread: the least-loaded node).
+  placements, so large regions and whole GPUs stay free), then the pod's node policy and GPU
+  policy (:mod:`migpilot.planning.scoring`: binpack the most used node or GPU, spread the least
+  used), then node order.
+* A pod's request is whatever :meth:`migpilot.planning.snapshot.Pod.profiles_on` says it needs
+  on each GPU model: MIG profiles by name, or a unified request resolved to the smallest
+  profile that serves it there.
 * GPUs in the same state share one cached evaluation. States are interned to small integers and
   indexed by what still fits on them (per profile, by compute room, tightest first), so a pod
   evaluates a bounded number of promising states, not every GPU, and options found for one kind
@@ -84,9 +90,10 @@ _MEMBER_SCAN = 32
 _NODE_SCAN = 4
 _REMEMBERED = 24
 _REMEMBERED_STALE = 256
-# Pod orders within a priority level, each with and without deferring destroys, most promising
-# first; the last breaks ties between equally good options by node order instead of the pods'
-# node policies (a greedy's tie-breaks can cost a pod either way: the objective picks).
+# (pod order, defer destroys, ties by policy) within a priority level, most promising first:
+# each order with and without deferring destroys, ties between equally good options going by the
+# pods' node and GPU policies; then each order again with ties by node order (a greedy's
+# tie-breaks can cost a pod either way: the objective picks the variant).
 _VARIANTS = (
     ("largest", True, True),
     ("largest", False, True),
