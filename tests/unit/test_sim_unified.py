@@ -22,8 +22,8 @@ H100 = catalog.resolve_gpu("h100-80gb")
     ("num_gpu", "gpu_milli", "text", "on_h100"),
     [
         (1, 1, "gpu 1, gpumem-percentage 1", ("1g.10gb",)),
-        (1, 125, "gpu 1, gpumem-percentage 13", ("1g.20gb",)),  # 13 % is more than 1g.10gb
-        (1, 500, "gpu 1, gpumem-percentage 50", ("7g.80gb",)),  # 3g.40gb is 49.8 % of 81152 MiB
+        (1, 125, "gpu 1, gpumem-percentage 13", ("1g.20gb",)),  # 13 % of 8 slices: 2 slices
+        (1, 500, "gpu 1, gpumem-percentage 50", ("3g.40gb",)),  # half the memory slices
         (1, 450, "gpu 1, gpumem-percentage 45", ("3g.40gb",)),
         (1, 1000, "gpu 1, gpumem-percentage 100", ("7g.80gb",)),
         (4, 1000, "gpu 4, gpumem-percentage 100", ("7g.80gb",) * 4),

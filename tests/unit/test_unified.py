@@ -46,9 +46,13 @@ def test_cores_and_percentages() -> None:
     # 50 % of an H100's 7 compute slices is 4 slices: 4g.40gb.
     req = _req({"nvidia.com/gpu": "1", "nvidia.com/gpumem": 8000, "nvidia.com/gpucores": 50})
     assert unified.resolve(req, H100) == ("4g.40gb",)
-    # 50 % of an H200's memory (143360 MiB) is 71680 MiB: more than 3g.71gb's 71424.
+    # 50 % of an H200's memory is half its memory slices: 3g.71gb (4 of 8), although its
+    # 71424 MiB are a little under half of 7g.141gb's (MIG keeps some in every instance).
     got = unified.resolve(_req({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}), H200)
-    assert got == ("7g.141gb",)
+    assert got == ("3g.71gb",)
+    # One slice more than half: the whole GPU's slices are needed.
+    more = _req({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 51})
+    assert unified.resolve(more, H200) == ("7g.141gb",)
 
 
 def test_no_memory_asked_is_the_whole_gpu_memory_as_in_hami() -> None:

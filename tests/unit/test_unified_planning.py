@@ -76,7 +76,7 @@ def test_a_unified_pod_resolves_per_model() -> None:
     assert p.profiles_on(H100) == ("1g.10gb", "1g.10gb")
     assert p.profiles_on(H200) == ("1g.18gb", "1g.18gb")
     assert q.profiles_on(H100) is None  # the filter allows only H200
-    assert q.profiles_on(H200) == ("7g.141gb",)
+    assert q.profiles_on(H200) == ("3g.71gb",)  # half the memory slices
     assert q.gpu_policy is snapshot.Policy.BINPACK and q.node_policy is None
     assert q.policies(snap) == (snapshot.Policy.BINPACK, snapshot.Policy.BINPACK)
     assert p.policies(snap) == (snapshot.Policy.BINPACK, snapshot.Policy.SPREAD)  # the defaults

@@ -37,7 +37,7 @@ from typing import Any
 from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import constraints, snapshot
+from migpilot.planning import constraints, snapshot, unified
 
 GATE = "migpilot.io/plan"
 """The scheduling gate the webhook adds and the controller removes."""
@@ -74,11 +74,27 @@ class PodView:
     """CPU the pod asks for (millicores, as kube-scheduler counts it), MIG pod or not."""
     memory_bytes: int = 0
     """Memory the pod asks for (bytes, as kube-scheduler counts it), MIG pod or not."""
+    unified: bool = False
+    """A unified (HAMi-style) pod: ``nvidia.com/gpu`` with ``gpumem`` and the like, served by
+    MIG instances advertised as ``nvidia.com/gpu`` (``docs/unified.md``)."""
+    gpus: int = 0
+    """For a unified pod: the ``nvidia.com/gpu`` devices (MIG instances) it asks for in all."""
+    counters: tuple[str, ...] = ()
+    """For a unified pod: the node-level counters its containers name (``nvidia.com/gpumem``
+    and the like), which kube-scheduler checks against the Node's allocatable."""
 
     @property
     def is_mig(self) -> bool:
-        """Whether it asks for a MIG resource (good or bad)."""
-        return bool(self.mig) or self.problem is not None
+        """Whether migpilot serves it: it asks for a MIG resource or is unified (good or bad)."""
+        return bool(self.mig) or self.unified or self.problem is not None
+
+    @property
+    def signature(self) -> tuple[object, ...]:
+        """What tells a unified pod's Allocate apart from another's: its asks, container by
+        container (pods with equal signatures and equal reserved profiles are interchangeable
+        for the kubelet's Allocate)."""
+        request = self.pod.unified if self.pod is not None else None
+        return request.asks if request is not None else ()
 
     @property
     def gated_by_us(self) -> bool:
@@ -164,17 +180,34 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
     pod: snapshot.Pod | None = None
     problem: str | None = None
     total: dict[str, Any] = {}
+    annotations = {str(k): str(v) for k, v in _map(meta.get("annotations")).items()}
+    containers = [_container_resources(c) for c in _seq(spec.get("containers"))]
+    is_unified = unified.is_unified(containers, annotations)
+    gpus = 0
     try:
         total = _effective(spec, "spec")
         wanted = {
             k: v for k, v in total.items() if k.startswith(snapshot.MIG_RESOURCE_PREFIX) and v
         }
-        if wanted:
-            requests = snapshot.pod_requests(_as_requests(total), where="resources")
+        if is_unified:
+            requests = snapshot.container_requests(
+                containers,
+                where="spec",
+                annotations=annotations,
+                init_containers=[_container_resources(c) for c in _seq(spec.get("initContainers"))],
+            )
+            gpus = requests.unified.count if requests.unified is not None else 0
+            # CPU and memory as kube-scheduler counts them (overhead included).
+            pod = _planned_pod(meta, spec, requests, total=total)
+        elif wanted:
+            requests = snapshot.pod_requests(
+                _as_requests(total), where="resources", annotations=annotations
+            )
             mig.update({r.profile: r.count for r in requests.mig})
-            pod = _planned_pod(meta, spec, requests)
+            pod = _planned_pod(meta, spec, requests, total=total)
     except errors.MigpilotError as err:
         mig.clear()
+        pod = None
         problem = str(err)
     return PodView(
         key=key,
@@ -189,11 +222,26 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         created=str(meta.get("creationTimestamp", "")),
         cpu_milli=int(total.get("cpu", 0)),
         memory_bytes=int(total.get("memory", 0)),
+        unified=is_unified,
+        gpus=gpus,
+        counters=tuple(sorted({n for c in containers for n in unified.UNIFIED_RESOURCES if n in c}))
+        if is_unified
+        else (),
     )
 
 
+def _container_resources(container: Any) -> dict[str, Any]:
+    """A container's resources as kube-scheduler counts them: limits, overridden by requests."""
+    res = _map(_map(container).get("resources"))
+    return {**_map(res.get("limits")), **_map(res.get("requests"))}
+
+
 def _planned_pod(
-    meta: Mapping[str, Any], spec: Mapping[str, Any], requests: snapshot.Requests
+    meta: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    requests: snapshot.Requests,
+    *,
+    total: Mapping[str, Any],
 ) -> snapshot.Pod:
     affinity = _map(spec.get("affinity"))
     required = _map(
@@ -214,8 +262,8 @@ def _planned_pod(
         namespace=str(meta.get("namespace", "default")),
         priority=priority if isinstance(priority, int) else 0,
         mig=requests.mig,
-        cpu_milli=requests.cpu_milli,
-        memory_bytes=requests.memory_bytes,
+        cpu_milli=int(total.get("cpu", 0)),
+        memory_bytes=int(total.get("memory", 0)),
         node_selector=MappingProxyType(selector),
         affinity=terms,
         tolerations=tuple(
@@ -225,6 +273,9 @@ def _planned_pod(
             )
             for i, t in enumerate(_seq(spec.get("tolerations")))
         ),
+        unified=requests.unified,
+        node_policy=requests.node_policy,
+        gpu_policy=requests.gpu_policy,
     )
 
 
@@ -372,13 +423,18 @@ def observe(
                     held.setdefault(i.reserved_for, []).append((g.index, i.start, i.profile))
         for key, insts in held.items():
             holder = pod_map.get(key)
-            if holder is None or holder.done or holder.node is not None or key in reservations:
+            if (
+                holder is None
+                or holder.done
+                or key in reservations
+                or not (holder.node is None or _allocating(holder, node_name, layout))
+            ):
                 stale.add(node_name)
                 continue
             reservations[key] = Reservation(key, node_name, tuple(sorted(insts)))
     for r in reservations.values():
         reserved_pod = pod_map[r.pod].pod
-        if reserved_pod is not None:
+        if reserved_pod is not None and pod_map[r.pod].node is None:  # a bound one counted
             used_cpu[r.node] += reserved_pod.cpu_milli
             used_mem[r.node] += reserved_pod.memory_bytes
     live_by_node: dict[str, set[tuple[int, int, str]]] = {}
@@ -450,6 +506,13 @@ def observe(
         bound=MappingProxyType(bound),
         unplanned=tuple(unplanned),
     )
+
+
+def _allocating(holder: PodView, node: str, layout: gpulayouts.GpuLayout) -> bool:
+    """A unified pod bound to ``node`` whose Allocate has not yet taken its instances: its
+    reservation is live until then (the agent's Allocate hands it exactly those; a bound MIG
+    pod is counted by what it asks instead)."""
+    return holder.unified and holder.node == node and not gpulayouts.allocated(layout, holder.key)
 
 
 def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:

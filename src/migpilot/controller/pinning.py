@@ -35,27 +35,25 @@ Patch = list[dict[str, Any]]
 
 
 def spec_for(
-    node: snapshot.Node, plan: plans.Plan, *, kept: Mapping[tuple[int, int, str], str]
+    node: snapshot.Node,
+    plan: plans.Plan,
+    *,
+    kept: Mapping[tuple[int, int, str], str],
+    unified: frozenset[str] = frozenset(),
 ) -> gpulayouts.LayoutSpec:
     """The spec of ``node`` after ``plan``, with the ``kept`` reservations ((GPU, start,
-    profile) -> pod) of earlier plans on instances the target layout still holds."""
+    profile) -> pod) of earlier plans on instances the target layout still holds. An instance
+    reserved for a pod of ``unified`` is marked ``resource: nvidia.com/gpu``: the agent
+    advertises it so (``docs/unified.md``)."""
     spec = gpulayouts.spec_from_plan(plan, node)
     gpus = []
     for g in spec.gpus:
-        gpus.append(
-            gpulayouts.GpuSpec(
-                g.index,
-                g.model,
-                tuple(
-                    i
-                    if i.reserved_for is not None
-                    else gpulayouts.InstanceSpec(
-                        i.profile, i.start, kept.get((g.index, i.start, i.profile))
-                    )
-                    for i in g.instances
-                ),
-            )
-        )
+        instances = []
+        for i in g.instances:
+            pod = i.reserved_for or kept.get((g.index, i.start, i.profile))
+            resource = gpulayouts.UNIFIED_RESOURCE if pod is not None and pod in unified else None
+            instances.append(gpulayouts.InstanceSpec(i.profile, i.start, pod, resource))
+        gpus.append(gpulayouts.GpuSpec(g.index, g.model, tuple(instances)))
     return gpulayouts.LayoutSpec(tuple(gpus))
 
 
@@ -79,13 +77,64 @@ def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpula
 
 
 def taken(observed: observing.Observed) -> dict[str, Counter[str]]:
-    """Per node, MIG instances by profile that kube-scheduler counts as taken or about to be:
-    those of the pods bound there and of the reserved pods already let go (not gated)."""
+    """Per node, what kube-scheduler counts as taken or about to be: MIG instances by profile,
+    and ``nvidia.com/gpu`` devices (key :data:`gpulayouts.UNIFIED_RESOURCE`) of unified pods,
+    of the pods bound there and of the reserved pods already let go (not gated)."""
     out = {node: Counter(c) for node, c in observed.bound.items()}
+    for bound in observed.pods.values():
+        if bound.unified and bound.node and not bound.done:
+            out.setdefault(bound.node, Counter())[gpulayouts.UNIFIED_RESOURCE] += bound.gpus
     for r in observed.reservations.values():
         view = observed.pods.get(r.pod)
-        if view is not None and not view.gated_by_us:
-            out.setdefault(r.node, Counter()).update(view.mig)
+        if view is not None and not view.gated_by_us and view.node is None:
+            _count(out.setdefault(r.node, Counter()), view)
+    return out
+
+
+def _count(counter: Counter[str], view: observing.PodView) -> None:
+    """Add what a pod takes of a node's resources to ``counter``."""
+    counter.update(view.mig)
+    if view.unified:
+        counter[gpulayouts.UNIFIED_RESOURCE] += view.gpus
+
+
+def held_back(
+    observed: observing.Observed, pod_key: str, *, others: Mapping[str, tuple[object, ...]]
+) -> str | None:
+    """Why the unified pod ``pod_key`` may not be let go to its node yet, or ``None``.
+
+    The kubelet's Allocate does not say which pod it serves; the agent's device plugin answers
+    for the pod being admitted (``docs/unified.md``). That answer is right whenever the unified
+    pods let go to a node and not yet allocated ask alike: then any of them may take any one's
+    instances. So a unified pod waits while another, asking differently, is let go to the same
+    node and not allocated. ``others``: those pods (key -> :func:`signature`), the caller's
+    running account of the node."""
+    mine = signature(observed, pod_key)
+    for key, theirs in sorted(others.items()):
+        if key != pod_key and theirs != mine:
+            return f"unified pod {key}, asking differently, to be allocated first"
+    return None
+
+
+def signature(observed: observing.Observed, pod_key: str) -> tuple[object, ...]:
+    """A unified pod's asks, container by container, and the profiles reserved for it."""
+    view = observed.pods.get(pod_key)
+    r = observed.reservations.get(pod_key)
+    profiles = tuple(sorted(p for _, _, p in r.instances)) if r is not None else ()
+    return (view.signature if view is not None else (), profiles)
+
+
+def unallocated(observed: observing.Observed) -> dict[str, dict[str, tuple[object, ...]]]:
+    """Per node, the unified pods let go there (pinned, or bound) whose Allocate has not yet
+    taken their instances, with their :func:`signature`."""
+    out: dict[str, dict[str, tuple[object, ...]]] = {}
+    for key, r in observed.reservations.items():
+        view = observed.pods.get(key)
+        if view is None or not view.unified or view.gated_by_us:
+            continue
+        layout = observed.layouts.get(r.node)
+        if layout is not None and not gpulayouts.allocated(layout, key):
+            out.setdefault(r.node, {})[key] = signature(observed, key)
     return out
 
 
@@ -154,11 +203,18 @@ def waiting_for(observed: observing.Observed, pod_key: str, *, taken: Counter[st
     if missing:
         gpu, start, profile = missing[0]
         return f"{profile} at GPU {gpu} start {start} on {r.node} to be created"
-    for p, n in sorted(observed.pods[pod_key].mig.items()):
-        name = snapshot.resource_name(p)
+    view = observed.pods[pod_key]
+    wants = [(snapshot.resource_name(p), p, n) for p, n in sorted(view.mig.items())]
+    if view.unified:
+        pool = gpulayouts.UNIFIED_RESOURCE
+        wants.append((pool, pool, view.gpus))
+    for name, key, n in wants:
         have = node.allocatable.get(name, 0)
-        if have - taken[p] < n:
-            return f"node {r.node} to advertise {name} (allocatable {have}, taken {taken[p]})"
+        if have - taken[key] < n:
+            return f"node {r.node} to advertise {name} (allocatable {have}, taken {taken[key]})"
+    for counter in view.counters:
+        if counter not in node.allocatable:
+            return f"node {r.node} to advertise {counter} (its agent writes it)"
     return None
 
 

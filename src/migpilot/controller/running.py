@@ -486,17 +486,24 @@ class Controller:
         if expired:
             await self._expire(observed, expired)
         held = pinning.taken(observed)
+        allocating = pinning.unallocated(observed)
         for key, r in sorted(observed.reservations.items()):
             entry = self._store.pods.get(key)
             if entry is None or not entry[1].gated_by_us or key in expired:
                 continue
+            view = entry[1]
             node_taken = held.setdefault(r.node, Counter())
             why = pinning.waiting_for(observed, key, taken=node_taken)
+            if why is None and view.unified:
+                why = pinning.held_back(observed, key, others=allocating.get(r.node, {}))
             if why is not None:
                 if now - since[(key, r.node)] > 5.0:
                     _log.debug("pod %s waits for %s", key, why)
                 continue
-            node_taken.update(entry[1].mig)
+            node_taken.update(view.mig)
+            if view.unified:
+                node_taken[gpulayouts.UNIFIED_RESOURCE] += view.gpus
+                allocating.setdefault(r.node, {})[key] = pinning.signature(observed, key)
             jobs.append(self._pin_one(key, entry[0], observed.nodes[r.node]))
         await asyncio.gather(*jobs)
 
@@ -532,6 +539,7 @@ class Controller:
         for p in plan.placements:
             placed.setdefault(p.node, []).append(p)
         changed = {g.node for g in plan.gpus if g.changed}
+        unified = frozenset(k for k, v in observed.pods.items() if v.unified)
         writes = []
         for node in observed.snapshot.nodes:
             if node.name not in changed and node.name not in placed:
@@ -543,7 +551,7 @@ class Controller:
                 for i in r.instances
             }
             try:
-                spec = pinning.spec_for(node, plan, kept=kept)
+                spec = pinning.spec_for(node, plan, kept=kept, unified=unified)
             except errors.MigpilotError as err:  # a planner bug: never write such a spec
                 _log.error("plan for %s not carried out: %s", node.name, err)
                 continue

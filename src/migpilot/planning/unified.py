@@ -13,7 +13,7 @@ satisfy the request, on a model the pod's filters allow, or ``None``.
 The rules, as HAMi's documentation gives them where it gives one:
 
 - per container ``nvidia.com/gpu: N`` (N GPUs), with ``nvidia.com/gpumem: MiB`` or
-  ``nvidia.com/gpumem-percentage: 1-100`` (of the GPU's memory), optional
+  ``nvidia.com/gpumem-percentage: 1-100`` (of the GPU's memory slices), optional
   ``nvidia.com/gpucores: 1-100`` (a share of the GPU's compute, here its compute slices,
   rounded up); a pod's containers add up (each container's GPUs are its own instances);
 - amounts are Kubernetes quantities that must be whole numbers (``8000``, or ``8k`` as the
@@ -312,26 +312,35 @@ def memory_mib(model: profiles.GpuModel) -> int:
     return max((p.memory_mib or 0) for p in model.profiles)
 
 
-def need(ask: GpuAsk, model: profiles.GpuModel) -> tuple[int, int]:
-    """What one GPU of ``ask`` needs on ``model``: (memory MiB, compute slices)."""
+def need(ask: GpuAsk, model: profiles.GpuModel) -> tuple[int, int, int]:
+    """What one GPU of ``ask`` needs on ``model``: (memory MiB, memory slots, compute slices).
+
+    A share of memory (``gpumem-percentage``) is a share of the GPU's memory *slices*, as a
+    share of compute (``gpucores``) is one of its compute slices: half an A100-80GB is the four
+    slices of a 3g.40gb, although its 40,192 MiB are a little under half the 80,640 MiB of the
+    7g.80gb (MIG keeps some memory for itself in every instance)."""
     need_mem = ask.memory_mib or 0
-    if ask.memory_percent is not None:
-        need_mem = math.ceil(ask.memory_percent * memory_mib(model) / 100)
+    need_slots = (
+        math.ceil(ask.memory_percent * model.memory_slots / 100)
+        if ask.memory_percent is not None
+        else 0
+    )
     need_slices = (
         math.ceil(ask.cores_percent * model.compute_slices / 100)
         if ask.cores_percent is not None
         else 0
     )
-    return need_mem, need_slices
+    return need_mem, need_slots, need_slices
 
 
 def serves(ask: GpuAsk, model: profiles.GpuModel, profile: profiles.Profile) -> bool:
     """Whether an instance of ``profile`` (on ``model``) serves one GPU of ``ask``: a plain
     profile with at least the memory and compute slices asked (the filters are the request's)."""
-    need_mem, need_slices = need(ask, model)
+    need_mem, need_slots, need_slices = need(ask, model)
     return (
         profile.attribute is profiles.Attribute.NONE
         and (profile.memory_mib or 0) >= need_mem
+        and profile.memory_slots >= need_slots
         and profile.compute_slices >= need_slices
     )
 
