@@ -133,12 +133,6 @@ def test_gpu_binpack_puts_a_nodes_unified_pods_on_one_gpu(scene: Scene) -> None:
     assert got["b0"][1] == got["b1"][1], got  # binpack: the same GPU
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 12, open: the planner applies a GPU policy only between plans equal on the "
-    "objective, and spreading touches more GPUs and leaves less free room, which the objective "
-    "ranks first; an explicit spread must outrank them",
-)
 def test_gpu_spread_puts_a_nodes_unified_pods_on_different_gpus(scene: Scene) -> None:
     client = scene.client
     scene.start_controller("c1")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from migpilot.planning import options, planners, scoring, snapshot, validation
+from migpilot.planning import fast, objective, options, planners, scoring, snapshot, validation
 
 OPTS = options.Options()
 BINPACK, SPREAD = scoring.Policy.BINPACK, scoring.Policy.SPREAD
@@ -147,3 +147,30 @@ def test_fast_counts_cpu_in_the_node_score(policy: str, want: str) -> None:
     ]
     snap = snapshot.parse({"version": 1, "policy": policy, "nodes": nodes, "pods": [_pod()]})
     assert _where(snap)[0] == want
+
+
+def test_a_pod_asking_spread_itself_gets_a_gpu_of_its_own_even_if_that_touches_one_more() -> None:
+    """An explicit ``hami.io/gpu-scheduler-policy: spread`` outranks GPUs touched and free room
+    (the objective's ``crowded``); the default GPU policy (spread too) stays a tie-breaker."""
+
+    def snap(annotations: dict[str, str]) -> snapshot.Snapshot:
+        pods = [
+            {"name": n, "requests": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000},
+             "annotations": annotations}
+            for n in ("s0", "s1")
+        ]  # fmt: skip
+        return snapshot.parse(
+            {"version": 1, "nodes": [{"name": "n", "gpus": [{"model": "h100-80gb"}] * 2}],
+             "pods": pods}
+        )  # fmt: skip
+
+    def gpus(s: snapshot.Snapshot) -> set[int]:
+        plan = fast.plan(s, options.Options())
+        assert len(plan.placements) == 2
+        return {i.gpu for p in plan.placements for i in p.instances}
+
+    assert gpus(snap({"hami.io/gpu-scheduler-policy": "spread"})) == {0, 1}
+    assert len(gpus(snap({}))) == 1  # the default packs: one GPU touched
+    assert len(gpus(snap({"hami.io/gpu-scheduler-policy": "binpack"}))) == 1
+    spread = snap({"hami.io/gpu-scheduler-policy": "spread"})
+    assert objective.score(spread, fast.plan(spread, options.Options())).crowded == 0

@@ -575,9 +575,19 @@ class _Run:
         """
         node_policy, gpu_policy = pod.policies(self.snap)
         spread = node_policy is snapshot.Policy.SPREAD
-        found.sort(key=lambda o: (o[0], self.index.members[o[1]][0]))
-        best: tuple[Cost, tuple[float, ...], _Gpu, Option] | None = None
-        for cost, sid, opt in found:
+        # A pod that asks to be spread over GPUs itself takes the least used GPU before fewer
+        # GPUs touched and more free room (never before a destroy): the objective's crowded.
+        own_spread = pod.gpu_policy is snapshot.Policy.SPREAD
+
+        def head(cost: Cost, sid: int) -> tuple[float, ...]:
+            if own_spread:
+                return (cost[0], self._gpu_use(sid), cost[1], cost[2])
+            return cost
+
+        found.sort(key=lambda o: (head(o[0], o[1]), self.index.members[o[1]][0]))
+        best: tuple[tuple[float, ...], tuple[float, ...], _Gpu, Option] | None = None
+        for found_cost, sid, opt in found:
+            cost = head(found_cost, sid)
             if best is not None and cost > best[0]:
                 break
             seen: set[int] = set()
@@ -839,6 +849,7 @@ class _Run:
                 needs,
                 destroy=destroy,
                 policy=gpu_policy if self.by_policy else None,
+                spread=pod.gpu_policy is snapshot.Policy.SPREAD,
             )
             if parts is None:
                 out.add(ni)
@@ -856,18 +867,28 @@ class _Run:
         *,
         destroy: bool,
         policy: snapshot.Policy | None,
+        spread: bool = False,
     ) -> list[tuple[_Gpu, Option]] | None:
         """Assign a pod's instances one at a time to the best GPU of a node (trial states); ties
-        between GPUs go by the GPU ``policy`` (``None``: GPU order).
+        between GPUs go by the GPU ``policy`` (``None``: GPU order). ``spread``: the pod itself
+        asks to be spread over GPUs (``hami.io/gpu-scheduler-policy: spread``): the least used
+        GPU wins over fewer GPUs touched and more free room (never over a destroy), as the
+        objective's ``crowded`` term ranks it.
 
         Nodes in the same state (the same GPU states in the same order) get the same answer,
         so it is cached: most nodes a big pod passes over are identical (full, or empty).
         """
-        ck = (tuple(self.sid[g.id] for g in gpus), tuple(sorted(needs.items())), destroy, policy)
+        ck = (
+            tuple(self.sid[g.id] for g in gpus),
+            tuple(sorted(needs.items())),
+            destroy,
+            policy,
+            spread,
+        )
         cached = self.split_cache.get(ck)
         if cached is not None or ck in self.split_cache:
             return None if cached is None else [(gpus[k], opt) for k, opt in cached]
-        parts = self._split_uncached(gpus, needs, destroy=destroy, policy=policy)
+        parts = self._split_uncached(gpus, needs, destroy=destroy, policy=policy, spread=spread)
         pos = {g.id: k for k, g in enumerate(gpus)}
         self.split_cache[ck] = None if parts is None else [(pos[g.id], o) for g, o in parts]
         return parts
@@ -879,6 +900,7 @@ class _Run:
         *,
         destroy: bool,
         policy: snapshot.Policy | None,
+        spread: bool = False,
     ) -> list[tuple[_Gpu, Option]] | None:
         by_model: dict[str, list[_Gpu]] = {}
         for g in gpus:
@@ -889,7 +911,7 @@ class _Run:
             wanted = sorted(needs[model], key=lambda n: (-slots[n], n))
             per_gpu: dict[int, tuple[str, ...]] = {}
             for name in wanted:
-                best: tuple[Cost, float, int] | None = None
+                best: tuple[tuple[float, ...], int] | None = None
                 seen: set[tuple[int, tuple[str, ...]]] = set()
                 for g in group:
                     have = per_gpu.get(g.id, ())
@@ -913,13 +935,19 @@ class _Run:
                             cost[1] - before.cost[1],
                             cost[2] - before.cost[2],
                         )
-                    # The pod's GPU policy between GPUs equally good on the objective.
-                    rank = 0.0 if policy is None else scoring.rank(policy, self._gpu_use(sid))
-                    if best is None or (cost, rank, g.id) < best:
-                        best = (cost, rank, g.id)
+                    # The pod's GPU policy between GPUs equally good on the objective; a pod
+                    # that asks to be spread itself: before GPUs touched and free room.
+                    if spread:
+                        crowd = self._gpu_use(sid) + len(have)
+                        order: tuple[float, ...] = (cost[0], crowd, cost[1], cost[2])
+                    else:
+                        rank = 0.0 if policy is None else scoring.rank(policy, self._gpu_use(sid))
+                        order = (*cost, rank)
+                    if best is None or (order, g.id) < best:
+                        best = (order, g.id)
                 if best is None:
                     break
-                per_gpu[best[2]] = tuple(sorted((*per_gpu.get(best[2], ()), name)))
+                per_gpu[best[1]] = tuple(sorted((*per_gpu.get(best[1], ()), name)))
             else:
                 out = []
                 for g in group:

@@ -11,6 +11,11 @@ In order of importance:
    counting only used and assigned instances as occupied: it rewards large free regions and
    whole free GPUs);
 4. the node policy (binpack or spread), a tie-breaker each planner applies while choosing.
+
+One term sits between 2's destroys and GPUs touched: for the pods that ask to be spread over
+GPUs themselves (``hami.io/gpu-scheduler-policy: spread`` on the pod, not the default), the
+other occupied instances on their GPUs (``crowded``). A pod that asks for spread gets the least
+used GPU even when that touches one more GPU; the default GPU policy stays a tie-breaker.
 """
 
 from __future__ import annotations
@@ -44,11 +49,14 @@ class Score:
     destroyed: int
     touched: int
     free_value: int
+    crowded: int = 0
+    """Pods that ask to be spread over GPUs themselves: for each of their instances, the other
+    occupied instances on its GPU (0 when every such pod has its GPUs to itself)."""
 
     @property
-    def key(self) -> tuple[int, int, int, int]:
+    def key(self) -> tuple[int, int, int, int, int]:
         """Sort key: larger is better."""
-        return (self.weighted, -self.destroyed, -self.touched, self.free_value)
+        return (self.weighted, -self.destroyed, -self.crowded, -self.touched, self.free_value)
 
 
 def score(snap: snapshot.Snapshot, plan: plans.Plan) -> Score:
@@ -70,10 +78,24 @@ def score(snap: snapshot.Snapshot, plan: plans.Plan) -> Score:
             touched += now != then
             occupied = {i.instance for i in gpu.instances if i.used} | assigned.get(key, set())
             value += layouts.free_value(gpu.model, layouts.Layout.of(occupied))
+    spread = {p.key for p in snap.pods if p.gpu_policy is snapshot.Policy.SPREAD}
+    crowded = 0
+    if spread:
+        used = {
+            (node.name, gpu.index): sum(1 for i in gpu.instances if i.used)
+            for node in snap.nodes
+            for gpu in node.gpus
+        }
+        for p in placed:
+            if p.pod in spread:
+                for i in p.instances:
+                    key = (p.node, i.gpu)
+                    crowded += used.get(key, 0) + len(assigned.get(key, ())) - 1
     return Score(
         weighted=sum(weights[p.pod] for p in placed),
         placed=len(placed),
         destroyed=destroyed,
         touched=touched,
         free_value=value,
+        crowded=crowded,
     )
