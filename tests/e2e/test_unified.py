@@ -145,6 +145,17 @@ def test_gpu_spread_puts_a_nodes_unified_pods_on_different_gpus(scene: Scene) ->
     assert got["s0"][1] != got["s1"][1], got  # spread: one GPU each
 
 
+def test_node_spread_puts_unified_pods_on_different_nodes(scene: Scene) -> None:
+    client = scene.client
+    scene.start_controller("c1")
+    scene.wait(scene.reported, "the agents' first status")
+    spread = {"hami.io/node-scheduler-policy": "spread"}
+    for name in ("n0", "n1"):
+        client.create(_unified(scene, name, gpumem=8000, annotations=spread))
+    got = scene.wait(lambda: _served(scene, {"n0", "n1"}), "two unified pods")
+    assert {got["n0"][0], got["n1"][0]} == set(NODES), got
+
+
 def test_a_controller_killed_with_unified_pods_in_flight_loses_nothing(scene: Scene) -> None:
     client = scene.client
     scene.start_controller("c1")

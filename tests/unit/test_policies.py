@@ -174,3 +174,23 @@ def test_a_pod_asking_spread_itself_gets_a_gpu_of_its_own_even_if_that_touches_o
     assert len(gpus(snap({"hami.io/gpu-scheduler-policy": "binpack"}))) == 1
     spread = snap({"hami.io/gpu-scheduler-policy": "spread"})
     assert objective.score(spread, fast.plan(spread, options.Options())).crowded == 0
+
+
+def test_a_pod_asking_node_spread_itself_gets_a_node_of_its_own() -> None:
+    def snap(policy: str) -> snapshot.Snapshot:
+        pods = [
+            {"name": n, "requests": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000},
+             "annotations": {"hami.io/node-scheduler-policy": policy}}
+            for n in ("s0", "s1")
+        ]  # fmt: skip
+        nodes = [{"name": n, "gpus": [{"model": "h100-80gb"}]} for n in ("a", "b")]
+        return snapshot.parse({"version": 1, "nodes": nodes, "pods": pods})
+
+    def nodes(s: snapshot.Snapshot) -> set[str]:
+        plan = fast.plan(s, options.Options())
+        assert len(plan.placements) == 2
+        assert not validation.problems(s, plan)
+        return {p.node for p in plan.placements}
+
+    assert nodes(snap("spread")) == {"a", "b"}
+    assert nodes(snap("binpack")) == {"a"}

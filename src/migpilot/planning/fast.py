@@ -578,6 +578,8 @@ class _Run:
         # A pod that asks to be spread over GPUs itself takes the least used GPU before fewer
         # GPUs touched and more free room (never before a destroy): the objective's crowded.
         own_spread = pod.gpu_policy is snapshot.Policy.SPREAD
+        # Likewise over nodes: the least used node first (every option is looked at).
+        own_node_spread = pod.node_policy is snapshot.Policy.SPREAD
 
         def head(cost: Cost, sid: int) -> tuple[float, ...]:
             if own_spread:
@@ -588,7 +590,7 @@ class _Run:
         best: tuple[tuple[float, ...], tuple[float, ...], _Gpu, Option] | None = None
         for found_cost, sid, opt in found:
             cost = head(found_cost, sid)
-            if best is not None and cost > best[0]:
+            if best is not None and not own_node_spread and cost > best[0]:
                 break
             seen: set[int] = set()
             gpu_rank = scoring.rank(gpu_policy, self._gpu_use(sid)) if self.by_policy else 0.0
@@ -605,8 +607,11 @@ class _Run:
                     if spread
                     else (self._strands(st, pod, opt), use, gpu_rank, gid)
                 )
-                if best is None or (cost, rank) < (best[0], best[1]):
-                    best = (cost, rank, st, opt)
+                key = (
+                    (found_cost[0], self._node_use(st.node), *cost[1:]) if own_node_spread else cost
+                )
+                if best is None or (key, rank) < (best[0], best[1]):
+                    best = (key, rank, st, opt)
                 if not spread and len(seen) >= _NODE_SCAN:
                     break
         return None if best is None else (best[2], best[3])

@@ -50,8 +50,9 @@ class Score:
     touched: int
     free_value: int
     crowded: int = 0
-    """Pods that ask to be spread over GPUs themselves: for each of their instances, the other
-    occupied instances on its GPU (0 when every such pod has its GPUs to itself)."""
+    """Pods that ask to be spread themselves: for each instance of a pod spread over GPUs, the
+    other occupied instances on its GPU; for each pod spread over nodes, the other occupied
+    instances on its node (0 when every such pod has its GPUs, or node, to itself)."""
 
     @property
     def key(self) -> tuple[int, int, int, int, int]:
@@ -78,16 +79,24 @@ def score(snap: snapshot.Snapshot, plan: plans.Plan) -> Score:
             touched += now != then
             occupied = {i.instance for i in gpu.instances if i.used} | assigned.get(key, set())
             value += layouts.free_value(gpu.model, layouts.Layout.of(occupied))
-    spread = {p.key for p in snap.pods if p.gpu_policy is snapshot.Policy.SPREAD}
+    gpu_spread = {p.key for p in snap.pods if p.gpu_policy is snapshot.Policy.SPREAD}
+    node_spread = {p.key for p in snap.pods if p.node_policy is snapshot.Policy.SPREAD}
     crowded = 0
-    if spread:
+    if gpu_spread or node_spread:
         used = {
             (node.name, gpu.index): sum(1 for i in gpu.instances if i.used)
             for node in snap.nodes
             for gpu in node.gpus
         }
+        on_node: Counter[str] = Counter()
+        for (node_name, _), n in used.items():
+            on_node[node_name] += n
+        for (node_name, _), held in assigned.items():
+            on_node[node_name] += len(held)
         for p in placed:
-            if p.pod in spread:
+            if p.pod in node_spread:
+                crowded += on_node[p.node] - len(p.instances)
+            if p.pod in gpu_spread:
                 for i in p.instances:
                     key = (p.node, i.gpu)
                     crowded += used.get(key, 0) + len(assigned.get(key, ())) - 1
