@@ -121,28 +121,23 @@ def test_unified_pods_get_the_smallest_slice_of_the_right_model(scene: Scene) ->
     assert set(_used_by(scene)) >= {"u-h100", "u-a100", "u-cores"}
 
 
-def test_gpu_binpack_puts_a_nodes_unified_pods_on_one_gpu(scene: Scene) -> None:
+@pytest.mark.parametrize(
+    ("model", "policy", "same_gpu"),
+    [("A100", "binpack", True), ("H100", "spread", False)],
+    ids=["binpack-one-gpu", "spread-two-gpus"],
+)
+def test_gpu_policies_pack_or_spread_a_nodes_unified_pods(
+    scene: Scene, model: str, policy: str, same_gpu: bool
+) -> None:
     client = scene.client
     scene.start_controller("c1")
     scene.wait(scene.reported, "the agents' first status")
-    pack = {"nvidia.com/use-gputype": "A100", "hami.io/gpu-scheduler-policy": "binpack"}
-    for name in ("b0", "b1"):
-        client.create(_unified(scene, name, gpumem=8000, annotations=pack))
-    got = scene.wait(lambda: _served(scene, {"b0", "b1"}), "two unified pods")
-    assert got["b0"][0] == got["b1"][0] == "ctl-a100"
-    assert got["b0"][1] == got["b1"][1], got  # binpack: the same GPU
-
-
-def test_gpu_spread_puts_a_nodes_unified_pods_on_different_gpus(scene: Scene) -> None:
-    client = scene.client
-    scene.start_controller("c1")
-    scene.wait(scene.reported, "the agents' first status")
-    spread = {"nvidia.com/use-gputype": "H100", "hami.io/gpu-scheduler-policy": "spread"}
-    for name in ("s0", "s1"):
-        client.create(_unified(scene, name, gpumem=8000, annotations=spread))
-    got = scene.wait(lambda: _served(scene, {"s0", "s1"}), "two unified pods")
-    assert got["s0"][0] == got["s1"][0] == "ctl-h100"
-    assert got["s0"][1] != got["s1"][1], got  # spread: one GPU each
+    asked = {"nvidia.com/use-gputype": model, "hami.io/gpu-scheduler-policy": policy}
+    for name in ("p0", "p1"):
+        client.create(_unified(scene, name, gpumem=8000, annotations=asked))
+    got = scene.wait(lambda: _served(scene, {"p0", "p1"}), "two unified pods")
+    assert got["p0"][0] == got["p1"][0] == f"ctl-{model.lower()}"
+    assert (got["p0"][1] == got["p1"][1]) is same_gpu, got
 
 
 def test_node_spread_puts_unified_pods_on_different_nodes(scene: Scene) -> None:
@@ -199,11 +194,14 @@ def test_a_unified_request_nothing_can_serve_is_let_go_with_the_reason(scene: Sc
     client.create(_unified(scene, "huge", gpumem=200000))
 
     def warned() -> list[str]:
+        # kube-scheduler's own FailedScheduling Warning may come first: wait for migpilot's.
         return [
             e.message or ""
             for e in client.list(Event, namespace=scene.namespace)
-            if e.involvedObject.name == "huge" and e.type == "Warning"
+            if e.involvedObject.name == "huge"
+            and e.type == "Warning"
+            and e.reason == "MigRequestUnservable"
         ]
 
-    messages = scene.wait(warned, "a Warning on the pod")
+    messages = scene.wait(warned, "migpilot's Warning on the pod")
     assert any("MiB" in m for m in messages), messages

@@ -264,19 +264,24 @@ def test_a_failed_write_is_retried_and_a_stale_event_rolls_nothing_back() -> Non
     _run(body)
 
 
+async def _reserved_and_made(api: kubeapi.InMemoryApi) -> None:
+    """Pod ``ns/p`` (1g.10gb) reserved on node ``n0``, and its instance made by the agent."""
+    await api.put(kubeapi.Kind.NODES, _node("n0"))
+    await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
+    await _agent_reports(api, "n0", [])
+    await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+    await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
+    _, start, profile = _reserved(api, "n0")["ns/p"]
+    await _agent_reports(
+        api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
+    )
+
+
 def test_a_reservation_that_waits_too_long_is_dropped_and_planned_again() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
-        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
-        await _agent_reports(api, "n0", [])
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
-        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         # The agent makes the instance but the Node never advertises it (say another pod took
         # the capacity): the reservation expires with a Warning, and the pod is planned again.
-        _, start, profile = _reserved(api, "n0")["ns/p"]
-        await _agent_reports(
-            api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
-        )
+        await _reserved_and_made(api)
         await _until(
             "the expiry", lambda: any(e.reason == "MigReservationExpired" for e in api.events)
         )
@@ -290,15 +295,7 @@ def test_a_pinned_pod_keeps_its_reservation_however_long_the_scheduler_takes() -
     """Once pinned, a pod can be bound nowhere else: its instances must not go to others."""
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
-        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
-        await _agent_reports(api, "n0", [])
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
-        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
-        _, start, profile = _reserved(api, "n0")["ns/p"]
-        await _agent_reports(
-            api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
-        )
+        await _reserved_and_made(api)
         await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
         await _until("the pin", lambda: len(api.pod_patches) == 1)
         # kube-scheduler does not bind it (say its cache lags): ten timeouts later the pod is

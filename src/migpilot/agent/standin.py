@@ -132,9 +132,7 @@ def _mig_amounts(spec: Mapping[str, Any], where: str) -> dict[str, int]:
     init: dict[str, int] = {}
     for part, into in (("containers", summed), ("initContainers", init)):
         for i, container in enumerate(spec.get(part) or ()):
-            res = container.get("resources") or {}
-            amounts = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-            for name, value in amounts.items():
+            for name, value in snapshot.container_resources(container).items():
                 if not str(name).startswith("nvidia.com/"):
                     continue
                 n = int(snapshot.parse_quantity(value, where=f"{where}.{part}[{i}].{name}"))

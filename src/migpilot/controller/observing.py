@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -123,10 +123,8 @@ def _effective(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
     init_max: dict[str, int] = {}
 
     def amounts(container: Any, at: str) -> dict[str, int]:
-        res = _map(_map(container).get("resources"))
-        merged = {**_map(res.get("limits")), **_map(res.get("requests"))}
         out: dict[str, int] = {}
-        for name, value in merged.items():
+        for name, value in snapshot.container_resources(container).items():
             out[name] = _amount(name, value, f"{at}.{name}")
         return out
 
@@ -181,7 +179,7 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
     problem: str | None = None
     total: dict[str, Any] = {}
     annotations = {str(k): str(v) for k, v in _map(meta.get("annotations")).items()}
-    containers = [_container_resources(c) for c in _seq(spec.get("containers"))]
+    containers = [snapshot.container_resources(c) for c in _seq(spec.get("containers"))]
     is_unified = unified.is_unified(containers, annotations)
     gpus = 0
     try:
@@ -194,7 +192,9 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
                 containers,
                 where="spec",
                 annotations=annotations,
-                init_containers=[_container_resources(c) for c in _seq(spec.get("initContainers"))],
+                init_containers=[
+                    snapshot.container_resources(c) for c in _seq(spec.get("initContainers"))
+                ],
             )
             gpus = requests.unified.count if requests.unified is not None else 0
             # CPU and memory as kube-scheduler counts them (overhead included).
@@ -228,12 +228,6 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         if is_unified
         else (),
     )
-
-
-def _container_resources(container: Any) -> dict[str, Any]:
-    """A container's resources as kube-scheduler counts them: limits, overridden by requests."""
-    res = _map(_map(container).get("resources"))
-    return {**_map(res.get("limits")), **_map(res.get("requests"))}
 
 
 def _planned_pod(
@@ -381,6 +375,8 @@ class Observed:
     """Per node, MIG instances by profile held by pods bound to it (not done)."""
     unplanned: tuple[str, ...]
     """Nodes with MIG GPUs that are not planned, and why (``name: reason``), for events."""
+    bound_gpus: Mapping[str, int] = field(default_factory=dict)
+    """Per node, the ``nvidia.com/gpu`` devices unified pods bound to it (not done) ask for."""
 
 
 NodeCache = dict[str, tuple[tuple[object, ...], snapshot.Node]]
@@ -407,9 +403,12 @@ def observe(
     bound: dict[str, Counter[str]] = {}
     used_cpu: Counter[str] = Counter()
     used_mem: Counter[str] = Counter()
+    bound_gpus: Counter[str] = Counter()
     for p in pod_map.values():
         if p.node and not p.done:
             bound.setdefault(p.node, Counter()).update(p.mig)
+            if p.unified:
+                bound_gpus[p.node] += p.gpus
             # Every bound pod takes CPU and memory, MIG pod or not (kube-scheduler counts all).
             used_cpu[p.node] += p.cpu_milli
             used_mem[p.node] += p.memory_bytes
@@ -504,6 +503,7 @@ def observe(
         reservations=MappingProxyType(reservations),
         stale=frozenset(stale),
         bound=MappingProxyType(bound),
+        bound_gpus=MappingProxyType(dict(bound_gpus)),
         unplanned=tuple(unplanned),
     )
 

@@ -81,9 +81,8 @@ def taken(observed: observing.Observed) -> dict[str, Counter[str]]:
     and ``nvidia.com/gpu`` devices (key :data:`gpulayouts.UNIFIED_RESOURCE`) of unified pods,
     of the pods bound there and of the reserved pods already let go (not gated)."""
     out = {node: Counter(c) for node, c in observed.bound.items()}
-    for bound in observed.pods.values():
-        if bound.unified and bound.node and not bound.done:
-            out.setdefault(bound.node, Counter())[gpulayouts.UNIFIED_RESOURCE] += bound.gpus
+    for node, gpus in observed.bound_gpus.items():
+        out.setdefault(node, Counter())[gpulayouts.UNIFIED_RESOURCE] += gpus
     for r in observed.reservations.values():
         view = observed.pods.get(r.pod)
         if view is not None and not view.gated_by_us and view.node is None:

@@ -322,6 +322,20 @@ def pod_requests(
     return _requests([(where, resources)], [], annotations or {}, where=where)
 
 
+def container_resources(container: Any) -> dict[str, Any]:
+    """One container (raw Kubernetes JSON) as the mapping :func:`container_requests` reads: its
+    resources as kube-scheduler counts them, limits overridden by requests. Anything not a
+    mapping reads as no resources."""
+    c = container if isinstance(container, Mapping) else {}
+    res = c.get("resources")
+    res = res if isinstance(res, Mapping) else {}
+    limits, requests = res.get("limits"), res.get("requests")
+    return {
+        **(limits if isinstance(limits, Mapping) else {}),
+        **(requests if isinstance(requests, Mapping) else {}),
+    }
+
+
 def container_requests(
     containers: Sequence[Mapping[str, Any]],
     *,

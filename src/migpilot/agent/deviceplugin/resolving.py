@@ -118,12 +118,6 @@ is_unified = unified.is_unified
 """Whether migpilot serves the pod's ``nvidia.com/gpu`` (the webhook's rule, one function)."""
 
 
-def container_resources(container: Mapping[str, Any]) -> dict[str, Any]:
-    """A container's resources as the scheduler counts them: limits, overridden by requests."""
-    res = container.get("resources") or {}
-    return {**(res.get("limits") or {}), **(res.get("requests") or {})}
-
-
 def gpu_pod(doc: Mapping[str, Any]) -> GpuPod | None:
     """A pod (raw JSON) as :func:`resolve` sees it; ``None`` when no container asks for
     ``nvidia.com/gpu``. A malformed ask is a :class:`~migpilot.errors.MigpilotError` naming
@@ -137,7 +131,7 @@ def gpu_pod(doc: Mapping[str, Any]) -> GpuPod | None:
         for part in ("initContainers", "containers")
         for i, c in enumerate(spec.get(part) or ())
     ]
-    resources = [container_resources(c) for _, _, c in parts]
+    resources = [snapshot.container_resources(c) for _, _, c in parts]
     pod_unified = is_unified(resources, annotations)
     found: list[Container] = []
     for (init, i, c), res in zip(parts, resources, strict=True):
