@@ -17,7 +17,7 @@ Two ways pods arrive, each on fresh nodes:
 - **burst**: ``--pods`` pods created back to back (profiles 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb,
   4g.40gb in turn);
 - **one at a time**: the next pod is created when the previous one is bound;
-- **burst (spread)**: the burst again with the controller's ``--scoring spread``, so the new
+- **burst (spread)**: the burst again with the controller's ``--node-policy spread``, so the new
   instances are made by four agents at once instead of two (the default ``binpack`` packs the
   burst onto two nodes, whose agents make their instances one after another).
 
@@ -132,7 +132,7 @@ def run_mode(
         suffix = migpilot.lease_ns.rsplit("-", 1)[-1]
         for i, model in enumerate(MODELS):
             migpilot.add_node(f"bench-{suffix}-{i}", f"emulated:{model}:x{GPUS_PER_NODE}")
-        migpilot.start_controller("bench", "--scoring", scoring, verbose=False)
+        migpilot.start_controller("bench", "--node-policy", scoring, verbose=False)
         controlplane.wait_for(
             lambda: _reported(client, migpilot.nodes),
             what="every agent's first status",

@@ -113,7 +113,8 @@ def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
     ("bad", "message"),
     [
         ("controller.batchWindow=-1", "/controller/batchWindow"),
-        ("controller.scoring=random", "/controller/scoring"),
+        ("controller.nodePolicy=random", "/controller/nodePolicy"),
+        ("controller.gpuPolicy=pack", "/controller/gpuPolicy"),
         ("agent.strategy=both", "/agent/strategy"),
         ("agent.backend=cuda", "/agent/backend"),
         ("agent.migPartedConfigMap=gpu-operator", "/agent/migPartedConfigMap"),

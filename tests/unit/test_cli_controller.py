@@ -27,6 +27,7 @@ def test_defaults() -> None:
     assert (c.identity, c.batch_window_s, c.reservation_timeout_s) == ("me", 0.25, 60.0)
     assert (c.lease_namespace, c.lease_name) == ("migpilot-system", "migpilot-controller")
     assert c.policy is snapshot.Policy.BINPACK
+    assert c.gpu_policy is snapshot.Policy.SPREAD
 
 
 def test_flags(tmp_path: Path) -> None:
@@ -40,6 +41,8 @@ def test_flags(tmp_path: Path) -> None:
             "0",
             "--scoring",
             "spread",
+            "--gpu-policy",
+            "binpack",
             "--metrics-port",
             "0",
             "--lease-namespace",
@@ -60,6 +63,7 @@ def test_flags(tmp_path: Path) -> None:
         "c2",
     )
     assert c.reservation_timeout_s == 5.0
+    assert c.gpu_policy is snapshot.Policy.BINPACK
 
 
 @pytest.mark.parametrize(
@@ -74,3 +78,12 @@ def test_flags(tmp_path: Path) -> None:
 def test_bad_values_are_refused_with_a_reason(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(errors.MigpilotError, match=message):
         controller_cmd.settings_from(_parse("--identity", "x", *argv))
+
+
+def test_node_policy_is_the_new_name_of_scoring(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kc"
+    kubeconfig.write_text("{}")
+    settings = controller_cmd.settings_from(
+        _parse("--kubeconfig", str(kubeconfig), "--node-policy", "spread")
+    )
+    assert settings.controller.policy is snapshot.Policy.SPREAD

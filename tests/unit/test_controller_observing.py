@@ -890,6 +890,26 @@ def test_observe_a_waiting_pod_on_an_empty_node() -> None:
     assert not obs.reservations and not obs.stale and not obs.unplanned
 
 
+def test_observe_carries_the_controllers_policies_into_the_snapshot() -> None:
+    """The controller's global policies are the snapshot's defaults (a pod's annotation wins)."""
+    default = _observe([_pod()], [_node()], [_layout(status=_status_all(2))])
+    assert (default.snapshot.policy, default.snapshot.gpu_policy) == (
+        snapshot.Policy.BINPACK,
+        snapshot.Policy.SPREAD,
+    )
+    flipped = _observe(
+        [_pod()],
+        [_node()],
+        [_layout(status=_status_all(2))],
+        policy=snapshot.Policy.SPREAD,
+        gpu_policy=snapshot.Policy.BINPACK,
+    )
+    assert (flipped.snapshot.policy, flipped.snapshot.gpu_policy) == (
+        snapshot.Policy.SPREAD,
+        snapshot.Policy.BINPACK,
+    )
+
+
 def test_cpu_and_memory_are_less_the_bound_and_the_reserved_pods() -> None:
     with_cpu = [
         _container(limits={"nvidia.com/mig-1g.10gb": "1"}, requests={"cpu": "4", "memory": "8Gi"})

@@ -470,6 +470,35 @@ def test_a_failed_pin_is_retried_and_lands_once() -> None:
     _run(body)
 
 
+def test_a_pod_in_another_vgpu_mode_is_declined_once_and_never_planned() -> None:
+    """``nvidia.com/vgpu-mode: hami-core`` is another system's pod: not planned, not gated, not
+    pinned, and told so with one Normal event."""
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        other = _pod("other", "1g.10gb", gated=False)
+        other["metadata"]["annotations"] = {"nvidia.com/vgpu-mode": "hami-core"}
+        other["spec"]["containers"][0]["resources"]["limits"] = {
+            "nvidia.com/gpu": "1",
+            "nvidia.com/gpumem": "4000",
+        }
+        await api.put(kubeapi.Kind.PODS, other)
+        await _until("an event", lambda: bool(api.events))
+        await _passes(controller)
+        (event,) = api.events
+        assert (event.name, event.type, event.reason) == ("other", "Normal", "MigDeclined")
+        assert "'hami-core'" in event.message and "'mig'" in event.message
+        assert not api.pod_patches
+        assert not any(
+            i.get("reservedFor")
+            for lay in api.objects[kubeapi.Kind.LAYOUTS].values()
+            for g in lay.get("spec", {}).get("gpus", [])
+            for i in g.get("instances", [])
+        )
+
+    _run(body)
+
+
 def test_a_bad_request_is_warned_once() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)

@@ -13,6 +13,8 @@ from migpilot import errors
 from migpilot.mig import catalog
 from migpilot.planning import snapshot, unified
 
+VGPU = unified.VGPU_MODE
+
 H100 = catalog.resolve_gpu("h100-80gb")
 H200 = catalog.resolve_gpu("h200")
 A100_40 = catalog.resolve_gpu("a100-40gb")
@@ -235,3 +237,19 @@ def test_errors_name_the_place_the_caller_gives() -> None:
         unified.parse_annotations({"hami.io/node-scheduler-policy": "pack"}, where="metadata")
     pod_level = unified.parse_annotations({"nvidia.com/use-gputype": "H100"}, where="metadata")
     assert pod_level == unified.UnifiedRequest(asks=(), use_models=("H100",))
+
+
+@pytest.mark.parametrize(
+    ("resources", "annotations", "mode"),
+    [
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000"}, {VGPU: "hami-core"}, "hami-core"),
+        ({"nvidia.com/gpu": "1"}, {VGPU: " mps "}, "mps"),
+        ({"nvidia.com/gpumem": "4000"}, {VGPU: "MIG"}, None),
+        ({"nvidia.com/gpu": "1"}, {}, None),
+        ({"cpu": "1"}, {VGPU: "hami-core"}, None),
+    ],
+)
+def test_other_mode_names_the_mode_of_another_systems_gpu_pod(
+    resources: dict[str, str], annotations: dict[str, str], mode: str | None
+) -> None:
+    assert unified.other_mode([resources], annotations) == mode

@@ -49,10 +49,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "again (default: 60)",
     )
     p.add_argument(
+        "--node-policy",
         "--scoring",
+        dest="node_policy",
         choices=[x.value for x in snapshot.Policy],
         default=snapshot.Policy.BINPACK.value,
-        help="the planner's node policy (default: binpack)",
+        help="the node policy of pods whose hami.io/node-scheduler-policy names none "
+        "(default: binpack; --scoring is the old name)",
+    )
+    p.add_argument(
+        "--gpu-policy",
+        choices=[x.value for x in snapshot.Policy],
+        default=snapshot.Policy.SPREAD.value,
+        help="the GPU policy of pods whose hami.io/gpu-scheduler-policy names none "
+        "(default: spread)",
     )
     p.add_argument(
         "--metrics-port",
@@ -102,7 +112,8 @@ def settings_from(args: argparse.Namespace) -> serving.ServeSettings:
             reservation_timeout_s=args.reservation_timeout,
             lease_namespace=args.lease_namespace,
             lease_name=args.lease_name,
-            policy=snapshot.Policy(args.scoring),
+            policy=snapshot.Policy(args.node_policy),
+            gpu_policy=snapshot.Policy(args.gpu_policy),
         ),
         kubeconfig=args.kubeconfig,
         metrics_port=args.metrics_port or None,

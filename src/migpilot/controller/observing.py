@@ -82,6 +82,9 @@ class PodView:
     counters: tuple[str, ...] = ()
     """For a unified pod: the node-level counters its containers name (``nvidia.com/gpumem``
     and the like), which kube-scheduler checks against the Node's allocatable."""
+    other_mode: str | None = None
+    """The ``nvidia.com/vgpu-mode`` of a pod asking ``nvidia.com/gpu`` in a mode migpilot does
+    not serve (``hami-core``, ``mps``): left to another system, and told so once."""
 
     @property
     def is_mig(self) -> bool:
@@ -227,6 +230,7 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         counters=tuple(sorted({n for c in containers for n in unified.UNIFIED_RESOURCES if n in c}))
         if is_unified
         else (),
+        other_mode=None if is_unified else unified.other_mode(containers, annotations),
     )
 
 
@@ -389,6 +393,7 @@ def observe(
     nodes: Iterable[NodeView],
     layouts_by_node: Mapping[str, gpulayouts.GpuLayout],
     policy: snapshot.Policy = snapshot.Policy.BINPACK,
+    gpu_policy: snapshot.Policy = snapshot.Policy.SPREAD,
     cache: NodeCache | None = None,
 ) -> Observed:
     """Read the cluster into an :class:`Observed` (see the module for the rules).
@@ -496,7 +501,9 @@ def observe(
     waiting.sort(key=lambda p: (p.created, p.key))
     pending = tuple(p.pod for p in waiting if p.pod is not None)
     return Observed(
-        snapshot=snapshot.Snapshot(nodes=tuple(planned), pods=pending, policy=policy),
+        snapshot=snapshot.Snapshot(
+            nodes=tuple(planned), pods=pending, policy=policy, gpu_policy=gpu_policy
+        ),
         pods=MappingProxyType(pod_map),
         nodes=MappingProxyType(node_map),
         layouts=MappingProxyType(dict(layouts_by_node)),

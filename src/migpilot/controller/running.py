@@ -39,7 +39,7 @@ from typing import Any
 from migpilot import errors, gcpause
 from migpilot.api import gpulayouts, leases
 from migpilot.controller import kubeapi, metrics, observing, pinning
-from migpilot.planning import control, fast, options, plans, snapshot
+from migpilot.planning import control, fast, options, plans, snapshot, unified
 
 _log = logging.getLogger("migpilot.controller")
 
@@ -79,7 +79,11 @@ class Settings:
     event_backlog: int = 20000
     """Events waiting to be recorded at most; more are dropped (and counted). Default 20000."""
     policy: snapshot.Policy = snapshot.Policy.BINPACK
-    """The planner's node policy. Default binpack."""
+    """The planner's node policy for pods that name none (``hami.io/node-scheduler-policy``).
+    Default binpack."""
+    gpu_policy: snapshot.Policy = snapshot.Policy.SPREAD
+    """The planner's GPU policy for pods that name none (``hami.io/gpu-scheduler-policy``).
+    Default spread (HAMi's chart default)."""
 
     def __post_init__(self) -> None:
         if not self.identity:
@@ -301,6 +305,7 @@ class Controller:
             nodes=self._store.nodes.values(),
             layouts_by_node=self._store.layouts,
             policy=self.settings.policy,
+            gpu_policy=self.settings.gpu_policy,
             cache=self._node_cache,
         )
 
@@ -433,6 +438,16 @@ class Controller:
         rest (they are never kept gated)."""
         jobs = []
         for key, (doc, view) in self._store.pods.items():
+            if view.other_mode is not None and not view.node and not view.done:
+                # Another system's pod: not gated by the webhook, never planned; say so once,
+                # so a user who expected migpilot sees why nothing happens.
+                await self._say(
+                    view,
+                    type_="Normal",
+                    reason="MigDeclined",
+                    message=f"nvidia.com/vgpu-mode is {view.other_mode!r}: migpilot serves "
+                    f"{unified.MIG_MODE!r} only and leaves the pod to the system serving it",
+                )
             if view.problem is None or not view.waiting:
                 continue
             jobs.append(self._refuse(key, doc, view, view.problem))

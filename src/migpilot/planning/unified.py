@@ -222,6 +222,19 @@ def serves_mode(annotations: Mapping[str, Any]) -> bool:
     return mode is None or str(mode).strip().lower() == MIG_MODE
 
 
+def other_mode(
+    containers: Sequence[Mapping[str, Any]], annotations: Mapping[str, Any]
+) -> str | None:
+    """The ``nvidia.com/vgpu-mode`` of a pod that asks for ``nvidia.com/gpu`` (or HAMi's other
+    resources) in a mode migpilot does not serve (``hami-core``, ``mps``): another system's pod,
+    declined (not gated, not planned, told so). ``None`` for every other pod."""
+    if serves_mode(annotations):
+        return None
+    if not any(name in res for res in containers for name in (GPU, *UNIFIED_RESOURCES)):
+        return None
+    return str(annotations.get(VGPU_MODE, "")).strip()
+
+
 def is_unified(containers: Sequence[Mapping[str, Any]], annotations: Mapping[str, Any]) -> bool:
     """Whether migpilot serves the pod's ``nvidia.com/gpu`` requests: some container (its
     resources, as in :func:`parse`) asks for one of :data:`UNIFIED_RESOURCES`, or the pod

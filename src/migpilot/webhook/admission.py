@@ -132,9 +132,7 @@ def _unified_outcome(pod: reviews.Pod) -> Outcome:
     here (the user would read the same problem twice)."""
     containers = [c.resources for c in pod.containers]
     if not unified.is_unified(containers, pod.annotations):
-        if not unified.serves_mode(pod.annotations) and any(
-            name in res for res in containers for name in (unified.GPU, *unified.UNIFIED_RESOURCES)
-        ):
+        if unified.other_mode(containers, pod.annotations) is not None:
             return Outcome.OTHER_VGPU_MODE
         return Outcome.NO_MIG_REQUEST
     try:
