@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
-import re
 import signal
 
 import lightkube
@@ -33,15 +32,6 @@ from tests.kube.scenes import NODES, WAIT_S, Scene, container
 pytestmark = pytest.mark.kube
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-_DESTROY = re.compile(r"GPU (\d+): destroy (\S+) \((MIG-[^)]+)\)")
-
-
-def _destroyed(scene: Scene, node: str) -> set[str]:
-    """UUIDs of the instances the node's agent destroyed (from its action log)."""
-    text = (scene.root / f"agent-{node}.log").read_text(errors="replace")
-    return {m.group(3) for m in _DESTROY.finditer(text)}
 
 
 def _uuids(layout: gl.GpuLayout | None) -> set[str]:
@@ -103,14 +93,14 @@ def test_pods_get_their_instances_and_a_second_wave_repartitions(scene: Scene) -
     assert {node for name, node in got.items() if not name.startswith("small-")} == {freed}
 
     # Nothing in use was destroyed: the full node kept every instance its pods hold.
-    assert _destroyed(scene, freed), "wave 2 needed a repartition"
+    assert scene.destroyed(freed), "wave 2 needed a repartition"
     told = [
         e.message or ""
         for e in client.list(Event, namespace="default")
         if e.involvedObject.name == freed and e.reason == "MigReconfiguring"
     ]
     assert any("destroy" in m for m in told), told
-    assert not _destroyed(scene, full) & kept
+    assert not scene.destroyed(full) & kept
     assert kept <= _uuids(scene.layout(full))
     # Reservations are released once the pods are bound.
     lay = scene.wait(

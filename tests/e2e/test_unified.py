@@ -151,7 +151,22 @@ def test_node_spread_puts_unified_pods_on_different_nodes(scene: Scene) -> None:
     assert {got["n0"][0], got["n1"][0]} == set(NODES), got
 
 
-def test_a_controller_killed_with_unified_pods_in_flight_loses_nothing(scene: Scene) -> None:
+def _users(scene: Scene) -> list[str]:
+    """Every ``usedBy`` the agents report, one entry per instance."""
+    return [
+        i.used_by
+        for n in NODES
+        if (lay := scene.layout(n)) is not None and lay.status is not None
+        for g in lay.status.gpus
+        for i in g.instances
+        if i.used_by is not None
+    ]
+
+
+def test_every_component_killed_with_unified_pods_in_flight_loses_nothing(scene: Scene) -> None:
+    """The controller and both agents die (SIGKILL) with reservations made and not yet
+    allocated; once back, every pod gets one instance of its own, no reservation expires, and
+    an agent restarted after the allocations keeps every pod's instance (its ledger)."""
     client = scene.client
     scene.start_controller("c1")
     scene.wait(scene.reported, "the agents' first status")
@@ -169,22 +184,46 @@ def test_a_controller_killed_with_unified_pods_in_flight_loses_nothing(scene: Sc
         )
 
     scene.wait(reserved, "a reservation")
-    scene.controllers["c1"].signal(signal.SIGKILL)
+    killed = [scene.controllers["c1"], *(scene.agents[n] for n in NODES)]
+    for component in killed:
+        component.signal(signal.SIGKILL)
+    for component in killed:
+        component.process.wait()
+    for node, model in NODES.items():
+        scene.start_agent(node, f"emulated:{model}:x2")
     scene.start_controller("c2")
-    scene.wait(lambda: _served(scene, names), "every pod served after the restart")
+    scene.wait(lambda: _served(scene, names), "every pod served after the restarts")
     # Each pod got one instance of its own: as many instances are used as pods, each by one.
-    users = [
-        i.used_by
+    expected = sorted(f"{scene.namespace}/{n}" for n in names)
+    assert sorted(_users(scene)) == expected
+    assert not any(
+        e.reason == "MigReservationExpired" for e in client.list(Event, namespace=scene.namespace)
+    )
+    # Allocated now: an agent restarted again keeps every instance its pods use.
+    used = {
+        i.uuid
         for n in NODES
         if (lay := scene.layout(n)) is not None and lay.status is not None
         for g in lay.status.gpus
         for i in g.instances
         if i.used_by is not None
-    ]
-    assert sorted(users) == sorted(f"{scene.namespace}/{n}" for n in names)
-    assert not any(
-        e.reason == "MigReservationExpired" for e in client.list(Event, namespace=scene.namespace)
-    )
+    }
+    logs = {node: scene.root / f"agent-{node}.log" for node in NODES}
+    offsets = {node: logs[node].stat().st_size for node in NODES}
+    for node, model in NODES.items():
+        scene.agents[node].signal(signal.SIGKILL)
+        scene.agents[node].process.wait()
+        scene.start_agent(node, f"emulated:{model}:x2")
+
+    def reported_again() -> bool:
+        return all(
+            "status written" in logs[n].read_bytes()[offsets[n] :].decode(errors="replace")
+            for n in NODES
+        )
+
+    scene.wait(reported_again, "a status from each restarted agent")
+    assert sorted(_users(scene)) == expected
+    assert not used & set().union(*(scene.destroyed(n) for n in NODES))
 
 
 def test_a_unified_request_nothing_can_serve_is_let_go_with_the_reason(scene: Scene) -> None:
