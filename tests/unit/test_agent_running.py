@@ -12,6 +12,8 @@ import os
 import pathlib
 import shutil
 import tempfile
+import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -483,3 +485,44 @@ def test_metrics_server_serves_the_agents_registry(node: Node) -> None:
         "migpilot_devices",
     } <= names
     assert 'migpilot_devices{health="Healthy",resource="nvidia.com/mig-1g.10gb"} 2.0' in body
+
+
+def test_the_agents_probes_say_ready_after_the_first_pass_and_alive_while_it_loops(
+    node: Node,
+) -> None:
+    assert node.agent.not_ready() == "the first pass has not finished"
+    server = running.MetricsServer(
+        node.metrics,
+        port=0,
+        address="127.0.0.1",
+        live=node.agent.heartbeat.check,
+        ready=node.agent.not_ready,
+    )
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{url}/readyz", timeout=5)
+        assert err.value.code == 503
+        node.agent.start()
+        with urllib.request.urlopen(f"{url}/readyz", timeout=5) as r:
+            assert r.status == 200
+        assert node.agent.heartbeat.check() is None
+        node.clock.sleep(node.agent.settings.stall_s + 1)  # the loop never went round
+        assert "has not gone round" in (node.agent.heartbeat.check() or "")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{url}/healthz", timeout=5)
+        assert err.value.code == 503
+        stop = threading.Event()
+        loop = threading.Thread(target=node.agent.run, args=(stop,))
+        loop.start()  # the loop goes round again: alive
+        try:
+            for _ in range(100):
+                if node.agent.heartbeat.check() is None:
+                    break
+                stop.wait(0.05)
+            assert node.agent.heartbeat.check() is None
+        finally:
+            stop.set()
+            loop.join()
+    finally:
+        server.close()

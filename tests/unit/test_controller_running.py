@@ -706,3 +706,27 @@ def test_an_api_server_that_fails_to_list_is_listed_again() -> None:
         assert flaky.failures == 0
 
     _run(body, api=flaky, retry_s=0.01)
+
+
+def test_probes_ready_once_every_kind_is_listed_and_alive_while_the_loop_goes_round() -> None:
+    class Clock:
+        now = 1000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+    fresh = running.Controller(
+        kubeapi.InMemoryApi(), settings=running.Settings(identity="c0"), clock=clock
+    )
+    assert fresh.not_ready() == "not yet listed: gpulayouts, nodes, pods"
+    clock.now += fresh.settings.stall_s + 1  # never run: its loop never went round
+    assert "has not gone round" in (fresh.heartbeat.check() or "")
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _until("every kind listed", lambda: controller.not_ready() is None)
+        clock.now += controller.settings.stall_s + 1
+        await _passes(controller)  # the loop beats each round (every resync at least)
+        assert controller.heartbeat.check() is None
+
+    _run(body, clock=clock)

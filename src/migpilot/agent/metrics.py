@@ -5,7 +5,7 @@ were done, refused (in use) or failed, and how many devices of each resource are
 metrics live on a :class:`prometheus_client.CollectorRegistry` created here, never the global
 default, so several agents (tests, the simulator) can live in one process. This module defines
 and updates the metrics; others call :class:`AgentMetrics`' methods. Serving them over HTTP is
-``agent.running.MetricsServer``'s job (the other module that imports ``prometheus_client``).
+``agent.running.MetricsServer``'s job (through :mod:`migpilot.probes`).
 """
 
 from __future__ import annotations

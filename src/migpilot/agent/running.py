@@ -21,8 +21,8 @@ when their size, mtime or inode change, polled (no inotify dependency). In a clu
 from the node's GpuLayout (:class:`~migpilot.agent.following.GpuLayoutSource`), and a
 :class:`PassListener` reports each pass (its status, the Node's labels).
 
-A shell module: it reads and writes files, runs threads and serves metrics over HTTP with
-``prometheus_client``; it never imports the CLI.
+A shell module: it reads and writes files, runs threads and serves metrics and probes over HTTP
+(:mod:`migpilot.probes`); it never imports the CLI.
 """
 
 from __future__ import annotations
@@ -35,9 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import prometheus_client
-
-from migpilot import errors, files
+from migpilot import errors, files, probes
 from migpilot.agent import desired, labels, metrics, reconciling
 from migpilot.agent.deviceplugin import advertising, devices, health, podresources
 from migpilot.gpu import backend, clocks
@@ -469,6 +467,9 @@ class AgentSettings:
     """Longest wait for one XID event before checking for shutdown, in seconds (default 0.5)."""
     labels_file: Path | None = None
     """Where the GFD labels are written (``key=value`` lines); ``None``: not written."""
+    stall_s: float = 300.0
+    """Seconds the loop may go without a round before ``/healthz`` fails (a driver call that
+    never returns); a pass making every instance of eight GPUs takes seconds. Default 300."""
 
 
 class Agent:
@@ -514,6 +515,12 @@ class Agent:
         self._view = devices.NodeDevices(gpus=())
         self._stopping = threading.Event()
         self._xid_thread: threading.Thread | None = None
+        self.heartbeat = probes.Heartbeat(clock.monotonic, stall_s=settings.stall_s)
+        """Beats once per round of :meth:`run`; ``/healthz`` reads it."""
+
+    def not_ready(self) -> str | None:
+        """``None`` once the first pass is done (``/readyz``), else why not."""
+        return None if self._last_pass is not None else "the first pass has not finished"
 
     # -- one pass ----------------------------------------------------------------------------
     def reconcile(self) -> reconciling.Report:
@@ -666,6 +673,7 @@ class Agent:
     def run(self, stop: threading.Event) -> None:
         """Tick until ``stop`` is set, checking inputs every ``watch_s`` seconds."""
         while not stop.is_set():
+            self.heartbeat.beat()
             try:
                 self.tick()
             except backend.BackendError as err:
@@ -707,21 +715,29 @@ class Agent:
             return self._view
 
 
-# --- metrics over HTTP -------------------------------------------------------------------------
+# --- metrics and probes over HTTP --------------------------------------------------------------
 
 
 class MetricsServer:
-    """The agent's metrics served over HTTP by ``prometheus_client`` from its own registry."""
+    """The agent's metrics (its own registry) and its probes, served over HTTP
+    (:mod:`migpilot.probes`): ``/healthz`` fails when :meth:`Agent.run` stalls, ``/readyz`` until
+    the first pass is done."""
 
-    def __init__(self, agent_metrics: metrics.AgentMetrics, *, port: int, address: str) -> None:
-        self._server, self._thread = prometheus_client.start_http_server(
-            port, addr=address, registry=agent_metrics.registry
+    def __init__(
+        self,
+        agent_metrics: metrics.AgentMetrics,
+        *,
+        port: int,
+        address: str,
+        live: probes.Check = probes.ok,
+        ready: probes.Check = probes.ok,
+    ) -> None:
+        self._endpoint = probes.Endpoint(
+            agent_metrics.registry, port=port, address=address, live=live, ready=ready
         )
-        self.port: int = self._server.server_port
+        self.port: int = self._endpoint.port
         _log.info("metrics on http://%s:%d/metrics", address or "0.0.0.0", self.port)
 
     def close(self) -> None:
         """Stop serving."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._endpoint.close()

@@ -650,7 +650,11 @@ def _serve(
         if args.metrics_port:
             try:
                 server = running.MetricsServer(
-                    the_metrics, port=args.metrics_port, address=args.metrics_address
+                    the_metrics,
+                    port=args.metrics_port,
+                    address=args.metrics_address,
+                    live=agent.heartbeat.check,
+                    ready=agent.not_ready,
                 )
             except OSError as err:
                 raise errors.AgentConfigError(

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from migpilot import errors, gcpause
+from migpilot import errors, gcpause, probes
 from migpilot.api import gpulayouts, leases
 from migpilot.controller import kubeapi, metrics, observing, pinning
 from migpilot.planning import control, fast, options, plans, snapshot, unified
@@ -78,6 +78,9 @@ class Settings:
     """Events recorded at once, in the background: an Event never holds up a pass. Default 4."""
     event_backlog: int = 20000
     """Events waiting to be recorded at most; more are dropped (and counted). Default 20000."""
+    stall_s: float = 120.0
+    """Seconds the loop may go without a round before ``/healthz`` fails (it wakes at least
+    every :attr:`resync_s`; a plan of 8,000 GPUs takes about a second). Default 120."""
     policy: snapshot.Policy = snapshot.Policy.BINPACK
     """The planner's node policy for pods that name none (``hami.io/node-scheduler-policy``).
     Default binpack."""
@@ -132,6 +135,8 @@ class Controller:
         self.metrics = metrics_ or metrics.ControllerMetrics()
         self._clock = clock
         self._wall = wall
+        self.heartbeat = probes.Heartbeat(clock, stall_s=settings.stall_s)
+        """Beats once per round of :meth:`run`; ``/healthz`` reads it."""
         self._store = _Store()
         self._node_cache: observing.NodeCache = {}
         self._wake = asyncio.Event()
@@ -279,6 +284,7 @@ class Controller:
         stopper = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
+                self.heartbeat.beat()
                 timeout = self.settings.resync_s
                 if self._batch.due is not None:
                     timeout = max(0.0, min(timeout, self._batch.due - self._clock()))
@@ -297,6 +303,12 @@ class Controller:
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+
+    def not_ready(self) -> str | None:
+        """``None`` once every watch has listed its kind (``/readyz``), else what is missing.
+        A standby is ready too: it keeps its caches warm to take over at once."""
+        missing = sorted(k.value for k in kubeapi.Kind if k not in self._store.synced)
+        return f"not yet listed: {', '.join(missing)}" if missing else None
 
     def observe(self) -> observing.Observed:
         """The cluster as the watches show it now."""

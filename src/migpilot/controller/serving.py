@@ -1,9 +1,10 @@
 """Assemble and run the controller process: the API client, the metrics endpoint, the signals.
 
 Why it exists: the CLI stays thin (flags in, one :func:`run` call) and tests or a demo can start
-a whole controller in a thread with the same assembly. Serves ``/metrics`` (Prometheus text) on
-``metrics_port`` and stops cleanly on SIGTERM or SIGINT, giving the Lease up by letting it expire
-(a standby takes over within the Lease's duration).
+a whole controller in a thread with the same assembly. Serves ``/metrics`` (Prometheus text),
+``/healthz`` (the loop went round lately) and ``/readyz`` (the watches have listed everything)
+on ``metrics_port`` (:mod:`migpilot.probes`), and stops cleanly on SIGTERM or SIGINT, giving
+the Lease up by letting it expire (a standby takes over within the Lease's duration).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import prometheus_client
-
+from migpilot import probes
 from migpilot.controller import kube, metrics, running
 
 _log = logging.getLogger("migpilot.controller")
@@ -30,7 +30,7 @@ class ServeSettings:
     kubeconfig: Path | None = None
     """kubeconfig file; ``None``: the in-cluster service account. Default in-cluster."""
     metrics_port: int | None = 8080
-    """Port of ``/metrics``; ``None``: not served. Default 8080."""
+    """Port of ``/metrics``, ``/healthz`` and ``/readyz``; ``None``: not served. Default 8080."""
     metrics_host: str = "0.0.0.0"
     """Address of ``/metrics``. Default all addresses."""
 
@@ -43,10 +43,15 @@ def run(settings: ServeSettings, *, stop: threading.Event | None = None) -> None
 async def _main(settings: ServeSettings, outer: threading.Event | None) -> None:
     api = kube.connect(settings.kubeconfig)
     figures = metrics.ControllerMetrics()
+    controller = running.Controller(api, settings=settings.controller, metrics_=figures)
     server = None
     if settings.metrics_port is not None:
-        server, _ = prometheus_client.start_http_server(
-            settings.metrics_port, addr=settings.metrics_host, registry=figures.registry
+        server = probes.Endpoint(
+            figures.registry,
+            port=settings.metrics_port,
+            address=settings.metrics_host,
+            live=controller.heartbeat.check,
+            ready=controller.not_ready,
         )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -59,12 +64,11 @@ async def _main(settings: ServeSettings, outer: threading.Event | None) -> None:
             daemon=True,
             name="controller-stop",
         ).start()
-    controller = running.Controller(api, settings=settings.controller, metrics_=figures)
     _log.info("controller %s starting", settings.controller.identity)
     try:
         await controller.run(stop)
     finally:
         await api.close()
         if server is not None:
-            server.shutdown()
+            server.close()
         _log.info("controller %s stopped", settings.controller.identity)
