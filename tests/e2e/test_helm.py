@@ -208,6 +208,38 @@ def test_the_controller_and_the_webhook_run_unprivileged() -> None:
             assert context["capabilities"] == {"drop": ["ALL"]}
 
 
+def test_the_controller_and_the_agent_are_probed_on_their_metrics_port() -> None:
+    docs = _render("mp", "gpu-system")
+    for kind, component in (("Deployment", "controller"), ("DaemonSet", "agent")):
+        (doc,) = [
+            d
+            for d in docs
+            if d["kind"] == kind
+            and d["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        ]
+        (container,) = doc["spec"]["template"]["spec"]["containers"]
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert {"name": "metrics"}.items() <= container["ports"][0].items()
+
+
+@pytest.mark.parametrize(("replicas", "budgets"), [("2", 2), ("1", 0)])
+def test_a_disruption_budget_keeps_one_replica_through_a_drain(replicas: str, budgets: int) -> None:
+    docs = _render(
+        "mp", "gpu-system", f"controller.replicas={replicas}", f"webhook.replicas={replicas}"
+    )
+    pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert len(pdbs) == budgets
+    for pdb in pdbs:
+        assert pdb["spec"]["maxUnavailable"] == 1
+        component = pdb["metadata"]["labels"]["app.kubernetes.io/component"]
+        assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == component
+    off = _render("mp", "gpu-system", "controller.disruptionBudget=false")
+    assert [d["metadata"]["name"] for d in off if d["kind"] == "PodDisruptionBudget"] == [
+        "mp-webhook"
+    ]
+
+
 def _value_rows() -> dict[str, str]:
     """The README's values table: value -> default as written."""
     text = (CHART / "README.md").read_text()
