@@ -8,11 +8,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from migpilot.gpu import mps
+from migpilot.agent import mps as supervising
+from migpilot.gpu import clocks, mps
 from tests.integration import mps_fake
 
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -182,3 +184,38 @@ def test_a_daemon_that_ignores_quit_is_reported(bin_dir: Path, spec: mps.MpsDaem
     with pytest.raises(mps.MpsError, match=rf"daemon {pid} in .* did not quit within 0.5 s"):
         ctl.stop(spec)
     assert ctl.alive(spec)
+
+
+def test_supervisor_over_the_real_process(bin_dir: Path, spec: mps.MpsDaemonSpec) -> None:
+    """Start, crash (the daemon killed), restart after backoff, adoption by a new supervisor,
+    stop: the supervisor's lifecycle with real processes."""
+    clock = clocks.VirtualClock()
+    settings = supervising.SupervisorSettings(backoff_initial_s=2.0)
+    ctl = control(bin_dir)
+    supervisor = supervising.MpsSupervisor(ctl, clock=clock, settings=settings)
+    spec = replace(spec, pipe_dir=spec.pipe_dir / "made", log_dir=spec.log_dir / "made")
+    try:
+        (status,) = supervisor.reconcile([spec])
+        assert status.phase is supervising.Phase.RUNNING
+        assert status.pid == ctl.pid(spec)
+        assert log_lines(spec)[-3:] == [f"command {c}" for c in spec.default_commands()]
+
+        assert status.pid is not None
+        os.kill(status.pid, signal.SIGKILL)  # the fake daemon this test started
+        assert wait_for(lambda: not ctl.alive(spec))
+        (status,) = supervisor.reconcile([spec])
+        assert status.phase is supervising.Phase.BACKOFF
+        clock.sleep(2.0)
+        (status,) = supervisor.reconcile([spec])
+        assert status.phase is supervising.Phase.RUNNING
+        assert status.restarts == 1
+
+        adopter = supervising.MpsSupervisor(ctl, clock=clock, settings=settings)
+        (adopted,) = adopter.reconcile([spec])
+        assert adopted.adopted
+        assert adopted.pid == status.pid
+
+        assert adopter.reconcile([]) == ()
+        assert not ctl.alive(spec)
+    finally:
+        mps_fake.kill_daemons([spec.pipe_dir])
