@@ -326,8 +326,38 @@ def test_whatever_happens_the_wanted_daemons_end_up_running(
         for s in (a, b):
             if s not in desired:
                 assert not node.host.alive(s)
-    for _ in itertools.repeat(None, 3):
+    # Each pass takes one start; every injected failure costs one more.
+    for _ in itertools.repeat(None, 3 + sum(op == "fail" for op, _ in ops)):
         node.clock.sleep(SETTINGS.backoff_max_s)
         statuses = node.supervisor.reconcile(desired)
     assert all(s.phase is Phase.RUNNING for s in statuses)
     assert all(node.host.alive(s) for s in desired)
+
+
+def test_check_starts_asks_and_stops(tmp_path: Path) -> None:
+    node = Node(startup_s=0.5)
+    s = spec(tmp_path)
+    result = supervising.check(node.host, s, clock=node.clock, timeout_s=5.0, poll_s=0.1)
+    assert result.pid is not None
+    assert result.answered_after_s == pytest.approx(0.5)
+    assert result.servers == ()
+    assert result.defaults == s.default_commands()
+    assert node.host.state(s) is mps.DaemonState.STOPPED
+    assert node.host.control_log(s)[-1] == "quit"
+
+
+def test_check_reports_a_daemon_that_never_answers(tmp_path: Path) -> None:
+    node = Node(startup_s=60.0)
+    s = spec(tmp_path)
+    with pytest.raises(mps.MpsError, match="did not come up: no answer within 5 s"):
+        supervising.check(node.host, s, clock=node.clock, timeout_s=5.0)
+    assert not node.host.alive(s)
+
+
+def test_check_never_touches_a_running_daemon(tmp_path: Path) -> None:
+    node = Node()
+    s = spec(tmp_path)
+    node.one(s)
+    with pytest.raises(mps.MpsError, match="already runs in .*give it another pipe directory"):
+        supervising.check(node.host, s, clock=node.clock)
+    assert node.host.alive(s)

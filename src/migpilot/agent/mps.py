@@ -409,3 +409,74 @@ def _read_marker(spec: mps.MpsDaemonSpec) -> mps.MpsDaemonSpec | None:
         )
     except (OSError, ValueError, KeyError, TypeError, mps.MpsError):
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """What :func:`check` saw of one daemon it started, asked and stopped."""
+
+    pid: int | None
+    """The control daemon's pid while it ran."""
+    answered_after_s: float
+    """Seconds from the start until it answered ``get_server_list``."""
+    servers: tuple[int, ...]
+    """Its ``get_server_list`` answer (empty until a CUDA client connects)."""
+    defaults: tuple[str, ...]
+    """The default commands it was sent."""
+    pipe_files: tuple[str, ...]
+    """What was in its pipe directory while it ran (``control``, its pid file, ...)."""
+    log_tail: tuple[str, ...]
+    """The last lines of its ``control.log`` (empty when it wrote none)."""
+
+
+def check(
+    control: mps.MpsControl,
+    spec: mps.MpsDaemonSpec,
+    *,
+    clock: clocks.Clock,
+    timeout_s: float = 30.0,
+    poll_s: float = 0.1,
+    log_lines: int = 8,
+) -> CheckResult:
+    """Start a daemon for ``spec`` as the agent does, ask ``get_server_list``, stop it.
+
+    What ``migpilot mps check`` runs on a GPU node. It refuses a pipe directory where a daemon
+    already runs (it would stop someone else's daemon). :class:`~migpilot.gpu.mps.MpsError`
+    when the daemon does not start or answer; the daemon is stopped in every case.
+    """
+    if control.alive(spec):
+        raise mps.MpsError(
+            f"an MPS control daemon already runs in {str(spec.pipe_dir)!r}; the check starts "
+            "its own: give it another pipe directory"
+        )
+    settings = SupervisorSettings(start_timeout_s=timeout_s)
+    supervisor = MpsSupervisor(control, clock=clock, settings=settings)
+    began = clock.monotonic()
+    try:
+        (status,) = supervisor.reconcile([spec])
+        while status.phase is Phase.STARTING:
+            clock.sleep(poll_s)
+            (status,) = supervisor.reconcile([spec])
+        if status.phase is not Phase.RUNNING:
+            raise mps.MpsError(
+                f"the MPS control daemon did not come up: {status.last_error or status.phase}"
+            )
+        answered = clock.monotonic() - began
+        servers = control.server_list(spec)
+        files = tuple(sorted(p.name for p in spec.pipe_dir.iterdir()))
+    finally:
+        left = supervisor.reconcile([])
+    if left:
+        raise mps.MpsError(f"the MPS control daemon did not quit: {left[0].last_error}")
+    try:
+        log = (spec.log_dir / mps.CONTROL_LOG).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        log = ""
+    return CheckResult(
+        pid=status.pid,
+        answered_after_s=answered,
+        servers=servers,
+        defaults=spec.default_commands(),
+        pipe_files=files,
+        log_tail=tuple(log.splitlines()[-log_lines:]),
+    )
