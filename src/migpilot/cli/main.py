@@ -17,6 +17,7 @@ from migpilot.cli import (
     controller_cmd,
     fleet_cmd,
     mig_cmds,
+    mps_cmd,
     plan_cmd,
     simulate_cmd,
     webhook_cmd,
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     fleet_cmd.register(sub)
     webhook_cmd.register(sub)
     controller_cmd.register(sub)
+    mps_cmd.register(sub)
     return parser
 
 
