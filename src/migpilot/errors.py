@@ -52,3 +52,9 @@ class ClusterSpecError(MigpilotError):
 class GpuLayoutError(MigpilotError):
     """A GpuLayout object (migpilot.io/v1alpha1) that does not parse or describes an impossible
     layout; the message names the field (``spec.gpus[1].instances[0].start: ...``)."""
+
+
+class SharingConfigError(MigpilotError):
+    """A GPU sharing config (NVIDIA's device-plugin config file: time-slicing, MPS) that does
+    not parse, does not validate, or cannot be applied to the node; the message names the field
+    (``sharing.timeSlicing.resources[0].replicas: ...``)."""

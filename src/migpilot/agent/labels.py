@@ -11,8 +11,10 @@ zero count when the node breaks the strategy's invariants); under ``mixed`` each
 slices.gi,slices.ci,engines.copy,engines.decoder,engines.encoder,engines.jpeg,engines.ofa}``.
 MIG attributes come from the catalog profile; a value the catalog does not know is left out
 rather than guessed. Driver/CUDA version and machine-type labels need facts this view does not
-carry and are not produced. Sharing (time-slicing, MPS) is not configured in migpilot, so
-``replicas`` is 1 (0 for MIG-enabled GPUs, as GFD) and ``sharing-strategy`` is ``none``.
+carry and are not produced. Under a sharing config (NVIDIA's time-slicing or MPS,
+``docs/sharing.md``) ``replicas``, ``sharing-strategy``, the product's ``-SHARED`` suffix and
+``mps.capable`` follow GFD (:mod:`migpilot.sharing.labelling`); without one ``replicas`` is 1 (0
+for MIG-enabled GPUs, as GFD) and ``sharing-strategy`` is ``none``.
 
 :func:`config_state` gives the ``nvidia.com/mig.config.state`` label NVIDIA's mig-manager sets
 beside ``nvidia.com/mig.config`` (``success``, ``pending`` or ``failed``), which the GPU
@@ -30,6 +32,8 @@ from collections.abc import Mapping
 from migpilot.agent import reconciling
 from migpilot.agent.deviceplugin import advertising, devices
 from migpilot.mig import profiles
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import labelling
 
 _GPU = "nvidia.com/gpu"
 _INVALID = "INVALID"
@@ -54,22 +58,30 @@ def config_state(report: reconciling.Report | None, *, unavailable: bool) -> str
     return "success" if report.converged and not report.refusals else "pending"
 
 
-def node_labels(node: devices.NodeDevices, strategy: devices.MigStrategy) -> dict[str, str]:
-    """The GFD labels for ``node`` under ``strategy`` (empty when the node has no GPU)."""
+def node_labels(
+    node: devices.NodeDevices,
+    strategy: devices.MigStrategy,
+    *,
+    sharing: sharing_config.Config = sharing_config.EMPTY,
+) -> dict[str, str]:
+    """The GFD labels for ``node`` under ``strategy`` and ``sharing`` (empty when the node has
+    no GPU)."""
     if not node.gpus:
         return {}
+    any_mig = any(g.mig_enabled for g in node.gpus)
+    capable = labelling.mps_capable(sharing, any_mig_enabled=any_mig)
     labels: dict[str, str] = {
         "nvidia.com/mig.capable": "true",  # every catalog GPU is MIG-capable
-        "nvidia.com/mps.capable": "false",
+        "nvidia.com/mps.capable": str(capable).lower(),
     }
-    labels |= _full_gpu_labels(node)
+    labels |= _full_gpu_labels(node, sharing)
     if strategy is devices.MigStrategy.NONE:
         return labels
     labels["nvidia.com/mig.strategy"] = strategy.value
     if strategy is devices.MigStrategy.SINGLE:
-        labels |= _single_labels(node)
+        labels |= _single_labels(node, sharing)
     else:
-        labels |= _mixed_labels(node)
+        labels |= _mixed_labels(node, sharing)
     return labels
 
 
@@ -112,7 +124,7 @@ def _resource_labels(resource: str, values: Mapping[str, object]) -> dict[str, s
     return {f"{resource}.{suffix}": str(value) for suffix, value in values.items()}
 
 
-def _full_gpu_labels(node: devices.NodeDevices) -> dict[str, str]:
+def _full_gpu_labels(node: devices.NodeDevices, sharing: sharing_config.Config) -> dict[str, str]:
     counts: dict[str, int] = {}
     first: dict[tuple[bool, str], devices.Gpu] = {}
     for gpu in sorted(node.gpus, key=lambda g: g.index):
@@ -122,11 +134,13 @@ def _full_gpu_labels(node: devices.NodeDevices) -> dict[str, str]:
     # MIG-enabled products first; whole GPUs override them, as in GFD.
     for (whole, name), gpu in sorted(first.items()):
         major, minor = gpu.model.compute_capability
+        # GFD labels MIG-enabled GPUs' whole-GPU keys without sharing.
+        shared = labelling.resource_sharing(sharing if whole else None, _GPU)
         values: dict[str, object] = {
-            "product": product(name),
+            "product": _shared_product(shared, name),
             "count": counts[name],
-            "replicas": 1 if whole else 0,
-            "sharing-strategy": "none",
+            "replicas": shared.replicas,
+            "sharing-strategy": shared.strategy,
             "memory": gpu.memory_mib,
             "family": arch_family(major, minor),
             "compute.major": major,
@@ -141,8 +155,17 @@ def _mig_name(profile: profiles.Profile) -> str:
     return profile.name.replace("+", ".")
 
 
+def _shared_product(shared: labelling.ResourceSharing, *parts: str) -> str:
+    suffix = labelling.SHARED_PRODUCT_SUFFIX if shared.shared_product else ""
+    return product(*parts, suffix)
+
+
 def _mig_labels(
-    resource: str, parent: devices.Gpu, profile: profiles.Profile, count: int
+    resource: str,
+    parent: devices.Gpu,
+    profile: profiles.Profile,
+    count: int,
+    sharing: sharing_config.Config,
 ) -> dict[str, str]:
     engines = profile.engines
     attributes: dict[str, int | None] = {
@@ -156,17 +179,18 @@ def _mig_labels(
         "engines.jpeg": engines.jpeg,
         "engines.ofa": engines.ofa,
     }
+    shared = labelling.resource_sharing(sharing, resource)
     values: dict[str, object] = {
-        "product": product(parent.product_name, "MIG", _mig_name(profile)),
+        "product": _shared_product(shared, parent.product_name, "MIG", _mig_name(profile)),
         "count": count,
-        "replicas": 1,
-        "sharing-strategy": "none",
+        "replicas": shared.replicas,
+        "sharing-strategy": shared.strategy,
     }
     values |= {k: v for k, v in attributes.items() if v is not None}
     return _resource_labels(resource, values)
 
 
-def _single_labels(node: devices.NodeDevices) -> dict[str, str]:
+def _single_labels(node: devices.NodeDevices, sharing: sharing_config.Config) -> dict[str, str]:
     enabled = [g for g in sorted(node.gpus, key=lambda g: g.index) if g.mig_enabled]
     if not enabled:
         return {}
@@ -184,10 +208,10 @@ def _single_labels(node: devices.NodeDevices) -> dict[str, str]:
             },
         )
     migs = [m for g in enabled for m in node.mig_devices_on(g.index)]
-    return _mig_labels(_GPU, node.gpu(migs[0].gpu_index), migs[0].profile, len(migs))
+    return _mig_labels(_GPU, node.gpu(migs[0].gpu_index), migs[0].profile, len(migs), sharing)
 
 
-def _mixed_labels(node: devices.NodeDevices) -> dict[str, str]:
+def _mixed_labels(node: devices.NodeDevices, sharing: sharing_config.Config) -> dict[str, str]:
     by_name: dict[str, list[devices.MigDevice]] = {}
     for gpu in sorted(node.gpus, key=lambda g: g.index):
         if gpu.mig_enabled:
@@ -196,6 +220,10 @@ def _mixed_labels(node: devices.NodeDevices) -> dict[str, str]:
     labels: dict[str, str] = {}
     for name, migs in sorted(by_name.items()):
         labels |= _mig_labels(
-            f"nvidia.com/mig-{name}", node.gpu(migs[0].gpu_index), migs[0].profile, len(migs)
+            f"nvidia.com/mig-{name}",
+            node.gpu(migs[0].gpu_index),
+            migs[0].profile,
+            len(migs),
+            sharing,
         )
     return labels

@@ -40,6 +40,7 @@ from migpilot.agent import desired, labels, metrics, reconciling
 from migpilot.agent.deviceplugin import advertising, devices, health, podresources
 from migpilot.gpu import backend, clocks
 from migpilot.mig import migparted
+from migpilot.sharing import config as sharing_config
 
 _log = logging.getLogger(__name__)
 
@@ -349,6 +350,27 @@ class ViewFilter(Protocol):
         ...
 
 
+class SharingSource(Protocol):
+    """The node's sharing config (:class:`~migpilot.agent.sharingconfig.SharingFollower`):
+    re-read when its inputs change, handed to the plugin, its state labelled."""
+
+    def changed(self) -> bool:
+        """True when a pass should re-read it."""
+        ...
+
+    def refresh(self) -> None:
+        """Re-read it and serve it if good; never raises for a bad config."""
+        ...
+
+    def current(self) -> sharing_config.Config:
+        """The config served now."""
+        ...
+
+    def labels(self) -> dict[str, str]:
+        """Its state label (``migpilot.io/sharing.state``)."""
+        ...
+
+
 class PassListener(Protocol):
     """Told after every pass what the GPUs hold (:class:`~following.KubeReporter`: status, Node
     labels)."""
@@ -491,8 +513,10 @@ class Agent:
         settings: AgentSettings,
         listener: PassListener | None = None,
         view_filter: ViewFilter | None = None,
+        sharing: SharingSource | None = None,
     ) -> None:
         self._backend = gpus
+        self._sharing = sharing
         self._listener = listener
         self._view_filter = view_filter
         self._in_use = in_use
@@ -528,6 +552,8 @@ class Agent:
         with self._pass_lock:
             self._last_fingerprint = self._source.fingerprint()
             self._last_pass = self._clock.monotonic()
+            if self._sharing is not None:
+                self._sharing.refresh()  # before the view is published: one change, not two
             want, unavailable = self._desired()
             report = self._reconciler.reconcile(want)
             self._log_report(report)
@@ -617,7 +643,13 @@ class Agent:
         _log.info("labels written to %s (%d labels)", path, text.count("\n"))
 
     def _node_labels(self, view: devices.NodeDevices) -> dict[str, str]:
-        found = labels.node_labels(view, self.settings.strategy)
+        if self._sharing is None:
+            found = labels.node_labels(view, self.settings.strategy)
+        else:
+            found = labels.node_labels(
+                view, self.settings.strategy, sharing=self._sharing.current()
+            )
+            found |= self._sharing.labels()
         if self._config_state is not None:
             found[labels.CONFIG_STATE_LABEL] = self._config_state
         return found
@@ -659,6 +691,8 @@ class Agent:
         if self._last_pass is None:
             return True
         if self._source.fingerprint() != self._last_fingerprint:
+            return True
+        if self._sharing is not None and self._sharing.changed():
             return True
         return self._clock.monotonic() - self._last_pass >= self.settings.interval_s
 

@@ -31,6 +31,7 @@ from migpilot.agent import (
     kubeapi,
     reconciling,
     running,
+    sharingconfig,
     standin,
     statics,
     unifying,
@@ -40,6 +41,8 @@ from migpilot.agent import metrics as agent_metrics
 from migpilot.agent.deviceplugin import allocating, devices, podresources, serving
 from migpilot.api import gpulayouts
 from migpilot.gpu import backend, clocks, emulated, nvml
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import configsets
 
 EXIT_NOT_CONVERGED = 1
 """``--once``: something the desired layouts ask for was refused or failed."""
@@ -76,9 +79,35 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--strategy",
-        default="mixed",
+        default=None,
         metavar="none|single|mixed",
-        help="MIG strategy, as NVIDIA's --mig-strategy (default: mixed)",
+        help="MIG strategy, as NVIDIA's --mig-strategy (default: the --device-plugin-config "
+        "file's flags.migStrategy, else mixed)",
+    )
+    p.add_argument(
+        "--device-plugin-config",
+        metavar="FILE",
+        help="GPU sharing (time-slicing, MPS) from NVIDIA's device-plugin config file, the one "
+        "its plugin takes with --config-file (re-read when it changes; see docs/sharing.md)",
+    )
+    p.add_argument(
+        "--device-plugin-configs",
+        metavar="DIR",
+        help="a folder (or mounted ConfigMap) of named device-plugin configs; the node label "
+        "nvidia.com/device-plugin.config picks one (from the Node with --node, else from "
+        "--node-labels), as NVIDIA's config-manager",
+    )
+    p.add_argument(
+        "--device-plugin-config-default",
+        metavar="NAME",
+        help="with --device-plugin-configs: the config of a node without the label (default: "
+        "one named 'default', else no sharing)",
+    )
+    p.add_argument(
+        "--mps-root",
+        metavar="DIR",
+        help="host folder of the MPS daemons' pipe and log folders (default: the config's "
+        "flags.mpsRoot, else /run/nvidia/mps)",
     )
     p.add_argument(
         "--device-list-strategy",
@@ -242,7 +271,9 @@ def _source(args: argparse.Namespace) -> running.DesiredSource:
     if args.node is None and args.kubeconfig is not None:
         raise errors.AgentConfigError("--kubeconfig needs --node NAME")
     if args.config is None:
-        if args.config_name is not None or args.node_labels is not None:
+        labels_for_sharing = args.node_labels is not None and args.device_plugin_configs
+        if args.config_name is not None or (args.node_labels is not None and
+                                            not labels_for_sharing):  # fmt: skip
             flag = "-c" if args.config_name is not None else "--node-labels"
             raise errors.AgentConfigError(f"{flag} needs --config FILE (a mig-parted config)")
         return running.KeepLayout()
@@ -277,6 +308,8 @@ class _Cluster:
     """The instances set aside for unified pods (``nvidia.com/gpu``), Allocate's inputs."""
     counters: bool = True
     """Write the unified node counters into the Node (``--unified-counters``)."""
+    sharing_label: sharingconfig.NodeLabel | None = None
+    """With a sharing config set: the Node's ``nvidia.com/device-plugin.config`` label."""
 
     def wire(
         self, real: reconciling.InUse, *, gpus: backend.GpuBackend
@@ -350,7 +383,9 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _cluster(args: argparse.Namespace, strategy: devices.MigStrategy) -> _Cluster | None:
+def _cluster(
+    args: argparse.Namespace, strategy: devices.MigStrategy, *, sharing: bool = False
+) -> _Cluster | None:
     """With ``--node``: connect and read the node's GpuLayout once (errors stop the agent)."""
     if args.node is None:
         return None
@@ -382,7 +417,11 @@ def _cluster(args: argparse.Namespace, strategy: devices.MigStrategy) -> _Cluste
             held_by=lambda: standin.reported_used_by(source.layout()),
         )
         pool.attach(simulated)
-    return _Cluster(api, source, simulated, book, static, pool, args.unified_counters)
+    label = None
+    if sharing:
+        label = sharingconfig.NodeLabel(api, node=args.node)
+        label.sync()
+    return _Cluster(api, source, simulated, book, static, pool, args.unified_counters, label)
 
 
 def _open_backend(args: argparse.Namespace) -> backend.GpuBackend:
@@ -404,9 +443,75 @@ def _open_backend(args: argparse.Namespace) -> backend.GpuBackend:
     )
 
 
+def _sharing_files(args: argparse.Namespace) -> sharingconfig.ConfigFiles | None:
+    """The sharing config files the flags name, every one checked (bad: exit 2)."""
+    if args.device_plugin_config is not None and args.device_plugin_configs is not None:
+        raise errors.AgentConfigError(
+            "--device-plugin-config FILE and --device-plugin-configs DIR exclude each other"
+        )
+    if args.device_plugin_config_default is not None and args.device_plugin_configs is None:
+        raise errors.AgentConfigError(
+            "--device-plugin-config-default needs --device-plugin-configs"
+        )
+    if args.device_plugin_config is not None:
+        single = sharingconfig.SingleFile(Path(args.device_plugin_config))
+        single.load(None)
+        return single
+    if args.device_plugin_configs is not None:
+        folder = Path(args.device_plugin_configs)
+        if not folder.is_dir():
+            raise errors.AgentConfigError(f"--device-plugin-configs {folder}: not a folder")
+        named = sharingconfig.NamedSet(
+            folder,
+            selection=configsets.Selection(default=args.device_plugin_config_default),
+        )
+        named.check_all()
+        return named
+    return None
+
+
+def _strategy(args: argparse.Namespace, files: sharingconfig.ConfigFiles | None) -> str:
+    """``--strategy``, else the single config file's ``flags.migStrategy``, else mixed."""
+    if args.strategy is not None:
+        return str(args.strategy)
+    if isinstance(files, sharingconfig.SingleFile):
+        found = files.load(None)[1].mig_strategy
+        if found is not None:
+            return found
+    return devices.MigStrategy.MIXED.value
+
+
+def _sharing_label(args: argparse.Namespace, cluster: _Cluster | None) -> Callable[[], str | None]:
+    """Where the node's ``nvidia.com/device-plugin.config`` label is read."""
+    if cluster is not None and cluster.sharing_label is not None:
+        return cluster.sharing_label
+    if args.node_labels is not None:
+        return sharingconfig.LabelsFileLabel(Path(args.node_labels))
+    return sharingconfig.no_label
+
+
+def _follower(
+    args: argparse.Namespace,
+    files: sharingconfig.ConfigFiles | None,
+    *,
+    strategy: devices.MigStrategy,
+    cluster: _Cluster | None,
+    apply: Callable[[sharing_config.Config], None],
+) -> sharingconfig.SharingFollower | None:
+    """The sharing follower, its config for the node checked now (bad: exit 2)."""
+    if files is None:
+        return None
+    follower = sharingconfig.SharingFollower(
+        files, apply=apply, mig_strategy=strategy.value, label=_sharing_label(args, cluster)
+    )
+    follower.check()
+    return follower
+
+
 def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
     """Check the flags, open the backend, run the agent."""
-    strategy = devices.MigStrategy.parse(args.strategy)
+    files = _sharing_files(args)
+    strategy = devices.MigStrategy.parse(_strategy(args, files))
     list_strategies = _device_list(args.device_list_strategy)
     if args.kubelet == SIMULATED:
         if args.node is None:
@@ -430,9 +535,11 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
             f"--labels-file {labels_file}: folder {labels_file.parent} does not exist"
         )
     source = _source(args)
-    cluster = _cluster(args, strategy)
+    cluster = _cluster(args, strategy, sharing=files is not None)
     if cluster is not None:
         source = cluster.desired_source()
+    # A bad sharing config for this node fails here, before anything changes.
+    _follower(args, files, strategy=strategy, cluster=cluster, apply=lambda _: None)
     gpus = _open_backend(args)
     try:
         # A config that names unknown profiles or cannot be placed on these GPUs fails here,
@@ -461,6 +568,9 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
                 kubelet_dir=kubelet_dir,
                 out=out,
                 cluster=cluster,
+                sharing=_follower(
+                    args, files, strategy=strategy, cluster=cluster, apply=lambda _: None
+                ),
             )
         plugin_settings = serving.PluginSettings(
             plugin_dir=plugin_dir,
@@ -468,6 +578,7 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
             allocate=allocating.AllocateSettings(device_list_strategies=list_strategies),
             ledger_file=_ledger_file(args, kubelet_dir),
             allocate_wait_s=args.allocate_wait,
+            mps_root=args.mps_root,
         )
         return _serve(
             args,
@@ -477,6 +588,7 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
             plugin_settings=plugin_settings,
             kubelet_dir=kubelet_dir,
             cluster=cluster,
+            files=files,
         )
     finally:
         gpus.close()
@@ -541,6 +653,7 @@ def _run_once(
     kubelet_dir: Path,
     out: IO[str],
     cluster: _Cluster | None,
+    sharing: sharingconfig.SharingFollower | None,
 ) -> int:
     sources: list[reconciling.InUse] = [reconciling.RunningProcesses(gpus)]
     client = None
@@ -561,6 +674,7 @@ def _run_once(
         settings=settings,
         listener=listener,
         view_filter=cluster.pool if cluster is not None else None,
+        sharing=sharing,
     )
     try:
         report = agent.start()
@@ -592,6 +706,7 @@ def _serve(
     plugin_settings: serving.PluginSettings,
     kubelet_dir: Path,
     cluster: _Cluster | None,
+    files: sharingconfig.ConfigFiles | None,
 ) -> int:
     stop = threading.Event()
 
@@ -617,6 +732,13 @@ def _serve(
             gpus, kubelet_dir=kubelet_dir, plugin=plugin, timeout_s=plugin_settings.rpc_timeout_s
         )
         sources += [kubelet, running.HandedOut(plugin)]
+    sharing = _follower(
+        args,
+        files,
+        strategy=plugin_settings.strategy,
+        cluster=cluster,
+        apply=plugin.set_sharing if plugin is not None else lambda _: None,
+    )
     in_use: reconciling.InUse = reconciling.AnyOf(sources)
     listener: running.PassListener | None = None
     publisher: capacity.CapacityPublisher | None = None
@@ -634,6 +756,13 @@ def _serve(
         threading.Thread(
             target=cluster.follow_static, args=(stop,), name="migpilot-static", daemon=True
         ).start()
+        if cluster.sharing_label is not None:
+            threading.Thread(
+                target=cluster.sharing_label.follow,
+                args=(stop,),
+                name="migpilot-sharing-label",
+                daemon=True,
+            ).start()
     agent = running.Agent(
         gpus=gpus,
         in_use=in_use,
@@ -644,6 +773,7 @@ def _serve(
         settings=settings,
         listener=listener,
         view_filter=cluster.pool if cluster is not None else None,
+        sharing=sharing,
     )
     server = None
     try:

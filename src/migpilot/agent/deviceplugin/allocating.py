@@ -52,6 +52,8 @@ class ContainerAllocation:
 
     envs: Mapping[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()
+    mounts: tuple[tuple[str, str], ...] = ()
+    """``(host path, container path)`` folders mounted into the container (MPS pipes)."""
 
 
 def check_known(resource: devices.Resource, device_ids: Sequence[str]) -> None:
@@ -127,6 +129,11 @@ def preferred_allocation(
             gpu = max(groups, key=lambda g: (len(groups[g]), -g))
         chosen += groups.pop(gpu)[:rest]
     return (*required, *chosen)
+
+
+def go_quote(text: str) -> str:
+    """Go's ``%q``, for the ASCII resource names it is used on."""
+    return _go_quote(text)
 
 
 def _go_quote(text: str) -> str:

@@ -20,6 +20,7 @@ import grpc
 
 from migpilot.agent.deviceplugin import devices, serving
 from migpilot.agent.kubeletapi.podresources.v1 import api_pb2, api_pb2_grpc
+from migpilot.sharing import replicas
 
 DEFAULT_SOCKET = pathlib.Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
@@ -40,8 +41,9 @@ class ContainerDevices:
 
 
 def is_nvidia_resource(name: str) -> bool:
-    """True for the resources this plugin advertises (``nvidia.com/gpu``, ``nvidia.com/mig-*``)."""
-    return name == devices.FULL_GPU_RESOURCE or name.startswith(f"{devices.RESOURCE_DOMAIN}/mig-")
+    """True for the resources this plugin advertises (``nvidia.com/gpu``, ``nvidia.com/mig-*``,
+    and the shared ones renamed under ``nvidia.com/``: ``nvidia.com/gpu.shared``)."""
+    return name.startswith(f"{devices.RESOURCE_DOMAIN}/")
 
 
 class PodResourcesClient:
@@ -111,9 +113,10 @@ class PodResourcesClient:
     def allocated_device_ids(
         self, *, resource_filter: Callable[[str], bool] = is_nvidia_resource
     ) -> frozenset[str]:
-        """The IDs of devices of the matching resources that the kubelet assigned to pods."""
+        """The IDs of devices of the matching resources that the kubelet assigned to pods (a
+        replica ``<uuid>::<n>`` counts as its device, ``<uuid>``)."""
         return frozenset(
-            device_id
+            replicas.real_id(device_id)
             for entry in self.list()
             if resource_filter(entry.resource_name)
             for device_id in entry.device_ids

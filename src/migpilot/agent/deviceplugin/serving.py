@@ -40,9 +40,12 @@ from migpilot.agent.deviceplugin import (
     allocations,
     devices,
     health,
+    replicating,
     resolving,
 )
 from migpilot.agent.kubeletapi.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import mps, replicas
 
 API_VERSION = "v1beta1"
 """The device-plugin API version the kubelet must support."""
@@ -82,6 +85,12 @@ class PluginSettings:
     API again, before it fails; seconds (default 5)."""
     allocate_poll_s: float = 0.2
     """Seconds between two reads of the node's pods while such an Allocate waits (default 0.2)."""
+    sharing: sharing_config.Config = sharing_config.EMPTY
+    """The sharing config at start (NVIDIA's time-slicing / MPS; default: none); changed later
+    with :meth:`DevicePlugin.set_sharing`."""
+    mps_root: str | None = None
+    """The MPS root on the host (default: the config's ``flags.mpsRoot``, else
+    ``/run/nvidia/mps``)."""
 
     @property
     def kubelet_socket(self) -> pathlib.Path:
@@ -206,6 +215,10 @@ class _ResourceServer:
                 api_pb2.ContainerAllocateResponse(
                     envs=dict(a.envs),
                     cdi_devices=[api_pb2.CDIDevice(name=n) for n in a.cdi_devices],
+                    mounts=[
+                        api_pb2.Mount(container_path=c, host_path=h, read_only=False)
+                        for h, c in a.mounts
+                    ],
                 )
                 for a in answers
             ]
@@ -279,6 +292,11 @@ class DevicePlugin:
         self._servers: dict[str, _ResourceServer] = {}
         self._registered: dict[str, SocketIdentity] = {}
         self._node = devices.NodeDevices(gpus=())
+        self._sharing = settings.sharing
+        self._shared = replicating.Shared((), ())
+        self.sharing_problem: str | None = None
+        """Why the sharing config could not be applied to the node's devices now (they are
+        then advertised unshared), or ``None``."""
         self._unhealthy: set[str] = set()
         self._ledger = allocations.AllocationLedger(grace_s=settings.allocation_grace_s)
         self._ledger_write = threading.Lock()
@@ -305,6 +323,40 @@ class DevicePlugin:
         """Advertise a new view of the node (devices appeared, disappeared or changed)."""
         with self._lock:
             self._apply(node)
+
+    def set_sharing(self, sharing: sharing_config.Config) -> None:
+        """Advertise under a new sharing config at once (open streams change; renamed
+        resources start their own servers and register; resources no longer advertised send
+        zero devices). Raises :class:`~migpilot.errors.SharingConfigError`, changing nothing,
+        when the config cannot be applied to the node's devices."""
+        sharing.check_mig_strategy(self.settings.strategy.value)
+        with self._lock:
+            if self._watcher is None:
+                replicating.share(
+                    advertising.resources_for(self._node, self.settings.strategy),
+                    self._node,
+                    sharing,
+                    mps_root=self.settings.mps_root,
+                )  # checked now, applied at start
+                self._sharing = sharing
+                return
+            previous = self._sharing
+            self._sharing = sharing
+            try:
+                self._apply(self._node, strict=True)
+            except errors.SharingConfigError:
+                self._sharing = previous
+                raise
+
+    def sharing(self) -> sharing_config.Config:
+        """The sharing config advertised under."""
+        with self._lock:
+            return self._sharing
+
+    def mps_daemons(self) -> tuple[mps.MpsDaemon, ...]:
+        """The MPS daemons the advertised resources need (for the MPS supervisor)."""
+        with self._lock:
+            return self._shared.daemons
 
     def report_xid(self, event: health.XidEvent) -> frozenset[str]:
         """Apply an XID event; return the device IDs it made Unhealthy (for good)."""
@@ -379,12 +431,43 @@ class DevicePlugin:
         """The answers to one Allocate call (one request per container); raises
         :class:`allocating.AllocationError` with the message the kubelet is sent."""
         settings = self.settings.allocate
+        with self._lock:
+            shared, sharing = self._shared, self._sharing
+        if any(replicas.is_replica(i) for ids in requests for i in ids):
+            return [self._allocate_shared(resource, ids, shared, sharing) for ids in requests]
         if self._unified is None or resource.name != devices.FULL_GPU_RESOURCE:
             answers = [allocating.container_allocation(resource, ids, settings) for ids in requests]
             self.record_allocated([i for ids in requests for i in ids])
             return answers
         with self._allocating:
             return [self._allocate_gpu(resource, ids) for ids in requests]
+
+    def _allocate_shared(
+        self,
+        resource: devices.Resource,
+        requested: list[str],
+        shared: replicating.Shared,
+        sharing: sharing_config.Config,
+    ) -> allocating.ContainerAllocation:
+        """Replicas: NVIDIA's checks, the real devices once each, MPS's settings."""
+        allocating.check_known(resource, requested)
+        problem = replicas.request_problem(requested, sharing)
+        if problem is not None:
+            raise allocating.AllocationError(
+                f"invalid allocation request for {allocating.go_quote(resource.name)}: {problem}"
+            )
+        real = replicas.real_ids(requested)
+        answer = allocating.answer(real, self.settings.allocate)
+        daemon = shared.daemon(resource.name)
+        if daemon is not None:
+            extra = mps.client(daemon, requested)
+            answer = allocating.ContainerAllocation(
+                envs={**answer.envs, **extra.envs},
+                cdi_devices=answer.cdi_devices,
+                mounts=tuple((m.host_path, m.container_path) for m in extra.mounts),
+            )
+        self.record_allocated(list(real))
+        return answer
 
     def _allocate_gpu(
         self, resource: devices.Resource, requested: list[str]
@@ -463,7 +546,15 @@ class DevicePlugin:
         size: int,
     ) -> tuple[str, ...]:
         """GetPreferredAllocation's answer: packed onto few GPUs; for ``nvidia.com/gpu``
-        with unified requests, the devices Allocate will hand the pod come first."""
+        with unified requests, the devices Allocate will hand the pod come first; replicas are
+        spread over the real devices, least used first."""
+        with self._lock:
+            shared = self._shared.shared_resource(resource.name)
+        if shared is not None and any(replicas.is_replica(d.id) for d in shared.devices):
+            allocating.check_known(resource, [*available, *must_include])
+            return replicas.preferred(
+                shared, available=available, must_include=must_include, size=size
+            )
         if self._unified is not None and resource.name == devices.FULL_GPU_RESOURCE:
             allocating.check_known(resource, [*available, *must_include])
             with self._allocating:
@@ -517,12 +608,25 @@ class DevicePlugin:
             # The ledger in memory still holds the devices; only a restart could forget them.
             _log.error("cannot write the allocation ledger %s: %s", path, err.strerror or err)
 
-    def _apply(self, node: devices.NodeDevices) -> None:
-        resources = advertising.resources_for(
-            node, self.settings.strategy, unhealthy=self._unhealthy
-        )
-        gone = {d.id for r in self._advertised_now() for d in r.devices} - {
-            d.id for r in resources for d in r.devices
+    def _apply(self, node: devices.NodeDevices, *, strict: bool = False) -> None:
+        plain = advertising.resources_for(node, self.settings.strategy, unhealthy=self._unhealthy)
+        try:
+            shared = replicating.share(plain, node, self._sharing, mps_root=self.settings.mps_root)
+            problem = None
+        except errors.SharingConfigError as err:
+            if strict:
+                raise
+            # The node changed under the config (a device it names is gone): unshared until
+            # the node or the config changes again.
+            problem = str(err)
+            if problem != self.sharing_problem:
+                _log.error("sharing config not applied, advertising unshared devices: %s", err)
+            shared = replicating.share(plain, node, sharing_config.EMPTY)
+        self.sharing_problem = problem
+        self._shared = shared
+        resources = shared.resources
+        gone = {replicas.real_id(d.id) for r in self._advertised_now() for d in r.devices} - {
+            replicas.real_id(d.id) for r in resources for d in r.devices
         }
         if self._ledger.forget(gone):
             self._save_ledger()
