@@ -502,6 +502,7 @@ def test_the_agents_probes_say_ready_after_the_first_pass_and_alive_while_it_loo
         url = f"http://127.0.0.1:{server.port}"
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"{url}/readyz", timeout=5)
+        err.value.close()
         assert err.value.code == 503
         node.agent.start()
         with urllib.request.urlopen(f"{url}/readyz", timeout=5) as r:
@@ -511,6 +512,7 @@ def test_the_agents_probes_say_ready_after_the_first_pass_and_alive_while_it_loo
         assert "has not gone round" in (node.agent.heartbeat.check() or "")
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"{url}/healthz", timeout=5)
+        err.value.close()
         assert err.value.code == 503
         stop = threading.Event()
         loop = threading.Thread(target=node.agent.run, args=(stop,))

@@ -24,7 +24,8 @@ def _get(port: int, path: str) -> tuple[int, str]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
+        with err:
+            return err.code, err.read().decode()
 
 
 def test_a_heartbeat_fails_once_the_loop_has_stalled_longer_than_the_limit() -> None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from migpilot.gpu import clocks, mps
+from migpilot.sharing import mps as sharing_mps
 
 _log = logging.getLogger(__name__)
 
@@ -479,4 +480,22 @@ def check(
         defaults=spec.default_commands(),
         pipe_files=files,
         log_tail=tuple(log.splitlines()[-log_lines:]),
+    )
+
+
+def spec_of(daemon: sharing_mps.MpsDaemon) -> mps.MpsDaemonSpec:
+    """The daemon the sharing config asks for (:func:`migpilot.sharing.mps.daemons`, one per
+    shared resource) as the supervisor runs it: named after its resource (``nvidia.com-gpu``),
+    its devices in order. The daemon's default pinned memory is set per device index but one
+    value for all: the smallest of its devices' (memory / replicas), so no client can pin more
+    than its share on any of them (a resource's devices are normally of one model, all equal);
+    each container's own limit, from Allocate, is its device's exact share."""
+    limits = [d.pinned_limit_mib for d in daemon.devices]
+    return mps.MpsDaemonSpec(
+        name=daemon.resource.replace("/", "-"),
+        devices=tuple(d.uuid for d in daemon.devices),
+        pipe_dir=Path(daemon.pipe_dir),
+        log_dir=Path(daemon.log_dir),
+        active_thread_percentage=daemon.active_thread_percentage,
+        pinned_mem_limit_mib=min(limits) if limits else None,
     )

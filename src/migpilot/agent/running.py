@@ -37,10 +37,13 @@ from typing import Protocol
 
 from migpilot import errors, files, probes
 from migpilot.agent import desired, labels, metrics, reconciling
+from migpilot.agent import mps as mps_supervision
 from migpilot.agent.deviceplugin import advertising, devices, health, podresources
 from migpilot.gpu import backend, clocks
 from migpilot.mig import migparted
 from migpilot.sharing import config as sharing_config
+from migpilot.sharing import labelling
+from migpilot.sharing import mps as sharing_mps
 
 _log = logging.getLogger(__name__)
 
@@ -69,6 +72,10 @@ class Plugin(Protocol):
 
     def handed_out(self) -> frozenset[str]:
         """Devices Allocate handed out that the kubelet has not shown released."""
+        ...
+
+    def mps_daemons(self) -> tuple[sharing_mps.MpsDaemon, ...]:
+        """The MPS control daemons the advertised resources need (none without MPS sharing)."""
         ...
 
     def stop(self) -> None:
@@ -492,6 +499,9 @@ class AgentSettings:
     stall_s: float = 300.0
     """Seconds the loop may go without a round before ``/healthz`` fails (a driver call that
     never returns); a pass making every instance of eight GPUs takes seconds. Default 300."""
+    mps_check_s: float = 1.0
+    """Seconds between checks of the MPS daemons between passes (a crashed one is restarted
+    after its backoff, not at the next pass). Default 1."""
 
 
 class Agent:
@@ -514,9 +524,15 @@ class Agent:
         listener: PassListener | None = None,
         view_filter: ViewFilter | None = None,
         sharing: SharingSource | None = None,
+        mps: mps_supervision.MpsSupervisor | None = None,
     ) -> None:
         self._backend = gpus
         self._sharing = sharing
+        self._mps = mps
+        self._mps_checked: float | None = None
+        self._mps_state_changed = False
+        self._mps_state: str | None = None
+        """The daemons' state word (:func:`~migpilot.agent.mps.sharing_state`) last labelled."""
         self._listener = listener
         self._view_filter = view_filter
         self._in_use = in_use
@@ -567,6 +583,7 @@ class Agent:
             if self._view_filter is not None:
                 view = self._view_filter.update(view)
             self._publish(view)
+            self._supervise_mps()
             if self._listener is not None:
                 self._listener.passed(
                     state=state,
@@ -575,6 +592,24 @@ class Agent:
                     view=self._view,
                 )
             return report
+
+    def _supervise_mps(self) -> None:
+        """Start, restart or stop the MPS daemons the advertised resources need (pass lock
+        held). A daemon that cannot be had is the supervisor's to retry; it never stops a pass."""
+        if self._mps is None or self._plugin is None:
+            return
+        self._mps_checked = self._clock.monotonic()
+        try:
+            wanted = [mps_supervision.spec_of(d) for d in self._plugin.mps_daemons()]
+        except errors.MigpilotError as err:
+            _log.error("MPS daemons not started: %s", err)
+            wanted = []
+        statuses = self._mps.reconcile(wanted)
+        self._mps_state = mps_supervision.sharing_state(statuses) if statuses else None
+
+    def mps_statuses(self) -> tuple[mps_supervision.DaemonStatus, ...]:
+        """The MPS daemons the supervisor keeps, as last seen."""
+        return self._mps.statuses() if self._mps is not None else ()
 
     def _desired(self) -> tuple[dict[int, reconciling.DesiredGpu], bool]:
         """The desired layouts, and whether they could not be had (an error, logged)."""
@@ -650,6 +685,9 @@ class Agent:
                 view, self.settings.strategy, sharing=self._sharing.current()
             )
             found |= self._sharing.labels()
+        if self._mps_state is not None and found.get(labelling.STATE_LABEL) != "failed":
+            # A good config whose daemons are not all running is not yet a working one.
+            found[labelling.STATE_LABEL] = self._mps_state
         if self._config_state is not None:
             found[labels.CONFIG_STATE_LABEL] = self._config_state
         return found
@@ -679,12 +717,24 @@ class Agent:
             self._plugin.start(self._view)
             self._started = True
             self._refresh_device_metrics()
+            self._supervise_mps()  # the plugin knows its resources now
         self._stopping.clear()
         self._xid_thread = threading.Thread(
             target=self._pump_xids, name="migpilot-xid", daemon=True
         )
         self._xid_thread.start()
         return report
+
+    def _check_mps(self) -> None:
+        if self._mps is None or self._mps_checked is None:
+            return
+        if self._clock.monotonic() - self._mps_checked < self.settings.mps_check_s:
+            return
+        labelled = self._mps_state
+        with self._pass_lock:
+            self._supervise_mps()
+            if self._mps_state != labelled:
+                self._mps_state_changed = True
 
     def due(self) -> bool:
         """True when a pass is due: the inputs changed or the interval elapsed."""
@@ -697,9 +747,14 @@ class Agent:
         return self._clock.monotonic() - self._last_pass >= self.settings.interval_s
 
     def tick(self) -> reconciling.Report | None:
-        """Run a pass if one is due; its report, or ``None``."""
+        """Run a pass if one is due; its report, or ``None``. Between passes the MPS daemons
+        are checked every :attr:`AgentSettings.mps_check_s`; a change of their state word
+        makes a pass due (the labels and the Node say it at once)."""
         if not self.due():
-            return None
+            self._check_mps()
+            if not self._mps_state_changed:
+                return None
+        self._mps_state_changed = False
         if self._source.fingerprint() != self._last_fingerprint and self._last_pass is not None:
             _log.info("desired-layout input changed: reconciling")
         return self.reconcile()

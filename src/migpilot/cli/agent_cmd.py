@@ -38,9 +38,11 @@ from migpilot.agent import (
     watching,
 )
 from migpilot.agent import metrics as agent_metrics
+from migpilot.agent import mps as agent_mps
 from migpilot.agent.deviceplugin import allocating, devices, podresources, serving
 from migpilot.api import gpulayouts
 from migpilot.gpu import backend, clocks, emulated, nvml
+from migpilot.gpu import mps as gpu_mps
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import configsets
 
@@ -424,6 +426,20 @@ def _cluster(
     return _Cluster(api, source, simulated, book, static, pool, args.unified_counters, label)
 
 
+def _mps_supervisor(args: argparse.Namespace) -> agent_mps.MpsSupervisor:
+    """The MPS daemons' supervisor for a node with a sharing config: NVIDIA's real
+    ``nvidia-cuda-mps-control`` beside the NVML backend (a node without it gets its MPS state
+    ``failed``, with the reason logged), the emulated daemon beside emulated GPUs. Daemons
+    outlive the agent: the next one adopts them."""
+    clock = clocks.SystemClock()
+    control: gpu_mps.MpsControl
+    if args.backend.strip() == "nvml":
+        control = gpu_mps.ProcessMps(clock=clock)
+    else:
+        control = gpu_mps.EmulatedMps(clock=clock)
+    return agent_mps.MpsSupervisor(control, clock=clock)
+
+
 def _open_backend(args: argparse.Namespace) -> backend.GpuBackend:
     spec = args.backend.strip()
     if spec == "nvml":
@@ -774,6 +790,7 @@ def _serve(
         listener=listener,
         view_filter=cluster.pool if cluster is not None else None,
         sharing=sharing,
+        mps=_mps_supervisor(args) if plugin is not None and files is not None else None,
     )
     server = None
     try:
