@@ -239,6 +239,22 @@ def test_spec_parses(text: str, models: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "count", "mig"),
+    [
+        ("emulated:h100-80gb:x2:mig-off", 2, False),
+        ("emulated:h100-80gb:x2:mig-on", 2, True),
+        ("emulated:a30,h100:x1:mig-off", 2, False),
+        ("emulated:h100-80gb", 1, True),
+    ],
+)
+def test_spec_may_ask_for_gpus_with_mig_mode_off(text: str, count: int, mig: bool) -> None:
+    spec = emulated.parse_spec(text)
+    assert (len(spec.models), spec.mig_enabled) == (count, mig)
+    gpus = emulated.EmulatedBackend(spec.models, mig_enabled=spec.mig_enabled, durable=False)
+    assert all(g.mig is not None and g.mig.current is mig for g in gpus.gpus())
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         ("gpu-magic", "unknown backend 'gpu-magic' (expected nvml or emulated:MODEL:xN"),
@@ -253,6 +269,7 @@ def test_spec_parses(text: str, models: list[str]) -> None:
         ("emulated:0x1234ABCD:x2", "unknown GPU PCI device id 0x1234ABCD"),
         ("emulated:0x233010DE:x0", "GPU count must be 1 to 64, got 0"),
         ("emulated:h100-80gb:x40,a30:x40", "more than 64 GPUs"),
+        ("emulated:mig-off", "unknown GPU 'mig-off'"),
     ],
 )
 def test_bad_spec_is_a_one_line_error(text: str, message: str) -> None:

@@ -299,6 +299,7 @@ class Fleet:
         gpus = emulated.EmulatedBackend(
             spec.models,
             pci_ids=spec.pci_ids,
+            mig_enabled=spec.mig_enabled,
             seed=_seed(node),
             clock=self._clock,
             times=self.settings.times,

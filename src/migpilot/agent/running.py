@@ -38,7 +38,7 @@ from typing import Protocol
 from migpilot import errors, files, probes
 from migpilot.agent import desired, labels, metrics, reconciling
 from migpilot.agent import mps as mps_supervision
-from migpilot.agent.deviceplugin import advertising, devices, health, podresources
+from migpilot.agent.deviceplugin import advertising, devices, health, podresources, replicating
 from migpilot.gpu import backend, clocks
 from migpilot.mig import migparted
 from migpilot.sharing import config as sharing_config
@@ -499,6 +499,10 @@ class AgentSettings:
     stall_s: float = 300.0
     """Seconds the loop may go without a round before ``/healthz`` fails (a driver call that
     never returns); a pass making every instance of eight GPUs takes seconds. Default 300."""
+    mps_root: str | None = None
+    """Host folder of the MPS daemons' folders (``--mps-root``; ``None``: the config's
+    ``flags.mpsRoot``, else ``/run/nvidia/mps``). The plugin has its own copy; this one serves a
+    node without a plugin (``--kubelet simulated``)."""
     mps_check_s: float = 1.0
     """Seconds between checks of the MPS daemons between passes (a crashed one is restarted
     after its backoff, not at the next pass). Default 1."""
@@ -596,16 +600,32 @@ class Agent:
     def _supervise_mps(self) -> None:
         """Start, restart or stop the MPS daemons the advertised resources need (pass lock
         held). A daemon that cannot be had is the supervisor's to retry; it never stops a pass."""
-        if self._mps is None or self._plugin is None:
+        if self._mps is None:
             return
         self._mps_checked = self._clock.monotonic()
         try:
-            wanted = [mps_supervision.spec_of(d) for d in self._plugin.mps_daemons()]
+            wanted = [mps_supervision.spec_of(d) for d in self._wanted_daemons()]
         except errors.MigpilotError as err:
             _log.error("MPS daemons not started: %s", err)
             wanted = []
         statuses = self._mps.reconcile(wanted)
         self._mps_state = mps_supervision.sharing_state(statuses) if statuses else None
+
+    def _wanted_daemons(self) -> tuple[sharing_mps.MpsDaemon, ...]:
+        """The daemons the advertised resources need: the plugin's, or without a plugin (the
+        simulated kubelet) what it would advertise under the sharing config now."""
+        if self._plugin is not None:
+            return self._plugin.mps_daemons()
+        if self._sharing is None:
+            return ()
+        try:
+            plain = advertising.resources_for(self._view, self.settings.strategy)
+        except advertising.InvalidMigConfigurationError:
+            return ()
+        shared = replicating.share(
+            plain, self._view, self._sharing.current(), mps_root=self.settings.mps_root
+        )
+        return shared.daemons
 
     def mps_statuses(self) -> tuple[mps_supervision.DaemonStatus, ...]:
         """The MPS daemons the supervisor keeps, as last seen."""

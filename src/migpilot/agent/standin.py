@@ -24,6 +24,7 @@ client (lightkube) nor gRPC; import-linter contracts check both.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -33,9 +34,10 @@ from typing import Any
 
 from migpilot import errors
 from migpilot.agent import kubeapi, reconciling
-from migpilot.agent.deviceplugin import advertising, devices, resolving
+from migpilot.agent.deviceplugin import advertising, devices, replicating, resolving
 from migpilot.api import gpulayouts
 from migpilot.planning import snapshot
+from migpilot.sharing import config as sharing_config
 
 _log = logging.getLogger(__name__)
 
@@ -53,12 +55,19 @@ def _counts(advertised: Mapping[str, Sequence[devices.Device]]) -> dict[str, int
 
 
 def _advertised(
-    view: devices.NodeDevices, strategy: devices.MigStrategy
+    view: devices.NodeDevices,
+    strategy: devices.MigStrategy,
+    sharing: sharing_config.Config = sharing_config.EMPTY,
 ) -> dict[str, tuple[devices.Device, ...]]:
+    """What the device plugin advertises for ``view``: its resources under ``strategy``, with
+    the replicas and renames of the sharing config (unshared when the config does not fit the
+    node, as the plugin then does)."""
     try:
         resources = advertising.resources_for(view, strategy)
     except advertising.InvalidMigConfigurationError:
         return {}
+    with contextlib.suppress(errors.SharingConfigError):
+        resources = tuple(replicating.share(resources, view, sharing).resources)
     return {r.name: r.devices for r in resources}
 
 
@@ -394,6 +403,12 @@ class SimulatedKubelet:
         """What the plugin would advertise, as of the last pass (computed once per pass)."""
         self._seen_version = -1
         self._assigned: dict[str, tuple[str, ...]] = {}
+        self._sharing: Callable[[], sharing_config.Config] = lambda: sharing_config.EMPTY
+
+    def share_with(self, current: Callable[[], sharing_config.Config]) -> None:
+        """Publish the devices as shared by the node's current sharing config (replicas,
+        renames), as the kubelet sees them from the plugin."""
+        self._sharing = current
 
     @property
     def node(self) -> str:
@@ -453,7 +468,7 @@ class SimulatedKubelet:
     ) -> None:
         """Assign devices to new pods, then patch the Node when the counts changed; API
         failures are logged and retried."""
-        offered = _advertised(view, self._strategy)
+        offered = _advertised(view, self._strategy, self._sharing())
         with self._lock:
             self._state, self._offered = state, offered
             self._refresh(force=True)

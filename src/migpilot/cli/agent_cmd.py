@@ -453,6 +453,7 @@ def _open_backend(args: argparse.Namespace) -> backend.GpuBackend:
     return emulated.EmulatedBackend(
         parsed.models,
         pci_ids=parsed.pci_ids,
+        mig_enabled=parsed.mig_enabled,
         state_path=state,
         clock=clocks.SystemClock(),
         times=emulated.OperationTimes(),
@@ -573,7 +574,10 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
         settings = running.AgentSettings(
-            strategy=strategy, interval_s=args.interval, labels_file=labels_file
+            strategy=strategy,
+            interval_s=args.interval,
+            labels_file=labels_file,
+            mps_root=args.mps_root,
         )
         if args.once:
             return _run_once(
@@ -755,6 +759,8 @@ def _serve(
         cluster=cluster,
         apply=plugin.set_sharing if plugin is not None else lambda _: None,
     )
+    if sharing is not None and cluster is not None and cluster.simulated_kubelet is not None:
+        cluster.simulated_kubelet.share_with(sharing.current)
     in_use: reconciling.InUse = reconciling.AnyOf(sources)
     listener: running.PassListener | None = None
     publisher: capacity.CapacityPublisher | None = None
@@ -790,7 +796,7 @@ def _serve(
         listener=listener,
         view_filter=cluster.pool if cluster is not None else None,
         sharing=sharing,
-        mps=_mps_supervisor(args) if plugin is not None and files is not None else None,
+        mps=_mps_supervisor(args) if files is not None else None,
     )
     server = None
     try:

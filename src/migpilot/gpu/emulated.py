@@ -642,6 +642,9 @@ class EmulatedSpec:
     pci_ids: tuple[pciids.PciId | None, ...]
     """Each GPU's PCI id as the spec gives it; ``None`` for a GPU named by its model (a new GPU
     then gets :func:`default_pci_id`, one in a state file keeps its id)."""
+    mig_enabled: bool = True
+    """Whether new GPUs start in MIG mode (``:mig-off`` at the end of the spec: whole GPUs, as
+    a node sharing them by time-slicing or MPS has them)."""
 
 
 _COUNT = re.compile(r"x(?P<count>\d+)")
@@ -681,7 +684,8 @@ def _group(text: str, group: str) -> tuple[profiles.GpuModel, pciids.PciId | Non
 
 
 def parse_spec(text: str) -> EmulatedSpec:
-    """Parse ``emulated:h100-80gb:x8`` (several groups joined by ``,``); one-line errors.
+    """Parse ``emulated:h100-80gb:x8`` (several groups joined by ``,``, then optionally
+    ``:mig-off`` for GPUs with MIG mode disabled); one-line errors.
 
     A group names its GPUs by model (their ids are then the backend's default) or by PCI id, board
     included (``emulated:0x233010DE:0x16C110DE:x8``): the id picks the model and is what
@@ -697,6 +701,10 @@ def parse_spec(text: str) -> EmulatedSpec:
         raise errors.AgentConfigError(
             f"backend {text!r} names no GPU model (e.g. emulated:h100-80gb:x8)"
         )
+    mig_enabled = True
+    for suffix, enabled in ((":mig-off", False), (":mig-on", True)):
+        if rest.strip().endswith(suffix):
+            rest, mig_enabled = rest.strip()[: -len(suffix)], enabled
     models: list[profiles.GpuModel] = []
     ids: list[pciids.PciId | None] = []
     for group in rest.split(","):
@@ -705,4 +713,4 @@ def parse_spec(text: str) -> EmulatedSpec:
         ids.extend([pci] * count)
         if len(models) > MAX_GPUS:
             raise errors.AgentConfigError(f"backend {text!r}: more than {MAX_GPUS} GPUs")
-    return EmulatedSpec(tuple(models), tuple(ids))
+    return EmulatedSpec(tuple(models), tuple(ids), mig_enabled)
