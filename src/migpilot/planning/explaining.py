@@ -372,6 +372,17 @@ def _summary(pod: snapshot.Pod, reasons: list[tuple[str, Why, str]]) -> str:
             f"(e.g. {example[0]}: {example[1]})"
         )
     if best is Why.IN_USE:
+        if pod.mps:
+            return f"no node offers {wanted} without removing MPS slices in use"
+        if pod.unified is not None and any(why is Why.IN_USE for _, why, _ in reasons):
+            nodes = {n for n, why, _ in reasons if why is Why.IN_USE}
+            texts = {t for n, why, t in reasons if n in nodes}
+            if any("instances in use" not in t for t in texts):
+                return (
+                    f"no node offers {wanted} without destroying instances or removing MPS "
+                    f"slices in use, nor has a free time-slicing replica (e.g. {example[0]}: "
+                    f"{example[1]})"
+                )
         return f"no node offers {wanted} without destroying instances in use"
     if best is Why.TAKEN:
         return f"the room for {wanted} went to other pending pods (higher priority or placed first)"

@@ -248,7 +248,8 @@ def _check_sharing(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
                 out.append(f"{where}: slice {sid} has {got_slice.memory_gb} GB, not {sh.memory_gb}")
             sizes.append(got_slice.memory_gb)
             per_gpu[sh.gpu] += 1
-        model = node.gpus[0].model if node.gpus else None
+        by_index = {g.index: g.model for g in node.gpus}
+        model = by_index.get(pl.shares[0].gpu) if pl.shares else None
         needs = modes.mps_needs(pod.mps, pod.unified, model) if model else None
         want = sorted(n.memory_gb for n in needs or ())
         if sorted(sizes) != want:
