@@ -30,6 +30,7 @@ Pure: no I/O, no clock. May import :mod:`migpilot.errors`, :mod:`migpilot.mig` a
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -124,6 +125,7 @@ class MpsSlice:
         return self.used or bool(self.reserved_for)
 
 
+@functools.lru_cache(maxsize=4096)
 def memory_gb(model: profiles.GpuModel) -> int:
     """A GPU's memory as MPS slices share it, in whole GB: its largest MIG profile's nominal GB
     (80 on an A100-80GB or H100-80GB, 40 on an A100-40GB, 24 on an A30)."""
@@ -158,8 +160,9 @@ class SliceNeed:
     """Needs of one group go on distinct GPUs (a container's GPUs); -1: no such rule."""
 
 
+@functools.lru_cache(maxsize=4096)
 def mps_needs(
-    mps: Sequence[MpsRequest],
+    mps: tuple[MpsRequest, ...],
     request: unified.UnifiedRequest | None,
     model: profiles.GpuModel,
 ) -> tuple[SliceNeed, ...] | None:
@@ -181,6 +184,7 @@ def mps_needs(
     return tuple(sorted(out, key=lambda n: (-n.memory_gb, n.group)))
 
 
+@functools.lru_cache(maxsize=4096)
 def unified_gb(ask: unified.GpuAsk, model: profiles.GpuModel) -> int:
     """The slice size (GB, rounded up) of one GPU of a unified ask on an MPS GPU of ``model``."""
     cap = memory_gb(model)
@@ -190,6 +194,7 @@ def unified_gb(ask: unified.GpuAsk, model: profiles.GpuModel) -> int:
     return max(1, math.ceil(pct * cap / 100))
 
 
+@functools.lru_cache(maxsize=4096)
 def replica_needs(
     request: unified.UnifiedRequest | None, model: profiles.GpuModel
 ) -> tuple[int, ...] | None:
