@@ -253,3 +253,10 @@ def test_other_mode_names_the_mode_of_another_systems_gpu_pod(
     resources: dict[str, str], annotations: dict[str, str], mode: str | None
 ) -> None:
     assert unified.other_mode([resources], annotations) == mode
+
+
+def test_a_gpu_count_no_node_could_hold_is_refused_naming_the_field() -> None:
+    ok = unified.parse_container({"nvidia.com/gpu": "1024"}, where="c")
+    assert ok is not None and ok.count == unified.MOST_GPUS
+    with pytest.raises(errors.SnapshotError, match=r"c\.nvidia\.com/gpu: 8589934592 GPUs is more"):
+        unified.parse_container({"nvidia.com/gpu": "8Gi"}, where="c")

@@ -271,19 +271,33 @@ def write_plan_table(
         action_rows = [(a.node, a.gpu, a.op.value, f"{a.profile}@{a.start}") for a in plan.actions]
         output.write_table(out, ("NODE", "GPU", "OP", "INSTANCE"), action_rows)
 
+    if plan.mps:
+        _section(out, "MPS slice actions", len(plan.slice_actions))
+        if plan.slice_actions:
+            slice_rows = [
+                (a.node, a.gpu, a.op.value, f"#{a.slice}:{a.memory_gb}gb", a.reason)
+                for a in plan.slice_actions
+            ]
+            output.write_table(out, ("NODE", "GPU", "OP", "SLICE", "WHY"), slice_rows)
+
     _section(out, "Placements", len(plan.placements))
     if plan.placements:
         placement_rows: list[tuple[str, ...]] = [
             (
                 p.pod,
                 p.node,
-                " ".join(f"gpu{i.gpu}:{i.profile}@{i.start}" for i in p.instances),
+                " ".join(
+                    [f"gpu{i.gpu}:{i.profile}@{i.start}" for i in p.instances]
+                    + [_share_text(sh) for sh in p.shares]
+                ),
             )
             for p in plan.placements
         ]
         headers: tuple[str, ...] = ("POD", "NODE", "INSTANCES (gpu:profile@start)")
+        if plan.mps or any(p.shares for p in plan.placements):
+            headers = ("POD", "NODE", "GIVEN (gpu:profile@start, gpu:mps#slice:GB, gpu:replica)")
         pods = {p.key: p for p in snap.pods}
-        if any(p.unified is not None for p in snap.pods):
+        if any(p.unified is not None or p.mps for p in snap.pods):
             # Unified pods name no profile: show what each asked beside the profile chosen.
             headers = (*headers, "ASKED")
             placement_rows = [
@@ -298,6 +312,12 @@ def write_plan_table(
         if explain:
             for node, reason in u.nodes:
                 out.write(f"    {node}: {reason}\n")
+
+
+def _share_text(share: plans.AssignedShare) -> str:
+    if share.slice is None:
+        return f"gpu{share.gpu}:replica"
+    return f"gpu{share.gpu}:mps#{share.slice}:{share.memory_gb}gb"
 
 
 def _section(out: IO[str], title: str, count: int) -> None:

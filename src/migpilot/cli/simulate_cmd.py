@@ -49,14 +49,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="openb",
         metavar="openb|FILE|synthetic:NAME",
         help="the bundled openb trace (default), an openb or MIG-native CSV file "
-        "(name,arrival,duration,requests), or synthetic:inference|training|mixed",
+        "(name,arrival,duration,requests), or "
+        "synthetic:inference|training|mixed|small-inference",
     )
     p.add_argument(
         "--cluster",
         default=None,
-        metavar="MODEL:NODESxGPUS,...",
+        metavar="MODEL:NODESxGPUS[@MODE],...",
         help=f"the cluster (default: {clusters.DEFAULT_SPEC} in inflate mode, "
-        f"{clusters.DEFAULT_FAITHFUL_SPEC} in faithful mode)",
+        f"{clusters.DEFAULT_FAITHFUL_SPEC} in faithful mode); a group's nodes share their GPUs "
+        "by MIG (default), @mps, @time-slicing[:REPLICAS] or @none",
     )
     p.add_argument(
         "--mode",

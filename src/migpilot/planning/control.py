@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import constraints, explaining, plans, snapshot
+from migpilot.planning import constraints, explaining, modes, plans, snapshot
 
 Planner = Callable[[snapshot.Snapshot], plans.Plan]
 """A planner with its options bound (``functools.partial(fast.plan, opts=...)`` and the like)."""
@@ -148,10 +148,24 @@ def never_runs(pod: snapshot.Pod, nodes: Sequence[snapshot.Node]) -> str | None:
         for gpu in node.gpus:
             by_model[gpu.model] = by_model.get(gpu.model, 0) + 1
         fits = False
+        if not modes.serves(
+            node.mode, mig=bool(pod.mig), mps=bool(pod.mps), unified_request=pod.unified is not None
+        ):
+            continue
         for model, count in by_model.items():
-            names = pod.profiles_on(model)
-            if names is not None and fits_empty(names, model, count):
-                fits = True
+            if node.mode is not modes.Mode.MIG:
+                # MPS slices or time-slicing replicas: one per GPU asked, each within a GPU.
+                shared = (
+                    modes.mps_needs(pod.mps, pod.unified, model)
+                    if node.mode is modes.Mode.MPS
+                    else modes.replica_needs(pod.unified, model)
+                )
+                asks = pod.unified.asks if pod.unified is not None else ()
+                fits = shared is not None and all(a.count <= count for a in asks)
+            else:
+                names = pod.profiles_on(model)
+                fits = names is not None and fits_empty(names, model, count)
+            if fits:
                 break
         if not fits:
             continue

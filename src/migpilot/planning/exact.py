@@ -55,7 +55,7 @@ from ortools.sat.python import cp_model
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import constraints, explaining, options, plans, snapshot
+from migpilot.planning import constraints, explaining, options, plans, sharing, snapshot
 
 PLANNER = "exact"
 _SEED = 1
@@ -704,7 +704,15 @@ class _Builder:
 
 
 def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
-    """Plan ``snap`` with CP-SAT within ``opts.time_limit_s`` on ``opts.workers`` threads."""
+    """Plan ``snap`` with CP-SAT within ``opts.time_limit_s`` on ``opts.workers`` threads.
+
+    MIG only: a snapshot with a node in another mode (mps, time-slicing, none) or a pod asking
+    for MPS slices is refused (the CP-SAT model has no MPS slices yet; ``fast`` plans them)."""
+    if sharing.involved(snap):
+        raise errors.MigpilotError(
+            "the exact planner plans MIG only: this snapshot has nodes in mode mps, "
+            "time-slicing or none, or pods asking for nvidia.com/gpu-<N>gb (use --planner fast)"
+        )
     unresolvable = explaining.unresolvable(snap)
     classes = _classes(p for p in snap.pods if p.key not in unresolvable)
     builder = _Builder(snap, classes) if classes else None

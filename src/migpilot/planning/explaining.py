@@ -4,8 +4,11 @@ Every planner calls :func:`explain` for the pods it leaves out, so reasons read 
 planner ran. The reason is judged against the plan's final state: the instances in use, the
 instances the plan gives to other pods, and the CPU and memory those pods take. Per node the
 reason is the first check that fails, in the order kube-scheduler would meet them: node
-admission (cordon, selector, affinity, taints), GPU models that offer the profiles, CPU and memory,
-then MIG room. The pod's summary is the most hopeful of its nodes' reasons.
+admission (cordon, selector, affinity, taints), the node's sharing mode (label
+``migpilot.io/mode``: ``node n3 is in mode mig; nvidia.com/gpu-10gb needs mps``), GPU models that
+offer the profiles, CPU and memory, then room: MIG room, or on nodes in mode mps the GB of MPS
+slices (free slices count as room, slices in use never do), on nodes in mode time-slicing the
+replicas. The pod's summary is the most hopeful of its nodes' reasons.
 """
 
 from __future__ import annotations
@@ -16,18 +19,19 @@ from collections.abc import Iterable, Mapping
 
 from migpilot import errors
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import constraints, plans, snapshot, unified
+from migpilot.planning import constraints, modes, plans, snapshot, unified
 
 
 class Why(enum.IntEnum):
     """Per-node outcome, most hopeful last (the summary takes the maximum)."""
 
     NOT_ADMITTED = 0
-    NOT_OFFERED = 1
-    NO_CPU_MEMORY = 2
-    IN_USE = 3
-    TAKEN = 4
-    ROOM_LEFT = 5
+    WRONG_MODE = 1
+    NOT_OFFERED = 2
+    NO_CPU_MEMORY = 3
+    IN_USE = 4
+    TAKEN = 5
+    ROOM_LEFT = 6
 
 
 def _describe(need: Iterable[str]) -> str:
@@ -85,11 +89,18 @@ class Explainer:
         assigned: dict[tuple[str, int], set[layouts.Instance]] = {}
         self.cpu: Counter[str] = Counter()
         self.mem: Counter[str] = Counter()
+        # Per GPU of a node in mode mps or time-slicing: GB and clients (or replicas) the plan
+        # gives to its pods.
+        self.shared_gb: Counter[tuple[str, int]] = Counter()
+        self.shared_n: Counter[tuple[str, int]] = Counter()
         for pl in placements:
             pod = pods.get(pl.pod)
             if pod is not None:
                 self.cpu[pl.node] += pod.cpu_milli
                 self.mem[pl.node] += pod.memory_bytes
+            for sh in pl.shares:
+                self.shared_gb[(pl.node, sh.gpu)] += sh.memory_gb
+                self.shared_n[(pl.node, sh.gpu)] += 1
             for i in pl.instances:
                 assigned.setdefault((pl.node, i.gpu), set()).add(
                     layouts.Instance(i.start, i.profile)
@@ -133,6 +144,16 @@ class Explainer:
             reason = admission[self._admission.class_of(position)]
         if reason is not None:
             return Why.NOT_ADMITTED, reason
+        if not modes.serves(
+            node.mode, mig=bool(pod.mig), mps=bool(pod.mps), unified_request=pod.unified is not None
+        ):
+            return (
+                Why.WRONG_MODE,
+                f"node {node.name} is in mode {node.mode.value}; {_what(pod)} needs "
+                f"{modes.needed_mode(mig=bool(pod.mig), mps=bool(pod.mps))}",
+            )
+        if node.mode is not modes.Mode.MIG:
+            return self._shared_reason(node, pod)
         vkey = (self._shape[position], pod.demand)
         offered = self._offered.get(vkey)
         if offered is None:
@@ -157,6 +178,102 @@ class Explainer:
         if verdict is None:
             verdict = self._room[vkey] = self._room_reason(node, *offered)
         return verdict
+
+    def _cpu_memory(self, node: snapshot.Node, pod: snapshot.Pod) -> str | None:
+        alloc = node.allocatable
+        if alloc is None:
+            return None
+        free_cpu = alloc.cpu_milli - self.cpu[node.name]
+        if pod.cpu_milli > free_cpu:
+            return f"not enough CPU: needs {pod.cpu_milli}m, {max(free_cpu, 0)}m free"
+        free_mem = alloc.memory_bytes - self.mem[node.name]
+        if pod.memory_bytes > free_mem:
+            return f"not enough memory: needs {pod.memory_bytes} bytes, {max(free_mem, 0)} free"
+        return None
+
+    def _shared_reason(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str]:
+        """Why a node in mode mps or time-slicing does not run the pod in the plan."""
+        mps = node.mode is modes.Mode.MPS
+        usable = [
+            g
+            for g in node.gpus
+            if (
+                modes.mps_needs(pod.mps, pod.unified, g.model)
+                if mps
+                else modes.replica_needs(pod.unified, g.model)
+            )
+            is not None
+        ]
+        what = _what(pod)
+        if not usable:
+            models = ", ".join(sorted({g.model.id for g in node.gpus}))
+            if pod.unified is not None and not any(
+                unified.allowed(pod.unified, g.model) for g in node.gpus
+            ):
+                return Why.NOT_OFFERED, f"its GPUs ({models}) are excluded by the pod's filters"
+            most = max((modes.memory_gb(g.model) for g in node.gpus), default=0)
+            return Why.NOT_OFFERED, f"its GPUs ({models}) have {most} GB; {what} needs more"
+        short = self._cpu_memory(node, pod)
+        if short is not None:
+            return Why.NO_CPU_MEMORY, short
+        if self._shared_fits(node, pod, usable, planned=True):
+            return Why.ROOM_LEFT, f"{what} would still fit; the planner left it out"
+        if self._shared_fits(node, pod, usable, planned=False):
+            return Why.TAKEN, f"the room for {what} went to other pending pods"
+        if mps:
+            return Why.IN_USE, f"no room for {what} without removing MPS slices in use"
+        return Why.IN_USE, f"no free time-slicing replica for {what}"
+
+    def _shared_fits(
+        self, node: snapshot.Node, pod: snapshot.Pod, gpus: list[snapshot.Gpu], *, planned: bool
+    ) -> bool:
+        """Whether the pod's slices (or replicas) fit the GPUs beside what is taken now, and
+        with ``planned`` beside what the plan gives to other pods too. Free slices are room."""
+        if node.mode is not modes.Mode.MPS:
+            replicas = []
+            for g in gpus:
+                left = g.replicas - g.replicas_used
+                if planned:
+                    left -= self.shared_n[(node.name, g.index)]
+                replicas.append(left)
+            assert pod.unified is not None
+            for ask in pod.unified.asks:
+                order = sorted(range(len(gpus)), key=lambda k: -replicas[k])
+                if ask.count > len(order) or any(replicas[k] < 1 for k in order[: ask.count]):
+                    return False
+                for k in order[: ask.count]:
+                    replicas[k] -= 1
+            return True
+        free: list[int] = []
+        clients: list[int] = []
+        for g in gpus:
+            taken = [s for s in g.mps if s.taken]
+            used = sum(s.memory_gb for s in taken)
+            n = len(taken)
+            if planned:
+                # Slices the plan gives that were free or new (a taken one is not given again).
+                used += self.shared_gb[(node.name, g.index)]
+                n += self.shared_n[(node.name, g.index)]
+            free.append(modes.memory_gb(g.model) - used)
+            clients.append(modes.MPS_MAX_CLIENTS - n)
+        groups: dict[int, set[int]] = {}
+        needs = modes.mps_needs(pod.mps, pod.unified, gpus[0].model) or ()
+        for need in needs:
+            fit = [
+                k
+                for k in range(len(gpus))
+                if free[k] >= need.memory_gb
+                and clients[k] > 0
+                and k not in groups.get(need.group, set())
+            ]
+            if not fit:
+                return False
+            k = min(fit, key=lambda k: (free[k], k))
+            free[k] -= need.memory_gb
+            clients[k] -= 1
+            if need.group >= 0:
+                groups.setdefault(need.group, set()).add(k)
+        return True
 
     def _offer(
         self, node: snapshot.Node, pod: snapshot.Pod
@@ -212,6 +329,7 @@ class Explainer:
         key = (
             constraints.signature(pod),
             pod.demand,
+            pod.mps,
             pod.cpu_milli,
             pod.memory_bytes,
             per_node,
@@ -242,8 +360,10 @@ def _summary(pod: snapshot.Pod, reasons: list[tuple[str, Why, str]]) -> str:
     count = sum(1 for _, why, _ in reasons if why == best)
     if best is Why.NOT_ADMITTED:
         return f"no node admits the pod (e.g. {example[0]}: {example[1]})"
+    if best is Why.WRONG_MODE:
+        return f"no node that admits the pod is in a mode that serves it ({example[1]})"
     if best is Why.NOT_OFFERED:
-        if pod.unified is not None:
+        if pod.unified is not None or pod.mps:
             return f"no node that admits the pod has a GPU that serves {wanted} ({example[1]})"
         return f"no node that admits the pod advertises {_wanted(pod)}"
     if best is Why.NO_CPU_MEMORY:
@@ -252,6 +372,17 @@ def _summary(pod: snapshot.Pod, reasons: list[tuple[str, Why, str]]) -> str:
             f"(e.g. {example[0]}: {example[1]})"
         )
     if best is Why.IN_USE:
+        if pod.mps:
+            return f"no node offers {wanted} without removing MPS slices in use"
+        if pod.unified is not None and any(why is Why.IN_USE for _, why, _ in reasons):
+            nodes = {n for n, why, _ in reasons if why is Why.IN_USE}
+            texts = {t for n, why, t in reasons if n in nodes}
+            if any("instances in use" not in t for t in texts):
+                return (
+                    f"no node offers {wanted} without destroying instances or removing MPS "
+                    f"slices in use, nor has a free time-slicing replica (e.g. {example[0]}: "
+                    f"{example[1]})"
+                )
         return f"no node offers {wanted} without destroying instances in use"
     if best is Why.TAKEN:
         return f"the room for {wanted} went to other pending pods (higher priority or placed first)"
@@ -289,6 +420,14 @@ def unresolvable(snap: snapshot.Snapshot) -> Mapping[str, str]:
     """Pods whose request no GPU model in the cluster offers, with the reason (cheap pre-check)."""
     out: dict[str, str] = {}
     for pod in snap.pods:
+        if pod.mps:
+            mps_models = {g.model for n in snap.nodes if n.mode is modes.Mode.MPS for g in n.gpus}
+            if not mps_models:
+                out[pod.key] = f"no node in the cluster is in mode mps ({_what(pod)} needs mps)"
+            elif all(modes.mps_needs(pod.mps, None, m) is None for m in mps_models):
+                most = max(modes.memory_gb(m) for m in mps_models)
+                out[pod.key] = f"no MPS GPU in the cluster has room for {_what(pod)} ({most} GB)"
+            continue
         if all(pod.profiles_on(m) is None for m in snap.models):
             if pod.unified is not None:
                 why = unified.never_served(pod.unified, snap.models)
@@ -306,6 +445,17 @@ def unresolvable(snap: snapshot.Snapshot) -> Mapping[str, str]:
             else:
                 out[pod.key] = f"no one GPU model in the cluster advertises all of {_wanted(pod)}"
     return out
+
+
+def _what(pod: snapshot.Pod) -> str:
+    """The pod's request as a reason names it: resource names, or the unified request."""
+    if pod.unified is not None:
+        return pod.unified.text()
+    if pod.mps:
+        return " + ".join(
+            f"{r.count} x {r.resource}" if r.count > 1 else r.resource for r in pod.mps
+        )
+    return _wanted(pod)
 
 
 def _wanted(pod: snapshot.Pod) -> str:

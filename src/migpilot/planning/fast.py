@@ -63,6 +63,7 @@ from migpilot.planning import (
     options,
     plans,
     scoring,
+    sharing,
     snapshot,
 )
 
@@ -1066,7 +1067,13 @@ def _hopeless(
 
 
 def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
-    """Plan the whole pending set (see the module docstring)."""
+    """Plan the whole pending set (see the module docstring); nodes in mode mps or
+    time-slicing through :func:`migpilot.planning.sharing.plan_with`."""
+    return sharing.plan_with(snap, opts, _plan_mig)
+
+
+def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
+    """Plan the whole pending set of a snapshot of MIG nodes."""
     chosen, orders, thorough, hopeful = _greedy(snap)
     # The other variants can only matter where the greedy left a pod pending that could run.
     if len(chosen.placements) == hopeful:

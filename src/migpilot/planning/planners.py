@@ -9,21 +9,38 @@ are checked by the same validator.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from migpilot import errors
-from migpilot.planning import baselines, exact, fast, firstfit, options, plans, snapshot
+from migpilot.planning import (
+    baselines,
+    exact,
+    fast,
+    firstfit,
+    options,
+    plans,
+    sharing,
+    snapshot,
+)
 
 Planner = Callable[[snapshot.Snapshot, options.Options], plans.Plan]
 
+
+def _sharing(planner: Planner) -> Planner:
+    """``planner`` on the MIG nodes, MPS and time-slicing nodes planned beside it
+    (:mod:`migpilot.planning.sharing`); unchanged on a MIG-only snapshot."""
+    return functools.partial(sharing.plan_with, mig_planner=planner)
+
+
 PLANNERS: dict[str, Planner] = {
-    "fast": fast.plan,
-    "exact": exact.plan,
-    "nos": baselines.nos,
-    "hami-template": baselines.hami_template,
-    "hami-placement": baselines.hami_placement,
-    "static": baselines.static,
-    "first-fit": firstfit.plan,
+    "fast": fast.plan,  # plans MPS and time-slicing nodes itself
+    "exact": exact.plan,  # MIG only: refuses other modes
+    "nos": _sharing(baselines.nos),
+    "hami-template": _sharing(baselines.hami_template),
+    "hami-placement": _sharing(baselines.hami_placement),
+    "static": _sharing(baselines.static),
+    "first-fit": _sharing(firstfit.plan),
 }
 
 

@@ -4,6 +4,11 @@ Every planner (fast, exact and the baselines) returns a :class:`Plan` made by :f
 the actions are always derived the same way from the target layouts: per GPU, destroy what the
 target drops (lowest start first), then create what it adds (largest first, the creation order
 that always works with explicit placements). Applying a plan is the node agent's job.
+
+GPUs of nodes in mode ``mps`` are planned as MPS memory slices (:mod:`migpilot.planning.sharing`):
+their targets are :class:`MpsGpuPlan`, their actions :class:`SliceAction` (remove, then create,
+each with its reason), and a pod placed there gets :class:`AssignedShare` values (a slice, or on a
+time-slicing GPU one replica). A plan of a MIG-only snapshot has none of them.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from migpilot.mig import layouts, profiles
-from migpilot.planning import snapshot
+from migpilot.planning import modes, snapshot
 
 
 class Op(enum.StrEnum):
@@ -55,12 +60,56 @@ class AssignedInstance:
 
 
 @dataclass(frozen=True, slots=True)
+class AssignedShare:
+    """A share of a GPU given to a pod: an MPS slice (by id), or one time-slicing replica."""
+
+    gpu: int
+    slice: int | None
+    """The MPS slice's id; ``None``: a time-slicing replica."""
+    memory_gb: int = 0
+    """The MPS slice's size in GB (0 for a replica)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Placement:
     """A pod and the instances it gets, all on one node."""
 
     pod: str
     node: str
     instances: tuple[AssignedInstance, ...]
+    shares: tuple[AssignedShare, ...] = ()
+    """MPS slices or time-slicing replicas (a pod on a node in mode mps or time-slicing)."""
+
+
+class SliceOp(enum.StrEnum):
+    """What an action does to one MPS slice."""
+
+    REMOVE = "remove"
+    CREATE = "create"
+
+
+@dataclass(frozen=True, slots=True)
+class SliceAction:
+    """One MPS slice removed or created on one GPU, and why."""
+
+    node: str
+    gpu: int
+    op: SliceOp
+    slice: int
+    memory_gb: int
+    cores: int | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MpsGpuPlan:
+    """The target MPS slices of one GPU of a node in mode mps."""
+
+    node: str
+    gpu: int
+    changed: bool
+    slices: tuple[modes.MpsSlice, ...]
+    """Every slice the GPU will have (taken ones kept as they are, new ones free)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +133,10 @@ class Plan:
     unschedulable: tuple[Unschedulable, ...]
     optimal: bool | None = None
     """For the exact planner: whether the solver proved the pod objective optimal."""
+    mps: tuple[MpsGpuPlan, ...] = ()
+    """Target slices of every GPU of the nodes in mode mps (empty: none in the snapshot)."""
+    slice_actions: tuple[SliceAction, ...] = ()
+    """MPS slices to remove, then to create, per GPU."""
 
     def placement_of(self, pod_key: str) -> Placement | None:
         """The placement of a pod, if the plan places it."""
@@ -138,7 +191,12 @@ def build(
         placements=tuple(
             sorted(
                 (
-                    Placement(p.pod, p.node, tuple(sorted(p.instances, key=_inst_key)))
+                    Placement(
+                        p.pod,
+                        p.node,
+                        tuple(sorted(p.instances, key=_inst_key)),
+                        tuple(sorted(p.shares, key=_share_key)),
+                    )
                     for p in placements
                 ),
                 key=lambda p: order.get(p.pod, len(order)),
@@ -151,6 +209,10 @@ def build(
 
 def _inst_key(i: AssignedInstance) -> tuple[int, int, str]:
     return (i.gpu, i.start, i.profile)
+
+
+def _share_key(s: AssignedShare) -> tuple[int, int]:
+    return (s.gpu, -1 if s.slice is None else s.slice)
 
 
 def to_json(plan: Plan, *, seconds: float | None = None, explain: bool = False) -> dict[str, Any]:
@@ -181,8 +243,42 @@ def to_json(plan: Plan, *, seconds: float | None = None, explain: bool = False) 
                 {"gpu": i.gpu, "profile": i.profile, "start": i.start} for i in p.instances
             ],
         }
+        | (
+            {
+                "shares": [
+                    {"gpu": s.gpu, "slice": s.slice, "memoryGB": s.memory_gb} for s in p.shares
+                ]
+            }
+            if p.shares
+            else {}
+        )
         for p in plan.placements
     ]
+    if plan.mps:
+        doc["mps"] = [
+            {
+                "node": g.node,
+                "gpu": g.gpu,
+                "changed": g.changed,
+                "slices": [
+                    {"id": s.id, "memoryGB": s.memory_gb}
+                    | ({"cores": s.cores} if s.cores is not None else {})
+                    for s in g.slices
+                ],
+            }
+            for g in plan.mps
+        ]
+        doc["sliceActions"] = [
+            {
+                "node": a.node,
+                "gpu": a.gpu,
+                "op": a.op.value,
+                "slice": a.slice,
+                "memoryGB": a.memory_gb,
+                "reason": a.reason,
+            }
+            for a in plan.slice_actions
+        ]
     unsched = []
     for u in plan.unschedulable:
         entry: dict[str, Any] = {"pod": u.pod, "reason": u.reason}

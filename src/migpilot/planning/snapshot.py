@@ -53,7 +53,7 @@ from typing import Any
 
 from migpilot import errors
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import quantities, scoring
+from migpilot.planning import modes, quantities, scoring
 from migpilot.planning import unified as unifying
 
 SNAPSHOT_VERSION = 1
@@ -122,6 +122,12 @@ class Gpu:
     index: int
     model: profiles.GpuModel
     instances: tuple[ExistingInstance, ...]
+    mps: tuple[modes.MpsSlice, ...] = ()
+    """On a node in mode ``mps``: its MPS memory slices (:mod:`migpilot.planning.modes`)."""
+    replicas: int = 0
+    """On a node in mode ``time-slicing``: the replicas the GPU is advertised as."""
+    replicas_used: int = 0
+    """Of :attr:`replicas`, those held by pods or reserved."""
     layout: layouts.Layout = field(init=False, compare=False, repr=False)
     """The current layout (used and free instances), derived."""
 
@@ -151,6 +157,8 @@ class Node:
     capacity: Resources | None = None
     """The node's whole CPU and memory, for the policy scores (:mod:`scoring`); ``None``: taken
     as :attr:`allocatable`, so only the plan's own pods count as use."""
+    mode: modes.Mode = modes.Mode.MIG
+    """How the node shares its GPUs (label ``migpilot.io/mode``; absent: ``mig``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +198,9 @@ class Pod:
     """``hami.io/node-scheduler-policy``; ``None``: the snapshot's :attr:`Snapshot.policy`."""
     gpu_policy: Policy | None = None
     """``hami.io/gpu-scheduler-policy``; ``None``: the snapshot's :attr:`Snapshot.gpu_policy`."""
+    mps: tuple[modes.MpsRequest, ...] = ()
+    """MPS slices asked for by name (``nvidia.com/gpu-<N>gb``); then :attr:`mig` is empty and
+    :attr:`unified` is ``None``."""
 
     @property
     def key(self) -> str:
@@ -206,7 +217,7 @@ class Pod:
         """MIG instances asked for in all."""
         if self.unified is not None:
             return self.unified.count
-        return sum(r.count for r in self.mig)
+        return sum(r.count for r in self.mig) + sum(r.count for r in self.mps)
 
     @property
     def parts(self) -> tuple[int, ...]:
@@ -232,6 +243,10 @@ class Pod:
         """The request as people write it: ``2 x 1g.10gb + 3g.40gb`` or ``gpu 1, gpumem 8000``."""
         if self.unified is not None:
             return self.unified.text()
+        if self.mps:
+            return " + ".join(
+                f"{r.count} x {r.resource}" if r.count > 1 else r.resource for r in self.mps
+            )
         return " + ".join(
             f"{r.count} x {r.profile}" if r.count > 1 else r.profile for r in self.mig
         )
@@ -299,6 +314,8 @@ class Requests:
     """From ``hami.io/node-scheduler-policy`` (any pod may carry it)."""
     gpu_policy: Policy | None = None
     """From ``hami.io/gpu-scheduler-policy``."""
+    mps: tuple[modes.MpsRequest, ...] = ()
+    """MPS slices by size (``nvidia.com/gpu-<N>gb``), sorted, counts > 0."""
 
 
 _UNIFIED_RESOURCES = (
@@ -358,10 +375,14 @@ def container_requests(
     )
 
 
-def _amounts(resources: Mapping[str, Any], where: str) -> tuple[dict[str, int], int, int]:
-    """One container's MIG instances per profile, CPU (millicores) and memory (bytes); other
-    ``nvidia.com/`` resources than the unified ones are rejected, the rest ignored."""
+def _amounts(
+    resources: Mapping[str, Any], where: str
+) -> tuple[dict[str, int], dict[int, int], int, int]:
+    """One container's MIG instances per profile, MPS slices per size (GB), CPU (millicores) and
+    memory (bytes); other ``nvidia.com/`` resources than the unified ones are rejected, the rest
+    ignored."""
     mig: dict[str, int] = {}
+    mps: dict[int, int] = {}
     cpu = mem = 0
     for key, value in resources.items():
         if not isinstance(key, str):
@@ -378,12 +399,17 @@ def _amounts(resources: Mapping[str, Any], where: str) -> tuple[dict[str, int], 
             count = _counted(value, f"{where}.{key}")
             if count:
                 mig[profile] = mig.get(profile, 0) + count
+        elif modes.is_mps_resource(key):
+            gb = modes.mps_gb(key, where=where)
+            count = _counted(value, f"{where}.{key}")
+            if count:
+                mps[gb] = mps.get(gb, 0) + count
         elif key.startswith("nvidia.com/") and key not in _UNIFIED_RESOURCES:
             raise errors.SnapshotError(
                 f"{where}: {key} is not a MIG resource (expected nvidia.com/mig-<profile>) "
                 f"nor a unified one ({', '.join(_UNIFIED_RESOURCES)})"
             )
-    return mig, cpu, mem
+    return mig, mps, cpu, mem
 
 
 def _requests(
@@ -397,11 +423,14 @@ def _requests(
     if not isinstance(annotations, Mapping):
         raise errors.SnapshotError(f"{where}: annotations must be a mapping")
     mig: dict[str, int] = {}
+    mps: dict[int, int] = {}
     cpu = mem = 0
     for at, resources in containers:
-        got, c, m = _amounts(resources, at)
+        got, slices, c, m = _amounts(resources, at)
         for p, n in got.items():
             mig[p] = mig.get(p, 0) + n
+        for gb, n in slices.items():
+            mps[gb] = mps.get(gb, 0) + n
         cpu, mem = cpu + c, mem + m
     for at, resources in init:
         if any(resources.get(k) is not None for k in _UNIFIED_RESOURCES):
@@ -409,9 +438,11 @@ def _requests(
                 f"{at}: an init container may not ask for {unifying.GPU} (HAMi serves only "
                 "containers)"
             )
-        got, c, m = _amounts(resources, at)
+        got, slices, c, m = _amounts(resources, at)
         for p, n in got.items():
             mig[p] = max(mig.get(p, 0), n)
+        for gb, n in slices.items():
+            mps[gb] = max(mps.get(gb, 0), n)
         cpu, mem = max(cpu, c), max(mem, m)
     node_policy, gpu_policy = unifying.parse_policies(annotations, where=where)
     request = unifying.parse_labelled(containers, annotations, where=where)
@@ -423,15 +454,21 @@ def _requests(
                 f"serves (annotate the pod {unifying.VGPU_MODE}: {unifying.MIG_MODE} to have "
                 "migpilot serve it with MIG instances)"
             )
-        if mig:
+        if mig or mps:
+            kind = "nvidia.com/mig-*" if mig else "nvidia.com/gpu-<N>gb"
             raise errors.SnapshotError(
-                f"{where}: the pod asks for both nvidia.com/mig-* and {unifying.GPU}; ask for "
+                f"{where}: the pod asks for both {kind} and {unifying.GPU}; ask for "
                 "one or the other"
             )
-    elif not mig:
+    elif mig and mps:
         raise errors.SnapshotError(
-            f"{where}: the pod requests no MIG resource (nvidia.com/mig-...) and no unified one "
-            f"({unifying.GPU} with {unifying.GPUMEM})"
+            f"{where}: the pod asks for both nvidia.com/mig-* and nvidia.com/gpu-<N>gb (MIG and "
+            "MPS slices are served by nodes in different modes); ask for one or the other"
+        )
+    elif not mig and not mps:
+        raise errors.SnapshotError(
+            f"{where}: the pod requests no MIG resource (nvidia.com/mig-...), no MPS slice "
+            f"(nvidia.com/gpu-<N>gb) and no unified one ({unifying.GPU} with {unifying.GPUMEM})"
         )
     return Requests(
         tuple(MigRequest(p, n) for p, n in sorted(mig.items())),
@@ -440,6 +477,7 @@ def _requests(
         unified=request,
         node_policy=node_policy,
         gpu_policy=gpu_policy,
+        mps=tuple(modes.MpsRequest(gb, n) for gb, n in sorted(mps.items())),
     )
 
 
@@ -464,6 +502,8 @@ def resolve_demand(demand: Demand, model: profiles.GpuModel) -> tuple[str, ...] 
     mig, request = demand
     if request is not None:
         return unifying.resolve(request, model)
+    if not mig:
+        return None  # an MPS pod (nvidia.com/gpu-<N>gb): no MIG instance serves it
     return resolve_request(mig, model)
 
 
@@ -715,9 +755,9 @@ def _resources(raw: Any, where: str) -> Resources | None:
     return Resources(cpu, mem)
 
 
-def _gpu(raw: Any, index: int, where: str) -> Gpu:
+def _gpu(raw: Any, index: int, where: str, mode: modes.Mode = modes.Mode.MIG) -> Gpu:
     d = _mapping(raw, where)
-    _only(d, {"model", "instances", "index"}, where)
+    _only(d, {"model", "instances", "index", "mps", "replicas", "replicasUsed"}, where)
     try:
         model = catalog.resolve_gpu(_str(d.get("model"), f"{where}.model"))
     except errors.UnknownGpuError as err:
@@ -739,7 +779,80 @@ def _gpu(raw: Any, index: int, where: str) -> Gpu:
     if reason is not None:
         raise errors.SnapshotError(f"{where}: current instances are not a valid layout: {reason}")
     idx = d.get("index", index)
-    return Gpu(_int(idx, f"{where}.index"), model, tuple(sorted(insts, key=lambda i: i.start)))
+    if insts and mode is not modes.Mode.MIG:
+        raise errors.SnapshotError(
+            f"{where}.instances: a GPU of a node in mode {mode.value} has no MIG instances"
+        )
+    slices = _slices(d.get("mps"), model, mode, f"{where}.mps")
+    replicas, replicas_used = _replicas(d, mode, where)
+    return Gpu(
+        _int(idx, f"{where}.index"),
+        model,
+        tuple(sorted(insts, key=lambda i: i.start)),
+        mps=slices,
+        replicas=replicas,
+        replicas_used=replicas_used,
+    )
+
+
+def mps_slice(raw: Any, where: str) -> modes.MpsSlice:
+    """One MPS slice from its file form (``{id, memoryGB, cores?, used?, reservedFor?}``)."""
+    e = _mapping(raw, where)
+    _only(e, {"id", "memoryGB", "cores", "used", "reservedFor"}, where)
+    gb = _int(e.get("memoryGB"), f"{where}.memoryGB")
+    if gb < 1:
+        raise errors.SnapshotError(f"{where}.memoryGB: a slice needs at least 1 GB, got {gb}")
+    cores = e.get("cores")
+    if cores is not None:
+        cores = _int(cores, f"{where}.cores")
+        if not 1 <= cores <= 100:
+            raise errors.SnapshotError(f"{where}.cores: expected 1-100 (percent), got {cores}")
+    used = e.get("used", False)
+    if not isinstance(used, bool):
+        raise errors.SnapshotError(f"{where}.used: expected true or false")
+    return modes.MpsSlice(
+        id=_int(e.get("id"), f"{where}.id"),
+        memory_gb=gb,
+        cores=cores,
+        used=used,
+        reserved_for=_str(e.get("reservedFor"), f"{where}.reservedFor", required=False),
+    )
+
+
+def _slices(
+    raw: Any, model: profiles.GpuModel, mode: modes.Mode, where: str
+) -> tuple[modes.MpsSlice, ...]:
+    items = _sequence(raw, where)
+    if items and mode is not modes.Mode.MPS:
+        raise errors.SnapshotError(
+            f"{where}: a GPU of a node in mode {mode.value} has no MPS slices"
+        )
+    slices = tuple(mps_slice(r, f"{where}[{j}]") for j, r in enumerate(items))
+    problem = modes.slices_problem(model, slices)
+    if problem is not None:
+        raise errors.SnapshotError(f"{where}: {problem}")
+    return tuple(sorted(slices, key=lambda s: s.id))
+
+
+def _replicas(d: Mapping[str, Any], mode: modes.Mode, where: str) -> tuple[int, int]:
+    if mode is not modes.Mode.TIME_SLICING:
+        for name in ("replicas", "replicasUsed"):
+            if name in d:
+                raise errors.SnapshotError(
+                    f"{where}.{name}: only GPUs of a node in mode time-slicing have replicas"
+                )
+        return 0, 0
+    if "replicas" not in d:
+        raise errors.SnapshotError(f"{where}: a time-slicing GPU needs replicas (>= 1)")
+    replicas = _int(d["replicas"], f"{where}.replicas")
+    if replicas < 1:
+        raise errors.SnapshotError(f"{where}.replicas: expected at least 1, got {replicas}")
+    used = _int(d.get("replicasUsed", 0), f"{where}.replicasUsed")
+    if not 0 <= used <= replicas:
+        raise errors.SnapshotError(
+            f"{where}.replicasUsed: expected 0-{replicas} (the GPU's replicas), got {used}"
+        )
+    return replicas, used
 
 
 def _node(raw: Any, where: str) -> Node:
@@ -751,15 +864,21 @@ def _node(raw: Any, where: str) -> Node:
     unsched = d.get("unschedulable", False)
     if not isinstance(unsched, bool):
         raise errors.SnapshotError(f"{where}.unschedulable: expected true or false")
+    labels = _labels(d.get("labels"), f"{where}.labels")
+    try:
+        mode = modes.node_mode(labels, node=name)
+    except errors.SnapshotError as err:
+        raise errors.SnapshotError(f"{where}.labels: {err}") from None
     gpus = tuple(
-        _gpu(g, i, f"{where}.gpus[{i}]")
+        _gpu(g, i, f"{where}.gpus[{i}]", mode)
         for i, g in enumerate(_sequence(d.get("gpus"), f"{where}.gpus"))
     )
     if len({g.index for g in gpus}) != len(gpus):
         raise errors.SnapshotError(f"{where}.gpus: two GPUs share an index")
     return Node(
         name=name,
-        labels=_labels(d.get("labels"), f"{where}.labels"),
+        mode=mode,
+        labels=labels,
         taints=tuple(
             taint(t, f"{where}.taints[{i}]")
             for i, t in enumerate(_sequence(d.get("taints"), f"{where}.taints"))
@@ -802,6 +921,7 @@ def _pod(raw: Any, where: str) -> Pod:
         unified=req.unified,
         node_policy=req.node_policy,
         gpu_policy=req.gpu_policy,
+        mps=req.mps,
         cpu_milli=req.cpu_milli,
         memory_bytes=req.memory_bytes,
         node_selector=_labels(d.get("nodeSelector"), f"{where}.nodeSelector"),
@@ -878,20 +998,12 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
             nd["allocatable"] = res(n.allocatable)
         if n.capacity is not None:
             nd["capacity"] = res(n.capacity)
-        nd["gpus"] = [
-            {
-                "index": g.index,
-                "model": g.model.id,
-                "instances": [
-                    {"profile": i.profile, "start": i.start, "used": i.used} for i in g.instances
-                ],
-            }
-            for g in n.gpus
-        ]
+        nd["gpus"] = [_gpu_document(g) for g in n.gpus]
         nodes.append(nd)
     pods = []
     for p in snap.pods:
         reqs: dict[str, Any] = {resource_name(r.profile): r.count for r in p.mig}
+        reqs.update({r.resource: r.count for r in p.mps})
         annotations: dict[str, str] = {}
         if p.unified is not None:
             reqs.update(_unified_document(p.unified))
@@ -935,6 +1047,28 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
     if snap.gpu_policy is not scoring.DEFAULT_GPU_POLICY:
         doc["gpuPolicy"] = snap.gpu_policy.value
     return doc | {"nodes": nodes, "pods": pods}
+
+
+def _gpu_document(g: Gpu) -> dict[str, Any]:
+    """One GPU as the file writes it (MPS slices and replicas only where the GPU has them)."""
+    out: dict[str, Any] = {
+        "index": g.index,
+        "model": g.model.id,
+        "instances": [
+            {"profile": i.profile, "start": i.start, "used": i.used} for i in g.instances
+        ],
+    }
+    if g.mps:
+        out["mps"] = [
+            {"id": s.id, "memoryGB": s.memory_gb, "used": s.used}
+            | ({"cores": s.cores} if s.cores is not None else {})
+            | ({"reservedFor": s.reserved_for} if s.reserved_for else {})
+            for s in g.mps
+        ]
+    if g.replicas:
+        out["replicas"] = g.replicas
+        out["replicasUsed"] = g.replicas_used
+    return out
 
 
 def _unified_document(request: unifying.UnifiedRequest) -> dict[str, Any]:

@@ -74,6 +74,9 @@ NODE_POLICY = "hami.io/node-scheduler-policy"
 GPU_POLICY = "hami.io/gpu-scheduler-policy"
 MIG_MODE = "mig"
 UNIFIED_RESOURCES = (GPUMEM, GPUMEM_PERCENT, GPUCORES)
+MOST_GPUS = 1024
+"""The most ``nvidia.com/gpu`` a unified container may ask for: more than any node holds (an
+HGX node has 8 or 16), so a larger count is refused as a mistake, never planned."""
 """The resources that make a container's ``nvidia.com/gpu`` a unified request."""
 _LARGEST = 10**18
 """Amounts this large or larger are refused, not converted (they fit nothing anyway)."""
@@ -200,6 +203,11 @@ def parse_container(resources: Mapping[str, Any], *, where: str) -> GpuAsk | Non
     count = _whole(gpus, f"{where}.{GPU}", low=0)
     if count == 0:
         return None
+    if count > MOST_GPUS:
+        # A pod runs on one node: such an ask is a typo (``8Gi``), not a wait for a bigger node.
+        raise errors.SnapshotError(
+            f"{where}.{GPU}: {count} GPUs is more than any node holds (at most {MOST_GPUS})"
+        )
     if mem is not None and pct is not None:
         raise errors.SnapshotError(f"{where}: give {GPUMEM} or {GPUMEM_PERCENT}, not both")
     if mem is None and pct is None:

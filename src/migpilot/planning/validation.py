@@ -8,7 +8,12 @@ unified request, one instance per GPU asked, each serving its container's ask on
 a plain profile with the memory and compute slices asked, on a model the pod's filters allow --
 migpilot's planners give the smallest such profile, HAMi may give a larger one) on one node that
 admits it, no instance serves two pods or a pod that did not get it from a free slot, and CPU
-and memory fit. Used by the property-based tests, the benchmark and ``migpilot plan``'s
+and memory fit. On nodes in another mode than mig (:mod:`migpilot.planning.modes`): no MIG
+instance is planned there, a pod goes only to a node whose mode serves it, MPS target slices fit
+the GPU (memory, 48 clients, 100 % compute), no slice in use or reserved is shrunk or removed,
+the slice actions turn the current slices into the targets, every pod gets free or new slices of
+exactly the sizes it asks (each used once), and time-slicing replicas are not overcommitted.
+Used by the property-based tests, the benchmark and ``migpilot plan``'s
 self-check.
 """
 
@@ -18,7 +23,7 @@ from collections import Counter
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import constraints, plans, snapshot, unified
+from migpilot.planning import constraints, modes, plans, snapshot, unified
 
 
 def problems(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
@@ -71,6 +76,7 @@ def problems(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
             out.append(f"{a.node}/gpu{a.gpu}: a destroy comes after a create")
         last[k] = a.op.value
     out.extend(_check_pods(snap, plan, gpus, targets))
+    out.extend(_check_sharing(snap, plan))
     return out
 
 
@@ -107,6 +113,17 @@ def _check_pods(
             out.append(f"pod {pl.pod}: node {node.name} does not admit it: {reason}")
         cpu[node.name] += pod.cpu_milli
         mem[node.name] += pod.memory_bytes
+        if not modes.serves(
+            node.mode, mig=bool(pod.mig), mps=bool(pod.mps), unified_request=pod.unified is not None
+        ):
+            out.append(f"pod {pl.pod}: node {node.name} is in mode {node.mode.value}")
+            continue
+        if node.mode is not modes.Mode.MIG:
+            if pl.instances:
+                out.append(f"pod {pl.pod}: given MIG instances on {node.name}, not in mode mig")
+            continue  # shares: _check_sharing
+        if pl.shares:
+            out.append(f"pod {pl.pod}: given MPS slices or replicas on {node.name}, in mode mig")
         need = Counter({r.profile: r.count for r in pod.mig})
         got: Counter[str] = Counter()
         given: list[tuple[str, profiles.GpuModel, str]] = []
@@ -156,6 +173,112 @@ def _check_pods(
             out.append(
                 f"node {name}: pods need {mem[name]} bytes, {alloc.memory_bytes} allocatable"
             )
+    return out
+
+
+def _check_sharing(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
+    """The MPS slices and time-slicing replicas of a plan (see the module docstring)."""
+    out: list[str] = []
+    nodes = {n.name: n for n in snap.nodes}
+    pods = {p.key: p for p in snap.pods}
+    for n in snap.nodes:
+        if n.mode is not modes.Mode.MIG:
+            for g in n.gpus:
+                mig = next((x for x in plan.gpus if (x.node, x.gpu) == (n.name, g.index)), None)
+                if mig is not None and mig.layout.instances:
+                    out.append(f"{n.name}/gpu{g.index}: MIG instances on a node in mode {n.mode}")
+    current = {(n.name, g.index): g for n in snap.nodes if n.mode is modes.Mode.MPS for g in n.gpus}
+    listed = [(g.node, g.gpu) for g in plan.mps]
+    if current and (sorted(listed) != sorted(current) or len(set(listed)) != len(listed)):
+        out.append("plan.mps does not list every GPU of the nodes in mode mps exactly once")
+    target: dict[tuple[str, int], dict[int, modes.MpsSlice]] = {}
+    expected: set[tuple[str, int, str, int]] = set()
+    for gp in plan.mps:
+        key = (gp.node, gp.gpu)
+        gpu = current.get(key)
+        where = f"{gp.node}/gpu{gp.gpu}"
+        if gpu is None:
+            out.append(f"{where}: MPS slices on a GPU not in mode mps")
+            continue
+        problem = modes.slices_problem(gpu.model, gp.slices)
+        if problem is not None:
+            out.append(f"{where}: target slices do not fit: {problem}")
+        then = {s.id: s for s in gp.slices}
+        now = {s.id: s for s in gpu.mps}
+        target[key] = then
+        for s in gpu.mps:
+            kept = then.get(s.id)
+            if s.taken and (kept is None or kept.memory_gb != s.memory_gb or kept.cores != s.cores):
+                out.append(f"{where}: slice {s.id} of {s.memory_gb} GB in use is shrunk or removed")
+            elif kept is not None and (kept.memory_gb, kept.cores) != (s.memory_gb, s.cores):
+                out.append(f"{where}: slice {s.id} changes in place (remove it, create another)")
+        if gp.changed != (set(now) != set(then)):
+            out.append(f"{where}: 'changed' is {gp.changed}")
+        expected |= {(gp.node, gp.gpu, plans.SliceOp.REMOVE.value, i) for i in set(now) - set(then)}
+        expected |= {(gp.node, gp.gpu, plans.SliceOp.CREATE.value, i) for i in set(then) - set(now)}
+    got = [(a.node, a.gpu, a.op.value, a.slice) for a in plan.slice_actions]
+    if len(set(got)) != len(got) or set(got) != expected:
+        out.append("slice actions do not turn the current MPS slices into the target slices")
+    replicas: Counter[tuple[str, int]] = Counter()
+    given: set[tuple[str, int, int]] = set()
+    for pl in plan.placements:
+        pod, node = pods.get(pl.pod), nodes.get(pl.node)
+        if pod is None or node is None or node.mode is modes.Mode.MIG:
+            continue
+        if node.mode is modes.Mode.TIME_SLICING:
+            out.extend(_check_replicas(pl, pod, node, replicas))
+            continue
+        sizes: list[int] = []
+        per_gpu: Counter[int] = Counter()
+        for sh in pl.shares:
+            where = f"pod {pl.pod}: {node.name}/gpu{sh.gpu}"
+            slices = target.get((node.name, sh.gpu))
+            got_slice = None if slices is None or sh.slice is None else slices.get(sh.slice)
+            if got_slice is None:
+                out.append(f"{where}: slice {sh.slice} is not in the target slices")
+                continue
+            gpu = current[(node.name, sh.gpu)]
+            sid = got_slice.id
+            if any(e.id == sid and e.taken for e in gpu.mps):
+                out.append(f"{where}: slice {sid} is already in use")
+            if (node.name, sh.gpu, sid) in given:
+                out.append(f"{where}: slice {sid} is given to two pods")
+            given.add((node.name, sh.gpu, sid))
+            if sh.memory_gb != got_slice.memory_gb:
+                out.append(f"{where}: slice {sid} has {got_slice.memory_gb} GB, not {sh.memory_gb}")
+            sizes.append(got_slice.memory_gb)
+            per_gpu[sh.gpu] += 1
+        by_index = {g.index: g.model for g in node.gpus}
+        model = by_index.get(pl.shares[0].gpu) if pl.shares else None
+        needs = modes.mps_needs(pod.mps, pod.unified, model) if model else None
+        want = sorted(n.memory_gb for n in needs or ())
+        if sorted(sizes) != want:
+            out.append(f"pod {pl.pod}: got slices of {sorted(sizes)} GB but asked for {want}")
+        if pod.unified is not None and max(per_gpu.values(), default=0) > len(pod.unified.asks):
+            out.append(f"pod {pl.pod}: two slices of one container on one GPU")
+    return out
+
+
+def _check_replicas(
+    pl: plans.Placement,
+    pod: snapshot.Pod,
+    node: snapshot.Node,
+    replicas: Counter[tuple[str, int]],
+) -> list[str]:
+    """A pod's time-slicing replicas: one per GPU asked, none overcommitted."""
+    out: list[str] = []
+    gpus = {g.index: g for g in node.gpus}
+    for sh in pl.shares:
+        gpu = gpus.get(sh.gpu)
+        if gpu is None or sh.slice is not None:
+            out.append(f"pod {pl.pod}: {node.name}/gpu{sh.gpu} is no time-slicing replica")
+            continue
+        replicas[(node.name, sh.gpu)] += 1
+        if gpu.replicas_used + replicas[(node.name, sh.gpu)] > gpu.replicas:
+            out.append(f"{node.name}/gpu{sh.gpu}: more than its {gpu.replicas} replicas given")
+    asked = pod.unified.count if pod.unified is not None else 0
+    if len(pl.shares) != asked:
+        out.append(f"pod {pl.pod}: got {len(pl.shares)} replicas but asked for {asked}")
     return out
 
 

@@ -5,6 +5,12 @@ model). Every node gets the CPU and memory per GPU of the openb trace's most com
 GPUs, 96 cores, 384 GiB: 12 cores and 48 GiB per GPU) and the labels pods may select on:
 ``nvidia.com/gpu.product`` (as gpu-feature-discovery sets it) and ``kubernetes.io/hostname``.
 
+A group may name how its nodes share their GPUs (:mod:`migpilot.planning.modes`):
+``a100-80gb:4x8@mps``, ``h100-80gb:4x8@mig`` (the default), ``a100-40gb:2x8@time-slicing:4``
+(4 replicas per GPU; :data:`DEFAULT_REPLICAS` when left out), ``...@none``. Nodes of a group in
+another mode than mig are named ``<model>-<mode>-<i>`` and carry the label
+``migpilot.io/mode``.
+
 Pure core: may import :mod:`migpilot.errors`, :mod:`migpilot.mig` and :mod:`migpilot.planning`.
 """
 
@@ -16,7 +22,7 @@ from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import catalog, profiles
-from migpilot.planning import snapshot
+from migpilot.planning import modes, snapshot
 
 DEFAULT_SPEC = "h100-80gb:8x8,a100-80gb:4x8"
 """The default cluster (inflate mode): 96 GPUs of two models."""
@@ -27,7 +33,12 @@ CPU_MILLI_PER_GPU = 12_000
 MEMORY_PER_GPU = 48 * 2**30
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-_GROUP = re.compile(r"^(?P<model>[^:]+):(?P<nodes>\d+)x(?P<gpus>\d+)$")
+DEFAULT_REPLICAS = 4
+"""Time-slicing replicas per GPU when a group names none."""
+_GROUP = re.compile(
+    r"^(?P<model>[^:@]+):(?P<nodes>\d+)x(?P<gpus>\d+)"
+    r"(?:@(?P<mode>[^:]+)(?::(?P<replicas>\d+))?)?$"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +48,9 @@ class Group:
     model: profiles.GpuModel
     nodes: int
     gpus: int
+    mode: modes.Mode = modes.Mode.MIG
+    replicas: int = 0
+    """Time-slicing replicas per GPU (0 in other modes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +62,9 @@ class NodeSpec:
     gpus: int
     labels: MappingProxyType[str, str]
     allocatable: snapshot.Resources
+    mode: modes.Mode = modes.Mode.MIG
+    replicas: int = 0
+    """Time-slicing replicas per GPU (0 in other modes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +99,8 @@ def parse(spec: str) -> Cluster:
         m = _GROUP.match(text)
         if m is None:
             raise errors.ClusterSpecError(
-                f"cluster: {text!r} is not MODEL:NODESxGPUS (like h100-80gb:8x8)"
+                f"cluster: {text!r} is not MODEL:NODESxGPUS[@MODE] (like h100-80gb:8x8 or "
+                "a100-80gb:4x8@mps)"
             )
         try:
             model = catalog.resolve_gpu(m["model"])
@@ -91,25 +109,49 @@ def parse(spec: str) -> Cluster:
         nodes, gpus = int(m["nodes"]), int(m["gpus"])
         if nodes < 1 or gpus < 1:
             raise errors.ClusterSpecError(f"cluster: {text!r} needs at least one node and one GPU")
-        groups.append(Group(model, nodes, gpus))
+        mode = modes.Mode.MIG
+        if m["mode"] is not None:
+            try:
+                mode = modes.Mode(m["mode"])
+            except ValueError:
+                known = ", ".join(x.value for x in modes.Mode)
+                raise errors.ClusterSpecError(
+                    f"cluster: {text!r}: mode {m['mode']!r} is not one of {known}"
+                ) from None
+        if m["replicas"] is not None and mode is not modes.Mode.TIME_SLICING:
+            raise errors.ClusterSpecError(
+                f"cluster: {text!r}: only mode time-slicing takes replicas (@time-slicing:N)"
+            )
+        replicas = 0
+        if mode is modes.Mode.TIME_SLICING:
+            replicas = int(m["replicas"]) if m["replicas"] is not None else DEFAULT_REPLICAS
+            if replicas < 1:
+                raise errors.ClusterSpecError(f"cluster: {text!r}: replicas must be at least 1")
+        groups.append(Group(model, nodes, gpus, mode, replicas))
     out: list[NodeSpec] = []
     for g in groups:
         label = g.model.gfd_product_names[0] if g.model.gfd_product_names else g.model.id
         width = max(len(str(g.nodes - 1)), 2)
+        stem = g.model.id if g.mode is modes.Mode.MIG else f"{g.model.id}-{g.mode.value}"
         for i in range(g.nodes):
-            name = f"{g.model.id}-{i:0{width}d}"
+            name = f"{stem}-{i:0{width}d}"
+            labels = {PRODUCT_LABEL: label, HOSTNAME_LABEL: name}
+            if g.mode is not modes.Mode.MIG:
+                labels[modes.MODE_LABEL] = g.mode.value
             out.append(
                 NodeSpec(
                     name=name,
                     model=g.model,
                     gpus=g.gpus,
-                    labels=MappingProxyType({PRODUCT_LABEL: label, HOSTNAME_LABEL: name}),
+                    labels=MappingProxyType(labels),
                     allocatable=snapshot.Resources(
                         g.gpus * CPU_MILLI_PER_GPU, g.gpus * MEMORY_PER_GPU
                     ),
+                    mode=g.mode,
+                    replicas=g.replicas,
                 )
             )
     names = [n.name for n in out]
     if len(set(names)) != len(names):
-        raise errors.ClusterSpecError(f"cluster: {spec!r} names a GPU model twice")
+        raise errors.ClusterSpecError(f"cluster: {spec!r} names a GPU model twice in one mode")
     return Cluster(spec=spec, groups=tuple(groups), nodes=tuple(out))

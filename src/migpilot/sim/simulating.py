@@ -49,7 +49,7 @@ from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import control, plans, snapshot
+from migpilot.planning import control, modes, plans, snapshot
 from migpilot.planning import unified as unifying
 from migpilot.sim import clusters, policies, traces
 
@@ -242,14 +242,48 @@ class _Inst:
         return self.holder is None and self.reserved_for is None
 
 
+class _Slice:
+    """An MPS memory slice of a GPU of a node in mode mps."""
+
+    __slots__ = ("cores", "holder", "id", "memory_gb", "reserved_for", "visible_at")
+
+    def __init__(self, sid: int, memory_gb: int, cores: int | None, visible_at: float) -> None:
+        self.id = sid
+        self.memory_gb = memory_gb
+        self.cores = cores
+        self.visible_at = visible_at
+        self.holder: _Pod | None = None
+        self.reserved_for: _Pod | None = None
+
+    @property
+    def free(self) -> bool:
+        return self.holder is None and self.reserved_for is None
+
+
 class _Gpu:
-    __slots__ = ("busy_until", "cached", "index", "insts", "model", "node")
+    __slots__ = (
+        "busy_until",
+        "cached",
+        "index",
+        "insts",
+        "model",
+        "node",
+        "replicas_taken",
+        "slices",
+        "ts_held",
+    )  # fmt: skip
 
     def __init__(self, node: _Node, index: int, model: profiles.GpuModel) -> None:
         self.node = node
         self.index = index
         self.model = model
         self.insts: dict[int, _Inst] = {}
+        self.slices: dict[int, _Slice] = {}
+        """MPS slices by id (a node in mode mps)."""
+        self.replicas_taken = 0
+        """Time-slicing replicas held or reserved (a node in mode time-slicing)."""
+        self.ts_held = 0
+        """Compute slices its MPS and time-slicing pods count for (never more than it has)."""
         self.busy_until = 0.0
         self.cached: snapshot.Gpu | None = None
 
@@ -262,12 +296,14 @@ class _Node:
         "free",
         "gpus",
         "mem_free",
+        "mode",
         "order",
         "spec",
     )  # fmt: skip
 
     def __init__(self, spec: clusters.NodeSpec, order: int) -> None:
         self.spec = spec
+        self.mode = spec.mode
         self.order = order
         self.gpus = [_Gpu(self, i, spec.model) for i in range(spec.gpus)]
         self.cpu_free = spec.allocatable.cpu_milli
@@ -289,6 +325,7 @@ class _Pod:
         "insts",
         "node",
         "reason",
+        "shares",
         "spod",
         "state",
         "trace",
@@ -314,6 +351,8 @@ class _Pod:
         self.bound_at: float | None = None
         self.node: _Node | None = None
         self.insts: list[_Inst] = []
+        self.shares: list[tuple[_Gpu, _Slice | None]] = []
+        """MPS slices (or, with ``None``, time-slicing replicas) it holds or reserved."""
         self.held = 0
         """Compute slices it counts for while running (what it asked, on its node's model)."""
         self.reason: str | None = None
@@ -399,6 +438,8 @@ class _Simulation:
         self.counts[PodState.NOT_ARRIVED] = len(self.pods)
         self.horizon = self._horizon()
         for node in self.nodes:
+            if node.mode is not modes.Mode.MIG:
+                continue  # MPS and time-slicing GPUs have MIG disabled
             for gpu in node.gpus:
                 for inst in policy.initial_layout(node.spec.model, gpu.index).instances:
                     self._add_instance(gpu, inst.profile, inst.start, visible_at=0.0)
@@ -504,13 +545,18 @@ class _Simulation:
                 continue
             selected = True
             model = node.spec.model
-            if _needs(pod.trace.demand, model) is None:
+            if node.mode is not modes.Mode.MIG:
+                if not _shared_serves(pod, node):
+                    continue
+            elif _needs(pod.trace.demand, model) is None:
                 continue
             offered = True
             alloc = node.spec.allocatable
             if pod.trace.cpu_milli > alloc.cpu_milli or pod.trace.memory_bytes > alloc.memory_bytes:
                 continue
-            if _fits_empty(pod.trace.demand, model, node.spec.gpus):
+            if node.mode is not modes.Mode.MIG or _fits_empty(
+                pod.trace.demand, model, node.spec.gpus
+            ):
                 return None
         if not selected:
             wanted = ", ".join(f"{k}={v}" for k, v in pod.trace.node_selector)
@@ -524,6 +570,8 @@ class _Simulation:
         return "no node could run it even with every GPU empty (GPUs, CPU or memory too small)"
 
     def _fit(self, pod: _Pod, node: _Node) -> bool:
+        if node.mode is not modes.Mode.MIG:
+            return False  # MPS slices and replicas are given by the planner, never scheduled
         need = _needs(pod.trace.demand, node.spec.model)
         if need is None or not _selects(pod, node):
             return False
@@ -593,6 +641,14 @@ class _Simulation:
         pod.bound_at = self.now
         self._set_state(pod, PodState.RUNNING)
         pod.held = _held(pod)
+        if pod.shares:
+            # MPS clients and replicas share a GPU: together they count for at most its compute.
+            per = math.ceil(pod.held / len(pod.shares))
+            pod.held = 0
+            for gpu, _ in pod.shares:
+                part = min(per, gpu.model.compute_slices - gpu.ts_held)
+                gpu.ts_held += part
+                pod.held += part
         self.held_slices += pod.held
         self._sample()
         if pod.duration is not None:
@@ -629,6 +685,22 @@ class _Simulation:
             node.busy_slices -= inst.slices
             node.free[inst.profile] += 1
             self._invalidate(node, inst)
+        if pod.shares:
+            per = math.ceil(_held(pod) / len(pod.shares))
+            left = pod.held
+            for gpu, _ in pod.shares:
+                part = min(per, left, gpu.ts_held)
+                gpu.ts_held -= part
+                left -= part
+        for gpu, sl in pod.shares:
+            if sl is None:
+                gpu.replicas_taken -= 1
+            elif sl.holder is not pod:
+                raise InvariantViolation(f"{pod.trace.name} left a slice it did not hold")
+            else:
+                sl.holder = None
+            gpu.cached = None
+            node.cached = None
         node.cpu_free += pod.trace.cpu_milli
         node.mem_free += pod.trace.memory_bytes
         self.held_slices -= pod.held
@@ -655,6 +727,12 @@ class _Simulation:
                 raise InvariantViolation(f"{pod.trace.name} lost its reserved instance")
             inst.reserved_for = None
             inst.holder = pod
+        for _, sl in pod.shares:
+            if sl is not None:
+                if sl.reserved_for is not pod:
+                    raise InvariantViolation(f"{pod.trace.name} lost its reserved slice")
+                sl.reserved_for = None
+                sl.holder = pod
         # Reserved and held look the same to the planner (used): no cached snapshot changes.
         self._start(pod)
 
@@ -674,6 +752,12 @@ class _Simulation:
                                 snapshot.ExistingInstance(i.profile, i.start, not i.free)
                                 for i in sorted(gpu.insts.values(), key=lambda i: i.start)
                             ),
+                            mps=tuple(
+                                modes.MpsSlice(sl.id, sl.memory_gb, sl.cores, used=not sl.free)
+                                for sl in sorted(gpu.slices.values(), key=lambda sl: sl.id)
+                            ),
+                            replicas=node.spec.replicas,
+                            replicas_used=gpu.replicas_taken,
                         )
                     gpus.append(gpu.cached)
                 node.cached = snapshot.Node(
@@ -684,6 +768,7 @@ class _Simulation:
                     allocatable=snapshot.Resources(node.cpu_free, node.mem_free),
                     gpus=tuple(gpus),
                     capacity=node.spec.allocatable,
+                    mode=node.mode,
                 )
             nodes.append(node.cached)
         pods = tuple(p.spod for p in sorted(self.waiting.values(), key=lambda p: p.index))
@@ -741,8 +826,39 @@ class _Simulation:
             )
             if reason is not None:
                 raise InvariantViolation(f"{plan.planner} made an invalid layout: {reason}")
+        self._apply_slices(plan)
         for placement in plan.placements:
             self._reserve(placement, planner=plan.planner)
+
+    def _apply_slices(self, plan: plans.Plan) -> None:
+        """MPS slices removed and created (a slice is advertised ``advertise_s`` after)."""
+        touched: dict[tuple[str, int], _Gpu] = {}
+        for a in plan.slice_actions:
+            node = self.node_by_name[a.node]
+            gpu = node.gpus[a.gpu]
+            touched[(a.node, a.gpu)] = gpu
+            if a.op is plans.SliceOp.REMOVE:
+                sl = gpu.slices.get(a.slice)
+                if sl is None or not sl.free:
+                    raise InvariantViolation(
+                        f"{plan.planner} removed slice {a.slice} of {a.node}/{a.gpu}, which is "
+                        "missing, held or reserved"
+                    )
+                del gpu.slices[a.slice]
+                self.destroyed += 1
+            else:
+                if a.slice in gpu.slices:
+                    raise InvariantViolation(f"two slices {a.slice} on {a.node}/{a.gpu}")
+                visible = self.now + self.timing.advertise_s
+                gpu.slices[a.slice] = _Slice(a.slice, a.memory_gb, a.cores, visible)
+            gpu.cached = None
+            node.cached = None
+        for (name, index), gpu in touched.items():
+            self.reconfigurations += 1
+            current = [modes.MpsSlice(sl.id, sl.memory_gb, sl.cores) for sl in gpu.slices.values()]
+            problem = modes.slices_problem(gpu.model, current)
+            if problem is not None:
+                raise InvariantViolation(f"{plan.planner} made {name}/{index} slices: {problem}")
 
     def _add_instance(self, gpu: _Gpu, profile: str, start: int, *, visible_at: float) -> None:
         if start in gpu.insts:
@@ -768,6 +884,24 @@ class _Simulation:
             self.refused += 1
             return
         del self.waiting[pod.trace.name]
+        shares: list[tuple[_Gpu, _Slice | None]] = []
+        ready = self.now
+        for sh in placement.shares:
+            gpu = node.gpus[sh.gpu]
+            if sh.slice is None:
+                if gpu.replicas_taken >= node.spec.replicas:
+                    raise InvariantViolation(f"{planner} overcommitted {node.spec.name}/{sh.gpu}")
+                gpu.replicas_taken += 1
+                shares.append((gpu, None))
+            else:
+                sl = gpu.slices.get(sh.slice)
+                if sl is None or not sl.free:
+                    raise InvariantViolation(f"{planner} gave {placement.pod} an unavailable slice")
+                sl.reserved_for = pod
+                ready = max(ready, sl.visible_at)
+                shares.append((gpu, sl))
+            gpu.cached = None
+        pod.shares = shares
         insts: list[_Inst] = []
         for ai in placement.instances:
             inst = node.gpus[ai.gpu].insts.get(ai.start)
@@ -785,7 +919,7 @@ class _Simulation:
         pod.node = node
         pod.insts = insts
         self._set_state(pod, PodState.RESERVED)
-        ready = max(i.visible_at for i in insts)
+        ready = max([ready, *(i.visible_at for i in insts)])
         self._push(max(ready, self.now), _Kind.BIND, pod)
 
     # -- invariants and results
@@ -828,7 +962,7 @@ class _Simulation:
                 raise InvariantViolation(f"free instance counts of {node.spec.name} drifted")
         for pod in self.pods:
             if pod.state is PodState.RUNNING:
-                held += _held(pod)
+                held += pod.held
         if held != self.held_slices:
             raise InvariantViolation("held compute slices drifted")
         for pod in self.pods:
@@ -924,13 +1058,33 @@ def request_kind(
 
 def _held(pod: _Pod) -> int:
     """The compute slices a running pod counts for: what it asked on its node's model (its
-    instances' for a MIG request, where asked and given are the same)."""
+    instances' for a MIG request, where asked and given are the same; for a unified request
+    the slices of the profile MIG would give it there, whatever mode served it, so a pod counts
+    the same on a MIG, an MPS or a time-slicing node)."""
     if pod.trace.unified is None:
         return sum(i.slices for i in pod.insts)
     assert pod.node is not None
-    slices = _slices(pod.trace.demand, pod.node.spec.model)
-    assert slices is not None  # a policy placed it there, so the model serves it
+    model = pod.node.spec.model
+    slices = _slices(pod.trace.demand, model)
+    if slices is None:  # MIG has no profile for it (an MPS slice has finer sizes)
+        share = sum(modes.unified_gb(a, model) * a.count for a in pod.trace.unified.asks)
+        return math.ceil(share * model.compute_slices / modes.memory_gb(model))
     return slices
+
+
+def _shared_serves(pod: _Pod, node: _Node) -> bool:
+    """Whether a node in mode mps or time-slicing could serve the pod with every GPU free."""
+    request = pod.trace.unified
+    if request is None or not modes.serves(
+        node.mode, mig=bool(pod.trace.mig), mps=False, unified_request=True
+    ):
+        return False
+    model = node.spec.model
+    if node.mode is modes.Mode.MPS:
+        needs = modes.mps_needs((), request, model)
+    else:
+        needs = () if modes.replica_needs(request, model) is not None else None
+    return needs is not None and all(a.count <= node.spec.gpus for a in request.asks)
 
 
 def _no_clock() -> float:

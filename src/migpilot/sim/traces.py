@@ -55,7 +55,7 @@ OPENB_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 NATIVE_COLUMNS = ("name", "arrival", "duration", "requests")
 NATIVE_SELECTOR_COLUMN = "node_selector"
 """The MIG-native CSV's optional fifth column."""
-SYNTHETIC = ("inference", "training", "mixed")
+SYNTHETIC = ("inference", "training", "mixed", "small-inference")
 """Names of the synthetic generators (``synthetic:NAME``)."""
 
 
@@ -466,6 +466,15 @@ _MIXES: dict[str, tuple[tuple[int, int, int, int, int, float], ...]] = {
         (3, 1000, 8, 88, 320, 86400.0),
     ),
 }
+# Many small inference pods (5-50 % of a GPU's memory, a few hours each): the trace that MPS and
+# time-slicing nodes are compared on (bench/bench_sharing.py).
+_MIXES["small-inference"] = (
+    (35, 50, 1, 1, 4, 10800.0),
+    (30, 100, 1, 2, 8, 10800.0),
+    (20, 200, 1, 2, 12, 14400.0),
+    (10, 300, 1, 4, 16, 14400.0),
+    (5, 500, 1, 4, 24, 14400.0),
+)
 _MIXES["mixed"] = tuple(
     (row[0] * share, *row[1:])
     for source, share in (("inference", 3), ("training", 1))

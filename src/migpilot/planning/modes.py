@@ -1,0 +1,231 @@
+"""How a node shares its GPUs (MIG, MPS, time-slicing or not at all), and what each mode serves.
+
+Why it exists: MIG has seven slices of fixed sizes; many small inference pods want finer or
+different sharing. A node's label ``migpilot.io/mode`` picks one mode for all its GPUs:
+
+- ``mig`` (the default): MIG instances, planned by the existing planners;
+- ``mps``: the GPU runs an MPS control daemon and is cut into *memory slices* of any whole number
+  of GB (nos's dynamic MPS partitioning): slices sum to at most the GPU's memory, at most
+  :data:`MPS_MAX_CLIENTS` per GPU; each client is held to its slice by
+  ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (and to its compute share by
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` where the request names one);
+- ``time-slicing``: each GPU is advertised as ``replicas`` shares of the whole GPU, no isolation;
+- ``none``: migpilot leaves the node's GPUs alone (never planned).
+
+Which pod each mode serves (:func:`serves`):
+
+- ``nvidia.com/mig-<profile>``: only ``mig`` nodes;
+- ``nvidia.com/gpu-<N>gb`` (nos's names, :func:`mps_request`): only ``mps`` nodes, one slice of
+  ``N`` GB per unit asked;
+- a unified request (``nvidia.com/gpu`` + ``gpumem``/``gpumem-percentage``/``gpucores``): ``mig``
+  nodes (the smallest profile that serves it), ``mps`` nodes (a slice of its memory rounded up to
+  whole GB, as nos rounds, with its ``gpucores`` as the slice's compute share; one slice per GPU
+  asked, each on its own GPU) and ``time-slicing`` nodes (one replica per GPU asked, each on its
+  own GPU whose memory is at least the ask's: time-slicing enforces neither).
+
+Pure: no I/O, no clock. May import :mod:`migpilot.errors`, :mod:`migpilot.mig` and
+:mod:`migpilot.planning.unified`; never the snapshot, which imports this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from migpilot import errors
+from migpilot.mig import profiles
+from migpilot.planning import unified
+
+MODE_LABEL = "migpilot.io/mode"
+"""The node label that picks the mode (absent: ``mig``)."""
+MPS_MAX_CLIENTS = 48
+"""MPS clients one GPU serves at most (Volta and later): at most this many slices per GPU."""
+MPS_RESOURCE_PREFIX = "nvidia.com/gpu-"
+_MPS_RESOURCE = re.compile(r"^nvidia\.com/gpu-(?P<gb>[1-9]\d{0,4})gb$")
+_MIB_PER_GB = 1024
+
+
+class Mode(enum.StrEnum):
+    """How a node shares its GPUs."""
+
+    MIG = "mig"
+    MPS = "mps"
+    TIME_SLICING = "time-slicing"
+    NONE = "none"
+
+
+def parse_mode(value: Any, *, node: str) -> Mode:
+    """A ``migpilot.io/mode`` label value; raise :class:`SnapshotError` naming the node."""
+    try:
+        return Mode(str(value))
+    except ValueError:
+        known = ", ".join(m.value for m in Mode)
+        raise errors.SnapshotError(
+            f"node {node}: label {MODE_LABEL}={value!r} is not one of {known}"
+        ) from None
+
+
+def node_mode(labels: Mapping[str, str], *, node: str) -> Mode:
+    """The mode a node's labels pick (``mig`` when the label is absent)."""
+    value = labels.get(MODE_LABEL)
+    return Mode.MIG if value is None else parse_mode(value, node=node)
+
+
+@dataclass(frozen=True, slots=True)
+class MpsRequest:
+    """``count`` MPS slices of ``memory_gb`` GB each (``nvidia.com/gpu-<N>gb: count``)."""
+
+    memory_gb: int
+    count: int
+
+    @property
+    def resource(self) -> str:
+        """The resource name the pod asks for."""
+        return f"{MPS_RESOURCE_PREFIX}{self.memory_gb}gb"
+
+
+def is_mps_resource(name: str) -> bool:
+    """Whether ``name`` is spelt as an MPS slice resource (``nvidia.com/gpu-...``)."""
+    return name.startswith(MPS_RESOURCE_PREFIX)
+
+
+def mps_gb(resource: str, *, where: str) -> int:
+    """The slice size ``nvidia.com/gpu-<N>gb`` asks for; raise naming the field otherwise."""
+    m = _MPS_RESOURCE.match(resource)
+    if m is None:
+        raise errors.SnapshotError(
+            f"{where}: {resource} is not an MPS slice resource (expected "
+            f"{MPS_RESOURCE_PREFIX}<N>gb, N a whole number of GB from 1: nvidia.com/gpu-10gb)"
+        )
+    return int(m["gb"])
+
+
+@dataclass(frozen=True, slots=True)
+class MpsSlice:
+    """One MPS memory slice of a GPU: an MPS client's share."""
+
+    id: int
+    """Stable within its GPU (slices are created with the next free id)."""
+    memory_gb: int
+    cores: int | None = None
+    """Compute share in percent (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``); ``None``: unlimited."""
+    used: bool = False
+    """Held by a running pod: never shrunk or removed."""
+    reserved_for: str = ""
+    """``namespace/name`` of the pod a plan reserved it for: never shrunk or removed either."""
+
+    @property
+    def taken(self) -> bool:
+        """Used or reserved: the planner must keep it as it is."""
+        return self.used or bool(self.reserved_for)
+
+
+@functools.lru_cache(maxsize=4096)
+def memory_gb(model: profiles.GpuModel) -> int:
+    """A GPU's memory as MPS slices share it, in whole GB: its largest MIG profile's nominal GB
+    (80 on an A100-80GB or H100-80GB, 40 on an A100-40GB, 24 on an A30)."""
+    return max(p.nominal_gb for p in model.profiles)
+
+
+def slices_problem(model: profiles.GpuModel, slices: Sequence[MpsSlice]) -> str | None:
+    """Why these slices cannot share one GPU of ``model`` (``None``: they can)."""
+    total, cap = sum(s.memory_gb for s in slices), memory_gb(model)
+    if total > cap:
+        return f"slices of {total} GB exceed the GPU's {cap} GB"
+    if len(slices) > MPS_MAX_CLIENTS:
+        return f"{len(slices)} slices exceed the {MPS_MAX_CLIENTS} MPS clients of one GPU"
+    cores = sum(s.cores for s in slices if s.cores is not None)
+    if cores > 100:
+        return f"compute shares of {cores} % exceed 100 %"
+    ids = [s.id for s in slices]
+    if len(set(ids)) != len(ids):
+        return "two slices share an id"
+    if any(s.memory_gb < 1 for s in slices):
+        return "a slice has less than 1 GB"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SliceNeed:
+    """One slice a pod needs on an MPS GPU, and the GPU group it must be distinct within."""
+
+    memory_gb: int
+    cores: int | None
+    group: int
+    """Needs of one group go on distinct GPUs (a container's GPUs); -1: no such rule."""
+
+
+@functools.lru_cache(maxsize=4096)
+def mps_needs(
+    mps: tuple[MpsRequest, ...],
+    request: unified.UnifiedRequest | None,
+    model: profiles.GpuModel,
+) -> tuple[SliceNeed, ...] | None:
+    """The slices a pod needs on an MPS GPU of ``model``, ``None`` if that GPU cannot serve it."""
+    cap = memory_gb(model)
+    out: list[SliceNeed] = []
+    for r in mps:
+        if r.memory_gb > cap:
+            return None
+        out.extend(SliceNeed(r.memory_gb, None, -1) for _ in range(r.count))
+    if request is not None:
+        if not unified.allowed(request, model):
+            return None
+        for k, ask in enumerate(request.asks):
+            gb = unified_gb(ask, model)
+            if gb > cap:
+                return None
+            out.extend(SliceNeed(gb, ask.cores_percent, k) for _ in range(ask.count))
+    return tuple(sorted(out, key=lambda n: (-n.memory_gb, n.group)))
+
+
+@functools.lru_cache(maxsize=4096)
+def unified_gb(ask: unified.GpuAsk, model: profiles.GpuModel) -> int:
+    """The slice size (GB, rounded up) of one GPU of a unified ask on an MPS GPU of ``model``."""
+    cap = memory_gb(model)
+    if ask.memory_mib is not None:
+        return max(1, math.ceil(ask.memory_mib / _MIB_PER_GB))
+    pct = 100 if ask.memory_percent is None else ask.memory_percent
+    return max(1, math.ceil(pct * cap / 100))
+
+
+@functools.lru_cache(maxsize=4096)
+def replica_needs(
+    request: unified.UnifiedRequest | None, model: profiles.GpuModel
+) -> tuple[int, ...] | None:
+    """Per container of a unified request, the replicas (on distinct GPUs) it needs on a
+    time-slicing GPU of ``model``; ``None`` if such a GPU cannot serve the pod."""
+    if request is None or not unified.allowed(request, model):
+        return None
+    cap = memory_gb(model)
+    for ask in request.asks:
+        if unified_gb(ask, model) > cap:
+            return None
+    return tuple(a.count for a in request.asks)
+
+
+def serves(mode: Mode, *, mig: bool, mps: bool, unified_request: bool) -> bool:
+    """Whether a node in ``mode`` may serve a pod asking MIG resources by name (``mig``), MPS
+    slices by name (``mps``) or a unified request."""
+    if mode is Mode.MIG:
+        return not mps
+    if mode is Mode.MPS:
+        return not mig
+    if mode is Mode.TIME_SLICING:
+        return unified_request and not mig and not mps
+    return False
+
+
+def needed_mode(*, mig: bool, mps: bool) -> str:
+    """The modes that serve a pod, as reasons write them (``mps``, ``mig``, ``mig, mps or
+    time-slicing``)."""
+    if mps:
+        return Mode.MPS.value
+    if mig:
+        return Mode.MIG.value
+    return "mig, mps or time-slicing"

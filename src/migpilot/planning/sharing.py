@@ -1,0 +1,417 @@
+"""Planning nodes that share GPUs without MIG: MPS memory slices and time-slicing replicas.
+
+Why it exists: a cluster may mix nodes in mode ``mig``, ``mps``, ``time-slicing`` and ``none``
+(:mod:`migpilot.planning.modes`). The MIG planners know only MIG instances, so
+:func:`plan_with` splits a snapshot: the nodes in mode ``mig`` and the pods MIG can serve go to
+the MIG planner given (fast, first-fit, the baselines) exactly as before; the pods it leaves
+pending that an MPS or time-slicing node can serve are placed here; the two halves are merged
+into one :class:`~migpilot.planning.plans.Plan` and every pending pod is explained against the
+whole cluster (:mod:`migpilot.planning.explaining` says when a node's mode cannot serve a pod).
+A snapshot with only MIG nodes and no MPS pod goes to the MIG planner untouched.
+
+An MPS GPU is a memory-slot knapsack: slices of any whole number of GB summing to at most the
+GPU's memory, at most 48 clients, compute shares summing to at most 100 %. For each slice a pod
+needs, in order of preference: a free slice of exactly that size and share is reused; a new
+slice is created in free memory; free slices are removed (largest first, the fewest that make
+room) and a new one created -- a resize when the pod's slice replaces them. Taken slices (used
+or reserved) are never shrunk or removed. Pods are placed highest priority first, largest slice
+first, in two sweeps: every pod that fits without removing anything, then the rest with
+removals allowed. Among nodes and GPUs the fewest removals win, then reuse over creation, then
+the pod's node and GPU policy (binpack: the fullest; spread: the emptiest), then order.
+
+A time-slicing GPU serves a unified pod with one replica per GPU asked, each on its own GPU.
+
+Pure: no clock, no randomness; the same snapshot gives the same plan. May import the snapshot,
+plans, constraints, explaining and modes; never a planner (they import this module).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from migpilot.planning import constraints, explaining, modes, options, plans, scoring, snapshot
+
+MigPlanner = Callable[[snapshot.Snapshot, options.Options], plans.Plan]
+
+
+def involved(snap: snapshot.Snapshot) -> bool:
+    """Whether ``snap`` has a node not in mode mig or a pod asking for MPS slices by name."""
+    return any(n.mode is not modes.Mode.MIG for n in snap.nodes) or any(p.mps for p in snap.pods)
+
+
+def mig_part(snap: snapshot.Snapshot) -> snapshot.Snapshot:
+    """The nodes in mode mig and the pods MIG can serve (MIG by name, or unified)."""
+    return snapshot.Snapshot(
+        nodes=tuple(n for n in snap.nodes if n.mode is modes.Mode.MIG),
+        pods=tuple(p for p in snap.pods if not p.mps),
+        policy=snap.policy,
+        gpu_policy=snap.gpu_policy,
+    )
+
+
+def plan_with(
+    snap: snapshot.Snapshot, opts: options.Options, mig_planner: MigPlanner
+) -> plans.Plan:
+    """Plan ``snap`` with ``mig_planner`` on its MIG nodes and MPS/time-slicing here."""
+    if not involved(snap):
+        return mig_planner(snap, opts)
+    part = mig_part(snap)
+    mig_plan: plans.Plan | None = None
+    if part.nodes and part.pods:
+        mig_plan = mig_planner(part, opts)
+    placed = {p.pod for p in mig_plan.placements} if mig_plan else set()
+    rest = [p for p in snap.pods if p.key not in placed and not p.mig]
+    shared = place(snap, rest)
+    placements = [*(mig_plan.placements if mig_plan else ()), *shared.placements]
+    built = plans.build(
+        snap,
+        planner=mig_plan.planner if mig_plan else "fast",
+        targets={(g.node, g.gpu): g.layout for g in mig_plan.gpus} if mig_plan else {},
+        placements=placements,
+        unschedulable=(),
+        optimal=mig_plan.optimal if mig_plan else None,
+    )
+    done = {p.pod for p in built.placements}
+    pending = [p for p in snap.pods if p.key not in done]
+    unsched = explaining.explain(snap, pending, built.placements, per_node=opts.explain)
+    return dataclasses.replace(
+        built,
+        mps=shared.mps,
+        slice_actions=shared.actions,
+        unschedulable=tuple(unsched),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What :func:`place` decided for the MPS and time-slicing nodes."""
+
+    placements: tuple[plans.Placement, ...]
+    mps: tuple[plans.MpsGpuPlan, ...]
+    actions: tuple[plans.SliceAction, ...]
+
+
+@dataclass(slots=True)
+class _MpsGpu:
+    gpu: snapshot.Gpu
+    keep: list[modes.MpsSlice]
+    """Taken slices and those this plan gives to pods."""
+    free: list[modes.MpsSlice]
+    """Existing free slices not yet reused or removed."""
+    next_id: int
+    actions: list[plans.SliceAction] = field(default_factory=list)
+
+    @property
+    def cap(self) -> int:
+        return modes.memory_gb(self.gpu.model)
+
+    def used_gb(self) -> int:
+        return sum(s.memory_gb for s in self.keep) + sum(s.memory_gb for s in self.free)
+
+    def clients(self) -> int:
+        return len(self.keep) + len(self.free)
+
+    def cores(self) -> int:
+        return sum(s.cores or 0 for s in (*self.keep, *self.free))
+
+    def copy(self) -> _MpsGpu:
+        return _MpsGpu(self.gpu, list(self.keep), list(self.free), self.next_id, list(self.actions))
+
+
+@dataclass(slots=True)
+class _TsGpu:
+    gpu: snapshot.Gpu
+    used: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    """How one slice goes onto a GPU: a free slice reused, or a new one after removals."""
+
+    reuse: modes.MpsSlice | None
+    removed: tuple[modes.MpsSlice, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    """A pod's placement on one node, with the node's GPU states after it."""
+
+    node: snapshot.Node
+    removed: int
+    created: int
+    shares: tuple[plans.AssignedShare, ...]
+    mps: list[_MpsGpu] | None = None
+    replicas: tuple[int, ...] = ()
+
+
+def _option(st: _MpsGpu, need: modes.SliceNeed, *, remove: bool) -> _Option | None:
+    """How ``need`` goes onto ``st`` (``None``: it does not, or only by removing when
+    ``remove`` is false)."""
+    for s in st.free:
+        if s.memory_gb == need.memory_gb and s.cores == need.cores:
+            return _Option(s)
+    extra_cores = need.cores or 0
+    room = st.cap - st.used_gb()
+    if (
+        st.cores() + extra_cores <= 100
+        and room >= need.memory_gb
+        and st.clients() < modes.MPS_MAX_CLIENTS
+    ):
+        return _Option(None)
+    if not remove:
+        return None
+    removed: list[modes.MpsSlice] = []
+    for s in sorted(st.free, key=lambda s: (-s.memory_gb, s.id)):
+        if (
+            room >= need.memory_gb
+            and st.clients() - len(removed) < modes.MPS_MAX_CLIENTS
+            and st.cores() - sum(r.cores or 0 for r in removed) + extra_cores <= 100
+        ):
+            break
+        removed.append(s)
+        room += s.memory_gb
+    if (
+        room < need.memory_gb
+        or st.clients() - len(removed) >= modes.MPS_MAX_CLIENTS
+        or st.cores() - sum(r.cores or 0 for r in removed) + extra_cores > 100
+    ):
+        return None
+    return _Option(None, tuple(removed))
+
+
+def _apply(
+    node: str,
+    st: _MpsGpu,
+    *,
+    need: modes.SliceNeed,
+    pod: str,
+    reuse: modes.MpsSlice | None,
+    removed: tuple[modes.MpsSlice, ...],
+) -> int:
+    """Give ``pod`` its slice on ``st``; the slice's id."""
+    if reuse is not None:
+        st.free.remove(reuse)
+        st.keep.append(reuse)
+        return reuse.id
+    verb = "resized into" if removed else "created for"
+    for s in removed:
+        st.free.remove(s)
+        st.actions.append(
+            plans.SliceAction(
+                node,
+                st.gpu.index,
+                plans.SliceOp.REMOVE,
+                s.id,
+                s.memory_gb,
+                s.cores,
+                f"free slice of {s.memory_gb} GB removed to make room for {pod}",
+            )
+        )
+    new = modes.MpsSlice(st.next_id, need.memory_gb, need.cores)
+    st.next_id += 1
+    st.keep.append(new)
+    st.actions.append(
+        plans.SliceAction(
+            node,
+            st.gpu.index,
+            plans.SliceOp.CREATE,
+            new.id,
+            new.memory_gb,
+            new.cores,
+            f"slice of {new.memory_gb} GB {verb} {pod}",
+        )
+    )
+    return new.id
+
+
+class _Run:
+    """The state of one placement pass over the sharing nodes."""
+
+    def __init__(self, snap: snapshot.Snapshot) -> None:
+        self.snap = snap
+        self.nodes = [n for n in snap.nodes if n.mode in (modes.Mode.MPS, modes.Mode.TIME_SLICING)]
+        self.admission = constraints.Admission(self.nodes)
+        self.mps: dict[str, list[_MpsGpu]] = {}
+        self.ts: dict[str, list[_TsGpu]] = {}
+        self.cpu: dict[str, int] = {}
+        self.mem: dict[str, int] = {}
+        for n in self.nodes:
+            alloc = n.allocatable
+            self.cpu[n.name] = alloc.cpu_milli if alloc else 2**62
+            self.mem[n.name] = alloc.memory_bytes if alloc else 2**62
+            if n.mode is modes.Mode.MPS:
+                self.mps[n.name] = [
+                    _MpsGpu(
+                        g,
+                        [s for s in g.mps if s.taken],
+                        [s for s in g.mps if not s.taken],
+                        max((s.id for s in g.mps), default=-1) + 1,
+                    )
+                    for g in n.gpus
+                ]
+            else:
+                self.ts[n.name] = [_TsGpu(g, g.replicas_used) for g in n.gpus]
+        self.placements: list[plans.Placement] = []
+
+    def _node_use(self, node: snapshot.Node) -> float:
+        if node.mode is modes.Mode.MPS:
+            sts = self.mps[node.name]
+            total = sum(s.cap for s in sts) or 1
+            return sum(s.used_gb() for s in sts) / total
+        tss = self.ts[node.name]
+        return sum(t.used for t in tss) / (sum(t.gpu.replicas for t in tss) or 1)
+
+    def place(self, pod: snapshot.Pod, *, remove: bool) -> bool:
+        """Place ``pod`` on the best sharing node; whether it was placed."""
+        node_policy, gpu_policy = pod.policies(self.snap)
+        admits = self.admission.admits(pod)
+        best: tuple[tuple[int, int, float, int], _Choice] | None = None
+        for ni, node in enumerate(self.nodes):
+            if not admits[ni] or not modes.serves(
+                node.mode,
+                mig=bool(pod.mig),
+                mps=bool(pod.mps),
+                unified_request=pod.unified is not None,
+            ):
+                continue
+            if pod.cpu_milli > self.cpu[node.name] or pod.memory_bytes > self.mem[node.name]:
+                continue
+            if node.mode is modes.Mode.MPS:
+                choice = self._try_mps(node, pod, gpu_policy, remove=remove)
+            else:
+                choice = self._try_ts(node, pod, gpu_policy)
+            if choice is None:
+                continue
+            use = self._node_use(node)
+            score = -use if node_policy is scoring.Policy.BINPACK else use
+            key = (choice.removed, choice.created, score, ni)
+            if best is None or key < best[0]:
+                best = (key, choice)
+        if best is None:
+            return False
+        choice = best[1]
+        node = choice.node
+        if choice.mps is not None:
+            self.mps[node.name] = choice.mps
+        else:
+            for k in choice.replicas:
+                self.ts[node.name][k].used += 1
+        self.cpu[node.name] -= pod.cpu_milli
+        self.mem[node.name] -= pod.memory_bytes
+        self.placements.append(plans.Placement(pod.key, node.name, (), choice.shares))
+        return True
+
+    def _try_mps(
+        self, node: snapshot.Node, pod: snapshot.Pod, gpu_policy: scoring.Policy, *, remove: bool
+    ) -> _Choice | None:
+        """The pod's slices on ``node``'s GPUs, one at a time, largest first; ``None``: no room."""
+        states = [s.copy() for s in self.mps[node.name]]
+        per_model: dict[str, tuple[modes.SliceNeed, ...] | None] = {}
+        for st in states:
+            m = st.gpu.model
+            if m.id not in per_model:
+                per_model[m.id] = modes.mps_needs(pod.mps, pod.unified, m)
+        count = next((len(v) for v in per_model.values() if v is not None), None)
+        if count is None:
+            return None
+        removed = created = 0
+        shares: list[plans.AssignedShare] = []
+        groups: dict[int, set[int]] = {}
+        for i in range(count):
+            best: tuple[tuple[int, int, float, int], modes.SliceNeed, _Option] | None = None
+            for k, st in enumerate(states):
+                needs = per_model[st.gpu.model.id]
+                if needs is None:
+                    continue
+                need = needs[i]
+                if need.group >= 0 and k in groups.get(need.group, set()):
+                    continue
+                opt = _option(st, need, remove=remove)
+                if opt is None:
+                    continue
+                free_after = (st.cap - st.used_gb() - need.memory_gb) / st.cap
+                score = free_after if gpu_policy is scoring.Policy.BINPACK else -free_after
+                key = (len(opt.removed), 0 if opt.reuse else 1, score, k)
+                if best is None or key < best[0]:
+                    best = (key, need, opt)
+            if best is None:
+                return None
+            key, need, opt = best
+            k = key[3]
+            removed += len(opt.removed)
+            created += opt.reuse is None
+            sid = _apply(
+                node.name, states[k], need=need, pod=pod.key, reuse=opt.reuse, removed=opt.removed
+            )
+            shares.append(plans.AssignedShare(states[k].gpu.index, sid, need.memory_gb))
+            if need.group >= 0:
+                groups.setdefault(need.group, set()).add(k)
+        return _Choice(node, removed, created, tuple(shares), mps=states)
+
+    def _try_ts(
+        self, node: snapshot.Node, pod: snapshot.Pod, gpu_policy: scoring.Policy
+    ) -> _Choice | None:
+        """One replica per GPU asked, each container's on distinct GPUs; ``None``: no room."""
+        if pod.unified is None:
+            return None
+        tss = self.ts[node.name]
+        taken = [t.used for t in tss]
+        for k, st in enumerate(tss):
+            if modes.replica_needs(pod.unified, st.gpu.model) is None:
+                taken[k] = st.gpu.replicas  # this GPU cannot serve it: as if full
+        chosen: list[int] = []
+        for ask in pod.unified.asks:
+            free = [k for k in range(len(tss)) if taken[k] < tss[k].gpu.replicas]
+            if len(free) < ask.count:
+                return None
+            sign = 1 if gpu_policy is scoring.Policy.BINPACK else -1
+            free.sort(key=lambda k: (sign * (tss[k].gpu.replicas - taken[k]), k))
+            for k in free[: ask.count]:
+                taken[k] += 1
+                chosen.append(k)
+        shares = tuple(plans.AssignedShare(tss[k].gpu.index, None) for k in chosen)
+        return _Choice(node, 0, 0, shares, replicas=tuple(chosen))
+
+    def result(self) -> Shared:
+        gpus: list[plans.MpsGpuPlan] = []
+        actions: list[plans.SliceAction] = []
+        for node in self.nodes:
+            if node.mode is not modes.Mode.MPS:
+                continue
+            for st in self.mps[node.name]:
+                final = tuple(sorted((*st.keep, *st.free), key=lambda s: s.id))
+                gpus.append(plans.MpsGpuPlan(node.name, st.gpu.index, bool(st.actions), final))
+                removes = [a for a in st.actions if a.op is plans.SliceOp.REMOVE]
+                creates = [a for a in st.actions if a.op is plans.SliceOp.CREATE]
+                actions.extend(removes + creates)
+        return Shared(tuple(self.placements), tuple(gpus), tuple(actions))
+
+
+def _demand_gb(pod: snapshot.Pod) -> int:
+    """A model-independent size for ordering: GB asked by name, or MiB/1024 of a unified ask."""
+    total = sum(r.memory_gb * r.count for r in pod.mps)
+    if pod.unified is not None:
+        for ask in pod.unified.asks:
+            gb = -(-(ask.memory_mib or 0) // 1024) if ask.memory_mib else ask.memory_percent or 100
+            total += gb * ask.count
+    return total
+
+
+def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
+    """Place ``pods`` on the snapshot's MPS and time-slicing nodes (see the module docstring)."""
+    run = _Run(snap)
+    if not run.nodes:
+        return run.result()
+    index = {p.key: i for i, p in enumerate(snap.pods)}
+    for level in sorted({p.priority for p in pods}, reverse=True):
+        order = sorted(
+            (p for p in pods if p.priority == level),
+            key=lambda p: (-_demand_gb(p), index.get(p.key, 0)),
+        )
+        # Pods that fit without removing a free slice first: removals only for what is left.
+        left = [p for p in order if not run.place(p, remove=False)]
+        for p in left:
+            run.place(p, remove=True)
+    return run.result()
