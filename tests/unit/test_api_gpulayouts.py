@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from migpilot import errors
 from migpilot.api import gpulayouts as gl
 from migpilot.mig import catalog, layouts
-from migpilot.planning import planners, snapshot
+from migpilot.planning import modes, planners, plans, snapshot
 
 CRD = pathlib.Path(__file__).parents[2] / "deploy" / "crds" / "gpulayouts.migpilot.io.yaml"
 S = gl.InstanceState
@@ -460,3 +460,137 @@ def test_an_instance_kept_for_a_unified_pod_names_its_resource() -> None:
     kept = [i for g in layout.spec.gpus for i in g.instances if i.reserved_for]
     assert [(i.reserved_for, i.resource) for i in kept] == [("default/p1", gl.UNIFIED_RESOURCE)]
     assert gl.parse(gl.to_document(layout)) == layout
+
+
+# --------------------------------------------------------------------------- MPS slices
+
+
+def _mps_doc() -> dict[str, Any]:
+    return {
+        "apiVersion": "migpilot.io/v1alpha1",
+        "kind": "GpuLayout",
+        "metadata": {"name": "mps-a"},
+        "spec": {
+            "gpus": [
+                {
+                    "index": 0,
+                    "model": "a100-80gb",
+                    "instances": [],
+                    "mps": [
+                        {"id": 2, "memoryGB": 20, "reservedFor": "ns/p2"},
+                        {"id": 0, "memoryGB": 10, "cores": 30},
+                    ],
+                }
+            ]
+        },
+        "status": {
+            "gpus": [
+                {
+                    "index": 0,
+                    "model": "NVIDIA A100-SXM4-80GB",
+                    "uuid": "GPU-0",
+                    "instances": [],
+                    "mps": [
+                        {"id": 0, "memoryGB": 10, "cores": 30, "state": "used", "usedBy": "ns/p0"},
+                        {"id": 1, "memoryGB": 40, "state": "used"},
+                        {"id": 2, "memoryGB": 20, "state": "reserved"},
+                    ],
+                }
+            ],
+            "conditions": [],
+        },
+    }
+
+
+def test_mps_slices_parse_sorted_and_round_trip() -> None:
+    layout = gl.parse(_mps_doc())
+    (gpu,) = layout.spec.gpus
+    assert gpu.mps == (gl.SliceSpec(0, 10, 30), gl.SliceSpec(2, 20, None, "ns/p2"))
+    assert layout.status is not None
+    assert [(s.id, s.state, s.used_by) for s in layout.status.gpus[0].mps] == [
+        (0, S.USED, "ns/p0"),
+        (1, S.USED, None),
+        (2, S.RESERVED, None),
+    ]
+    assert gl.parse(gl.to_document(layout)) == layout
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        (("spec", "gpus", 0, "mps", 0, "memoryGB"), 0, "spec.gpus[0].mps[0].memoryGB"),
+        (("spec", "gpus", 0, "mps", 0, "cores"), 101, "spec.gpus[0].mps[0].cores"),
+        (("spec", "gpus", 0, "mps", 0, "id"), 0, "spec.gpus[0].mps[1].id"),
+        (("spec", "gpus", 0, "mps", 0, "memoryGB"), 75, "spec.gpus[0].mps: slices of 85 GB"),
+        (("spec", "gpus", 0, "mps", 0, "reservedFor"), "p2", "spec.gpus[0].mps[0].reservedFor"),
+        (("spec", "gpus", 0, "instances"), [{"profile": "7g.80gb", "start": 0}], "not both"),
+        (("status", "gpus", 0, "mps", 0, "state"), "creating", "status.gpus[0].mps[0].state"),
+        (("status", "gpus", 0, "mps", 2, "usedBy"), "ns/x", "only a used slice"),
+    ],
+)
+def test_bad_mps_slices_are_one_line_naming_the_field(
+    path: tuple[Any, ...], value: Any, named: str
+) -> None:
+    doc = _mps_doc()
+    target: Any = doc
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(errors.GpuLayoutError) as info:
+        gl.parse(doc)
+    assert named in str(info.value) and "\n" not in str(info.value)
+
+
+def test_too_many_slices_on_one_gpu_are_refused() -> None:
+    doc = _mps_doc()
+    doc["spec"]["gpus"][0]["mps"] = [{"id": i, "memoryGB": 1} for i in range(49)]
+    with pytest.raises(errors.GpuLayoutError, match="49 slices; MPS serves at most 48"):
+        gl.parse(doc)
+
+
+def test_snapshot_gpus_keep_every_slice_a_pod_holds_or_the_spec_reserves() -> None:
+    (gpu,) = gl.snapshot_gpus(gl.parse(_mps_doc()))
+    assert [(s.id, s.memory_gb, s.cores, s.used, s.reserved_for) for s in gpu.mps] == [
+        (0, 10, 30, True, ""),  # the spec's, used by a pod
+        (1, 40, None, True, ""),  # dropped from the spec, still used: kept as used
+        (2, 20, None, False, "ns/p2"),  # reserved by the spec
+    ]
+    assert not gpu.instances
+
+
+def test_spec_from_plan_writes_mps_slices_with_their_reservations() -> None:
+    node = snapshot.Node(
+        "mps-a",
+        {},
+        (),
+        False,
+        None,
+        (snapshot.Gpu(0, catalog.resolve_gpu("a100-80gb"), ()),),
+        mode=modes.Mode.MPS,
+    )
+    target = (modes.MpsSlice(0, 10, None, True), modes.MpsSlice(1, 20), modes.MpsSlice(2, 5))
+    plan = plans.Plan(
+        planner="fast",
+        gpus=(),
+        actions=(),
+        placements=(plans.Placement("ns/new", "mps-a", (), (plans.AssignedShare(0, 1, 20),)),),
+        unschedulable=(),
+        mps=(plans.MpsGpuPlan("mps-a", 0, True, target),),
+    )
+    spec = gl.spec_from_plan(plan, node)
+    (gpu,) = spec.gpus
+    assert gpu.mps == (
+        gl.SliceSpec(0, 10),
+        gl.SliceSpec(1, 20, None, "ns/new"),
+        gl.SliceSpec(2, 5),
+    )
+    bad = plans.Plan(
+        planner="fast",
+        gpus=(),
+        actions=(),
+        placements=(plans.Placement("ns/new", "mps-a", (), (plans.AssignedShare(0, 7, 20),)),),
+        unschedulable=(),
+        mps=(plans.MpsGpuPlan("mps-a", 0, True, target),),
+    )
+    with pytest.raises(errors.GpuLayoutError, match="slice 7 on GPU 0"):
+        gl.spec_from_plan(bad, node)

@@ -28,7 +28,7 @@ from typing import Any, NotRequired, TypedDict
 
 from migpilot import errors
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import plans, snapshot
+from migpilot.planning import modes, plans, snapshot
 
 GROUP = "migpilot.io"
 VERSION = "v1alpha1"
@@ -138,10 +138,18 @@ class InstanceSpecDoc(TypedDict):
     resource: NotRequired[str]
 
 
+class SliceSpecDoc(TypedDict):
+    id: int
+    memoryGB: int
+    cores: NotRequired[int]
+    reservedFor: NotRequired[str]
+
+
 class GpuSpecDoc(TypedDict):
     index: int
     model: NotRequired[str]
     instances: list[InstanceSpecDoc]
+    mps: NotRequired[list[SliceSpecDoc]]
 
 
 class SpecDoc(TypedDict):
@@ -156,11 +164,20 @@ class InstanceStatusDoc(TypedDict):
     usedBy: NotRequired[str]
 
 
+class SliceStatusDoc(TypedDict):
+    id: int
+    memoryGB: int
+    cores: NotRequired[int]
+    state: str
+    usedBy: NotRequired[str]
+
+
 class GpuStatusDoc(TypedDict):
     index: int
     model: str
     uuid: str
     instances: list[InstanceStatusDoc]
+    mps: NotRequired[list[SliceStatusDoc]]
 
 
 class ConditionDoc(TypedDict):
@@ -218,13 +235,30 @@ class InstanceSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class SliceSpec:
+    """An MPS memory slice the controller wants on a GPU of a node in mode ``mps``
+    (``docs/modes.md``): an MPS client's share, held to ``memory_gb`` by
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and to ``cores`` by ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``."""
+
+    id: int
+    """Stable within its GPU."""
+    memory_gb: int
+    cores: int | None = None
+    """Compute share in percent, 1-100; ``None``: unlimited."""
+    reserved_for: str | None = None
+    """``namespace/name`` of the pending pod this slice is kept for; ``None``: not reserved."""
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSpec:
-    """The instances the controller wants on one GPU, by start."""
+    """The instances the controller wants on one GPU, by start (or its MPS slices, by id)."""
 
     index: int
     model: str | None
     """The GPU model (informative; when given, profiles and the layout are checked against it)."""
     instances: tuple[InstanceSpec, ...]
+    mps: tuple[SliceSpec, ...] = ()
+    """On a node in mode ``mps``: the GPU's MPS slices (then it has no MIG instances)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,14 +284,33 @@ class InstanceStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class SliceStatus:
+    """An MPS slice the agent serves (advertised as one ``nvidia.com/gpu-<N>gb`` device)."""
+
+    id: int
+    memory_gb: int
+    cores: int | None
+    state: InstanceState
+    """``free``, ``reserved`` (kept for a pod by the spec) or ``used`` (a pod holds it)."""
+    used_by: str | None = None
+    """``namespace/name`` of the pod holding it, when the agent knows (state ``used`` only)."""
+
+
+SLICE_STATES = frozenset({InstanceState.FREE, InstanceState.RESERVED, InstanceState.USED})
+"""The states a slice may report: it is made and removed with the daemon's bookkeeping, never
+``creating`` or ``destroying``."""
+
+
+@dataclass(frozen=True, slots=True)
 class GpuStatus:
-    """One GPU as the agent sees it, and its instances by start."""
+    """One GPU as the agent sees it, and its instances by start (or its MPS slices, by id)."""
 
     index: int
     model: str
     """Product name as NVML reports it (any catalog alias)."""
     uuid: str
     instances: tuple[InstanceStatus, ...]
+    mps: tuple[SliceStatus, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,9 +486,75 @@ def _instance_spec(raw: Any, where: str, model: profiles.GpuModel | None) -> Ins
     return InstanceSpec(profile, start, reserved, resource)
 
 
+def _pod_name(d: Mapping[str, Any], key: str, where: str) -> str | None:
+    if d.get(key) is None:
+        return None
+    name = _str(d, key, where)
+    if not _RESERVED_FOR.match(name):
+        raise _fail(f"{where}.{key}", f"{name!r} is not namespace/name of a pod")
+    return name
+
+
+def _slice_common(d: Mapping[str, Any], where: str) -> tuple[int, int, int | None]:
+    ident = _int(d, "id", where, maximum=modes.MPS_MAX_CLIENTS * 1000)
+    gb = _int(d, "memoryGB", where)
+    if gb < 1:
+        raise _fail(f"{where}.memoryGB", "a slice holds at least 1 GB")
+    cores = None
+    if d.get("cores") is not None:
+        cores = _int(d, "cores", where, maximum=100)
+        if cores < 1:
+            raise _fail(f"{where}.cores", "a compute share is 1 to 100 percent")
+    return ident, gb, cores
+
+
+def _slice_spec(raw: Any, where: str) -> SliceSpec:
+    d = _mapping(raw, where, required=True)
+    _only(d, frozenset({"id", "memoryGB", "cores", "reservedFor"}), where)
+    ident, gb, cores = _slice_common(d, where)
+    return SliceSpec(ident, gb, cores, _pod_name(d, "reservedFor", where))
+
+
+def _slice_status(raw: Any, where: str) -> SliceStatus:
+    d = _mapping(raw, where, required=True)
+    _only(d, frozenset({"id", "memoryGB", "cores", "state", "usedBy"}), where)
+    ident, gb, cores = _slice_common(d, where)
+    text = d.get("state")
+    try:
+        state = InstanceState(str(text))
+    except ValueError:
+        state = None
+    if state not in SLICE_STATES:
+        names = ", ".join(sorted(x.value for x in SLICE_STATES))
+        raise _fail(f"{where}.state", f"{text!r} is not one of {names}")
+    assert state is not None
+    used_by = _pod_name(d, "usedBy", where)
+    if used_by is not None and state is not InstanceState.USED:
+        raise _fail(f"{where}.usedBy", f"only a used slice has one (state {state.value})")
+    return SliceStatus(ident, gb, cores, state, used_by)
+
+
+def _slices(
+    raw: Any, where: str, model: profiles.GpuModel | None, parse_one: Any
+) -> tuple[Any, ...]:
+    found = [parse_one(r, f"{where}[{j}]") for j, r in enumerate(_list(raw, where))]
+    seen: set[int] = set()
+    for j, sl in enumerate(found):
+        if sl.id in seen:
+            raise _fail(f"{where}[{j}].id", f"a second slice with id {sl.id}")
+        seen.add(sl.id)
+    if len(found) > modes.MPS_MAX_CLIENTS:
+        raise _fail(where, f"{len(found)} slices; MPS serves at most {modes.MPS_MAX_CLIENTS}")
+    if model is not None:
+        total, cap = sum(sl.memory_gb for sl in found), modes.memory_gb(model)
+        if total > cap:
+            raise _fail(where, f"slices of {total} GB exceed the {cap} GB of a {model.id}")
+    return tuple(sorted(found, key=lambda sl: sl.id))
+
+
 def _gpu_spec(raw: Any, where: str) -> GpuSpec:
     d = _mapping(raw, where, required=True)
-    _only(d, frozenset({"index", "model", "instances"}), where)
+    _only(d, frozenset({"index", "model", "instances", "mps"}), where)
     index = _int(d, "index", where)
     model = _model(d, where, required=False)
     w = f"{where}.instances"
@@ -444,10 +563,14 @@ def _gpu_spec(raw: Any, where: str) -> GpuSpec:
     ]
     _unique_starts([i.start for i in insts], w)
     _check_layout(model, [layouts.Instance(i.start, i.profile) for i in insts], w)
+    mps = _slices(d.get("mps"), f"{where}.mps", model, _slice_spec)
+    if mps and insts:
+        raise _fail(f"{where}.mps", "a GPU holds MIG instances or MPS slices, not both")
     return GpuSpec(
         index,
         d["model"] if model is not None else None,
         tuple(sorted(insts, key=lambda i: i.start)),
+        mps,
     )
 
 
@@ -487,7 +610,7 @@ def _instance_status(raw: Any, where: str, model: profiles.GpuModel) -> Instance
 
 def _gpu_status(raw: Any, where: str) -> GpuStatus:
     d = _mapping(raw, where, required=True)
-    _only(d, frozenset({"index", "model", "uuid", "instances"}), where)
+    _only(d, frozenset({"index", "model", "uuid", "instances", "mps"}), where)
     index = _int(d, "index", where)
     model = _model(d, where, required=True)
     assert model is not None
@@ -498,7 +621,10 @@ def _gpu_status(raw: Any, where: str) -> GpuStatus:
     ]
     _unique_starts([i.start for i in insts], w)
     _check_layout(model, [layouts.Instance(i.start, i.profile) for i in insts], w)
-    return GpuStatus(index, d["model"], uuid, tuple(sorted(insts, key=lambda i: i.start)))
+    mps = _slices(d.get("mps"), f"{where}.mps", model, _slice_status)
+    if mps and insts:
+        raise _fail(f"{where}.mps", "a GPU holds MIG instances or MPS slices, not both")
+    return GpuStatus(index, d["model"], uuid, tuple(sorted(insts, key=lambda i: i.start)), mps)
 
 
 def _condition(raw: Any, where: str) -> Condition:
@@ -597,6 +723,16 @@ def _spec_doc(spec: LayoutSpec) -> SpecDoc:
         gpu: GpuSpecDoc = {"index": g.index, "instances": instances}
         if g.model is not None:
             gpu["model"] = g.model
+        if g.mps:
+            slices: list[SliceSpecDoc] = []
+            for sl in g.mps:
+                doc: SliceSpecDoc = {"id": sl.id, "memoryGB": sl.memory_gb}
+                if sl.cores is not None:
+                    doc["cores"] = sl.cores
+                if sl.reserved_for is not None:
+                    doc["reservedFor"] = sl.reserved_for
+                slices.append(doc)
+            gpu["mps"] = slices
         gpus.append(gpu)
     return {"gpus": gpus}
 
@@ -616,7 +752,27 @@ def _status_doc(status: LayoutStatus) -> StatusDoc:
             if i.used_by is not None:
                 inst["usedBy"] = i.used_by
             instances.append(inst)
-        gpus.append({"index": g.index, "model": g.model, "uuid": g.uuid, "instances": instances})
+        gpu: GpuStatusDoc = {
+            "index": g.index,
+            "model": g.model,
+            "uuid": g.uuid,
+            "instances": instances,
+        }
+        if g.mps:
+            slices: list[SliceStatusDoc] = []
+            for sl in g.mps:
+                one: SliceStatusDoc = {
+                    "id": sl.id,
+                    "memoryGB": sl.memory_gb,
+                    "state": sl.state.value,
+                }
+                if sl.cores is not None:
+                    one["cores"] = sl.cores
+                if sl.used_by is not None:
+                    one["usedBy"] = sl.used_by
+                slices.append(one)
+            gpu["mps"] = slices
+        gpus.append(gpu)
     conditions: list[ConditionDoc] = []
     for c in status.conditions:
         cond: ConditionDoc = {
@@ -735,8 +891,26 @@ def snapshot_gpus(layout: GpuLayout) -> tuple[snapshot.Gpu, ...]:
             for i in g.instances
             if i.state is not InstanceState.DESTROYING
         )
-        gpus.append(snapshot.Gpu(g.index, catalog.resolve_gpu(g.model), instances))
+        model = catalog.resolve_gpu(g.model)
+        gpus.append(snapshot.Gpu(g.index, model, instances, mps=_snapshot_slices(layout, g)))
     return tuple(gpus)
+
+
+def _snapshot_slices(layout: GpuLayout, gpu: GpuStatus) -> tuple[modes.MpsSlice, ...]:
+    """A GPU's MPS slices as the planner sees them: those the spec asks for (reserved as the
+    spec reserves them; used when the status says so), and those the status still reports used
+    that the spec dropped (a pod holds them: never reused, never overlapped)."""
+    wanted = next((g.mps for g in layout.spec.gpus if g.index == gpu.index), ())
+    reported = {sl.id: sl for sl in gpu.mps}
+    out: list[modes.MpsSlice] = []
+    for sl in wanted:
+        seen = reported.pop(sl.id, None)
+        used = seen is not None and seen.state is InstanceState.USED
+        out.append(modes.MpsSlice(sl.id, sl.memory_gb, sl.cores, used, sl.reserved_for or ""))
+    for left in reported.values():
+        if left.state is not InstanceState.FREE:
+            out.append(modes.MpsSlice(left.id, left.memory_gb, left.cores, True))
+    return tuple(sorted(out, key=lambda sl: sl.id))
 
 
 def spec_from_plan(plan: plans.Plan, node: snapshot.Node) -> LayoutSpec:
@@ -759,7 +933,7 @@ def spec_from_plan(plan: plans.Plan, node: snapshot.Node) -> LayoutSpec:
                 )
             reservations[key] = placement.pod
     models = {g.index: g.model.id for g in node.gpus}
-    gpus: list[GpuSpec] = []
+    gpus: list[GpuSpec] = list(_mps_specs(plan, node, models))
     targets: dict[tuple[int, int], str] = {}
     for gp in plan.gpus:
         if gp.node != node.name:
@@ -784,3 +958,42 @@ def spec_from_plan(plan: plans.Plan, node: snapshot.Node) -> LayoutSpec:
                     f"{node.name}, which its target layout does not hold"
                 )
     return LayoutSpec(tuple(sorted(gpus, key=lambda g: g.index)))
+
+
+def _mps_specs(plan: plans.Plan, node: snapshot.Node, models: Mapping[int, str]) -> list[GpuSpec]:
+    """The MPS GPUs of ``node``: each GPU's target slices from the plan, ``reservedFor`` on the
+    slices kept or newly given to pending pods. Raise :class:`GpuLayoutError` for a slice given
+    to two pods or a share of a slice the target lacks (a planner bug)."""
+    given: dict[tuple[int, int], str] = {}
+    for placement in plan.placements:
+        if placement.node != node.name:
+            continue
+        for share in placement.shares:
+            if share.slice is None:
+                continue
+            key = (share.gpu, share.slice)
+            if key in given and given[key] != placement.pod:
+                raise errors.GpuLayoutError(
+                    f"plan: MPS slice {share.slice} on GPU {share.gpu} of {node.name} given to "
+                    f"both {given[key]} and {placement.pod}"
+                )
+            given[key] = placement.pod
+    out: list[GpuSpec] = []
+    targets: set[tuple[int, int]] = set()
+    for gp in plan.mps:
+        if gp.node != node.name:
+            continue
+        slices = []
+        for sl in gp.slices:
+            targets.add((gp.gpu, sl.id))
+            pod = given.get((gp.gpu, sl.id)) or sl.reserved_for or None
+            slices.append(SliceSpec(sl.id, sl.memory_gb, sl.cores, pod))
+        out.append(GpuSpec(gp.gpu, models.get(gp.gpu), (), tuple(slices)))
+    missing = sorted(set(given) - targets)
+    if missing:
+        gpu, ident = missing[0]
+        raise errors.GpuLayoutError(
+            f"plan: {given[(gpu, ident)]} is given MPS slice {ident} on GPU {gpu} of {node.name}, "
+            "which its target slices do not hold"
+        )
+    return out
