@@ -39,7 +39,7 @@ from typing import Any
 from migpilot import errors, gcpause, probes
 from migpilot.api import gpulayouts, leases
 from migpilot.controller import kubeapi, metrics, observing, pinning
-from migpilot.planning import control, fast, options, plans, snapshot, unified
+from migpilot.planning import control, fast, modes, options, plans, snapshot, unified
 
 _log = logging.getLogger("migpilot.controller")
 
@@ -356,7 +356,7 @@ class Controller:
             self.plans,
             len(observed.snapshot.pods),
             len(plan.placements),
-            sum(g.changed for g in plan.gpus),
+            sum(g.changed for g in plan.gpus) + sum(m.changed for m in plan.mps),
             len(plan.unschedulable),
             f" ({plan.unschedulable[0].pod}: {plan.unschedulable[0].reason})"
             if plan.unschedulable
@@ -432,11 +432,13 @@ class Controller:
         return ok
 
     async def _ensure_layouts(self, observed: observing.Observed) -> None:
-        """A GpuLayout for every MIG node that lacks one, so its agent can report its GPUs."""
+        """A GpuLayout for every MIG node (or node in mode ``mps``) that lacks one, so its agent
+        can report its GPUs."""
         missing = [
             n
             for n in observed.nodes.values()
-            if (n.mig_capable or n.static) and n.name not in observed.layouts
+            if (n.mig_capable or n.static or n.labels.get(modes.MODE_LABEL) == modes.Mode.MPS)
+            and n.name not in observed.layouts
         ]
         await asyncio.gather(
             *(
@@ -565,7 +567,7 @@ class Controller:
         placed: dict[str, list[plans.Placement]] = {}
         for p in plan.placements:
             placed.setdefault(p.node, []).append(p)
-        changed = {g.node for g in plan.gpus if g.changed}
+        changed = {g.node for g in plan.gpus if g.changed} | {g.node for g in plan.mps if g.changed}
         unified = frozenset(k for k, v in observed.pods.items() if v.unified)
         writes = []
         for node in observed.snapshot.nodes:
@@ -584,6 +586,7 @@ class Controller:
                 continue
             self.metrics.reconfigurations.inc(
                 sum(1 for g in plan.gpus if g.node == node.name and g.changed)
+                + sum(1 for m in plan.mps if m.node == node.name and m.changed)
             )
             if _log.isEnabledFor(logging.DEBUG):
                 _log.debug(
@@ -600,6 +603,7 @@ class Controller:
                     spec,
                     placed.get(node.name, []),
                     [a for a in plan.actions if a.node == node.name],
+                    [a for a in plan.slice_actions if a.node == node.name],
                 )
             )
         await asyncio.gather(*writes)
@@ -611,16 +615,21 @@ class Controller:
         spec: gpulayouts.LayoutSpec,
         placements: list[plans.Placement],
         actions: list[plans.Action],
+        slice_actions: list[plans.SliceAction] = [],  # noqa: B006 (never mutated)
     ) -> None:
         if not await self._write_spec(name, spec):
             # Nothing else will change for these pods: plan them again a batch window later.
             self._poke()
             return
         node = self._store.nodes.get(name)
-        if actions and node is not None:
+        if (actions or slice_actions) and node is not None:
             by_gpu: dict[int, list[str]] = {}
             for a in actions:
                 by_gpu.setdefault(a.gpu, []).append(f"{a.op.value} {a.profile}@{a.start}")
+            for sa in slice_actions:
+                by_gpu.setdefault(sa.gpu, []).append(
+                    f"{sa.op.value} MPS slice {sa.slice} ({sa.memory_gb} GB)"
+                )
             what = "; ".join(f"GPU {g}: {', '.join(ops)}" for g, ops in sorted(by_gpu.items()))
             self._tell(kubeapi.EventNote(
                 "Node", None, name, node.uid, "Normal", "MigReconfiguring",
@@ -630,7 +639,15 @@ class Controller:
             entry = self._store.pods.get(p.pod)
             if entry is None:
                 continue
-            where = ", ".join(f"{a.profile} at GPU {a.gpu} start {a.start}" for a in p.instances)
+            where = ", ".join(
+                [f"{a.profile} at GPU {a.gpu} start {a.start}" for a in p.instances]
+                + [
+                    f"MPS slice {sh.slice} ({sh.memory_gb} GB) of GPU {sh.gpu}"
+                    if sh.slice is not None
+                    else f"a replica of GPU {sh.gpu}"
+                    for sh in p.shares
+                ]
+            )
             await self._say(
                 entry[1], type_="Normal", reason="MigInstancesReserved",
                 message=f"reserved on node {name}: {where}; waiting for the instances",
