@@ -118,6 +118,14 @@ def test_a_node_in_an_unknown_mode_is_not_planned_and_the_pod_waits() -> None:
         obs = controller.observe()
         assert any("mps2" in u for u in obs.unplanned), obs.unplanned
         assert not obs.snapshot.nodes
+        await _until("a Warning on the node", lambda: any(e.kind == "Node" for e in api.events))
+        (warning,) = [e for e in api.events if e.kind == "Node"]
+        assert (warning.type, warning.reason, warning.name) == (
+            "Warning",
+            "MigNodeNotPlanned",
+            "m1",
+        )
+        assert "migpilot.io/mode='mps2' is not one of" in warning.message
         await asyncio.sleep(0.1)
         assert not _slices(api, "m1")
 

@@ -401,6 +401,9 @@ class Observed:
     """Nodes with MIG GPUs that are not planned, and why (``name: reason``), for events."""
     bound_gpus: Mapping[str, int] = field(default_factory=dict)
     """Per node, the ``nvidia.com/gpu`` devices unified pods bound to it (not done) ask for."""
+    broken: Mapping[str, str] = field(default_factory=dict)
+    """Nodes left out for a problem an admin must fix (an unknown ``migpilot.io/mode``, a GPU
+    model the catalog lacks), and the problem: a Warning event on the Node."""
 
 
 NodeCache = dict[str, tuple[tuple[object, ...], snapshot.Node]]
@@ -477,6 +480,7 @@ def observe(
         live_slices.setdefault(r.node, set()).update((g, i, r.pod) for g, i, _ in r.slices)
     planned: list[snapshot.Node] = []
     unplanned: list[str] = []
+    broken: dict[str, str] = {}
     fresh: NodeCache = {}
     for name in sorted(node_map):
         view = node_map[name]
@@ -487,6 +491,7 @@ def observe(
             mode = view.mode
         except errors.MigpilotError as err:
             unplanned.append(f"{name}: {err}")
+            broken[name] = str(err)
             continue
         if mode is modes.Mode.NONE:
             continue
@@ -520,6 +525,7 @@ def observe(
                 gpus = mps_gpus(found, gpus, reserved=live_mps, bound=holding)
         except errors.MigpilotError as err:
             unplanned.append(f"{name}: {err}")
+            broken[name] = str(err)
             continue
         cpu = view.allocatable.get("cpu")
         mem = view.allocatable.get("memory")
@@ -562,6 +568,7 @@ def observe(
         bound=MappingProxyType(bound),
         bound_gpus=MappingProxyType(dict(bound_gpus)),
         unplanned=tuple(unplanned),
+        broken=MappingProxyType(broken),
     )
 
 

@@ -149,6 +149,7 @@ class Controller:
         self._reserved_since: dict[tuple[str, str], float] = {}
         self._made_since: dict[tuple[str, str], float] = {}
         self._said: dict[str, tuple[str, str]] = {}
+        self._node_said: dict[str, str] = {}
         self._writes = asyncio.Semaphore(settings.writers)
         self._notes: asyncio.Queue[kubeapi.EventNote] = asyncio.Queue(settings.event_backlog)
         self.plans = 0
@@ -334,6 +335,7 @@ class Controller:
                 settings=self._control,
             )
         self._gauge(observed)
+        self._warn_broken(observed)
         await self._ensure_layouts(observed)
         await self._refuse_bad(observed)
         await self._release(observed)
@@ -382,6 +384,21 @@ class Controller:
                 _log.warning("%s failed: %s", what, err)
                 return False, None
         return True, got
+
+    def _warn_broken(self, observed: observing.Observed) -> None:
+        """A Warning on each node left out for a problem an admin must fix, once per problem."""
+        for name, problem in sorted(observed.broken.items()):
+            if self._node_said.get(name) == problem:
+                continue
+            self._node_said[name] = problem
+            node = observed.nodes.get(name)
+            _log.warning("node %s not planned: %s", name, problem)
+            self._tell(kubeapi.EventNote(
+                "Node", None, name, node.uid if node is not None else "", "Warning",
+                "MigNodeNotPlanned", f"not planned: {problem}",
+            ))  # fmt: skip
+        for name in [n for n in self._node_said if n not in observed.broken]:
+            del self._node_said[name]  # fixed: a new problem is told again
 
     async def _say(self, view: observing.PodView, *, type_: str, reason: str, message: str) -> None:
         """An Event on the pod, once per distinct reason and message (recorded in the
