@@ -311,6 +311,39 @@ def test_a_pinned_pod_keeps_its_reservation_however_long_the_scheduler_takes() -
     _run(body, reservation_timeout_s=0.05)
 
 
+def test_a_pinned_pods_reservation_taken_by_a_pod_bound_without_migpilot_is_planned_again() -> None:
+    """A pod created ungated (the webhook down or timing out) is bound by kube-scheduler alone
+    and takes the instance reserved for a pinned pod: waiting would never end, so the
+    reservation is dropped at once and the pinned pod planned again (on its node)."""
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _reserved_and_made(api)
+        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        await _until("the pin", lambda: len(api.pod_patches) == 1)
+        _, start, profile = _reserved(api, "n0")["ns/p"]
+        # The interloper holds the instance; the pinned pod is still not bound.
+        await _agent_reports(
+            api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "used"}]
+        )
+        await _until(
+            "the expiry", lambda: any(e.reason == "MigReservationExpired" for e in api.events)
+        )
+        (warning,) = [e for e in api.events if e.reason == "MigReservationExpired"]
+        assert "taken by a pod bound there without migpilot" in warning.message
+        await _until("the stolen reservation dropped", lambda: "ns/p" not in _reserved(api, "n0"))
+        # kube-scheduler reports the pinned pod Unschedulable: it is planned again, on its node
+        # (its pin), with a new instance beside the one taken.
+        pod = copy.deepcopy(api.objects[kubeapi.Kind.PODS]["ns/p"])
+        pod["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+        ]
+        await api.put(kubeapi.Kind.PODS, pod)
+        await _until("a new reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        assert _reserved(api, "n0")["ns/p"] != (0, start, profile)
+
+    _run(body)
+
+
 # --------------------------------------------------------------------------- more scenarios
 
 

@@ -193,6 +193,33 @@ def _served_slices(layout: gpulayouts.GpuLayout) -> set[tuple[int, int, int]]:
     return {(g.index, sl.id, sl.memory_gb) for g in layout.status.gpus for sl in g.mps}
 
 
+def stolen(observed: observing.Observed, pod_key: str) -> bool:
+    """Whether an instance or slice reserved for the unbound pod ``pod_key`` is in use by
+    another pod: a pod kube-scheduler bound there without migpilot (created ungated, while the
+    webhook was down or timed out) took the capacity the reservation counted on. The
+    reservation can then never be honoured as it stands, even for a pod pinned to the node: it
+    must be dropped and the pod planned again (on its node, if pinned)."""
+    r = observed.reservations.get(pod_key)
+    view = observed.pods.get(pod_key)
+    layout = observed.layouts.get(r.node) if r is not None else None
+    if r is None or view is None or view.node is not None or layout is None:
+        return False
+    if layout.status is None:
+        return False
+    wanted = set(r.instances)
+    slices = {(g, i) for g, i, _ in r.slices}
+    used = gpulayouts.InstanceState.USED
+    for g in layout.status.gpus:
+        for i in g.instances:
+            key = (g.index, i.start, i.profile)
+            if key in wanted and i.state is used and i.used_by != pod_key:
+                return True
+        for sl in g.mps:
+            if (g.index, sl.id) in slices and sl.state is used and sl.used_by != pod_key:
+                return True
+    return False
+
+
 def ready(observed: observing.Observed, pod_key: str) -> bool:
     """Whether the reserved pod ``pod_key`` can be let go to kube-scheduler now."""
     r = observed.reservations.get(pod_key)

@@ -520,7 +520,10 @@ class Controller:
         limit = self.settings.reservation_timeout_s
         # A pod already pinned to its node keeps its reservation however long kube-scheduler
         # takes: it can be bound nowhere else, and the instances freed would go to other pods.
-        expired = {
+        # Unless another pod took what it reserves (one kube-scheduler bound there on its own):
+        # then the reservation can never be honoured and is dropped at once.
+        stolen = {key for key, _ in keys if pinning.stolen(observed, key)}
+        expired = stolen | {
             key
             for key, node in keys
             if (
@@ -530,7 +533,7 @@ class Controller:
             and not _pinned_there(observed, key, node)
         }
         if expired:
-            await self._expire(observed, expired)
+            await self._expire(observed, expired, stolen=stolen)
         held = pinning.taken(observed)
         allocating = pinning.unallocated(observed)
         for key, r in sorted(observed.reservations.items()):
@@ -553,8 +556,11 @@ class Controller:
             jobs.append(self._pin_one(key, entry[0], observed.nodes[r.node]))
         await asyncio.gather(*jobs)
 
-    async def _expire(self, observed: observing.Observed, expired: set[str]) -> None:
-        """Drop reservations that waited too long, so their pods are planned again."""
+    async def _expire(
+        self, observed: observing.Observed, expired: set[str], *, stolen: set[str] | None = None
+    ) -> None:
+        """Drop reservations that waited too long (or whose instances ``stolen`` by pods bound
+        without migpilot), so their pods are planned again."""
         live = frozenset(observed.reservations) - expired
         nodes = sorted({observed.reservations[k].node for k in expired})
         for name in nodes:
@@ -567,13 +573,16 @@ class Controller:
                         self._made_since.pop((key, name), None)
                         _log.warning("reservation of %s on %s expired: planning again", key, name)
                         view = observed.pods[key]
-                        await self._say(
-                            view,
-                            type_="Warning",
-                            reason="MigReservationExpired",
-                            message=f"its instances on node {name} were not usable in time "
+                        message = (
+                            f"its instances on node {name} were taken by a pod bound there "
+                            "without migpilot (created ungated); planning again"
+                            if stolen and key in stolen
+                            else f"its instances on node {name} were not usable in time "
                             f"(reservation timeout {self.settings.reservation_timeout_s:g} s); "
-                            "planning again",
+                            "planning again"
+                        )
+                        await self._say(
+                            view, type_="Warning", reason="MigReservationExpired", message=message
                         )
 
     async def _pin_one(self, key: str, doc: Mapping[str, Any], node: observing.NodeView) -> None:
