@@ -14,8 +14,8 @@ when the GPUs hold the spec, with reasons ``Reconciled``, ``Pending`` (instances
 way, or work left for the next pass), ``Refused`` (something waiting will not fix) or
 ``InvalidSpec`` (the spec cannot be applied; the last good one is kept; a static node's
 unusable mig-parted config says ``InvalidConfig``); MPS slices the spec asks on a GPU that
-cannot serve them (``mps_problems``: MIG enabled) make it ``Refused``. Its transition time changes only when
-status, reason or message change.
+cannot serve them (``mps_problems``: MIG enabled) make it ``Refused``. Its transition time
+changes only when status, reason or message change.
 
 No I/O, no clock (``now`` is RFC 3339 text from the caller).
 """

@@ -148,7 +148,7 @@ class SliceFilter:
         self,
         *,
         spec: Callable[[], gpulayouts.LayoutSpec | None],
-        held: Callable[[], frozenset[str]],
+        held: Callable[[], frozenset[str]] = frozenset,
         layout: Callable[[], gpulayouts.GpuLayout | None] = lambda: None,
     ) -> None:
         self._spec = spec
@@ -157,6 +157,11 @@ class SliceFilter:
         self._lock = threading.Lock()
         self._known: dict[str, devices.MpsSlice] = {}
         self._logged: tuple[str, ...] = ()
+
+    def hold_from(self, held: Callable[[], frozenset[str]]) -> None:
+        """Read the slices pods hold from ``held`` (the agent's in-use source, built after the
+        filter)."""
+        self._held = held
 
     def update(self, view: devices.NodeDevices) -> devices.NodeDevices:
         """``view`` with the slices to serve now."""

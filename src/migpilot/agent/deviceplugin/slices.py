@@ -50,7 +50,8 @@ def daemons(node: devices.NodeDevices, *, root: str) -> tuple[tuple[int, mps.Mps
     """One daemon per GPU with slices (``(GPU index, daemon)``), under the MPS root ``root``.
     Its default pinned memory (for a client that sets none) is the GPU's smallest slice, its
     default thread percentage 100; each container's own limits come from Allocate. A change of
-    slices changes only those defaults, so the supervisor never restarts a daemon its clients use for it."""
+    slices changes only those defaults, so the supervisor never restarts a daemon its clients
+    use for it."""
     base = root.rstrip("/") or "/"
     out: list[tuple[int, mps.MpsDaemon]] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
