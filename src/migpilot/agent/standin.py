@@ -14,9 +14,9 @@ distinct healthy devices of those resources (:func:`assign`, pure), preferring t
 and slices the GpuLayout spec reserves for that pod, then unreserved ones; a pod keeps its
 devices while it lives. The assigned devices are in use (:meth:`SimulatedKubelet.in_use`):
 the reconciler never destroys them and the GpuLayout status reports them ``used``. They are
-released when the pod is deleted or terminates. Assignments live in memory; after a restart they are made again from the pods,
-the devices the last status reported ``used`` going to the pods first (:func:`reported_used`),
-so the same instances stay in use. It is kept apart from the real path on purpose: nothing else
+released when the pod is deleted or terminates. Assignments live in memory; after a restart
+they are made again from the pods, the devices the last status reported ``used`` going to the
+pods first (:func:`reported_used`), so the same instances stay in use. It is kept apart from the real path on purpose: nothing else
 in the agent knows it exists.
 
 A shell module: it writes through :class:`~kubeapi.NodeApi` and never imports a Kubernetes
