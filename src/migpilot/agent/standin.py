@@ -16,8 +16,8 @@ devices while it lives. The assigned devices are in use (:meth:`SimulatedKubelet
 the reconciler never destroys them and the GpuLayout status reports them ``used``. They are
 released when the pod is deleted or terminates. Assignments live in memory; after a restart
 they are made again from the pods, the devices the last status reported ``used`` going to the
-pods first (:func:`reported_used`), so the same instances stay in use. It is kept apart from the real path on purpose: nothing else
-in the agent knows it exists.
+pods first (:func:`reported_used`), so the same instances stay in use. It is kept apart from
+the real path on purpose: nothing else in the agent knows it exists.
 
 A shell module: it writes through :class:`~kubeapi.NodeApi` and never imports a Kubernetes
 client (lightkube) nor gRPC; import-linter contracts check both.
