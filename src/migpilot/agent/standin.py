@@ -447,11 +447,16 @@ class SimulatedKubelet:
         return None if self._pods is None else self._pods.version(self._node)
 
     def in_use(self) -> frozenset[str]:
-        """The devices assigned to the node's live pods."""
+        """The devices assigned to the node's live pods; before the first assignment, also
+        those in use when the agent started (``held``): an MPS slice the spec dropped must
+        stay served until its pod is given it again."""
         with self._lock:
             self._refresh()
-            return frozenset(u for devs in self._assigned.values() for u in devs) | frozenset(
-                u for a in self._unified.values() for u in a.devices
+            hint = self._held() if self._held is not None else frozenset()
+            return (
+                hint
+                | frozenset(u for devs in self._assigned.values() for u in devs)
+                | frozenset(u for a in self._unified.values() for u in a.devices)
             )
 
     def assigned(self) -> dict[str, tuple[str, ...]]:
