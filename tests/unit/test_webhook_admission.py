@@ -119,6 +119,11 @@ def _apply(obj: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
             True,
             admission.Outcome.NO_MIG_REQUEST,
         ),
+        (
+            _pod(containers=[_container(limits={"nvidia.com/gpu-10gb": "1"})]),
+            True,
+            admission.Outcome.GATED,
+        ),
     ],
     ids=[
         "mig-gated",
@@ -131,6 +136,7 @@ def _apply(obj: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
         "limits-only",
         "zero-mig",
         "whole-gpu",
+        "mps-slice",
     ],
 )
 def test_decision_matrix(pod: dict[str, Any], fresh: bool, outcome: admission.Outcome) -> None:

@@ -83,9 +83,11 @@ def test_the_validating_configuration_fails_open_beside_the_mutating_one() -> No
     [condition] = hook["matchConditions"]
     assert condition["expression"] == registering.UNIFIED_CONDITION
     assert "nvidia.com/mig-" not in condition["expression"]
-    assert condition["expression"] in gate["matchConditions"][0]["expression"].replace(
-        "r.startsWith('nvidia.com/mig-') || ", ""
-    )
+    gating = gate["matchConditions"][0]["expression"]
+    for also in ("r.startsWith('nvidia.com/mig-') || ", "r.startsWith('nvidia.com/gpu-') || "):
+        assert also in gating
+        gating = gating.replace(also, "")
+    assert condition["expression"] in gating
 
 
 @pytest.mark.parametrize(

@@ -238,7 +238,8 @@ class InstanceSpec:
 class SliceSpec:
     """An MPS memory slice the controller wants on a GPU of a node in mode ``mps``
     (``docs/modes.md``): an MPS client's share, held to ``memory_gb`` by
-    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and to ``cores`` by ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``."""
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and to ``cores`` by
+    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``."""
 
     id: int
     """Stable within its GPU."""
@@ -892,11 +893,11 @@ def snapshot_gpus(layout: GpuLayout) -> tuple[snapshot.Gpu, ...]:
             if i.state is not InstanceState.DESTROYING
         )
         model = catalog.resolve_gpu(g.model)
-        gpus.append(snapshot.Gpu(g.index, model, instances, mps=_snapshot_slices(layout, g)))
+        gpus.append(snapshot.Gpu(g.index, model, instances, mps=snapshot_slices(layout, g)))
     return tuple(gpus)
 
 
-def _snapshot_slices(layout: GpuLayout, gpu: GpuStatus) -> tuple[modes.MpsSlice, ...]:
+def snapshot_slices(layout: GpuLayout, gpu: GpuStatus) -> tuple[modes.MpsSlice, ...]:
     """A GPU's MPS slices as the planner sees them: those the spec asks for (reserved as the
     spec reserves them; used when the status says so), and those the status still reports used
     that the spec dropped (a pod holds them: never reused, never overlapped)."""
@@ -935,8 +936,9 @@ def spec_from_plan(plan: plans.Plan, node: snapshot.Node) -> LayoutSpec:
     models = {g.index: g.model.id for g in node.gpus}
     gpus: list[GpuSpec] = list(_mps_specs(plan, node, models))
     targets: dict[tuple[int, int], str] = {}
+    sliced = {g.index for g in gpus}
     for gp in plan.gpus:
-        if gp.node != node.name:
+        if gp.node != node.name or gp.gpu in sliced:  # an MPS GPU holds no MIG instances
             continue
         for inst in gp.layout.instances:
             targets[(gp.gpu, inst.start)] = inst.profile

@@ -27,6 +27,7 @@ Pure: no client, no clock, no I/O. May import :mod:`migpilot.api`, :mod:`migpilo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -37,7 +38,7 @@ from typing import Any
 from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import constraints, snapshot, unified
+from migpilot.planning import constraints, modes, snapshot, unified
 
 GATE = "migpilot.io/plan"
 """The scheduling gate the webhook adds and the controller removes."""
@@ -82,14 +83,18 @@ class PodView:
     counters: tuple[str, ...] = ()
     """For a unified pod: the node-level counters its containers name (``nvidia.com/gpumem``
     and the like), which kube-scheduler checks against the Node's allocatable."""
+    mps: Counter[str] = field(default_factory=Counter)
+    """MPS slices asked for, by resource (``nvidia.com/gpu-10gb``; nodes in mode ``mps``,
+    ``docs/modes.md``)."""
     other_mode: str | None = None
     """The ``nvidia.com/vgpu-mode`` of a pod asking ``nvidia.com/gpu`` in a mode migpilot does
     not serve (``hami-core``, ``mps``): left to another system, and told so once."""
 
     @property
     def is_mig(self) -> bool:
-        """Whether migpilot serves it: it asks for a MIG resource or is unified (good or bad)."""
-        return bool(self.mig) or self.unified or self.problem is not None
+        """Whether migpilot serves it: it asks for a MIG resource or an MPS slice, or is unified
+        (good or bad)."""
+        return bool(self.mig) or bool(self.mps) or self.unified or self.problem is not None
 
     @property
     def signature(self) -> tuple[object, ...]:
@@ -178,6 +183,7 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
     )
     done = status.get("phase") in _TERMINATED or meta.get("deletionTimestamp") is not None
     mig: Counter[str] = Counter()
+    mps: Counter[str] = Counter()
     pod: snapshot.Pod | None = None
     problem: str | None = None
     total: dict[str, Any] = {}
@@ -188,7 +194,9 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
     try:
         total = _effective(spec, "spec")
         wanted = {
-            k: v for k, v in total.items() if k.startswith(snapshot.MIG_RESOURCE_PREFIX) and v
+            k: v
+            for k, v in total.items()
+            if (k.startswith(snapshot.MIG_RESOURCE_PREFIX) or modes.is_mps_resource(k)) and v
         }
         if is_unified:
             requests = snapshot.container_requests(
@@ -207,9 +215,11 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
                 _as_requests(total), where="resources", annotations=annotations
             )
             mig.update({r.profile: r.count for r in requests.mig})
+            mps.update({r.resource: r.count for r in requests.mps})
             pod = _planned_pod(meta, spec, requests, total=total)
     except errors.MigpilotError as err:
         mig.clear()
+        mps.clear()
         pod = None
         problem = str(err)
     return PodView(
@@ -231,6 +241,7 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         if is_unified
         else (),
         other_mode=None if is_unified else unified.other_mode(containers, annotations),
+        mps=mps,
     )
 
 
@@ -260,6 +271,7 @@ def _planned_pod(
         namespace=str(meta.get("namespace", "default")),
         priority=priority if isinstance(priority, int) else 0,
         mig=requests.mig,
+        mps=requests.mps,
         cpu_milli=int(total.get("cpu", 0)),
         memory_bytes=int(total.get("memory", 0)),
         node_selector=MappingProxyType(selector),
@@ -302,6 +314,12 @@ class NodeView:
     def mig_capable(self) -> bool:
         """The agent labelled it a MIG node (GFD's ``nvidia.com/mig.capable``)."""
         return self.labels.get("nvidia.com/mig.capable") == "true"
+
+    @property
+    def mode(self) -> modes.Mode:
+        """How it shares its GPUs (label ``migpilot.io/mode``; absent: ``mig``). Raise
+        :class:`~migpilot.errors.SnapshotError` naming the node for an unknown value."""
+        return modes.node_mode(self.labels, node=self.name)
 
     @property
     def hostname(self) -> str | None:
@@ -359,6 +377,8 @@ class Reservation:
     node: str
     instances: tuple[tuple[int, int, str], ...]
     """(GPU index, start, profile)."""
+    slices: tuple[tuple[int, int, int], ...] = ()
+    """MPS slices: (GPU index, slice id, GB)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +401,9 @@ class Observed:
     """Nodes with MIG GPUs that are not planned, and why (``name: reason``), for events."""
     bound_gpus: Mapping[str, int] = field(default_factory=dict)
     """Per node, the ``nvidia.com/gpu`` devices unified pods bound to it (not done) ask for."""
+    broken: Mapping[str, str] = field(default_factory=dict)
+    """Nodes left out for a problem an admin must fix (an unknown ``migpilot.io/mode``, a GPU
+    model the catalog lacks), and the problem: a Warning event on the Node."""
 
 
 NodeCache = dict[str, tuple[tuple[object, ...], snapshot.Node]]
@@ -412,6 +435,7 @@ def observe(
     for p in pod_map.values():
         if p.node and not p.done:
             bound.setdefault(p.node, Counter()).update(p.mig)
+            bound[p.node].update(p.mps)
             if p.unified:
                 bound_gpus[p.node] += p.gpus
             # Every bound pod takes CPU and memory, MIG pod or not (kube-scheduler counts all).
@@ -421,10 +445,16 @@ def observe(
     stale: set[str] = set()
     for node_name, layout in layouts_by_node.items():
         held: dict[str, list[tuple[int, int, str]]] = {}
+        sliced: dict[str, list[tuple[int, int, int]]] = {}
         for g in layout.spec.gpus:
             for i in g.instances:
                 if i.reserved_for is not None:
                     held.setdefault(i.reserved_for, []).append((g.index, i.start, i.profile))
+            for sl in g.mps:
+                if sl.reserved_for is not None:
+                    sliced.setdefault(sl.reserved_for, []).append((g.index, sl.id, sl.memory_gb))
+        for key in sliced:
+            held.setdefault(key, [])
         for key, insts in held.items():
             holder = pod_map.get(key)
             if (
@@ -435,33 +465,55 @@ def observe(
             ):
                 stale.add(node_name)
                 continue
-            reservations[key] = Reservation(key, node_name, tuple(sorted(insts)))
+            reservations[key] = Reservation(
+                key, node_name, tuple(sorted(insts)), tuple(sorted(sliced.get(key, ())))
+            )
     for r in reservations.values():
         reserved_pod = pod_map[r.pod].pod
         if reserved_pod is not None and pod_map[r.pod].node is None:  # a bound one counted
             used_cpu[r.node] += reserved_pod.cpu_milli
             used_mem[r.node] += reserved_pod.memory_bytes
     live_by_node: dict[str, set[tuple[int, int, str]]] = {}
+    live_slices: dict[str, set[tuple[int, int, str]]] = {}
     for r in reservations.values():
         live_by_node.setdefault(r.node, set()).update(r.instances)
+        live_slices.setdefault(r.node, set()).update((g, i, r.pod) for g, i, _ in r.slices)
     planned: list[snapshot.Node] = []
     unplanned: list[str] = []
+    broken: dict[str, str] = {}
     fresh: NodeCache = {}
     for name in sorted(node_map):
         view = node_map[name]
         found = layouts_by_node.get(name)
         if view.static:
             continue
+        try:
+            mode = view.mode
+        except errors.MigpilotError as err:
+            unplanned.append(f"{name}: {err}")
+            broken[name] = str(err)
+            continue
+        if mode is modes.Mode.NONE:
+            continue
         if found is None or found.status is None:
-            if view.mig_capable:
+            if view.mig_capable or mode is not modes.Mode.MIG:
                 unplanned.append(f"{name}: its agent has not reported its GPUs yet")
             continue
         if not view.ready:
             unplanned.append(f"{name}: not Ready")
             continue
         live = frozenset(live_by_node.get(name, ()))
+        live_mps = frozenset(live_slices.get(name, ()))
         holding = bound.get(name, Counter())
-        inputs = (view, found, live, tuple(sorted(holding.items())), used_cpu[name], used_mem[name])
+        inputs = (
+            view,
+            found,
+            live,
+            live_mps,
+            tuple(sorted(holding.items())),
+            used_cpu[name],
+            used_mem[name],
+        )
         hit = cache.get(name) if cache is not None else None
         if hit is not None and _same(hit[0], inputs):
             fresh[name] = hit
@@ -469,8 +521,11 @@ def observe(
             continue
         try:
             gpus = node_gpus(found, reserved=live, bound=holding)
+            if mode is modes.Mode.MPS:
+                gpus = mps_gpus(found, gpus, reserved=live_mps, bound=holding)
         except errors.MigpilotError as err:
             unplanned.append(f"{name}: {err}")
+            broken[name] = str(err)
             continue
         cpu = view.allocatable.get("cpu")
         mem = view.allocatable.get("memory")
@@ -489,6 +544,7 @@ def observe(
             unschedulable=view.unschedulable,
             allocatable=alloc,
             gpus=gpus,
+            mode=mode,
         )
         fresh[name] = (inputs, made)
         planned.append(made)
@@ -512,6 +568,7 @@ def observe(
         bound=MappingProxyType(bound),
         bound_gpus=MappingProxyType(dict(bound_gpus)),
         unplanned=tuple(unplanned),
+        broken=MappingProxyType(broken),
     )
 
 
@@ -595,6 +652,49 @@ def node_gpus(
         )
         for index, model, insts, _ in out
     )
+
+
+def mps_gpus(
+    layout: gpulayouts.GpuLayout,
+    gpus: tuple[snapshot.Gpu, ...],
+    *,
+    reserved: frozenset[tuple[int, int, str]],
+    bound: Counter[str],
+) -> tuple[snapshot.Gpu, ...]:
+    """The GPUs of a node in mode ``mps`` with their MPS slices (``docs/modes.md``).
+
+    Every slice the spec lists or the status reports taken is there
+    (:func:`gpulayouts.snapshot_slices`); a slice keeps its reservation only while it is live
+    (``reserved``: (GPU, slice id, pod)), and at least as many slices of each size as the pods
+    bound to the node ask for are marked used (the kubelet counts devices, it does not say which:
+    a slice the status still calls free may be the one a just-bound pod is getting)."""
+    assert layout.status is not None
+    by_index = {g.index: g for g in layout.status.gpus}
+    out: list[snapshot.Gpu] = []
+    for gpu in gpus:
+        status = by_index.get(gpu.index)
+        slices = list(gpulayouts.snapshot_slices(layout, status)) if status is not None else []
+        slices = [
+            sl
+            if not sl.reserved_for or (gpu.index, sl.id, sl.reserved_for) in reserved
+            else dataclasses.replace(sl, reserved_for="")
+            for sl in slices
+        ]
+        out.append(dataclasses.replace(gpu, instances=(), mps=tuple(slices)))
+    for resource, need in sorted(bound.items()):
+        if not modes.is_mps_resource(resource):
+            continue
+        gb = modes.mps_gb(resource, where=resource)
+        have = sum(1 for g in out for sl in g.mps if sl.memory_gb == gb and sl.used)
+        for i, g in enumerate(out):
+            marked = []
+            for sl in g.mps:
+                if have < need and sl.memory_gb == gb and not sl.taken:
+                    sl = dataclasses.replace(sl, used=True)
+                    have += 1
+                marked.append(sl)
+            out[i] = dataclasses.replace(g, mps=tuple(marked))
+    return tuple(out)
 
 
 def static_fit(observed: Observed, view: PodView) -> str | None:

@@ -53,7 +53,7 @@ def spec_for(
             pod = i.reserved_for or kept.get((g.index, i.start, i.profile))
             resource = gpulayouts.UNIFIED_RESOURCE if pod is not None and pod in unified else None
             instances.append(gpulayouts.InstanceSpec(i.profile, i.start, pod, resource))
-        gpus.append(gpulayouts.GpuSpec(g.index, g.model, tuple(instances)))
+        gpus.append(gpulayouts.GpuSpec(g.index, g.model, tuple(instances), g.mps))
     return gpulayouts.LayoutSpec(tuple(gpus))
 
 
@@ -70,6 +70,12 @@ def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpula
                     else gpulayouts.InstanceSpec(i.profile, i.start, None)
                     for i in g.instances
                 ),
+                tuple(
+                    sl
+                    if sl.reserved_for is None or sl.reserved_for in live
+                    else gpulayouts.SliceSpec(sl.id, sl.memory_gb, sl.cores, None)
+                    for sl in g.mps
+                ),
             )
             for g in spec.gpus
         )
@@ -78,8 +84,9 @@ def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpula
 
 def taken(observed: observing.Observed) -> dict[str, Counter[str]]:
     """Per node, what kube-scheduler counts as taken or about to be: MIG instances by profile,
-    and ``nvidia.com/gpu`` devices (key :data:`gpulayouts.UNIFIED_RESOURCE`) of unified pods,
-    of the pods bound there and of the reserved pods already let go (not gated)."""
+    MPS slices by resource (``nvidia.com/gpu-10gb``), and ``nvidia.com/gpu`` devices (key
+    :data:`gpulayouts.UNIFIED_RESOURCE`) of unified pods, of the pods bound there and of the
+    reserved pods already let go (not gated)."""
     out = {node: Counter(c) for node, c in observed.bound.items()}
     for node, gpus in observed.bound_gpus.items():
         out.setdefault(node, Counter())[gpulayouts.UNIFIED_RESOURCE] += gpus
@@ -93,6 +100,7 @@ def taken(observed: observing.Observed) -> dict[str, Counter[str]]:
 def _count(counter: Counter[str], view: observing.PodView) -> None:
     """Add what a pod takes of a node's resources to ``counter``."""
     counter.update(view.mig)
+    counter.update(view.mps)
     if view.unified:
         counter[gpulayouts.UNIFIED_RESOURCE] += view.gpus
 
@@ -175,7 +183,14 @@ def made(observed: observing.Observed, pod_key: str) -> bool:
     if r is None or layout is None or layout.status is None:
         return False
     have = _existing(layout)
-    return all(i in have for i in r.instances)
+    served = _served_slices(layout)
+    return all(i in have for i in r.instances) and all(sl in served for sl in r.slices)
+
+
+def _served_slices(layout: gpulayouts.GpuLayout) -> set[tuple[int, int, int]]:
+    """(GPU, slice id, GB) of the MPS slices the agent reports serving."""
+    assert layout.status is not None
+    return {(g.index, sl.id, sl.memory_gb) for g in layout.status.gpus for sl in g.mps}
 
 
 def ready(observed: observing.Observed, pod_key: str) -> bool:
@@ -202,8 +217,14 @@ def waiting_for(observed: observing.Observed, pod_key: str, *, taken: Counter[st
     if missing:
         gpu, start, profile = missing[0]
         return f"{profile} at GPU {gpu} start {start} on {r.node} to be created"
+    served = _served_slices(layout)
+    unserved = [sl for sl in r.slices if sl not in served]
+    if unserved:
+        gpu, ident, gb = unserved[0]
+        return f"MPS slice {ident} ({gb} GB) of GPU {gpu} on {r.node} to be served"
     view = observed.pods[pod_key]
     wants = [(snapshot.resource_name(p), p, n) for p, n in sorted(view.mig.items())]
+    wants += [(name, name, n) for name, n in sorted(view.mps.items())]
     if view.unified:
         pool = gpulayouts.UNIFIED_RESOURCE
         wants.append((pool, pool, view.gpus))

@@ -39,7 +39,7 @@ from typing import Any
 from migpilot import errors, gcpause, probes
 from migpilot.api import gpulayouts, leases
 from migpilot.controller import kubeapi, metrics, observing, pinning
-from migpilot.planning import control, fast, options, plans, snapshot, unified
+from migpilot.planning import control, fast, modes, options, plans, snapshot, unified
 
 _log = logging.getLogger("migpilot.controller")
 
@@ -149,6 +149,7 @@ class Controller:
         self._reserved_since: dict[tuple[str, str], float] = {}
         self._made_since: dict[tuple[str, str], float] = {}
         self._said: dict[str, tuple[str, str]] = {}
+        self._node_said: dict[str, str] = {}
         self._writes = asyncio.Semaphore(settings.writers)
         self._notes: asyncio.Queue[kubeapi.EventNote] = asyncio.Queue(settings.event_backlog)
         self.plans = 0
@@ -334,6 +335,7 @@ class Controller:
                 settings=self._control,
             )
         self._gauge(observed)
+        self._warn_broken(observed)
         await self._ensure_layouts(observed)
         await self._refuse_bad(observed)
         await self._release(observed)
@@ -356,7 +358,7 @@ class Controller:
             self.plans,
             len(observed.snapshot.pods),
             len(plan.placements),
-            sum(g.changed for g in plan.gpus),
+            sum(g.changed for g in plan.gpus) + sum(m.changed for m in plan.mps),
             len(plan.unschedulable),
             f" ({plan.unschedulable[0].pod}: {plan.unschedulable[0].reason})"
             if plan.unschedulable
@@ -382,6 +384,21 @@ class Controller:
                 _log.warning("%s failed: %s", what, err)
                 return False, None
         return True, got
+
+    def _warn_broken(self, observed: observing.Observed) -> None:
+        """A Warning on each node left out for a problem an admin must fix, once per problem."""
+        for name, problem in sorted(observed.broken.items()):
+            if self._node_said.get(name) == problem:
+                continue
+            self._node_said[name] = problem
+            node = observed.nodes.get(name)
+            _log.warning("node %s not planned: %s", name, problem)
+            self._tell(kubeapi.EventNote(
+                "Node", None, name, node.uid if node is not None else "", "Warning",
+                "MigNodeNotPlanned", f"not planned: {problem}",
+            ))  # fmt: skip
+        for name in [n for n in self._node_said if n not in observed.broken]:
+            del self._node_said[name]  # fixed: a new problem is told again
 
     async def _say(self, view: observing.PodView, *, type_: str, reason: str, message: str) -> None:
         """An Event on the pod, once per distinct reason and message (recorded in the
@@ -432,11 +449,13 @@ class Controller:
         return ok
 
     async def _ensure_layouts(self, observed: observing.Observed) -> None:
-        """A GpuLayout for every MIG node that lacks one, so its agent can report its GPUs."""
+        """A GpuLayout for every MIG node (or node in mode ``mps``) that lacks one, so its agent
+        can report its GPUs."""
         missing = [
             n
             for n in observed.nodes.values()
-            if (n.mig_capable or n.static) and n.name not in observed.layouts
+            if (n.mig_capable or n.static or n.labels.get(modes.MODE_LABEL) == modes.Mode.MPS)
+            and n.name not in observed.layouts
         ]
         await asyncio.gather(
             *(
@@ -565,7 +584,7 @@ class Controller:
         placed: dict[str, list[plans.Placement]] = {}
         for p in plan.placements:
             placed.setdefault(p.node, []).append(p)
-        changed = {g.node for g in plan.gpus if g.changed}
+        changed = {g.node for g in plan.gpus if g.changed} | {g.node for g in plan.mps if g.changed}
         unified = frozenset(k for k, v in observed.pods.items() if v.unified)
         writes = []
         for node in observed.snapshot.nodes:
@@ -584,6 +603,7 @@ class Controller:
                 continue
             self.metrics.reconfigurations.inc(
                 sum(1 for g in plan.gpus if g.node == node.name and g.changed)
+                + sum(1 for m in plan.mps if m.node == node.name and m.changed)
             )
             if _log.isEnabledFor(logging.DEBUG):
                 _log.debug(
@@ -600,6 +620,7 @@ class Controller:
                     spec,
                     placed.get(node.name, []),
                     [a for a in plan.actions if a.node == node.name],
+                    [a for a in plan.slice_actions if a.node == node.name],
                 )
             )
         await asyncio.gather(*writes)
@@ -611,16 +632,21 @@ class Controller:
         spec: gpulayouts.LayoutSpec,
         placements: list[plans.Placement],
         actions: list[plans.Action],
+        slice_actions: list[plans.SliceAction] = [],  # noqa: B006 (never mutated)
     ) -> None:
         if not await self._write_spec(name, spec):
             # Nothing else will change for these pods: plan them again a batch window later.
             self._poke()
             return
         node = self._store.nodes.get(name)
-        if actions and node is not None:
+        if (actions or slice_actions) and node is not None:
             by_gpu: dict[int, list[str]] = {}
             for a in actions:
                 by_gpu.setdefault(a.gpu, []).append(f"{a.op.value} {a.profile}@{a.start}")
+            for sa in slice_actions:
+                by_gpu.setdefault(sa.gpu, []).append(
+                    f"{sa.op.value} MPS slice {sa.slice} ({sa.memory_gb} GB)"
+                )
             what = "; ".join(f"GPU {g}: {', '.join(ops)}" for g, ops in sorted(by_gpu.items()))
             self._tell(kubeapi.EventNote(
                 "Node", None, name, node.uid, "Normal", "MigReconfiguring",
@@ -630,7 +656,15 @@ class Controller:
             entry = self._store.pods.get(p.pod)
             if entry is None:
                 continue
-            where = ", ".join(f"{a.profile} at GPU {a.gpu} start {a.start}" for a in p.instances)
+            where = ", ".join(
+                [f"{a.profile} at GPU {a.gpu} start {a.start}" for a in p.instances]
+                + [
+                    f"MPS slice {sh.slice} ({sh.memory_gb} GB) of GPU {sh.gpu}"
+                    if sh.slice is not None
+                    else f"a replica of GPU {sh.gpu}"
+                    for sh in p.shares
+                ]
+            )
             await self._say(
                 entry[1], type_="Normal", reason="MigInstancesReserved",
                 message=f"reserved on node {name}: {where}; waiting for the instances",

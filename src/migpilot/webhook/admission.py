@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 from migpilot import errors
-from migpilot.planning import snapshot, unified
+from migpilot.planning import modes, snapshot, unified
 from migpilot.webhook import reviews
 
 GATE = "migpilot.io/plan"
@@ -145,14 +145,17 @@ def _unified_outcome(pod: reviews.Pod) -> Outcome:
 
 
 def _mig_requests(pod: reviews.Pod) -> tuple[list[str], tuple[str, ...]]:
-    """The well-formed MIG resources the pod's containers ask for (requests or limits), and a
-    warning for each malformed MIG resource name, which no device plugin advertises."""
+    """The well-formed MIG resources and MPS slices the pod's containers ask for (requests or
+    limits), and a warning for each malformed one, which no device plugin advertises."""
     found: list[str] = []
     warnings: dict[str, str] = {}  # one warning per resource name
     for container in pod.containers:
         for amounts in (container.requests, container.limits):
             for key, value in amounts.items():
-                if not str(key).startswith(snapshot.MIG_RESOURCE_PREFIX):
+                if not (
+                    str(key).startswith(snapshot.MIG_RESOURCE_PREFIX)
+                    or modes.is_mps_resource(str(key))
+                ):
                     continue
                 try:
                     requests = snapshot.pod_requests({key: value}, where=container.label)
@@ -162,6 +165,7 @@ def _mig_requests(pod: reviews.Pod) -> tuple[list[str], tuple[str, ...]]:
                     problem = f"{container.label}.{key}: the count is too long to read"
                 else:
                     found.extend(r.profile for r in requests.mig)
+                    found.extend(r.resource for r in requests.mps)
                     continue
                 if not _is_zero(value):  # asking for none is not a MIG request, nor an error
                     warnings.setdefault(key, f"migpilot: {problem}")

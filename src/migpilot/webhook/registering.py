@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from migpilot.planning import snapshot, unified
+from migpilot.planning import modes, snapshot, unified
 
 NAME = "migpilot-webhook"
 WEBHOOK_NAME = "pods.migpilot.io"
@@ -57,8 +57,10 @@ _HAS_MODE = (
 UNIFIED_CONDITION = f"{_container_asks(_IS_UNIFIED)} || {_HAS_MODE}"
 """CEL: the pod asks for ``nvidia.com/gpumem``, ``gpumem-percentage`` or ``gpucores``, or says
 a ``nvidia.com/vgpu-mode`` (the webhook tells ``mig`` from the others)."""
-GATE_CONDITION = f"{_container_asks(f'{_IS_MIG} || {_IS_UNIFIED}')} || {_HAS_MODE}"
-"""CEL: :data:`UNIFIED_CONDITION`, or the pod asks for some ``nvidia.com/mig-`` resource."""
+_IS_MPS = f"r.startsWith('{modes.MPS_RESOURCE_PREFIX}')"
+GATE_CONDITION = f"{_container_asks(f'{_IS_MIG} || {_IS_MPS} || {_IS_UNIFIED}')} || {_HAS_MODE}"
+"""CEL: :data:`UNIFIED_CONDITION`, or the pod asks for some ``nvidia.com/mig-`` resource or an
+MPS slice (``nvidia.com/gpu-<N>gb``, ``docs/modes.md``)."""
 
 
 def configuration(

@@ -1,0 +1,135 @@
+"""The controller on a node in mode ``mps`` (``docs/modes.md``), against the in-memory API: a pod
+asking ``nvidia.com/gpu-10gb`` gets an MPS slice reserved in the GpuLayout's spec, is pinned once
+the agent serves the slice and the Node advertises it, its reservation is released when bound,
+and a bound pod's slice is never given to the next pod."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from migpilot.api import gpulayouts as gl
+from migpilot.controller import kubeapi, observing, running
+from tests.unit.test_controller_running import WAIT_S, _run, _until
+
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def _node(name: str, **allocatable: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "labels": {"kubernetes.io/hostname": name, "migpilot.io/mode": "mps"},
+        },
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "allocatable": {"cpu": "32", "memory": "256Gi", **allocatable},
+        },
+    }
+
+
+def _pod(name: str, gb: int) -> dict[str, Any]:
+    limits = {f"nvidia.com/gpu-{gb}gb": "1"}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "creationTimestamp": f"2026-01-01T00:00:0{len(name) % 10}Z",
+        },
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": limits}}],
+            "schedulingGates": [{"name": observing.GATE}],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+async def _report(api: kubeapi.InMemoryApi, node: str, slices: list[dict[str, Any]]) -> None:
+    """The agent's status: one A100 serving ``slices``."""
+    doc = copy.deepcopy(api.objects[kubeapi.Kind.LAYOUTS][node])
+    gpu: dict[str, Any] = {"index": 0, "model": A100, "uuid": "GPU-0", "instances": []}
+    if slices:
+        gpu["mps"] = slices
+    doc["status"] = {"observedGeneration": 1, "gpus": [gpu]}
+    await api.put(kubeapi.Kind.LAYOUTS, doc)
+
+
+def _slices(api: kubeapi.InMemoryApi, node: str) -> list[gl.SliceSpec]:
+    layout = gl.parse(api.objects[kubeapi.Kind.LAYOUTS][node])
+    return [sl for g in layout.spec.gpus for sl in g.mps]
+
+
+def test_an_mps_pod_gets_a_slice_reserved_is_pinned_and_its_slice_is_kept_when_bound() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await api.put(kubeapi.Kind.NODES, _node("m0"))
+        await _until(
+            "a GpuLayout for the mps node", lambda: "m0" in api.objects[kubeapi.Kind.LAYOUTS]
+        )
+        await _report(api, "m0", [])
+        await api.put(kubeapi.Kind.PODS, _pod("a", 10))
+        await _until("a slice reserved", lambda: any(s.reserved_for for s in _slices(api, "m0")))
+        (mine,) = _slices(api, "m0")
+        assert (mine.memory_gb, mine.reserved_for) == (10, "ns/a")
+        await asyncio.sleep(0.2)
+        assert not api.pod_patches, "pinned before the agent serves the slice"
+        served = {"id": mine.id, "memoryGB": 10, "state": "reserved"}
+        await _report(api, "m0", [served])
+        await asyncio.sleep(0.2)
+        assert not api.pod_patches, "pinned before the Node advertises the slice"
+        await api.put(kubeapi.Kind.NODES, _node("m0", **{"nvidia.com/gpu-10gb": "1"}))
+        await _until("the pin", lambda: len(api.pod_patches) == 1)
+        ((key, patch),) = api.pod_patches
+        assert key == "ns/a"
+        assert any(op.get("path") == "/spec/schedulingGates" for op in patch)
+        reasons = [e.reason for e in api.events if e.name == "a"]
+        assert "MigInstancesReserved" in reasons
+        assert any("MPS slice" in e.message for e in api.events if e.name == "a")
+
+        # Bound: the reservation goes; a second pod gets a second slice, never the first.
+        bound = copy.deepcopy(api.objects[kubeapi.Kind.PODS]["ns/a"])
+        bound["spec"]["nodeName"] = "m0"
+        bound["spec"].pop("schedulingGates", None)
+        await api.put(kubeapi.Kind.PODS, bound)
+        await _until("released", lambda: not any(s.reserved_for for s in _slices(api, "m0")))
+        await api.put(kubeapi.Kind.PODS, _pod("bb", 10))
+        await _until(
+            "a second slice", lambda: any(s.reserved_for == "ns/bb" for s in _slices(api, "m0"))
+        )
+        ids = {s.id: s.reserved_for for s in _slices(api, "m0")}
+        assert len(ids) == 2 and ids[mine.id] is None
+
+    _run(body)
+
+
+def test_a_node_in_an_unknown_mode_is_not_planned_and_the_pod_waits() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        odd = _node("m1")
+        odd["metadata"]["labels"]["migpilot.io/mode"] = "mps2"
+        odd["metadata"]["labels"]["nvidia.com/mig.capable"] = "true"
+        await api.put(kubeapi.Kind.NODES, odd)
+        await _until("a GpuLayout", lambda: "m1" in api.objects[kubeapi.Kind.LAYOUTS])
+        await _report(api, "m1", [])
+        await api.put(kubeapi.Kind.PODS, _pod("c", 10))
+        obs = controller.observe()
+        await _until("observed", lambda: "ns/c" in controller.observe().pods)
+        obs = controller.observe()
+        assert any("mps2" in u for u in obs.unplanned), obs.unplanned
+        assert not obs.snapshot.nodes
+        await _until("a Warning on the node", lambda: any(e.kind == "Node" for e in api.events))
+        (warning,) = [e for e in api.events if e.kind == "Node"]
+        assert (warning.type, warning.reason, warning.name) == (
+            "Warning",
+            "MigNodeNotPlanned",
+            "m1",
+        )
+        assert "migpilot.io/mode='mps2' is not one of" in warning.message
+        await asyncio.sleep(0.1)
+        assert not _slices(api, "m1")
+
+    _run(body)
+
+
+assert WAIT_S > 0
