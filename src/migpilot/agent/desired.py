@@ -143,7 +143,10 @@ def from_gpulayout(
 ) -> dict[int, reconciling.DesiredGpu]:
     """The desired layout of each GPU the spec lists, at the spec's placements.
 
-    GPUs the spec does not list are left alone. Raises :class:`ConfigError` when the spec names
+    GPUs the spec does not list are left alone, and so are those it gives MPS slices
+    (``mps``; the slices are served by :mod:`~migpilot.agent.slicing`, never by changing the
+    MIG mode) and those with MIG disabled it gives no instance (an MPS GPU whose slices are all
+    gone asks for nothing). Raises :class:`ConfigError` when the spec names
     a GPU index this node lacks, a model other than the GPU's, or a layout the GPU cannot hold
     (then the caller keeps its last good layout).
     """
@@ -165,6 +168,9 @@ def from_gpulayout(
                 raise errors.ConfigError(
                     f"{where}.model: {g.model!r}, but GPU {g.index} is {info.model.id}"
                 )
+        mig_off = info.mig is None or not info.mig.current
+        if g.mps or (mig_off and not g.instances):
+            continue
         insts = [layouts.Instance(i.start, i.profile) for i in g.instances]
         try:
             reason = layouts.violation(info.model, insts)

@@ -48,6 +48,7 @@ from migpilot.agent import (
     metrics,
     reconciling,
     running,
+    slicing,
     standin,
     unifying,
     watching,
@@ -55,6 +56,7 @@ from migpilot.agent import (
 from migpilot.agent.deviceplugin import devices
 from migpilot.api import gpulayouts
 from migpilot.gpu import backend, clocks, emulated
+from migpilot.planning import modes
 
 _log = logging.getLogger(__name__)
 
@@ -235,6 +237,9 @@ class Fleet:
         self._members: dict[str, Member] = {}
         self._layouts: dict[str, Mapping[str, Any]] = {}
         self._refused: dict[str, str] = {}
+        self._mps_nodes: dict[str, bool] = {}
+        """Node -> whether its ``migpilot.io/mode`` is ``mps`` (its GPUs with MIG off are then
+        listed in the status)."""
         """Node -> the label value it was refused for (logged once)."""
         self._retry: dict[str, float] = {}
         """Node -> when to pass it again (monotonic seconds): its last pass left work undone."""
@@ -257,7 +262,9 @@ class Fleet:
     def _join(self, doc: Mapping[str, Any]) -> None:
         node = str((doc.get("metadata") or {}).get("name", ""))
         value = kubeapi.labels_of(doc).get(EMULATED_GPUS_LABEL)
+        mps_node = kubeapi.labels_of(doc).get(modes.MODE_LABEL) == modes.Mode.MPS.value
         with self._lock:
+            self._mps_nodes[node] = mps_node
             have = self._members.get(node)
         if have is not None:
             if value != have.label:
@@ -323,8 +330,19 @@ class Fleet:
         )
         pool.attach(kubelet)
         used = reconciling.AnyOf([reconciling.RunningProcesses(gpus), kubelet, pool])
+        sliced = slicing.SliceFilter(spec=reserving, held=used.in_use, layout=source.layout)
+
+        def mps_node() -> bool:
+            with self._lock:
+                return self._mps_nodes.get(node, False)
+
         reporter = following.KubeReporter(
-            self._api, source=source, in_use=used, now=self._now, used_by=pool.used_by
+            self._api,
+            source=source,
+            in_use=used,
+            now=self._now,
+            used_by=lambda: {**pool.used_by(), **kubelet.slice_holders()},
+            mps_node=mps_node,
         )
         keep = holding.BoundPodsHold(
             self.pods, node=node, gpus=gpus, allocated=used, unified=pool.profiles_for
@@ -345,7 +363,7 @@ class Fleet:
                 strategy=self.settings.strategy, interval_s=self.settings.resync_s
             ),
             listener=running.Listeners(listeners),
-            view_filter=pool,
+            view_filter=running.ViewFilters([sliced, pool]),
         )
         return Member(node, label, gpus, source, kubelet, reporter, agent, pool, counters)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 from migpilot import errors
-from migpilot.agent import desired, kubeapi, reconciling, reporting
+from migpilot.agent import desired, kubeapi, reconciling, reporting, slicing
 from migpilot.agent.deviceplugin import devices
 from migpilot.api import gpulayouts
 from migpilot.gpu import backend
@@ -207,8 +207,10 @@ class KubeReporter:
         now: Callable[[], str],
         static: StaticLayouts | None = None,
         used_by: Callable[[], Mapping[str, str]] = dict,
+        mps_node: Callable[[], bool] = lambda: False,
     ) -> None:
         self._api = api
+        self._mps_node = mps_node
         self._source = source
         self._static = static
         self._used_by = used_by
@@ -245,16 +247,21 @@ class KubeReporter:
             spec, generation = None, None
             problem, reason = self._static.problem, "InvalidConfig"
         try:
+            in_use = self._in_use.in_use()
+            owners = self._used_by()
             status = reporting.layout_status(
                 state=state,
-                in_use=self._in_use.in_use(),
+                in_use=in_use,
                 spec=spec,
                 generation=generation,
                 report=report,
                 problem=problem,
                 problem_reason=reason,
                 previous=self._last_status,
-                used_by=self._used_by(),
+                used_by=owners,
+                mps=slicing.statuses(view, spec=spec, in_use=in_use, used_by=owners),
+                mps_problems=slicing.problems(view, spec),
+                mps_node=self._mps_node(),
                 now=self._now(),
             )
         except errors.MigpilotError as err:

@@ -7,19 +7,22 @@ problem with the spec in; a :class:`~gpulayouts.LayoutStatus` out. The states fo
 lifecycle of ``docs/gpulayout.md``: ``used`` when in use, ``reserved`` when the spec keeps it for
 a pod, ``creating`` for a GPU instance still without its compute instance or a spec instance
 that does not exist yet but has room, ``free`` otherwise; a used instance Allocate handed to a
-unified pod names it (``usedBy``, ``docs/unified.md``). The ``Ready`` condition is ``True``
+unified pod names it (``usedBy``, ``docs/unified.md``). A GPU with MIG disabled is reported
+when it serves MPS slices (``mps``, :mod:`~migpilot.agent.slicing`) or the node is in mode
+``mps`` (``mps_node``), with its slices and no instances. The ``Ready`` condition is ``True``
 when the GPUs hold the spec, with reasons ``Reconciled``, ``Pending`` (instances in use in the
 way, or work left for the next pass), ``Refused`` (something waiting will not fix) or
 ``InvalidSpec`` (the spec cannot be applied; the last good one is kept; a static node's
-unusable mig-parted config says ``InvalidConfig``). Its transition time changes only when
-status, reason or message change.
+unusable mig-parted config says ``InvalidConfig``); MPS slices the spec asks on a GPU that
+cannot serve them (``mps_problems``: MIG enabled) make it ``Refused``. Its transition time
+changes only when status, reason or message change.
 
 No I/O, no clock (``now`` is RFC 3339 text from the caller).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from migpilot.agent import reconciling
 from migpilot.api import gpulayouts
@@ -39,6 +42,9 @@ def layout_status(
     problem_reason: str = "InvalidSpec",
     previous: gpulayouts.LayoutStatus | None = None,
     used_by: Mapping[str, str] | None = None,
+    mps: Mapping[int, Sequence[gpulayouts.SliceStatus]] | None = None,
+    mps_problems: Sequence[str] = (),
+    mps_node: bool = False,
     now: str,
 ) -> gpulayouts.LayoutStatus:
     """The status to apply after a pass (see the module docstring).
@@ -46,15 +52,27 @@ def layout_status(
     ``spec`` and ``generation`` are the last good spec the agent acted on (``None``: none yet);
     ``problem`` is why the newest spec was not applied, reported with ``problem_reason``
     (``InvalidConfig`` for a static node's mig-parted config). ``used_by``: MIG UUID -> the
-    unified pod Allocate handed it to, reported on a used instance (``usedBy``).
+    unified pod Allocate handed it to, reported on a used instance (``usedBy``). ``mps``: GPU
+    index -> its MPS slices' statuses (:func:`~migpilot.agent.slicing.statuses`), reported on
+    GPUs with MIG disabled; ``mps_node``: report every such GPU the catalog knows, even without
+    slices (the controller plans the slices of a node in mode ``mps`` from them).
     """
+    slices = mps or {}
     owners = used_by or {}
     wanted = {g.index: g for g in spec.gpus} if spec is not None else {}
     gpus: list[gpulayouts.GpuStatus] = []
     for index in sorted(state):
         info = state[index].info
-        if info.model is None or info.mig is None or not info.mig.current:
-            continue  # the planner may place instances only on MIG-enabled GPUs it knows
+        if info.model is None:
+            continue  # the planner plans only GPUs it knows
+        if info.mig is None or not info.mig.current:
+            if index in slices or mps_node:
+                gpus.append(
+                    gpulayouts.GpuStatus(
+                        index, info.product_name, info.uuid, (), tuple(slices.get(index, ()))
+                    )
+                )
+            continue  # MIG instances only on MIG-enabled GPUs
         reserved = {
             (i.start, i.profile) for i in (wanted[index].instances if index in wanted else ())
             if i.reserved_for is not None
@@ -89,6 +107,9 @@ def layout_status(
     ready = _ready(report=report, problem=problem, generation=generation, spec=spec)
     if problem is not None:
         ready = (ready[0], problem_reason, ready[2])
+    elif mps_problems and ready[1] in {"Reconciled", "Pending", "Refused"}:
+        message = "; ".join(x for x in (ready[2], *mps_problems) if x)
+        ready = (gpulayouts.ConditionStatus.FALSE, "Refused", message)
     return gpulayouts.LayoutStatus(
         observed_generation=generation,
         gpus=tuple(gpus),

@@ -357,6 +357,19 @@ class ViewFilter(Protocol):
         ...
 
 
+class ViewFilters:
+    """Several :class:`ViewFilter` applied in order (the MPS slices, then the unified pool)."""
+
+    def __init__(self, filters: Sequence[ViewFilter]) -> None:
+        self._filters = tuple(filters)
+
+    def update(self, view: devices.NodeDevices) -> devices.NodeDevices:
+        """The view after each filter."""
+        for f in self._filters:
+            view = f.update(view)
+        return view
+
+
 class SharingSource(Protocol):
     """The node's sharing config (:class:`~migpilot.agent.sharingconfig.SharingFollower`):
     re-read when its inputs change, handed to the plugin, its state labelled."""
@@ -613,18 +626,18 @@ class Agent:
 
     def _wanted_daemons(self) -> tuple[sharing_mps.MpsDaemon, ...]:
         """The daemons the advertised resources need: the plugin's, or without a plugin (the
-        simulated kubelet) what it would advertise under the sharing config now."""
+        simulated kubelet) what it would advertise under the sharing config now (and the
+        daemons of the GpuLayout's MPS slices)."""
         if self._plugin is not None:
             return self._plugin.mps_daemons()
-        if self._sharing is None:
+        if self._sharing is None and not self._view.mps_slices:
             return ()
         try:
             plain = advertising.resources_for(self._view, self.settings.strategy)
         except advertising.InvalidMigConfigurationError:
             return ()
-        shared = replicating.share(
-            plain, self._view, self._sharing.current(), mps_root=self.settings.mps_root
-        )
+        config = self._sharing.current() if self._sharing is not None else sharing_config.EMPTY
+        shared = replicating.share(plain, self._view, config, mps_root=self.settings.mps_root)
         return shared.daemons
 
     def mps_statuses(self) -> tuple[mps_supervision.DaemonStatus, ...]:

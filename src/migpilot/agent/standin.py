@@ -4,19 +4,20 @@ A real kubelet learns the device plugin's resources from ListAndWatch and copies
 into the Node's ``status.capacity`` and ``status.allocatable`` (``docs/agent.md``). On a KWOK
 node nothing does, so with ``migpilot agent --kubelet simulated`` this listener does it after
 every pass: each resource the device plugin would advertise under the strategy (``nvidia.com/
-mig-<profile>`` under mixed), counted, with a resource whose last device disappeared kept at
-``0`` as the kubelet keeps a registered resource.
+mig-<profile>`` under mixed, and ``nvidia.com/gpu-<N>gb`` for the GpuLayout's MPS slices),
+counted, with a resource whose last device disappeared kept at ``0`` as the kubelet keeps a
+registered resource.
 
 It also does what Allocate does on a real node: each pod bound to the node (:class:`PodBook`,
-fed by a pod watch) that is not terminated and asks for MIG resources gets distinct healthy
-devices of those resources (:func:`assign`, pure), preferring the instances the GpuLayout spec
-reserves for that pod, then unreserved ones; a pod keeps its devices while it lives. The
-assigned devices are in use (:meth:`SimulatedKubelet.in_use`): the reconciler never destroys
-them and the GpuLayout status reports them ``used``. They are released when the pod is deleted
-or terminates. Assignments live in memory; after a restart they are made again from the pods,
-the devices the last status reported ``used`` going to the pods first (:func:`reported_used`),
-so the same instances stay in use. It is kept apart from the real path on purpose: nothing else
-in the agent knows it exists.
+fed by a pod watch) that is not terminated and asks for MIG resources or MPS slices gets
+distinct healthy devices of those resources (:func:`assign`, pure), preferring the instances
+and slices the GpuLayout spec reserves for that pod, then unreserved ones; a pod keeps its
+devices while it lives. The assigned devices are in use (:meth:`SimulatedKubelet.in_use`):
+the reconciler never destroys them and the GpuLayout status reports them ``used``. They are
+released when the pod is deleted or terminates. Assignments live in memory; after a restart
+they are made again from the pods, the devices the last status reported ``used`` going to the
+pods first (:func:`reported_used`), so the same instances stay in use. It is kept apart from
+the real path on purpose: nothing else in the agent knows it exists.
 
 A shell module: it writes through :class:`~kubeapi.NodeApi` and never imports a Kubernetes
 client (lightkube) nor gRPC; import-linter contracts check both.
@@ -85,7 +86,7 @@ class BoundPod:
     created: str
     """``metadata.creationTimestamp`` (RFC 3339: sorts as text)."""
     requests: tuple[tuple[str, int], ...]
-    """``(resource, count)`` per MIG resource, sorted by resource."""
+    """``(resource, count)`` per MIG resource and MPS slice size, sorted by resource."""
     gpu: resolving.GpuPod | None = None
     """Its ``nvidia.com/gpu`` containers (a unified pod, or a whole-GPU one), ``None`` when
     it asks for none."""
@@ -115,17 +116,21 @@ def bound_pod(doc: Mapping[str, Any]) -> BoundPod | None:
     total = {k: v for k, v in _mig_amounts(spec, where).items() if k not in _GPU_FAMILY}
     if not any(total.values()) and gpu is None:
         return None
-    mig = (
-        snapshot.pod_requests(total, where=where).mig  # checks the names, one line each
+    asked = (
+        snapshot.pod_requests(total, where=where)  # checks the names, one line each
         if any(total.values())
-        else ()
+        else None
     )
+    requests = (
+        [] if asked is None else [(snapshot.resource_name(r.profile), r.count) for r in asked.mig]
+    )
+    requests += [] if asked is None else [(r.resource, r.count) for r in asked.mps]
     return BoundPod(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         node=node,
         created=str(meta.get("creationTimestamp") or ""),
-        requests=tuple((snapshot.resource_name(r.profile), r.count) for r in mig),
+        requests=tuple(sorted(requests)),
         gpu=gpu,
     )
 
@@ -304,16 +309,25 @@ def assign(
 def reservations(
     spec: gpulayouts.LayoutSpec | None, state: Mapping[int, reconciling.GpuState]
 ) -> dict[str, str]:
-    """MIG device UUID -> ``namespace/name`` of the pod the spec reserves its instance for."""
+    """MIG device UUID (or MPS slice device ID) -> ``namespace/name`` of the pod the spec
+    reserves its instance (or slice) for."""
     if spec is None:
         return {}
+    uuids = {index: gpu.info.uuid for index, gpu in state.items()}
+    sliced = {
+        devices.slice_device_id(uuids[g.index], sl.id): sl.reserved_for
+        for g in spec.gpus
+        if g.index in uuids
+        for sl in g.mps
+        if sl.reserved_for is not None
+    }
     wanted = {
         (g.index, i.start, i.profile): i.reserved_for
         for g in spec.gpus
         for i in g.instances
         if i.reserved_for is not None
     }
-    return {
+    return sliced | {
         d.uuid: pod
         for index, gpu in state.items()
         for d in gpu.devices
@@ -335,15 +349,23 @@ def reported_used_by(layout: gpulayouts.GpuLayout | None) -> dict[str, str]:
 
 
 def reported_used(layout: gpulayouts.GpuLayout | None) -> frozenset[str]:
-    """MIG device UUIDs the GpuLayout's status reports ``used``: what the node's pods held
-    when the agent last reported (the hint of a restarted agent's first assignment)."""
+    """MIG device UUIDs (and MPS slice device IDs) the GpuLayout's status reports ``used``:
+    what the node's pods held when the agent last reported (the hint of a restarted agent's
+    first assignment)."""
     if layout is None or layout.status is None:
         return frozenset()
-    return frozenset(
+    used = gpulayouts.InstanceState.USED
+    slices = frozenset(
+        devices.slice_device_id(g.uuid, sl.id)
+        for g in layout.status.gpus
+        for sl in g.mps
+        if sl.state is used
+    )
+    return slices | frozenset(
         i.uuid
         for g in layout.status.gpus
         for i in g.instances
-        if i.uuid is not None and i.state is gpulayouts.InstanceState.USED
+        if i.uuid is not None and i.state is used
     )
 
 
@@ -425,11 +447,16 @@ class SimulatedKubelet:
         return None if self._pods is None else self._pods.version(self._node)
 
     def in_use(self) -> frozenset[str]:
-        """The devices assigned to the node's live pods."""
+        """The devices assigned to the node's live pods; before the first assignment, also
+        those in use when the agent started (``held``): an MPS slice the spec dropped must
+        stay served until its pod is given it again."""
         with self._lock:
             self._refresh()
-            return frozenset(u for devs in self._assigned.values() for u in devs) | frozenset(
-                u for a in self._unified.values() for u in a.devices
+            hint = self._held() if self._held is not None else frozenset()
+            return (
+                hint
+                | frozenset(u for devs in self._assigned.values() for u in devs)
+                | frozenset(u for a in self._unified.values() for u in a.devices)
             )
 
     def assigned(self) -> dict[str, tuple[str, ...]]:
@@ -440,6 +467,17 @@ class SimulatedKubelet:
             for key, a in self._unified.items():
                 out[key] = (*out.get(key, ()), *sorted(a.devices))
             return out
+
+    def slice_holders(self) -> dict[str, str]:
+        """MPS slice device ID -> the pod it is assigned to (``usedBy`` in the status)."""
+        with self._lock:
+            self._refresh()
+            return {
+                device_id: key
+                for key, ids in self._assigned.items()
+                for device_id in ids
+                if devices.is_slice_id(device_id)
+            }
 
     # -- unifying.Allocations -------------------------------------------------------------------
     def pod_allocations(self) -> Mapping[str, resolving.PodAllocation]:

@@ -36,6 +36,7 @@ from migpilot import errors
 from migpilot.agent import desired, following, kubeapi, reconciling, watching
 from migpilot.gpu import backend
 from migpilot.mig import migparted
+from migpilot.planning import modes
 
 _log = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ class StaticOrDynamic:
         self.configmap = configmap
         self._lock = threading.Lock()
         self._label: str | None = None
+        self._mode: str | None = None
+        """The Node's ``migpilot.io/mode`` (watched with the same Node watch)."""
         self._text: str | None = None
         self._problem: str | None = None
         self._applied: str | None = None
@@ -127,10 +130,12 @@ class StaticOrDynamic:
         )
 
     def _nodes(self, docs: Sequence[Mapping[str, Any]]) -> None:
-        label = None
+        label = mode = None
         for doc in docs:
             label = kubeapi.labels_of(doc).get(desired.CONFIG_LABEL)
+            mode = kubeapi.labels_of(doc).get(modes.MODE_LABEL)
         with self._lock:
+            self._mode = mode
             if label != self._label:
                 _log.info("Node %s: %s", self.node,
                           f"{desired.CONFIG_LABEL}={label}: static layout" if label
@@ -151,6 +156,13 @@ class StaticOrDynamic:
         """The config the Node's label names (``None``: the node is dynamic)."""
         with self._lock:
             return self._label
+
+    @property
+    def mps_node(self) -> bool:
+        """Whether the Node's ``migpilot.io/mode`` label says ``mps`` (its GPUs with MIG
+        disabled are then reported in the GpuLayout's status, for the controller to slice)."""
+        with self._lock:
+            return self._mode == modes.Mode.MPS.value
 
     @property
     def problem(self) -> str | None:

@@ -16,7 +16,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -32,6 +32,7 @@ from migpilot.agent import (
     reconciling,
     running,
     sharingconfig,
+    slicing,
     standin,
     statics,
     unifying,
@@ -312,25 +313,40 @@ class _Cluster:
     """Write the unified node counters into the Node (``--unified-counters``)."""
     sharing_label: sharingconfig.NodeLabel | None = None
     """With a sharing config set: the Node's ``nvidia.com/device-plugin.config`` label."""
+    slices: slicing.SliceFilter | None = None
+    """The GpuLayout's MPS slices, put into the device view (``docs/agent.md``)."""
 
     def wire(
-        self, real: reconciling.InUse, *, gpus: backend.GpuBackend
+        self,
+        real: reconciling.InUse,
+        *,
+        gpus: backend.GpuBackend,
+        holders: Callable[[], Mapping[str, str]] = dict,
     ) -> tuple[reconciling.InUse, running.PassListener]:
         """The agent's in-use source (``real``, the simulated kubelet's pods, the instances the
         bound pods' counts keep, and the GpuLayout's protection) and its reporter (which counts
-        ``real`` and the pods' devices as in use), with the simulated kubelet told first so the
-        status sees its newest assignment."""
+        ``real`` and the pods' devices as in use; ``holders``: MPS slice -> the pod the kubelet
+        gave it to), with the simulated kubelet told first so the status sees its newest
+        assignment. The MPS slices' filter reads the same in-use source."""
         kubelet = self.simulated_kubelet
         used = real if kubelet is None else reconciling.AnyOf([real, kubelet])
         if self.pool is not None:
             used = reconciling.AnyOf([used, self.pool])
+        if self.slices is not None:
+            self.slices.hold_from(used.in_use)
+        owners: list[Callable[[], Mapping[str, str]]] = [holders]
+        if self.pool is not None:
+            owners.append(self.pool.used_by)
+        if kubelet is not None:
+            owners.append(kubelet.slice_holders)
         reporter = following.KubeReporter(
             self.api,
             source=self.source,
             in_use=used,
             now=_now,
             static=self.statics,
-            used_by=self.pool.used_by if self.pool is not None else dict,
+            used_by=lambda: {k: v for f in owners for k, v in f().items()},
+            mps_node=_mps_node(self.statics),
         )
         listeners: list[running.PassListener] = [reporter]
         if kubelet is not None:
@@ -349,6 +365,15 @@ class _Cluster:
                 )
             )
         return reconciling.AnyOf(protect), running.Listeners(listeners)
+
+    def view_filter(self) -> running.ViewFilter | None:
+        """The MPS slices, then the unified pool, put into the device view."""
+        filters: list[running.ViewFilter] = []
+        if self.slices is not None:
+            filters.append(self.slices)
+        if self.pool is not None:
+            filters.append(self.pool)
+        return running.ViewFilters(filters) if filters else None
 
     def desired_source(self) -> running.DesiredSource:
         """The static config or the GpuLayout, a pass due also when the node's pods change
@@ -379,6 +404,13 @@ class _Cluster:
             changed=book.changed,
             stop=stop,
         )
+
+
+def _mps_node(static: statics.StaticOrDynamic | None) -> Callable[[], bool]:
+    """Whether the Node is in mode ``mps`` now (its Node watch keeps the label)."""
+    if static is None:
+        return lambda: False
+    return lambda: static.mps_node
 
 
 def _now() -> str:
@@ -423,7 +455,10 @@ def _cluster(
     if sharing:
         label = sharingconfig.NodeLabel(api, node=args.node)
         label.sync()
-    return _Cluster(api, source, simulated, book, static, pool, args.unified_counters, label)
+    layout_slices = slicing.SliceFilter(spec=spec, layout=source.layout)
+    return _Cluster(
+        api, source, simulated, book, static, pool, args.unified_counters, label, layout_slices
+    )
 
 
 def _mps_supervisor(args: argparse.Namespace) -> agent_mps.MpsSupervisor:
@@ -652,16 +687,21 @@ def _kubelet_in_use(
     kubelet_dir: Path,
     plugin: serving.DevicePlugin | None,
     timeout_s: float,
-) -> tuple[reconciling.InUse, podresources.PodResourcesClient]:
+    cluster: _Cluster | None = None,
+) -> tuple[reconciling.InUse, podresources.PodResourcesClient, podresources.KubeletInUse]:
+    """The kubelet as an in-use source that fails closed: while it cannot be asked, every MIG
+    device and every MPS slice served is in use."""
     socket = kubelet_dir / "pod-resources" / "kubelet.sock"
     client = podresources.PodResourcesClient(socket, timeout_s=timeout_s)
+    kubelet = podresources.KubeletInUse(client, plugin)
+    served = cluster.slices.served_ids if cluster is not None and cluster.slices else frozenset
     source = running.FailClosed(
-        running.PodResourcesInUse(podresources.KubeletInUse(client, plugin), socket_path=socket),
-        everything=lambda: running.mig_uuids(gpus),
+        running.PodResourcesInUse(kubelet, socket_path=socket),
+        everything=lambda: running.mig_uuids(gpus) | served(),
         failures=(podresources.PodResourcesError,),
         what="the kubelet's PodResources API",
     )
-    return source, client
+    return source, client, kubelet
 
 
 def _run_once(
@@ -677,13 +717,17 @@ def _run_once(
 ) -> int:
     sources: list[reconciling.InUse] = [reconciling.RunningProcesses(gpus)]
     client = None
+    holders: Callable[[], Mapping[str, str]] = dict
     if not args.no_kubelet:
-        kubelet, client = _kubelet_in_use(gpus, kubelet_dir=kubelet_dir, plugin=None, timeout_s=5.0)
+        kubelet, client, asked = _kubelet_in_use(
+            gpus, kubelet_dir=kubelet_dir, plugin=None, timeout_s=5.0, cluster=cluster
+        )
         sources.append(kubelet)
+        holders = asked.holders
     in_use: reconciling.InUse = reconciling.AnyOf(sources)
     listener = None
     if cluster is not None:
-        in_use, listener = cluster.wire(in_use, gpus=gpus)
+        in_use, listener = cluster.wire(in_use, gpus=gpus, holders=holders)
     agent = running.Agent(
         gpus=gpus,
         in_use=in_use,
@@ -693,7 +737,7 @@ def _run_once(
         clock=clocks.SystemClock(),
         settings=settings,
         listener=listener,
-        view_filter=cluster.pool if cluster is not None else None,
+        view_filter=cluster.view_filter() if cluster is not None else None,
         sharing=sharing,
     )
     try:
@@ -742,16 +786,22 @@ def _serve(
     plugin: serving.DevicePlugin | None = None
     client: podresources.PodResourcesClient | None = None
     sources: list[reconciling.InUse] = [reconciling.RunningProcesses(gpus)]
+    holders: Callable[[], Mapping[str, str]] = dict
     if not args.no_kubelet:
         plugin = serving.DevicePlugin(
             plugin_settings, unified=cluster.pool if cluster is not None else None
         )
         if cluster is not None and cluster.pool is not None:
             cluster.pool.attach(plugin)  # the plugin's ledger says what Allocate handed out
-        kubelet, client = _kubelet_in_use(
-            gpus, kubelet_dir=kubelet_dir, plugin=plugin, timeout_s=plugin_settings.rpc_timeout_s
+        kubelet, client, asked = _kubelet_in_use(
+            gpus,
+            kubelet_dir=kubelet_dir,
+            plugin=plugin,
+            timeout_s=plugin_settings.rpc_timeout_s,
+            cluster=cluster,
         )
         sources += [kubelet, running.HandedOut(plugin)]
+        holders = asked.holders
     sharing = _follower(
         args,
         files,
@@ -765,7 +815,7 @@ def _serve(
     listener: running.PassListener | None = None
     publisher: capacity.CapacityPublisher | None = None
     if cluster is not None:
-        in_use, listener = cluster.wire(in_use, gpus=gpus)
+        in_use, listener = cluster.wire(in_use, gpus=gpus, holders=holders)
         if plugin is not None and client is not None and not args.no_publish_capacity:
             publisher = _publisher(cluster, plugin, client)
             listener = running.Listeners([listener, publisher])
@@ -794,9 +844,10 @@ def _serve(
         clock=clocks.SystemClock(),
         settings=settings,
         listener=listener,
-        view_filter=cluster.pool if cluster is not None else None,
+        view_filter=cluster.view_filter() if cluster is not None else None,
         sharing=sharing,
-        mps=_mps_supervisor(args) if files is not None else None,
+        # Daemons for the sharing config's MPS resources and for the GpuLayout's MPS slices.
+        mps=_mps_supervisor(args) if files is not None or cluster is not None else None,
     )
     server = None
     try:

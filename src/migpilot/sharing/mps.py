@@ -150,17 +150,30 @@ def client(daemon: MpsDaemon, device_ids: Sequence[str]) -> ClientSettings:
     """What a container that gets ``device_ids`` (replica or real IDs) of the daemon's resource
     is told: the pipe folder, each device's pinned memory limit by its ordinal in the container
     (``0=40960M``), the thread percentage of its most shared device, and the mounts."""
-    limits: list[str] = []
+    limits: list[tuple[int, int]] = []
     most = 1
     for ordinal, uuid in enumerate(replicas.real_ids(device_ids)):
         served = daemon.device(uuid)
         if served is None:
             continue
-        limits.append(f"{ordinal}={served.pinned_limit_mib}M")
+        limits.append((ordinal, served.pinned_limit_mib))
         most = max(most, served.replicas)
-    envs = {PIPE_ENV: daemon.container_pipe_dir, THREADS_ENV: str(100 // most)}
-    if limits:
-        envs[PINNED_ENV] = ",".join(limits)
+    return client_settings(daemon, pinned_mib=limits, threads=100 // most)
+
+
+def client_settings(
+    daemon: MpsDaemon, *, pinned_mib: Sequence[tuple[int, int]], threads: int | None
+) -> ClientSettings:
+    """The environment and mounts of one client of ``daemon``: its pipe folder (as the
+    container sees it), ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` from ``(ordinal in the container,
+    MiB)`` pairs (``0=40960M,1=20480M``; unset when empty), ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
+    (unset when ``None``), and the pipe and shared-memory mounts. The one recipe for replicas of
+    the sharing config (:func:`client`) and for the GpuLayout's MPS slices."""
+    envs = {PIPE_ENV: daemon.container_pipe_dir}
+    if threads is not None:
+        envs[THREADS_ENV] = str(threads)
+    if pinned_mib:
+        envs[PINNED_ENV] = ",".join(f"{ordinal}={mib}M" for ordinal, mib in pinned_mib)
     return ClientSettings(
         envs=envs,
         mounts=(

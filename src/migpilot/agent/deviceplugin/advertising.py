@@ -5,7 +5,9 @@ function: ``none`` advertises every GPU whole; ``mixed`` advertises MIG-disabled
 each MIG profile as ``nvidia.com/mig-<profile>``, except the instances set aside for unified
 pods (``NodeDevices.unified``, ``docs/unified.md``): one ``nvidia.com/gpu`` device each;
 ``single`` advertises every MIG device as ``nvidia.com/gpu`` and refuses a node that breaks its
-invariants with NVIDIA's messages. No I/O.
+invariants with NVIDIA's messages. Under every strategy a GPU with MPS slices
+(``NodeDevices.mps_slices``) is advertised as its slices (``nvidia.com/gpu-<N>gb``,
+:mod:`slices`), never whole. No I/O.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from migpilot import errors
-from migpilot.agent.deviceplugin import devices
+from migpilot.agent.deviceplugin import devices, slices
 
 
 class InvalidMigConfigurationError(errors.AgentConfigError):
@@ -39,10 +41,15 @@ def resources_for(
         by_name.setdefault(name, []).append(devices.Device(device_id, gpu_index, health))
 
     gpus = sorted(node.gpus, key=lambda g: g.index)
+    sliced = {s.gpu_index for s in node.mps_slices}
     for gpu in gpus:
         if gpu.mig_enabled and strategy is not devices.MigStrategy.NONE:
             continue
+        if gpu.index in sliced:
+            continue  # advertised as its slices
         add(devices.FULL_GPU_RESOURCE, gpu.uuid, gpu.index, devices.Health.HEALTHY)
+    for r in slices.resources(node, unhealthy=unhealthy):
+        by_name[r.name] = list(r.devices)
     if strategy is devices.MigStrategy.NONE:
         return _sorted(by_name)
 

@@ -2,7 +2,14 @@
 
 The agent builds a :class:`NodeDevices` from its GPU backend (NVML or emulated) and hands it to
 the device plugin and the label generator; neither talks to the GPUs itself. Everything here is
-a frozen value; the module imports only the MIG model.
+a frozen value; the module imports only the MIG model and the planner's MPS resource names.
+
+MPS memory slices (``docs/agent.md``, "MPS slices"): a GPU with MIG disabled whose GpuLayout
+lists slices is advertised as one device per slice, of resource ``nvidia.com/gpu-<N>gb``, with
+device ID ``<gpu-uuid>::mps-<id>``. The ``::`` is NVIDIA's replica separator on purpose: a slice
+is a share of its GPU, so code that maps a replica to its GPU (``replicas.real_id``, the kubelet's
+PodResources in-use set) maps a slice to its GPU too; the ``mps-`` mark (never a number) tells
+a slice from a numbered replica (:func:`parse_slice_id`).
 """
 
 from __future__ import annotations
@@ -12,11 +19,14 @@ from dataclasses import dataclass
 
 from migpilot import errors
 from migpilot.mig import profiles
+from migpilot.planning import modes
 
 RESOURCE_DOMAIN = "nvidia.com"
 """The vendor domain of every resource name NVIDIA's plugin uses."""
 FULL_GPU_RESOURCE = "nvidia.com/gpu"
 """Whole GPUs (every strategy), and MIG devices under the single strategy."""
+SLICE_MARK = "::mps-"
+"""Between a GPU's UUID and a slice id in a slice's device ID (``GPU-x::mps-3``)."""
 
 
 class MigStrategy(enum.StrEnum):
@@ -107,6 +117,24 @@ class MigDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class MpsSlice:
+    """One MPS memory slice served on a GPU with MIG disabled (an MPS client's share)."""
+
+    gpu_index: int
+    id: int
+    """The slice's id in the GpuLayout, stable within its GPU."""
+    memory_gb: int
+    """Its memory, whole GB (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` = this x 1024 MiB)."""
+    cores: int | None = None
+    """Its compute share in percent (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``); ``None``: all."""
+
+    @property
+    def resource(self) -> str:
+        """``nvidia.com/gpu-<memory>gb``."""
+        return slice_resource_name(self.memory_gb)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeDevices:
     """Every GPU of a node and every MIG device on them."""
 
@@ -115,6 +143,9 @@ class NodeDevices:
     unified: frozenset[str] = frozenset()
     """MIG device UUIDs set aside for unified pods (``docs/unified.md``): under the mixed
     strategy they are advertised as ``nvidia.com/gpu``, not as ``nvidia.com/mig-<profile>``."""
+    mps_slices: tuple[MpsSlice, ...] = ()
+    """The MPS slices served (only on GPUs with MIG disabled); such a GPU is not advertised
+    whole."""
 
     def __post_init__(self) -> None:
         indexes = [g.index for g in self.gpus]
@@ -129,6 +160,20 @@ class NodeDevices:
                 raise errors.AgentConfigError(
                     f"MIG device {m.uuid} is on unknown GPU {m.gpu_index}"
                 )
+        enabled = {g.index for g in self.gpus if g.mig_enabled}
+        seen: set[tuple[int, int]] = set()
+        for sl in self.mps_slices:
+            if sl.gpu_index not in known:
+                raise errors.AgentConfigError(f"MPS slice {sl.id} is on unknown GPU {sl.gpu_index}")
+            if sl.gpu_index in enabled:
+                raise errors.AgentConfigError(
+                    f"MPS slice {sl.id} is on GPU {sl.gpu_index}, whose MIG mode is enabled"
+                )
+            if (sl.gpu_index, sl.id) in seen:
+                raise errors.AgentConfigError(
+                    f"MPS slice {sl.id} is listed twice on GPU {sl.gpu_index}"
+                )
+            seen.add((sl.gpu_index, sl.id))
 
     def gpu(self, index: int) -> Gpu:
         """The GPU with this index."""
@@ -141,9 +186,50 @@ class NodeDevices:
         """The MIG devices of one GPU, by start slot."""
         return tuple(sorted((m for m in self.mig_devices if m.gpu_index == index), key=_start))
 
+    def slices_on(self, index: int) -> tuple[MpsSlice, ...]:
+        """The MPS slices of one GPU, by id."""
+        return tuple(sorted((s for s in self.mps_slices if s.gpu_index == index), key=_id))
+
+    def slice_device_ids(self) -> dict[str, MpsSlice]:
+        """Every served slice by its device ID."""
+        return {slice_device_id(self.gpu(s.gpu_index).uuid, s.id): s for s in self.mps_slices}
+
 
 def _start(m: MigDevice) -> tuple[int, str]:
     return (m.start, m.uuid)
+
+
+def _id(s: MpsSlice) -> int:
+    return s.id
+
+
+def slice_resource_name(memory_gb: int) -> str:
+    """The resource of a slice of ``memory_gb`` GB: ``nvidia.com/gpu-10gb`` (nos's names)."""
+    return f"{modes.MPS_RESOURCE_PREFIX}{memory_gb}gb"
+
+
+def is_slice_resource(name: str) -> bool:
+    """True for ``nvidia.com/gpu-<N>gb``."""
+    return modes.is_mps_resource(name)
+
+
+def slice_device_id(gpu_uuid: str, slice_id: int) -> str:
+    """``GPU-x`` and 3 -> ``GPU-x::mps-3``."""
+    return f"{gpu_uuid}{SLICE_MARK}{slice_id}"
+
+
+def parse_slice_id(device_id: str) -> tuple[str, int] | None:
+    """``GPU-x::mps-3`` -> ``("GPU-x", 3)``; ``None`` for any other ID (a GPU, a MIG device, a
+    numbered replica ``GPU-x::2``)."""
+    uuid, mark, rest = device_id.partition(SLICE_MARK)
+    if not mark or not uuid or not rest.isdigit() or rest != str(int(rest)):
+        return None
+    return uuid, int(rest)
+
+
+def is_slice_id(device_id: str) -> bool:
+    """True for a slice's device ID."""
+    return parse_slice_id(device_id) is not None
 
 
 @dataclass(frozen=True, slots=True)

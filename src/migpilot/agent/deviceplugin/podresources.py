@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pathlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,13 +114,9 @@ class PodResourcesClient:
         self, *, resource_filter: Callable[[str], bool] = is_nvidia_resource
     ) -> frozenset[str]:
         """The IDs of devices of the matching resources that the kubelet assigned to pods (a
-        replica ``<uuid>::<n>`` counts as its device, ``<uuid>``)."""
-        return frozenset(
-            replicas.real_id(device_id)
-            for entry in self.list()
-            if resource_filter(entry.resource_name)
-            for device_id in entry.device_ids
-        )
+        replica ``<uuid>::<n>`` counts as its device, ``<uuid>``; an MPS slice
+        ``<uuid>::mps-<id>`` as itself and its GPU)."""
+        return in_use_ids(self.list(), resource_filter=resource_filter)
 
     def close(self) -> None:
         """Close the channel (a later call opens a new one)."""
@@ -128,6 +124,34 @@ class PodResourcesClient:
             channel, self._channel = self._channel, None
         if channel is not None:
             channel.close()
+
+
+def in_use_ids(
+    listed: Sequence[ContainerDevices],
+    *,
+    resource_filter: Callable[[str], bool] = is_nvidia_resource,
+) -> frozenset[str]:
+    """The in-use IDs of a PodResources listing
+    (:meth:`PodResourcesClient.allocated_device_ids`)."""
+    out: set[str] = set()
+    for entry in listed:
+        if not resource_filter(entry.resource_name):
+            continue
+        for device_id in entry.device_ids:
+            out.add(replicas.real_id(device_id))
+            if devices.is_slice_id(device_id):
+                out.add(device_id)
+    return frozenset(out)
+
+
+def slice_holders(listed: Sequence[ContainerDevices]) -> dict[str, str]:
+    """MPS slice device ID -> ``namespace/name`` of the pod the kubelet gave it to."""
+    return {
+        device_id: f"{entry.namespace}/{entry.pod}"
+        for entry in listed
+        for device_id in entry.device_ids
+        if devices.is_slice_id(device_id)
+    }
 
 
 class KubeletInUse:
@@ -139,11 +163,22 @@ class KubeletInUse:
     ) -> None:
         self._client = client
         self._plugin = plugin
+        self._holders: dict[str, str] = {}
+        self._lock = threading.Lock()
 
     def in_use(self) -> frozenset[str]:
         """The current set of in-use device UUIDs; :class:`PodResourcesError` if unknown."""
-        listed = self._client.allocated_device_ids()
+        entries = self._client.list()
+        listed = in_use_ids(entries)
+        holders = slice_holders(entries)
+        with self._lock:
+            self._holders = holders
         if self._plugin is None:
             return listed
         self._plugin.observe_kubelet(listed)
         return listed | self._plugin.handed_out()
+
+    def holders(self) -> dict[str, str]:
+        """MPS slice device ID -> the pod holding it, as the last :meth:`in_use` listed."""
+        with self._lock:
+            return dict(self._holders)

@@ -3,7 +3,10 @@
 
 ``advertising`` says which devices each resource has; this module gives each device what
 sharing needs (NVIDIA's index ``"0"`` / ``"0:1"``, memory, MIG or not), replicates them
-(:func:`migpilot.sharing.replicas.replicate`) and lists the MPS daemons they need. Sans-IO.
+(:func:`migpilot.sharing.replicas.replicate`) and lists the MPS daemons they need. The
+GpuLayout's MPS slices (``nvidia.com/gpu-<N>gb``, :mod:`slices`) are kept out of the
+replication and advertised as they are; their daemons (one per sliced GPU) join the config's in
+one list, so the agent's one supervisor runs both. Sans-IO.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from migpilot.agent.deviceplugin import devices
+from migpilot.agent.deviceplugin import devices, slices
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import mps, replicas
 
@@ -25,7 +28,10 @@ class Shared:
     shared: tuple[replicas.Resource, ...]
     """The same with sharing's view of each device (replicas, memory, index)."""
     daemons: tuple[mps.MpsDaemon, ...] = ()
-    """The MPS daemons these resources need (none unless the strategy is MPS)."""
+    """The MPS daemons these resources need: the config's (none unless its strategy is MPS)
+    and one per GPU with MPS slices."""
+    sliced: tuple[tuple[int, mps.MpsDaemon], ...] = ()
+    """``(GPU index, daemon)`` of each GPU with MPS slices (also in :attr:`daemons`)."""
 
     def shared_resource(self, name: str) -> replicas.Resource | None:
         """Sharing's view of one resource."""
@@ -41,6 +47,10 @@ class Shared:
                 return d
         return None
 
+    def slice_daemons(self) -> dict[int, mps.MpsDaemon]:
+        """GPU index -> the MPS daemon of its slices."""
+        return dict(self.sliced)
+
 
 def share(
     resources: Sequence[devices.Resource],
@@ -50,9 +60,13 @@ def share(
     mps_root: str | None = None,
 ) -> Shared:
     """``resources`` (from :func:`advertising.resources_for`) under ``sharing``; raises
-    :class:`~migpilot.errors.SharingConfigError` when the config cannot be applied to the node."""
+    :class:`~migpilot.errors.SharingConfigError` when the config cannot be applied to the node.
+    Slice resources pass unchanged."""
+    sliced = tuple(r for r in resources if devices.is_slice_resource(r.name))
     views = tuple(
-        replicas.Resource(r.name, tuple(_view(d, node) for d in r.devices)) for r in resources
+        replicas.Resource(r.name, tuple(_view(d, node) for d in r.devices))
+        for r in resources
+        if not devices.is_slice_resource(r.name)
     )
     shared = replicas.replicate(views, sharing)
     out = tuple(
@@ -69,7 +83,14 @@ def share(
         )
         for r in shared
     )
-    return Shared(out, shared, mps.daemons(shared, sharing, root=mps_root))
+    root = mps_root or sharing.mps_root or mps.DEFAULT_ROOT
+    per_gpu = slices.daemons(node, root=root)
+    return Shared(
+        tuple(sorted((*out, *sliced), key=lambda r: r.name)),
+        shared,
+        (*mps.daemons(shared, sharing, root=mps_root), *(d for _, d in per_gpu)),
+        per_gpu,
+    )
 
 
 def _view(device: devices.Device, node: devices.NodeDevices) -> replicas.Device:

@@ -42,6 +42,7 @@ from migpilot.agent.deviceplugin import (
     health,
     replicating,
     resolving,
+    slices,
 )
 from migpilot.agent.kubeletapi.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from migpilot.sharing import config as sharing_config
@@ -114,6 +115,12 @@ def socket_identity(path: pathlib.Path) -> SocketIdentity | None:
     except FileNotFoundError:
         return None
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def held_key(device_id: str) -> str:
+    """What the ledger and the kubelet's in-use set hold a device as: an MPS slice by its own
+    ID (a pod holds one slice, not the GPU), a replica as its real device."""
+    return device_id if devices.is_slice_id(device_id) else replicas.real_id(device_id)
 
 
 def _encode_devices(resource: devices.Resource) -> Any:
@@ -432,7 +439,17 @@ class DevicePlugin:
         :class:`allocating.AllocationError` with the message the kubelet is sent."""
         settings = self.settings.allocate
         with self._lock:
-            shared, sharing = self._shared, self._sharing
+            shared, sharing, node = self._shared, self._sharing, self._node
+        if devices.is_slice_resource(resource.name):
+            daemons = shared.slice_daemons()
+            answers = [
+                slices.container_allocation(
+                    resource, ids, node=node, daemons=daemons, settings=settings
+                )
+                for ids in requests
+            ]
+            self.record_allocated([i for ids in requests for i in ids])  # the slices, by ID
+            return answers
         if any(replicas.is_replica(i) for ids in requests for i in ids):
             return [self._allocate_shared(resource, ids, shared, sharing) for ids in requests]
         if self._unified is None or resource.name != devices.FULL_GPU_RESOURCE:
@@ -625,8 +642,8 @@ class DevicePlugin:
         self.sharing_problem = problem
         self._shared = shared
         resources = shared.resources
-        gone = {replicas.real_id(d.id) for r in self._advertised_now() for d in r.devices} - {
-            replicas.real_id(d.id) for r in resources for d in r.devices
+        gone = {held_key(d.id) for r in self._advertised_now() for d in r.devices} - {
+            held_key(d.id) for r in resources for d in r.devices
         }
         if self._ledger.forget(gone):
             self._save_ledger()
