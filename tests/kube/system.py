@@ -116,13 +116,20 @@ class System:
             controlplane.stop_components([self.webhook])
             self.webhook = None
 
-    def add_node(self, name: str, backend: str) -> None:
-        """A KWOK node and its agent with ``backend`` (``emulated:a100-80gb:x2``)."""
-        self.plane.add_node(name)
+    def add_node(
+        self,
+        name: str,
+        backend: str,
+        *extra: str,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        """A KWOK node (with ``labels``) and its agent with ``backend``
+        (``emulated:a100-80gb:x2``) and ``extra`` flags."""
+        self.plane.add_node(name, labels=labels)
         self.nodes.append(name)
-        self.start_agent(name, backend)
+        self.start_agent(name, backend, *extra)
 
-    def start_agent(self, node: str, backend: str) -> None:
+    def start_agent(self, node: str, backend: str, *extra: str) -> None:
         self.agents[node] = controlplane.launch(
             f"agent-{node}",
             [
@@ -144,6 +151,7 @@ class System:
                 "5",
                 "--metrics-port",
                 "0",
+                *extra,
             ],
             log=self.root / f"agent-{node}.log",
             cwd=REPO,
