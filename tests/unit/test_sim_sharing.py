@@ -172,3 +172,18 @@ def test_nos_policy_on_mps_nodes_is_sound_and_repeatable() -> None:
     )
     assert first.pods_scheduled == 150
     assert 0 < first.memory_ratio <= 1
+
+
+def test_mean_gap_scales_the_load_and_mig_names_keep_the_memory_asked() -> None:
+    model = clusters.parse("a100-80gb:1x8").reference_model
+    fast = traces.synthetic("small-inference", seed=4, model=model, pods=30)
+    slow = traces.synthetic("small-inference", seed=4, model=model, pods=30, mean_gap_s=120.0)
+    assert slow.pods[-1].arrival == pytest.approx(2 * fast.pods[-1].arrival, rel=1e-3)
+    assert [p.mig for p in slow.pods] == [p.mig for p in fast.pods]
+    same = traces.synthetic("small-inference", seed=4, model=model, pods=30,
+                            requests=traces.Requests.UNIFIED)  # fmt: skip
+    for named, unified in zip(fast.pods, same.pods, strict=True):
+        assert unified.unified is not None
+        assert named.memory_gb == modes.unified_gb(unified.unified.asks[0], model)
+    with pytest.raises(errors.TraceError, match="mean gap between arrivals must be positive"):
+        traces.synthetic("small-inference", seed=4, model=model, pods=3, mean_gap_s=0.0)

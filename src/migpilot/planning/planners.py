@@ -28,9 +28,7 @@ from migpilot.planning import (
 Planner = Callable[[snapshot.Snapshot, options.Options], plans.Plan]
 
 
-def _sharing(
-    planner: Planner, name: str, shared: sharing.SharedPlanner = sharing.place
-) -> Planner:
+def _sharing(planner: Planner, name: str, shared: sharing.SharedPlanner = sharing.place) -> Planner:
     """``planner`` on the MIG nodes, MPS and time-slicing nodes planned beside it by
     ``shared`` (:mod:`migpilot.planning.sharing`); unchanged on a MIG-only snapshot."""
     return functools.partial(

@@ -170,9 +170,11 @@ class Result:
     memory_ratio: float = 0.0
     """As :attr:`allocation_ratio`, for GPU memory: the GB running pods asked (a unified pod its
     ``gpumem``/``gpumem-percentage`` of its node's model, rounded up to whole GB; a pod asking
-    MIG profiles by name their nominal GB) over the cluster's GB (:func:`modes.memory_gb` per
-    GPU); the pods sharing one GPU count together for at most its memory. MIG cannot reach 100 %
-    (seven 1g.10gb instances leave 10 of an A100-80GB's 80 GB unused); MPS can."""
+    MIG profiles by name :attr:`traces.TracePod.memory_gb`, else its profiles' nominal GB) over
+    the cluster's GB (:func:`modes.memory_gb` per GPU); the pods sharing one GPU count together
+    for at most its memory. The same pod counts the same in every mode, so this shows what MPS
+    packs beyond MIG's fixed sizes (seven 4 GB pods fill an A100-80GB's seven 1g.10gb
+    instances: 100 % of its compute slices, 35 % of its memory)."""
 
     @property
     def serves_every_request(self) -> bool:
@@ -1131,6 +1133,8 @@ def _asked_gb(pod: _Pod) -> int:
     assert pod.node is not None
     model = pod.node.spec.model
     if pod.trace.unified is None:
+        if pod.trace.memory_gb is not None:
+            return min(pod.trace.memory_gb, modes.memory_gb(model) * len(pod.insts))
         return sum(model.profile_named(i.profile).nominal_gb for i in pod.insts)
     return sum(modes.unified_gb(a, model) * a.count for a in pod.trace.unified.asks)
 
