@@ -9,6 +9,7 @@ import pytest
 
 from migpilot import errors
 from migpilot.planning import modes
+from migpilot.planning import unified as unifying
 from migpilot.sim import clusters, policies, simulating, traces
 
 
@@ -105,3 +106,84 @@ def test_mps_only_cluster_never_waits_longer_at_p99_than_mig_only_on_small_pods(
     mig = _replay("a100-80gb:3x4", pods=200)
     mps = _replay("a100-80gb:3x4@mps", pods=200)
     assert mps.pending_percentile(99) <= mig.pending_percentile(99)
+
+
+def _pods(*specs: tuple[int, float, float]) -> traces.Trace:
+    """Unified one-GPU pods: (gpumem-percentage, arrival, duration)."""
+    pods = tuple(
+        traces.TracePod(
+            name=f"p{i}",
+            arrival=arrival,
+            duration=duration,
+            mig=(),
+            cpu_milli=500,  # a node has 12 cores per GPU
+            memory_bytes=2**30,
+            unified=unifying.UnifiedRequest((unifying.GpuAsk(1, memory_percent=pct),)),
+        )
+        for i, (pct, arrival, duration) in enumerate(specs)
+    )
+    return traces.Trace(name="t", pods=pods, timed=True)
+
+
+def _run(spec: str, trace: traces.Trace, policy: str = "migpilot") -> simulating.Result:
+    cluster = clusters.parse(spec)
+    return simulating.simulate(
+        trace,
+        cluster=cluster,
+        policy=policies.dynamic(policy, cluster),
+        settings=simulating.Settings(mode=simulating.Mode.FAITHFUL, paranoid=True),
+    )
+
+
+def test_memory_ratio_shows_what_mps_packs_beyond_the_compute_cap() -> None:
+    # Sixteen pods asking 5 % (4 GB) each, for a long time, on one A100-80GB: MIG runs seven
+    # (1g.10gb), MPS all sixteen. Both count the GPU's full compute (each pod counts a 1g
+    # slice, capped at seven per GPU), the memory ratio tells them apart (28 against 64 GB).
+    trace = _pods(*((5, float(i), 100_000.0 - i) for i in range(16)))  # all end at 100,000 s
+    mig = _run("a100-80gb:1x1", trace)
+    mps = _run("a100-80gb:1x1@mps", trace)
+    assert (mig.pods_scheduled, mps.pods_scheduled) == (7, 16)
+    assert mig.allocation_ratio > 0.99 and mps.allocation_ratio > 0.99
+    assert 0.34 < mig.memory_ratio < 0.36
+    assert 0.79 < mps.memory_ratio < 0.81
+
+
+def test_shared_gpu_counts_what_its_running_pods_ask_up_to_its_compute() -> None:
+    # Three 30 % pods (24 GB, a 3g.40gb's 3 slices each) share one MPS GPU: 9 slices asked,
+    # 7 counted. When the first leaves the two left count 6, whatever order they came in.
+    trace = _pods((30, 0.0, 1000.0), (30, 1.0, 5000.0), (30, 2.0, 5000.0))
+    result = _run("a100-80gb:1x1@mps", trace)
+    assert result.pods_scheduled == 3
+    ratios = dict(result.ratio_over_time)
+    assert max(ratios.values()) == 1.0
+    after = [r for t, r in result.ratio_over_time if 1000.0 < t < 5000.0]
+    assert after and after[0] == pytest.approx(6 / 7)
+
+
+def test_nos_policy_on_mps_nodes_is_sound_and_repeatable() -> None:
+    cluster = "a100-80gb:3x4@mps"
+    model = clusters.parse(cluster).reference_model
+    trace = traces.synthetic(
+        "small-inference", seed=2, model=model, pods=150, requests=traces.Requests.UNIFIED
+    )
+    first, again = _run(cluster, trace, "nos"), _run(cluster, trace, "nos")
+    assert dataclasses.replace(first, planner_seconds=0.0) == dataclasses.replace(
+        again, planner_seconds=0.0
+    )
+    assert first.pods_scheduled == 150
+    assert 0 < first.memory_ratio <= 1
+
+
+def test_mean_gap_scales_the_load_and_mig_names_keep_the_memory_asked() -> None:
+    model = clusters.parse("a100-80gb:1x8").reference_model
+    fast = traces.synthetic("small-inference", seed=4, model=model, pods=30)
+    slow = traces.synthetic("small-inference", seed=4, model=model, pods=30, mean_gap_s=120.0)
+    assert slow.pods[-1].arrival == pytest.approx(2 * fast.pods[-1].arrival, rel=1e-3)
+    assert [p.mig for p in slow.pods] == [p.mig for p in fast.pods]
+    same = traces.synthetic("small-inference", seed=4, model=model, pods=30,
+                            requests=traces.Requests.UNIFIED)  # fmt: skip
+    for named, unified in zip(fast.pods, same.pods, strict=True):
+        assert unified.unified is not None
+        assert named.memory_gb == modes.unified_gb(unified.unified.asks[0], model)
+    with pytest.raises(errors.TraceError, match="mean gap between arrivals must be positive"):
+        traces.synthetic("small-inference", seed=4, model=model, pods=3, mean_gap_s=0.0)

@@ -18,6 +18,7 @@ from migpilot.planning import (
     exact,
     fast,
     firstfit,
+    nosmps,
     options,
     plans,
     sharing,
@@ -27,20 +28,23 @@ from migpilot.planning import (
 Planner = Callable[[snapshot.Snapshot, options.Options], plans.Plan]
 
 
-def _sharing(planner: Planner) -> Planner:
-    """``planner`` on the MIG nodes, MPS and time-slicing nodes planned beside it
-    (:mod:`migpilot.planning.sharing`); unchanged on a MIG-only snapshot."""
-    return functools.partial(sharing.plan_with, mig_planner=planner)
+def _sharing(planner: Planner, name: str, shared: sharing.SharedPlanner = sharing.place) -> Planner:
+    """``planner`` on the MIG nodes, MPS and time-slicing nodes planned beside it by
+    ``shared`` (:mod:`migpilot.planning.sharing`); unchanged on a MIG-only snapshot."""
+    return functools.partial(
+        sharing.plan_with, mig_planner=planner, shared_planner=shared, name=name
+    )
 
 
 PLANNERS: dict[str, Planner] = {
     "fast": fast.plan,  # plans MPS and time-slicing nodes itself
     "exact": exact.plan,  # MIG only: refuses other modes
-    "nos": _sharing(baselines.nos),
-    "hami-template": _sharing(baselines.hami_template),
-    "hami-placement": _sharing(baselines.hami_placement),
-    "static": _sharing(baselines.static),
-    "first-fit": _sharing(firstfit.plan),
+    # nos's MIG partitioner on MIG nodes, its MPS partitioner on MPS and time-slicing nodes
+    "nos": _sharing(baselines.nos, "nos", nosmps.place),
+    "hami-template": _sharing(baselines.hami_template, "hami-template"),
+    "hami-placement": _sharing(baselines.hami_placement, "hami-placement"),
+    "static": _sharing(baselines.static, "static"),
+    "first-fit": _sharing(firstfit.plan, "first-fit"),
 }
 
 

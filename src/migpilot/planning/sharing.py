@@ -34,6 +34,9 @@ from dataclasses import dataclass, field
 from migpilot.planning import constraints, explaining, modes, options, plans, scoring, snapshot
 
 MigPlanner = Callable[[snapshot.Snapshot, options.Options], plans.Plan]
+SharedPlanner = Callable[[snapshot.Snapshot, list[snapshot.Pod]], "Shared"]
+"""What places pods on the MPS and time-slicing nodes: :func:`place` (migpilot's), or a
+baseline's (:func:`migpilot.planning.nosmps.place`)."""
 
 
 def involved(snap: snapshot.Snapshot) -> bool:
@@ -52,9 +55,15 @@ def mig_part(snap: snapshot.Snapshot) -> snapshot.Snapshot:
 
 
 def plan_with(
-    snap: snapshot.Snapshot, opts: options.Options, mig_planner: MigPlanner
+    snap: snapshot.Snapshot,
+    opts: options.Options,
+    mig_planner: MigPlanner,
+    shared_planner: SharedPlanner | None = None,
+    name: str = "fast",
 ) -> plans.Plan:
-    """Plan ``snap`` with ``mig_planner`` on its MIG nodes and MPS/time-slicing here."""
+    """Plan ``snap`` with ``mig_planner`` on its MIG nodes and ``shared_planner`` (default:
+    :func:`place`) on its MPS and time-slicing nodes; ``name``: the plan's planner when the MIG
+    planner had nothing to plan."""
     if not involved(snap):
         return mig_planner(snap, opts)
     part = mig_part(snap)
@@ -63,11 +72,11 @@ def plan_with(
         mig_plan = mig_planner(part, opts)
     placed = {p.pod for p in mig_plan.placements} if mig_plan else set()
     rest = [p for p in snap.pods if p.key not in placed and not p.mig]
-    shared = place(snap, rest)
+    shared = (shared_planner or place)(snap, rest)
     placements = [*(mig_plan.placements if mig_plan else ()), *shared.placements]
     built = plans.build(
         snap,
-        planner=mig_plan.planner if mig_plan else "fast",
+        planner=mig_plan.planner if mig_plan else name,
         targets={(g.node, g.gpu): g.layout for g in mig_plan.gpus} if mig_plan else {},
         placements=placements,
         unschedulable=(),

@@ -143,7 +143,9 @@ class Result:
     """Inflate: compute slices held by pods at the end over the cluster's. Faithful: the same
     ratio averaged over time from the first arrival to the end. A unified pod counts the slices
     of what it asked (its request resolved on its node's model), not of a larger instance a
-    policy gave it (HAMi may)."""
+    policy gave it (HAMi may). On an MPS or time-slicing GPU a unified pod counts the slices of
+    the MIG profile its ask resolves to on that model (the same in every mode), and the pods
+    sharing one GPU count together for at most its compute slices."""
     pending_s: tuple[float, ...]
     """Per pod that arrived and was not rejected: arrival to binding, or to the end if never
     bound (in trace order)."""
@@ -165,6 +167,14 @@ class Result:
     requests_never_served: tuple[str, ...] = ()
     """The kinds of :attr:`request_kinds` of which no pod was ever bound: whole kinds of pods a
     policy never runs (a static layout without the profile, HAMi without a template for it)."""
+    memory_ratio: float = 0.0
+    """As :attr:`allocation_ratio`, for GPU memory: the GB running pods asked (a unified pod its
+    ``gpumem``/``gpumem-percentage`` of its node's model, rounded up to whole GB; a pod asking
+    MIG profiles by name :attr:`traces.TracePod.memory_gb`, else its profiles' nominal GB) over
+    the cluster's GB (:func:`modes.memory_gb` per GPU); the pods sharing one GPU count together
+    for at most its memory. The same pod counts the same in every mode, so this shows what MPS
+    packs beyond MIG's fixed sizes (seven 4 GB pods fill an A100-80GB's seven 1g.10gb
+    instances: 100 % of its compute slices, 35 % of its memory)."""
 
     @property
     def serves_every_request(self) -> bool:
@@ -264,13 +274,14 @@ class _Gpu:
     __slots__ = (
         "busy_until",
         "cached",
+        "gb_asked",
         "index",
         "insts",
         "model",
         "node",
         "replicas_taken",
         "slices",
-        "ts_held",
+        "ts_asked",
     )  # fmt: skip
 
     def __init__(self, node: _Node, index: int, model: profiles.GpuModel) -> None:
@@ -282,8 +293,11 @@ class _Gpu:
         """MPS slices by id (a node in mode mps)."""
         self.replicas_taken = 0
         """Time-slicing replicas held or reserved (a node in mode time-slicing)."""
-        self.ts_held = 0
-        """Compute slices its MPS and time-slicing pods count for (never more than it has)."""
+        self.ts_asked = 0
+        """Compute slices its running MPS and time-slicing pods asked (they count for at most
+        the GPU's compute slices together)."""
+        self.gb_asked = 0
+        """GB its running MPS and time-slicing pods asked (counted up to the GPU's memory)."""
         self.busy_until = 0.0
         self.cached: snapshot.Gpu | None = None
 
@@ -320,6 +334,7 @@ class _Pod:
         "arrival",
         "bound_at",
         "duration",
+        "gb",
         "held",
         "index",
         "insts",
@@ -354,7 +369,10 @@ class _Pod:
         self.shares: list[tuple[_Gpu, _Slice | None]] = []
         """MPS slices (or, with ``None``, time-slicing replicas) it holds or reserved."""
         self.held = 0
-        """Compute slices it counts for while running (what it asked, on its node's model)."""
+        """Compute slices it asked while running, on its node's model (over its shares, if
+        any, :meth:`_Simulation._share` caps per GPU)."""
+        self.gb = 0
+        """GB of GPU memory it asked while running (:attr:`Result.memory_ratio`)."""
         self.reason: str | None = None
         self.duration = trace.duration
 
@@ -421,6 +439,9 @@ class _Simulation:
         self.seq = 0
         self.now = 0.0
         self.held_slices = 0
+        self.total_gb = sum(modes.memory_gb(n.model) * n.gpus for n in cluster.nodes)
+        self.held_gb = 0
+        self.memory_area = 0.0
         self.samples: list[tuple[float, float]] = [(0.0, 0.0)]
         self.area = 0.0
         self.last_t = 0.0
@@ -509,6 +530,7 @@ class _Simulation:
     def _advance(self, t: float) -> None:
         if t > self.last_t:
             self.area += self.held_slices * (t - self.last_t)
+            self.memory_area += self.held_gb * (t - self.last_t)
             self.last_t = t
         self.now = max(self.now, t)
 
@@ -641,18 +663,27 @@ class _Simulation:
         pod.bound_at = self.now
         self._set_state(pod, PodState.RUNNING)
         pod.held = _held(pod)
+        pod.gb = _asked_gb(pod)
         if pod.shares:
-            # MPS clients and replicas share a GPU: together they count for at most its compute.
-            per = math.ceil(pod.held / len(pod.shares))
-            pod.held = 0
+            per, per_gb = _per_share(pod)
             for gpu, _ in pod.shares:
-                part = min(per, gpu.model.compute_slices - gpu.ts_held)
-                gpu.ts_held += part
-                pod.held += part
-        self.held_slices += pod.held
+                self._share(gpu, slices=per, gb=per_gb)
+        else:
+            self.held_slices += pod.held
+            self.held_gb += pod.gb
         self._sample()
         if pod.duration is not None:
             self._push(self.now + pod.duration, _Kind.DEPARTURE, pod)
+
+    def _share(self, gpu: _Gpu, *, slices: int, gb: int) -> None:
+        """A running pod's share of ``gpu`` counted (or, negative, no longer): MPS clients and
+        replicas share a GPU, so together they count for at most its compute and memory."""
+        cap_slices, cap_gb = gpu.model.compute_slices, modes.memory_gb(gpu.model)
+        before = min(gpu.ts_asked, cap_slices), min(gpu.gb_asked, cap_gb)
+        gpu.ts_asked += slices
+        gpu.gb_asked += gb
+        self.held_slices += min(gpu.ts_asked, cap_slices) - before[0]
+        self.held_gb += min(gpu.gb_asked, cap_gb) - before[1]
 
     def _invalidate(self, node: _Node, inst: _Inst | None = None) -> None:
         node.cached = None
@@ -686,12 +717,12 @@ class _Simulation:
             node.free[inst.profile] += 1
             self._invalidate(node, inst)
         if pod.shares:
-            per = math.ceil(_held(pod) / len(pod.shares))
-            left = pod.held
+            per, per_gb = _per_share(pod)
             for gpu, _ in pod.shares:
-                part = min(per, left, gpu.ts_held)
-                gpu.ts_held -= part
-                left -= part
+                self._share(gpu, slices=-per, gb=-per_gb)
+        else:
+            self.held_slices -= pod.held
+            self.held_gb -= pod.gb
         for gpu, sl in pod.shares:
             if sl is None:
                 gpu.replicas_taken -= 1
@@ -703,7 +734,6 @@ class _Simulation:
             node.cached = None
         node.cpu_free += pod.trace.cpu_milli
         node.mem_free += pod.trace.memory_bytes
-        self.held_slices -= pod.held
         self._set_state(pod, PodState.FINISHED)
         self._sample()
         self._retry(node)
@@ -931,6 +961,8 @@ class _Simulation:
             raise InvariantViolation("the waiting queue and the pod states disagree")
         if not 0 <= self.held_slices <= self.total_slices:
             raise InvariantViolation(f"{self.held_slices} compute slices held")
+        if not 0 <= self.held_gb <= self.total_gb:
+            raise InvariantViolation(f"{self.held_gb} GB of GPU memory held")
         if self.settings.paranoid:
             self._recount()
 
@@ -960,11 +992,32 @@ class _Simulation:
                         free[inst.profile] += 1
             if +node.free != +free or node.busy_slices != busy:
                 raise InvariantViolation(f"free instance counts of {node.spec.name} drifted")
+        held_gb = 0
+        asked: dict[int, list[int]] = {}
         for pod in self.pods:
-            if pod.state is PodState.RUNNING:
+            if pod.state is not PodState.RUNNING:
+                continue
+            if not pod.shares:
                 held += pod.held
+                held_gb += pod.gb
+                continue
+            per, per_gb = _per_share(pod)
+            for gpu, _ in pod.shares:
+                got = asked.setdefault(id(gpu), [0, 0])
+                got[0] += per
+                got[1] += per_gb
+        for node in self.nodes:
+            for gpu in node.gpus:
+                slices, gb = asked.get(id(gpu), [0, 0])
+                if (slices, gb) != (gpu.ts_asked, gpu.gb_asked):
+                    where = f"{node.spec.name}/{gpu.index}"
+                    raise InvariantViolation(f"shares asked of {where} drifted")
+                held += min(slices, gpu.model.compute_slices)
+                held_gb += min(gb, modes.memory_gb(gpu.model))
         if held != self.held_slices:
             raise InvariantViolation("held compute slices drifted")
+        if held_gb != self.held_gb:
+            raise InvariantViolation("held GPU memory drifted")
         for pod in self.pods:
             bound = pod.state in (PodState.RUNNING, PodState.FINISHED)
             if bound != (pod.bound_at is not None):
@@ -975,9 +1028,11 @@ class _Simulation:
     def _result(self, end: float) -> Result:
         if self.settings.mode is Mode.INFLATE:
             ratio = self.held_slices / self.total_slices
+            memory = self.held_gb / self.total_gb
         else:
             span = end - self.first_arrival
             ratio = self.area / (self.total_slices * span) if span > 0 else 0.0
+            memory = self.memory_area / (self.total_gb * span) if span > 0 else 0.0
         pending: list[float] = []
         outcomes: list[PodOutcome] = []
         scheduled = rejected = 0
@@ -1026,6 +1081,7 @@ class _Simulation:
             outcomes=tuple(outcomes),
             request_kinds=tuple(sorted(served)),
             requests_never_served=tuple(sorted(k for k, ok in served.items() if not ok)),
+            memory_ratio=memory,
         )
 
 
@@ -1070,6 +1126,23 @@ def _held(pod: _Pod) -> int:
         share = sum(modes.unified_gb(a, model) * a.count for a in pod.trace.unified.asks)
         return math.ceil(share * model.compute_slices / modes.memory_gb(model))
     return slices
+
+
+def _asked_gb(pod: _Pod) -> int:
+    """The GB of GPU memory a running pod asked (:attr:`Result.memory_ratio`)."""
+    assert pod.node is not None
+    model = pod.node.spec.model
+    if pod.trace.unified is None:
+        if pod.trace.memory_gb is not None:
+            return min(pod.trace.memory_gb, modes.memory_gb(model) * len(pod.insts))
+        return sum(model.profile_named(i.profile).nominal_gb for i in pod.insts)
+    return sum(modes.unified_gb(a, model) * a.count for a in pod.trace.unified.asks)
+
+
+def _per_share(pod: _Pod) -> tuple[int, int]:
+    """Compute slices and GB a pod asked of each GPU it shares (MPS slice or replica)."""
+    n = len(pod.shares)
+    return math.ceil(pod.held / n), math.ceil(pod.gb / n)
 
 
 def _shared_serves(pod: _Pod, node: _Node) -> bool:

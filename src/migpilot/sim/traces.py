@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from migpilot import errors
 from migpilot.mig import profiles
-from migpilot.planning import snapshot
+from migpilot.planning import modes, snapshot
 from migpilot.planning import unified as unifying
 
 _MIB = 2**20
@@ -94,6 +94,11 @@ class TracePod:
     """Labels a node must have to run the pod (sorted ``(key, value)`` pairs)."""
     unified: unifying.UnifiedRequest | None = None
     """A unified (HAMi-style) request, resolved per GPU model; ``None`` for a MIG pod."""
+    memory_gb: int | None = None
+    """For a pod asking MIG profiles by name, the GB of GPU memory its work uses (openb and
+    synthetic traces: its share, as the unified form of the same pod asks it on the reference
+    model), so the simulator's memory ratio counts one pod the same in either form; ``None``:
+    its profiles' nominal GB."""
 
     @property
     def demand(self) -> snapshot.Demand:
@@ -172,6 +177,13 @@ def _pod_asks(
         return (), unified_for(num_gpu=num_gpu, gpu_milli=gpu_milli)
     name = profile_for(model, gpu_milli=gpu_milli, mapping=mapping)
     return (snapshot.MigRequest(name, max(num_gpu, 1)),), None
+
+
+def _share_gb(model: profiles.GpuModel, num_gpu: int, gpu_milli: int) -> int:
+    """The GB of ``model``'s memory a pod using ``num_gpu`` GPUs of ``gpu_milli`` thousandths
+    asks in its unified form (:func:`unified_for`)."""
+    share = unified_for(num_gpu=num_gpu, gpu_milli=gpu_milli)
+    return sum(modes.unified_gb(a, model) * a.count for a in share.asks)
 
 
 # --------------------------------------------------------------------------- CSV helpers
@@ -277,6 +289,7 @@ def parse_openb(
         mig, request = _pod_asks(
             model, num_gpu=num_gpu, gpu_milli=gpu_milli, mapping=mapping, requests=requests
         )
+        asked = None if request is not None else _share_gb(model, num_gpu, gpu_milli)
         pods.append(
             TracePod(
                 name=row[col["name"]] or f"line-{line}",
@@ -286,6 +299,7 @@ def parse_openb(
                 unified=request,
                 cpu_milli=cpu,
                 memory_bytes=memory * _MIB,
+                memory_gb=asked,
             )
         )
         lines.append(line)
@@ -492,10 +506,12 @@ def synthetic(
     pods: int = 2000,
     mapping: ProfileMapping = ProfileMapping.COMPUTE,
     requests: Requests = Requests.MIG,
+    mean_gap_s: float = _SYNTHETIC_MEAN_GAP_S,
 ) -> Trace:
     """A seeded synthetic trace: ``inference`` (small slices, short runs), ``training`` (whole
-    GPUs, some multi-GPU, long runs) or ``mixed`` (three inference pods to one training pod).
-    Poisson arrivals one minute apart on average, exponential run times."""
+    GPUs, some multi-GPU, long runs), ``mixed`` (three inference pods to one training pod) or
+    ``small-inference``. Poisson arrivals ``mean_gap_s`` apart on average (default one minute:
+    the load scales as its inverse), exponential run times."""
     mix = _MIXES.get(name)
     if mix is None:
         raise errors.TraceError(
@@ -504,6 +520,8 @@ def synthetic(
         )
     if pods < 1:
         raise errors.TraceError(f"a synthetic trace needs at least one pod, got {pods}")
+    if not mean_gap_s > 0:
+        raise errors.TraceError(f"the mean gap between arrivals must be positive, got {mean_gap_s}")
     rng = random.Random(seed)
     weights = [row[0] for row in mix]
     width = len(str(pods - 1))
@@ -511,10 +529,11 @@ def synthetic(
     now = 0.0
     for i in range(pods):
         _, gpu_milli, num_gpu, cores, mem_gib, mean = rng.choices(mix, weights)[0]
-        now += rng.expovariate(1.0 / _SYNTHETIC_MEAN_GAP_S)
+        now += rng.expovariate(1.0 / mean_gap_s)
         mig, request = _pod_asks(
             model, num_gpu=num_gpu, gpu_milli=gpu_milli, mapping=mapping, requests=requests
         )
+        asked = None if request is not None else _share_gb(model, num_gpu, gpu_milli)
         out.append(
             TracePod(
                 name=f"{name}-{i:0{width}d}",
@@ -524,6 +543,7 @@ def synthetic(
                 unified=request,
                 cpu_milli=cores * 1000,
                 memory_bytes=mem_gib * _GIB,
+                memory_gb=asked,
             )
         )
     return Trace(name=f"synthetic:{name}", pods=tuple(out), timed=True)
