@@ -11,6 +11,7 @@ from typing import Any
 
 from migpilot.api import gpulayouts as gl
 from migpilot.controller import kubeapi, observing, running
+from migpilot.planning import fast, options
 from tests.unit.test_controller_running import WAIT_S, _run, _until
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -133,3 +134,40 @@ def test_a_node_in_an_unknown_mode_is_not_planned_and_the_pod_waits() -> None:
 
 
 assert WAIT_S > 0
+
+
+def test_a_unified_pod_is_planned_off_mps_and_time_slicing_nodes_in_a_cluster() -> None:
+    """The planner could give a unified pod an MPS slice, but the agent's Allocate hands unified
+    pods MIG instances only: the controller's snapshot keeps them to the other nodes."""
+    pod = _pod("u", 10)
+    pod["spec"]["containers"][0]["resources"]["limits"] = {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": "8000",
+    }
+    view = observing.pod_view(pod)
+    assert view.unified and view.pod is not None
+    ((req,),) = view.pod.affinity
+    assert (req.key, req.operator, set(req.values)) == (
+        "migpilot.io/mode",
+        "NotIn",
+        {"mps", "time-slicing"},
+    )
+    mps_only = observing.observe(
+        pods=[view],
+        nodes=[observing.node_view(_node("m0"))],
+        layouts_by_node={
+            "m0": gl.parse(
+                {
+                    "apiVersion": gl.API_VERSION,
+                    "kind": gl.KIND,
+                    "metadata": {"name": "m0"},
+                    "spec": {"gpus": []},
+                    "status": {
+                        "gpus": [{"index": 0, "model": A100, "uuid": "GPU-0", "instances": []}]
+                    },
+                }
+            )
+        },
+    )
+    plan = fast.plan(mps_only.snapshot, options.Options())
+    assert not plan.placements and [u.pod for u in plan.unschedulable] == ["ns/u"]
