@@ -438,3 +438,11 @@ def test_labels_without_sharing_and_mps_capable() -> None:
     assert labelling.mps_capable(parse(MPS), any_mig_enabled=False)
     assert not labelling.mps_capable(parse(MPS), any_mig_enabled=True)
     assert not labelling.mps_capable(parse(TS), any_mig_enabled=False)
+
+
+def test_an_unhashable_key_is_a_one_line_error_not_a_crash() -> None:
+    """One strict YAML loader for every config (``migpilot.yamltext``): a mapping used as a key
+    is reported, never a TypeError."""
+    with pytest.raises(errors.SharingConfigError) as info:
+        config.parse("version: v1\n? {a: 1}\n: 2\n", source="c.yaml")
+    assert str(info.value).startswith("c.yaml: malformed YAML") and "\n" not in str(info.value)

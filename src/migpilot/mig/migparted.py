@@ -26,9 +26,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import yaml
-
-from migpilot import errors
+from migpilot import errors, yamltext
 from migpilot.mig import catalog, layouts, pciids, profiles
 
 VERSION = "v1"
@@ -107,42 +105,8 @@ class GpuLayout:
 # --- parsing ---------------------------------------------------------------------------------
 
 
-class _Loader(yaml.SafeLoader):
-    """A safe loader that rejects duplicate keys, which would otherwise silently overwrite."""
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue  # keys written beside a '<<' merge override the merged ones, as YAML says
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            duplicate = key in seen
-        except TypeError:
-            continue  # an unhashable key: construct_mapping reports it
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def _load_yaml(text: str, source: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = e.problem or e.context or "invalid YAML"
-        raise errors.ConfigError(f"{source}: malformed YAML{where}: {problem}") from None
-    except yaml.YAMLError as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise errors.ConfigError(f"{source}: malformed YAML: {first}") from None
+    return yamltext.load(text, source=source, error=errors.ConfigError)
 
 
 def _describe(value: Any) -> str:

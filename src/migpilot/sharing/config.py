@@ -28,9 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from migpilot import errors
+from migpilot import errors, yamltext
 
 VERSION = "v1"
 RESOURCE_PREFIX = "nvidia.com"
@@ -355,36 +353,8 @@ def _check_overlaps(resources: tuple[ReplicatedResource, ...], path: str) -> Non
 # --- helpers -----------------------------------------------------------------------------------
 
 
-class _Loader(yaml.SafeLoader):
-    """A safe loader that rejects duplicate keys, as NVIDIA's YAML reader does."""
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if isinstance(key, str | int) and key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def _load_yaml(text: str, source: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = e.problem or e.context or "invalid YAML"
-        raise errors.SharingConfigError(f"{source}: malformed YAML{where}: {problem}") from None
-    except yaml.YAMLError as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise errors.SharingConfigError(f"{source}: malformed YAML: {first}") from None
+    return yamltext.load(text, source=source, error=errors.SharingConfigError)
 
 
 def _error(path: str, message: str) -> errors.SharingConfigError:
