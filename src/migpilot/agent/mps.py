@@ -14,6 +14,10 @@ the sharing config) and :class:`MpsSupervisor` makes it so, one pass at a time:
 * a daemon no longer wanted is asked to quit; one whose devices or directories changed is
   restarted, one whose defaults alone changed gets the new defaults (they apply to the next MPS
   server it spawns);
+* a daemon the caller says must not start now (``blocked``: its GPUs could not be put in
+  ``EXCLUSIVE_PROCESS``, see :mod:`migpilot.agent.computemodes`) fails its start with the
+  caller's reason and backs off like any failed start, so the node's state word is ``failed``
+  until a later pass starts it;
 * after an agent restart, a daemon still running (its pid file's process, or its socket
   answering) is adopted, not started twice; a marker file in its log directory
   (:data:`MARKER_FILE`) says which devices it was started for, and a daemon started for others
@@ -173,17 +177,28 @@ class MpsSupervisor:
         self._clock = clock
         self._settings = settings if settings is not None else SupervisorSettings()
         self._records: dict[str, _Record] = {}
+        self._blocked: dict[str, str] = {}
+        """The current pass's daemons that must not start, with why."""
 
     def statuses(self) -> tuple[DaemonStatus, ...]:
         """Every daemon the supervisor keeps, by name."""
         return tuple(self._records[name].status for name in sorted(self._records))
 
-    def reconcile(self, desired: Iterable[mps.MpsDaemonSpec]) -> tuple[DaemonStatus, ...]:
+    def kept(self) -> tuple[mps.MpsDaemonSpec, ...]:
+        """The daemons the supervisor still keeps (wanted, or unwanted but not yet stopped)."""
+        return tuple(self._records[name].spec for name in sorted(self._records))
+
+    def reconcile(
+        self, desired: Iterable[mps.MpsDaemonSpec], *, blocked: Mapping[str, str] | None = None
+    ) -> tuple[DaemonStatus, ...]:
         """One pass toward ``desired`` (see the module docstring); the statuses after it.
 
-        :class:`~migpilot.gpu.mps.MpsError` only for a desired list that cannot be meant (two
-        daemons with one name or one pipe directory); a daemon's own failures are in its status.
+        ``blocked`` names daemons that must not be started in this pass, each with the reason
+        (a running one is left running). :class:`~migpilot.gpu.mps.MpsError` only for a desired
+        list that cannot be meant (two daemons with one name or one pipe directory); a daemon's
+        own failures are in its status.
         """
+        self._blocked = dict(blocked or {})
         wanted = _checked(desired)
         for name in sorted(set(self._records) - set(wanted)):
             self._retire(self._records[name])
@@ -249,6 +264,8 @@ class MpsSupervisor:
         self, spec: mps.MpsDaemonSpec, status: DaemonStatus | None, *, restart: bool = False
     ) -> None:
         try:
+            if spec.name in self._blocked:
+                raise mps.MpsError(self._blocked[spec.name])
             _make_dirs(spec)
             pid = self._control.start(spec)
             _write_marker(spec)

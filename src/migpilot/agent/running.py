@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Protocol
 
 from migpilot import errors, files, probes
-from migpilot.agent import desired, labels, metrics, reconciling
+from migpilot.agent import computemodes, desired, labels, metrics, reconciling
 from migpilot.agent import mps as mps_supervision
 from migpilot.agent.deviceplugin import advertising, devices, health, podresources, replicating
 from migpilot.gpu import backend, clocks
@@ -546,6 +546,8 @@ class Agent:
         self._backend = gpus
         self._sharing = sharing
         self._mps = mps
+        self._modes = computemodes.ComputeModeKeeper(gpus) if mps is not None else None
+        """Puts the MPS daemons' GPUs in EXCLUSIVE_PROCESS around the supervisor's passes."""
         self._mps_checked: float | None = None
         self._mps_state_changed = False
         self._mps_state: str | None = None
@@ -612,8 +614,10 @@ class Agent:
 
     def _supervise_mps(self) -> None:
         """Start, restart or stop the MPS daemons the advertised resources need (pass lock
-        held). A daemon that cannot be had is the supervisor's to retry; it never stops a pass."""
-        if self._mps is None:
+        held). A daemon that cannot be had is the supervisor's to retry; it never stops a pass.
+        Their GPUs are put in EXCLUSIVE_PROCESS first (a daemon whose GPU cannot be set does not
+        start) and given back to DEFAULT once no kept daemon shares them."""
+        if self._mps is None or self._modes is None:
             return
         self._mps_checked = self._clock.monotonic()
         try:
@@ -621,7 +625,9 @@ class Agent:
         except errors.MigpilotError as err:
             _log.error("MPS daemons not started: %s", err)
             wanted = []
-        statuses = self._mps.reconcile(wanted)
+        blocked = self._modes.prepare(wanted)
+        statuses = self._mps.reconcile(wanted, blocked=blocked)
+        self._modes.release(self._mps.kept())
         self._mps_state = mps_supervision.sharing_state(statuses) if statuses else None
 
     def _wanted_daemons(self) -> tuple[sharing_mps.MpsDaemon, ...]:

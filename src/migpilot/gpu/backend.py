@@ -3,7 +3,9 @@
 The agent needs a handful of driver operations: list the GPUs and their MIG mode, list the MIG
 devices of a GPU with their placements and UUIDs, create a GPU instance at an exact placement
 together with its full compute instance, destroy one, list the processes running on a MIG
-device, and wait for XID error events. :class:`GpuBackend` is that interface; ``nvml`` implements
+device, wait for XID error events, and read and set a whole GPU's compute mode (an MPS-shared
+GPU is put in ``EXCLUSIVE_PROCESS``, as NVIDIA's device plugin does, so only the MPS server
+reaches it). :class:`GpuBackend` is that interface; ``nvml`` implements
 it over NVIDIA's official bindings and ``emulated`` in process. Every failure is a
 :class:`BackendError` carrying an :class:`ErrorKind` (the driver's answer, mapped) and the
 backend's own message, so callers decide on kinds, never on message text.
@@ -34,6 +36,8 @@ class ErrorKind(enum.StrEnum):
     """The GPU or driver cannot do this, e.g. MIG mode is off (NVML_ERROR_NOT_SUPPORTED)."""
     INVALID_ARGUMENT = "invalid argument"
     """A placement the profile does not allow, or a bad id (NVML_ERROR_INVALID_ARGUMENT)."""
+    NO_PERMISSION = "no permission"
+    """The operation needs root, e.g. setting a compute mode (NVML_ERROR_NO_PERMISSION)."""
     UNKNOWN = "unknown"
     """Anything else the driver reported."""
 
@@ -45,6 +49,22 @@ class BackendError(errors.MigpilotError):
         super().__init__(f"{message} ({kind.value})")
         self.kind = kind
         self.message = message
+
+
+class ComputeMode(enum.StrEnum):
+    """Which CUDA contexts a whole GPU accepts (``nvmlComputeMode_t``, ``nvidia-smi -c``).
+
+    NVML's fourth value, ``EXCLUSIVE_THREAD``, was removed from the driver; a backend that reads
+    it anyway reports it as :attr:`EXCLUSIVE_PROCESS`.
+    """
+
+    DEFAULT = "default"
+    """Any number of contexts, from any processes (NVML_COMPUTEMODE_DEFAULT)."""
+    EXCLUSIVE_PROCESS = "exclusive-process"
+    """One context, of one process: with MPS that process is the MPS server, so every client
+    goes through MPS (NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)."""
+    PROHIBITED = "prohibited"
+    """No contexts at all (NVML_COMPUTEMODE_PROHIBITED)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +173,18 @@ class GpuBackend(Protocol):
 
     def wait_xid(self, timeout_s: float) -> XidEvent | None:
         """The next XID critical-error event, or ``None`` after ``timeout_s`` without one."""
+        ...
+
+    def compute_mode(self, gpu: int) -> ComputeMode:
+        """The compute mode of whole GPU ``gpu``."""
+        ...
+
+    def set_compute_mode(self, gpu: int, mode: ComputeMode) -> None:
+        """Set whole GPU ``gpu``'s compute mode (takes effect at once; a reboot resets it).
+
+        Refused with ``NOT_SUPPORTED`` while MIG mode is on: the mode then belongs to each MIG
+        device, which migpilot never shares through MPS. ``NO_PERMISSION`` without root.
+        """
         ...
 
     def close(self) -> None:

@@ -15,6 +15,11 @@ subsystem ``0`` (a board nothing is known about, so a filter naming a board neve
 or the ids given (``emulated:0x233010DE:0x16C110DE:x8``). State files written before GPUs had
 ids load with those defaults.
 
+Each GPU also has a compute mode (``DEFAULT`` until set), which it keeps until set again, as a
+driver keeps it until a reboot; setting it on a GPU in MIG mode is refused (``Not Supported``),
+as the driver refuses a whole-GPU handle there. State files written before GPUs had a mode load
+with ``DEFAULT``.
+
 The state lives in a JSON file rewritten atomically (temp file, fsync, rename) after every
 change, so a new :class:`EmulatedBackend` on the same file sees the same instances, as hardware
 survives an agent restart. UUIDs derive from a seed, the GPU index, the instance ids and a
@@ -55,6 +60,7 @@ class Step(enum.StrEnum):
     CREATE_COMPUTE_INSTANCE = "create-compute-instance"
     DESTROY_COMPUTE_INSTANCE = "destroy-compute-instance"
     DESTROY_GPU_INSTANCE = "destroy-gpu-instance"
+    SET_COMPUTE_MODE = "set-compute-mode"
 
 
 class FaultEffect(enum.Enum):
@@ -98,6 +104,8 @@ class OperationTimes:
     """Destroying a compute instance; default 0.04 s."""
     destroy_gpu_instance_s: float = 0.1
     """Destroying a GPU instance; default 0.1 s."""
+    set_compute_mode_s: float = 0.0
+    """Setting a GPU's compute mode; default 0 s (``nvidia-smi -c`` returns at once)."""
 
     def of(self, step: Step) -> float:
         """The time ``step`` takes."""
@@ -106,6 +114,7 @@ class OperationTimes:
             Step.CREATE_COMPUTE_INSTANCE: self.create_compute_instance_s,
             Step.DESTROY_COMPUTE_INSTANCE: self.destroy_compute_instance_s,
             Step.DESTROY_GPU_INSTANCE: self.destroy_gpu_instance_s,
+            Step.SET_COMPUTE_MODE: self.set_compute_mode_s,
         }[step]
 
 
@@ -142,6 +151,8 @@ class GpuState(TypedDict):
     """``0xDDDDVVVV``; absent in older files: the model's first catalog id."""
     pci_subsystem_id: NotRequired[int]
     """``0xSSSSWWWW``, the board; absent in older files: 0 (unknown board)."""
+    compute_mode: NotRequired[str]
+    """A :class:`~migpilot.gpu.backend.ComputeMode` value; absent in older files: default."""
 
 
 class StateFile(TypedDict):
@@ -431,6 +442,28 @@ class EmulatedBackend:
                 self._event_ready.wait(timeout_s)
             return self._events.popleft() if self._events else None
 
+    def compute_mode(self, gpu: int) -> backend.ComputeMode:
+        """GPU ``gpu``'s compute mode (``DEFAULT`` until set)."""
+        with self._lock:
+            return _compute_mode(self._gpu(gpu), where=f"GPU {gpu}")
+
+    def set_compute_mode(self, gpu: int, mode: backend.ComputeMode) -> None:
+        """``nvmlDeviceSetComputeMode`` on the whole GPU; refused while MIG mode is on."""
+        mode = backend.ComputeMode(mode)
+        with self._changing(gpu):
+            with self._lock:
+                g = self._gpu(gpu)
+                if g["mig_current"]:
+                    raise backend.BackendError(
+                        backend.ErrorKind.NOT_SUPPORTED,
+                        f"GPU {gpu} is in MIG mode: its compute mode is per MIG device",
+                    )
+
+            def apply() -> None:
+                g["compute_mode"] = mode.value
+
+            self._step(Step.SET_COMPUTE_MODE, apply)
+
     def close(self) -> None:
         """Nothing to release: the state is saved after every change."""
 
@@ -623,6 +656,17 @@ class EmulatedBackend:
             start=inst["start"],
             uuid=inst["uuid"],
         )
+
+
+def _compute_mode(g: GpuState, *, where: str) -> backend.ComputeMode:
+    value = g.get("compute_mode", backend.ComputeMode.DEFAULT.value)
+    try:
+        return backend.ComputeMode(value)
+    except ValueError:
+        known = ", ".join(m.value for m in backend.ComputeMode)
+        raise backend.BackendError(
+            backend.ErrorKind.UNKNOWN, f"{where}: unknown compute mode {value!r} (known: {known})"
+        ) from None
 
 
 def _total_memory_mib(model: profiles.GpuModel) -> int:

@@ -5,7 +5,9 @@ NVML (mig-parted, the device plugin, go-nvlib): GPU-instance profiles are looked
 ``nvmlDeviceGetGpuInstanceProfileInfo`` by their ``NVML_GPU_INSTANCE_PROFILE_*`` index (the
 catalog's ``nvml:`` field), so the profile *id* the driver uses comes from the driver; instances
 are created with ``nvmlDeviceCreateGpuInstanceWithPlacement`` at an exact start, each with one
-compute instance of the full profile; MIG device UUIDs come from the MIG device handles. Driver
+compute instance of the full profile; MIG device UUIDs come from the MIG device handles; a whole
+GPU's compute mode is read and set with ``nvmlDeviceGetComputeMode``/``nvmlDeviceSetComputeMode``
+(what ``nvidia-smi -c``, which NVIDIA's MPS daemon runs, calls), never on a GPU in MIG mode. Driver
 errors (``pynvml.NVMLError``) become :class:`~migpilot.gpu.backend.BackendError` with a kind.
 
 The bindings module is injected (default: ``import pynvml`` from nvidia-ml-py), so the same
@@ -277,6 +279,41 @@ class NvmlBackend:
                     mig_uuid = dev.uuid
         return backend.XidEvent(index, gpu_uuid, int(data.eventData), gi, ci, mig_uuid)
 
+    def compute_mode(self, gpu: int) -> backend.ComputeMode:
+        """``nvmlDeviceGetComputeMode`` of whole GPU ``gpu``."""
+        nvml = self._nvml
+        handle = self._handle(gpu)
+        with self._mapped(f"GPU {gpu}: reading its compute mode"):
+            value = int(nvml.nvmlDeviceGetComputeMode(handle))
+        modes = _compute_modes(nvml)
+        if value == nvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD:
+            return backend.ComputeMode.EXCLUSIVE_PROCESS  # removed from drivers; the nearest
+        for mode, code in modes.items():
+            if code == value:
+                return mode
+        raise backend.BackendError(
+            backend.ErrorKind.UNKNOWN, f"GPU {gpu}: unknown compute mode {value}"
+        )
+
+    def set_compute_mode(self, gpu: int, mode: backend.ComputeMode) -> None:
+        """``nvmlDeviceSetComputeMode`` on whole GPU ``gpu``; refused while MIG mode is on."""
+        nvml = self._nvml
+        handle = self._handle(gpu)
+        try:
+            current, _ = nvml.nvmlDeviceGetMigMode(handle)
+        except nvml.NVMLError as e:
+            if e.value != nvml.NVML_ERROR_NOT_SUPPORTED:
+                raise _error(nvml, e, f"GPU {gpu}: MIG mode") from None
+            current = nvml.NVML_DEVICE_MIG_DISABLE  # not MIG-capable: a whole GPU
+        if current == nvml.NVML_DEVICE_MIG_ENABLE:
+            raise backend.BackendError(
+                backend.ErrorKind.NOT_SUPPORTED,
+                f"GPU {gpu} is in MIG mode: its compute mode is per MIG device",
+            )
+        code = _compute_modes(nvml)[backend.ComputeMode(mode)]
+        with self._mapped(f"GPU {gpu}: setting compute mode {mode.value}"):
+            nvml.nvmlDeviceSetComputeMode(handle, code)
+
     def close(self) -> None:
         """Free the event set and shut NVML down."""
         with self._lock, self._mapped("shutting NVML down"):
@@ -370,6 +407,15 @@ def _error(nvml: Any, err: Any, what: str) -> backend.BackendError:
     return backend.BackendError(_kind(nvml, err.value), f"{what}: {text}")
 
 
+def _compute_modes(nvml: Any) -> dict[backend.ComputeMode, int]:
+    """Each compute mode's ``NVML_COMPUTEMODE_*`` code."""
+    return {
+        backend.ComputeMode.DEFAULT: nvml.NVML_COMPUTEMODE_DEFAULT,
+        backend.ComputeMode.EXCLUSIVE_PROCESS: nvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+        backend.ComputeMode.PROHIBITED: nvml.NVML_COMPUTEMODE_PROHIBITED,
+    }
+
+
 def _kind(nvml: Any, code: int) -> backend.ErrorKind:
     """The backend error kind of an NVML return code."""
     table: dict[int, backend.ErrorKind] = {
@@ -378,5 +424,6 @@ def _kind(nvml: Any, code: int) -> backend.ErrorKind:
         nvml.NVML_ERROR_NOT_FOUND: backend.ErrorKind.NOT_FOUND,
         nvml.NVML_ERROR_NOT_SUPPORTED: backend.ErrorKind.NOT_SUPPORTED,
         nvml.NVML_ERROR_INVALID_ARGUMENT: backend.ErrorKind.INVALID_ARGUMENT,
+        nvml.NVML_ERROR_NO_PERMISSION: backend.ErrorKind.NO_PERMISSION,
     }
     return table.get(code, backend.ErrorKind.UNKNOWN)

@@ -34,7 +34,14 @@ _ERROR_CODES: dict[backend.ErrorKind, int] = {
     backend.ErrorKind.NOT_FOUND: pynvml.NVML_ERROR_NOT_FOUND,
     backend.ErrorKind.NOT_SUPPORTED: pynvml.NVML_ERROR_NOT_SUPPORTED,
     backend.ErrorKind.INVALID_ARGUMENT: pynvml.NVML_ERROR_INVALID_ARGUMENT,
+    backend.ErrorKind.NO_PERMISSION: pynvml.NVML_ERROR_NO_PERMISSION,
     backend.ErrorKind.UNKNOWN: pynvml.NVML_ERROR_UNKNOWN,
+}
+
+_COMPUTE_MODE_CODES: dict[backend.ComputeMode, int] = {
+    backend.ComputeMode.DEFAULT: pynvml.NVML_COMPUTEMODE_DEFAULT,
+    backend.ComputeMode.EXCLUSIVE_PROCESS: pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+    backend.ComputeMode.PROHIBITED: pynvml.NVML_COMPUTEMODE_PROHIBITED,
 }
 
 # Compute-instance profile index (NVML_COMPUTE_INSTANCE_PROFILE_*) -> compute slices.
@@ -209,6 +216,21 @@ class NvmlStandin:
         mig = self._emu.gpus()[self._device(device)].mig
         assert mig is not None
         return [int(mig.current), int(mig.pending)]
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        self._enter("nvmlDeviceGetComputeMode")
+        gpu = self._device(handle)
+        mode = self._backend_call(self._emu.compute_mode, gpu)
+        return int(_COMPUTE_MODE_CODES[mode])
+
+    def nvmlDeviceSetComputeMode(self, handle: Any, mode: int) -> int:
+        self._enter("nvmlDeviceSetComputeMode")
+        gpu = self._device(handle)
+        wanted = next((m for m, code in _COMPUTE_MODE_CODES.items() if code == mode), None)
+        if wanted is None:  # EXCLUSIVE_THREAD (removed from drivers) or not a mode at all
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._backend_call(self._emu.set_compute_mode, gpu, wanted)
+        return int(pynvml.NVML_SUCCESS)
 
     # --- GPU instances -------------------------------------------------------------------------
 
