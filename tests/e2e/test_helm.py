@@ -124,6 +124,7 @@ def _render(
         ("webhook.enabled=false",),
         ("webhook.validate=false",),
         (f"agent.sharing.configs.ts4={TIME_SLICING}", "agent.sharing.default=ts4"),
+        (f"agent.sharing.configs.ts4={TIME_SLICING}", "agent.strategy=mixed"),
         ("agent.sharing.existingConfigMap=gpu-sharing", "agent.mpsRoot=", "agent.hostPID=true"),
     ],
 )
@@ -261,7 +262,9 @@ def test_without_sharing_values_no_sharing_config_is_rendered() -> None:
 
 
 def test_sharing_configs_become_a_mounted_configmap_the_agent_reads(tmp_path: Path) -> None:
-    docs = _render("mp", "gpu-system", "agent.hostPID=true", values=SHARING_VALUES)
+    docs = _render(
+        "mp", "gpu-system", "agent.hostPID=true", "agent.strategy=none", values=SHARING_VALUES
+    )
     (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
     assert configmap["metadata"] == {
         **configmap["metadata"],
@@ -336,6 +339,10 @@ def test_the_mps_root_is_mounted_at_the_hosts_path(root: str, mounted: str | Non
         (
             ("agent.sharing.configs.a=version: v1", "agent.sharing.default=b"),
             'agent.sharing.default: no config named "b" in agent.sharing.configs',
+        ),
+        (
+            ("agent.sharing.configs.m=sharing: {mps: {resources: []}}",),
+            "agent.sharing.configs.m: sharing.mps is not served with agent.strategy=mixed",
         ),
     ],
 )
@@ -544,6 +551,7 @@ def installed(
             namespace,
             "serviceMonitor.enabled=true",
             "agent.hostPID=true",
+            "agent.strategy=none",
             values=SHARING_VALUES,
         )
     else:
