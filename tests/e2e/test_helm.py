@@ -27,7 +27,7 @@ from lightkube.resources.admissionregistration_v1 import (
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.authorization_v1 import SubjectAccessReview
-from lightkube.resources.core_v1 import Namespace, Secret, Service, ServiceAccount
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Secret, Service, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import (
     ClusterRole,
     ClusterRoleBinding,
@@ -35,8 +35,11 @@ from lightkube.resources.rbac_authorization_v1 import (
     RoleBinding,
 )
 
+from migpilot.agent import sharingconfig
 from migpilot.api import gpulayouts, leases
 from migpilot.cli import main
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import configsets
 from migpilot.webhook import registering
 from tests.kube import tools
 from tests.kube.controlplane import ControlPlane, wait_for
@@ -77,16 +80,37 @@ SERVICEMONITOR_CRD = {
 }
 
 
+# Sharing configs in NVIDIA's device-plugin format: one as a string (no commas: --set splits
+# on them), one as a map.
+TIME_SLICING = """version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4"""
+MPS = {
+    "version": "v1",
+    "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}},
+}
+SHARING_VALUES = {
+    "agent": {"sharing": {"configs": {"ts4": TIME_SLICING, "mps2": MPS}, "default": "ts4"}}
+}
+
+
 def _helm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(tools.locate().helm), *args], capture_output=True, text=True, check=False
     )
 
 
-def _render(release: str, namespace: str, *sets: str) -> list[dict[str, Any]]:
+def _render(
+    release: str, namespace: str, *sets: str, values: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     args = ["template", release, str(CHART), "-n", namespace, "--include-crds"]
     for s in sets:
         args += ["--set", s]
+    for key, value in (values or {}).items():
+        args += ["--set-json", f"{key}={json.dumps(value)}"]
     got = _helm(*args)
     assert got.returncode == 0, got.stderr
     return [d for d in yaml.safe_load_all(got.stdout) if d]
@@ -99,6 +123,9 @@ def _render(release: str, namespace: str, *sets: str) -> list[dict[str, Any]]:
         ("certManager.enabled=true", "serviceMonitor.enabled=true"),
         ("webhook.enabled=false",),
         ("webhook.validate=false",),
+        (f"agent.sharing.configs.ts4={TIME_SLICING}", "agent.sharing.default=ts4"),
+        (f"agent.sharing.configs.ts4={TIME_SLICING}", "agent.strategy=mixed"),
+        ("agent.sharing.existingConfigMap=gpu-sharing", "agent.mpsRoot=", "agent.hostPID=true"),
     ],
 )
 def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
@@ -122,6 +149,13 @@ def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
         ("webhook.validate=maybe", "/webhook/validate"),
         ("controler.replicas=1", "'controler' not allowed"),
         ("agent.intervall=5", "'intervall' not allowed"),
+        ("agent.sharing.configs.bad/name=x", "/agent/sharing/configs"),
+        ("agent.sharing.configs.ts=", "/agent/sharing/configs/ts"),
+        ("agent.sharing.existingConfigMap=Gpu_Sharing", "/agent/sharing/existingConfigMap"),
+        ("agent.sharing.default=a b", "/agent/sharing/default"),
+        ("agent.sharing.rename=true", "'rename' not allowed"),
+        ("agent.mpsRoot=run/nvidia/mps", "/agent/mpsRoot"),
+        ("agent.hostPID=yes", "/agent/hostPID"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(bad: str, message: str) -> None:
@@ -184,6 +218,8 @@ def test_the_agent_keeps_its_state_on_the_host_and_reaches_the_kubelet() -> None
         "/var/lib/kubelet/device-plugins": "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources": "/var/lib/kubelet/pod-resources",
         "/var/lib/migpilot": "/var/lib/migpilot",
+        "/run/nvidia/mps": "/run/nvidia/mps",
+        "/dev/shm": "/run/nvidia/mps/shm",
     }
     parsed = main.build_parser().parse_args(
         [a.replace("$(NODE_NAME)", "n") for a in container["args"]]
@@ -194,6 +230,138 @@ def test_the_agent_keeps_its_state_on_the_host_and_reaches_the_kubelet() -> None
     docs = _render("mp", "gpu-system", "agent.runtimeClassName=nvidia")
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     assert ds["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+
+
+def _agent(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """The agent's pod spec, its container and its parsed command line."""
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = [a.replace("$(NODE_NAME)", "n") for a in container["args"]]
+    return pod, container, main.build_parser().parse_args(args)
+
+
+def _volume_at(pod: dict[str, Any], container: dict[str, Any], path: str) -> dict[str, Any]:
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == path]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    return {**volume, "readOnly": mount.get("readOnly", False)}
+
+
+def test_without_sharing_values_no_sharing_config_is_rendered() -> None:
+    docs = _render("mp", "gpu-system")
+    assert [d for d in docs if d["kind"] == "ConfigMap"] == []
+    pod, container, parsed = _agent(docs)
+    assert parsed.device_plugin_configs is None
+    assert parsed.device_plugin_config_default is None
+    assert not any("sharing" in m["mountPath"] for m in container["volumeMounts"])
+    assert "hostPID" not in pod
+    # The MPS root is there by default: a node labelled migpilot.io/mode=mps needs no config.
+    assert parsed.mps_root == "/run/nvidia/mps"
+    root = _volume_at(pod, container, "/run/nvidia/mps")
+    assert root["hostPath"] == {"path": "/run/nvidia/mps", "type": "DirectoryOrCreate"}
+
+
+def test_sharing_configs_become_a_mounted_configmap_the_agent_reads(tmp_path: Path) -> None:
+    docs = _render(
+        "mp", "gpu-system", "agent.hostPID=true", "agent.strategy=none", values=SHARING_VALUES
+    )
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert configmap["metadata"] == {
+        **configmap["metadata"],
+        "name": "mp-sharing",
+        "namespace": "gpu-system",
+    }
+    assert set(configmap["data"]) == {"ts4", "mps2"}
+    assert configmap["data"]["ts4"] == TIME_SLICING  # a string goes in as written
+    assert yaml.safe_load(configmap["data"]["mps2"]) == MPS  # a map as its YAML
+    pod, container, parsed = _agent(docs)
+    assert pod["hostPID"] is True
+    volume = _volume_at(pod, container, parsed.device_plugin_configs)
+    assert volume["configMap"] == {"name": "mp-sharing"} and volume["readOnly"] is True
+    assert parsed.device_plugin_config_default == "ts4"
+    # The mounted folder, as the agent reads it at start: every config valid, the default
+    # picked for a node without the label, the label's config for one with it.
+    for name, text in configmap["data"].items():
+        (tmp_path / name).write_text(text)
+    named = sharingconfig.NamedSet(
+        tmp_path, selection=configsets.Selection(default=parsed.device_plugin_config_default)
+    )
+    named.check_all()
+    _, picked = named.load(None)
+    assert picked.strategy == sharing_config.SharingStrategy.TIME_SLICING
+    assert picked.time_slicing is not None
+    assert picked.time_slicing.resources[0].replicas == 4
+    _, labelled = named.load("mps2")
+    assert labelled.strategy == sharing_config.SharingStrategy.MPS
+
+
+def test_an_existing_sharing_configmap_is_mounted_and_none_rendered() -> None:
+    docs = _render("mp", "gpu-system", "agent.sharing.existingConfigMap=gpu-sharing")
+    assert [d for d in docs if d["kind"] == "ConfigMap"] == []
+    pod, container, parsed = _agent(docs)
+    assert _volume_at(pod, container, parsed.device_plugin_configs)["configMap"] == {
+        "name": "gpu-sharing"
+    }
+    assert parsed.device_plugin_config_default is None
+
+
+@pytest.mark.parametrize(
+    ("root", "mounted"),
+    [("/var/run/mps/", "/var/run/mps"), ("", None)],
+)
+def test_the_mps_root_is_mounted_at_the_hosts_path(root: str, mounted: str | None) -> None:
+    pod, container, parsed = _agent(_render("mp", "gpu-system", f"agent.mpsRoot={root}"))
+    assert parsed.mps_root == mounted
+    paths = {m["mountPath"] for m in container["volumeMounts"]}
+    if mounted is None:
+        assert "/dev/shm" not in paths and not any("mps" in p for p in paths)
+        return
+    # Allocate mounts <root>/<resource>/pipe and <root>/shm into pods by their host paths:
+    # the agent's daemons must see the same folders at the same paths.
+    assert _volume_at(pod, container, mounted)["hostPath"]["path"] == mounted
+    assert _volume_at(pod, container, "/dev/shm")["hostPath"] == {
+        "path": f"{mounted}/shm",
+        "type": "DirectoryOrCreate",
+    }
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            ("agent.sharing.configs.a=version: v1", "agent.sharing.existingConfigMap=cm"),
+            "agent.sharing.configs and agent.sharing.existingConfigMap exclude each other",
+        ),
+        (
+            ("agent.sharing.default=ts4",),
+            "agent.sharing.default needs agent.sharing.configs or agent.sharing.existingConfigMap",
+        ),
+        (
+            ("agent.sharing.configs.a=version: v1", "agent.sharing.default=b"),
+            'agent.sharing.default: no config named "b" in agent.sharing.configs',
+        ),
+        (
+            ("agent.sharing.configs.m=sharing: {mps: {resources: []}}",),
+            "agent.sharing.configs.m: sharing.mps is not served with agent.strategy=mixed",
+        ),
+    ],
+)
+def test_conflicting_sharing_values_fail_the_rendering(sets: tuple[str, ...], message: str) -> None:
+    args = ["template", "mp", str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    got = _helm(*args)
+    assert got.returncode != 0
+    assert message in got.stderr
+
+
+def test_a_sharing_config_map_must_look_like_nvidias_format() -> None:
+    for config in ({"version": "v2"}, {"sharing": {"timeslicing": {}}}, {"replicas": 2}):
+        got = _helm(
+            "lint", str(CHART), "--set-json", f"agent.sharing.configs.a={json.dumps(config)}"
+        )
+        assert got.returncode != 0
+        assert "/agent/sharing/configs/a" in got.stdout + got.stderr
 
 
 def test_the_controller_and_the_webhook_run_unprivileged() -> None:
@@ -246,14 +414,40 @@ def _value_rows() -> dict[str, str]:
     return dict(re.findall(r"^\| `([\w.]+)` \| `(.*?)` \|", text, flags=re.MULTILINE))
 
 
+def _values_lines() -> list[tuple[int, tuple[str, ...], bool, bool]]:
+    """values.yaml's keys, in order: (line index, dotted path, ``# --`` comment above,
+    a section: the next key is nested under it)."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    keys = []
+    for i, line in enumerate(lines):
+        match = re.match(r"^( *)([A-Za-z]\w*):", line)
+        if match is not None:
+            keys.append((i, len(match[1]) // 2, match[2]))
+    found = []
+    stack: list[str] = []
+    for n, (i, depth, name) in enumerate(keys):
+        stack = [*stack[:depth], name]
+        j = i - 1
+        while (
+            j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# --")
+        ):
+            j -= 1
+        documented = j >= 0 and lines[j].strip().startswith("# --") and j < i
+        section = n + 1 < len(keys) and keys[n + 1][1] > depth
+        found.append((i, tuple(stack), documented, section))
+    return found
+
+
 def _values_by_row() -> dict[str, Any]:
+    """values.yaml's documented (``# --``) values: dotted path -> default."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     rows: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict) and value:
-            rows.update({f"{key}.{sub}": v for sub, v in value.items()})
-        else:
-            rows[key] = value
+    for _, path, documented, _ in _values_lines():
+        if documented:
+            value = values
+            for key in path:
+                value = value[key]
+            rows[".".join(path)] = value
     return rows
 
 
@@ -265,13 +459,19 @@ def test_the_readme_documents_every_value_with_its_default() -> None:
 
 
 def test_values_yaml_documents_every_field() -> None:
+    """Every key is a documented value (``# --``), inside one, or a section whose fields are."""
     lines = (CHART / "values.yaml").read_text().splitlines()
-    for i, line in enumerate(lines):
-        match = re.match(r"^( {0,2})([A-Za-z]\w*):", line)
-        if match is None or (not match[1] and lines[i + 1].startswith("  ")):
-            continue  # a section (image:, controller:, ...): its fields carry the text
-        above = lines[i - 1].strip()
-        assert above.startswith("#"), f"values.yaml line {i + 1}: {match[2]} is undocumented"
+    rows: list[tuple[str, ...]] = []
+    for i, path, documented, section in _values_lines():
+        if any(path[: len(row)] == row for row in rows):
+            continue  # a field of a documented value (controller.resources.requests)
+        if documented:
+            rows.append(path)
+            continue
+        assert section, f"values.yaml line {i + 1}: {'.'.join(path)} is undocumented"
+        if len(path) > 1:  # a nested section says what its fields are for
+            assert lines[i - 1].strip().startswith("#"), f"values.yaml line {i + 1}"
+    assert ("agent", "sharing", "configs") in rows  # nested values are rows of their own
 
 
 def test_the_webhook_only_reads_the_controllers_lease() -> None:
@@ -332,8 +532,12 @@ def _wait_established(client: lightkube.Client, name: str) -> None:
 
 
 @pytest.fixture
-def installed(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, str, str]]:
-    """The rendered chart applied to the real apiserver in a namespace of its own."""
+def installed(
+    control_plane: ControlPlane, request: pytest.FixtureRequest
+) -> Iterator[tuple[ControlPlane, str, str]]:
+    """The rendered chart applied to the real apiserver in a namespace of its own; with the
+    parameter ``"sharing"``, with GPU sharing configs (SHARING_VALUES) and hostPID."""
+    sharing = getattr(request, "param", None) == "sharing"
     client = control_plane.client
     suffix = uuid.uuid4().hex[:6]
     release, namespace = f"mp{suffix}", f"migpilot-{suffix}"
@@ -341,7 +545,17 @@ def installed(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, str, 
     with contextlib.suppress(lightkube.ApiError):  # 409: made by an earlier test
         client.create(codecs.from_dict(SERVICEMONITOR_CRD))
     _wait_established(client, "servicemonitors.monitoring.coreos.com")
-    docs = _render(release, namespace, "serviceMonitor.enabled=true")
+    if sharing:
+        docs = _render(
+            release,
+            namespace,
+            "serviceMonitor.enabled=true",
+            "agent.hostPID=true",
+            "agent.strategy=none",
+            values=SHARING_VALUES,
+        )
+    else:
+        docs = _render(release, namespace, "serviceMonitor.enabled=true")
     applied: list[Any] = []
     try:
         for doc in docs:
@@ -364,8 +578,9 @@ def installed(control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, str, 
 
 
 @pytest.mark.kube
+@pytest.mark.parametrize("installed", ["plain", "sharing"], indirect=True)
 def test_the_rendered_chart_applies_to_the_real_apiserver(
-    installed: tuple[ControlPlane, str, str],
+    installed: tuple[ControlPlane, str, str], request: pytest.FixtureRequest
 ) -> None:
     plane, release, namespace = installed
     client = plane.client
@@ -375,7 +590,21 @@ def test_the_rendered_chart_applies_to_the_real_apiserver(
     for name in (f"{release}-controller", f"{release}-webhook"):
         deployment = client.get(Deployment, name, namespace=namespace)
         assert deployment.spec is not None and deployment.spec.replicas == 2
-    assert client.get(DaemonSet, f"{release}-agent", namespace=namespace)
+    agent = client.get(DaemonSet, f"{release}-agent", namespace=namespace)
+    assert agent.spec is not None and agent.spec.template.spec is not None
+    volumes = {v.name: v for v in agent.spec.template.spec.volumes or []}
+    assert volumes["mps-root"].hostPath is not None
+    assert volumes["mps-root"].hostPath.type == "DirectoryOrCreate"
+    if request.node.callspec.params["installed"] == "sharing":
+        configs = client.get(ConfigMap, f"{release}-sharing", namespace=namespace)
+        assert set(configs.data or {}) == {"ts4", "mps2"}
+        assert volumes["sharing"].configMap is not None
+        assert volumes["sharing"].configMap.name == f"{release}-sharing"
+        assert agent.spec.template.spec.hostPID is True
+    else:
+        assert "sharing" not in volumes
+        with pytest.raises(lightkube.ApiError):
+            client.get(ConfigMap, f"{release}-sharing", namespace=namespace)
     for name in ("controller", "webhook", "agent"):
         assert client.get(ServiceAccount, f"{release}-{name}", namespace=namespace)
     ports = {}
@@ -497,6 +726,16 @@ def test_each_component_has_only_the_rights_it_needs(
         (agent, {"verb": "delete", "resource": "nodes"}),
         (agent, {"verb": "list", "resource": "configmaps", "namespace": "gpu-operator"}),
         (agent, {"verb": "get", **{**mig_parted, "name": "some-other-config"}}),
+        # The sharing configs are mounted by the kubelet, never read through the API.
+        (
+            agent,
+            {
+                "verb": "get",
+                "resource": "configmaps",
+                "namespace": namespace,
+                "name": f"{release}-sharing",
+            },
+        ),
         (ctl, {"verb": "update", **{**controller_lease, "name": "someone-elses-lease"}}),
         (ctl, {"verb": "get", "resource": "configmaps", "namespace": namespace}),
         (hook, {"verb": "list", "resource": "leases", **lease_group}),
