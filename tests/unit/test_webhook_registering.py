@@ -24,7 +24,7 @@ def test_configuration_fails_open_and_only_sees_pod_creates() -> None:
     [hook] = doc["webhooks"]
     assert hook["failurePolicy"] == "Ignore"
     assert hook["sideEffects"] == "None"
-    assert hook["timeoutSeconds"] == 2
+    assert hook["timeoutSeconds"] == 5
     assert hook["reinvocationPolicy"] == "Never"
     assert hook["admissionReviewVersions"] == ["v1"]
     assert hook["rules"] == [
@@ -68,7 +68,7 @@ def test_the_validating_configuration_fails_open_beside_the_mutating_one() -> No
     assert hook["failurePolicy"] == "Ignore"
     assert hook["sideEffects"] == "None"
     assert hook["admissionReviewVersions"] == ["v1"]
-    assert hook["timeoutSeconds"] == 2
+    assert hook["timeoutSeconds"] == 5
     assert "reinvocationPolicy" not in hook  # mutating webhooks only
     assert hook["clientConfig"]["service"] == {
         "namespace": "gpu-system",
