@@ -344,6 +344,33 @@ def test_a_pinned_pods_reservation_taken_by_a_pod_bound_without_migpilot_is_plan
     _run(body)
 
 
+def test_a_pinned_pod_that_lost_its_instance_and_finds_no_room_waits_saying_where() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await api.put(kubeapi.Kind.NODES, _node("n0"))
+        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
+        await _agent_reports(api, "n0", [])
+        await api.put(kubeapi.Kind.PODS, _pod("big", "7g.80gb"))
+        await _until("a reservation", lambda: "ns/big" in _reserved(api, "n0"))
+        whole = {"profile": "7g.80gb", "start": 0, "uuid": "MIG-7", "state": "reserved"}
+        await _agent_reports(api, "n0", [whole])
+        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-7g.80gb": "1"}))
+        await _until("the pin", lambda: len(api.pod_patches) == 1)
+        # A pod bound without migpilot takes the whole GPU; kube-scheduler reports ours
+        # Unschedulable: it waits for room on the node it is pinned to, and says so.
+        await _agent_reports(api, "n0", [{**whole, "state": "used"}])
+        await _until("the stolen reservation dropped", lambda: "ns/big" not in _reserved(api, "n0"))
+        pod = copy.deepcopy(api.objects[kubeapi.Kind.PODS]["ns/big"])
+        pod["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+        ]
+        await api.put(kubeapi.Kind.PODS, pod)
+        await _until("MigWaiting", lambda: any(e.reason == "MigWaiting" for e in api.events))
+        (waiting,) = [e for e in api.events if e.reason == "MigWaiting"]
+        assert waiting.message.startswith("pinned to node n0, where it can only run"), waiting
+
+    _run(body)
+
+
 # --------------------------------------------------------------------------- more scenarios
 
 

@@ -695,7 +695,14 @@ class Controller:
             elif never is not None:
                 jobs.append(self._refuse(u.pod, doc, view, f"can never run: {never}"))
             else:
-                jobs.append(self._say(view, type_="Normal", reason="MigWaiting", message=u.reason))
+                pinned = pinning.pinned_to(view)
+                why = (
+                    f"pinned to node {pinned}, where it can only run, once there is room: "
+                    f"{u.reason}"
+                    if pinned is not None
+                    else u.reason
+                )
+                jobs.append(self._say(view, type_="Normal", reason="MigWaiting", message=why))
         await asyncio.gather(*jobs)
 
     async def _let_go(
