@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -344,3 +345,17 @@ def test_a_settled_node_waits_for_its_resync_one_with_work_left_for_its_interval
     assert member is not None
     assert [str(d) for d in member.gpus.mig_devices(0)] == ["7g.80gb@0"]
     assert not queued_after(31)
+
+
+def test_the_fleet_serves_its_metrics_and_probes() -> None:
+    """``migpilot fleet --metrics-port``: every node's reconciler counts into one registry."""
+    f = fleet.Fleet(kubeapi.InMemoryNodeApi(), settings=fleet.FleetSettings(times=emulated.INSTANT))
+    endpoint = f.serve(port=0, address="127.0.0.1")
+    try:
+        base = f"http://127.0.0.1:{endpoint.port}"
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:
+            assert b"migpilot_reconcile_actions" in r.read()
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        endpoint.close()

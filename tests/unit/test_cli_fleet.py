@@ -22,6 +22,8 @@ def test_defaults() -> None:
     assert (got.workers, got.interval_s, got.resync_s) == (32, 30.0, 300.0)
     assert got.unified_counters
     assert not settings("--no-unified-counters").unified_counters
+    assert got.metrics_port is None
+    assert settings("--metrics-port", "9400").metrics_port == 9400
 
 
 def test_flags(tmp_path: Path) -> None:
@@ -47,6 +49,7 @@ def test_flags(tmp_path: Path) -> None:
         (["--fleet-selector", "a="], "--fleet-selector 'a=' is not LABEL or LABEL=VALUE"),
         (["--kubeconfig", "/nonexistent/kc"], "--kubeconfig: no such file: /nonexistent/kc"),
         (["--strategy", "most"], "most"),
+        (["--metrics-port", "70000"], "--metrics-port must be 0 to 65535, got 70000"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(

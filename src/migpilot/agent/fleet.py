@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from migpilot import errors
+from migpilot import errors, probes
 from migpilot.agent import (
     following,
     holding,
@@ -186,6 +186,10 @@ class FleetSettings:
     change only in its own passes, so these only guard against a missed event; at 1,000 nodes
     a pass of each every few seconds would keep the process busy doing nothing."""
     tick_s: float = 1.0
+    stall_s: float = 300.0
+    """Seconds the tick loop may go without a round before ``/healthz`` fails. Default 300."""
+    metrics_port: int | None = None
+    """Serve metrics and probes on this port (:meth:`Fleet.serve`); ``None``: not served."""
     """Seconds between checks for nodes whose periodic pass is due (default 1)."""
     times: emulated.OperationTimes = field(default_factory=emulated.OperationTimes)
     """How long the emulated driver steps take (default: the A100's measured times)."""
@@ -246,7 +250,16 @@ class Fleet:
         self.pods = standin.PodBook(on_change=self.poke)
         self.queue = WorkQueue()
         self._metrics = metrics.AgentMetrics()
-        """Shared by every node (the reconciler counts into it); not served."""
+        """Shared by every node (the reconciler counts into it); served by :meth:`serve`."""
+        self.heartbeat = probes.Heartbeat(self._clock.monotonic, stall_s=self.settings.stall_s)
+        """Beats once per tick of :meth:`run`; ``/healthz`` reads it."""
+
+    def serve(self, *, port: int, address: str = "0.0.0.0") -> probes.Endpoint:
+        """Serve the fleet's metrics (every node's, in one registry), ``/healthz`` (the tick
+        loop goes round) and ``/readyz`` on ``port`` until the endpoint is closed."""
+        return probes.Endpoint(
+            self._metrics.registry, port=port, address=address, live=self.heartbeat.check
+        )
 
     # -- members -------------------------------------------------------------------------------
     def member(self, node: str) -> Member | None:
@@ -530,6 +543,7 @@ class Fleet:
             w.start()
         try:
             while not stop.wait(self.settings.tick_s):
+                self.heartbeat.beat()
                 self.tick()
         finally:
             self.queue.close()
@@ -556,9 +570,20 @@ def run(settings: FleetSettings) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     _log.info("fleet: agents for the Nodes %s, %d workers", settings.selector, settings.workers)
+    the_fleet = Fleet(api, settings=settings)
+    endpoint = None
+    if settings.metrics_port is not None:
+        try:
+            endpoint = the_fleet.serve(port=settings.metrics_port)
+        except OSError as err:
+            raise errors.AgentConfigError(
+                f"cannot serve metrics on port {settings.metrics_port}: {err.strerror or err}"
+            ) from None
     try:
-        Fleet(api, settings=settings).run(stop)
+        the_fleet.run(stop)
     finally:
+        if endpoint is not None:
+            endpoint.close()
         api.close()
     _log.info("stopped")
     return 0

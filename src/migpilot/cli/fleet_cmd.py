@@ -86,6 +86,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="write each node's nvidia.com/gpumem, nvidia.com/gpumem-percentage and "
         "nvidia.com/gpucores into its capacity and allocatable (unified requests; default: on)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="serve the fleet's metrics, /healthz and /readyz on this port, 0 for none "
+        "(default: 0)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     p.set_defaults(func=_run)
 
@@ -110,6 +118,8 @@ def settings_from(args: argparse.Namespace) -> fleet.FleetSettings:
         raise errors.AgentConfigError(f"--interval must be more than 0, got {args.interval}")
     if not args.resync > 0:
         raise errors.AgentConfigError(f"--resync must be more than 0, got {args.resync}")
+    if not 0 <= args.metrics_port <= 65535:
+        raise errors.AgentConfigError(f"--metrics-port must be 0 to 65535, got {args.metrics_port}")
     return fleet.FleetSettings(
         kubeconfig=args.kubeconfig,
         selector=selector(args.fleet_selector),
@@ -118,6 +128,7 @@ def settings_from(args: argparse.Namespace) -> fleet.FleetSettings:
         interval_s=args.interval,
         resync_s=args.resync,
         unified_counters=args.unified_counters,
+        metrics_port=args.metrics_port or None,
     )
 
 
