@@ -151,6 +151,8 @@ def test_the_node_label_picks_the_sharing_config_and_switching_it_restarts_nothi
 ) -> None:
     scene.start()
     scene.wait(lambda: scene.allocatable("nvidia.com/gpu") == "8", "8 time-sliced replicas")
+    # The Node's capacity and its labels are two writes: wait for the labels too.
+    scene.wait(lambda: "nvidia.com/gpu.replicas" in scene.labels(), "the sharing labels")
     labels = scene.labels()
     assert labels["nvidia.com/gpu.replicas"] == "4"
     assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
