@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from migpilot.agent import kubeapi, labels, sharingconfig
+from migpilot.agent import following, kubeapi, labels, sharingconfig, statics
 from migpilot.agent.deviceplugin import devices
 from migpilot.cli import main as cli
 from migpilot.mig import catalog
@@ -101,11 +101,15 @@ def test_named_set_follows_the_label(tmp_path: Path) -> None:
 
 
 def test_node_label_from_the_api() -> None:
+    """The sharing label is read through the agent's one Node watch (``statics``)."""
     api = kubeapi.InMemoryNodeApi()
     api.put_node("n1", {"nvidia.com/device-plugin.config": "ts"})
-    label = sharingconfig.NodeLabel(api, node="n1")
-    label.sync()
-    assert label() == "ts"
+    static = statics.StaticOrDynamic(api, dynamic=following.GpuLayoutSource(api, node="n1"))
+    static.sync()
+    assert static.node_label(configsets.CONFIG_LABEL) == "ts"
+    api.put_node("n1", {"nvidia.com/device-plugin.config": ""})
+    static.sync()
+    assert static.node_label(configsets.CONFIG_LABEL) is None
 
 
 MODEL = catalog.resolve_gpu("h100-80gb")

@@ -3,7 +3,8 @@
 One config file (``--device-plugin-config FILE``, what NVIDIA's plugin takes with
 ``--config-file``) or a named set (``--device-plugin-configs DIR``: a folder, or a mounted
 ConfigMap, with one config per file), the one the node's ``nvidia.com/device-plugin.config``
-label names (read from the Node through the API, or from a labels file), else the default
+label names (from the Node, through the Node watch of ``agent/statics.py``, or from a labels
+file), else the default
 (:mod:`migpilot.sharing.configsets`). Files are polled by stamp like the agent's other inputs.
 
 :meth:`SharingFollower.refresh` re-reads when a file or the label changed; a config that parses,
@@ -20,12 +21,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from migpilot import errors
-from migpilot.agent import kubeapi, running, watching
+from migpilot.agent import running
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import configsets, labelling
 
@@ -146,46 +147,6 @@ class LabelsFileLabel:
             return running.parse_labels(text, source=str(self.path)).get(self.key) or None
         except errors.MigpilotError:
             return None
-
-
-class NodeLabel:
-    """The label's value on this node's Node object, kept current by a watch (in a thread)."""
-
-    def __init__(self, api: kubeapi.NodeApi, *, node: str, key: str = configsets.CONFIG_LABEL):
-        self._api = api
-        self.node = node
-        self.key = key
-        self._lock = threading.Lock()
-        self._value: str | None = None
-
-    def __call__(self) -> str | None:
-        """The value last seen."""
-        with self._lock:
-            return self._value
-
-    def sync(self) -> None:
-        """Read the Node once (errors: :class:`~kubeapi.KubeApiError`)."""
-        self._nodes(self._api.list_node(self.node).documents)
-
-    def follow(self, stop: threading.Event) -> None:
-        """Watch the Node until ``stop`` (blocks: run it in a thread)."""
-        watching.follow(
-            what=f"Node {self.node} ({self.key})",
-            lister=lambda: self._api.list_node(self.node),
-            watcher=lambda v: self._api.watch_node(self.node, resource_version=v),
-            listed=self._nodes,
-            changed=lambda e: self._nodes(
-                () if e.type is kubeapi.EventType.DELETED else (e.document,)
-            ),
-            stop=stop,
-        )
-
-    def _nodes(self, docs: Sequence[Mapping[str, Any]]) -> None:
-        value = None
-        for doc in docs:
-            value = kubeapi.labels_of(doc).get(self.key) or None
-        with self._lock:
-            self._value = value
 
 
 def no_label() -> str | None:

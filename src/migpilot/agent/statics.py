@@ -82,9 +82,9 @@ class StaticOrDynamic:
         self.node = dynamic.node
         self.configmap = configmap
         self._lock = threading.Lock()
-        self._label: str | None = None
-        self._mode: str | None = None
-        """The Node's ``migpilot.io/mode`` (watched with the same Node watch)."""
+        self._labels: Mapping[str, str] = {}
+        """The Node's labels as the watch last saw them: the static config's label, the mode,
+        and any other label the agent reads (:meth:`node_label`); one Node watch per agent."""
         self._text: str | None = None
         self._problem: str | None = None
         self._applied: str | None = None
@@ -130,17 +130,21 @@ class StaticOrDynamic:
         )
 
     def _nodes(self, docs: Sequence[Mapping[str, Any]]) -> None:
-        label = mode = None
+        labels: Mapping[str, str] = {}
         for doc in docs:
-            label = kubeapi.labels_of(doc).get(desired.CONFIG_LABEL)
-            mode = kubeapi.labels_of(doc).get(modes.MODE_LABEL)
+            labels = dict(kubeapi.labels_of(doc))
+        label = labels.get(desired.CONFIG_LABEL)
         with self._lock:
-            self._mode = mode
-            if label != self._label:
+            if label != self._labels.get(desired.CONFIG_LABEL):
                 _log.info("Node %s: %s", self.node,
                           f"{desired.CONFIG_LABEL}={label}: static layout" if label
                           else f"no {desired.CONFIG_LABEL}: following its GpuLayout")  # fmt: skip
-            self._label = label
+            self._labels = labels
+
+    def node_label(self, key: str) -> str | None:
+        """The Node's label ``key`` as the watch last saw it (``None``: absent or empty)."""
+        with self._lock:
+            return self._labels.get(key) or None
 
     def _maps(self, docs: Sequence[Mapping[str, Any]]) -> None:
         text = None
@@ -155,14 +159,13 @@ class StaticOrDynamic:
     def static_name(self) -> str | None:
         """The config the Node's label names (``None``: the node is dynamic)."""
         with self._lock:
-            return self._label
+            return self._labels.get(desired.CONFIG_LABEL)
 
     @property
     def mps_node(self) -> bool:
         """Whether the Node's ``migpilot.io/mode`` label says ``mps`` (its GPUs with MIG
         disabled are then reported in the GpuLayout's status, for the controller to slice)."""
-        with self._lock:
-            return self._mode == modes.Mode.MPS.value
+        return self.node_label(modes.MODE_LABEL) == modes.Mode.MPS.value
 
     @property
     def problem(self) -> str | None:
@@ -178,7 +181,7 @@ class StaticOrDynamic:
         """Changes with the label, the ConfigMap's text and the GpuLayout (whose reservations
         and reported use still protect instances on a static node)."""
         with self._lock:
-            label, text = self._label, self._text
+            label, text = self._labels.get(desired.CONFIG_LABEL), self._text
         if label is None:
             return ("dynamic", self.dynamic.fingerprint())
         return ("static", label, hash(text), self.dynamic.fingerprint())
@@ -192,7 +195,7 @@ class StaticOrDynamic:
     ) -> dict[int, reconciling.DesiredGpu]:
         """The layouts of the named config, or the GpuLayout's without the label."""
         with self._lock:
-            label, text = self._label, self._text
+            label, text = self._labels.get(desired.CONFIG_LABEL), self._text
         self._applied = label
         if label is None:
             self._problem = None

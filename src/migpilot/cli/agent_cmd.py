@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import logging
 import signal
 import sys
@@ -311,8 +312,9 @@ class _Cluster:
     """The instances set aside for unified pods (``nvidia.com/gpu``), Allocate's inputs."""
     counters: bool = True
     """Write the unified node counters into the Node (``--unified-counters``)."""
-    sharing_label: sharingconfig.NodeLabel | None = None
-    """With a sharing config set: the Node's ``nvidia.com/device-plugin.config`` label."""
+    sharing_label: Callable[[], str | None] | None = None
+    """With a sharing config set: the Node's ``nvidia.com/device-plugin.config`` label, as the
+    static layouts' Node watch sees it."""
     slices: slicing.SliceFilter | None = None
     """The GpuLayout's MPS slices, put into the device view (``docs/agent.md``)."""
 
@@ -451,10 +453,10 @@ def _cluster(
             held_by=lambda: standin.reported_used_by(source.layout()),
         )
         pool.attach(simulated)
-    label = None
+    label: Callable[[], str | None] | None = None
     if sharing:
-        label = sharingconfig.NodeLabel(api, node=args.node)
-        label.sync()
+        # The Node watch of the static layouts carries every label: no second watch.
+        label = functools.partial(static.node_label, configsets.CONFIG_LABEL)
     layout_slices = slicing.SliceFilter(spec=spec, layout=source.layout)
     return _Cluster(
         api, source, simulated, book, static, pool, args.unified_counters, label, layout_slices
@@ -828,13 +830,6 @@ def _serve(
         threading.Thread(
             target=cluster.follow_static, args=(stop,), name="migpilot-static", daemon=True
         ).start()
-        if cluster.sharing_label is not None:
-            threading.Thread(
-                target=cluster.sharing_label.follow,
-                args=(stop,),
-                name="migpilot-sharing-label",
-                daemon=True,
-            ).start()
     agent = running.Agent(
         gpus=gpus,
         in_use=in_use,
