@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
 from migpilot import errors
 from migpilot.planning import modes, planners, plans, sharing, snapshot, validation
+from tests.unit import sharing_snapshots
 
 MODE = modes.MODE_LABEL
 
@@ -308,48 +308,8 @@ def test_every_planner_serves_mps_nodes_beside_mig(name: str) -> None:
 
 # --------------------------------------------------------------------------- properties
 
-_MODELS = ("a100-40gb", "a100-80gb", "h100-80gb")
 
-
-@st.composite
-def _clusters(draw: st.DrawFn) -> snapshot.Snapshot:
-    nodes: list[dict[str, Any]] = []
-    for n in range(draw(st.integers(1, 4))):
-        mode = draw(st.sampled_from(["mig", "mps", "mps", "time-slicing", "none"]))
-        gpus: list[dict[str, Any]] = []
-        for _ in range(draw(st.integers(1, 3))):
-            model = draw(st.sampled_from(_MODELS))
-            gpu: dict[str, Any] = {"model": model}
-            if mode == "mps":
-                cap = 40 if model == "a100-40gb" else 80
-                slices, left = [], cap
-                for i in range(draw(st.integers(0, 5))):
-                    gb = draw(st.integers(1, max(1, cap // 4)))
-                    if gb > left:
-                        break
-                    left -= gb
-                    slices.append({"id": i, "memoryGB": gb, "used": draw(st.booleans())})
-                gpu["mps"] = slices
-            elif mode == "time-slicing":
-                gpu["replicas"] = draw(st.integers(1, 4))
-                gpu["replicasUsed"] = draw(st.integers(0, gpu["replicas"]))
-            gpus.append(gpu)
-        nodes.append(_node(f"n{n}", mode, gpus))
-    pods: list[dict[str, Any]] = []
-    for i in range(draw(st.integers(0, 12))):
-        kind = draw(st.sampled_from(["mps", "mps", "mig", "unified"]))
-        if kind == "mps":
-            req: dict[str, Any] = {f"nvidia.com/gpu-{draw(st.integers(1, 45))}gb": 1}
-        elif kind == "mig":
-            req = {"nvidia.com/mig-1g.10gb": draw(st.integers(1, 2))}
-        else:
-            req = {"nvidia.com/gpu": draw(st.integers(1, 2)),
-                   "nvidia.com/gpumem": draw(st.integers(500, 50_000))}  # fmt: skip
-        pods.append(_pod(f"p{i}", req, priority=draw(st.integers(0, 1))))
-    return _snap(nodes, pods)
-
-
-@given(_clusters())
+@given(sharing_snapshots.clusters())
 def test_plans_are_sound_and_never_touch_a_taken_slice(snap: snapshot.Snapshot) -> None:
     plan = planners.run(snap, "fast")
     assert validation.problems(snap, plan) == []
@@ -376,7 +336,7 @@ def test_plans_are_sound_and_never_touch_a_taken_slice(snap: snapshot.Snapshot) 
     assert {u.pod for u in plan.unschedulable} | {p.pod for p in plan.placements} == set(pods)
 
 
-@given(_clusters())
+@given(sharing_snapshots.clusters())
 def test_mig_nodes_are_planned_as_if_mps_pods_and_other_nodes_were_absent(
     snap: snapshot.Snapshot,
 ) -> None:

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from migpilot.planning import modes, nosmps, planners, plans, snapshot, validation
+from tests.unit import sharing_snapshots
 
 MODE = modes.MODE_LABEL
 
@@ -166,49 +167,16 @@ def test_a_gpu_update_keeps_used_slices_memory_and_clients(
     assert all(n >= 0 for n in gpu.free.values())
 
 
-@st.composite
-def _clusters(draw: st.DrawFn) -> snapshot.Snapshot:
-    nodes: list[dict[str, Any]] = []
-    for n in range(draw(st.integers(1, 4))):
-        mode = draw(st.sampled_from(["mig", "mps", "mps", "time-slicing"]))
-        gpus: list[dict[str, Any]] = []
-        for _ in range(draw(st.integers(1, 3))):
-            model = draw(st.sampled_from(("a100-40gb", "a100-80gb")))
-            gpu: dict[str, Any] = {"model": model}
-            if mode == "mps":
-                cap = 40 if model == "a100-40gb" else 80
-                slices, left = [], cap
-                for i in range(draw(st.integers(0, 6))):
-                    gb = draw(st.integers(1, max(1, cap // 4)))
-                    if gb > left:
-                        break
-                    left -= gb
-                    slices.append({"id": i, "memoryGB": gb, "used": draw(st.booleans())})
-                gpu["mps"] = slices
-            elif mode == "time-slicing":
-                gpu["replicas"] = draw(st.integers(1, 4))
-                gpu["replicasUsed"] = draw(st.integers(0, gpu["replicas"]))
-            gpus.append(gpu)
-        node = {"name": f"n{n}", "gpus": gpus}
-        if mode != "mig":
-            node["labels"] = {MODE: mode}
-        nodes.append(node)
-    pods: list[dict[str, Any]] = []
-    for i in range(draw(st.integers(0, 14))):
-        kind = draw(st.sampled_from(["mps", "mps", "mig", "unified"]))
-        if kind == "mps":
-            req: dict[str, Any] = {f"nvidia.com/gpu-{draw(st.integers(1, 45))}gb":
-                                   draw(st.integers(1, 2))}  # fmt: skip
-        elif kind == "mig":
-            req = {"nvidia.com/mig-1g.10gb": 1}
-        else:
-            req = {"nvidia.com/gpu": draw(st.integers(1, 2)),
-                   "nvidia.com/gpumem": draw(st.integers(500, 50_000))}  # fmt: skip
-        pods.append(_pod(f"p{i}", req, priority=draw(st.integers(0, 1))))
-    return _snap(nodes, pods)
-
-
-@given(_clusters())
+@given(
+    sharing_snapshots.clusters(
+        modes_=("mig", "mps", "mps", "time-slicing"),
+        models=("a100-40gb", "a100-80gb"),
+        max_slices=6,
+        max_pods=14,
+        mps_count=(1, 2),
+        mig_count=(1, 1),
+    )
+)
 def test_nos_plans_are_sound_and_never_shrink_or_remove_a_slice_in_use(
     snap: snapshot.Snapshot,
 ) -> None:
