@@ -8,9 +8,7 @@ keeps its daemon from starting (sharing state ``failed``) until a later pass man
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,19 +16,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from migpilot.agent import computemodes, metrics, reconciling, running, sharingconfig
+from migpilot.agent import computemodes
 from migpilot.agent import mps as agent_mps
-from migpilot.agent.deviceplugin import devices, serving
-from migpilot.gpu import backend, clocks, emulated
+from migpilot.gpu import backend, emulated
 from migpilot.gpu import mps as gpu_mps
-from migpilot.mig import catalog
+from tests.unit import mps_agents
 
-H100 = catalog.resolve_gpu("h100-80gb")
 Mode = backend.ComputeMode
-HEAD = "version: v1\nflags: {migStrategy: none}\n"
-MPS = HEAD + "sharing: {mps: {resources: [{name: gpu, replicas: 4}]}}\n"
-TS = HEAD + "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 4}]}}\n"
-STATE = "migpilot.io/sharing.state"
+H100, MPS, TS, STATE = mps_agents.H100, mps_agents.MPS, mps_agents.TS, mps_agents.STATE
 
 
 def _spec(name: str, *devices: str) -> gpu_mps.MpsDaemonSpec:
@@ -159,75 +152,9 @@ class Watching:
         self.inner.set_defaults(spec)
 
 
-@dataclass
-class Node:
-    agent: running.Agent
-    gpus: emulated.EmulatedBackend
-    daemons: Watching
-    clock: clocks.VirtualClock
-    config: Path
-    labels: Path
-
-    def modes(self) -> list[Mode]:
-        return [self.gpus.compute_mode(g.index) for g in self.gpus.gpus()]
-
-    def state(self) -> str:
-        text = self.labels.read_text()
-        return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)[STATE]
-
-    def phases(self) -> list[agent_mps.Phase]:
-        return [s.phase for s in self.agent.mps_statuses()]
-
-    def ticks(self, count: int) -> None:
-        for _ in range(count):
-            self.clock.sleep(1.0)
-            self.agent.tick()
-
-    def switch(self, text: str) -> None:
-        self.config.write_text(text)
-        st_ = os.stat(self.config)
-        os.utime(self.config, ns=(st_.st_atime_ns, st_.st_mtime_ns + 1_000_000_000))
-        self.agent.tick()
-
-
-@contextmanager
-def _node(tmp_path: Path, *, gpus: int = 2) -> Iterator[Node]:
-    clock = clocks.VirtualClock()
-    emu = emulated.EmulatedBackend([H100] * gpus, clock=clock, durable=False, mig_enabled=False)
-    (tmp_path / "device-plugins").mkdir()
-    plugin = serving.DevicePlugin(
-        serving.PluginSettings(
-            plugin_dir=tmp_path / "device-plugins",
-            strategy=devices.MigStrategy.NONE,
-            kubelet_poll_s=0.02,
-            ledger_file=tmp_path / "allocations.json",
-            mps_root=str(tmp_path / "mps"),
-        )
-    )
-    config = tmp_path / "sharing.yaml"
-    config.write_text(MPS)
-    follower = sharingconfig.SharingFollower(
-        sharingconfig.SingleFile(config), apply=plugin.set_sharing, mig_strategy="none"
-    )
-    daemons = Watching(gpu_mps.EmulatedMps(clock=clock), emu)
-    labels = tmp_path / "labels"
-    agent = running.Agent(
-        gpus=emu,
-        in_use=reconciling.AnyOf([running.HandedOut(plugin)]),
-        source=running.KeepLayout(),
-        plugin=plugin,
-        agent_metrics=metrics.AgentMetrics(),
-        clock=clock,
-        settings=running.AgentSettings(
-            strategy=devices.MigStrategy.NONE, interval_s=30.0, labels_file=labels
-        ),
-        sharing=follower,
-        mps=agent_mps.MpsSupervisor(daemons, clock=clock),
-    )
-    try:
-        yield Node(agent, emu, daemons, clock, config, labels)
-    finally:
-        agent.stop()
+def _node(tmp_path: Path, *, gpus: int = 2) -> AbstractContextManager[mps_agents.Node]:
+    """The shared MPS agent, its daemons watched for the GPUs' modes at each start and stop."""
+    return mps_agents.mps_node(tmp_path, gpus=gpus, wrap=Watching)
 
 
 EXCL = Mode.EXCLUSIVE_PROCESS
