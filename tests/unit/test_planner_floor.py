@@ -225,3 +225,24 @@ def test_first_fit_leaves_a_pod_pending_rather_than_destroy() -> None:
     assert [u.pod for u in plan.unschedulable] == ["default/big"]
     # fast destroys the free instance for it.
     assert [p.pod for p in planners.run(snap, "fast", OPTS).placements] == ["default/big"]
+
+
+@pytest.mark.xfail(
+    strict=True, reason="known gap: fast 220 weighted, hami-placement 221, exact 222"
+)
+def test_known_gap_hami_placement_one_above_fast_on_two_small_nodes() -> None:
+    # Found by the property test above on a random (dev-profile) run on 2026-11-25; present at
+    # the session's base commit too (addbce2), so not a regression of that session's work.
+    # Strict: says so once fixed.
+    snap = generate.random_snapshot(
+        seed=1,
+        nodes=2,
+        gpus_per_node=2,
+        pods=35,
+        models=("a30-24gb", "a100-40gb"),
+        used_fraction=0.3,
+        priority_levels=2,
+    )
+    assert weighted(snap, planners.run(snap, "fast", OPTS)) >= weighted(
+        snap, planners.run(snap, "hami-placement", OPTS)
+    )
