@@ -515,6 +515,15 @@ def test_mps_slices_parse_sorted_and_round_trip() -> None:
     assert gl.parse(gl.to_document(layout)) == layout
 
 
+def test_a_slice_kept_for_a_unified_pod_names_its_resource() -> None:
+    doc = _mps_doc()
+    doc["spec"]["gpus"][0]["mps"][0]["resource"] = "nvidia.com/gpu"
+    layout = gl.parse(doc)
+    kept = [s for s in layout.spec.gpus[0].mps if s.reserved_for is not None]
+    assert [(s.reserved_for, s.resource) for s in kept] == [("ns/p2", gl.UNIFIED_RESOURCE)]
+    assert gl.parse(gl.to_document(layout)) == layout
+
+
 @pytest.mark.parametrize(
     ("path", "value", "named"),
     [
@@ -523,6 +532,16 @@ def test_mps_slices_parse_sorted_and_round_trip() -> None:
         (("spec", "gpus", 0, "mps", 0, "id"), 0, "spec.gpus[0].mps[1].id"),
         (("spec", "gpus", 0, "mps", 0, "memoryGB"), 75, "spec.gpus[0].mps: slices of 85 GB"),
         (("spec", "gpus", 0, "mps", 0, "reservedFor"), "p2", "spec.gpus[0].mps[0].reservedFor"),
+        (
+            ("spec", "gpus", 0, "mps", 1, "resource"),
+            "nvidia.com/gpu",
+            "only a reserved instance or slice",
+        ),
+        (
+            ("spec", "gpus", 0, "mps", 0, "resource"),
+            "nvidia.com/gpu-20gb",
+            "spec.gpus[0].mps[0].resource",
+        ),
         (("spec", "gpus", 0, "instances"), [{"profile": "7g.80gb", "start": 0}], "not both"),
         (("status", "gpus", 0, "mps", 0, "state"), "creating", "status.gpus[0].mps[0].state"),
         (("status", "gpus", 0, "mps", 2, "usedBy"), "ns/x", "only a used slice"),

@@ -143,6 +143,7 @@ class SliceSpecDoc(TypedDict):
     memoryGB: int
     cores: NotRequired[int]
     reservedFor: NotRequired[str]
+    resource: NotRequired[str]
 
 
 class GpuSpecDoc(TypedDict):
@@ -248,6 +249,10 @@ class SliceSpec:
     """Compute share in percent, 1-100; ``None``: unlimited."""
     reserved_for: str | None = None
     """``namespace/name`` of the pending pod this slice is kept for; ``None``: not reserved."""
+    resource: str | None = None
+    """:data:`UNIFIED_RESOURCE` when the slice is kept for a unified pod (``nvidia.com/gpu``
+    with ``gpumem``, ``docs/unified.md``): the agent advertises it as ``nvidia.com/gpu``;
+    ``None``: as ``nvidia.com/gpu-<N>gb``. Only with ``reserved_for``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,14 +482,19 @@ def _instance_spec(raw: Any, where: str, model: profiles.GpuModel | None) -> Ins
         reserved = _str(d, "reservedFor", where)
         if not _RESERVED_FOR.match(reserved):
             raise _fail(f"{where}.reservedFor", f"{reserved!r} is not namespace/name of a pod")
-    resource: str | None = None
-    if d.get("resource") is not None:
-        resource = _str(d, "resource", where)
-        if resource != UNIFIED_RESOURCE:
-            raise _fail(f"{where}.resource", f"{resource!r} is not {UNIFIED_RESOURCE}")
-        if reserved is None:
-            raise _fail(f"{where}.resource", "only a reserved instance has one")
-    return InstanceSpec(profile, start, reserved, resource)
+    return InstanceSpec(profile, start, reserved, _unified_resource(d, where, reserved))
+
+
+def _unified_resource(d: Mapping[str, Any], where: str, reserved: str | None) -> str | None:
+    """``resource`` of a reserved instance or slice: absent, or :data:`UNIFIED_RESOURCE`."""
+    if d.get("resource") is None:
+        return None
+    resource = _str(d, "resource", where)
+    if resource != UNIFIED_RESOURCE:
+        raise _fail(f"{where}.resource", f"{resource!r} is not {UNIFIED_RESOURCE}")
+    if reserved is None:
+        raise _fail(f"{where}.resource", "only a reserved instance or slice has one")
+    return resource
 
 
 def _pod_name(d: Mapping[str, Any], key: str, where: str) -> str | None:
@@ -511,9 +521,10 @@ def _slice_common(d: Mapping[str, Any], where: str) -> tuple[int, int, int | Non
 
 def _slice_spec(raw: Any, where: str) -> SliceSpec:
     d = _mapping(raw, where, required=True)
-    _only(d, frozenset({"id", "memoryGB", "cores", "reservedFor"}), where)
+    _only(d, frozenset({"id", "memoryGB", "cores", "reservedFor", "resource"}), where)
     ident, gb, cores = _slice_common(d, where)
-    return SliceSpec(ident, gb, cores, _pod_name(d, "reservedFor", where))
+    reserved = _pod_name(d, "reservedFor", where)
+    return SliceSpec(ident, gb, cores, reserved, _unified_resource(d, where, reserved))
 
 
 def _slice_status(raw: Any, where: str) -> SliceStatus:
@@ -732,6 +743,8 @@ def _spec_doc(spec: LayoutSpec) -> SpecDoc:
                     doc["cores"] = sl.cores
                 if sl.reserved_for is not None:
                     doc["reservedFor"] = sl.reserved_for
+                if sl.resource is not None:
+                    doc["resource"] = sl.resource
                 slices.append(doc)
             gpu["mps"] = slices
         gpus.append(gpu)
