@@ -136,38 +136,91 @@ def test_a_node_in_an_unknown_mode_is_not_planned_and_the_pod_waits() -> None:
 assert WAIT_S > 0
 
 
-def test_a_unified_pod_is_planned_off_mps_and_time_slicing_nodes_in_a_cluster() -> None:
-    """The planner could give a unified pod an MPS slice, but the agent's Allocate hands unified
-    pods MIG instances only: the controller's snapshot keeps them to the other nodes."""
-    pod = _pod("u", 10)
+def _unified(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    pod = _pod(name, 10)
     pod["spec"]["containers"][0]["resources"]["limits"] = {
         "nvidia.com/gpu": "1",
         "nvidia.com/gpumem": "8000",
+        "nvidia.com/gpucores": "30",
     }
-    view = observing.pod_view(pod)
+    if annotations:
+        pod["metadata"]["annotations"] = annotations
+    return pod
+
+
+def test_a_unified_pod_is_planned_off_time_slicing_nodes_in_a_cluster() -> None:
+    """The planner could give a unified pod a time-slicing replica, but in a cluster replicas are
+    the sharing config's and not reserved: the controller's snapshot keeps unified pods off
+    such nodes (MPS slices are reserved and served, so mps nodes stay in)."""
+    view = observing.pod_view(_unified("u"))
     assert view.unified and view.pod is not None
     ((req,),) = view.pod.affinity
     assert (req.key, req.operator, set(req.values)) == (
         "migpilot.io/mode",
         "NotIn",
-        {"mps", "time-slicing"},
+        {"time-slicing"},
     )
-    mps_only = observing.observe(
-        pods=[view],
-        nodes=[observing.node_view(_node("m0"))],
-        layouts_by_node={
-            "m0": gl.parse(
-                {
-                    "apiVersion": gl.API_VERSION,
-                    "kind": gl.KIND,
-                    "metadata": {"name": "m0"},
-                    "spec": {"gpus": []},
-                    "status": {
-                        "gpus": [{"index": 0, "model": A100, "uuid": "GPU-0", "instances": []}]
-                    },
-                }
-            )
-        },
+    node = _node("t0")
+    node["metadata"]["labels"]["migpilot.io/mode"] = "time-slicing"
+    layout = gl.parse(
+        {
+            "apiVersion": gl.API_VERSION,
+            "kind": gl.KIND,
+            "metadata": {"name": "t0"},
+            "spec": {"gpus": []},
+            "status": {"gpus": [{"index": 0, "model": A100, "uuid": "GPU-0", "instances": []}]},
+        }
     )
-    plan = fast.plan(mps_only.snapshot, options.Options())
+    observed = observing.observe(
+        pods=[view], nodes=[observing.node_view(node)], layouts_by_node={"t0": layout}
+    )
+    plan = fast.plan(observed.snapshot, options.Options())
     assert not plan.placements and [u.pod for u in plan.unschedulable] == ["ns/u"]
+
+
+def test_a_unified_pod_gets_an_mps_slice_advertised_as_nvidia_gpu_and_is_pinned() -> None:
+    """HAMi-style ``nvidia.com/gpu`` + ``gpumem`` (and ``vgpu-mode: mps``) on an mps node: a slice
+    of its memory rounded up to whole GB, its cores as the share, marked ``resource:
+    nvidia.com/gpu``; pinned once the agent serves it and the Node advertises ``nvidia.com/gpu``
+    and the counters; released once the status says Allocate handed it to the pod."""
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await api.put(kubeapi.Kind.NODES, _node("m0"))
+        await _until("a GpuLayout", lambda: "m0" in api.objects[kubeapi.Kind.LAYOUTS])
+        await _report(api, "m0", [])
+        await api.put(kubeapi.Kind.PODS, _unified("u", {"nvidia.com/vgpu-mode": "mps"}))
+        await _until("a slice reserved", lambda: any(s.reserved_for for s in _slices(api, "m0")))
+        (mine,) = _slices(api, "m0")
+        assert (mine.memory_gb, mine.cores, mine.reserved_for, mine.resource) == (
+            8,
+            30,
+            "ns/u",
+            gl.UNIFIED_RESOURCE,
+        )
+        served = {"id": mine.id, "memoryGB": 8, "cores": 30, "state": "reserved"}
+        await _report(api, "m0", [served])
+        await api.put(kubeapi.Kind.NODES, _node("m0", **{"nvidia.com/gpu": "1"}))
+        await asyncio.sleep(0.2)
+        assert not api.pod_patches, "pinned before the Node has the unified counters"
+        counters = {
+            "nvidia.com/gpu": "1",
+            "nvidia.com/gpumem": "81920",
+            "nvidia.com/gpumem-percentage": "100",
+            "nvidia.com/gpucores": "100",
+        }
+        await api.put(kubeapi.Kind.NODES, _node("m0", **counters))
+        await _until("the pin", lambda: len(api.pod_patches) == 1)
+        assert api.pod_patches[0][0] == "ns/u"
+
+        # Bound, not yet allocated: the reservation stays (Allocate hands the pod this slice).
+        bound = copy.deepcopy(api.objects[kubeapi.Kind.PODS]["ns/u"])
+        bound["spec"]["nodeName"] = "m0"
+        bound["spec"].pop("schedulingGates", None)
+        await api.put(kubeapi.Kind.PODS, bound)
+        await asyncio.sleep(0.2)
+        assert [s.reserved_for for s in _slices(api, "m0")] == ["ns/u"]
+        used = {**served, "state": "used", "usedBy": "ns/u"}
+        await _report(api, "m0", [used])
+        await _until("released", lambda: not any(s.reserved_for for s in _slices(api, "m0")))
+
+    _run(body)

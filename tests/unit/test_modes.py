@@ -209,11 +209,44 @@ def test_at_most_48_clients_per_gpu() -> None:
 
 def test_unified_pod_on_mps_gets_its_memory_rounded_up_to_gb_and_its_cores() -> None:
     node = _node("n", "mps", [{"model": "a100-80gb"}, {"model": "a100-80gb"}])
-    pod = _pod("u", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 30000, "nvidia.com/gpucores": 30})
+    pod = _pod("u", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 30000, "nvidia.com/gpucores": 30})
     plan = _plan(_snap([node], [pod]))
     shares = plan.placements[0].shares
-    assert [(s.gpu, s.memory_gb) for s in shares] == [(0, 30), (1, 30)]  # 29.3 GB -> 30
+    assert [(s.gpu, s.memory_gb) for s in shares] == [(0, 30)]  # 29.3 GB -> 30
     assert {s.cores for g in plan.mps for s in g.slices} == {30}
+
+
+def test_a_container_asking_two_gpus_is_not_served_by_mps_slices() -> None:
+    # One container talks to one MPS daemon (one pipe folder), and each GPU has its own.
+    node = _node("n", "mps", [{"model": "a100-80gb"}, {"model": "a100-80gb"}])
+    pod = _pod("u", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 8000})
+    plan = _plan(_snap([node], [pod]))
+    assert not plan.placements
+    assert "more than one GPU is not served by MPS slices" in plan.unschedulable[0].reason
+
+
+@pytest.mark.parametrize(
+    ("vgpu_mode", "served_on"),
+    [(None, {"m", "s", "t"}), ("mig", {"m"}), ("mps", {"s"}), ("MPS ", {"s"})],
+)
+def test_vgpu_mode_narrows_the_modes_that_serve_a_unified_pod(
+    vgpu_mode: str | None, served_on: set[str]
+) -> None:
+    nodes = [
+        _node("m", "mig", [{"model": "a100-80gb"}]),
+        _node("s", "mps", [{"model": "a100-80gb"}]),
+        _node("t", "time-slicing", [{"model": "a100-80gb", "replicas": 4}]),
+    ]
+    for name in ("m", "s", "t"):
+        pod = _pod("u", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000})
+        if vgpu_mode is not None:
+            pod["annotations"] = {"nvidia.com/vgpu-mode": vgpu_mode}
+        only = [n for n in nodes if n["name"] == name]
+        plan = _plan(_snap(only, [pod]))
+        assert bool(plan.placements) == (name in served_on), name
+        if name not in served_on:
+            assert "is in mode" in plan.unschedulable[0].reason
+            assert "its nvidia.com/vgpu-mode" in plan.unschedulable[0].reason
 
 
 def test_compute_shares_never_exceed_100_percent() -> None:

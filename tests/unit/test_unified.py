@@ -210,7 +210,8 @@ MODE = "nvidia.com/vgpu-mode"
         ([{"nvidia.com/mig-1g.10gb": 1}], {}, False),
         ([], {}, False),
         ([{GPU: 1, "nvidia.com/gpumem": 8000}], {MODE: "hami-core"}, False),
-        ([{GPU: 1}], {MODE: "mps"}, False),
+        ([{GPU: 1}], {MODE: "mps"}, True),  # HAMi's MPS mode: an MPS slice
+        ([{GPU: 1}], {MODE: "vgpu"}, False),
     ],
 )
 def test_is_unified(
@@ -218,7 +219,7 @@ def test_is_unified(
 ) -> None:
     assert unified.is_unified(containers, annotations) is want
     assert unified.serves_mode(annotations) is (
-        annotations.get(MODE, "mig").strip().lower() == "mig"
+        annotations.get(MODE, "mig").strip().lower() in ("mig", "mps")
     )
 
 
@@ -240,10 +241,37 @@ def test_errors_name_the_place_the_caller_gives() -> None:
 
 
 @pytest.mark.parametrize(
+    ("annotations", "mode"),
+    [({}, None), ({MODE: "mig"}, "mig"), ({MODE: " MPS "}, "mps")],
+)
+def test_the_request_keeps_the_mode_it_is_served_in(
+    annotations: dict[str, str], mode: str | None
+) -> None:
+    request = unified.parse([{GPU: 1, "nvidia.com/gpumem": 8000}], annotations)
+    assert request is not None
+    assert request.mode == mode
+    assert ("; mode " in request.text()) is (mode is not None)
+
+
+def test_mps_mode_never_serves_a_container_asking_two_gpus() -> None:
+    two = unified.parse([{GPU: 2, "nvidia.com/gpumem": 8000}], {MODE: "mps"})
+    one = unified.parse([{GPU: 1, "nvidia.com/gpumem": 8000}] * 2, {MODE: "mps"})
+    assert two is not None and one is not None
+    assert "more than one GPU" in (unified.never_served(two) or "")
+    assert unified.never_served(one) is None
+
+
+def test_another_systems_mode_is_refused_naming_the_modes_served() -> None:
+    with pytest.raises(errors.SnapshotError, match="it serves 'mig' and 'mps'"):
+        unified.parse([{GPU: 1, "nvidia.com/gpumem": 8000}], {MODE: "hami-core"})
+
+
+@pytest.mark.parametrize(
     ("resources", "annotations", "mode"),
     [
         ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000"}, {VGPU: "hami-core"}, "hami-core"),
-        ({"nvidia.com/gpu": "1"}, {VGPU: " mps "}, "mps"),
+        ({"nvidia.com/gpu": "1"}, {VGPU: " vgpu "}, "vgpu"),
+        ({"nvidia.com/gpu": "1"}, {VGPU: " mps "}, None),  # served: an MPS slice
         ({"nvidia.com/gpumem": "4000"}, {VGPU: "MIG"}, None),
         ({"nvidia.com/gpu": "1"}, {}, None),
         ({"cpu": "1"}, {VGPU: "hami-core"}, None),

@@ -232,7 +232,8 @@ def _unified(annotations: dict[str, str] | None = None, **limits: Any) -> dict[s
         (_unified(gpu="0", gpumem="8000"), admission.Outcome.NO_MIG_REQUEST),  # asks for none
         (_unified({MODE: "mig"}), admission.Outcome.NO_MIG_REQUEST),  # nothing to plan
         (_unified({MODE: "hami-core"}, gpu="1", gpumem="8000"), admission.Outcome.OTHER_VGPU_MODE),
-        (_unified({MODE: "mps"}, gpu="1"), admission.Outcome.OTHER_VGPU_MODE),
+        (_unified({MODE: "mps"}, gpu="1"), admission.Outcome.GATED),  # an MPS slice
+        (_unified({MODE: "vgpu"}, gpu="1"), admission.Outcome.OTHER_VGPU_MODE),
         (_unified(gpumem="8000"), admission.Outcome.BAD_UNIFIED_REQUEST),  # no nvidia.com/gpu
         (_unified(gpu="1", gpucores="101"), admission.Outcome.BAD_UNIFIED_REQUEST),
         (
@@ -257,7 +258,8 @@ def _unified(annotations: dict[str, str] | None = None, **limits: Any) -> dict[s
         "zero-gpus",
         "mode-only",
         "hami-core",
-        "mps",
+        "mode-mps",
+        "another-mode",
         "gpumem-without-gpu",
         "cores-out-of-range",
         "both-memories",

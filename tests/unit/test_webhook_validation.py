@@ -231,7 +231,7 @@ NOT_UNIFIED = [
     # another system serves these, whatever they ask
     ("hami-core", _pod({GPU: "1", MEM: "8000", CORES: "30"}, annotations={MODE: "hami-core"})),
     ("hami-core-bad", _pod({MEM: "0"}, annotations={MODE: "hami-core", GPU_POLICY: "x"})),
-    ("mps", _pod({GPU: "1", PCT: "500"}, annotations={MODE: "mps"})),
+    ("other-mode", _pod({GPU: "1", PCT: "500"}, annotations={MODE: "vgpu"})),
     # MIG resources are never refused: the mutating webhook warns of a misspelt one
     ("mig", _pod({"nvidia.com/mig-1g.10gb": "1"})),
     ("mig-misspelt", _pod({"nvidia.com/mig-1G.10GB": "1"})),

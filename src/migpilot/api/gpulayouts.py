@@ -858,12 +858,18 @@ def used_by(layout: GpuLayout) -> dict[str, tuple[tuple[int, int, str], ...]]:
 
 def allocated(layout: GpuLayout, pod: str) -> bool:
     """Whether the unified pod ``pod`` (``namespace/name``) has been allocated on this node:
-    the status reports some instance ``usedBy`` it, and every instance the spec still reserves
-    for it is among them (a pod whose containers are allocated one by one is allocated once
-    the last one is). The controller may then drop the pod's reservations and let the next
-    unified pod go to the node (``docs/unified.md``)."""
+    the status reports some instance or MPS slice ``usedBy`` it, and every instance and slice
+    the spec still reserves for it is among them (a pod whose containers are allocated one by
+    one is allocated once the last one is). The controller may then drop the pod's
+    reservations and let the next unified pod go to the node (``docs/unified.md``)."""
     have = set(used_by(layout).get(pod, ()))
-    if not have:
+    have_slices = {
+        (g.index, sl.id)
+        for g in (layout.status.gpus if layout.status is not None else ())
+        for sl in g.mps
+        if sl.used_by == pod
+    }
+    if not have and not have_slices:
         return False
     wanted = {
         (g.index, i.start, i.profile)
@@ -871,7 +877,10 @@ def allocated(layout: GpuLayout, pod: str) -> bool:
         for i in g.instances
         if i.reserved_for == pod
     }
-    return wanted <= have
+    wanted_slices = {
+        (g.index, sl.id) for g in layout.spec.gpus for sl in g.mps if sl.reserved_for == pod
+    }
+    return wanted <= have and wanted_slices <= have_slices
 
 
 # --------------------------------------------------------------------------- the planner

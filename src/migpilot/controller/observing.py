@@ -245,23 +245,22 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
     )
 
 
-_NOT_ON_SHARED = snapshot.Requirement(
-    modes.MODE_LABEL, "NotIn", (modes.Mode.MPS.value, modes.Mode.TIME_SLICING.value)
-)
-"""Keeps a unified pod off nodes in mode ``mps`` or ``time-slicing`` in the cluster."""
+_NOT_TIME_SLICED = snapshot.Requirement(modes.MODE_LABEL, "NotIn", (modes.Mode.TIME_SLICING.value,))
+"""Keeps a unified pod off nodes in mode ``time-slicing`` in the cluster."""
 
 
-def _on_mig_nodes(
+def _off_time_slicing(
     terms: tuple[tuple[snapshot.Requirement, ...], ...],
 ) -> tuple[tuple[snapshot.Requirement, ...], ...]:
     """A unified pod's affinity, as the controller plans it, narrowed to nodes not in mode
-    ``mps`` or ``time-slicing``. The planner could serve its ask with an MPS slice or a
-    time-slicing replica (``docs/modes.md``), but in a cluster the agent's Allocate hands a
-    unified pod MIG instances only, so such a placement would wait forever. The pod itself is
-    not changed: this is the snapshot's view of it."""
+    ``time-slicing``. The planner could serve its ask with a time-slicing replica
+    (``docs/modes.md``), but in a cluster the replicas are the sharing config's, advertised by
+    the agent for NVIDIA-style pods, and the controller neither reserves nor counts them, so
+    such a placement would wait forever. MIG instances and MPS slices are reserved and served.
+    The pod itself is not changed: this is the snapshot's view of it."""
     if not terms:
-        return ((_NOT_ON_SHARED,),)
-    return tuple((*term, _NOT_ON_SHARED) for term in terms)
+        return ((_NOT_TIME_SLICED,),)
+    return tuple((*term, _NOT_TIME_SLICED) for term in terms)
 
 
 def _planned_pod(
@@ -284,7 +283,7 @@ def _planned_pod(
         else ()
     )
     if requests.unified is not None:
-        terms = _on_mig_nodes(terms)
+        terms = _off_time_slicing(terms)
     selector = {str(k): str(v) for k, v in _map(spec.get("nodeSelector")).items()}
     priority = spec.get("priority")
     return snapshot.Pod(

@@ -22,6 +22,7 @@ package's pure modules.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -43,8 +44,8 @@ def spec_for(
 ) -> gpulayouts.LayoutSpec:
     """The spec of ``node`` after ``plan``, with the ``kept`` reservations ((GPU, start,
     profile) -> pod) of earlier plans on instances the target layout still holds. An instance
-    reserved for a pod of ``unified`` is marked ``resource: nvidia.com/gpu``: the agent
-    advertises it so (``docs/unified.md``)."""
+    or MPS slice reserved for a pod of ``unified`` is marked ``resource: nvidia.com/gpu``: the
+    agent advertises it so (``docs/unified.md``)."""
     spec = gpulayouts.spec_from_plan(plan, node)
     gpus = []
     for g in spec.gpus:
@@ -53,7 +54,14 @@ def spec_for(
             pod = i.reserved_for or kept.get((g.index, i.start, i.profile))
             resource = gpulayouts.UNIFIED_RESOURCE if pod is not None and pod in unified else None
             instances.append(gpulayouts.InstanceSpec(i.profile, i.start, pod, resource))
-        gpus.append(gpulayouts.GpuSpec(g.index, g.model, tuple(instances), g.mps))
+        slices = tuple(
+            dataclasses.replace(
+                sl,
+                resource=gpulayouts.UNIFIED_RESOURCE if sl.reserved_for in unified else None,
+            )
+            for sl in g.mps
+        )
+        gpus.append(gpulayouts.GpuSpec(g.index, g.model, tuple(instances), slices))
     return gpulayouts.LayoutSpec(tuple(gpus))
 
 
@@ -124,11 +132,13 @@ def held_back(
 
 
 def signature(observed: observing.Observed, pod_key: str) -> tuple[object, ...]:
-    """A unified pod's asks, container by container, and the profiles reserved for it."""
+    """A unified pod's asks, container by container, and the profiles (and MPS slice sizes)
+    reserved for it."""
     view = observed.pods.get(pod_key)
     r = observed.reservations.get(pod_key)
     profiles = tuple(sorted(p for _, _, p in r.instances)) if r is not None else ()
-    return (view.signature if view is not None else (), profiles)
+    sizes = tuple(sorted(gb for _, _, gb in r.slices)) if r is not None else ()
+    return (view.signature if view is not None else (), profiles, sizes)
 
 
 def unallocated(observed: observing.Observed) -> dict[str, dict[str, tuple[object, ...]]]:

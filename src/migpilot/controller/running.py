@@ -477,7 +477,8 @@ class Controller:
                     type_="Normal",
                     reason="MigDeclined",
                     message=f"nvidia.com/vgpu-mode is {view.other_mode!r}: migpilot serves "
-                    f"{unified.MIG_MODE!r} only and leaves the pod to the system serving it",
+                    f"{unified.MIG_MODE!r} and {unified.MPS_MODE!r} only and leaves the pod to "
+                    "the system serving it",
                 )
             if view.problem is None or not view.waiting:
                 continue

@@ -148,9 +148,7 @@ def never_runs(pod: snapshot.Pod, nodes: Sequence[snapshot.Node]) -> str | None:
         for gpu in node.gpus:
             by_model[gpu.model] = by_model.get(gpu.model, 0) + 1
         fits = False
-        if not modes.serves(
-            node.mode, mig=bool(pod.mig), mps=bool(pod.mps), unified_request=pod.unified is not None
-        ):
+        if not pod.served_in(node.mode):
             continue
         for model, count in by_model.items():
             if node.mode is not modes.Mode.MIG:

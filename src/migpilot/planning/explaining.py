@@ -144,13 +144,11 @@ class Explainer:
             reason = admission[self._admission.class_of(position)]
         if reason is not None:
             return Why.NOT_ADMITTED, reason
-        if not modes.serves(
-            node.mode, mig=bool(pod.mig), mps=bool(pod.mps), unified_request=pod.unified is not None
-        ):
+        if not pod.served_in(node.mode):
             return (
                 Why.WRONG_MODE,
                 f"node {node.name} is in mode {node.mode.value}; {_what(pod)} needs "
-                f"{modes.needed_mode(mig=bool(pod.mig), mps=bool(pod.mps))}",
+                f"{pod.needed_mode()}",
             )
         if node.mode is not modes.Mode.MIG:
             return self._shared_reason(node, pod)
@@ -211,6 +209,11 @@ class Explainer:
                 unified.allowed(pod.unified, g.model) for g in node.gpus
             ):
                 return Why.NOT_OFFERED, f"its GPUs ({models}) are excluded by the pod's filters"
+            if mps and pod.unified is not None and any(a.count > 1 for a in pod.unified.asks):
+                return Why.NOT_OFFERED, (
+                    "a container asking more than one GPU is not served by MPS slices (one "
+                    "container talks to one GPU's MPS daemon)"
+                )
             most = max((modes.memory_gb(g.model) for g in node.gpus), default=0)
             return Why.NOT_OFFERED, f"its GPUs ({models}) have {most} GB; {what} needs more"
         short = self._cpu_memory(node, pod)

@@ -20,8 +20,11 @@ Which pod each mode serves (:func:`serves`):
 - a unified request (``nvidia.com/gpu`` + ``gpumem``/``gpumem-percentage``/``gpucores``): ``mig``
   nodes (the smallest profile that serves it), ``mps`` nodes (a slice of its memory rounded up to
   whole GB, as nos rounds, with its ``gpucores`` as the slice's compute share; one slice per GPU
-  asked, each on its own GPU) and ``time-slicing`` nodes (one replica per GPU asked, each on its
-  own GPU whose memory is at least the ask's: time-slicing enforces neither).
+  asked, each on its own GPU; a container asking more than one GPU is not served there: a
+  container talks to one MPS daemon, and each GPU has its own) and ``time-slicing`` nodes (one
+  replica per GPU asked, each on its own GPU whose memory is at least the ask's: time-slicing
+  enforces neither). Its ``nvidia.com/vgpu-mode`` narrows that, as HAMi's does: ``mig`` only
+  ``mig`` nodes, ``mps`` only ``mps`` nodes.
 
 Pure: no I/O, no clock. May import :mod:`migpilot.errors`, :mod:`migpilot.mig` and
 :mod:`migpilot.planning.unified`; never the snapshot, which imports this module.
@@ -178,8 +181,8 @@ def mps_needs(
             return None
         for k, ask in enumerate(request.asks):
             gb = unified_gb(ask, model)
-            if gb > cap:
-                return None
+            if gb > cap or ask.count > 1:
+                return None  # one container, one MPS daemon: one slice, one GPU
             out.extend(SliceNeed(gb, ask.cores_percent, k) for _ in range(ask.count))
     return tuple(sorted(out, key=lambda n: (-n.memory_gb, n.group)))
 
@@ -209,23 +212,28 @@ def replica_needs(
     return tuple(a.count for a in request.asks)
 
 
-def serves(mode: Mode, *, mig: bool, mps: bool, unified_request: bool) -> bool:
+def serves(
+    mode: Mode, *, mig: bool, mps: bool, unified_request: bool, unified_mode: str | None = None
+) -> bool:
     """Whether a node in ``mode`` may serve a pod asking MIG resources by name (``mig``), MPS
-    slices by name (``mps``) or a unified request."""
+    slices by name (``mps``) or a unified request, whose ``nvidia.com/vgpu-mode`` is
+    ``unified_mode`` (``mig``, ``mps``; ``None``: any)."""
     if mode is Mode.MIG:
-        return not mps
+        return not mps and unified_mode in (None, unified.MIG_MODE)
     if mode is Mode.MPS:
-        return not mig
+        return not mig and unified_mode in (None, unified.MPS_MODE)
     if mode is Mode.TIME_SLICING:
-        return unified_request and not mig and not mps
+        return unified_request and not mig and not mps and unified_mode is None
     return False
 
 
-def needed_mode(*, mig: bool, mps: bool) -> str:
+def needed_mode(*, mig: bool, mps: bool, unified_mode: str | None = None) -> str:
     """The modes that serve a pod, as reasons write them (``mps``, ``mig``, ``mig, mps or
     time-slicing``)."""
     if mps:
         return Mode.MPS.value
     if mig:
         return Mode.MIG.value
+    if unified_mode is not None:
+        return f"{unified_mode} (its {unified.VGPU_MODE})"
     return "mig, mps or time-slicing"

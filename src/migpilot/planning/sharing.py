@@ -40,15 +40,19 @@ baseline's (:func:`migpilot.planning.nosmps.place`)."""
 
 
 def involved(snap: snapshot.Snapshot) -> bool:
-    """Whether ``snap`` has a node not in mode mig or a pod asking for MPS slices by name."""
-    return any(n.mode is not modes.Mode.MIG for n in snap.nodes) or any(p.mps for p in snap.pods)
+    """Whether ``snap`` has a node not in mode mig or a pod MIG cannot serve (MPS slices by
+    name, a unified pod whose ``nvidia.com/vgpu-mode`` is ``mps``)."""
+    return any(n.mode is not modes.Mode.MIG for n in snap.nodes) or any(
+        not p.served_in(modes.Mode.MIG) for p in snap.pods
+    )
 
 
 def mig_part(snap: snapshot.Snapshot) -> snapshot.Snapshot:
-    """The nodes in mode mig and the pods MIG can serve (MIG by name, or unified)."""
+    """The nodes in mode mig and the pods MIG can serve (MIG by name, or unified in any mode
+    but ``mps``)."""
     return snapshot.Snapshot(
         nodes=tuple(n for n in snap.nodes if n.mode is modes.Mode.MIG),
-        pods=tuple(p for p in snap.pods if not p.mps),
+        pods=tuple(p for p in snap.pods if p.served_in(modes.Mode.MIG)),
         policy=snap.policy,
         gpu_policy=snap.gpu_policy,
     )
@@ -278,12 +282,7 @@ class _Run:
         admits = self.admission.admits(pod)
         best: tuple[tuple[int, int, float, int], _Choice] | None = None
         for ni, node in enumerate(self.nodes):
-            if not admits[ni] or not modes.serves(
-                node.mode,
-                mig=bool(pod.mig),
-                mps=bool(pod.mps),
-                unified_request=pod.unified is not None,
-            ):
+            if not admits[ni] or not pod.served_in(node.mode):
                 continue
             if pod.cpu_milli > self.cpu[node.name] or pod.memory_bytes > self.mem[node.name]:
                 continue

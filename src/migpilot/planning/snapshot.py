@@ -235,6 +235,25 @@ class Pod:
         """The canonical profile names this pod needs on ``model``, or ``None`` if not offered."""
         return resolve_demand(self.demand, model)
 
+    def served_in(self, mode: modes.Mode) -> bool:
+        """Whether a node in ``mode`` may serve this pod (:func:`modes.serves`: what it asks,
+        and its ``nvidia.com/vgpu-mode``)."""
+        return modes.serves(
+            mode,
+            mig=bool(self.mig),
+            mps=bool(self.mps),
+            unified_request=self.unified is not None,
+            unified_mode=self.unified.mode if self.unified is not None else None,
+        )
+
+    def needed_mode(self) -> str:
+        """The node modes that serve this pod, as reasons write them."""
+        return modes.needed_mode(
+            mig=bool(self.mig),
+            mps=bool(self.mps),
+            unified_mode=self.unified.mode if self.unified is not None else None,
+        )
+
     def policies(self, snap: Snapshot) -> tuple[Policy, Policy]:
         """The node and GPU policies this pod is placed by in ``snap``."""
         return (self.node_policy or snap.policy, self.gpu_policy or snap.gpu_policy)
@@ -1011,7 +1030,9 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
                 annotations[unifying.USE_TYPE] = ",".join(p.unified.use_models)
             if p.unified.nouse_models:
                 annotations[unifying.NOUSE_TYPE] = ",".join(p.unified.nouse_models)
-            if not unifying.is_unified([reqs], {}):
+            if p.unified.mode is not None:
+                annotations[unifying.VGPU_MODE] = p.unified.mode
+            elif not unifying.is_unified([reqs], {}):
                 annotations[unifying.VGPU_MODE] = unifying.MIG_MODE
         if p.node_policy is not None:
             annotations[unifying.NODE_POLICY] = p.node_policy.value

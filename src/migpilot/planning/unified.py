@@ -24,11 +24,15 @@ The rules, as HAMi's documentation gives them where it gives one:
   as HAMi matches device types). A filter that matches no model migpilot knows is kept and
   matches nothing (HAMi's own example, ``use-gputype: "A100,V100"``, names a GPU without MIG);
   :func:`unknown_filters` lists them, :func:`never_served` says when the filters leave no
-  model at all. ``nvidia.com/vgpu-mode``: ``mig`` (or absent) is what migpilot serves;
+  model at all. ``nvidia.com/vgpu-mode`` picks how the pod is served, as HAMi's does: ``mig``
+  (MIG instances only), ``mps`` (an MPS memory slice only, on a node in mode ``mps``), absent
+  (either, whichever the planner finds; HAMi too may then pick any mode); any other value
+  (``hami-core``) names another system's mode, and the pod is left to it;
   ``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy``: ``binpack`` or
   ``spread``;
 - a pod is *unified* (:func:`is_unified`) when some container asks for ``nvidia.com/gpumem``,
-  ``gpumem-percentage`` or ``gpucores``, or it carries ``nvidia.com/vgpu-mode: mig``; a pod
+  ``gpumem-percentage`` or ``gpucores``, or it carries ``nvidia.com/vgpu-mode: mig`` or
+  ``mps``; a pod
   asking only ``nvidia.com/gpu`` is a whole-GPU request for NVIDIA's device plugin;
 - a container asking ``nvidia.com/gpu`` without ``gpumem`` or ``gpumem-percentage`` gets the
   whole GPU's memory: HAMi's ``GenerateResourceRequests`` falls back to its ``defaultMemory``
@@ -73,6 +77,9 @@ VGPU_MODE = "nvidia.com/vgpu-mode"
 NODE_POLICY = "hami.io/node-scheduler-policy"
 GPU_POLICY = "hami.io/gpu-scheduler-policy"
 MIG_MODE = "mig"
+MPS_MODE = "mps"
+SERVED_MODES = (MIG_MODE, MPS_MODE)
+"""The ``nvidia.com/vgpu-mode`` values migpilot serves."""
 UNIFIED_RESOURCES = (GPUMEM, GPUMEM_PERCENT, GPUCORES)
 MOST_GPUS = 1024
 """The most ``nvidia.com/gpu`` a unified container may ask for: more than any node holds (an
@@ -117,6 +124,9 @@ class UnifiedRequest:
     """Filters a model must match one of (empty: any)."""
     nouse_models: tuple[str, ...] = ()
     """Filters a model must match none of."""
+    mode: str | None = None
+    """``nvidia.com/vgpu-mode``: :data:`MIG_MODE` (MIG instances only), :data:`MPS_MODE` (MPS
+    slices only); ``None``: either."""
 
     @property
     def count(self) -> int:
@@ -130,6 +140,8 @@ class UnifiedRequest:
             out += f"; use {','.join(self.use_models)}"
         if self.nouse_models:
             out += f"; not {','.join(self.nouse_models)}"
+        if self.mode is not None:
+            out += f"; mode {self.mode}"
         return out
 
 
@@ -224,17 +236,24 @@ def parse_container(resources: Mapping[str, Any], *, where: str) -> GpuAsk | Non
     )
 
 
-def serves_mode(annotations: Mapping[str, Any]) -> bool:
-    """Whether the pod's ``nvidia.com/vgpu-mode`` (absent, or ``mig``) is one migpilot serves."""
+def request_mode(annotations: Mapping[str, Any]) -> str | None:
+    """The pod's ``nvidia.com/vgpu-mode`` as written (trimmed, lower case), ``None`` if absent."""
     mode = annotations.get(VGPU_MODE)
-    return mode is None or str(mode).strip().lower() == MIG_MODE
+    return None if mode is None else str(mode).strip().lower()
+
+
+def serves_mode(annotations: Mapping[str, Any]) -> bool:
+    """Whether the pod's ``nvidia.com/vgpu-mode`` (absent, ``mig`` or ``mps``) is one migpilot
+    serves."""
+    mode = request_mode(annotations)
+    return mode is None or mode in SERVED_MODES
 
 
 def other_mode(
     containers: Sequence[Mapping[str, Any]], annotations: Mapping[str, Any]
 ) -> str | None:
     """The ``nvidia.com/vgpu-mode`` of a pod that asks for ``nvidia.com/gpu`` (or HAMi's other
-    resources) in a mode migpilot does not serve (``hami-core``, ``mps``): another system's pod,
+    resources) in a mode migpilot does not serve (``hami-core``): another system's pod,
     declined (not gated, not planned, told so). ``None`` for every other pod."""
     if serves_mode(annotations):
         return None
@@ -246,7 +265,8 @@ def other_mode(
 def is_unified(containers: Sequence[Mapping[str, Any]], annotations: Mapping[str, Any]) -> bool:
     """Whether migpilot serves the pod's ``nvidia.com/gpu`` requests: some container (its
     resources, as in :func:`parse`) asks for one of :data:`UNIFIED_RESOURCES`, or the pod
-    carries ``nvidia.com/vgpu-mode: mig``. Never for a pod whose mode names another system."""
+    carries ``nvidia.com/vgpu-mode: mig`` or ``mps``. Never for a pod whose mode names another
+    system."""
     if not serves_mode(annotations):
         return False
     if VGPU_MODE in annotations:
@@ -263,6 +283,7 @@ def parse_annotations(annotations: Mapping[str, Any], *, where: str) -> UnifiedR
         asks=(),
         use_models=_filters(annotations.get(USE_TYPE)),
         nouse_models=_filters(annotations.get(NOUSE_TYPE)),
+        mode=request_mode(annotations) if serves_mode(annotations) else None,
     )
 
 
@@ -277,7 +298,8 @@ def parse(
     mapping) and its annotations; ``None`` when no container asks for ``nvidia.com/gpu``.
     Errors name ``{where}.containers[i]``, or ``wheres[i]`` when given (one per container).
 
-    A ``nvidia.com/vgpu-mode`` other than ``mig`` is refused (another system serves it)."""
+    A ``nvidia.com/vgpu-mode`` other than ``mig`` or ``mps`` is refused (another system serves
+    it)."""
     places = (
         wheres
         if wheres is not None
@@ -301,7 +323,7 @@ def parse_labelled(
     if not serves_mode(annotations):
         raise errors.SnapshotError(
             f"{where}: {VGPU_MODE}={annotations[VGPU_MODE]!r} is not served by migpilot "
-            f"(it serves {MIG_MODE!r})"
+            f"(it serves {MIG_MODE!r} and {MPS_MODE!r})"
         )
     return dataclasses.replace(parse_annotations(annotations, where=where), asks=asks)
 
@@ -404,6 +426,11 @@ def never_served(
 ) -> str | None:
     """Why no GPU of ``models`` (default: every model migpilot knows) could serve ``request``
     (``None``: some could)."""
+    if request.mode == MPS_MODE and any(a.count > 1 for a in request.asks):
+        return (
+            f"a container asks for more than one GPU with {VGPU_MODE}: {MPS_MODE}, and an MPS "
+            "slice is one GPU's (one container talks to one GPU's MPS daemon)"
+        )
     pool = list(catalog.gpu_models() if models is None else models)
     fitting = [m for m in pool if allowed(request, m)]
     if not fitting:

@@ -113,9 +113,7 @@ def _check_pods(
             out.append(f"pod {pl.pod}: node {node.name} does not admit it: {reason}")
         cpu[node.name] += pod.cpu_milli
         mem[node.name] += pod.memory_bytes
-        if not modes.serves(
-            node.mode, mig=bool(pod.mig), mps=bool(pod.mps), unified_request=pod.unified is not None
-        ):
+        if not pod.served_in(node.mode):
             out.append(f"pod {pl.pod}: node {node.name} is in mode {node.mode.value}")
             continue
         if node.mode is not modes.Mode.MIG:

@@ -1149,7 +1149,11 @@ def _shared_serves(pod: _Pod, node: _Node) -> bool:
     """Whether a node in mode mps or time-slicing could serve the pod with every GPU free."""
     request = pod.trace.unified
     if request is None or not modes.serves(
-        node.mode, mig=bool(pod.trace.mig), mps=False, unified_request=True
+        node.mode,
+        mig=bool(pod.trace.mig),
+        mps=False,
+        unified_request=True,
+        unified_mode=request.mode,
     ):
         return False
     model = node.spec.model

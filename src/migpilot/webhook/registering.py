@@ -60,7 +60,7 @@ _HAS_MODE = (
 )
 UNIFIED_CONDITION = f"{_container_asks(_IS_UNIFIED)} || {_HAS_MODE}"
 """CEL: the pod asks for ``nvidia.com/gpumem``, ``gpumem-percentage`` or ``gpucores``, or says
-a ``nvidia.com/vgpu-mode`` (the webhook tells ``mig`` from the others)."""
+a ``nvidia.com/vgpu-mode`` (the webhook tells ``mig`` and ``mps`` from the others)."""
 _IS_MPS = f"r.startsWith('{modes.MPS_RESOURCE_PREFIX}')"
 GATE_CONDITION = f"{_container_asks(f'{_IS_MIG} || {_IS_MPS} || {_IS_UNIFIED}')} || {_HAS_MODE}"
 """CEL: :data:`UNIFIED_CONDITION`, or the pod asks for some ``nvidia.com/mig-`` resource or an

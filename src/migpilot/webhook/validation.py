@@ -1,23 +1,25 @@
 """The validating webhook's decision: refuse a new pod whose unified request is malformed.
 
 Why it exists: a unified pod (HAMi-style ``nvidia.com/gpu`` with ``nvidia.com/gpumem``,
-``gpumem-percentage`` or ``gpucores``, or ``nvidia.com/vgpu-mode: mig``; ``docs/unified.md``)
+``gpumem-percentage`` or ``gpucores``, or ``nvidia.com/vgpu-mode: mig`` or ``mps``;
+``docs/unified.md``)
 that the planner cannot read, or that no GPU model migpilot knows could ever serve, would
 otherwise be created and wait forever, its problem told only by an event on the pod. Refusing it
 at creation puts the reason in front of the person running ``kubectl apply``, naming the field.
 
 What is refused is only what can never be served and is unambiguously a mistake (the reasons,
-case by case, are in ``docs/webhook.md``): a unified amount that is not a whole number or out
-of its range, ``gpumem``/``gpumem-percentage``/``gpucores`` without ``nvidia.com/gpu`` beside
-it, both ``gpumem`` and ``gpumem-percentage``, a scheduler policy other than ``binpack`` or
-``spread``, more memory than any allowed GPU model has in one MIG instance, and model filters
-that leave no GPU model at all. Never refused: a pod that is not unified (a plain pod, whole
-GPUs, another ``vgpu-mode``), ``nvidia.com/mig-*`` resources (the mutating webhook warns of a
-misspelt one: that namespace is shared with NVIDIA's device plugin), a well-formed request no
-node has room or the right GPU for now (it waits, with an event from the controller), and a
-malformed review (allowed with a message, as the mutating webhook does). A model filter naming a
-GPU migpilot does not know (HAMi's own example says ``use-gputype: "A100,V100"``) is allowed
-with a warning: it selects nothing, but the others may.
+case by case, are in ``docs/webhook.md``): a unified amount that is not a whole number or out of
+its range, ``gpumem``/``gpumem-percentage``/``gpucores`` without ``nvidia.com/gpu`` beside it,
+both ``gpumem`` and ``gpumem-percentage``, a scheduler policy other than ``binpack`` or
+``spread``, more memory than any allowed GPU model has in one MIG instance, model filters that
+leave no GPU model at all, and a container asking more than one GPU with ``vgpu-mode: mps`` (an
+MPS slice is one GPU's). Never refused: a pod that is not unified (a plain pod, whole GPUs,
+another ``vgpu-mode``), ``nvidia.com/mig-*`` resources (the mutating webhook warns of a misspelt
+one: that namespace is shared with NVIDIA's device plugin), a well-formed request no node has
+room or the right GPU for now (it waits, with an event from the controller), and a malformed
+review (allowed with a message, as the mutating webhook does). A model filter naming a GPU
+migpilot does not know (HAMi's own example says ``use-gputype: "A100,V100"``) is allowed with a
+warning: it selects nothing, but the others may.
 
 Sans-IO and pure: a decoded AdmissionReview in, an AdmissionReview out; the rules are
 :mod:`migpilot.planning.unified`'s, the parser the planner uses, so a pod this webhook allows is
