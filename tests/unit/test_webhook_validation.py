@@ -78,6 +78,7 @@ C0 = "spec.containers[0].resources"
 REFUSED = [
     # amounts: whole numbers in range (the apiserver already refuses fractions of an extended
     # resource; the webhook does not rely on it)
+    ("mps-two-gpus", _pod({GPU: "2", MEM: "8000"}, annotations={MODE: "mps"}), "more than one GPU"),
     ("mem-fraction", _pod({GPU: "1", MEM: "7.5"}), f"{C0}.{MEM}: expected a whole number"),
     ("mem-milli", _pod({GPU: "1", MEM: "500m"}), f"{C0}.{MEM}: expected a whole number"),
     ("mem-zero", _pod({GPU: "1", MEM: "0"}), f"{C0}.{MEM}: 0 is less than 1"),
