@@ -100,3 +100,65 @@ def test_mps_pods_get_memory_slices_and_held_slices_are_never_touched(scene: Sce
     for (gpu, _), sl in after.items():
         per_gpu[gpu] = per_gpu.get(gpu, 0) + sl.memory_gb
     assert all(total <= 80 for total in per_gpu.values()), per_gpu
+
+
+def _unified(scene: Scene, name: str, *, gpumem: int, gpucores: int | None = None) -> Pod:
+    """HAMi's spelling in its MPS mode: ``nvidia.com/gpu`` + ``gpumem`` (+ ``gpucores``)."""
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(gpumem)}
+    if gpucores is not None:
+        limits["nvidia.com/gpucores"] = str(gpucores)
+    return Pod(
+        metadata=ObjectMeta(
+            name=name, namespace=scene.namespace, annotations={"nvidia.com/vgpu-mode": "mps"}
+        ),
+        spec=PodSpec(
+            containers=[
+                Container(name="c", image="none", resources=ResourceRequirements(limits=limits))
+            ]
+        ),
+    )
+
+
+def test_unified_pods_in_mps_mode_get_slices_advertised_as_nvidia_gpu(scene: Scene) -> None:
+    """``nvidia.com/vgpu-mode: mps`` pods go to the mps node only (the scene's MIG nodes have
+    room too): each gets a slice of its memory rounded up to whole GB, its ``gpucores`` as the
+    share, reserved as ``nvidia.com/gpu``; the agent advertises the slices as ``nvidia.com/gpu``
+    with the unified counters, and reports each slice used by its pod."""
+    scene.add_node(
+        MPS_NODE,
+        "emulated:a100-80gb:x2:mig-off",
+        "--mps-root",
+        str(scene.root / "mps"),
+        labels={"migpilot.io/mode": "mps"},
+    )
+    client = scene.client
+    scene.start_controller("c1")
+    scene.wait(scene.reported, "the agents' first status")
+    scene.wait(lambda: scene.layout(MPS_NODE) is not None, "the mps node's GpuLayout")
+
+    asks = {"u8": (8000, 30), "u20": (20000, None), "u40": (40960, None)}
+    for name, (mem, cores) in asks.items():
+        client.create(_unified(scene, name, gpumem=mem, gpucores=cores))
+    got = scene.wait(lambda: scene.running(set(asks)), "three unified MPS pods Running")
+    assert all(got[n] == MPS_NODE for n in asks), got
+
+    def users() -> dict[str, gl.SliceStatus]:
+        return {sl.used_by.split("/", 1)[1]: sl for sl in _slices(scene).values() if sl.used_by}
+
+    scene.wait(lambda: set(asks) <= set(users()), "each slice reported used by its pod")
+    slices = users()
+    assert {n: (slices[n].memory_gb, slices[n].cores) for n in asks} == {
+        "u8": (8, 30),  # 8000 MiB -> 8 GB (nos rounds up to whole GB)
+        "u20": (20, None),  # 19.5 GB -> 20
+        "u40": (40, None),
+    }
+    lay = scene.layout(MPS_NODE)
+    assert lay is not None
+    assert not any(sl.reserved_for for g in lay.spec.gpus for sl in g.mps), "released once used"
+    node = client.get(Node, MPS_NODE)
+    assert node.status is not None and node.status.allocatable is not None
+    alloc = node.status.allocatable
+    assert alloc["nvidia.com/gpu"] == "3"
+    assert not any(k.startswith("nvidia.com/gpu-") and v != "0" for k, v in alloc.items()), alloc
+    assert alloc["nvidia.com/gpumem"] == str(2 * 80 * 1024)
+    assert alloc["nvidia.com/gpucores"] == "200"

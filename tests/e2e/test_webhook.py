@@ -303,6 +303,17 @@ def test_unified_pods_are_gated_and_malformed_ones_refused_naming_the_field(
     )
     assert _gates(mode) == [GATE]
 
+    # HAMi's MPS mode is served (an MPS slice): gated; a container asking two GPUs is refused,
+    # as one MPS slice is one GPU's.
+    mps = s.pod(
+        "mps", unified={GPU: "1", GPUMEM: "8000"}, annotations={"nvidia.com/vgpu-mode": "mps"}
+    )
+    assert _gates(mps) == [GATE]
+    err = _refusal(
+        s, "mps2", unified={GPU: "2", GPUMEM: "8000"}, annotations={"nvidia.com/vgpu-mode": "mps"}
+    )
+    assert "more than one GPU with nvidia.com/vgpu-mode: mps" in (err.status.message or "")
+
     # Not migpilot's: whole GPUs for NVIDIA's plugin, and another vgpu-mode, even malformed.
     assert _gates(s.pod("whole", unified={GPU: "1"})) == []
     other = s.pod(
