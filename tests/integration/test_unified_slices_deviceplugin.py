@@ -46,7 +46,7 @@ def pod_doc(name: str, mem: int, *, created: str = "2026-01-01T00:00:00Z") -> di
             "namespace": "ns",
             "uid": f"uid-{name}",
             "creationTimestamp": created,
-        },  # fmt: skip
+        },
         "spec": {
             "nodeName": NODE,
             "containers": [{"name": "c", "resources": {"limits": limits}}],

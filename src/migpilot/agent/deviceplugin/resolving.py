@@ -2,8 +2,9 @@
 
 Why it exists: the kubelet's Allocate names device IDs, never the pod. On a node serving unified
 requests (``docs/unified.md``) the plugin advertises one ``nvidia.com/gpu`` device per MIG
-instance set aside for unified pods, and a container must get the instances the planner reserved
-for *its* pod, not whichever devices the kubelet picked. The kubelet admits the pods bound to
+instance set aside for unified pods (on a node in mode ``mps``, per MPS slice: an :class:`Instance`
+then stands for the slice), and a container must get the instances the planner reserved for *its*
+pod, not whichever devices the kubelet picked. The kubelet admits the pods bound to
 its node one at a time, in creation order, and calls Allocate once per container and resource
 (init containers first), so at most one pod of the node is being allocated at any moment.
 :func:`resolve` applies that rule: the request is for the first pod, in the kubelet's order
@@ -51,7 +52,8 @@ class PodAllocation:
     """The pod's ``metadata.uid`` (a later pod of the same name is another pod); may be
     empty when unknown."""
     unified: bool
-    """A unified pod: ``containers`` hold MIG UUIDs kept for it while it lives."""
+    """A unified pod: ``containers`` hold MIG UUIDs (or MPS slice IDs) kept for it while it
+    lives."""
     containers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """``(container name, device IDs)`` in the order they were allocated."""
 
@@ -215,7 +217,8 @@ class Decision:
     pod: GpuPod
     container: Container
     device_ids: tuple[str, ...]
-    """MIG UUIDs for a unified pod; the kubelet's picks for a whole-GPU pod."""
+    """MIG UUIDs (or an MPS slice ID) for a unified pod; the kubelet's picks for a whole-GPU
+    pod."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +247,7 @@ class Inputs:
     reservations: Mapping[str, tuple[Instance, ...]]
     """Pod key -> the instances reserved for it (or already handed to it)."""
     pool: frozenset[str]
-    """MIG UUIDs advertised as ``nvidia.com/gpu`` for unified pods."""
+    """MIG UUIDs and MPS slice IDs advertised as ``nvidia.com/gpu`` for unified pods."""
 
 
 def candidate(
@@ -429,8 +432,8 @@ def set_aside(
     allocated: Mapping[str, PodAllocation],
     existing: Collection[str],
 ) -> frozenset[str]:
-    """The unified pool: MIG UUIDs (of ``existing`` devices) reserved for a unified pod or
-    handed by Allocate to a unified pod still alive (every ledger entry is)."""
+    """The unified pool: MIG UUIDs and MPS slice IDs (of ``existing`` devices) reserved for a
+    unified pod or handed by Allocate to a unified pod still alive (every ledger entry is)."""
     out = {
         i.uuid
         for key, insts in reservations.items()
