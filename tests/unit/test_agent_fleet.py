@@ -241,6 +241,31 @@ def test_the_fleet_serves_unified_pods_and_publishes_the_counters(running: Runni
     _wait(lambda: api.node_resources["n0"].get("nvidia.com/gpu") == "0")
 
 
+def test_the_fleet_serves_unified_pods_mps_slices(running: Running) -> None:
+    """On a node in mode ``mps`` a unified pod's reserved slice is an ``nvidia.com/gpu``
+    device, assigned to the pod once bound and reported used by it."""
+    api = running.api
+    api.put_node("n0", {LABEL: "h100-80gb.x1.mig-off", "migpilot.io/mode": "mps"})
+    unified = pod_doc("u", "n0", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000})
+    api.put_pod({**unified, "spec": {**unified["spec"], "nodeName": None}})  # pending
+    reserved = {"id": 1, "memoryGB": 10, "reservedFor": "ns/u", "resource": "nvidia.com/gpu"}
+    api.put_spec("n0", {"gpus": [{"index": 0, "mps": [{"id": 0, "memoryGB": 10}, reserved]}]})
+
+    def slices() -> dict[int, tuple[str, str | None]]:
+        status = running.status("n0")
+        found = [] if status is None else [s for g in status.gpus for s in g.mps]
+        return {s.id: (s.state.value, s.used_by) for s in found}
+
+    _wait(lambda: api.node_resources.get("n0", {}).get("nvidia.com/gpu") == "1")
+    assert api.node_resources["n0"]["nvidia.com/gpu-10gb"] == "1"
+    assert api.node_resources["n0"]["nvidia.com/gpumem"] == str(80 * 1024)
+    _wait(lambda: slices() == {0: ("free", None), 1: ("reserved", None)})
+    api.put_pod(unified)  # bound
+    _wait(lambda: slices() == {0: ("free", None), 1: ("used", "ns/u")})
+    api.delete_pod("ns", "u")
+    _wait(lambda: slices() == {0: ("free", None), 1: ("reserved", None)})
+
+
 def test_nodes_come_and_go_and_a_bad_label_is_logged(
     running: Running, caplog: pytest.LogCaptureFixture
 ) -> None:

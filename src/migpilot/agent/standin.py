@@ -336,11 +336,18 @@ def reservations(
 
 
 def reported_used_by(layout: gpulayouts.GpuLayout | None) -> dict[str, str]:
-    """MIG device UUID -> the unified pod the GpuLayout's status reports it used by
-    (``usedBy``): a restarted stand-in gives those pods back their instances."""
+    """MIG device UUID (or MPS slice device ID) -> the pod the GpuLayout's status reports it
+    used by (``usedBy``): a restarted stand-in gives the unified pods among them back their
+    instances and slices."""
     if layout is None or layout.status is None:
         return {}
-    return {
+    slices = {
+        devices.slice_device_id(g.uuid, sl.id): sl.used_by
+        for g in layout.status.gpus
+        for sl in g.mps
+        if sl.used_by is not None
+    }
+    return slices | {
         i.uuid: i.used_by
         for g in layout.status.gpus
         for i in g.instances
@@ -385,8 +392,9 @@ class SimulatedKubelet:
     Unified pods (``nvidia.com/gpu`` with ``gpumem``, ``docs/unified.md``) are admitted as the
     kubelet admits them, in creation order, each container in turn resolved by the device
     plugin's own :func:`resolving.resolve` from ``unified`` (the pool's inputs,
-    :meth:`~unifying.UnifiedPool.inputs`): a pod gets the instances reserved for it, all of
-    its containers or none (retried at every pass). The stand-in is then the pool's
+    :meth:`~unifying.UnifiedPool.inputs`): a pod gets the instances (on a node in mode
+    ``mps``, the slice) reserved for it, all of its containers or none (retried at every
+    pass). The stand-in is then the pool's
     :class:`~unifying.Allocations`; ``held_by`` (:func:`reported_used_by`) gives a restarted
     stand-in's pods back the instances the status last reported them using.
     """

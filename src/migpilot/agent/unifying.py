@@ -5,23 +5,28 @@ Why it exists: kube-scheduler and the kubelet admit a pod asking ``nvidia.com/gp
 ``nvidia.com/gpumem`` (HAMi's spelling) only if the node advertises those resources, and the
 kubelet's Allocate never says which pod it serves. So:
 
-- :class:`UnifiedPool` keeps the *pool*: the MIG instances the GpuLayout spec reserves for a
-  unified pod, or that Allocate handed to one still alive. :meth:`UnifiedPool.update` (every
-  pass) puts them in the view the device plugin advertises (``NodeDevices.unified``: one
+- :class:`UnifiedPool` keeps the *pool*: the MIG instances (or MPS slices, below) the GpuLayout spec
+  reserves for a unified pod, or that Allocate handed to one still alive. :meth:`UnifiedPool.update`
+  (every pass) puts them in the view the device plugin advertises (``NodeDevices.unified``: one
   ``nvidia.com/gpu`` device each, no longer ``nvidia.com/mig-<profile>``), after releasing the
-  ledger entries of pods that are gone (the pod watch says so and a read of the pod confirms
-  it). A reservation is for a unified pod when the spec says so (``resource:
-  nvidia.com/gpu``, written by the controller, which knows the pod), so a pass reads no pod
-  from the API. :meth:`UnifiedPool.inputs` gives Allocate the node's pods (read again from
-  the API when asked: the watch may lag the kubelet) and the reservations;
-  :meth:`UnifiedPool.used_by` says which pod each allocated instance went to (the GpuLayout
-  status reports it, so the controller knows a unified pod is allocated). A bound unified
-  pod's reservation is remembered while the pod lives, so a spec that drops it before
-  Allocate leaves the pod its instances (:meth:`UnifiedPool.in_use` keeps them).
+  ledger entries of pods that are gone (the pod watch says so and a read of the pod confirms it). A
+  reservation is for a unified pod when the spec says so (``resource: nvidia.com/gpu``, written by
+  the controller, which knows the pod), so a pass reads no pod from the API.
+  :meth:`UnifiedPool.inputs` gives Allocate the node's pods (read again from the API when asked: the
+  watch may lag the kubelet) and the reservations; :meth:`UnifiedPool.used_by` says which pod each
+  allocated instance went to (the GpuLayout status reports it, so the controller knows a unified pod
+  is allocated). A bound unified pod's reservation is remembered while the pod lives, so a spec that
+  drops it before Allocate leaves the pod its instances (:meth:`UnifiedPool.in_use` keeps them).
 - :class:`NodeCounters` writes ``nvidia.com/gpumem`` (MiB: the sum over the node's MIG GPUs of
-  :func:`unified.memory_mib`), ``nvidia.com/gpumem-percentage`` and ``nvidia.com/gpucores``
-  (100 per MIG GPU) into the Node's capacity and allocatable, kept in step with the GPUs. They
-  never bind: every unified pod gets instances at least as large as its ask.
+  :func:`unified.memory_mib`, and over its GPUs serving MPS slices of their memory),
+  ``nvidia.com/gpumem-percentage`` and ``nvidia.com/gpucores`` (100 per such GPU) into the
+  Node's capacity and allocatable, kept in step with the GPUs. They never bind: every unified
+  pod gets instances (or a slice) at least as large as its ask.
+
+On a node in mode ``mps`` (``docs/modes.md``) the spec reserves MPS slices (``resource:
+nvidia.com/gpu``) for unified pods instead of MIG instances; the pool holds them the same way,
+by device ID (``<gpu-uuid>::mps-<id>``), as :class:`resolving.Instance` values that stand for
+slices, and the plugin answers their Allocate with the slice's MPS settings.
 
 A shell module: the API through :class:`~kubeapi.NodeApi`, the pods through
 :class:`~standin.PodBook`; it imports neither a Kubernetes client nor gRPC (import-linter).
@@ -39,7 +44,8 @@ from migpilot import errors
 from migpilot.agent import kubeapi, reconciling, standin
 from migpilot.agent.deviceplugin import devices, resolving
 from migpilot.api import gpulayouts
-from migpilot.planning import unified
+from migpilot.mig import profiles
+from migpilot.planning import modes, unified
 
 _log = logging.getLogger(__name__)
 
@@ -47,7 +53,18 @@ COUNTERS = (unified.GPUMEM, unified.GPUMEM_PERCENT, unified.GPUCORES)
 """The node counters, in the order they are logged."""
 
 _Position = tuple[int, int, str]
-"""(GPU index, start, profile) of an instance."""
+"""(GPU index, start, profile) of an instance; (GPU index, slice id, ``""``) of an MPS slice."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Spot:
+    """A MIG instance or an MPS slice the spec reserves for a pod."""
+
+    at: _Position
+    memory_gb: int | None = None
+    """A slice's size in the spec; ``None`` for an instance."""
+    cores: int | None = None
+    """A slice's compute share in the spec."""
 
 
 class Allocations(Protocol):
@@ -103,8 +120,8 @@ class UnifiedPool:
         self._lock = threading.RLock()
         self._view = devices.NodeDevices(gpus=())
         self._pool: frozenset[str] = frozenset()
-        self._remembered: dict[str, tuple[_Position, ...]] = {}
-        """Bound unified pod -> the instances the spec last reserved for it."""
+        self._remembered: dict[str, tuple[_Spot, ...]] = {}
+        """Bound unified pod -> the instances (and slices) the spec last reserved for it."""
 
     def attach(self, allocated: Allocations) -> None:
         """Take hand-outs from ``allocated`` (the plugin, made after the pool)."""
@@ -122,11 +139,12 @@ class UnifiedPool:
                 reservations=reserved,
                 unified_pods=self._unified_pods() & set(reserved),
                 allocated=self._allocated.pod_allocations(),
-                existing={m.uuid for m in view.mig_devices},
+                existing={m.uuid for m in view.mig_devices} | view.slice_device_ids().keys(),
             )
             if pool != self._pool:
-                _log.info("Node %s: %d MIG instance(s) set aside for unified pods, advertised "
-                          "as %s", self.node, len(pool), devices.FULL_GPU_RESOURCE)  # fmt: skip
+                _log.info("Node %s: %d MIG instance(s) and MPS slice(s) set aside for unified "
+                          "pods, advertised as %s", self.node, len(pool),
+                          devices.FULL_GPU_RESOURCE)  # fmt: skip
             self._pool = pool
         return dataclasses.replace(view, unified=pool)
 
@@ -155,7 +173,8 @@ class UnifiedPool:
             return resolving.Inputs(tuple(pods), self._reserved(self._view), self._pool)
 
     def used_by(self) -> dict[str, str]:
-        """MIG UUID -> the unified pod (``namespace/name``) Allocate handed it to."""
+        """MIG UUID (or MPS slice device ID) -> the unified pod (``namespace/name``) Allocate
+        handed it to."""
         return {
             uuid: key
             for key, a in self._allocated.pod_allocations().items()
@@ -164,8 +183,9 @@ class UnifiedPool:
         }
 
     def in_use(self) -> frozenset[str]:
-        """Instances the spec no longer reserves for a bound unified pod, remembered for it
-        until it is allocated (and while it lives): never destroyed."""
+        """Instances (and MPS slices) the spec no longer reserves for a bound unified pod,
+        remembered for it until it is allocated (and while it lives): never destroyed (a
+        slice: still served)."""
         spec = self._spec()
         listed = _positions(spec)
         with self._lock:
@@ -174,21 +194,23 @@ class UnifiedPool:
                 uuid
                 for key, found in self._remembered.items()
                 if key not in listed
-                for pos in found
-                if (uuid := by_pos.get(pos)) is not None
+                for spot in found
+                if (uuid := by_pos.get(spot.at)) is not None
             )
 
     def profiles_for(self, pod: standin.BoundPod) -> tuple[str, ...]:
         """The profiles a bound unified pod holds or is about to get (its reserved or
         allocated instances; without any, its asks resolved on the node's first MIG GPU
-        model that serves them), for ``holding.BoundPodsHold``."""
+        model that serves them), for ``holding.BoundPodsHold``. A pod served by MPS slices
+        holds no profile: ``()`` (its slices are kept by the spec, the ledger and
+        :meth:`in_use`, and a node without MIG GPUs resolves nothing)."""
         if pod.gpu is None or not pod.gpu.unified:
             return ()
         with self._lock:
             mine = self._reserved(self._view).get(pod.key, ())
             models = [g.model for g in self._view.gpus if g.mig_enabled]
         if mine:
-            return tuple(sorted(i.profile for i in mine))
+            return tuple(sorted(i.profile for i in mine if not i.is_slice))
         request = unified.UnifiedRequest(
             tuple(c.ask for c in pod.gpu.containers if c.ask is not None and not c.init)
         )
@@ -249,35 +271,40 @@ class UnifiedPool:
             positions.setdefault(key, list(kept))
         by_pos = _by_position(view)
         models = {g.index: g.model for g in view.gpus}
+        served = view.slice_device_ids()
         out: dict[str, list[resolving.Instance]] = {
-            key: [
-                resolving.Instance(g, s, p, by_pos.get((g, s, p)), models.get(g))
-                for g, s, p in found
-            ]
+            key: [_instance(spot, by_pos.get(spot.at), models, served) for spot in found]
             for key, found in positions.items()
         }
         by_uuid = {m.uuid: m for m in view.mig_devices}
         for key, a in self._allocated.pod_allocations().items():
             have = {i.uuid for i in out.get(key, ())}
             for uuid in sorted(a.devices if a.unified else ()):
-                m = by_uuid.get(uuid)
-                if m is not None and uuid not in have:
+                if uuid in have:
+                    continue
+                m, sl = by_uuid.get(uuid), served.get(uuid)
+                if m is not None:
                     out.setdefault(key, []).append(
                         resolving.Instance(
                             m.gpu_index, m.start, m.profile.name, uuid, models.get(m.gpu_index)
                         )
                     )
+                elif sl is not None:
+                    spot = _Spot((sl.gpu_index, sl.id, ""), sl.memory_gb, sl.cores)
+                    out.setdefault(key, []).append(_instance(spot, uuid, models, served))
         return {k: tuple(v) for k, v in out.items()}
 
     def _unified_pods(self) -> set[str]:
         """The pods whose reservations are for unified pods: the spec names their resource
         ``nvidia.com/gpu`` (the controller knows the pod), or the pod bound here is unified."""
         spec = self._spec()
+        gpus = spec.gpus if spec is not None else ()
+        kept = [(i.reserved_for, i.resource) for g in gpus for i in g.instances]
+        kept += [(sl.reserved_for, sl.resource) for g in gpus for sl in g.mps]
         out = {
-            i.reserved_for
-            for g in (spec.gpus if spec is not None else ())
-            for i in g.instances
-            if i.reserved_for is not None and i.resource == gpulayouts.UNIFIED_RESOURCE
+            pod
+            for pod, resource in kept
+            if pod is not None and resource == gpulayouts.UNIFIED_RESOURCE
         }
         out.update(k for k, p in self._live().items() if p.unified)
         return out
@@ -301,18 +328,40 @@ def _alive(entry: resolving.PodAllocation, pod: resolving.GpuPod | None) -> bool
     return pod is not None and (not entry.uid or not pod.uid or entry.uid == pod.uid)
 
 
-def _positions(spec: gpulayouts.LayoutSpec | None) -> dict[str, tuple[_Position, ...]]:
-    """Pod key -> the instances the spec reserves for it."""
-    out: dict[str, list[_Position]] = {}
+def _positions(spec: gpulayouts.LayoutSpec | None) -> dict[str, tuple[_Spot, ...]]:
+    """Pod key -> the instances and MPS slices the spec reserves for it."""
+    out: dict[str, list[_Spot]] = {}
     for g in spec.gpus if spec is not None else ():
         for i in g.instances:
             if i.reserved_for is not None:
-                out.setdefault(i.reserved_for, []).append((g.index, i.start, i.profile))
+                out.setdefault(i.reserved_for, []).append(_Spot((g.index, i.start, i.profile)))
+        for sl in g.mps:
+            if sl.reserved_for is not None:
+                spot = _Spot((g.index, sl.id, ""), sl.memory_gb, sl.cores)
+                out.setdefault(sl.reserved_for, []).append(spot)
     return {k: tuple(v) for k, v in out.items()}
 
 
 def _by_position(view: devices.NodeDevices) -> dict[_Position, str]:
-    return {(m.gpu_index, m.start, m.profile.name): m.uuid for m in view.mig_devices}
+    """Where each MIG device and served MPS slice is -> its device ID."""
+    out = {(m.gpu_index, m.start, m.profile.name): m.uuid for m in view.mig_devices}
+    out.update({(s.gpu_index, s.id, ""): i for i, s in view.slice_device_ids().items()})
+    return out
+
+
+def _instance(
+    spot: _Spot,
+    uuid: str | None,
+    models: Mapping[int, profiles.GpuModel],
+    served: Mapping[str, devices.MpsSlice],
+) -> resolving.Instance:
+    """The instance (or slice: with the size it is served with, else the spec's) at ``spot``."""
+    g, start, profile = spot.at
+    if spot.memory_gb is None:
+        return resolving.Instance(g, start, profile, uuid, models.get(g))
+    now = served.get(uuid) if uuid is not None else None
+    gb, cores = (now.memory_gb, now.cores) if now is not None else (spot.memory_gb, spot.cores)
+    return resolving.mps_slice(g, start, gb, uuid=uuid, model=models.get(g), cores=cores)
 
 
 # --- the node counters -------------------------------------------------------------------------
@@ -320,12 +369,17 @@ def _by_position(view: devices.NodeDevices) -> dict[_Position, str]:
 
 def counters(view: devices.NodeDevices) -> dict[str, int]:
     """The node-level resources a unified pod's ask is checked against: memory in MiB (each
-    MIG GPU's :func:`unified.memory_mib`), and 100 per MIG GPU for percentage and cores."""
-    gpus = [g for g in view.gpus if g.mig_enabled]
+    MIG GPU's :func:`unified.memory_mib`; each GPU with MIG disabled that serves MPS slices,
+    its :func:`modes.memory_gb` x 1024, which its slices sum to at most), and 100 per such
+    GPU for percentage and cores."""
+    mig = [g for g in view.gpus if g.mig_enabled]
+    sliced = [g for g in view.gpus if not g.mig_enabled and view.slices_on(g.index)]
+    count = len(mig) + len(sliced)
     return {
-        unified.GPUMEM: sum(unified.memory_mib(g.model) for g in gpus),
-        unified.GPUMEM_PERCENT: 100 * len(gpus),
-        unified.GPUCORES: 100 * len(gpus),
+        unified.GPUMEM: sum(unified.memory_mib(g.model) for g in mig)
+        + sum(modes.memory_gb(g.model) * 1024 for g in sliced),
+        unified.GPUMEM_PERCENT: 100 * count,
+        unified.GPUCORES: 100 * count,
     }
 
 

@@ -7,7 +7,8 @@ pods (``NodeDevices.unified``, ``docs/unified.md``): one ``nvidia.com/gpu`` devi
 ``single`` advertises every MIG device as ``nvidia.com/gpu`` and refuses a node that breaks its
 invariants with NVIDIA's messages. Under every strategy a GPU with MPS slices
 (``NodeDevices.mps_slices``) is advertised as its slices (``nvidia.com/gpu-<N>gb``,
-:mod:`slices`), never whole. No I/O.
+:mod:`slices`; those set aside for unified pods as ``nvidia.com/gpu`` devices), never whole.
+No I/O.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def resources_for(
             continue  # advertised as its slices
         add(devices.FULL_GPU_RESOURCE, gpu.uuid, gpu.index, devices.Health.HEALTHY)
     for r in slices.resources(node, unhealthy=unhealthy):
-        by_name[r.name] = list(r.devices)
+        by_name.setdefault(r.name, []).extend(r.devices)  # unified slices join nvidia.com/gpu
     if strategy is devices.MigStrategy.NONE:
         return _sorted(by_name)
 

@@ -141,8 +141,9 @@ class NodeDevices:
     gpus: tuple[Gpu, ...]
     mig_devices: tuple[MigDevice, ...] = ()
     unified: frozenset[str] = frozenset()
-    """MIG device UUIDs set aside for unified pods (``docs/unified.md``): under the mixed
-    strategy they are advertised as ``nvidia.com/gpu``, not as ``nvidia.com/mig-<profile>``."""
+    """MIG device UUIDs and MPS slice device IDs set aside for unified pods
+    (``docs/unified.md``): advertised as ``nvidia.com/gpu`` (a MIG device under the mixed
+    strategy), not as ``nvidia.com/mig-<profile>`` or ``nvidia.com/gpu-<N>gb``."""
     mps_slices: tuple[MpsSlice, ...] = ()
     """The MPS slices served (only on GPUs with MIG disabled); such a GPU is not advertised
     whole."""

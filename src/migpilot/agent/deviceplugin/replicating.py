@@ -5,7 +5,8 @@
 sharing needs (NVIDIA's index ``"0"`` / ``"0:1"``, memory, MIG or not), replicates them
 (:func:`migpilot.sharing.replicas.replicate`) and lists the MPS daemons they need. The
 GpuLayout's MPS slices (``nvidia.com/gpu-<N>gb``, :mod:`slices`) are kept out of the
-replication and advertised as they are; their daemons (one per sliced GPU) join the config's in
+replication and advertised as they are (those of ``nvidia.com/gpu``, set aside for unified
+pods, too); their daemons (one per sliced GPU) join the config's in
 one list, so the agent's one supervisor runs both. Sans-IO.
 """
 
@@ -61,10 +62,18 @@ def share(
 ) -> Shared:
     """``resources`` (from :func:`advertising.resources_for`) under ``sharing``; raises
     :class:`~migpilot.errors.SharingConfigError` when the config cannot be applied to the node.
-    Slice resources pass unchanged."""
-    sliced = tuple(r for r in resources if devices.is_slice_resource(r.name))
+    Slices pass unchanged, slice resources and the slices of ``nvidia.com/gpu`` (set aside
+    for unified pods) alike: they are never replicated."""
+    sliced = tuple(
+        devices.Resource(r.name, kept)
+        for r in resources
+        if (kept := tuple(d for d in r.devices if devices.is_slice_id(d.id)))
+        or devices.is_slice_resource(r.name)
+    )
     views = tuple(
-        replicas.Resource(r.name, tuple(_view(d, node) for d in r.devices))
+        replicas.Resource(
+            r.name, tuple(_view(d, node) for d in r.devices if not devices.is_slice_id(d.id))
+        )
         for r in resources
         if not devices.is_slice_resource(r.name)
     )
@@ -86,11 +95,19 @@ def share(
     root = mps_root or sharing.mps_root or mps.DEFAULT_ROOT
     per_gpu = slices.daemons(node, root=root)
     return Shared(
-        tuple(sorted((*out, *sliced), key=lambda r: r.name)),
+        _merged((*out, *sliced)),
         shared,
         (*mps.daemons(shared, sharing, root=mps_root), *(d for _, d in per_gpu)),
         per_gpu,
     )
+
+
+def _merged(resources: Sequence[devices.Resource]) -> tuple[devices.Resource, ...]:
+    """One resource per name (its devices in the order given), sorted by name."""
+    by_name: dict[str, list[devices.Device]] = {}
+    for r in resources:
+        by_name.setdefault(r.name, []).extend(r.devices)
+    return tuple(devices.Resource(n, tuple(by_name[n])) for n in sorted(by_name))
 
 
 def _view(device: devices.Device, node: devices.NodeDevices) -> replicas.Device:

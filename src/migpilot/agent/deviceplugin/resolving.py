@@ -2,8 +2,9 @@
 
 Why it exists: the kubelet's Allocate names device IDs, never the pod. On a node serving unified
 requests (``docs/unified.md``) the plugin advertises one ``nvidia.com/gpu`` device per MIG
-instance set aside for unified pods, and a container must get the instances the planner reserved
-for *its* pod, not whichever devices the kubelet picked. The kubelet admits the pods bound to
+instance set aside for unified pods (on a node in mode ``mps``, per MPS slice: an :class:`Instance`
+then stands for the slice), and a container must get the instances the planner reserved for *its*
+pod, not whichever devices the kubelet picked. The kubelet admits the pods bound to
 its node one at a time, in creation order, and calls Allocate once per container and resource
 (init containers first), so at most one pod of the node is being allocated at any moment.
 :func:`resolve` applies that rule: the request is for the first pod, in the kubelet's order
@@ -35,7 +36,7 @@ from typing import Any
 
 from migpilot import errors
 from migpilot.mig import profiles
-from migpilot.planning import snapshot, unified
+from migpilot.planning import modes, snapshot, unified
 
 TERMINATED = frozenset({"Succeeded", "Failed"})
 """Pod phases whose containers hold no device any more."""
@@ -51,7 +52,8 @@ class PodAllocation:
     """The pod's ``metadata.uid`` (a later pod of the same name is another pod); may be
     empty when unknown."""
     unified: bool
-    """A unified pod: ``containers`` hold MIG UUIDs kept for it while it lives."""
+    """A unified pod: ``containers`` hold MIG UUIDs (or MPS slice IDs) kept for it while it
+    lives."""
     containers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """``(container name, device IDs)`` in the order they were allocated."""
 
@@ -165,18 +167,47 @@ def terminated(doc: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Instance:
-    """A MIG instance reserved for a pod (or handed to it)."""
+    """A MIG instance, or an MPS slice, reserved for a pod (or handed to it).
+
+    A slice (on an MPS-mode GPU, ``docs/modes.md``) has :attr:`memory_gb` set; its ``start``
+    is then its id in the GpuLayout, its ``profile`` empty and its ``uuid`` its device ID
+    (``<gpu-uuid>::mps-<id>``)."""
 
     gpu: int
     start: int
     profile: str
     uuid: str | None
-    """``None``: the spec reserves it but it does not exist (yet)."""
+    """``None``: the spec reserves it but it does not exist (yet), or the slice is not
+    served (yet)."""
     model: profiles.GpuModel | None = None
     """The GPU's model, to match a container's ask; ``None`` when unknown."""
+    memory_gb: int | None = None
+    """An MPS slice's memory in whole GB; ``None`` for a MIG instance."""
+    cores: int | None = None
+    """An MPS slice's compute share in percent (``None``: all of the GPU)."""
+
+    @property
+    def is_slice(self) -> bool:
+        """An MPS slice, not a MIG instance."""
+        return self.memory_gb is not None
 
     def __str__(self) -> str:
+        if self.memory_gb is not None:
+            return f"GPU {self.gpu} MPS slice {self.start} ({self.memory_gb} GB)"
         return f"GPU {self.gpu} {self.profile}@{self.start}"
+
+
+def mps_slice(
+    gpu: int,
+    slice_id: int,
+    memory_gb: int,
+    *,
+    uuid: str | None,
+    model: profiles.GpuModel | None = None,
+    cores: int | None = None,
+) -> Instance:
+    """The :class:`Instance` that stands for an MPS slice."""
+    return Instance(gpu, slice_id, "", uuid, model, memory_gb, cores)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +217,8 @@ class Decision:
     pod: GpuPod
     container: Container
     device_ids: tuple[str, ...]
-    """MIG UUIDs for a unified pod; the kubelet's picks for a whole-GPU pod."""
+    """MIG UUIDs (or an MPS slice ID) for a unified pod; the kubelet's picks for a whole-GPU
+    pod."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +247,7 @@ class Inputs:
     reservations: Mapping[str, tuple[Instance, ...]]
     """Pod key -> the instances reserved for it (or already handed to it)."""
     pool: frozenset[str]
-    """MIG UUIDs advertised as ``nvidia.com/gpu`` for unified pods."""
+    """MIG UUIDs and MPS slice IDs advertised as ``nvidia.com/gpu`` for unified pods."""
 
 
 def candidate(
@@ -303,18 +335,18 @@ def _unified(
     others.update(busy)
     if not reserved:
         return Refusal(
-            f"pod {pod.key}: no MIG instance is reserved for it on this node (the GpuLayout "
-            "spec names none with reservedFor)"
+            f"pod {pod.key}: no MIG instance is reserved for it on this node, nor any MPS slice "
+            "(the GpuLayout spec names none with reservedFor)"
         )
+    what = _kind(reserved)
     missing = [str(i) for i in reserved if i.uuid is None]
     if missing:
-        return Refusal(
-            f"pod {pod.key}: the MIG instances reserved for it do not exist: {', '.join(missing)}"
-        )
+        verb = "are not served" if all(i.is_slice for i in reserved) else "do not exist"
+        return Refusal(f"pod {pod.key}: the {what} reserved for it {verb}: {', '.join(missing)}")
     held = [str(i) for i in reserved if i.uuid in others]
     if held:
         return Refusal(
-            f"pod {pod.key}: the MIG instances reserved for it are allocated to another pod: "
+            f"pod {pod.key}: the {what} reserved for it are allocated to another pod: "
             f"{', '.join(held)}"
         )
     # Containers other than init ones never share an instance; init containers run first and
@@ -329,18 +361,35 @@ def _unified(
     if len(free) < container.count:
         return Refusal(
             f"pod {pod.key}: container {container.name} asks for {container.count} "
-            f"{unified.GPU}, {len(free)} of the instances reserved for it are left "
+            f"{unified.GPU}, {len(free)} of the {_noun(reserved)} reserved for it are left "
             f"({', '.join(str(i) for i in free) or 'none'})"
         )
     chosen = sorted(free, key=lambda i: _rank(i, container.ask))[: container.count]
     return Decision(pod, container, tuple(i.uuid or "" for i in chosen))
 
 
+def _kind(reserved: Sequence[Instance]) -> str:
+    """``MIG instances``, ``MPS slices``, or ``MIG instances and MPS slices``."""
+    kinds = {i.is_slice for i in reserved}
+    if kinds == {True}:
+        return "MPS slices"
+    return "MIG instances" if kinds == {False} else "MIG instances and MPS slices"
+
+
+def _noun(reserved: Sequence[Instance]) -> str:
+    """``instances`` or ``slices``, as :func:`_kind` without the kind's name."""
+    return "slices" if reserved and all(i.is_slice for i in reserved) else "instances"
+
+
 def _rank(inst: Instance, ask: unified.GpuAsk | None) -> tuple[int, int, int, int, int]:
     """The instance the container should get first: the profile the planner would pick for
     its ask, then one that serves it, smallest first, then any (the planner's reservation is
-    trusted over this module's reading of the ask)."""
+    trusted over this module's reading of the ask). A slice: one that serves the ask first,
+    then the smallest."""
     model, place = inst.model, inst.gpu * 100 + inst.start
+    if inst.memory_gb is not None:
+        memory, cores = inst.memory_gb * 1024, inst.cores if inst.cores is not None else 100
+        return (1, 0 if _slice_fits(inst, ask) else 1, memory, cores, place)
     profile = _profile(model, inst.profile)
     if model is None or profile is None:
         return (1, 1, 0, 0, place)
@@ -349,6 +398,22 @@ def _rank(inst: Instance, ask: unified.GpuAsk | None) -> tuple[int, int, int, in
     need = _profile(model, name)
     fits = need is not None and memory >= (need.memory_mib or 0) and compute >= need.compute_slices
     return (0 if name == inst.profile else 1, 0 if fits else 1, memory, compute, place)
+
+
+def _slice_fits(inst: Instance, ask: unified.GpuAsk | None) -> bool:
+    """Whether an MPS slice serves a container's ask (memory in MiB or as a share of the GPU's
+    memory, compute share); unknown (no ask, no model for a share) counts as serving."""
+    if ask is None or inst.memory_gb is None:
+        return True
+    have = inst.memory_gb * 1024
+    if ask.memory_mib is not None and have < ask.memory_mib:
+        return False
+    if ask.memory_percent is not None and inst.model is not None:
+        total = modes.memory_gb(inst.model) * 1024
+        if have * 100 < ask.memory_percent * total:
+            return False
+    cores = inst.cores if inst.cores is not None else 100
+    return ask.cores_percent is None or cores >= ask.cores_percent
 
 
 def _profile(model: profiles.GpuModel | None, name: str | None) -> profiles.Profile | None:
@@ -367,8 +432,8 @@ def set_aside(
     allocated: Mapping[str, PodAllocation],
     existing: Collection[str],
 ) -> frozenset[str]:
-    """The unified pool: MIG UUIDs (of ``existing`` devices) reserved for a unified pod or
-    handed by Allocate to a unified pod still alive (every ledger entry is)."""
+    """The unified pool: MIG UUIDs and MPS slice IDs (of ``existing`` devices) reserved for a
+    unified pod or handed by Allocate to a unified pod still alive (every ledger entry is)."""
     out = {
         i.uuid
         for key, insts in reservations.items()

@@ -14,7 +14,9 @@ The servicer only decodes, calls the sans-IO core (``advertising``, ``allocating
 (``docs/unified.md``), Allocate of ``nvidia.com/gpu`` is resolved to a pod
 (:func:`resolving.resolve`) one call at a time under a lock, and the answer is recorded in the
 ledger, on disk, before it is sent; when no pod is known for it yet, the node's pods are read
-again from the API and the call waits up to ``allocate_wait_s`` before failing. This module
+again from the API and the call waits up to ``allocate_wait_s`` before failing. A unified pod
+whose reservation is an MPS slice (a node in mode ``mps``) gets the slice's MPS answer
+(:func:`slices.container_allocation`), not a MIG device's. This module
 and ``podresources`` are the only ones that speak to the kubelet.
 """
 
@@ -450,7 +452,9 @@ class DevicePlugin:
             ]
             self.record_allocated([i for ids in requests for i in ids])  # the slices, by ID
             return answers
-        if any(replicas.is_replica(i) for ids in requests for i in ids):
+        if any(
+            replicas.is_replica(i) and not devices.is_slice_id(i) for ids in requests for i in ids
+        ):
             return [self._allocate_shared(resource, ids, shared, sharing) for ids in requests]
         if self._unified is None or resource.name != devices.FULL_GPU_RESOURCE:
             answers = [allocating.container_allocation(resource, ids, settings) for ids in requests]
@@ -505,6 +509,11 @@ class DevicePlugin:
                          found.message)  # fmt: skip
             self.record_allocated(requested)
             return allocating.answer(requested, settings)
+        answer = (
+            self._unified_answer(resource, found)
+            if found.pod.unified
+            else allocating.answer(found.device_ids, settings)
+        )
         now = self._clock()
         changed = self._ledger.record_container(
             found.pod.key,
@@ -524,7 +533,30 @@ class DevicePlugin:
             ", ".join(found.device_ids),
             ", ".join(requested),
         )
-        return allocating.answer(found.device_ids, settings)
+        return answer
+
+    def _unified_answer(
+        self, resource: devices.Resource, found: resolving.Decision
+    ) -> allocating.ContainerAllocation:
+        """The answer for a unified pod's container: its MIG instances, or its MPS slice with
+        the slice's MPS settings (:func:`slices.container_allocation`: one GPU, its daemon,
+        the slice's memory and compute share). Raises :class:`~allocating.AllocationError`
+        before anything is recorded when it cannot be answered."""
+        ids = found.device_ids
+        sliced = [i for i in ids if devices.is_slice_id(i)]
+        if not sliced:
+            return allocating.answer(ids, self.settings.allocate)
+        if len(sliced) != len(ids):
+            raise allocating.AllocationError(
+                f"pod {found.pod.key}: container {found.container.name} would get MIG instances "
+                f"and MPS slices together ({', '.join(ids)}); one container talks to one MPS "
+                "daemon"
+            )
+        with self._lock:
+            node, daemons = self._node, self._shared.slice_daemons()
+        return slices.container_allocation(
+            resource, ids, node=node, daemons=daemons, settings=self.settings.allocate
+        )
 
     def _resolve(
         self, requested: Sequence[str], *, wait: bool

@@ -3,13 +3,14 @@
 Why it exists: on a node in mode ``mps`` the controller cuts each GPU (MIG disabled) into memory
 slices of any whole number of GB (nos's dynamic MPS partitioning, ``docs/modes.md``). The plugin
 advertises each slice as one device of ``nvidia.com/gpu-<N>gb`` (ID ``<gpu-uuid>::mps-<id>``,
-:func:`~devices.slice_device_id`), runs one MPS control daemon per sliced GPU (named
-``gpu-<index>``, its pipe and log folders ``<mps-root>/gpu-<index>/pipe`` and ``.../log``) and
-answers Allocate as NVIDIA's MPS sharing does: ``NVIDIA_VISIBLE_DEVICES=<gpu uuid>`` (or its CDI
-name), ``CUDA_MPS_PIPE_DIRECTORY`` with the pipe folder and ``/dev/shm`` mounted, and the slice's
-own ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<GB x 1024>M`` and, when it has a compute share,
-``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the recipe is :func:`migpilot.sharing.mps.client_settings`,
-the one the sharing config's replicas use).
+:func:`~devices.slice_device_id`; a slice set aside for a unified pod, ``NodeDevices.unified``, as a
+device of ``nvidia.com/gpu`` with the same ID and the same answer), runs one MPS control daemon per
+sliced GPU (named ``gpu-<index>``, its pipe and log folders ``<mps-root>/gpu-<index>/pipe`` and
+``.../log``) and answers Allocate as NVIDIA's MPS sharing does: ``NVIDIA_VISIBLE_DEVICES=<gpu
+uuid>`` (or its CDI name), ``CUDA_MPS_PIPE_DIRECTORY`` with the pipe folder and ``/dev/shm``
+mounted, and the slice's own ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<GB x 1024>M`` and, when it has a
+compute share, ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the recipe is
+:func:`migpilot.sharing.mps.client_settings`, the one the sharing config's replicas use).
 
 Slices never pass through the sharing config's replication (:mod:`replicating` keeps them
 apart): their IDs carry ``::`` but they are not numbered replicas. Sans-IO.
@@ -34,15 +35,17 @@ def resources(
     node: devices.NodeDevices, *, unhealthy: Collection[str] = frozenset()
 ) -> tuple[devices.Resource, ...]:
     """One ``nvidia.com/gpu-<N>gb`` resource per slice size, sorted by name; its devices by GPU
-    index then slice id. A slice is Unhealthy when its GPU or itself is in ``unhealthy`` (an
-    XID on a GPU with MIG disabled names the GPU)."""
+    index then slice id. A slice set aside for a unified pod (in ``node.unified``) is a device
+    of ``nvidia.com/gpu`` instead, its ID unchanged. A slice is Unhealthy when its GPU or itself
+    is in ``unhealthy`` (an XID on a GPU with MIG disabled names the GPU)."""
     by_name: dict[str, list[devices.Device]] = {}
     for gpu in sorted(node.gpus, key=lambda g: g.index):
         for sl in node.slices_on(gpu.index):
             device_id = devices.slice_device_id(gpu.uuid, sl.id)
             sick = gpu.uuid in unhealthy or device_id in unhealthy
             health = devices.Health.UNHEALTHY if sick else devices.Health.HEALTHY
-            by_name.setdefault(sl.resource, []).append(devices.Device(device_id, gpu.index, health))
+            name = devices.FULL_GPU_RESOURCE if device_id in node.unified else sl.resource
+            by_name.setdefault(name, []).append(devices.Device(device_id, gpu.index, health))
     return tuple(devices.Resource(name, tuple(by_name[name])) for name in sorted(by_name))
 
 
