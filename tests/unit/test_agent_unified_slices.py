@@ -372,6 +372,28 @@ def test_gpus_serving_slices_count_their_whole_memory(model: Any) -> None:
     }
 
 
+def test_on_an_mps_node_every_gpu_with_mig_disabled_counts_slices_or_not() -> None:
+    # The node's mode says its GPUs are sliced: the counters do not wait for (or lose a GPU
+    # with) its last slice, so a pod is never refused by a counter its slice would have raised.
+    view = devices.NodeDevices(
+        gpus=(gpu(0, model=H100), gpu(1, model=H100)), mps_slices=(S(0, 0, 10),)
+    )
+    assert unifying.counters(view)[MEM] == modes.memory_gb(H100) * 1024
+    assert unifying.counters(view, mps_node=True) == {
+        MEM: 2 * modes.memory_gb(H100) * 1024,
+        "nvidia.com/gpumem-percentage": 200,
+        "nvidia.com/gpucores": 200,
+    }
+    api = kubeapi.InMemoryNodeApi()
+    mode = {"mps": False}
+    listener = unifying.NodeCounters(api, node="n", mps_node=lambda: mode["mps"])
+    for mps in (False, True):
+        mode["mps"] = mps
+        listener.passed(state={}, report=None, labels={}, view=view)
+        want = unifying.counters(view, mps_node=mps)[MEM]
+        assert api.node_resources["n"][MEM] == str(want)
+
+
 # --- the agent in process: simulated kubelet, pool, slices, MPS daemon --------------------------
 
 

@@ -363,7 +363,7 @@ class Fleet:
         listeners: list[running.PassListener] = [kubelet, reporter]
         counters = None
         if self.settings.unified_counters:
-            counters = unifying.NodeCounters(self._api, node=node)
+            counters = unifying.NodeCounters(self._api, node=node, mps_node=mps_node)
             listeners.append(counters)
         agent = running.Agent(
             gpus=gpus,

@@ -367,13 +367,14 @@ def _instance(
 # --- the node counters -------------------------------------------------------------------------
 
 
-def counters(view: devices.NodeDevices) -> dict[str, int]:
+def counters(view: devices.NodeDevices, *, mps_node: bool = False) -> dict[str, int]:
     """The node-level resources a unified pod's ask is checked against: memory in MiB (each
     MIG GPU's :func:`unified.memory_mib`; each GPU with MIG disabled that serves MPS slices,
-    its :func:`modes.memory_gb` x 1024, which its slices sum to at most), and 100 per such
-    GPU for percentage and cores."""
+    or every such GPU on a node in mode ``mps`` (``mps_node``: its slices may come and go, the
+    counters stay), its :func:`modes.memory_gb` x 1024, which its slices sum to at most), and
+    100 per such GPU for percentage and cores."""
     mig = [g for g in view.gpus if g.mig_enabled]
-    sliced = [g for g in view.gpus if not g.mig_enabled and view.slices_on(g.index)]
+    sliced = [g for g in view.gpus if not g.mig_enabled and (mps_node or view.slices_on(g.index))]
     count = len(mig) + len(sliced)
     return {
         unified.GPUMEM: sum(unified.memory_mib(g.model) for g in mig)
@@ -388,9 +389,16 @@ class NodeCounters:
     they change (a merge patch of those keys only; API failures are logged and retried at the
     next pass)."""
 
-    def __init__(self, api: kubeapi.NodeApi, *, node: str) -> None:
+    def __init__(
+        self,
+        api: kubeapi.NodeApi,
+        *,
+        node: str,
+        mps_node: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._api = api
         self._node = node
+        self._mps_node = mps_node
         self._published: dict[str, str] | None = None
         self._settled = True
 
@@ -408,7 +416,7 @@ class NodeCounters:
         view: devices.NodeDevices,
     ) -> None:
         """Patch the Node when the counters changed."""
-        want = {k: str(v) for k, v in counters(view).items()}
+        want = {k: str(v) for k, v in counters(view, mps_node=self._mps_node()).items()}
         if want == self._published:
             self._settled = True
             return

@@ -354,7 +354,11 @@ class _Cluster:
         if kubelet is not None:
             listeners.insert(0, kubelet)
         if self.counters:
-            listeners.append(unifying.NodeCounters(self.api, node=self.source.node))
+            listeners.append(
+                unifying.NodeCounters(
+                    self.api, node=self.source.node, mps_node=_mps_node(self.statics)
+                )
+            )
         protect: list[reconciling.InUse] = [used, self.source]
         if self.pods is not None:
             protect.append(
