@@ -46,7 +46,8 @@ def _slices(scene: Scene) -> dict[tuple[int, int], gl.SliceStatus]:
     return {(g.index, sl.id): sl for g in lay.status.gpus for sl in g.mps}
 
 
-def test_mps_pods_get_memory_slices_and_held_slices_are_never_touched(scene: Scene) -> None:
+def _with_mps_node(scene: Scene) -> None:
+    """The scene's MIG nodes, an mps node of two A100-80GB with MIG off, and the controller."""
     scene.add_node(
         MPS_NODE,
         "emulated:a100-80gb:x2:mig-off",
@@ -54,10 +55,14 @@ def test_mps_pods_get_memory_slices_and_held_slices_are_never_touched(scene: Sce
         str(scene.root / "mps"),
         labels={"migpilot.io/mode": "mps"},
     )
-    client = scene.client
     scene.start_controller("c1")
     scene.wait(scene.reported, "the agents' first status")
     scene.wait(lambda: scene.layout(MPS_NODE) is not None, "the mps node's GpuLayout")
+
+
+def test_mps_pods_get_memory_slices_and_held_slices_are_never_touched(scene: Scene) -> None:
+    _with_mps_node(scene)
+    client = scene.client
 
     first = {"a10": 10, "b10": 10, "c30": 30, "d40": 40}
     for name, gb in first.items():
@@ -124,17 +129,8 @@ def test_unified_pods_in_mps_mode_get_slices_advertised_as_nvidia_gpu(scene: Sce
     room too): each gets a slice of its memory rounded up to whole GB, its ``gpucores`` as the
     share, reserved as ``nvidia.com/gpu``; the agent advertises the slices as ``nvidia.com/gpu``
     with the unified counters, and reports each slice used by its pod."""
-    scene.add_node(
-        MPS_NODE,
-        "emulated:a100-80gb:x2:mig-off",
-        "--mps-root",
-        str(scene.root / "mps"),
-        labels={"migpilot.io/mode": "mps"},
-    )
+    _with_mps_node(scene)
     client = scene.client
-    scene.start_controller("c1")
-    scene.wait(scene.reported, "the agents' first status")
-    scene.wait(lambda: scene.layout(MPS_NODE) is not None, "the mps node's GpuLayout")
 
     asks = {"u8": (8000, 30), "u20": (20000, None), "u40": (40960, None)}
     for name, (mem, cores) in asks.items():
