@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from migpilot import errors
 from migpilot.webhook import leases, serving
 from tests.kube import certs
 
@@ -224,3 +225,99 @@ def test_stop_closes_kept_alive_connections(webhook: Webhook) -> None:
         conn.close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", webhook.server.port), timeout=2).close()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _served_cert(webhook: Webhook) -> bytes:
+    """The certificate (DER) a new TLS connection is served."""
+    conn = webhook.connect()
+    try:
+        conn.connect()
+        assert isinstance(conn.sock, ssl.SSLSocket)
+        der = conn.sock.getpeercert(binary_form=True)
+        assert der is not None
+        return der
+    finally:
+        conn.close()
+
+
+def _der(path: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(path.read_text())
+
+
+def _swap(target: certs.KeyPair, source: certs.KeyPair, *, key: bool = True) -> None:
+    """Replace the served files as a renewal does (new files renamed over the old)."""
+    pairs = [(source.cert, target.cert)] + ([(source.key, target.key)] if key else [])
+    for new, old in pairs:
+        staged = old.with_suffix(".new")
+        staged.write_bytes(new.read_bytes())
+        staged.replace(old)
+
+
+def test_a_rotated_certificate_is_served_without_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """cert-manager renews the Secret and the kubelet swaps the files: new connections get the
+    new certificate after the next check; a pair that does not load (the certificate renewed
+    before its key) keeps the last good one, with a warning, until the pair is whole."""
+    ca = certs.CertificateAuthority(tmp_path)
+    served = ca.issue("served", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
+    first = served.cert.read_bytes()
+    renewed = ca.issue("renewed", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
+    clock = _Clock()
+    settings = serving.Settings(
+        tls=serving.TlsSettings(cert_file=served.cert, key_file=served.key),
+        host="127.0.0.1",
+        port=0,
+        connection_timeout_s=5.0,
+        cert_check_s=10.0,
+    )
+    lease = leases.StaticLease(LEASE)
+    freshness = leases.Freshness(lease, cache_s=2.0, clock=lambda: 100.0)
+    with serving.WebhookServer(settings, freshness=freshness, clock=clock) as server:
+        webhook = Webhook(server, lease, ca.pair.cert)
+        original = ssl.PEM_cert_to_DER_cert(first.decode())
+        assert _served_cert(webhook) == original
+
+        # The certificate is renewed, its key not yet: the pair does not load.
+        _swap(served, renewed, key=False)
+        assert _served_cert(webhook) == original  # not looked at before the interval
+        clock.now += 10.0
+        with caplog.at_level("WARNING", logger="migpilot.webhook"):
+            assert _served_cert(webhook) == original
+            assert _served_cert(webhook) == original
+        warnings = [r for r in caplog.records if "does not load" in r.getMessage()]
+        assert len(warnings) == 1, "one warning per broken pair, not per connection"
+        assert server.certs.reloads == 0
+
+        # The key follows: the next check loads the renewed pair; reviews still work.
+        _swap(served, renewed)
+        clock.now += 10.0
+        assert _served_cert(webhook) == _der(renewed.cert)
+        assert server.certs.reloads == 1
+        status, answer = webhook.post(_review("u-after", {"nvidia.com/mig-1g.10gb": "1"}))
+        assert status == 200 and answer["response"]["uid"] == "u-after"
+
+        # Unchanged files are not loaded again.
+        clock.now += 100.0
+        assert _served_cert(webhook) == _der(renewed.cert)
+        assert server.certs.reloads == 1
+
+
+def test_a_certificate_that_does_not_load_stops_the_start(tmp_path: Path) -> None:
+    ca = certs.CertificateAuthority(tmp_path)
+    pair = ca.issue("a", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
+    other = ca.issue("b", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
+    settings = serving.Settings(
+        tls=serving.TlsSettings(cert_file=pair.cert, key_file=other.key), port=0
+    )
+    lease = leases.StaticLease(LEASE)
+    with pytest.raises(errors.MigpilotError, match=r"^the serving certificate .*a\.crt and key "):
+        serving.WebhookServer(settings, freshness=leases.Freshness(lease, cache_s=2.0))

@@ -28,13 +28,19 @@ def test_flags_become_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
             port=8443,
         )
     ]
+    assert got[0].cert_check_s == 10.0
     assert got[0].lease.name == "migpilot-controller"
     assert got[0].lease.cache_s == 2.0
 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [(["--kubeconfig", "/nonexistent/kc"], "no such file"), (["--port", "0"], "--port")],
+    [
+        (["--kubeconfig", "/nonexistent/kc"], "no such file"),
+        (["--port", "0"], "--port"),
+        (["--cert-check-interval", "0"], "--cert-check-interval must be more than 0"),
+        (["--cert-check-interval", "nan"], "--cert-check-interval must be more than 0"),
+    ],
 )
 def test_bad_input_is_one_line_and_exit_2(
     tmp_path: Path,

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx2
 import lightkube
+import yaml
 from lightkube import operators
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
@@ -41,9 +42,14 @@ def connect(kubeconfig: Path | None) -> LightkubeNodeApi:
         # Proxies from the environment are not for the apiserver the kubeconfig names.
         client = lightkube.Client(config=config, field_manager=gpulayouts.AGENT_FIELD_MANAGER,
                                   trust_env=False)  # fmt: skip
-    except (OSError, lightkube.ConfigError, ValueError, KeyError) as err:
+    except (OSError, lightkube.ConfigError, ValueError, KeyError, yaml.YAMLError) as err:
         where = f"--kubeconfig {kubeconfig}" if kubeconfig is not None else "in-cluster config"
-        raise kubeapi.KubeApiError(f"{where}: {err}") from None
+        raise kubeapi.KubeApiError(f"{where}: {' '.join(str(err).split())}") from None
+    except (AttributeError, TypeError):  # lightkube reads any YAML: a list, a string
+        raise kubeapi.KubeApiError(
+            f"--kubeconfig {kubeconfig}: not a kubeconfig (a YAML mapping with clusters, users "
+            "and contexts)"
+        ) from None
     return LightkubeNodeApi(client)
 
 

@@ -46,6 +46,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="NS",
         help=f"namespace of the Lease {defaults.name} (default: {defaults.namespace})",
     )
+    p.add_argument(
+        "--cert-check-interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds between looks at --cert and --key for a rotated certificate, reloaded "
+        "without a restart (default: 10)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     p.set_defaults(func=_run)
 
@@ -56,6 +64,11 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
             raise errors.MigpilotError(f"no such file: {path}")
     if not 0 < args.port < 65536:
         raise errors.MigpilotError(f"--port must be 1..65535, got {args.port}")
+    if not 0 < args.cert_check_interval <= 3600:
+        raise errors.MigpilotError(
+            f"--cert-check-interval must be more than 0 and at most 3600 s, got "
+            f"{args.cert_check_interval:g}"
+        )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -66,6 +79,7 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
             lease=serving.LeaseSettings(namespace=args.lease_namespace, kubeconfig=args.kubeconfig),
             host=args.host,
             port=args.port,
+            cert_check_s=args.cert_check_interval,
         )
     )
     return 0

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import httpx2
 import lightkube
+import yaml
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod
@@ -47,9 +48,14 @@ def connect(kubeconfig: Path | None) -> LightkubeControllerApi:
         )
         # Proxies from the environment are not for the apiserver the kubeconfig names.
         client = lightkube.AsyncClient(config=config, field_manager=COMPONENT, trust_env=False)
-    except (OSError, lightkube.ConfigError, ValueError, KeyError) as err:
+    except (OSError, lightkube.ConfigError, ValueError, KeyError, yaml.YAMLError) as err:
         where = f"--kubeconfig {kubeconfig}" if kubeconfig is not None else "in-cluster config"
-        raise kubeapi.KubeApiError(f"{where}: {err}") from None
+        raise kubeapi.KubeApiError(f"{where}: {' '.join(str(err).split())}") from None
+    except (AttributeError, TypeError):  # lightkube reads any YAML: a list, a string
+        raise kubeapi.KubeApiError(
+            f"--kubeconfig {kubeconfig}: not a kubeconfig (a YAML mapping with clusters, users "
+            "and contexts)"
+        ) from None
     return LightkubeControllerApi(client)
 
 

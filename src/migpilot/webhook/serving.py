@@ -14,6 +14,14 @@ the accept loop, where one slow client would stall every other). HTTP/1.1 keep-a
 the apiserver reuses its connections. Stopping the server also closes the connections it holds,
 so a stopped webhook is really gone (the apiserver then fails open).
 
+The serving certificate is reloaded when its files change (:class:`CertReloader`): cert-manager
+renews the Secret, the kubelet swaps the mounted files, and new connections get the new
+certificate without a restart. Without that, the old certificate would be served until it
+expired, and from then on every webhook call would fail TLS verification and fail open: pods
+created ungated, migpilot bypassed with no error anywhere but the apiserver's log. A pair that
+does not load (the key written before the certificate, a truncated file) keeps the last good
+one, with a warning, and is tried again at the next check.
+
 May import the pure core and the rest of the webhook; not the agent, nor a Kubernetes client
 (that is :mod:`~migpilot.webhook.leases`' job).
 """
@@ -23,16 +31,20 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import ssl
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from migpilot import errors
 from migpilot.webhook import admission, leases, registering, validation
 
 _log = logging.getLogger("migpilot.webhook")
@@ -76,6 +88,8 @@ class Settings:
     """TCP port to listen on (0 picks a free one); default 9443."""
     connection_timeout_s: float = 30.0
     """Seconds a connection may stay idle (or take for its TLS handshake); default 30."""
+    cert_check_s: float = 10.0
+    """Seconds between two looks at the certificate files for a rotation; default 10."""
 
 
 def tls_context(tls: TlsSettings) -> ssl.SSLContext:
@@ -84,6 +98,91 @@ def tls_context(tls: TlsSettings) -> ssl.SSLContext:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(tls.cert_file, tls.key_file)
     return context
+
+
+_Stamp = tuple[tuple[int, int, int], ...]
+
+
+def _stamp(tls: TlsSettings) -> _Stamp:
+    """What changes when either file is replaced: (inode, size, mtime) of each, links followed
+    (the kubelet swaps a Secret volume's ``..data`` link, so the files are new inodes)."""
+    out = []
+    for path in (tls.cert_file, tls.key_file):
+        st = os.stat(path)
+        out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+class CertReloader:
+    """The TLS context of the serving certificate as its files are now (see the module).
+
+    :meth:`context` is called for every new connection; it looks at the files at most every
+    ``check_s`` seconds (a ``stat`` of each) and builds a new context only when they changed.
+    The first load happens here and raises :class:`~migpilot.errors.MigpilotError` naming the
+    files: a bad certificate must stop the server's start.
+    Thread-safe."""
+
+    def __init__(
+        self,
+        tls: TlsSettings,
+        *,
+        check_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._tls = tls
+        self._check_s = check_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        try:
+            self._loaded = _stamp(tls)
+            self._context = tls_context(tls)
+        except (OSError, ssl.SSLError) as err:
+            raise errors.MigpilotError(
+                f"the serving certificate {tls.cert_file} and key {tls.key_file} do not load: "
+                f"{getattr(err, 'strerror', None) or err}"
+            ) from None
+        self._checked = clock()
+        self._failed: _Stamp | None = None
+        self.reloads = 0
+        """Certificates loaded since the first (for tests and logs)."""
+
+    def context(self) -> ssl.SSLContext:
+        """The context to serve the next connection with."""
+        with self._lock:
+            now = self._clock()
+            if now - self._checked >= self._check_s:
+                self._checked = now
+                self._check()
+            return self._context
+
+    def _check(self) -> None:
+        try:
+            stamp = _stamp(self._tls)
+        except OSError as err:
+            self._warn(None, f"cannot read it ({err.strerror or err})")
+            return
+        if stamp == self._loaded:
+            return
+        try:
+            context = tls_context(self._tls)
+        except (OSError, ssl.SSLError) as err:
+            self._warn(stamp, str(err))
+            return
+        self._context, self._loaded, self._failed = context, stamp, None
+        self.reloads += 1
+        _log.info("serving certificate %s reloaded (changed on disk)", self._tls.cert_file)
+
+    def _warn(self, stamp: _Stamp | None, why: str) -> None:
+        if stamp is None or stamp != self._failed:
+            _log.warning(
+                "serving certificate %s / %s changed but does not load (%s); serving the last "
+                "good one, trying again in %g s",
+                self._tls.cert_file,
+                self._tls.key_file,
+                why,
+                self._check_s,
+            )
+        self._failed = stamp
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -144,11 +243,11 @@ class _Server(ThreadingHTTPServer):
         self,
         address: tuple[str, int],
         *,
-        context: ssl.SSLContext,
+        certs: CertReloader,
         freshness: leases.Freshness,
         connection_timeout_s: float,
     ) -> None:
-        self.context = context
+        self.certs = certs
         self.freshness = freshness
         self.connection_timeout_s = connection_timeout_s
         self._open: set[ssl.SSLSocket] = set()
@@ -159,7 +258,7 @@ class _Server(ThreadingHTTPServer):
         """Runs in the connection's thread: the TLS handshake, then HTTP."""
         request.settimeout(self.connection_timeout_s)
         try:
-            conn = self.context.wrap_socket(request, server_side=True)
+            conn = self.certs.context().wrap_socket(request, server_side=True)
         except (OSError, ssl.SSLError) as err:
             _log.debug("TLS handshake with %s failed: %s", client_address, err)
             return
@@ -185,10 +284,17 @@ class _Server(ThreadingHTTPServer):
 class WebhookServer:
     """The HTTPS server, started in a background thread; stop it with :meth:`stop`."""
 
-    def __init__(self, settings: Settings, *, freshness: leases.Freshness) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        freshness: leases.Freshness,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.certs = CertReloader(settings.tls, check_s=settings.cert_check_s, clock=clock)
         self._server = _Server(
             (settings.host, settings.port),
-            context=tls_context(settings.tls),
+            certs=self.certs,
             freshness=freshness,
             connection_timeout_s=settings.connection_timeout_s,
         )
