@@ -5,11 +5,13 @@
 
 FROM python:3.11-slim AS build
 WORKDIR /src
-# Pinned, hashed dependencies first (a layer that changes only when the lock does).
-COPY requirements.lock ./
+# Pinned, hashed runtime dependencies first (a layer that changes only when the lock does):
+# requirements-runtime.lock is requirements.lock without the dev tools (pytest, mypy, ruff,
+# grpcio-tools...), same versions and hashes (scripts/lock writes both, a test checks them).
+COPY requirements-runtime.lock ./
 RUN python -m venv /opt/migpilot \
     && /opt/migpilot/bin/pip install --no-cache-dir --disable-pip-version-check \
-       --require-hashes -r requirements.lock
+       --require-hashes -r requirements-runtime.lock
 COPY pyproject.toml README.md ./
 COPY src ./src
 # The project itself, as scripts/_env.sh installs it (not editable here): no dependencies, and

@@ -1,7 +1,7 @@
 """The Dockerfile builds what the README and the Helm chart run (docker is not available here,
 so its inputs are checked instead): every file it copies exists and is not ignored, it installs
-the locked dependencies with their hashes, runs as a non-root user, and its entry point is the
-``migpilot`` console script."""
+the locked runtime dependencies with their hashes (no dev tools), runs as a non-root user, and
+its entry point is the ``migpilot`` console script."""
 
 from __future__ import annotations
 
@@ -37,13 +37,52 @@ def test_every_copied_path_exists_and_is_in_the_build_context() -> None:
             assert source.rstrip("/") in allowed, f"{source} is excluded by .dockerignore"
 
 
-def test_dependencies_come_from_the_lock_with_hashes() -> None:
+_PIN = re.compile(r"^([A-Za-z0-9_.-]+)==(\S+)((?:\s*\\\n\s+--hash=\S+)+)", re.MULTILINE)
+DEV_TOOLS = (
+    "pytest",
+    "hypothesis",
+    "ruff",
+    "mypy",
+    "import-linter",
+    "grpcio-tools",
+    "cryptography",
+)
+
+
+def _lock(name: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """Package (normalised) -> (version, hashes) of a hashed lock."""
+    text = (REPO / name).read_text()
+    return {
+        re.sub(r"[-_.]+", "-", m[1]).lower(): (
+            m[2],
+            frozenset(re.findall(r"--hash=(\S+)", m[3])),
+        )
+        for m in _PIN.finditer(text)
+    }
+
+
+def test_dependencies_come_from_the_runtime_lock_with_hashes() -> None:
     runs = " ".join(" ".join(run.split()) for run in _instructions("RUN"))
-    assert "--require-hashes -r requirements.lock" in runs
+    assert "--require-hashes -r requirements-runtime.lock" in runs
+    assert "requirements.lock" not in runs.replace("requirements-runtime.lock", "")
     assert "--no-deps --no-build-isolation ." in runs
     # Building without isolation uses the lock's setuptools: it must be there.
-    lock = (REPO / "requirements.lock").read_text()
-    assert re.search(r"^setuptools==", lock, flags=re.MULTILINE)
+    assert "setuptools" in _lock("requirements-runtime.lock")
+
+
+def test_the_runtime_lock_is_the_dev_lock_without_the_dev_tools() -> None:
+    """Same versions and hashes as requirements.lock (what the tests ran with), every runtime
+    dependency of pyproject.toml, and none of the dev tools (scripts/lock writes it)."""
+    dev, runtime = _lock("requirements.lock"), _lock("requirements-runtime.lock")
+    assert len(runtime) >= 20
+    for name, pin in runtime.items():
+        assert dev.get(name) == pin, name
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for requirement in project["dependencies"]:
+        name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!~;\[ ]", requirement)[0]).lower()
+        assert name in runtime, name
+    for tool in DEV_TOOLS:
+        assert tool in dev and tool not in runtime, tool
 
 
 def test_it_runs_as_a_non_root_user() -> None:
