@@ -1,4 +1,5 @@
-"""Shared test settings: a deterministic hypothesis profile so CI runs are repeatable, and the
+"""Shared test settings: a deterministic hypothesis profile so every run is repeatable (CI's
+and a new user's alike; ``HYPOTHESIS_PROFILE=explore`` searches at random), and the
 session's real Kubernetes control plane (`control_plane`)."""
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ settings.register_profile(
     max_examples=150,
     suppress_health_check=[HealthCheck.too_slow],
 )
-settings.register_profile("dev", deadline=None, max_examples=100)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+settings.register_profile("explore", deadline=None, max_examples=300)
+# Everyone runs the derandomized profile unless asked otherwise: a new user running the
+# README's test command gets what CI gets, never a fresh random draw that fails where CI
+# passed (the planner's floor property has rare known gaps, kept as strict xfails once found).
+# HYPOTHESIS_PROFILE=explore draws new random examples (and replays failures it saved).
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

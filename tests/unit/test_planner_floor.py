@@ -246,3 +246,28 @@ def test_known_gap_hami_placement_one_above_fast_on_two_small_nodes() -> None:
     assert weighted(snap, planners.run(snap, "fast", OPTS)) >= weighted(
         snap, planners.run(snap, "hami-placement", OPTS)
     )
+
+
+@pytest.mark.xfail(
+    strict=True, reason="known gap: fast 1260 weighted, both HAMi baselines 1261, exact 1282"
+)
+def test_known_gap_memory_binds_on_one_node_of_three_a100s() -> None:
+    # Found by the property test on a random run on 2026-11-25 (before every run was
+    # derandomized). Memory binds (192 GiB): at the top priority level fast places a 64 GiB pod
+    # among five that fit either way, leaving too little memory for the level below; exact keeps
+    # it out and places one more pod of each lower level. A lookahead over the lower levels for
+    # each of a level's variants gained 0.1 % weighted over 300 random snapshots at 1.8 times
+    # the planning time and did not close this one, so it was not kept. Strict: says so once
+    # fixed.
+    snap = generate.random_snapshot(
+        seed=40192,
+        nodes=1,
+        gpus_per_node=3,
+        pods=38,
+        models=("a100-40gb", "a100-80gb", "h100-80gb"),
+        used_fraction=0.0,
+        priority_levels=3,
+    )
+    ours = weighted(snap, planners.run(snap, "fast", OPTS))
+    for name in ("hami-template", "hami-placement"):
+        assert ours >= weighted(snap, planners.run(snap, name, OPTS)), name
