@@ -16,12 +16,12 @@ from typing import Any, cast
 
 import httpx2
 import lightkube
-import yaml
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
+from migpilot import kubeconfigs
 from migpilot.api import gpulayouts
 from migpilot.controller import kubeapi
 
@@ -39,23 +39,11 @@ _RESOURCES: dict[kubeapi.Kind, Any] = {
 
 
 def connect(kubeconfig: Path | None) -> LightkubeControllerApi:
-    """A client from a kubeconfig file, or the in-cluster service account without one."""
-    try:
-        config = (
-            lightkube.KubeConfig.from_file(kubeconfig)
-            if kubeconfig is not None
-            else lightkube.KubeConfig.from_env()
-        )
-        # Proxies from the environment are not for the apiserver the kubeconfig names.
-        client = lightkube.AsyncClient(config=config, field_manager=COMPONENT, trust_env=False)
-    except (OSError, lightkube.ConfigError, ValueError, KeyError, yaml.YAMLError) as err:
-        where = f"--kubeconfig {kubeconfig}" if kubeconfig is not None else "in-cluster config"
-        raise kubeapi.KubeApiError(f"{where}: {' '.join(str(err).split())}") from None
-    except (AttributeError, TypeError):  # lightkube reads any YAML: a list, a string
-        raise kubeapi.KubeApiError(
-            f"--kubeconfig {kubeconfig}: not a kubeconfig (a YAML mapping with clusters, users "
-            "and contexts)"
-        ) from None
+    """A client from a kubeconfig file, or the in-cluster service account without one (a bad
+    file: :class:`~migpilot.errors.ConfigError` naming it, :func:`kubeconfigs.load`)."""
+    config = kubeconfigs.load(kubeconfig)
+    # Proxies from the environment are not for the apiserver the kubeconfig names.
+    client = lightkube.AsyncClient(config=config, field_manager=COMPONENT, trust_env=False)
     return LightkubeControllerApi(client)
 
 

@@ -23,10 +23,9 @@ from typing import Any, Protocol
 
 import httpx2
 import lightkube
-import yaml
 from lightkube.resources.coordination_v1 import Lease
 
-from migpilot import errors
+from migpilot import kubeconfigs
 from migpilot.api import leases as api_leases
 
 _log = logging.getLogger("migpilot.webhook")
@@ -54,19 +53,7 @@ class KubeLease:
     @classmethod
     def connect(cls, kubeconfig: Path | None, *, name: str, namespace: str) -> KubeLease:
         """A source with its own client: from ``kubeconfig``, or in-cluster when None."""
-        where = f"--kubeconfig {kubeconfig}" if kubeconfig is not None else "in-cluster config"
-        try:
-            config = (
-                lightkube.KubeConfig.from_file(kubeconfig)
-                if kubeconfig is not None
-                else lightkube.KubeConfig.from_env()
-            )
-        except (OSError, lightkube.ConfigError, ValueError, KeyError, yaml.YAMLError) as err:
-            raise errors.MigpilotError(f"{where}: {' '.join(str(err).split())}") from None
-        except (AttributeError, TypeError):  # lightkube reads any YAML: a list, a string
-            raise errors.MigpilotError(
-                f"{where}: not a kubeconfig (a YAML mapping with clusters, users and contexts)"
-            ) from None
+        config = kubeconfigs.load(kubeconfig)
         client = lightkube.Client(
             config=config, timeout=httpx2.Timeout(READ_TIMEOUT_S), trust_env=False
         )
