@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import pathlib
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import lightkube
@@ -27,59 +24,26 @@ from lightkube.types import PatchType
 
 from migpilot.api import gpulayouts as gl
 from tests.kube import crds
+from tests.kube.agents import AgentProcess
 from tests.kube.controlplane import ControlPlane
 
 pytestmark = pytest.mark.kube
 
 NODE = "agent-kube-node"
 POD = "agent-kube-pod"
-WAIT_S = 60.0
-
-
-class Agent:
-    """The agent process and its temp folder."""
-
-    def __init__(self, plane: ControlPlane, root: pathlib.Path) -> None:
-        self.root = root
-        self.log = root / "agent.log"
-        self.args = [
-            sys.executable, "-m", "migpilot", "agent",
-            "--node", NODE, "--kubeconfig", str(plane.kubeconfig),
-            "--backend", "emulated:h100-80gb:x2", "--state-file", str(root / "gpus.json"),
-            "--kubelet", "simulated", "--interval", "5",
-        ]  # fmt: skip
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(self.args, stdout=log, stderr=log)
-
-    def stop(self) -> int:
-        assert self.process is not None
-        self.process.terminate()
-        code = self.process.wait(timeout=30)
-        self.process = None
-        return code
-
-    def wait(self, predicate: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not predicate():
-            if self.process is not None and self.process.poll() is not None:
-                raise AssertionError(f"the agent exited waiting for {what}:\n{self.log_text()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}:\n{self.log_text()}")
-            time.sleep(0.05)
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:]
 
 
 @pytest.fixture
-def agent(control_plane: ControlPlane) -> Iterator[Agent]:
+def agent(control_plane: ControlPlane) -> Iterator[AgentProcess]:
     crds.ensure_gpulayouts(control_plane)
     control_plane.add_node(NODE)
     root = pathlib.Path(tempfile.mkdtemp(prefix="mpk"))
-    a = Agent(control_plane, root)
+    a = AgentProcess(
+        control_plane,
+        root,
+        node=NODE,
+        args=["--backend", "emulated:h100-80gb:x2", "--kubelet", "simulated", "--interval", "5"],
+    )
     yield a
     if a.process is not None:
         a.process.kill()
@@ -124,7 +88,7 @@ def _reports(plane: ControlPlane, generation: int, want: dict[int, set[str]]) ->
 
 
 def test_agent_follows_its_gpulayout_and_reports_status(
-    control_plane: ControlPlane, agent: Agent
+    control_plane: ControlPlane, agent: AgentProcess
 ) -> None:
     agent.start()
     _apply_spec(
@@ -240,7 +204,7 @@ mig-configs:
 
 
 def test_a_static_label_lays_the_node_out_from_a_configmap_until_it_is_removed(
-    control_plane: ControlPlane, agent: Agent
+    control_plane: ControlPlane, agent: AgentProcess
 ) -> None:
     """mig-manager's way in a cluster: the Node's nvidia.com/mig.config names a config of the
     mig-parted file in a ConfigMap; switching it re-lays the node out, a bad name fails without
@@ -342,7 +306,7 @@ def _states(plane: ControlPlane, generation: int) -> dict[str, gl.InstanceState]
 
 
 def test_a_bound_pod_gets_its_reserved_instance_which_outlives_the_spec_until_the_pod_goes(
-    control_plane: ControlPlane, agent: Agent
+    control_plane: ControlPlane, agent: AgentProcess
 ) -> None:
     """The controller's path, played by the test: a spec reserving an instance for a pod, the
     pod bound by kube-scheduler, the simulated kubelet handing it that instance (not the first

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import pathlib
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -34,12 +32,12 @@ from lightkube.resources.core_v1 import Node, Pod
 from migpilot.api import gpulayouts as gl
 from tests.integration.kubelet_fake import FakeKubelet
 from tests.kube import crds
+from tests.kube.agents import AgentProcess
 from tests.kube.controlplane import ControlPlane
 
 pytestmark = pytest.mark.kube
 
 NODE = "capacity-kube-node"
-WAIT_S = 60.0
 LAG_S = 1.0
 """How long the fake kubelet's GetAllocatableResources lags behind ListAndWatch."""
 R1G = "nvidia.com/mig-1g.10gb"
@@ -49,46 +47,23 @@ PUBLISHING = "counts are published as soon as the kubelet lists them"
 """What the agent logs at start when it publishes (before its first pass)."""
 
 
-class Scene:
+class Scene(AgentProcess):
     """The fake kubelet, the agent process and their temp folder (short: unix socket paths)."""
 
     def __init__(self, plane: ControlPlane, root: pathlib.Path) -> None:
-        self.plane = plane
-        self.root = root
+        kubelet = str(root / "k")
+        super().__init__(
+            plane,
+            root,
+            node=NODE,
+            args=["--backend", "emulated:h100-80gb:x1", "--interval", "5", "--kubelet", kubelet],
+        )
         self.kubelet = FakeKubelet(root / "k").start()
         self.kubelet.state.allocatable_delay_s = LAG_S
-        self.log = root / "agent.log"
-        self.args = [
-            sys.executable, "-m", "migpilot", "agent",
-            "--node", NODE, "--kubeconfig", str(plane.kubeconfig),
-            "--backend", "emulated:h100-80gb:x1", "--state-file", str(root / "gpus.json"),
-            "--kubelet", str(root / "k"), "--interval", "5",
-        ]  # fmt: skip
-        self.process: subprocess.Popen[bytes] | None = None
         self.pods: list[str] = []
 
-    def start(self, *extra: str) -> None:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen([*self.args, *extra], stdout=log, stderr=log)
-
-    def stop(self) -> int:
-        assert self.process is not None
-        self.process.terminate()
-        code = self.process.wait(timeout=30)
-        self.process = None
-        return code
-
-    def wait(self, predicate: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not predicate():
-            if self.process is not None and self.process.poll() is not None:
-                raise AssertionError(f"the agent exited waiting for {what}:\n{self.log_text()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}:\n{self.log_text()}")
-            time.sleep(0.02)
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:]
+    def wait(self, predicate: Callable[[], object], what: str, *, poll_s: float = 0.02) -> None:
+        super().wait(predicate, what, poll_s=poll_s)
 
     # -- the Node, the GpuLayout, pods -----------------------------------------------------
     def capacity(self) -> tuple[dict[str, str], dict[str, str]]:

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import pathlib
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 
 import lightkube
@@ -27,13 +24,13 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from tests.kube import crds
+from tests.kube.agents import AgentProcess
 from tests.kube.controlplane import ControlPlane
 
 pytestmark = pytest.mark.kube
 
 NODE = "sharing-node"
 NAMESPACE = "default"
-WAIT_S = 60.0
 CONFIGS = {
     "ts4": "version: v1\nflags: {migStrategy: none}\n"
     "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}]}}\n",
@@ -42,41 +39,27 @@ CONFIGS = {
 }
 
 
-class Scene:
+class Scene(AgentProcess):
     def __init__(self, plane: ControlPlane, root: pathlib.Path) -> None:
-        self.plane = plane
-        self.root = root
-        self.log = root / "agent.log"
         folder = root / "configs"
         folder.mkdir()
         for name, text in CONFIGS.items():
             (folder / name).write_text(text)
-        self.args = [
-            sys.executable, "-m", "migpilot", "agent",
-            "--node", NODE, "--kubeconfig", str(plane.kubeconfig),
-            "--backend", "emulated:h100-80gb:x2:mig-off", "--state-file", str(root / "gpus.json"),
-            "--kubelet", "simulated", "--interval", "5", "--metrics-port", "0",
-            "--strategy", "none",
-            "--device-plugin-configs", str(folder), "--device-plugin-config-default", "ts4",
-            "--mps-root", str(root / "mps"),
-        ]  # fmt: skip
-        self.process: subprocess.Popen[bytes] | None = None
+        super().__init__(
+            plane,
+            root,
+            node=NODE,
+            args=[
+                "--backend", "emulated:h100-80gb:x2:mig-off",
+                "--kubelet", "simulated", "--interval", "5", "--metrics-port", "0",
+                "--strategy", "none",
+                "--device-plugin-configs", str(folder), "--device-plugin-config-default", "ts4",
+                "--mps-root", str(root / "mps"),
+            ],
+        )  # fmt: skip
 
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(self.args, stdout=log, stderr=log)
-
-    def wait(self, predicate: Callable[[], object], what: str) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not predicate():
-            if self.process is not None and self.process.poll() is not None:
-                raise AssertionError(f"the agent exited waiting for {what}:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}:\n{self.tail()}")
-            time.sleep(0.1)
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:]
+    def wait(self, predicate: Callable[[], object], what: str, *, poll_s: float = 0.1) -> None:
+        super().wait(predicate, what, poll_s=poll_s)
 
     def node(self) -> Node:
         return self.plane.client.get(Node, NODE)
@@ -176,7 +159,7 @@ def test_the_node_label_picks_the_sharing_config_and_switching_it_restarts_nothi
     )
     assert scene.labels()["nvidia.com/gpu.replicas"] == "2"
     pipe = scene.root / "mps" / "nvidia.com" / "gpu" / "pipe"
-    assert pipe.is_dir(), scene.tail()
+    assert pipe.is_dir(), scene.log_text()
     assert scene.process is not None and scene.process.pid == pid  # never restarted
 
     scene.label("no-such-config")
