@@ -184,9 +184,7 @@ def test_a_gated_pod_is_reserved_pinned_once_and_released_when_bound() -> None:
 
 def test_a_bad_request_gets_a_warning_and_is_let_go() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
-        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
-        await _agent_reports(api, "n0", [])
+        await _ready_node(api)
         await api.put(kubeapi.Kind.PODS, _pod("bad", "1c.3g.40gb"))
         await _until(
             "the gate removed",
@@ -201,9 +199,7 @@ def test_a_bad_request_gets_a_warning_and_is_let_go() -> None:
 
 def test_a_pod_no_gpu_could_ever_hold_is_let_go_with_the_reason() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
-        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
-        await _agent_reports(api, "n0", [])
+        await _ready_node(api)
         await api.put(kubeapi.Kind.PODS, _pod("typo", "1g.5gb"))
         await _until(
             "the gate removed",
@@ -266,9 +262,7 @@ def test_a_failed_write_is_retried_and_a_stale_event_rolls_nothing_back() -> Non
 
 async def _reserved_and_made(api: kubeapi.InMemoryApi) -> None:
     """Pod ``ns/p`` (1g.10gb) reserved on node ``n0``, and its instance made by the agent."""
-    await api.put(kubeapi.Kind.NODES, _node("n0"))
-    await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
-    await _agent_reports(api, "n0", [])
+    await _ready_node(api)
     await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
     await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
     _, start, profile = _reserved(api, "n0")["ns/p"]
@@ -346,9 +340,7 @@ def test_a_pinned_pods_reservation_taken_by_a_pod_bound_without_migpilot_is_plan
 
 def test_a_pinned_pod_that_lost_its_instance_and_finds_no_room_waits_saying_where() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
-        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
-        await _agent_reports(api, "n0", [])
+        await _ready_node(api)
         await api.put(kubeapi.Kind.PODS, _pod("big", "7g.80gb"))
         await _until("a reservation", lambda: "ns/big" in _reserved(api, "n0"))
         whole = {"profile": "7g.80gb", "start": 0, "uuid": "MIG-7", "state": "reserved"}
