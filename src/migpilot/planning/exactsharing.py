@@ -402,7 +402,7 @@ class _Builder:
         index = {p.key: i for i, p in enumerate(self.snap.pods)}
         chosen = sorted(
             (o for o in self.ons if solution[o.var.index]),
-            key=lambda o: (-o.pod.priority, index.get(o.pod.key, 0)),
+            key=lambda o: (-o.pod.priority, -sharing.demand_gb(o.pod), index.get(o.pod.key, 0)),
         )
         for on in chosen:
             gpus = on.node.gpus

@@ -442,7 +442,7 @@ def _result(
     return Shared(tuple(placements), tuple(gpus), tuple(actions), optimal)
 
 
-def _demand_gb(pod: snapshot.Pod) -> int:
+def demand_gb(pod: snapshot.Pod) -> int:
     """A model-independent size for ordering: GB asked by name, or MiB/1024 of a unified ask."""
     total = sum(r.memory_gb * r.count for r in pod.mps)
     if pod.unified is not None:
@@ -461,7 +461,7 @@ def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
     for level in sorted({p.priority for p in pods}, reverse=True):
         order = sorted(
             (p for p in pods if p.priority == level),
-            key=lambda p: (-_demand_gb(p), index.get(p.key, 0)),
+            key=lambda p: (-demand_gb(p), index.get(p.key, 0)),
         )
         # Pods that fit without removing a free slice first: removals only for what is left.
         left = [p for p in order if not run.place(p, remove=False)]
