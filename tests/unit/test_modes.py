@@ -321,13 +321,15 @@ def test_mps_pod_without_any_mps_node_gets_a_plain_reason() -> None:
     )
 
 
-def test_exact_refuses_other_modes_with_a_clear_reason() -> None:
+def test_exact_plans_mps_nodes_and_proves_it() -> None:
     snap = _snap([MPS_NODE], [_pod("p", {"nvidia.com/gpu-10gb": 1})])
-    with pytest.raises(errors.MigpilotError, match="exact planner plans MIG only"):
-        planners.run(snap, "exact")
+    plan = planners.run(snap, "exact")
+    assert validation.problems(snap, plan) == []
+    assert plan.placement_of("default/p") is not None
+    assert plan.optimal is True
 
 
-@pytest.mark.parametrize("name", ["fast", "first-fit", "nos", "hami-placement", "static"])
+@pytest.mark.parametrize("name", ["fast", "exact", "first-fit", "nos", "hami-placement", "static"])
 def test_every_planner_serves_mps_nodes_beside_mig(name: str) -> None:
     snap = _snap(
         [_node("mig", None, [{"model": "h100-80gb"}]), MPS_NODE],

@@ -44,6 +44,7 @@ nothing that talks to the world (no clock: elapsed time is the solver's own wall
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -55,7 +56,16 @@ from ortools.sat.python import cp_model
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import constraints, explaining, options, plans, sharing, snapshot
+from migpilot.planning import (
+    constraints,
+    exactsharing,
+    explaining,
+    modes,
+    options,
+    plans,
+    sharing,
+    snapshot,
+)
 
 PLANNER = "exact"
 _SEED = 1
@@ -706,13 +716,64 @@ class _Builder:
 def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """Plan ``snap`` with CP-SAT within ``opts.time_limit_s`` on ``opts.workers`` threads.
 
-    MIG only: a snapshot with a node in another mode (mps, time-slicing, none) or a pod asking
-    for MPS slices is refused (the CP-SAT model has no MPS slices yet; ``fast`` plans them)."""
-    if sharing.involved(snap):
-        raise errors.MigpilotError(
-            "the exact planner plans MIG only: this snapshot has nodes in mode mps, "
-            "time-slicing or none, or pods asking for nvidia.com/gpu-<N>gb (use --planner fast)"
-        )
+    A snapshot with nodes in another mode (mps, time-slicing, none) or pods MIG cannot serve is
+    split as every planner splits it (:func:`sharing.plan_with`): the MIG nodes and the pods MIG
+    can serve go to the MIG model below, the pods it leaves pending to the model of the MPS and
+    time-slicing nodes (:func:`exactsharing.place`), each with half the time limit when both
+    have work. The split is exact only when no pod could go to both kinds of node; when one
+    could (a unified pod without ``nvidia.com/vgpu-mode`` that a MIG node and an MPS or
+    time-slicing node both admit), the MIG part is served first and :attr:`Plan.optimal` is
+    false even when both parts were proven (the two are not one model)."""
+    if not sharing.involved(snap):
+        return _plan_mig(snap, opts)
+    part = sharing.mig_part(snap)
+    shared_nodes = [n for n in snap.nodes if n.mode in _SHARED_MODES]
+    both = bool(part.nodes and part.pods and shared_nodes)
+    limit = opts.time_limit_s / 2 if both else opts.time_limit_s
+    mig_opts = dataclasses.replace(opts, time_limit_s=limit)
+    shared_opts = dataclasses.replace(opts, time_limit_s=limit)
+    planned = sharing.plan_with(
+        snap,
+        mig_opts,
+        _plan_mig,
+        shared_planner=functools.partial(exactsharing.place, opts=shared_opts),
+        name=PLANNER,
+    )
+    if planned.optimal and not split_is_exact(snap):
+        planned = dataclasses.replace(planned, optimal=False)
+    return planned
+
+
+_SHARED_MODES = (modes.Mode.MPS, modes.Mode.TIME_SLICING)
+
+
+def split_is_exact(snap: snapshot.Snapshot) -> bool:
+    """Whether no pod of ``snap`` may go both to a MIG node and to an MPS or time-slicing node
+    (each admitting it, its mode serving it, some GPU serving its request): then planning the
+    MIG part first loses nothing."""
+    mig_nodes = [n for n in snap.nodes if n.mode is modes.Mode.MIG]
+    shared = [n for n in snap.nodes if n.mode in _SHARED_MODES]
+    for pod in snap.pods:
+        if pod.mig or pod.mps or pod.unified is None:
+            continue  # asked by name: one kind of node only
+        if any(_may_go(pod, n) for n in mig_nodes) and any(_may_go(pod, n) for n in shared):
+            return False
+    return True
+
+
+def _may_go(pod: snapshot.Pod, node: snapshot.Node) -> bool:
+    """Whether ``node`` admits ``pod`` and its mode and some GPU serve the pod's request."""
+    if not pod.served_in(node.mode) or constraints.rejection(node, pod) is not None:
+        return False
+    if node.mode is modes.Mode.MIG:
+        return _serves_every_part(pod, node)
+    if node.mode is modes.Mode.MPS:
+        return any(modes.mps_needs(pod.mps, pod.unified, g.model) for g in node.gpus)
+    return any(modes.replica_needs(pod.unified, g.model) for g in node.gpus)
+
+
+def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
+    """The MIG model: ``snap`` has only nodes in mode mig and pods MIG can serve."""
     unresolvable = explaining.unresolvable(snap)
     classes = _classes(p for p in snap.pods if p.key not in unresolvable)
     builder = _Builder(snap, classes) if classes else None

@@ -38,7 +38,7 @@ def _sharing(planner: Planner, name: str, shared: sharing.SharedPlanner = sharin
 
 PLANNERS: dict[str, Planner] = {
     "fast": fast.plan,  # plans MPS and time-slicing nodes itself
-    "exact": exact.plan,  # MIG only: refuses other modes
+    "exact": exact.plan,  # CP-SAT on MIG, MPS and time-slicing nodes (two models, split as above)
     # nos's MIG partitioner on MIG nodes, its MPS partitioner on MPS and time-slicing nodes
     "nos": _sharing(baselines.nos, "nos", nosmps.place),
     "hami-template": _sharing(baselines.hami_template, "hami-template"),

@@ -28,15 +28,20 @@ plans, constraints, explaining and modes; never a planner (they import this modu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from migpilot import errors
 from migpilot.planning import constraints, explaining, modes, options, plans, scoring, snapshot
 
 MigPlanner = Callable[[snapshot.Snapshot, options.Options], plans.Plan]
 SharedPlanner = Callable[[snapshot.Snapshot, list[snapshot.Pod]], "Shared"]
-"""What places pods on the MPS and time-slicing nodes: :func:`place` (migpilot's), or a
-baseline's (:func:`migpilot.planning.nosmps.place`)."""
+"""What places pods on the MPS and time-slicing nodes: :func:`place` (migpilot's), a
+baseline's (:func:`migpilot.planning.nosmps.place`) or the exact planner's
+(:func:`migpilot.planning.exactsharing.place`)."""
+_SliceType = tuple[int, int | None]
+"""A slice's GB and compute share: free slices of one type are interchangeable."""
 
 
 def involved(snap: snapshot.Snapshot) -> bool:
@@ -84,7 +89,7 @@ def plan_with(
         targets={(g.node, g.gpu): g.layout for g in mig_plan.gpus} if mig_plan else {},
         placements=placements,
         unschedulable=(),
-        optimal=mig_plan.optimal if mig_plan else None,
+        optimal=_optimal(mig_plan, shared),
     )
     done = {p.pod for p in built.placements}
     pending = [p for p in snap.pods if p.key not in done]
@@ -97,6 +102,16 @@ def plan_with(
     )
 
 
+def _optimal(mig_plan: plans.Plan | None, shared: Shared) -> bool | None:
+    """The merged plan's :attr:`~plans.Plan.optimal`: both halves proven (``None`` when a half
+    claims nothing, as the greedy planners do)."""
+    if mig_plan is None:
+        return shared.optimal
+    if mig_plan.optimal is None or shared.optimal is None:
+        return None
+    return mig_plan.optimal and shared.optimal
+
+
 @dataclass(frozen=True, slots=True)
 class Shared:
     """What :func:`place` decided for the MPS and time-slicing nodes."""
@@ -104,6 +119,9 @@ class Shared:
     placements: tuple[plans.Placement, ...]
     mps: tuple[plans.MpsGpuPlan, ...]
     actions: tuple[plans.SliceAction, ...]
+    optimal: bool | None = None
+    """Whether the planner proved its pod objective optimal (``None``: a greedy planner, it
+    claims nothing)."""
 
 
 @dataclass(slots=True)
@@ -159,9 +177,16 @@ class _Choice:
     replicas: tuple[int, ...] = ()
 
 
-def _option(st: _MpsGpu, need: modes.SliceNeed, *, remove: bool) -> _Option | None:
+def _option(
+    st: _MpsGpu,
+    need: modes.SliceNeed,
+    *,
+    remove: bool,
+    removable: Counter[_SliceType] | None = None,
+) -> _Option | None:
     """How ``need`` goes onto ``st`` (``None``: it does not, or only by removing when
-    ``remove`` is false)."""
+    ``remove`` is false); ``removable``: at most this many free slices of each size and share
+    may be removed (``None``: any)."""
     for s in st.free:
         if s.memory_gb == need.memory_gb and s.cores == need.cores:
             return _Option(s)
@@ -176,6 +201,7 @@ def _option(st: _MpsGpu, need: modes.SliceNeed, *, remove: bool) -> _Option | No
     if not remove:
         return None
     removed: list[modes.MpsSlice] = []
+    budget = None if removable is None else Counter(removable)
     for s in sorted(st.free, key=lambda s: (-s.memory_gb, s.id)):
         if (
             room >= need.memory_gb
@@ -183,6 +209,10 @@ def _option(st: _MpsGpu, need: modes.SliceNeed, *, remove: bool) -> _Option | No
             and st.cores() - sum(r.cores or 0 for r in removed) + extra_cores <= 100
         ):
             break
+        if budget is not None:
+            if budget[(s.memory_gb, s.cores)] <= 0:
+                continue
+            budget[(s.memory_gb, s.cores)] -= 1
         removed.append(s)
         room += s.memory_gb
     if (
@@ -255,15 +285,7 @@ class _Run:
             self.cpu[n.name] = alloc.cpu_milli if alloc else 2**62
             self.mem[n.name] = alloc.memory_bytes if alloc else 2**62
             if n.mode is modes.Mode.MPS:
-                self.mps[n.name] = [
-                    _MpsGpu(
-                        g,
-                        [s for s in g.mps if s.taken],
-                        [s for s in g.mps if not s.taken],
-                        max((s.id for s in g.mps), default=-1) + 1,
-                    )
-                    for g in n.gpus
-                ]
+                self.mps[n.name] = _mps_states(n)
             else:
                 self.ts[n.name] = [_TsGpu(g, g.replicas_used) for g in n.gpus]
         self.placements: list[plans.Placement] = []
@@ -383,21 +405,44 @@ class _Run:
         return _Choice(node, 0, 0, shares, replicas=tuple(chosen))
 
     def result(self) -> Shared:
-        gpus: list[plans.MpsGpuPlan] = []
-        actions: list[plans.SliceAction] = []
-        for node in self.nodes:
-            if node.mode is not modes.Mode.MPS:
-                continue
-            for st in self.mps[node.name]:
-                final = tuple(sorted((*st.keep, *st.free), key=lambda s: s.id))
-                gpus.append(plans.MpsGpuPlan(node.name, st.gpu.index, bool(st.actions), final))
-                removes = [a for a in st.actions if a.op is plans.SliceOp.REMOVE]
-                creates = [a for a in st.actions if a.op is plans.SliceOp.CREATE]
-                actions.extend(removes + creates)
-        return Shared(tuple(self.placements), tuple(gpus), tuple(actions))
+        return _result(self.nodes, self.mps, self.placements)
 
 
-def _demand_gb(pod: snapshot.Pod) -> int:
+def _mps_states(node: snapshot.Node) -> list[_MpsGpu]:
+    """The slices of an MPS node's GPUs as a placement pass starts from them."""
+    return [
+        _MpsGpu(
+            g,
+            [s for s in g.mps if s.taken],
+            [s for s in g.mps if not s.taken],
+            max((s.id for s in g.mps), default=-1) + 1,
+        )
+        for g in node.gpus
+    ]
+
+
+def _result(
+    nodes: Sequence[snapshot.Node],
+    mps: Mapping[str, list[_MpsGpu]],
+    placements: Sequence[plans.Placement],
+    optimal: bool | None = None,
+) -> Shared:
+    """Target slices of every MPS GPU, their actions (per GPU: removals, then creations)."""
+    gpus: list[plans.MpsGpuPlan] = []
+    actions: list[plans.SliceAction] = []
+    for node in nodes:
+        if node.mode is not modes.Mode.MPS:
+            continue
+        for st in mps[node.name]:
+            final = tuple(sorted((*st.keep, *st.free), key=lambda s: s.id))
+            gpus.append(plans.MpsGpuPlan(node.name, st.gpu.index, bool(st.actions), final))
+            removes = [a for a in st.actions if a.op is plans.SliceOp.REMOVE]
+            creates = [a for a in st.actions if a.op is plans.SliceOp.CREATE]
+            actions.extend(removes + creates)
+    return Shared(tuple(placements), tuple(gpus), tuple(actions), optimal)
+
+
+def demand_gb(pod: snapshot.Pod) -> int:
     """A model-independent size for ordering: GB asked by name, or MiB/1024 of a unified ask."""
     total = sum(r.memory_gb * r.count for r in pod.mps)
     if pod.unified is not None:
@@ -416,10 +461,98 @@ def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
     for level in sorted({p.priority for p in pods}, reverse=True):
         order = sorted(
             (p for p in pods if p.priority == level),
-            key=lambda p: (-_demand_gb(p), index.get(p.key, 0)),
+            key=lambda p: (-demand_gb(p), index.get(p.key, 0)),
         )
         # Pods that fit without removing a free slice first: removals only for what is left.
         left = [p for p in order if not run.place(p, remove=False)]
         for p in left:
             run.place(p, remove=True)
     return run.result()
+
+
+@dataclass(frozen=True, slots=True)
+class Given:
+    """A pod another planner placed on a sharing node, GPU by GPU, for :func:`express`."""
+
+    pod: str
+    node: str
+    shares: tuple[tuple[int, modes.SliceNeed | None], ...]
+    """Per slice or replica: the GPU's index and, on an MPS node, the slice the pod needs there
+    (``None``: a time-slicing replica)."""
+
+
+def express(
+    snap: snapshot.Snapshot,
+    given: Sequence[Given],
+    *,
+    removable: Mapping[tuple[str, int], Counter[_SliceType]] | None = None,
+    optimal: bool | None = None,
+) -> Shared:
+    """Pods already assigned to GPUs, expressed as :func:`place` expresses its own choices.
+
+    Per GPU, every slice a pod needs that a free slice of exactly its size and share can
+    serve reuses one (in the snapshot's order); the other slices are created in free memory,
+    with the next free ids, removing free slices (largest first, the fewest) where there is no
+    room: the same reasons, ids and action order as :func:`place`. ``removable``: per
+    ``(node, GPU index)``, at most this many free slices of each ``(GB, cores)`` may be removed
+    (the assigning planner's choice; absent: any). An assignment that does not fit is a bug in
+    the planner that made it: :class:`MigpilotError`.
+    """
+    nodes = [n for n in snap.nodes if n.mode in (modes.Mode.MPS, modes.Mode.TIME_SLICING)]
+    states = {n.name: _mps_states(n) for n in nodes if n.mode is modes.Mode.MPS}
+    position = {
+        (n.name, st.gpu.index): k for n in nodes for k, st in enumerate(states.get(n.name, ()))
+    }
+    budget = {key: Counter(c) for key, c in (removable or {}).items()}
+    ids: list[list[int | None]] = [[None] * len(g.shares) for g in given]
+
+    def state(g: Given, gpu: int) -> _MpsGpu:
+        k = position.get((g.node, gpu))
+        if k is None:
+            raise errors.MigpilotError(f"{g.pod}: {g.node}/gpu{gpu} is no GPU of an MPS node")
+        return states[g.node][k]
+
+    # Reuse first: a need served by a free slice of its exact type never costs a removal.
+    for i, g in enumerate(given):
+        for j, (gpu, need) in enumerate(g.shares):
+            if need is None:
+                continue
+            st = state(g, gpu)
+            match = next(
+                (s for s in st.free if (s.memory_gb, s.cores) == (need.memory_gb, need.cores)),
+                None,
+            )
+            if match is not None:
+                ids[i][j] = _apply(g.node, st, need=need, pod=g.pod, reuse=match, removed=())
+    for i, g in enumerate(given):
+        for j, (gpu, need) in enumerate(g.shares):
+            if need is None or ids[i][j] is not None:
+                continue
+            st = state(g, gpu)
+            key = (g.node, gpu)
+            left = budget.get(key, Counter()) if removable is not None else None
+            opt = _option(st, need, remove=True, removable=left)
+            if opt is None:
+                raise errors.MigpilotError(
+                    f"{g.pod}: a slice of {need.memory_gb} GB does not fit on {g.node}/gpu{gpu}"
+                )
+            if left is not None:
+                left.subtract((s.memory_gb, s.cores) for s in opt.removed)
+            ids[i][j] = _apply(
+                g.node, st, need=need, pod=g.pod, reuse=opt.reuse, removed=opt.removed
+            )
+    placements = [
+        plans.Placement(
+            g.pod,
+            g.node,
+            (),
+            tuple(
+                plans.AssignedShare(gpu, None)
+                if need is None
+                else plans.AssignedShare(gpu, ids[i][j], need.memory_gb)
+                for j, (gpu, need) in enumerate(g.shares)
+            ),
+        )
+        for i, g in enumerate(given)
+    ]
+    return _result(nodes, states, placements, optimal)
