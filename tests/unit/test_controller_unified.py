@@ -194,3 +194,68 @@ def test_unified_pods_asking_alike_go_together_and_others_wait() -> None:
     status[0] = (0, "1g.10gb", S.USED, "ns/a")
     obs = _observed(pods, spec=spec, status=status, node=_node())
     assert pinning.held_back(obs, "ns/c", others=pinning.unallocated(obs).get("n0", {})) is None
+
+
+def _mps_observed(
+    pods: list[dict[str, Any]],
+    slices: list[tuple[int, int, str, gl.InstanceState, str | None]],
+) -> observing.Observed:
+    """One mps node with one A100 (MIG off); slices are (id, GB, reserved for, state, used by),
+    each reserved one kept for a unified pod."""
+    node = _node()
+    node["metadata"]["labels"] = {"migpilot.io/mode": "mps"}
+    layout = gl.GpuLayout(
+        "n0",
+        gl.LayoutSpec(
+            (
+                gl.GpuSpec(
+                    0,
+                    None,
+                    (),
+                    tuple(
+                        gl.SliceSpec(i, gb, None, r, gl.UNIFIED_RESOURCE if r else None)
+                        for i, gb, r, _, _ in slices
+                    ),
+                ),
+            )
+        ),
+        gl.LayoutStatus(
+            1,
+            (
+                gl.GpuStatus(
+                    0,
+                    A100,
+                    "GPU-0",
+                    (),
+                    tuple(gl.SliceStatus(i, gb, None, st, who) for i, gb, _, st, who in slices),
+                ),
+            ),
+        ),
+    )
+    return observing.observe(
+        pods=[observing.pod_view(p) for p in pods],
+        nodes=[observing.node_view(node)],
+        layouts_by_node={"n0": layout},
+    )
+
+
+def test_on_an_mps_node_unified_pods_reserved_other_slice_sizes_wait_for_allocation() -> None:
+    """The kubelet's Allocate names no pod: pods let go to one node must be interchangeable,
+    and on an mps node that includes the size of the slice each was given."""
+    slices = [
+        (0, 8, "ns/a", S.RESERVED, None),
+        (1, 8, "ns/b", S.RESERVED, None),
+        (2, 20, "ns/c", S.RESERVED, None),
+    ]
+    pods = [_pod("a", gated=False), _pod("b"), _pod("c", 8000)]
+    obs = _mps_observed(pods, slices)
+    assert obs.reservations["ns/c"].slices == ((0, 2, 20),)
+    others = pinning.unallocated(obs)["n0"]
+    assert set(others) == {"ns/a"}
+    assert pinning.held_back(obs, "ns/b", others=others) is None  # same ask, same slice size
+    why = pinning.held_back(obs, "ns/c", others=others)  # same ask, but a 20 GB slice
+    assert why is not None and "ns/a" in why
+    # Once the agent reports a's slice used by it, a is allocated and c may go.
+    slices[0] = (0, 8, "ns/a", S.USED, "ns/a")
+    obs = _mps_observed(pods, slices)
+    assert pinning.held_back(obs, "ns/c", others=pinning.unallocated(obs).get("n0", {})) is None
