@@ -664,8 +664,10 @@ def sharing_snapshot(
     ``multi_instance_fraction`` ask for 2-3 slices (unified: 2 GPUs, which MPS cannot serve).
     ``vgpu_mode_fraction`` of the unified pods carry ``nvidia.com/vgpu-mode`` (``mig`` or
     ``mps``, a mode the cluster has; none when it has neither). Selectors, tolerations,
-    priorities and CPU and memory as in :func:`random_snapshot` (sliced pods ask per 10 GB
-    what a MIG pod asks per compute slice). Deterministic in all arguments.
+    priorities as in :func:`random_snapshot`; with ``cpu``, allocatable CPU and memory as there
+    and pods asking 0.25-2 cores and 2-16 GiB per compute slice (MIG) or per 10 GB (sliced
+    pods), half :func:`random_snapshot`'s asks, so that they bind on some nodes, not on nearly
+    all. Deterministic in all arguments.
     """
     _check_sizes(nodes=nodes, gpus_per_node=gpus_per_node, pods=pods)
     for name, value in (
@@ -732,8 +734,10 @@ def sharing_snapshot(
         level = rng.choices(levels, weights=level_weights)[0] if priority_levels > 1 else 0
         cpu_milli = mem = 0
         if cpu:
-            cpu_milli = units * rng.choice((500, 1000, 2000, 4000))
-            mem = units * rng.choice((4, 8, 16, 32)) * _GIB
+            # Half random_snapshot's asks per unit: a GPU holds more sliced pods than MIG pods,
+            # and at the full asks CPU and memory bound nearly every node, not some.
+            cpu_milli = units * rng.choice((250, 500, 1000, 2000))
+            mem = units * rng.choice((2, 4, 8, 16)) * _GIB
         pod_list.append(
             snapshot.Pod(
                 name=f"pod-{i:0{width}d}",
