@@ -1,6 +1,7 @@
 """Planner benchmark: quality against the exact solver, and speed at 800 and 8,000 GPUs.
 
-Run: ``.venv/bin/python bench/bench_planner.py [--quick] [--quality-only | --speed-only]``.
+Run: ``.venv/bin/python bench/bench_planner.py [--quick]
+[--quality-only | --speed-only | --sharing-only]``.
 Prints tables and writes ``bench/results/planner.json``. Timing never decides a test; this file
 records what was measured, with the command, on this machine.
 
@@ -8,6 +9,16 @@ Quality: random and trace-shaped snapshots of up to 64 GPUs (mixed A100-80GB, H1
 A30 nodes, partly occupied GPUs with used instances, multi-instance pods, node selectors,
 priorities). Every planner runs on each snapshot; on those where ``exact`` proves optimality we
 report fast's share of the optimal weighted pods, and whether fast is ever below a baseline.
+
+Sharing: the same comparison on clusters whose nodes share GPUs by MPS or time-slicing
+(``generate.sharing_snapshot``: MPS only, time-slicing only, both, MIG beside MPS with every
+unified pod pinned by ``nvidia.com/vgpu-mode``, and all three modes unpinned), 4 to 32 GPUs with
+partly sliced GPUs and partly used replicas. On the snapshots where ``exact`` proves optimality:
+fast's and nos's shares of the optimal weighted pods, whether fast is ever below a baseline, and
+the free MPS slices each planner removes (fewer is the secondary objective). A baseline plan the
+validator refuses is recorded as invalid and not scored. On MPS and time-slicing nodes
+first-fit, hami-* and static run migpilot's sharing planner (``docs/modes.md``), so they differ
+from fast only on MIG nodes.
 
 Speed: the same generator at 100 nodes x 8 GPUs with 500 pods and 1,000 nodes x 8 GPUs with
 5,000 pods; every planner side by side in one run (exact gets a time limit and is skipped where
@@ -31,7 +42,16 @@ from pathlib import Path
 from typing import Any
 
 from migpilot import gcpause
-from migpilot.planning import fast, generate, objective, options, planners, snapshot, validation
+from migpilot.planning import (
+    fast,
+    generate,
+    objective,
+    options,
+    planners,
+    plans,
+    snapshot,
+    validation,
+)
 
 RESULTS = Path(__file__).parent / "results" / "planner.json"
 BASELINES = ("first-fit", "nos", "hami-template", "hami-placement", "static")
@@ -141,6 +161,167 @@ def quality(quick: bool, time_limit: float) -> dict[str, Any]:
     return {"summary": summary, "rows": rows}
 
 
+# Sharing families: generator arguments beside seed and size (docs/modes.md).
+SHARING_FAMILIES: dict[str, dict[str, Any]] = {
+    "mps": {"node_modes": ("mps",), "mps_fraction": 0.6, "unified_fraction": 0.4},
+    "time-slicing": {
+        "node_modes": ("time-slicing",),
+        "mps_fraction": 0.0,
+        "unified_fraction": 1.0,
+    },
+    "mps+time-slicing": {
+        "node_modes": ("mps", "time-slicing"),
+        "mps_fraction": 0.4,
+        "unified_fraction": 0.6,
+    },
+    # Every unified pod names its mode, so no pod may go to both kinds of node and exact's
+    # split into a MIG and a sharing model is exact (its optimum can be proven).
+    "mig+mps pinned": {"node_modes": ("mig", "mps"), "vgpu_mode_fraction": 1.0},
+    # Unified pods may go to MIG and to sharing nodes: exact's split is a heuristic, never
+    # proven; reported beside the proven ones as the best plan known.
+    "mixed": {"node_modes": generate.SHARING_MODES, "vgpu_mode_fraction": 0.3},
+}
+SHARING_SIZES = ((1, 4), (2, 4), (2, 8), (4, 8))
+"""(nodes, GPUs per node): 4, 8, 16 and 32 GPUs."""
+SHARING_LOAD = (2.0, 3.0, 4.0)
+"""Pending pods per GPU (a GPU holds several sliced pods)."""
+MODELS_80GB = ("a100-80gb", "h100-80gb")
+
+
+def sharing_cases(quick: bool) -> list[tuple[str, str, dict[str, Any]]]:
+    """(family, label, generator arguments) per snapshot: 8 per family (2 with ``quick``),
+    sizes and loads cycling, 80 GB GPUs on even seeds and generate's default models (with the
+    A30) on odd ones."""
+    out = []
+    for family, extra in SHARING_FAMILIES.items():
+        for seed in range(2 if quick else 8):
+            nodes, gpn = SHARING_SIZES[seed % len(SHARING_SIZES)]
+            pods = int(nodes * gpn * SHARING_LOAD[seed % len(SHARING_LOAD)])
+            models = MODELS_80GB if seed % 2 == 0 else generate.DEFAULT_MODELS
+            args = {
+                "seed": seed,
+                "nodes": nodes,
+                "gpus_per_node": gpn,
+                "pods": pods,
+                "models": models,
+                **extra,
+            }
+            out.append((family, f"{family} s{seed} {nodes * gpn}gpu {pods}pods", args))
+    return out
+
+
+def slice_ops(plan: plans.Plan) -> tuple[int, int]:
+    """(free MPS slices removed, slices created) by ``plan``."""
+    removed = sum(1 for a in plan.slice_actions if a.op is plans.SliceOp.REMOVE)
+    return removed, len(plan.slice_actions) - removed
+
+
+def _share_stats(shares: list[float]) -> dict[str, Any]:
+    if not shares:
+        return {"snapshots": 0}
+    return {
+        "snapshots": len(shares),
+        "share_mean": round(statistics.fmean(shares), 4),
+        "share_median": round(statistics.median(shares), 4),
+        "share_min": round(min(shares), 4),
+        "optimal_count": sum(1 for s in shares if s >= 1.0),
+    }
+
+
+def _sharing_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    proven = [r for r in rows if r["optimal"]]
+
+    def shares(name: str, among: list[dict[str, Any]]) -> list[float]:
+        return [r[name]["share"] for r in among if "share" in r.get(name, {})]
+
+    def total(name: str, key: str, among: list[dict[str, Any]]) -> int:
+        return sum(r[name][key] for r in among if key in r.get(name, {}))
+
+    unproven = [r for r in rows if not r["optimal"]]
+    return {
+        "snapshots": len(rows),
+        "proven_optimal": len(proven),
+        "fast": _share_stats(shares("fast", proven)),
+        "nos": _share_stats(shares("nos", proven)),
+        "baseline_share_mean": {
+            b: round(statistics.fmean(v), 4) if (v := shares(b, proven)) else None
+            for b in BASELINES
+        },
+        "fast_below_a_baseline": [r["case"] for r in rows if r["fast_below"]],
+        "invalid_plans": {
+            b: [r["case"] for r in rows if "invalid" in r[b]]
+            for b in BASELINES
+            if any("invalid" in r[b] for r in rows)
+        },
+        "removed_on_proven": {name: total(name, "removed", proven) for name in ALL},
+        "created_on_proven": {name: total(name, "created", proven) for name in ALL},
+        "unproven_fast_share_of_exact_best": _share_stats(shares("fast", unproven)),
+        "per_family": {
+            family: {
+                "snapshots": sum(1 for r in rows if r["family"] == family),
+                "proven_optimal": sum(1 for r in proven if r["family"] == family),
+                "fast": _share_stats(shares("fast", fam)),
+                "nos": _share_stats(shares("nos", fam)),
+            }
+            for family in SHARING_FAMILIES
+            for fam in [[r for r in proven if r["family"] == family]]
+        },
+    }
+
+
+def sharing(quick: bool, time_limit: float) -> dict[str, Any]:
+    """Every planner on generated sharing snapshots; shares of exact's optimum (or best)."""
+    rows = []
+    opts = options.Options(time_limit_s=time_limit, workers=1)
+    for family, label, args in sharing_cases(quick):
+        snap = generate.sharing_snapshot(**args)
+        row: dict[str, Any] = {"case": label, "family": family, "args": args}
+        scores: dict[str, objective.Score] = {}
+        for name in ALL:
+            plan, wall, _ = timed(snap, name, opts)
+            problems = validation.problems(snap, plan)
+            if problems and name in ("fast", "exact"):
+                raise SystemExit(f"{name} produced an invalid plan on {label}: {problems[0]}")
+            if problems:
+                row[name] = {"invalid": problems[0], "seconds": round(wall, 3)}
+                continue
+            sc = objective.score(snap, plan)
+            scores[name] = sc
+            removed, created = slice_ops(plan)
+            row[name] = {
+                "weighted": sc.weighted,
+                "placed": sc.placed,
+                "removed": removed,
+                "created": created,
+                "seconds": round(wall, 3),
+            }
+            if name == "exact":
+                row["optimal"] = bool(plan.optimal)
+        row["pods"] = len(snap.pods)
+        best = scores["exact"].weighted
+        for name, sc in scores.items():
+            row[name]["share"] = 1.0 if best == 0 else sc.weighted / best
+        row["fast_below"] = [
+            b for b in BASELINES if b in scores and scores["fast"].weighted < scores[b].weighted
+        ]
+        rows.append(row)
+        flag = "" if row["optimal"] else " (exact not proven)"
+        nos = row["nos"].get("placed", "inv")
+        print(
+            f"{label:44} fast {scores['fast'].placed:4}/{len(snap.pods):<4} "
+            f"exact {scores['exact'].placed:4} nos {nos:>4}  share fast "
+            f"{row['fast']['share']:.3f} nos "
+            + (f"{row['nos']['share']:.3f}" if "share" in row["nos"] else "  -  ")
+            + f"  removed fast {row['fast']['removed']} exact {row['exact']['removed']}"
+            + (f" nos {row['nos']['removed']}" if "removed" in row["nos"] else "")
+            + flag,
+            flush=True,
+        )
+    summary = _sharing_summary(rows)
+    print("sharing:", json.dumps(summary))
+    return {"time_limit_s": time_limit, "summary": summary, "rows": rows}
+
+
 def speed(quick: bool, exact_limit: float) -> dict[str, Any]:
     sizes = [(100, 500), (1000, 5000)]
     rows = []
@@ -208,10 +389,28 @@ def speed(quick: bool, exact_limit: float) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer cases (a smoke run)")
-    ap.add_argument("--quality-only", action="store_true")
-    ap.add_argument("--speed-only", action="store_true")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--quality-only", action="store_true")
+    only.add_argument("--speed-only", action="store_true")
+    only.add_argument("--sharing-only", action="store_true")
     ap.add_argument("--time-limit", type=float, default=20.0, help="exact planner limit, s")
+    ap.add_argument(
+        "--sharing-time-limit",
+        type=float,
+        default=10.0,
+        help="exact planner limit on the sharing snapshots, s (split in half where a snapshot "
+        "has both MIG and sharing work)",
+    )
     args = ap.parse_args()
+    sections = (
+        {"quality"}
+        if args.quality_only
+        else {"speed"}
+        if args.speed_only
+        else {"sharing"}
+        if args.sharing_only
+        else {"quality", "speed", "sharing"}
+    )
     out: dict[str, Any] = {
         "benchmark": "planner",
         "command": "python bench/bench_planner.py " + " ".join(sys.argv[1:]),
@@ -223,10 +422,13 @@ def main() -> int:
         previous = json.loads(RESULTS.read_text())
         out["quality"] = previous.get("quality")
         out["speed"] = previous.get("speed")
-    if not args.speed_only:
+        out["sharing"] = previous.get("sharing")
+    if "quality" in sections:
         out["quality"] = quality(args.quick, args.time_limit) | {"command": out["command"]}
-    if not args.quality_only:
+    if "speed" in sections:
         out["speed"] = speed(args.quick, args.time_limit) | {"command": out["command"]}
+    if "sharing" in sections:
+        out["sharing"] = sharing(args.quick, args.sharing_time_limit) | {"command": out["command"]}
     if not args.quick:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(out, indent=2) + "\n")

@@ -87,15 +87,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub = snap.add_subparsers(dest="snapshot_command", metavar="COMMAND", required=True)
     g = sub.add_parser(
         "generate",
-        help="write a seeded random or trace-shaped cluster snapshot",
+        help="write a seeded random, trace-shaped or sharing cluster snapshot",
         description=(
             "Generate a cluster snapshot: 'random' draws mixed-model nodes with partly used GPUs "
             "and pods with selectors, taints, priorities and multi-instance requests; 'trace' "
-            "draws pods shaped like the Alibaba openb GPU trace. The same arguments always give "
-            "the same file."
+            "draws pods shaped like the Alibaba openb GPU trace; 'sharing' draws nodes in the "
+            "modes of --modes (MPS GPUs partly sliced, time-slicing GPUs partly used) and pods "
+            "asking nvidia.com/gpu-<N>gb slices, unified requests or MIG profiles. The same "
+            "arguments always give the same file."
         ),
     )
-    g.add_argument("--kind", choices=("random", "trace"), default="random", help="default: random")
+    g.add_argument(
+        "--kind", choices=("random", "trace", "sharing"), default="random", help="default: random"
+    )
     g.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default: 0)")
     g.add_argument("--nodes", type=_count(0), default=8, metavar="N", help="nodes (default: 8)")
     g.add_argument(
@@ -113,6 +117,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=",".join(generate.DEFAULT_MODELS),
         metavar="M,...",
         help=f"GPU models to mix (default: {','.join(generate.DEFAULT_MODELS)})",
+    )
+    g.add_argument(
+        "--modes",
+        default=",".join(generate.SHARING_MODES),
+        metavar="MODE,...",
+        help="--kind sharing: node modes, node i in the i-th modulo their number (mig, mps, "
+        f"time-slicing, none; default: {','.join(generate.SHARING_MODES)})",
     )
     g.add_argument(
         "-o",
@@ -353,19 +364,26 @@ def _readable_quantities(doc: dict[str, Any]) -> dict[str, Any]:
 def cmd_generate(args: argparse.Namespace, out: IO[str]) -> int:
     """``migpilot snapshot generate``."""
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    make = generate.trace_snapshot if args.kind == "trace" else generate.random_snapshot
-    snap = make(
-        seed=args.seed,
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        pods=args.pods,
-        models=models,
-    )
-    doc = _readable_quantities(snapshot.to_document(snap))
+    sizes = {
+        "seed": args.seed,
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "pods": args.pods,
+        "models": models,
+    }
     command = (
         f"migpilot snapshot generate --kind {args.kind} --seed {args.seed} --nodes {args.nodes} "
         f"--gpus-per-node {args.gpus_per_node} --pods {args.pods} --models {','.join(models)}"
     )
+    if args.kind == "sharing":
+        node_modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        snap = generate.sharing_snapshot(**sizes, node_modes=node_modes)
+        command += f" --modes {','.join(node_modes)}"
+    elif args.kind == "trace":
+        snap = generate.trace_snapshot(**sizes)
+    else:
+        snap = generate.random_snapshot(**sizes)
+    doc = _readable_quantities(snapshot.to_document(snap))
     as_json = args.output is not None and args.output.endswith(".json")
     if as_json:
         text = json.dumps(doc, indent=1) + "\n"

@@ -3,14 +3,17 @@
 The planner is judged on snapshots nobody wrote by hand: thousands of GPUs of mixed models, partly
 occupied by instances in use, and pending pods with the requests, selectors, taints and priorities
 real clusters have. :func:`random_snapshot` draws such a cluster from a few knobs;
-:func:`trace_snapshot` draws the pods from the shape of the Alibaba openb GPU trace instead.
+:func:`trace_snapshot` draws the pods from the shape of the Alibaba openb GPU trace instead;
+:func:`sharing_snapshot` draws nodes in modes mig, mps and time-slicing (``docs/modes.md``) with
+partly sliced MPS GPUs and partly used replicas, and pods asking MPS slices by name
+(``nvidia.com/gpu-<N>gb``), unified requests or MIG profiles.
 
 Pure core: the only randomness is a ``random.Random(seed)`` made here (never the global one), so
 the same arguments give an equal snapshot on every machine; no file is read (the trace shape is a
 table below). May import only :mod:`migpilot.errors`, :mod:`migpilot.mig` and
-:mod:`migpilot.planning.snapshot`, :mod:`~migpilot.planning.unified` and
-:mod:`~migpilot.planning.scoring`. Per-model tables are computed once and cached, so 8,000 GPUs
-and 5,000 pods take a fraction of a second.
+:mod:`migpilot.planning.snapshot`, :mod:`~migpilot.planning.unified`,
+:mod:`~migpilot.planning.modes` and :mod:`~migpilot.planning.scoring`. Per-model tables are
+computed once and cached, so 8,000 GPUs and 5,000 pods take a fraction of a second.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import scoring, snapshot, unified
+from migpilot.planning import modes, scoring, snapshot, unified
 
 DEFAULT_MODELS = ("a100-80gb", "h100-80gb", "a30-24gb")
 
@@ -479,6 +482,275 @@ def trace_snapshot(
                 node_selector=_NO_LABELS,
                 affinity=(),
                 tolerations=(),
+            )
+        )
+    return snapshot.Snapshot(nodes=node_list, pods=tuple(pod_list))
+
+
+SHARING_MODES = ("mig", "mps", "time-slicing")
+"""The node modes :func:`sharing_snapshot` cycles through by default: a mixed cluster."""
+
+# Slice sizes (GB) pods ask for by name and existing MPS slices have: nos's usual resource names
+# (nvidia.com/gpu-10gb, -20gb, ...), mostly small inference slices. A size over a GPU's memory
+# is not drawn for it.
+_SLICE_GB_WEIGHTS = {5: 20, 10: 30, 15: 8, 20: 20, 30: 8, 40: 8, 60: 3, 80: 3}
+_SLICE_CORES = (10, 20, 25, 50)
+"""Compute shares (percent) a slice or a unified ask may carry."""
+_CORES_FRACTION = 0.15
+"""Existing slices, and unified asks, with a compute share."""
+_RESERVED_SHARE = 0.25
+"""Of the taken slices, those reserved by a plan for a pod rather than in use."""
+_MOST_SLICES = 12
+"""Existing slices per GPU at most (the 48-client limit is never the binding one here)."""
+_REPLICAS = (2, 4, 4, 8)
+"""Time-slicing replicas per GPU, drawn per GPU."""
+
+
+@functools.cache
+def _slice_sizes(cap: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The slice sizes (and their weights) a GPU of ``cap`` GB serves; ``cap`` itself if none."""
+    sizes = tuple(gb for gb in _SLICE_GB_WEIGHTS if gb <= cap)
+    if not sizes:
+        return (cap,), (1.0,)
+    return sizes, tuple(float(_SLICE_GB_WEIGHTS[gb]) for gb in sizes)
+
+
+def _mps_gpu(
+    rng: random.Random, tables: _ModelTables, *, index: int, used_fraction: float
+) -> snapshot.Gpu:
+    """An MPS GPU partly sliced: slices up to a random share (40-100 %) of its memory, each
+    taken (used, or reserved for a pod) with probability ``used_fraction``, some with a
+    compute share, ids with gaps (as removals leave them); a quarter of the GPUs unsliced."""
+    model = tables.model
+    if rng.random() < _EMPTY_GPU_FRACTION:
+        return snapshot.Gpu(index, model, ())
+    cap = modes.memory_gb(model)
+    target = cap * rng.uniform(0.4, 1.0)
+    sizes, weights = _slice_sizes(cap)
+    slices: list[modes.MpsSlice] = []
+    total = cores_total = next_id = 0
+    while len(slices) < _MOST_SLICES:
+        gb = rng.choices(sizes, weights)[0]
+        if total + gb > target:
+            break
+        taken = rng.random() < used_fraction
+        reserved = taken and rng.random() < _RESERVED_SHARE
+        cores = None
+        if rng.random() < _CORES_FRACTION:
+            share = rng.choice(_SLICE_CORES)
+            if cores_total + share <= 100:
+                cores, cores_total = share, cores_total + share
+        slices.append(
+            modes.MpsSlice(
+                id=next_id,
+                memory_gb=gb,
+                cores=cores,
+                used=taken and not reserved,
+                reserved_for=f"serving/gpu{index}-slice{next_id}" if reserved else "",
+            )
+        )
+        total += gb
+        next_id += rng.choice((1, 1, 2))
+    return snapshot.Gpu(index, model, (), mps=tuple(slices))
+
+
+def _time_sliced_gpu(
+    rng: random.Random, tables: _ModelTables, *, index: int, used_fraction: float
+) -> snapshot.Gpu:
+    """A time-slicing GPU of 2-8 replicas, each in use with probability ``used_fraction``."""
+    replicas = rng.choice(_REPLICAS)
+    used = sum(rng.random() < used_fraction for _ in range(replicas))
+    return snapshot.Gpu(index, tables.model, (), replicas=replicas, replicas_used=used)
+
+
+def _in_mode(
+    rng: random.Random,
+    node: snapshot.Node,
+    table: _ModelTables,
+    *,
+    mode: modes.Mode,
+    used_fraction: float,
+) -> snapshot.Node:
+    """``node`` (drawn as a MIG node) in ``mode``: its label, and GPUs sliced or replicated."""
+    if mode is modes.Mode.MIG:
+        return node
+    gpus: list[snapshot.Gpu] = []
+    for g in node.gpus:
+        if mode is modes.Mode.MPS:
+            gpus.append(_mps_gpu(rng, table, index=g.index, used_fraction=used_fraction))
+        elif mode is modes.Mode.TIME_SLICING:
+            gpus.append(_time_sliced_gpu(rng, table, index=g.index, used_fraction=used_fraction))
+        else:
+            gpus.append(snapshot.Gpu(g.index, table.model, ()))
+    labels = MappingProxyType({**node.labels, modes.MODE_LABEL: mode.value})
+    return dataclasses.replace(node, labels=labels, mode=mode, gpus=tuple(gpus))
+
+
+def _parse_modes(node_modes: Sequence[str]) -> tuple[modes.Mode, ...]:
+    if not node_modes:
+        raise errors.MigpilotError("node_modes needs at least one mode")
+    out = []
+    for m in node_modes:
+        try:
+            out.append(modes.Mode(m))
+        except ValueError:
+            known = ", ".join(x.value for x in modes.Mode)
+            raise errors.MigpilotError(f"node mode {m!r} is not one of {known}") from None
+    return tuple(out)
+
+
+def _sharing_request(
+    rng: random.Random,
+    tables: _ModelTables,
+    *,
+    kind: str,
+    multi_instance_fraction: float,
+    vgpu_mode_fraction: float,
+    vgpu_modes: Sequence[str],
+) -> tuple[tuple[modes.MpsRequest, ...], unified.UnifiedRequest | None, int]:
+    """An MPS request by name (``kind`` mps) or a unified one (``unified``), sized for
+    ``tables``' model, and its size in tenths of an 80 GB GPU (what CPU and memory scale by)."""
+    cap = modes.memory_gb(tables.model)
+    sizes, weights = _slice_sizes(cap)
+    gb = rng.choices(sizes, weights)[0]
+    count = rng.randint(2, 3) if rng.random() < multi_instance_fraction else 1
+    units = max(1, round(gb * count / 10))
+    if kind == "mps":
+        return (modes.MpsRequest(gb, count),), None, units
+    mib = pct = cores = None
+    if rng.random() < 0.15:
+        pct = max(1, gb * 100 // cap)
+    else:
+        mib = gb * 1024 - rng.randint(0, 1023)
+    if rng.random() < _CORES_FRACTION:
+        cores = rng.choice(_SLICE_CORES)
+    mode = None
+    if vgpu_modes and rng.random() < vgpu_mode_fraction:
+        mode = rng.choice(vgpu_modes)
+    ask = unified.GpuAsk(min(count, 2), memory_mib=mib, memory_percent=pct, cores_percent=cores)
+    return (), unified.UnifiedRequest((ask,), mode=mode), units
+
+
+def sharing_snapshot(
+    *,
+    seed: int,
+    nodes: int,
+    gpus_per_node: int,
+    pods: int,
+    node_modes: Sequence[str] = SHARING_MODES,
+    models: Sequence[str] = DEFAULT_MODELS,
+    used_fraction: float = 0.4,
+    mps_fraction: float = 0.4,
+    unified_fraction: float = 0.4,
+    vgpu_mode_fraction: float = 0.3,
+    selector_fraction: float = 0.1,
+    priority_levels: int = 2,
+    multi_instance_fraction: float = 0.15,
+    cpu: bool = True,
+) -> snapshot.Snapshot:
+    """A random cluster whose nodes share GPUs in several modes (``docs/modes.md``).
+
+    Node ``i`` is in mode ``node_modes[i % len(node_modes)]`` (one mode: ``("mps",)``; repeat a
+    mode to weight it), labelled ``migpilot.io/mode``; otherwise nodes are drawn as in
+    :func:`random_snapshot` (models, labels, taints, cordons, allocatable CPU and memory). MIG
+    GPUs hold a random subset of a valid layout; MPS GPUs are partly sliced (a quarter not at
+    all), each slice taken (used, or reserved for a pod) with probability ``used_fraction``;
+    time-slicing GPUs have 2-8 replicas, each in use with probability ``used_fraction``.
+
+    Pods: ``mps_fraction`` ask MPS slices by name (``nvidia.com/gpu-<N>gb``, nos's names, mostly
+    5-20 GB, up to the GPU's memory), ``unified_fraction`` a unified request of one container
+    (``nvidia.com/gpu`` with ``gpumem`` or ``gpumem-percentage`` of the same sizes, some with
+    ``gpucores``), the rest MIG profiles by name as :func:`random_snapshot` draws them.
+    ``multi_instance_fraction`` ask for 2-3 slices (unified: 2 GPUs, which MPS cannot serve).
+    ``vgpu_mode_fraction`` of the unified pods carry ``nvidia.com/vgpu-mode`` (``mig`` or
+    ``mps``, a mode the cluster has; none when it has neither). Selectors, tolerations,
+    priorities as in :func:`random_snapshot`; with ``cpu``, allocatable CPU and memory as there
+    and pods asking 0.25-2 cores and 2-16 GiB per compute slice (MIG) or per 10 GB (sliced
+    pods), half :func:`random_snapshot`'s asks, so that they bind on some nodes, not on nearly
+    all. Deterministic in all arguments.
+    """
+    _check_sizes(nodes=nodes, gpus_per_node=gpus_per_node, pods=pods)
+    for name, value in (
+        ("used_fraction", used_fraction),
+        ("mps_fraction", mps_fraction),
+        ("unified_fraction", unified_fraction),
+        ("vgpu_mode_fraction", vgpu_mode_fraction),
+        ("selector_fraction", selector_fraction),
+        ("multi_instance_fraction", multi_instance_fraction),
+    ):
+        _check_fraction(name, value)
+    if mps_fraction + unified_fraction > 1.0:
+        raise errors.MigpilotError(
+            f"mps_fraction + unified_fraction must be at most 1, got "
+            f"{mps_fraction} + {unified_fraction}"
+        )
+    if priority_levels < 1:
+        raise errors.MigpilotError(f"priority_levels must be at least 1, got {priority_levels}")
+    cycle = _parse_modes(node_modes)
+    tables = _resolve_models(models)
+    rng = random.Random(seed)
+    drawn, node_tables = _nodes(
+        rng,
+        tables=tables,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        used_fraction=used_fraction,
+        allocatable=cpu,
+        constrained=True,
+    )
+    node_list = tuple(
+        _in_mode(rng, n, t, mode=cycle[i % len(cycle)], used_fraction=used_fraction)
+        for i, (n, t) in enumerate(zip(drawn, node_tables, strict=True))
+    )
+    present_modes = {n.mode for n in node_list}
+    vgpu_modes = tuple(m.value for m in (modes.Mode.MIG, modes.Mode.MPS) if m in present_modes)
+    pod_models = node_tables or tables
+    present = tuple(t for t in tables if t in node_tables) or tables
+    levels = tuple(range(priority_levels))
+    level_weights = tuple(2.0 ** (priority_levels - 1 - lv) for lv in levels)
+    width = _width(pods)
+    pod_list: list[snapshot.Pod] = []
+    for i in range(pods):
+        table = rng.choice(pod_models)
+        draw = rng.random()
+        mig: tuple[snapshot.MigRequest, ...] = ()
+        mps: tuple[modes.MpsRequest, ...] = ()
+        request: unified.UnifiedRequest | None = None
+        if draw < mps_fraction + unified_fraction:
+            mps, request, units = _sharing_request(
+                rng,
+                table,
+                kind="mps" if draw < mps_fraction else "unified",
+                multi_instance_fraction=multi_instance_fraction,
+                vgpu_mode_fraction=vgpu_mode_fraction,
+                vgpu_modes=vgpu_modes,
+            )
+        else:
+            mig, units = _mig_request(rng, table, multi_instance_fraction=multi_instance_fraction)
+        selector: MappingProxyType[str, str] = _NO_LABELS
+        affinity: tuple[tuple[snapshot.Requirement, ...], ...] = ()
+        if rng.random() < selector_fraction:
+            selector, affinity = _placement_rules(rng, present)
+        level = rng.choices(levels, weights=level_weights)[0] if priority_levels > 1 else 0
+        cpu_milli = mem = 0
+        if cpu:
+            # Half random_snapshot's asks per unit: a GPU holds more sliced pods than MIG pods,
+            # and at the full asks CPU and memory bound nearly every node, not some.
+            cpu_milli = units * rng.choice((250, 500, 1000, 2000))
+            mem = units * rng.choice((2, 4, 8, 16)) * _GIB
+        pod_list.append(
+            snapshot.Pod(
+                name=f"pod-{i:0{width}d}",
+                namespace=rng.choice(_NAMESPACES),
+                priority=level * 100,
+                mig=mig,
+                mps=mps,
+                unified=request,
+                cpu_milli=cpu_milli,
+                memory_bytes=mem,
+                node_selector=selector,
+                affinity=affinity,
+                tolerations=_tolerations(rng),
             )
         )
     return snapshot.Snapshot(nodes=node_list, pods=tuple(pod_list))
