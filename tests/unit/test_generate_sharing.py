@@ -255,21 +255,18 @@ def test_nos_plans_single_memory_clusters_without_vgpu_modes_validly() -> None:
         assert validation.problems(snap, planners.run(snap, "nos")) == [], seed
 
 
-@pytest.mark.xfail(strict=True, reason="known fault of the nos baseline: vgpu-mode not honoured")
-def test_known_fault_nos_puts_vgpu_mode_pods_on_time_slicing_nodes() -> None:
-    # Found by the sharing benchmark's generator: nosmps's kube-scheduler step gives a unified
+def test_nos_honours_vgpu_mode() -> None:
+    # Found by the sharing benchmark's generator: nosmps's kube-scheduler step gave a unified
     # pod with nvidia.com/vgpu-mode: mps (pod-02) a replica on time-slicing node-02 (the
-    # validator: "node node-02 is in mode time-slicing"); its _ts_shares checks no mode.
-    # Strict: says so once fixed.
+    # validator: "node node-02 is in mode time-slicing"); its _ts_shares checked no mode.
     snap = generate.sharing_snapshot(seed=1, nodes=6, gpus_per_node=4, pods=40)
     assert validation.problems(snap, planners.run(snap, "nos")) == []
 
 
-@pytest.mark.xfail(strict=True, reason="known fault of the nos baseline: one reference GPU size")
-def test_known_fault_nos_sizes_memory_percentages_by_one_gpu_model() -> None:
-    # Found by the sharing benchmark's generator: nosmps reads every gpumem-percentage against
-    # the first MPS GPU's memory (80 GB here), so team-a/pod-16's 20 % of an A30 (5 GB) gets a
-    # 16 GB slice on node-01 ("got slices of [16] GB but asked for [5]"). Strict: says so once
-    # fixed.
+def test_nos_serves_a_memory_percentage_only_where_one_size_means_it() -> None:
+    # Found by the sharing benchmark's generator: nosmps read every gpumem-percentage against
+    # the first MPS GPU's memory (80 GB here), so team-a/pod-16's 20 % of an A30 (5 GB) got a
+    # 16 GB slice on node-01 ("got slices of [16] GB but asked for [5]"). A nos pod names one
+    # slice size; with MPS GPUs of different memory a percentage has none, and nos leaves it.
     snap = generate.sharing_snapshot(seed=0, nodes=3, gpus_per_node=2, pods=20, node_modes=("mps",))
     assert validation.problems(snap, planners.run(snap, "nos")) == []

@@ -43,14 +43,16 @@ Where this baseline adds or chooses, each on the generous side for nos:
 - nos knows only ``nvidia.com/gpu-<N>gb``. A unified request of one GPU (``nvidia.com/gpu: 1``
   with ``gpumem`` or ``gpumem-percentage``, no ``gpucores``: nos's slices have no compute
   share) is read as the ``nvidia.com/gpu-<N>gb: 1`` a nos user would write for it, N its
-  memory rounded up to whole GB (:func:`modes.unified_gb`, a percentage of the first MPS GPU's
-  memory in node order), so one trace runs under both planners. HAMi's model filters are
-  ignored (nos has none). Other unified requests are not served on MPS nodes.
+  memory rounded up to whole GB (:func:`modes.unified_gb`), so one trace runs under both
+  planners. A ``gpumem-percentage`` has one such N only when every MPS GPU of the cluster has
+  the same memory; where they differ, no one name serves it and nos leaves the pod alone.
+  HAMi's model filters are ignored (nos has none). Other unified requests are not served on MPS
+  nodes, nor is one whose ``nvidia.com/vgpu-mode`` is ``mig`` (the user asked for MIG).
 - Time-slicing nodes are not nos's: NVIDIA's device plugin advertises ``replicas`` shares of
   ``nvidia.com/gpu`` and kube-scheduler binds them. A unified request is read as
   ``nvidia.com/gpu: <count>`` and bound first fit (nodes in name order, one replica per GPU
   asked, distinct GPUs, lowest index first); a node of either mode may take a pod, whichever
-  comes first in name order.
+  comes first in name order, unless the pod's ``nvidia.com/vgpu-mode`` names the other mode.
 
 Not modelled: the batch window, device-plugin restarts (nos rewrites every node's config on
 each plan), Go's map order, nodes mixing GPU models.
@@ -145,19 +147,22 @@ class NosGpu:
 
 def needs(pod: snapshot.Pod, reference: int | None) -> Need | None:
     """The slices nos sees ``pod`` ask, per size (``None``: nos serves it on no MPS node);
-    ``reference``: the GB a ``gpumem-percentage`` is read against (``None``: no MPS GPU)."""
+    ``reference``: the GB of every MPS GPU of the cluster, which a ``gpumem-percentage`` is
+    read against (``None``: no MPS GPU, or MPS GPUs of different memory)."""
     if pod.mig:
         return None
     if pod.mps:
         return Counter({r.memory_gb: r.count for r in pod.mps})
     request = pod.unified
-    if request is None or reference is None or request.count != 1:
+    if request is None or request.count != 1 or not pod.served_in(modes.Mode.MPS):
         return None
     (ask,) = request.asks
     if ask.cores_percent is not None:
         return None
     if ask.memory_mib is not None:
         gb = -(-ask.memory_mib // 1024)
+    elif reference is None:
+        return None
     else:
         pct = 100 if ask.memory_percent is None else ask.memory_percent
         gb = -(-pct * reference // 100)
@@ -202,8 +207,10 @@ class _Run:
                 ]
             else:
                 self.replicas[n.name] = [g.replicas - g.replicas_used for g in n.gpus]
-        first_mps = next((n for n in self.nodes if n.mode is modes.Mode.MPS and n.gpus), None)
-        reference = modes.memory_gb(first_mps.gpus[0].model) if first_mps else None
+        sizes = {
+            modes.memory_gb(g.model) for n in self.nodes if n.mode is modes.Mode.MPS for g in n.gpus
+        }
+        reference = next(iter(sizes)) if len(sizes) == 1 else None
         self.need = {p.key: needs(p, reference) for p in pods}
         self.pods = sorted(pods, key=lambda p: -p.priority)  # queue order, stable
         self.placements: list[plans.Placement] = []
@@ -243,7 +250,7 @@ class _Run:
         self, node: snapshot.Node, pod: snapshot.Pod
     ) -> list[plans.AssignedShare] | None:
         """One replica per GPU asked, distinct GPUs per container, lowest index first."""
-        if pod.unified is None:
+        if pod.unified is None or not pod.served_in(node.mode):
             return None
         free = list(self.replicas[node.name])
         chosen: list[int] = []

@@ -27,6 +27,7 @@ plans, constraints, explaining and modes; never a planner (they import this modu
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -290,6 +291,30 @@ class _Run:
                 self.ts[n.name] = [_TsGpu(g, g.replicas_used) for g in n.gpus]
         self.placements: list[plans.Placement] = []
 
+    def fork(self) -> _Run:
+        """An independent copy of this pass (to try another pod order from here)."""
+        twin = copy.copy(self)
+        twin.mps = {k: [s.copy() for s in v] for k, v in self.mps.items()}
+        twin.ts = {k: [_TsGpu(t.gpu, t.used) for t in v] for k, v in self.ts.items()}
+        twin.cpu, twin.mem = dict(self.cpu), dict(self.mem)
+        twin.placements = list(self.placements)
+        return twin
+
+    def removals(self) -> int:
+        """Free slices this pass removed so far."""
+        return sum(
+            a.op is plans.SliceOp.REMOVE
+            for sts in self.mps.values()
+            for st in sts
+            for a in st.actions
+        )
+
+    def sweep(self, order: Sequence[snapshot.Pod]) -> list[snapshot.Pod]:
+        """Place ``order``: first every pod that fits without removing a free slice, then the
+        rest with removals allowed; the pods left pending."""
+        left = [p for p in order if not self.place(p, remove=False)]
+        return [p for p in left if not self.place(p, remove=True)]
+
     def _node_use(self, node: snapshot.Node) -> float:
         if node.mode is modes.Mode.MPS:
             sts = self.mps[node.name]
@@ -459,14 +484,23 @@ def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
         return run.result()
     index = {p.key: i for i, p in enumerate(snap.pods)}
     for level in sorted({p.priority for p in pods}, reverse=True):
-        order = sorted(
-            (p for p in pods if p.priority == level),
-            key=lambda p: (-demand_gb(p), index.get(p.key, 0)),
-        )
-        # Pods that fit without removing a free slice first: removals only for what is left.
-        left = [p for p in order if not run.place(p, remove=False)]
-        for p in left:
-            run.place(p, remove=True)
+        at_level = [p for p in pods if p.priority == level]
+        # Largest demand first packs MPS memory; fewest GPUs (slices, replicas) first places
+        # more pods where the count binds (time-slicing replicas, the 48 clients). Both run
+        # from the same state; the one that leaves fewer pods pending, then removes fewer free
+        # slices, is kept (the first on a tie).
+        orders = [
+            sorted(at_level, key=lambda p: (-demand_gb(p), index.get(p.key, 0))),
+            sorted(at_level, key=lambda p: (p.count, demand_gb(p), index.get(p.key, 0))),
+        ]
+        if orders[1] == orders[0]:
+            orders.pop()
+        tried: list[tuple[tuple[int, int, int], _Run]] = []
+        for k, order in enumerate(orders):
+            attempt = run.fork() if len(orders) > 1 else run
+            left = attempt.sweep(order)
+            tried.append(((-len(left), -attempt.removals(), -k), attempt))
+        run = max(tried, key=lambda t: t[0])[1]
     return run.result()
 
 
