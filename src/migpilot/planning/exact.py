@@ -50,7 +50,7 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
@@ -58,6 +58,7 @@ from migpilot import errors
 from migpilot.mig import layouts, profiles
 from migpilot.planning import (
     constraints,
+    cpsat,
     exactsharing,
     explaining,
     modes,
@@ -68,13 +69,10 @@ from migpilot.planning import (
 )
 
 PLANNER = "exact"
-_SEED = 1
 _PODS_SHARE = 0.7
 """Fraction of the time limit for objective (1), the one whose optimality is reported."""
 _DISRUPTION_SHARE = 0.2
 """Fraction for objective (2); objective (3) gets what is left."""
-_MIN_SHARE = 0.01
-"""No phase gets less than this fraction of the limit (presolve alone often settles a phase)."""
 
 
 # --------------------------------------------------------------------------- GPU options
@@ -295,24 +293,9 @@ class _Demand:
     count: cp_model.IntVar
     upper: int
     """The upper bound of ``count``."""
-    sources: list[list[tuple[_Supply, _Linear]]]
+    sources: list[list[tuple[_Supply, cpsat.Linear]]]
     """Per part of the class's request (``pod.parts`` order): instances drawn from each
     supply."""
-
-
-@dataclass(slots=True)
-class _Linear:
-    """A linear expression kept as terms, so it can also be evaluated on a solution vector."""
-
-    terms: list[tuple[int, cp_model.IntVar]] = field(default_factory=list)
-
-    def expr(self) -> cp_model.LinearExpr:
-        return cp_model.LinearExpr.weighted_sum(
-            [v for _, v in self.terms], [c for c, _ in self.terms]
-        )
-
-    def value(self, solution: Sequence[int]) -> int:
-        return sum(c * solution[v.index] for c, v in self.terms)
 
 
 class _Greedy:
@@ -352,7 +335,7 @@ class _Greedy:
         ):
             return False
         given: list[tuple[int, int]] = []  # (GPU, column) of each instance given so far
-        splits: list[_Linear] = []
+        splits: list[cpsat.Linear] = []
         for sources, count in zip(d.sources, pod.parts, strict=True):
             for _ in range(count):
                 got = self._take(name, sources)
@@ -371,7 +354,7 @@ class _Greedy:
         return True
 
     def _take(
-        self, node: str, sources: list[tuple[_Supply, _Linear]]
+        self, node: str, sources: list[tuple[_Supply, cpsat.Linear]]
     ) -> tuple[tuple[int, int], int] | None:
         """Serve one instance where it adds the least disruption (first such GPU).
 
@@ -429,19 +412,6 @@ def _size(d: _Demand) -> int:
     )
 
 
-class _Budget:
-    """The time limit split across phases; elapsed time is the sum of the solver's wall times."""
-
-    def __init__(self, limit_s: float) -> None:
-        self.limit = max(limit_s, 0.0)
-        self.elapsed = 0.0
-
-    def share(self, *, until: float, parts: int = 1) -> float:
-        """An equal part of the time left before ``until`` (a fraction of the limit), floored."""
-        left = self.limit * until - self.elapsed
-        return max(left / max(parts, 1), self.limit * _MIN_SHARE, 0.001)
-
-
 class _Builder:
     """The CP-SAT model of one snapshot, its phased solve, and the plan read back from it."""
 
@@ -449,7 +419,7 @@ class _Builder:
         self.model = cp_model.CpModel()
         self.groups: list[_Group] = []
         self.demands: list[_Demand] = []
-        self.levels: dict[int, _Linear] = defaultdict(_Linear)
+        self.levels: dict[int, cpsat.Linear] = defaultdict(cpsat.Linear)
         """Per priority level, the pod counts whose sum phase (1) maximises."""
         self.hint: list[int] = []
         """A feasible value per variable, by index: place nothing, change nothing."""
@@ -483,7 +453,7 @@ class _Builder:
                 tuple(sorted(n for n in names if n is not None)),
             )
             kinds.setdefault(kind, []).append(gpu)
-        supply: dict[_Supply, _Linear] = defaultdict(_Linear)
+        supply: dict[_Supply, cpsat.Linear] = defaultdict(cpsat.Linear)
         most: dict[_Supply, int] = defaultdict(int)
         for kind, gpus in kinds.items():
             if not kind.wanted:
@@ -501,7 +471,7 @@ class _Builder:
                     if opt.serves[p]:
                         supply[key].terms.append((opt.serves[p], var))
                 most[key] += len(gpus) * max(o.serves[p] for o in opts)
-        demand: dict[_Supply, _Linear] = defaultdict(_Linear)
+        demand: dict[_Supply, cpsat.Linear] = defaultdict(cpsat.Linear)
         for cls in admitted:
             self._add_demand(node, cls, most, demand)
         for key, terms in supply.items():
@@ -514,7 +484,7 @@ class _Builder:
         node: snapshot.Node,
         cls: _PodClass,
         most: Mapping[_Supply, int],
-        demand: dict[_Supply, _Linear],
+        demand: dict[_Supply, cpsat.Linear],
     ) -> None:
         pod = cls.pod
         keys: list[list[_Supply]] = []
@@ -533,12 +503,12 @@ class _Builder:
         if upper <= 0:
             return
         count = self._var(upper)
-        sources: list[list[tuple[_Supply, _Linear]]] = []
+        sources: list[list[tuple[_Supply, cpsat.Linear]]] = []
         for n, ks in zip(pod.parts, keys, strict=True):
             if len(ks) == 1:
-                drawn = [(ks[0], _Linear([(n, count)]))]
+                drawn = [(ks[0], cpsat.Linear([(n, count)]))]
             else:  # GPUs of several models on the node offer this request: split it
-                drawn = [(k, _Linear([(1, self._var(n * upper))])) for k in ks]
+                drawn = [(k, cpsat.Linear([(1, self._var(n * upper))])) for k in ks]
                 self.model.add(sum(d.expr() for _, d in drawn) == n * count)
             for k, d in drawn:
                 demand[k].terms.extend(d.terms)
@@ -587,7 +557,7 @@ class _Builder:
 
     def solve(self, opts: options.Options) -> tuple[list[int], bool]:
         """Run the phases; the final solution (a value per variable) and pod optimality."""
-        budget = _Budget(opts.time_limit_s)
+        budget = cpsat.Budget(opts.time_limit_s)
         solution = self._greedy()
         optimal = True
         levels = sorted(self.levels, reverse=True)
@@ -600,8 +570,8 @@ class _Builder:
             optimal = optimal and status == cp_model.OPTIMAL
             self.model.add(placed.expr() >= placed.value(solution))
         weight = sum(len(g.gpus) for g in self.groups) + 1
-        disruption = _Linear()
-        room = _Linear()
+        disruption = cpsat.Linear()
+        room = cpsat.Linear()
         for g in self.groups:
             for opt, var in zip(g.options, g.take, strict=True):
                 cost = opt.destroyed * weight + opt.touched
@@ -611,7 +581,7 @@ class _Builder:
                     room.terms.append((opt.free_value, var))
         if disruption.terms:
             # Minimising disruption is maximising its negation.
-            disruption = _Linear([(-c, v) for c, v in disruption.terms])
+            disruption = cpsat.Linear([(-c, v) for c, v in disruption.terms])
             seconds = budget.share(until=_PODS_SHARE + _DISRUPTION_SHARE)
             _, solution = self._run(
                 opts, seconds=seconds, budget=budget, hint=solution, maximise=disruption
@@ -629,9 +599,9 @@ class _Builder:
         opts: options.Options,
         *,
         seconds: float,
-        budget: _Budget,
+        budget: cpsat.Budget,
         hint: list[int],
-        maximise: _Linear,
+        maximise: cpsat.Linear,
     ) -> tuple[cp_model.CpSolverStatus, list[int]]:
         """Maximise from ``hint`` (a feasible solution); the status and the best solution known.
 
@@ -647,7 +617,7 @@ class _Builder:
         params = solver.parameters
         params.max_time_in_seconds = seconds
         params.num_workers = max(1, opts.workers)
-        params.random_seed = _SEED
+        params.random_seed = cpsat.SEED
         # Measured on 64-GPU snapshots (2 cores): the stronger linear relaxation proves far more
         # phases within the limit, and probing during presolve costs more than it gives.
         params.linearization_level = 2

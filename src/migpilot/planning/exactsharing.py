@@ -46,34 +46,16 @@ import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from migpilot import errors
 from migpilot.mig import profiles
-from migpilot.planning import constraints, modes, options, sharing, snapshot
+from migpilot.planning import constraints, cpsat, modes, options, sharing, snapshot
 
-_SEED = 1
 _PODS_SHARE = 0.8
 """Fraction of the time limit for the pod phases (the ones whose optimality is reported)."""
-_MIN_SHARE = 0.01
-"""No phase gets less than this fraction of the limit."""
-
-
-@dataclass(slots=True)
-class _Linear:
-    """A linear expression kept as terms, so it can be evaluated on a solution vector."""
-
-    terms: list[tuple[int, cp_model.IntVar]] = field(default_factory=list)
-
-    def expr(self) -> cp_model.LinearExpr:
-        return cp_model.LinearExpr.weighted_sum(
-            [v for _, v in self.terms], [c for c, _ in self.terms]
-        )
-
-    def value(self, solution: Sequence[int]) -> int:
-        return sum(c * solution[v.index] for c, v in self.terms)
 
 
 def _slots(pod: snapshot.Pod, model: profiles.GpuModel) -> tuple[modes.SliceNeed, ...] | None:
@@ -118,9 +100,9 @@ class _Builder:
         self.ons: list[_OnNode] = []
         self.by_pod: dict[str, list[_OnNode]] = defaultdict(list)
         self.free: dict[tuple[str, int], list[_FreeType]] = {}
-        self.levels: dict[int, _Linear] = defaultdict(_Linear)
-        self.removed = _Linear()
-        self.created = _Linear()
+        self.levels: dict[int, cpsat.Linear] = defaultdict(cpsat.Linear)
+        self.removed = cpsat.Linear()
+        self.created = cpsat.Linear()
         admission = constraints.Admission(self.nodes)
         for pod in pods:
             admits = admission.admits(pod)
@@ -234,7 +216,7 @@ class _Builder:
                 if t.reused is not None:
                     terms.append((-c, t.reused))
             terms.extend((c, v) for c, (_, v) in zip(per_need, on_gpu, strict=True))
-            return _Linear(terms).expr()
+            return cpsat.Linear(terms).expr()
 
         cap = modes.memory_gb(gpu.model) - sum(s.memory_gb for s in taken)
         gbs = [n.memory_gb for n, _ in on_gpu]
@@ -335,7 +317,7 @@ class _Builder:
 
     def solve(self, opts: options.Options, hint: list[int] | None) -> tuple[list[int], bool]:
         """Run the phases; the final solution and whether every pod phase was proven."""
-        budget = _Budget(opts.time_limit_s)
+        budget = cpsat.Budget(opts.time_limit_s)
         solution = hint if hint is not None else self._nothing()
         optimal = True
         levels = sorted(self.levels, reverse=True)
@@ -346,7 +328,7 @@ class _Builder:
             optimal = optimal and status == cp_model.OPTIMAL
             self.model.add(placed.expr() >= placed.value(solution))
         weight = len(self.created.terms) + 1
-        disruption = _Linear(
+        disruption = cpsat.Linear(
             [(-weight * c, v) for c, v in self.removed.terms]
             + [(-c, v) for c, v in self.created.terms]
         )  # maximised: removals weigh more than every creation together
@@ -366,9 +348,9 @@ class _Builder:
         self,
         opts: options.Options,
         seconds: float,
-        budget: _Budget,
+        budget: cpsat.Budget,
         hint: list[int],
-        maximise: _Linear,
+        maximise: cpsat.Linear,
     ) -> tuple[cp_model.CpSolverStatus, list[int]]:
         """Maximise from ``hint`` (feasible); the status and the best solution known (the hint
         unless the solver found better: it may be better on later phases)."""
@@ -381,7 +363,7 @@ class _Builder:
         params = solver.parameters
         params.max_time_in_seconds = seconds
         params.num_workers = max(1, opts.workers)
-        params.random_seed = _SEED
+        params.random_seed = cpsat.SEED
         status = solver.solve(self.model)
         budget.elapsed += solver.wall_time
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -424,19 +406,6 @@ class _Builder:
             for key, types in self.free.items()
         }
         return sharing.express(self.snap, given, removable=removable, optimal=optimal)
-
-
-class _Budget:
-    """The time limit split across phases; elapsed time is the sum of the solver's wall times."""
-
-    def __init__(self, limit_s: float) -> None:
-        self.limit = max(limit_s, 0.0)
-        self.elapsed = 0.0
-
-    def share(self, *, until: float, parts: int = 1) -> float:
-        """An equal part of the time left before ``until`` (a fraction of the limit), floored."""
-        left = self.limit * until - self.elapsed
-        return max(left / max(parts, 1), self.limit * _MIN_SHARE, 0.001)
 
 
 def _fits_alone(pod: snapshot.Pod, node: snapshot.Node) -> bool:
