@@ -8,7 +8,7 @@ status reports it ``used`` by the pod; the GPU's MPS daemon runs for it (``docs/
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from migpilot.gpu import mps as gpu_mps
 from migpilot.mig import catalog
 from migpilot.planning import modes, unified
 from migpilot.sharing import config as sharing_config
+from tests.unit.test_agent_unifying import Ledger, _spec, pod_doc
 
 H100 = catalog.resolve_gpu("h100-80gb")
 A30 = catalog.resolve_gpu("a30-24gb")
@@ -206,33 +207,6 @@ def test_a_container_gets_the_smallest_reserved_slice_that_serves_its_ask(
 # --- the pool alone ------------------------------------------------------------------------------
 
 
-class Ledger:
-    """A stand-in for the plugin's ledger."""
-
-    def __init__(self, entries: dict[str, resolving.PodAllocation]) -> None:
-        self.entries = entries
-
-    def pod_allocations(self) -> Mapping[str, resolving.PodAllocation]:
-        return dict(self.entries)
-
-    def pods_version(self) -> int:
-        return len(self.entries)
-
-    def release_pods(self, pods: Sequence[str]) -> None:
-        for p in pods:
-            self.entries.pop(p, None)
-
-
-def pod_doc(
-    name: str, limits: dict[str, Any], *, node: str | None = NODE, phase: str = "Pending"
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"limits": limits}}]}
-    if node is not None:
-        spec["nodeName"] = node
-    meta = {"name": name, "namespace": "ns", "creationTimestamp": T0, "uid": name}
-    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
-
-
 def slice_doc(
     ident: int, gb: int, reserved: str | None = None, *, unified_pod: bool = True
 ) -> dict[str, Any]:
@@ -246,11 +220,6 @@ def slice_doc(
 
 def mps_spec(*slices: dict[str, Any]) -> dict[str, Any]:
     return {"gpus": [{"index": 0, "mps": list(slices)}]}
-
-
-def _spec(api: kubeapi.InMemoryNodeApi) -> gl.LayoutSpec | None:
-    found = api.layout(NODE)
-    return found.spec if found is not None else None
 
 
 def _pool(api: kubeapi.InMemoryNodeApi, book: standin.PodBook) -> unifying.UnifiedPool:
