@@ -14,10 +14,14 @@ GPU's memory, at most 48 clients, compute shares summing to at most 100 %. For e
 needs, in order of preference: a free slice of exactly that size and share is reused; a new
 slice is created in free memory; free slices are removed (largest first, the fewest that make
 room) and a new one created -- a resize when the pod's slice replaces them. Taken slices (used
-or reserved) are never shrunk or removed. Pods are placed highest priority first, largest slice
-first, in two sweeps: every pod that fits without removing anything, then the rest with
-removals allowed. Among nodes and GPUs the fewest removals win, then reuse over creation, then
-the pod's node and GPU policy (binpack: the fullest; spread: the emptiest), then order.
+or reserved) are never shrunk or removed. Pods are placed highest priority first; each level
+is placed in up to three ways from the same state, and the one that leaves the fewest pods
+pending, then removes the fewest free slices, is kept: largest demand first in two sweeps
+(every pod that fits without removing anything, then the rest with removals allowed); pods
+asking fewer GPUs first (replicas run out on time-slicing GPUs), the same way; largest first in
+one sweep with removals allowed at once (where a large slice needs the one GPU the first sweep
+would fill). Among nodes and GPUs the fewest removals win, then reuse over creation, then the
+pod's node and GPU policy (binpack: the fullest; spread: the emptiest), then order.
 
 A time-slicing GPU serves a unified pod with one replica per GPU asked, each on its own GPU.
 
@@ -309,10 +313,11 @@ class _Run:
             for a in st.actions
         )
 
-    def sweep(self, order: Sequence[snapshot.Pod]) -> list[snapshot.Pod]:
-        """Place ``order``: first every pod that fits without removing a free slice, then the
-        rest with removals allowed; the pods left pending."""
-        left = [p for p in order if not self.place(p, remove=False)]
+    def sweep(self, order: Sequence[snapshot.Pod], *, defer: bool = True) -> list[snapshot.Pod]:
+        """Place ``order``; the pods left pending. With ``defer``, first every pod that fits
+        without removing a free slice, then the rest with removals allowed; without, each pod
+        in turn with removals allowed."""
+        left = [p for p in order if not self.place(p, remove=False)] if defer else list(order)
         return [p for p in left if not self.place(p, remove=True)]
 
     def _node_use(self, node: snapshot.Node) -> float:
@@ -492,16 +497,18 @@ def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
         # state; the one that leaves fewer pods pending, then removes fewer free slices, is
         # kept (the first on a tie). (Smallest first would place more pods per plan still, and
         # starve large ones: bench_sharing's overloaded MPS p99 went from 41,933 s to 60,500 s.)
-        orders = [
-            sorted(at_level, key=lambda p: (-demand_gb(p), index.get(p.key, 0))),
-            sorted(at_level, key=lambda p: (p.count, -demand_gb(p), index.get(p.key, 0))),
-        ]
-        if orders[1] == orders[0]:
-            orders.pop()
+        # Deferring removals to a second sweep saves removals, and costs a pod where the one
+        # GPU a large slice needs (after a removal) is the one the first sweep fills: largest
+        # first with removals allowed at once is tried too.
+        largest = sorted(at_level, key=lambda p: (-demand_gb(p), index.get(p.key, 0)))
+        fewest = sorted(at_level, key=lambda p: (p.count, -demand_gb(p), index.get(p.key, 0)))
+        variants = [(largest, True), *([(fewest, True)] if fewest != largest else [])]
+        if any(st.free for sts in run.mps.values() for st in sts):
+            variants.append((largest, False))  # removals matter only where free slices are
         tried: list[tuple[tuple[int, int, int], _Run]] = []
-        for k, order in enumerate(orders):
-            attempt = run.fork() if len(orders) > 1 else run
-            left = attempt.sweep(order)
+        for k, (order, defer) in enumerate(variants):
+            attempt = run.fork() if len(variants) > 1 else run
+            left = attempt.sweep(order, defer=defer)
             tried.append(((-len(left), -attempt.removals(), -k), attempt))
         run = max(tried, key=lambda t: t[0])[1]
     return run.result()
