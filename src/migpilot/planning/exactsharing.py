@@ -50,7 +50,6 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from migpilot import errors
 from migpilot.mig import profiles
 from migpilot.planning import constraints, cpsat, modes, options, sharing, snapshot
 
@@ -352,29 +351,16 @@ class _Builder:
         hint: list[int],
         maximise: cpsat.Linear,
     ) -> tuple[cp_model.CpSolverStatus, list[int]]:
-        """Maximise from ``hint`` (feasible); the status and the best solution known (the hint
-        unless the solver found better: it may be better on later phases)."""
-        self.model.maximize(maximise.expr())
-        proto = self.model.proto
-        proto.clear_solution_hint()
-        proto.solution_hint.vars.extend(range(len(hint)))
-        proto.solution_hint.values.extend(hint)
-        solver = cp_model.CpSolver()
-        params = solver.parameters
-        params.max_time_in_seconds = seconds
-        params.num_workers = max(1, opts.workers)
-        params.random_seed = cpsat.SEED
-        status = solver.solve(self.model)
-        budget.elapsed += solver.wall_time
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            found = list(solver.response_proto.solution)
-            return status, found if maximise.value(found) > maximise.value(hint) else hint
-        if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
-            raise errors.MigpilotError(
-                f"exact planner (sharing nodes): CP-SAT says {solver.status_name(status)} "
-                f"{self.model.validate()}".rstrip()
-            )
-        return status, hint
+        """One phase (:func:`cpsat.maximise`)."""
+        return cpsat.maximise(
+            self.model,
+            maximise,
+            hint=hint,
+            seconds=seconds,
+            workers=opts.workers,
+            budget=budget,
+            who="exact planner (sharing nodes)",
+        )
 
     # ------------------------------------------------------------------------ reading back
 
