@@ -241,6 +241,26 @@ def _nodes(
 _NO_LABELS: MappingProxyType[str, str] = MappingProxyType({})
 
 
+def _rules_and_priority(
+    rng: random.Random,
+    present: Sequence[_ModelTables],
+    *,
+    selector_fraction: float,
+    priority_levels: int,
+) -> tuple[MappingProxyType[str, str], tuple[tuple[snapshot.Requirement, ...], ...], int]:
+    """A pod's nodeSelector or required node affinity (``selector_fraction`` of the pods have
+    one), then its priority: ``0, 100, ...`` over ``priority_levels`` levels, each level half as
+    common as the one below."""
+    selector: MappingProxyType[str, str] = _NO_LABELS
+    affinity: tuple[tuple[snapshot.Requirement, ...], ...] = ()
+    if rng.random() < selector_fraction:
+        selector, affinity = _placement_rules(rng, present)
+    levels = tuple(range(priority_levels))
+    weights = tuple(2.0 ** (priority_levels - 1 - lv) for lv in levels)
+    level = rng.choices(levels, weights=weights)[0] if priority_levels > 1 else 0
+    return selector, affinity, level * 100
+
+
 def _placement_rules(
     rng: random.Random, tables: Sequence[_ModelTables]
 ) -> tuple[MappingProxyType[str, str], tuple[tuple[snapshot.Requirement, ...], ...]]:
@@ -383,18 +403,14 @@ def random_snapshot(
     # Pods ask for the models the cluster has, in proportion to its nodes.
     pod_models = node_tables or tables
     present = tuple(t for t in tables if t in node_tables) or tables
-    levels = tuple(range(priority_levels))
-    level_weights = tuple(2.0 ** (priority_levels - 1 - lv) for lv in levels)
     width = _width(pods)
     pod_list: list[snapshot.Pod] = []
     for i in range(pods):
         table = rng.choice(pod_models)
         mig, compute = _mig_request(rng, table, multi_instance_fraction=multi_instance_fraction)
-        selector: MappingProxyType[str, str] = _NO_LABELS
-        affinity: tuple[tuple[snapshot.Requirement, ...], ...] = ()
-        if rng.random() < selector_fraction:
-            selector, affinity = _placement_rules(rng, present)
-        level = rng.choices(levels, weights=level_weights)[0] if priority_levels > 1 else 0
+        selector, affinity, priority = _rules_and_priority(
+            rng, present, selector_fraction=selector_fraction, priority_levels=priority_levels
+        )
         cpu_milli = mem = 0
         if cpu:
             cpu_milli = compute * rng.choice((500, 1000, 2000, 4000))
@@ -402,7 +418,7 @@ def random_snapshot(
         pod = snapshot.Pod(
             name=f"pod-{i:0{width}d}",
             namespace=rng.choice(_NAMESPACES),
-            priority=level * 100,
+            priority=priority,
             mig=mig,
             cpu_milli=cpu_milli,
             memory_bytes=mem,
@@ -706,8 +722,6 @@ def sharing_snapshot(
     vgpu_modes = tuple(m.value for m in (modes.Mode.MIG, modes.Mode.MPS) if m in present_modes)
     pod_models = node_tables or tables
     present = tuple(t for t in tables if t in node_tables) or tables
-    levels = tuple(range(priority_levels))
-    level_weights = tuple(2.0 ** (priority_levels - 1 - lv) for lv in levels)
     width = _width(pods)
     pod_list: list[snapshot.Pod] = []
     for i in range(pods):
@@ -727,11 +741,9 @@ def sharing_snapshot(
             )
         else:
             mig, units = _mig_request(rng, table, multi_instance_fraction=multi_instance_fraction)
-        selector: MappingProxyType[str, str] = _NO_LABELS
-        affinity: tuple[tuple[snapshot.Requirement, ...], ...] = ()
-        if rng.random() < selector_fraction:
-            selector, affinity = _placement_rules(rng, present)
-        level = rng.choices(levels, weights=level_weights)[0] if priority_levels > 1 else 0
+        selector, affinity, priority = _rules_and_priority(
+            rng, present, selector_fraction=selector_fraction, priority_levels=priority_levels
+        )
         cpu_milli = mem = 0
         if cpu:
             # Half random_snapshot's asks per unit: a GPU holds more sliced pods than MIG pods,
@@ -742,7 +754,7 @@ def sharing_snapshot(
             snapshot.Pod(
                 name=f"pod-{i:0{width}d}",
                 namespace=rng.choice(_NAMESPACES),
-                priority=level * 100,
+                priority=priority,
                 mig=mig,
                 mps=mps,
                 unified=request,
