@@ -42,6 +42,7 @@ from migpilot.planning import modes
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import mps as sharing_mps
 from migpilot.sharing import replicas
+from tests.unit import followed_nodes
 
 H100 = catalog.resolve_gpu("h100-80gb")
 NODE = "node-a"
@@ -406,10 +407,7 @@ class Node:
         return self.agent.reconcile()
 
     def slices(self) -> dict[int, tuple[int, str, str | None]]:
-        got = self.api.layout(NODE)
-        assert got is not None and got.status is not None
-        (g,) = [g for g in got.status.gpus if g.index == 0]
-        return {s.id: (s.memory_gb, s.state.value, s.used_by) for s in g.mps}
+        return followed_nodes.slice_states(self.api, NODE)
 
     def resources(self) -> dict[str, str]:
         return self.api.node_resources[NODE]
@@ -417,14 +415,8 @@ class Node:
 
 def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend, root: Path) -> Node:
     """Wired as ``agent_cmd._cluster`` wires ``--kubelet simulated`` (no plugin)."""
-    source = following.GpuLayoutSource(api, node=NODE)
-    source.sync()
-    book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
-
-    def reserving() -> gl.LayoutSpec | None:
-        return source.acted_on.spec if source.acted_on is not None else None
-
+    followed = followed_nodes.follow(api, NODE)
+    source, book, reserving = followed.source, followed.book, followed.reserving
     kubelet = standin.SimulatedKubelet(
         api,
         node=NODE,

@@ -28,9 +28,9 @@ from migpilot.agent import (
     watching,
 )
 from migpilot.agent.deviceplugin import devices
-from migpilot.api import gpulayouts as gl
 from migpilot.gpu import clocks, emulated
 from migpilot.mig import catalog
+from tests.unit import followed_nodes
 
 H100 = catalog.resolve_gpu("h100-80gb")
 NODE = "node-a"
@@ -226,14 +226,8 @@ class Node:
 
 def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend) -> Node:
     """Wired as ``agent_cmd._cluster`` and ``_Cluster.wire`` wire ``--kubelet simulated``."""
-    source = following.GpuLayoutSource(api, node=NODE)
-    source.sync()
-    book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
-
-    def reserving() -> gl.LayoutSpec | None:
-        return source.acted_on.spec if source.acted_on is not None else None
-
+    followed = followed_nodes.follow(api, NODE)
+    source, book, reserving = followed.source, followed.book, followed.reserving
     kubelet = standin.SimulatedKubelet(
         api,
         node=NODE,

@@ -18,7 +18,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from migpilot.agent import (
-    following,
     holding,
     kubeapi,
     metrics,
@@ -30,13 +29,13 @@ from migpilot.agent import (
 )
 from migpilot.agent import mps as agent_mps
 from migpilot.agent.deviceplugin import advertising, devices, replicating, resolving
-from migpilot.api import gpulayouts as gl
 from migpilot.cli import agent_cmd
 from migpilot.gpu import clocks, emulated
 from migpilot.gpu import mps as gpu_mps
 from migpilot.mig import catalog
 from migpilot.planning import modes, unified
 from migpilot.sharing import config as sharing_config
+from tests.unit import followed_nodes
 from tests.unit.test_agent_unifying import Ledger, _spec, pod_doc
 
 H100 = catalog.resolve_gpu("h100-80gb")
@@ -389,10 +388,7 @@ class Node:
         return self.agent.reconcile()
 
     def slices(self) -> dict[int, tuple[int, str, str | None]]:
-        got = self.api.layout(NODE)
-        assert got is not None and got.status is not None
-        (g,) = [g for g in got.status.gpus if g.index == 0]
-        return {s.id: (s.memory_gb, s.state.value, s.used_by) for s in g.mps}
+        return followed_nodes.slice_states(self.api, NODE)
 
     def resources(self) -> dict[str, str]:
         return dict(self.api.node_resources.get(NODE, {}))
@@ -400,14 +396,8 @@ class Node:
 
 def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend, root: Path) -> Node:
     """As ``agent_cmd._cluster`` and ``_Cluster.wire`` wire ``--kubelet simulated``."""
-    source = following.GpuLayoutSource(api, node=NODE)
-    source.sync()
-    book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
-
-    def reserving() -> gl.LayoutSpec | None:
-        return source.acted_on.spec if source.acted_on is not None else None
-
+    followed = followed_nodes.follow(api, NODE)
+    source, book, reserving = followed.source, followed.book, followed.reserving
     pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=reserving)
     kubelet = standin.SimulatedKubelet(
         api,
