@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pathlib
-import shutil
-import tempfile
 from collections.abc import Iterator
 
 import grpc
@@ -47,20 +45,6 @@ R1G = "nvidia.com/mig-1g.10gb"
 R3G = "nvidia.com/mig-3g.40gb"
 R2G = "nvidia.com/mig-2g.20gb"
 GPU = "nvidia.com/gpu"
-
-
-@pytest.fixture
-def root() -> Iterator[pathlib.Path]:
-    path = pathlib.Path(tempfile.mkdtemp(dir="/tmp", prefix="mpk"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def kubelet(root: pathlib.Path) -> Iterator[FakeKubelet]:
-    fake = FakeKubelet(root).start()
-    yield fake
-    fake.stop()
 
 
 def settings(kubelet: FakeKubelet, **kw: object) -> serving.PluginSettings:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import pathlib
 import random
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Collection, Iterator
@@ -105,20 +103,6 @@ class Node:
             set(dict(c.envs)["NVIDIA_VISIBLE_DEVICES"].split(","))
             for c in response.container_responses
         ]
-
-
-@pytest.fixture
-def root() -> Iterator[pathlib.Path]:
-    path = pathlib.Path(tempfile.mkdtemp(dir="/tmp", prefix="mpu"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def kubelet(root: pathlib.Path) -> Iterator[FakeKubelet]:
-    fake = FakeKubelet(root).start()
-    yield fake
-    fake.stop()
 
 
 def start(

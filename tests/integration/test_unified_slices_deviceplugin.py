@@ -10,8 +10,6 @@ in-memory API."""
 from __future__ import annotations
 
 import pathlib
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -100,20 +98,6 @@ class Node:
             for g, found in statuses.items()
             for s in found
         }
-
-
-@pytest.fixture
-def root() -> Iterator[pathlib.Path]:
-    path = pathlib.Path(tempfile.mkdtemp(dir="/tmp", prefix="usl"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def kubelet(root: pathlib.Path) -> Iterator[FakeKubelet]:
-    fake = FakeKubelet(root).start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture
