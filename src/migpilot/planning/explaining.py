@@ -209,7 +209,7 @@ class Explainer:
                 unified.allowed(pod.unified, g.model) for g in node.gpus
             ):
                 return Why.NOT_OFFERED, f"its GPUs ({models}) are excluded by the pod's filters"
-            if mps and pod.unified is not None and any(a.count > 1 for a in pod.unified.asks):
+            if mps and pod.unified is not None and unified.too_many_for_mps(pod.unified):
                 return Why.NOT_OFFERED, (
                     "a container asking more than one GPU is not served by MPS slices (one "
                     "container talks to one GPU's MPS daemon)"

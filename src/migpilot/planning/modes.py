@@ -177,12 +177,12 @@ def mps_needs(
             return None
         out.extend(SliceNeed(r.memory_gb, None, -1) for _ in range(r.count))
     if request is not None:
-        if not unified.allowed(request, model):
+        if not unified.allowed(request, model) or unified.too_many_for_mps(request):
             return None
         for k, ask in enumerate(request.asks):
             gb = unified_gb(ask, model)
-            if gb > cap or ask.count > 1:
-                return None  # one container, one MPS daemon: one slice, one GPU
+            if gb > cap:
+                return None
             out.extend(SliceNeed(gb, ask.cores_percent, k) for _ in range(ask.count))
     return tuple(sorted(out, key=lambda n: (-n.memory_gb, n.group)))
 

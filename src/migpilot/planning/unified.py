@@ -328,6 +328,13 @@ def parse_labelled(
     return dataclasses.replace(parse_annotations(annotations, where=where), asks=asks)
 
 
+def too_many_for_mps(request: UnifiedRequest) -> bool:
+    """Whether a container of ``request`` asks for more than one GPU, which MPS slices never
+    serve: a container talks to one MPS daemon through one pipe folder, and migpilot runs one
+    daemon per GPU."""
+    return any(a.count > 1 for a in request.asks)
+
+
 def _matches(model: profiles.GpuModel, text: str) -> bool:
     needle = text.lower()
     return any(needle in name.lower() for name in (model.id, *model.product_names))
@@ -426,7 +433,7 @@ def never_served(
 ) -> str | None:
     """Why no GPU of ``models`` (default: every model migpilot knows) could serve ``request``
     (``None``: some could)."""
-    if request.mode == MPS_MODE and any(a.count > 1 for a in request.asks):
+    if request.mode == MPS_MODE and too_many_for_mps(request):
         return (
             f"a container asks for more than one GPU with {VGPU_MODE}: {MPS_MODE}, and an MPS "
             "slice is one GPU's (one container talks to one GPU's MPS daemon)"
