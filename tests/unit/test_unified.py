@@ -111,7 +111,7 @@ def test_pods_without_gpu_requests_are_not_unified() -> None:
         ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "-8000"}], {}, "expected a whole number"),
         ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": True}], {}, "expected a whole number"),
         ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "1e30"}], {}, "too large"),
-        ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "1e999999k"}], {}, "too large"),
+        ([{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "1e999999"}], {}, "too large"),
         (
             [{"nvidia.com/gpu": 1, "nvidia.com/gpumem": "9" * 5000}],
             {},

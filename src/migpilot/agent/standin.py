@@ -37,7 +37,7 @@ from migpilot import errors
 from migpilot.agent import kubeapi, reconciling
 from migpilot.agent.deviceplugin import advertising, devices, replicating, resolving
 from migpilot.api import gpulayouts
-from migpilot.planning import snapshot
+from migpilot.planning import quantities, snapshot
 from migpilot.sharing import config as sharing_config
 
 _log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ def _mig_amounts(spec: Mapping[str, Any], where: str) -> dict[str, int]:
             for name, value in snapshot.container_resources(container).items():
                 if not str(name).startswith("nvidia.com/"):
                     continue
-                n = int(snapshot.parse_quantity(value, where=f"{where}.{part}[{i}].{name}"))
+                n = quantities.amount(value, where=f"{where}.{part}[{i}].{name}")
                 if into is summed:
                     summed[name] = summed.get(name, 0) + n
                 else:

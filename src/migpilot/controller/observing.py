@@ -38,7 +38,7 @@ from typing import Any
 from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import constraints, modes, snapshot, unified
+from migpilot.planning import constraints, modes, quantities, snapshot, unified
 
 GATE = "migpilot.io/plan"
 """The scheduling gate the webhook adds and the controller removes."""
@@ -154,7 +154,7 @@ def _amount(name: str, value: Any, where: str) -> int:
     if name == "memory":
         return snapshot.memory_bytes(value, where=where)
     if name.startswith("nvidia.com/"):
-        return int(snapshot.parse_quantity(value, where=where))
+        return quantities.amount(value, where=where)
     return 0  # not modelled (ephemeral-storage, hugepages, other vendors)
 
 

@@ -588,15 +588,13 @@ parse_quantity = quantities.parse_quantity
 
 
 def cpu_milli(value: Any, *, where: str) -> int:
-    """CPU quantity in millicores (rounded up, as Kubernetes does)."""
-    q = parse_quantity(value, where=where) * 1000
-    return int(q.to_integral_value(rounding="ROUND_CEILING"))
+    """CPU quantity in millicores (rounded up, as Kubernetes does; at most 2**63-1)."""
+    return quantities.amount(value, where=where, scale=1000)
 
 
 def memory_bytes(value: Any, *, where: str) -> int:
-    """Memory quantity in bytes (rounded up)."""
-    q = parse_quantity(value, where=where)
-    return int(q.to_integral_value(rounding="ROUND_CEILING"))
+    """Memory quantity in bytes (rounded up; at most 2**63-1)."""
+    return quantities.amount(value, where=where)
 
 
 # --------------------------------------------------------------------------- parsing

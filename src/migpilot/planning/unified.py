@@ -151,13 +151,13 @@ def _whole(value: Any, where: str, *, low: int, high: int | None = None) -> int:
     if not isinstance(value, bool) and isinstance(value, int | float | str):
         try:
             quantity = quantities.parse_quantity(value, where=where)
+        except quantities.TooLargeError:
+            raise errors.SnapshotError(f"{where}: {_shown(value)} is too large") from None
         except errors.SnapshotError:
             quantity = None
-        except ArithmeticError:  # decimal.Overflow: an exponent beyond any context
-            raise errors.SnapshotError(f"{where}: {_shown(value)} is too large") from None
-        if quantity is not None and quantity.is_finite() and quantity >= _LARGEST:
+        if quantity is not None and quantity >= _LARGEST:
             raise errors.SnapshotError(f"{where}: {_shown(value)} is too large")
-        if quantity is not None and quantity.is_finite() and quantity == int(quantity):
+        if quantity is not None and quantity == int(quantity):
             number = int(quantity)
     if number is None:
         raise errors.SnapshotError(f"{where}: expected a whole number, got {_shown(value)}")

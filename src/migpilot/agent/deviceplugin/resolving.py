@@ -36,7 +36,7 @@ from typing import Any
 
 from migpilot import errors
 from migpilot.mig import profiles
-from migpilot.planning import modes, snapshot, unified
+from migpilot.planning import modes, quantities, snapshot, unified
 
 TERMINATED = frozenset({"Succeeded", "Failed"})
 """Pod phases whose containers hold no device any more."""
@@ -143,7 +143,7 @@ def gpu_pod(doc: Mapping[str, Any]) -> GpuPod | None:
             if ask is not None:
                 found.append(Container(str(c.get("name", "")), init, ask.count, ask))
         elif unified.GPU in res:
-            count = int(snapshot.parse_quantity(res[unified.GPU], where=f"{at}.{unified.GPU}"))
+            count = quantities.amount(res[unified.GPU], where=f"{at}.{unified.GPU}")
             if count > 0:
                 found.append(Container(str(c.get("name", "")), init, count))
     if not found:
