@@ -56,6 +56,59 @@ class Heartbeat:
         return None
 
 
+class Watches:
+    """Which list/watch loops are down now, and since when (thread-safe: the agent's watches
+    run in threads, the server reads from its own). ``/healthz`` fails while any is down, as
+    client-go's informers report health from the watch itself: a process whose watch died
+    serves from a cache that no longer changes."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._down: dict[str, tuple[float, str]] = {}
+
+    def down(self, name: str, why: str) -> None:
+        """The watch ``name`` failed (``why``); it stays down until :meth:`up`."""
+        with self._lock:
+            since = self._down.get(name, (self._clock(), ""))[0]
+            self._down[name] = (since, why)
+
+    def up(self, name: str) -> None:
+        """The watch ``name`` listed again: it serves."""
+        with self._lock:
+            self._down.pop(name, None)
+
+    def down_for(self) -> float:
+        """Seconds the longest-down watch has been down (0 when all are up)."""
+        with self._lock:
+            oldest = min((since for since, _ in self._down.values()), default=None)
+        return 0.0 if oldest is None else self._clock() - oldest
+
+    def check(self) -> str | None:
+        """``None`` while every watch is up, else which are down and why."""
+        with self._lock:
+            down = sorted(self._down.items())
+        if not down:
+            return None
+        now = self._clock()
+        return "; ".join(
+            f"watch of {name} down for {now - since:.0f} s: {why}" for name, (since, why) in down
+        )
+
+
+def all_of(*checks: Check) -> Check:
+    """One probe from several: the first problem found, ``None`` when all pass."""
+
+    def check() -> str | None:
+        for one in checks:
+            problem = one()
+            if problem is not None:
+                return problem
+        return None
+
+    return check
+
+
 def app(
     registry: prometheus_client.CollectorRegistry, *, live: Check, ready: Check
 ) -> Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]:

@@ -54,8 +54,9 @@ def _error(err: Exception) -> kubeapi.KubeApiError:
             return kubeapi.GoneError(text)
         if err.status.code == 409:
             return kubeapi.ConflictError(text)
-        return kubeapi.KubeApiError(text)
-    return kubeapi.KubeApiError(f"the API server cannot be reached: {err!r}")
+        code = err.status.code or 0
+        return kubeapi.KubeApiError(text, transient=code == 429 or code >= 500)
+    return kubeapi.KubeApiError(f"the API server cannot be reached: {err!r}", transient=True)
 
 
 _ERRORS = (lightkube.ApiError, httpx2.HTTPError)
@@ -168,6 +169,20 @@ class LightkubeControllerApi:
             raise _error(err) from None
         doc: dict[str, Any] = lease.to_dict()
         return doc
+
+    async def lease_namespace_exists(self, namespace: str, name: str) -> bool:
+        body = {"metadata": {"name": name, "namespace": namespace}, "spec": {}}
+        try:
+            await self._client.create(cast(Lease, Lease.from_dict(body)), dry_run=True)
+        except lightkube.ApiError as err:
+            if err.status.code == 404:
+                return False  # the namespace: a Lease that exists answers 409
+            if err.status.code == 409:
+                return True
+            raise _error(err) from None
+        except httpx2.HTTPError as err:
+            raise _error(err) from None
+        return True
 
     async def write_lease(self, lease: Mapping[str, Any], *, create: bool) -> None:
         obj = cast(Lease, Lease.from_dict(dict(lease)))

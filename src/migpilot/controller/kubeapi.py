@@ -25,6 +25,12 @@ from migpilot.api import gpulayouts
 class KubeApiError(errors.MigpilotError):
     """The API server refused a call or could not be reached (the message says which)."""
 
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+        """Worth trying again as it is: 429 (``storage is (re)initializing`` right after a
+        CRD is created), a 5xx, or no answer at all (refused connection, timeout)."""
+
 
 class GoneError(KubeApiError):
     """410 Gone: the watch's version is too old; list again."""
@@ -112,6 +118,11 @@ class ControllerApi(Protocol):
         """The Lease, or ``None`` when there is none."""
         ...
 
+    async def lease_namespace_exists(self, namespace: str, name: str) -> bool:
+        """Whether the Lease ``namespace/name`` could be created (a dry run): ``False`` when
+        its namespace does not exist, a setup error no retry mends."""
+        ...
+
     async def write_lease(self, lease: Mapping[str, Any], *, create: bool) -> None:
         """Create the Lease, or replace it (the body's ``resourceVersion`` guards the write:
         :class:`ConflictError` when someone else wrote it first)."""
@@ -190,6 +201,10 @@ class InMemoryApi:
         self._changed = asyncio.Condition()
         self.fail_next: KubeApiError | None = None
         """Raised once by the next write (tests of failure handling)."""
+        self.namespaces: set[str] | None = None
+        """The namespaces that exist; ``None``: every one does."""
+        self.list_failures: list[Exception] = []
+        """Raised, one per call, by the next list calls (tests of failing watches)."""
 
     @staticmethod
     def key_of(doc: Mapping[str, Any]) -> str:
@@ -227,6 +242,8 @@ class InMemoryApi:
             raise err
 
     async def list_all(self, kind: Kind) -> Listed:
+        if self.list_failures:
+            raise self.list_failures.pop(0)
         version = str(self._log[-1][0]) if self._log else "0"
         return Listed([copy.deepcopy(d) for d in self.objects[kind].values()], version)
 
@@ -283,9 +300,15 @@ class InMemoryApi:
         lease = self.leases.get(f"{namespace}/{name}")
         return copy.deepcopy(lease) if lease is not None else None
 
+    async def lease_namespace_exists(self, namespace: str, name: str) -> bool:
+        self._maybe_fail()
+        return self.namespaces is None or namespace in self.namespaces
+
     async def write_lease(self, lease: Mapping[str, Any], *, create: bool) -> None:
         self._maybe_fail()
         meta = lease["metadata"]
+        if self.namespaces is not None and meta["namespace"] not in self.namespaces:
+            raise KubeApiError(f"404: namespace {meta['namespace']} not found")
         key = f"{meta['namespace']}/{meta['name']}"
         current = self.leases.get(key)
         if create and current is not None:

@@ -89,6 +89,11 @@ class PodView:
     other_mode: str | None = None
     """The ``nvidia.com/vgpu-mode`` of a pod asking ``nvidia.com/gpu`` in a mode migpilot does
     not serve (``hami-core``, ``mps``): left to another system, and told so once."""
+    ignored: str | None = None
+    """Why migpilot ignores the pod altogether: a resource amount it cannot read (a quantity
+    above 2**63-1, ``memory: 1e1000000``, which kube-apiserver accepts). It is never planned
+    and counts on no node; the controller says so once, with a Warning event. ``None`` for
+    every pod whose amounts read."""
 
     @property
     def is_mig(self) -> bool:
@@ -169,7 +174,9 @@ def _as_requests(total: Mapping[str, int]) -> dict[str, Any]:
 
 
 def pod_view(doc: Mapping[str, Any]) -> PodView:
-    """Read one Pod (raw JSON); a bad MIG request is kept with its :attr:`PodView.problem`."""
+    """Read one Pod (raw JSON); a bad MIG request is kept with its :attr:`PodView.problem`, a
+    pod whose amounts cannot be read with its :attr:`PodView.ignored`. Anything a tenant can
+    write ends there: this never raises :class:`~migpilot.errors.MigpilotError`."""
     meta = _map(doc.get("metadata"))
     spec = _map(doc.get("spec"))
     status = _map(doc.get("status"))
@@ -191,14 +198,17 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
     containers = [snapshot.container_resources(c) for c in _seq(spec.get("containers"))]
     is_unified = unified.is_unified(containers, annotations)
     gpus = 0
+    ignored: str | None = None
     try:
         total = _effective(spec, "spec")
-        wanted = {
-            k: v
-            for k, v in total.items()
-            if (k.startswith(snapshot.MIG_RESOURCE_PREFIX) or modes.is_mps_resource(k)) and v
-        }
-        if is_unified:
+    except errors.MigpilotError as err:
+        # Amounts nothing can count with (a bound pod's memory would be added to its node's):
+        # the whole pod is left out, and a pod that asks migpilot for something is refused.
+        ignored, total = str(err), {}
+        if is_unified or any(_serves(n) for c in containers for n in c):
+            problem = f"migpilot ignores this pod: {err}"
+    try:
+        if ignored is None and is_unified:
             requests = snapshot.container_requests(
                 containers,
                 where="spec",
@@ -210,7 +220,7 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
             gpus = requests.unified.count if requests.unified is not None else 0
             # CPU and memory as kube-scheduler counts them (overhead included).
             pod = _planned_pod(meta, spec, requests, total=total)
-        elif wanted:
+        elif ignored is None and any(_serves(k) and v for k, v in total.items()):
             requests = snapshot.pod_requests(
                 _as_requests(total), where="resources", annotations=annotations
             )
@@ -242,7 +252,14 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         else (),
         other_mode=None if is_unified else unified.other_mode(containers, annotations),
         mps=mps,
+        ignored=ignored,
     )
+
+
+def _serves(name: Any) -> bool:
+    """A resource migpilot serves: a MIG instance or an MPS slice."""
+    text = str(name)
+    return text.startswith(snapshot.MIG_RESOURCE_PREFIX) or modes.is_mps_resource(text)
 
 
 _NOT_TIME_SLICED = snapshot.Requirement(modes.MODE_LABEL, "NotIn", (modes.Mode.TIME_SLICING.value,))
@@ -324,6 +341,10 @@ class NodeView:
     allocatable: Mapping[str, int]
     """cpu (millicores), memory (bytes) and ``nvidia.com/*`` resources, as the Node reports."""
     uid: str
+    problem: str | None = None
+    """Why migpilot ignores the node: an allocatable amount it cannot read (``cpu:
+    1e1000000``). Such a node is not planned and gets a Warning event; ``None`` for a good
+    one."""
 
     @property
     def static(self) -> bool:
@@ -348,7 +369,8 @@ class NodeView:
 
 
 def node_view(doc: Mapping[str, Any]) -> NodeView:
-    """Read one Node (raw JSON); malformed parts read as absent, never raise."""
+    """Read one Node (raw JSON); malformed parts read as absent, an allocatable amount that
+    cannot be read as :attr:`NodeView.problem`; never raises."""
     meta = _map(doc.get("metadata"))
     spec = _map(doc.get("spec"))
     status = _map(doc.get("status"))
@@ -369,12 +391,13 @@ def node_view(doc: Mapping[str, Any]) -> NodeView:
         for c in _seq(status.get("conditions"))
     )
     alloc: dict[str, int] = {}
+    problem: str | None = None
     for name, value in _map(status.get("allocatable")).items():
         if name in ("cpu", "memory") or str(name).startswith("nvidia.com/"):
             try:
-                alloc[str(name)] = _amount(str(name), value, f"allocatable.{name}")
-            except errors.MigpilotError:
-                continue
+                alloc[str(name)] = _amount(str(name), value, f"status.allocatable.{name}")
+            except errors.MigpilotError as err:
+                problem = problem or str(err)
     return NodeView(
         name=str(meta.get("name", "")),
         labels=MappingProxyType(labels),
@@ -383,6 +406,7 @@ def node_view(doc: Mapping[str, Any]) -> NodeView:
         ready=ready,
         allocatable=MappingProxyType(alloc),
         uid=str(meta.get("uid", "")),
+        problem=problem,
     )
 
 
@@ -506,6 +530,10 @@ def observe(
         view = node_map[name]
         found = layouts_by_node.get(name)
         if view.static:
+            continue
+        if view.problem is not None:
+            unplanned.append(f"{name}: {view.problem}")
+            broken[name] = f"migpilot ignores this node: {view.problem}"
             continue
         try:
             mode = view.mode
@@ -726,7 +754,7 @@ def static_fit(observed: Observed, view: PodView) -> str | None:
     for name in sorted(observed.nodes):
         node = observed.nodes[name]
         layout = observed.layouts.get(name)
-        if not node.static or not node.ready or layout is None:
+        if not node.static or not node.ready or layout is None or node.problem is not None:
             continue
         try:
             # Its GPUs as reported: the placement rules ask for a node with MIG GPUs.

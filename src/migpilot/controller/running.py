@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter
@@ -67,7 +68,11 @@ class Settings:
     """Seconds between wake-ups when nothing happens (pins and releases are re-checked).
     Default 5."""
     retry_s: float = 1.0
-    """Seconds before listing again after the API server failed. Default 1."""
+    """Seconds before listing again after the API server failed, doubled at each failure in a
+    row up to :attr:`retry_max_s`. Default 1."""
+    retry_max_s: float = 30.0
+    """The longest wait between two tries of a failing watch (or of the start's checks).
+    Default 30."""
     reservation_timeout_s: float = 60.0
     """Seconds a reservation may wait, once its instances exist, for its pod to be bound
     before it is dropped and the pod planned again (capacity another pod took); ten times
@@ -137,6 +142,10 @@ class Controller:
         self._wall = wall
         self.heartbeat = probes.Heartbeat(clock, stall_s=settings.stall_s)
         """Beats once per round of :meth:`run`; ``/healthz`` reads it."""
+        self.watches = probes.Watches(clock)
+        """The watches that are down; ``/healthz`` fails while any is."""
+        self._bad: dict[tuple[kubeapi.Kind, str], str] = {}
+        """Objects skipped or ignored, and why: each is logged once per reason."""
         self._store = _Store()
         self._node_cache: observing.NodeCache = {}
         self._wake = asyncio.Event()
@@ -193,8 +202,46 @@ class Controller:
                 _log.warning("GpuLayout %s ignored: %s", key, err)
                 store.layouts.pop(key, None)
 
+    def _take(self, kind: kubeapi.Kind, doc: Mapping[str, Any], *, deleted: bool) -> None:
+        """:meth:`_put` one object from a watch or a list; an object it cannot read is logged
+        once and skipped (client-go's informers skip what they cannot decode): the watch goes
+        on for every other object."""
+        try:
+            key = _key(doc)
+        except Exception:  # metadata that is not a mapping: nothing to name it by
+            _log.warning("a %s without readable metadata skipped", kind)
+            return
+        try:
+            self._put(kind, doc, deleted=deleted)
+        except Exception as err:  # a bug on one object must not stop the watch of all
+            why = f"{type(err).__name__}: {err}"
+            if self._bad.get((kind, key)) != why:
+                self._bad[(kind, key)] = why
+                _log.exception("%s %s skipped: %s", kind, key, why)
+            self._put(kind, {"metadata": _meta_of(key)}, deleted=True)
+            return
+        if deleted:
+            self._bad.pop((kind, key), None)
+            return
+        ignored = self._ignored(kind, key)
+        if ignored is None:
+            self._bad.pop((kind, key), None)
+        elif self._bad.get((kind, key)) != ignored:
+            self._bad[(kind, key)] = ignored
+            _log.warning("%s %s ignored: %s", kind, key, ignored)
+
+    def _ignored(self, kind: kubeapi.Kind, key: str) -> str | None:
+        if kind is kubeapi.Kind.PODS and key in self._store.pods:
+            return self._store.pods[key][1].ignored
+        if kind is kubeapi.Kind.NODES and key in self._store.nodes:
+            return self._store.nodes[key].problem
+        return None
+
     async def _inform(self, kind: kubeapi.Kind, stop: asyncio.Event) -> None:
-        """List, then watch; list again on 410 Gone or any failure."""
+        """List, then watch; list again on 410 Gone or any failure, after a wait that doubles
+        at each failure in a row (:attr:`Settings.retry_s` up to :attr:`Settings.retry_max_s`).
+        The watch is down (``/healthz`` fails) from a failure until it lists again."""
+        failures = 0
         while not stop.is_set():
             try:
                 self.metrics.api_requests.labels(operation=f"list-{kind}").inc()
@@ -208,21 +255,38 @@ class Controller:
                     else self._store.layouts
                 )
                 for gone in current - keep:
-                    self._put(kind, {"metadata": _meta_of(gone)}, deleted=True)
+                    self._take(kind, {"metadata": _meta_of(gone)}, deleted=True)
                 for doc in listed.items:
-                    self._put(kind, doc, deleted=False)
+                    self._take(kind, doc, deleted=False)
                 self._store.synced.add(kind)
+                self.watches.up(kind.value)
+                failures = 0
                 self._poke()
                 self.metrics.api_requests.labels(operation=f"watch-{kind}").inc()
                 async for event in self.api.watch(kind, resource_version=listed.resource_version):
-                    self._put(kind, event.object, deleted=event.type is kubeapi.EventType.DELETED)
+                    self._take(kind, event.object, deleted=event.type is kubeapi.EventType.DELETED)
                     self._poke()
             except kubeapi.GoneError:
                 continue
             except kubeapi.KubeApiError as err:
                 self.metrics.api_errors.labels(operation=f"watch-{kind}").inc()
-                _log.warning("watching %s failed, listing again: %s", kind, err)
-                await _sleep(self.settings.retry_s, stop)
+                self.watches.down(kind.value, str(err))
+                wait = self._backoff(failures)
+                _log.warning("watching %s failed, listing again in %g s: %s", kind, wait, err)
+                failures += 1
+                await _sleep(wait, stop)
+            except Exception as err:  # a bug: logged, and the watch restarts (never dies)
+                self.metrics.api_errors.labels(operation=f"watch-{kind}").inc()
+                self.watches.down(kind.value, f"{type(err).__name__}: {err}")
+                wait = self._backoff(failures)
+                _log.exception("watch of %s failed unexpectedly, restarting in %g s", kind, wait)
+                failures += 1
+                await _sleep(wait, stop)
+
+    def _backoff(self, failures: int) -> float:
+        """Seconds to wait after ``failures`` failures in a row (capped exponential)."""
+        s = self.settings
+        return float(min(s.retry_max_s, s.retry_s * 2 ** min(failures, 30)))
 
     def _poke(self) -> None:
         self._changed = True
@@ -233,6 +297,10 @@ class Controller:
     async def _lead(self, stop: asyncio.Event) -> None:
         s = self.settings
         while not stop.is_set():
+            if self.cannot_serve() is not None:  # let the Lease lapse: a standby takes over
+                self._set_leading(False)
+                await _sleep(s.renew_every_s, stop)
+                continue
             now = self._wall()
             try:
                 self.metrics.api_requests.labels(operation="lease-get").inc()
@@ -276,34 +344,71 @@ class Controller:
     # -- the loop ----------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run until ``stop`` is set."""
-        tasks = [asyncio.create_task(self._inform(k, stop)) for k in kubeapi.Kind]
-        tasks.append(asyncio.create_task(self._lead(stop)))
-        tasks.extend(
+        """Run until ``stop`` is set. A watch or Lease task that ends (it never should: each
+        catches its own failures) is logged and started again."""
+        makers: dict[str, Callable[[], Any]] = {
+            k.value: functools.partial(self._inform, k, stop) for k in kubeapi.Kind
+        }
+        makers["lease"] = functools.partial(self._lead, stop)
+        tasks = {name: asyncio.create_task(make()) for name, make in makers.items()}
+        writers = [
             asyncio.create_task(self._record_events()) for _ in range(self.settings.event_writers)
-        )
+        ]
         stopper = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
                 self.heartbeat.beat()
+                self._revive(tasks, makers)
                 timeout = self.settings.resync_s
                 if self._batch.due is not None:
                     timeout = max(0.0, min(timeout, self._batch.due - self._clock()))
                 waker = asyncio.create_task(self._wake.wait())
-                await asyncio.wait({waker, stopper}, timeout=timeout, return_when="FIRST_COMPLETED")
+                await asyncio.wait(
+                    {waker, stopper, *tasks.values()},
+                    timeout=timeout,
+                    return_when="FIRST_COMPLETED",
+                )
                 waker.cancel()
                 self._wake.clear()
                 if stop.is_set():
                     break
-                if self.leading and len(self._store.synced) == len(kubeapi.Kind):
+                if (
+                    self.leading
+                    and self.cannot_serve() is None
+                    and len(self._store.synced) == len(kubeapi.Kind)
+                ):
                     await self.step()
         finally:
             stopper.cancel()
-            for t in tasks:
+            for t in [*tasks.values(), *writers]:
                 t.cancel()
-            for t in tasks:
+            for t in [*tasks.values(), *writers]:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+
+    def _revive(self, tasks: dict[str, asyncio.Task[Any]], makers: Mapping[str, Any]) -> None:
+        """Start again every task that ended, saying why it did."""
+        for name, task in list(tasks.items()):
+            if not task.done():
+                continue
+            err = None if task.cancelled() else task.exception()
+            why = f"{type(err).__name__}: {err}" if err is not None else "it returned"
+            _log.error("the %s task ended (%s): starting it again", name, why, exc_info=err)
+            if name != "lease":
+                self.watches.down(name, f"its task ended: {why}")
+            tasks[name] = asyncio.create_task(makers[name]())
+
+    def cannot_serve(self) -> str | None:
+        """Why this controller cannot serve now (a watch down for longer than the Lease lasts,
+        so its view of the cluster is stale), else ``None``. It then lets its Lease lapse, so
+        a standby takes over and the webhook stops gating pods nobody plans."""
+        if self.watches.down_for() > self.settings.lease_duration_s:
+            return self.watches.check()
+        return None
+
+    def not_healthy(self) -> str | None:
+        """``/healthz``: ``None`` while the loop goes round and every watch is up."""
+        return self.heartbeat.check() or self.watches.check()
 
     def not_ready(self) -> str | None:
         """``None`` once every watch has listed its kind (``/readyz``), else what is missing.
@@ -480,10 +585,26 @@ class Controller:
                     f"{unified.MIG_MODE!r} and {unified.MPS_MODE!r} only and leaves the pod to "
                     "the system serving it",
                 )
+            if view.ignored is not None:
+                if not view.done:
+                    jobs.append(self._ignore(key, doc, view, view.ignored))
+                continue
             if view.problem is None or not view.waiting:
                 continue
             jobs.append(self._refuse(key, doc, view, view.problem))
         await asyncio.gather(*jobs)
+
+    async def _ignore(
+        self, key: str, doc: Mapping[str, Any], view: observing.PodView, why: str
+    ) -> None:
+        """A pod whose amounts cannot be read (any pod, in any namespace): a Warning, once,
+        and, if migpilot gated it, the gate removed so kube-scheduler says the rest."""
+        await self._say(
+            view, type_="Warning", reason="MigpilotIgnoredPod",
+            message=f"migpilot ignores this pod: {why}",
+        )  # fmt: skip
+        if view.waiting and view.gated_by_us:
+            await self._patch_pod(key, pinning.ungate_patch(doc))
 
     async def _refuse(
         self, key: str, doc: Mapping[str, Any], view: observing.PodView, why: str

@@ -10,14 +10,15 @@ the Lease up by letting it expire (a standby takes over within the Lease's durat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from migpilot import probes
-from migpilot.controller import kube, metrics, running
+from migpilot import errors, probes
+from migpilot.controller import kube, kubeapi, metrics, running
 
 _log = logging.getLogger("migpilot.controller")
 
@@ -35,6 +36,34 @@ class ServeSettings:
     """Address of ``/metrics``. Default all addresses."""
 
 
+async def _check_setup(
+    api: kubeapi.ControllerApi, settings: running.Settings, stop: asyncio.Event
+) -> None:
+    """Say a setup error once, at start, rather than a warning every renewal forever: a Lease
+    namespace that does not exist is a :class:`~migpilot.errors.ConfigError` (exit 2) naming
+    the flag. Transient API errors (429 while the API server starts, 5xx, no answer) are tried
+    again with backoff, as the loop does later."""
+    wait = settings.retry_s
+    while not stop.is_set():
+        try:
+            found = await api.lease_namespace_exists(settings.lease_namespace, settings.lease_name)
+        except kubeapi.KubeApiError as err:
+            if not err.transient:
+                raise
+            _log.warning("checking the Lease's namespace failed, trying again in %g s: %s",
+                         wait, err)  # fmt: skip
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=wait)
+            wait = min(wait * 2, settings.retry_max_s)
+            continue
+        if not found:
+            raise errors.ConfigError(
+                f"the Lease's namespace {settings.lease_namespace!r} does not exist: create it, "
+                "or set --lease-namespace to the namespace migpilot is installed in"
+            )
+        return
+
+
 def run(settings: ServeSettings, *, stop: threading.Event | None = None) -> None:
     """Run the controller until SIGTERM/SIGINT (or ``stop``, from another thread)."""
     asyncio.run(_main(settings, stop))
@@ -50,7 +79,7 @@ async def _main(settings: ServeSettings, outer: threading.Event | None) -> None:
             figures.registry,
             port=settings.metrics_port,
             address=settings.metrics_host,
-            live=controller.heartbeat.check,
+            live=controller.not_healthy,
             ready=controller.not_ready,
         )
     stop = asyncio.Event()
@@ -66,6 +95,7 @@ async def _main(settings: ServeSettings, outer: threading.Event | None) -> None:
         ).start()
     _log.info("controller %s starting", settings.controller.identity)
     try:
+        await _check_setup(api, settings.controller, stop)
         await controller.run(stop)
     finally:
         await api.close()
