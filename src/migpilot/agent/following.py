@@ -25,8 +25,8 @@ import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
-from migpilot import errors
-from migpilot.agent import desired, kubeapi, reconciling, reporting, slicing
+from migpilot import errors, probes
+from migpilot.agent import desired, kubeapi, reconciling, reporting, slicing, watching
 from migpilot.agent.deviceplugin import devices
 from migpilot.api import gpulayouts
 from migpilot.gpu import backend
@@ -67,23 +67,27 @@ class GpuLayoutSource:
             self._doc = doc
             self._listed = True
 
-    def follow(self, stop: threading.Event) -> None:
-        """List and watch until ``stop`` is set (run it in a thread)."""
-        while not stop.is_set():
-            try:
-                version = self.sync()
-                for event in self._api.watch_layout(self.node, resource_version=version):
-                    with self._lock:
-                        deleted = event.type is kubeapi.EventType.DELETED
-                        self._doc = None if deleted else event.document
-                    if stop.is_set():
-                        return
-            except kubeapi.GoneError:
-                _log.info("GpuLayout %s: watch expired (410 Gone), listing again", self.node)
-                continue
-            except kubeapi.KubeApiError as err:
-                _log.warning("GpuLayout %s: %s; listing again in %.0f s", self.node, err, RETRY_S)
-            stop.wait(RETRY_S)
+    def follow(self, stop: threading.Event, *, health: probes.Watches | None = None) -> None:
+        """List and watch until ``stop`` is set (run it in a thread): :func:`watching.follow`,
+        which never dies and marks the watch down in ``health`` while it fails."""
+
+        def listed() -> kubeapi.ListedAll:
+            found = self._api.list_layout(self.node)
+            docs = (found.document,) if found.document is not None else ()
+            return kubeapi.ListedAll(docs, found.resource_version)
+
+        watching.follow(
+            what=f"GpuLayout {self.node}",
+            lister=listed,
+            watcher=lambda version: self._api.watch_layout(self.node, resource_version=version),
+            listed=lambda docs: self.take(docs[0] if docs else None),
+            changed=lambda e: self.take(
+                None if e.type is kubeapi.EventType.DELETED else e.document
+            ),
+            stop=stop,
+            retry_s=RETRY_S,
+            health=health,
+        )
 
     def layout(self) -> gpulayouts.GpuLayout | None:
         """The GpuLayout as last seen, parsed (``None``: absent or not parseable)."""

@@ -47,8 +47,9 @@ def _error(err: Exception) -> kubeapi.KubeApiError:
         text = f"{err.status.code} {err.status.reason}: {err.status.message}"
         if err.status.code == 410:
             return kubeapi.GoneError(text)
-        return kubeapi.KubeApiError(text)
-    return kubeapi.KubeApiError(f"the API server cannot be reached: {err}")
+        code = err.status.code or 0
+        return kubeapi.KubeApiError(text, transient=code == 429 or code >= 500)
+    return kubeapi.KubeApiError(f"the API server cannot be reached: {err}", transient=True)
 
 
 def _node_field(node: str | None) -> dict[str, Any]:

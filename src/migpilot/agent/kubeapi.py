@@ -38,6 +38,12 @@ from migpilot.api import gpulayouts
 class KubeApiError(errors.MigpilotError):
     """The API server refused a call or could not be reached."""
 
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+        """Worth trying again as it is: 429 (``storage is (re)initializing`` right after a
+        CRD is created), a 5xx, or no answer at all (refused connection, timeout)."""
+
 
 class GoneError(KubeApiError):
     """410 Gone: a watch's resource version is too old; list again and watch from there."""

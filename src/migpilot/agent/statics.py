@@ -32,7 +32,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from migpilot import errors
+from migpilot import errors, probes
 from migpilot.agent import desired, following, kubeapi, reconciling, watching
 from migpilot.gpu import backend
 from migpilot.mig import migparted
@@ -97,8 +97,9 @@ class StaticOrDynamic:
             self._api.list_configmap(self.configmap.namespace, self.configmap.name).documents
         )
 
-    def follow(self, stop: threading.Event) -> None:
-        """Watch the Node and the ConfigMap until ``stop`` (blocks: run it in a thread)."""
+    def follow(self, stop: threading.Event, *, health: probes.Watches | None = None) -> None:
+        """Watch the Node and the ConfigMap until ``stop`` (blocks: run it in a thread); each
+        watch marked down in ``health`` while it fails."""
         ref = self.configmap
         thread = threading.Thread(
             target=watching.follow,
@@ -113,6 +114,7 @@ class StaticOrDynamic:
                     () if e.type is kubeapi.EventType.DELETED else (e.document,)
                 ),
                 "stop": stop,
+                "health": health,
             },
             name="migpilot-configmap",
             daemon=True,
@@ -127,6 +129,7 @@ class StaticOrDynamic:
                 () if e.type is kubeapi.EventType.DELETED else (e.document,)
             ),
             stop=stop,
+            health=health,
         )
 
     def _nodes(self, docs: Sequence[Mapping[str, Any]]) -> None:

@@ -17,12 +17,13 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from migpilot import errors
+from migpilot import errors, probes
 from migpilot.agent import (
     capacity,
     desired,
@@ -392,12 +393,12 @@ class _Cluster:
             others.append(self.simulated_kubelet.fingerprint)
         return running.AlsoWatching(base, *others) if others else base
 
-    def follow_static(self, stop: threading.Event) -> None:
+    def follow_static(self, stop: threading.Event, health: probes.Watches) -> None:
         """Keep the Node's label and the ConfigMap current until ``stop`` (in a thread)."""
         if self.statics is not None:
-            self.statics.follow(stop)
+            self.statics.follow(stop, health=health)
 
-    def follow_pods(self, stop: threading.Event) -> None:
+    def follow_pods(self, stop: threading.Event, health: probes.Watches) -> None:
         """Keep :attr:`pods` current until ``stop`` (run it in a thread)."""
         book, node = self.pods, self.source.node
         if book is None:
@@ -409,6 +410,7 @@ class _Cluster:
             listed=book.listed,
             changed=book.changed,
             stop=stop,
+            health=health,
         )
 
 
@@ -432,14 +434,17 @@ def _cluster(
     configmap = statics.ConfigMapRef.parse(args.mig_parted_configmap)  # before connecting
     api = kube.connect(Path(args.kubeconfig) if args.kubeconfig is not None else None)
     source = following.GpuLayoutSource(api, node=args.node)
-    source.sync()
+    # The first reads wait out what the API server says is passing (429 "storage is
+    # (re)initializing" just after the GpuLayout CRD is created, a 5xx, no answer yet).
+    watching.retrying(source.sync, what=f"GpuLayout {args.node}")
     static = statics.StaticOrDynamic(api, dynamic=source, configmap=configmap)
-    static.sync()
+    watching.retrying(static.sync, what=f"Node {args.node}")
     simulated = None
     # The pods bound to the node: the simulated kubelet assigns them devices, and on any node
     # their counts keep instances from being destroyed (agent/holding.py).
     book = standin.PodBook()
-    book.listed(api.list_pods(node=args.node).documents)
+    pods = watching.retrying(lambda: api.list_pods(node=args.node), what=f"pods on {args.node}")
+    book.listed(pods.documents)
 
     def spec() -> gpulayouts.LayoutSpec | None:
         return source.acted_on.spec if source.acted_on is not None else None
@@ -789,6 +794,7 @@ def _serve(
     signal.signal(signal.SIGINT, on_signal)
 
     the_metrics = agent_metrics.AgentMetrics()
+    watches = probes.Watches(time.monotonic)  # /healthz fails while one of them is down
     plugin: serving.DevicePlugin | None = None
     client: podresources.PodResourcesClient | None = None
     sources: list[reconciling.InUse] = [reconciling.RunningProcesses(gpus)]
@@ -826,13 +832,17 @@ def _serve(
             publisher = _publisher(cluster, plugin, client)
             listener = running.Listeners([listener, publisher])
         threading.Thread(
-            target=cluster.source.follow, args=(stop,), name="migpilot-gpulayout", daemon=True
+            target=cluster.source.follow,
+            args=(stop,),
+            kwargs={"health": watches},
+            name="migpilot-gpulayout",
+            daemon=True,
         ).start()  # daemon: a watch blocks until the next event; stopping does not wait for it
         threading.Thread(
-            target=cluster.follow_pods, args=(stop,), name="migpilot-pods", daemon=True
+            target=cluster.follow_pods, args=(stop, watches), name="migpilot-pods", daemon=True
         ).start()
         threading.Thread(
-            target=cluster.follow_static, args=(stop,), name="migpilot-static", daemon=True
+            target=cluster.follow_static, args=(stop, watches), name="migpilot-static", daemon=True
         ).start()
     agent = running.Agent(
         gpus=gpus,
@@ -856,7 +866,7 @@ def _serve(
                     the_metrics,
                     port=args.metrics_port,
                     address=args.metrics_address,
-                    live=agent.heartbeat.check,
+                    live=probes.all_of(agent.heartbeat.check, watches.check),
                     ready=agent.not_ready,
                 )
             except OSError as err:
