@@ -22,9 +22,9 @@ OTHER = "default"
 
 def _warning(scene: Scene, *, namespace: str, name: str) -> str | None:
     for e in scene.client.list(Event, namespace=namespace):
-        if e.involvedObject.name == name and e.type == "Warning" and e.message:
-            if e.message.startswith(("migpilot ignores", "not planned: migpilot ignores")):
-                return e.message
+        told = e.message or ""
+        if e.involvedObject.name == name and e.type == "Warning" and "migpilot ignores" in told:
+            return told
     return None
 
 
