@@ -5,7 +5,9 @@ hand, where a key typed twice silently overwrites the first (PyYAML's default) a
 error comes out as a multi-line traceback. :func:`load` reads with PyYAML's safe loader, refuses
 a duplicate key (keys written beside a ``<<`` merge still override the merged ones, as YAML
 says), and turns any YAML error into one line naming the source and, where PyYAML knows it, the
-line and column. Pure: text in, data out, no file I/O.
+line and column. PyYAML's Python loader recurses once per level of nesting, so a document
+nested a thousand levels deep (``[[[[...``, a few KB) raises ``RecursionError``; that too is
+the one-line error, not a traceback. Pure: text in, data out, no file I/O.
 """
 
 from __future__ import annotations
@@ -55,3 +57,9 @@ def load(text: str, *, source: str, error: type[errors.MigpilotError]) -> Any:
     except yaml.YAMLError as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise error(f"{source}: malformed YAML: {first}") from None
+    except RecursionError:
+        raise error(f"{source}: malformed YAML: {TOO_DEEP}") from None
+
+
+TOO_DEEP = "nested too deeply to read (a config is a few levels deep)"
+"""Why a document nested past the parser's recursion limit is refused, for every reader."""

@@ -306,6 +306,8 @@ def test_missing_file_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         ("bad.yaml", "version: 1\nnodes: [\n", "bad.yaml: malformed YAML: "),
         ("bad.yaml", "version: 1\n  nodes: []\n", "line 2, column"),
         ("bad.json", '{"version": 1, "nodes": [}', "bad.json: malformed JSON at line 1"),
+        ("deep.json", "[" * 100_000 + "]" * 100_000, "deep.json: malformed JSON: nested too"),
+        ("deep.txt", "[" * 100_000 + "]" * 100_000, "deep.txt: malformed JSON: nested too"),
         ("bad.txt", '{"version": 1,, }', "bad.txt: malformed JSON at line 1"),
         ("v2.yaml", "version: 2\n", "v2.yaml: unsupported version 2"),
         ("list.yaml", "- 1\n", "expected a mapping"),

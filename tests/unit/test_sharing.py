@@ -131,6 +131,8 @@ def test_empty_configs_share_nothing(text: str) -> None:
         ("sharing: [1]", "sharing: expected a mapping, got a list"),
         ("version: v1\nversion: v1\n", "duplicate key 'version'"),
         ("sharing: {", "malformed YAML"),
+        ("sharing: " + "[" * 5000 + "]" * 5000, "malformed YAML: nested too deeply to read"),
+        ("".join(" " * i + "a:\n" for i in range(1500)) + " " * 1500 + "b: 1\n", "too deeply"),
     ],
 )
 def test_bad_configs_name_the_field(text: str, message: str) -> None:

@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import yaml
 
-from migpilot import errors, gcpause
+from migpilot import errors, gcpause, yamltext
 from migpilot.cli import output
 from migpilot.planning import generate, options, planners, plans, snapshot, validation
 
@@ -177,6 +177,8 @@ def decode(text: str, *, source: str) -> Any:
     if source.endswith(".json") or text.lstrip().startswith(("{", "[")):
         try:
             return json.loads(text)
+        except RecursionError:
+            raise errors.SnapshotError(f"{source}: malformed JSON: {yamltext.TOO_DEEP}") from None
         except json.JSONDecodeError as e:
             json_error = f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}"
             if source.endswith(".json"):
@@ -188,6 +190,8 @@ def decode(text: str, *, source: str) -> Any:
     except yaml.YAMLError as e:
         reason = json_error or f"malformed YAML: {_yaml_reason(e)}"
         raise errors.SnapshotError(f"{source}: {reason}") from None
+    except RecursionError:  # the pure-Python loader, where PyYAML lacks the C one
+        raise errors.SnapshotError(f"{source}: malformed YAML: {yamltext.TOO_DEEP}") from None
 
 
 def _yaml_reason(e: yaml.YAMLError) -> str:

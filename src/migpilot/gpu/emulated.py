@@ -232,6 +232,10 @@ def _load_state(path: Path) -> StateFile:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise errors.AgentConfigError(f"emulated GPU state {path}: cannot read: {e}") from None
+    except RecursionError:
+        raise errors.AgentConfigError(
+            f"emulated GPU state {path}: cannot read: nested too deeply"
+        ) from None
     if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
         raise errors.AgentConfigError(
             f"emulated GPU state {path}: not a version {STATE_VERSION} state file"

@@ -632,7 +632,7 @@ class DevicePlugin:
             ) from None
         try:
             data = json.loads(text)
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:  # RecursionError: nested too deeply
             raise errors.AgentConfigError(
                 f"{path}: the allocation ledger is not JSON ({err}); devices handed out before "
                 "the restart would be forgotten, so the agent does not start (move the file "
