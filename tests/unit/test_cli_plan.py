@@ -308,6 +308,8 @@ def test_missing_file_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         ("bad.json", '{"version": 1, "nodes": [}', "bad.json: malformed JSON at line 1"),
         ("deep.json", "[" * 100_000 + "]" * 100_000, "deep.json: malformed JSON: nested too"),
         ("deep.txt", "[" * 100_000 + "]" * 100_000, "deep.txt: malformed JSON: nested too"),
+        ("long.json", "[" + "1" * 5000 + "]", "long.json: malformed JSON: a number of more than"),
+        ("long.yaml", "version: " + "1" * 5000, "long.yaml: malformed YAML: a number of more"),
         ("bad.txt", '{"version": 1,, }', "bad.txt: malformed JSON at line 1"),
         ("v2.yaml", "version: 2\n", "v2.yaml: unsupported version 2"),
         ("list.yaml", "- 1\n", "expected a mapping"),

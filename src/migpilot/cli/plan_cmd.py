@@ -184,6 +184,10 @@ def decode(text: str, *, source: str) -> Any:
             if source.endswith(".json"):
                 raise errors.SnapshotError(f"{source}: {json_error}") from None
             # Maybe YAML in flow style, which also starts with { or [.
+        except ValueError as e:  # JSON, but a number of more than 4300 digits
+            raise errors.SnapshotError(
+                f"{source}: malformed JSON: {yamltext.value_problem(e)}"
+            ) from None
     try:
         # A safe loader (the C one when PyYAML has it: large snapshots load several times faster).
         return yaml.load(text, Loader=_LOADER)
@@ -192,6 +196,10 @@ def decode(text: str, *, source: str) -> Any:
         raise errors.SnapshotError(f"{source}: {reason}") from None
     except RecursionError:  # the pure-Python loader, where PyYAML lacks the C one
         raise errors.SnapshotError(f"{source}: malformed YAML: {yamltext.TOO_DEEP}") from None
+    except ValueError as e:  # a value PyYAML cannot build: 5000 digits, the 13th month
+        raise errors.SnapshotError(
+            f"{source}: malformed YAML: {yamltext.value_problem(e)}"
+        ) from None
 
 
 def _yaml_reason(e: yaml.YAMLError) -> str:
