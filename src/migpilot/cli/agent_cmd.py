@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from migpilot import errors
+from migpilot import digits, errors
 from migpilot.agent import (
     capacity,
     desired,
@@ -239,7 +239,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _port(text: str) -> int:
     try:
-        value = int(text)
+        value = digits.integer(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
     if not 0 <= value <= 65535:

@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import yaml
 
-from migpilot import errors, gcpause, yamltext
+from migpilot import digits, errors, gcpause, yamltext
 from migpilot.cli import output
 from migpilot.planning import generate, options, planners, plans, snapshot, validation
 
@@ -148,7 +148,7 @@ def _positive_float(text: str) -> float:
 def _count(least: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = digits.integer(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < least:
@@ -352,11 +352,16 @@ def _section(out: IO[str], title: str, count: int) -> None:
 
 def _quantity(value: str, *, memory: bool) -> str:
     """``48000m`` as ``48`` and ``17179869184`` bytes as ``16Gi``, the way people write them."""
-    if memory and value.isdigit():
+    if memory and digits.is_digits(value):
         for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
             if int(value) % size == 0:
                 return f"{int(value) // size}{unit}"
-    if not memory and value.endswith("m") and value[:-1].isdigit() and int(value[:-1]) % 1000 == 0:
+    if (
+        not memory
+        and value.endswith("m")
+        and digits.is_digits(value[:-1])
+        and int(value[:-1]) % 1000 == 0
+    ):
         return str(int(value[:-1]) // 1000)
     return value
 

@@ -695,7 +695,7 @@ class EmulatedSpec:
     a node sharing them by time-slicing or MPS has them)."""
 
 
-_COUNT = re.compile(r"x(?P<count>\d+)")
+_COUNT = re.compile(r"x(?P<count>[0-9]+)")
 
 
 def _group(text: str, group: str) -> tuple[profiles.GpuModel, pciids.PciId | None, int]:

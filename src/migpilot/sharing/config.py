@@ -49,7 +49,7 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
-_ADVERTISED = re.compile(r"^nvidia\.com/(gpu|mig-\d+g\.\d+gb([.+-][a-z]+)*)$")
+_ADVERTISED = re.compile(r"^nvidia\.com/(gpu|mig-[0-9]+g\.[0-9]+gb([.+-][a-z]+)*)$")
 """The resources a device plugin advertises: whole GPUs and MIG profiles (``mig-1g.10gb.me``)."""
 
 
