@@ -29,6 +29,8 @@ def load(kubeconfig: Path | None) -> lightkube.KubeConfig:
         return lightkube.KubeConfig.from_env()
     except (OSError, lightkube.ConfigError, ValueError, KeyError, yaml.YAMLError) as err:
         raise errors.ConfigError(f"{where}: {' '.join(str(err).split())}") from None
+    except RecursionError:  # PyYAML's loader recurses per level of nesting
+        raise errors.ConfigError(f"{where}: not a kubeconfig: nested too deeply to read") from None
     except (AttributeError, TypeError):  # lightkube reads any YAML: a list, a string
         raise errors.ConfigError(
             f"{where}: not a kubeconfig (a YAML mapping with clusters, users and contexts)"

@@ -5,7 +5,10 @@ hand, where a key typed twice silently overwrites the first (PyYAML's default) a
 error comes out as a multi-line traceback. :func:`load` reads with PyYAML's safe loader, refuses
 a duplicate key (keys written beside a ``<<`` merge still override the merged ones, as YAML
 says), and turns any YAML error into one line naming the source and, where PyYAML knows it, the
-line and column. Pure: text in, data out, no file I/O.
+line and column. PyYAML's Python loader recurses once per level of nesting, so a document
+nested a thousand levels deep (``[[[[...``, a few KB) raises ``RecursionError``, and a
+value PyYAML cannot build (an integer of over 4,300 digits, the 13th month) ``ValueError``;
+those too are the one-line error, not a traceback. Pure: text in, data out, no file I/O.
 """
 
 from __future__ import annotations
@@ -55,3 +58,18 @@ def load(text: str, *, source: str, error: type[errors.MigpilotError]) -> Any:
     except yaml.YAMLError as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise error(f"{source}: malformed YAML: {first}") from None
+    except RecursionError:
+        raise error(f"{source}: malformed YAML: {TOO_DEEP}") from None
+    except ValueError as e:
+        raise error(f"{source}: malformed YAML: {value_problem(e)}") from None
+
+
+def value_problem(err: ValueError) -> str:
+    """What a ``ValueError`` from building a value says, in words for the file's author."""
+    if "integer string conversion" in str(err):
+        return "a number of more than 4300 digits"
+    return (str(err).strip().splitlines() or ["a value that cannot be read"])[0]
+
+
+TOO_DEEP = "nested too deeply to read (a config is a few levels deep)"
+"""Why a document nested past the parser's recursion limit is refused, for every reader."""

@@ -136,6 +136,34 @@ def test_allocate_envvar_and_unknown_device(
     assert "MIG-0-3g.40gb-4" not in plugin.handed_out()
 
 
+@pytest.mark.parametrize(
+    ("resource", "ids", "twice"),
+    [
+        (R1G, ["MIG-0-1g.10gb-0", "MIG-0-1g.10gb-0"], "MIG-0-1g.10gb-0"),
+        (R1G, ["MIG-0-1g.10gb-0", "MIG-0-1g.10gb-1", "MIG-0-1g.10gb-0"], "MIG-0-1g.10gb-0"),
+        (GPU, ["GPU-1", "GPU-1"], "GPU-1"),
+    ],
+)
+def test_allocate_refuses_a_device_named_twice_for_one_container(
+    kubelet: FakeKubelet, plugin: serving.DevicePlugin, resource: str, ids: list[str], twice: str
+) -> None:
+    """The kubelet never repeats an ID; a request that does is refused whole (it would hand
+    the device out twice, ``NVIDIA_VISIBLE_DEVICES=a,a``), and nothing is recorded."""
+    kubelet.wait_registered(resource)
+    with pytest.raises(grpc.RpcError) as err:
+        kubelet.allocate(resource, ids[:1], ids)  # the second container's request repeats one
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details() == (
+        f'invalid allocation request for "{resource}": invalid request: device {twice} is '
+        "requested more than once for one container"
+    )
+    assert plugin.handed_out() == frozenset()
+    # The same devices, once each, are served.
+    once = list(dict.fromkeys(ids))
+    (container,) = kubelet.allocate(resource, once).container_responses
+    assert dict(container.envs) == {"NVIDIA_VISIBLE_DEVICES": ",".join(once)}
+
+
 def test_allocate_cdi(kubelet: FakeKubelet) -> None:
     cdi = allocating.AllocateSettings(device_list_strategies=(devices.DeviceListStrategy.CDI_CRI,))
     dp = serving.DevicePlugin(settings(kubelet, allocate=cdi))

@@ -324,7 +324,7 @@ def test_a_pod_the_watch_has_not_shown_is_read_from_the_api_or_waited_for(
 def test_reserved_instances_that_do_not_exist_are_named(
     kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi
 ) -> None:
-    spec = layout_spec({(0, 0, "1g.10gb"): "ns/p"})
+    spec = layout_spec({(0, 0, "1g.10gb"): "ns/p", (0, 1, "1g.10gb"): "ns/q"})
     spec["gpus"][1]["instances"] = [  # GPU 1: a 3g.40gb at 4 reserved for p, not made yet
         {"profile": "3g.40gb", "start": 4, "reservedFor": "ns/p"}
     ]
@@ -336,8 +336,10 @@ def test_reserved_instances_that_do_not_exist_are_named(
         with pytest.raises(grpc.RpcError) as err:
             kubelet.allocate(GPU, [uuid(0, 0)])
         assert "waiting for 1" in str(err.value.details())  # p asks 2: not this Allocate
+        # Two devices asked, as the kubelet would once the second is advertised: another
+        # pod's (a device named twice is refused before any pod is looked at).
         with pytest.raises(grpc.RpcError) as err:
-            kubelet.allocate(GPU, [uuid(0, 0), uuid(0, 0)])
+            kubelet.allocate(GPU, [uuid(0, 0), uuid(0, 1)])
         assert str(err.value.details()) == (
             "pod ns/p: the MIG instances reserved for it do not exist: GPU 1 3g.40gb@4"
         )

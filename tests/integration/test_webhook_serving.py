@@ -1,7 +1,9 @@
 """The webhook's HTTPS server on loopback with a certificate from a throwaway CA: health, the
 review round trip on both paths (gating on /mutate-pods, refusing a malformed unified request on
-/validate-pods), malformed bodies still allowed, keep-alive, concurrent clients (one stuck before
-its TLS handshake blocks nobody), and stop() really closing open connections."""
+/validate-pods), bodies that are not JSON (or nested too deep to read) answered 400, reviews that
+are JSON but malformed still allowed, keep-alive, concurrent clients (one stuck before its TLS
+handshake blocks nobody), the limits (slow clients cut at the request's deadline, connections
+over the most closed unserved), and stop() really closing open connections."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import http.client
 import json
 import socket
 import ssl
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -173,7 +177,7 @@ def test_good_and_other_pods_are_allowed_on_validate(webhook: Webhook) -> None:
             status, answer = webhook.post(_review(uid, resources), conn, path="/validate-pods")
             assert status == 200
             assert answer["response"] == {"uid": uid, "allowed": True}
-        status, answer = webhook.post(b"{not json", conn, path="/validate-pods")
+        status, answer = webhook.post(b"[]", conn, path="/validate-pods")
         assert status == 200
         assert answer["response"]["allowed"] is True
         assert "not validated" in answer["response"]["status"]["message"]
@@ -189,12 +193,62 @@ def test_missing_lease_lets_mig_pods_through(webhook: Webhook) -> None:
     assert webhook.lease.reads == 1
 
 
-@pytest.mark.parametrize("body", [b"{not json", b"\xff\xfe", b"[]", b""])
-def test_malformed_bodies_are_allowed_with_a_message(webhook: Webhook, body: bytes) -> None:
+@pytest.mark.parametrize("body", [b"[]", b"{}", b"null", b'{"kind": "AdmissionReview"}'])
+def test_malformed_reviews_are_allowed_with_a_message(webhook: Webhook, body: bytes) -> None:
     status, answer = webhook.post(body)
     assert status == 200
     assert answer["response"]["allowed"] is True
     assert "admitted without a gate" in answer["response"]["status"]["message"]
+
+
+def _post_raw(webhook: Webhook, body: bytes, path: str) -> tuple[int, bytes]:
+    conn = webhook.connect()
+    try:
+        conn.request("POST", path, body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+_DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("path", ["/mutate-pods", "/validate-pods"])
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"{not json", b"the body is not JSON"),
+        (b"", b"the body is not JSON"),
+        (b'{"a": "\xc3\x28"}', b"not UTF-8 JSON"),
+        (_DEEP, b"nested too deeply"),
+        (b'{"a": ' * 50_000 + b"1" + b"}" * 50_000, b"nested too deeply"),
+    ],
+    ids=["not-json", "empty", "not-utf8", "deep-list", "deep-object"],
+)
+def test_a_body_that_is_not_json_is_answered_400(
+    webhook: Webhook, path: str, body: bytes, reason: bytes
+) -> None:
+    status, text = _post_raw(webhook, body, path)
+    assert status == 400
+    assert reason in text
+    # The server is still whole: the next review is served.
+    assert webhook.post(_review("u-after", {"cpu": "1"}), path=path)[0] == 200
+
+
+def test_a_review_holding_a_deeply_nested_value_is_answered(webhook: Webhook) -> None:
+    """Deep enough to decode, and then shown in a message: answered, never dropped."""
+    depth = 900  # under the decoder's recursion limit
+    nested = json.loads("[" * depth + "]" * depth)
+    document = json.loads(_review("u-deep", {"nvidia.com/gpu": "1"}))
+    resources = document["request"]["object"]["spec"]["containers"][0]["resources"]
+    resources["requests"]["nvidia.com/gpumem"] = nested
+    body = json.dumps(document).encode()
+    for path in ("/mutate-pods", "/validate-pods"):
+        status, text = _post_raw(webhook, body, path)
+        assert status in (200, 400), text
+        if status == 200:
+            assert json.loads(text)["response"]["uid"] == "u-deep"
 
 
 def test_concurrent_requests_while_a_client_stalls_before_tls(webhook: Webhook) -> None:
@@ -320,4 +374,164 @@ def test_a_certificate_that_does_not_load_stops_the_start(tmp_path: Path) -> Non
     )
     lease = leases.StaticLease(LEASE)
     with pytest.raises(errors.MigpilotError, match=r"^the serving certificate .*a\.crt and key "):
+        serving.WebhookServer(settings, freshness=leases.Freshness(lease, cache_s=2.0))
+
+
+# --- limits: the whole request's deadline, the most connections served at once ---------------
+
+
+@pytest.fixture
+def limited(tmp_path: Path) -> Iterator[Webhook]:
+    """A webhook with a short deadline (1 s) and room for two connections."""
+    ca = certs.CertificateAuthority(tmp_path)
+    pair = ca.issue("webhook", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
+    lease = leases.StaticLease(LEASE)
+    freshness = leases.Freshness(lease, cache_s=2.0, clock=lambda: 100.0)
+    settings = serving.Settings(
+        tls=serving.TlsSettings(cert_file=pair.cert, key_file=pair.key),
+        host="127.0.0.1",
+        port=0,
+        connection_timeout_s=30.0,
+        request_timeout_s=1.0,
+        max_connections=2,
+    )
+    with serving.WebhookServer(settings, freshness=freshness) as server:
+        yield Webhook(server, lease, ca.pair.cert)
+
+
+def _tls(webhook: Webhook) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", webhook.server.port), timeout=10)
+    return webhook.context.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def _trickle(conn: socket.socket, data: bytes, *, every_s: float, within_s: float) -> float:
+    """Send ``data`` a byte every ``every_s`` until the server cuts the connection; the seconds
+    it took. Fails if the server has not cut it after ``within_s``."""
+    started = time.monotonic()
+    for byte in data:
+        try:
+            conn.sendall(bytes([byte]))
+        except OSError:
+            return time.monotonic() - started
+        if time.monotonic() - started > within_s:
+            break
+        time.sleep(every_s)
+    # Everything sent, or time is up: the server must have closed its end by now.
+    conn.settimeout(max(0.1, within_s - (time.monotonic() - started)))
+    try:
+        got = conn.recv(4096)
+    except TimeoutError:
+        pytest.fail(f"the connection was not cut within {within_s} s")
+    except OSError:
+        return time.monotonic() - started
+    assert got == b"", f"the slow request was answered: {got!r}"
+    return time.monotonic() - started
+
+
+_SLOW_BODY = _review("u-slow", {"nvidia.com/mig-1g.10gb": "1"})
+
+
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_a_client_sending_a_byte_at_a_time_is_cut_at_the_deadline(
+    limited: Webhook, part: str
+) -> None:
+    """Slowloris: each byte comes well inside the idle timeout (30 s), but the whole request
+    has 1 s. The request would take 40 s; the connection is cut long before."""
+    head = (
+        f"POST /mutate-pods HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(_SLOW_BODY)}\r\n\r\n"
+    ).encode()
+    conn = _tls(limited)
+    try:
+        if part == "body":
+            conn.sendall(head)
+            data = _SLOW_BODY
+        else:
+            data = head + _SLOW_BODY
+        took = _trickle(conn, data[:400], every_s=0.1, within_s=15.0)
+    finally:
+        conn.close()
+    assert took >= 0.9  # not before its deadline
+    # Served again as soon as the slow one is gone.
+    assert limited.post(_review("u-next", {"cpu": "1"}))[0] == 200
+
+
+def test_a_client_trickling_its_tls_handshake_is_cut_at_the_deadline(limited: Webhook) -> None:
+    conn = socket.create_connection(("127.0.0.1", limited.server.port), timeout=10)
+    try:
+        hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(256)) * 2
+        _trickle(conn, hello, every_s=0.1, within_s=15.0)
+    finally:
+        conn.close()
+
+
+def test_a_kept_alive_connection_gets_a_fresh_deadline_per_request(limited: Webhook) -> None:
+    """The deadline runs from a request's first byte: waiting idle between requests (up to the
+    idle timeout) is not held against the next one."""
+    conn = limited.connect()
+    try:
+        assert limited.post(_review("u-1", {"cpu": "1"}), conn)[0] == 200
+        time.sleep(1.5)  # longer than the deadline, shorter than the idle timeout
+        assert limited.post(_review("u-2", {"cpu": "1"}), conn)[0] == 200
+    finally:
+        conn.close()
+
+
+def _closed_unserved(conn: socket.socket) -> bool:
+    """Whether the server closed ``conn`` without a TLS handshake."""
+    try:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        context.wrap_socket(conn).close()
+    except (OSError, ssl.SSLError):
+        return True
+    return False
+
+
+def test_connections_over_the_most_are_closed_unserved(limited: Webhook) -> None:
+    """Two connections held open (kept alive, idle): a third, and many more, are closed at
+    accept without a thread each; once one of the two goes, new connections are served."""
+    threads_before = threading.active_count()
+    held = [limited.connect() for _ in range(2)]
+    try:
+        for n, conn in enumerate(held):
+            assert limited.post(_review(f"u-{n}", {"cpu": "1"}), conn)[0] == 200
+        extra = [
+            socket.create_connection(("127.0.0.1", limited.server.port), timeout=10)
+            for _ in range(30)
+        ]
+        try:
+            assert all(_closed_unserved(conn) for conn in extra)
+        finally:
+            for conn in extra:
+                conn.close()
+        assert limited.server.refused == 30
+        assert threading.active_count() <= threads_before + 2
+        with pytest.raises((OSError, http.client.HTTPException)):
+            limited.post(_review("u-over", {"cpu": "1"}))
+    finally:
+        held[0].close()
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # the server notices the close at its next read
+            try:
+                assert limited.post(_review("u-again", {"cpu": "1"}))[0] == 200
+                break
+            except (OSError, http.client.HTTPException):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    finally:
+        held[1].close()
+
+
+def test_limit_settings_are_checked(tmp_path: Path) -> None:
+    ca = certs.CertificateAuthority(tmp_path)
+    pair = ca.issue("a", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
+    settings = serving.Settings(
+        tls=serving.TlsSettings(cert_file=pair.cert, key_file=pair.key), port=0, max_connections=0
+    )
+    lease = leases.StaticLease(LEASE)
+    with pytest.raises(errors.MigpilotError, match="max_connections must be at least 1"):
         serving.WebhookServer(settings, freshness=leases.Freshness(lease, cache_s=2.0))

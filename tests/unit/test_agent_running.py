@@ -265,8 +265,9 @@ def test_a_handed_out_device_survives_an_agent_restart(root: pathlib.Path) -> No
         second.agent.stop()
 
 
-def test_an_unreadable_ledger_stops_the_agent_from_starting(root: pathlib.Path) -> None:
-    (root / "allocations.json").write_text("{not json")
+@pytest.mark.parametrize("text", ["{not json", "[" * 100_000 + "]" * 100_000])
+def test_an_unreadable_ledger_stops_the_agent_from_starting(root: pathlib.Path, text: str) -> None:
+    (root / "allocations.json").write_text(text)
     with pytest.raises(errors.AgentConfigError, match="the allocation ledger is not JSON"):
         make_node(root)
 

@@ -196,6 +196,23 @@ def test_two_slices_of_one_gpu_add_up_and_two_gpus_are_refused() -> None:
         _allocate(view, ["GPU-0::mps-9"])
 
 
+def test_a_slice_the_node_view_lacks_is_unknown_not_a_crash() -> None:
+    """The pure answer given a resource list and a node view that disagree (a slice listed
+    that the node no longer has): NVIDIA's unknown-device error, not a KeyError."""
+    listed = node_with(S(0, 0, 10), S(0, 1, 10))
+    (resource,) = slices.resources(listed)
+    now = node_with(S(0, 0, 10))
+    daemons = dict(slices.daemons(now, root="/mps"))
+    with pytest.raises(allocating.AllocationError, match="unknown device: GPU-0::mps-1"):
+        slices.container_allocation(
+            resource,
+            ["GPU-0::mps-1"],
+            node=now,
+            daemons=daemons,
+            settings=allocating.AllocateSettings(),
+        )
+
+
 def test_the_plugin_records_the_slice_and_advertises_it(tmp_path: Path) -> None:
     plugin = serving.DevicePlugin(
         serving.PluginSettings(plugin_dir=tmp_path, mps_root=str(tmp_path / "mps"))
@@ -204,10 +221,7 @@ def test_the_plugin_records_the_slice_and_advertises_it(tmp_path: Path) -> None:
     plugin.start(view)
     try:
         assert plugin.advertised()["nvidia.com/gpu-10gb"][0].id == "GPU-0::mps-0"
-        resource = devices.Resource(
-            "nvidia.com/gpu-10gb", plugin.advertised()["nvidia.com/gpu-10gb"]
-        )
-        (answer,) = plugin.allocate_containers(resource, [["GPU-0::mps-0"]])
+        (answer,) = plugin.allocate_containers("nvidia.com/gpu-10gb", [["GPU-0::mps-0"]])
         assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0"
         assert plugin.handed_out() == {"GPU-0::mps-0"}
         assert [d.resource for d in plugin.mps_daemons()] == ["gpu-0"]
@@ -215,6 +229,10 @@ def test_the_plugin_records_the_slice_and_advertises_it(tmp_path: Path) -> None:
         plugin.update(node_with())
         assert plugin.advertised()["nvidia.com/gpu-10gb"] == ()
         assert plugin.handed_out() == frozenset() and plugin.mps_daemons() == ()
+        # An Allocate the kubelet sent from the old list is told the slice is unknown: the
+        # advertised list and the node's slices are read together, never one old, one new.
+        with pytest.raises(allocating.AllocationError, match="unknown device: GPU-0::mps-0"):
+            plugin.allocate_containers("nvidia.com/gpu-10gb", [["GPU-0::mps-0"]])
     finally:
         plugin.stop()
 

@@ -11,7 +11,9 @@ import pytest
 from migpilot.cli import main as cli
 
 
-@pytest.mark.parametrize("text", ["just a string", "- a\n- list\n", "{unclosed: [", ""])
+@pytest.mark.parametrize(
+    "text", ["just a string", "- a\n- list\n", "{unclosed: [", "", "[" * 5000 + "]" * 5000]
+)
 def test_a_file_that_is_no_kubeconfig_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
 ) -> None:

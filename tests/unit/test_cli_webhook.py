@@ -29,6 +29,20 @@ def test_flags_become_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         )
     ]
     assert got[0].cert_check_s == 10.0
+    assert (got[0].max_connections, got[0].request_timeout_s) == (64, 10.0)
+    assert got[0].connection_timeout_s == 30.0
+
+
+def test_limit_flags_become_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("tls.crt", "tls.key"):
+        (tmp_path / name).write_text("x")
+    got: list[serving.Settings] = []
+    monkeypatch.setattr(serving, "run", got.append)
+    argv = ["webhook", "--cert", str(tmp_path / "tls.crt"), "--key", str(tmp_path / "tls.key")]
+    argv += ["--max-connections", "8", "--request-timeout", "2.5", "--idle-timeout", "60"]
+    assert cli.main(argv, out=io.StringIO()) == 0
+    assert (got[0].max_connections, got[0].request_timeout_s) == (8, 2.5)
+    assert got[0].connection_timeout_s == 60.0
     assert got[0].lease.name == "migpilot-controller"
     assert got[0].lease.cache_s == 2.0
 
@@ -40,6 +54,10 @@ def test_flags_become_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         (["--port", "0"], "--port"),
         (["--cert-check-interval", "0"], "--cert-check-interval must be more than 0"),
         (["--cert-check-interval", "nan"], "--cert-check-interval must be more than 0"),
+        (["--max-connections", "0"], "--max-connections must be 1..10000"),
+        (["--request-timeout", "0"], "--request-timeout must be more than 0"),
+        (["--request-timeout", "nan"], "--request-timeout must be more than 0"),
+        (["--idle-timeout", "-1"], "--idle-timeout must be more than 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -127,9 +127,10 @@ def test_state_file_for_other_gpus_is_refused(tmp_path: Path) -> None:
     _emu(H100, state_path=path)
     with pytest.raises(errors.AgentConfigError, match="holds h100-80gb, not a30-24gb"):
         _emu(A30, state_path=path)
-    path.write_text("{not json")
-    with pytest.raises(errors.AgentConfigError, match="cannot read"):
-        emulated.EmulatedBackend(state_path=path)
+    for text in ("{not json", "[" * 100_000 + "]" * 100_000):
+        path.write_text(text)
+        with pytest.raises(errors.AgentConfigError, match="cannot read"):
+            emulated.EmulatedBackend(state_path=path)
 
 
 def test_uuids_are_deterministic_and_never_reused() -> None:

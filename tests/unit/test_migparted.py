@@ -222,6 +222,17 @@ def test_malformed_yaml_names_the_line() -> None:
     assert message.startswith("mig.yaml: malformed YAML at line 5")
 
 
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+def test_yaml_nested_past_the_recursion_limit_is_a_config_error(depth: int) -> None:
+    """PyYAML's loader recurses per level: a document a thousand levels deep (a few KB) once
+    raised RecursionError instead of the one-line config error."""
+    message = parse_error("version: v1\nmig-configs: " + "[" * depth + "]" * depth + "\n")
+    assert (
+        message
+        == "mig.yaml: malformed YAML: nested too deeply to read (a config is a few levels deep)"
+    )
+
+
 def test_unclosed_flow_mapping_is_malformed_yaml() -> None:
     message = parse_error("version: v1\nmig-configs: {custom: [\n")
     assert message.startswith("mig.yaml: malformed YAML at line ")

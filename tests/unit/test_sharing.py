@@ -131,6 +131,23 @@ def test_empty_configs_share_nothing(text: str) -> None:
         ("sharing: [1]", "sharing: expected a mapping, got a list"),
         ("version: v1\nversion: v1\n", "duplicate key 'version'"),
         ("sharing: {", "malformed YAML"),
+        ("sharing: " + "[" * 5000 + "]" * 5000, "malformed YAML: nested too deeply to read"),
+        (
+            "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 1025}]}}",
+            "sharing.timeSlicing.resources[0].replicas: number of replicas must be <= 1024, got "
+            "1025: each replica is a device the plugin advertises and the kubelet tracks",
+        ),
+        (
+            "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 1" + "0" * 23 + "}]}}",
+            "replicas: number of replicas must be <= 1024, got a number over 2^64",
+        ),
+        (
+            "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 1" + "0" * 5000 + "}]}}",
+            "malformed YAML: a number of more than 4300 digits",
+        ),
+        ("sharing: {mps: {resources: [{name: gpu, replicas: 1025}]}}", "replicas exceeded"),
+        ("flags: {migStrategy: 2020-13-45}", "malformed YAML: month must be in 1..12"),
+        ("".join(" " * i + "a:\n" for i in range(1500)) + " " * 1500 + "b: 1\n", "too deeply"),
     ],
 )
 def test_bad_configs_name_the_field(text: str, message: str) -> None:
@@ -446,3 +463,12 @@ def test_an_unhashable_key_is_a_one_line_error_not_a_crash() -> None:
     with pytest.raises(errors.SharingConfigError) as info:
         config.parse("version: v1\n? {a: 1}\n: 2\n", source="c.yaml")
     assert str(info.value).startswith("c.yaml: malformed YAML") and "\n" not in str(info.value)
+
+
+def test_the_most_time_slicing_replicas_are_accepted() -> None:
+    """The cap is a bound, not a change of meaning: 1024 replicas of a device still parse."""
+    c = parse(
+        f"sharing: {{timeSlicing: {{resources: [{{name: gpu, replicas: {config.MAX_REPLICAS}}}]}}}}"
+    )
+    assert c.time_slicing is not None
+    assert c.time_slicing.resources[0].replicas == config.MAX_REPLICAS == 1024

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from migpilot.api import leases
-from migpilot.webhook import admission
+from migpilot.webhook import admission, reviews
 
 GATE = {"name": "migpilot.io/plan"}
 
@@ -513,3 +513,27 @@ def test_a_gated_pod_ends_with_exactly_one_gate(
     patched = _apply(pod, _patch(response)) if "patch" in response else pod
     mig = MIG in containers or MIG in init or any(c["name"] == "b" for c in containers)
     assert patched["spec"]["schedulingGates"].count(GATE) == (1 if mig or GATE in gates else 0)
+
+
+def test_warnings_are_capped_whatever_the_pod_holds() -> None:
+    """One warning per misspelt MIG resource, and a pod may name thousands: the answer tells the
+    first ones and counts the rest; a warning quoting a huge value is cut short."""
+    requests = {f"nvidia.com/mig-{i}G.10GB": "1" for i in range(2000)}
+    requests["nvidia.com/mig-1g.10gb"] = "[" * 5000
+    pod = _pod(containers=[_container(requests=requests)])
+    decision = admission.decide(_review(pod), lease_fresh=True)
+    assert len(decision.warnings) == 2001
+    response = _answer(_review(pod))
+    warnings = response["warnings"]
+    assert len(warnings) == reviews.MAX_LINES + 1
+    assert warnings[-1] == f"+{2001 - reviews.MAX_LINES} more"
+    assert all(len(w) <= reviews.MAX_LINE_CHARS for w in warnings)
+    assert len(json.dumps(response)) < 20_000
+
+
+def test_a_malformed_review_message_is_cut_short() -> None:
+    pod = _pod()
+    pod["metadata"]["annotations"] = {"k" * 100_000: 1}
+    response = _answer(_review(pod))
+    assert len(response["status"]["message"]) <= reviews.MAX_LINE_CHARS
+    assert response["status"]["message"].startswith("migpilot webhook: admitted without a gate")

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from migpilot.webhook import admission, validation
+from migpilot.webhook import admission, reviews, validation
 
 GPU = "nvidia.com/gpu"
 MEM = "nvidia.com/gpumem"
@@ -355,3 +355,44 @@ def test_any_pod_gets_an_answer_and_a_refusal_names_a_field(
     gated = admission.decide(_review(pod), lease_fresh=True).outcome is admission.Outcome.GATED
     if gated and verdict.outcome is validation.Outcome.REFUSED:
         assert all("GPU model" in p for p in verdict.problems), verdict.problems
+
+
+def test_a_huge_annotation_gives_a_small_answer() -> None:
+    """A 256 KiB model filter of unknown names (once a 6.4 MB answer): the first warnings are
+    told, the rest counted, and the answer stays small."""
+    unknown = ",".join(f"m{i}" for i in range(60_000))[: 256 * 1024]
+    pod = _pod({GPU: "1", MEM: "8k"}, annotations={USE: f"A100,{unknown}", NOUSE: unknown})
+    verdict = validation.decide(_review(pod))
+    assert len(verdict.warnings) > 10_000  # the decision keeps them all
+    response = _answer(_review(pod))
+    warnings = response["warnings"]
+    assert len(warnings) == reviews.MAX_LINES + 1
+    assert warnings[:-1] == list(verdict.warnings[: reviews.MAX_LINES])
+    assert warnings[-1] == f"+{len(verdict.warnings) - reviews.MAX_LINES} more"
+    assert len(json.dumps(response)) < 20_000
+
+
+def test_many_problems_are_capped_and_each_is_cut_short() -> None:
+    long_value = "9" * 300_000
+    pod = _pod(*[{MEM: "8k"}] * 40, {GPU: "1", CORES: long_value})
+    verdict = validation.decide(_review(pod))
+    assert len(verdict.problems) == 41
+    response = _answer(_review(pod))
+    assert response["allowed"] is False
+    lines = response["status"]["message"].split("; ")
+    assert len(lines) == reviews.MAX_LINES + 1
+    assert lines[-1] == f"+{41 - reviews.MAX_LINES} more"
+    assert all(len(line) <= reviews.MAX_LINE_CHARS for line in lines)
+    assert len(json.dumps(response)) < 20_000
+
+
+@given(st.lists(st.text(max_size=2000), max_size=100))
+def test_capped_keeps_the_first_lines_and_counts_the_rest(lines: list[str]) -> None:
+    out = reviews.capped(lines)
+    told = out if len(lines) <= reviews.MAX_LINES else out[:-1]
+    assert len(told) == min(len(lines), reviews.MAX_LINES)
+    for line, shown in zip(lines, told, strict=False):
+        assert len(shown) <= reviews.MAX_LINE_CHARS
+        assert shown == line or (shown.endswith("...") and line.startswith(shown[:-3]))
+    if len(lines) > reviews.MAX_LINES:
+        assert out[-1] == f"+{len(lines) - reviews.MAX_LINES} more"

@@ -425,7 +425,7 @@ def _read_marker(spec: mps.MpsDaemonSpec) -> mps.MpsDaemonSpec | None:
             pipe_dir=Path(doc["pipe_dir"]),
             log_dir=Path(doc["log_dir"]),
         )
-    except (OSError, ValueError, KeyError, TypeError, mps.MpsError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, mps.MpsError):
         return None
 
 

@@ -53,7 +53,9 @@ RESERVED_FOR_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z
 """``namespace/name`` of a pod (the CRD's pattern)."""
 REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 """A condition's reason, as ``metav1.Condition`` allows it."""
-_TIME_PATTERN = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$"
+_TIME_PATTERN = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+)
 
 _PROFILE = re.compile(PROFILE_PATTERN)
 _RESERVED_FOR = re.compile(RESERVED_FOR_PATTERN)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from migpilot import errors, probes
+from migpilot import digits, errors, probes
 from migpilot.agent import (
     capacity,
     desired,
@@ -240,7 +240,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _port(text: str) -> int:
     try:
-        value = int(text)
+        value = digits.integer(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
     if not 0 <= value <= 65535:

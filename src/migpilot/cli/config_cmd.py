@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import IO, Any
 
-from migpilot import errors
+from migpilot import digits, errors
 from migpilot.cli import output
 from migpilot.mig import catalog, migparted, pciids, profiles
 
@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _positive_int(text: str) -> int:
     try:
-        value = int(text)
+        value = digits.integer(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if value < 1:

@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import yaml
 
-from migpilot import errors, gcpause
+from migpilot import digits, errors, gcpause, yamltext
 from migpilot.cli import output
 from migpilot.planning import generate, options, planners, plans, snapshot, validation
 
@@ -148,7 +148,7 @@ def _positive_float(text: str) -> float:
 def _count(least: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = digits.integer(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < least:
@@ -177,17 +177,29 @@ def decode(text: str, *, source: str) -> Any:
     if source.endswith(".json") or text.lstrip().startswith(("{", "[")):
         try:
             return json.loads(text)
+        except RecursionError:
+            raise errors.SnapshotError(f"{source}: malformed JSON: {yamltext.TOO_DEEP}") from None
         except json.JSONDecodeError as e:
             json_error = f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}"
             if source.endswith(".json"):
                 raise errors.SnapshotError(f"{source}: {json_error}") from None
             # Maybe YAML in flow style, which also starts with { or [.
+        except ValueError as e:  # JSON, but a number of more than 4300 digits
+            raise errors.SnapshotError(
+                f"{source}: malformed JSON: {yamltext.value_problem(e)}"
+            ) from None
     try:
         # A safe loader (the C one when PyYAML has it: large snapshots load several times faster).
         return yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as e:
         reason = json_error or f"malformed YAML: {_yaml_reason(e)}"
         raise errors.SnapshotError(f"{source}: {reason}") from None
+    except RecursionError:  # the pure-Python loader, where PyYAML lacks the C one
+        raise errors.SnapshotError(f"{source}: malformed YAML: {yamltext.TOO_DEEP}") from None
+    except ValueError as e:  # a value PyYAML cannot build: 5000 digits, the 13th month
+        raise errors.SnapshotError(
+            f"{source}: malformed YAML: {yamltext.value_problem(e)}"
+        ) from None
 
 
 def _yaml_reason(e: yaml.YAMLError) -> str:
@@ -340,11 +352,16 @@ def _section(out: IO[str], title: str, count: int) -> None:
 
 def _quantity(value: str, *, memory: bool) -> str:
     """``48000m`` as ``48`` and ``17179869184`` bytes as ``16Gi``, the way people write them."""
-    if memory and value.isdigit():
+    if memory and digits.is_digits(value):
         for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
             if int(value) % size == 0:
                 return f"{int(value) // size}{unit}"
-    if not memory and value.endswith("m") and value[:-1].isdigit() and int(value[:-1]) % 1000 == 0:
+    if (
+        not memory
+        and value.endswith("m")
+        and digits.is_digits(value[:-1])
+        and int(value[:-1]) % 1000 == 0
+    ):
         return str(int(value[:-1]) // 1000)
     return value
 

@@ -19,6 +19,7 @@ from migpilot.webhook import serving
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``webhook`` to the top-level subparsers."""
     defaults = serving.LeaseSettings()
+    limits = serving.Settings(tls=serving.TlsSettings(Path(), Path()))
     p = subparsers.add_parser(
         "webhook",
         help="serve the admission webhooks that gate new MIG pods for the controller",
@@ -54,6 +55,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds between looks at --cert and --key for a rotated certificate, reloaded "
         "without a restart (default: 10)",
     )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=limits.max_connections,
+        metavar="N",
+        help="connections served at once; more are closed at accept, unserved "
+        f"(default: {limits.max_connections})",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=limits.request_timeout_s,
+        metavar="S",
+        help="seconds a whole request may take, TLS handshake of a new connection included; "
+        f"a slower client is cut off (default: {limits.request_timeout_s:g})",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=limits.connection_timeout_s,
+        metavar="S",
+        help="seconds a kept-alive connection may wait for its next request "
+        f"(default: {limits.connection_timeout_s:g})",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     p.set_defaults(func=_run)
 
@@ -69,6 +94,18 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
             f"--cert-check-interval must be more than 0 and at most 3600 s, got "
             f"{args.cert_check_interval:g}"
         )
+    if not 1 <= args.max_connections <= 10_000:
+        raise errors.MigpilotError(
+            f"--max-connections must be 1..10000, got {args.max_connections}"
+        )
+    for flag, value in (
+        ("--request-timeout", args.request_timeout),
+        ("--idle-timeout", args.idle_timeout),
+    ):
+        if not 0 < value <= 3600:
+            raise errors.MigpilotError(
+                f"{flag} must be more than 0 and at most 3600 s, got {value:g}"
+            )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -80,6 +117,9 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
             host=args.host,
             port=args.port,
             cert_check_s=args.cert_check_interval,
+            max_connections=args.max_connections,
+            request_timeout_s=args.request_timeout,
+            connection_timeout_s=args.idle_timeout,
         )
     )
     return 0

@@ -232,6 +232,10 @@ def _load_state(path: Path) -> StateFile:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise errors.AgentConfigError(f"emulated GPU state {path}: cannot read: {e}") from None
+    except RecursionError:
+        raise errors.AgentConfigError(
+            f"emulated GPU state {path}: cannot read: nested too deeply"
+        ) from None
     if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
         raise errors.AgentConfigError(
             f"emulated GPU state {path}: not a version {STATE_VERSION} state file"
@@ -691,7 +695,7 @@ class EmulatedSpec:
     a node sharing them by time-slicing or MPS has them)."""
 
 
-_COUNT = re.compile(r"x(?P<count>\d+)")
+_COUNT = re.compile(r"x(?P<count>[0-9]+)")
 
 
 def _group(text: str, group: str) -> tuple[profiles.GpuModel, pciids.PciId | None, int]:

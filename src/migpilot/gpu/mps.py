@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from migpilot import errors
+from migpilot import digits, errors
 from migpilot.gpu import clocks
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
@@ -156,7 +156,7 @@ class MpsDaemonSpec:
 
 
 _UNITS = {"": None, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
-_LIMIT = re.compile(r"(\d+)\s*([KMGT]?)B?", re.IGNORECASE)
+_LIMIT = re.compile(r"([0-9]+)\s*([KMGT]?)B?", re.IGNORECASE)
 
 
 def parse_mem_value_mib(text: str) -> int:
@@ -175,7 +175,7 @@ def parse_pinned_mem_limit(text: str) -> dict[int, int]:
     limits: dict[int, int] = {}
     for part in text.split(","):
         index, sep, value = part.strip().partition("=")
-        if not sep or not index.strip().isdigit():
+        if not sep or not digits.is_digits(index.strip()):
             raise MpsError(
                 f"{ENV_PINNED_DEVICE_MEM_LIMIT}={text!r}: {part.strip()!r} is not DEVICE=VALUE"
             )
@@ -579,7 +579,7 @@ class ProcessMps:
             text = (spec.pipe_dir / PID_FILE).read_text(encoding="utf-8").strip()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        if not text.isdigit():
+        if not digits.is_digits(text):
             return None
         pid = int(text)
         return pid if _process_alive(pid) else None
@@ -595,7 +595,7 @@ class ProcessMps:
         pids = []
         for line in answer.splitlines():
             if line.strip():
-                if not line.strip().isdigit():
+                if not digits.is_digits(line.strip()):
                     raise MpsError(f"get_server_list answered {_first_line(answer)!r}, not pids")
                 pids.append(int(line))
         return tuple(pids)

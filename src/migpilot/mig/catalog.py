@@ -65,7 +65,7 @@ def normalise_gpu_name(text: str) -> str:
     s = re.sub(r"[\s_]+", "-", s)
     s = re.sub(r"^nvidia-?", "", s)
     # gpu-feature-discovery's single strategy appends the profile: NVIDIA-A100-SXM4-40GB-MIG-3g.20gb
-    s = re.sub(r"-mig-(?:\d+c\.)?\d+g\.\d+gb.*$|-mig-invalid$", "", s)
+    s = re.sub(r"-mig-(?:[0-9]+c\.)?[0-9]+g\.[0-9]+gb.*$|-mig-invalid$", "", s)
     return re.sub(r"-+", "-", s).strip("-")
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from migpilot import errors
+from migpilot import digits, errors
 from migpilot.mig import profiles
 
 
@@ -531,7 +531,7 @@ def parse_instance(model: profiles.GpuModel, text: str) -> tuple[str, int | None
     if not sep:
         return prof.name, None
     try:
-        return prof.name, int(start)
+        return prof.name, digits.integer(start)
     except ValueError:
         raise errors.LayoutError(f"{text!r}: start slot {start!r} is not a number") from None
 

@@ -256,7 +256,7 @@ class ParsedName:
 
 
 _NAME = re.compile(
-    r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb"
+    r"^(?:(?P<c>[0-9]+)c\.)?(?P<g>[0-9]+)g\.(?P<gb>[0-9]+)gb"
     r"(?P<attr>\+me\.all|\.me\.all|\+me|\.me|\+gfx|\.gfx|-me)?$"
 )
 _ATTRS = {

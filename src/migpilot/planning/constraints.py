@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from migpilot import digits
 from migpilot.planning import snapshot
 
 
@@ -37,10 +38,10 @@ def _requirement_matches(req: snapshot.Requirement, labels: Mapping[str, str], n
     if value is None:
         return False
     try:
-        number = int(value)
+        number = digits.integer(value)
     except ValueError:
         return False
-    bound = int(req.values[0])
+    bound = digits.integer(req.values[0])
     return number > bound if req.operator == "Gt" else number < bound
 
 

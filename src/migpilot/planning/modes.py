@@ -49,7 +49,7 @@ MODE_LABEL = "migpilot.io/mode"
 MPS_MAX_CLIENTS = 48
 """MPS clients one GPU serves at most (Volta and later): at most this many slices per GPU."""
 MPS_RESOURCE_PREFIX = "nvidia.com/gpu-"
-_MPS_RESOURCE = re.compile(r"^nvidia\.com/gpu-(?P<gb>[1-9]\d{0,4})gb$")
+_MPS_RESOURCE = re.compile(r"^nvidia\.com/gpu-(?P<gb>[1-9][0-9]{0,4})gb$")
 _MIB_PER_GB = 1024
 
 

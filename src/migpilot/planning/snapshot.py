@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from migpilot import errors
+from migpilot import digits, errors
 from migpilot.mig import catalog, layouts, profiles
 from migpilot.planning import modes, quantities, scoring
 from migpilot.planning import unified as unifying
@@ -310,7 +310,7 @@ def _counted(value: Any, where: str) -> int:
         count = None
     elif isinstance(value, int):
         count = value
-    elif isinstance(value, str) and value.strip().isdigit():
+    elif isinstance(value, str) and digits.is_digits(value.strip()):
         count = int(value)
     else:
         count = None
@@ -712,7 +712,7 @@ def _requirement(raw: Any, where: str) -> Requirement:
         raise errors.SnapshotError(f"{where}: operator {op} needs values")
     if op in ("Exists", "DoesNotExist") and values:
         raise errors.SnapshotError(f"{where}: operator {op} takes no values")
-    if op in ("Gt", "Lt") and (len(values) != 1 or not re.fullmatch(r"-?\d+", values[0])):
+    if op in ("Gt", "Lt") and (len(values) != 1 or not re.fullmatch(r"-?[0-9]+", values[0])):
         raise errors.SnapshotError(f"{where}: operator {op} needs one integer value")
     return Requirement(_str(d.get("key"), f"{where}.key"), op, values)
 

@@ -10,7 +10,9 @@ input is 'all'``, resource-name format, ``unknown version``), each prefixed with
 (``sharing.timeSlicing.resources[0].replicas: number of replicas must be >= 2``). migpilot is
 stricter in a few places where NVIDIA's plugin accepts a file and then silently does something
 else (each listed in ``docs/sharing.md``): a resource name no plugin advertises, duplicate YAML
-keys, MPS replicas over 48 (NVIDIA's MPS daemon refuses them later), a rename onto a resource the
+keys, MPS replicas over 48 (NVIDIA's MPS daemon refuses them later), time-slicing replicas over
+:data:`MAX_REPLICAS` (NVIDIA has no cap; every replica is a device the plugin lists and the
+kubelet tracks), a rename onto a resource the
 plugin advertises itself, and one resource shared twice with overlapping ``devices: all`` or
 ``count``. What NVIDIA's plugin ignores with a warning (the top-level ``resources`` section,
 ``sharing.timeSlicing`` beside ``sharing.mps``) is kept in :attr:`Config.warnings`.
@@ -38,11 +40,16 @@ MAX_RESOURCE_NAME = 63
 """NVIDIA's ``MaxResourceNameLength`` for a fully qualified resource name."""
 MPS_MAX_CLIENTS = 48
 """Most clients one MPS server takes on Volta and newer (every MIG-capable GPU)."""
+MAX_REPLICAS = 1024
+"""Most time-slicing replicas of one device. NVIDIA's plugin has none, but each replica is one
+device in the plugin's list and in the kubelet's checkpoint: ``replicas: 1e23`` (accepted before)
+would never fit in memory. A node runs 110 pods by default and a few hundred at most, so no node
+can use more than that many replicas of a GPU at once; 1024 leaves room to spare."""
 MIG_STRATEGIES = ("none", "single", "mixed")
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
-_ADVERTISED = re.compile(r"^nvidia\.com/(gpu|mig-\d+g\.\d+gb([.+-][a-z]+)*)$")
+_ADVERTISED = re.compile(r"^nvidia\.com/(gpu|mig-[0-9]+g\.[0-9]+gb([.+-][a-z]+)*)$")
 """The resources a device plugin advertises: whole GPUs and MIG profiles (``mig-1g.10gb.me``)."""
 
 
@@ -286,8 +293,16 @@ def _resource(data: Any, path: str, *, rename_by_default: bool, mps: bool) -> Re
     if mps and replicas > MPS_MAX_CLIENTS:
         raise _error(
             f"{path}.replicas",
-            f"invalid MPS configuration: maximum allowed replicas exceeded: {replicas} > "
+            "invalid MPS configuration: maximum allowed replicas exceeded: "
+            f"{_shown_int(replicas)} > "
             f"{MPS_MAX_CLIENTS}",
+        )
+    if replicas > MAX_REPLICAS:
+        raise _error(
+            f"{path}.replicas",
+            f"number of replicas must be <= {MAX_REPLICAS}, got {_shown_int(replicas)}: each "
+            "replica is a device the plugin advertises and the kubelet tracks, and no node runs "
+            f"more than a few hundred pods (110 by default) to use them",
         )
     rename = None
     if doc.get("rename") not in (None, ""):
@@ -373,6 +388,12 @@ def _kind(value: Any) -> str:
     if isinstance(value, str):
         return f"a string ({value!r})"
     return f"{type(value).__name__} {value!r}"
+
+
+def _shown_int(value: int) -> str:
+    """``value`` for a message, short even for a number of thousands of digits (turning one of
+    over 4,300 digits into a string raises ValueError)."""
+    return str(value) if value.bit_length() <= 64 else "a number over 2^64"
 
 
 def _mapping(value: Any, path: str) -> Mapping[str, Any]:

@@ -36,8 +36,8 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 DEFAULT_REPLICAS = 4
 """Time-slicing replicas per GPU when a group names none."""
 _GROUP = re.compile(
-    r"^(?P<model>[^:@]+):(?P<nodes>\d+)x(?P<gpus>\d+)"
-    r"(?:@(?P<mode>[^:]+)(?::(?P<replicas>\d+))?)?$"
+    r"^(?P<model>[^:@]+):(?P<nodes>[0-9]+)x(?P<gpus>[0-9]+)"
+    r"(?:@(?P<mode>[^:]+)(?::(?P<replicas>[0-9]+))?)?$"
 )
 
 

@@ -42,7 +42,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from migpilot import errors
+from migpilot import digits, errors
 from migpilot.mig import profiles
 from migpilot.planning import modes, snapshot
 from migpilot.planning import unified as unifying
@@ -201,7 +201,7 @@ def _rows(text: str, *, source: str) -> Iterator[tuple[int, list[str]]]:
 
 def _int_field(text: str, *, column: str, where: str, least: int = 0) -> int:
     try:
-        value = int(text)
+        value = digits.integer(text)
     except ValueError:
         raise errors.TraceError(f"{where}: {column} {text!r} is not a whole number") from None
     if value < least:
@@ -360,7 +360,7 @@ def _requests(text: str, *, where: str) -> snapshot.Requests:
         if key.startswith("mig-") or key in _UNIFIED_KEYS:
             key = "nvidia.com/" + key
         if key.startswith(snapshot.MIG_RESOURCE_PREFIX):
-            if not value.isdigit() or int(value) == 0:
+            if not digits.is_digits(value) or int(value) == 0:
                 raise errors.TraceError(
                     f"{where}: {written}: {value!r} is not a positive whole number"
                 )

@@ -84,7 +84,8 @@ def review(document: object, *, lease_fresh: bool) -> reviews.AdmissionReview:
 
     Always allows. Adds the gate (and the ``migpilot.io/gated`` label) to a pod being created
     that requests a MIG resource or is unified, has no node and no gate yet, when
-    ``lease_fresh``.
+    ``lease_fresh``. Warnings and the message are capped (:func:`reviews.capped`), so the answer
+    stays small whatever the pod holds.
     """
     decision = decide(document, lease_fresh=lease_fresh)
     response: reviews.AdmissionResponse = {"uid": reviews.uid(document), "allowed": True}
@@ -93,9 +94,9 @@ def review(document: object, *, lease_fresh: bool) -> reviews.AdmissionReview:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(encoded).decode("ascii")
     if decision.warnings:
-        response["warnings"] = list(decision.warnings)
+        response["warnings"] = reviews.capped(decision.warnings)
     if decision.problem is not None:
-        response["status"] = {"message": decision.problem}
+        response["status"] = {"message": reviews.shortened(decision.problem)}
     return reviews.answer(response)
 
 

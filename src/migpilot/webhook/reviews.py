@@ -12,11 +12,17 @@ import-linter contract in pyproject.toml checks it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 API_VERSION = "admission.k8s.io/v1"
+MAX_LINES = 16
+"""Most warnings, or problems, one answer tells; the rest are counted (``+K more``)."""
+MAX_LINE_CHARS = 512
+"""Longest warning, problem or message told; longer ones are cut (``...``). With
+:data:`MAX_LINES` this bounds an answer (some 20 KB) whatever the pod holds: a 256 KiB
+annotation of unknown GPU models once made a 6.4 MB answer."""
 
 
 # --- the AdmissionReview at the boundary (admission.k8s.io/v1) ---------------------------------
@@ -67,6 +73,26 @@ class AdmissionReview(TypedDict, total=False):
 def answer(response: AdmissionResponse) -> AdmissionReview:
     """The AdmissionReview carrying ``response``."""
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def capped(lines: Iterable[str]) -> list[str]:
+    """The first :data:`MAX_LINES` of ``lines``, each :func:`shortened`, and ``+K more`` for
+    the rest."""
+    out: list[str] = []
+    rest = 0
+    for line in lines:
+        if len(out) < MAX_LINES:
+            out.append(shortened(line))
+        else:
+            rest += 1
+    if rest:
+        out.append(f"+{rest} more")
+    return out
+
+
+def shortened(text: str) -> str:
+    """``text``, cut to :data:`MAX_LINE_CHARS` with ``...`` when longer."""
+    return text if len(text) <= MAX_LINE_CHARS else f"{text[: MAX_LINE_CHARS - 3]}..."
 
 
 # --- reading a review --------------------------------------------------------------------------

@@ -5,14 +5,25 @@ for ``/mutate-pods`` it asks :mod:`migpilot.webhook.leases` whether the controll
 calls :func:`migpilot.webhook.admission.review` (which gates, never refuses); for
 ``/validate-pods`` it calls :func:`migpilot.webhook.validation.review` (which refuses a
 malformed unified request, whether or not the controller is alive: the request is malformed
-either way). It never answers an admission request with an HTTP error: a body that is not JSON
-gets an allowing review with a message, as the pure functions give for any malformed review.
+either way). A body that is not JSON, or JSON nested deeper than Python's parser recurses
+(a 100 KB run of ``[``), is answered ``400`` with a one-line reason: the apiserver never sends
+one, and the connection must not drop unanswered. A review that is JSON but not what the API
+promises gets an allowing review with a message, as the pure functions give.
 
 The standard library's threading HTTP server, one thread per connection, so the apiserver's
 concurrent calls are served at once; the TLS handshake runs in the connection's thread (not in
 the accept loop, where one slow client would stall every other). HTTP/1.1 keep-alive, because
 the apiserver reuses its connections. Stopping the server also closes the connections it holds,
 so a stopped webhook is really gone (the apiserver then fails open).
+
+Bounded, because anyone who reaches the port can call it: at most ``max_connections``
+connections are served at once (one more is closed at accept, before its TLS handshake, so no
+thread is started for it), and each request has a deadline for the whole of it, from its first
+byte (for a new connection, from the accept: the handshake counts) to the last byte of its body
+(:class:`_DeadlineReader`): a client sending a byte a second is cut at the deadline, however
+short each pause. A maintained ASGI server (uvicorn) would give the same limits, but not the
+per-connection choice of certificate that :class:`CertReloader` needs, and a new runtime
+dependency; the limits here are a semaphore and a socket timeout recomputed before each read.
 
 The serving certificate is reloaded when its files change (:class:`CertReloader`): cert-manager
 renews the Secret, the kubelet swaps the mounted files, and new connections get the new
@@ -29,6 +40,7 @@ May import the pure core and the rest of the webhook; not the agent, nor a Kuber
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -87,7 +99,13 @@ class Settings:
     port: int = 9443
     """TCP port to listen on (0 picks a free one); default 9443."""
     connection_timeout_s: float = 30.0
-    """Seconds a connection may stay idle (or take for its TLS handshake); default 30."""
+    """Seconds a kept-alive connection may wait idle for its next request; default 30."""
+    request_timeout_s: float = 10.0
+    """Seconds a whole request may take, from its first byte to its body's last (for a new
+    connection, from the accept, TLS handshake included); a slower client is cut off; default
+    10 (the apiserver gives up on a webhook call after its ``timeoutSeconds``, 5)."""
+    max_connections: int = 64
+    """Connections served at once; one more is closed at accept, unserved; default 64."""
     cert_check_s: float = 10.0
     """Seconds between two looks at the certificate files for a rotation; default 10."""
 
@@ -185,9 +203,72 @@ class CertReloader:
         self._failed = stamp
 
 
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each with a timeout of what is left of the request's deadline
+    (or, between requests, of the idle timeout): a socket timeout alone bounds one read, and a
+    client sending a byte a second never meets it."""
+
+    def __init__(
+        self, sock: socket.socket, *, idle_s: float, clock: Callable[[], float], deadline: float
+    ) -> None:
+        self._sock = sock
+        self._idle_s = idle_s
+        self._clock = clock
+        self.deadline: float | None = deadline
+        """When the request being read must be whole; ``None`` between requests."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        timeout = self._idle_s
+        if self.deadline is not None:
+            left = self.deadline - self._clock()
+            if left <= 0:
+                raise TimeoutError("the request took longer than its deadline")
+            timeout = min(timeout, left)
+        self._sock.settimeout(timeout)
+        return self._sock.recv_into(buffer)
+
+    def left_s(self) -> float:
+        """Seconds left before the deadline (the idle timeout when none is running)."""
+        if self.deadline is None:
+            return self._idle_s
+        return max(0.0, self.deadline - self._clock())
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+    _reader: _DeadlineReader
+    _buffered: io.BufferedReader
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # replaced: the same socket, read against the request's deadline
+        self._reader = _DeadlineReader(
+            self.connection,
+            idle_s=self.server.connection_timeout_s,
+            clock=self.server.clock,
+            deadline=self.server.first_deadline(),
+        )
+        self._buffered = io.BufferedReader(self._reader)
+        self.rfile = self._buffered
+
+    def handle_one_request(self) -> None:
+        if self._reader.deadline is None:  # kept alive: idle until the next request's first byte
+            try:
+                if not self._buffered.peek(1):
+                    self.close_connection = True
+                    return
+            except TimeoutError:
+                self.close_connection = True
+                return
+            self._reader.deadline = self.server.clock() + self.server.request_timeout_s
+        try:
+            super().handle_one_request()
+        finally:
+            self._reader.deadline = None
 
     def do_GET(self) -> None:
         if self.path == HEALTH_PATH:
@@ -208,24 +289,22 @@ class _Handler(BaseHTTPRequestHandler):
         if not 0 <= length <= MAX_BODY_BYTES:
             self._send(413, b"request too large", "text/plain")
             return
-        body = self.rfile.read(length)
-        document: Any
+        body = self.rfile.read(length)  # TimeoutError past the deadline: the connection ends
+        if len(body) < length:
+            self.close_connection = True
+            return  # the client closed before sending its body whole
         try:
-            document = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            document = None  # review() answers it as malformed, allowing
-        if path == MUTATE_PATH:
-            answer = admission.review(document, lease_fresh=self.server.freshness.fresh())
-            response = answer.get("response", {})
-            said = "patched" if "patch" in response else "-"
-        else:
-            answer = validation.review(document)
-            response = answer.get("response", {})
-            said = "allowed" if response.get("allowed") else "refused"
-        _log.debug("review %s %s: %s", path, response.get("uid"), said)
+            answer = _answer(path, body, freshness=self.server.freshness)
+        except _BadRequestError as err:
+            _log.debug("review %s: 400: %s", path, err)
+            self._send(400, f"{err}\n".encode(), "text/plain")
+            return
+        response = answer.get("response", {})
+        _log.debug("review %s %s: %s", path, response.get("uid"), _said(path, response))
         self._send(200, json.dumps(answer).encode(), "application/json")
 
     def _send(self, code: int, body: bytes, content_type: str) -> None:
+        self.connection.settimeout(max(self._reader.left_s(), 0.001))  # a reader that never reads
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -234,6 +313,36 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         _log.debug("%s " + format, self.address_string(), *args)
+
+
+class _BadRequestError(Exception):
+    """The body cannot be read as JSON; carries the one-line reason sent with the 400."""
+
+
+def _answer(path: str, body: bytes, *, freshness: leases.Freshness) -> Any:
+    """The AdmissionReview answering ``body`` on ``path``; raises :class:`_BadRequestError`."""
+    try:
+        document = json.loads(body)
+    except RecursionError:
+        raise _BadRequestError(
+            "the body is JSON nested too deeply to read (an AdmissionReview is a few levels deep)"
+        ) from None
+    except UnicodeDecodeError:
+        raise _BadRequestError("the body is not UTF-8 JSON") from None
+    except ValueError as err:
+        raise _BadRequestError(f"the body is not JSON ({err})") from None
+    try:
+        if path == MUTATE_PATH:
+            return admission.review(document, lease_fresh=freshness.fresh())
+        return validation.review(document)
+    except RecursionError:  # a value nested deep enough that telling of it recursed too far
+        raise _BadRequestError("the review holds a value nested too deeply to read") from None
+
+
+def _said(path: str, response: Any) -> str:
+    if path == MUTATE_PATH:
+        return "patched" if "patch" in response else "-"
+    return "allowed" if response.get("allowed") else "refused"
 
 
 class _Server(ThreadingHTTPServer):
@@ -245,18 +354,60 @@ class _Server(ThreadingHTTPServer):
         *,
         certs: CertReloader,
         freshness: leases.Freshness,
-        connection_timeout_s: float,
+        settings: Settings,
     ) -> None:
         self.certs = certs
         self.freshness = freshness
-        self.connection_timeout_s = connection_timeout_s
+        self.connection_timeout_s = settings.connection_timeout_s
+        self.request_timeout_s = settings.request_timeout_s
+        self.clock = time.monotonic  # deadlines are real time, whatever clock the certificates use
+        self.max_connections = settings.max_connections
+        self.refused = 0
+        """Connections closed at accept because ``max_connections`` were being served."""
+        self._slots = threading.BoundedSemaphore(settings.max_connections)
+        self._refused_told = -1.0
+        self._accepted = threading.local()
         self._open: set[ssl.SSLSocket] = set()
         self._open_lock = threading.Lock()
         super().__init__(address, _Handler)
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """In the accept loop: a thread for the connection if a slot is free, else close it."""
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            now = self.clock()
+            if self._refused_told < 0 or now - self._refused_told >= 10.0:
+                self._refused_told = now
+                _log.warning(
+                    "%d connections open, the most served at once: closing new ones unserved "
+                    "(%d so far)",
+                    self.max_connections,
+                    self.refused,
+                )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def first_deadline(self) -> float:
+        """The deadline of the connection's first request (set at accept, in its thread)."""
+        return float(self._accepted.deadline)
+
     def finish_request(self, request: Any, client_address: Any) -> None:
         """Runs in the connection's thread: the TLS handshake, then HTTP."""
-        request.settimeout(self.connection_timeout_s)
+        deadline = self.clock() + self.request_timeout_s
+        self._accepted.deadline = deadline
+        # The handshake is one call: the timeout bounds all of it, not each read.
+        request.settimeout(min(self.connection_timeout_s, self.request_timeout_s))
         try:
             conn = self.certs.context().wrap_socket(request, server_side=True)
         except (OSError, ssl.SSLError) as err:
@@ -265,7 +416,7 @@ class _Server(ThreadingHTTPServer):
         with self._open_lock:
             self._open.add(conn)
         try:
-            _Handler(conn, client_address, self)  # timeout: the socket's, set above
+            _Handler(conn, client_address, self)  # reads against the deadline (_DeadlineReader)
         except OSError as err:  # the peer went away, or stop() closed the connection
             _log.debug("connection from %s ended: %s", client_address, err)
         finally:
@@ -292,11 +443,15 @@ class WebhookServer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.certs = CertReloader(settings.tls, check_s=settings.cert_check_s, clock=clock)
+        if settings.max_connections < 1:
+            raise errors.MigpilotError(
+                f"max_connections must be at least 1, got {settings.max_connections}"
+            )
         self._server = _Server(
             (settings.host, settings.port),
             certs=self.certs,
             freshness=freshness,
-            connection_timeout_s=settings.connection_timeout_s,
+            settings=settings,
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever,
@@ -304,6 +459,11 @@ class WebhookServer:
             name="migpilot-webhook",
             daemon=True,
         )
+
+    @property
+    def refused(self) -> int:
+        """Connections closed at accept, unserved, because the most were open."""
+        return self._server.refused
 
     @property
     def port(self) -> int:

@@ -70,7 +70,9 @@ class Verdict:
 
 def review(document: object) -> reviews.AdmissionReview:
     """The AdmissionReview answering ``document`` (a decoded AdmissionReview request): allowed,
-    unless it creates a pod whose unified request is malformed (then refused, saying why)."""
+    unless it creates a pod whose unified request is malformed (then refused, saying why).
+    Problems and warnings are capped (:func:`reviews.capped`), so the answer stays small
+    whatever the pod holds."""
     verdict = decide(document)
     response: reviews.AdmissionResponse = {
         "uid": reviews.uid(document),
@@ -80,12 +82,12 @@ def review(document: object) -> reviews.AdmissionReview:
         response["status"] = {
             "code": REFUSAL_CODE,
             "reason": "Invalid",
-            "message": "; ".join(verdict.problems),
+            "message": "; ".join(reviews.capped(verdict.problems)),
         }
     elif verdict.message is not None:
-        response["status"] = {"message": verdict.message}
+        response["status"] = {"message": reviews.shortened(verdict.message)}
     if verdict.warnings:
-        response["warnings"] = list(verdict.warnings)
+        response["warnings"] = reviews.capped(verdict.warnings)
     return reviews.answer(response)
 
 

@@ -2,7 +2,9 @@
 
 Allocate follows NVIDIA's plugin (``internal/plugin/server.go``): every requested ID must be a
 device of the resource (else ``invalid allocation request for "<resource>": invalid request:
-unknown device: <id>``); the envvar strategy sets ``NVIDIA_VISIBLE_DEVICES`` to the IDs in
+unknown device: <id>``), and, stricter than NVIDIA's, named once per container (the kubelet
+never repeats one; a repeated ID would be handed out twice, ``NVIDIA_VISIBLE_DEVICES=a,a``, and
+counted twice in the ledger); the envvar strategy sets ``NVIDIA_VISIBLE_DEVICES`` to the IDs in
 request order; the cdi-cri strategy returns fully qualified CDI names
 (``k8s.device-plugin.nvidia.com/gpu=<id>``) and no environment when it is the only strategy.
 
@@ -65,6 +67,18 @@ def check_known(resource: devices.Resource, device_ids: Sequence[str]) -> None:
                 f"invalid allocation request for {_go_quote(resource.name)}: invalid request: "
                 f"unknown device: {device_id}"
             )
+
+
+def check_distinct(resource: devices.Resource, device_ids: Sequence[str]) -> None:
+    """Raise for the first ID a container's request names twice."""
+    seen: set[str] = set()
+    for device_id in device_ids:
+        if device_id in seen:
+            raise AllocationError(
+                f"invalid allocation request for {_go_quote(resource.name)}: invalid request: "
+                f"device {device_id} is requested more than once for one container"
+            )
+        seen.add(device_id)
 
 
 def container_allocation(

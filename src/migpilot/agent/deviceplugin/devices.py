@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from migpilot import errors
+from migpilot import digits, errors
 from migpilot.mig import profiles
 from migpilot.planning import modes
 
@@ -223,7 +223,7 @@ def parse_slice_id(device_id: str) -> tuple[str, int] | None:
     """``GPU-x::mps-3`` -> ``("GPU-x", 3)``; ``None`` for any other ID (a GPU, a MIG device, a
     numbered replica ``GPU-x::2``)."""
     uuid, mark, rest = device_id.partition(SLICE_MARK)
-    if not mark or not uuid or not rest.isdigit() or rest != str(int(rest)):
+    if not mark or not uuid or not digits.is_digits(rest) or rest != str(int(rest)):
         return None
     return uuid, int(rest)
 

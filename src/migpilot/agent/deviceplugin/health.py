@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from migpilot import errors
+from migpilot import digits, errors
 from migpilot.agent.deviceplugin import devices
 
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
@@ -44,7 +44,7 @@ class XidPolicy:
             token = part.strip()
             if not token:
                 continue
-            if not token.isdigit():
+            if not digits.is_digits(token):
                 raise errors.AgentConfigError(
                     f"ignored XID list {text!r}: {token!r} is not a number"
                 )

@@ -211,10 +211,9 @@ class _ResourceServer:
             yield _encode_devices(resource)
 
     def allocate(self, request: Any, context: Any) -> Any:
-        resource = self.resource()
         try:
             answers = self._plugin.allocate_containers(
-                resource, [list(req.devices_ids) for req in request.container_requests]
+                self.name, [list(req.devices_ids) for req in request.container_requests]
             )
         except allocating.AllocationError as err:
             _log.warning("Allocate refused: %s", err)
@@ -435,13 +434,18 @@ class DevicePlugin:
             self._save_ledger()
 
     def allocate_containers(
-        self, resource: devices.Resource, requests: Sequence[list[str]]
+        self, name: str, requests: Sequence[list[str]]
     ) -> list[allocating.ContainerAllocation]:
-        """The answers to one Allocate call (one request per container); raises
-        :class:`allocating.AllocationError` with the message the kubelet is sent."""
+        """The answers to one Allocate call of resource ``name`` (one request per container);
+        raises :class:`allocating.AllocationError` with the message the kubelet is sent.
+
+        The resource's devices, the node's slices and the sharing are taken together, under
+        the lock :meth:`update` holds while it changes them: read apart, a view applied in
+        between could advertise a slice the node no longer has (a KeyError, not an answer)."""
         settings = self.settings.allocate
-        with self._lock:
-            shared, sharing, node = self._shared, self._sharing, self._node
+        resource, shared, sharing, node = self._snapshot(name)
+        for ids in requests:
+            allocating.check_distinct(resource, ids)
         if devices.is_slice_resource(resource.name):
             daemons = shared.slice_daemons()
             answers = [
@@ -462,6 +466,16 @@ class DevicePlugin:
             return answers
         with self._allocating:
             return [self._allocate_gpu(resource, ids) for ids in requests]
+
+    def _snapshot(
+        self, name: str
+    ) -> tuple[devices.Resource, replicating.Shared, sharing_config.Config, devices.NodeDevices]:
+        """Resource ``name`` as advertised now (no devices when it is not), with the sharing
+        and the node view it was advertised from: one consistent snapshot."""
+        with self._lock:
+            shared, sharing, node = self._shared, self._sharing, self._node
+        resource = next((r for r in shared.resources if r.name == name), None)
+        return resource or devices.Resource(name, ()), shared, sharing, node
 
     def _allocate_shared(
         self,
@@ -552,10 +566,13 @@ class DevicePlugin:
                 f"and MPS slices together ({', '.join(ids)}); one container talks to one MPS "
                 "daemon"
             )
-        with self._lock:
-            node, daemons = self._node, self._shared.slice_daemons()
+        resource, shared, _, node = self._snapshot(resource.name)  # one view of all three
         return slices.container_allocation(
-            resource, ids, node=node, daemons=daemons, settings=self.settings.allocate
+            resource,
+            ids,
+            node=node,
+            daemons=shared.slice_daemons(),
+            settings=self.settings.allocate,
         )
 
     def _resolve(
@@ -632,7 +649,7 @@ class DevicePlugin:
             ) from None
         try:
             data = json.loads(text)
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:  # RecursionError: nested too deeply
             raise errors.AgentConfigError(
                 f"{path}: the allocation ledger is not JSON ({err}); devices handed out before "
                 "the restart would be forgotten, so the agent does not start (move the file "

@@ -97,6 +97,12 @@ def container_allocation(
     known (cannot happen while the slice is advertised)."""
     allocating.check_known(resource, device_ids)
     served = node.slice_device_ids()
+    # ``resource`` and ``node`` come from one view of the node (the plugin's snapshot); should
+    # they ever disagree, the slice is unknown, not a KeyError.
+    allocating.check_known(
+        devices.Resource(resource.name, tuple(d for d in resource.devices if d.id in served)),
+        device_ids,
+    )
     slices = [served[i] for i in dict.fromkeys(device_ids)]
     gpus = sorted({s.gpu_index for s in slices})
     where = f"invalid allocation request for {allocating.go_quote(resource.name)}"
