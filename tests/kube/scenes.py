@@ -4,7 +4,6 @@ two H100-80GB), the webhook, one agent per node, and helpers to make and read po
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +17,6 @@ from migpilot.api import gpulayouts as gl
 from tests.kube import crds, system
 
 WAIT_S = 120.0
-_DESTROY = re.compile(r"GPU (\d+): destroy (\S+) \((MIG-[^)]+)\)")
 NODES = {"ctl-a100": "a100-80gb", "ctl-h100": "h100-80gb"}
 
 
@@ -36,11 +34,6 @@ class Scene(system.System):
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}\n{self.dump()}\n{self.logs()}")
             time.sleep(0.1)
-
-    def destroyed(self, node: str) -> set[str]:
-        """UUIDs of the instances the node's agent destroyed (its action log, every run)."""
-        text = (self.root / f"agent-{node}.log").read_text(errors="replace")
-        return {m.group(3) for m in _DESTROY.finditer(text)}
 
     def dump(self) -> str:
         """The GpuLayouts and the pods, for a failure's message."""

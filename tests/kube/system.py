@@ -56,6 +56,10 @@ class System:
     webhook: controlplane.Component | None = None
     fleet: controlplane.Component | None = None
     webhook_config: str | None = None
+    webhook_port: int | None = None
+    """The loopback port the webhook serves on (None: not started)."""
+    webhook_ca: Path | None = None
+    """The CA certificate the webhook's serving certificate is checked against."""
     nodes: list[str] = field(default_factory=list)
 
     @property
@@ -102,6 +106,7 @@ class System:
         controlplane.wait_for(
             lambda: _healthy(port, ca.pair.cert), what="the webhook", watch=[self.webhook]
         )
+        self.webhook_port, self.webhook_ca = port, ca.pair.cert
         self.webhook_config = f"migpilot-{self.lease_ns}"
         document = registering.configuration(
             ca_bundle=ca.pair.cert.read_bytes(),
