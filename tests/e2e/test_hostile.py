@@ -246,8 +246,6 @@ def test_hostile_inputs_never_stop_migpilot(
     configs = tmp_path / "configs"
     configs.mkdir()
     (configs / "good").write_text(GOOD_CONFIG)
-    for name, text in BOMBS.items():
-        (configs / name).write_text(text)
     scene.add_node(
         SHARING_NODE,
         "emulated:h100-80gb:x1:mig-off",
@@ -366,6 +364,10 @@ def test_hostile_inputs_never_stop_migpilot(
         return labels.get(labelling.STATE_LABEL)
 
     scene.wait(lambda: state() == "success", "the good sharing config served")
+    # The bombs arrive later, as an edit of the mounted ConfigMap would bring them (at start,
+    # a bad config in the set is one line and exit 2: tests/unit/test_agent_sharing.py).
+    for name, text in BOMBS.items():
+        (configs / name).write_text(text)
     for name in BOMBS:
         case = record.add("config", name, f"device-plugin config {name!r} picked by the label")
         client.patch(
