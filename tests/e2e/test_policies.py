@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import pathlib
+import shutil
 import ssl
 import subprocess
 import sys
@@ -242,6 +243,7 @@ def installed(control_plane: ControlPlane) -> Iterator[Installed]:
                     client.delete(res, node)
         with contextlib.suppress(lightkube.ApiError):
             client.delete(Namespace, namespace)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_policies_type_check_against_the_servers_schemas(installed: Installed) -> None:
