@@ -326,7 +326,7 @@ def _node_requests(a: str, b: str) -> list[tuple[str, str, str, Any, str | None]
             "another annotation on its own node",
             f"/api/v1/nodes/{a}",
             MERGE,
-            {"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "0"}}},
+            {"metadata": {"annotations": {"example.com/owner": "evil"}}},
             NODE_ANNOTATIONS,
         ),
         (
