@@ -246,30 +246,42 @@ def installed(control_plane: ControlPlane) -> Iterator[Installed]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _type_checked(client: lightkube.Client, name: str) -> list[Any]:
+    """The API server's type-checking warnings of the policy ``name``, once it has checked it."""
+
+    def checked() -> ValidatingAdmissionPolicy | None:
+        got = client.get(ValidatingAdmissionPolicy, name)
+        assert got.metadata is not None
+        done = got.status is not None and got.status.observedGeneration == got.metadata.generation
+        return got if done and got.status is not None and got.status.typeChecking else None
+
+    policy = wait_for(checked, what=f"{name} to be type-checked", timeout=60)
+    assert policy.status is not None and policy.status.typeChecking is not None
+    return list(policy.status.typeChecking.expressionWarnings or [])
+
+
 def test_the_policies_type_check_against_the_servers_schemas(installed: Installed) -> None:
     """The API server type-checks every CEL expression against the Node, Pod and GpuLayout
-    schemas it serves: a misspelt field is a warning in the policy's status."""
+    schemas it serves: a misspelt field is a warning in the policy's status (as it is for a
+    copy of the Node policy with one field misspelt)."""
     client = installed.plane.client
-    names = [f"{installed.release}-{n}" for n in ("agent-nodes", "agent-gpulayouts")]
-    names.append(f"{installed.release}-controller-pods")
-    for name in names:
-
-        def checked(name: str = name) -> ValidatingAdmissionPolicy | None:
-            got = client.get(ValidatingAdmissionPolicy, name)
-            assert got.metadata is not None
-            done = got.status is not None and got.status.observedGeneration == (
-                got.metadata.generation
-            )
-            return got if done else None
-
-        policy = wait_for(checked, what=f"{name} to be type-checked", timeout=60)
-        assert policy.status is not None
-        warnings = (
-            policy.status.typeChecking.expressionWarnings if policy.status.typeChecking else []
-        )
-        assert not warnings, [w.to_dict() for w in warnings or []]
-        binding = client.get(ValidatingAdmissionPolicyBinding, name)
+    for name in ("agent-nodes", "agent-gpulayouts", "controller-pods"):
+        warnings = _type_checked(client, f"{installed.release}-{name}")
+        assert not warnings, [w.to_dict() for w in warnings]
+        binding = client.get(ValidatingAdmissionPolicyBinding, f"{installed.release}-{name}")
         assert binding.spec is not None and binding.spec.validationActions == ["Deny"]
+    typo = client.get(ValidatingAdmissionPolicy, f"{installed.release}-agent-nodes").to_dict()
+    typo = {"apiVersion": typo["apiVersion"], "kind": typo["kind"], "spec": typo["spec"]}
+    typo["metadata"] = {"name": f"{installed.release}-typo"}
+    rule = typo["spec"]["validations"][4]
+    assert rule["expression"] == "object.?spec == oldObject.?spec"
+    rule["expression"] = "object.spec.unschedulabel == oldObject.spec.unschedulabel"
+    client.create(codecs.from_dict(typo))
+    try:
+        (warning,) = _type_checked(client, f"{installed.release}-typo")
+        assert "unschedulabel" in warning.warning
+    finally:
+        client.delete(ValidatingAdmissionPolicy, f"{installed.release}-typo")
 
 
 # --- the agent, impersonated -------------------------------------------------------------------
