@@ -36,7 +36,7 @@ import lightkube
 import pytest
 import yaml
 from lightkube import codecs
-from lightkube.models.core_v1 import Container, PodSchedulingGate, PodSpec
+from lightkube.models.core_v1 import Container, PodSchedulingGate, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import (
     ValidatingAdmissionPolicy,
@@ -716,10 +716,25 @@ def test_the_controllers_own_client_pins_a_pod_and_nothing_more(installed: Insta
     )
 
 
-def test_a_real_agent_serves_its_node_under_the_policies(installed: Installed) -> None:
+def _launch(log: pathlib.Path, *args: str) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "migpilot", *args], stdout=out, stderr=out)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def test_a_real_agent_and_controller_serve_a_pod_under_the_policies(installed: Installed) -> None:
     """``migpilot agent`` with the token the kubelet would mount (bound to its pod on node A):
     it lays out its GPUs, reports its GpuLayout's status, labels its Node and publishes the
-    counts, all through the policies."""
+    counts, all through the policies. Then ``migpilot controller`` with its own account's token
+    plans a gated MIG pod there and pins and ungates it, through the policies too."""
     a = installed.node_a
     kubeconfig = _agent_kubeconfig(installed, a)
     spec = gl.LayoutSpec((gl.GpuSpec(0, "h100-80gb", (gl.InstanceSpec("1g.10gb", 0),)),))
@@ -730,18 +745,12 @@ def test_a_real_agent_serves_its_node_under_the_policies(installed: Installed) -
     )
     generation = installed.plane.client.get(crds.GpuLayout, a).metadata.generation
     log = installed.root / "agent.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "migpilot", "agent", "--node", a,
-                "--kubeconfig", str(kubeconfig),
-                "--state-file", str(installed.root / "gpus.json"),
-                "--backend", "emulated:h100-80gb:x1", "--kubelet", "simulated",
-                "--interval", "5",
-            ],
-            stdout=out,
-            stderr=out,
-        )  # fmt: skip
+    process = _launch(
+        log,
+        "agent", "--node", a, "--kubeconfig", str(kubeconfig),
+        "--state-file", str(installed.root / "gpus.json"),
+        "--backend", "emulated:h100-80gb:x1", "--kubelet", "simulated", "--interval", "5",
+    )  # fmt: skip
     try:
 
         def served() -> bool:
@@ -763,10 +772,58 @@ def test_a_real_agent_serves_its_node_under_the_policies(installed: Installed) -
             assert time.monotonic() < deadline, log.read_text()[-4000:]
             time.sleep(0.2)
         assert "403" not in log.read_text()
-    finally:
-        process.terminate()
+
+        token = _token(
+            installed.plane, installed.namespace, f"{installed.release}-controller", None
+        )
+        controller_log = installed.root / "controller.log"
+        config = _token_kubeconfig(installed.plane, installed.root / "c.kubeconfig", token)
+        controller = _launch(
+            controller_log,
+            "controller", "--verbose", "--kubeconfig", str(config),
+            "--identity", "policies", "--lease-namespace", installed.namespace,
+            "--metrics-port", "0",
+        )  # fmt: skip
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            name = f"mig-{uuid.uuid4().hex[:6]}"
+            doc = Pod(
+                metadata=ObjectMeta(name=name, namespace=installed.namespace),
+                spec=PodSpec(
+                    containers=[
+                        Container(
+                            name="main",
+                            image="registry.k8s.io/pause:3.10",
+                            resources=ResourceRequirements(
+                                limits={"nvidia.com/mig-1g.10gb": "1"},
+                                requests={"nvidia.com/mig-1g.10gb": "1"},
+                            ),
+                        )
+                    ],
+                    schedulingGates=[PodSchedulingGate(name=observing.GATE)],
+                ),
+            )
+            installed.plane.client.create(doc)
+
+            def bound() -> bool:
+                assert controller.poll() is None, controller_log.read_text()[-4000:]
+                got = _pod_doc(installed, name)
+                return got["spec"].get("nodeName") == a
+
+            deadline = time.monotonic() + 90
+            while not bound():
+                assert time.monotonic() < deadline, controller_log.read_text()[-4000:]
+                time.sleep(0.2)
+            spec = _pod_doc(installed, name)["spec"]
+            assert "schedulingGates" not in spec
+            terms = spec["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]
+            (term,) = terms["nodeSelectorTerms"]
+            assert term["matchFields"] == [
+                {"key": "metadata.name", "operator": "In", "values": [a]}
+            ]
+            assert "403" not in controller_log.read_text()
+        finally:
+            _stop(controller)
+    finally:
+        _stop(process)
