@@ -8,7 +8,8 @@ controller, two ways.
 - **Real tokens** (a TokenRequest bound to a pod on node A, as the kubelet asks for a pod's
   projected token, so the API server itself adds the node-name extra): migpilot's own clients
   (``agent.kube``, ``controller.kube``) send the writes they send in production, and a real
-  ``migpilot agent`` process serves its node under the policies.
+  ``migpilot agent`` process serves its node, and a real ``migpilot controller`` pins and ungates
+  a MIG pod there, under the policies.
 
 Each refusal is checked against the same request as the admin (or as the identity of the other
 node), which succeeds: the policy refused, not the API server's own validation.
