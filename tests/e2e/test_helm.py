@@ -22,12 +22,15 @@ from lightkube.models.authorization_v1 import ResourceAttributes, SubjectAccessR
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import (
     MutatingWebhookConfiguration,
+    ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
     ValidatingWebhookConfiguration,
 )
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Secret, Service, ServiceAccount
+from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.rbac_authorization_v1 import (
     ClusterRole,
     ClusterRoleBinding,
@@ -40,7 +43,7 @@ from migpilot.api import gpulayouts, leases
 from migpilot.cli import main
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import configsets
-from migpilot.webhook import registering
+from migpilot.webhook import registering, serving
 from tests.kube import tools
 from tests.kube.controlplane import ControlPlane, wait_for
 
@@ -126,6 +129,8 @@ def _render(
         (f"agent.sharing.configs.ts4={TIME_SLICING}", "agent.sharing.default=ts4"),
         (f"agent.sharing.configs.ts4={TIME_SLICING}", "agent.strategy=mixed"),
         ("agent.sharing.existingConfigMap=gpu-sharing", "agent.mpsRoot=", "agent.hostPID=true"),
+        ("admissionPolicies.enabled=false", "networkPolicy.enabled=true"),
+        ("admissionPolicies.validationActions={Warn,Audit}", "agent.enabled=false"),
     ],
 )
 def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
@@ -156,6 +161,11 @@ def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
         ("agent.sharing.rename=true", "'rename' not allowed"),
         ("agent.mpsRoot=run/nvidia/mps", "/agent/mpsRoot"),
         ("agent.hostPID=yes", "/agent/hostPID"),
+        ("admissionPolicies.validationActions={Deny,Warn}", "/admissionPolicies/validationActions"),
+        ("admissionPolicies.validationActions={Block}", "/admissionPolicies/validationActions"),
+        ("admissionPolicies.enabled=yes", "/admissionPolicies/enabled"),
+        ("networkPolicy.enabled=maybe", "/networkPolicy/enabled"),
+        ("networkPolicy.metricsFrom={x}", "/networkPolicy/metricsFrom"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(bad: str, message: str) -> None:
@@ -212,8 +222,10 @@ def test_the_agent_keeps_its_state_on_the_host_and_reaches_the_kubelet() -> None
     assert container["securityContext"]["privileged"] is True
     assert container["securityContext"]["runAsUser"] == 0
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
-    mounts = {m["mountPath"]: host[m["name"]] for m in container["volumeMounts"]}
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {
+        m["mountPath"]: host[m["name"]] for m in container["volumeMounts"] if m["name"] in host
+    }
     assert mounts == {
         "/var/lib/kubelet/device-plugins": "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources": "/var/lib/kubelet/pod-resources",
@@ -230,6 +242,27 @@ def test_the_agent_keeps_its_state_on_the_host_and_reaches_the_kubelet() -> None
     docs = _render("mp", "gpu-system", "agent.runtimeClassName=nvidia")
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     assert ds["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+
+
+def test_the_agent_writes_only_to_its_mounts_and_reads_the_pod_resources_socket() -> None:
+    """A read-only root filesystem: the agent writes to its host folders and to /tmp (an
+    emptyDir: the MPS control commands' output). The PodResources folder is mounted read-only:
+    the agent only connects to the kubelet's socket there, which a read-only mount allows."""
+    pod, container, parsed = _agent(_render("mp", "gpu-system"))
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    tmp = _volume_at(pod, container, "/tmp")
+    assert "emptyDir" in tmp and tmp["readOnly"] is False
+    resources = _volume_at(pod, container, "/var/lib/kubelet/pod-resources")
+    assert resources["readOnly"] is True
+    assert resources["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    # What it writes stays writable: its device-plugin socket, its ledger, the MPS folders.
+    for path in (
+        "/var/lib/kubelet/device-plugins",
+        str(Path(parsed.allocations_file).parent),
+        parsed.mps_root,
+        "/dev/shm",
+    ):
+        assert _volume_at(pod, container, path)["readOnly"] is False, path
 
 
 def _agent(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], Any]:
@@ -391,6 +424,96 @@ def test_the_controller_and_the_agent_are_probed_on_their_metrics_port() -> None
         assert {"name": "metrics"}.items() <= container["ports"][0].items()
 
 
+def test_the_webhook_is_probed_for_liveness_on_its_health_path() -> None:
+    (webhook,) = [c for k, c in _containers(_render("mp", "gpu-system")).items() if k == "webhook"]
+    want = {"path": serving.HEALTH_PATH, "port": "https", "scheme": "HTTPS"}
+    assert webhook["livenessProbe"]["httpGet"] == want
+    assert webhook["readinessProbe"]["httpGet"] == want
+    assert webhook["livenessProbe"]["failureThreshold"] >= 3
+
+
+def test_network_policies_are_optional_and_open_only_the_served_ports() -> None:
+    assert [d for d in _render("mp", "gpu-system") if d["kind"] == "NetworkPolicy"] == []
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}
+    apiserver = {"ipBlock": {"cidr": "10.0.0.0/24"}}
+    docs = _render(
+        "mp",
+        "gpu-system",
+        "networkPolicy.enabled=true",
+        values={
+            "networkPolicy.metricsFrom": [monitoring],
+            "networkPolicy.webhookFrom": [apiserver],
+        },
+    )
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    containers = _containers(docs)
+    assert set(policies) == {f"mp-{c}" for c in containers}
+    for component, container in containers.items():
+        spec = policies[f"mp-{component}"]
+        assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+        assert spec["policyTypes"] == ["Ingress"]
+        (rule,) = spec["ingress"]
+        (port,) = rule["ports"]
+        (named,) = container["ports"]
+        assert port == {"protocol": "TCP", "port": named["name"]}
+        assert rule["from"] == ([apiserver] if component == "webhook" else [monitoring])
+    # Without peers: the ports from any source.
+    docs = _render("mp", "gpu-system", "networkPolicy.enabled=true", "agent.enabled=false")
+    rules = {
+        d["metadata"]["name"]: d["spec"]["ingress"] for d in docs if d["kind"] == "NetworkPolicy"
+    }
+    assert set(rules) == {"mp-controller", "mp-webhook"}
+    assert all("from" not in rule for rs in rules.values() for rule in rs)
+
+
+POLICIES = REPO / "deploy" / "policies"
+POLICY_NAMES = ("agent-nodes", "agent-gpulayouts", "controller-pods")
+
+
+def test_the_chart_installs_the_admission_policies_unless_told_not_to() -> None:
+    docs = _render("mp", "gpu-system")
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = {
+        d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    }
+    assert set(policies) == set(bindings) == {f"mp-{n}" for n in POLICY_NAMES}
+    for name, binding in bindings.items():
+        assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+        spec = policies[name]["spec"]
+        assert spec["failurePolicy"] == "Fail"
+        (condition,) = spec["matchConditions"]
+        account = "controller" if "controller" in name else "agent"
+        want = f"request.userInfo.username == 'system:serviceaccount:gpu-system:mp-{account}'"
+        assert condition["expression"] == want
+    kinds = {d["kind"] for d in _render("mp", "gpu-system", "admissionPolicies.enabled=false")}
+    assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    warn = _render("mp", "gpu-system", "admissionPolicies.validationActions={Warn,Audit}")
+    for doc in warn:
+        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
+            assert doc["spec"]["validationActions"] == ["Warn", "Audit"]
+
+
+def test_deploy_policies_are_the_charts_for_release_migpilot() -> None:
+    """deploy/policies/ (for kubectl) holds the chart's policies and bindings as rendered for
+    the release ``migpilot`` in ``migpilot-system``, without Helm's labels."""
+    rendered = [
+        d
+        for d in _render("migpilot", "migpilot-system")
+        if d["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    ]
+    for doc in rendered:
+        del doc["metadata"]["labels"]
+    shipped = []
+    for path in sorted(POLICIES.glob("*.yaml")):
+        shipped += [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+    def named(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+        return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+    assert named(shipped) == named(rendered) and len(shipped) == len(rendered)
+    assert {p.name for p in POLICIES.glob("*.yaml")} == {f"{n}.yaml" for n in POLICY_NAMES}
+
+
 @pytest.mark.parametrize(("replicas", "budgets"), [("2", 2), ("1", 0)])
 def test_a_disruption_budget_keeps_one_replica_through_a_drain(replicas: str, budgets: int) -> None:
     docs = _render(
@@ -550,6 +673,7 @@ def installed(
             release,
             namespace,
             "serviceMonitor.enabled=true",
+            "networkPolicy.enabled=true",
             "agent.hostPID=true",
             "agent.strategy=none",
             values=SHARING_VALUES,
@@ -622,6 +746,12 @@ def test_the_rendered_chart_applies_to_the_real_apiserver(
     for name in ("controller", "webhook"):
         assert client.get(Role, f"{release}-{name}", namespace=namespace)
         assert client.get(RoleBinding, f"{release}-{name}", namespace=namespace)
+    for name in POLICY_NAMES:  # their CEL compiled by the apiserver
+        assert client.get(ValidatingAdmissionPolicy, f"{release}-{name}")
+        assert client.get(ValidatingAdmissionPolicyBinding, f"{release}-{name}")
+    if request.node.callspec.params["installed"] == "sharing":
+        for name in ("controller", "webhook", "agent"):
+            assert client.get(NetworkPolicy, f"{release}-{name}", namespace=namespace)
     for kind in (MutatingWebhookConfiguration, ValidatingWebhookConfiguration):
         hook = client.get(kind, f"{release}-webhook")  # its CEL compiled by the apiserver
         assert hook.webhooks is not None and hook.webhooks[0].failurePolicy == "Ignore"
@@ -726,6 +856,23 @@ def test_each_component_has_only_the_rights_it_needs(
         (agent, {"verb": "delete", "resource": "nodes"}),
         (agent, {"verb": "list", "resource": "configmaps", "namespace": "gpu-operator"}),
         (agent, {"verb": "get", **{**mig_parted, "name": "some-other-config"}}),
+        # Verbs its client never sends.
+        (agent, {"verb": "get", **mig_parted}),
+        (agent, {"verb": "get", "resource": "nodes"}),
+        (agent, {"verb": "get", "resource": "gpulayouts", "group": "migpilot.io"}),
+        (
+            agent,
+            {
+                "verb": "update",
+                "resource": "gpulayouts",
+                "group": "migpilot.io",
+                "subresource": "status",
+            },
+        ),
+        (ctl, {"verb": "patch", "resource": "events", "namespace": "default"}),
+        (ctl, {"verb": "update", "resource": "pods", "namespace": "default"}),
+        (ctl, {"verb": "get", "resource": "pods", "namespace": "default"}),
+        (ctl, {"verb": "update", "resource": "gpulayouts", "group": "migpilot.io"}),
         # The sharing configs are mounted by the kubelet, never read through the API.
         (
             agent,
