@@ -559,7 +559,11 @@ def run(settings: FleetSettings) -> int:
     if settings.workers < 1:
         raise errors.AgentConfigError(f"--workers must be at least 1, got {settings.workers}")
     api = kube.connect(settings.kubeconfig)
-    api.list_nodes(selector=settings.selector)  # fails here, not in a thread, when unreachable
+    # Fails here, not in a thread, when unreachable; a transient error (429 right after a CRD
+    # is created, 5xx, refused) is tried again with backoff first, as the agent's first reads.
+    watching.retrying(
+        lambda: api.list_nodes(selector=settings.selector), what=f"Nodes {settings.selector}"
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
