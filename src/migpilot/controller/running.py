@@ -415,12 +415,12 @@ class Controller:
         self._batch = decision.batch
         if decision.plan is None:
             return
+        if not self._acting():
+            return  # the plan took past the renew deadline: written by no one, not counted
         self.plans += 1
         seconds = time.perf_counter() - started
         self.metrics.plan_seconds.observe(seconds)
         plan = decision.plan
-        if not self._acting():
-            return  # the plan took past the renew deadline: the next leader plans again
         _log.info(
             "plan %d: %d pods waiting, %d placed, %d GPUs changed, %d not placed%s (%.3f s)",
             self.plans,
