@@ -22,7 +22,6 @@ from migpilot.api import gpulayouts as gl
 from migpilot.api import leases
 from migpilot.controller import kubeapi, running
 from tests.unit.test_controller_running import (
-    _agent_reports,
     _Clock,
     _node,
     _pod,
