@@ -64,7 +64,7 @@ class Writes:
             name = doc["metadata"]["name"]
             if name in self._nodes:
                 self._last[name] = _writer(doc)
-        self._version = str(listed.resourceVersion)  # type: ignore[attr-defined]
+        self._version = str(listed.resourceVersion)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._watch, daemon=True)
 

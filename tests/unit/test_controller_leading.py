@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from migpilot import errors
 from migpilot.api import gpulayouts as gl
 from migpilot.api import leases
 from migpilot.controller import kubeapi, running
@@ -356,7 +357,7 @@ def test_the_term_written_is_the_leases_transitions_when_taken() -> None:
     ],
 )
 def test_the_timings_must_leave_the_safety_margin(kw: dict[str, Any], says: str) -> None:
-    with pytest.raises(running.errors.MigpilotError, match=says):
+    with pytest.raises(errors.MigpilotError, match=says):
         running.Settings(identity="c1", **kw)
 
 
