@@ -9,8 +9,11 @@ own times, and the answer to a write. Short timings (Lease 6 s, renew deadline 4
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import uuid
 
+import lightkube
 import pytest
 from lightkube.resources.coordination_v1 import Lease
 
@@ -18,6 +21,7 @@ from migpilot.api import gpulayouts as gl
 from migpilot.api import leases
 from migpilot.controller import kube, kubeapi
 from tests.kube import crds
+from tests.kube.controlplane import ControlPlane
 from tests.kube.scenes import NODES, Scene
 from tests.kube.writes import Writes
 
@@ -131,3 +135,54 @@ def test_a_paused_leader_is_replaced_after_a_lease_duration_and_its_writes_are_r
         after = writes.all()[count:]
         assert after and {(w.leader, w.term) for w in after} == {("c2", str(term + 1))}, after
         assert writes.alive(), "the GpuLayout watch ended: no write would mean nothing"
+
+
+def test_the_api_server_refuses_a_spec_write_whose_precondition_does_not_hold(
+    control_plane: ControlPlane,
+) -> None:
+    # The controller's own write path (controller/kube.py) against kube-apiserver: a create
+    # when the object exists, and a server-side apply on a replaced resourceVersion, are 409.
+    crds.ensure_gpulayouts(control_plane)
+    name = f"fence-{uuid.uuid4().hex[:6]}"
+    theirs = gl.LayoutSpec((gl.GpuSpec(0, None, (gl.InstanceSpec("1g.10gb", 6),)),))
+
+    async def scenario() -> None:
+        api = kube.connect(control_plane.kubeconfig)
+        try:
+            made = await api.apply_layout_spec(
+                name, gl.LayoutSpec(()), owner_uid=None, fence=kubeapi.Fence(None, "c1", 3)
+            )
+            first = str(made["metadata"]["resourceVersion"])
+            assert made["metadata"]["annotations"] == {
+                gl.LEADER_ANNOTATION: "c1",
+                gl.TERM_ANNOTATION: "3",
+            }
+            with pytest.raises(kubeapi.ConflictError):
+                await api.apply_layout_spec(
+                    name, gl.LayoutSpec(()), owner_uid=None, fence=kubeapi.Fence(None, "c2", 4)
+                )
+            replaced = await api.apply_layout_spec(
+                name, theirs, owner_uid=None, fence=kubeapi.Fence(first, "c2", 4)
+            )
+            second = str(replaced["metadata"]["resourceVersion"])
+            assert second != first
+            with pytest.raises(kubeapi.ConflictError):
+                await api.apply_layout_spec(
+                    name, gl.LayoutSpec(()), owner_uid=None, fence=kubeapi.Fence(first, "c1", 3)
+                )
+            now = control_plane.client.get(crds.GpuLayout, name).to_dict()
+            assert str(now["metadata"]["resourceVersion"]) == second
+            assert gl.parse(now).spec == theirs
+            assert now["metadata"]["annotations"][gl.LEADER_ANNOTATION] == "c2"
+            again = await api.apply_layout_spec(
+                name, gl.LayoutSpec(()), owner_uid=None, fence=kubeapi.Fence(second, "c2", 4)
+            )
+            assert gl.parse(dict(again)).spec == gl.LayoutSpec(())
+        finally:
+            await api.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        with contextlib.suppress(lightkube.ApiError):
+            control_plane.client.delete(crds.GpuLayout, name)
