@@ -113,11 +113,13 @@ def test_a_paused_leader_is_replaced_after_a_lease_duration_and_its_writes_are_r
         # c1's write planned before the pause and sent now: the API server refuses it (409),
         # and the spec c2 wrote stands.
         node = writes.by("c2")[0].node
-        current = _version(scene, node)
-        assert current != before[node]
+        assert _version(scene, node) != before[node]
+        by_c1 = len(writes.by("c1"))
         with pytest.raises(kubeapi.ConflictError):
             asyncio.run(_write_as(scene, node, version=before[node], leader="c1", term=term))
-        assert _version(scene, node) == current
+        layout = client.get(crds.GpuLayout, node).to_dict()
+        assert layout["metadata"]["annotations"][gl.LEADER_ANNOTATION] == "c2"
+        assert len(writes.by("c1")) == by_c1
 
         # c1 resumes: past its renew deadline on its own clock, it writes nothing, and the
         # Lease stays c2's.
