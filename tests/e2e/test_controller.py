@@ -28,6 +28,7 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod
 from migpilot.api import gpulayouts as gl
 from tests.kube import controlplane
 from tests.kube.scenes import NODES, WAIT_S, Scene, container
+from tests.kube.writes import Writes
 
 pytestmark = pytest.mark.kube
 
@@ -142,26 +143,28 @@ def test_two_controllers_never_both_act_and_a_standby_takes_over(scene: Scene) -
     scene.start_controller("c1")
     scene.wait(scene.reported, "the agents' first status")
     scene.start_controller("c2")
-    for i in range(4):
-        client.create(scene.pod(f"p{i}", "2g.20gb"))
-    scene.wait(lambda: scene.running({f"p{i}" for i in range(4)}), "4 pods Running")
-    logs = {
-        ident: (scene.root / f"controller-{ident}.log").read_text(errors="replace")
-        for ident in ("c1", "c2")
-    }
-    holding = [ident for ident, text in logs.items() if "holding the Lease" in text]
-    assert holding == ["c1"], logs
-    # The leader dies mid-wave: the standby takes over and serves every pod once.
-    for i in range(4, 8):
-        client.create(scene.pod(f"p{i}", "2g.20gb"))
-    controlplane.stop_components([scene.controllers["c1"]])
-    scene.wait(
-        lambda: scene.running({f"p{i}" for i in range(8)}),
-        "8 pods Running after the standby took over",
-        timeout=WAIT_S,
-    )
-    text = (scene.root / "controller-c2.log").read_text(errors="replace")
-    assert "holding the Lease" in text
+    with Writes(scene.plane.kubeconfig, NODES) as writes:
+        for i in range(4):
+            client.create(scene.pod(f"p{i}", "2g.20gb"))
+        scene.wait(lambda: scene.running({f"p{i}" for i in range(4)}), "4 pods Running")
+        # Who wrote the GpuLayouts, as the API server has it: c1 only.
+        assert writes.by("c1") and writes.leaders() == {"c1"}, writes.all()
+        count = len(writes.all())
+        # The leader dies mid-wave: the standby takes over and serves every pod once.
+        for i in range(4, 8):
+            client.create(scene.pod(f"p{i}", "2g.20gb"))
+        controlplane.stop_components([scene.controllers["c1"]])
+        scene.wait(
+            lambda: scene.running({f"p{i}" for i in range(8)}),
+            "8 pods Running after the standby took over",
+            timeout=WAIT_S,
+        )
+        after = writes.all()[count:]
+        assert after and {w.leader for w in after} <= {"c1", "c2"}, after
+        # Once c2 wrote, c1 never wrote again: the writers hand over once, never interleave.
+        leaders = [w.leader for w in after]
+        assert "c2" in leaders and "c1" not in leaders[leaders.index("c2") :], leaders
+        assert writes.alive()
     # Planned once: each pod got one reservation event.
     reserved: dict[str, int] = {}
     for e in client.list(Event, namespace=scene.namespace):

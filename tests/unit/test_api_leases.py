@@ -1,4 +1,5 @@
-"""The Lease rules the controller and the webhook share (api/leases.py): fresh, claim, times."""
+"""The Lease rules the controller and the webhook share (api/leases.py): fresh (the webhook),
+observe and claim (the controller's leader election, on its own clock), times."""
 
 from __future__ import annotations
 
@@ -73,9 +74,30 @@ def test_fresh(lease: dict[str, Any], now: float, want: bool) -> None:
 
 # --------------------------------------------------------------------------- claim
 
+T0 = 5_000.0
+"""A candidate's monotonic clock when it first reads the Lease (unrelated to any epoch)."""
+HOUR = 3600.0
+
+
+def _claim(
+    lease: dict[str, Any] | None,
+    *,
+    identity: str = "me",
+    seen: float = T0,
+    now: float = T0,
+    stamp: float = NOW,
+    **kw: Any,
+) -> dict[str, Any] | None:
+    """``claim`` by a candidate that first saw ``lease`` at ``seen`` and reads it unchanged
+    at ``now`` (its monotonic clock)."""
+    first = leases.observe(lease, previous=None, now=seen)
+    again = leases.observe(lease, previous=first, now=now)
+    assert again is first
+    return leases.claim(lease, observed=again, identity=identity, now=now, stamp=stamp, **kw)
+
 
 def test_an_absent_lease_is_taken() -> None:
-    body = leases.claim(None, identity="me", now=NOW)
+    body = _claim(None)
     assert body is not None
     stamp = leases.format_time(NOW)
     assert body == {
@@ -90,32 +112,84 @@ def test_an_absent_lease_is_taken() -> None:
             "leaseTransitions": 0,
         },
     }
-    assert leases.fresh(body, NOW)
-    assert not leases.fresh(body, NOW + leases.DURATION_S)
+    assert leases.transitions_of(body) == 0
 
 
-@pytest.mark.parametrize("age", [0.0, 1.0, 14.0])
-def test_a_lease_another_holder_keeps_fresh_is_not_taken(age: float) -> None:
-    assert leases.claim(_lease("other", renewed=NOW - age), identity="me", now=NOW) is None
+@pytest.mark.parametrize("waited", [0.0, 1.0, 14.999])
+@pytest.mark.parametrize("skew", [-10 * HOUR, -20.0, 0.0, 20.0, 10 * HOUR])
+def test_a_lease_another_holder_was_seen_renewing_is_not_taken_whatever_the_clocks(
+    waited: float, skew: float
+) -> None:
+    # The holder's renewTime is hours off this candidate's wall clock either way: a fresh
+    # Lease is not taken while a whole duration has not passed on the candidate's own clock.
+    lease = _lease("other", renewed=NOW - skew)
+    assert _claim(lease, now=T0 + waited, stamp=NOW) is None
+
+
+@pytest.mark.parametrize("skew", [-10 * HOUR, -20.0, 0.0, 20.0, 10 * HOUR])
+def test_a_dead_holders_lease_is_taken_after_one_duration_on_the_candidates_clock(
+    skew: float,
+) -> None:
+    # renewTime written by a holder whose clock is hours ahead (or behind) this one: the
+    # Lease is taken one duration after the candidate first saw it, never later.
+    lease = _lease("other", renewed=NOW + skew, transitions=3)
+    body = _claim(lease, now=T0 + leases.DURATION_S, stamp=NOW)
+    assert body is not None
+    assert body["spec"]["holderIdentity"] == "me"
+    assert body["spec"]["leaseTransitions"] == 4
+    assert body["spec"]["acquireTime"] == body["spec"]["renewTime"] == leases.format_time(NOW)
+    assert body["metadata"]["resourceVersion"] == "42"
+
+
+def test_each_renewal_seen_restarts_the_candidates_wait() -> None:
+    lease = _lease("other", renewed=NOW, version="42")
+    seen = leases.observe(lease, previous=None, now=T0)
+    renewed = _lease("other", renewed=NOW + 2, version="43")
+    later = leases.observe(renewed, previous=seen, now=T0 + 10)
+    assert later is not None and later.at == T0 + 10
+    assert (
+        leases.claim(renewed, observed=later, identity="me", now=T0 + 20, stamp=NOW) is None
+    )  # 10 s since the change was seen, not 20 since the first read
+    assert leases.claim(renewed, observed=later, identity="me", now=T0 + 25, stamp=NOW)
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        pytest.param({"version": "43"}, id="resource-version"),  # a holder whose clock stopped
+        pytest.param({"renewed": NOW + 1}, id="renew-time"),
+        pytest.param({"holder": "third"}, id="holder"),
+        pytest.param({"transitions": 4}, id="transitions"),
+        pytest.param({"duration": 30}, id="duration"),
+    ],
+)
+def test_any_change_of_the_record_is_a_renewal_seen(changed: dict[str, Any]) -> None:
+    seen = leases.observe(_lease("other"), previous=None, now=T0)
+    again = leases.observe(_lease(**{"holder": "other", **changed}), previous=seen, now=T0 + 9)
+    assert again is not None and again.at == T0 + 9
+    same = leases.observe(_lease("other"), previous=seen, now=T0 + 9)
+    assert same is seen
 
 
 @pytest.mark.parametrize(
     ("lease", "transitions"),
     [
-        pytest.param(_lease("other", renewed=NOW - 15), 4, id="just-expired"),
-        pytest.param(_lease("other", renewed=NOW - 3600), 4, id="long-expired"),
         pytest.param(_lease(None), 4, id="released"),
         pytest.param(_lease("", renewed=NOW - 1), 4, id="released-empty-holder"),
-        pytest.param(_lease("other", renewed=NOW - 60, transitions=None), 1, id="no-transitions"),
-        pytest.param(_lease("other", renewed="garbage"), 4, id="bad-renew-time"),
-        pytest.param(_lease("other", renewed=NOW - 60, transitions=-2), 1, id="neg-transitions"),
-        pytest.param(_lease("other", renewed=NOW - 60, transitions="3"), 1, id="text-transitions"),
+        pytest.param(_lease("other", duration=None), 4, id="no-duration"),
+        pytest.param(_lease("other", duration=0), 4, id="zero-duration"),
+        pytest.param(_lease("other", duration="15"), 4, id="text-duration"),
+        pytest.param(_lease("other", duration=True), 4, id="bool-duration"),
+        pytest.param(_lease(None, transitions=None), 1, id="no-transitions"),
+        pytest.param(_lease(None, transitions=-2), 1, id="neg-transitions"),
+        pytest.param(_lease(None, transitions="3"), 1, id="text-transitions"),
+        pytest.param({"spec": None, "metadata": {"resourceVersion": "42"}}, 1, id="spec-null"),
     ],
 )
-def test_an_expired_or_released_lease_is_taken_with_one_more_transition(
+def test_a_released_or_malformed_lease_is_taken_at_once_with_one_more_transition(
     lease: dict[str, Any], transitions: int
 ) -> None:
-    body = leases.claim(lease, identity="me", now=NOW)
+    body = _claim(lease)
     assert body is not None
     spec = body["spec"]
     assert spec["holderIdentity"] == "me"
@@ -124,10 +198,13 @@ def test_an_expired_or_released_lease_is_taken_with_one_more_transition(
     assert body["metadata"]["resourceVersion"] == "42"
 
 
-@pytest.mark.parametrize("age", [0.0, 2.0, 14.9])
-def test_our_own_fresh_lease_is_renewed_keeping_its_acquire_time(age: float) -> None:
-    lease = _lease("me", renewed=NOW - age, transitions=5)
-    body = leases.claim(lease, identity="me", now=NOW)
+@pytest.mark.parametrize("waited", [0.0, 2.0, 14.9, HOUR])
+@pytest.mark.parametrize("skew", [-HOUR, 0.0, HOUR])
+def test_our_own_lease_is_renewed_keeping_its_acquire_time_and_term(
+    waited: float, skew: float
+) -> None:
+    lease = _lease("me", renewed=NOW - skew, transitions=5)
+    body = _claim(lease, now=T0 + waited)
     assert body is not None
     assert body["spec"]["acquireTime"] == lease["spec"]["acquireTime"]
     assert body["spec"]["renewTime"] == leases.format_time(NOW)
@@ -135,45 +212,44 @@ def test_our_own_fresh_lease_is_renewed_keeping_its_acquire_time(age: float) -> 
     assert body["metadata"]["resourceVersion"] == "42"
 
 
-def test_our_own_expired_lease_is_taken_again_without_a_transition() -> None:
-    # leaseTransitions counts changes of holder (as client-go's leader election does); the
-    # same holder coming back after a lapse is a new acquisition but not a new holder.
-    lease = _lease("me", renewed=NOW - 60, transitions=5)
-    body = leases.claim(lease, identity="me", now=NOW)
-    assert body is not None
-    assert body["spec"]["leaseTransitions"] == 5
-    assert body["spec"]["acquireTime"] == leases.format_time(NOW)
-
-
 def test_claim_carries_the_resource_version_only_when_there_is_one() -> None:
-    body = leases.claim(_lease("other", renewed=NOW - 60, version=None), identity="me", now=NOW)
+    body = _claim(_lease(None, version=None))
     assert body is not None
     assert "resourceVersion" not in body["metadata"]
 
 
 def test_claim_writes_the_given_name_namespace_and_duration() -> None:
-    body = leases.claim(None, identity="me", now=NOW, namespace="ns", name="l", duration_s=7)
+    body = _claim(None, namespace="ns", name="l", duration_s=7)
     assert body is not None
     assert body["metadata"] == {"name": "l", "namespace": "ns"}
     assert body["spec"]["leaseDurationSeconds"] == 7
-    assert leases.fresh(body, NOW + 6.9) and not leases.fresh(body, NOW + 7)
+    seen = leases.observe(body, previous=None, now=T0)
+    assert leases.held_by_another(seen, identity="other", now=T0 + 6.9)
+    assert not leases.held_by_another(seen, identity="other", now=T0 + 7)
+    assert not leases.held_by_another(seen, identity="me", now=T0)
+
+
+def test_no_lease_is_observed_as_none() -> None:
+    assert leases.observe(None, previous=None, now=T0) is None
+    assert not leases.held_by_another(None, identity="me", now=T0)
 
 
 @given(
     holder=st.sampled_from(["me", "other", ""]),
-    age=st.floats(min_value=-5, max_value=100, allow_nan=False),
+    skew=st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
+    waited=st.floats(min_value=0, max_value=100, allow_nan=False),
     identity=st.sampled_from(["me", "other"]),
 )
-def test_claim_never_takes_a_lease_another_keeps_fresh(
-    holder: str, age: float, identity: str
+def test_claim_never_takes_a_lease_another_was_seen_renewing_within_a_duration(
+    holder: str, skew: float, waited: float, identity: str
 ) -> None:
-    lease = _lease(holder, renewed=NOW - age)
-    body = leases.claim(lease, identity=identity, now=NOW)
-    held_by_another = leases.fresh(lease, NOW) and holder != identity
+    lease = _lease(holder, renewed=NOW + skew)
+    body = _claim(lease, identity=identity, now=T0 + waited)
+    held_by_another = holder not in ("", identity) and waited < leases.DURATION_S
     assert (body is None) is held_by_another
     if body is not None:
-        assert leases.fresh(body, NOW)
         assert body["spec"]["holderIdentity"] == identity
+        assert body["spec"]["renewTime"] == leases.format_time(NOW)
 
 
 # --------------------------------------------------------------------------- times

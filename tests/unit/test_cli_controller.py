@@ -87,3 +87,35 @@ def test_node_policy_is_the_new_name_of_scoring(tmp_path: Path) -> None:
         _parse("--kubeconfig", str(kubeconfig), "--node-policy", "spread")
     )
     assert settings.controller.policy is snapshot.Policy.SPREAD
+
+
+def test_leader_election_timings_default_to_client_gos_and_follow_the_flags() -> None:
+    c = controller_cmd.settings_from(_parse("--identity", "me")).controller
+    assert (c.lease_duration_s, c.renew_deadline_s, c.renew_every_s, c.lease_timeout_s) == (
+        15,
+        10.0,
+        2.0,
+        4.0,
+    )
+    flags = ("--lease-duration", "6", "--renew-deadline", "4", "--retry-period", "1")
+    c = controller_cmd.settings_from(
+        _parse("--identity", "me", *flags, "--lease-timeout", "2")
+    ).controller
+    assert (c.lease_duration_s, c.renew_deadline_s, c.renew_every_s, c.lease_timeout_s) == (
+        6,
+        4.0,
+        1.0,
+        2.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--renew-deadline", "15"), "renew deadline .* must be shorter than the Lease duration"),
+        (("--lease-timeout", "9"), "timeout .* must be at most the renew deadline"),
+    ],
+)
+def test_timings_without_a_safety_margin_are_refused(argv: tuple[str, ...], message: str) -> None:
+    with pytest.raises(errors.MigpilotError, match=message):
+        controller_cmd.settings_from(_parse("--identity", "x", *argv))

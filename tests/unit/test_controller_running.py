@@ -221,7 +221,9 @@ def test_a_standby_writes_nothing_while_another_holds_the_lease() -> None:
 
     async def main() -> None:
         api = kubeapi.InMemoryApi()
-        other = leases.claim(None, identity="someone-else", now=time.time())
+        other = leases.claim(
+            None, observed=None, identity="someone-else", now=0.0, stamp=time.time()
+        )
         assert other is not None
         await api.write_lease(other, create=True)
         controller = running.Controller(
@@ -653,10 +655,10 @@ def test_instances_that_never_appear_expire_after_ten_timeouts() -> None:
     _run(body, clock=clock, reservation_timeout_s=60.0)
 
 
-def test_a_standby_takes_over_when_the_lease_expires() -> None:
-    wall = _Clock(1_800_000_000.0)
+def test_a_standby_takes_over_once_it_has_seen_no_renewal_for_a_lease_duration() -> None:
+    clock = _Clock(1000.0)
     api = kubeapi.InMemoryApi()
-    other = leases.claim(None, identity="c0", now=wall.now)
+    other = leases.claim(None, observed=None, identity="c0", now=0.0, stamp=time.time())
     assert other is not None
     asyncio.run(api.write_lease(other, create=True))
 
@@ -664,18 +666,19 @@ def test_a_standby_takes_over_when_the_lease_expires() -> None:
         await api.put(kubeapi.Kind.NODES, _node("n0"))
         await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("the watches", lambda: len(controller._store.pods) == 1)
-        wall.now += 14.0
+        await _until("the Lease seen", lambda: controller._observed is not None)
+        clock.now += 14.0
         await asyncio.sleep(0.2)  # a pass or more: the standby must stay passive
         assert not controller.leading
         assert not api.spec_writes and not api.pod_patches and not api.events
-        wall.now += 2.0  # c0 last renewed 16 s ago: its Lease has expired
+        clock.now += 1.0  # c0 not seen renewing for 15 s on c1's clock: the Lease is c1's
         await _until("the Lease taken", lambda: controller.leading)
         lease = api.leases[f"{leases.NAMESPACE}/{leases.NAME}"]
         assert lease["spec"]["holderIdentity"] == "c1"
         assert lease["spec"]["leaseTransitions"] == 1
         await _until("the GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
 
-    _run(body, api=api, wall=wall, renew_every_s=0.05)
+    _run(body, api=api, clock=clock, renew_every_s=0.05)
 
 
 def test_a_leader_that_loses_the_lease_stops_writing() -> None:

@@ -40,6 +40,11 @@ CONTROLLER_FIELD_MANAGER = "migpilot-controller"
 """Server-side apply field manager of ``spec``."""
 AGENT_FIELD_MANAGER = "migpilot-agent"
 """Server-side apply field manager of ``status``."""
+LEADER_ANNOTATION = "migpilot.io/leader"
+"""The controller that last wrote ``spec`` (its Lease identity): who acted, as a fact on the
+API server (all controllers share one field manager, so managedFields cannot tell)."""
+TERM_ANNOTATION = "migpilot.io/leader-term"
+"""The Lease's ``leaseTransitions`` when that controller took it: its term as leader."""
 UNIFIED_RESOURCE = "nvidia.com/gpu"
 """What an instance kept for a unified pod is advertised as (``spec...instances[].resource``)."""
 READY = "Ready"
@@ -208,6 +213,8 @@ class StatusDoc(TypedDict):
 class MetadataDoc(TypedDict):
     name: str
     generation: NotRequired[int]
+    resourceVersion: NotRequired[str]
+    annotations: NotRequired[dict[str, str]]
 
 
 class GpuLayoutDoc(TypedDict):
@@ -828,10 +835,28 @@ def to_document(layout: GpuLayout) -> GpuLayoutDoc:
     return doc
 
 
-def spec_patch(name: str, spec: LayoutSpec) -> GpuLayoutDoc:
+def spec_patch(
+    name: str,
+    spec: LayoutSpec,
+    *,
+    resource_version: str | None = None,
+    leader: tuple[str, int] | None = None,
+) -> GpuLayoutDoc:
     """The controller's server-side apply body: identity and ``spec`` only (field manager
-    :data:`CONTROLLER_FIELD_MANAGER`). Instances it leaves out are released by the apply."""
+    :data:`CONTROLLER_FIELD_MANAGER`). Instances it leaves out are released by the apply.
+
+    ``resource_version`` makes the apply a conditional write: the API server refuses it (409)
+    if the object changed since that version, so a deposed leader's write, planned on what it
+    saw before the new leader wrote, fails. ``leader`` (identity, term) is recorded in
+    :data:`LEADER_ANNOTATION` and :data:`TERM_ANNOTATION`."""
     doc = _object(name)
+    if resource_version is not None:
+        doc["metadata"]["resourceVersion"] = resource_version
+    if leader is not None:
+        doc["metadata"]["annotations"] = {
+            LEADER_ANNOTATION: leader[0],
+            TERM_ANNOTATION: str(leader[1]),
+        }
     doc["spec"] = _spec_doc(spec)
     return doc
 

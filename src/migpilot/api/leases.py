@@ -5,13 +5,25 @@ Why it exists: two programs judge the same Lease (``migpilot-controller`` in
 the webhook, which gates new MIG pods only while some controller holds it fresh, so a dead
 controller never strands new pods. One module holds the rules so both agree.
 
-A Lease is held when it names a holder and ``renewTime + leaseDurationSeconds`` is later than
-now. :func:`claim` is the step of Kubernetes' leader election: take a Lease that is absent,
-expired or already ours (renewing it), never one another holder keeps fresh. The caller writes
-the body with the Lease's ``resourceVersion``, so of two controllers claiming at once the API
-server lets one win.
+The controller follows client-go's leader election (``tools/leaderelection``): a candidate
+never compares the holder's ``renewTime`` with its own wall clock. It remembers when, on its
+own monotonic clock, it last saw the Lease record change (:func:`observe`: holder, renew and
+acquire times, duration, transitions, ``resourceVersion``) and takes the Lease only once
+``leaseDurationSeconds`` have passed on that clock with no change (:func:`held_by_another`).
+Clock skew between nodes therefore does not matter; only the rate of the clocks does. The
+holder, for its part, acts only until its renew deadline (shorter than the duration) has
+passed on its own monotonic clock since the start of its last successful renewal, so it has
+stopped before any candidate can have waited out the duration. :func:`claim` is the step:
+take a Lease that is absent, released or not seen renewed for a whole duration, or renew our
+own, never one another holder was seen renewing. The caller writes the body with the Lease's
+``resourceVersion``, so of two controllers claiming at once the API server lets one win.
 
-Pure: times are seconds since the Unix epoch handed in; no clock, no client.
+:func:`fresh` is the webhook's looser reading (``renewTime`` against the wall clock): the
+webhook only decides whether to gate a pod, never whether two controllers act, and it must
+fail open on its first read rather than wait a whole duration.
+
+Pure: times are numbers handed in (monotonic seconds to judge, epoch seconds to stamp); no
+clock, no client.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from __future__ import annotations
 import calendar
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 NAME = "migpilot-controller"
@@ -26,8 +39,18 @@ NAME = "migpilot-controller"
 NAMESPACE = "migpilot-system"
 """The Lease's namespace (the controller's)."""
 DURATION_S = 15
-"""``leaseDurationSeconds`` the controller writes: another controller takes over this long
-after the holder last renewed."""
+"""``leaseDurationSeconds`` the controller writes: another controller takes over once it has
+seen no renewal for this long on its own clock (client-go's default)."""
+RENEW_DEADLINE_S = 10.0
+"""Seconds after the start of its last successful renewal that the holder stops acting, on its
+own monotonic clock, when it could not renew since (client-go's default). Less than
+:data:`DURATION_S`: the margin covers the clocks' rates and an in-flight write."""
+RETRY_S = 2.0
+"""Seconds between tries to take or renew the Lease (client-go's default)."""
+CALL_TIMEOUT_S = 4.0
+"""Seconds one Lease call (get, create, update) may take before it is abandoned: less than
+:data:`RENEW_DEADLINE_S` minus :data:`RETRY_S`, so one hung call never costs the holder its
+Lease."""
 
 
 _RFC3339 = re.compile(
@@ -104,33 +127,101 @@ def _gmtime(seconds: int) -> tuple[int, int, int, int, int, int]:
     return (y + (mo <= 2), mo, d, h, mi, s)
 
 
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """The Lease as this candidate last saw it change, and when, on its own monotonic clock
+    (client-go's ``observedRecord`` and ``observedTime``)."""
+
+    record: tuple[object, ...]
+    """What tells one write of the Lease from the next: ``resourceVersion`` and the spec's
+    holder, renew and acquire times, duration and transitions."""
+    holder: str
+    """``holderIdentity`` ("" when released or missing)."""
+    duration_s: int
+    """``leaseDurationSeconds`` as written (0 when missing or malformed: not held)."""
+    transitions: int
+    """``leaseTransitions`` (0 when missing or malformed)."""
+    at: float
+    """Monotonic seconds (the observer's clock) when this record was first seen."""
+
+
+def observe(
+    lease: Mapping[str, Any] | None, *, previous: Observation | None, now: float
+) -> Observation | None:
+    """What a candidate knows after reading ``lease`` at ``now`` (its monotonic clock): the
+    ``previous`` observation when the record has not changed since (its time stays the time
+    it was first seen), else a new one seen ``now``; ``None`` when there is no Lease."""
+    if lease is None:
+        return None
+    spec: Mapping[str, Any] = lease.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        spec = {}
+    meta: Mapping[str, Any] = lease.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        meta = {}
+    record = (
+        _hashable(meta.get("resourceVersion")),
+        _hashable(spec.get("holderIdentity")),
+        _hashable(spec.get("renewTime")),
+        _hashable(spec.get("acquireTime")),
+        _hashable(spec.get("leaseDurationSeconds")),
+        _hashable(spec.get("leaseTransitions")),
+    )
+    if previous is not None and previous.record == record:
+        return previous
+    holder = spec.get("holderIdentity")
+    duration = spec.get("leaseDurationSeconds")
+    transitions = spec.get("leaseTransitions")
+    return Observation(
+        record=record,
+        holder=holder if isinstance(holder, str) else "",
+        duration_s=_count(duration),
+        transitions=_count(transitions),
+        at=now,
+    )
+
+
+def held_by_another(observed: Observation | None, *, identity: str, now: float) -> bool:
+    """Whether another holder was seen renewing within its ``leaseDurationSeconds`` before
+    ``now``, both on this candidate's monotonic clock (client-go's ``isLeaseValid`` for a
+    holder that is not us)."""
+    return (
+        observed is not None
+        and observed.holder not in ("", identity)
+        and now < observed.at + observed.duration_s
+    )
+
+
 def claim(
     lease: Mapping[str, Any] | None,
     *,
+    observed: Observation | None,
     identity: str,
     now: float,
+    stamp: float,
     namespace: str = NAMESPACE,
     name: str = NAME,
     duration_s: int = DURATION_S,
 ) -> dict[str, Any] | None:
-    """The Lease body that takes or renews the Lease for ``identity`` at ``now``, or ``None``
-    when another holder keeps it fresh. A new holder bumps ``leaseTransitions`` (the same
-    holder taking its own expired Lease again does not; its ``acquireTime`` is new)."""
-    if lease is not None and fresh(lease, now):
-        holder = (lease.get("spec") or {}).get("holderIdentity")
-        if holder != identity:
-            return None
-    stamp = format_time(now)
+    """The Lease body that takes or renews the Lease for ``identity``, or ``None`` while
+    another holder was seen renewing it (:func:`held_by_another` at ``now``, monotonic).
+
+    ``observed`` is :func:`observe` of ``lease``. ``stamp`` (seconds since the epoch) is only
+    written, as ``renewTime`` (and ``acquireTime`` on a take): no one judges freshness by it
+    but the webhook. Renewing our own Lease keeps its ``acquireTime`` and ``leaseTransitions``;
+    a take bumps ``leaseTransitions``, the fencing term a spec write carries."""
+    if held_by_another(observed, identity=identity, now=now):
+        return None
+    text = format_time(stamp)
     spec_in: Mapping[str, Any] = (lease or {}).get("spec") or {}
-    same_holder = lease is not None and spec_in.get("holderIdentity") == identity
-    ours = same_holder and lease is not None and fresh(lease, now)
-    transitions = spec_in.get("leaseTransitions")
-    transitions = transitions if isinstance(transitions, int) and transitions >= 0 else 0
+    ours = lease is not None and spec_in.get("holderIdentity") == identity
+    transitions = _count(spec_in.get("leaseTransitions"))
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if lease is not None:
         version = (lease.get("metadata") or {}).get("resourceVersion")
         if version is not None:
             metadata["resourceVersion"] = version
+    acquired = spec_in.get("acquireTime")
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -138,8 +229,23 @@ def claim(
         "spec": {
             "holderIdentity": identity,
             "leaseDurationSeconds": duration_s,
-            "acquireTime": spec_in.get("acquireTime") if ours else stamp,
-            "renewTime": stamp,
-            "leaseTransitions": transitions if same_holder or lease is None else transitions + 1,
+            "acquireTime": acquired if ours and isinstance(acquired, str) else text,
+            "renewTime": text,
+            "leaseTransitions": transitions if ours or lease is None else transitions + 1,
         },
     }
+
+
+def transitions_of(lease: Mapping[str, Any]) -> int:
+    """``leaseTransitions`` of a Lease body (0 when missing or malformed)."""
+    spec = lease.get("spec")
+    return _count(spec.get("leaseTransitions") if isinstance(spec, Mapping) else None)
+
+
+def _count(value: object) -> int:
+    """``value`` when it is a whole number of 0 or more (JSON's, not a bool), else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _hashable(value: object) -> object:
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)

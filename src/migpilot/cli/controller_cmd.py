@@ -84,6 +84,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"the Lease the webhook checks (default: {leases.NAME})",
     )
     p.add_argument(
+        "--lease-duration",
+        type=int,
+        default=leases.DURATION_S,
+        metavar="S",
+        help="seconds a standby waits, having seen no renewal of the Lease on its own clock, "
+        f"before it takes over (default: {leases.DURATION_S})",
+    )
+    p.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=leases.RENEW_DEADLINE_S,
+        metavar="S",
+        help="seconds after its last successful renewal that the leader stops writing if it "
+        f"cannot renew; less than --lease-duration (default: {leases.RENEW_DEADLINE_S:g})",
+    )
+    p.add_argument(
+        "--retry-period",
+        type=float,
+        default=leases.RETRY_S,
+        metavar="S",
+        help=f"seconds between tries to take or renew the Lease (default: {leases.RETRY_S:g})",
+    )
+    p.add_argument(
+        "--lease-timeout",
+        type=float,
+        default=leases.CALL_TIMEOUT_S,
+        metavar="S",
+        help="seconds one Lease call may take; at most --renew-deadline less --retry-period "
+        f"(default: {leases.CALL_TIMEOUT_S:g})",
+    )
+    p.add_argument(
         "--identity",
         default=None,
         metavar="ID",
@@ -112,6 +143,10 @@ def settings_from(args: argparse.Namespace) -> serving.ServeSettings:
             reservation_timeout_s=args.reservation_timeout,
             lease_namespace=args.lease_namespace,
             lease_name=args.lease_name,
+            lease_duration_s=args.lease_duration,
+            renew_deadline_s=args.renew_deadline,
+            renew_every_s=args.retry_period,
+            lease_timeout_s=args.lease_timeout,
             policy=snapshot.Policy(args.node_policy),
             gpu_policy=snapshot.Policy(args.gpu_policy),
         ),

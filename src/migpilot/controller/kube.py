@@ -96,9 +96,21 @@ class LightkubeControllerApi:
             raise _error(err) from None
 
     async def apply_layout_spec(
-        self, name: str, spec: gpulayouts.LayoutSpec, *, owner_uid: str | None
+        self,
+        name: str,
+        spec: gpulayouts.LayoutSpec,
+        *,
+        owner_uid: str | None,
+        fence: kubeapi.Fence,
     ) -> Mapping[str, Any]:
-        body: dict[str, Any] = dict(gpulayouts.spec_patch(name, spec))
+        body: dict[str, Any] = dict(
+            gpulayouts.spec_patch(
+                name,
+                spec,
+                resource_version=fence.resource_version,
+                leader=(fence.leader, fence.term),
+            )
+        )
         if owner_uid is not None:
             body["metadata"] = {
                 **body["metadata"],
@@ -107,17 +119,26 @@ class LightkubeControllerApi:
                 ],
             }
         try:
-            got = await self._client.patch(
-                GpuLayout,
-                name,
-                body,
-                patch_type=PatchType.APPLY,
-                field_manager=gpulayouts.CONTROLLER_FIELD_MANAGER,
-                force=True,
-            )
+            if fence.resource_version is None:
+                # Must not exist yet: a create (409 AlreadyExists otherwise), never an apply
+                # that would overwrite the spec another leader wrote.
+                got = await self._client.create(
+                    GpuLayout.from_dict(body),
+                    field_manager=gpulayouts.CONTROLLER_FIELD_MANAGER,
+                )
+            else:
+                # The resourceVersion in the body is a precondition of the apply (409).
+                got = await self._client.patch(
+                    GpuLayout,
+                    name,
+                    body,
+                    patch_type=PatchType.APPLY,
+                    field_manager=gpulayouts.CONTROLLER_FIELD_MANAGER,
+                    force=True,
+                )
         except _ERRORS as err:
             raise _error(err) from None
-        doc: dict[str, Any] = got.to_dict()  # type: ignore[no-untyped-call]
+        doc: dict[str, Any] = got.to_dict()
         return doc
 
     async def patch_pod(self, key: str, patch: list[dict[str, Any]]) -> Mapping[str, Any]:
@@ -184,15 +205,17 @@ class LightkubeControllerApi:
             raise _error(err) from None
         return True
 
-    async def write_lease(self, lease: Mapping[str, Any], *, create: bool) -> None:
+    async def write_lease(self, lease: Mapping[str, Any], *, create: bool) -> Mapping[str, Any]:
         obj = cast(Lease, Lease.from_dict(dict(lease)))
         try:
             if create:
-                await self._client.create(obj)
+                got = await self._client.create(obj)
             else:
-                await self._client.replace(obj)
+                got = await self._client.replace(obj)
         except _ERRORS as err:
             raise _error(err) from None
+        doc: dict[str, Any] = got.to_dict()
+        return doc
 
     async def close(self) -> None:
         await self._client.close()

@@ -87,6 +87,21 @@ class EventNote:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The precondition a leader's GpuLayout spec write carries, so that the write of a
+    leader deposed meanwhile (paused, partitioned) fails instead of undoing its successor's.
+    """
+
+    resource_version: str | None
+    """The GpuLayout's ``resourceVersion`` the write was planned on: the API server refuses it
+    with 409 if the object changed since. ``None``: the object must not exist yet."""
+    leader: str
+    """The writer's Lease identity (recorded on the object)."""
+    term: int
+    """The Lease's ``leaseTransitions`` when the writer took it (recorded on the object)."""
+
+
 class ControllerApi(Protocol):
     """What the controller needs from the API server."""
 
@@ -99,11 +114,12 @@ class ControllerApi(Protocol):
         ...
 
     async def apply_layout_spec(
-        self, name: str, spec: gpulayouts.LayoutSpec, *, owner_uid: str | None
+        self, name: str, spec: gpulayouts.LayoutSpec, *, owner_uid: str | None, fence: Fence
     ) -> Mapping[str, Any]:
-        """Server-side apply of the GpuLayout's spec as ``migpilot-controller`` (forced),
-        creating it (owned by the Node ``name`` when ``owner_uid`` is given) if absent; the
-        object as the server now has it."""
+        """Server-side apply of the GpuLayout's spec as ``migpilot-controller`` (forced), on
+        the condition ``fence`` states (:class:`ConflictError` when it does not hold), creating
+        it (owned by the Node ``name`` when ``owner_uid`` is given) if absent; the object as the
+        server now has it."""
         ...
 
     async def patch_pod(self, key: str, patch: list[dict[str, Any]]) -> Mapping[str, Any]:
@@ -123,9 +139,9 @@ class ControllerApi(Protocol):
         its namespace does not exist, a setup error no retry mends."""
         ...
 
-    async def write_lease(self, lease: Mapping[str, Any], *, create: bool) -> None:
+    async def write_lease(self, lease: Mapping[str, Any], *, create: bool) -> Mapping[str, Any]:
         """Create the Lease, or replace it (the body's ``resourceVersion`` guards the write:
-        :class:`ConflictError` when someone else wrote it first)."""
+        :class:`ConflictError` when someone else wrote it first); the Lease as written."""
         ...
 
     async def close(self) -> None:
@@ -196,6 +212,9 @@ class InMemoryApi:
         self.leases: dict[str, dict[str, Any]] = {}
         self.pod_patches: list[tuple[str, list[dict[str, Any]]]] = []
         self.spec_writes: list[tuple[str, gpulayouts.LayoutSpec]] = []
+        """Spec writes that landed, in order."""
+        self.refused_writes: list[tuple[str, Fence]] = []
+        """Spec writes refused because their :class:`Fence` did not hold."""
         self._version = itertools.count(1)
         self._log: list[tuple[int, Kind, WatchEvent]] = []
         self._changed = asyncio.Condition()
@@ -260,11 +279,18 @@ class InMemoryApi:
                     await self._changed.wait()
 
     async def apply_layout_spec(
-        self, name: str, spec: gpulayouts.LayoutSpec, *, owner_uid: str | None
+        self, name: str, spec: gpulayouts.LayoutSpec, *, owner_uid: str | None, fence: Fence
     ) -> Mapping[str, Any]:
         self._maybe_fail()
-        self.spec_writes.append((name, spec))
         current = self.objects[Kind.LAYOUTS].get(name)
+        version = current["metadata"].get("resourceVersion") if current is not None else None
+        if version != fence.resource_version:
+            self.refused_writes.append((name, fence))
+            raise ConflictError(
+                f"409 Conflict: GpuLayout {name} is at version {version}, "
+                f"not {fence.resource_version}"
+            )
+        self.spec_writes.append((name, spec))
         body: dict[str, Any] = (
             copy.deepcopy(current)
             if current is not None
@@ -275,6 +301,9 @@ class InMemoryApi:
         if body.get("spec") != new_spec or current is None:
             meta["generation"] = int(meta.get("generation", 0)) + 1
         body["spec"] = new_spec
+        annotations = meta.setdefault("annotations", {})
+        annotations[gpulayouts.LEADER_ANNOTATION] = fence.leader
+        annotations[gpulayouts.TERM_ANNOTATION] = str(fence.term)
         if owner_uid is not None and current is None:
             meta["ownerReferences"] = [
                 {"apiVersion": "v1", "kind": "Node", "name": name, "uid": owner_uid}
@@ -304,7 +333,7 @@ class InMemoryApi:
         self._maybe_fail()
         return self.namespaces is None or namespace in self.namespaces
 
-    async def write_lease(self, lease: Mapping[str, Any], *, create: bool) -> None:
+    async def write_lease(self, lease: Mapping[str, Any], *, create: bool) -> Mapping[str, Any]:
         self._maybe_fail()
         meta = lease["metadata"]
         if self.namespaces is not None and meta["namespace"] not in self.namespaces:
@@ -321,6 +350,7 @@ class InMemoryApi:
         body = copy.deepcopy(dict(lease))
         body["metadata"]["resourceVersion"] = str(next(self._version))
         self.leases[key] = body
+        return copy.deepcopy(body)
 
     async def close(self) -> None:
         return None

@@ -17,8 +17,12 @@ in the specs, pins in the pods), so a new controller, or this one after the API 
 back, reads it again and plans nothing twice. Writes are reflected in the local view at once, so
 the next wake-up never plans a pod whose reservation is still on its way back through the watch.
 
-Active/passive: the loop acts only while it holds the Lease (:mod:`migpilot.api.leases`);
-watches run either way so a standby takes over warm. Bad input (a malformed object, a pod the
+Active/passive: the loop acts only while it holds the Lease (:mod:`migpilot.api.leases`, the
+rules of client-go's leader election: freshness judged on this process's monotonic clock,
+Lease calls bounded by a timeout, the renew deadline checked before every write), and each
+GpuLayout spec write carries the object's ``resourceVersion`` as a precondition, so the write
+of a leader deposed while it was paused fails; watches run either way so a standby takes over
+warm. Bad input (a malformed object, a pod the
 API refuses to patch) is logged and skipped, never fatal.
 
 A shell module: the API only through :class:`kubeapi.ControllerApi`; time from the clocks it is
@@ -33,9 +37,9 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from migpilot import errors, gcpause, probes
 from migpilot.api import gpulayouts, leases
@@ -45,6 +49,7 @@ from migpilot.planning import control, fast, modes, options, plans, snapshot, un
 _log = logging.getLogger("migpilot.controller")
 
 Clock = Callable[[], float]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +66,18 @@ class Settings:
     lease_name: str = leases.NAME
     """Name of the Lease the webhook checks. Default migpilot-controller."""
     lease_duration_s: int = leases.DURATION_S
-    """Seconds a Lease stays held without renewal. Default 15."""
-    renew_every_s: float = 2.0
-    """Seconds between Lease renewals. Default 2."""
+    """Seconds a standby waits, on its own clock, having seen no renewal before it takes the
+    Lease. Default 15."""
+    renew_deadline_s: float = leases.RENEW_DEADLINE_S
+    """Seconds after the start of its last successful renewal, on its own monotonic clock,
+    that the leader stops writing when it could not renew since. Less than
+    :attr:`lease_duration_s`. Default 10."""
+    renew_every_s: float = leases.RETRY_S
+    """Seconds between tries to take or renew the Lease. Default 2."""
+    lease_timeout_s: float = leases.CALL_TIMEOUT_S
+    """Seconds one Lease call may take before it is abandoned: at most
+    :attr:`renew_deadline_s` minus :attr:`renew_every_s`, so one hung call never costs the
+    leader its Lease. Default 4."""
     resync_s: float = 5.0
     """Seconds between wake-ups when nothing happens (pins and releases are re-checked).
     Default 5."""
@@ -101,6 +115,17 @@ class Settings:
             raise errors.MigpilotError(
                 f"the Lease must be renewed at least twice per duration ({self.lease_duration_s}"
                 f" s), not every {self.renew_every_s} s"
+            )
+        if not 0 < self.renew_deadline_s < self.lease_duration_s:
+            raise errors.MigpilotError(
+                f"the renew deadline ({self.renew_deadline_s} s) must be shorter than the Lease"
+                f" duration ({self.lease_duration_s} s)"
+            )
+        if not 0 < self.lease_timeout_s <= self.renew_deadline_s - self.renew_every_s:
+            raise errors.MigpilotError(
+                f"a Lease call's timeout ({self.lease_timeout_s} s) must be at most the renew"
+                f" deadline ({self.renew_deadline_s} s) less the retry period"
+                f" ({self.renew_every_s} s)"
             )
 
 
@@ -154,6 +179,8 @@ class Controller:
         self._control = control.Settings(batch_window_s=settings.batch_window_s)
         self.leading = False
         self._lease_until = 0.0
+        self._observed: leases.Observation | None = None
+        self._term = 0
         self._seen_waiting: dict[str, float] = {}
         self._reserved_since: dict[tuple[str, str], float] = {}
         self._made_since: dict[tuple[str, str], float] = {}
@@ -295,40 +322,79 @@ class Controller:
     # -- the Lease ---------------------------------------------------------------------------
 
     async def _lead(self, stop: asyncio.Event) -> None:
+        """Take or renew the Lease every :attr:`Settings.renew_every_s` (client-go's
+        ``tryAcquireOrRenew``): a standby takes it once it has seen no renewal for
+        ``leaseDurationSeconds`` on its own monotonic clock; the leader keeps acting until
+        :attr:`Settings.renew_deadline_s` after the start of its last successful renewal
+        (:meth:`_acting`). Every call is bounded by :attr:`Settings.lease_timeout_s`."""
         s = self.settings
         while not stop.is_set():
             if self.cannot_serve() is not None:  # let the Lease lapse: a standby takes over
                 self._set_leading(False)
                 await _sleep(s.renew_every_s, stop)
                 continue
-            now = self._wall()
+            started = self._clock()
             try:
-                self.metrics.api_requests.labels(operation="lease-get").inc()
-                lease = await self.api.get_lease(s.lease_namespace, s.lease_name)
+                lease = await self._lease_call(
+                    "lease-get", self.api.get_lease(s.lease_namespace, s.lease_name)
+                )
+                self._observed = leases.observe(lease, previous=self._observed, now=self._clock())
                 body = leases.claim(
                     lease,
+                    observed=self._observed,
                     identity=s.identity,
-                    now=now,
+                    now=self._clock(),
+                    stamp=self._wall(),
                     namespace=s.lease_namespace,
                     name=s.lease_name,
                     duration_s=s.lease_duration_s,
                 )
                 if body is not None:
-                    self.metrics.api_requests.labels(operation="lease-write").inc()
-                    await self.api.write_lease(body, create=lease is None)
-                    self._lease_until = self._clock() + s.lease_duration_s - s.renew_every_s
-                    self._set_leading(True)
+                    written = await self._lease_call(
+                        "lease-write", self.api.write_lease(body, create=lease is None)
+                    )
+                    self._observed = leases.observe(
+                        written, previous=self._observed, now=self._clock()
+                    )
+                    self._term = leases.transitions_of(written)
+                    # From the start of the attempt: the renewal landed after it, so every
+                    # standby saw it (and restarted its wait) after that too.
+                    self._lease_until = started + s.renew_deadline_s
+                    self._set_leading(self._clock() < self._lease_until)
                 else:
                     self._set_leading(False)
             except kubeapi.ConflictError:
                 self._set_leading(False)
-            except kubeapi.KubeApiError as err:
+            except (kubeapi.KubeApiError, TimeoutError) as err:
                 self.metrics.api_errors.labels(operation="lease").inc()
-                _log.warning("Lease %s/%s not renewed: %s", s.lease_namespace, s.lease_name, err)
-                if self._clock() >= self._lease_until:
-                    self._set_leading(False)
+                _log.warning(
+                    "Lease %s/%s not renewed: %s",
+                    s.lease_namespace,
+                    s.lease_name,
+                    err or f"no answer in {s.lease_timeout_s:g} s",
+                )
+                self._acting()
             await _sleep(s.renew_every_s, stop)
         self._set_leading(False)
+
+    async def _lease_call(self, operation: str, call: Awaitable[_T]) -> _T:
+        """One Lease call, abandoned (:class:`TimeoutError`) after
+        :attr:`Settings.lease_timeout_s`: a hung call must not hold the renewals up."""
+        self.metrics.api_requests.labels(operation=operation).inc()
+        return await asyncio.wait_for(call, timeout=self.settings.lease_timeout_s)
+
+    def _acting(self) -> bool:
+        """Whether this controller may write now: it holds the Lease and its renew deadline
+        has not passed on its own monotonic clock. Checked before every batch of writes (and
+        each write); a leader past its deadline steps down at once, whatever its Lease calls
+        are doing (client-go's renew deadline)."""
+        if self.leading and self._clock() >= self._lease_until:
+            _log.warning(
+                "Lease not renewed within the renew deadline (%g s): stepping down",
+                self.settings.renew_deadline_s,
+            )
+            self._set_leading(False)
+        return self.leading
 
     def _set_leading(self, leading: bool) -> None:
         if leading != self.leading:
@@ -373,7 +439,7 @@ class Controller:
                 if stop.is_set():
                     break
                 if (
-                    self.leading
+                    self._acting()
                     and self.cannot_serve() is None
                     and len(self._store.synced) == len(kubeapi.Kind)
                 ):
@@ -454,6 +520,8 @@ class Controller:
         self._batch = decision.batch
         if decision.plan is None:
             return
+        if not self._acting():
+            return  # the plan took past the renew deadline: written by no one, not counted
         self.plans += 1
         seconds = time.perf_counter() - started
         self.metrics.plan_seconds.observe(seconds)
@@ -537,6 +605,8 @@ class Controller:
     async def _patch_pod(self, key: str, patch: pinning.Patch) -> bool:
         if not patch:
             return True
+        if not self._acting():
+            return False
         ok, got = await self._call(f"patch of pod {key}", self.api.patch_pod(key, patch))
         if ok:
             self._put(kubeapi.Kind.PODS, got, deleted=False)
@@ -545,9 +615,21 @@ class Controller:
     async def _write_spec(
         self, name: str, spec: gpulayouts.LayoutSpec, *, owner_uid: str | None = None
     ) -> bool:
+        """Write the spec of GpuLayout ``name`` if this controller still leads, on the
+        condition that the object is still the version the spec was planned on (absent when
+        the controller saw none): a 409 means someone wrote it since (a new leader, an agent's
+        status), and the next pass plans on what the watch shows."""
+        if not self._acting():
+            return False
+        version = self._store.versions.get((kubeapi.Kind.LAYOUTS, name))
+        fence = kubeapi.Fence(
+            resource_version=str(version) if version is not None else None,
+            leader=self.settings.identity,
+            term=self._term,
+        )
         ok, got = await self._call(
             f"apply of GpuLayout {name}",
-            self.api.apply_layout_spec(name, spec, owner_uid=owner_uid),
+            self.api.apply_layout_spec(name, spec, owner_uid=owner_uid, fence=fence),
         )
         if ok:
             self._put(kubeapi.Kind.LAYOUTS, got, deleted=False)
