@@ -60,7 +60,22 @@ SCOPE: dict[str, tuple[str, ...]] = {
 """Per file, the functions in scope, as mutmut names them (``x_name`` for a function,
 ``xǁClassǁmethod`` for a method)."""
 
-EQUIVALENT: dict[str, str] = {}
+_EXPIRE = "migpilot.controller.running.xǁControllerǁ_expire__mutmut_"
+_FORGET = (
+    "_expire forgets when the expired reservation was first seen, but _pin rebuilds both "
+    "clocks (_reserved_since, _made_since) at the start of every pass from the reservations "
+    "it observes, and this pop runs only after the spec write succeeded, whose result is put "
+    "in the store at once (an older watch event is dropped by resourceVersion): the next pass "
+    "cannot observe this (pod, node) reservation, so its entry is dropped there anyway and a "
+    "new reservation starts from now. "
+)
+EQUIVALENT: dict[str, str] = {
+    _EXPIRE + "18": _FORGET + "Mutant: _reserved_since.pop(None, None) (nothing popped).",
+    _EXPIRE + "20": _FORGET
+    + "Mutant: _reserved_since.pop((key, name)) without a default; _pin has just set an "
+    "entry for every observed reservation, this one included, so it never raises KeyError.",
+    _EXPIRE + "21": _FORGET + "Mutant: _made_since.pop(None, None) (nothing popped).",
+}
 """Mutants that change nothing observable, each with the argument why (excluded, not hidden)."""
 
 
