@@ -42,6 +42,11 @@ SCOPE: dict[str, tuple[str, ...]] = {
     ),
     # The instances a GpuLayout says must survive whatever its spec lists.
     "src/migpilot/agent/desired.py": ("x_protected",),
+}
+"""Per file, the functions in scope, as mutmut names them (``x_name`` for a function,
+``xǁClassǁmethod`` for a method)."""
+
+NEXT: dict[str, tuple[str, ...]] = {
     # The controller's reservations: stale ones released, expired and stolen ones dropped.
     "src/migpilot/controller/running.py": (
         "xǁControllerǁ_release",
@@ -57,8 +62,11 @@ SCOPE: dict[str, tuple[str, ...]] = {
         "x_stolen",
     ),
 }
-"""Per file, the functions in scope, as mutmut names them (``x_name`` for a function,
-``xǁClassǁmethod`` for a method)."""
+"""In progress, run with ``--next``: the controller's reservation rules. A first run killed 39
+of the first 51 mutants of running.py; besides the three in :data:`EQUIVALENT` and five killed
+since by exact Event and log assertions, ``_expire__mutmut_38`` (``stolen and key in stolen`` ->
+``stolen or key in stolen``: a pod timed out in the same pass as a stolen one would be told its
+instances were taken) still needs a test; pinning.py's 117 were not run yet."""
 
 _EXPIRE = "migpilot.controller.running.xǁControllerǁ_expire__mutmut_"
 _FORGET = (
@@ -101,7 +109,10 @@ def _statuses() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("only", nargs="*", help="run the files whose path contains these words")
+    parser.add_argument("--next", action="store_true", help="add the scope in progress (NEXT)")
     args = parser.parse_args(argv)
+    if args.next:
+        SCOPE.update(NEXT)
     files = [f for f in SCOPE if not args.only or any(w in f for w in args.only)]
     patterns = _patterns(files)
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", "1", *patterns]
