@@ -13,6 +13,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
 from migpilot.api import gpulayouts as gl
 from migpilot.api import leases
 from migpilot.controller import kubeapi, observing, pinning, running
@@ -325,7 +327,10 @@ def test_a_pinned_pods_reservation_taken_by_a_pod_bound_without_migpilot_is_plan
             "the expiry", lambda: any(e.reason == "MigReservationExpired" for e in api.events)
         )
         (warning,) = [e for e in api.events if e.reason == "MigReservationExpired"]
-        assert "taken by a pod bound there without migpilot" in warning.message
+        assert warning.message == (
+            "its instances on node n0 were taken by a pod bound there without migpilot "
+            "(created ungated); planning again"
+        )
         await _until("the stolen reservation dropped", lambda: "ns/p" not in _reserved(api, "n0"))
         # kube-scheduler reports the pinned pod Unschedulable: it is planned again, on its node
         # (its pin), with a new instance beside the one taken.
@@ -608,7 +613,7 @@ def test_a_pod_nothing_can_hold_now_waits_gated_and_is_told_once() -> None:
     _run(body)
 
 
-def test_expiry_follows_the_controllers_clock() -> None:
+def test_expiry_follows_the_controllers_clock(caplog: pytest.LogCaptureFixture) -> None:
     clock = _Clock(1000.0)
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
@@ -629,7 +634,12 @@ def test_expiry_follows_the_controllers_clock() -> None:
             "the expiry", lambda: any(e.reason == "MigReservationExpired" for e in api.events)
         )
         (note,) = [e for e in api.events if e.reason == "MigReservationExpired"]
-        assert note.type == "Warning" and "n0" in note.message and "60 s" in note.message
+        assert note.type == "Warning"
+        assert note.message == (
+            "its instances on node n0 were not usable in time (reservation timeout 60 s); "
+            "planning again"
+        )
+        assert "reservation of ns/p on n0 expired: planning again" in caplog.messages
         await _until("planned again", lambda: controller.plans == 2)
         await _until("a new reservation", lambda: "ns/p" in _reserved(api, "n0"))
 

@@ -259,7 +259,7 @@ def _diff_gpu(
             destroys.append(Action(Op.DESTROY, gpu, inst, gi_id=dev.gi_id, uuid=dev.uuid))
 
     creates: list[Action] = []
-    refused_by: dict[str, list[layouts.Instance]] = {}
+    in_the_way: set[str] = set()  # UUIDs of the in-use devices named in a refusal
     geo = layouts.geometry(model)
     for inst in sorted(wanted - matched):
         reason = layouts.violation(model, [*staying, inst])
@@ -270,8 +270,7 @@ def _diff_gpu(
         mask = geo.placement(inst).mask
         overlapping = [d for d in blocking if geo.placement(d.instance).mask & mask]
         if overlapping:
-            for d in overlapping:
-                refused_by.setdefault(str(d.uuid), []).append(inst)
+            in_the_way.update(str(d.uuid) for d in overlapping)
             names = ", ".join(f"{d} ({d.uuid})" for d in overlapping)
             verb = "is" if len(overlapping) == 1 else "are"
             refusals.append(
@@ -282,7 +281,7 @@ def _diff_gpu(
         else:
             refusals.append(Refusal(gpu, f"desired {inst} not created: {reason}", inst))
     for dev in blocking:
-        if str(dev.uuid) not in refused_by:
+        if str(dev.uuid) not in in_the_way:
             refusals.append(
                 Refusal(
                     gpu,
