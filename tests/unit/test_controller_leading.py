@@ -365,3 +365,80 @@ def test_the_default_timings_are_client_gos() -> None:
     s = running.Settings(identity="c1")
     assert (s.lease_duration_s, s.renew_deadline_s, s.renew_every_s) == (15, 10.0, 2.0)
     assert s.lease_timeout_s < s.renew_deadline_s - s.renew_every_s + 1e-9
+
+
+# --------------------------------------------------------------------------- release
+
+
+def test_a_leader_stopped_cleanly_releases_its_lease_and_a_standby_takes_it_at_once() -> None:
+    # client-go's ReleaseOnCancel: no holder and a 1 s duration, the transitions kept; the
+    # standby, which saw c1 renewing a moment ago, takes it at its next try, not 15 s later.
+    clock = _Clock(1000.0)
+    api = _Api()
+
+    async def body(api: _Api, controller: running.Controller) -> None:
+        await _until("the Lease taken", lambda: controller.leading)
+
+    _run(body, api=api, clock=clock, wall=lambda: EPOCH)
+    spec = api.leases[KEY]["spec"]
+    assert spec["holderIdentity"] == ""
+    assert (spec["leaseDurationSeconds"], spec["leaseTransitions"]) == (1, 0)
+    seen = leases.observe(api.leases[KEY], previous=None, now=0.0)
+    assert not leases.held_by_another(seen, identity="c2", now=0.0)
+    assert leases.claim(api.leases[KEY], observed=seen, identity="c2", now=0.0, stamp=EPOCH) == {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": leases.NAME,
+            "namespace": leases.NAMESPACE,
+            "resourceVersion": api.leases[KEY]["metadata"]["resourceVersion"],
+        },
+        "spec": {
+            "holderIdentity": "c2",
+            "leaseDurationSeconds": leases.DURATION_S,
+            "acquireTime": leases.format_time(EPOCH),
+            "renewTime": leases.format_time(EPOCH),
+            "leaseTransitions": 1,
+        },
+    }
+
+
+def test_a_stopped_controller_leaves_a_lease_another_took_alone() -> None:
+    # c1 held it, then c0 took it (c1 saw that): stopping c1 releases nothing of c0's.
+    clock = _Clock(1000.0)
+    api = _Api()
+
+    async def body(api: _Api, controller: running.Controller) -> None:
+        await _until("the Lease taken", lambda: controller.leading)
+        api.hang = True  # c1 cannot renew; c0 takes the Lease after c1's deadline
+        clock.now += leases.RENEW_DEADLINE_S
+        await _until("c1 stepped down", lambda: not controller._acting())
+        current = api.leases[KEY]
+        body = leases.claim(current, observed=None, identity="c0", now=0.0, stamp=EPOCH)
+        assert body is not None
+        api.hang = False
+        await api.write_lease(body, create=False)
+        await _reads(api)
+
+    _run(body, api=api, clock=clock, wall=lambda: EPOCH)
+    assert api.leases[KEY]["spec"]["holderIdentity"] == "c0"
+
+
+def test_release_gives_up_only_our_own_lease() -> None:
+    ours = leases.claim(None, observed=None, identity="c1", now=0.0, stamp=EPOCH)
+    assert ours is not None
+    ours["metadata"]["resourceVersion"] = "7"
+    ours["spec"]["leaseTransitions"] = 3
+    got = leases.release(ours, identity="c1", stamp=EPOCH + 5)
+    assert got is not None
+    assert got["metadata"]["resourceVersion"] == "7"
+    assert got["spec"] == {
+        "holderIdentity": "",
+        "leaseDurationSeconds": 1,
+        "acquireTime": leases.format_time(EPOCH + 5),
+        "renewTime": leases.format_time(EPOCH + 5),
+        "leaseTransitions": 3,
+    }
+    assert not leases.fresh(got, EPOCH + 5)  # the webhook stops gating at once
+    assert leases.release(ours, identity="c2", stamp=EPOCH) is None
+    assert leases.release({"spec": None}, identity="c1", stamp=EPOCH) is None

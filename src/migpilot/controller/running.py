@@ -181,6 +181,9 @@ class Controller:
         self._lease_until = 0.0
         self._observed: leases.Observation | None = None
         self._term = 0
+        self._written: Mapping[str, Any] | None = None
+        """The Lease as this controller last wrote it while holding it (given up on a clean
+        stop); ``None`` once another holds it."""
         self._seen_waiting: dict[str, float] = {}
         self._reserved_since: dict[tuple[str, str], float] = {}
         self._made_since: dict[tuple[str, str], float] = {}
@@ -357,13 +360,16 @@ class Controller:
                         written, previous=self._observed, now=self._clock()
                     )
                     self._term = leases.transitions_of(written)
+                    self._written = written
                     # From the start of the attempt: the renewal landed after it, so every
                     # standby saw it (and restarted its wait) after that too.
                     self._lease_until = started + s.renew_deadline_s
                     self._set_leading(self._clock() < self._lease_until)
                 else:
+                    self._written = None
                     self._set_leading(False)
             except kubeapi.ConflictError:
+                self._written = None
                 self._set_leading(False)
             except (kubeapi.KubeApiError, TimeoutError) as err:
                 self.metrics.api_errors.labels(operation="lease").inc()
@@ -451,6 +457,32 @@ class Controller:
             for t in [*tasks.values(), *writers]:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+            await self._release_lease()
+
+    async def _release_lease(self) -> None:
+        """On a clean stop, give up the Lease this controller holds (client-go's
+        ``ReleaseOnCancel``), so a standby takes over at its next try rather than a Lease
+        duration later. Called once the loop and its tasks have stopped: no write of ours can
+        land after the release. A failure only means the Lease lapses instead."""
+        written, self._written = self._written, None
+        self._set_leading(False)
+        if written is None:
+            return
+        s = self.settings
+        body = leases.release(written, identity=s.identity, stamp=self._wall())
+        if body is None:
+            return
+        try:
+            await self._lease_call("lease-release", self.api.write_lease(body, create=False))
+        except (kubeapi.KubeApiError, TimeoutError) as err:
+            _log.warning(
+                "Lease %s/%s not released (%s): a standby takes over once it lapses",
+                s.lease_namespace,
+                s.lease_name,
+                err or f"no answer in {s.lease_timeout_s:g} s",
+            )
+            return
+        _log.info("Lease %s/%s released", s.lease_namespace, s.lease_name)
 
     def _revive(self, tasks: dict[str, asyncio.Task[Any]], makers: Mapping[str, Any]) -> None:
         """Start again every task that ended, saying why it did."""
