@@ -8,6 +8,27 @@ traceback. This module imports nothing from the project, so any layer may use it
 
 from __future__ import annotations
 
+import reprlib
+
+SHOWN_CHARS = 200
+"""The most characters of a user's value an error message quotes (:func:`shown`)."""
+
+_REPR = reprlib.Repr()  # keyword arguments only from Python 3.12
+_REPR.maxlevel = 3
+_REPR.maxtuple = _REPR.maxlist = _REPR.maxarray = _REPR.maxdict = 6
+_REPR.maxset = _REPR.maxfrozenset = _REPR.maxdeque = 6
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlong = 40
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut to a few levels, items and :data:`SHOWN_CHARS` characters, for an
+    error message that quotes what a user wrote. A YAML alias bomb (nine lists of nine
+    references each) is a few objects in memory but ~10**9 items in a plain ``repr``: a message
+    that quoted it whole once wrote gigabytes of log."""
+    text = _REPR.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
 
 class MigpilotError(Exception):
     """Base class for errors caused by bad input; ``str(err)`` is a one-line explanation."""

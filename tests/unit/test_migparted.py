@@ -988,3 +988,25 @@ def test_mig_parted_round_trip_file_parses_and_check_names_the_unoffered_profile
         pci_id=pci(A100_40GB_SXM, 0x145F10DE),
     )
     assert [g.mig_enabled for g in half] == [False] * 4 + [True] * 4
+
+
+def test_an_alias_bomb_in_a_mig_parted_config_is_a_short_message() -> None:
+    # The anchors are defined where they are first used (the config's fields are strict):
+    # nine levels of nine references, ~10**9 items in a plain repr.
+    bomb = "&l0 [" + ", ".join(["lol"] * 9) + "]"
+    for i in range(1, 10):
+        bomb = f"&l{i} [{bomb}, " + ", ".join([f"*l{i - 1}"] * 8) + "]"
+    text = "\n".join(
+        [
+            "version: v1",
+            "mig-configs:",
+            "  bomb:",
+            f"    - devices: {bomb}",
+            "      mig-enabled: true",
+            "      mig-devices: {}",
+        ]
+    )
+    with pytest.raises(errors.ConfigError) as got:
+        migparted.parse(text, source="bomb.yaml")
+    assert "is not a GPU index" in str(got.value)
+    assert len(str(got.value)) < 600, len(str(got.value))

@@ -472,3 +472,34 @@ def test_the_most_time_slicing_replicas_are_accepted() -> None:
     )
     assert c.time_slicing is not None
     assert c.time_slicing.resources[0].replicas == config.MAX_REPLICAS == 1024
+
+
+def test_an_alias_bomb_is_refused_with_a_short_message() -> None:
+    # Nine lists of nine references each: a few objects in memory, ~10**9 items in a plain
+    # repr. The message quoting it once wrote gigabytes of agent log; now it is one short line.
+    lines = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 10)]
+    text = "\n".join(
+        [
+            "version: v1",
+            *lines,
+            "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2, devices: *l9}]}}",
+        ]
+    )
+    with pytest.raises(errors.SharingConfigError) as got:
+        config.parse(text, source="bomb.yaml")
+    message = str(got.value)
+    assert "devices[0]: unsupported type for device in devices list: [[[" in message
+    assert len(message) < 600, len(message)
+
+
+def test_a_long_device_string_is_quoted_cut_short() -> None:
+    text = (
+        "version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 2, devices: "
+        + "x" * 100_000
+        + "}]}}\n"
+    )
+    with pytest.raises(errors.SharingConfigError) as got:
+        config.parse(text, source="long.yaml")
+    assert "devices set as 'xxx" in str(got.value)
+    assert len(str(got.value)) < 600

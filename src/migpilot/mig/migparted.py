@@ -117,7 +117,7 @@ def _describe(value: Any) -> str:
     if isinstance(value, int):
         return f"the number {value}"
     if isinstance(value, str):
-        return f"the string {value!r}"
+        return f"the string {errors.shown(value)}"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
@@ -163,7 +163,7 @@ def _parse_devices(raw: Any) -> Literal["all"] | tuple[int, ...]:
         indexes: list[int] = []
         for item in raw:
             if type(item) is not int or item < 0:
-                raise ValueError(f"devices: {item!r} is not a GPU index")
+                raise ValueError(f"devices: {errors.shown(item)} is not a GPU index")
             indexes.append(item)
         return tuple(indexes)
     raise ValueError(f"devices must be 'all' or a list of GPU indexes, got {_describe(raw)}")
@@ -237,10 +237,12 @@ def _parse_mig_devices(raw: Any) -> tuple[tuple[str, int], ...] | None:
     pairs: list[tuple[str, int]] = []
     for name, count in raw.items():
         if not isinstance(name, str):
-            raise ValueError(f"mig-devices: profile {name!r} must be a string")
+            raise ValueError(f"mig-devices: profile {errors.shown(name)} must be a string")
         _check_profile_name(name)
         if type(count) is not int:
-            raise ValueError(f"mig-devices: count for {name!r} must be an integer, got {count!r}")
+            raise ValueError(
+                f"mig-devices: count for {name!r} must be an integer, got {errors.shown(count)}"
+            )
         if count < 0:
             raise ValueError(f"mig-devices: invalid count for {name!r}: {count}")
         pairs.append((name, count))

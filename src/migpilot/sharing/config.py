@@ -321,11 +321,16 @@ def _resource(data: Any, path: str, *, rename_by_default: bool, mps: bool) -> Re
 def _devices(data: Any, path: str) -> DeviceSelector:
     if isinstance(data, str):
         if data != "all":
-            raise _error(path, f"devices set as '{data}' but the only valid string input is 'all'")
+            raise _error(
+                path,
+                f"devices set as '{_plain(data)}' but the only valid string input is 'all'",
+            )
         return DeviceSelector()
     if isinstance(data, int) and not isinstance(data, bool):
         if data <= 0:
-            raise _error(path, f"devices set as '{data}' but a count of devices must be > 0")
+            raise _error(
+                path, f"devices set as '{_shown_int(data)}' but a count of devices must be > 0"
+            )
         return DeviceSelector(all=False, count=data)
     if isinstance(data, list):
         refs: list[str] = []
@@ -338,8 +343,8 @@ def _devices(data: Any, path: str) -> DeviceSelector:
                 continue
             raise _error(
                 f"{path}[{n}]",
-                f"unsupported type for device in devices list: {item}, {_kind(item)} (a GPU "
-                "index, a MIG index such as 0:1, or a GPU- or MIG- UUID)",
+                f"unsupported type for device in devices list: {_plain(item)}, "
+                f"{_kind(item)} (a GPU index, a MIG index such as 0:1, or a GPU- or MIG- UUID)",
             )
         if not refs:
             raise _error(path, "unrecognized type for devices spec: []")
@@ -376,6 +381,15 @@ def _error(path: str, message: str) -> errors.SharingConfigError:
     return errors.SharingConfigError(f"{path}: {message}" if path else message)
 
 
+def _plain(value: Any) -> str:
+    """``value`` as NVIDIA's ``%v`` shows it (a string unquoted), cut short
+    (:func:`errors.shown`): a user's value is quoted, never echoed whole."""
+    if isinstance(value, str):
+        cut = errors.SHOWN_CHARS
+        return value if len(value) <= cut else value[: cut - 3] + "..."
+    return errors.shown(value)
+
+
 def _kind(value: Any) -> str:
     if value is None:
         return "nothing"
@@ -386,8 +400,8 @@ def _kind(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
     if isinstance(value, str):
-        return f"a string ({value!r})"
-    return f"{type(value).__name__} {value!r}"
+        return f"a string ({errors.shown(value)})"
+    return f"{type(value).__name__} {errors.shown(value)}"
 
 
 def _shown_int(value: int) -> str:
