@@ -553,20 +553,21 @@ def test_pin_lets_go_the_ready_gated_pods_the_node_has_room_for_in_order(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """n0 advertises 4: ns/z is bound there (1), ns/b let go (1); ns/a's instance is stolen
-    (dropped, never pinned); ns/c and ns/d take the last 2; ns/e waits, and says so in the
-    debug log once it has waited more than 5 s."""
+    (dropped, never pinned); ns/c's instance is not made yet; ns/d and ns/e take the last 2;
+    ns/f waits for room. A pod says why it waits in the debug log once it has waited more
+    than 5 s."""
     clock = _Clock(1000.0)
-    spec = [_reserving("ns/a", "ns/b", "ns/c", "ns/d", "ns/e")]
-    status = [_status_inst(0, "used", "ns/other")] + [
-        _status_inst(n, "reserved") for n in range(1, 5)
-    ]
+    spec = [_reserving("ns/a", "ns/b", "ns/c", "ns/d", "ns/e", "ns/f")]
+    status = [_status_inst(0, "used", "ns/other"), _status_inst(1, "reserved")]
+    status += [_status_inst(n, "reserved") for n in range(3, 6)]
     layouts = {"n0": _layout_doc("n0", spec, _gpu0(*status))}
     let_go = _pod("b", affinity=[[_field("n0")]])
     del let_go["spec"]["schedulingGates"]
-    pods = [_pod("a"), let_go, _pod("c"), _pod("d"), _pod("e"), _pod("z", node="n0")]
+    pods = [_pod("a"), let_go, *(_pod(n) for n in "cdef"), _pod("z", node="n0")]
 
     async def main() -> None:
         api, controller = await _controller(layouts, pods, clock, [_node_doc("n0", mig=4)])
+        node = controller.observe().nodes["n0"]
 
         async def at(now: float) -> None:
             clock.now = now
@@ -574,19 +575,83 @@ def test_pin_lets_go_the_ready_gated_pods_the_node_has_room_for_in_order(
 
         await at(1000.0)
         assert _said(controller) == [("a", "MigReservationExpired", TAKEN.format("n0"))]
-        assert [k for k, _ in api.pod_patches] == ["ns/c", "ns/d"]
-        for key, patch in api.pod_patches:
-            assert patch == pinning.pin_patch(
-                pods[ord(key[-1]) - ord("a")], controller.observe().nodes["n0"]
-            )
+        assert api.pod_patches == [
+            ("ns/d", pinning.pin_patch(pods[3], node)),
+            ("ns/e", pinning.pin_patch(pods[4], node)),
+        ]
         with caplog.at_level(logging.DEBUG, logger="migpilot.controller"):
             await at(1005.0)
             assert not [r for r in caplog.records if r.levelno == logging.DEBUG]
             await at(1005.5)
-        why = "node n0 to advertise nvidia.com/mig-1g.10gb (allocatable 4, taken 4)"
         assert [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG] == [
-            f"pod ns/e waits for {why}"
+            "pod ns/c waits for 1g.10gb at GPU 0 start 2 on n0 to be created",
+            "pod ns/f waits for node n0 to advertise nvidia.com/mig-1g.10gb (allocatable 4, "
+            "taken 4)",
         ]
-        assert [k for k, _ in api.pod_patches] == ["ns/c", "ns/d"]
+        assert len(api.pod_patches) == 2
 
     asyncio.run(main())
+
+
+def _unified(name: str, mem: int) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(mem)}
+    spec = {
+        "containers": [{"name": "c", "resources": {"limits": limits}}],
+        "schedulingGates": [{"name": observing.GATE}],
+    }
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}"}, "spec": spec}
+
+
+def test_pin_lets_go_unified_pods_asking_alike_together_while_the_node_has_devices() -> None:
+    """ns/u and ns/v ask alike, ns/w differently (a larger slice); all three are made. ns/t,
+    unified too, is bound to n0 already: one of the node's devices is taken."""
+    spec = [
+        {
+            "index": 0,
+            "instances": [
+                {
+                    "profile": "1g.10gb",
+                    "start": 0,
+                    "reservedFor": "ns/u",
+                    "resource": gl.UNIFIED_RESOURCE,
+                },
+                {
+                    "profile": "1g.10gb",
+                    "start": 1,
+                    "reservedFor": "ns/v",
+                    "resource": gl.UNIFIED_RESOURCE,
+                },
+                {
+                    "profile": "3g.40gb",
+                    "start": 4,
+                    "reservedFor": "ns/w",
+                    "resource": gl.UNIFIED_RESOURCE,
+                },
+            ],
+        }
+    ]
+    made = [_status_inst(0, "reserved"), _status_inst(1, "reserved")]
+    made.append({"profile": "3g.40gb", "start": 4, "uuid": "MIG-4", "state": "reserved"})
+    layouts = {"n0": _layout_doc("n0", spec, _gpu0(*made))}
+    bound = _unified("t", 8000)
+    bound["spec"]["nodeName"] = "n0"
+    del bound["spec"]["schedulingGates"]
+    pods = [bound, _unified("u", 8000), _unified("v", 8000), _unified("w", 40000)]
+
+    def pinned(devices: int) -> list[str]:
+        node = _node_doc("n0")
+        node["status"]["allocatable"] |= {
+            "nvidia.com/gpu": str(devices),
+            "nvidia.com/gpumem": "80000",
+        }
+
+        async def main() -> list[str]:
+            api, controller = await _controller(layouts, pods, _Clock(1000.0), [node])
+            await controller._pin(controller.observe())
+            assert not _said(controller)
+            return [k for k, _ in api.pod_patches]
+
+        return asyncio.run(main())
+
+    assert pinned(4) == ["ns/u", "ns/v"]  # ns/w waits for them to be allocated
+    assert pinned(2) == ["ns/u"]  # one device left: ns/v waits for room
