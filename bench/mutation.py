@@ -11,11 +11,11 @@ the whole ``pytest_add_cli_args_test_selection``: the files are run in groups, o
 test list, each with that list as its selection (mutmut then collects its test-to-function map
 again, and re-tests every mutant named anyway).
 
-    python bench/mutation.py                 # the whole scope (about 20-30 min on 2 cores)
+    python bench/mutation.py                 # the whole scope (about 3-4 min on 2 cores)
     python bench/mutation.py reconciling     # the files whose path contains a word
 
-mutmut writes its copy of the tree under ``mutants/`` (ignored by git); a rerun re-tests only
-the functions that changed since. Delete ``mutants/`` for a clean run.
+mutmut writes its copy of the tree under ``mutants/`` (ignored by git); every mutant in scope
+is tested again at each run (they are named). Delete ``mutants/`` for a clean run.
 """
 
 from __future__ import annotations
@@ -47,12 +47,8 @@ SCOPE: dict[str, tuple[str, ...]] = {
     ),
     # The instances a GpuLayout says must survive whatever its spec lists.
     "src/migpilot/agent/desired.py": ("x_protected",),
-}
-"""Per file, the functions in scope, as mutmut names them (``x_name`` for a function,
-``xǁClassǁmethod`` for a method)."""
-
-NEXT: dict[str, tuple[str, ...]] = {
-    # The controller's reservations: stale ones released, expired and stolen ones dropped.
+    # The controller's reservations: stale ones released, expired and stolen ones dropped,
+    # pinned ones kept, and the pins that count what the node has left.
     "src/migpilot/controller/running.py": (
         "xǁControllerǁ_release",
         "xǁControllerǁ_pin",
@@ -68,11 +64,8 @@ NEXT: dict[str, tuple[str, ...]] = {
         "x_stolen",
     ),
 }
-"""In progress, run with ``--next``: the controller's reservation rules. A first run killed 39
-of the first 51 mutants of running.py; besides the three in :data:`EQUIVALENT` and five killed
-since by exact Event and log assertions, ``_expire__mutmut_38`` (``stolen and key in stolen`` ->
-``stolen or key in stolen``: a pod timed out in the same pass as a stolen one would be told its
-instances were taken) still needs a test; pinning.py's 117 were not run yet."""
+"""Per file, the functions in scope, as mutmut names them (``x_name`` for a function,
+``xǁClassǁmethod`` for a method)."""
 
 _CONTROLLER_TESTS = ("tests/unit/test_reserved_safety.py", "tests/unit/test_controller_pinning.py")
 TESTS: dict[str, tuple[str, ...]] = {
@@ -91,8 +84,9 @@ _FORGET = (
     "clocks (_reserved_since, _made_since) at the start of every pass from the reservations "
     "it observes, and this pop runs only after the spec write succeeded, whose result is put "
     "in the store at once (an older watch event is dropped by resourceVersion): the next pass "
-    "cannot observe this (pod, node) reservation, so its entry is dropped there anyway and a "
-    "new reservation starts from now. "
+    "cannot observe this (pod, node) reservation (nor does this pass's plan place the pod "
+    "again: it was observed reserved, so it is not pending), so its entry is dropped there "
+    "anyway and a new reservation starts from now. "
 )
 EQUIVALENT: dict[str, str] = {
     _EXPIRE + "18": _FORGET + "Mutant: _reserved_since.pop(None, None) (nothing popped).",
@@ -154,10 +148,7 @@ def _run(patterns: list[str], tests: list[str]) -> subprocess.CompletedProcess[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("only", nargs="*", help="run the files whose path contains these words")
-    parser.add_argument("--next", action="store_true", help="add the scope in progress (NEXT)")
     args = parser.parse_args(argv)
-    if args.next:
-        SCOPE.update(NEXT)
     files = [f for f in SCOPE if not args.only or any(w in f for w in args.only)]
     groups: dict[tuple[str, ...], list[str]] = {}
     for f in files:
@@ -211,13 +202,12 @@ def main(argv: list[str] | None = None) -> int:
         k: sum(int(v[k]) for v in per_file.values())  # type: ignore[index]
         for k in ("mutants", "killed", "survivors")
     }
-    words = [*(["--next"] if args.next else []), *args.only]
     RESULTS.write_text(
         json.dumps(
             {
                 "tool": "mutmut",
                 "version": metadata.version("mutmut"),
-                "command": " ".join(["python bench/mutation.py", *words]),
+                "command": " ".join(["python bench/mutation.py", *args.only]),
                 "runs": runs,
                 "tests": _tests(),
                 "run_time_s": round(elapsed, 1),
