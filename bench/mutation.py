@@ -6,11 +6,16 @@ and the tests it may run) over the functions in :data:`SCOPE` only, one worker, 
 with the reason each changes nothing observable (:data:`EQUIVALENT`). Exits 1 when any mutant
 in scope survives (or has no test), so a rule nobody checks is caught.
 
-    python bench/mutation.py                 # the whole scope (about 20-30 min on 2 cores)
+A file listed in :data:`TESTS` is run against those tests only (fast, pure ones) instead of
+the whole ``pytest_add_cli_args_test_selection``: the files are run in groups, one mutmut run per
+test list, each with that list as its selection (mutmut then collects its test-to-function map
+again, and re-tests every mutant named anyway).
+
+    python bench/mutation.py                 # the whole scope (about 3-4 min on 2 cores)
     python bench/mutation.py reconciling     # the files whose path contains a word
 
-mutmut writes its copy of the tree under ``mutants/`` (ignored by git); a rerun re-tests only
-the functions that changed since. Delete ``mutants/`` for a clean run.
+mutmut writes its copy of the tree under ``mutants/`` (ignored by git); every mutant in scope
+is tested again at each run (they are named). Delete ``mutants/`` for a clean run.
 """
 
 from __future__ import annotations
@@ -42,14 +47,11 @@ SCOPE: dict[str, tuple[str, ...]] = {
     ),
     # The instances a GpuLayout says must survive whatever its spec lists.
     "src/migpilot/agent/desired.py": ("x_protected",),
-}
-"""Per file, the functions in scope, as mutmut names them (``x_name`` for a function,
-``xǁClassǁmethod`` for a method)."""
-
-NEXT: dict[str, tuple[str, ...]] = {
-    # The controller's reservations: stale ones released, expired and stolen ones dropped.
+    # The controller's reservations: stale ones released, expired and stolen ones dropped,
+    # pinned ones kept, and the pins that count what the node has left.
     "src/migpilot/controller/running.py": (
         "xǁControllerǁ_release",
+        "xǁControllerǁ_pin",
         "xǁControllerǁ_expire",
         "x__pinned_there",
     ),
@@ -62,11 +64,19 @@ NEXT: dict[str, tuple[str, ...]] = {
         "x_stolen",
     ),
 }
-"""In progress, run with ``--next``: the controller's reservation rules. A first run killed 39
-of the first 51 mutants of running.py; besides the three in :data:`EQUIVALENT` and five killed
-since by exact Event and log assertions, ``_expire__mutmut_38`` (``stolen and key in stolen`` ->
-``stolen or key in stolen``: a pod timed out in the same pass as a stolen one would be told its
-instances were taken) still needs a test; pinning.py's 117 were not run yet."""
+"""Per file, the functions in scope, as mutmut names them (``x_name`` for a function,
+``xǁClassǁmethod`` for a method)."""
+
+_CONTROLLER_TESTS = ("tests/unit/test_reserved_safety.py", "tests/unit/test_controller_pinning.py")
+TESTS: dict[str, tuple[str, ...]] = {
+    # The controller's rules, by pure tests and direct calls of its passes (milliseconds each);
+    # the loop's own tests (tests/unit/test_controller_running.py) wait on real time.
+    "src/migpilot/controller/running.py": _CONTROLLER_TESTS,
+    "src/migpilot/controller/pinning.py": _CONTROLLER_TESTS,
+}
+"""Per file, the tests its mutants run against when not the whole selection of pyproject.toml
+(``pytest_add_cli_args_test_selection``): what proves the rules, without the slow loop tests
+that would only prove them again at many times the cost."""
 
 _EXPIRE = "migpilot.controller.running.xǁControllerǁ_expire__mutmut_"
 _FORGET = (
@@ -74,8 +84,9 @@ _FORGET = (
     "clocks (_reserved_since, _made_since) at the start of every pass from the reservations "
     "it observes, and this pop runs only after the spec write succeeded, whose result is put "
     "in the store at once (an older watch event is dropped by resourceVersion): the next pass "
-    "cannot observe this (pod, node) reservation, so its entry is dropped there anyway and a "
-    "new reservation starts from now. "
+    "cannot observe this (pod, node) reservation (nor does this pass's plan place the pod "
+    "again: it was observed reserved, so it is not pending), so its entry is dropped there "
+    "anyway and a new reservation starts from now. "
 )
 EQUIVALENT: dict[str, str] = {
     _EXPIRE + "18": _FORGET + "Mutant: _reserved_since.pop(None, None) (nothing popped).",
@@ -83,6 +94,16 @@ EQUIVALENT: dict[str, str] = {
     + "Mutant: _reserved_since.pop((key, name)) without a default; _pin has just set an "
     "entry for every observed reservation, this one included, so it never raises KeyError.",
     _EXPIRE + "21": _FORGET + "Mutant: _made_since.pop(None, None) (nothing popped).",
+    **{
+        f"migpilot.controller.pinning.x_without_stale__mutmut_{n}": (
+            f"Mutant: {what}(..., {args}) without its last argument, None: that is the field's "
+            "default (reserved_for: str | None = None), so the same frozen dataclass is built."
+        )
+        for n, what, args in (
+            (21, "InstanceSpec", "i.profile, i.start"),
+            (34, "SliceSpec", "sl.id, sl.memory_gb, sl.cores"),
+        )
+    },
 }
 """Mutants that change nothing observable, each with the argument why (excluded, not hidden)."""
 
@@ -106,23 +127,55 @@ def _statuses() -> dict[str, str]:
     return out
 
 
+_CHILD = """
+import dataclasses, sys
+from mutmut import configuration
+configuration._config = dataclasses.replace(
+    configuration._load_config(), pytest_add_cli_args_test_selection=sys.argv[1].split(",")
+)
+from mutmut.__main__ import cli
+cli(sys.argv[2:])
+"""
+"""mutmut with its test selection replaced by the first argument (comma-separated)."""
+
+
+def _run(patterns: list[str], tests: list[str]) -> subprocess.CompletedProcess[str]:
+    args = ["run", "--max-children", "1", *patterns]
+    command = [sys.executable, "-c", _CHILD, ",".join(tests), *args]
+    return subprocess.run(command, cwd=ROOT, check=False, capture_output=True, text=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("only", nargs="*", help="run the files whose path contains these words")
-    parser.add_argument("--next", action="store_true", help="add the scope in progress (NEXT)")
     args = parser.parse_args(argv)
-    if args.next:
-        SCOPE.update(NEXT)
     files = [f for f in SCOPE if not args.only or any(w in f for w in args.only)]
-    patterns = _patterns(files)
-    command = [sys.executable, "-m", "mutmut", "run", "--max-children", "1", *patterns]
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for f in files:
+        groups.setdefault(TESTS.get(f, tuple(_tests())), []).append(f)
     started = time.monotonic()
-    run = subprocess.run(command, cwd=ROOT, check=False, capture_output=True, text=True)
+    statuses: dict[str, str] = {}
+    runs: list[dict[str, object]] = []
+    for tests, group in groups.items():
+        patterns = _patterns(group)
+        begun = time.monotonic()
+        run = _run(patterns, list(tests))
+        if run.returncode != 0:
+            sys.stderr.write(run.stdout[-4000:] + run.stderr[-4000:])
+            return run.returncode
+        # Read now: the next group's run (another test selection) resets mutmut's results.
+        statuses.update(
+            (n, st) for n, st in _statuses().items() if any(fnmatch.fnmatch(n, p) for p in patterns)
+        )
+        runs.append(
+            {
+                "files": group,
+                "tests": list(tests),
+                "mutmut_command": "mutmut run --max-children 1 " + " ".join(patterns),
+                "run_time_s": round(time.monotonic() - begun, 1),
+            }
+        )
     elapsed = time.monotonic() - started
-    if run.returncode != 0:
-        sys.stderr.write(run.stdout[-4000:] + run.stderr[-4000:])
-        return run.returncode
-    statuses = _statuses()
     old = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     per_file: dict[str, object] = dict(old.get("files", {})) if args.only else {}
     survivors: list[str] = []
@@ -137,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         survivors += left
         per_file[f] = {
             "functions": list(SCOPE[f]),
+            "tests": list(TESTS.get(f, ())) or "all (pyproject.toml)",
             "mutants": len(names),
             "killed": len(killed),
             "survivors": len(left),
@@ -153,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "tool": "mutmut",
                 "version": metadata.version("mutmut"),
-                "command": "python bench/mutation.py " + " ".join(args.only),
-                "mutmut_command": "mutmut run --max-children 1 " + " ".join(patterns),
+                "command": " ".join(["python bench/mutation.py", *args.only]),
+                "runs": runs,
                 "tests": _tests(),
                 "run_time_s": round(elapsed, 1),
                 **totals,
