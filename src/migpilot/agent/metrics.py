@@ -14,6 +14,9 @@ import threading
 from collections.abc import Mapping
 
 import prometheus_client
+from prometheus_client import core, registry
+
+from migpilot.agent import usage
 
 RECONFIGURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """Seconds: from one instance created on an idle GPU (~0.1 s) to mig-parted's minutes."""
@@ -44,6 +47,13 @@ class AgentMetrics:
         )
         self._lock = threading.Lock()
         self._device_labels: set[tuple[str, str]] = set()
+        self._usage = UsageCollector()
+        self.registry.register(self._usage)
+
+    def set_usage(self, rows: tuple[usage.Row, ...]) -> None:
+        """Replace the per-device, per-GPU and layout series (a sampling pass's rows): a row
+        not given again is gone from the next scrape."""
+        self._usage.rows = rows
 
     def observe_reconfiguration(self, seconds: float) -> None:
         """Record the duration of one reconfiguration."""
@@ -65,3 +75,30 @@ class AgentMetrics:
     def exposition(self) -> bytes:
         """The metrics in the Prometheus text format."""
         return prometheus_client.generate_latest(self.registry)
+
+
+class UsageCollector(registry.Collector):
+    """Yields the last sampling pass's rows (:mod:`migpilot.agent.usage`) at each scrape, so a
+    series that is not in the pass (a deleted pod's) is simply not served: no stale children
+    as labelled gauges keep."""
+
+    def __init__(self) -> None:
+        self.rows: tuple[usage.Row, ...] = ()
+
+    def describe(self) -> list[core.Metric]:
+        """Nothing to check at registration: the names are this module's own."""
+        return []
+
+    def collect(self) -> list[core.Metric]:
+        """One gauge family per series name, with the rows of the last pass."""
+        rows = self.rows  # one read: a pass replaces the tuple whole
+        out: list[core.Metric] = []
+        for name, help_text in usage.HELP.items():
+            mine = [r for r in rows if r.name == name]
+            if not mine:
+                continue
+            family = core.GaugeMetricFamily(name, help_text, labels=[k for k, _ in mine[0].labels])
+            for r in mine:
+                family.add_metric([v for _, v in r.labels], r.value)
+            out.append(family)
+        return out

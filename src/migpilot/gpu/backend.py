@@ -144,6 +144,52 @@ class XidEvent:
     """The affected MIG device, when the event names one that exists."""
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One compute process on a GPU as the driver lists it (``nvmlProcessInfo_t``)."""
+
+    pid: int
+    """The process id, in the host's pid namespace (``/proc/<pid>/cgroup`` names its pod)."""
+    memory_used_bytes: int | None
+    """Its device memory; ``None`` where the driver cannot say (``usedGpuMemory`` unavailable)."""
+    gi_id: int | None = None
+    """The GPU instance it runs in, ``None`` on a GPU with MIG off."""
+    mps: bool = False
+    """An MPS client (``nvmlDeviceGetMPSComputeRunningProcesses``), not the MPS server."""
+    utilization: float | None = None
+    """Its share of the SMs, 0-1; ``None`` where the backend cannot say (NVML here)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSample:
+    """One MIG device's readings."""
+
+    gi_id: int
+    uuid: str | None
+    utilization: float | None
+    """SM utilisation 0-1 over the last interval (GPM per GPU instance, Hopper and later);
+    ``None`` where the hardware cannot say (A100, A30, or the first sample)."""
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One sampling pass over one GPU: read-only, ``None`` wherever the hardware cannot say."""
+
+    gpu: int
+    uuid: str
+    utilization: float | None
+    """SM utilisation 0-1 (GPM between this sample and the last, else the driver's utilisation
+    rate on a GPU with MIG off); ``None`` where neither is given."""
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    instances: tuple[InstanceSample, ...] = ()
+    """The MIG devices, by GPU-instance id (empty with MIG off)."""
+    processes: tuple[ProcessSample, ...] | None = ()
+    """Every compute process (MPS clients marked); ``None`` when the list cannot be read."""
+
+
 class GpuBackend(Protocol):
     """The driver operations the node agent uses. Implementations raise :class:`BackendError`."""
 
@@ -169,6 +215,14 @@ class GpuBackend(Protocol):
 
     def running_processes(self, gpu: int, uuid: str) -> tuple[int, ...]:
         """PIDs of the compute processes running on MIG device ``uuid``."""
+        ...
+
+    def sample(self, gpu: int) -> GpuSample:
+        """Read GPU ``gpu``'s utilisation and memory, its MIG devices' and its processes'.
+
+        Read-only: never changes a mode or a setting. A utilisation over an interval is taken
+        between this call and the previous one on the same GPU (GPM needs two samples).
+        """
         ...
 
     def wait_xid(self, timeout_s: float) -> XidEvent | None:

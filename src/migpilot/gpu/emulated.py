@@ -29,6 +29,14 @@ The driver steps (:meth:`EmulatedBackend.create_gpu_instance` and friends) are p
 the NVML stand-in (:mod:`migpilot.gpu.nvml_standin`) maps NVML's calls onto them one to one.
 Each GPU changes under its own lock and a step's time passes without the state lock, so steps on
 different GPUs overlap, as the driver runs them (steps on one GPU are serialised).
+The GPUs can be driven (:meth:`EmulatedBackend.drive`): a function gives each device ID (a GPU
+or MIG UUID, an MPS slice ``GPU-x::mps-3`` or a replica ``GPU-x::2``) a :class:`Load`, and
+:meth:`EmulatedBackend.sample` reports it as the driver would: memory everywhere, SM utilisation
+per GPU and per MIG instance only where the real hardware gives it (per MIG instance through GPM
+on Hopper and later; per GPU with MIG off on every model, with MIG on only on Hopper and later),
+and a process per shared device, with a pid above Linux's largest (2**22) so it never names a
+real one, whose pod :meth:`EmulatedBackend.pod_of` tells (the emulated ``/proc/<pid>/cgroup``).
+
 A shell module: file I/O and threading only; no driver bindings.
 """
 
@@ -40,7 +48,7 @@ import hashlib
 import json
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NotRequired, TypedDict, cast
@@ -51,6 +59,24 @@ from migpilot.mig import catalog, layouts, pciids, profiles
 
 STATE_VERSION = 1
 MAX_GPUS = 64
+MIB = 1024 * 1024
+FIRST_PID = 1 << 22
+"""The first pid of an emulated process: Linux's ``pid_max`` is at most 2**22, so no real
+process has it."""
+GPM_CAPABILITY = (9, 0)
+"""GPM (per-GPU and per-MIG-instance SM utilisation) needs Hopper or later."""
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What one device is driven to do (``--emulated-load``)."""
+
+    utilization: float
+    """SM utilisation, 0-1."""
+    memory_used_mib: int
+    """Device memory in use, MiB (capped to the device's memory when reported)."""
+    pod: str = ""
+    """``namespace/name`` of the pod whose processes make the load."""
 
 
 class Step(enum.StrEnum):
@@ -281,6 +307,10 @@ class EmulatedBackend:
         self._events: collections.deque[backend.XidEvent] = collections.deque()
         self._event_ready = threading.Condition(self._lock)
         self._faults: list[tuple[Fault, list[int]]] = []
+        self._load: Callable[[], Mapping[str, Load]] | None = None
+        self._pids: dict[str, int] = {}
+        """Device ID -> the pid of the emulated process making its load (stable while driven)."""
+        self._pid_pods: dict[int, str] = {}
         if pci_ids and len(pci_ids) != len(models):
             raise errors.AgentConfigError(
                 f"emulated GPUs: {len(pci_ids)} PCI ids for {len(models)} GPUs"
@@ -380,7 +410,90 @@ class EmulatedBackend:
                 g["instances"] = []
             self._save()
 
+    def drive(self, load: Callable[[], Mapping[str, Load]] | None) -> None:
+        """Read each device's load from ``load()`` at every :meth:`sample` (``None``: idle)."""
+        with self._lock:
+            self._load = load
+
+    def pod_of(self, pid: int) -> str | None:
+        """``namespace/name`` of the pod an emulated process belongs to, ``None`` for any other."""
+        with self._lock:
+            return self._pid_pods.get(pid) or None
+
+    def _pid(self, device_id: str, pod: str) -> int:
+        pid = self._pids.get(device_id)
+        if pid is None:
+            pid = self._pids[device_id] = FIRST_PID + len(self._pids)
+        self._pid_pods[pid] = pod
+        return pid
+
     # --- the GpuBackend protocol ---------------------------------------------------------------
+
+    def sample(self, gpu: int) -> backend.GpuSample:
+        """The GPU's readings as the driver would give them, from the :meth:`drive` loads."""
+        loads = dict(self._load()) if self._load is not None else {}
+        with self._lock:
+            g = self._gpu(gpu)
+            model = self._models[gpu]
+            gpm = model.compute_capability >= GPM_CAPABILITY
+            total = _total_memory_mib(model) * MIB
+            processes: list[backend.ProcessSample] = []
+
+            def reading(
+                device_id: str, capacity: int, gi_id: int | None
+            ) -> tuple[float, int]:
+                """Utilisation and memory of one device: its own load, or its shares'."""
+                util, used = 0.0, 0
+                for key, load in sorted(loads.items()):
+                    real, mark, _ = key.partition("::")
+                    if real != device_id:
+                        continue
+                    mem = min(max(load.memory_used_mib, 0) * MIB, capacity)
+                    util += min(max(load.utilization, 0.0), 1.0)
+                    used += mem
+                    processes.append(
+                        backend.ProcessSample(
+                            pid=self._pid(key, load.pod),
+                            memory_used_bytes=mem,
+                            gi_id=gi_id,
+                            mps=mark != "" and key.startswith(f"{real}::mps-"),
+                            utilization=min(max(load.utilization, 0.0), 1.0),
+                        )
+                    )
+                return min(util, 1.0), min(used, capacity)
+
+            if not g["mig_current"]:
+                util, used = reading(g["uuid"], total, None)
+                return backend.GpuSample(
+                    gpu, g["uuid"], util, used, total, (), tuple(processes)
+                )
+            instances: list[backend.InstanceSample] = []
+            busy = 0.0
+            for inst in sorted(g["instances"], key=lambda i: i["gi"]):
+                profile = model.profile_named(inst["profile"])
+                capacity = (profile.memory_mib or profile.nominal_gb * 1024) * MIB
+                for pid in inst["processes"]:
+                    processes.append(backend.ProcessSample(pid, None, gi_id=inst["gi"]))
+                if inst["uuid"] is None:
+                    instances.append(backend.InstanceSample(inst["gi"], None, None, 0, capacity))
+                    continue
+                util, used = reading(inst["uuid"], capacity, inst["gi"])
+                busy += util * profile.compute_slices
+                instances.append(
+                    backend.InstanceSample(
+                        inst["gi"], inst["uuid"], util if gpm else None, used, capacity
+                    )
+                )
+            used_all = sum(i.memory_used_bytes or 0 for i in instances)
+            return backend.GpuSample(
+                gpu,
+                g["uuid"],
+                min(busy / model.compute_slices, 1.0) if gpm else None,
+                min(used_all, total),
+                total,
+                tuple(instances),
+                tuple(processes),
+            )
 
     def gpus(self) -> tuple[backend.GpuInfo, ...]:
         """Every emulated GPU."""

@@ -57,6 +57,9 @@ class NvmlBackend:
         self._lock = threading.RLock()
         self._profiles: dict[int, dict[int, DriverProfile]] = {}
         self._event_set: Any = None
+        self._gpm: dict[tuple[int, int | None], Any] = {}
+        """(GPU, GPU-instance id or ``None``) -> the last GPM sample taken there."""
+        self._gpm_support: dict[int, bool] = {}
         with self._mapped("initialising NVML"):
             self._nvml.nvmlInit()
 
@@ -253,6 +256,117 @@ class NvmlBackend:
         with self._mapped(f"GPU {gpu}: processes on {uuid}"):
             mig = nvml.nvmlDeviceGetHandleByUUID(uuid)
             return tuple(int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(mig))
+
+    # --- sampling (read-only) --------------------------------------------------------------------
+
+    def sample(self, gpu: int) -> backend.GpuSample:
+        """GPU ``gpu``'s memory, SM utilisation (GPM between this call and the last, else the
+        utilisation rate with MIG off), its MIG devices' (memory from their handles, GPM per GPU
+        instance on Hopper and later) and its processes (MPS clients marked). Read-only."""
+        nvml = self._nvml
+        handle = self._handle(gpu)
+        with self._mapped(f"GPU {gpu}: sampling"):
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            current, _ = nvml.nvmlDeviceGetMigMode(handle)
+            mig_on = current == nvml.NVML_DEVICE_MIG_ENABLE
+        except nvml.NVMLError:
+            mig_on = False
+        util = self._gpm_util(gpu, handle, None)
+        if util is None and not mig_on:
+            util = self._optional(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
+        instances: list[backend.InstanceSample] = []
+        if mig_on:
+            for (gi, _), mig_uuid in sorted(self._mig_uuids(gpu, handle).items()):
+                mig = self._optional(lambda u=mig_uuid: nvml.nvmlDeviceGetHandleByUUID(u))
+                info = self._optional(lambda m=mig: nvml.nvmlDeviceGetMemoryInfo(m))
+                instances.append(
+                    backend.InstanceSample(
+                        gi_id=gi,
+                        uuid=mig_uuid,
+                        utilization=self._gpm_util(gpu, handle, gi),
+                        memory_used_bytes=None if info is None else int(info.used),
+                        memory_total_bytes=None if info is None else int(info.total),
+                    )
+                )
+        return backend.GpuSample(
+            gpu=gpu,
+            uuid=uuid,
+            utilization=util,
+            memory_used_bytes=int(mem.used),
+            memory_total_bytes=int(mem.total),
+            instances=tuple(instances),
+            processes=self._processes(handle),
+        )
+
+    def _optional(self, read: Any) -> Any:
+        """``read()``, or ``None`` when the driver cannot say (any NVML error)."""
+        try:
+            return read()
+        except self._nvml.NVMLError:
+            return None
+
+    def _processes(self, handle: Any) -> tuple[backend.ProcessSample, ...] | None:
+        nvml = self._nvml
+        listed = self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        if listed is None:
+            return None
+        clients = self._optional(lambda: nvml.nvmlDeviceGetMPSComputeRunningProcesses(handle))
+        mps = {int(p.pid) for p in clients or ()}
+        out: dict[int, backend.ProcessSample] = {}
+        for p in [*listed, *(clients or ())]:
+            pid = int(p.pid)
+            used = getattr(p, "usedGpuMemory", None)
+            gi = getattr(p, "gpuInstanceId", None)
+            out[pid] = backend.ProcessSample(
+                pid=pid,
+                memory_used_bytes=None if used is None else int(used),
+                gi_id=None if gi is None or gi == _NONE_ID else int(gi),
+                mps=pid in mps,
+            )
+        return tuple(out[pid] for pid in sorted(out))
+
+    def _gpm_util(self, gpu: int, handle: Any, gi: int | None) -> float | None:
+        """SM utilisation 0-1 between the last GPM sample of (``gpu``, ``gi``) and a new one;
+        ``None`` without GPM (before Hopper) or on the first call."""
+        nvml = self._nvml
+        if gpu not in self._gpm_support:
+            support = self._optional(lambda: nvml.nvmlGpmQueryDeviceSupport(handle))
+            self._gpm_support[gpu] = bool(support is not None and support.isSupportedDevice)
+        if not self._gpm_support[gpu]:
+            return None
+        try:
+            fresh = nvml.nvmlGpmSampleAlloc()
+        except nvml.NVMLError:
+            return None
+        try:
+            if gi is None:
+                nvml.nvmlGpmSampleGet(handle, fresh)
+            else:
+                nvml.nvmlGpmMigSampleGet(handle, gi, fresh)
+        except nvml.NVMLError:
+            nvml.nvmlGpmSampleFree(fresh)
+            return None
+        last = self._gpm.get((gpu, gi))
+        self._gpm[(gpu, gi)] = fresh
+        if last is None:
+            return None
+        try:
+            got = nvml.c_nvmlGpmMetricsGet_t()
+            got.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            got.numMetrics = 1
+            got.sample1 = last
+            got.sample2 = fresh
+            got.metrics[0].metricId = nvml.NVML_GPM_METRIC_SM_UTIL
+            nvml.nvmlGpmMetricsGet(got)
+            if got.metrics[0].nvmlReturn != nvml.NVML_SUCCESS:
+                return None
+            return min(max(float(got.metrics[0].value) / 100.0, 0.0), 1.0)
+        except nvml.NVMLError:
+            return None
+        finally:
+            nvml.nvmlGpmSampleFree(last)
 
     def wait_xid(self, timeout_s: float) -> backend.XidEvent | None:
         """The next XID critical error (registered on every GPU at the first call)."""
