@@ -111,9 +111,7 @@ def resource_of(view: devices.NodeDevices, device_id: str) -> str:
     return devices.FULL_GPU_RESOURCE
 
 
-def proc_owners(
-    uids: Callable[[], Mapping[str, str]], *, proc: Path = Path("/proc")
-) -> Owners:
+def proc_owners(uids: Callable[[], Mapping[str, str]], *, proc: Path = Path("/proc")) -> Owners:
     """Owners from ``/proc/<pid>/cgroup`` (the pod UID) and ``uids`` (UID -> namespace/name)."""
 
     def owners(processes: Sequence[backend.ProcessSample]) -> Mapping[int, str] | None:

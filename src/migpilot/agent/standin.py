@@ -90,6 +90,8 @@ class BoundPod:
     gpu: resolving.GpuPod | None = None
     """Its ``nvidia.com/gpu`` containers (a unified pod, or a whole-GPU one), ``None`` when
     it asks for none."""
+    uid: str = ""
+    """``metadata.uid`` (its processes' cgroups name it: ``agent/usage.py``)."""
 
     @property
     def key(self) -> str:
@@ -132,6 +134,7 @@ def bound_pod(doc: Mapping[str, Any]) -> BoundPod | None:
         created=str(meta.get("creationTimestamp") or ""),
         requests=tuple(sorted(requests)),
         gpu=gpu,
+        uid=str(meta.get("uid") or ""),
     )
 
 

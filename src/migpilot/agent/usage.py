@@ -137,7 +137,7 @@ def series(
     return tuple(sorted(rows, key=lambda r: (r.name, r.labels)))
 
 
-def _device_rows(
+def _device_rows(  # noqa: PLR0917 - a private helper of series(), called once
     node: str,
     h: Holding,
     gpus: Mapping[int, devices.Gpu],
@@ -213,7 +213,7 @@ def _clip(value: float | None) -> float:
     return min(max(value or 0.0, 0.0), 1.0)
 
 
-# --- which pod a process belongs to --------------------------------------------------------------
+# --- which pod a process belongs to ----------------------------------------------------------
 
 _POD_UID = re.compile(
     r"(?:^|[/-])pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
@@ -240,7 +240,7 @@ def pod_uid(cgroup_text: str) -> str | None:
     return None
 
 
-# --- the --emulated-load file ----------------------------------------------------------------------
+# --- the --emulated-load file ---------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,8 +277,7 @@ def parse_load(text: str, *, source: str) -> dict[str, PodLoad]:
         unknown = sorted(str(k) for k in entry if k not in ("utilization", "memoryUsedMiB"))
         if unknown:
             raise errors.AgentConfigError(
-                f"{source}: {key}: unknown field {unknown[0]!r} (known: utilization, "
-                "memoryUsedMiB)"
+                f"{source}: {key}: unknown field {unknown[0]!r} (known: utilization, memoryUsedMiB)"
             )
         util = entry.get("utilization", 0.0)
         if (
@@ -293,8 +292,7 @@ def parse_load(text: str, *, source: str) -> dict[str, PodLoad]:
         mem = entry.get("memoryUsedMiB", 0)
         if isinstance(mem, bool) or not isinstance(mem, int) or mem < 0:
             raise errors.AgentConfigError(
-                f"{source}: {key}: memoryUsedMiB: expected a whole number of MiB >= 0, "
-                f"got {mem!r}"
+                f"{source}: {key}: memoryUsedMiB: expected a whole number of MiB >= 0, got {mem!r}"
             )
         out[key] = PodLoad(float(util), mem)
     return out

@@ -15,6 +15,7 @@ import datetime
 import functools
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ from migpilot.agent import (
     kubeapi,
     reconciling,
     running,
+    sampling,
     sharingconfig,
     slicing,
     standin,
@@ -232,6 +234,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="S",
         help="how long an Allocate of nvidia.com/gpu for a pod the agent does not know yet waits "
         "for it to show in the API server before failing (default: 5)",
+    )
+    p.add_argument(
+        "--gpu-metrics-interval",
+        type=_seconds,
+        default=5.0,
+        metavar="S",
+        help="with --metrics-port: seconds between two readings of the GPUs' use, per device "
+        "and pod, served to every scrape (default: 5)",
+    )
+    p.add_argument(
+        "--emulated-load",
+        metavar="FILE",
+        help="emulated backend: YAML map NAMESPACE/POD -> {utilization: 0.0-1.0, memoryUsedMiB: "
+        "N}, what the devices each pod holds report (re-read within 1 s; a pod missing is idle)",
     )
     p.add_argument("--once", action="store_true", help="reconcile once, print the result and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -592,6 +608,13 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
             f"kubelet device-plugin folder {plugin_dir} does not exist (see --kubelet-dir, "
             "--no-kubelet)"
         )
+    load: sampling.LoadFile | None = None
+    if args.emulated_load is not None:
+        if not str(args.backend).startswith("emulated"):
+            raise errors.AgentConfigError("--emulated-load needs --backend emulated:...")
+        load = sampling.LoadFile(Path(args.emulated_load))
+        load.load()  # a bad file stops the agent here, with the field named
+    args.load = load
     labels_file = Path(args.labels_file) if args.labels_file is not None else None
     if labels_file is not None and not labels_file.parent.is_dir():
         raise errors.AgentConfigError(
@@ -861,6 +884,16 @@ def _serve(
     server = None
     try:
         if args.metrics_port:
+            _start_sampler(
+                args,
+                gpus=gpus,
+                agent=agent,
+                sink=the_metrics,
+                stop=stop,
+                client=client,
+                cluster=cluster,
+                in_use=in_use,
+            )
             try:
                 server = running.MetricsServer(
                     the_metrics,
@@ -888,3 +921,56 @@ def _serve(
             client.close()
     _log.info("stopped")
     return 0
+
+
+def _start_sampler(
+    args: argparse.Namespace,
+    *,
+    gpus: backend.GpuBackend,
+    agent: running.Agent,
+    sink: agent_metrics.AgentMetrics,
+    stop: threading.Event,
+    client: podresources.PodResourcesClient | None,
+    cluster: _Cluster | None,
+    in_use: reconciling.InUse,
+) -> None:
+    """Sample the GPUs' use per device and pod every ``--gpu-metrics-interval`` (a thread)."""
+    holdings: sampling.Holdings = list
+    if client is not None:
+        holdings = sampling.pod_resources_holdings(client.list)
+    elif cluster is not None and cluster.simulated_kubelet is not None:
+        kubelet = cluster.simulated_kubelet
+        holdings = sampling.assigned_holdings(
+            kubelet.assigned,
+            lambda: {k: a.containers for k, a in kubelet.pod_allocations().items()},
+            agent.view,
+        )
+    driven = gpus if isinstance(gpus, emulated.EmulatedBackend) else None
+    if driven is not None:
+        owners = sampling.emulated_owners(driven)
+    else:
+        book = cluster.pods if cluster is not None else None
+        owners = sampling.proc_owners(
+            (lambda: {p.uid: p.key for p in book.pods(args.node) if p.uid})
+            if book is not None
+            else dict
+        )
+
+    def used() -> frozenset[str]:
+        try:
+            return in_use.in_use()
+        except Exception:  # the kubelet unreachable: the holdings still say what is used
+            return frozenset()
+
+    sampling.GpuSampler(
+        node=args.node or socket.gethostname(),
+        gpus=gpus,
+        view=agent.view,
+        holdings=holdings,
+        sink=sink,
+        owners=owners,
+        interval_s=args.gpu_metrics_interval,
+        in_use=used,
+        load=args.load,
+        driven=driven,
+    ).start(stop)

@@ -439,9 +439,7 @@ class EmulatedBackend:
             total = _total_memory_mib(model) * MIB
             processes: list[backend.ProcessSample] = []
 
-            def reading(
-                device_id: str, capacity: int, gi_id: int | None
-            ) -> tuple[float, int]:
+            def reading(device_id: str, capacity: int, gi_id: int | None) -> tuple[float, int]:
                 """Utilisation and memory of one device: its own load, or its shares'."""
                 util, used = 0.0, 0
                 for key, load in sorted(loads.items()):
@@ -464,9 +462,7 @@ class EmulatedBackend:
 
             if not g["mig_current"]:
                 util, used = reading(g["uuid"], total, None)
-                return backend.GpuSample(
-                    gpu, g["uuid"], util, used, total, (), tuple(processes)
-                )
+                return backend.GpuSample(gpu, g["uuid"], util, used, total, (), tuple(processes))
             instances: list[backend.InstanceSample] = []
             busy = 0.0
             for inst in sorted(g["instances"], key=lambda i: i["gi"]):

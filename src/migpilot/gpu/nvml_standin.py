@@ -49,7 +49,7 @@ _CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
 _NONE_ID = 0xFFFFFFFF
 
 # Handle kinds, in the top bits of a handle's address.
-_DEVICE, _GPU_INSTANCE, _COMPUTE_INSTANCE, _MIG_DEVICE, _EVENT_SET = 1, 2, 3, 4, 5
+_DEVICE, _GPU_INSTANCE, _COMPUTE_INSTANCE, _MIG_DEVICE, _EVENT_SET, _GPM_SAMPLE = 1, 2, 3, 4, 5, 6
 
 
 def _raise(code: int) -> NoReturn:
@@ -80,6 +80,9 @@ class NvmlStandin:
         self._emu = emulator
         self._initialised = 0
         self._event_sets: dict[int, dict[int, int]] = {}
+        self._gpm_next = 0
+        self._gpm_samples: dict[int, float | None] = {}
+        """GPM sample address -> the SM utilisation (0-1) read into it."""
         self.calls: list[str] = []
         """Names of the NVML functions called, in order (tests assert on the adapter's path)."""
 
@@ -188,12 +191,94 @@ class NvmlStandin:
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
         self._enter("nvmlDeviceGetMemoryInfo")
-        gpu = self._device(handle)
+        kind, gpu, gi, _ = _decode(handle)
         mem = pynvml.c_nvmlMemory_t()
-        mem.total = self._emu.gpus()[gpu].memory_mib * 1024 * 1024
-        mem.free = mem.total
-        mem.used = 0
+        if kind == _MIG_DEVICE:
+            inst = next((i for i in self._emu.sample(gpu).instances if i.gi_id == gi), None)
+            if inst is None:
+                _raise(pynvml.NVML_ERROR_NOT_FOUND)
+            mem.total, mem.used = inst.memory_total_bytes or 0, inst.memory_used_bytes or 0
+        else:
+            self._device(handle)
+            mem.total = self._emu.gpus()[gpu].memory_mib * 1024 * 1024
+            mem.used = self._emu.sample(gpu).memory_used_bytes or 0
+        mem.free = mem.total - mem.used
         return mem
+
+    # --- sampling ------------------------------------------------------------------------------
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        self._enter("nvmlDeviceGetUtilizationRates")
+        gpu = self._device(handle)
+        mig = self._emu.gpus()[gpu].mig
+        if mig is not None and mig.current:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)  # as the driver answers in MIG mode
+        util = pynvml.c_nvmlUtilization_t()
+        util.gpu = round((self._emu.sample(gpu).utilization or 0.0) * 100)
+        util.memory = 0
+        return util
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        self._enter("nvmlDeviceGetMPSComputeRunningProcesses")
+        gpu = self._device(handle)
+        return [_process(p) for p in self._emu.sample(gpu).processes or () if p.mps]
+
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
+        self._enter("nvmlGpmQueryDeviceSupport")
+        gpu = self._device(device)
+        support = pynvml.c_nvmlGpmSupport_t()
+        support.version = pynvml.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = int(
+            self._emu.model(gpu).compute_capability >= emulated.GPM_CAPABILITY
+        )
+        return support
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._enter("nvmlGpmSampleAlloc")
+        self._gpm_next += 1
+        address = _address(_GPM_SAMPLE, 0, 0, 0) | self._gpm_next
+        return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        self._enter("nvmlGpmSampleFree")
+        self._gpm_samples.pop(ctypes.cast(gpmSample, ctypes.c_void_p).value or 0, None)
+
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
+        self._enter("nvmlGpmSampleGet")
+        gpu = self._device(device)
+        if self._emu.model(gpu).compute_capability < emulated.GPM_CAPABILITY:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        key = ctypes.cast(gpmSample, ctypes.c_void_p).value or 0
+        self._gpm_samples[key] = self._emu.sample(gpu).utilization
+        return gpmSample
+
+    def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any:
+        self._enter("nvmlGpmMigSampleGet")
+        gpu = self._device(device)
+        if self._emu.model(gpu).compute_capability < emulated.GPM_CAPABILITY:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        inst = next((i for i in self._emu.sample(gpu).instances if i.gi_id == gpuInstanceId), None)
+        if inst is None:
+            _raise(pynvml.NVML_ERROR_NOT_FOUND)
+        self._gpm_samples[ctypes.cast(gpmSample, ctypes.c_void_p).value or 0] = inst.utilization
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        self._enter("nvmlGpmMetricsGet")
+        got = _deref(metricsGet)
+        first = ctypes.cast(got.sample1, ctypes.c_void_p).value or 0
+        second = ctypes.cast(got.sample2, ctypes.c_void_p).value or 0
+        if first not in self._gpm_samples or second not in self._gpm_samples:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        # An emulated load is steady: the SM utilisation over the interval is the second's.
+        util = self._gpm_samples[second]
+        for i in range(got.numMetrics):
+            if got.metrics[i].metricId == pynvml.NVML_GPM_METRIC_SM_UTIL and util is not None:
+                got.metrics[i].value = util * 100.0
+                got.metrics[i].nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                got.metrics[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return got
 
     def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
         self._enter("nvmlDeviceGetPciInfo")
@@ -438,7 +523,12 @@ class NvmlStandin:
             for d in self._mig_devices(gpu)
             if kind == _DEVICE or (kind == _MIG_DEVICE and d.gi_id == gi)
         ]
-        out = []
+        out = [
+            _process(p)
+            for p in self._emu.sample(gpu).processes or ()
+            if p.memory_used_bytes is not None
+            and (kind == _DEVICE or (kind == _MIG_DEVICE and p.gi_id == gi))
+        ]
         for dev in devs:
             assert dev.uuid is not None
             for pid in self._emu.running_processes(gpu, dev.uuid):
@@ -522,3 +612,15 @@ def _profile_info(p: profiles.Profile) -> Any:
     info.memorySizeMB = p.memory_mib or p.nominal_gb * 1024
     info.name = f"MIG {p.name}".encode()
     return info
+
+
+def _process(p: backend.ProcessSample) -> Any:
+    """A driven emulated process as nvidia-ml-py returns one (``nvmlFriendlyObject``)."""
+    return pynvml.nvmlFriendlyObject(
+        {
+            "pid": p.pid,
+            "usedGpuMemory": p.memory_used_bytes,
+            "gpuInstanceId": _NONE_ID if p.gi_id is None else p.gi_id,
+            "computeInstanceId": _NONE_ID if p.gi_id is None else 0,
+        }
+    )
