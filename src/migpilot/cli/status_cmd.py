@@ -167,8 +167,9 @@ def _pending_table(status: surveying.Status) -> RenderableType:
         pad_edge=False,
         show_edge=False,
     )
-    for header in ("POD", "ASKS", "GATED", "REASON", "MESSAGE"):
-        table.add_column(header, overflow="fold")
+    for header in ("POD", "ASKS", "GATED", "REASON"):
+        table.add_column(header, no_wrap=header != "ASKS")
+    table.add_column("MESSAGE", overflow="fold")
     for p in status.pending:
         reason = p.reason or "no event from the controller yet"
         style = "yellow" if p.event_type == "Warning" else ""
@@ -193,8 +194,15 @@ def renderable(status: surveying.Status) -> RenderableType:
     return Group(*parts)
 
 
+PIPE_WIDTH = 200
+"""Columns when writing to a pipe or a file (rich's 80 would fold pod names and reasons that
+``grep`` then misses); a terminal's own width otherwise."""
+
+
 def console_for(out: IO[str], *, width: int | None = None) -> Console:
     """A console writing to ``out`` (colours only on a terminal)."""
+    if width is None and not out.isatty():
+        width = PIPE_WIDTH
     return Console(file=out, width=width, highlight=False, soft_wrap=False)
 
 
