@@ -503,3 +503,18 @@ def test_interval_must_be_sensible(bad: str, capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit):
         main.main(["status", "--watch", "--interval", bad])
     assert "--interval" in capsys.readouterr().err
+
+
+def test_a_reservation_the_spec_no_longer_names_is_unknown() -> None:
+    doc = _layout(
+        "n1",
+        [gl.GpuSpec(0, None, (gl.InstanceSpec("7g.80gb", 0),))],
+        [gl.GpuStatus(0, A100, "GPU-0", (gl.InstanceStatus("7g.80gb", 0, "MIG-x", S.RESERVED),))],
+    )
+    got = surveying.survey(layouts=[doc], nodes=[_node("n1")], pods=[], events=[])
+    (device,) = got.nodes[0].gpus[0].devices
+    assert (device.state, device.pod, device.holding) == (
+        "reserved",
+        None,
+        surveying.Holding.UNKNOWN,
+    )

@@ -285,6 +285,8 @@ def _resolve(
                 d = dataclasses.replace(d, pod=cands[0], holding=Holding.INFERRED)
             else:
                 d = dataclasses.replace(d, holding=Holding.UNKNOWN, candidates=tuple(cands))
+        elif d.state == gpulayouts.InstanceState.RESERVED.value and d.pod is None:
+            d = dataclasses.replace(d, holding=Holding.UNKNOWN)  # the spec no longer says for whom
         if d.pod is not None and utilization is not None and d.pod in utilization:
             d = dataclasses.replace(d, utilization=utilization[d.pod])
         out.append(d)
