@@ -25,7 +25,7 @@ def test_a_file_that_is_no_kubeconfig_is_one_line_and_exit_2(
     webhook = ["webhook", "--cert", str(tmp_path / "tls.crt"), "--key", str(tmp_path / "tls.key")]
     agent = ["agent", "--backend", "emulated:a100-80gb:x1", "--node", "n", "--no-kubelet"]
     agent += ["--state-file", str(tmp_path / "state.json")]
-    for command in (["controller"], ["fleet"], webhook, agent):
+    for command in (["controller"], ["fleet"], webhook, agent, ["status"], ["status", "--watch"]):
         code = cli.main([*command, "--kubeconfig", str(tmp_path / "kc")], out=io.StringIO())
         assert code == cli.EXIT_BAD_INPUT, command
         err = capsys.readouterr().err

@@ -20,6 +20,7 @@ from migpilot.cli import (
     mps_cmd,
     plan_cmd,
     simulate_cmd,
+    status_cmd,
     webhook_cmd,
 )
 
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     webhook_cmd.register(sub)
     controller_cmd.register(sub)
     mps_cmd.register(sub)
+    status_cmd.register(sub)
     return parser
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,6 +46,42 @@ def connect(kubeconfig: Path | None) -> LightkubeControllerApi:
     # Proxies from the environment are not for the apiserver the kubeconfig names.
     client = lightkube.AsyncClient(config=config, field_manager=COMPONENT, trust_env=False)
     return LightkubeControllerApi(client)
+
+
+@dataclass(frozen=True, slots=True)
+class Objects:
+    """What ``migpilot status`` reads (raw JSON, for :func:`surveying.survey`)."""
+
+    layouts: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    """Only the controller's Events (``source`` ``migpilot-controller``)."""
+
+
+async def read_objects(kubeconfig: Path | None, *, timeout_s: float) -> Objects:
+    """One read of the cluster for ``migpilot status``: GpuLayouts, Nodes, Pods and the
+    controller's Events. A bad kubeconfig: :class:`~migpilot.errors.ConfigError`; an API server
+    that cannot be reached or refuses: :class:`~kubeapi.KubeApiError` (one line each)."""
+    config = kubeconfigs.load(kubeconfig)
+    client = lightkube.AsyncClient(
+        config=config, timeout=httpx2.Timeout(timeout_s), trust_env=False
+    )
+
+    async def listed(res: Any, **kw: Any) -> list[dict[str, Any]]:
+        return [obj.to_dict() async for obj in client.list(res, **kw)]
+
+    try:
+        return Objects(
+            layouts=await listed(GpuLayout),
+            nodes=await listed(Node),
+            pods=await listed(Pod, namespace="*"),
+            events=await listed(Event, namespace="*", fields={"source": COMPONENT}),
+        )
+    except _ERRORS as err:
+        raise _error(err) from None
+    finally:
+        await client.close()
 
 
 def _error(err: Exception) -> kubeapi.KubeApiError:
