@@ -21,8 +21,18 @@ from migpilot import logs
 from migpilot.agent import fleet
 from migpilot.cli import agent_cmd
 from migpilot.cli import main as cli
+from migpilot.controller import kubeapi, running
 from migpilot.controller import serving as controller_serving
 from migpilot.webhook import serving as webhook_serving
+from tests.unit.test_controller_running import (
+    _agent_reports,
+    _node,
+    _pod,
+    _ready_node,
+    _reserved,
+    _run,
+    _until,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -223,3 +233,27 @@ def test_the_agent_gives_its_node_to_every_line(
     assert cli.main([*argv, "--node", "gpu-7", "--log-format", "json"], out=io.StringIO()) == 0
     doc = _json_line(capsys)
     assert (doc["message"], doc["node"]) == ("reconciled", "gpu-7")
+
+
+# -- what the controller's lines concern ------------------------------------------------------
+
+
+def test_the_controllers_lines_on_a_pod_name_the_pod_and_its_node(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        _, start, profile = _reserved(api, "n0")["ns/p"]
+        await _agent_reports(
+            api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
+        )
+        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        await _until("the pin", lambda: any("pinned" in m for m in caplog.messages))
+
+    with caplog.at_level(logging.INFO, logger="migpilot.controller"):
+        _run(body)
+    (pinned,) = [r for r in caplog.records if "pinned" in r.getMessage()]
+    doc = json.loads(logs.JsonFormatter().format(pinned))
+    assert (doc["pod"], doc["node"]) == ("ns/p", "n0")
