@@ -166,6 +166,7 @@ def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
         ("admissionPolicies.enabled=yes", "/admissionPolicies/enabled"),
         ("networkPolicy.enabled=maybe", "/networkPolicy/enabled"),
         ("networkPolicy.metricsFrom={x}", "/networkPolicy/metricsFrom"),
+        ("logFormat=yaml", "/logFormat"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(bad: str, message: str) -> None:
@@ -212,6 +213,16 @@ def test_every_container_runs_a_command_line_migpilot_accepts(sets: tuple[str, .
     agent_env = {e["name"]: e for e in containers["agent"]["env"]}
     assert agent_env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert agent_env["NVIDIA_MIG_CONFIG_DEVICES"]["value"] == "all"
+
+
+@pytest.mark.parametrize(("sets", "want"), [((), "text"), (("logFormat=json",), "json")])
+def test_log_format_is_passed_to_every_component(sets: tuple[str, ...], want: str) -> None:
+    containers = _containers(_render("mp", "gpu-system", *sets))
+    assert set(containers) == {"controller", "webhook", "agent"}
+    for component, container in containers.items():
+        assert f"--log-format={want}" in container["args"], component
+        args = [re.sub(r"\$\((\w+)\)", "x", a) for a in container["args"]]
+        assert main.build_parser().parse_args(args).log_format == want, component
 
 
 def test_the_agent_keeps_its_state_on_the_host_and_reaches_the_kubelet() -> None:

@@ -16,7 +16,6 @@ import functools
 import logging
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from migpilot import digits, errors, probes
+from migpilot import digits, errors, logs, probes
 from migpilot.agent import (
     capacity,
     desired,
@@ -250,6 +249,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "N}, what the devices each pod holds report (re-read within 1 s; a pod missing is idle)",
     )
     p.add_argument("--once", action="store_true", help="reconcile once, print the result and exit")
+    logs.add_flag(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     p.set_defaults(func=cmd_agent)
 
@@ -637,10 +637,11 @@ def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
                 current={g: s.devices for g, s in state.items()},
                 in_use=frozenset(),
             )
-        logging.basicConfig(
-            level=logging.DEBUG if args.verbose else logging.INFO,
-            stream=sys.stderr,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        # Every line of an agent concerns its node: a field of its own in JSON.
+        logs.configure(
+            args.log_format,
+            verbose=args.verbose,
+            fields={"node": args.node} if args.node else None,
         )
         settings = running.AgentSettings(
             strategy=strategy,

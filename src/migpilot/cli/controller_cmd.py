@@ -7,12 +7,11 @@ Thin: flags become :class:`migpilot.controller.serving.ServeSettings`, then
 from __future__ import annotations
 
 import argparse
-import logging
 import socket
 from pathlib import Path
 from typing import IO
 
-from migpilot import errors
+from migpilot import errors, logs
 from migpilot.api import leases
 from migpilot.controller import running, serving
 from migpilot.planning import snapshot
@@ -120,6 +119,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="ID",
         help="who holds the Lease (default: the host name, the pod's name in a cluster)",
     )
+    logs.add_flag(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     p.set_defaults(func=_run)
 
@@ -157,12 +157,10 @@ def settings_from(args: argparse.Namespace) -> serving.ServeSettings:
 
 def _run(args: argparse.Namespace, out: IO[str]) -> int:
     settings = settings_from(args)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    logs.configure(
+        args.log_format,
+        verbose=args.verbose,
+        text="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    # One line per HTTP request is the client's business, not the operator's.
-    for noisy in ("httpx2", "httpcore2", "httpx", "httpcore", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     serving.run(settings)
     return 0

@@ -9,11 +9,10 @@ configs, kubelet folder, device plugin) mean anything for a fleet.
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 from typing import IO
 
-from migpilot import errors
+from migpilot import errors, logs
 from migpilot.agent import fleet, kubeapi
 from migpilot.agent.deviceplugin import devices
 
@@ -94,6 +93,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="serve the fleet's metrics, /healthz and /readyz on this port, 0 for none "
         "(default: 0)",
     )
+    logs.add_flag(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     p.set_defaults(func=_run)
 
@@ -134,10 +134,9 @@ def settings_from(args: argparse.Namespace) -> fleet.FleetSettings:
 
 def _run(args: argparse.Namespace, out: IO[str]) -> int:
     settings = settings_from(args)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
+    logs.configure(
+        args.log_format,
+        verbose=args.verbose,
+        text="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
     )
-    for noisy in ("httpx2", "httpcore2", "httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     return fleet.run(settings)

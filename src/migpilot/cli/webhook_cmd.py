@@ -8,11 +8,10 @@ Thin: it turns flags into :class:`migpilot.webhook.serving.Settings` and calls
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 from typing import IO
 
-from migpilot import errors
+from migpilot import errors, logs
 from migpilot.webhook import serving
 
 
@@ -79,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds a kept-alive connection may wait for its next request "
         f"(default: {limits.connection_timeout_s:g})",
     )
+    logs.add_flag(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     p.set_defaults(func=_run)
 
@@ -106,9 +106,10 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
             raise errors.MigpilotError(
                 f"{flag} must be more than 0 and at most 3600 s, got {value:g}"
             )
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    logs.configure(
+        args.log_format,
+        verbose=args.verbose,
+        text="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     serving.run(
         serving.Settings(

@@ -1,22 +1,30 @@
 """The controller's Prometheus metrics, on a registry of its own.
 
-What an admin watches: how long plans take, how many MIG pods wait, how often GPUs are
-reconfigured, how long a pod waits from being seen to being bound, and how well the GPUs are
-used (allocation ratio, fragmentation). A registry of its own, never the global default, so
-several controllers (tests) can live in one process. This module defines and updates the
-metrics; :mod:`migpilot.controller.running` calls it and serves :meth:`exposition`.
+What an admin watches: how long plans take, how many MIG pods wait and why (the reason of the
+last Event the controller gave each), how often GPUs are reconfigured and which instances its
+plans create and destroy, how long a pod waits from its creation (and from being seen) to being
+bound, and how well the GPUs are used (allocation ratio, fragmentation; for the cluster and per
+node and GPU model, as :mod:`migpilot.planning.usage` defines them). A registry of its own, never
+the global default, so several controllers (tests) can live in one process. This module defines
+and updates the metrics; :mod:`migpilot.controller.running` calls it and serves
+:meth:`exposition`. No clock: the caller gives the times.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import prometheus_client
 
-from migpilot.planning import snapshot
+from migpilot.planning import plans, snapshot, usage
 
 PLAN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Seconds: a plan of a few nodes (milliseconds) to thousands of GPUs (seconds)."""
 BIND_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 """Seconds from a pod first seen waiting to it bound (migpilot's target: 2 s)."""
+CREATED_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+"""Seconds from a pod's creation to it bound: as :data:`BIND_BUCKETS`, up to an hour (a pod
+that waited for capacity)."""
 
 
 class ControllerMetrics:
@@ -60,6 +68,48 @@ class ControllerMetrics:
             "slices: free capacity too scattered for large profiles.",
             registry=r,
         )
+        self.node_allocation = prometheus_client.Gauge(
+            "migpilot_node_allocation_ratio",
+            "As migpilot_allocation_ratio, for the GPUs of one model on one node.",
+            ["node", "model"],
+            registry=r,
+        )
+        self.node_fragmentation = prometheus_client.Gauge(
+            "migpilot_node_fragmentation_ratio",
+            "As migpilot_fragmentation_ratio, for the GPUs of one model on one node.",
+            ["node", "model"],
+            registry=r,
+        )
+        self.pending_reason = prometheus_client.Gauge(
+            "migpilot_pending_pods",
+            "Pods not yet bound, by the reason of the last Event the controller gave each "
+            "(MigWaiting, MigInstancesReserved, MigRequestUnservable, ...).",
+            ["reason"],
+            registry=r,
+        )
+        self.created_to_bound = prometheus_client.Histogram(
+            "migpilot_pod_creation_to_bind_seconds",
+            "From a MIG pod's creationTimestamp to it seen bound to a node, on the "
+            "controller's wall clock.",
+            buckets=CREATED_BUCKETS,
+            registry=r,
+        )
+        self.instances_created = prometheus_client.Counter(
+            "migpilot_instances_created",
+            "Instances the controller's plans asked for, counted when the GpuLayout spec is "
+            "written, by profile (MIG profile such as 1g.10gb, or mps-<N>gb for an MPS slice).",
+            ["profile"],
+            registry=r,
+        )
+        self.instances_destroyed = prometheus_client.Counter(
+            "migpilot_instances_destroyed",
+            "Instances the controller's plans removed, counted when the GpuLayout spec is "
+            "written, by profile.",
+            ["profile"],
+            registry=r,
+        )
+        self._layout_keys: set[tuple[str, str]] = set()
+        self._reasons: set[str] = set()
         self.leader = prometheus_client.Gauge(
             "migpilot_controller_leader",
             "1 while this controller holds the Lease and acts, else 0.",
@@ -89,24 +139,66 @@ class ControllerMetrics:
         )
 
     def observe_cluster(self, snap: snapshot.Snapshot) -> None:
-        """Set the allocation and fragmentation gauges from the planned nodes."""
-        total = used = free_total = free_scattered = 0
-        for node in snap.nodes:
-            for gpu in node.gpus:
-                slices = gpu.model.compute_slices
-                held = sum(
-                    gpu.model.profile_named(i.profile).compute_slices
-                    for i in gpu.instances
-                    if i.used
-                )
-                total += slices
-                used += held
-                free_total += slices - held
-                if held:
-                    free_scattered += slices - held
-        self.allocation.set(used / total if total else 0.0)
-        self.fragmentation.set(free_scattered / free_total if free_total else 0.0)
+        """Set the allocation and fragmentation gauges from the planned nodes: the cluster's,
+        and each (node, model)'s; a node no longer planned loses its series."""
+        per = usage.by_node_and_model(snap.nodes)
+        whole = usage.total(per.values())
+        self.allocation.set(whole.allocation)
+        self.fragmentation.set(whole.fragmentation)
+        for node, model in self._layout_keys - set(per):
+            self.node_allocation.remove(node, model)
+            self.node_fragmentation.remove(node, model)
+        for (node, model), slices in per.items():
+            self.node_allocation.labels(node=node, model=model).set(slices.allocation)
+            self.node_fragmentation.labels(node=node, model=model).set(slices.fragmentation)
+        self._layout_keys = set(per)
+
+    def observe_pending(self, reasons: Iterable[str]) -> None:
+        """Set the pending pods by reason, one reason per pod not yet bound; a reason seen
+        before and held by no pod now reads 0."""
+        counts: dict[str, int] = {}
+        for reason in reasons:
+            counts[reason] = counts.get(reason, 0) + 1
+        self._reasons |= set(counts)
+        for reason in sorted(self._reasons):
+            self.pending_reason.labels(reason=reason).set(counts.get(reason, 0))
+
+    def observe_bound(self, *, seen_s: float | None, created_s: float | None) -> None:
+        """A MIG pod bound: ``seen_s`` after the controller first saw it waiting and
+        ``created_s`` after its creation (``None``: not known)."""
+        if seen_s is not None:
+            self.bind_seconds.observe(seen_s)
+        if created_s is not None:
+            self.created_to_bound.observe(max(0.0, created_s))  # clocks a little apart
+
+    def observe_written(
+        self,
+        actions: Iterable[plans.Action],
+        slice_actions: Iterable[plans.SliceAction] = (),
+    ) -> None:
+        """Count the instances a spec just written creates and destroys."""
+        made: dict[str, int] = {}
+        gone: dict[str, int] = {}
+        for a in actions:
+            into = made if a.op is plans.Op.CREATE else gone
+            into[a.profile] = into.get(a.profile, 0) + 1
+        for sa in slice_actions:
+            into = made if sa.op is plans.SliceOp.CREATE else gone
+            name = slice_profile(sa.memory_gb)
+            into[name] = into.get(name, 0) + 1
+        _count(self.instances_created, made)
+        _count(self.instances_destroyed, gone)
 
     def exposition(self) -> bytes:
         """The metrics in the Prometheus text format."""
         return prometheus_client.generate_latest(self.registry)
+
+
+def slice_profile(memory_gb: int) -> str:
+    """The ``profile`` label of an MPS slice of ``memory_gb`` GB (``mps-20gb``)."""
+    return f"mps-{memory_gb}gb"
+
+
+def _count(counter: prometheus_client.Counter, by_profile: Mapping[str, int]) -> None:
+    for profile, n in sorted(by_profile.items()):
+        counter.labels(profile=profile).inc(n)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import functools
 import logging
 import time
@@ -217,7 +218,11 @@ class Controller:
             if view.is_mig and view.waiting:
                 self._seen_waiting.setdefault(key, self._clock())
             elif view.node and key in self._seen_waiting:
-                self.metrics.bind_seconds.observe(self._clock() - self._seen_waiting.pop(key))
+                created = _epoch(view.created)
+                self.metrics.observe_bound(
+                    seen_s=self._clock() - self._seen_waiting.pop(key),
+                    created_s=self._wall() - created if created is not None else None,
+                )
         elif kind is kubeapi.Kind.NODES:
             if deleted:
                 store.nodes.pop(key, None)
@@ -229,7 +234,7 @@ class Controller:
             try:
                 store.layouts[key] = gpulayouts.parse(doc)
             except errors.MigpilotError as err:
-                _log.warning("GpuLayout %s ignored: %s", key, err)
+                _log.warning("GpuLayout %s ignored: %s", key, err, extra={"node": key})
                 store.layouts.pop(key, None)
 
     def _take(self, kind: kubeapi.Kind, doc: Mapping[str, Any], *, deleted: bool) -> None:
@@ -247,7 +252,7 @@ class Controller:
             why = f"{type(err).__name__}: {err}"
             if self._bad.get((kind, key)) != why:
                 self._bad[(kind, key)] = why
-                _log.exception("%s %s skipped: %s", kind, key, why)
+                _log.exception("%s %s skipped: %s", kind, key, why, extra=_about(kind, key))
             self._put(kind, {"metadata": _meta_of(key)}, deleted=True)
             return
         if deleted:
@@ -258,7 +263,7 @@ class Controller:
             self._bad.pop((kind, key), None)
         elif self._bad.get((kind, key)) != ignored:
             self._bad[(kind, key)] = ignored
-            _log.warning("%s %s ignored: %s", kind, key, ignored)
+            _log.warning("%s %s ignored: %s", kind, key, ignored, extra=_about(kind, key))
 
     def _ignored(self, kind: kubeapi.Kind, key: str) -> str | None:
         if kind is kubeapi.Kind.PODS and key in self._store.pods:
@@ -526,7 +531,13 @@ class Controller:
         )
 
     async def step(self) -> None:
-        """One pass of the loop (see the module)."""
+        """One pass of the loop (see the module); the pending pods by reason as it left them."""
+        try:
+            await self._step()
+        finally:
+            self._gauge_reasons()
+
+    async def _step(self) -> None:
         observed = self.observe()
         now = self._clock()
         if self._changed:
@@ -572,6 +583,15 @@ class Controller:
         )
         await self._carry_out(observed, decision.plan)
 
+    def _gauge_reasons(self) -> None:
+        """Each pod not yet bound (nor done) under the reason of the last Event it got."""
+        pods = self._store.pods
+        self.metrics.observe_pending(
+            reason
+            for key, (reason, _) in self._said.items()
+            if key in pods and not pods[key][1].node and not pods[key][1].done
+        )
+
     def _gauge(self, observed: observing.Observed) -> None:
         self.metrics.pending.labels(stage="planning").set(len(observed.snapshot.pods))
         self.metrics.pending.labels(stage="reserved").set(len(observed.reservations))
@@ -579,14 +599,17 @@ class Controller:
 
     # -- writes ------------------------------------------------------------------------------
 
-    async def _call(self, what: str, call: Any) -> tuple[bool, Any]:
+    async def _call(
+        self, what: str, call: Any, *, about: Mapping[str, str] | None = None
+    ) -> tuple[bool, Any]:
+        """One write; ``about`` names the pod or node it concerns (for the logs)."""
         self.metrics.api_requests.labels(operation=what.split(" ", 1)[0]).inc()
         async with self._writes:
             try:
                 got = await call
             except kubeapi.KubeApiError as err:
                 self.metrics.api_errors.labels(operation=what.split(" ", 1)[0]).inc()
-                _log.warning("%s failed: %s", what, err)
+                _log.warning("%s failed: %s", what, err, extra=about)
                 return False, None
         return True, got
 
@@ -597,7 +620,7 @@ class Controller:
                 continue
             self._node_said[name] = problem
             node = observed.nodes.get(name)
-            _log.warning("node %s not planned: %s", name, problem)
+            _log.warning("node %s not planned: %s", name, problem, extra={"node": name})
             self._tell(kubeapi.EventNote(
                 "Node", None, name, node.uid if node is not None else "", "Warning",
                 "MigNodeNotPlanned", f"not planned: {problem}",
@@ -632,14 +655,19 @@ class Controller:
             note = await self._notes.get()
             self.metrics.events_pending.set(self._notes.qsize())
             where = f"{note.namespace}/{note.name}" if note.namespace else note.name
-            await self._call(f"event on {note.kind.lower()} {where}", self.api.record(note))
+            about = {"pod": where} if note.kind == "Pod" else {"node": where}
+            await self._call(
+                f"event on {note.kind.lower()} {where}", self.api.record(note), about=about
+            )
 
     async def _patch_pod(self, key: str, patch: pinning.Patch) -> bool:
         if not patch:
             return True
         if not self._acting():
             return False
-        ok, got = await self._call(f"patch of pod {key}", self.api.patch_pod(key, patch))
+        ok, got = await self._call(
+            f"patch of pod {key}", self.api.patch_pod(key, patch), about={"pod": key}
+        )
         if ok:
             self._put(kubeapi.Kind.PODS, got, deleted=False)
         return ok
@@ -662,6 +690,7 @@ class Controller:
         ok, got = await self._call(
             f"apply of GpuLayout {name}",
             self.api.apply_layout_spec(name, spec, owner_uid=owner_uid, fence=fence),
+            about={"node": name},
         )
         if ok:
             self._put(kubeapi.Kind.LAYOUTS, got, deleted=False)
@@ -783,7 +812,7 @@ class Controller:
                 why = pinning.held_back(observed, key, others=allocating.get(r.node, {}))
             if why is not None:
                 if now - since[(key, r.node)] > 5.0:
-                    _log.debug("pod %s waits for %s", key, why)
+                    _log.debug("pod %s waits for %s", key, why, extra={"pod": key})
                 continue
             node_taken.update(view.mig)
             if view.unified:
@@ -807,7 +836,12 @@ class Controller:
                     if observed.reservations[key].node == name:
                         self._reserved_since.pop((key, name), None)
                         self._made_since.pop((key, name), None)
-                        _log.warning("reservation of %s on %s expired: planning again", key, name)
+                        _log.warning(
+                            "reservation of %s on %s expired: planning again",
+                            key,
+                            name,
+                            extra={"pod": key, "node": name},
+                        )
                         view = observed.pods[key]
                         message = (
                             f"its instances on node {name} were taken by a pod bound there "
@@ -823,7 +857,7 @@ class Controller:
 
     async def _pin_one(self, key: str, doc: Mapping[str, Any], node: observing.NodeView) -> None:
         if await self._patch_pod(key, pinning.pin_patch(doc, node)):
-            _log.info("pod %s pinned to %s", key, node.name)
+            _log.info("pod %s pinned to %s", key, node.name, extra={"pod": key, "node": node.name})
 
     async def _carry_out(self, observed: observing.Observed, plan: plans.Plan) -> None:
         placed: dict[str, list[plans.Placement]] = {}
@@ -844,7 +878,9 @@ class Controller:
             try:
                 spec = pinning.spec_for(node, plan, kept=kept, unified=unified)
             except errors.MigpilotError as err:  # a planner bug: never write such a spec
-                _log.error("plan for %s not carried out: %s", node.name, err)
+                _log.error(
+                    "plan for %s not carried out: %s", node.name, err, extra={"node": node.name}
+                )
                 continue
             self.metrics.reconfigurations.inc(
                 sum(1 for g in plan.gpus if g.node == node.name and g.changed)
@@ -883,6 +919,7 @@ class Controller:
             # Nothing else will change for these pods: plan them again a batch window later.
             self._poke()
             return
+        self.metrics.observe_written(actions, slice_actions)
         node = self._store.nodes.get(name)
         if (actions or slice_actions) and node is not None:
             by_gpu: dict[int, list[str]] = {}
@@ -974,6 +1011,24 @@ def _version(doc: Mapping[str, Any]) -> int | None:
         return int(text) if text is not None else None
     except (TypeError, ValueError):
         return None
+
+
+def _epoch(timestamp: str) -> float | None:
+    """An RFC 3339 time from the API (``2026-01-01T00:00:00Z``) in seconds since the epoch;
+    ``None`` when absent or unreadable."""
+    try:
+        moment = datetime.datetime.fromisoformat(timestamp)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return moment.timestamp()
+
+
+def _about(kind: kubeapi.Kind, key: str) -> dict[str, str]:
+    """The ``extra`` of a log line on an object: its pod or its node (a GpuLayout is named
+    after its node)."""
+    return {"pod": key} if kind is kubeapi.Kind.PODS else {"node": key}
 
 
 def _meta_of(key: str) -> dict[str, str]:

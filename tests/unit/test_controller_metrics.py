@@ -1,0 +1,229 @@
+"""The controller's metrics per node and model, pending pods by reason, creation-to-bind time and
+instances per profile: exact values, from the pure definitions and from the real loop on the
+in-memory API with clocks the test moves."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from migpilot.controller import kubeapi, metrics, running
+from migpilot.mig import catalog, profiles
+from migpilot.planning import plans, snapshot, usage
+from tests.unit.test_controller_running import (
+    _agent_reports,
+    _bind,
+    _Clock,
+    _passes,
+    _pod,
+    _ready_node,
+    _reserved,
+    _run,
+    _until,
+)
+
+A100 = catalog.resolve_gpu("a100-80gb")
+A30 = catalog.resolve_gpu("a30-24gb")
+CREATED = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC).timestamp()
+"""The ``creationTimestamp`` of the test's pods (2026-01-01T00:00:00Z)."""
+
+
+def _gpu(model: profiles.GpuModel, *held: tuple[str, int, bool]) -> snapshot.Gpu:
+    return snapshot.Gpu(
+        0, model, tuple(snapshot.ExistingInstance(p, s, used) for p, s, used in held)
+    )
+
+
+def _node(name: str, *gpus: snapshot.Gpu) -> snapshot.Node:
+    return snapshot.Node(name, {}, (), False, None, gpus)
+
+
+def _value(m: metrics.ControllerMetrics, name: str, **labels: str) -> float | None:
+    return m.registry.get_sample_value(name, labels)
+
+
+# -- the pure definition ----------------------------------------------------------------------
+
+
+def test_a_gpu_counts_held_slices_and_its_free_slices_as_scattered_only_when_partly_held() -> None:
+    partly = usage.of_gpu(_gpu(A100, ("3g.40gb", 0, True), ("1g.10gb", 4, False)))
+    assert partly == usage.Slices(total=7, held=3, scattered=4)
+    assert usage.of_gpu(_gpu(A100, ("1g.10gb", 0, False))) == usage.Slices(7, 0, 0)
+    assert usage.of_gpu(_gpu(A100, ("7g.80gb", 0, True))) == usage.Slices(7, 7, 0)
+
+
+def test_ratios_and_their_empty_cases() -> None:
+    assert usage.Slices(8, 2, 3).allocation == 0.25
+    assert usage.Slices(8, 2, 3).fragmentation == 0.5
+    assert usage.Slices().allocation == 0.0 and usage.Slices().fragmentation == 0.0
+    assert usage.Slices(7, 7, 0).fragmentation == 0.0  # nothing free
+
+
+def test_per_node_and_model_sums_the_gpus_of_that_model() -> None:
+    a = _node("a", _gpu(A100, ("3g.40gb", 0, True)), _gpu(A100), _gpu(A30, ("1g.6gb", 0, True)))
+    b = _node("b", _gpu(A100, ("7g.80gb", 0, True)))
+    per = usage.by_node_and_model([a, b])
+    assert per == {
+        ("a", "a100-80gb"): usage.Slices(total=14, held=3, scattered=4),
+        ("a", "a30-24gb"): usage.Slices(total=4, held=1, scattered=3),
+        ("b", "a100-80gb"): usage.Slices(total=7, held=7, scattered=0),
+    }
+    assert usage.total(per.values()) == usage.Slices(total=25, held=11, scattered=7)
+
+
+def test_gauges_per_node_and_model_and_a_node_gone_loses_its_series() -> None:
+    m = metrics.ControllerMetrics()
+    a = _node("a", _gpu(A100, ("3g.40gb", 0, True)), _gpu(A100))
+    b = _node("b", _gpu(A30, ("1g.6gb", 0, True)))
+    m.observe_cluster(snapshot.Snapshot(nodes=(a, b), pods=()))
+    assert _value(m, "migpilot_node_allocation_ratio", node="a", model="a100-80gb") == 3 / 14
+    assert _value(m, "migpilot_node_fragmentation_ratio", node="a", model="a100-80gb") == 4 / 11
+    assert _value(m, "migpilot_node_allocation_ratio", node="b", model="a30-24gb") == 1 / 4
+    assert _value(m, "migpilot_node_fragmentation_ratio", node="b", model="a30-24gb") == 1.0
+    assert _value(m, "migpilot_allocation_ratio") == 4 / 18
+    assert _value(m, "migpilot_fragmentation_ratio") == 7 / 14
+    m.observe_cluster(snapshot.Snapshot(nodes=(a,), pods=()))
+    assert _value(m, "migpilot_node_allocation_ratio", node="b", model="a30-24gb") is None
+    assert _value(m, "migpilot_node_fragmentation_ratio", node="b", model="a30-24gb") is None
+    assert _value(m, "migpilot_allocation_ratio") == 3 / 14
+
+
+def test_pending_by_reason_keeps_a_reason_no_pod_holds_at_zero() -> None:
+    m = metrics.ControllerMetrics()
+    m.observe_pending(["MigWaiting", "MigWaiting", "MigRequestUnservable"])
+    assert _value(m, "migpilot_pending_pods", reason="MigWaiting") == 2
+    assert _value(m, "migpilot_pending_pods", reason="MigRequestUnservable") == 1
+    m.observe_pending(["MigWaiting"])
+    assert _value(m, "migpilot_pending_pods", reason="MigWaiting") == 1
+    assert _value(m, "migpilot_pending_pods", reason="MigRequestUnservable") == 0
+
+
+def test_instances_written_are_counted_by_profile_and_mps_slices_by_size() -> None:
+    m = metrics.ControllerMetrics()
+    m.observe_written(
+        [
+            plans.Action("n", 0, plans.Op.DESTROY, "1g.10gb", 0),
+            plans.Action("n", 0, plans.Op.DESTROY, "1g.10gb", 1),
+            plans.Action("n", 0, plans.Op.CREATE, "2g.20gb", 0),
+        ],
+        [
+            plans.SliceAction("n", 1, plans.SliceOp.CREATE, 0, 20, None, "for ns/p"),
+            plans.SliceAction("n", 1, plans.SliceOp.REMOVE, 1, 40, None, "freed"),
+        ],
+    )
+    assert _value(m, "migpilot_instances_destroyed_total", profile="1g.10gb") == 2
+    assert _value(m, "migpilot_instances_created_total", profile="2g.20gb") == 1
+    assert _value(m, "migpilot_instances_created_total", profile="mps-20gb") == 1
+    assert _value(m, "migpilot_instances_destroyed_total", profile="mps-40gb") == 1
+    assert _value(m, "migpilot_instances_created_total", profile="1g.10gb") is None
+
+
+@pytest.mark.parametrize(
+    ("created_s", "le_below", "le_at"), [(0.3, None, "0.5"), (100.0, "60.0", "120.0")]
+)
+def test_creation_to_bind_lands_in_its_bucket(
+    created_s: float, le_below: str | None, le_at: str
+) -> None:
+    m = metrics.ControllerMetrics()
+    m.observe_bound(seen_s=None, created_s=created_s)
+    name = "migpilot_pod_creation_to_bind_seconds_bucket"
+    if le_below is not None:
+        assert _value(m, name, le=le_below) == 0
+    assert _value(m, name, le=le_at) == 1
+    assert _value(m, "migpilot_pod_bind_seconds_count") == 0
+
+
+def test_a_creation_time_ahead_of_the_controllers_clock_counts_as_zero() -> None:
+    m = metrics.ControllerMetrics()
+    m.observe_bound(seen_s=1.0, created_s=-2.0)
+    assert _value(m, "migpilot_pod_creation_to_bind_seconds_sum") == 0.0
+    assert _value(m, "migpilot_pod_bind_seconds_sum") == 1.0
+
+
+# -- the real loop ----------------------------------------------------------------------------
+
+
+def test_a_pod_bound_after_n_seconds_lands_in_its_bucket_and_leaves_the_pending_gauge() -> None:
+    clock, wall = _Clock(1000.0), _Clock(CREATED + 30.0)
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        m = controller.metrics
+        await _ready_node(api)
+        await _until(
+            "the node's series",
+            lambda: (
+                _value(m, "migpilot_node_allocation_ratio", node="n0", model="a100-80gb") == 0.0
+            ),
+        )
+        await api.put(kubeapi.Kind.PODS, _pod("p", "3g.40gb"))
+        await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
+        _, start, profile = _reserved(api, "n0")["ns/p"]
+        assert _value(m, "migpilot_instances_created_total", profile="3g.40gb") == 1
+        await _until(
+            "the pod pending as reserved",
+            lambda: _value(m, "migpilot_pending_pods", reason="MigInstancesReserved") == 1,
+        )
+        await _agent_reports(
+            api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
+        )
+        await _until(
+            "the reserved instance counted",
+            lambda: (
+                _value(m, "migpilot_node_allocation_ratio", node="n0", model="a100-80gb") == 3 / 7
+            ),
+        )
+        clock.now += 7.0
+        wall.now += 70.0  # created 100 s before it is bound
+        await api.put(kubeapi.Kind.PODS, _bind(api, "ns/p", "n0"))
+        await _until(
+            "the bind counted",
+            lambda: _value(m, "migpilot_pod_creation_to_bind_seconds_count") == 1,
+        )
+        assert _value(m, "migpilot_pod_creation_to_bind_seconds_sum") == 100.0
+        assert _value(m, "migpilot_pod_creation_to_bind_seconds_bucket", le="60.0") == 0
+        assert _value(m, "migpilot_pod_creation_to_bind_seconds_bucket", le="120.0") == 1
+        assert _value(m, "migpilot_pod_bind_seconds_sum") == 7.0
+        await _until(
+            "the pod out of the pending gauge",
+            lambda: _value(m, "migpilot_pending_pods", reason="MigInstancesReserved") == 0,
+        )
+
+    _run(body, clock=clock, wall=wall)
+
+
+def test_a_refused_pod_counts_under_its_reason_until_it_is_served() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        m = controller.metrics
+        await _ready_node(api)
+        await api.put(kubeapi.Kind.PODS, _pod("bad", "1c.3g.40gb"))
+        await _until(
+            "the refusal counted",
+            lambda: _value(m, "migpilot_pending_pods", reason="MigRequestUnservable") == 1,
+        )
+        await _passes(controller)
+        assert _value(m, "migpilot_pending_pods", reason="MigRequestUnservable") == 1
+        # kube-scheduler serves it (the request was for it to judge).
+        await api.put(kubeapi.Kind.PODS, _bind(api, "ns/bad", "n0"))
+        await _until(
+            "the pod out of the gauge",
+            lambda: _value(m, "migpilot_pending_pods", reason="MigRequestUnservable") == 0,
+        )
+
+    _run(body)
+
+
+def test_a_free_instance_a_plan_replaces_is_counted_destroyed() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        m = controller.metrics
+        await _ready_node(api)
+        await _agent_reports(
+            api, "n0", [{"profile": "1g.10gb", "start": 0, "uuid": "MIG-0", "state": "free"}]
+        )
+        await _passes(controller)
+        await api.put(kubeapi.Kind.PODS, _pod("big", "7g.80gb"))
+        await _until("a reservation", lambda: "ns/big" in _reserved(api, "n0"))
+        assert _value(m, "migpilot_instances_destroyed_total", profile="1g.10gb") == 1
+        assert _value(m, "migpilot_instances_created_total", profile="7g.80gb") == 1
+
+    _run(body)
