@@ -224,6 +224,8 @@ class Prometheus:
 
         try:
             return self._until(all_up, "every target up", timeout)
+        except PromQLError:
+            raise
         except AssertionError as e:
             errors = {a["labels"]["instance"]: a["lastError"] for a in self.active_targets()}
             raise AssertionError(f"{e}\ntargets' last errors: {errors}") from None
@@ -267,6 +269,8 @@ class Prometheus:
 
         try:
             return self._until(passes, what or f"{promql!r} to pass its check", timeout)
+        except PromQLError:
+            raise
         except AssertionError as e:
             raise AssertionError(f"{e}\nlast result of {promql!r}: {last}") from None
 
