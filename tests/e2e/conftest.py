@@ -1,4 +1,6 @@
-"""Fixtures of the end-to-end tier: ``scene``, the whole system on the session's control plane."""
+"""Fixtures of the end-to-end tier: ``scene``, the whole system on the session's control plane;
+``metrics_scene``, the same with every migpilot process serving ``/metrics``, and
+``prometheus``, a real Prometheus scraping it (``tests/kube/prometheus.py``)."""
 
 from __future__ import annotations
 
@@ -12,15 +14,17 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Pod
 
+from tests.kube import prometheus as prom
+from tests.kube import tools
 from tests.kube.controlplane import ControlPlane
 from tests.kube.scenes import NODES, Scene
 
 
-@pytest.fixture
-def scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Scene]:
-    s = Scene(control_plane, tmp_path)
+@contextlib.contextmanager
+def _staged(plane: ControlPlane, root: pathlib.Path, *, metrics: bool) -> Iterator[Scene]:
+    s = Scene(plane, root, metrics=metrics)
     s.namespace = f"mig-{s.lease_ns.rsplit('-', 1)[-1]}"
-    client = control_plane.client
+    client = plane.client
     try:
         s.prepare()
         client.create(Namespace(metadata=ObjectMeta(name=s.namespace)))
@@ -38,3 +42,27 @@ def scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Scene
         s.stop()
         with contextlib.suppress(lightkube.ApiError):
             client.delete(Namespace, s.namespace)
+
+
+@pytest.fixture
+def scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Scene]:
+    with _staged(control_plane, tmp_path, metrics=False) as s:
+        yield s
+
+
+@pytest.fixture
+def metrics_scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Scene]:
+    """``scene`` whose controllers, agents and fleet serve ``/metrics`` on free loopback ports
+    (``metrics_ports``)."""
+    with _staged(control_plane, tmp_path, metrics=True) as s:
+        yield s
+
+
+@pytest.fixture
+def prometheus(metrics_scene: Scene, tmp_path: pathlib.Path) -> Iterator[prom.Prometheus]:
+    """A real Prometheus scraping ``metrics_scene``'s processes every second. Processes started
+    later (a controller) are scraped after ``prometheus.scrape(prom.targets_of(scene))``."""
+    with prom.Prometheus.start(
+        tools.locate().prometheus, tmp_path / "prometheus", prom.targets_of(metrics_scene)
+    ) as p:
+        yield p

@@ -61,6 +61,12 @@ class System:
     webhook_ca: Path | None = None
     """The CA certificate the webhook's serving certificate is checked against."""
     nodes: list[str] = field(default_factory=list)
+    metrics: bool = False
+    """Whether the controllers, agents and fleet serve ``/metrics`` (each on a free loopback
+    port, in :attr:`metrics_ports`); off, they serve none."""
+    metrics_ports: dict[str, int] = field(default_factory=dict)
+    """Process name (``controller-c1``, ``agent-ctl-a100``, ``fleet``) -> its metrics port, for
+    :func:`tests.kube.prometheus.targets_of`."""
 
     @property
     def client(self) -> lightkube.Client:
@@ -69,6 +75,15 @@ class System:
     def components(self) -> list[controlplane.Component]:
         out = [*self.agents.values(), *self.controllers.values()]
         return out + [c for c in (self.webhook, self.fleet) if c is not None]
+
+    def _metrics_args(self, name: str) -> list[str]:
+        """``--metrics-port`` for the process ``name``: a free port when :attr:`metrics`
+        (recorded in :attr:`metrics_ports`), else 0 (none)."""
+        if not self.metrics:
+            return ["--metrics-port", "0"]
+        [port] = controlplane.free_ports(1)
+        self.metrics_ports[name] = port
+        return ["--metrics-port", str(port)]
 
     def prepare(self) -> None:
         """The GpuLayout CRD and the Lease's namespace."""
@@ -154,8 +169,8 @@ class System:
                 "simulated",
                 "--interval",
                 "5",
-                "--metrics-port",
-                "0",
+                *self._metrics_args(f"agent-{node}"),
+                *(["--metrics-address", controlplane.LOOPBACK] if self.metrics else []),
                 *extra,
             ],
             log=self.root / f"agent-{node}.log",
@@ -183,6 +198,7 @@ class System:
                 "simulated",
                 "--interval",
                 "5",
+                *self._metrics_args("fleet"),
                 *extra,
             ],
             log=self.root / "fleet.log",
@@ -205,8 +221,7 @@ class System:
                 identity,
                 "--lease-namespace",
                 self.lease_ns,
-                "--metrics-port",
-                "0",
+                *self._metrics_args(f"controller-{identity}"),
                 *extra,
             ],
             log=self.root / f"controller-{identity}.log",
@@ -224,6 +239,7 @@ class System:
         controlplane.stop_components(self.components())
         self.agents.clear()
         self.controllers.clear()
+        self.metrics_ports.clear()
         self.webhook = None
         self.fleet = None
         client = self.client

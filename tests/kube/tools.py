@@ -1,4 +1,5 @@
-"""Where the control-plane binaries are: the folders scripts/k8s-tools names in MIGPILOT_* vars.
+"""Where the control-plane binaries and Prometheus are: the folders scripts/k8s-tools names in
+MIGPILOT_* vars.
 
 `./scripts/test` exports them; when pytest runs on its own they are missing and this module runs
 scripts/k8s-tools itself, which builds whatever is not in the cache yet (minutes, once). A missing
@@ -21,6 +22,7 @@ _VARIABLES = (
     "MIGPILOT_KWOK_BIN",
     "MIGPILOT_KWOK_STAGES",
     "MIGPILOT_HELM_BIN",
+    "MIGPILOT_PROMETHEUS_BIN",
 )
 STAGES = (
     "node-initialize.yaml",
@@ -42,6 +44,7 @@ class Tools:
     kwok: Path
     kwok_stages: tuple[Path, ...]
     helm: Path
+    prometheus: Path
 
 
 def _from_script() -> dict[str, str]:
@@ -71,6 +74,7 @@ def locate() -> Tools:
         kwok=Path(env["MIGPILOT_KWOK_BIN"]) / "kwok",
         kwok_stages=tuple(stages / name for name in STAGES),
         helm=Path(env["MIGPILOT_HELM_BIN"]) / "helm",
+        prometheus=Path(env["MIGPILOT_PROMETHEUS_BIN"]) / "prometheus",
     )
     missing = [
         str(p)
@@ -82,6 +86,7 @@ def locate() -> Tools:
             tools.kwok,
             *tools.kwok_stages,
             tools.helm,
+            tools.prometheus,
         )
         if not p.is_file()
     ]
