@@ -26,7 +26,7 @@ from rich.text import Text
 
 from migpilot import errors
 from migpilot.cli import output
-from migpilot.controller import kube, surveying
+from migpilot.controller import kube, querying, surveying
 
 DEFAULT_INTERVAL_S = 2.0
 READ_TIMEOUT_S = 10.0
@@ -48,6 +48,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=Path,
         default=None,
         help="kubeconfig file (default: the in-cluster service account)",
+    )
+    p.add_argument(
+        "--prometheus-url",
+        default=None,
+        metavar="URL",
+        help=(
+            "Prometheus to read migpilot_device_utilization_ratio from (e.g. "
+            "http://prometheus:9090): adds each device's utilisation; a failed query is a "
+            "warning and no utilisation is shown"
+        ),
     )
     output.add_output_flag(p)
     p.add_argument(
@@ -75,11 +85,37 @@ def _positive(text: str) -> float:
     return value
 
 
-def read(kubeconfig: Path | None) -> surveying.Status:
-    """One read of the cluster, surveyed."""
+def read(
+    kubeconfig: Path | None,
+    *,
+    source: querying.UtilizationSource | None = None,
+    warn: Callable[[str], object] = lambda line: sys.stderr.write(line + "\n"),
+) -> surveying.Status:
+    """One read of the cluster, surveyed, with ``source``'s utilisation when it answers."""
     objects = asyncio.run(kube.read_objects(kubeconfig, timeout_s=READ_TIMEOUT_S))
+    return surveyed(objects, source=source, warn=warn)
+
+
+def surveyed(
+    objects: kube.Objects,
+    *,
+    source: querying.UtilizationSource | None,
+    warn: Callable[[str], object],
+) -> surveying.Status:
+    """The survey of ``objects``; a failing ``source`` is one warning and no utilisation."""
+    utilization = None
+    if source is not None:
+        try:
+            utilization = source.utilization()
+        except querying.QueryError as err:
+            warn(f"migpilot: warning: no utilisation: {err}")
     return surveying.survey(
-        layouts=objects.layouts, nodes=objects.nodes, pods=objects.pods, events=objects.events
+        layouts=objects.layouts,
+        nodes=objects.nodes,
+        pods=objects.pods,
+        events=objects.events,
+        utilization=utilization,
+        utilization_source=source.name if source is not None else None,
     )
 
 
@@ -250,8 +286,9 @@ def watch(
 
 
 def _run(args: argparse.Namespace, out: IO[str]) -> int:
+    source = querying.Prometheus(args.prometheus_url) if args.prometheus_url else None
     if not args.watch:
-        write(out, read(args.kubeconfig), args.output)
+        write(out, read(args.kubeconfig, source=source), args.output)
         return 0
     console = console_for(out)
 
@@ -267,4 +304,8 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
         )
         console.print(renderable(status))
 
-    return watch(read_once=lambda: read(args.kubeconfig), show=show, interval_s=args.interval)
+    return watch(
+        read_once=lambda: read(args.kubeconfig, source=source),
+        show=show,
+        interval_s=args.interval,
+    )

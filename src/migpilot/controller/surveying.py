@@ -13,7 +13,8 @@ A holder is never made up: a device's pod comes from the spec's ``reservedFor``,
 ``usedBy``, or, for an instance or slice a ``nvidia.com/mig-*`` (or ``nvidia.com/gpu-<N>gb``)
 pod took, from the pods bound to the node when exactly one of them asks for that profile;
 otherwise the holder is ``unknown`` and the candidates are listed. Utilisation is shown only
-when a source gives it (``utilization``, by pod); without one it is absent, never zero.
+when a source gives it (``utilization``, by device UUID or by ``namespace/pod``); without one
+it is absent, never zero.
 
 Pure: no client, no clock, no I/O. May import :mod:`migpilot.api`, :mod:`migpilot.planning`,
 :mod:`migpilot.mig`, :mod:`migpilot.errors` and the controller's pure reading
@@ -287,8 +288,13 @@ def _resolve(
                 d = dataclasses.replace(d, holding=Holding.UNKNOWN, candidates=tuple(cands))
         elif d.state == gpulayouts.InstanceState.RESERVED.value and d.pod is None:
             d = dataclasses.replace(d, holding=Holding.UNKNOWN)  # the spec no longer says for whom
-        if d.pod is not None and utilization is not None and d.pod in utilization:
-            d = dataclasses.replace(d, utilization=utilization[d.pod])
+        if utilization is not None:
+            # The device's own reading first (a MIG UUID), else its holder's (one device).
+            found = utilization.get(d.uuid) if d.uuid is not None else None
+            if found is None and d.pod is not None:
+                found = utilization.get(d.pod)
+            if found is not None:
+                d = dataclasses.replace(d, utilization=found)
         out.append(d)
     return tuple(out)
 
@@ -458,10 +464,10 @@ def survey(
 ) -> Status:
     """The cluster's GPUs and waiting pods from raw objects as the API lists them.
 
-    ``utilization`` (by pod, 0-1) fills each holder's utilisation, from ``utilization_source``
-    (e.g. a Prometheus URL); without it no utilisation is shown. Never raises on what tenants
-    or a broken agent wrote: a bad object becomes a node's :attr:`NodeStatus.problem`, an
-    unreadable ask a pending pod's."""
+    ``utilization`` (0-1, by device UUID, else by ``namespace/pod``) fills each device's
+    utilisation, from ``utilization_source`` (e.g. a Prometheus URL); without it no utilisation
+    is shown. Never raises on what tenants or a broken agent wrote: a bad object becomes a
+    node's :attr:`NodeStatus.problem`, an unreadable ask a pending pod's."""
     pod_docs = [_map(p) for p in pods]
     views = [observing.pod_view(p) for p in pod_docs]
     bound: dict[str, _Bound] = {}
