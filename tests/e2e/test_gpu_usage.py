@@ -100,8 +100,10 @@ def test_per_pod_gpu_series_carry_the_labels_and_the_loads_and_go_with_the_pod(
     # Memory: every pod's device, on either model, with the MiB its load set.
     mem = prometheus.wait(
         f'{USED}{{namespace="{ns}"}}',
-        lambda got: {s["pod"]: s.value for s in got}
-        == {"hot": 3000 * MIB, "cool": 700 * MIB, "amem": 1500 * MIB, "uni": 900 * MIB},
+        lambda got: (
+            {s["pod"]: s.value for s in got}
+            == {"hot": 3000 * MIB, "cool": 700 * MIB, "amem": 1500 * MIB, "uni": 900 * MIB}
+        ),
         what="each pod's memory as the load file sets it",
     )
     running = scene.running(pods)

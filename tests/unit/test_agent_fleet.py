@@ -464,8 +464,11 @@ def test_one_sampler_serves_every_nodes_gpu_use_as_the_load_file_sets_it(
     f.drain()
     assert _usage(f.sample_usage(), usage.DEVICE_MEMORY_USED) == {("n0", "p"): 0.0}
     f.nodes_listed(
-        [d for d in api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents
-         if d["metadata"]["name"] == "n0"]  # fmt: skip
+        [
+            d
+            for d in api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents
+            if d["metadata"]["name"] == "n0"
+        ]
     )
     assert {dict(r.labels)["node"] for r in f.sample_usage()} == {"n0"}
 

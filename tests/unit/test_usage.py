@@ -304,9 +304,7 @@ def test_an_instance_the_spec_reserves_reads_reserved_until_a_pod_holds_it() -> 
     assert reserved == {one.uuid, two.uuid}
     assert usage.reserved_instances(None, view) == frozenset()
     # The spec names the start and profile: another profile at that start is not reserved.
-    other = gl.LayoutSpec(
-        gpus=(gl.GpuSpec(0, None, (gl.InstanceSpec("2g.20gb", 0, "ml/a"),)),)
-    )
+    other = gl.LayoutSpec(gpus=(gl.GpuSpec(0, None, (gl.InstanceSpec("2g.20gb", 0, "ml/a"),)),))
     assert usage.reserved_instances(other, view) == frozenset()
     held = [usage.Holding("ml", "a", "", "nvidia.com/mig-1g.10gb", str(one.uuid))]
     rows = usage.series(

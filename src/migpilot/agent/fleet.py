@@ -262,7 +262,9 @@ class Fleet:
         self._metrics = metrics.AgentMetrics()
         """Shared by every node (the reconciler counts into it); served by :meth:`serve`."""
         self.load = (
-            sampling.LoadFile(settings.emulated_load) if settings.emulated_load is not None else None
+            sampling.LoadFile(settings.emulated_load)
+            if settings.emulated_load is not None
+            else None
         )
         """The ``--emulated-load`` file every node's sampler reads (:meth:`sample_usage`);
         read here, so a bad or missing file is an :class:`~errors.AgentConfigError`."""
@@ -430,9 +432,7 @@ class Fleet:
             load=self.load,
             driven=gpus,
         )
-        return Member(
-            node, label, gpus, source, kubelet, reporter, agent, pool, counters, sampler
-        )
+        return Member(node, label, gpus, source, kubelet, reporter, agent, pool, counters, sampler)
 
     # -- the watches' callbacks ----------------------------------------------------------------
     def nodes_listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
