@@ -1,12 +1,13 @@
 """Fixtures of the end-to-end tier: ``scene``, the whole system on the session's control plane;
 ``metrics_scene``, the same with every migpilot process serving ``/metrics``, and
-``prometheus``, a real Prometheus scraping it (``tests/kube/prometheus.py``)."""
+``prometheus``, a real Prometheus scraping it (``tests/kube/prometheus.py``); ``load_scene``
+and ``load_prometheus``, the same with the agents' GPU use driven by a load file."""
 
 from __future__ import annotations
 
 import contextlib
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import lightkube
 import pytest
@@ -21,7 +22,9 @@ from tests.kube.scenes import NODES, Scene
 
 
 @contextlib.contextmanager
-def _staged(plane: ControlPlane, root: pathlib.Path, *, metrics: bool) -> Iterator[Scene]:
+def _staged(
+    plane: ControlPlane, root: pathlib.Path, *, metrics: bool, agent_args: Sequence[str] = ()
+) -> Iterator[Scene]:
     s = Scene(plane, root, metrics=metrics)
     s.namespace = f"mig-{s.lease_ns.rsplit('-', 1)[-1]}"
     client = plane.client
@@ -30,7 +33,7 @@ def _staged(plane: ControlPlane, root: pathlib.Path, *, metrics: bool) -> Iterat
         client.create(Namespace(metadata=ObjectMeta(name=s.namespace)))
         s.start_webhook()
         for node, model in NODES.items():
-            s.add_node(node, f"emulated:{model}:x2")
+            s.add_node(node, f"emulated:{model}:x2", *agent_args)
         yield s
     finally:
         with contextlib.suppress(lightkube.ApiError):
@@ -56,6 +59,27 @@ def metrics_scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterat
     (``metrics_ports``)."""
     with _staged(control_plane, tmp_path, metrics=True) as s:
         yield s
+
+
+@pytest.fixture
+def load_scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Scene]:
+    """``metrics_scene`` whose agents read GPU use every second and run the emulated GPUs at
+    the loads of ``scene.load_file`` (``--emulated-load``; empty at start: every pod idle)."""
+    load = tmp_path / "load.yaml"
+    load.write_text("", encoding="utf-8")
+    args = ("--emulated-load", str(load), "--gpu-metrics-interval", "1")
+    with _staged(control_plane, tmp_path, metrics=True, agent_args=args) as s:
+        s.load_file = load
+        yield s
+
+
+@pytest.fixture
+def load_prometheus(load_scene: Scene, tmp_path: pathlib.Path) -> Iterator[prom.Prometheus]:
+    """``prometheus`` scraping ``load_scene``."""
+    with prom.Prometheus.start(
+        tools.locate().prometheus, tmp_path / "prometheus", prom.targets_of(load_scene)
+    ) as p:
+        yield p
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ two H100-80GB), the webhook, one agent per node, and helpers to make and read po
 
 from __future__ import annotations
 
+import pathlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,8 @@ class Scene(system.System):
     """The processes of one test, its namespace, and helpers to make and read pods."""
 
     namespace: str = ""
+    load_file: pathlib.Path | None = None
+    """The agents' ``--emulated-load`` file (``load_scene``), else ``None``."""
 
     def wait(self, predicate: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
         deadline = time.monotonic() + timeout

@@ -8,6 +8,7 @@ nodes' agents write; one drives the callbacks and :meth:`Fleet.drain` without th
 from __future__ import annotations
 
 import logging
+import pathlib
 import threading
 import time
 import urllib.request
@@ -17,12 +18,13 @@ from typing import Any
 import pytest
 
 from migpilot import errors
-from migpilot.agent import fleet, kubeapi
+from migpilot.agent import fleet, kubeapi, usage
 from migpilot.api import gpulayouts as gl
 from migpilot.gpu import clocks, emulated
 
 LABEL = fleet.EMULATED_GPUS_LABEL
 R1G = "nvidia.com/mig-1g.10gb"
+MIB = 1024 * 1024
 
 
 def spec(*gpus: list[dict[str, Any]]) -> dict[str, Any]:
@@ -384,3 +386,96 @@ def test_the_fleet_serves_its_metrics_and_probes() -> None:
             assert r.status == 200
     finally:
         endpoint.close()
+
+
+def _usage(rows: tuple[usage.Row, ...], name: str) -> dict[tuple[str, str], float]:
+    """(node, pod) -> value of the series ``name``."""
+    return {
+        (dict(r.labels)["node"], dict(r.labels)["pod"]): r.value for r in rows if r.name == name
+    }
+
+
+def _instances(rows: tuple[usage.Row, ...]) -> dict[tuple[str, str], float]:
+    """(node, state) -> instances of every profile."""
+    out: dict[tuple[str, str], float] = {}
+    for r in rows:
+        if r.name == usage.INSTANCES:
+            labels = dict(r.labels)
+            key = (labels["node"], labels["state"])
+            out[key] = out.get(key, 0.0) + r.value
+    return out
+
+
+def test_one_sampler_serves_every_nodes_gpu_use_as_the_load_file_sets_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    """``migpilot fleet --emulated-load``: every node's per-pod series in the one registry,
+    a reserved instance reads ``reserved``, the file's changes and a pod's deletion show."""
+    load = tmp_path / "load.yaml"
+    load.write_text("ns/p: {utilization: 0.9, memoryUsedMiB: 2048}\n", encoding="utf-8")
+    api = kubeapi.InMemoryNodeApi()
+    settings = fleet.FleetSettings(times=emulated.INSTANT, emulated_load=load)
+    f = fleet.Fleet(api, settings=settings)
+    api.put_node("n0", {LABEL: "h100-80gb.x1"})
+    api.put_node("n1", {LABEL: "h100-80gb.x1"})
+    api.put_spec("n0", spec([inst("1g.10gb", 0), inst("1g.10gb", 1, "ns/later")]))
+    api.put_spec("n1", spec([inst("1g.10gb", 0)]))
+    api.put_pod(pod_doc("p", "n0", {R1G: 1}))
+    api.put_pod(pod_doc("q", "n1", {R1G: 1}))
+    f.layouts_listed(api.list_layouts().documents)
+    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents)
+    f.pods.listed(api.list_pods(node=None).documents)
+    f.drain()
+
+    rows = f.sample_usage()
+    assert _usage(rows, usage.DEVICE_UTILIZATION) == {
+        ("n0", "p"): pytest.approx(0.9),
+        ("n1", "q"): 0.0,  # not in the file: idle
+    }
+    assert _usage(rows, usage.DEVICE_MEMORY_USED) == {("n0", "p"): 2048 * MIB, ("n1", "q"): 0.0}
+    assert _instances(rows) == {
+        ("n0", "used"): 1.0,
+        ("n0", "reserved"): 1.0,
+        ("n0", "free"): 0.0,
+        ("n1", "used"): 1.0,
+        ("n1", "reserved"): 0.0,
+        ("n1", "free"): 0.0,
+    }
+    endpoint = f.serve(port=0, address="127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    finally:
+        endpoint.close()
+    assert 'node="n0"' in text and 'node="n1"' in text and 'pod="p"' in text
+
+    # The file changes: re-read, the next pass shows it.
+    load.write_text("ns/q: {utilization: 0.25, memoryUsedMiB: 512}\n", encoding="utf-8")
+    assert f.load is not None and f.load.poll()
+    rows = f.sample_usage()
+    assert _usage(rows, usage.DEVICE_UTILIZATION) == {
+        ("n0", "p"): 0.0,
+        ("n1", "q"): pytest.approx(0.25),
+    }
+    # The pod and then a node go: their series with them.
+    api.delete_pod("ns", "q")
+    f.pods.listed(api.list_pods(node=None).documents)
+    f.tick()
+    f.drain()
+    assert _usage(f.sample_usage(), usage.DEVICE_MEMORY_USED) == {("n0", "p"): 0.0}
+    f.nodes_listed(
+        [
+            d
+            for d in api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents
+            if d["metadata"]["name"] == "n0"
+        ]
+    )
+    assert {dict(r.labels)["node"] for r in f.sample_usage()} == {"n0"}
+
+
+def test_a_bad_load_file_stops_the_fleet_with_the_field_named(tmp_path: pathlib.Path) -> None:
+    load = tmp_path / "load.yaml"
+    load.write_text("ns/p: {utilization: 2}\n", encoding="utf-8")
+    settings = fleet.FleetSettings(emulated_load=load)
+    with pytest.raises(errors.AgentConfigError, match="utilization"):
+        fleet.Fleet(kubeapi.InMemoryNodeApi(), settings=settings)

@@ -24,6 +24,7 @@ def test_defaults() -> None:
     assert not settings("--no-unified-counters").unified_counters
     assert got.metrics_port is None
     assert settings("--metrics-port", "9400").metrics_port == 9400
+    assert (got.gpu_metrics_interval_s, got.emulated_load) == (5.0, None)
 
 
 def test_flags(tmp_path: Path) -> None:
@@ -37,6 +38,10 @@ def test_flags(tmp_path: Path) -> None:
     assert got.selector == kubeapi.LabelSelector("pool", "a")
     assert (got.workers, got.interval_s, got.resync_s) == (4, 5.0, 60.0)
     assert got.strategy.value == "single"
+    load = tmp_path / "load.yaml"
+    load.write_text("ns/p: {utilization: 0.5}\n")
+    got = settings("--emulated-load", str(load), "--gpu-metrics-interval", "1")
+    assert (got.emulated_load, got.gpu_metrics_interval_s) == (load, 1.0)
 
 
 @pytest.mark.parametrize(
@@ -50,6 +55,8 @@ def test_flags(tmp_path: Path) -> None:
         (["--kubeconfig", "/nonexistent/kc"], "--kubeconfig: no such file: /nonexistent/kc"),
         (["--strategy", "most"], "most"),
         (["--metrics-port", "70000"], "--metrics-port must be 0 to 65535, got 70000"),
+        (["--gpu-metrics-interval", "0"], "--gpu-metrics-interval must be more than 0, got 0.0"),
+        (["--emulated-load", "/nonexistent/l.yaml"], "--emulated-load: no such file"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(

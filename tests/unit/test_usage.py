@@ -11,6 +11,7 @@ import pytest
 from migpilot import errors
 from migpilot.agent import metrics, running, sampling, usage
 from migpilot.agent.deviceplugin import devices
+from migpilot.api import gpulayouts as gl
 from migpilot.gpu import backend, emulated, nvml, nvml_standin
 from migpilot.mig import catalog
 
@@ -278,3 +279,47 @@ def test_nvml_sampling_lists_mps_clients_as_such() -> None:
     assert [(p.mps, p.memory_used_bytes) for p in got.processes] == [(True, 6660 * MIB)]
     assert got.utilization == pytest.approx(0.1)  # MIG off: the utilisation rate
     assert isinstance(got, backend.GpuSample)
+
+
+def test_an_instance_the_spec_reserves_reads_reserved_until_a_pod_holds_it() -> None:
+    emu = emulated.EmulatedBackend([H100], durable=False)
+    one = emu.create_instance(0, profile="1g.10gb", start=0)
+    two = emu.create_instance(0, profile="1g.10gb", start=1)
+    emu.create_instance(0, profile="2g.20gb", start=2)
+    view = _view(emu)
+    spec = gl.LayoutSpec(
+        gpus=(
+            gl.GpuSpec(
+                index=0,
+                model=None,
+                instances=(
+                    gl.InstanceSpec("1g.10gb", 0, "ml/a"),
+                    gl.InstanceSpec("1g.10gb", 1, "ml/b"),
+                    gl.InstanceSpec("2g.20gb", 2),
+                ),
+            ),
+        )
+    )
+    reserved = usage.reserved_instances(spec, view)
+    assert reserved == {one.uuid, two.uuid}
+    assert usage.reserved_instances(None, view) == frozenset()
+    # The spec names the start and profile: another profile at that start is not reserved.
+    other = gl.LayoutSpec(gpus=(gl.GpuSpec(0, None, (gl.InstanceSpec("2g.20gb", 0, "ml/a"),)),))
+    assert usage.reserved_instances(other, view) == frozenset()
+    held = [usage.Holding("ml", "a", "", "nvidia.com/mig-1g.10gb", str(one.uuid))]
+    rows = usage.series(
+        node="n", view=view, holdings=held, samples={}, owners={}, reserved=reserved
+    )
+    states = {
+        (dict(r.labels)["profile"], dict(r.labels)["state"]): r.value
+        for r in rows
+        if r.name == usage.INSTANCES
+    }
+    assert states == {
+        ("1g.10gb", "used"): 1.0,  # held beats reserved
+        ("1g.10gb", "reserved"): 1.0,
+        ("1g.10gb", "free"): 0.0,
+        ("2g.20gb", "free"): 1.0,
+        ("2g.20gb", "reserved"): 0.0,
+        ("2g.20gb", "used"): 0.0,
+    }

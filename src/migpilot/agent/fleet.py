@@ -48,9 +48,11 @@ from migpilot.agent import (
     metrics,
     reconciling,
     running,
+    sampling,
     slicing,
     standin,
     unifying,
+    usage,
     watching,
 )
 from migpilot.agent.deviceplugin import devices
@@ -196,6 +198,12 @@ class FleetSettings:
     unified_counters: bool = True
     """Write each node's unified counters (``nvidia.com/gpumem``, ``gpumem-percentage``,
     ``gpucores``; ``docs/unified.md``) into its capacity and allocatable (default on)."""
+    gpu_metrics_interval_s: float = 5.0
+    """With :attr:`metrics_port`: seconds between two readings of every node's GPU use, per
+    device and pod (one :class:`~sampling.FleetSampler` for all nodes; default 5)."""
+    emulated_load: Path | None = None
+    """The ``--emulated-load`` file: ``NAMESPACE/POD`` -> what the devices each pod holds
+    report, shared by every node (re-read within 1 s of a change); ``None``: every pod idle."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +220,8 @@ class Member:
     agent: running.Agent
     pool: unifying.UnifiedPool
     counters: unifying.NodeCounters | None = None
+    sampler: sampling.GpuSampler | None = None
+    """Reads the node's GPU use for the fleet's :class:`~sampling.FleetSampler`."""
 
 
 def _now() -> str:
@@ -251,6 +261,23 @@ class Fleet:
         self.queue = WorkQueue()
         self._metrics = metrics.AgentMetrics()
         """Shared by every node (the reconciler counts into it); served by :meth:`serve`."""
+        self.load = (
+            sampling.LoadFile(settings.emulated_load)
+            if settings.emulated_load is not None
+            else None
+        )
+        """The ``--emulated-load`` file every node's sampler reads (:meth:`sample_usage`);
+        read here, so a bad or missing file is an :class:`~errors.AgentConfigError`."""
+        if self.load is not None:
+            self.load.load()
+        self.sampler = sampling.FleetSampler(
+            nodes=self._samplers,
+            sink=self._metrics,
+            interval_s=settings.gpu_metrics_interval_s,
+            load=self.load,
+        )
+        """Every node's per-device, per-pod GPU series in one pass (started by :meth:`run`
+        when metrics are served)."""
         self.heartbeat = probes.Heartbeat(self._clock.monotonic, stall_s=self.settings.stall_s)
         """Beats once per tick of :meth:`run`; ``/healthz`` reads it."""
 
@@ -266,6 +293,16 @@ class Fleet:
         """The node's agent, if it runs one."""
         with self._lock:
             return self._members.get(node)
+
+    def sample_usage(self) -> tuple[usage.Row, ...]:
+        """One sampling pass of every node's GPU use, published (tests; :meth:`run` repeats
+        it every :attr:`~FleetSettings.gpu_metrics_interval_s` when metrics are served)."""
+        return self.sampler.sample()
+
+    def _samplers(self) -> list[sampling.GpuSampler]:
+        with self._lock:
+            members = sorted(self._members.values(), key=lambda m: m.node)
+        return [m.sampler for m in members if m.sampler is not None]
 
     def members(self) -> list[str]:
         """The nodes it runs agents for."""
@@ -378,7 +415,24 @@ class Fleet:
             listener=running.Listeners(listeners),
             view_filter=running.ViewFilters([sliced, pool]),
         )
-        return Member(node, label, gpus, source, kubelet, reporter, agent, pool, counters)
+        sampler = sampling.GpuSampler(
+            node=node,
+            gpus=gpus,
+            view=agent.view,
+            holdings=sampling.assigned_holdings(
+                kubelet.assigned,
+                lambda: {k: a.containers for k, a in kubelet.pod_allocations().items()},
+                agent.view,
+            ),
+            sink=self._metrics,  # unused: the fleet's sampler publishes every node's rows
+            owners=sampling.emulated_owners(gpus),
+            interval_s=self.settings.gpu_metrics_interval_s,
+            in_use=used.in_use,
+            reserved=lambda: usage.reserved_instances(reserving(), agent.view()),
+            load=self.load,
+            driven=gpus,
+        )
+        return Member(node, label, gpus, source, kubelet, reporter, agent, pool, counters, sampler)
 
     # -- the watches' callbacks ----------------------------------------------------------------
     def nodes_listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
@@ -541,6 +595,8 @@ class Fleet:
         ]
         for w in workers:
             w.start()
+        if self.settings.metrics_port is not None:
+            self.sampler.start(stop)
         try:
             while not stop.wait(self.settings.tick_s):
                 self.heartbeat.beat()
@@ -564,6 +620,8 @@ def run(settings: FleetSettings) -> int:
     watching.retrying(
         lambda: api.list_nodes(selector=settings.selector), what=f"Nodes {settings.selector}"
     )
+    if settings.emulated_load is not None:
+        sampling.LoadFile(settings.emulated_load).load()  # a bad file stops here, field named
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

@@ -175,6 +175,13 @@ class GpuSampler:
 
     def sample(self) -> tuple[usage.Row, ...]:
         """One pass: read every GPU of the view, build the rows, publish them."""
+        rows = self.read()
+        self._sink.set_usage(rows)
+        return rows
+
+    def read(self) -> tuple[usage.Row, ...]:
+        """Read every GPU of the view and build the rows, without publishing them (a
+        :class:`FleetSampler` publishes every node's together)."""
         view = self._view()
         try:
             self._held = tuple(self._holdings())
@@ -194,7 +201,7 @@ class GpuSampler:
                     _log.error("GPU %d not sampled: %s", g.index, err)
                 self._failed = str(err)
         processes = [p for s in samples.values() for p in s.processes or ()]
-        rows = usage.series(
+        return usage.series(
             node=self._node,
             view=view,
             holdings=self._held,
@@ -203,24 +210,10 @@ class GpuSampler:
             in_use=self._in_use(),
             reserved=self._reserved(),
         )
-        self._sink.set_usage(rows)
-        return rows
 
     def run(self, stop: threading.Event) -> None:
         """Sample every interval until ``stop``; a changed load file samples at once."""
-        while not stop.is_set():
-            try:
-                self.sample()
-            except Exception:  # a sampling bug must not take the agent down
-                _log.exception("GPU sampling pass failed")
-            waited = 0.0
-            while waited < self.interval_s and not stop.is_set():
-                step = min(LOAD_CHECK_S, self.interval_s - waited)
-                if stop.wait(step):
-                    return
-                waited += step
-                if self._load is not None and self._load.poll():
-                    break
+        _every(self.sample, interval_s=self.interval_s, load=self._load, stop=stop)
 
     def start(self, stop: threading.Event) -> threading.Thread:
         """Run :meth:`run` in a daemon thread."""
@@ -229,6 +222,77 @@ class GpuSampler:
         )
         thread.start()
         return thread
+
+
+class FleetSampler:
+    """One sampler for the many nodes of ``migpilot fleet``: every node's
+    :meth:`GpuSampler.read` in one pass, published together into the fleet's one registry
+    (a node's own :meth:`GpuSampler.sample` would replace the others' rows). ``nodes`` gives
+    the samplers of the nodes the fleet runs now: a node gone is not in the next pass, nor
+    its series. The nodes' samplers share the ``load`` file; this one polls it."""
+
+    def __init__(
+        self,
+        *,
+        nodes: Callable[[], Sequence[GpuSampler]],
+        sink: metrics.AgentMetrics,
+        interval_s: float = 5.0,
+        load: LoadFile | None = None,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be more than 0, got {interval_s}")
+        self._nodes = nodes
+        self._sink = sink
+        self.interval_s = interval_s
+        self._load = load
+
+    def sample(self) -> tuple[usage.Row, ...]:
+        """One pass over every node; a node whose reading fails is logged and left out."""
+        rows: list[usage.Row] = []
+        for node in self._nodes():
+            try:
+                rows.extend(node.read())
+            except Exception:  # one node's bug must not hide the others' series
+                _log.exception("GPU sampling of one node failed")
+        out = tuple(sorted(rows, key=lambda r: (r.name, r.labels)))
+        self._sink.set_usage(out)
+        return out
+
+    def run(self, stop: threading.Event) -> None:
+        """Sample every interval until ``stop``; a changed load file samples at once."""
+        _every(self.sample, interval_s=self.interval_s, load=self._load, stop=stop)
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        """Run :meth:`run` in a daemon thread."""
+        thread = threading.Thread(
+            target=self.run, args=(stop,), name="migpilot-gpu-sampling", daemon=True
+        )
+        thread.start()
+        return thread
+
+
+def _every(
+    sample: Callable[[], object],
+    *,
+    interval_s: float,
+    load: LoadFile | None,
+    stop: threading.Event,
+) -> None:
+    """Call ``sample`` every ``interval_s`` until ``stop``; a changed ``load`` file (checked
+    every :data:`LOAD_CHECK_S`) calls it at once."""
+    while not stop.is_set():
+        try:
+            sample()
+        except Exception:  # a sampling bug must not take the agent down
+            _log.exception("GPU sampling pass failed")
+        waited = 0.0
+        while waited < interval_s and not stop.is_set():
+            step = min(LOAD_CHECK_S, interval_s - waited)
+            if stop.wait(step):
+                return
+            waited += step
+            if load is not None and load.poll():
+                break
 
 
 def pod_resources_holdings(

@@ -12,8 +12,8 @@ It also holds the pure parsers the sampling shell needs: a process's cgroup text
 (:func:`pod_uid`), and the ``--emulated-load`` file (:func:`parse_load`), turned into the
 emulated backend's per-device loads by :func:`device_loads`.
 
-Pure: no I/O, no clock; it imports only the device plugin's types, the GPU backend's types and
-the strict YAML reader.
+Pure: no I/O, no clock; it imports only the device plugin's types, the GPU backend's types, the
+GpuLayout's types and the strict YAML reader.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 from migpilot import errors, yamltext
 from migpilot.agent.deviceplugin import devices
+from migpilot.api import gpulayouts
 from migpilot.gpu import backend, emulated
 
 DEVICE_UTILIZATION = "migpilot_device_utilization_ratio"
@@ -135,6 +136,24 @@ def series(
             layout = (("node", node), ("gpu", str(index)), ("profile", profile), ("state", state))
             rows.append(Row(INSTANCES, layout, float(n)))
     return tuple(sorted(rows, key=lambda r: (r.name, r.labels)))
+
+
+def reserved_instances(
+    spec: gpulayouts.LayoutSpec | None, view: devices.NodeDevices
+) -> frozenset[str]:
+    """The MIG device UUIDs of ``view`` whose instance (GPU, start, profile) the GpuLayout
+    ``spec`` reserves for a pod: :func:`series` counts them ``reserved`` until a pod holds them."""
+    if spec is None:
+        return frozenset()
+    wanted = {
+        (g.index, i.start, i.profile)
+        for g in spec.gpus
+        for i in g.instances
+        if i.reserved_for is not None
+    }
+    return frozenset(
+        m.uuid for m in view.mig_devices if (m.gpu_index, m.start, m.profile.name) in wanted
+    )
 
 
 def _device_rows(  # noqa: PLR0917 - a private helper of series(), called once

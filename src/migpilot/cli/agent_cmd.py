@@ -39,6 +39,7 @@ from migpilot.agent import (
     standin,
     statics,
     unifying,
+    usage,
     watching,
 )
 from migpilot.agent import metrics as agent_metrics
@@ -963,6 +964,12 @@ def _start_sampler(
         except Exception:  # the kubelet unreachable: the holdings still say what is used
             return frozenset()
 
+    def reserved() -> frozenset[str]:
+        if cluster is None:
+            return frozenset()
+        acted = cluster.source.acted_on
+        return usage.reserved_instances(acted.spec if acted is not None else None, agent.view())
+
     sampling.GpuSampler(
         node=args.node or socket.gethostname(),
         gpus=gpus,
@@ -972,6 +979,7 @@ def _start_sampler(
         owners=owners,
         interval_s=args.gpu_metrics_interval,
         in_use=used,
+        reserved=reserved,
         load=args.load,
         driven=driven,
     ).start(stop)

@@ -93,6 +93,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="serve the fleet's metrics, /healthz and /readyz on this port, 0 for none "
         "(default: 0)",
     )
+    p.add_argument(
+        "--gpu-metrics-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="with --metrics-port: seconds between two readings of every node's GPU use, per "
+        "device and pod, served to every scrape (default: 5)",
+    )
+    p.add_argument(
+        "--emulated-load",
+        type=Path,
+        metavar="FILE",
+        help="YAML map NAMESPACE/POD -> {utilization: 0.0-1.0, memoryUsedMiB: N}, what the "
+        "devices each pod holds report, on every node (re-read within 1 s; a pod missing is "
+        "idle); as migpilot agent --emulated-load",
+    )
     logs.add_flag(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     p.set_defaults(func=_run)
@@ -118,6 +134,12 @@ def settings_from(args: argparse.Namespace) -> fleet.FleetSettings:
         raise errors.AgentConfigError(f"--interval must be more than 0, got {args.interval}")
     if not args.resync > 0:
         raise errors.AgentConfigError(f"--resync must be more than 0, got {args.resync}")
+    if not args.gpu_metrics_interval > 0:
+        raise errors.AgentConfigError(
+            f"--gpu-metrics-interval must be more than 0, got {args.gpu_metrics_interval}"
+        )
+    if args.emulated_load is not None and not args.emulated_load.is_file():
+        raise errors.AgentConfigError(f"--emulated-load: no such file: {args.emulated_load}")
     if not 0 <= args.metrics_port <= 65535:
         raise errors.AgentConfigError(f"--metrics-port must be 0 to 65535, got {args.metrics_port}")
     return fleet.FleetSettings(
@@ -129,6 +151,8 @@ def settings_from(args: argparse.Namespace) -> fleet.FleetSettings:
         resync_s=args.resync,
         unified_counters=args.unified_counters,
         metrics_port=args.metrics_port or None,
+        gpu_metrics_interval_s=args.gpu_metrics_interval,
+        emulated_load=args.emulated_load,
     )
 
 
