@@ -304,3 +304,17 @@ def test_once_in_a_cluster_sets_aside_unified_instances_and_writes_the_counters(
     api2.put_node("n0", {})
     assert run(*argv, "--once", "--no-unified-counters")[0] == 0
     assert "nvidia.com/gpucores" not in api2.node_resources.get("n0", {})
+
+
+def test_agents_on_two_nodes_report_different_emulated_uuids(tmp_path: Path) -> None:
+    # Each node's emulated GPUs derive their UUIDs from the node's name, as the fleet's do:
+    # two agents never report the same GPU (or MIG) UUID, and a restart keeps them.
+    def uuids(node: str) -> list[str]:
+        args = cli.build_parser().parse_args(
+            ["agent", "--node", node, "--backend", "emulated:h100-80gb:x2"]
+        )
+        return [g.uuid for g in agent_cmd._open_backend(args).gpus()]
+
+    a, b = uuids("node-a"), uuids("node-b")
+    assert len(set(a)) == 2 and not set(a) & set(b)
+    assert uuids("node-a") == a

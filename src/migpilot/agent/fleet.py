@@ -33,7 +33,6 @@ import datetime
 import logging
 import signal
 import threading
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,11 +91,6 @@ def backend_spec(value: str, *, node: str) -> emulated.EmulatedSpec:
             f"Node {node}: label {EMULATED_GPUS_LABEL}={value!r} does not name emulated GPUs "
             f"as MODEL.xN[_MODEL.xN...] (e.g. a100-80gb.x8): {err}"
         ) from None
-
-
-def _seed(node: str) -> int:
-    """Each node's own UUIDs (the emulator derives them from a seed), the same at every start."""
-    return zlib.crc32(node.encode())
 
 
 # --- the work queue ----------------------------------------------------------------------------
@@ -357,7 +351,7 @@ class Fleet:
             spec.models,
             pci_ids=spec.pci_ids,
             mig_enabled=spec.mig_enabled,
-            seed=_seed(node),
+            seed=emulated.seed_for(node),
             clock=self._clock,
             times=self.settings.times,
             durable=False,

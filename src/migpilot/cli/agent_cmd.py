@@ -520,6 +520,7 @@ def _open_backend(args: argparse.Namespace) -> backend.GpuBackend:
         state_path=state,
         clock=clocks.SystemClock(),
         times=emulated.OperationTimes(),
+        seed=emulated.seed_for(args.node) if args.node else 0,
     )
 
 

@@ -48,6 +48,7 @@ import hashlib
 import json
 import re
 import threading
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,12 @@ class StateFile(TypedDict):
     version: int
     seed: int
     gpus: list[GpuState]
+
+
+def seed_for(node: str) -> int:
+    """The seed of a node's emulated GPUs: each node its own UUIDs (two agents on two nodes
+    never report the same GPU or MIG UUID), the same at every start."""
+    return zlib.crc32(node.encode())
 
 
 def _uuid(prefix: str, text: str) -> str:
