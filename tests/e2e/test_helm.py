@@ -171,7 +171,7 @@ def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
         ("logFormat=yaml", "/logFormat"),
         ("grafana.dashboard.enabled=yes", "/grafana/dashboard/enabled"),
         ("grafana.dashboard.namespace=Mon_itoring", "/grafana/dashboard/namespace"),
-        ("grafana.dashboard.labels.bad/label/x=a", "/grafana/dashboard/labels"),
+        ("grafana.dashboard.labels.bad/label/x=a", "invalid propertyName 'bad/label/x'"),
         ("grafana.dashboard.folder=GPU", "'folder' not allowed"),
     ],
 )
