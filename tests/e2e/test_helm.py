@@ -49,6 +49,7 @@ from tests.kube.controlplane import ControlPlane, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "migpilot"
+DASHBOARD = REPO / "deploy" / "grafana" / "migpilot.json"
 ServiceMonitor = create_namespaced_resource(
     "monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors"
 )
@@ -131,6 +132,7 @@ def _render(
         ("agent.sharing.existingConfigMap=gpu-sharing", "agent.mpsRoot=", "agent.hostPID=true"),
         ("admissionPolicies.enabled=false", "networkPolicy.enabled=true"),
         ("admissionPolicies.validationActions={Warn,Audit}", "agent.enabled=false"),
+        ("grafana.dashboard.enabled=true", "grafana.dashboard.namespace=monitoring"),
     ],
 )
 def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
@@ -167,12 +169,68 @@ def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
         ("networkPolicy.enabled=maybe", "/networkPolicy/enabled"),
         ("networkPolicy.metricsFrom={x}", "/networkPolicy/metricsFrom"),
         ("logFormat=yaml", "/logFormat"),
+        ("grafana.dashboard.enabled=yes", "/grafana/dashboard/enabled"),
+        ("grafana.dashboard.namespace=Mon_itoring", "/grafana/dashboard/namespace"),
+        ("grafana.dashboard.labels.bad/label/x=a", "invalid propertyName 'bad/label/x'"),
+        ("grafana.dashboard.folder=GPU", "'folder' not allowed"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(bad: str, message: str) -> None:
     got = _helm("lint", str(CHART), "--set", bad)
     assert got.returncode != 0
     assert message in got.stdout + got.stderr
+
+
+def _dashboards(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == "ConfigMap" and "migpilot.json" in d.get("data", {})]
+
+
+def test_the_grafana_dashboard_is_off_by_default() -> None:
+    assert _dashboards(_render("mp", "gpu-system")) == []
+
+
+def test_the_grafana_dashboard_is_a_configmap_for_grafanas_sidecar() -> None:
+    [board] = _dashboards(_render("mp", "gpu-system", "grafana.dashboard.enabled=true"))
+    assert board["metadata"]["name"] == "mp-grafana-dashboard"
+    assert board["metadata"]["namespace"] == "gpu-system"
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert board["metadata"]["labels"]["app.kubernetes.io/instance"] == "mp"
+    assert "annotations" not in board["metadata"]
+    # The file itself, read by .Files.Get from the chart's copy (equal to deploy/grafana's).
+    assert board["data"]["migpilot.json"] == DASHBOARD.read_text().rstrip("\n")
+    assert (CHART / "dashboards" / "migpilot.json").read_bytes() == DASHBOARD.read_bytes()
+
+
+def test_the_grafana_dashboards_namespace_labels_and_annotations_are_configurable() -> None:
+    [board] = _dashboards(
+        _render(
+            "mp",
+            "gpu-system",
+            "grafana.dashboard.enabled=true",
+            "grafana.dashboard.namespace=monitoring",
+            values={
+                # Helm merges maps: null drops the default label.
+                "grafana.dashboard.labels": {"grafana_dashboard": None, "dashboards": "gpu"},
+                "grafana.dashboard.annotations": {"grafana_folder": "GPU"},
+            },
+        )
+    )
+    meta = board["metadata"]
+    assert meta["namespace"] == "monitoring"
+    assert meta["labels"]["dashboards"] == "gpu" and "grafana_dashboard" not in meta["labels"]
+    assert meta["annotations"] == {"grafana_folder": "GPU"}
+
+
+def test_the_agents_servicemonitor_keeps_the_pods_labels_of_its_series() -> None:
+    """The agent's per-pod series have namespace, pod and container labels of their own: the
+    Prometheus Operator's target labels of the same names must not rename them exported_*."""
+    docs = _render("mp", "gpu-system", "serviceMonitor.enabled=true")
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
+    assert set(monitors) == {"mp-controller", "mp-agent"}
+    [agent] = monitors["mp-agent"]["spec"]["endpoints"]
+    assert agent["port"] == "metrics" and agent["honorLabels"] is True
+    [controller] = monitors["mp-controller"]["spec"]["endpoints"]
+    assert controller["port"] == "metrics" and "honorLabels" not in controller
 
 
 def test_the_chart_ships_the_crd_of_deploy_crds() -> None:
@@ -690,7 +748,9 @@ def installed(
             values=SHARING_VALUES,
         )
     else:
-        docs = _render(release, namespace, "serviceMonitor.enabled=true")
+        docs = _render(
+            release, namespace, "serviceMonitor.enabled=true", "grafana.dashboard.enabled=true"
+        )
     applied: list[Any] = []
     try:
         for doc in docs:
@@ -750,6 +810,11 @@ def test_the_rendered_chart_applies_to_the_real_apiserver(
     assert ports == {"controller-metrics": 8080, "agent-metrics": 9400, "webhook": 443}
     for name in ("controller", "agent"):
         assert client.get(ServiceMonitor, f"{release}-{name}", namespace=namespace)
+    if request.node.callspec.params["installed"] == "plain":  # stored as the sidecar reads it
+        board = client.get(ConfigMap, f"{release}-grafana-dashboard", namespace=namespace)
+        assert board.metadata is not None and board.metadata.labels is not None
+        assert board.metadata.labels["grafana_dashboard"] == "1"
+        assert json.loads((board.data or {})["migpilot.json"]) == json.loads(DASHBOARD.read_text())
     assert client.get(Secret, f"{release}-webhook-tls", namespace=namespace)
     for name in ("controller", "agent"):
         assert client.get(ClusterRole, f"{release}-{name}")
