@@ -95,7 +95,19 @@ class _Defaults(logging.Filter):
 
 
 class _Handler(logging.StreamHandler[IO[str]]):
-    """The handler :func:`configure` installs, marked so that a second call replaces it."""
+    """The handler :func:`configure` installs, marked so that a second call replaces it.
+    Without a stream of its own it writes to ``sys.stderr`` as it is at each record, as
+    ``logging.lastResort`` does: whoever swapped stderr since (a test's capture, since closed)
+    is followed, not written to after it closed."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        super().__init__(stream if stream is not None else sys.stderr)
+        self._follow = stream is None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._follow:
+            self.stream = sys.stderr
+        super().emit(record)
 
 
 def formatter(log_format: Format | str, *, text: str = TEXT_FORMAT) -> logging.Formatter:
@@ -117,7 +129,7 @@ def configure(
     """Send the root logger's records to ``stream`` (stderr) in ``log_format``, at DEBUG when
     ``verbose`` else INFO; ``fields`` are given to every record that lacks them. Replaces what
     an earlier call installed, and leaves other handlers (a test's capture) alone."""
-    handler = _Handler(stream if stream is not None else sys.stderr)
+    handler = _Handler(stream)
     handler.setFormatter(formatter(log_format, text=text))
     if fields:
         handler.addFilter(_Defaults(fields))

@@ -105,10 +105,22 @@ BAD_CASES = [
         "--config does not apply with --node",
     ),
     (["--node", "n", "--kubeconfig", "{missing}"], "--kubeconfig {missing}"),
-    (["--node", "n", "--kubeconfig", "{unreachable}"], "the API server cannot be reached"),
+    (
+        ["--node", "n", "--kubeconfig", "{unreachable}", "--start-patience", "0"],
+        "the API server cannot be reached",
+    ),
     (["--kubelet", "simulated"], "--kubelet simulated needs --node NAME"),
     (
-        ["--node", "n", "--kubeconfig", "{unreachable}", "--mig-parted-configmap", "cm"],
+        [
+            "--node",
+            "n",
+            "--kubeconfig",
+            "{unreachable}",
+            "--mig-parted-configmap",
+            "cm",
+            "--start-patience",
+            "0",
+        ],
         "--mig-parted-configmap 'cm': expected NAMESPACE/NAME[:KEY]",
     ),
     (["--kubelet", "{tmp}", "--kubelet-dir", "{tmp}/k"], "name the same folder"),
@@ -174,6 +186,16 @@ def test_bad_allocations_file_is_bad_input(
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("migpilot: error: ") and message in err
+
+
+@pytest.mark.parametrize("value", ["-1", "inf", "nan", "soon"])
+def test_start_patience_is_zero_or_more_seconds(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        run("--node", "n", "--start-patience", value)
+    assert exit_.value.code == 2
+    assert "--start-patience" in capsys.readouterr().err
 
 
 def test_mutually_exclusive_name_and_labels(config: Path) -> None:

@@ -257,3 +257,21 @@ def test_the_controllers_lines_on_a_pod_name_the_pod_and_its_node(
     (pinned,) = [r for r in caplog.records if "pinned" in r.getMessage()]
     doc = json.loads(logs.JsonFormatter().format(pinned))
     assert (doc["pod"], doc["node"]) == ("ns/p", "n0")
+
+
+def test_without_a_stream_it_follows_stderr_as_it_is_at_each_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A handler bound to the stderr of the moment wrote to a test's capture after it closed
+    # ("I/O operation on closed file" on every later record); it writes where stderr is now.
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    handler = logs.configure("text", text="%(message)s")
+    try:
+        logging.getLogger("migpilot.test").warning("one")
+        first.close()
+        monkeypatch.setattr(sys, "stderr", second)
+        logging.getLogger("migpilot.test").warning("two")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert second.getvalue() == "two\n"

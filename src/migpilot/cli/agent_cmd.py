@@ -249,6 +249,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="emulated backend: YAML map NAMESPACE/POD -> {utilization: 0.0-1.0, memoryUsedMiB: "
         "N}, what the devices each pod holds report (re-read within 1 s; a pod missing is idle)",
     )
+    p.add_argument(
+        "--start-patience",
+        type=_patience,
+        default=watching.START_PATIENCE_S,
+        metavar="S",
+        help="with --node: how long each first read of the API server waits out an error that "
+        "passes (429 'storage is (re)initializing' just after the CRD is created, a 5xx, a "
+        f"refused connection) before the agent gives up (default: {watching.START_PATIENCE_S:g};"
+        " 0: give up at once)",
+    )
     p.add_argument("--once", action="store_true", help="reconcile once, print the result and exit")
     logs.add_flag(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -262,6 +272,16 @@ def _port(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535)")
+    return value
+
+
+def _patience(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 or more seconds")
     return value
 
 
@@ -452,15 +472,19 @@ def _cluster(
     api = kube.connect(Path(args.kubeconfig) if args.kubeconfig is not None else None)
     source = following.GpuLayoutSource(api, node=args.node)
     # The first reads wait out what the API server says is passing (429 "storage is
-    # (re)initializing" just after the GpuLayout CRD is created, a 5xx, no answer yet).
-    watching.retrying(source.sync, what=f"GpuLayout {args.node}")
+    # (re)initializing" just after the GpuLayout CRD is created, a 5xx, no answer yet), each
+    # for --start-patience seconds.
+    patience = float(args.start_patience)
+    watching.retrying(source.sync, what=f"GpuLayout {args.node}", patience_s=patience)
     static = statics.StaticOrDynamic(api, dynamic=source, configmap=configmap)
-    watching.retrying(static.sync, what=f"Node {args.node}")
+    watching.retrying(static.sync, what=f"Node {args.node}", patience_s=patience)
     simulated = None
     # The pods bound to the node: the simulated kubelet assigns them devices, and on any node
     # their counts keep instances from being destroyed (agent/holding.py).
     book = standin.PodBook()
-    pods = watching.retrying(lambda: api.list_pods(node=args.node), what=f"pods on {args.node}")
+    pods = watching.retrying(
+        lambda: api.list_pods(node=args.node), what=f"pods on {args.node}", patience_s=patience
+    )
     book.listed(pods.documents)
 
     def spec() -> gpulayouts.LayoutSpec | None:
