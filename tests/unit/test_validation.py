@@ -437,3 +437,62 @@ def test_a_profile_of_the_same_shape_under_another_name_is_rejected() -> None:
         "pod default/p: n/gpu0: 3g.40gb is advertised as nvidia.com/mig-3g.40gb, but the pod "
         "requests nvidia.com/mig-3g.39gb",
     )
+
+
+# --------------------------------------------------------------------------- exact messages
+
+
+def test_target_layout_with_an_unknown_profile_says_which() -> None:
+    plan = make()
+    gpus = tuple(
+        dataclasses.replace(g, layout=layouts.Layout((I(0, "1g.6gb"),)), changed=True)
+        if (g.node, g.gpu) == ("node-2", 0)
+        else g
+        for g in plan.gpus
+    )
+    create = plans.Action("node-2", 0, plans.Op.CREATE, "1g.6gb", 0)
+    broken = dataclasses.replace(plan, gpus=gpus, actions=(*plan.actions, create))
+    assert validation.problems(SNAP, broken) == [
+        "node-2/gpu0: target layout is invalid: a100-80gb has no MIG profile '1g.6gb'"
+    ]
+
+
+def test_every_gpu_listed_exactly_once_is_the_only_problem() -> None:
+    plan = make()
+    twice = dataclasses.replace(plan, gpus=(*plan.gpus, plan.gpus[0]))
+    assert validation.problems(SNAP, twice) == [
+        "plan.gpus does not list every GPU of the snapshot exactly once"
+    ]
+
+
+def test_an_action_on_a_gpu_the_snapshot_lacks_is_an_action_too_many() -> None:
+    for op in plans.Op:
+        extra = plans.Action("node-9", 0, op, "1g.10gb", 0)
+        assert validation.problems(SNAP, _with_actions((*make().actions, extra))) == [
+            ACTIONS_MISMATCH
+        ]
+
+
+def test_destroys_are_ordered_per_gpu_only() -> None:
+    # A create on node-0/gpu1, then node-0/gpu0's destroy and create: each GPU is in order.
+    plan = make(
+        targets={("node-0", 0): layouts.Layout.of([I(0, "2g.20gb"), I(4, "3g.40gb")])},
+        placements=GOOD_PLACEMENTS[1:],
+        unschedulable=[plans.Unschedulable("default/p1", "x"), *GOOD_UNSCHEDULABLE],
+    )
+    first = [a for a in plan.actions if (a.node, a.gpu) == ("node-0", 1)]
+    assert [a.op for a in first] == [plans.Op.CREATE]
+    rest = [a for a in plan.actions if a not in first]
+    assert validation.problems(SNAP, dataclasses.replace(plan, actions=(*first, *rest))) == []
+
+
+def test_a_placement_on_an_unknown_node_does_not_stop_the_checks() -> None:
+    placements = [
+        plans.Placement("default/p1", "node-9", (A(0, "1g.10gb", 0),)),
+        plans.Placement("default/p2", "node-0", (A(0, "3g.40gb", 4),)),
+        GOOD_PLACEMENTS[2],
+    ]
+    assert validation.problems(SNAP, make(placements=placements)) == [
+        "pod default/p1: placed on unknown node 'node-9'",
+        "pod default/p2: node-0/gpu0: 3g.40gb@4 is already in use",
+    ]
