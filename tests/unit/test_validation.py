@@ -496,3 +496,76 @@ def test_a_placement_on_an_unknown_node_does_not_stop_the_checks() -> None:
         "pod default/p1: placed on unknown node 'node-9'",
         "pod default/p2: node-0/gpu0: 3g.40gb@4 is already in use",
     ]
+
+
+SMALL = snapshot.parse(
+    yaml.safe_load(
+        """
+version: 1
+nodes:
+  - name: a
+    gpus: [{model: a100-80gb}]
+  - name: b
+    allocatable: {cpu: "4", memory: 8Gi}
+    gpus: [{model: a100-80gb}]
+pods:
+  - {name: two, requests: {nvidia.com/mig-1g.10gb: 1, nvidia.com/mig-2g.20gb: 1}}
+  - {name: full, requests: {nvidia.com/mig-1g.10gb: 1, cpu: "4", memory: 8Gi}}
+  - {name: u, requests: {nvidia.com/gpu: 1, nvidia.com/gpumem: 8000}}
+  - {name: more, requests: {nvidia.com/mig-1g.10gb: 1, cpu: 1m, memory: "1"}}
+"""
+    )
+)
+SMALL_TARGETS: dict[plans.GpuKey, layouts.Layout] = {
+    ("a", 0): layouts.Layout.of([I(0, "1g.10gb"), I(1, "1g.10gb"), I(4, "3g.40gb")]),
+    ("b", 0): layouts.Layout.of([I(0, "1g.10gb"), I(1, "1g.10gb")]),
+}
+
+
+def _small(*placements: plans.Placement) -> list[str]:
+    """The problems of a plan with these placements (as given, instances in this order)."""
+    placed = {p.pod for p in placements}
+    plan = plans.build(
+        SMALL,
+        planner="hand",
+        targets=SMALL_TARGETS,
+        placements=(),
+        unschedulable=[plans.Unschedulable(p.key, "x") for p in SMALL.pods if p.key not in placed],
+    )
+    return validation.problems(SMALL, dataclasses.replace(plan, placements=placements))
+
+
+def test_cpu_and_memory_may_fill_allocatable_exactly() -> None:
+    # Node a has no allocatable (nothing to check) and comes first; b is filled exactly.
+    full = plans.Placement("default/full", "b", (A(0, "1g.10gb", 0),))
+    assert _small(full) == []
+    more = plans.Placement("default/more", "b", (A(0, "1g.10gb", 1),))
+    assert _small(full, more) == [
+        "node b: pods need 4001m CPU, 4000m allocatable",
+        f"node b: pods need {8 * 2**30 + 1} bytes, {8 * 2**30} allocatable",
+    ]
+
+
+def test_an_instance_on_a_missing_gpu_does_not_stop_the_pods_checks() -> None:
+    two = plans.Placement("default/two", "a", (A(3, "1g.10gb", 0), A(0, "1g.10gb", 2)))
+    assert _small(two) == [
+        "pod default/two: a/gpu3: no such GPU",
+        "pod default/two: a/gpu0: 1g.10gb@2 is not in the target layout",
+        "pod default/two: got {'1g.10gb': 1} but asked for {'1g.10gb': 1, '2g.20gb': 1}",
+    ]
+
+
+def test_a_profile_the_pod_does_not_request_names_every_request() -> None:
+    two = plans.Placement("default/two", "a", (A(0, "1g.10gb", 0), A(0, "3g.40gb", 4)))
+    assert _small(two) == [
+        "pod default/two: a/gpu0: 3g.40gb is advertised as nvidia.com/mig-3g.40gb, but the pod "
+        "requests nvidia.com/mig-1g.10gb, nvidia.com/mig-2g.20gb",
+        "pod default/two: got {'1g.10gb': 1} but asked for {'1g.10gb': 1, '2g.20gb': 1}",
+    ]
+
+
+def test_a_unified_pod_given_too_much_is_named() -> None:
+    u = plans.Placement("default/u", "a", (A(0, "1g.10gb", 0), A(0, "1g.10gb", 1)))
+    found = _small(u)
+    assert len(found) == 1
+    assert found[0].startswith("pod default/u: got ")
