@@ -6,6 +6,7 @@ The Kubernetes side is the in-memory API; the pool is :class:`unifying.UnifiedPo
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import random
 import threading
@@ -412,5 +413,55 @@ def test_other_resources_are_untouched(kubelet: FakeKubelet, api: kubeapi.InMemo
         assert node.visible(response) == [{uuid(0, 3)}]
         assert node.plugin.pod_allocations() == {}
         assert devices.FULL_GPU_RESOURCE not in node.plugin.registered()
+    finally:
+        node.plugin.stop()
+
+
+def test_allocate_says_what_it_decides_and_why(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    whole = make_node([[("1g.10gb", 0)], None])  # GPU 1 without MIG: nvidia.com/gpu GPU-1
+    api.put_spec(NODE, {"gpus": [{"index": 0, "instances": [
+        {"profile": "1g.10gb", "start": 0, "reservedFor": "ns/u"}]}]})  # fmt: skip
+    api.put_pod(pod_doc("u", 1, created="2026-01-01T00:00:05Z"))
+    api.put_pod(pod_doc("w", 1, mem=None))  # nvidia.com/gpu alone: a whole GPU
+    node = start(kubelet, api, wait_s=0.2)
+    node.plugin.update(node.pool.update(whole))
+    nobody = (
+        "no pod bound to this node is waiting for 1 nvidia.com/gpu (pending, a container "
+        "asking for that many not yet allocated)"
+    )
+    try:
+        kubelet.wait_devices(GPU, {"GPU-1": H, uuid(0, 0): H})
+        with caplog.at_level(logging.INFO, logger="migpilot.agent.deviceplugin.serving"):
+            with pytest.raises(grpc.RpcError) as err:
+                kubelet.allocate(GPU, [uuid(0, 0)])
+            refused = (
+                "pod ns/w asks for whole GPUs (nvidia.com/gpu without gpumem or gpucores) but "
+                "the kubelet picked MIG-0-1g.10gb-0, MIG instances set aside for unified pods"
+            )
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details() == refused
+            assert node.visible(kubelet.allocate(GPU, ["GPU-1"])) == [{"GPU-1"}]
+            assert node.visible(kubelet.allocate(GPU, ["GPU-1"])) == [{uuid(0, 0)}]
+            # Nobody waits: whole GPUs are answered as NVIDIA's plugin would, and held...
+            assert node.visible(kubelet.allocate(GPU, ["GPU-1"])) == [{"GPU-1"}]
+            assert "GPU-1" in node.plugin.handed_out()
+            # ...a unified instance is not.
+            with pytest.raises(grpc.RpcError) as err:
+                kubelet.allocate(GPU, [uuid(0, 0)])
+            waited = f"{nobody}; waited 0.2 s for the pod to show in the API server"
+            assert err.value.details() == waited
+        said = [r.getMessage() for r in caplog.records if r.name.endswith("serving")]
+        again = "Allocate of {}: " + nobody + " yet; reading the node's pods again"
+        assert said == [
+            f"Allocate refused: {refused}",
+            "Allocate: pod ns/w container c0 gets GPU-1 (the kubelet picked GPU-1)",
+            "Allocate: pod ns/u container c0 gets MIG-0-1g.10gb-0 (the kubelet picked GPU-1)",
+            again.format("GPU-1"),
+            f"Allocate of GPU-1: {nobody}; answering as NVIDIA's plugin",
+            again.format(uuid(0, 0)),
+            f"Allocate refused: {waited}",
+        ]
     finally:
         node.plugin.stop()

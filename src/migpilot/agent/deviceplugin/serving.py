@@ -580,7 +580,7 @@ class DevicePlugin:
     ) -> tuple[resolving.Resolution, frozenset[str]]:
         """Resolve; while no pod is known, read the pods again (up to ``allocate_wait_s``)."""
         assert self._unified is not None
-        deadline = self._clock() + (self.settings.allocate_wait_s if wait else 0.0)
+        deadline = self._clock() + self.settings.allocate_wait_s  # only read when waiting
         fresh = False
         while True:
             inputs = self._unified.inputs(fresh=fresh)
