@@ -51,6 +51,7 @@ SNAP = snapshot.parse(
             {"name": "m2", "requests": {"nvidia.com/gpu-30gb": 1}},
             {"name": "t1", "requests": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000}},
             {"name": "u2", "requests": {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 8000}},
+            {"name": "um", "requests": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10000}},
         ],
     }
 )  # fmt: skip
@@ -418,4 +419,91 @@ def test_a_pod_on_the_wrong_mode_does_not_stop_the_checks() -> None:
         "pod default/m1: node ts-0 is in mode time-slicing",
         "pod default/g: given MPS slices or replicas on mig-0, in mode mig",
         "pod default/m1: got 1 replicas but asked for 0",
+    ]
+
+
+# --------------------------------------------------------------------------- checks go on
+
+
+def test_a_gpu_missing_from_plan_gpus_is_named_not_a_crash() -> None:
+    plan = make()
+    gpus = tuple(g for g in plan.gpus if (g.node, g.gpu) != ("mps-0", 0))
+    assert validation.problems(SNAP, dataclasses.replace(plan, gpus=gpus)) == [
+        "plan.gpus does not list every GPU of the snapshot exactly once"
+    ]
+
+
+def test_mps_slices_on_a_gpu_not_in_mode_mps_listed_first() -> None:
+    plan = make(mps=(plans.MpsGpuPlan("mig-0", 0, False, ()), *GOOD_MPS))
+    assert validation.problems(SNAP, plan) == [
+        "plan.mps does not list every GPU of the nodes in mode mps exactly once",
+        "mig-0/gpu0: MPS slices on a GPU not in mode mps",
+    ]
+
+
+def test_a_pod_the_snapshot_lacks_does_not_stop_the_slice_checks() -> None:
+    ghost = plans.Placement("default/ghost", "mps-0", (), ())
+    bad = placing("default/m1", "mps-0", SH(0, 1, 30))
+    plan = dataclasses.replace(make(), placements=(ghost, *bad))
+    assert validation.problems(SNAP, plan) == [
+        "pod default/ghost: not in the snapshot",
+        "pod default/ghost: placed on unknown node 'mps-0'",
+        "pod default/m1: mps-0/gpu0: slice 1 has 20 GB, not 30",
+    ]
+
+
+def test_a_pod_given_nothing_does_not_stop_the_checks() -> None:
+    plan = make(
+        placements=[
+            plans.Placement("default/m1", "mps-0", (), ()),
+            plans.Placement("default/m2", "mps-0", (), (SH(1, 0, 20),)),
+            *GOOD_PLACEMENTS[2:],
+        ]
+    )
+    assert validation.problems(SNAP, plan) == [
+        "pod default/m1: got no MPS slice on mps-0",
+        "pod default/m2: mps-0/gpu1: slice 0 has 30 GB, not 20",
+    ]
+
+
+def test_a_slice_not_in_the_targets_does_not_stop_the_pods_other_slices() -> None:
+    m1 = plans.Placement("default/m1", "mps-0", (), (SH(0, 7, 20), SH(0, 1, 20)))
+    plan = dataclasses.replace(make(), placements=(m1, *GOOD_PLACEMENTS[1:]))
+    assert validation.problems(SNAP, plan) == [
+        "pod default/m1: mps-0/gpu0: slice 7 is not in the target slices"
+    ]
+
+
+# --------------------------------------------------------------------------- unified on mps
+
+UM_MPS = (
+    GOOD_MPS[0],
+    plans.MpsGpuPlan("mps-0", 1, True, (S(0, 30), S(1, 10), S(2, 10))),
+)
+UM_ACTIONS = (
+    *GOOD_SLICE_ACTIONS,
+    plans.SliceAction("mps-0", 1, CREATE, 1, 10, None, ""),
+    plans.SliceAction("mps-0", 1, CREATE, 2, 10, None, ""),
+)
+
+
+def _um(*shares: SH) -> list[str]:
+    placements = [*GOOD_PLACEMENTS, plans.Placement("default/um", "mps-0", (), shares)]
+    return validation.problems(
+        SNAP, make(mps=UM_MPS, slice_actions=UM_ACTIONS, placements=placements)
+    )
+
+
+def test_a_unified_pod_gets_one_slice_per_container() -> None:
+    assert _um(SH(1, 1, 10)) == []
+    assert _um(SH(1, 1, 10), SH(1, 2, 10)) == [
+        "pod default/um: got slices of [10, 10] GB but asked for [10]",
+        "pod default/um: two slices of one container on one GPU",
+    ]
+
+
+def test_a_unified_pod_given_no_slice_of_the_targets_is_named() -> None:
+    assert _um(SH(1, 5, 10)) == [
+        "pod default/um: mps-0/gpu1: slice 5 is not in the target slices",
+        "pod default/um: got slices of [] GB but asked for [10]",
     ]

@@ -255,7 +255,8 @@ def _check_sharing(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
         want = sorted(n.memory_gb for n in needs or ())
         if sorted(sizes) != want:
             out.append(f"pod {pl.pod}: got slices of {sorted(sizes)} GB but asked for {want}")
-        if pod.unified is not None and max(per_gpu.values(), default=0) > len(pod.unified.asks):
+        asks = len(pod.unified.asks) if pod.unified is not None else None
+        if asks is not None and any(n > asks for n in per_gpu.values()):
             out.append(f"pod {pl.pod}: two slices of one container on one GPU")
     return out
 
