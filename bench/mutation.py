@@ -89,7 +89,7 @@ SCOPE: dict[str, tuple[str, ...]] = {
         "xǁDevicePluginǁ_snapshot",
         "xǁDevicePluginǁ_allocate_shared",
         "xǁDevicePluginǁ_allocate_gpu",
-        "xǁDevicePluginǁ_unified_answer",
+        "xǁDevicePluginǁ_decided_answer",
         "xǁDevicePluginǁ_resolve",
     ),
 }

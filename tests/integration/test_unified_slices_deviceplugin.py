@@ -237,7 +237,7 @@ def test_a_container_never_gets_mig_instances_and_slices_together(tmp_path: path
     pod = resolving.GpuPod("ns", "p", "uid-p", "", (resolving.Container("c", False, 2),), True)
     found = resolving.Decision(pod, pod.containers[0], ("MIG-a", "GPU-0::mps-1"))
     with pytest.raises(allocating.AllocationError) as err:
-        dp._unified_answer(devices.Resource(GPU, ()), found)
+        dp._decided_answer(devices.Resource(GPU, ()), found)
     assert str(err.value) == (
         "pod ns/p: container c would get MIG instances and MPS slices together "
         "(MIG-a, GPU-0::mps-1); one container talks to one MPS daemon"

@@ -523,11 +523,7 @@ class DevicePlugin:
                          found.message)  # fmt: skip
             self.record_allocated(requested)
             return allocating.answer(requested, settings)
-        answer = (
-            self._unified_answer(resource, found)
-            if found.pod.unified
-            else allocating.answer(found.device_ids, settings)
-        )
+        answer = self._decided_answer(resource, found)
         now = self._clock()
         changed = self._ledger.record_container(
             found.pod.key,
@@ -549,12 +545,14 @@ class DevicePlugin:
         )
         return answer
 
-    def _unified_answer(
+    def _decided_answer(
         self, resource: devices.Resource, found: resolving.Decision
     ) -> allocating.ContainerAllocation:
-        """The answer for a unified pod's container: its MIG instances, or its MPS slice with
+        """The answer for the container :func:`resolving.resolve` decided on: its devices (a
+        unified pod's MIG instances, a whole-GPU pod's GPUs), or a unified pod's MPS slice with
         the slice's MPS settings (:func:`slices.container_allocation`: one GPU, its daemon,
-        the slice's memory and compute share). Raises :class:`~allocating.AllocationError`
+        the slice's memory and compute share; a whole-GPU pod never gets a slice, resolve
+        refuses devices of the unified pool to it). Raises :class:`~allocating.AllocationError`
         before anything is recorded when it cannot be answered."""
         ids = found.device_ids
         sliced = [i for i in ids if devices.is_slice_id(i)]
