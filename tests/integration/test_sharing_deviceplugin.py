@@ -136,9 +136,9 @@ def test_mps_env_per_container_and_refusals(kubelet: FakeKubelet, tmp_path: path
             assert container.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com/gpu/pipe"
             assert container.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40779M"
             assert container.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-            assert [(m.host_path, m.container_path) for m in container.mounts] == [
-                (f"{tmp_path}/nvidia.com/gpu/pipe", "/mps/nvidia.com/gpu/pipe"),
-                (f"{tmp_path}/shm", "/dev/shm"),
+            assert [(m.host_path, m.container_path, m.read_only) for m in container.mounts] == [
+                (f"{tmp_path}/nvidia.com/gpu/pipe", "/mps/nvidia.com/gpu/pipe", False),
+                (f"{tmp_path}/shm", "/dev/shm", False),
             ]
         with pytest.raises(grpc.RpcError) as caught:
             kubelet.allocate(GPU, ["GPU-0::0", "GPU-0::1"])

@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from migpilot.agent import kubeapi, standin, unifying
-from migpilot.agent.deviceplugin import devices, serving
+from migpilot.agent.deviceplugin import allocating, devices, resolving, serving
 from migpilot.api import gpulayouts as gl
 from tests.integration.kubelet_fake import FakeKubelet
 from tests.integration.test_deviceplugin import make_node
@@ -465,3 +465,51 @@ def test_allocate_says_what_it_decides_and_why(
         ]
     finally:
         node.plugin.stop()
+
+
+class _Waiting:
+    """A unified source that knows no pod; each read is one second later."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.reads: list[bool] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def inputs(self, *, fresh: bool) -> resolving.Inputs:
+        self.reads.append(fresh)
+        self.now += 1.0
+        return resolving.Inputs(pods=(), reservations={}, pool=frozenset())
+
+
+def test_an_allocate_for_an_unknown_pod_reads_again_until_the_wait_is_over(
+    tmp_path: pathlib.Path,
+) -> None:
+    source = _Waiting()
+    settings = serving.PluginSettings(
+        plugin_dir=tmp_path, allocate_wait_s=3.0, allocate_poll_s=0.001
+    )
+    dp = serving.DevicePlugin(settings, clock=source.clock, unified=source)
+    dp.start(make_node([None]))
+    try:
+        (answer,) = dp.allocate_containers(GPU, [["GPU-0"]])
+        assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-0"}
+        # Read at 0 s from the watch, then from the API at 1 and 2 s: at 3 s the wait is over.
+        assert source.reads == [False, True, True]
+    finally:
+        dp.stop()
+
+
+def test_an_allocate_of_a_resource_no_longer_advertised_names_it(tmp_path: pathlib.Path) -> None:
+    dp = serving.DevicePlugin(serving.PluginSettings(plugin_dir=tmp_path))
+    dp.start(make_node([None]))
+    try:
+        with pytest.raises(allocating.AllocationError) as err:
+            dp.allocate_containers(R1G, [["MIG-0-1g.10gb-0"]])
+        assert str(err.value) == (
+            'invalid allocation request for "nvidia.com/mig-1g.10gb": invalid request: '
+            "unknown device: MIG-0-1g.10gb-0"
+        )
+    finally:
+        dp.stop()

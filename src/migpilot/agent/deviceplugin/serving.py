@@ -223,10 +223,8 @@ class _ResourceServer:
                 api_pb2.ContainerAllocateResponse(
                     envs=dict(a.envs),
                     cdi_devices=[api_pb2.CDIDevice(name=n) for n in a.cdi_devices],
-                    mounts=[
-                        api_pb2.Mount(container_path=c, host_path=h, read_only=False)
-                        for h, c in a.mounts
-                    ],
+                    # Writable (read_only unset): a client writes to its MPS pipe and /dev/shm.
+                    mounts=[api_pb2.Mount(container_path=c, host_path=h) for h, c in a.mounts],
                 )
                 for a in answers
             ]
