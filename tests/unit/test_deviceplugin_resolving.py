@@ -616,3 +616,11 @@ def test_no_pod_and_a_whole_gpu_refusal_say_exactly_why() -> None:
         "pod ns/w asks for whole GPUs (nvidia.com/gpu without gpumem or gpucores) but the "
         "kubelet picked MIG-a, MIG-b, MIG instances set aside for unified pods"
     )
+
+
+def test_a_container_asking_more_than_is_left_lists_what_is() -> None:
+    got = resolve(["x", "y", "z"], [pod("p", c("main", 3))], {"ns/p": (inst("A"), inst("B", 1))})
+    assert got == resolving.Refusal(
+        "pod ns/p: container main asks for 3 nvidia.com/gpu, 2 of the instances reserved for it "
+        "are left (GPU 0 1g.10gb@0, GPU 0 1g.10gb@1)"
+    )
