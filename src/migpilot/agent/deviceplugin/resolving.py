@@ -365,7 +365,8 @@ def _unified(
             f"({', '.join(str(i) for i in free) or 'none'})"
         )
     chosen = sorted(free, key=lambda i: _rank(i, container.ask))[: container.count]
-    return Decision(pod, container, tuple(i.uuid or "" for i in chosen))
+    # Every reserved instance has a UUID here (``missing`` refused the others).
+    return Decision(pod, container, tuple(i.uuid for i in chosen if i.uuid is not None))
 
 
 def _kind(reserved: Sequence[Instance]) -> str:
