@@ -311,7 +311,7 @@ def resolve(
     return _unified(
         pod,
         container,
-        reserved=reservations.get(pod.key, ()),
+        reserved=reservations.get(pod.key),
         allocated=allocated,
         busy=busy,
     )
@@ -321,7 +321,7 @@ def _unified(
     pod: GpuPod,
     container: Container,
     *,
-    reserved: Sequence[Instance],
+    reserved: Sequence[Instance] | None,
     allocated: Mapping[str, PodAllocation],
     busy: Collection[str],
 ) -> Resolution:
