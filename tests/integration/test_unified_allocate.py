@@ -484,19 +484,25 @@ class _Waiting:
 
 
 def test_an_allocate_for_an_unknown_pod_reads_again_until_the_wait_is_over(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     source = _Waiting()
     settings = serving.PluginSettings(
         plugin_dir=tmp_path, allocate_wait_s=3.0, allocate_poll_s=0.001
     )
     dp = serving.DevicePlugin(settings, clock=source.clock, unified=source)
-    dp.start(make_node([None]))
+    dp.start(make_node([None, None]))
     try:
-        (answer,) = dp.allocate_containers(GPU, [["GPU-0"]])
-        assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-0"}
+        with caplog.at_level(logging.WARNING, logger="migpilot.agent.deviceplugin.serving"):
+            (answer,) = dp.allocate_containers(GPU, [["GPU-1", "GPU-0"]])
+        assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-0"}
         # Read at 0 s from the watch, then from the API at 1 and 2 s: at 3 s the wait is over.
         assert source.reads == [False, True, True]
+        assert [r.getMessage() for r in caplog.records] == [
+            "Allocate of GPU-1, GPU-0: no pod bound to this node is waiting for 2 nvidia.com/gpu "
+            "(pending, a container asking for that many not yet allocated); answering as "
+            "NVIDIA's plugin"
+        ]
     finally:
         dp.stop()
 
@@ -513,3 +519,29 @@ def test_an_allocate_of_a_resource_no_longer_advertised_names_it(tmp_path: pathl
         )
     finally:
         dp.stop()
+
+
+def test_a_whole_gpu_pods_allocation_is_written_before_the_answer(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi, root: pathlib.Path
+) -> None:
+    ledger = root / "allocations.json"
+    whole = make_node([[("1g.10gb", 0)], None])  # GPU 1 without MIG: nvidia.com/gpu GPU-1
+    api.put_spec(NODE, {"gpus": [{"index": 0, "instances": [
+        {"profile": "1g.10gb", "start": 0, "reservedFor": "ns/u"}]}]})  # fmt: skip
+    api.put_pod(pod_doc("u", 1, created="2026-01-01T00:00:05Z"))
+    api.put_pod(pod_doc("w", 1, mem=None))  # nvidia.com/gpu alone: a whole GPU
+    node = start(kubelet, api, ledger=ledger)
+    node.plugin.update(node.pool.update(whole))
+    try:
+        kubelet.wait_devices(GPU, {"GPU-1": H, uuid(0, 0): H})
+        assert node.visible(kubelet.allocate(GPU, ["GPU-1"])) == [{"GPU-1"}]
+        # Read back as a restarted agent would, while this plugin still runs.
+        restarted = serving.DevicePlugin(
+            serving.PluginSettings(plugin_dir=root / "other", ledger_file=ledger)
+        )
+        assert restarted.pod_allocations() == {
+            "ns/w": resolving.PodAllocation("uid-w", False, (("c0", ("GPU-1",)),))
+        }
+        assert restarted.handed_out() == {"GPU-1"}
+    finally:
+        node.plugin.stop()

@@ -522,8 +522,8 @@ class DevicePlugin:
             self.record_allocated(requested)
             return allocating.answer(requested, settings)
         answer = self._decided_answer(resource, found)
-        now = self._clock()
-        changed = self._ledger.record_container(
+        # A new entry each time: resolve decides only on a container not in the ledger yet.
+        self._ledger.record_container(
             found.pod.key,
             uid=found.pod.uid,
             unified=found.pod.unified,
@@ -531,9 +531,8 @@ class DevicePlugin:
             device_ids=found.device_ids,
         )
         if not found.pod.unified:
-            changed = self._ledger.record(requested, now=now) or changed
-        if changed:
-            self._save_ledger()  # before the answer: a restart must not forget it
+            self._ledger.record(requested, now=self._clock())
+        self._save_ledger()  # before the answer: a restart must not forget it
         _log.info(
             "Allocate: pod %s container %s gets %s (the kubelet picked %s)",
             found.pod.key,
