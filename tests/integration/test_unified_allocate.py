@@ -394,7 +394,10 @@ def test_whole_gpu_pods_are_served_as_nvidia_does(
     node.plugin.update(node.pool.update(whole))
     try:
         kubelet.wait_devices(GPU, {"GPU-1": H, uuid(0, 0): H})
-        # w is older: the first Allocate of 1 is its; the kubelet picked the MIG instance.
+        # w is older: the kubelet is steered away from the unified pool...
+        offered = [uuid(0, 0), "GPU-1"]
+        assert kubelet.preferred(GPU, available=offered, must_include=[], size=1) == ["GPU-1"]
+        # ...and when the first Allocate of 1 (w's) picks the MIG instance, it is refused.
         with pytest.raises(grpc.RpcError) as err:
             kubelet.allocate(GPU, [uuid(0, 0)])
         assert "asks for whole GPUs" in str(err.value.details())
