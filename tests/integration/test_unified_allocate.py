@@ -548,3 +548,67 @@ def test_a_whole_gpu_pods_allocation_is_written_before_the_answer(
         assert restarted.handed_out() == {"GPU-1"}
     finally:
         node.plugin.stop()
+
+
+class _Stopping(_Waiting):
+    """Knows no pod; the plugin is stopped during the first read from the API, after which
+    each read is 50 s later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plugin: serving.DevicePlugin | None = None
+
+    def inputs(self, *, fresh: bool) -> resolving.Inputs:
+        if fresh and self.plugin is not None:
+            self.plugin.stop()
+            self.plugin = None
+        if len(self.reads) > 1:
+            self.now += 49.0
+        return super().inputs(fresh=fresh)
+
+
+def test_an_allocate_waiting_for_its_pod_ends_when_the_plugin_stops(tmp_path: pathlib.Path) -> None:
+    source = _Stopping()
+    settings = serving.PluginSettings(
+        plugin_dir=tmp_path, allocate_wait_s=100.0, allocate_poll_s=0.001
+    )
+    dp = serving.DevicePlugin(settings, clock=source.clock, unified=source)
+    dp.start(make_node([None]))
+    source.plugin = dp
+    (answer,) = dp.allocate_containers(GPU, [["GPU-0"]])
+    assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-0"}
+    assert source.reads == [False, True]  # not read again until the 100 s are over
+
+
+def test_a_device_held_under_its_profile_is_not_handed_to_a_unified_pod(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.put_spec(NODE, layout_spec({}))
+    api.put_pod(pod_doc("u", 2))
+    node = start(kubelet, api)
+    try:
+        kubelet.wait_registered(R1G)
+        # Handed out as nvidia.com/mig-1g.10gb, then reserved for u: still held.
+        assert node.visible(kubelet.allocate(R1G, [uuid(0, 0)])) == [{uuid(0, 0)}]
+        api.put_spec(NODE, layout_spec({(0, 0, "1g.10gb"): "ns/u", (0, 1, "1g.10gb"): "ns/u"}))
+        node.pass_()
+        kubelet.wait_devices(GPU, {uuid(0, 0): H, uuid(0, 1): H})
+        with pytest.raises(grpc.RpcError) as err:
+            kubelet.allocate(GPU, [uuid(0, 0), uuid(0, 1)])
+        assert err.value.details() == (
+            "pod ns/u: the MIG instances reserved for it are allocated to another pod: "
+            "GPU 0 1g.10gb@0"
+        )
+        # Released by the kubelet: u gets both, and the log names every device.
+        node.plugin.observe_kubelet(frozenset({uuid(0, 0)}))
+        node.plugin.observe_kubelet(frozenset())
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="migpilot.agent.deviceplugin.serving"):
+            got = node.visible(kubelet.allocate(GPU, [uuid(0, 1), uuid(0, 0)]))
+        assert got == [{uuid(0, 0), uuid(0, 1)}]
+        assert [r.getMessage() for r in caplog.records] == [
+            "Allocate: pod ns/u container c0 gets MIG-0-1g.10gb-0, MIG-0-1g.10gb-1 (the kubelet "
+            "picked MIG-0-1g.10gb-1, MIG-0-1g.10gb-0)"
+        ]
+    finally:
+        node.plugin.stop()
