@@ -496,15 +496,18 @@ def test_an_allocate_for_an_unknown_pod_reads_again_until_the_wait_is_over(
     dp = serving.DevicePlugin(settings, clock=source.clock, unified=source)
     dp.start(make_node([None, None]))
     try:
-        with caplog.at_level(logging.WARNING, logger="migpilot.agent.deviceplugin.serving"):
+        with caplog.at_level(logging.INFO, logger="migpilot.agent.deviceplugin.serving"):
             (answer,) = dp.allocate_containers(GPU, [["GPU-1", "GPU-0"]])
         assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-0"}
         # Read at 0 s from the watch, then from the API at 1 and 2 s: at 3 s the wait is over.
         assert source.reads == [False, True, True]
-        assert [r.getMessage() for r in caplog.records] == [
-            "Allocate of GPU-1, GPU-0: no pod bound to this node is waiting for 2 nvidia.com/gpu "
-            "(pending, a container asking for that many not yet allocated); answering as "
-            "NVIDIA's plugin"
+        nobody = (
+            "no pod bound to this node is waiting for 2 nvidia.com/gpu (pending, a container "
+            "asking for that many not yet allocated)"
+        )
+        assert [r.getMessage() for r in caplog.records if r.name.endswith("serving")] == [
+            f"Allocate of GPU-1, GPU-0: {nobody} yet; reading the node's pods again",
+            f"Allocate of GPU-1, GPU-0: {nobody}; answering as NVIDIA's plugin",
         ]
     finally:
         dp.stop()
