@@ -193,3 +193,16 @@ def test_mps_replicas_keep_the_cdi_names(kubelet: FakeKubelet, tmp_path: pathlib
         assert dp.handed_out() == {"GPU-1"}  # the replica is held as its real device
     finally:
         dp.stop()
+
+
+def test_a_held_replica_is_forgotten_with_its_gpu(kubelet: FakeKubelet) -> None:
+    dp = plugin_for(kubelet, START, sharing=TS3)
+    try:
+        dp.allocate_containers(GPU, [["GPU-1::2"]])
+        assert dp.handed_out() == {"GPU-1"}  # held as the real device
+        dp.update(make_node([[("1g.10gb", 0), ("1g.10gb", 1), ("3g.40gb", 4)], None]))
+        assert dp.handed_out() == {"GPU-1"}  # still advertised (as replicas): still held
+        dp.update(make_node([[("1g.10gb", 0), ("1g.10gb", 1), ("3g.40gb", 4)]]))
+        assert dp.handed_out() == set()  # GPU 1 is gone, and with it its replicas
+    finally:
+        dp.stop()
