@@ -47,6 +47,56 @@ SCOPE: dict[str, tuple[str, ...]] = {
     ),
     # The instances a GpuLayout says must survive whatever its spec lists.
     "src/migpilot/agent/desired.py": ("x_protected",),
+    # ---- The planner's validation and Allocate -------------------------------------------------
+    # The planner's validation: no instance in use destroyed or moved (the target layouts and
+    # the actions), no instance or slice in use or given to another pod handed out again, no
+    # slice in use or reserved shrunk or removed, no time-slicing replica overcommitted, CPU and
+    # memory within allocatable. Not in scope: _check_unified and _matched, which check that a
+    # unified pod's instances serve its ask (a plan's fit, not what protects an instance in use).
+    "src/migpilot/planning/validation.py": (
+        "x_problems",
+        "x__check_pods",
+        "x__check_sharing",
+        "x__check_replicas",
+    ),
+    # Allocate of nvidia.com/gpu for unified requests: which pod and container a request
+    # serves, the instances reserved for it (never one another pod or a mig-* resource holds,
+    # never one that does not exist), a whole-GPU pod never given a unified instance, the pool
+    # set aside. Not in scope: preferred (GetPreferredAllocation, a hint Allocate re-checks),
+    # _rank / _slice_fits / _profile (which of the pod's own instances goes first), _kind /
+    # _noun (words of a message), gpu_pod (reading a pod's asks; test_deviceplugin_resolving).
+    "src/migpilot/agent/deviceplugin/resolving.py": (
+        "x_candidate",
+        "x__allocation_of",
+        "x_resolve",
+        "x__unified",
+        "x_set_aside",
+        "xǁPodAllocationǁadding",
+    ),
+    # Every requested ID a device of the resource, none named twice in one container's request,
+    # the container told exactly those IDs.
+    "src/migpilot/agent/deviceplugin/allocating.py": (
+        "x_check_known",
+        "x_check_distinct",
+        "x_container_allocation",
+        "x_answer",
+    ),
+    # An MPS slice's Allocate: advertised and served, on one GPU, mapped to its real GPU.
+    "src/migpilot/agent/deviceplugin/slices.py": ("x_container_allocation",),
+    # The Allocate path of the gRPC shell: one consistent snapshot, the checks above on every
+    # path (slices, replicas, plain, unified), replicas mapped back to their real devices, the
+    # ledger written before the answer.
+    "src/migpilot/agent/deviceplugin/serving.py": (
+        "x_held_key",
+        "xǁ_ResourceServerǁallocate",
+        "xǁDevicePluginǁrecord_allocated",
+        "xǁDevicePluginǁallocate_containers",
+        "xǁDevicePluginǁ_snapshot",
+        "xǁDevicePluginǁ_allocate_shared",
+        "xǁDevicePluginǁ_allocate_gpu",
+        "xǁDevicePluginǁ_decided_answer",
+        "xǁDevicePluginǁ_resolve",
+    ),
     # The controller's reservations: stale ones released, expired and stolen ones dropped,
     # pinned ones kept, and the pins that count what the node has left.
     "src/migpilot/controller/running.py": (

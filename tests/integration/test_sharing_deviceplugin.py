@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from migpilot import errors
-from migpilot.agent.deviceplugin import devices, podresources, serving
+from migpilot.agent.deviceplugin import allocating, devices, podresources, serving
 from migpilot.sharing import config
 from tests.integration.kubelet_fake import FakeKubelet
 from tests.integration.test_deviceplugin import GPU, R1G, START, make_node
@@ -136,9 +136,9 @@ def test_mps_env_per_container_and_refusals(kubelet: FakeKubelet, tmp_path: path
             assert container.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com/gpu/pipe"
             assert container.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40779M"
             assert container.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-            assert [(m.host_path, m.container_path) for m in container.mounts] == [
-                (f"{tmp_path}/nvidia.com/gpu/pipe", "/mps/nvidia.com/gpu/pipe"),
-                (f"{tmp_path}/shm", "/dev/shm"),
+            assert [(m.host_path, m.container_path, m.read_only) for m in container.mounts] == [
+                (f"{tmp_path}/nvidia.com/gpu/pipe", "/mps/nvidia.com/gpu/pipe", False),
+                (f"{tmp_path}/shm", "/dev/shm", False),
             ]
         with pytest.raises(grpc.RpcError) as caught:
             kubelet.allocate(GPU, ["GPU-0::0", "GPU-0::1"])
@@ -168,4 +168,41 @@ def test_replicas_in_podresources_count_as_their_device(kubelet: FakeKubelet) ->
         assert client.allocated_device_ids() == {"GPU-1"}
     finally:
         client.close()
+        dp.stop()
+
+
+def test_mps_replicas_keep_the_cdi_names(kubelet: FakeKubelet, tmp_path: pathlib.Path) -> None:
+    both = (devices.DeviceListStrategy.ENVVAR, devices.DeviceListStrategy.CDI_CRI)
+    dp = plugin_for(
+        kubelet,
+        make_node([None, None]),
+        sharing=MPS2,
+        strategy=devices.MigStrategy.NONE,
+        mps_root=str(tmp_path),
+        allocate=allocating.AllocateSettings(device_list_strategies=both),
+    )
+    try:
+        (answer,) = dp.allocate_containers(GPU, [["GPU-1::0"]])
+        assert answer.cdi_devices == ("k8s.device-plugin.nvidia.com/gpu=GPU-1",)
+        assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1"
+        assert answer.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        assert answer.mounts == (
+            (f"{tmp_path}/nvidia.com/gpu/pipe", "/mps/nvidia.com/gpu/pipe"),
+            (f"{tmp_path}/shm", "/dev/shm"),
+        )
+        assert dp.handed_out() == {"GPU-1"}  # the replica is held as its real device
+    finally:
+        dp.stop()
+
+
+def test_a_held_replica_is_forgotten_with_its_gpu(kubelet: FakeKubelet) -> None:
+    dp = plugin_for(kubelet, START, sharing=TS3)
+    try:
+        dp.allocate_containers(GPU, [["GPU-1::2"]])
+        assert dp.handed_out() == {"GPU-1"}  # held as the real device
+        dp.update(make_node([[("1g.10gb", 0), ("1g.10gb", 1), ("3g.40gb", 4)], None]))
+        assert dp.handed_out() == {"GPU-1"}  # still advertised (as replicas): still held
+        dp.update(make_node([[("1g.10gb", 0), ("1g.10gb", 1), ("3g.40gb", 4)]]))
+        assert dp.handed_out() == set()  # GPU 1 is gone, and with it its replicas
+    finally:
         dp.stop()

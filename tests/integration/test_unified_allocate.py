@@ -6,6 +6,7 @@ The Kubernetes side is the in-memory API; the pool is :class:`unifying.UnifiedPo
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import random
 import threading
@@ -18,7 +19,7 @@ import grpc
 import pytest
 
 from migpilot.agent import kubeapi, standin, unifying
-from migpilot.agent.deviceplugin import devices, serving
+from migpilot.agent.deviceplugin import allocating, devices, resolving, serving
 from migpilot.api import gpulayouts as gl
 from tests.integration.kubelet_fake import FakeKubelet
 from tests.integration.test_deviceplugin import make_node
@@ -393,7 +394,10 @@ def test_whole_gpu_pods_are_served_as_nvidia_does(
     node.plugin.update(node.pool.update(whole))
     try:
         kubelet.wait_devices(GPU, {"GPU-1": H, uuid(0, 0): H})
-        # w is older: the first Allocate of 1 is its; the kubelet picked the MIG instance.
+        # w is older: the kubelet is steered away from the unified pool...
+        offered = [uuid(0, 0), "GPU-1"]
+        assert kubelet.preferred(GPU, available=offered, must_include=[], size=1) == ["GPU-1"]
+        # ...and when the first Allocate of 1 (w's) picks the MIG instance, it is refused.
         with pytest.raises(grpc.RpcError) as err:
             kubelet.allocate(GPU, [uuid(0, 0)])
         assert "asks for whole GPUs" in str(err.value.details())
@@ -412,5 +416,202 @@ def test_other_resources_are_untouched(kubelet: FakeKubelet, api: kubeapi.InMemo
         assert node.visible(response) == [{uuid(0, 3)}]
         assert node.plugin.pod_allocations() == {}
         assert devices.FULL_GPU_RESOURCE not in node.plugin.registered()
+    finally:
+        node.plugin.stop()
+
+
+def test_allocate_says_what_it_decides_and_why(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    whole = make_node([[("1g.10gb", 0)], None])  # GPU 1 without MIG: nvidia.com/gpu GPU-1
+    api.put_spec(NODE, {"gpus": [{"index": 0, "instances": [
+        {"profile": "1g.10gb", "start": 0, "reservedFor": "ns/u"}]}]})  # fmt: skip
+    api.put_pod(pod_doc("u", 1, created="2026-01-01T00:00:05Z"))
+    api.put_pod(pod_doc("w", 1, mem=None))  # nvidia.com/gpu alone: a whole GPU
+    node = start(kubelet, api, wait_s=0.2)
+    node.plugin.update(node.pool.update(whole))
+    nobody = (
+        "no pod bound to this node is waiting for 1 nvidia.com/gpu (pending, a container "
+        "asking for that many not yet allocated)"
+    )
+    try:
+        kubelet.wait_devices(GPU, {"GPU-1": H, uuid(0, 0): H})
+        with caplog.at_level(logging.INFO, logger="migpilot.agent.deviceplugin.serving"):
+            with pytest.raises(grpc.RpcError) as err:
+                kubelet.allocate(GPU, [uuid(0, 0)])
+            refused = (
+                "pod ns/w asks for whole GPUs (nvidia.com/gpu without gpumem or gpucores) but "
+                "the kubelet picked MIG-0-1g.10gb-0, MIG instances set aside for unified pods"
+            )
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details() == refused
+            assert node.visible(kubelet.allocate(GPU, ["GPU-1"])) == [{"GPU-1"}]
+            assert node.visible(kubelet.allocate(GPU, ["GPU-1"])) == [{uuid(0, 0)}]
+            # Nobody waits: whole GPUs are answered as NVIDIA's plugin would, and held...
+            assert node.visible(kubelet.allocate(GPU, ["GPU-1"])) == [{"GPU-1"}]
+            assert "GPU-1" in node.plugin.handed_out()
+            # ...a unified instance is not.
+            with pytest.raises(grpc.RpcError) as err:
+                kubelet.allocate(GPU, [uuid(0, 0)])
+            waited = f"{nobody}; waited 0.2 s for the pod to show in the API server"
+            assert err.value.details() == waited
+        said = [r.getMessage() for r in caplog.records if r.name.endswith("serving")]
+        again = "Allocate of {}: " + nobody + " yet; reading the node's pods again"
+        assert said == [
+            f"Allocate refused: {refused}",
+            "Allocate: pod ns/w container c0 gets GPU-1 (the kubelet picked GPU-1)",
+            "Allocate: pod ns/u container c0 gets MIG-0-1g.10gb-0 (the kubelet picked GPU-1)",
+            again.format("GPU-1"),
+            f"Allocate of GPU-1: {nobody}; answering as NVIDIA's plugin",
+            again.format(uuid(0, 0)),
+            f"Allocate refused: {waited}",
+        ]
+    finally:
+        node.plugin.stop()
+
+
+class _Waiting:
+    """A unified source that knows no pod; each read is one second later."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.reads: list[bool] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def inputs(self, *, fresh: bool) -> resolving.Inputs:
+        self.reads.append(fresh)
+        self.now += 1.0
+        return resolving.Inputs(pods=(), reservations={}, pool=frozenset())
+
+
+def test_an_allocate_for_an_unknown_pod_reads_again_until_the_wait_is_over(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = _Waiting()
+    settings = serving.PluginSettings(
+        plugin_dir=tmp_path, allocate_wait_s=3.0, allocate_poll_s=0.001
+    )
+    dp = serving.DevicePlugin(settings, clock=source.clock, unified=source)
+    dp.start(make_node([None, None]))
+    try:
+        with caplog.at_level(logging.INFO, logger="migpilot.agent.deviceplugin.serving"):
+            (answer,) = dp.allocate_containers(GPU, [["GPU-1", "GPU-0"]])
+        assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-0"}
+        # Read at 0 s from the watch, then from the API at 1 and 2 s: at 3 s the wait is over.
+        assert source.reads == [False, True, True]
+        nobody = (
+            "no pod bound to this node is waiting for 2 nvidia.com/gpu (pending, a container "
+            "asking for that many not yet allocated)"
+        )
+        assert [r.getMessage() for r in caplog.records if r.name.endswith("serving")] == [
+            f"Allocate of GPU-1, GPU-0: {nobody} yet; reading the node's pods again",
+            f"Allocate of GPU-1, GPU-0: {nobody}; answering as NVIDIA's plugin",
+        ]
+    finally:
+        dp.stop()
+
+
+def test_an_allocate_of_a_resource_no_longer_advertised_names_it(tmp_path: pathlib.Path) -> None:
+    dp = serving.DevicePlugin(serving.PluginSettings(plugin_dir=tmp_path))
+    dp.start(make_node([None]))
+    try:
+        with pytest.raises(allocating.AllocationError) as err:
+            dp.allocate_containers(R1G, [["MIG-0-1g.10gb-0"]])
+        assert str(err.value) == (
+            'invalid allocation request for "nvidia.com/mig-1g.10gb": invalid request: '
+            "unknown device: MIG-0-1g.10gb-0"
+        )
+    finally:
+        dp.stop()
+
+
+def test_a_whole_gpu_pods_allocation_is_written_before_the_answer(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi, root: pathlib.Path
+) -> None:
+    ledger = root / "allocations.json"
+    whole = make_node([[("1g.10gb", 0)], None])  # GPU 1 without MIG: nvidia.com/gpu GPU-1
+    api.put_spec(NODE, {"gpus": [{"index": 0, "instances": [
+        {"profile": "1g.10gb", "start": 0, "reservedFor": "ns/u"}]}]})  # fmt: skip
+    api.put_pod(pod_doc("u", 1, created="2026-01-01T00:00:05Z"))
+    api.put_pod(pod_doc("w", 1, mem=None))  # nvidia.com/gpu alone: a whole GPU
+    node = start(kubelet, api, ledger=ledger)
+    node.plugin.update(node.pool.update(whole))
+    try:
+        kubelet.wait_devices(GPU, {"GPU-1": H, uuid(0, 0): H})
+        assert node.visible(kubelet.allocate(GPU, ["GPU-1"])) == [{"GPU-1"}]
+        # Read back as a restarted agent would, while this plugin still runs.
+        restarted = serving.DevicePlugin(
+            serving.PluginSettings(plugin_dir=root / "other", ledger_file=ledger)
+        )
+        assert restarted.pod_allocations() == {
+            "ns/w": resolving.PodAllocation("uid-w", False, (("c0", ("GPU-1",)),))
+        }
+        assert restarted.handed_out() == {"GPU-1"}
+    finally:
+        node.plugin.stop()
+
+
+class _Stopping(_Waiting):
+    """Knows no pod; the plugin is stopped during the first read from the API, after which
+    each read is 50 s later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plugin: serving.DevicePlugin | None = None
+
+    def inputs(self, *, fresh: bool) -> resolving.Inputs:
+        if fresh and self.plugin is not None:
+            self.plugin.stop()
+            self.plugin = None
+        if len(self.reads) > 1:
+            self.now += 49.0
+        return super().inputs(fresh=fresh)
+
+
+def test_an_allocate_waiting_for_its_pod_ends_when_the_plugin_stops(tmp_path: pathlib.Path) -> None:
+    source = _Stopping()
+    settings = serving.PluginSettings(
+        plugin_dir=tmp_path, allocate_wait_s=100.0, allocate_poll_s=0.001
+    )
+    dp = serving.DevicePlugin(settings, clock=source.clock, unified=source)
+    dp.start(make_node([None]))
+    source.plugin = dp
+    (answer,) = dp.allocate_containers(GPU, [["GPU-0"]])
+    assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-0"}
+    assert source.reads == [False, True]  # not read again until the 100 s are over
+
+
+def test_a_device_held_under_its_profile_is_not_handed_to_a_unified_pod(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.put_spec(NODE, layout_spec({}))
+    api.put_pod(pod_doc("u", 2))
+    node = start(kubelet, api)
+    try:
+        kubelet.wait_registered(R1G)
+        # Handed out as nvidia.com/mig-1g.10gb, then reserved for u: still held.
+        assert node.visible(kubelet.allocate(R1G, [uuid(0, 0)])) == [{uuid(0, 0)}]
+        api.put_spec(NODE, layout_spec({(0, 0, "1g.10gb"): "ns/u", (0, 1, "1g.10gb"): "ns/u"}))
+        node.pass_()
+        kubelet.wait_devices(GPU, {uuid(0, 0): H, uuid(0, 1): H})
+        with pytest.raises(grpc.RpcError) as err:
+            kubelet.allocate(GPU, [uuid(0, 0), uuid(0, 1)])
+        assert err.value.details() == (
+            "pod ns/u: the MIG instances reserved for it are allocated to another pod: "
+            "GPU 0 1g.10gb@0"
+        )
+        # Released by the kubelet: u gets both, and the log names every device.
+        node.plugin.observe_kubelet(frozenset({uuid(0, 0)}))
+        node.plugin.observe_kubelet(frozenset())
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="migpilot.agent.deviceplugin.serving"):
+            got = node.visible(kubelet.allocate(GPU, [uuid(0, 1), uuid(0, 0)]))
+        assert got == [{uuid(0, 0), uuid(0, 1)}]
+        assert [r.getMessage() for r in caplog.records] == [
+            "Allocate: pod ns/u container c0 gets MIG-0-1g.10gb-0, MIG-0-1g.10gb-1 (the kubelet "
+            "picked MIG-0-1g.10gb-1, MIG-0-1g.10gb-0)"
+        ]
     finally:
         node.plugin.stop()

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from migpilot.agent import kubeapi, slicing, standin, unifying
-from migpilot.agent.deviceplugin import devices, serving
+from migpilot.agent.deviceplugin import allocating, devices, resolving, serving
 from migpilot.api import gpulayouts as gl
 from migpilot.mig import catalog
 from tests.integration.kubelet_fake import FakeKubelet
@@ -228,3 +228,18 @@ def test_a_slice_moves_between_gpu_n_gb_and_nvidia_com_gpu_on_the_live_streams(
     # b's and c's slices, no longer reserved in the spec, stay theirs, with their sizes.
     assert node.states()["0/2"] == ("used", "ns/b")
     assert node.states()["1/0"] == ("used", "ns/c")
+
+
+def test_a_container_never_gets_mig_instances_and_slices_together(tmp_path: pathlib.Path) -> None:
+    """Were a pod reserved a MIG instance and a slice, one container would talk to one MPS
+    daemon for both: refused, before anything is recorded."""
+    dp = serving.DevicePlugin(serving.PluginSettings(plugin_dir=tmp_path))
+    pod = resolving.GpuPod("ns", "p", "uid-p", "", (resolving.Container("c", False, 2),), True)
+    found = resolving.Decision(pod, pod.containers[0], ("MIG-a", "GPU-0::mps-1"))
+    with pytest.raises(allocating.AllocationError) as err:
+        dp._decided_answer(devices.Resource(GPU, ()), found)
+    assert str(err.value) == (
+        "pod ns/p: container c would get MIG instances and MPS slices together "
+        "(MIG-a, GPU-0::mps-1); one container talks to one MPS daemon"
+    )
+    assert dp.pod_allocations() == {}

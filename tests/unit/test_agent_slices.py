@@ -558,3 +558,33 @@ def test_client_settings_is_the_one_recipe() -> None:
         "CUDA_MPS_PIPE_DIRECTORY": "/mps/gpu-0/pipe",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=5M,2=7M",
     }
+
+
+def test_compute_shares_add_up_to_at_most_the_whole_gpu() -> None:
+    view = node_with(S(0, 0, 10, 60), S(0, 1, 10, 50), S(0, 2, 10))
+    both = _allocate(view, ["GPU-0::mps-0", "GPU-0::mps-1"])
+    assert both.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+    unlimited = _allocate(view, ["GPU-0::mps-0", "GPU-0::mps-2"])
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in unlimited.envs
+
+
+def test_slice_refusals_name_the_resource() -> None:
+    view = node_with(S(0, 0, 10), S(1, 0, 10))
+    (resource,) = slices.resources(view)
+    with pytest.raises(allocating.AllocationError) as err:
+        _allocate(view, ["GPU-0::mps-0", "GPU-1::mps-0"])
+    assert str(err.value) == (
+        'invalid allocation request for "nvidia.com/gpu-10gb": MPS slices on 2 GPUs (0, 1) '
+        "cannot share one container's MPS pipe; ask for one slice per container"
+    )
+    with pytest.raises(allocating.AllocationError) as err:
+        slices.container_allocation(
+            resource,
+            ["GPU-1::mps-0"],
+            node=view,
+            daemons={},
+            settings=allocating.AllocateSettings(),
+        )
+    assert str(err.value) == (
+        'invalid allocation request for "nvidia.com/gpu-10gb": GPU 1 has no MPS daemon'
+    )

@@ -225,6 +225,29 @@ def test_allocate_rejects_unknown_devices_with_nvidias_message() -> None:
     )
 
 
+def test_allocate_refuses_an_id_named_twice_in_one_container() -> None:
+    ids = ["MIG-2-1g.5gb@1", "MIG-0-1g.5gb@6", "MIG-2-1g.5gb@1"]
+    allocating.check_distinct(MIG_1G, ids[:2])  # distinct: no error
+    with pytest.raises(allocating.AllocationError) as err:
+        allocating.check_distinct(MIG_1G, ids)
+    assert str(err.value) == (
+        'invalid allocation request for "nvidia.com/mig-1g.5gb": invalid request: '
+        "device MIG-2-1g.5gb@1 is requested more than once for one container"
+    )
+
+
+def test_allocate_cdi_class_is_a_setting() -> None:
+    settings = allocating.AllocateSettings(
+        device_list_strategies=(devices.DeviceListStrategy.CDI_CRI,), cdi_class="mig"
+    )
+    got = allocating.answer(["MIG-0-1g.5gb@6", "MIG-2-1g.5gb@1"], settings)
+    assert got.cdi_devices == (
+        "k8s.device-plugin.nvidia.com/mig=MIG-0-1g.5gb@6",
+        "k8s.device-plugin.nvidia.com/mig=MIG-2-1g.5gb@1",
+    )
+    assert got.mounts == ()
+
+
 def test_settings_need_a_device_list_strategy() -> None:
     with pytest.raises(errors.AgentConfigError):
         allocating.AllocateSettings(device_list_strategies=())

@@ -550,3 +550,77 @@ def test_interchangeable_pods_share_out_their_instances_once(
     assert all(
         ledger.pods()[k].devices == {i.uuid for i in insts} for k, insts in reservations.items()
     )
+
+
+# --- every refusal, word for word --------------------------------------------------------------
+
+
+def _slice(uuid: str | None, ident: int) -> resolving.Instance:
+    return resolving.mps_slice(0, ident, 10, uuid=uuid, model=H100)
+
+
+TWO = [pod("p", c("main", 2))]
+
+
+@pytest.mark.parametrize(
+    ("reserved", "allocated", "message"),
+    [
+        ((), {}, "pod ns/p: no MIG instance is reserved for it on this node, nor any MPS slice "
+         "(the GpuLayout spec names none with reservedFor)"),
+        ((inst("A"), inst(None, 3), inst(None, 4, "2g.20gb")), {},
+         "pod ns/p: the MIG instances reserved for it do not exist: GPU 0 1g.10gb@3, "
+         "GPU 0 2g.20gb@4"),
+        ((_slice("S0", 0), _slice(None, 1), _slice(None, 2)), {},
+         "pod ns/p: the MPS slices reserved for it are not served: GPU 0 MPS slice 1 (10 GB), "
+         "GPU 0 MPS slice 2 (10 GB)"),
+        ((inst(None, 3), _slice(None, 1)), {},
+         "pod ns/p: the MIG instances and MPS slices reserved for it do not exist: "
+         "GPU 0 1g.10gb@3, GPU 0 MPS slice 1 (10 GB)"),
+        ((inst("A"), inst("B", 1), inst("C", 2)),
+         {"ns/o": resolving.PodAllocation("uid-o", True, (("c", ("A", "B")),))},
+         "pod ns/p: the MIG instances reserved for it are allocated to another pod: "
+         "GPU 0 1g.10gb@0, GPU 0 1g.10gb@1"),
+        ((inst("A"),), {},
+         "pod ns/p: container main asks for 2 nvidia.com/gpu, 1 of the instances reserved for "
+         "it are left (GPU 0 1g.10gb@0)"),
+        ((_slice("S0", 0),), {},
+         "pod ns/p: container main asks for 2 nvidia.com/gpu, 1 of the slices reserved for it "
+         "are left (GPU 0 MPS slice 0 (10 GB))"),
+    ],
+)  # fmt: skip
+def test_each_refusal_says_exactly_why(
+    reserved: tuple[resolving.Instance, ...],
+    allocated: dict[str, resolving.PodAllocation],
+    message: str,
+) -> None:
+    assert resolve(["x", "y"], TWO, {"ns/p": reserved}, allocated) == resolving.Refusal(message)
+
+
+def test_a_container_finding_none_left_says_none() -> None:
+    p = pod("p", c("a"), c("b"))
+    ledger = {"ns/p": resolving.PodAllocation(p.uid, True, (("a", ("A",)),))}
+    assert resolve(["x"], [p], {"ns/p": (inst("A"),)}, ledger) == resolving.Refusal(
+        "pod ns/p: container b asks for 1 nvidia.com/gpu, 0 of the instances reserved for it "
+        "are left (none)"
+    )
+
+
+def test_no_pod_and_a_whole_gpu_refusal_say_exactly_why() -> None:
+    assert resolve(["x", "y", "z"], [pod("p")], {}) == resolving.NoPod(
+        "no pod bound to this node is waiting for 3 nvidia.com/gpu (pending, a container "
+        "asking for that many not yet allocated)"
+    )
+    whole = [pod("w", c("main", 3), is_unified=False)]
+    got = resolve(["MIG-a", "GPU-1", "MIG-b"], whole, {}, pool=frozenset({"MIG-a", "MIG-b"}))
+    assert got == resolving.Refusal(
+        "pod ns/w asks for whole GPUs (nvidia.com/gpu without gpumem or gpucores) but the "
+        "kubelet picked MIG-a, MIG-b, MIG instances set aside for unified pods"
+    )
+
+
+def test_a_container_asking_more_than_is_left_lists_what_is() -> None:
+    got = resolve(["x", "y", "z"], [pod("p", c("main", 3))], {"ns/p": (inst("A"), inst("B", 1))})
+    assert got == resolving.Refusal(
+        "pod ns/p: container main asks for 3 nvidia.com/gpu, 2 of the instances reserved for it "
+        "are left (GPU 0 1g.10gb@0, GPU 0 1g.10gb@1)"
+    )

@@ -437,3 +437,135 @@ def test_a_profile_of_the_same_shape_under_another_name_is_rejected() -> None:
         "pod default/p: n/gpu0: 3g.40gb is advertised as nvidia.com/mig-3g.40gb, but the pod "
         "requests nvidia.com/mig-3g.39gb",
     )
+
+
+# --------------------------------------------------------------------------- exact messages
+
+
+def test_target_layout_with_an_unknown_profile_says_which() -> None:
+    plan = make()
+    gpus = tuple(
+        dataclasses.replace(g, layout=layouts.Layout((I(0, "1g.6gb"),)), changed=True)
+        if (g.node, g.gpu) == ("node-2", 0)
+        else g
+        for g in plan.gpus
+    )
+    create = plans.Action("node-2", 0, plans.Op.CREATE, "1g.6gb", 0)
+    broken = dataclasses.replace(plan, gpus=gpus, actions=(*plan.actions, create))
+    assert validation.problems(SNAP, broken) == [
+        "node-2/gpu0: target layout is invalid: a100-80gb has no MIG profile '1g.6gb'"
+    ]
+
+
+def test_every_gpu_listed_exactly_once_is_the_only_problem() -> None:
+    plan = make()
+    twice = dataclasses.replace(plan, gpus=(*plan.gpus, plan.gpus[0]))
+    assert validation.problems(SNAP, twice) == [
+        "plan.gpus does not list every GPU of the snapshot exactly once"
+    ]
+
+
+def test_an_action_on_a_gpu_the_snapshot_lacks_is_an_action_too_many() -> None:
+    for op in plans.Op:
+        extra = plans.Action("node-9", 0, op, "1g.10gb", 0)
+        assert validation.problems(SNAP, _with_actions((*make().actions, extra))) == [
+            ACTIONS_MISMATCH
+        ]
+
+
+def test_destroys_are_ordered_per_gpu_only() -> None:
+    # A create on node-0/gpu1, then node-0/gpu0's destroy and create: each GPU is in order.
+    plan = make(
+        targets={("node-0", 0): layouts.Layout.of([I(0, "2g.20gb"), I(4, "3g.40gb")])},
+        placements=GOOD_PLACEMENTS[1:],
+        unschedulable=[plans.Unschedulable("default/p1", "x"), *GOOD_UNSCHEDULABLE],
+    )
+    first = [a for a in plan.actions if (a.node, a.gpu) == ("node-0", 1)]
+    assert [a.op for a in first] == [plans.Op.CREATE]
+    rest = [a for a in plan.actions if a not in first]
+    assert validation.problems(SNAP, dataclasses.replace(plan, actions=(*first, *rest))) == []
+
+
+def test_a_placement_on_an_unknown_node_does_not_stop_the_checks() -> None:
+    placements = [
+        plans.Placement("default/p1", "node-9", (A(0, "1g.10gb", 0),)),
+        plans.Placement("default/p2", "node-0", (A(0, "3g.40gb", 4),)),
+        GOOD_PLACEMENTS[2],
+    ]
+    assert validation.problems(SNAP, make(placements=placements)) == [
+        "pod default/p1: placed on unknown node 'node-9'",
+        "pod default/p2: node-0/gpu0: 3g.40gb@4 is already in use",
+    ]
+
+
+SMALL = snapshot.parse(
+    yaml.safe_load(
+        """
+version: 1
+nodes:
+  - name: a
+    gpus: [{model: a100-80gb}]
+  - name: b
+    allocatable: {cpu: "4", memory: 8Gi}
+    gpus: [{model: a100-80gb}]
+pods:
+  - {name: two, requests: {nvidia.com/mig-1g.10gb: 1, nvidia.com/mig-2g.20gb: 1}}
+  - {name: full, requests: {nvidia.com/mig-1g.10gb: 1, cpu: "4", memory: 8Gi}}
+  - {name: u, requests: {nvidia.com/gpu: 1, nvidia.com/gpumem: 8000}}
+  - {name: more, requests: {nvidia.com/mig-1g.10gb: 1, cpu: 1m, memory: "1"}}
+"""
+    )
+)
+SMALL_TARGETS: dict[plans.GpuKey, layouts.Layout] = {
+    ("a", 0): layouts.Layout.of([I(0, "1g.10gb"), I(1, "1g.10gb"), I(4, "3g.40gb")]),
+    ("b", 0): layouts.Layout.of([I(0, "1g.10gb"), I(1, "1g.10gb")]),
+}
+
+
+def _small(*placements: plans.Placement) -> list[str]:
+    """The problems of a plan with these placements (as given, instances in this order)."""
+    placed = {p.pod for p in placements}
+    plan = plans.build(
+        SMALL,
+        planner="hand",
+        targets=SMALL_TARGETS,
+        placements=(),
+        unschedulable=[plans.Unschedulable(p.key, "x") for p in SMALL.pods if p.key not in placed],
+    )
+    return validation.problems(SMALL, dataclasses.replace(plan, placements=placements))
+
+
+def test_cpu_and_memory_may_fill_allocatable_exactly() -> None:
+    # Node a has no allocatable (nothing to check) and comes first; b is filled exactly.
+    full = plans.Placement("default/full", "b", (A(0, "1g.10gb", 0),))
+    assert _small(full) == []
+    more = plans.Placement("default/more", "b", (A(0, "1g.10gb", 1),))
+    assert _small(full, more) == [
+        "node b: pods need 4001m CPU, 4000m allocatable",
+        f"node b: pods need {8 * 2**30 + 1} bytes, {8 * 2**30} allocatable",
+    ]
+
+
+def test_an_instance_on_a_missing_gpu_does_not_stop_the_pods_checks() -> None:
+    two = plans.Placement("default/two", "a", (A(3, "1g.10gb", 0), A(0, "1g.10gb", 2)))
+    assert _small(two) == [
+        "pod default/two: a/gpu3: no such GPU",
+        "pod default/two: a/gpu0: 1g.10gb@2 is not in the target layout",
+        "pod default/two: got {'1g.10gb': 1} but asked for {'1g.10gb': 1, '2g.20gb': 1}",
+    ]
+
+
+def test_a_profile_the_pod_does_not_request_names_every_request() -> None:
+    two = plans.Placement("default/two", "a", (A(0, "1g.10gb", 0), A(0, "3g.40gb", 4)))
+    assert _small(two) == [
+        "pod default/two: a/gpu0: 3g.40gb is advertised as nvidia.com/mig-3g.40gb, but the pod "
+        "requests nvidia.com/mig-1g.10gb, nvidia.com/mig-2g.20gb",
+        "pod default/two: got {'1g.10gb': 1} but asked for {'1g.10gb': 1, '2g.20gb': 1}",
+    ]
+
+
+def test_a_unified_pod_given_too_much_is_named() -> None:
+    u = plans.Placement("default/u", "a", (A(0, "1g.10gb", 0), A(0, "1g.10gb", 1)))
+    found = _small(u)
+    assert len(found) == 1
+    assert found[0].startswith("pod default/u: got ")

@@ -226,6 +226,9 @@ def _check_sharing(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
         if node.mode is modes.Mode.TIME_SLICING:
             out.extend(_check_replicas(pl, pod, node, replicas))
             continue
+        if not pl.shares:
+            out.append(f"pod {pl.pod}: got no MPS slice on {node.name}")
+            continue
         sizes: list[int] = []
         per_gpu: Counter[int] = Counter()
         for sh in pl.shares:
@@ -247,12 +250,13 @@ def _check_sharing(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
             sizes.append(got_slice.memory_gb)
             per_gpu[sh.gpu] += 1
         by_index = {g.index: g.model for g in node.gpus}
-        model = by_index.get(pl.shares[0].gpu) if pl.shares else None
+        model = by_index.get(pl.shares[0].gpu)
         needs = modes.mps_needs(pod.mps, pod.unified, model) if model else None
         want = sorted(n.memory_gb for n in needs or ())
         if sorted(sizes) != want:
             out.append(f"pod {pl.pod}: got slices of {sorted(sizes)} GB but asked for {want}")
-        if pod.unified is not None and max(per_gpu.values(), default=0) > len(pod.unified.asks):
+        asks = len(pod.unified.asks) if pod.unified is not None else None
+        if asks is not None and any(n > asks for n in per_gpu.values()):
             out.append(f"pod {pl.pod}: two slices of one container on one GPU")
     return out
 

@@ -311,7 +311,7 @@ def resolve(
     return _unified(
         pod,
         container,
-        reserved=reservations.get(pod.key, ()),
+        reserved=reservations.get(pod.key),
         allocated=allocated,
         busy=busy,
     )
@@ -321,7 +321,7 @@ def _unified(
     pod: GpuPod,
     container: Container,
     *,
-    reserved: Sequence[Instance],
+    reserved: Sequence[Instance] | None,
     allocated: Mapping[str, PodAllocation],
     busy: Collection[str],
 ) -> Resolution:
@@ -365,7 +365,8 @@ def _unified(
             f"({', '.join(str(i) for i in free) or 'none'})"
         )
     chosen = sorted(free, key=lambda i: _rank(i, container.ask))[: container.count]
-    return Decision(pod, container, tuple(i.uuid or "" for i in chosen))
+    # Every reserved instance has a UUID here (``missing`` refused the others).
+    return Decision(pod, container, tuple(i.uuid for i in chosen if i.uuid is not None))
 
 
 def _kind(reserved: Sequence[Instance]) -> str:

@@ -223,10 +223,8 @@ class _ResourceServer:
                 api_pb2.ContainerAllocateResponse(
                     envs=dict(a.envs),
                     cdi_devices=[api_pb2.CDIDevice(name=n) for n in a.cdi_devices],
-                    mounts=[
-                        api_pb2.Mount(container_path=c, host_path=h, read_only=False)
-                        for h, c in a.mounts
-                    ],
+                    # Writable (read_only unset): a client writes to its MPS pipe and /dev/shm.
+                    mounts=[api_pb2.Mount(container_path=c, host_path=h) for h, c in a.mounts],
                 )
                 for a in answers
             ]
@@ -523,13 +521,9 @@ class DevicePlugin:
                          found.message)  # fmt: skip
             self.record_allocated(requested)
             return allocating.answer(requested, settings)
-        answer = (
-            self._unified_answer(resource, found)
-            if found.pod.unified
-            else allocating.answer(found.device_ids, settings)
-        )
-        now = self._clock()
-        changed = self._ledger.record_container(
+        answer = self._decided_answer(resource, found)
+        # A new entry each time: resolve decides only on a container not in the ledger yet.
+        self._ledger.record_container(
             found.pod.key,
             uid=found.pod.uid,
             unified=found.pod.unified,
@@ -537,9 +531,8 @@ class DevicePlugin:
             device_ids=found.device_ids,
         )
         if not found.pod.unified:
-            changed = self._ledger.record(requested, now=now) or changed
-        if changed:
-            self._save_ledger()  # before the answer: a restart must not forget it
+            self._ledger.record(requested, now=self._clock())
+        self._save_ledger()  # before the answer: a restart must not forget it
         _log.info(
             "Allocate: pod %s container %s gets %s (the kubelet picked %s)",
             found.pod.key,
@@ -549,12 +542,14 @@ class DevicePlugin:
         )
         return answer
 
-    def _unified_answer(
+    def _decided_answer(
         self, resource: devices.Resource, found: resolving.Decision
     ) -> allocating.ContainerAllocation:
-        """The answer for a unified pod's container: its MIG instances, or its MPS slice with
+        """The answer for the container :func:`resolving.resolve` decided on: its devices (a
+        unified pod's MIG instances, a whole-GPU pod's GPUs), or a unified pod's MPS slice with
         the slice's MPS settings (:func:`slices.container_allocation`: one GPU, its daemon,
-        the slice's memory and compute share). Raises :class:`~allocating.AllocationError`
+        the slice's memory and compute share; a whole-GPU pod never gets a slice, resolve
+        refuses devices of the unified pool to it). Raises :class:`~allocating.AllocationError`
         before anything is recorded when it cannot be answered."""
         ids = found.device_ids
         sliced = [i for i in ids if devices.is_slice_id(i)]
@@ -580,7 +575,7 @@ class DevicePlugin:
     ) -> tuple[resolving.Resolution, frozenset[str]]:
         """Resolve; while no pod is known, read the pods again (up to ``allocate_wait_s``)."""
         assert self._unified is not None
-        deadline = self._clock() + (self.settings.allocate_wait_s if wait else 0.0)
+        deadline = self._clock() + self.settings.allocate_wait_s  # only read when waiting
         fresh = False
         while True:
             inputs = self._unified.inputs(fresh=fresh)

@@ -116,8 +116,8 @@ def container_allocation(
     if daemon is None:
         raise allocating.AllocationError(f"{where}: GPU {gpu.index} has no MPS daemon")
     memory_mib = sum(s.memory_gb for s in slices) * MIB_PER_GB
-    cores = [s.cores for s in slices]
-    threads = None if any(c is None for c in cores) else min(100, sum(c or 0 for c in cores))
+    cores = [s.cores for s in slices if s.cores is not None]
+    threads = min(100, sum(cores)) if len(cores) == len(slices) else None  # None: one unlimited
     answer = allocating.answer([gpu.uuid], settings)
     extra = mps.client_settings(daemon, pinned_mib=[(0, memory_mib)], threads=threads)
     return allocating.ContainerAllocation(
