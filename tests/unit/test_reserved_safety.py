@@ -361,10 +361,14 @@ def test_expire_drops_only_the_expired_reservations_and_says_why_for_each_pod(
 
     with caplog.at_level(logging.WARNING, logger="migpilot.controller"):
         asyncio.run(main())
+    expired = (("ns/p", "n0"), ("ns/q", "n0"), ("ns/r", "n1"))
     assert [r.getMessage() for r in caplog.records] == [
-        f"reservation of {k} on {n} expired: planning again"
-        for k, n in (("ns/p", "n0"), ("ns/q", "n0"), ("ns/r", "n1"))
+        f"reservation of {k} on {n} expired: planning again" for k, n in expired
     ]
+    # Each line names its pod and node for JSON logs (docs/observability.md).
+    assert [(getattr(r, "pod", None), getattr(r, "node", None)) for r in caplog.records] == list(
+        expired
+    )
 
 
 def test_expire_with_nothing_stolen_says_every_pod_timed_out() -> None:
@@ -587,6 +591,10 @@ def test_pin_lets_go_the_ready_gated_pods_the_node_has_room_for_in_order(
             "pod ns/c waits for 1g.10gb at GPU 0 start 2 on n0 to be created",
             "pod ns/f waits for node n0 to advertise nvidia.com/mig-1g.10gb (allocatable 4, "
             "taken 4)",
+        ]
+        assert [getattr(r, "pod", None) for r in caplog.records if r.levelno == logging.DEBUG] == [
+            "ns/c",
+            "ns/f",
         ]
         assert len(api.pod_patches) == 2
 
