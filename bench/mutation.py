@@ -11,7 +11,8 @@ the whole ``pytest_add_cli_args_test_selection``: the files are run in groups, o
 test list, each with that list as its selection (mutmut then collects its test-to-function map
 again, and re-tests every mutant named anyway).
 
-    python bench/mutation.py                 # the whole scope (about 3-4 min on 2 cores)
+    python bench/mutation.py                 # the whole scope (about 25 min on 2 cores, most
+                                             # of it serving.py, whose tests go through gRPC)
     python bench/mutation.py reconciling     # the files whose path contains a word
 
 mutmut writes its copy of the tree under ``mutants/`` (ignored by git); every mutant in scope
