@@ -148,9 +148,15 @@ def test_unified_pods_in_mps_mode_get_slices_advertised_as_nvidia_gpu(scene: Sce
         "u20": (20, None),  # 19.5 GB -> 20
         "u40": (40, None),
     }
-    lay = scene.layout(MPS_NODE)
-    assert lay is not None
-    assert not any(sl.reserved_for for g in lay.spec.gpus for sl in g.mps), "released once used"
+    # Released once used: the controller's next pass after the status (a spec write planned on
+    # a version an agent's status write replaced meanwhile gets 409 and is planned again).
+    scene.wait(
+        lambda: (
+            (lay := scene.layout(MPS_NODE)) is not None
+            and not any(sl.reserved_for for g in lay.spec.gpus for sl in g.mps)
+        ),
+        "the slices' reservations released once used",
+    )
     node = client.get(Node, MPS_NODE)
     assert node.status is not None and node.status.allocatable is not None
     alloc = node.status.allocatable
