@@ -139,7 +139,30 @@ def emulated_owners(gpus: emulated.EmulatedBackend) -> Owners:
     return owners
 
 
-class GpuSampler:
+class _Periodic:
+    """What both samplers share: :meth:`sample` every ``interval_s`` in a daemon thread, and
+    at once when the ``load`` file changes."""
+
+    interval_s: float
+    _load: LoadFile | None
+
+    def sample(self) -> tuple[usage.Row, ...]:
+        raise NotImplementedError
+
+    def run(self, stop: threading.Event) -> None:
+        """Sample every interval until ``stop``; a changed load file samples at once."""
+        _every(self.sample, interval_s=self.interval_s, load=self._load, stop=stop)
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        """Run :meth:`run` in a daemon thread."""
+        thread = threading.Thread(
+            target=self.run, args=(stop,), name="migpilot-gpu-sampling", daemon=True
+        )
+        thread.start()
+        return thread
+
+
+class GpuSampler(_Periodic):
     """Sample the GPUs once per interval into the agent's metrics (see the module)."""
 
     def __init__(
@@ -211,20 +234,8 @@ class GpuSampler:
             reserved=self._reserved(),
         )
 
-    def run(self, stop: threading.Event) -> None:
-        """Sample every interval until ``stop``; a changed load file samples at once."""
-        _every(self.sample, interval_s=self.interval_s, load=self._load, stop=stop)
 
-    def start(self, stop: threading.Event) -> threading.Thread:
-        """Run :meth:`run` in a daemon thread."""
-        thread = threading.Thread(
-            target=self.run, args=(stop,), name="migpilot-gpu-sampling", daemon=True
-        )
-        thread.start()
-        return thread
-
-
-class FleetSampler:
+class FleetSampler(_Periodic):
     """One sampler for the many nodes of ``migpilot fleet``: every node's
     :meth:`GpuSampler.read` in one pass, published together into the fleet's one registry
     (a node's own :meth:`GpuSampler.sample` would replace the others' rows). ``nodes`` gives
@@ -257,18 +268,6 @@ class FleetSampler:
         out = tuple(sorted(rows, key=lambda r: (r.name, r.labels)))
         self._sink.set_usage(out)
         return out
-
-    def run(self, stop: threading.Event) -> None:
-        """Sample every interval until ``stop``; a changed load file samples at once."""
-        _every(self.sample, interval_s=self.interval_s, load=self._load, stop=stop)
-
-    def start(self, stop: threading.Event) -> threading.Thread:
-        """Run :meth:`run` in a daemon thread."""
-        thread = threading.Thread(
-            target=self.run, args=(stop,), name="migpilot-gpu-sampling", daemon=True
-        )
-        thread.start()
-        return thread
 
 
 def _every(
