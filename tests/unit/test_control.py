@@ -61,7 +61,7 @@ def test_decide_before_the_due_time_changes_nothing() -> None:
     snap = snapshot.Snapshot(nodes=(_node("n"),), pods=(_pod("p", ("1g.10gb", 1)),))
     batch = control.Batch(due=5.0, dirty=True)
     decision = control.decide(snap, batch, now=4.9, planner=_planner)
-    assert decision == control.Decision(batch, None)
+    assert decision == control.Planned(batch, None)
 
 
 def test_decide_plans_once_per_change() -> None:

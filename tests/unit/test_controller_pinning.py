@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from migpilot.api import gpulayouts as gl
 from migpilot.controller import kubeapi, observing, pinning
 from migpilot.mig import catalog, layouts
-from migpilot.planning import plans, snapshot
+from migpilot.planning import control, plans, snapshot
 
 A100 = "NVIDIA A100-SXM4-80GB"
 A100_MODEL = catalog.resolve_gpu(A100)
@@ -334,9 +334,7 @@ def test_waiting_for_and_ready(
     why: str | None,
 ) -> None:
     obs = _observed(pods, spec=spec, status=status, node=node)
-    held = pinning.taken(obs).get("n0", Counter())
-    assert pinning.waiting_for(obs, "ns/p", taken=held) == why
-    assert pinning.ready(obs, "ns/p") is (why is None)
+    assert _why(obs, "ns/p") == why
 
 
 def test_made_says_whether_every_reserved_instance_exists() -> None:
@@ -362,18 +360,29 @@ def test_taken_counts_bound_pods_and_reserved_pods_let_go() -> None:
     pods[1]["status"] = {"phase": "Succeeded"}
     spec = [(0, "2g.20gb", None), (2, "1g.10gb", "ns/let-go"), (3, "1g.10gb", "ns/gated")]
     obs = _observed(pods, spec=spec, status=[], node=_node())
-    assert pinning.taken(obs) == {"n0": Counter({"1g.10gb": 3, "2g.20gb": 1})}
+    assert pinning.taken(obs) == {
+        "n0": Counter({"nvidia.com/mig-1g.10gb": 3, "nvidia.com/mig-2g.20gb": 1})
+    }
 
 
-def test_the_caller_adds_the_pods_it_lets_go() -> None:
+def test_each_pod_let_go_counts_for_the_ones_after_it() -> None:
     pods = [_pod("p"), _pod("q")]
     spec = [(0, "1g.10gb", "ns/p"), (1, "1g.10gb", "ns/q")]
     status = [MADE, (1, "1g.10gb", S.RESERVED, True)]
     obs = _observed(pods, spec=spec, status=status, node=_node(**{"1g_10gb": 1}))
-    held: Counter[str] = Counter()
-    assert pinning.waiting_for(obs, "ns/p", taken=held) is None
-    held.update(obs.pods["ns/p"].mig)
-    assert pinning.waiting_for(obs, "ns/q", taken=held) is not None
+    assert _why(obs, "ns/p") is None
+    assert _why(obs, "ns/q") == (
+        "node n0 to advertise nvidia.com/mig-1g.10gb (allocatable 1, taken 1)"
+    )
+
+
+def _why(obs: observing.Observed, key: str) -> str | None:
+    """What the loop's step says the reserved pod ``key`` waits for (``None``: let go now)."""
+    listed = {k: why for k, _, why in control.lets_go(pinning.to_control(obs, changed=False))}
+    if key not in obs.reservations:
+        assert key not in listed
+        return "no reservation"
+    return listed[key]
 
 
 # --------------------------------------------------------------------------- pin_patch

@@ -9,13 +9,12 @@ until the agent reports the pod allocated.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from migpilot.api import gpulayouts as gl
 from migpilot.controller import observing, pinning
 from migpilot.mig import catalog, layouts
-from migpilot.planning import plans, snapshot
+from migpilot.planning import control, plans, snapshot
 
 A100 = "NVIDIA A100-SXM4-80GB"
 GATE = observing.GATE
@@ -150,17 +149,17 @@ def test_a_unified_pod_waits_for_its_devices_and_counters() -> None:
     made = [(0, "1g.10gb", S.RESERVED, None)]
     spec = [(0, "1g.10gb", "ns/u")]
     obs = _observed([_pod("u")], spec=spec, status=made, node=_node())
-    assert "nvidia.com/gpu" in (pinning.waiting_for(obs, "ns/u", taken=Counter()) or "")
-    obs = _observed([_pod("u")], spec=spec, status=made, node=_node(**{GPU: "1"}))
-    assert MEM in (pinning.waiting_for(obs, "ns/u", taken=Counter()) or "")
+    assert MEM in (_why(obs, "ns/u") or "")  # the counters first, then the devices
+    obs = _observed([_pod("u")], spec=spec, status=made, node=_node(**{MEM: "81920"}))
+    assert "nvidia.com/gpu" in (_why(obs, "ns/u") or "")
     obs = _observed([_pod("u")], spec=spec, status=made, node=_node(**{GPU: "1", MEM: "81920"}))
-    assert pinning.waiting_for(obs, "ns/u", taken=Counter()) is None
+    assert _why(obs, "ns/u") is None
     # A device another pod bound there holds is not free.
     other = _pod("x", gated=False, node="n0")
     obs = _observed([_pod("u"), other], spec=spec, status=made, node=_node(**{GPU: "1", MEM: "1"}))
     held = pinning.taken(obs)["n0"]
     assert held[gl.UNIFIED_RESOURCE] == 1
-    assert pinning.waiting_for(obs, "ns/u", taken=held) is not None
+    assert _why(obs, "ns/u") is not None
 
 
 def test_a_bound_unified_pod_keeps_its_reservation_until_allocated() -> None:
@@ -184,16 +183,19 @@ def test_unified_pods_asking_alike_go_together_and_others_wait() -> None:
         (4, "3g.40gb", S.RESERVED, None),
     ]
     pods = [_pod("a", gated=False), _pod("b"), _pod("c", 40000)]
-    obs = _observed(pods, spec=spec, status=status, node=_node())
-    others = pinning.unallocated(obs)["n0"]
-    assert set(others) == {"ns/a"}  # let go, not yet allocated
-    assert pinning.held_back(obs, "ns/b", others=others) is None  # asks as a does
-    why = pinning.held_back(obs, "ns/c", others=others)
+    obs = _observed(pods, spec=spec, status=status, node=_node(**DEVICES))
+    assert _allocating(obs) == {"ns/a"}  # let go, not yet allocated
+    assert _why(obs, "ns/b") is None  # asks as a does
+    why = _why(obs, "ns/c")
     assert why is not None and "ns/a" in why
-    # Once a is allocated, c may go.
+    # Once a is allocated, b (let go first, in key order) holds c back in turn; without b, c
+    # may go.
     status[0] = (0, "1g.10gb", S.USED, "ns/a")
-    obs = _observed(pods, spec=spec, status=status, node=_node())
-    assert pinning.held_back(obs, "ns/c", others=pinning.unallocated(obs).get("n0", {})) is None
+    obs = _observed(pods, spec=spec, status=status, node=_node(**DEVICES))
+    assert "ns/b" in (_why(obs, "ns/c") or "")
+    del spec[1], status[1], pods[1]
+    obs = _observed(pods, spec=spec, status=status, node=_node(**DEVICES))
+    assert _why(obs, "ns/c") is None
 
 
 def _mps_observed(
@@ -202,7 +204,7 @@ def _mps_observed(
 ) -> observing.Observed:
     """One mps node with one A100 (MIG off); slices are (id, GB, reserved for, state, used by),
     each reserved one kept for a unified pod."""
-    node = _node()
+    node = _node(**DEVICES)
     node["metadata"]["labels"] = {"migpilot.io/mode": "mps"}
     layout = gl.GpuLayout(
         "n0",
@@ -250,12 +252,29 @@ def test_on_an_mps_node_unified_pods_reserved_other_slice_sizes_wait_for_allocat
     pods = [_pod("a", gated=False), _pod("b"), _pod("c", 8000)]
     obs = _mps_observed(pods, slices)
     assert obs.reservations["ns/c"].slices == ((0, 2, 20),)
-    others = pinning.unallocated(obs)["n0"]
-    assert set(others) == {"ns/a"}
-    assert pinning.held_back(obs, "ns/b", others=others) is None  # same ask, same slice size
-    why = pinning.held_back(obs, "ns/c", others=others)  # same ask, but a 20 GB slice
+    assert _allocating(obs) == {"ns/a"}
+    assert _why(obs, "ns/b") is None  # same ask, same slice size
+    why = _why(obs, "ns/c")  # same ask, but a 20 GB slice
     assert why is not None and "ns/a" in why
-    # Once the agent reports a's slice used by it, a is allocated and c may go.
+    # Once the agent reports a's slice used by it, a is allocated; b, let go first, holds c
+    # back in turn; without b, c may go.
     slices[0] = (0, 8, "ns/a", S.USED, "ns/a")
     obs = _mps_observed(pods, slices)
-    assert pinning.held_back(obs, "ns/c", others=pinning.unallocated(obs).get("n0", {})) is None
+    assert "ns/b" in (_why(obs, "ns/c") or "")
+    del slices[1], pods[1]
+    obs = _mps_observed(pods, slices)
+    assert _why(obs, "ns/c") is None
+
+
+DEVICES = {GPU: "8", MEM: "819200"}
+"""A node that advertises enough devices and memory for every pod of these tests."""
+
+
+def _why(obs: observing.Observed, key: str) -> str | None:
+    """What the loop's step says the reserved pod ``key`` waits for (``None``: let go now)."""
+    return {k: w for k, _, w in control.lets_go(pinning.to_control(obs, changed=False))}[key]
+
+
+def _allocating(obs: observing.Observed) -> set[str]:
+    """The unified pods let go and not yet allocated, as the step reads them."""
+    return {k for k, r in pinning.to_control(obs, changed=False).reserved.items() if r.allocating}

@@ -16,6 +16,7 @@ from migpilot.agent import desired
 from migpilot.api import gpulayouts as gl
 from migpilot.controller import kubeapi, observing, pinning, running
 from migpilot.gpu import backend
+from migpilot.planning import control
 
 
 def _layout(spec: list[dict[str, Any]], status: list[dict[str, Any]] | None) -> gl.GpuLayout:
@@ -348,7 +349,14 @@ def test_expire_drops_only_the_expired_reservations_and_says_why_for_each_pod(
     async def main() -> None:
         api, controller = await _controller(layouts, pods, _Clock(1000.0))
         observed = controller.observe()
-        await controller._expire(observed, {"ns/p", "ns/q", "ns/r"}, stolen={"ns/p"})
+        await controller._expire(
+            observed,
+            [
+                control.Expiry("ns/p", "n0", True, TAKEN.format("n0")),
+                control.Expiry("ns/q", "n0", False, TIMED_OUT.format("n0")),
+                control.Expiry("ns/r", "n1", False, TIMED_OUT.format("n1")),
+            ],
+        )
         assert [(n, _reservations(s)) for n, s in api.spec_writes] == [
             ("n0", {(0, 0): None, (0, 1): None, (0, 2): "ns/s", (0, 3): None}),
             ("n1", {(0, 0): None}),
@@ -371,24 +379,15 @@ def test_expire_drops_only_the_expired_reservations_and_says_why_for_each_pod(
     )
 
 
-def test_expire_with_nothing_stolen_says_every_pod_timed_out() -> None:
-    layouts = {"n0": _layout_doc("n0", [_reserving("ns/p")], None)}
-
-    async def main() -> None:
-        _, controller = await _controller(layouts, [_pod("p")], _Clock(1000.0))
-        await controller._expire(controller.observe(), {"ns/p"})
-        assert _said(controller) == [("p", "MigReservationExpired", TIMED_OUT.format("n0"))]
-
-    asyncio.run(main())
-
-
 def test_an_expiry_whose_write_fails_says_nothing_and_keeps_the_reservation() -> None:
     layouts = {"n0": _layout_doc("n0", [_reserving("ns/p")], None)}
 
     async def main() -> None:
         api, controller = await _controller(layouts, [_pod("p")], _Clock(1000.0))
         api.fail_next = kubeapi.KubeApiError("503: unavailable")
-        await controller._expire(controller.observe(), {"ns/p"}, stolen={"ns/p"})
+        await controller._expire(
+            controller.observe(), [control.Expiry("ns/p", "n0", True, TAKEN.format("n0"))]
+        )
         assert not _said(controller)
         assert not api.spec_writes
         assert "ns/p" in controller.observe().reservations
@@ -410,7 +409,7 @@ def test_release_rewrites_only_stale_nodes_keeping_the_live_reservations_there()
         api, controller = await _controller(layouts, pods, _Clock(1000.0))
         observed = controller.observe()
         assert observed.stale == {"n1"} and observed.reservations["ns/p"].node == "n0"
-        await controller._release(observed)
+        await controller._release(observed, sorted(observed.stale))
         assert [(n, _reservations(s)) for n, s in api.spec_writes] == [
             ("n1", {(0, 0): None, (0, 1): None, (0, 2): "ns/q"}),
         ]
@@ -429,7 +428,8 @@ def test_release_of_several_stale_nodes_writes_each() -> None:
 
     async def main() -> None:
         api, controller = await _controller(layouts, [_pod("q"), done], _Clock(1000.0))
-        await controller._release(controller.observe())
+        observed = controller.observe()
+        await controller._release(observed, sorted(observed.stale))
         assert [(n, _reservations(s)) for n, s in api.spec_writes] == [
             ("n0", {(0, 0): None}),
             ("n1", {(0, 0): "ns/q", (0, 1): None}),
@@ -486,7 +486,7 @@ def test_a_reservation_expires_a_timeout_after_its_instances_exist_or_ten_if_the
 
         async def at(now: float) -> list[tuple[str, str, str]]:
             clock.now = now
-            await controller._pin(controller.observe())
+            await controller.step()
             return _said(controller)
 
         assert await at(1000.0) == []
@@ -532,7 +532,7 @@ def test_a_pod_pinned_to_its_node_keeps_its_reservation_until_another_pod_takes_
 
         async def at(now: float) -> list[tuple[str, str, str]]:
             clock.now = now
-            await controller._pin(controller.observe())
+            await controller.step()
             return _said(controller)
 
         assert await at(1000.0) == []
@@ -575,7 +575,7 @@ def test_pin_lets_go_the_ready_gated_pods_the_node_has_room_for_in_order(
 
         async def at(now: float) -> None:
             clock.now = now
-            await controller._pin(controller.observe())
+            await controller.step()
 
         await at(1000.0)
         assert _said(controller) == [("a", "MigReservationExpired", TAKEN.format("n0"))]
@@ -655,7 +655,7 @@ def test_pin_lets_go_unified_pods_asking_alike_together_while_the_node_has_devic
 
         async def main() -> list[str]:
             api, controller = await _controller(layouts, pods, _Clock(1000.0), [node])
-            await controller._pin(controller.observe())
+            await controller.step()
             assert not _said(controller)
             return [k for k, _ in api.pod_patches]
 

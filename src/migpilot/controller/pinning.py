@@ -7,11 +7,12 @@ keep the cluster safe are tested without a server:
   waiting for instances an earlier plan gave them (the planner saw those as used, so they are in
   its target layout);
 - :func:`without_stale` drops reservations whose pods are gone, done or bound;
-- :func:`ready` (and :func:`waiting_for`, which says what is missing) says when a reserved pod
-  can be let go: every instance reserved for it exists
-  (the agent reports it with a UUID) and the Node advertises enough of each resource for it after
-  the pods bound to the node and the pods already let go there (kube-scheduler's own count, so
-  the pod binds at once instead of waiting out the scheduler's back-off);
+- :func:`to_control` reads the cluster for the loop's step (:func:`control.reconcile`, which
+  decides when a reserved pod is let go): what each reservation still waits for on its node
+  (:func:`missing`: every instance made, the agent reporting it with a UUID), what it asks of
+  the node's advertised resources (:func:`asks`) and what bound pods and pods already let go
+  take of them (:func:`taken`, kube-scheduler's own count, so the pod binds at once instead of
+  waiting out the scheduler's back-off);
 - :func:`pin_patch` narrows a gated pod's required node affinity to that node and removes the
   gate (a JSON patch; narrowing is what the API allows on a gated pod); :func:`ungate_patch`
   removes the gate alone (for a pod no plan can serve, so kube-scheduler reports it too).
@@ -29,7 +30,7 @@ from typing import Any
 
 from migpilot.api import gpulayouts
 from migpilot.controller import observing
-from migpilot.planning import plans, snapshot
+from migpilot.planning import control, plans, snapshot
 
 Patch = list[dict[str, Any]]
 """A JSON patch (RFC 6902)."""
@@ -90,69 +91,106 @@ def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpula
     )
 
 
+def to_control(observed: observing.Observed, *, changed: bool) -> control.Observed:
+    """The cluster as the loop's step reads it (:func:`control.reconcile`): the snapshot, each
+    live reservation with what it still waits for, what each node advertises and what is taken
+    of it, the waiting pods' pins and static nodes, the unservable pods and the stale nodes."""
+    statics = any(n.static for n in observed.nodes.values())
+    pending: dict[str, control.Pending] = {}
+    for pod in observed.snapshot.pods:
+        view = observed.pods.get(pod.key)
+        if view is None:
+            continue
+        static = observing.static_fit(observed, view) if statics else None
+        pinned = pinned_to(view)
+        if not view.gated_by_us or pinned is not None or static is not None:
+            pending[pod.key] = control.Pending(view.gated_by_us, pinned, static)
+    return control.Observed(
+        snapshot=observed.snapshot,
+        reserved={key: _reserved(observed, key) for key in observed.reservations},
+        advertised={name: n.allocatable for name, n in observed.nodes.items()},
+        taken=taken(observed),
+        pending=pending,
+        unservable={
+            key: view.problem
+            for key, view in observed.pods.items()
+            if view.problem is not None and view.waiting and view.ignored is None
+        },
+        stale=observed.stale,
+        changed=changed,
+        whole={n.name: _whole(observed.nodes[n.name]) for n in observed.snapshot.nodes},
+    )
+
+
+def _whole(node: observing.NodeView) -> snapshot.Resources | None:
+    """The node's whole CPU and memory, as :func:`control.never_runs` sees it empty."""
+    cpu, mem = node.allocatable.get("cpu"), node.allocatable.get("memory")
+    if cpu is None and mem is None:
+        return None
+    return snapshot.Resources(cpu if cpu is not None else 2**62, mem if mem is not None else 2**62)
+
+
+def _reserved(observed: observing.Observed, key: str) -> control.Reserved:
+    r = observed.reservations[key]
+    view = observed.pods[key]
+    group = None
+    allocating = False
+    if view.unified:
+        group = signature(observed, key)
+        layout = observed.layouts.get(r.node)
+        allocating = (
+            not view.gated_by_us and layout is not None and not gpulayouts.allocated(layout, key)
+        )
+    return control.Reserved(
+        pod=key,
+        node=r.node,
+        gated=view.gated_by_us,
+        made=made(observed, key),
+        missing=missing(observed, key),
+        asks=asks(view),
+        pinned_there=not view.gated_by_us and pinned_to(view) == r.node,
+        stolen=stolen(observed, key),
+        group=group,
+        allocating=allocating,
+    )
+
+
+def asks(view: observing.PodView) -> tuple[tuple[str, int], ...]:
+    """What kube-scheduler counts of a node's resources for the pod: MIG instances by
+    resource (``nvidia.com/mig-1g.10gb``), MPS slices by resource (``nvidia.com/gpu-10gb``),
+    and a unified pod's ``nvidia.com/gpu`` devices."""
+    out = [(snapshot.resource_name(p), n) for p, n in sorted(view.mig.items())]
+    out += sorted(view.mps.items())
+    if view.unified:
+        out.append((gpulayouts.UNIFIED_RESOURCE, view.gpus))
+    return tuple(out)
+
+
 def taken(observed: observing.Observed) -> dict[str, Counter[str]]:
-    """Per node, what kube-scheduler counts as taken or about to be: MIG instances by profile,
-    MPS slices by resource (``nvidia.com/gpu-10gb``), and ``nvidia.com/gpu`` devices (key
-    :data:`gpulayouts.UNIFIED_RESOURCE`) of unified pods, of the pods bound there and of the
-    reserved pods already let go (not gated)."""
-    out = {node: Counter(c) for node, c in observed.bound.items()}
+    """Per node, what kube-scheduler counts as taken or about to be, by resource (see
+    :func:`asks`): of the pods bound there and of the reserved pods already let go (not
+    gated)."""
+    out: dict[str, Counter[str]] = {}
+    for node, c in observed.bound.items():
+        out[node] = Counter({snapshot.resource_name(p): n for p, n in c.items()})
     for node, gpus in observed.bound_gpus.items():
         out.setdefault(node, Counter())[gpulayouts.UNIFIED_RESOURCE] += gpus
     for r in observed.reservations.values():
         view = observed.pods.get(r.pod)
         if view is not None and not view.gated_by_us and view.node is None:
-            _count(out.setdefault(r.node, Counter()), view)
+            out.setdefault(r.node, Counter()).update(dict(asks(view)))
     return out
-
-
-def _count(counter: Counter[str], view: observing.PodView) -> None:
-    """Add what a pod takes of a node's resources to ``counter``."""
-    counter.update(view.mig)
-    counter.update(view.mps)
-    if view.unified:
-        counter[gpulayouts.UNIFIED_RESOURCE] += view.gpus
-
-
-def held_back(
-    observed: observing.Observed, pod_key: str, *, others: Mapping[str, tuple[object, ...]]
-) -> str | None:
-    """Why the unified pod ``pod_key`` may not be let go to its node yet, or ``None``.
-
-    The kubelet's Allocate does not say which pod it serves; the agent's device plugin answers
-    for the pod being admitted (``docs/unified.md``). That answer is right whenever the unified
-    pods let go to a node and not yet allocated ask alike: then any of them may take any one's
-    instances. So a unified pod waits while another, asking differently, is let go to the same
-    node and not allocated. ``others``: those pods (key -> :func:`signature`), the caller's
-    running account of the node."""
-    mine = signature(observed, pod_key)
-    for key, theirs in sorted(others.items()):
-        if key != pod_key and theirs != mine:
-            return f"unified pod {key}, asking differently, to be allocated first"
-    return None
 
 
 def signature(observed: observing.Observed, pod_key: str) -> tuple[object, ...]:
     """A unified pod's asks, container by container, and the profiles (and MPS slice sizes)
-    reserved for it."""
+    reserved for it: pods with equal signatures are interchangeable for the kubelet's
+    Allocate."""
     view = observed.pods.get(pod_key)
     r = observed.reservations.get(pod_key)
     profiles = tuple(sorted(p for _, _, p in r.instances)) if r is not None else ()
     sizes = tuple(sorted(gb for _, _, gb in r.slices)) if r is not None else ()
     return (view.signature if view is not None else (), profiles, sizes)
-
-
-def unallocated(observed: observing.Observed) -> dict[str, dict[str, tuple[object, ...]]]:
-    """Per node, the unified pods let go there (pinned, or bound) whose Allocate has not yet
-    taken their instances, with their :func:`signature`."""
-    out: dict[str, dict[str, tuple[object, ...]]] = {}
-    for key, r in observed.reservations.items():
-        view = observed.pods.get(key)
-        if view is None or not view.unified or view.gated_by_us:
-            continue
-        layout = observed.layouts.get(r.node)
-        if layout is not None and not gpulayouts.allocated(layout, key):
-            out.setdefault(r.node, {})[key] = signature(observed, key)
-    return out
 
 
 def pinned_to(view: observing.PodView) -> str | None:
@@ -230,18 +268,11 @@ def stolen(observed: observing.Observed, pod_key: str) -> bool:
     return False
 
 
-def ready(observed: observing.Observed, pod_key: str) -> bool:
-    """Whether the reserved pod ``pod_key`` can be let go to kube-scheduler now."""
-    r = observed.reservations.get(pod_key)
-    held = taken(observed).get(r.node, Counter()) if r is not None else Counter()
-    return waiting_for(observed, pod_key, taken=held) is None
-
-
-def waiting_for(observed: observing.Observed, pod_key: str, *, taken: Counter[str]) -> str | None:
-    """What the reserved pod ``pod_key`` still waits for, or ``None`` when it is ready to be let
-    go: every instance reserved for it exists (the agent reports it with a UUID) and its node
-    advertises enough of each resource beyond ``taken`` (see :func:`taken`; the caller adds the
-    pods it lets go as it goes)."""
+def missing(observed: observing.Observed, pod_key: str) -> str | None:
+    """What the reserved pod ``pod_key`` waits for on its node before kube-scheduler's counts
+    matter, or ``None``: the node Ready and reported, every instance reserved for it made (the
+    agent reports it with a UUID), every slice served, and the counters a unified pod names
+    advertised."""
     r = observed.reservations.get(pod_key)
     if r is None:
         return "no reservation"
@@ -249,10 +280,10 @@ def waiting_for(observed: observing.Observed, pod_key: str, *, taken: Counter[st
     node = observed.nodes.get(r.node)
     if layout is None or layout.status is None or node is None or not node.ready:
         return f"node {r.node} to be Ready and reported"
-    made = _existing(layout)
-    missing = [i for i in r.instances if i not in made]
-    if missing:
-        gpu, start, profile = missing[0]
+    have = _existing(layout)
+    absent = [i for i in r.instances if i not in have]
+    if absent:
+        gpu, start, profile = absent[0]
         return f"{profile} at GPU {gpu} start {start} on {r.node} to be created"
     served = _served_slices(layout)
     unserved = [sl for sl in r.slices if sl not in served]
@@ -260,15 +291,6 @@ def waiting_for(observed: observing.Observed, pod_key: str, *, taken: Counter[st
         gpu, ident, gb = unserved[0]
         return f"MPS slice {ident} ({gb} GB) of GPU {gpu} on {r.node} to be served"
     view = observed.pods[pod_key]
-    wants = [(snapshot.resource_name(p), p, n) for p, n in sorted(view.mig.items())]
-    wants += [(name, name, n) for name, n in sorted(view.mps.items())]
-    if view.unified:
-        pool = gpulayouts.UNIFIED_RESOURCE
-        wants.append((pool, pool, view.gpus))
-    for name, key, n in wants:
-        have = node.allocatable.get(name, 0)
-        if have - taken[key] < n:
-            return f"node {r.node} to advertise {name} (allocatable {have}, taken {taken[key]})"
     for counter in view.counters:
         if counter not in node.allocatable:
             return f"node {r.node} to advertise {counter} (its agent writes it)"

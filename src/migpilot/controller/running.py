@@ -1,16 +1,21 @@
 """The controller's loop: watch the cluster, plan the waiting MIG pods, reserve, pin, release.
 
-Why it exists: this is the one place that turns the pure rules into API calls. Per wake-up:
+Why it exists: this is the one place that turns the loop's decisions into API calls. The
+rules are not here: they are :func:`control.reconcile`, the step the simulator runs too. Per
+wake-up:
 
 1. **observe** the cluster from the watched Pods, Nodes and GpuLayouts
-   (:func:`observing.observe`);
-2. **record** a Warning on pods whose MIG request is bad, and let them go to kube-scheduler;
-3. **release** reservations whose pods are gone, done or bound (spec rewritten without them);
-4. **pin** each reserved pod whose instances exist and whose node advertises them: narrow its
-   node affinity to that node and remove its gate (:mod:`pinning`), so kube-scheduler binds it;
-5. **plan** when the batch window is over (:func:`control.decide`, the simulator's own rule)
-   with the fast planner in a worker thread, and write each changed node's GpuLayout spec with
-   server-side apply, reserving the chosen instances for their pods.
+   (:func:`observing.observe`, then :func:`pinning.to_control`);
+2. **decide**: one :func:`control.reconcile` in a worker thread (it plans with the fast planner
+   when the batch window is over);
+3. **write** what it decided, in order: a Warning on pods that can never be served, let go to
+   kube-scheduler; reservations released (pods gone, done or bound) and expired (specs
+   rewritten without them); reserved pods pinned (node affinity narrowed to their node, gate
+   removed: :mod:`pinning`), so kube-scheduler binds them; each changed node's GpuLayout spec
+   with server-side apply, reserving the chosen instances; an Event on each pod the plan left.
+
+Besides the step, the shell declines the pods migpilot leaves alone (another system's, or
+amounts it cannot read) and creates the GpuLayouts nodes lack.
 
 Restart-safe by construction: everything the controller knows lives in the API (reservations
 in the specs, pins in the pods), so a new controller, or this one after the API server comes
@@ -37,9 +42,8 @@ import datetime
 import functools
 import logging
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from migpilot import errors, gcpause, probes
@@ -176,8 +180,13 @@ class Controller:
         self._node_cache: observing.NodeCache = {}
         self._wake = asyncio.Event()
         self._changed = True
-        self._batch = control.Batch()
-        self._control = control.Settings(batch_window_s=settings.batch_window_s)
+        self._memory = control.Memory()
+        self._wake_at: float | None = None
+        """When the last step said the next would decide something with nothing changed."""
+        self._control = control.Settings(
+            batch_window_s=settings.batch_window_s,
+            reservation_timeout_s=settings.reservation_timeout_s,
+        )
         self.leading = False
         self._lease_until = 0.0
         self._observed: leases.Observation | None = None
@@ -186,8 +195,6 @@ class Controller:
         """The Lease as this controller last wrote it while holding it (given up on a clean
         stop); ``None`` once another holds it."""
         self._seen_waiting: dict[str, float] = {}
-        self._reserved_since: dict[tuple[str, str], float] = {}
-        self._made_since: dict[tuple[str, str], float] = {}
         self._said: dict[str, tuple[str, str]] = {}
         self._node_said: dict[str, str] = {}
         self._writes = asyncio.Semaphore(settings.writers)
@@ -437,8 +444,8 @@ class Controller:
                 self.heartbeat.beat()
                 self._revive(tasks, makers)
                 timeout = self.settings.resync_s
-                if self._batch.due is not None:
-                    timeout = max(0.0, min(timeout, self._batch.due - self._clock()))
+                if self._wake_at is not None:
+                    timeout = max(0.0, min(timeout, self._wake_at - self._clock()))
                 waker = asyncio.create_task(self._wake.wait())
                 await asyncio.wait(
                     {waker, stopper, *tasks.values()},
@@ -540,35 +547,37 @@ class Controller:
     async def _step(self) -> None:
         observed = self.observe()
         now = self._clock()
-        if self._changed:
-            self._changed = False
-            self._batch = control.changed(
-                self._batch,
-                now=now,
-                waiting=bool(observed.snapshot.pods),
-                settings=self._control,
-            )
+        changed, self._changed = self._changed, False
         self._gauge(observed)
         self._warn_broken(observed)
         await self._ensure_layouts(observed)
-        await self._refuse_bad(observed)
-        await self._release(observed)
-        await self._pin(observed)
-        if not control.is_due(self._batch, now=now):
-            return
-        started = time.perf_counter()
+        await self._decline(observed)
+        timed: list[float] = []
         decision = await asyncio.to_thread(
-            control.decide, observed.snapshot, self._batch, now=now, planner=_plan_fast
+            control.reconcile,
+            pinning.to_control(observed, changed=changed),
+            self._memory,
+            now=now,
+            settings=self._control,
+            planner=functools.partial(_plan_timed, timed),
         )
-        self._batch = decision.batch
-        if decision.plan is None:
+        self._memory, self._wake_at = decision.memory, decision.wake_at
+        for judged in decision.refused:
+            await self._refuse(judged.pod, judged.reason)
+        await self._release(observed, decision.release)
+        if decision.expired:
+            await self._expire(observed, decision.expired)
+        for w in decision.waits:
+            _log.debug("pod %s waits for %s", w.pod, w.why, extra={"pod": w.pod, "node": w.node})
+        await asyncio.gather(*(self._pin_one(k, observed.nodes[n]) for k, n in decision.pins))
+        plan = decision.plan
+        if plan is None:
             return
         if not self._acting():
             return  # the plan took past the renew deadline: written by no one, not counted
         self.plans += 1
-        seconds = time.perf_counter() - started
+        seconds = sum(timed)
         self.metrics.plan_seconds.observe(seconds)
-        plan = decision.plan
         _log.info(
             "plan %d: %d pods waiting, %d placed, %d GPUs changed, %d not placed%s (%.3f s)",
             self.plans,
@@ -581,7 +590,8 @@ class Controller:
             else "",
             seconds,
         )
-        await self._carry_out(observed, decision.plan)
+        await self._carry_out(observed, plan)
+        await self._judge(decision.judged)
 
     def _gauge_reasons(self) -> None:
         """Each pod not yet bound (nor done) under the reason of the last Event it got."""
@@ -712,9 +722,9 @@ class Controller:
             )
         )
 
-    async def _refuse_bad(self, observed: observing.Observed) -> None:
-        """Pods whose MIG request cannot be planned: a Warning, and let kube-scheduler say the
-        rest (they are never kept gated)."""
+    async def _decline(self, observed: observing.Observed) -> None:
+        """Pods migpilot leaves alone: another system's (told once), and pods whose amounts
+        cannot be read (a Warning, and the gate removed if migpilot set it)."""
         jobs = []
         for key, (doc, view) in self._store.pods.items():
             if view.other_mode is not None and not view.node and not view.done:
@@ -728,13 +738,8 @@ class Controller:
                     f"{unified.MIG_MODE!r} and {unified.MPS_MODE!r} only and leaves the pod to "
                     "the system serving it",
                 )
-            if view.ignored is not None:
-                if not view.done:
-                    jobs.append(self._ignore(key, doc, view, view.ignored))
-                continue
-            if view.problem is None or not view.waiting:
-                continue
-            jobs.append(self._refuse(key, doc, view, view.problem))
+            if view.ignored is not None and not view.done:
+                jobs.append(self._ignore(key, doc, view, view.ignored))
         await asyncio.gather(*jobs)
 
     async def _ignore(
@@ -749,16 +754,20 @@ class Controller:
         if view.waiting and view.gated_by_us:
             await self._patch_pod(key, pinning.ungate_patch(doc))
 
-    async def _refuse(
-        self, key: str, doc: Mapping[str, Any], view: observing.PodView, why: str
-    ) -> None:
+    async def _refuse(self, key: str, why: str) -> None:
+        """A pod that can never be served: a Warning, and let kube-scheduler say the rest (it
+        is never kept gated)."""
+        entry = self._store.pods.get(key)
+        if entry is None:
+            return
+        doc, view = entry
         await self._say(view, type_="Warning", reason="MigRequestUnservable", message=why)
         if view.gated_by_us:
             await self._patch_pod(key, pinning.ungate_patch(doc))
 
-    async def _release(self, observed: observing.Observed) -> None:
+    async def _release(self, observed: observing.Observed, nodes: Iterable[str]) -> None:
         jobs = []
-        for name in sorted(observed.stale):
+        for name in nodes:
             layout = observed.layouts[name]
             # Only the reservations live on this node: a pod reserved on two nodes keeps one.
             live = frozenset(k for k, r in observed.reservations.items() if r.node == name)
@@ -767,96 +776,38 @@ class Controller:
                 jobs.append(self._write_spec(name, spec))
         await asyncio.gather(*jobs)
 
-    async def _pin(self, observed: observing.Observed) -> None:
-        jobs = []
-        now = self._clock()
-        # When each reservation was first seen, and first seen with its instances made. A
-        # reservation expires when its pod is still not bound reservation_timeout_s after its
-        # instances exist (capacity another pod took, a pin the scheduler cannot honour), or
-        # ten times that after it was made (an agent that never creates them).
-        keys = [(key, r.node) for key, r in observed.reservations.items()]
-        since = {k: self._reserved_since.get(k, now) for k in keys}
-        made_since = {
-            k: self._made_since.get(k, now)
-            for k in keys
-            if k in self._made_since or pinning.made(observed, k[0])
-        }
-        self._reserved_since, self._made_since = since, made_since
-        limit = self.settings.reservation_timeout_s
-        # A pod already pinned to its node keeps its reservation however long kube-scheduler
-        # takes: it can be bound nowhere else, and the instances freed would go to other pods.
-        # Unless another pod took what it reserves (one kube-scheduler bound there on its own):
-        # then the reservation can never be honoured and is dropped at once.
-        stolen = {key for key, _ in keys if pinning.stolen(observed, key)}
-        expired = stolen | {
-            key
-            for key, node in keys
-            if (
-                now - made_since.get((key, node), now) > limit
-                or now - since[(key, node)] > 10 * limit
-            )
-            and not _pinned_there(observed, key, node)
-        }
-        if expired:
-            await self._expire(observed, expired, stolen=stolen)
-        held = pinning.taken(observed)
-        allocating = pinning.unallocated(observed)
-        for key, r in sorted(observed.reservations.items()):
-            entry = self._store.pods.get(key)
-            if entry is None or not entry[1].gated_by_us or key in expired:
-                continue
-            view = entry[1]
-            node_taken = held.setdefault(r.node, Counter())
-            why = pinning.waiting_for(observed, key, taken=node_taken)
-            if why is None and view.unified:
-                why = pinning.held_back(observed, key, others=allocating.get(r.node, {}))
-            if why is not None:
-                if now - since[(key, r.node)] > 5.0:
-                    _log.debug("pod %s waits for %s", key, why, extra={"pod": key})
-                continue
-            node_taken.update(view.mig)
-            if view.unified:
-                node_taken[gpulayouts.UNIFIED_RESOURCE] += view.gpus
-                allocating.setdefault(r.node, {})[key] = pinning.signature(observed, key)
-            jobs.append(self._pin_one(key, entry[0], observed.nodes[r.node]))
-        await asyncio.gather(*jobs)
-
     async def _expire(
-        self, observed: observing.Observed, expired: set[str], *, stolen: set[str] | None = None
+        self, observed: observing.Observed, expired: Sequence[control.Expiry]
     ) -> None:
-        """Drop reservations that waited too long (or whose instances ``stolen`` by pods bound
-        without migpilot), so their pods are planned again."""
-        live = frozenset(observed.reservations) - expired
-        nodes = sorted({observed.reservations[k].node for k in expired})
-        for name in nodes:
+        """Drop the reservations the step let expire, node by node, so their pods are planned
+        again."""
+        live = frozenset(observed.reservations) - {e.pod for e in expired}
+        for name in sorted({e.node for e in expired}):
             layout = observed.layouts[name]
             spec = pinning.without_stale(layout.spec, live=live)
-            if await self._write_spec(name, spec):
-                for key in sorted(expired):
-                    if observed.reservations[key].node == name:
-                        self._reserved_since.pop((key, name), None)
-                        self._made_since.pop((key, name), None)
-                        _log.warning(
-                            "reservation of %s on %s expired: planning again",
-                            key,
-                            name,
-                            extra={"pod": key, "node": name},
-                        )
-                        view = observed.pods[key]
-                        message = (
-                            f"its instances on node {name} were taken by a pod bound there "
-                            "without migpilot (created ungated); planning again"
-                            if stolen and key in stolen
-                            else f"its instances on node {name} were not usable in time "
-                            f"(reservation timeout {self.settings.reservation_timeout_s:g} s); "
-                            "planning again"
-                        )
-                        await self._say(
-                            view, type_="Warning", reason="MigReservationExpired", message=message
-                        )
+            if not await self._write_spec(name, spec):
+                continue
+            for e in expired:
+                if e.node != name:
+                    continue
+                _log.warning(
+                    "reservation of %s on %s expired: planning again",
+                    e.pod,
+                    name,
+                    extra={"pod": e.pod, "node": name},
+                )
+                await self._say(
+                    observed.pods[e.pod],
+                    type_="Warning",
+                    reason="MigReservationExpired",
+                    message=e.message,
+                )
 
-    async def _pin_one(self, key: str, doc: Mapping[str, Any], node: observing.NodeView) -> None:
-        if await self._patch_pod(key, pinning.pin_patch(doc, node)):
+    async def _pin_one(self, key: str, node: observing.NodeView) -> None:
+        entry = self._store.pods.get(key)
+        if entry is None:
+            return
+        if await self._patch_pod(key, pinning.pin_patch(entry[0], node)):
             _log.info("pod %s pinned to %s", key, node.name, extra={"pod": key, "node": node.name})
 
     async def _carry_out(self, observed: observing.Observed, plan: plans.Plan) -> None:
@@ -905,7 +856,6 @@ class Controller:
                 )
             )
         await asyncio.gather(*writes)
-        await self._tell_unplaced(observed, plan)
 
     async def _write_and_tell(
         self,
@@ -952,30 +902,20 @@ class Controller:
                 message=f"reserved on node {name}: {where}; waiting for the instances",
             )  # fmt: skip
 
-    async def _tell_unplaced(self, observed: observing.Observed, plan: plans.Plan) -> None:
-        empty = _emptied(observed)
+    async def _judge(self, judged: Sequence[control.Judged]) -> None:
+        """Each pod the plan left: let go to a static node, refused, or told why it waits."""
         jobs = []
-        for u in plan.unschedulable:
-            entry = self._store.pods.get(u.pod)
+        for j in judged:
+            entry = self._store.pods.get(j.pod)
             if entry is None:
                 continue
             doc, view = entry
-            pod = view.pod
-            never = control.never_runs(pod, empty) if pod is not None and empty else None
-            static = observing.static_fit(observed, view)
-            if static is not None and view.gated_by_us:
-                jobs.append(self._let_go(u.pod, doc, view, f"node {static} has free instances"))
-            elif never is not None:
-                jobs.append(self._refuse(u.pod, doc, view, f"can never run: {never}"))
+            if j.verdict is control.Verdict.LET_GO:
+                jobs.append(self._let_go(j.pod, doc, view, j.reason))
+            elif j.verdict is control.Verdict.REFUSE:
+                jobs.append(self._refuse(j.pod, j.reason))
             else:
-                pinned = pinning.pinned_to(view)
-                why = (
-                    f"pinned to node {pinned}, where it can only run, once there is room: "
-                    f"{u.reason}"
-                    if pinned is not None
-                    else u.reason
-                )
-                jobs.append(self._say(view, type_="Normal", reason="MigWaiting", message=why))
+                jobs.append(self._say(view, type_="Normal", reason="MigWaiting", message=j.reason))
         await asyncio.gather(*jobs)
 
     async def _let_go(
@@ -1038,35 +978,17 @@ def _meta_of(key: str) -> dict[str, str]:
     return {"name": key}
 
 
-def _pinned_there(observed: observing.Observed, key: str, node: str) -> bool:
-    view = observed.pods.get(key)
-    return view is not None and not view.gated_by_us and pinning.pinned_to(view) == node
-
-
-def _emptied(observed: observing.Observed) -> tuple[snapshot.Node, ...]:
-    """The planned nodes as they would be empty (whole CPU and memory, no instances)."""
-    out = []
-    for n in observed.snapshot.nodes:
-        view = observed.nodes[n.name]
-        cpu, mem = view.allocatable.get("cpu"), view.allocatable.get("memory")
-        alloc = (
-            snapshot.Resources(cpu if cpu is not None else 2**62, mem if mem is not None else 2**62)
-            if cpu is not None or mem is not None
-            else None
-        )
-        out.append(
-            replace(
-                n,
-                allocatable=alloc,
-                gpus=tuple(snapshot.Gpu(g.index, g.model, ()) for g in n.gpus),
-            )
-        )
-    return tuple(out)
-
-
 def _plan_fast(snap: snapshot.Snapshot) -> plans.Plan:
     with gcpause.paused():
         return fast.plan(snap, options.Options())
+
+
+def _plan_timed(seconds: list[float], snap: snapshot.Snapshot) -> plans.Plan:
+    """:func:`_plan_fast`, its time added to ``seconds`` (the loop's plan-time histogram)."""
+    started = time.perf_counter()
+    plan = _plan_fast(snap)
+    seconds.append(time.perf_counter() - started)
+    return plan
 
 
 async def _sleep(seconds: float, stop: asyncio.Event) -> None:

@@ -1,7 +1,12 @@
 """The control loop's rules, as one pure step shared by the simulator and the controller.
 
 Why it exists: the simulator's figures are only the controller's figures if both run the same
-loop. The loop is small, and this module is all of it:
+loop. Every rule of the loop is here, and :func:`reconcile` is the one step that applies them:
+it takes what is observed (:class:`Observed`), what the loop remembers between steps
+(:class:`Memory`) and ``now``, and returns a :class:`Decision`. The controller
+(``controller/running.py``) only watches, builds the :class:`Observed` from its caches, calls
+it, and writes what it decided; the simulator (``sim/simulating.py``) builds the same
+:class:`Observed` from its model and carries the decision out on its virtual clock. The rules:
 
 - **Batching.** Something changes (a pod arrives, an instance appears, a pod leaves):
   :func:`changed`. If pods wait and no plan is due, one becomes due ``batch_window_s`` later, so
@@ -11,10 +16,23 @@ loop. The loop is small, and this module is all of it:
 - **Reservations and actions in flight are in the snapshot.** A pod the last plan placed is not
   in the snapshot's pending pods again; the instances reserved for it, and the instances still
   being created for it, are in the snapshot as *used*: the planner can neither destroy them nor
-  give them away. Each caller builds its snapshot so (the simulator from its model, the
-  controller from the GpuLayouts' spec and status and the pods bound to each node).
-- **Never runnable.** :func:`never_runs` says why a pod could not run even with every GPU of the
-  cluster empty, so callers reject it with a reason instead of waiting forever.
+  give them away. Each caller builds its snapshot so.
+- **Releasing.** A reservation whose pod is gone, done or bound has served its purpose: the
+  nodes that still keep one are in :attr:`Decision.release`.
+- **Expiring.** A reservation expires when its pod is still not bound
+  ``reservation_timeout_s`` after its instances exist (capacity another pod took, a pin the
+  scheduler cannot honour), or ten times that after it was made (instances that never appear);
+  at once when another pod took what it reserves (*stolen*). A pod let go with its node
+  affinity naming its node keeps its reservation however long kube-scheduler takes, unless
+  stolen. Its pod is planned again.
+- **Pinning.** Reserved pods are let go to kube-scheduler, pinned to their node, in the order
+  of their keys, once every instance is made and the node advertises enough of each resource
+  beyond what bound pods and pods let go before take; a unified pod also waits while another,
+  asking differently, is let go there and not yet allocated (``docs/unified.md``).
+- **Refusing.** A pod whose request cannot be served is refused with the reason; a pod the
+  plan leaves unplaced is let go to a statically laid out node with free instances for it,
+  refused when it could never run (:func:`never_runs`), and otherwise waits, with the
+  planner's reason.
 
 Pure core: no clock (``now`` is an argument), no I/O. May import :mod:`migpilot.mig`, this
 package and :mod:`migpilot.errors`.
@@ -22,9 +40,13 @@ package and :mod:`migpilot.errors`.
 
 from __future__ import annotations
 
+import enum
 import functools
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
@@ -41,11 +63,23 @@ class Settings:
     batch_window_s: float = 0.25
     """Seconds from the first change with pods waiting to the plan that serves them. Default
     0.25 in the controller; the simulator passes its own (1 s by default)."""
+    reservation_timeout_s: float = 60.0
+    """Seconds a reservation may wait, once its instances exist, for its pod to be bound before
+    it expires and the pod is planned again; ten times that for instances that never appear.
+    Default 60."""
+    wait_log_s: float = 5.0
+    """Seconds a reservation waits to be let go before :attr:`Decision.waits` names it (for the
+    logs). Default 5."""
 
     def __post_init__(self) -> None:
         if not self.batch_window_s >= 0:
             raise errors.MigpilotError(
                 f"the batch window must be 0 seconds or more, got {self.batch_window_s}"
+            )
+        if not self.reservation_timeout_s > 0 or math.isinf(self.reservation_timeout_s):
+            raise errors.MigpilotError(
+                "the reservation timeout must be a finite number of seconds over 0, got "
+                f"{self.reservation_timeout_s}"
             )
 
 
@@ -60,11 +94,11 @@ class Batch:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
-    """What one step decided."""
+class Planned:
+    """What :func:`decide` decided."""
 
     batch: Batch
-    """The loop's state after the step."""
+    """The batch after the step."""
     plan: plans.Plan | None
     """The plan to carry out, or ``None`` when there was nothing to plan."""
 
@@ -83,7 +117,7 @@ def is_due(batch: Batch, *, now: float) -> bool:
     return batch.due is not None and now >= batch.due
 
 
-def decide(snap: snapshot.Snapshot, batch: Batch, *, now: float, planner: Planner) -> Decision:
+def decide(snap: snapshot.Snapshot, batch: Batch, *, now: float, planner: Planner) -> Planned:
     """The step at a due time: plan ``snap`` when pods wait and something changed since the last
     plan; either way no plan is due any more until the next :func:`changed`.
 
@@ -91,10 +125,10 @@ def decide(snap: snapshot.Snapshot, batch: Batch, *, now: float, planner: Planne
     in-flight instance as used. A step before the due time changes nothing.
     """
     if not is_due(batch, now=now):
-        return Decision(batch, None)
+        return Planned(batch, None)
     if not snap.pods or not batch.dirty:
-        return Decision(Batch(due=None, dirty=batch.dirty), None)
-    return Decision(Batch(due=None, dirty=False), planner(snap))
+        return Planned(Batch(due=None, dirty=batch.dirty), None)
+    return Planned(Batch(due=None, dirty=False), planner(snap))
 
 
 # --------------------------------------------------------------------------- never runnable
@@ -176,3 +210,353 @@ def never_runs(pod: snapshot.Pod, nodes: Sequence[snapshot.Node]) -> str | None:
     if not room:
         return "no node's GPUs could hold its instances even empty"
     return "no node that could hold its instances has the CPU and memory it asks for"
+
+
+# --------------------------------------------------------------------------- the step
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """A live reservation as the loop reads it: a pod a plan placed on a node, whose instances
+    (and MPS slices) are kept for it until it is bound."""
+
+    pod: str
+    """``namespace/name``."""
+    node: str
+    gated: bool
+    """Still held back by migpilot (not yet let go to kube-scheduler)."""
+    made: bool
+    """Every instance and slice it reserves exists."""
+    missing: str | None
+    """What must still happen on the node before the pod can be let go (an instance created, a
+    slice served, the node Ready and reported), ``None`` once nothing."""
+    asks: tuple[tuple[str, int], ...]
+    """What kube-scheduler will count against the node's advertised resources: (resource, n),
+    ``nvidia.com/mig-1g.10gb`` and the like."""
+    pinned_there: bool = False
+    """Let go with its required node affinity naming this node: it can be bound nowhere else,
+    so its reservation outlives any wait."""
+    stolen: bool = False
+    """Another pod is using an instance or slice it reserves (one bound there without
+    migpilot): the reservation can never be honoured as it stands."""
+    group: tuple[object, ...] | None = None
+    """A unified pod's asks and reserved profiles (pods with equal groups are interchangeable
+    for the kubelet's Allocate); ``None`` for any other pod."""
+    allocating: bool = False
+    """A unified pod let go and not yet allocated by its node's device plugin."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A pod waiting without a reservation, beyond what the planner reads of it."""
+
+    gated: bool = True
+    """Held back by migpilot alone (it may be let go or refused); ``False``: kube-scheduler
+    already gave up on it (Unschedulable, no gate)."""
+    pinned: str | None = None
+    """The node its required node affinity confines it to, ``None`` for none."""
+    static: str | None = None
+    """A statically laid out node with free instances for it now, ``None`` for none."""
+
+
+Whole = Mapping[str, snapshot.Resources | None]
+"""Per node, its whole CPU and memory."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What one step reads, from the controller's watches or the simulator's model."""
+
+    snapshot: snapshot.Snapshot
+    """The planned nodes (reserved and in-flight instances *used*) and the pods waiting without
+    a reservation."""
+    reserved: Mapping[str, Reserved] = field(default_factory=dict)
+    """Live reservations by pod."""
+    advertised: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Per node, each resource the node advertises (its allocatable)."""
+    taken: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Per node, what kube-scheduler counts as taken of each resource: by the pods bound there
+    and by reserved pods already let go there, not yet bound."""
+    pending: Mapping[str, Pending] = field(default_factory=dict)
+    """The waiting pods' extras, by key; a pod not named is gated, not pinned, with no static
+    node."""
+    unservable: Mapping[str, str] = field(default_factory=dict)
+    """Waiting pods whose request can never be planned (a bad resource name, an unsupported
+    affinity), and why."""
+    stale: frozenset[str] = frozenset()
+    """Nodes that keep a reservation for a pod gone, done or bound."""
+    changed: bool = True
+    """Something changed since the last step."""
+    whole: Whole = field(default_factory=dict)
+    """Per node, its whole CPU and memory (``None``: not constrained), for :func:`never_runs`,
+    which sees the nodes empty; a node not named has its :attr:`~snapshot.Node.capacity`, else
+    its allocatable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """What the loop remembers from one step to the next."""
+
+    batch: Batch = Batch()
+    reserved_since: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    """When each reservation (pod, node) was first seen."""
+    made_since: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    """When each reservation was first seen with its instances made."""
+
+
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """A reservation dropped: its pod is planned again."""
+
+    pod: str
+    node: str
+    stolen: bool
+    message: str
+    """Why, for the pod's Warning event (``MigReservationExpired``)."""
+
+
+class Verdict(enum.StrEnum):
+    """What happens to a pod the loop will not place now."""
+
+    WAIT = "wait"
+    """It waits for room (Event ``MigWaiting``)."""
+    REFUSE = "refuse"
+    """It can never be served: let go, with a Warning (``MigRequestUnservable``), so
+    kube-scheduler says the rest."""
+    LET_GO = "let-go"
+    """A statically laid out node has free instances for it: let go (``MigStaticLayout``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """One pod's :class:`Verdict` and its reason."""
+
+    pod: str
+    verdict: Verdict
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A reserved pod not let go for a while, and what it waits for (for the logs)."""
+
+    pod: str
+    node: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one :func:`reconcile` step decided, in the order the caller carries it out:
+    refuse, release, expire, pin, then carry out the plan and judge the pods it left."""
+
+    memory: Memory
+    """What the loop remembers for the next step."""
+    refused: tuple[Judged, ...] = ()
+    """Waiting pods whose request can never be served (all :attr:`Verdict.REFUSE`)."""
+    release: tuple[str, ...] = ()
+    """Nodes whose reservations for pods gone, done or bound are dropped."""
+    expired: tuple[Expiry, ...] = ()
+    pins: tuple[tuple[str, str], ...] = ()
+    """(pod, node): reserved pods to let go, pinned to their node, in this order."""
+    waits: tuple[Waiting, ...] = ()
+    plan: plans.Plan | None = None
+    """The plan to carry out, ``None`` when none was due or nothing waited."""
+    judged: tuple[Judged, ...] = ()
+    """The pods the plan left unplaced, each with its verdict."""
+    wake_at: float | None = None
+    """The earliest time a step would decide something with nothing else changed (a plan due, a
+    reservation expiring); ``None``: never."""
+
+
+def reconcile(
+    observed: Observed,
+    memory: Memory,
+    *,
+    now: float,
+    settings: Settings,
+    planner: Planner,
+) -> Decision:
+    """One step of the loop (see the module for the rules), at ``now``."""
+    batch = memory.batch
+    if observed.changed:
+        batch = changed(batch, now=now, waiting=bool(observed.snapshot.pods), settings=settings)
+    refused = tuple(
+        Judged(pod, Verdict.REFUSE, why) for pod, why in sorted(observed.unservable.items())
+    )
+    since, made_since = _ages(observed, memory, now=now)
+    expired = _expired(observed, since, made_since, now=now, settings=settings)
+    gone = {e.pod for e in expired}
+    pins, waits = _pins(observed, gone, since, now=now, settings=settings)
+    planned = decide(observed.snapshot, batch, now=now, planner=planner)
+    judged = _judge(observed, planned.plan) if planned.plan is not None else ()
+    kept = Memory(
+        batch=planned.batch,
+        reserved_since=MappingProxyType(since),
+        made_since=MappingProxyType(made_since),
+    )
+    return Decision(
+        memory=kept,
+        refused=refused,
+        release=tuple(sorted(observed.stale)),
+        expired=expired,
+        pins=pins,
+        waits=waits,
+        plan=planned.plan,
+        judged=judged,
+        wake_at=_wake_at(observed, kept, settings=settings),
+    )
+
+
+Ages = dict[tuple[str, str], float]
+
+
+def _ages(observed: Observed, memory: Memory, *, now: float) -> tuple[Ages, Ages]:
+    """When each live reservation was first seen, and first seen made (the memory kept for the
+    reservations still live; a new one starts now)."""
+    since: Ages = {}
+    made_since: Ages = {}
+    for key, r in observed.reserved.items():
+        k = (key, r.node)
+        since[k] = memory.reserved_since.get(k, now)
+        if k in memory.made_since:
+            made_since[k] = memory.made_since[k]
+        elif r.made:
+            made_since[k] = now
+    return since, made_since
+
+
+def _expired(
+    observed: Observed, since: Ages, made_since: Ages, *, now: float, settings: Settings
+) -> tuple[Expiry, ...]:
+    limit = settings.reservation_timeout_s
+    out: list[Expiry] = []
+    for key, r in sorted(observed.reserved.items()):
+        k = (key, r.node)
+        if r.stolen:
+            message = (
+                f"its instances on node {r.node} were taken by a pod bound there without "
+                "migpilot (created ungated); planning again"
+            )
+        elif not r.pinned_there and (
+            now - made_since.get(k, now) > limit or now - since[k] > 10 * limit
+        ):
+            message = (
+                f"its instances on node {r.node} were not usable in time (reservation timeout "
+                f"{limit:g} s); planning again"
+            )
+        else:
+            continue
+        out.append(Expiry(key, r.node, r.stolen, message))
+    return tuple(out)
+
+
+def _pins(
+    observed: Observed, gone: set[str], since: Ages, *, now: float, settings: Settings
+) -> tuple[tuple[tuple[str, str], ...], tuple[Waiting, ...]]:
+    pins: list[tuple[str, str]] = []
+    waits: list[Waiting] = []
+    for key, node, why in lets_go(observed, skip=frozenset(gone)):
+        if why is None:
+            pins.append((key, node))
+        elif now - since[(key, node)] > settings.wait_log_s:
+            waits.append(Waiting(key, node, why))
+    return tuple(pins), tuple(waits)
+
+
+def lets_go(
+    observed: Observed, *, skip: frozenset[str] = frozenset()
+) -> tuple[tuple[str, str, str | None], ...]:
+    """Every reservation still gated (but those in ``skip``), in the order of their keys, with
+    what it still waits for: ``None`` for one let go now. Each let go counts against its node's
+    advertised resources for the ones after it, as kube-scheduler will count it."""
+    taken: dict[str, Counter[str]] = {}
+    allocating: dict[str, dict[str, tuple[object, ...]]] = {}
+    for key, r in observed.reserved.items():
+        if r.allocating and r.group is not None:
+            allocating.setdefault(r.node, {})[key] = r.group
+    out: list[tuple[str, str, str | None]] = []
+    for key, r in sorted(observed.reserved.items()):
+        if not r.gated or key in skip:
+            continue
+        node_taken = taken.get(r.node)
+        if node_taken is None:
+            node_taken = taken[r.node] = Counter(observed.taken.get(r.node, {}))
+        why = r.missing or _short(r, observed.advertised.get(r.node, {}), node_taken)
+        if why is None and r.group is not None:
+            why = _held_back(key, r.group, allocating.get(r.node, {}))
+        if why is None:
+            node_taken.update(dict(r.asks))
+            if r.group is not None:
+                allocating.setdefault(r.node, {})[key] = r.group
+        out.append((key, r.node, why))
+    return tuple(out)
+
+
+def _short(r: Reserved, advertised: Mapping[str, int], taken: Counter[str]) -> str | None:
+    """The first resource ``r``'s node does not yet advertise enough of beyond ``taken``."""
+    for name, n in r.asks:
+        have = advertised.get(name, 0)
+        if have - taken[name] < n:
+            return f"node {r.node} to advertise {name} (allocatable {have}, taken {taken[name]})"
+    return None
+
+
+def _held_back(
+    key: str, group: tuple[object, ...], others: Mapping[str, tuple[object, ...]]
+) -> str | None:
+    """Why the unified pod ``key`` may not be let go yet: the kubelet's Allocate does not say
+    which pod it serves, and the agent answers for the pod being admitted, which is right
+    whenever the unified pods let go to a node and not yet allocated ask alike. So it waits
+    while another, asking differently (``others``: those pods by key), is let go there."""
+    for other, theirs in sorted(others.items()):
+        if other != key and theirs != group:
+            return f"unified pod {other}, asking differently, to be allocated first"
+    return None
+
+
+def _judge(observed: Observed, plan: plans.Plan) -> tuple[Judged, ...]:
+    """A verdict for each pod ``plan`` left unplaced."""
+    if not plan.unschedulable:
+        return ()
+    empty = tuple(
+        replace(
+            n,
+            allocatable=observed.whole.get(n.name, n.capacity or n.allocatable),
+            gpus=tuple(snapshot.Gpu(g.index, g.model, ()) for g in n.gpus),
+        )
+        for n in observed.snapshot.nodes
+    )
+    pods = {p.key: p for p in observed.snapshot.pods}
+    out: list[Judged] = []
+    for u in plan.unschedulable:
+        extra = observed.pending.get(u.pod, Pending())
+        pod = pods.get(u.pod)
+        if extra.static is not None and extra.gated:
+            out.append(Judged(u.pod, Verdict.LET_GO, f"node {extra.static} has free instances"))
+            continue
+        never = never_runs(pod, empty) if pod is not None and empty else None
+        if never is not None:
+            out.append(Judged(u.pod, Verdict.REFUSE, f"can never run: {never}"))
+        elif extra.pinned is not None:
+            out.append(Judged(u.pod, Verdict.WAIT, (
+                f"pinned to node {extra.pinned}, where it can only run, once there is room: "
+                f"{u.reason}"
+            )))  # fmt: skip
+        else:
+            out.append(Judged(u.pod, Verdict.WAIT, u.reason))
+    return tuple(out)
+
+
+def _wake_at(observed: Observed, memory: Memory, *, settings: Settings) -> float | None:
+    """The earliest time a reservation expires or a plan is due, with nothing else changed."""
+    limit = settings.reservation_timeout_s
+    times = [memory.batch.due] if memory.batch.due is not None else []
+    for key, r in observed.reserved.items():
+        if r.pinned_there:
+            continue
+        k = (key, r.node)
+        times.append(math.nextafter(memory.reserved_since[k] + 10 * limit, math.inf))
+        if k in memory.made_since:
+            times.append(math.nextafter(memory.made_since[k] + limit, math.inf))
+    return min(times) if times else None
