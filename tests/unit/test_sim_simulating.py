@@ -172,9 +172,15 @@ def test_a_pod_no_node_can_run_is_rejected_with_a_reason() -> None:
     )
     reasons = {o.name: o.reason for o in result.outcomes}
     assert result.pods_rejected == 3
-    assert reasons["odd"] == "no GPU model in the cluster advertises all of nvidia.com/mig-1g.6gb"
-    assert "even with every GPU empty" in (reasons["big"] or "")
-    assert "even with every GPU empty" in (reasons["cpu"] or "")
+    # The controller's own words (control.never_runs), as its Warning event says them.
+    assert reasons["odd"] == (
+        "can never run: no GPU in the cluster advertises nvidia.com/mig-1g.6gb (only a30-24gb "
+        "offers it)"
+    )
+    assert reasons["big"] == "can never run: no node's GPUs could hold its instances even empty"
+    assert reasons["cpu"] == (
+        "can never run: no node that could hold its instances has the CPU and memory it asks for"
+    )
 
 
 @pytest.mark.parametrize("name", ["migpilot", "nos", "hami-template", "hami-placement", "static"])
@@ -196,7 +202,10 @@ def test_node_selectors_are_honoured(name: str) -> None:
     reasons = {o.name: o.reason for o in result.outcomes}
     assert all((where[f"h{i}"] or "").startswith("h100-80gb-") for i in range(6) if where[f"h{i}"])
     assert all(where[f"n{i}"] in (None, "a100-80gb-00") for i in range(3))
-    assert reasons["lost"] == "no node has the labels of its node selector (zone=nowhere)"
+    assert reasons["lost"] == (
+        "can never run: no GPU node admits it (nodeSelector zone=nowhere does not match (node "
+        "has missing))"
+    )
     if name != "static":  # all-balanced offers 1g and 2g instances: static serves them too
         assert all(where[f"h{i}"] for i in range(6))
 

@@ -361,7 +361,12 @@ class Decision:
     """(pod, node): reserved pods to let go, pinned to their node, in this order."""
     waits: tuple[Waiting, ...] = ()
     plan: plans.Plan | None = None
-    """The plan to carry out, ``None`` when none was due or nothing waited."""
+    """The plan to carry out, ``None`` when none was due or nothing waited. Placements the
+    planner made on a node without the CPU or memory their pod asks for are left out of it (a
+    baseline that models GPUs only): see :attr:`unfit`."""
+    unfit: tuple[str, ...] = ()
+    """Pods the planner placed on a node without their CPU or memory: not placed (kube-scheduler
+    could not bind them there), in :attr:`plan`'s unschedulable pods."""
     judged: tuple[Judged, ...] = ()
     """The pods the plan left unplaced, each with its verdict."""
     wake_at: float | None = None
@@ -389,7 +394,11 @@ def reconcile(
     gone = {e.pod for e in expired}
     pins, waits = _pins(observed, gone, since, now=now, settings=settings)
     planned = decide(observed.snapshot, batch, now=now, planner=planner)
-    judged = _judge(observed, planned.plan) if planned.plan is not None else ()
+    plan = planned.plan
+    unfit: tuple[str, ...] = ()
+    if plan is not None:
+        plan, unfit = _fitting(plan, observed.snapshot)
+    judged = _judge(observed, plan) if plan is not None else ()
     kept = Memory(
         batch=planned.batch,
         reserved_since=MappingProxyType(since),
@@ -402,7 +411,8 @@ def reconcile(
         expired=expired,
         pins=pins,
         waits=waits,
-        plan=planned.plan,
+        plan=plan,
+        unfit=unfit,
         judged=judged,
         wake_at=_wake_at(observed, kept, settings=settings),
     )
@@ -513,6 +523,36 @@ def _held_back(
         if other != key and theirs != group:
             return f"unified pod {other}, asking differently, to be allocated first"
     return None
+
+
+def _fitting(plan: plans.Plan, snap: snapshot.Snapshot) -> tuple[plans.Plan, tuple[str, ...]]:
+    """``plan`` without the placements on a node left without the CPU or memory of their pod
+    (counted in plan order against the node's allocatable), and those pods."""
+    left = {n.name: n.allocatable for n in snap.nodes}
+    pods = {p.key: p for p in snap.pods}
+    used: dict[str, tuple[int, int]] = {}
+    kept: list[plans.Placement] = []
+    unfit: list[plans.Unschedulable] = []
+    for placement in plan.placements:
+        alloc = left.get(placement.node)
+        pod = pods.get(placement.pod)
+        if alloc is None or pod is None:
+            kept.append(placement)
+            continue
+        cpu, mem = used.get(placement.node, (0, 0))
+        cpu, mem = cpu + pod.cpu_milli, mem + pod.memory_bytes
+        if cpu > alloc.cpu_milli or mem > alloc.memory_bytes:
+            unfit.append(plans.Unschedulable(placement.pod, (
+                f"the planner placed it on node {placement.node}, which lacks the CPU or memory "
+                "it asks for"
+            )))  # fmt: skip
+            continue
+        used[placement.node] = (cpu, mem)
+        kept.append(placement)
+    if not unfit:
+        return plan, ()
+    fitted = replace(plan, placements=tuple(kept), unschedulable=(*plan.unschedulable, *unfit))
+    return fitted, tuple(u.pod for u in unfit)
 
 
 def _judge(observed: Observed, plan: plans.Plan) -> tuple[Judged, ...]:

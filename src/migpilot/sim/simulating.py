@@ -37,6 +37,7 @@ default reads nothing and reports 0), no I/O, no randomness. May import :mod:`mi
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import heapq
@@ -49,7 +50,7 @@ from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import control, modes, plans, snapshot
+from migpilot.planning import constraints, control, modes, plans, snapshot
 from migpilot.planning import unified as unifying
 from migpilot.sim import clusters, policies, traces
 
@@ -82,6 +83,10 @@ class Timing:
     """From an instance existing to the scheduler seeing it (device plugin, kubelet). Default 1."""
     batch_window_s: float = 1.0
     """How long waiting pods are collected before the policy plans. Default 1."""
+    reservation_timeout_s: float = 60.0
+    """How long a reservation may wait for its pod to be bound once its instances exist (ten
+    times that before they exist) before it expires and the pod is planned again: the
+    controller's ``--reservation-timeout``. Default 60."""
     inflate_gap_s: float = 0.2
     """Inflate mode: time between two arrivals. Default 0.2."""
 
@@ -378,12 +383,13 @@ class _Pod:
 
 
 class _Kind(enum.IntEnum):
-    # Same-time order: instances appear and pods leave before arrivals are tried, plans last.
+    # Same-time order: instances appear and pods leave before arrivals are tried, the loop's
+    # own wake-ups (a plan due, a reservation expiring) last.
     VISIBLE = 0
-    BIND = 1
+    READY = 1
     DEPARTURE = 2
     ARRIVAL = 3
-    PLAN = 4
+    WAKE = 4
 
 
 @functools.lru_cache(maxsize=4096)
@@ -398,18 +404,6 @@ def _slices(demand: snapshot.Demand, model: profiles.GpuModel) -> int | None:
     if names is None:
         return None
     return sum(model.profile_named(n).compute_slices for n in names)
-
-
-def _fits_empty(demand: snapshot.Demand, model: profiles.GpuModel, gpus: int) -> bool:
-    """Whether the request could be placed on ``gpus`` empty GPUs of ``model``."""
-    names = snapshot.resolve_demand(demand, model)
-    return names is not None and control.fits_empty(names, model, gpus)
-
-
-def _selects(pod: _Pod, node: _Node) -> bool:
-    """Whether ``node`` has every label of the pod's node selector."""
-    labels = node.spec.labels
-    return all(labels.get(k) == v for k, v in pod.trace.node_selector)
 
 
 # --------------------------------------------------------------------------- the engine
@@ -447,8 +441,24 @@ class _Simulation:
         self.last_t = 0.0
         self.counts: Counter[PodState] = Counter()
         self.waiting: dict[str, _Pod] = {}
-        self.batch = control.Batch()
-        self.control = control.Settings(batch_window_s=settings.timing.batch_window_s)
+        self.waiting_pods: tuple[snapshot.Pod, ...] | None = None
+        """The waiting pods as the planner reads them, in queue order (``None``: to build)."""
+        self.empty_nodes: tuple[snapshot.Node, ...] | None = None
+        self.reserved: dict[str, _Pod] = {}
+        """Pods a plan reserved instances for, not yet bound, by key."""
+        self.gated = policy.planner is not None
+        """Pods go through the loop's step (:func:`control.reconcile`), as the webhook gates
+        them for the controller; without a planner (a static layout) kube-scheduler alone
+        places them as they come."""
+        self.memory = control.Memory()
+        self.dirty = False
+        """Something changed since the loop's last step."""
+        self.wake_due: float | None = None
+        """When the loop's last step asked to be woken (a WAKE event at another time is stale)."""
+        self.control = control.Settings(
+            batch_window_s=settings.timing.batch_window_s,
+            reservation_timeout_s=settings.timing.reservation_timeout_s,
+        )
         self.reconfigurations = 0
         self.destroyed = 0
         self.refused = 0
@@ -502,6 +512,8 @@ class _Simulation:
             t, kind, _, payload = heapq.heappop(self.events)
             if t > self.horizon:
                 break
+            if kind == _Kind.WAKE and t != self.wake_due:
+                continue  # a later step asked for another time: nothing to do, no time passes
             self._advance(t)
             if kind == _Kind.ARRIVAL:
                 assert isinstance(payload, _Pod)
@@ -509,17 +521,15 @@ class _Simulation:
                 seen += 1
                 if self.progress is not None and seen % step == 0:
                     self.progress(seen / arrivals)
-            elif kind == _Kind.BIND:
-                assert isinstance(payload, _Pod)
-                self._bind_reserved(payload)
             elif kind == _Kind.DEPARTURE:
                 assert isinstance(payload, _Pod)
                 self._depart(payload)
             elif kind == _Kind.VISIBLE:
                 assert isinstance(payload, tuple)
                 self._visible(*payload)
-            else:
-                self._plan()
+            # READY (a reserved pod's slices served) and WAKE only call for the step.
+            if self.gated:
+                self._step()
             self._check()
         end = self.now if self.settings.mode is Mode.INFLATE else self.horizon
         self._advance(max(end, self.now))
@@ -547,55 +557,39 @@ class _Simulation:
         pod.state = state
 
     def _touch(self) -> None:
-        """Something changed: plan again after a batch window if pods wait (the loop's rule,
-        :func:`control.changed`; a policy without a planner never plans)."""
-        if self.policy.planner is None:
-            return
-        due = self.batch.due
-        self.batch = control.changed(
-            self.batch, now=self.now, waiting=bool(self.waiting), settings=self.control
-        )
-        if self.batch.due is not None and due is None:
-            self._push(self.batch.due, _Kind.PLAN, None)
+        """Something changed: the loop's next step is told so (a policy without a planner has
+        no loop)."""
+        self.dirty = True
+
+    def _wait(self, pod: _Pod) -> None:
+        self.waiting[pod.trace.name] = pod
+        self.waiting_pods = None
+
+    def _unwait(self, pod: _Pod) -> None:
+        del self.waiting[pod.trace.name]
+        self.waiting_pods = None
 
     # -- the scheduler model
 
-    def _rejection(self, pod: _Pod) -> str | None:
-        offered = selected = False
-        for node in self.nodes:
-            if not _selects(pod, node):
-                continue
-            selected = True
-            model = node.spec.model
-            if node.mode is not modes.Mode.MIG:
-                if not _shared_serves(pod, node):
-                    continue
-            elif _needs(pod.trace.demand, model) is None:
-                continue
-            offered = True
-            alloc = node.spec.allocatable
-            if pod.trace.cpu_milli > alloc.cpu_milli or pod.trace.memory_bytes > alloc.memory_bytes:
-                continue
-            if node.mode is not modes.Mode.MIG or _fits_empty(
-                pod.trace.demand, model, node.spec.gpus
-            ):
-                return None
-        if not selected:
-            wanted = ", ".join(f"{k}={v}" for k, v in pod.trace.node_selector)
-            return f"no node has the labels of its node selector ({wanted})"
-        if not offered:
-            where = "the nodes it selects" if pod.trace.node_selector else "the cluster"
-            if pod.trace.unified is not None:
-                return f"no GPU model in {where} serves {pod.trace.unified.text()}"
-            wanted = ", ".join(snapshot.resource_name(r.profile) for r in pod.trace.mig)
-            return f"no GPU model in {where} advertises all of {wanted}"
-        return "no node could run it even with every GPU empty (GPUs, CPU or memory too small)"
+    def _emptied(self) -> tuple[snapshot.Node, ...]:
+        """The nodes as they would be empty, for :func:`control.never_runs`."""
+        if self.empty_nodes is None:
+            self.empty_nodes = tuple(
+                dataclasses.replace(
+                    self._node_snapshot(node),
+                    allocatable=node.spec.allocatable,
+                    gpus=tuple(snapshot.Gpu(g.index, g.model, ()) for g in node.gpus),
+                )
+                for node in self.nodes
+            )
+        return self.empty_nodes
 
     def _fit(self, pod: _Pod, node: _Node) -> bool:
+        """kube-scheduler's filter on free advertised instances (a static layout's pods)."""
         if node.mode is not modes.Mode.MIG:
             return False  # MPS slices and replicas are given by the planner, never scheduled
         need = _needs(pod.trace.demand, node.spec.model)
-        if need is None or not _selects(pod, node):
+        if need is None or constraints.rejection(self._node_snapshot(node), pod.spod):
             return False
         if pod.trace.cpu_milli > node.cpu_free or pod.trace.memory_bytes > node.mem_free:
             return False
@@ -641,7 +635,7 @@ class _Simulation:
             return
         for pod in sorted(self.waiting.values(), key=lambda p: p.index):
             if self._schedule(pod, (node,)):
-                del self.waiting[pod.trace.name]
+                self._unwait(pod)
 
     def _hold(self, pod: _Pod, node: _Node, insts: list[_Inst]) -> None:
         """Bind ``pod`` to free instances of ``node`` (the scheduler's own choice)."""
@@ -696,15 +690,20 @@ class _Simulation:
 
     def _arrive(self, pod: _Pod) -> None:
         self._set_state(pod, PodState.WAITING)
-        reason = self._rejection(pod)
-        if reason is not None:
-            pod.reason = reason
-            self._set_state(pod, PodState.REJECTED)
+        if self.gated:
+            self._wait(pod)  # gated: the loop's next plan serves it, or refuses it
+            self._touch()
             return
-        if self._schedule(pod, self.nodes):
+        reason = control.never_runs(pod.spod, self._emptied())
+        if reason is not None:  # the words the loop's step uses (Verdict.REFUSE)
+            self._reject(pod, f"can never run: {reason}")
             return
-        self.waiting[pod.trace.name] = pod
-        self._touch()
+        if not self._schedule(pod, self.nodes):
+            self._wait(pod)
+
+    def _reject(self, pod: _Pod, reason: str) -> None:
+        pod.reason = reason
+        self._set_state(pod, PodState.REJECTED)
 
     def _depart(self, pod: _Pod) -> None:
         node = pod.node
@@ -734,9 +733,11 @@ class _Simulation:
             node.cached = None
         node.cpu_free += pod.trace.cpu_milli
         node.mem_free += pod.trace.memory_bytes
+        node.cached = None
         self._set_state(pod, PodState.FINISHED)
         self._sample()
-        self._retry(node)
+        if not self.gated:
+            self._retry(node)
         self._touch()
 
     def _visible(self, gpu: _Gpu, inst: _Inst) -> None:
@@ -746,12 +747,16 @@ class _Simulation:
         if not inst.free:
             return
         gpu.node.free[inst.profile] += 1
-        self._retry(gpu.node)
+        if not self.gated:
+            self._retry(gpu.node)
         self._touch()
 
     def _bind_reserved(self, pod: _Pod) -> None:
+        """kube-scheduler binds a pod the loop let go, pinned to its node, to the instances
+        reserved for it (the node has them, and the CPU and memory were set aside)."""
         if pod.state is not PodState.RESERVED:
             raise InvariantViolation(f"{pod.trace.name} bound while {pod.state}")
+        del self.reserved[pod.spod.key]
         for inst in pod.insts:
             if inst.reserved_for is not pod or not inst.advertised:
                 raise InvariantViolation(f"{pod.trace.name} lost its reserved instance")
@@ -768,49 +773,148 @@ class _Simulation:
 
     # -- the policy
 
-    def _snapshot(self) -> snapshot.Snapshot:
-        nodes: list[snapshot.Node] = []
-        for node in self.nodes:
-            if node.cached is None:
-                gpus: list[snapshot.Gpu] = []
-                for gpu in node.gpus:
-                    if gpu.cached is None:
-                        gpu.cached = snapshot.Gpu(
-                            gpu.index,
-                            gpu.model,
-                            tuple(
-                                snapshot.ExistingInstance(i.profile, i.start, not i.free)
-                                for i in sorted(gpu.insts.values(), key=lambda i: i.start)
-                            ),
-                            mps=tuple(
-                                modes.MpsSlice(sl.id, sl.memory_gb, sl.cores, used=not sl.free)
-                                for sl in sorted(gpu.slices.values(), key=lambda sl: sl.id)
-                            ),
-                            replicas=node.spec.replicas,
-                            replicas_used=gpu.replicas_taken,
-                        )
-                    gpus.append(gpu.cached)
-                node.cached = snapshot.Node(
-                    name=node.spec.name,
-                    labels=node.spec.labels,
-                    taints=(),
-                    unschedulable=False,
-                    allocatable=snapshot.Resources(node.cpu_free, node.mem_free),
-                    gpus=tuple(gpus),
-                    capacity=node.spec.allocatable,
-                    mode=node.mode,
-                )
-            nodes.append(node.cached)
-        pods = tuple(p.spod for p in sorted(self.waiting.values(), key=lambda p: p.index))
-        return snapshot.Snapshot(nodes=tuple(nodes), pods=pods, policy=self.settings.scoring)
+    def _node_snapshot(self, node: _Node) -> snapshot.Node:
+        """The node as the planner reads it: every instance held, reserved or still being
+        created is *used* (cached until the node changes)."""
+        if node.cached is None:
+            gpus: list[snapshot.Gpu] = []
+            for gpu in node.gpus:
+                if gpu.cached is None:
+                    gpu.cached = snapshot.Gpu(
+                        gpu.index,
+                        gpu.model,
+                        tuple(
+                            snapshot.ExistingInstance(i.profile, i.start, not i.free)
+                            for i in sorted(gpu.insts.values(), key=lambda i: i.start)
+                        ),
+                        mps=tuple(
+                            modes.MpsSlice(sl.id, sl.memory_gb, sl.cores, used=not sl.free)
+                            for sl in sorted(gpu.slices.values(), key=lambda sl: sl.id)
+                        ),
+                        replicas=node.spec.replicas,
+                        replicas_used=gpu.replicas_taken,
+                    )
+                gpus.append(gpu.cached)
+            node.cached = snapshot.Node(
+                name=node.spec.name,
+                labels=node.spec.labels,
+                taints=(),
+                unschedulable=False,
+                allocatable=snapshot.Resources(node.cpu_free, node.mem_free),
+                gpus=tuple(gpus),
+                capacity=node.spec.allocatable,
+                mode=node.mode,
+            )
+        return node.cached
 
-    def _plan(self) -> None:
-        decision = control.decide(
-            self._snapshot(), self.batch, now=self.now, planner=self._run_planner
+    def _snapshot(self) -> snapshot.Snapshot:
+        if self.waiting_pods is None:
+            self.waiting_pods = tuple(
+                p.spod for p in sorted(self.waiting.values(), key=lambda p: p.index)
+            )
+        return snapshot.Snapshot(
+            nodes=tuple(self._node_snapshot(n) for n in self.nodes),
+            pods=self.waiting_pods,
+            policy=self.settings.scoring,
         )
-        self.batch = decision.batch
+
+    def _observed(self) -> control.Observed:
+        """The cluster as the loop's step reads it (the controller reads the same from the
+        API): the snapshot, and each reservation with what it still waits for."""
+        changed, self.dirty = self.dirty, False
+        return control.Observed(
+            snapshot=self._snapshot(),
+            reserved={key: self._reservation(pod) for key, pod in self.reserved.items()},
+            changed=changed,
+        )
+
+    def _reservation(self, pod: _Pod) -> control.Reserved:
+        """A reserved pod as the step reads it: gated until let go, made once every instance
+        is advertised and every slice served. kube-scheduler binds it to the very instances
+        reserved for it, so it asks nothing more of the node's counts."""
+        assert pod.node is not None
+        missing = None
+        for inst in pod.insts:
+            if not inst.advertised:
+                at = next(g.index for g in pod.node.gpus if g.insts.get(inst.start) is inst)
+                missing = (
+                    f"{inst.profile} at GPU {at} start {inst.start} on {pod.node.spec.name} "
+                    "to be created"
+                )
+                break
+        if missing is None:
+            for shared, sl in pod.shares:
+                if sl is not None and sl.visible_at > self.now:
+                    missing = (
+                        f"MPS slice {sl.id} ({sl.memory_gb} GB) of GPU {shared.index} on "
+                        f"{pod.node.spec.name} to be served"
+                    )
+                    break
+        return control.Reserved(
+            pod=pod.spod.key,
+            node=pod.node.spec.name,
+            gated=True,
+            made=missing is None,
+            missing=missing,
+            asks=(),
+        )
+
+    def _step(self) -> None:
+        """One step of the loop (:func:`control.reconcile`, the controller's own), carried out
+        at once: expired reservations dropped, pods let go bound, the plan applied, pods that
+        can never run rejected."""
+        decision = control.reconcile(
+            self._observed(),
+            self.memory,
+            now=self.now,
+            settings=self.control,
+            planner=self._run_planner,
+        )
+        self.memory = decision.memory
+        for e in decision.expired:
+            self._expire(self.reserved[e.pod])
+        for key, _ in decision.pins:
+            self._bind_reserved(self.reserved[key])
         if decision.plan is not None:
+            self.refused += len(decision.unfit)
             self._apply(decision.plan)
+        by_key = {p.spod.key: p for p in self.waiting.values()} if decision.judged else {}
+        for j in decision.judged:
+            pod = by_key.get(j.pod)
+            if pod is not None and j.verdict is control.Verdict.REFUSE:
+                self._unwait(pod)
+                self._reject(pod, j.reason)
+        if decision.wake_at is not None and decision.wake_at != self.wake_due:
+            self._push(max(decision.wake_at, self.now), _Kind.WAKE, None)
+        self.wake_due = decision.wake_at
+
+    def _expire(self, pod: _Pod) -> None:
+        """A reservation expired: its instances, slices, CPU and memory are free again and the
+        pod waits to be planned again."""
+        node = pod.node
+        assert node is not None
+        del self.reserved[pod.spod.key]
+        for inst in pod.insts:
+            if inst.reserved_for is not pod:
+                raise InvariantViolation(f"{pod.trace.name} lost its reserved instance")
+            inst.reserved_for = None
+            node.busy_slices -= inst.slices
+            if inst.advertised:
+                node.free[inst.profile] += 1
+            self._invalidate(node, inst)
+        for gpu, sl in pod.shares:
+            if sl is None:
+                gpu.replicas_taken -= 1
+            else:
+                sl.reserved_for = None
+            gpu.cached = None
+        node.cpu_free += pod.trace.cpu_milli
+        node.mem_free += pod.trace.memory_bytes
+        node.cached = None
+        pod.node, pod.insts, pod.shares = None, [], []
+        self._set_state(pod, PodState.WAITING)
+        self._wait(pod)
+        self._touch()
 
     def _run_planner(self, snap: snapshot.Snapshot) -> plans.Plan:
         started = self.cpu_clock()
@@ -909,11 +1013,10 @@ class _Simulation:
             raise InvariantViolation(f"{planner} placed {placement.pod}, which is not waiting")
         node = self.node_by_name[placement.node]
         if pod.trace.cpu_milli > node.cpu_free or pod.trace.memory_bytes > node.mem_free:
-            # The plan ignored CPU or memory (a baseline that models GPUs only): as in a real
-            # cluster, the instances get made but the scheduler cannot bind the pod there.
-            self.refused += 1
-            return
-        del self.waiting[pod.trace.name]
+            # The step leaves out the placements without their CPU or memory.
+            raise InvariantViolation(f"{planner} placed {placement.pod} on a full node")
+        self._unwait(pod)
+        self.reserved[pod.spod.key] = pod
         shares: list[tuple[_Gpu, _Slice | None]] = []
         ready = self.now
         for sh in placement.shares:
@@ -949,8 +1052,10 @@ class _Simulation:
         pod.node = node
         pod.insts = insts
         self._set_state(pod, PodState.RESERVED)
-        ready = max([ready, *(i.visible_at for i in insts)])
-        self._push(max(ready, self.now), _Kind.BIND, pod)
+        # The loop looks again once its slices are served (its instances have their own
+        # VISIBLE events), at once for what exists: the controller's next pass, as its
+        # writes come back through the watch.
+        self._push(max(ready, self.now), _Kind.READY, pod)
 
     # -- invariants and results
 
