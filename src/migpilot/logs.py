@@ -4,11 +4,15 @@ Why it exists: the controller, the agent, the fleet and the webhook run in pods 
 admin ships to ELK or Loki; a line of free text has to be parsed back with a regular
 expression, a JSON object does not. ``--log-format json`` on each of those commands writes
 one object per line with ``time`` (UTC, RFC 3339, milliseconds), ``level``, ``logger`` and
-``message``, then ``pod`` (``namespace/name``) or ``node`` when the record concerns one (a log
-call gives them as ``extra={"pod": key, "node": name}``, or the process sets a default, as the
-agent does with its own node), any other ``extra`` field, and ``exception`` (the whole
-traceback, one string) when the record carries one. Text stays the default, each command
-keeping its own line format.
+``message``, then ``pod`` (``namespace/name``) or ``node`` when the record concerns one, any
+other ``extra`` field, and ``exception`` (the whole traceback, one string) when the record
+carries one. Text stays the default, each command keeping its own line format.
+
+Where ``pod`` and ``node`` come from, the first found winning: the log call's own
+``extra=logs.about(pod=key, node=name)``; the block it runs in (``with
+logs.concerning(node=name):``, which the fleet wraps around each node's pass, so that a line of
+the single agent's code, which does not know which of a thousand nodes it serves, still names
+it); the process's default (``configure(fields=...)``, the agent's own node).
 
 It also quiets the HTTP client libraries (one line per request is the client's business, not
 the operator's). Standard library only; the commands call :func:`configure` once, after
@@ -18,12 +22,14 @@ checking their flags.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import contextvars
 import datetime
 import enum
 import json
 import logging
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -80,6 +86,41 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=True, default=str)
 
 
+def about(*, pod: str | None = None, node: str | None = None) -> dict[str, str]:
+    """The ``extra`` of a log call on a pod (``namespace/name``) and/or a node; what is
+    ``None`` or empty is left out (a pod not bound yet has no node to name)."""
+    fields = {"pod": pod, "node": node}
+    return {name: value for name, value in fields.items() if value}
+
+
+_CONCERNING: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar(
+    "migpilot_logs_concerning", default=()
+)
+"""What the records of the current thread (or asyncio task) concern: :func:`concerning`."""
+
+
+@contextlib.contextmanager
+def concerning(*, pod: str | None = None, node: str | None = None) -> Iterator[None]:
+    """Every record logged inside the block, in this thread or task, concerns ``pod`` and
+    ``node`` unless its call names its own (nested blocks add to the outer one's)."""
+    fields = {**dict(_CONCERNING.get()), **about(pod=pod, node=node)}
+    token = _CONCERNING.set(tuple(fields.items()))
+    try:
+        yield
+    finally:
+        _CONCERNING.reset(token)
+
+
+class _Concerning(logging.Filter):
+    """Gives a record the fields of the :func:`concerning` block it was logged in."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in _CONCERNING.get():
+            if getattr(record, name, None) in (None, ""):
+                setattr(record, name, value)
+        return True
+
+
 class _Defaults(logging.Filter):
     """Gives every record the fields it lacks (the agent's own node)."""
 
@@ -127,10 +168,12 @@ def configure(
     quiet: Iterable[str] = QUIET,
 ) -> logging.Handler:
     """Send the root logger's records to ``stream`` (stderr) in ``log_format``, at DEBUG when
-    ``verbose`` else INFO; ``fields`` are given to every record that lacks them. Replaces what
+    ``verbose`` else INFO; ``fields`` are given to every record that lacks them (and was not
+    logged in a :func:`concerning` block naming them). Replaces what
     an earlier call installed, and leaves other handlers (a test's capture) alone."""
     handler = _Handler(stream)
     handler.setFormatter(formatter(log_format, text=text))
+    handler.addFilter(_Concerning())  # before the defaults: a block's node wins over them
     if fields:
         handler.addFilter(_Defaults(fields))
     root = logging.getLogger()

@@ -146,20 +146,21 @@ def test_show_prints_the_layout_of_each_gpu(good: Path) -> None:
         "config", "show", str(good), "-c", "balanced", "--gpu", "a100-80gb", "--gpus", "3"
     )
     assert code == 0
-    lines = text.splitlines()
-    assert lines[0].split() == ["GPU", "ENTRY", "LAYOUT"]
-    assert lines[1].split()[:2] == ["0", "0"]
-    assert lines[2].split() == ["1", "2", "disabled"]
-    assert lines[3].split()[:2] == ["2", "0"]
-    placed = sorted(part.split("@")[0] for part in lines[1].split()[2:])
+    header, rule, *lines = text.splitlines()
+    assert header.split() == ["GPU", "ENTRY", "LAYOUT"]
+    assert set(rule) == {"─"}
+    assert lines[0].split()[:2] == ["0", "0"]
+    assert lines[1].split() == ["1", "2", "disabled"]
+    assert lines[2].split()[:2] == ["2", "0"]
+    placed = sorted(part.split("@")[0] for part in lines[0].split()[2:])
     assert placed == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]  # 3g.39gb resolved
-    assert len(lines) == 4
+    assert len(lines) == 3
 
 
 def test_show_defaults_to_eight_gpus(good: Path) -> None:
     code, text = run("config", "show", str(good), "-c", "all-disabled", "--gpu", "h100")
     assert code == 0
-    assert [line.split() for line in text.splitlines()[1:]] == [
+    assert [line.split() for line in text.splitlines()[2:]] == [
         [str(i), "0", "disabled"] for i in range(8)
     ]
 
@@ -301,7 +302,7 @@ def boards(tmp_path: Path) -> Path:
 def test_show_picks_entries_by_the_gpus_board(boards: Path, gpu: str, layout: str) -> None:
     code, text = run("config", "show", str(boards), "-c", "by-board", "--gpu", gpu, "--gpus", "1")
     assert code == 0
-    assert text.splitlines()[1].split()[2].startswith(layout)
+    assert text.splitlines()[2].split()[2].startswith(layout)
 
 
 def test_show_json_names_the_gpus_pci_id(boards: Path) -> None:

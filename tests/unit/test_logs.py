@@ -7,10 +7,13 @@ function that logs, so the line checked is what the command's own logging setup 
 
 from __future__ import annotations
 
+import http.client
 import io
 import json
 import logging
+import ssl
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +22,17 @@ import pytest
 
 from migpilot import logs
 from migpilot.agent import fleet
+from migpilot.agent import kubeapi as agent_kubeapi
 from migpilot.cli import agent_cmd
 from migpilot.cli import main as cli
 from migpilot.controller import kubeapi, running
 from migpilot.controller import serving as controller_serving
+from migpilot.gpu import emulated
+from migpilot.webhook import leases as webhook_leases
 from migpilot.webhook import serving as webhook_serving
+from tests.kube import certs
+from tests.unit import test_agent_fleet as fleet_tests
+from tests.unit import test_agent_standin as standin_tests
 from tests.unit.test_controller_running import (
     _agent_reports,
     _node,
@@ -275,3 +284,171 @@ def test_without_a_stream_it_follows_stderr_as_it_is_at_each_record(
     finally:
         logging.getLogger().removeHandler(handler)
     assert second.getvalue() == "two\n"
+
+
+# -- what a line concerns: logs.about and logs.concerning ----------------------------------------
+
+
+def test_about_names_the_pod_and_the_node_and_leaves_out_what_is_unknown() -> None:
+    assert logs.about(pod="ns/p", node="n0") == {"pod": "ns/p", "node": "n0"}
+    assert logs.about(pod="ns/p", node=None) == {"pod": "ns/p"}
+    assert logs.about(node="") == {}
+
+
+def test_a_block_names_what_its_lines_concern_unless_a_call_or_an_inner_block_says_otherwise() -> (
+    None
+):
+    stream = io.StringIO()
+    logs.configure("json", stream=stream, fields={"node": "default"})
+    log = logging.getLogger("migpilot.test")
+    with logs.concerning(node="n1"):
+        log.info("in the block")
+        log.info("a call of its own", extra=logs.about(node="n2"))
+        with logs.concerning(pod="ns/p"):
+            log.info("inner block")
+    log.info("after the block")
+    lines = {d["message"]: (d.get("node"), d.get("pod")) for d in _lines(stream.getvalue())}
+    assert lines == {
+        "in the block": ("n1", None),
+        "a call of its own": ("n2", None),
+        "inner block": ("n1", "ns/p"),
+        "after the block": ("default", None),
+    }
+
+
+def test_a_block_concerns_its_own_thread_only() -> None:
+    stream = io.StringIO()
+    logs.configure("json", stream=stream)
+    log = logging.getLogger("migpilot.test")
+    inside, other = threading.Event(), threading.Event()
+
+    def elsewhere() -> None:
+        inside.wait(5)
+        log.info("another thread")
+        other.set()
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    with logs.concerning(node="n1"):
+        inside.set()
+        other.wait(5)
+        log.info("this thread")
+    thread.join(5)
+    lines = {d["message"]: d.get("node") for d in _lines(stream.getvalue())}
+    assert lines == {"another thread": None, "this thread": "n1"}
+
+
+# -- the fleet's, the agent's and the webhook's lines name their node and pod ---------------------
+
+
+def test_every_line_of_a_fleet_pass_names_its_node_and_a_pods_line_the_pod() -> None:
+    """The fleet runs a thousand nodes' agents in one process, with no default node: its own
+    lines, and those of the single agent's code run in a node's pass (which never names the
+    node itself), carry the node; the stand-in kubelet's line on a pod carries the pod."""
+    stream = io.StringIO()
+    logs.configure("json", stream=stream)
+    api = agent_kubeapi.InMemoryNodeApi()
+    f = fleet.Fleet(api, settings=fleet.FleetSettings(times=emulated.INSTANT))
+    for node in ("n0", "n1"):
+        api.put_node(node, {fleet.EMULATED_GPUS_LABEL: "h100-80gb.x1"})
+        api.put_spec(
+            node,
+            fleet_tests.spec([fleet_tests.inst("1g.10gb", 0, "ns/p" if node == "n0" else None)]),
+        )
+    api.put_node("bad", {fleet.EMULATED_GPUS_LABEL: "nope.x2"})
+    f.layouts_listed(api.list_layouts().documents)
+    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents)
+    f.drain()
+    api.put_pod(fleet_tests.pod_doc("p", "n0", {fleet_tests.R1G: 1}))
+    f.pods.listed(api.list_pods(node=None).documents)
+    f.drain()
+    api.close()
+    lines = [d for d in _lines(stream.getvalue()) if d["logger"].startswith("migpilot.agent")]
+    assert lines and all(d.get("node") in ("n0", "n1", "bad") for d in lines), lines
+    by_logger = {(d["logger"], d["node"]) for d in lines}
+    assert {
+        ("migpilot.agent.fleet", "n0"),
+        ("migpilot.agent.fleet", "bad"),  # refused: its label names no GPUs
+        ("migpilot.agent.running", "n0"),  # the reconciler's actions, named by the pass
+        ("migpilot.agent.running", "n1"),
+        ("migpilot.agent.following", "n1"),  # the GpuLayout status written
+    } <= by_logger
+    (gets,) = [d for d in lines if "pod ns/p gets" in d["message"]]
+    assert (gets["logger"], gets["pod"], gets["node"]) == ("migpilot.agent.standin", "ns/p", "n0")
+    assert all(d["node"] in d["message"] for d in lines if "Node " in d["message"])
+
+
+def test_an_agents_lines_name_their_node_and_pod_without_the_processs_default(
+    node: standin_tests.Node,
+) -> None:
+    stream = io.StringIO()
+    logs.configure("json", stream=stream)  # no default node: the calls name it themselves
+    node.api.put_spec(standin_tests.NODE, standin_tests.spec([standin_tests.inst("1g.10gb", 0)]))
+    node.step()
+    node.api.put_pod(standin_tests.pod_doc("p", {standin_tests.R1G: 1}))
+    node.step()
+    lines = _lines(stream.getvalue())
+    (gets,) = [d for d in lines if "pod default/p gets" in d["message"]]
+    assert (gets["pod"], gets["node"]) == ("default/p", standin_tests.NODE)
+    written = [d for d in lines if d["message"].startswith("GpuLayout ")]
+    assert written and all(d["node"] == standin_tests.NODE for d in written)
+
+
+@pytest.fixture
+def node() -> Iterator[standin_tests.Node]:
+    api = agent_kubeapi.InMemoryNodeApi()
+    gpus = emulated.EmulatedBackend([standin_tests.H100], durable=False)
+    yield standin_tests.wire(api, gpus)
+    api.close()
+    gpus.close()
+
+
+def _pod_review(uid: str, metadata: dict[str, Any], *, node: str | None = None) -> bytes:
+    spec: dict[str, Any] = {"containers": [{"name": "app", "resources": {}}]}
+    if node is not None:
+        spec["nodeName"] = node
+    request = {
+        "uid": uid,
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "operation": "CREATE",
+        "namespace": "team",
+        "name": metadata.get("name", ""),
+        "object": {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec},
+    }
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    return json.dumps(review).encode()
+
+
+def test_the_webhooks_line_on_a_review_names_the_pod_and_its_node(tmp_path: Path) -> None:
+    stream = io.StringIO()
+    logs.configure("json", stream=stream, verbose=True)  # one line per review: at DEBUG
+    ca = certs.CertificateAuthority(tmp_path)
+    pair = ca.issue("webhook", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
+    settings = webhook_serving.Settings(
+        tls=webhook_serving.TlsSettings(cert_file=pair.cert, key_file=pair.key),
+        host="127.0.0.1",
+        port=0,
+    )
+    lease = {"spec": {"holderIdentity": "c", "renewTime": "1970-01-01T00:01:40Z"}}
+    freshness = webhook_leases.Freshness(
+        webhook_leases.StaticLease(lease), cache_s=2.0, clock=lambda: 100.0
+    )
+    context = ssl.create_default_context(cafile=ca.pair.cert)
+    with webhook_serving.WebhookServer(settings, freshness=freshness) as server:
+        for path, body in (
+            ("/mutate-pods", _pod_review("u1", {"name": "infer"}, node="n3")),
+            ("/validate-pods", _pod_review("u2", {"generateName": "job-"})),
+        ):
+            conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context)
+            try:
+                conn.request("POST", path, body, headers={"Content-Type": "application/json"})
+                assert conn.getresponse().status == 200
+            finally:
+                conn.close()
+    reviews = {
+        d["message"].split(" ")[2].rstrip(":"): d
+        for d in _lines(stream.getvalue())
+        if d["logger"] == "migpilot.webhook" and d["message"].startswith("review ")
+    }
+    assert (reviews["u1"]["pod"], reviews["u1"]["node"]) == ("team/infer", "n3")
+    assert reviews["u2"]["pod"] == "team/job-*" and "node" not in reviews["u2"]

@@ -12,7 +12,7 @@ import pytest
 
 from migpilot import errors
 from migpilot.api import gpulayouts as gl
-from migpilot.cli import main, status_cmd
+from migpilot.cli import main, output, status_cmd
 from migpilot.controller import surveying
 
 S = gl.InstanceState
@@ -379,7 +379,7 @@ def test_json_schema(status: surveying.Status) -> None:
 
 def _text(status: surveying.Status) -> str:
     out = io.StringIO()
-    status_cmd.console_for(out, width=160).print(status_cmd.renderable(status))
+    output.console_for(out, width=160).print(status_cmd.renderable(status))
     return out.getvalue()
 
 

@@ -396,3 +396,33 @@ def test_capped_keeps_the_first_lines_and_counts_the_rest(lines: list[str]) -> N
         assert shown == line or (shown.endswith("...") and line.startswith(shown[:-3]))
     if len(lines) > reviews.MAX_LINES:
         assert out[-1] == f"+{len(lines) - reviews.MAX_LINES} more"
+
+
+# --- what a review's log line names ------------------------------------------------------------
+
+
+def test_pod_and_node_name_the_pod_a_review_creates() -> None:
+    pod = _pod({})
+    assert reviews.pod_and_node(_review(pod)) == ("default/p", None)
+    pod["spec"]["nodeName"] = "n0"
+    assert reviews.pod_and_node(_review(pod)) == ("default/p", "n0")
+    # A name left to the API server is empty in the review: the prefix, marked.
+    generated = _pod({})
+    generated["metadata"] = {"generateName": "job-"}
+    assert reviews.pod_and_node(_review(generated)) == ("default/job-*", None)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        None,
+        [],
+        {"request": "nope"},
+        _review(_pod({}), operation="DELETE"),
+        _review({"metadata": "nope", "spec": []}),
+        _review({"metadata": {}}),  # no name, no generateName
+        _review(None),
+    ],
+)
+def test_pod_and_node_of_a_review_naming_no_pod_is_none_never_an_error(document: Any) -> None:
+    assert reviews.pod_and_node(document) == (None, None)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from migpilot import logs
 from migpilot.agent import kubeapi, reconciling
 from migpilot.agent.deviceplugin import devices
 
@@ -129,6 +130,7 @@ class CapacityPublisher:
             node,
             settings.poll_s,
             settings.give_up_s,
+            extra=logs.about(node=node),
         )
 
     def passed(
@@ -172,7 +174,11 @@ class CapacityPublisher:
                 self._wake.clear()
                 self.publish_once()
             except Exception:  # the kubelet's own sync still comes: never let the thread die
-                _log.exception("Node %s: publishing device capacity failed", self._node)
+                _log.exception(
+                    "Node %s: publishing device capacity failed",
+                    self._node,
+                    extra=logs.about(node=self._node),
+                )
 
     def publish_once(self) -> bool:
         """Wait (bounded) for the kubelet to list what the plugin advertises, then publish
@@ -185,7 +191,8 @@ class CapacityPublisher:
             except Exception as err:
                 if str(err) != self._unavailable:
                     _log.warning("kubelet allocatable devices unavailable, leaving the Node "
-                                 "to the kubelet's own sync: %s", err)  # fmt: skip
+                                 "to the kubelet's own sync: %s", err,
+                                 extra=logs.about(node=self._node))  # fmt: skip
                     self._unavailable = str(err)
                 return False
             self._unavailable = None
@@ -199,12 +206,14 @@ class CapacityPublisher:
         try:
             self._api.patch_node_resources(self._node, patch)
         except kubeapi.KubeApiError as err:
-            _log.error("Node %s: device capacity not published: %s", self._node, err)
+            _log.error("Node %s: device capacity not published: %s", self._node, err,
+                       extra=logs.about(node=self._node))  # fmt: skip
             return False
         self._published = {k: int(v) for k, v in patch.items() if v is not None}
         _log.info(
             "Node %s: published %s as the kubelet lists them",
             self._node,
             ", ".join(f"{k}={v}" for k, v in patch.items()),
+            extra=logs.about(node=self._node),
         )
         return True

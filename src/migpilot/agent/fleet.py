@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from migpilot import errors, probes
+from migpilot import errors, logs, probes
 from migpilot.agent import (
     following,
     holding,
@@ -327,7 +327,7 @@ class Fleet:
             self._members[node] = member
             member.source.take(self._layouts.get(node))
             self._refused.pop(node, None)
-        _log.info("Node %s: running its agent (%s)", node, value)
+        _log.info("Node %s: running its agent (%s)", node, value, extra=logs.about(node=node))
         self.queue.add(node)
 
     def _refuse(self, node: str, value: str, why: str) -> None:
@@ -335,7 +335,7 @@ class Fleet:
             seen = self._refused.get(node) == value
             self._refused[node] = value
         if not seen:
-            _log.error("%s; not running an agent for it", why)
+            _log.error("%s; not running an agent for it", why, extra=logs.about(node=node))
 
     def _leave(self, node: str) -> None:
         with self._lock:
@@ -343,7 +343,7 @@ class Fleet:
             self._refused.pop(node, None)
             self._retry.pop(node, None)
         if member is not None:
-            _log.info("Node %s: gone, its agent stops", node)
+            _log.info("Node %s: gone, its agent stops", node, extra=logs.about(node=node))
 
     def _make(self, node: str, label: str, spec: emulated.EmulatedSpec) -> Member:
         """The single agent's parts, wired as ``migpilot agent --node --kubelet simulated``."""
@@ -477,7 +477,9 @@ class Fleet:
             self._wake(member)
 
     def _wake(self, member: Member) -> None:
-        if member.agent.due():
+        with logs.concerning(node=member.node):  # due() reads the node's inputs, which may log
+            due = member.agent.due()
+        if due:
             self.queue.add(member.node)
 
     def tick(self) -> None:
@@ -500,20 +502,23 @@ class Fleet:
         if member is None:
             return
         settled = False
-        try:
-            report = member.agent.reconcile()
-            settled = (
-                report.converged
-                and not report.refusals
-                and not report.outcomes(reconciling.Outcome.FAILED)
-                and member.reporter.settled
-                and member.kubelet.settled
-                and (member.counters is None or member.counters.settled)
-            )
-        except backend.BackendError as err:
-            _log.error("Node %s: GPU backend failed, retrying at the next pass: %s", node, err)
-        except Exception:  # a worker must survive any one node's bug
-            _log.exception("Node %s: the pass failed", node)
+        # The agent's own parts log without naming their node (a single agent's process
+        # names it for them): the block does, for every line of the pass.
+        with logs.concerning(node=node):
+            try:
+                report = member.agent.reconcile()
+                settled = (
+                    report.converged
+                    and not report.refusals
+                    and not report.outcomes(reconciling.Outcome.FAILED)
+                    and member.reporter.settled
+                    and member.kubelet.settled
+                    and (member.counters is None or member.counters.settled)
+                )
+            except backend.BackendError as err:
+                _log.error("Node %s: GPU backend failed, retrying at the next pass: %s", node, err)
+            except Exception:  # a worker must survive any one node's bug
+                _log.exception("Node %s: the pass failed", node)
         with self._lock:
             if settled or node not in self._members:
                 self._retry.pop(node, None)

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
-from migpilot import errors, probes
+from migpilot import errors, logs, probes
 from migpilot.agent import desired, kubeapi, reconciling, reporting, slicing, watching
 from migpilot.agent.deviceplugin import devices
 from migpilot.api import gpulayouts
@@ -137,7 +137,7 @@ class GpuLayoutSource:
         except errors.MigpilotError as err:
             if str(err) != self._problem:
                 _log.warning("GpuLayout %s cannot be applied, keeping the last good: %s",
-                             self.node, err)  # fmt: skip
+                             self.node, err, extra=logs.about(node=self.node))  # fmt: skip
             self._problem = str(err)
             good = self._good
             if good is None:
@@ -269,7 +269,8 @@ class KubeReporter:
                 now=self._now(),
             )
         except errors.MigpilotError as err:
-            _log.error("GpuLayout %s: status not computed: %s", self._source.node, err)
+            _log.error("GpuLayout %s: status not computed: %s", self._source.node, err,
+                       extra=logs.about(node=self._source.node))  # fmt: skip
             self._settled = False
             return
         if status == self._last_status:
@@ -277,12 +278,17 @@ class KubeReporter:
         try:
             self._api.apply_layout_status(self._source.node, status)
         except kubeapi.KubeApiError as err:
-            _log.error("GpuLayout %s: status not written: %s", self._source.node, err)
+            _log.error("GpuLayout %s: status not written: %s", self._source.node, err,
+                       extra=logs.about(node=self._source.node))  # fmt: skip
             self._settled = False
             return
         self._last_status = status
-        _log.info("GpuLayout %s: status written (%s)", self._source.node,
-                  status.conditions[0].reason)  # fmt: skip
+        _log.info(
+            "GpuLayout %s: status written (%s)",
+            self._source.node,
+            status.conditions[0].reason,
+            extra=logs.about(node=self._source.node),
+        )
 
     def _write_labels(self, labels: Mapping[str, str]) -> bool:
         """Set the labels when they changed; whether they are set."""
@@ -293,7 +299,8 @@ class KubeReporter:
         try:
             self._api.patch_node_labels(self._source.node, patch)
         except kubeapi.KubeApiError as err:
-            _log.error("Node %s: labels not written: %s", self._source.node, err)
+            _log.error("Node %s: labels not written: %s", self._source.node, err,
+                       extra=logs.about(node=self._source.node))  # fmt: skip
             return False
         self._last_labels = dict(labels)
         self._managed = frozenset(labels)

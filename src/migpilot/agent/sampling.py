@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from migpilot import errors
+from migpilot import errors, logs
 from migpilot.agent import metrics, usage
 from migpilot.agent.deviceplugin import devices
 from migpilot.gpu import backend, emulated
@@ -182,7 +182,8 @@ class GpuSampler(_Periodic):
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be more than 0, got {interval_s}")
-        self._node = node
+        self.node = node
+        """The node it samples (its series' ``node`` label, its log lines' ``node`` field)."""
         self._gpus = gpus
         self._view = view
         self._holdings = holdings
@@ -209,7 +210,11 @@ class GpuSampler(_Periodic):
         try:
             self._held = tuple(self._holdings())
         except Exception as err:  # the kubelet restarting: keep the last answer
-            _log.debug("who holds which device is unknown now, keeping the last: %s", err)
+            _log.debug(
+                "who holds which device is unknown now, keeping the last: %s",
+                err,
+                extra=logs.about(node=self.node),
+            )
         if self._driven is not None:
             loads = usage.device_loads(
                 self._load.current() if self._load is not None else {}, self._held
@@ -221,11 +226,13 @@ class GpuSampler(_Periodic):
                 samples[g.index] = self._gpus.sample(g.index)
             except backend.BackendError as err:
                 if self._failed != str(err):
-                    _log.error("GPU %d not sampled: %s", g.index, err)
+                    _log.error(
+                        "GPU %d not sampled: %s", g.index, err, extra=logs.about(node=self.node)
+                    )
                 self._failed = str(err)
         processes = [p for s in samples.values() for p in s.processes or ()]
         return usage.series(
-            node=self._node,
+            node=self.node,
             view=view,
             holdings=self._held,
             samples=samples,
@@ -260,11 +267,12 @@ class FleetSampler(_Periodic):
     def sample(self) -> tuple[usage.Row, ...]:
         """One pass over every node; a node whose reading fails is logged and left out."""
         rows: list[usage.Row] = []
-        for node in self._nodes():
-            try:
-                rows.extend(node.read())
-            except Exception:  # one node's bug must not hide the others' series
-                _log.exception("GPU sampling of one node failed")
+        for sampler in self._nodes():
+            with logs.concerning(node=sampler.node):  # what its callbacks log concerns it too
+                try:
+                    rows.extend(sampler.read())
+                except Exception:  # one node's bug must not hide the others' series
+                    _log.exception("GPU sampling of node %s failed", sampler.node)
         out = tuple(sorted(rows, key=lambda r: (r.name, r.labels)))
         self._sink.set_usage(out)
         return out

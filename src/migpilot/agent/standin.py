@@ -33,7 +33,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from migpilot import errors
+from migpilot import errors, logs
 from migpilot.agent import kubeapi, reconciling
 from migpilot.agent.deviceplugin import advertising, devices, replicating, resolving
 from migpilot.api import gpulayouts
@@ -240,7 +240,13 @@ class PodBook:
             text = str(err)
             if text not in self._bad:  # once per problem; the watch repeats it at every change
                 self._bad.add(text)
-                _log.warning("%s; it gets no device", text)
+                meta = doc.get("metadata") or {}
+                pod = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+                _log.warning(
+                    "%s; it gets no device",
+                    text,
+                    extra=logs.about(pod=pod, node=kubeapi.node_name_of(doc)),
+                )
             return None
 
     def _tell(self, nodes: set[str]) -> None:
@@ -560,7 +566,8 @@ class SimulatedKubelet:
         }
         for key in sorted(self._unified.keys() - kept.keys()):
             _log.info("Node %s: pod %s released %s", self._node, key,
-                      ", ".join(sorted(self._unified[key].devices)))  # fmt: skip
+                      ", ".join(sorted(self._unified[key].devices)),
+                      extra=logs.about(pod=key, node=self._node))  # fmt: skip
         if self._held_by is not None:
             owners: dict[str, list[str]] = {}
             for uuid, key in self._held_by().items():
@@ -602,13 +609,15 @@ class SimulatedKubelet:
                         self._node,
                         pod.key,
                         refusal,
+                        extra=logs.about(pod=pod.key, node=self._node),
                     )
                     self._unified_refused[pod.key] = refusal
                 continue
             self._unified_refused.pop(pod.key, None)
             kept = trial
             _log.info("Node %s: pod %s gets %s (simulated Allocate)", self._node, pod.key,
-                      ", ".join(sorted(kept[pod.key].devices)))  # fmt: skip
+                      ", ".join(sorted(kept[pod.key].devices)),
+                      extra=logs.about(pod=pod.key, node=self._node))  # fmt: skip
         if kept != self._unified:
             self._unified = kept
             self._unified_version += 1
@@ -619,9 +628,10 @@ class SimulatedKubelet:
             got, had = now[pod.key], before.get(pod.key)
             if got == had:
                 continue
+            about = logs.about(pod=pod.key, node=self._node)
             if not had and got:
                 _log.info("Node %s: pod %s gets %s (simulated Allocate)", self._node, pod.key,
-                          ", ".join(got))  # fmt: skip
+                          ", ".join(got), extra=about)  # fmt: skip
             elif had is None:
                 asks = ", ".join(f"{n} {r}" for r, n in pod.requests)
                 _log.warning(
@@ -630,13 +640,15 @@ class SimulatedKubelet:
                     self._node,
                     pod.key,
                     asks,
+                    extra=about,
                 )
             else:
                 held = ", ".join(got) or "nothing"
-                _log.info("Node %s: pod %s now holds %s", self._node, pod.key, held)
+                _log.info("Node %s: pod %s now holds %s", self._node, pod.key, held, extra=about)
         for key in sorted(before.keys() - now.keys()):
             _log.info("Node %s: pod %s released %s", self._node, key,
-                      ", ".join(before[key]) or "nothing")  # fmt: skip
+                      ", ".join(before[key]) or "nothing",
+                      extra=logs.about(pod=key, node=self._node))  # fmt: skip
 
     def _publish(self, healthy: Mapping[str, int]) -> None:
         counts = {k: str(v) for k, v in healthy.items()}
@@ -648,8 +660,10 @@ class SimulatedKubelet:
         try:
             self._api.patch_node_resources(self._node, dict(patch))
         except kubeapi.KubeApiError as err:
-            _log.error("Node %s: resources not published: %s", self._node, err)
+            _log.error("Node %s: resources not published: %s", self._node, err,
+                       extra=logs.about(node=self._node))  # fmt: skip
             return
         self._published, self._settled = patch, True
         _log.info("Node %s: published %s (simulated kubelet)", self._node,
-                  ", ".join(f"{k}={v}" for k, v in sorted(patch.items())))  # fmt: skip
+                  ", ".join(f"{k}={v}" for k, v in sorted(patch.items())),
+                  extra=logs.about(node=self._node))  # fmt: skip

@@ -32,7 +32,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from migpilot import errors, probes
+from migpilot import errors, logs, probes
 from migpilot.agent import desired, following, kubeapi, reconciling, watching
 from migpilot.gpu import backend
 from migpilot.mig import migparted
@@ -141,7 +141,8 @@ class StaticOrDynamic:
             if label != self._labels.get(desired.CONFIG_LABEL):
                 _log.info("Node %s: %s", self.node,
                           f"{desired.CONFIG_LABEL}={label}: static layout" if label
-                          else f"no {desired.CONFIG_LABEL}: following its GpuLayout")  # fmt: skip
+                          else f"no {desired.CONFIG_LABEL}: following its GpuLayout",
+                          extra=logs.about(node=self.node))  # fmt: skip
             self._labels = labels
 
     def node_label(self, key: str) -> str | None:

@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
-from migpilot import errors
+from migpilot import errors, logs
 from migpilot.agent import kubeapi, reconciling, standin
 from migpilot.agent.deviceplugin import devices, resolving
 from migpilot.api import gpulayouts
@@ -144,7 +144,7 @@ class UnifiedPool:
             if pool != self._pool:
                 _log.info("Node %s: %d MIG instance(s) and MPS slice(s) set aside for unified "
                           "pods, advertised as %s", self.node, len(pool),
-                          devices.FULL_GPU_RESOURCE)  # fmt: skip
+                          devices.FULL_GPU_RESOURCE, extra=logs.about(node=self.node))  # fmt: skip
             self._pool = pool
         return dataclasses.replace(view, unified=pool)
 
@@ -166,7 +166,7 @@ class UnifiedPool:
                 docs = self._api.list_pods(node=self.node).documents
             except kubeapi.KubeApiError as err:
                 _log.warning("Node %s: pods not read again (%s); using the pod watch's",
-                             self.node, err)  # fmt: skip
+                             self.node, err, extra=logs.about(node=self.node))  # fmt: skip
             else:
                 pods = [p for p in (_gpu_pod(d) for d in docs) if p is not None]
         with self._lock:
@@ -239,7 +239,7 @@ class UnifiedPool:
                 doc = self._api.get_pod(namespace, name)
             except kubeapi.KubeApiError as err:
                 _log.warning("Node %s: pod %s not read (%s); its allocation is kept", self.node,
-                             key, err)  # fmt: skip
+                             key, err, extra=logs.about(pod=key, node=self.node))  # fmt: skip
                 continue
             if (
                 doc is None
@@ -423,9 +423,11 @@ class NodeCounters:
         try:
             self._api.patch_node_resources(self._node, dict(want))
         except kubeapi.KubeApiError as err:
-            _log.error("Node %s: unified counters not published: %s", self._node, err)
+            _log.error("Node %s: unified counters not published: %s", self._node, err,
+                       extra=logs.about(node=self._node))  # fmt: skip
             self._settled = False
             return
         self._published, self._settled = want, True
         _log.info("Node %s: published %s", self._node,
-                  ", ".join(f"{k}={want[k]}" for k in COUNTERS))  # fmt: skip
+                  ", ".join(f"{k}={want[k]}" for k in COUNTERS),
+                  extra=logs.about(node=self._node))  # fmt: skip

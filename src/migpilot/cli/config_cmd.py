@@ -117,7 +117,7 @@ def cmd_show(args: argparse.Namespace, out: IO[str]) -> int:
         )
         return 0
     rows = [(g.index, g.entry, str(g.layout) if g.mig_enabled else "disabled") for g in gpus]
-    output.write_table(out, ("GPU", "ENTRY", "LAYOUT"), rows)
+    output.write_table(out, ("GPU", "ENTRY", "LAYOUT"), rows, right=("GPU",))
     return 0
 
 

@@ -88,7 +88,12 @@ def cmd_gpus(args: argparse.Namespace, out: IO[str]) -> int:
         )
         for m in models
     ]
-    output.write_table(out, ("ID", "PRODUCT", "FAMILY", "MEM SLOTS", "COMPUTE", "PROFILES"), rows)
+    output.write_table(
+        out,
+        ("ID", "PRODUCT", "FAMILY", "MEM SLOTS", "COMPUTE", "PROFILES"),
+        rows,
+        right=("MEM SLOTS", "COMPUTE", "PROFILES"),
+    )
     return 0
 
 
@@ -149,7 +154,8 @@ def cmd_profiles(args: argparse.Namespace, out: IO[str]) -> int:
         "MAX", "PLACEMENTS", "INFERRED",
     )  # fmt: skip
     out.write(f"{m.id} ({', '.join(m.product_names)})\n")
-    output.write_table(out, headers, rows)
+    right = ("ID", "NVML", "MEMORY MiB", "SLOTS", "COMPUTE", "SMs", "MAX")
+    output.write_table(out, headers, rows, right=right)
     return 0
 
 
@@ -218,7 +224,12 @@ def cmd_layouts(args: argparse.Namespace, out: IO[str]) -> int:
         (n, len(lay), sum(m.profile_named(i.profile).compute_slices for i in lay.instances), lay)
         for n, lay in enumerate(found, 1)
     ]
-    output.write_table(out, ("#", "INSTANCES", "COMPUTE", "LAYOUT (PROFILE@START)"), rows)
+    output.write_table(
+        out,
+        ("#", "INSTANCES", "COMPUTE", "LAYOUT (PROFILE@START)"),
+        rows,
+        right=("#", "INSTANCES", "COMPUTE"),
+    )
     out.write(f"{len(found)} maximal layouts of {m.id}\n")
     return 0
 

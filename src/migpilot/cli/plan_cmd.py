@@ -287,12 +287,14 @@ def write_plan_table(
             (g.node, g.gpu, _instances_text(current[(g.node, g.gpu)]), "->", str(g.layout))
             for g in changed
         ]
-        output.write_table(out, ("NODE", "GPU", "BEFORE (* in use)", "", "AFTER"), layout_rows)
+        output.write_table(
+            out, ("NODE", "GPU", "BEFORE (* in use)", "", "AFTER"), layout_rows, right=("GPU",)
+        )
 
     _section(out, "Actions", len(plan.actions))
     if plan.actions:
         action_rows = [(a.node, a.gpu, a.op.value, f"{a.profile}@{a.start}") for a in plan.actions]
-        output.write_table(out, ("NODE", "GPU", "OP", "INSTANCE"), action_rows)
+        output.write_table(out, ("NODE", "GPU", "OP", "INSTANCE"), action_rows, right=("GPU",))
 
     if plan.mps:
         _section(out, "MPS slice actions", len(plan.slice_actions))
@@ -301,7 +303,9 @@ def write_plan_table(
                 (a.node, a.gpu, a.op.value, f"#{a.slice}:{a.memory_gb}gb", a.reason)
                 for a in plan.slice_actions
             ]
-            output.write_table(out, ("NODE", "GPU", "OP", "SLICE", "WHY"), slice_rows)
+            output.write_table(
+                out, ("NODE", "GPU", "OP", "SLICE", "WHY"), slice_rows, right=("GPU",)
+            )
 
     _section(out, "Placements", len(plan.placements))
     if plan.placements:

@@ -14,6 +14,9 @@ import time
 from pathlib import Path
 from typing import IO
 
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
 from migpilot import errors
 from migpilot.cli import output
 from migpilot.mig import migparted
@@ -149,29 +152,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=cmd_simulate)
 
 
-class _Bar:
-    """A one-line progress bar on a terminal; silent otherwise."""
-
-    def __init__(self, stream: IO[str], total: int) -> None:
-        self.stream = stream
-        self.total = total
-        self.enabled = stream.isatty()
-
-    def show(self, index: int, name: str, fraction: float) -> None:
-        if not self.enabled:
-            return
-        done = (index + fraction) / self.total
-        width = 30
-        filled = int(done * width)
-        self.stream.write(
-            f"\rsimulating {name:<15} [{'#' * filled}{'.' * (width - filled)}] {100 * done:5.1f}%"
-        )
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\r" + " " * 70 + "\r")
-            self.stream.flush()
+def progress_bar(stream: IO[str]) -> Progress:
+    """A transient one-line bar on ``stream``, drawn only when it is a terminal (a pipe or a
+    CI log gets nothing, not a line per update)."""
+    return Progress(
+        TextColumn("simulating {task.description:<15}", markup=False),
+        BarColumn(bar_width=30),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=Console(file=stream, highlight=False),
+        transient=True,
+        disable=not stream.isatty(),
+    )
 
 
 def load_trace(args: argparse.Namespace, cluster: clusters.Cluster) -> traces.Trace:
@@ -232,14 +224,14 @@ def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
             built[name] = None
         else:
             built[name] = policies.dynamic(name, cluster)
-    bar = _Bar(sys.stderr, len(names))
     results: list[simulating.Result] = []
     best_layouts = ""
-    try:
+    with progress_bar(sys.stderr) as bar:
+        task = bar.add_task("", total=len(names))
         for i, name in enumerate(names):
 
             def progress(f: float, i: int = i, name: str = name) -> None:
-                bar.show(i, name, f)
+                bar.update(task, completed=i + f, description=name)
 
             policy = built[name]
             if policy is None:
@@ -259,8 +251,6 @@ def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
                     progress=progress,
                 )
             results.append(result)
-    finally:
-        bar.close()
     bound = None
     if mode is simulating.Mode.INFLATE:
         submitted = [
@@ -287,7 +277,9 @@ def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
         f"trace {trace.name} ({what}), cluster {spec} ({cluster.gpu_count} GPUs), "
         f"mode {mode.value}\n\n"
     )
-    output.write_table(out, reports.HEADERS, reports.table(doc["results"]))
+    output.write_table(
+        out, reports.HEADERS, reports.table(doc["results"]), right=reports.HEADERS[1:]
+    )
     out.write("\n")
     if best_layouts:
         out.write(f"static-best layouts: {best_layouts}\n")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -230,18 +230,6 @@ def renderable(status: surveying.Status) -> RenderableType:
     return Group(*parts)
 
 
-PIPE_WIDTH = 200
-"""Columns when writing to a pipe or a file (rich's 80 would fold pod names and reasons that
-``grep`` then misses); a terminal's own width otherwise."""
-
-
-def console_for(out: IO[str], *, width: int | None = None) -> Console:
-    """A console writing to ``out`` (colours only on a terminal)."""
-    if width is None and not out.isatty():
-        width = PIPE_WIDTH
-    return Console(file=out, width=width, highlight=False, soft_wrap=False)
-
-
 def write(out: IO[str], status: surveying.Status, fmt: str, *, watching: bool = False) -> None:
     """One survey as a table or as JSON (one line per survey while watching)."""
     if fmt == "json":
@@ -252,7 +240,7 @@ def write(out: IO[str], status: surveying.Status, fmt: str, *, watching: bool = 
         else:
             output.write_json(out, doc)
         return
-    console_for(out).print(renderable(status))
+    output.console_for(out).print(renderable(status))
 
 
 # --------------------------------------------------------------------------- the command
@@ -290,7 +278,7 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
     if not args.watch:
         write(out, read(args.kubeconfig, source=source), args.output)
         return 0
-    console = console_for(out)
+    console = output.console_for(out)
 
     def show(status: surveying.Status) -> None:
         if args.output == "json":

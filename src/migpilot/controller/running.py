@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from migpilot import errors, gcpause, probes
+from migpilot import errors, gcpause, logs, probes
 from migpilot.api import gpulayouts, leases
 from migpilot.controller import kubeapi, metrics, observing, pinning
 from migpilot.planning import control, fast, modes, options, plans, snapshot, unified
@@ -656,7 +656,12 @@ class Controller:
             self._notes.put_nowait(note)
         except asyncio.QueueFull:
             self.metrics.events_dropped.inc()
-            _log.debug("event on %s %s dropped: backlog full", note.kind, note.name)
+            _log.debug(
+                "event on %s %s dropped: backlog full",
+                note.kind,
+                note.name,
+                extra=_note_about(note),
+            )
         self.metrics.events_pending.set(self._notes.qsize())
 
     async def _record_events(self) -> None:
@@ -665,9 +670,10 @@ class Controller:
             note = await self._notes.get()
             self.metrics.events_pending.set(self._notes.qsize())
             where = f"{note.namespace}/{note.name}" if note.namespace else note.name
-            about = {"pod": where} if note.kind == "Pod" else {"node": where}
             await self._call(
-                f"event on {note.kind.lower()} {where}", self.api.record(note), about=about
+                f"event on {note.kind.lower()} {where}",
+                self.api.record(note),
+                about=_note_about(note),
             )
 
     async def _patch_pod(self, key: str, patch: pinning.Patch) -> bool:
@@ -844,8 +850,15 @@ class Controller:
                     node.name,
                     _describe_node(node),
                     dict(observed.bound.get(node.name, {})),
+                    extra=logs.about(node=node.name),
                 )
-                _log.debug("plan %d: %s gets %s", self.plans, node.name, _describe_spec(spec))
+                _log.debug(
+                    "plan %d: %s gets %s",
+                    self.plans,
+                    node.name,
+                    _describe_spec(spec),
+                    extra=logs.about(node=node.name),
+                )
             writes.append(
                 self._write_and_tell(
                     node.name,
@@ -969,6 +982,13 @@ def _about(kind: kubeapi.Kind, key: str) -> dict[str, str]:
     """The ``extra`` of a log line on an object: its pod or its node (a GpuLayout is named
     after its node)."""
     return {"pod": key} if kind is kubeapi.Kind.PODS else {"node": key}
+
+
+def _note_about(note: kubeapi.EventNote) -> dict[str, str]:
+    """The ``extra`` of a log line on an Event: the pod it is on, or the node (a Node's or a
+    GpuLayout's, which is named after its node)."""
+    where = f"{note.namespace}/{note.name}" if note.namespace else note.name
+    return logs.about(pod=where) if note.kind == "Pod" else logs.about(node=where)
 
 
 def _meta_of(key: str) -> dict[str, str]:

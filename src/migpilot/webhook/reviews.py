@@ -140,6 +140,33 @@ def uid(document: object) -> str:
     return ""
 
 
+def pod_and_node(document: object) -> tuple[str | None, str | None]:
+    """The pod a pod-create review creates, as ``namespace/name`` (``namespace/prefix*`` when
+    the API server is to generate the name from ``generateName``), and the node it names in
+    ``spec.nodeName``; ``None`` for what the document does not say. Never raises: a malformed
+    review is logged too, with what can be read of it."""
+
+    def text(where: Mapping[str, Any], key: str) -> str:
+        value = where.get(key)
+        return value if isinstance(value, str) else ""
+
+    def part(where: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        value = where.get(key)
+        return value if isinstance(value, Mapping) else {}
+
+    request = part(document, "request") if isinstance(document, Mapping) else {}
+    if not is_pod_create(request):
+        return None, None
+    pod = part(request, "object")
+    metadata = part(pod, "metadata")
+    namespace = text(request, "namespace") or text(metadata, "namespace")
+    name = text(request, "name") or text(metadata, "name")
+    if not name and text(metadata, "generateName"):
+        name = text(metadata, "generateName") + "*"
+    node = text(part(pod, "spec"), "nodeName")
+    return (f"{namespace}/{name}" if namespace and name else None), (node or None)
+
+
 def request_of(document: object) -> Mapping[str, Any]:
     """The ``request`` of a decoded AdmissionReview; raises :class:`MalformedError`."""
     if not isinstance(document, Mapping):

@@ -56,8 +56,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from migpilot import errors
-from migpilot.webhook import admission, leases, registering, validation
+from migpilot import errors, logs
+from migpilot.webhook import admission, leases, registering, reviews, validation
 
 _log = logging.getLogger("migpilot.webhook")
 
@@ -294,13 +294,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return  # the client closed before sending its body whole
         try:
-            answer = _answer(path, body, freshness=self.server.freshness)
+            document, answer = _answer(path, body, freshness=self.server.freshness)
         except _BadRequestError as err:
             _log.debug("review %s: 400: %s", path, err)
             self._send(400, f"{err}\n".encode(), "text/plain")
             return
         response = answer.get("response", {})
-        _log.debug("review %s %s: %s", path, response.get("uid"), _said(path, response))
+        pod, node = reviews.pod_and_node(document)
+        _log.debug(
+            "review %s %s: %s",
+            path,
+            response.get("uid"),
+            _said(path, response),
+            extra=logs.about(pod=pod, node=node),
+        )
         self._send(200, json.dumps(answer).encode(), "application/json")
 
     def _send(self, code: int, body: bytes, content_type: str) -> None:
@@ -319,8 +326,9 @@ class _BadRequestError(Exception):
     """The body cannot be read as JSON; carries the one-line reason sent with the 400."""
 
 
-def _answer(path: str, body: bytes, *, freshness: leases.Freshness) -> Any:
-    """The AdmissionReview answering ``body`` on ``path``; raises :class:`_BadRequestError`."""
+def _answer(path: str, body: bytes, *, freshness: leases.Freshness) -> tuple[Any, Any]:
+    """The decoded review and the AdmissionReview answering it on ``path``; raises
+    :class:`_BadRequestError`."""
     try:
         document = json.loads(body)
     except RecursionError:
@@ -333,8 +341,8 @@ def _answer(path: str, body: bytes, *, freshness: leases.Freshness) -> Any:
         raise _BadRequestError(f"the body is not JSON ({err})") from None
     try:
         if path == MUTATE_PATH:
-            return admission.review(document, lease_fresh=freshness.fresh())
-        return validation.review(document)
+            return document, admission.review(document, lease_fresh=freshness.fresh())
+        return document, validation.review(document)
     except RecursionError:  # a value nested deep enough that telling of it recursed too far
         raise _BadRequestError("the review holds a value nested too deeply to read") from None
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from migpilot import errors, files
+from migpilot import errors, files, logs
 from migpilot.agent.deviceplugin import (
     advertising,
     allocating,
@@ -539,6 +539,7 @@ class DevicePlugin:
             found.container.name,
             ", ".join(found.device_ids),
             ", ".join(requested),
+            extra=logs.about(pod=found.pod.key),
         )
         return answer
 
