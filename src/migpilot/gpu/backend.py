@@ -157,7 +157,9 @@ class ProcessSample:
     mps: bool = False
     """An MPS client (``nvmlDeviceGetMPSComputeRunningProcesses``), not the MPS server."""
     utilization: float | None = None
-    """Its share of the SMs, 0-1; ``None`` where the backend cannot say (NVML here)."""
+    """Its SM utilisation, 0-1, over the last sampling interval; ``None`` where the backend
+    cannot say. NVML gives it only with MIG off (``nvmlDeviceGetProcessesUtilizationInfo``, the
+    percent of the time a kernel of the process ran), and not on the first pass."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,8 @@ The GPUs can be driven (:meth:`EmulatedBackend.drive`): a function gives each de
 or MIG UUID, an MPS slice ``GPU-x::mps-3`` or a replica ``GPU-x::2``) a :class:`Load`, and
 :meth:`EmulatedBackend.sample` reports it as the driver would: memory everywhere, SM utilisation
 per GPU and per MIG instance only where the real hardware gives it (per MIG instance through GPM
-on Hopper and later; per GPU with MIG off on every model, with MIG on only on Hopper and later),
+on Hopper and later; per GPU with MIG off on every model, with MIG on only on Hopper and later;
+per process with MIG off only),
 and a process per shared device, with a pid above Linux's largest (2**22) so it never names a
 real one, whose pod :meth:`EmulatedBackend.pod_of` tells (the emulated ``/proc/<pid>/cgroup``).
 
@@ -462,7 +463,10 @@ class EmulatedBackend:
                             memory_used_bytes=mem,
                             gi_id=gi_id,
                             mps=mark != "" and key.startswith(f"{real}::mps-"),
-                            utilization=min(max(load.utilization, 0.0), 1.0),
+                            # NVML has no per-process utilisation with MIG on (nvml.h)
+                            utilization=min(max(load.utilization, 0.0), 1.0)
+                            if gi_id is None
+                            else None,
                         )
                     )
                 return min(util, 1.0), min(used, capacity)

@@ -9,6 +9,9 @@ compute instance of the full profile; MIG device UUIDs come from the MIG device 
 GPU's compute mode is read and set with ``nvmlDeviceGetComputeMode``/``nvmlDeviceSetComputeMode``
 (what ``nvidia-smi -c``, which NVIDIA's MPS daemon runs, calls), never on a GPU in MIG mode. Driver
 errors (``pynvml.NVMLError``) become :class:`~migpilot.gpu.backend.BackendError` with a kind.
+Sampling is read-only: memory, SM utilisation (GPM, per GPU and per GPU instance), the process
+lists, and on a GPU with MIG off each process's SM utilisation
+(``nvmlDeviceGetProcessesUtilizationInfo``), which is what an MPS slice or a replica reports.
 
 The bindings module is injected (default: ``import pynvml`` from nvidia-ml-py), so the same
 code runs in CI against :mod:`migpilot.gpu.nvml_standin`. A shell module: it may import
@@ -18,8 +21,9 @@ code runs in CI against :mod:`migpilot.gpu.nvml_standin`. A shell module: it may
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +36,13 @@ from migpilot.mig import catalog, pciids, profiles
 
 _NONE_ID = 0xFFFFFFFF
 """NVML's "not applicable" instance id in event data."""
+
+_PROCESS_UTILIZATION_CALLS = (
+    "nvmlDeviceGetProcessesUtilizationInfo",
+    "nvmlDeviceGetProcessUtilization",
+)
+"""The per-process utilisation reads, newest first: the v1 struct call (drivers R550 and later),
+then the call every driver since Maxwell has. Same samples, same timestamp rule."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +71,12 @@ class NvmlBackend:
         self._gpm: dict[tuple[int, int | None], Any] = {}
         """(GPU, GPU-instance id or ``None``) -> the last GPM sample taken there."""
         self._gpm_support: dict[int, bool] = {}
+        self._process_seen: dict[int, int] = {}
+        """GPU -> the last per-process utilisation timestamp seen there (CPU microseconds, the
+        driver's); absent before the first pass with MIG off."""
+        self._process_calls: tuple[str, ...] = _PROCESS_UTILIZATION_CALLS
+        """The per-process utilisation calls still worth trying (one is dropped for good when the
+        driver or the bindings lack it)."""
         with self._mapped("initialising NVML"):
             self._nvml.nvmlInit()
 
@@ -262,7 +279,8 @@ class NvmlBackend:
     def sample(self, gpu: int) -> backend.GpuSample:
         """GPU ``gpu``'s memory, SM utilisation (GPM between this call and the last, else the
         utilisation rate with MIG off), its MIG devices' (memory from their handles, GPM per GPU
-        instance on Hopper and later) and its processes (MPS clients marked). Read-only."""
+        instance on Hopper and later) and its processes (MPS clients marked; with MIG off, each
+        one's SM utilisation between this call and the last). Read-only."""
         nvml = self._nvml
         handle = self._handle(gpu)
         with self._mapped(f"GPU {gpu}: sampling"):
@@ -290,6 +308,13 @@ class NvmlBackend:
                         memory_total_bytes=None if info is None else int(info.total),
                     )
                 )
+        processes = self._processes(handle)
+        if mig_on:
+            # nvml.h: "On MIG-enabled GPUs, querying process utilization is not currently
+            # supported": no call, and a fresh start if MIG goes off again.
+            self._process_seen.pop(gpu, None)
+        elif processes is not None:
+            processes = process_utilization(processes, self._process_shares(gpu, handle))
         return backend.GpuSample(
             gpu=gpu,
             uuid=uuid,
@@ -297,7 +322,7 @@ class NvmlBackend:
             memory_used_bytes=int(mem.used),
             memory_total_bytes=int(mem.total),
             instances=tuple(instances),
-            processes=self._processes(handle),
+            processes=processes,
         )
 
     def _optional(self, read: Any) -> Any:
@@ -326,6 +351,68 @@ class NvmlBackend:
                 mps=pid in mps,
             )
         return tuple(out[pid] for pid in sorted(out))
+
+    def _process_shares(self, gpu: int, handle: Any) -> dict[int, float | None] | None:
+        """pid -> its SM utilisation 0-1 between the last pass on ``gpu`` and now, for each
+        process NVML sampled (``None``: a reading out of range); ``None`` when NVML cannot say:
+        the first pass (it only sets the timestamp, as GPM's first sample does), a GPU or driver
+        without the call (``NOT_SUPPORTED``, ``NO_PERMISSION``, ...).
+
+        The timestamp is the driver's own: the newest sample's ``timeStamp`` becomes the next
+        pass's ``lastSeenTimeStamp`` (nvml.h: "Set lastSeenTimeStamp to a timeStamp retrieved
+        from a previous query to read utilization since the previous query"), so no clock of
+        ours is compared with the driver's, and a pass with no sample keeps the old one.
+        """
+        last = self._process_seen.get(gpu)
+        try:
+            samples = self._process_samples(handle, 0 if last is None else last)
+        except self._nvml.NVMLError:
+            return None
+        newest = max((int(s.timeStamp) for s in samples), default=0)
+        self._process_seen[gpu] = max(newest, last or 0)
+        if last is None:
+            return None
+        return _shares(samples)
+
+    def _process_samples(self, handle: Any, last_seen: int) -> list[Any]:
+        """The per-process utilisation samples newer than ``last_seen``; ``[]`` when NVML says
+        there are none. Raises ``NVMLError`` when it cannot say."""
+        nvml = self._nvml
+        try:
+            try:
+                return self._process_samples_once(handle, last_seen)
+            except nvml.NVMLError as e:
+                if e.value != nvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                    raise
+                # A process started between the bindings' sizing call and their read: once more.
+                return self._process_samples_once(handle, last_seen)
+        except nvml.NVMLError as e:
+            # NOT_FOUND: "If no valid sample entries are found since the lastSeenTimeStamp"
+            # (nvml.h). SUCCESS: nvidia-ml-py raises NVMLError(NVML_SUCCESS) when the driver
+            # answers its sizing call with success, having nothing to size a buffer for.
+            if e.value in (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_SUCCESS):
+                return []
+            raise
+
+    def _process_samples_once(self, handle: Any, last_seen: int) -> list[Any]:
+        """One read with the newest call the bindings and the driver have."""
+        nvml = self._nvml
+        while True:
+            name, *older = self._process_calls
+            read = getattr(nvml, name, None)  # None: nvidia-ml-py older than the call
+            if read is not None:
+                try:
+                    return list(read(handle, last_seen))
+                except nvml.NVMLError as e:
+                    lacking = (
+                        nvml.NVML_ERROR_FUNCTION_NOT_FOUND,  # a driver older than the call
+                        nvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,  # it knows no v1 struct
+                    )
+                    if not older or e.value not in lacking:
+                        raise
+            elif not older:
+                raise nvml.NVMLError(nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            self._process_calls = tuple(older)
 
     def _gpm_util(self, gpu: int, handle: Any, gi: int | None) -> float | None:
         """SM utilisation 0-1 between the last GPM sample of (``gpu``, ``gi``) and a new one;
@@ -505,6 +592,53 @@ class NvmlBackend:
             ci_id = int(nvml.nvmlComputeInstanceGetInfo(ci).id)
         uuid = self._mig_uuids(gpu, handle).get((gi_id, ci_id))
         return backend.MigDevice(gpu, gi_id, ci_id, profile.name, start, uuid)
+
+
+def process_utilization(
+    processes: Sequence[backend.ProcessSample], shares: Mapping[int, float | None] | None
+) -> tuple[backend.ProcessSample, ...]:
+    """``processes`` with their SM utilisation from ``shares`` (pid -> 0-1 over the interval,
+    what :meth:`NvmlBackend.sample` read with MIG off; ``None``: NVML could not say). Pure.
+
+    A process with a sample gets it. A process without one gets 0.0: NVML returns "one
+    utilization sample structure ... per process running, that had some non-zero utilization
+    during the last sample period" (nvml.h, ``nvmlDeviceGetProcessUtilization`` and
+    ``nvmlDeviceGetProcessesUtilizationInfo``), so a listed process with no sample did not use
+    the SMs. One exception keeps a made-up zero out: an MPS client without a sample while a
+    process that is not a client (the MPS server) has one reads ``None``: NVML may then have
+    booked the clients' work to the server (pre-Volta MPS clients submit their work through it:
+    NVIDIA's MPS guide, "Volta MPS clients submit work directly to the GPU without passing
+    through the MPS server"; not yet checked on real hardware), and what each client did cannot
+    be told apart.
+    """
+    if shares is None:
+        return tuple(processes)
+    # A server sample out of range (None) counts as busy: it was sampled, for an unknown use.
+    server_busy = any(p.mps for p in processes) and any(
+        not p.mps and shares.get(p.pid, 0.0) != 0.0 for p in processes
+    )
+    unsampled_client = None if server_busy else 0.0
+    return tuple(
+        dataclasses.replace(p, utilization=shares.get(p.pid, unsampled_client if p.mps else 0.0))
+        for p in processes
+    )
+
+
+def _shares(samples: Iterable[Any]) -> dict[int, float | None]:
+    """pid -> the mean ``smUtil`` of its samples as 0-1; ``None`` for a pid with a reading
+    above 100 % (drivers have returned garbage there, e.g. 2147483632: NVIDIA/DCGM#83).
+
+    nvml.h promises one sample per process (the driver's own reading since
+    ``lastSeenTimeStamp``); should a driver give several for one pid, nvml.h says nothing of
+    how they combine, and their mean is taken: each is one stretch of the interval, and the mean
+    neither adds stretches up past 100 % nor drops any."""
+    by_pid: dict[int, list[int]] = {}
+    for s in samples:
+        by_pid.setdefault(int(s.pid), []).append(int(s.smUtil))
+    return {
+        pid: None if max(values) > 100 else sum(values) / len(values) / 100.0
+        for pid, values in by_pid.items()
+    }
 
 
 def _text(value: str | bytes) -> str:

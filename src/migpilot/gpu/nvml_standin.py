@@ -12,7 +12,15 @@ create/destroy calls; faults injected there surface here as NVML errors.
 
 Handles encode what they point to in their address (kind, GPU, GPU instance, compute instance);
 they are never dereferenced. Functions the adapter does not use are absent: calling one raises
-``AttributeError`` rather than reaching for a real driver.
+``AttributeError`` rather than reaching for a real driver. A test can make the stand-in a driver
+that lacks a function (``missing``: ``NVML_ERROR_FUNCTION_NOT_FOUND``, as nvidia-ml-py raises when
+the library has no such symbol) or a GPU that does not support it (``not_supported``).
+
+Per-process utilisation follows nvml.h: the driver keeps samples stamped with CPU microseconds
+(``clock_us``); one is taken for each process with a non-zero load whenever a process-utilisation
+call is made (an emulated load is steady, so when does not matter), and a call returns, per pid,
+the mean of its samples newer than ``lastSeenTimeStamp`` with the newest one's stamp, or
+``NVML_ERROR_NOT_FOUND`` when there is none; ``NVML_ERROR_NOT_SUPPORTED`` with MIG on.
 """
 
 # The names of functions and parameters are nvidia-ml-py's, so the adapter calls it unchanged.
@@ -20,7 +28,10 @@ they are never dereferenced. Functions the adapter does not use are absent: call
 
 from __future__ import annotations
 
+import collections
 import ctypes
+import time
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 import pynvml  # type: ignore[import-untyped]
@@ -73,11 +84,32 @@ def _deref(ref: Any) -> Any:
     return getattr(ref, "_obj", ref)
 
 
+_SAMPLE_BUFFER = 4096
+"""Process-utilisation samples the stand-in keeps per GPU (the driver's buffer is finite too)."""
+
+
+def _wall_clock_us() -> int:
+    return time.time_ns() // 1000
+
+
 class NvmlStandin:
     """The subset of ``pynvml`` the NVML adapter uses, over an emulated backend."""
 
-    def __init__(self, emulator: emulated.EmulatedBackend) -> None:
+    def __init__(
+        self,
+        emulator: emulated.EmulatedBackend,
+        *,
+        clock_us: Callable[[], int] = _wall_clock_us,
+        missing: Iterable[str] = (),
+        not_supported: Iterable[str] = (),
+    ) -> None:
         self._emu = emulator
+        self._clock_us = clock_us
+        self._last_us = 0
+        self._missing = frozenset(missing)
+        self._not_supported = frozenset(not_supported)
+        self._process_util: dict[int, collections.deque[tuple[int, int, int]]] = {}
+        """GPU -> its process-utilisation samples: (timestamp us, pid, SM percent)."""
         self._initialised = 0
         self._event_sets: dict[int, dict[int, int]] = {}
         self._gpm_next = 0
@@ -101,6 +133,10 @@ class NvmlStandin:
         self.calls.append(name)
         if not self._initialised:
             _raise(pynvml.NVML_ERROR_UNINITIALIZED)
+        if name in self._missing:
+            _raise(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if name in self._not_supported:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     def _device(self, handle: Any) -> int:
         kind, gpu, _, _ = _decode(handle)
@@ -217,6 +253,51 @@ class NvmlStandin:
         util.gpu = round((self._emu.sample(gpu).utilization or 0.0) * 100)
         util.memory = 0
         return util
+
+    def _process_samples(self, handle: Any, last_seen: int) -> list[tuple[int, int, int]]:
+        """(newest timestamp, pid, mean SM percent) per process sampled after ``last_seen``."""
+        gpu = self._device(handle)
+        mig = self._emu.gpus()[gpu].mig
+        if mig is not None and mig.current:
+            # nvml.h: "On MIG-enabled GPUs, querying process utilization is not currently
+            # supported".
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        now = self._last_us = max(self._clock_us(), self._last_us + 1)
+        kept = self._process_util.setdefault(gpu, collections.deque(maxlen=_SAMPLE_BUFFER))
+        for p in self._emu.sample(gpu).processes or ():
+            percent = round((p.utilization or 0.0) * 100)
+            if percent > 0:  # a sample only for a process with non-zero use (nvml.h)
+                kept.append((now, p.pid, percent))
+        by_pid: dict[int, list[tuple[int, int]]] = {}
+        for stamp, pid, percent in kept:
+            if stamp > last_seen:
+                by_pid.setdefault(pid, []).append((stamp, percent))
+        if not by_pid:
+            _raise(pynvml.NVML_ERROR_NOT_FOUND)
+        return [
+            (max(t for t, _ in got), pid, round(sum(u for _, u in got) / len(got)))
+            for pid, got in sorted(by_pid.items())
+        ]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
+        self._enter("nvmlDeviceGetProcessUtilization")
+        out = []
+        for stamp, pid, percent in self._process_samples(handle, int(timeStamp)):
+            sample = pynvml.c_nvmlProcessUtilizationSample_t()
+            sample.pid, sample.timeStamp, sample.smUtil = pid, stamp, percent
+            sample.memUtil = sample.encUtil = sample.decUtil = 0
+            out.append(sample)
+        return out
+
+    def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, timeStamp: int) -> list[Any]:
+        self._enter("nvmlDeviceGetProcessesUtilizationInfo")
+        out = []
+        for stamp, pid, percent in self._process_samples(handle, int(timeStamp)):
+            info = pynvml.c_nvmlProcessUtilizationInfo_v1_t()
+            info.timeStamp, info.pid, info.smUtil = stamp, pid, percent
+            info.memUtil = info.encUtil = info.decUtil = info.jpgUtil = info.ofaUtil = 0
+            out.append(info)
+        return out
 
     def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
         self._enter("nvmlDeviceGetMPSComputeRunningProcesses")
