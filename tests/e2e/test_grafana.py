@@ -4,8 +4,9 @@ Prometheus scraping the whole system, with every variable at "All" (``.*``).
 The scene: the two MIG nodes of ``metrics_scene`` (the H100 node's agent restarted with
 ``--emulated-load`` so its MIG instances report utilisation: an A100 MIG instance gives none, by
 design), an MPS node (two A100-80GB, MIG off) with the same load file, the controller, MIG pods
-on both MIG nodes, an MPS pod, and a pod no node can serve (three 7g.80gb: pending with
-``MigRequestUnservable``). Then each panel's query must parse (Prometheus answers 400
+on both MIG nodes (the A100 node's after a pod of two whole GPUs came and went, so a free
+7g.80gb is destroyed for one of them), an MPS pod, and a pod no node can serve (three 7g.80gb:
+pending with ``MigRequestUnservable``). Then each panel's query must parse (Prometheus answers 400
 otherwise: ``PromQLError``) and return at least one series; each variable's ``label_values``
 must list the scene's nodes, models and namespace; and the top pod by utilisation is the one the
 load file made busiest.
@@ -39,8 +40,8 @@ EMPTY_OK: dict[tuple[str, str], str] = {}
 """(panel, refId) -> why its query may return nothing in this scene: none, every panel has data."""
 
 
-def _mig_pod(scene: Scene, name: str, profile: str, node: str) -> Pod:
-    pod = scene.pod(name, profile)
+def _mig_pod(scene: Scene, name: str, profile: str, node: str, count: int = 1) -> Pod:
+    pod = scene.pod(name, profile, count)
     assert pod.spec is not None
     pod.spec.nodeSelector = {"kubernetes.io/hostname": node}
     return pod
@@ -93,6 +94,12 @@ def test_every_dashboard_query_returns_data_with_all_selected(
     scene.wait(scene.reported, "the agents' first status")
     scene.wait(lambda: scene.layout(MPS_NODE) is not None, "the mps node's GpuLayout")
 
+    # First a pod of two whole A100s, gone once Running: its two 7g.80gb stay free, and
+    # idle-0's 2g.20gb takes the place of one (an instance destroyed, for the Reconfigurations
+    # panel's destroyed query).
+    client.create(_mig_pod(scene, "whole", "7g.80gb", A100, count=2))
+    scene.wait(lambda: scene.running({"whole"}), "the pod of two 7g.80gb Running")
+    client.delete(Pod, "whole", namespace=scene.namespace, grace_period=0)
     for name, (profile, node) in MIG_PODS.items():
         client.create(_mig_pod(scene, name, profile, node))
     client.create(_mps_pod(scene, "mps-0", 10))
@@ -114,6 +121,10 @@ def test_every_dashboard_query_returns_data_with_all_selected(
     )
     prometheus.wait(
         'migpilot_pending_pods{reason="MigRequestUnservable"} == 1', what="the refused pod"
+    )
+    prometheus.wait(
+        'migpilot_instances_destroyed_total{profile="7g.80gb"} == 1',
+        what="the free 7g.80gb destroyed for idle-0",
     )
 
     doc = dashboard.load()

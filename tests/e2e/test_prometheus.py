@@ -5,9 +5,10 @@ every migpilot process serving ``/metrics`` on a loopback port, and a real Prome
 (``scripts/k8s-tools`` builds it) scraping them every second. MIG pods are served; then PromQL
 checks that the series exist with their labels and the values the scene implies: the
 controller's plans, binds, pending pods and allocation, the agents' devices (compared with the
-GpuLayouts' status) and actions, and ``up`` for every target. The webhook serves no
-``/metrics`` yet, so it is not a target. Checks of later series (per-pod GPU use, per model and
-node) belong next to these: ``prometheus.wait(PROMQL, CHECK)``.
+GpuLayouts' status) and actions, the instances the agents reported created and destroyed (a pod
+of two whole GPUs replaces a node's free instances), and ``up`` for every target. The webhook
+serves no ``/metrics`` yet, so it is not a target. Checks of later series (per-pod GPU use, per
+model and node) belong next to these: ``prometheus.wait(PROMQL, CHECK)``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ def _instances(scene: Scene) -> dict[str, dict[str, int]]:
             counts.update(f"nvidia.com/mig-{i.profile}" for i in g.instances)
         out[f"agent-{node}"] = dict(counts)
     return out
+
+
+def _profiles(scene: Scene, node: str) -> collections.Counter[str]:
+    """Profile -> MIG instances the node's GpuLayout status lists."""
+    lay = scene.layout(node)
+    gpus = lay.status.gpus if lay is not None and lay.status is not None else ()
+    return collections.Counter(i.profile for g in gpus for i in g.instances)
 
 
 def test_prometheus_scrapes_the_controller_and_agents(
@@ -118,6 +126,33 @@ def test_prometheus_scrapes_the_controller_and_agents(
     prometheus.wait(
         "migpilot_allocation_ratio == 0", what="allocation back to 0 with the pods deleted"
     )
+
+    # A pod that needs both GPUs of a node whole, on the node that holds the most instances
+    # (all free now): the agent destroys them for it. The controller counts what the agents
+    # reported: every instance made since their first report, and those destroyed.
+    held = {node: _profiles(scene, node) for node in NODES}
+    made: collections.Counter[str] = collections.Counter()
+    for profiles in held.values():
+        made.update(profiles)
+    full = max(held, key=lambda node: held[node].total())
+    whole = scene.pod("whole", "7g.80gb", count=2)
+    assert whole.spec is not None
+    whole.spec.nodeSelector = {"kubernetes.io/hostname": full}
+    client.create(whole)
+    scene.wait(lambda: scene.running({"whole"}), f"the pod of two 7g.80gb Running on {full}")
+    scene.wait(lambda: _profiles(scene, full) == {"7g.80gb": 2}, f"{full} holding two 7g.80gb")
+    prometheus.wait(
+        'sum by (profile) (migpilot_instances_destroyed_total{job="controller"})',
+        lambda got: _by(got, "profile") == {(k,): float(n) for k, n in held[full].items()},
+        what=f"the instances destroyed on {full}: {dict(held[full])}",
+    )
+    made["7g.80gb"] += 2
+    prometheus.wait(
+        'sum by (profile) (migpilot_instances_created_total{job="controller"})',
+        lambda got: _by(got, "profile") == {(k,): float(n) for k, n in made.items()},
+        what=f"the instances created: {dict(made)}",
+    )
+    assert prometheus.value('sum(migpilot_instances_destroyed_total{job="controller"})') > 0
 
     # A target that stops is seen down.
     controlplane.stop_components([scene.agents["ctl-h100"]])

@@ -1,16 +1,24 @@
 """The controller's metrics per node and model, pending pods by reason, creation-to-bind time and
-instances per profile: exact values, from the pure definitions and from the real loop on the
+instances per profile (written in specs, and reported created and destroyed by the agents):
+exact values, from the pure definitions and from the real loop on the
 in-memory API with clocks the test moves."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+from typing import Any
 
 import pytest
 
-from migpilot.controller import kubeapi, metrics, running
+from migpilot.api import gpulayouts as gl
+from migpilot.api import leases
+from migpilot.controller import kubeapi, metrics, running, turnover
 from migpilot.mig import catalog, profiles
 from migpilot.planning import plans, snapshot, usage
+from tests.unit.test_controller_leading import _Api as _LeaseApi
+from tests.unit.test_controller_leading import _reads as _lease_reads
+from tests.unit.test_controller_leading import _run as _run_leading
 from tests.unit.test_controller_running import (
     _agent_reports,
     _bind,
@@ -20,8 +28,10 @@ from tests.unit.test_controller_running import (
     _ready_node,
     _reserved,
     _run,
+    _status,
     _until,
 )
+from tests.unit.test_controller_running import _node as _node_doc
 
 A100 = catalog.resolve_gpu("a100-80gb")
 A30 = catalog.resolve_gpu("a30-24gb")
@@ -99,7 +109,7 @@ def test_pending_by_reason_keeps_a_reason_no_pod_holds_at_zero() -> None:
     assert _value(m, "migpilot_pending_pods", reason="MigRequestUnservable") == 0
 
 
-def test_instances_written_are_counted_by_profile_and_mps_slices_by_size() -> None:
+def test_instance_actions_written_are_counted_by_op_and_profile_and_mps_slices_by_size() -> None:
     m = metrics.ControllerMetrics()
     m.observe_written(
         [
@@ -112,11 +122,25 @@ def test_instances_written_are_counted_by_profile_and_mps_slices_by_size() -> No
             plans.SliceAction("n", 1, plans.SliceOp.REMOVE, 1, 40, None, "freed"),
         ],
     )
-    assert _value(m, "migpilot_instances_destroyed_total", profile="1g.10gb") == 2
-    assert _value(m, "migpilot_instances_created_total", profile="2g.20gb") == 1
+    written = "migpilot_instance_actions_written_total"
+    assert _value(m, written, op="destroy", profile="1g.10gb") == 2
+    assert _value(m, written, op="create", profile="2g.20gb") == 1
+    assert _value(m, written, op="create", profile="mps-20gb") == 1
+    assert _value(m, written, op="destroy", profile="mps-40gb") == 1
+    assert _value(m, written, op="create", profile="1g.10gb") is None
+    # What was written is not what the agents reported.
+    assert _value(m, "migpilot_instances_created_total", profile="2g.20gb") is None
+    assert _value(m, "migpilot_instances_destroyed_total", profile="1g.10gb") is None
+
+
+def test_turnover_is_counted_by_profile() -> None:
+    m = metrics.ControllerMetrics()
+    m.observe_turnover(turnover.Turnover(created={"1g.10gb": 2, "mps-20gb": 1}))
+    m.observe_turnover(turnover.Turnover(created={"1g.10gb": 1}, destroyed={"7g.80gb": 1}))
+    assert _value(m, "migpilot_instances_created_total", profile="1g.10gb") == 3
     assert _value(m, "migpilot_instances_created_total", profile="mps-20gb") == 1
-    assert _value(m, "migpilot_instances_destroyed_total", profile="mps-40gb") == 1
-    assert _value(m, "migpilot_instances_created_total", profile="1g.10gb") is None
+    assert _value(m, "migpilot_instances_destroyed_total", profile="7g.80gb") == 1
+    assert _value(m, "migpilot_instances_destroyed_total", profile="1g.10gb") is None
 
 
 @pytest.mark.parametrize(
@@ -159,7 +183,9 @@ def test_a_pod_bound_after_n_seconds_lands_in_its_bucket_and_leaves_the_pending_
         await api.put(kubeapi.Kind.PODS, _pod("p", "3g.40gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         _, start, profile = _reserved(api, "n0")["ns/p"]
-        assert _value(m, "migpilot_instances_created_total", profile="3g.40gb") == 1
+        written = "migpilot_instance_actions_written_total"
+        assert _value(m, written, op="create", profile="3g.40gb") == 1
+        assert _value(m, "migpilot_instances_created_total", profile="3g.40gb") is None
         await _until(
             "the pod pending as reserved",
             lambda: _value(m, "migpilot_pending_pods", reason="MigInstancesReserved") == 1,
@@ -172,6 +198,10 @@ def test_a_pod_bound_after_n_seconds_lands_in_its_bucket_and_leaves_the_pending_
             lambda: (
                 _value(m, "migpilot_node_allocation_ratio", node="n0", model="a100-80gb") == 3 / 7
             ),
+        )
+        await _until(
+            "the instance the agent made counted",
+            lambda: _value(m, "migpilot_instances_created_total", profile="3g.40gb") == 1,
         )
         clock.now += 7.0
         wall.now += 70.0  # created 100 s before it is bound
@@ -213,17 +243,126 @@ def test_a_refused_pod_counts_under_its_reason_until_it_is_served() -> None:
     _run(body)
 
 
-def test_a_free_instance_a_plan_replaces_is_counted_destroyed() -> None:
+def test_a_free_instance_a_plan_replaces_is_counted_destroyed_once_the_agent_reports_it() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         m = controller.metrics
-        await _ready_node(api)
+        await _ready_node(api)  # the agent's first report: the baseline
         await _agent_reports(
             api, "n0", [{"profile": "1g.10gb", "start": 0, "uuid": "MIG-0", "state": "free"}]
         )
-        await _passes(controller)
+        await _until(
+            "the new instance counted",
+            lambda: _value(m, "migpilot_instances_created_total", profile="1g.10gb") == 1,
+        )
         await api.put(kubeapi.Kind.PODS, _pod("big", "7g.80gb"))
         await _until("a reservation", lambda: "ns/big" in _reserved(api, "n0"))
-        assert _value(m, "migpilot_instances_destroyed_total", profile="1g.10gb") == 1
+        written = "migpilot_instance_actions_written_total"
+        assert _value(m, written, op="destroy", profile="1g.10gb") == 1
+        assert _value(m, written, op="create", profile="7g.80gb") == 1
+        # Planned, not done: nothing counted until the agent reports it.
+        await _passes(controller)
+        assert _value(m, "migpilot_instances_destroyed_total", profile="1g.10gb") is None
+        assert _value(m, "migpilot_instances_created_total", profile="7g.80gb") is None
+        await _agent_reports(
+            api,
+            "n0",
+            [{"profile": "1g.10gb", "start": 0, "uuid": "MIG-0", "state": "destroying"}],
+        )
+        await _passes(controller)
+        assert _value(m, "migpilot_instances_destroyed_total", profile="1g.10gb") is None
+        await _agent_reports(
+            api,
+            "n0",
+            [{"profile": "7g.80gb", "start": 0, "uuid": "MIG-7", "state": "reserved"}],
+        )
+        await _until(
+            "the destroy counted",
+            lambda: _value(m, "migpilot_instances_destroyed_total", profile="1g.10gb") == 1,
+        )
         assert _value(m, "migpilot_instances_created_total", profile="7g.80gb") == 1
+        assert _value(m, "migpilot_instances_created_total", profile="1g.10gb") == 1
 
     _run(body)
+
+
+def _layout_doc(node: str, instances: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": gl.API_VERSION,
+        "kind": gl.KIND,
+        "metadata": {"name": node},
+        "spec": {"gpus": []},
+        "status": _status(instances),
+    }
+
+
+FOUND = [
+    {"profile": "3g.40gb", "start": 0, "uuid": "MIG-0", "state": "free"},
+    {"profile": "1g.10gb", "start": 4, "uuid": "MIG-4", "state": "free"},
+]
+
+
+def test_what_a_starting_controller_finds_is_its_baseline_and_a_deleted_layout_is_forgotten() -> (
+    None
+):
+    api = kubeapi.InMemoryApi()
+    asyncio.run(api.put(kubeapi.Kind.NODES, _node_doc("n0")))
+    asyncio.run(api.put(kubeapi.Kind.LAYOUTS, _layout_doc("n0", FOUND)))
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        m = controller.metrics
+        await _until("leading", lambda: controller.leading)
+        await _passes(controller)
+        for profile in ("3g.40gb", "1g.10gb"):
+            assert _value(m, "migpilot_instances_created_total", profile=profile) is None
+        # One destroyed, as the agent reports it.
+        await _agent_reports(api, "n0", FOUND[:1])
+        await _until(
+            "the destroy counted",
+            lambda: _value(m, "migpilot_instances_destroyed_total", profile="1g.10gb") == 1,
+        )
+        # The GpuLayout deleted (the controller makes it again, empty): no destroy counted, and
+        # the agent's report on the new one is a new baseline.
+        await api.delete(kubeapi.Kind.LAYOUTS, "n0")
+        await _until("the GpuLayout made again", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
+        await _agent_reports(api, "n0", FOUND)
+        await _passes(controller)
+        assert _value(m, "migpilot_instances_destroyed_total", profile="3g.40gb") is None
+        assert _value(m, "migpilot_instances_created_total", profile="1g.10gb") is None
+        assert _value(m, "migpilot_instances_created_total", profile="3g.40gb") is None
+        await _agent_reports(api, "n0", [])
+        await _until(
+            "both destroys counted",
+            lambda: _value(m, "migpilot_instances_destroyed_total", profile="3g.40gb") == 1,
+        )
+        assert _value(m, "migpilot_instances_destroyed_total", profile="1g.10gb") == 2
+
+    _run(body, api=api)
+
+
+def test_a_standby_counts_nothing_but_keeps_its_baseline_for_when_it_leads() -> None:
+    clock = _Clock(1000.0)
+    api = _LeaseApi()
+    held = leases.claim(None, observed=None, identity="c0", now=0.0, stamp=CREATED)
+    assert held is not None
+    asyncio.run(api.write_lease(held, create=True))
+    asyncio.run(api.put(kubeapi.Kind.NODES, _node_doc("n0")))
+    asyncio.run(api.put(kubeapi.Kind.LAYOUTS, _layout_doc("n0", [])))
+
+    async def body(api: _LeaseApi, controller: running.Controller) -> None:
+        m = controller.metrics
+        await _lease_reads(api)
+        await _agent_reports(api, "n0", FOUND)
+        await _lease_reads(api)
+        assert not controller.leading
+        assert _value(m, "migpilot_instances_created_total", profile="3g.40gb") is None
+        clock.now += 60.0  # c0 is long gone
+        await _until("the Lease taken", lambda: controller.leading)
+        await _agent_reports(api, "n0", FOUND[:1])
+        await _until(
+            "the destroy counted",
+            lambda: _value(m, "migpilot_instances_destroyed_total", profile="1g.10gb") == 1,
+        )
+        assert _value(m, "migpilot_instances_created_total", profile="3g.40gb") is None
+        assert _value(m, "migpilot_instances_created_total", profile="1g.10gb") is None
+
+    _run_leading(body, api=api, clock=clock)

@@ -1,8 +1,9 @@
 """The controller's Prometheus metrics, on a registry of its own.
 
 What an admin watches: how long plans take, how many MIG pods wait and why (the reason of the
-last Event the controller gave each), how often GPUs are reconfigured and which instances its
-plans create and destroy, how long a pod waits from its creation (and from being seen) to being
+last Event the controller gave each), how often GPUs are reconfigured, which instances the agents
+report created and destroyed (:mod:`migpilot.controller.turnover`) beside what the plans asked
+for, how long a pod waits from its creation (and from being seen) to being
 bound, and how well the GPUs are used (allocation ratio, fragmentation; for the cluster and per
 node and GPU model, as :mod:`migpilot.planning.usage` defines them). A registry of its own, never
 the global default, so several controllers (tests) can live in one process. This module defines
@@ -12,10 +13,12 @@ and updates the metrics; :mod:`migpilot.controller.running` calls it and serves
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import prometheus_client
 
+from migpilot.controller import turnover
 from migpilot.planning import plans, snapshot, usage
 
 PLAN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -96,16 +99,25 @@ class ControllerMetrics:
         )
         self.instances_created = prometheus_client.Counter(
             "migpilot_instances_created",
-            "Instances the controller's plans asked for, counted when the GpuLayout spec is "
-            "written, by profile (MIG profile such as 1g.10gb, or mps-<N>gb for an MPS slice).",
+            "Instances the agents reported as new in their GpuLayouts' status (a MIG instance "
+            "with a UUID, or an MPS slice), by profile (MIG profile such as 1g.10gb, or "
+            "mps-<N>gb for an MPS slice). Counted by the leader only.",
             ["profile"],
             registry=r,
         )
         self.instances_destroyed = prometheus_client.Counter(
             "migpilot_instances_destroyed",
-            "Instances the controller's plans removed, counted when the GpuLayout spec is "
-            "written, by profile.",
+            "Instances the agents stopped reporting in their GpuLayouts' status (destroyed), "
+            "by profile. Counted by the leader only.",
             ["profile"],
+            registry=r,
+        )
+        self.actions_written = prometheus_client.Counter(
+            "migpilot_instance_actions_written",
+            "Instances the controller's plans asked to create or destroy (op), counted when the "
+            "GpuLayout spec is written, by profile: what was planned, whether or not the agent "
+            "carried it out (compare migpilot_instances_created_total).",
+            ["op", "profile"],
             registry=r,
         )
         self._layout_keys: set[tuple[str, str]] = set()
@@ -176,27 +188,24 @@ class ControllerMetrics:
         actions: Iterable[plans.Action],
         slice_actions: Iterable[plans.SliceAction] = (),
     ) -> None:
-        """Count the instances a spec just written creates and destroys."""
-        made: dict[str, int] = {}
-        gone: dict[str, int] = {}
+        """Count the instances a spec just written asks to create and destroy."""
+        asked: Counter[tuple[str, str]] = Counter()
         for a in actions:
-            into = made if a.op is plans.Op.CREATE else gone
-            into[a.profile] = into.get(a.profile, 0) + 1
+            asked[("create" if a.op is plans.Op.CREATE else "destroy", a.profile)] += 1
         for sa in slice_actions:
-            into = made if sa.op is plans.SliceOp.CREATE else gone
-            name = slice_profile(sa.memory_gb)
-            into[name] = into.get(name, 0) + 1
-        _count(self.instances_created, made)
-        _count(self.instances_destroyed, gone)
+            op = "create" if sa.op is plans.SliceOp.CREATE else "destroy"
+            asked[(op, turnover.slice_profile(sa.memory_gb))] += 1
+        for (op, profile), n in sorted(asked.items()):
+            self.actions_written.labels(op=op, profile=profile).inc(n)
+
+    def observe_turnover(self, seen: turnover.Turnover) -> None:
+        """Count the instances a node's agent reported created and destroyed."""
+        _count(self.instances_created, seen.created)
+        _count(self.instances_destroyed, seen.destroyed)
 
     def exposition(self) -> bytes:
         """The metrics in the Prometheus text format."""
         return prometheus_client.generate_latest(self.registry)
-
-
-def slice_profile(memory_gb: int) -> str:
-    """The ``profile`` label of an MPS slice of ``memory_gb`` GB (``mps-20gb``)."""
-    return f"mps-{memory_gb}gb"
 
 
 def _count(counter: prometheus_client.Counter, by_profile: Mapping[str, int]) -> None:

@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 
 from migpilot import errors, gcpause, logs, probes
 from migpilot.api import gpulayouts, leases
-from migpilot.controller import kubeapi, metrics, observing, pinning
+from migpilot.controller import kubeapi, metrics, observing, pinning, turnover
 from migpilot.planning import control, fast, modes, options, plans, snapshot, unified
 
 _log = logging.getLogger("migpilot.controller")
@@ -197,6 +197,9 @@ class Controller:
         self._seen_waiting: dict[str, float] = {}
         self._said: dict[str, tuple[str, str]] = {}
         self._node_said: dict[str, str] = {}
+        self._reported: dict[str, gpulayouts.LayoutStatus] = {}
+        """The last GpuLayout status seen per node: what :meth:`_count_turnover` compares the
+        next one with."""
         self._writes = asyncio.Semaphore(settings.writers)
         self._notes: asyncio.Queue[kubeapi.EventNote] = asyncio.Queue(settings.event_backlog)
         self.plans = 0
@@ -237,12 +240,27 @@ class Controller:
                 store.nodes[key] = observing.node_view(doc)
         elif deleted:
             store.layouts.pop(key, None)
+            self._reported.pop(key, None)  # the node is gone: not a destroy of its instances
         else:
             try:
                 store.layouts[key] = gpulayouts.parse(doc)
             except errors.MigpilotError as err:
                 _log.warning("GpuLayout %s ignored: %s", key, err, extra={"node": key})
                 store.layouts.pop(key, None)
+                return
+            self._count_turnover(key, store.layouts[key].status)
+
+    def _count_turnover(self, node: str, status: gpulayouts.LayoutStatus | None) -> None:
+        """Count the instances ``node``'s agent reports created and destroyed since the status
+        seen last. The first status seen of a node (at this controller's start, or the agent's
+        first report) is the baseline, not a creation. A standby keeps the baseline current and
+        counts nothing, so the controllers' counts add up to each change counted once."""
+        if status is None:
+            return  # the agent has not reported yet
+        before = self._reported.get(node)
+        self._reported[node] = status
+        if before is not None and self.leading:
+            self.metrics.observe_turnover(turnover.diff(before, status))
 
     def _take(self, kind: kubeapi.Kind, doc: Mapping[str, Any], *, deleted: bool) -> None:
         """:meth:`_put` one object from a watch or a list; an object it cannot read is logged
