@@ -143,21 +143,20 @@ _GPU_FAMILY = frozenset({devices.FULL_GPU_RESOURCE, *resolving.UNIFIED_RESOURCES
 
 
 def _mig_amounts(spec: Mapping[str, Any], where: str) -> dict[str, int]:
-    """Per ``nvidia.com/`` resource, what kube-scheduler counts: the containers' sum, or an init
-    container's amount when larger (limits, overridden by requests where both are given)."""
-    summed: dict[str, int] = {}
-    init: dict[str, int] = {}
-    for part, into in (("containers", summed), ("initContainers", init)):
-        for i, container in enumerate(spec.get(part) or ()):
-            for name, value in snapshot.container_resources(container).items():
-                if not str(name).startswith("nvidia.com/"):
-                    continue
-                n = quantities.amount(value, where=f"{where}.{part}[{i}].{name}")
-                if into is summed:
-                    summed[name] = summed.get(name, 0) + n
-                else:
-                    init[name] = max(init.get(name, 0), n)
-    return {k: max(summed.get(k, 0), init.get(k, 0)) for k in {*summed, *init}}
+    """Per ``nvidia.com/`` resource, what kube-scheduler counts (:func:`snapshot.scheduled`:
+    limits, overridden by requests where both are given)."""
+
+    def amounts(part: str) -> list[dict[str, int]]:
+        return [
+            {
+                str(name): quantities.amount(value, where=f"{where}.{part}[{i}].{name}")
+                for name, value in snapshot.container_resources(container).items()
+                if str(name).startswith("nvidia.com/")
+            }
+            for i, container in enumerate(spec.get(part) or ())
+        ]
+
+    return snapshot.scheduled(amounts("containers"), amounts("initContainers"))
 
 
 class PodBook:

@@ -38,7 +38,7 @@ from typing import Any
 from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import constraints, modes, quantities, snapshot, unified
+from migpilot.planning import constraints, modes, snapshot, unified
 
 GATE = "migpilot.io/plan"
 """The scheduling gate the webhook adds and the controller removes."""
@@ -130,49 +130,6 @@ def _seq(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else []
 
 
-def _effective(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Per resource, the amount kube-scheduler counts for the pod."""
-    summed: dict[str, int] = {}
-    init_max: dict[str, int] = {}
-
-    def amounts(container: Any, at: str) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for name, value in snapshot.container_resources(container).items():
-            out[name] = _amount(name, value, f"{at}.{name}")
-        return out
-
-    for i, c in enumerate(_seq(spec.get("containers"))):
-        for name, n in amounts(c, f"{where}.containers[{i}]").items():
-            summed[name] = summed.get(name, 0) + n
-    for i, c in enumerate(_seq(spec.get("initContainers"))):
-        for name, n in amounts(c, f"{where}.initContainers[{i}]").items():
-            init_max[name] = max(init_max.get(name, 0), n)
-    total = {k: max(summed.get(k, 0), init_max.get(k, 0)) for k in {*summed, *init_max}}
-    for name, value in _map(spec.get("overhead")).items():
-        total[name] = total.get(name, 0) + _amount(name, value, f"{where}.overhead.{name}")
-    return total
-
-
-def _amount(name: str, value: Any, where: str) -> int:
-    if name == "cpu":
-        return snapshot.cpu_milli(value, where=where)
-    if name == "memory":
-        return snapshot.memory_bytes(value, where=where)
-    if name.startswith("nvidia.com/"):
-        return quantities.amount(value, where=where)
-    return 0  # not modelled (ephemeral-storage, hugepages, other vendors)
-
-
-def _as_requests(total: Mapping[str, int]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, n in total.items():
-        if name == "cpu":
-            out[name] = f"{n}m"
-        elif name == "memory" or (name.startswith("nvidia.com/") and n):
-            out[name] = str(n)
-    return out
-
-
 def pod_view(doc: Mapping[str, Any]) -> PodView:
     """Read one Pod (raw JSON); a bad MIG request is kept with its :attr:`PodView.problem`, a
     pod whose amounts cannot be read with its :attr:`PodView.ignored`. Anything a tenant can
@@ -196,11 +153,15 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
     total: dict[str, Any] = {}
     annotations = {str(k): str(v) for k, v in _map(meta.get("annotations")).items()}
     containers = [snapshot.container_resources(c) for c in _seq(spec.get("containers"))]
+    init = [snapshot.container_resources(c) for c in _seq(spec.get("initContainers"))]
+    overhead = _map(spec.get("overhead"))
     is_unified = unified.is_unified(containers, annotations)
     gpus = 0
     ignored: str | None = None
     try:
-        total = _effective(spec, "spec")
+        total = snapshot.scheduled_amounts(
+            containers, init_containers=init, overhead=overhead, where="spec"
+        )
     except errors.MigpilotError as err:
         # Amounts nothing can count with (a bound pod's memory would be added to its node's):
         # the whole pod is left out, and a pod that asks migpilot for something is refused.
@@ -208,25 +169,19 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         if is_unified or any(_serves(n) for c in containers for n in c):
             problem = f"migpilot ignores this pod: {err}"
     try:
-        if ignored is None and is_unified:
+        if ignored is None and (is_unified or any(_serves(k) and v for k, v in total.items())):
+            # CPU and memory as kube-scheduler counts them (overhead included).
             requests = snapshot.container_requests(
                 containers,
                 where="spec",
                 annotations=annotations,
-                init_containers=[
-                    snapshot.container_resources(c) for c in _seq(spec.get("initContainers"))
-                ],
+                init_containers=init,
+                overhead=overhead,
             )
             gpus = requests.unified.count if requests.unified is not None else 0
-            # CPU and memory as kube-scheduler counts them (overhead included).
-            pod = _planned_pod(meta, spec, requests, total=total)
-        elif ignored is None and any(_serves(k) and v for k, v in total.items()):
-            requests = snapshot.pod_requests(
-                _as_requests(total), where="resources", annotations=annotations
-            )
             mig.update({r.profile: r.count for r in requests.mig})
             mps.update({r.resource: r.count for r in requests.mps})
-            pod = _planned_pod(meta, spec, requests, total=total)
+            pod = _planned_pod(meta, spec, requests)
     except errors.MigpilotError as err:
         mig.clear()
         mps.clear()
@@ -281,11 +236,7 @@ def _off_time_slicing(
 
 
 def _planned_pod(
-    meta: Mapping[str, Any],
-    spec: Mapping[str, Any],
-    requests: snapshot.Requests,
-    *,
-    total: Mapping[str, Any],
+    meta: Mapping[str, Any], spec: Mapping[str, Any], requests: snapshot.Requests
 ) -> snapshot.Pod:
     affinity = _map(spec.get("affinity"))
     required = _map(
@@ -303,15 +254,12 @@ def _planned_pod(
         terms = _off_time_slicing(terms)
     selector = {str(k): str(v) for k, v in _map(spec.get("nodeSelector")).items()}
     priority = spec.get("priority")
-    return snapshot.Pod(
+    return snapshot.planned_pod(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace", "default")),
         priority=priority if isinstance(priority, int) else 0,
-        mig=requests.mig,
-        mps=requests.mps,
-        cpu_milli=int(total.get("cpu", 0)),
-        memory_bytes=int(total.get("memory", 0)),
-        node_selector=MappingProxyType(selector),
+        requests=requests,
+        node_selector=selector,
         affinity=terms,
         tolerations=tuple(
             snapshot.toleration(
@@ -320,9 +268,6 @@ def _planned_pod(
             )
             for i, t in enumerate(_seq(spec.get("tolerations")))
         ),
-        unified=requests.unified,
-        node_policy=requests.node_policy,
-        gpu_policy=requests.gpu_policy,
     )
 
 
@@ -395,7 +340,9 @@ def node_view(doc: Mapping[str, Any]) -> NodeView:
     for name, value in _map(status.get("allocatable")).items():
         if name in ("cpu", "memory") or str(name).startswith("nvidia.com/"):
             try:
-                alloc[str(name)] = _amount(str(name), value, f"status.allocatable.{name}")
+                alloc[str(name)] = snapshot.amount(
+                    str(name), value, where=f"status.allocatable.{name}"
+                )
             except errors.MigpilotError as err:
                 problem = problem or str(err)
     return NodeView(

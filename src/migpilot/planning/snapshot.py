@@ -46,15 +46,17 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from migpilot import digits, errors
 from migpilot.mig import catalog, layouts, profiles
 from migpilot.planning import modes, quantities, scoring
 from migpilot.planning import unified as unifying
+
+K = TypeVar("K", bound=Hashable)
 
 SNAPSHOT_VERSION = 1
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -378,18 +380,20 @@ def container_requests(
     where: str,
     annotations: Mapping[str, Any] | None = None,
     init_containers: Sequence[Mapping[str, Any]] = (),
+    overhead: Mapping[str, Any] | None = None,
 ) -> Requests:
     """A Kubernetes pod's requests from its containers (each a resource -> quantity mapping,
-    requests over limits) and annotations: the controller's form.
+    requests over limits), its overhead and annotations: the controller's form.
 
-    CPU, memory and MIG resources count as kube-scheduler counts them (the containers' sum, or
-    an init container's amount when larger); a unified request is read per container
-    (:func:`migpilot.planning.unified.parse`), init containers may not make one.
+    CPU, memory and MIG resources count as kube-scheduler counts them (:func:`scheduled`); a
+    unified request is read per container (:func:`migpilot.planning.unified.parse`), init
+    containers may not make one.
     """
     return _requests(
         [(f"{where}.containers[{i}]", c) for i, c in enumerate(containers)],
         [(f"{where}.initContainers[{i}]", c) for i, c in enumerate(init_containers)],
         annotations or {},
+        overhead=overhead,
         where=where,
     )
 
@@ -431,38 +435,106 @@ def _amounts(
     return mig, mps, cpu, mem
 
 
+def _flat(
+    mig: Mapping[str, int], mps: Mapping[int, int], cpu: int, mem: int
+) -> dict[tuple[str, object], int]:
+    """One container's amounts, keyed for :func:`scheduled`."""
+    out: dict[tuple[str, object], int] = {("cpu", None): cpu, ("memory", None): mem}
+    out.update({("mig", p): n for p, n in mig.items()})
+    out.update({("mps", gb): n for gb, n in mps.items()})
+    return out
+
+
+def scheduled(
+    containers: Sequence[Mapping[K, int]],
+    init: Sequence[Mapping[K, int]] = (),
+    overhead: Mapping[K, int] | None = None,
+) -> dict[K, int]:
+    """kube-scheduler's count of a pod's amounts, per resource: the larger of its containers'
+    sum and any one of its init containers' amount (they run one at a time, before the
+    containers), plus the pod's overhead (its RuntimeClass's). The one place this rule is
+    written: the request parser, the controller's totals and the stand-in kubelet use it."""
+    summed: dict[K, int] = {}
+    init_max: dict[K, int] = {}
+    for c in containers:
+        for k, n in c.items():
+            summed[k] = summed.get(k, 0) + n
+    for c in init:
+        for k, n in c.items():
+            init_max[k] = max(init_max.get(k, 0), n)
+    total = {k: max(summed.get(k, 0), init_max.get(k, 0)) for k in {*summed, *init_max}}
+    for k, n in (overhead or {}).items():
+        total[k] = total.get(k, 0) + n
+    return total
+
+
+def scheduled_amounts(
+    containers: Sequence[Mapping[str, Any]],
+    *,
+    init_containers: Sequence[Mapping[str, Any]] = (),
+    overhead: Mapping[str, Any] | None = None,
+    where: str,
+) -> dict[str, int]:
+    """A Kubernetes pod's amounts as kube-scheduler counts them (:func:`scheduled`), any pod:
+    CPU in millicores, memory in bytes, each ``nvidia.com/`` resource as a count; other
+    resources are not modelled. Containers as :func:`container_resources` reads them; errors
+    name the field under ``where``."""
+
+    def amounts(resources: Mapping[str, Any], at: str) -> dict[str, int]:
+        return {
+            str(k): amount(str(k), v, where=f"{at}.{k}")
+            for k, v in resources.items()
+            if k in ("cpu", "memory") or str(k).startswith("nvidia.com/")
+        }
+
+    return scheduled(
+        [amounts(c, f"{where}.containers[{i}]") for i, c in enumerate(containers)],
+        [amounts(c, f"{where}.initContainers[{i}]") for i, c in enumerate(init_containers)],
+        amounts(overhead or {}, f"{where}.overhead"),
+    )
+
+
+def amount(name: str, value: Any, *, where: str) -> int:
+    """One amount of resource ``name`` as kube-scheduler counts it: CPU in millicores, memory
+    in bytes, anything else (``nvidia.com/`` devices and counters) as a count."""
+    if name == "cpu":
+        return cpu_milli(value, where=where)
+    if name == "memory":
+        return memory_bytes(value, where=where)
+    return quantities.amount(value, where=where)
+
+
 def _requests(
     containers: Sequence[tuple[str, Mapping[str, Any]]],
     init: Sequence[tuple[str, Mapping[str, Any]]],
     annotations: Mapping[str, Any],
     *,
+    overhead: Mapping[str, Any] | None = None,
     where: str,
 ) -> Requests:
     """The one parser behind :func:`pod_requests` and :func:`container_requests`."""
+    overhead = overhead if isinstance(overhead, Mapping) else {}
     if not isinstance(annotations, Mapping):
         raise errors.SnapshotError(f"{where}: annotations must be a mapping")
-    mig: dict[str, int] = {}
-    mps: dict[int, int] = {}
-    cpu = mem = 0
-    for at, resources in containers:
-        got, slices, c, m = _amounts(resources, at)
-        for p, n in got.items():
-            mig[p] = mig.get(p, 0) + n
-        for gb, n in slices.items():
-            mps[gb] = mps.get(gb, 0) + n
-        cpu, mem = cpu + c, mem + m
     for at, resources in init:
         if any(resources.get(k) is not None for k in _UNIFIED_RESOURCES):
             raise errors.SnapshotError(
                 f"{at}: an init container may not ask for {unifying.GPU} (HAMi serves only "
                 "containers)"
             )
-        got, slices, c, m = _amounts(resources, at)
-        for p, n in got.items():
-            mig[p] = max(mig.get(p, 0), n)
-        for gb, n in slices.items():
-            mps[gb] = max(mps.get(gb, 0), n)
-        cpu, mem = max(cpu, c), max(mem, m)
+    extra: dict[tuple[str, object], int] = {}
+    if overhead.get("cpu") is not None:
+        extra[("cpu", None)] = cpu_milli(overhead["cpu"], where=f"{where}.overhead.cpu")
+    if overhead.get("memory") is not None:
+        extra[("memory", None)] = memory_bytes(overhead["memory"], where=f"{where}.overhead.memory")
+    total = scheduled(
+        [_flat(*_amounts(resources, at)) for at, resources in containers],
+        [_flat(*_amounts(resources, at)) for at, resources in init],
+        extra,
+    )
+    mig = {p: n for (kind, p), n in total.items() if kind == "mig" and isinstance(p, str) and n}
+    mps = {gb: n for (kind, gb), n in total.items() if kind == "mps" and isinstance(gb, int) and n}
+    cpu, mem = total.get(("cpu", None), 0), total.get(("memory", None), 0)
     node_policy, gpu_policy = unifying.parse_policies(annotations, where=where)
     request = unifying.parse_labelled(containers, annotations, where=where)
     if request is not None:
@@ -907,6 +979,37 @@ def _node(raw: Any, where: str) -> Node:
     )
 
 
+def planned_pod(
+    *,
+    name: str,
+    namespace: str,
+    requests: Requests,
+    priority: int = 0,
+    node_selector: Mapping[str, str] | None = None,
+    affinity: tuple[tuple[Requirement, ...], ...] = (),
+    tolerations: tuple[Toleration, ...] = (),
+) -> Pod:
+    """A pod as the planner reads it, from its parsed :class:`Requests` (MIG instances, MPS
+    slices, a unified request, CPU and memory as kube-scheduler counts them, the scheduling
+    policies it names) and where it may run. The one builder of a :class:`Pod`: the snapshot
+    file's reader, the controller and the simulator all go through it."""
+    return Pod(
+        name=name,
+        namespace=namespace,
+        priority=priority,
+        mig=requests.mig,
+        unified=requests.unified,
+        node_policy=requests.node_policy,
+        gpu_policy=requests.gpu_policy,
+        mps=requests.mps,
+        cpu_milli=requests.cpu_milli,
+        memory_bytes=requests.memory_bytes,
+        node_selector=MappingProxyType(dict(node_selector or {})),
+        affinity=affinity,
+        tolerations=tolerations,
+    )
+
+
 def _pod(raw: Any, where: str) -> Pod:
     d = _mapping(raw, where)
     _only(
@@ -930,17 +1033,11 @@ def _pod(raw: Any, where: str) -> Pod:
         annotations=_labels(d.get("annotations"), f"{where}.annotations"),
     )
     priority = d.get("priority", 0)
-    return Pod(
+    return planned_pod(
         name=name,
         namespace=_str(d.get("namespace", "default"), f"{where}.namespace"),
         priority=_int(priority, f"{where}.priority"),
-        mig=req.mig,
-        unified=req.unified,
-        node_policy=req.node_policy,
-        gpu_policy=req.gpu_policy,
-        mps=req.mps,
-        cpu_milli=req.cpu_milli,
-        memory_bytes=req.memory_bytes,
+        requests=req,
         node_selector=_labels(d.get("nodeSelector"), f"{where}.nodeSelector"),
         affinity=node_affinity(d.get("affinity"), f"{where}.affinity"),
         tolerations=tuple(

@@ -46,7 +46,6 @@ import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
@@ -354,17 +353,11 @@ class _Pod:
     def __init__(self, trace: traces.TracePod, index: int, arrival: float) -> None:
         self.trace = trace
         self.index = index
-        self.spod = snapshot.Pod(
+        self.spod = snapshot.planned_pod(
             name=trace.name,
             namespace="default",
-            priority=0,
-            mig=trace.mig,
-            unified=trace.unified,
-            cpu_milli=trace.cpu_milli,
-            memory_bytes=trace.memory_bytes,
-            node_selector=MappingProxyType(dict(trace.node_selector)),
-            affinity=(),
-            tolerations=(),
+            requests=trace.requests,
+            node_selector=dict(trace.node_selector),
         )
         self.state = PodState.NOT_ARRIVED
         self.arrival = arrival

@@ -105,6 +105,12 @@ class TracePod:
         """What the pod asks of GPUs (:attr:`migpilot.planning.snapshot.Pod.demand`)."""
         return (self.mig, self.unified)
 
+    @property
+    def requests(self) -> snapshot.Requests:
+        """What the pod asks for, as the request parser gives it (for
+        :func:`snapshot.planned_pod`)."""
+        return snapshot.Requests(self.mig, self.cpu_milli, self.memory_bytes, unified=self.unified)
+
 
 @dataclass(frozen=True, slots=True)
 class Trace:
