@@ -104,6 +104,16 @@ def test_every_dashboard_query_returns_data_with_all_selected(
         client.create(_mig_pod(scene, name, profile, node))
     client.create(_mps_pod(scene, "mps-0", 10))
     client.create(scene.pod("huge", "7g.80gb", count=3))  # no node has three GPUs
+    # The webhook reviewed each MIG pod as it was created: the admission panel shows them
+    # (within its 30 s rate window; the reviews happened inside client.create).
+    doc = dashboard.load()
+    [(_, _, admitted)] = [q for q in dashboard.queries(doc) if q[0] == "Admission requests"]
+    prometheus.wait(
+        dashboard.resolved(admitted),
+        lambda got: sum(s.value for s in got if s["path"] == "/mutate-pods") > 0,
+        what="the MIG pods' admission reviews on the admission panel",
+        timeout=30,
+    )
     want = {name: node for name, (_, node) in MIG_PODS.items()} | {"mps-0": MPS_NODE}
     assert scene.wait(lambda: scene.running(set(want)), "the MIG and MPS pods Running") == want
 
@@ -127,7 +137,6 @@ def test_every_dashboard_query_returns_data_with_all_selected(
         what="the free 7g.80gb destroyed for idle-0",
     )
 
-    doc = dashboard.load()
     queries = dashboard.queries(doc)
     assert len(queries) >= 15
     empty = []

@@ -43,7 +43,7 @@ from migpilot.api import gpulayouts, leases
 from migpilot.cli import main
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import configsets
-from migpilot.webhook import registering, serving
+from migpilot.webhook import registering
 from tests.kube import tools
 from tests.kube.controlplane import ControlPlane, wait_for
 
@@ -153,6 +153,7 @@ def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
         ("agent.backend=cuda", "/agent/backend"),
         ("agent.migPartedConfigMap=gpu-operator", "/agent/migPartedConfigMap"),
         ("webhook.port=70000", "/webhook/port"),
+        ("webhook.metricsPort=0", "/webhook/metricsPort"),
         ("webhook.validate=maybe", "/webhook/validate"),
         ("controler.replicas=1", "'controler' not allowed"),
         ("agent.intervall=5", "'intervall' not allowed"),
@@ -226,11 +227,24 @@ def test_the_agents_servicemonitor_keeps_the_pods_labels_of_its_series() -> None
     Prometheus Operator's target labels of the same names must not rename them exported_*."""
     docs = _render("mp", "gpu-system", "serviceMonitor.enabled=true")
     monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
-    assert set(monitors) == {"mp-controller", "mp-agent"}
+    assert set(monitors) == {"mp-controller", "mp-webhook", "mp-agent"}
     [agent] = monitors["mp-agent"]["spec"]["endpoints"]
     assert agent["port"] == "metrics" and agent["honorLabels"] is True
-    [controller] = monitors["mp-controller"]["spec"]["endpoints"]
-    assert controller["port"] == "metrics" and "honorLabels" not in controller
+    for name in ("mp-controller", "mp-webhook"):
+        [endpoint] = monitors[name]["spec"]["endpoints"]
+        assert endpoint["port"] == "metrics" and "honorLabels" not in endpoint
+    # Each selects its component's Services, and one of them serves the port named metrics.
+    services = [d for d in docs if d["kind"] == "Service"]
+    for name, monitor in monitors.items():
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        chosen = [d for d in services if selector.items() <= d["metadata"]["labels"].items()]
+        ports = [p["name"] for d in chosen for p in d["spec"]["ports"]]
+        assert ports.count("metrics") == 1, (name, ports)
+    off = _render("mp", "gpu-system", "serviceMonitor.enabled=true", "webhook.enabled=false")
+    assert {d["metadata"]["name"] for d in off if d["kind"] == "ServiceMonitor"} == {
+        "mp-controller",
+        "mp-agent",
+    }
 
 
 def test_the_chart_ships_the_crd_of_deploy_crds() -> None:
@@ -478,27 +492,31 @@ def test_the_controller_and_the_webhook_run_unprivileged() -> None:
             assert context["capabilities"] == {"drop": ["ALL"]}
 
 
-def test_the_controller_and_the_agent_are_probed_on_their_metrics_port() -> None:
-    docs = _render("mp", "gpu-system")
-    for kind, component in (("Deployment", "controller"), ("DaemonSet", "agent")):
-        (doc,) = [
-            d
-            for d in docs
-            if d["kind"] == kind
-            and d["metadata"]["labels"]["app.kubernetes.io/component"] == component
-        ]
-        (container,) = doc["spec"]["template"]["spec"]["containers"]
+def test_the_webhooks_metrics_port_must_differ_from_its_tls_port() -> None:
+    got = _helm("template", "mp", str(CHART), "--set", "webhook.metricsPort=9443")
+    assert got.returncode != 0
+    assert "webhook.metricsPort must differ from webhook.port (both are 9443)" in got.stderr
+    assert _helm("template", "mp", str(CHART), "--set", "webhook.port=8080").returncode != 0
+
+
+@pytest.mark.parametrize("sets", [(), ("webhook.metricsPort=9090", "controller.metricsPort=9091")])
+def test_every_component_is_probed_on_its_metrics_port(sets: tuple[str, ...]) -> None:
+    """The controller, the webhook and the agent: /readyz and /healthz on the port their
+    ``--metrics-port`` serves (the webhook's apart from its TLS port, so a probe never takes a
+    connection the API server needs)."""
+    for component, container in _containers(_render("mp", "gpu-system", *sets)).items():
         assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
         assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-        assert {"name": "metrics"}.items() <= container["ports"][0].items()
-
-
-def test_the_webhook_is_probed_for_liveness_on_its_health_path() -> None:
-    (webhook,) = [c for k, c in _containers(_render("mp", "gpu-system")).items() if k == "webhook"]
-    want = {"path": serving.HEALTH_PATH, "port": "https", "scheme": "HTTPS"}
-    assert webhook["livenessProbe"]["httpGet"] == want
-    assert webhook["readinessProbe"]["httpGet"] == want
-    assert webhook["livenessProbe"]["failureThreshold"] >= 3
+        assert container["livenessProbe"]["failureThreshold"] >= 3, component
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        args = [re.sub(r"\$\((\w+)\)", "x", a) for a in container["args"]]
+        parsed = main.build_parser().parse_args(args)
+        assert ports["metrics"] == parsed.metrics_port, component
+        if component == "webhook":
+            assert ports == {"https": parsed.port, "metrics": parsed.metrics_port}
+            assert parsed.metrics_port != parsed.port
+    webhook = _containers(_render("mp", "gpu-system", *sets))["webhook"]
+    assert webhook["ports"][1]["containerPort"] == (9090 if sets else 8080)
 
 
 def test_network_policies_are_optional_and_open_only_the_served_ports() -> None:
@@ -521,11 +539,15 @@ def test_network_policies_are_optional_and_open_only_the_served_ports() -> None:
         spec = policies[f"mp-{component}"]
         assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
         assert spec["policyTypes"] == ["Ingress"]
-        (rule,) = spec["ingress"]
-        (port,) = rule["ports"]
-        (named,) = container["ports"]
-        assert port == {"protocol": "TCP", "port": named["name"]}
-        assert rule["from"] == ([apiserver] if component == "webhook" else [monitoring])
+        # One rule per port the container serves, from the peers of that port only.
+        opened = {}
+        for rule in spec["ingress"]:
+            (port,) = rule["ports"]
+            assert port["protocol"] == "TCP"
+            opened[port["port"]] = rule["from"]
+        assert set(opened) == {p["name"] for p in container["ports"]}, component
+        assert opened.pop("metrics") == [monitoring], component
+        assert opened == ({"https": [apiserver]} if component == "webhook" else {})
     # Without peers: the ports from any source.
     docs = _render("mp", "gpu-system", "networkPolicy.enabled=true", "agent.enabled=false")
     rules = {
@@ -803,12 +825,17 @@ def test_the_rendered_chart_applies_to_the_real_apiserver(
     for name in ("controller", "webhook", "agent"):
         assert client.get(ServiceAccount, f"{release}-{name}", namespace=namespace)
     ports = {}
-    for name in ("controller-metrics", "agent-metrics", "webhook"):
+    for name in ("controller-metrics", "agent-metrics", "webhook", "webhook-metrics"):
         service = client.get(Service, f"{release}-{name}", namespace=namespace)
         assert service.spec is not None and service.spec.ports is not None
         ports[name] = service.spec.ports[0].port
-    assert ports == {"controller-metrics": 8080, "agent-metrics": 9400, "webhook": 443}
-    for name in ("controller", "agent"):
+    assert ports == {
+        "controller-metrics": 8080,
+        "agent-metrics": 9400,
+        "webhook": 443,
+        "webhook-metrics": 8080,
+    }
+    for name in ("controller", "webhook", "agent"):
         assert client.get(ServiceMonitor, f"{release}-{name}", namespace=namespace)
     if request.node.callspec.params["installed"] == "plain":  # stored as the sidecar reads it
         board = client.get(ConfigMap, f"{release}-grafana-dashboard", namespace=namespace)

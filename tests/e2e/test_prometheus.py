@@ -1,14 +1,15 @@
 """migpilot's metrics as a real Prometheus scrapes them, checked with PromQL.
 
 The scene of ``test_controller.py`` (webhook, one agent per KWOK node, the controller) with
-every migpilot process serving ``/metrics`` on a loopback port, and a real Prometheus
-(``scripts/k8s-tools`` builds it) scraping them every second. MIG pods are served; then PromQL
-checks that the series exist with their labels and the values the scene implies: the
-controller's plans, binds, pending pods and allocation, the agents' devices (compared with the
-GpuLayouts' status) and actions, the instances the agents reported created and destroyed (a pod
-of two whole GPUs replaces a node's free instances), and ``up`` for every target. The webhook
-serves no ``/metrics`` yet, so it is not a target. Checks of later series (per-pod GPU use, per
-model and node) belong next to these: ``prometheus.wait(PROMQL, CHECK)``.
+every migpilot process serving ``/metrics`` on a loopback port (the webhook's plain HTTP, apart
+from its TLS port), and a real Prometheus (``scripts/k8s-tools`` builds it) scraping them every
+second. MIG pods are served; then PromQL checks that the series exist with their labels and the
+values the scene implies: the controller's plans, binds, pending pods and allocation, the
+agents' devices (compared with the GpuLayouts' status) and actions, the instances the agents
+reported created and destroyed (a pod of two whole GPUs replaces a node's free instances), the
+webhook's admission reviews (one per pod created), and ``up`` for every target. Checks of later
+series (per-pod GPU use, per model and node) belong next to these:
+``prometheus.wait(PROMQL, CHECK)``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _profiles(scene: Scene, node: str) -> collections.Counter[str]:
     return collections.Counter(i.profile for g in gpus for i in g.instances)
 
 
-def test_prometheus_scrapes_the_controller_and_agents(
+def test_prometheus_scrapes_the_controller_the_webhook_and_agents(
     metrics_scene: Scene, prometheus: prom.Prometheus
 ) -> None:
     scene, client = metrics_scene, metrics_scene.client
@@ -65,6 +66,7 @@ def test_prometheus_scrapes_the_controller_and_agents(
         ("agent", "agent-ctl-a100"): 1.0,
         ("agent", "agent-ctl-h100"): 1.0,
         ("controller", "controller-c1"): 1.0,
+        ("webhook", "webhook"): 1.0,
     }
     scene.wait(scene.reported, "the agents' first status")
 
@@ -91,6 +93,22 @@ def test_prometheus_scrapes_the_controller_and_agents(
         what=f"allocation {used:.3f}",
     )
     assert prometheus.value("migpilot_plan_duration_seconds_count") >= 1
+
+    # The webhook: the apiserver sent it one review per pod created (its match conditions pass
+    # MIG pods only), each answered (gated while the controller leads, else let through) and
+    # timed; none malformed, none unanswered.
+    reviews = 'migpilot_webhook_requests_total{job="webhook", path="/mutate-pods"'
+    prometheus.wait(
+        f"sum({reviews}}}) > 0",
+        lambda got: [s.value for s in got] == [len(PODS)],
+        what="one admission review per pod",
+    )
+    answered = prometheus.value(f'sum({reviews}, outcome=~"patched|allowed"}})')
+    assert answered == len(PODS)
+    timed = 'migpilot_webhook_request_duration_seconds_count{job="webhook", path="/mutate-pods"}'
+    assert prometheus.value(timed) == len(PODS)
+    assert prometheus.value('up{job="webhook"}') == 1
+    assert prometheus.value("migpilot_webhook_connections_refused_total") == 0
     assert prometheus.value("migpilot_reconfigurations_total") >= 1
     # A histogram's buckets come with their le label, +Inf holding the count.
     buckets = prometheus.query('migpilot_pod_bind_seconds_bucket{le="+Inf"}')

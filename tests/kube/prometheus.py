@@ -103,8 +103,8 @@ def config(targets: Iterable[Target], *, interval_s: float = SCRAPE_INTERVAL_S) 
 
 def targets_of(system: Any) -> list[Target]:
     """The metrics endpoints of a :class:`tests.kube.system.System` made with ``metrics=True``:
-    its controllers (job ``controller``), agents (``agent``) and fleet (``fleet``) now running.
-    The webhook serves no ``/metrics`` yet."""
+    its controllers (job ``controller``), agents (``agent``), fleet (``fleet``) and webhook
+    (``webhook``: its plain-HTTP metrics port, not its TLS one) now running."""
     ports: Mapping[str, int] = system.metrics_ports
     out = []
     for name, port in sorted(ports.items()):

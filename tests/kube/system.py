@@ -62,11 +62,11 @@ class System:
     """The CA certificate the webhook's serving certificate is checked against."""
     nodes: list[str] = field(default_factory=list)
     metrics: bool = False
-    """Whether the controllers, agents and fleet serve ``/metrics`` (each on a free loopback
-    port, in :attr:`metrics_ports`); off, they serve none."""
+    """Whether the controllers, agents, fleet and webhook serve ``/metrics`` (each on a free
+    loopback port, in :attr:`metrics_ports`); off, they serve none."""
     metrics_ports: dict[str, int] = field(default_factory=dict)
-    """Process name (``controller-c1``, ``agent-ctl-a100``, ``fleet``) -> its metrics port, for
-    :func:`tests.kube.prometheus.targets_of`."""
+    """Process name (``controller-c1``, ``agent-ctl-a100``, ``fleet``, ``webhook``) -> its
+    metrics port, for :func:`tests.kube.prometheus.targets_of`."""
 
     @property
     def client(self) -> lightkube.Client:
@@ -91,7 +91,8 @@ class System:
         self.client.create(Namespace(metadata=ObjectMeta(name=self.lease_ns)))
 
     def start_webhook(self) -> None:
-        """Serve the webhook on a loopback port and register it with the apiserver."""
+        """Serve the webhook on a loopback port and register it with the apiserver (with
+        :attr:`metrics`, its metrics on another loopback port, plain HTTP)."""
         ca = certs.CertificateAuthority(self.root)
         pair = ca.issue("webhook", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
         [port] = controlplane.free_ports(1)
@@ -114,6 +115,8 @@ class System:
                 str(self.plane.kubeconfig),
                 "--lease-namespace",
                 self.lease_ns,
+                *self._metrics_args("webhook"),
+                *(["--metrics-address", controlplane.LOOPBACK] if self.metrics else []),
             ],
             log=self.root / "webhook.log",
             cwd=REPO,
@@ -135,6 +138,7 @@ class System:
         if self.webhook is not None:
             controlplane.stop_components([self.webhook])
             self.webhook = None
+            self.metrics_ports.pop("webhook", None)
 
     def add_node(
         self,

@@ -31,6 +31,20 @@ def test_flags_become_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert got[0].cert_check_s == 10.0
     assert (got[0].max_connections, got[0].request_timeout_s) == (64, 10.0)
     assert got[0].connection_timeout_s == 30.0
+    assert got[0].metrics_port is None  # no metrics port unless asked for
+
+
+def test_metrics_flags_become_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("tls.crt", "tls.key"):
+        (tmp_path / name).write_text("x")
+    got: list[serving.Settings] = []
+    monkeypatch.setattr(serving, "run", got.append)
+    argv = ["webhook", "--cert", str(tmp_path / "tls.crt"), "--key", str(tmp_path / "tls.key")]
+    argv += ["--metrics-port", "8080", "--metrics-address", "127.0.0.1"]
+    assert cli.main(argv, out=io.StringIO()) == 0
+    assert (got[0].metrics_port, got[0].metrics_host, got[0].port) == (8080, "127.0.0.1", 9443)
+    assert cli.main([*argv[:5], "--metrics-port", "0"], out=io.StringIO()) == 0
+    assert (got[1].metrics_port, got[1].metrics_host) == (None, "0.0.0.0")
 
 
 def test_limit_flags_become_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,6 +72,9 @@ def test_limit_flags_become_settings(tmp_path: Path, monkeypatch: pytest.MonkeyP
         (["--request-timeout", "0"], "--request-timeout must be more than 0"),
         (["--request-timeout", "nan"], "--request-timeout must be more than 0"),
         (["--idle-timeout", "-1"], "--idle-timeout must be more than 0"),
+        (["--metrics-port", "65536"], "--metrics-port must be 0..65535, got 65536"),
+        (["--metrics-port", "-1"], "--metrics-port must be 0..65535"),
+        (["--metrics-port", "9443"], "--metrics-port must differ from --port"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

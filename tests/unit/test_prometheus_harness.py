@@ -53,10 +53,11 @@ def test_two_paths_of_one_job_get_distinct_job_names() -> None:
 
 def test_targets_of_a_system_by_process_name() -> None:
     system = types.SimpleNamespace(
-        metrics_ports={"controller-c1": 3, "agent-ctl-a100": 1, "fleet": 2}
+        metrics_ports={"controller-c1": 3, "agent-ctl-a100": 1, "fleet": 2, "webhook": 4}
     )
     assert prom.targets_of(system) == [
         prom.Target("agent", "agent-ctl-a100", 1),
         prom.Target("controller", "controller-c1", 3),
         prom.Target("fleet", "fleet", 2),
+        prom.Target("webhook", "webhook", 4),
     ]

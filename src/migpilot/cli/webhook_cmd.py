@@ -2,7 +2,8 @@
 unified requests), as a command.
 
 Thin: it turns flags into :class:`migpilot.webhook.serving.Settings` and calls
-:func:`migpilot.webhook.serving.run`, which serves until SIGTERM or SIGINT.
+:func:`migpilot.webhook.serving.run`, which serves until SIGTERM or SIGINT (and, with
+``--metrics-port``, its metrics and probes over plain HTTP on a port apart from the TLS one).
 """
 
 from __future__ import annotations
@@ -78,6 +79,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds a kept-alive connection may wait for its next request "
         f"(default: {limits.connection_timeout_s:g})",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="serve Prometheus metrics, /healthz and /readyz over plain HTTP on this port, apart "
+        "from the TLS one; 0 for none (default: 0)",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        metavar="ADDR",
+        help="address the metrics port listens on (default: 0.0.0.0)",
+    )
     logs.add_flag(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     p.set_defaults(func=_run)
@@ -89,6 +104,12 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
             raise errors.MigpilotError(f"no such file: {path}")
     if not 0 < args.port < 65536:
         raise errors.MigpilotError(f"--port must be 1..65535, got {args.port}")
+    if not 0 <= args.metrics_port < 65536:
+        raise errors.MigpilotError(f"--metrics-port must be 0..65535, got {args.metrics_port}")
+    if args.metrics_port == args.port:
+        raise errors.MigpilotError(
+            f"--metrics-port must differ from --port (the TLS one), both are {args.port}"
+        )
     if not 0 < args.cert_check_interval <= 3600:
         raise errors.MigpilotError(
             f"--cert-check-interval must be more than 0 and at most 3600 s, got "
@@ -121,6 +142,8 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
             max_connections=args.max_connections,
             request_timeout_s=args.request_timeout,
             connection_timeout_s=args.idle_timeout,
+            metrics_port=args.metrics_port or None,
+            metrics_host=args.metrics_address,
         )
     )
     return 0

@@ -33,6 +33,14 @@ created ungated, migpilot bypassed with no error anywhere but the apiserver's lo
 does not load (the key written before the certificate, a truncated file) keeps the last good
 one, with a warning, and is tried again at the next check.
 
+Measured (:mod:`migpilot.webhook.metrics`): each review request is counted once, by path and
+outcome, with its duration, where the handler finishes it (:meth:`_Handler.handle_one_request`);
+connections refused at accept, connections cut at the deadline and certificate reloads where
+they happen. With ``metrics_port`` set, :func:`run` serves them over plain HTTP on a port of
+their own (:mod:`migpilot.probes`, beside ``/healthz`` and ``/readyz``), apart from the TLS
+port, as controller-runtime serves a webhook's: a scrape or a probe never takes one of the
+``max_connections`` the apiserver needs.
+
 May import the pure core and the rest of the webhook; not the agent, nor a Kubernetes client
 (that is :mod:`~migpilot.webhook.leases`' job).
 """
@@ -56,8 +64,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from migpilot import errors, logs
+from migpilot import errors, logs, probes
 from migpilot.webhook import admission, leases, registering, reviews, validation
+from migpilot.webhook import metrics as webhook_metrics
 
 _log = logging.getLogger("migpilot.webhook")
 
@@ -108,6 +117,11 @@ class Settings:
     """Connections served at once; one more is closed at accept, unserved; default 64."""
     cert_check_s: float = 10.0
     """Seconds between two looks at the certificate files for a rotation; default 10."""
+    metrics_port: int | None = None
+    """Plain-HTTP port of ``/metrics``, ``/healthz`` and ``/readyz`` (0 picks a free one);
+    ``None`` (default): not served."""
+    metrics_host: str = "0.0.0.0"
+    """Address of the metrics port; default all IPv4 addresses."""
 
 
 def tls_context(tls: TlsSettings) -> ssl.SSLContext:
@@ -146,10 +160,12 @@ class CertReloader:
         *,
         check_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        on_reload: Callable[[webhook_metrics.CertOutcome], None] = lambda outcome: None,
     ) -> None:
         self._tls = tls
         self._check_s = check_s
         self._clock = clock
+        self._on_reload = on_reload
         self._lock = threading.Lock()
         try:
             self._loaded = _stamp(tls)
@@ -178,6 +194,7 @@ class CertReloader:
             stamp = _stamp(self._tls)
         except OSError as err:
             self._warn(None, f"cannot read it ({err.strerror or err})")
+            self._on_reload(webhook_metrics.CertOutcome.FAILED)
             return
         if stamp == self._loaded:
             return
@@ -185,9 +202,11 @@ class CertReloader:
             context = tls_context(self._tls)
         except (OSError, ssl.SSLError) as err:
             self._warn(stamp, str(err))
+            self._on_reload(webhook_metrics.CertOutcome.FAILED)
             return
         self._context, self._loaded, self._failed = context, stamp, None
         self.reloads += 1
+        self._on_reload(webhook_metrics.CertOutcome.LOADED)
         _log.info("serving certificate %s reloaded (changed on disk)", self._tls.cert_file)
 
     def _warn(self, stamp: _Stamp | None, why: str) -> None:
@@ -216,6 +235,9 @@ class _DeadlineReader(io.RawIOBase):
         self._clock = clock
         self.deadline: float | None = deadline
         """When the request being read must be whole; ``None`` between requests."""
+        self.timed_out = False
+        """Whether a read of the request running timed out (the connection is then cut); the
+        handler reads and clears it when the request ends."""
 
     def readable(self) -> bool:
         return True
@@ -225,10 +247,16 @@ class _DeadlineReader(io.RawIOBase):
         if self.deadline is not None:
             left = self.deadline - self._clock()
             if left <= 0:
+                self.timed_out = True
                 raise TimeoutError("the request took longer than its deadline")
             timeout = min(timeout, left)
         self._sock.settimeout(timeout)
-        return self._sock.recv_into(buffer)
+        try:
+            return self._sock.recv_into(buffer)
+        except TimeoutError:
+            # Between requests it is the idle timeout: a kept-alive connection closed, not cut.
+            self.timed_out = self.deadline is not None
+            raise
 
     def left_s(self) -> float:
         """Seconds left before the deadline (the idle timeout when none is running)."""
@@ -242,6 +270,11 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     _reader: _DeadlineReader
     _buffered: io.BufferedReader
+    _review: str | None
+    """The review path of the request being served; ``None`` when it is not a review."""
+    _outcome: webhook_metrics.Outcome
+    """How the request being served ended: :attr:`~webhook_metrics.Outcome.ERROR` until an
+    answer is written."""
 
     def setup(self) -> None:
         super().setup()
@@ -265,10 +298,24 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             self._reader.deadline = self.server.clock() + self.server.request_timeout_s
+        started = self.server.clock()
+        self._review, self._outcome = None, webhook_metrics.Outcome.ERROR
         try:
-            super().handle_one_request()
+            super().handle_one_request()  # a timeout in it is caught there: the connection ends
         finally:
             self._reader.deadline = None
+            self._measure(started)
+
+    def _measure(self, started: float) -> None:
+        """The one place a request is counted, however it ended (answered, cut at the deadline,
+        the client gone, an error): its outcome and duration if it was a review, and whether it
+        was cut at the deadline."""
+        if self._reader.timed_out:
+            self._reader.timed_out = False
+            self.server.metrics.observe_timed_out()
+        if self._review is not None:
+            took = self.server.clock() - started
+            self.server.metrics.observe_request(self._review, self._outcome, took)
 
     def do_GET(self) -> None:
         if self.path == HEALTH_PATH:
@@ -281,13 +328,15 @@ class _Handler(BaseHTTPRequestHandler):
         if path not in (MUTATE_PATH, VALIDATE_PATH):
             self._send(404, b"not found", "text/plain")
             return
+        self._review = path
+        bad = webhook_metrics.Outcome.BAD_REQUEST
         try:
             length = int(self.headers.get("Content-Length", ""))
         except ValueError:
-            self._send(411, b"Content-Length required", "text/plain")
+            self._reply(bad, 411, b"Content-Length required", "text/plain")
             return
         if not 0 <= length <= MAX_BODY_BYTES:
-            self._send(413, b"request too large", "text/plain")
+            self._reply(bad, 413, b"request too large", "text/plain")
             return
         body = self.rfile.read(length)  # TimeoutError past the deadline: the connection ends
         if len(body) < length:
@@ -297,7 +346,7 @@ class _Handler(BaseHTTPRequestHandler):
             document, answer = _answer(path, body, freshness=self.server.freshness)
         except _BadRequestError as err:
             _log.debug("review %s: 400: %s", path, err)
-            self._send(400, f"{err}\n".encode(), "text/plain")
+            self._reply(bad, 400, f"{err}\n".encode(), "text/plain")
             return
         response = answer.get("response", {})
         pod, node = reviews.pod_and_node(document)
@@ -308,15 +357,27 @@ class _Handler(BaseHTTPRequestHandler):
             _said(path, response),
             extra=logs.about(pod=pod, node=node),
         )
-        self._send(200, json.dumps(answer).encode(), "application/json")
+        outcome = webhook_metrics.review_outcome(response)
+        self._reply(outcome, 200, json.dumps(answer).encode(), "application/json")
+
+    def _reply(
+        self, outcome: webhook_metrics.Outcome, code: int, body: bytes, content_type: str
+    ) -> None:
+        """Answer a review; it ends as ``outcome`` once the answer is written."""
+        self._send(code, body, content_type)
+        self._outcome = outcome
 
     def _send(self, code: int, body: bytes, content_type: str) -> None:
         self.connection.settimeout(max(self._reader.left_s(), 0.001))  # a reader that never reads
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except TimeoutError:
+            self._reader.timed_out = True  # the answer not taken before the deadline: cut
+            raise
 
     def log_message(self, format: str, *args: Any) -> None:
         _log.debug("%s " + format, self.address_string(), *args)
@@ -363,9 +424,11 @@ class _Server(ThreadingHTTPServer):
         certs: CertReloader,
         freshness: leases.Freshness,
         settings: Settings,
+        metrics: webhook_metrics.WebhookMetrics,
     ) -> None:
         self.certs = certs
         self.freshness = freshness
+        self.metrics = metrics
         self.connection_timeout_s = settings.connection_timeout_s
         self.request_timeout_s = settings.request_timeout_s
         self.clock = time.monotonic  # deadlines are real time, whatever clock the certificates use
@@ -383,6 +446,7 @@ class _Server(ThreadingHTTPServer):
         """In the accept loop: a thread for the connection if a slot is free, else close it."""
         if not self._slots.acquire(blocking=False):
             self.refused += 1
+            self.metrics.observe_refused()
             now = self.clock()
             if self._refused_told < 0 or now - self._refused_told >= 10.0:
                 self._refused_told = now
@@ -420,6 +484,8 @@ class _Server(ThreadingHTTPServer):
             conn = self.certs.context().wrap_socket(request, server_side=True)
         except (OSError, ssl.SSLError) as err:
             _log.debug("TLS handshake with %s failed: %s", client_address, err)
+            if isinstance(err, TimeoutError):  # the first request's deadline ran out in it
+                self.metrics.observe_timed_out()
             return
         with self._open_lock:
             self._open.add(conn)
@@ -441,7 +507,9 @@ class _Server(ThreadingHTTPServer):
 
 
 class WebhookServer:
-    """The HTTPS server, started in a background thread; stop it with :meth:`stop`."""
+    """The HTTPS server, started in a background thread; stop it with :meth:`stop`. It counts
+    into ``metrics`` (a :class:`~migpilot.webhook.metrics.WebhookMetrics` of its own when none
+    is given)."""
 
     def __init__(
         self,
@@ -449,8 +517,15 @@ class WebhookServer:
         *,
         freshness: leases.Freshness,
         clock: Callable[[], float] = time.monotonic,
+        metrics: webhook_metrics.WebhookMetrics | None = None,
     ) -> None:
-        self.certs = CertReloader(settings.tls, check_s=settings.cert_check_s, clock=clock)
+        self.metrics = metrics if metrics is not None else webhook_metrics.WebhookMetrics()
+        self.certs = CertReloader(
+            settings.tls,
+            check_s=settings.cert_check_s,
+            clock=clock,
+            on_reload=self.metrics.observe_cert_reload,
+        )
         if settings.max_connections < 1:
             raise errors.MigpilotError(
                 f"max_connections must be at least 1, got {settings.max_connections}"
@@ -460,6 +535,7 @@ class WebhookServer:
             certs=self.certs,
             freshness=freshness,
             settings=settings,
+            metrics=self.metrics,
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever,
@@ -467,6 +543,7 @@ class WebhookServer:
             name="migpilot-webhook",
             daemon=True,
         )
+        self._stopped = False
 
     @property
     def refused(self) -> int:
@@ -478,12 +555,31 @@ class WebhookServer:
         """The port it listens on (the one picked, when settings asked for 0)."""
         return int(self._server.server_address[1])
 
+    def not_alive(self) -> str | None:
+        """The liveness probe (:mod:`migpilot.probes`): ``None`` while the serving thread runs."""
+        if self._thread.is_alive():
+            return None
+        if self._stopped:
+            return "the HTTPS server is stopped"
+        if self._thread.ident is None:
+            return "the HTTPS server is not started yet"
+        return "the HTTPS server's thread has ended"
+
+    def not_ready(self) -> str | None:
+        """The readiness probe: ``None`` once the TLS listener is bound, a certificate loaded
+        (both done before the server exists: a bad pair stops the start) and the serving
+        thread accepting."""
+        if self._server.socket.fileno() < 0:
+            return "the HTTPS listener is closed"
+        return self.not_alive()
+
     def start(self) -> WebhookServer:
         self._thread.start()
         return self
 
     def stop(self) -> None:
         """Stop accepting, close open connections, release the port."""
+        self._stopped = True
         if self._thread.is_alive():
             self._server.shutdown()
             self._thread.join()
@@ -495,6 +591,29 @@ class WebhookServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def serve_metrics(server: WebhookServer, settings: Settings) -> probes.Endpoint | None:
+    """``/metrics``, ``/healthz`` and ``/readyz`` of ``server`` on ``settings.metrics_port``
+    over plain HTTP (``None`` when it is ``None``); a port that cannot be bound is a
+    :class:`~migpilot.errors.MigpilotError` naming it."""
+    if settings.metrics_port is None:
+        return None
+    try:
+        endpoint = probes.Endpoint(
+            server.metrics.registry,
+            port=settings.metrics_port,
+            address=settings.metrics_host,
+            live=server.not_alive,
+            ready=server.not_ready,
+        )
+    except OSError as err:
+        raise errors.MigpilotError(
+            f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: "
+            f"{err.strerror or err}"
+        ) from None
+    _log.info("metrics on http://%s:%d/metrics", settings.metrics_host, endpoint.port)
+    return endpoint
 
 
 def run(settings: Settings) -> None:
@@ -510,7 +629,11 @@ def run(settings: Settings) -> None:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with WebhookServer(settings, freshness=freshness) as server:
+        with contextlib.ExitStack() as stack:
+            server = stack.enter_context(WebhookServer(settings, freshness=freshness))
+            endpoint = serve_metrics(server, settings)
+            if endpoint is not None:
+                stack.callback(endpoint.close)
             _log.info(
                 "serving %s and %s on %s:%d (Lease %s/%s)",
                 MUTATE_PATH,
