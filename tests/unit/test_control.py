@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from types import MappingProxyType
 
 import pytest
@@ -115,3 +116,202 @@ def test_never_runs_names_why() -> None:
     big = dataclasses.replace(_pod("d", ("1g.10gb", 1)), cpu_milli=9000)
     assert "CPU and memory" in (control.never_runs(big, nodes) or "")
     assert "no node" in (control.never_runs(_pod("e", ("1g.10gb", 1)), ()) or "")
+
+
+# --------------------------------------------------------------------------- reconcile
+
+STEP = control.Settings(batch_window_s=1.0, reservation_timeout_s=60.0)
+
+
+def _reserved(pod: str, **kw: object) -> control.Reserved:
+    fields: dict[str, object] = {
+        "pod": pod,
+        "node": "n",
+        "gated": True,
+        "made": True,
+        "missing": None,
+        "asks": (("nvidia.com/mig-1g.10gb", 1),),
+    }
+    fields.update(kw)
+    return control.Reserved(**fields)  # type: ignore[arg-type]
+
+
+def _step(
+    observed: control.Observed, memory: control.Memory | None = None, *, now: float
+) -> control.Decision:
+    return control.reconcile(
+        observed, memory or control.Memory(), now=now, settings=STEP, planner=_planner
+    )
+
+
+def test_a_step_plans_only_once_the_window_is_over_and_judges_the_pods_left() -> None:
+    pods = (
+        _pod("fits", ("3g.40gb", 1)),
+        _pod("too-big", ("7g.80gb", 1)),
+        _pod("never", ("1g.6gb", 1)),
+    )
+    observed = control.Observed(snapshot.Snapshot(nodes=(_node("n"),), pods=pods))
+    first = _step(observed, now=0.0)
+    assert first.plan is None and first.memory.batch.due == 1.0 and first.wake_at == 1.0
+    quiet = dataclasses.replace(observed, changed=False)
+    assert _step(quiet, first.memory, now=0.5).plan is None
+    second = _step(quiet, first.memory, now=1.0)
+    assert second.plan is not None
+    assert [p.pod for p in second.plan.placements] == ["default/fits"]
+    verdicts = {j.pod: (j.verdict, j.reason) for j in second.judged}
+    assert verdicts["default/never"][0] is control.Verdict.REFUSE
+    assert verdicts["default/never"][1].startswith("can never run: ")
+    assert verdicts["default/too-big"][0] is control.Verdict.WAIT
+    assert second.memory.batch == control.Batch() and second.wake_at is None
+
+
+def test_a_pod_pinned_to_its_node_waits_saying_so_and_a_static_node_lets_a_pod_go() -> None:
+    pods = (_pod("p", ("7g.80gb", 1)), _pod("q", ("7g.80gb", 1)), _pod("s", ("7g.80gb", 1)))
+    node = _node("n")
+    full = dataclasses.replace(
+        node,
+        gpus=(snapshot.Gpu(0, A100, (snapshot.ExistingInstance("7g.80gb", 0, used=True),)),),
+    )
+    observed = control.Observed(
+        snapshot.Snapshot(nodes=(full,), pods=pods),
+        pending={
+            "default/p": control.Pending(pinned="n"),
+            "default/s": control.Pending(static="static-1"),
+        },
+    )
+    decision = _step(observed, control.Memory(batch=control.Batch(due=0.0, dirty=True)), now=0.0)
+    verdicts = {j.pod: (j.verdict, j.reason) for j in decision.judged}
+    assert verdicts["default/p"][0] is control.Verdict.WAIT
+    assert verdicts["default/p"][1].startswith("pinned to node n, where it can only run, once ")
+    assert verdicts["default/q"][0] is control.Verdict.WAIT
+    assert not verdicts["default/q"][1].startswith("pinned")
+    assert verdicts["default/s"] == (control.Verdict.LET_GO, "node static-1 has free instances")
+
+
+def test_unservable_pods_are_refused_and_stale_nodes_released_at_every_step() -> None:
+    observed = control.Observed(
+        snapshot.Snapshot(nodes=(_node("n"),), pods=()),
+        unservable={"default/bad": "nvidia.com/mig-9g.99gb is not a MIG profile"},
+        stale=frozenset({"n2", "n1"}),
+    )
+    decision = _step(observed, now=0.0)
+    assert decision.refused == (
+        control.Judged(
+            "default/bad", control.Verdict.REFUSE, "nvidia.com/mig-9g.99gb is not a MIG profile"
+        ),
+    )
+    assert decision.release == ("n1", "n2")
+
+
+def _held(*reservations: control.Reserved, **kw: object) -> control.Observed:
+    return control.Observed(
+        snapshot.Snapshot(nodes=(_node("n"),), pods=()),
+        reserved={r.pod: r for r in reservations},
+        changed=False,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_a_reservation_expires_a_timeout_after_it_is_made_or_ten_before() -> None:
+    made = _held(_reserved("p"), advertised={"n": {}})
+    memory = _step(made, now=100.0).memory
+    assert memory.made_since == {("p", "n"): 100.0}
+    assert _step(made, memory, now=160.0).expired == ()  # a timeout exactly: not yet
+    (expiry,) = _step(made, memory, now=160.5).expired
+    assert expiry == control.Expiry(
+        "p",
+        "n",
+        False,
+        "its instances on node n were not usable in time (reservation timeout 60 s); planning "
+        "again",
+    )
+    unmade = _held(_reserved("q", made=False, missing="an instance to be created"))
+    memory = _step(unmade, now=100.0).memory
+    assert memory.made_since == {}
+    assert _step(unmade, memory, now=700.0).expired == ()
+    assert [e.pod for e in _step(unmade, memory, now=700.5).expired] == ["q"]
+    # The step says when to look again: the earliest expiry.
+    assert _step(unmade, memory, now=200.0).wake_at == math.nextafter(700.0, math.inf)
+
+
+def test_a_pod_pinned_there_keeps_its_reservation_unless_it_is_stolen() -> None:
+    kept = _held(_reserved("p", gated=False, pinned_there=True))
+    memory = _step(kept, now=0.0).memory
+    assert _step(kept, memory, now=10_000.0).expired == ()
+    assert _step(kept, memory, now=10_000.0).wake_at is None
+    stolen = _held(_reserved("p", gated=False, pinned_there=True, stolen=True))
+    (expiry,) = _step(stolen, memory, now=1.0).expired
+    assert expiry.stolen and "taken by a pod bound there without migpilot" in expiry.message
+
+
+def test_pods_are_let_go_in_key_order_while_the_node_advertises_room() -> None:
+    observed = _held(
+        _reserved("c"),
+        _reserved("a"),
+        _reserved("b", missing="1g.10gb at GPU 0 start 1 on n to be created"),
+        _reserved("d"),
+        _reserved("gone", stolen=True),
+        advertised={"n": {"nvidia.com/mig-1g.10gb": 3}},
+        taken={"n": {"nvidia.com/mig-1g.10gb": 1}},
+    )
+    memory = _step(observed, now=0.0).memory
+    decision = _step(observed, memory, now=10.0)
+    assert decision.pins == (("a", "n"), ("c", "n"))
+    assert [e.pod for e in decision.expired] == ["gone"]
+    assert decision.waits == (
+        control.Waiting("b", "n", "1g.10gb at GPU 0 start 1 on n to be created"),
+        control.Waiting(
+            "d", "n", "node n to advertise nvidia.com/mig-1g.10gb (allocatable 3, taken 3)"
+        ),
+    )
+    # Before the wait-log delay, the waits are not named.
+    assert _step(observed, memory, now=1.0).waits == ()
+
+
+def test_unified_pods_asking_differently_go_one_kind_at_a_time() -> None:
+    one, other = ("ask", 8), ("ask", 40)
+    observed = _held(
+        _reserved("a", gated=False, group=one, allocating=True),
+        _reserved("b", group=one),
+        _reserved("c", group=other),
+        advertised={"n": {"nvidia.com/mig-1g.10gb": 8}},
+    )
+    listed = {k: why for k, _, why in control.lets_go(observed)}
+    assert listed["b"] is None
+    assert listed["c"] == "unified pod a, asking differently, to be allocated first"
+
+
+def test_a_placement_on_a_node_without_the_cpu_is_left_out_of_the_plan() -> None:
+    def greedy(snap: snapshot.Snapshot) -> plans.Plan:  # a planner that ignores CPU
+        node = snap.nodes[0].name
+        return plans.Plan(
+            planner="greedy",
+            gpus=(),
+            actions=(),
+            placements=tuple(plans.Placement(p.key, node, ()) for p in snap.pods),
+            unschedulable=(),
+        )
+
+    pods = (_pod("a", ("1g.10gb", 1)), _pod("b", ("1g.10gb", 1)))
+    observed = control.Observed(snapshot.Snapshot(nodes=(_node("n", cpu=1500),), pods=pods))
+    decision = control.reconcile(
+        observed,
+        control.Memory(batch=control.Batch(due=0.0, dirty=True)),
+        now=0.0,
+        settings=STEP,
+        planner=greedy,
+    )
+    assert decision.plan is not None
+    assert [p.pod for p in decision.plan.placements] == ["default/a"]
+    assert decision.unfit == ("default/b",)
+    (judged,) = decision.judged
+    assert judged.verdict is control.Verdict.WAIT
+    assert judged.reason == (
+        "the planner placed it on node n, which lacks the CPU or memory it asks for"
+    )
+
+
+def test_the_step_settings_refuse_a_timeout_that_is_not_a_finite_positive_number() -> None:
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(errors.MigpilotError, match="reservation timeout"):
+            control.Settings(reservation_timeout_s=bad)
