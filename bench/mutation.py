@@ -98,13 +98,25 @@ SCOPE: dict[str, tuple[str, ...]] = {
         "xǁDevicePluginǁ_decided_answer",
         "xǁDevicePluginǁ_resolve",
     ),
-    # The controller's reservations: stale ones released, expired and stolen ones dropped,
-    # pinned ones kept, and the pins that count what the node has left.
+    # The loop's reservations (control.reconcile, the controller's and the simulator's one
+    # step): expired and stolen ones dropped, pinned ones kept, and the pins that count what
+    # the node has left; placements without CPU or memory left out.
+    "src/migpilot/planning/control.py": (
+        "x_reconcile",
+        "x__ages",
+        "x__expired",
+        "x__pins",
+        "x_lets_go",
+        "x__short",
+        "x__held_back",
+        "x__fitting",
+    ),
+    # The controller's side of them: what it reads of a reservation (made, stolen, what it
+    # still waits for, what it asks and what is taken of its node), and the writes that
+    # release and expire reservations.
     "src/migpilot/controller/running.py": (
         "xǁControllerǁ_release",
-        "xǁControllerǁ_pin",
         "xǁControllerǁ_expire",
-        "x__pinned_there",
     ),
     "src/migpilot/controller/pinning.py": (
         "x_without_stale",
@@ -113,15 +125,26 @@ SCOPE: dict[str, tuple[str, ...]] = {
         "x_made",
         "x__served_slices",
         "x_stolen",
+        "x_missing",
+        "x_asks",
+        "x_taken",
+        "x__reserved",
     ),
 }
 """Per file, the functions in scope, as mutmut names them (``x_name`` for a function,
 ``xǁClassǁmethod`` for a method)."""
 
-_CONTROLLER_TESTS = ("tests/unit/test_reserved_safety.py", "tests/unit/test_controller_pinning.py")
+_CONTROLLER_TESTS = (
+    "tests/unit/test_control.py",
+    "tests/unit/test_reserved_safety.py",
+    "tests/unit/test_controller_pinning.py",
+    "tests/unit/test_controller_unified.py",
+    "tests/unit/test_one_loop.py",
+)
 TESTS: dict[str, tuple[str, ...]] = {
-    # The controller's rules, by pure tests and direct calls of its passes (milliseconds each);
-    # the loop's own tests (tests/unit/test_controller_running.py) wait on real time.
+    # The loop's rules, by pure tests and direct calls of the controller's passes (milliseconds
+    # each); the loop's own tests (tests/unit/test_controller_running.py) wait on real time.
+    "src/migpilot/planning/control.py": _CONTROLLER_TESTS,
     "src/migpilot/controller/running.py": _CONTROLLER_TESTS,
     "src/migpilot/controller/pinning.py": _CONTROLLER_TESTS,
 }
@@ -129,22 +152,7 @@ TESTS: dict[str, tuple[str, ...]] = {
 (``pytest_add_cli_args_test_selection``): what proves the rules, without the slow loop tests
 that would only prove them again at many times the cost."""
 
-_EXPIRE = "migpilot.controller.running.xǁControllerǁ_expire__mutmut_"
-_FORGET = (
-    "_expire forgets when the expired reservation was first seen, but _pin rebuilds both "
-    "clocks (_reserved_since, _made_since) at the start of every pass from the reservations "
-    "it observes, and this pop runs only after the spec write succeeded, whose result is put "
-    "in the store at once (an older watch event is dropped by resourceVersion): the next pass "
-    "cannot observe this (pod, node) reservation (nor does this pass's plan place the pod "
-    "again: it was observed reserved, so it is not pending), so its entry is dropped there "
-    "anyway and a new reservation starts from now. "
-)
 EQUIVALENT: dict[str, str] = {
-    _EXPIRE + "18": _FORGET + "Mutant: _reserved_since.pop(None, None) (nothing popped).",
-    _EXPIRE + "20": _FORGET
-    + "Mutant: _reserved_since.pop((key, name)) without a default; _pin has just set an "
-    "entry for every observed reservation, this one included, so it never raises KeyError.",
-    _EXPIRE + "21": _FORGET + "Mutant: _made_since.pop(None, None) (nothing popped).",
     **{
         f"migpilot.controller.pinning.x_without_stale__mutmut_{n}": (
             f"Mutant: {what}(..., {args}) without its last argument, None: that is the field's "
