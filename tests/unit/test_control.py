@@ -123,9 +123,8 @@ def test_never_runs_names_why() -> None:
 STEP = control.Settings(batch_window_s=1.0, reservation_timeout_s=60.0)
 
 
-def _reserved(pod: str, **kw: object) -> control.Reserved:
+def _reserved(pod: str, **kw: object) -> tuple[str, control.Reserved]:
     fields: dict[str, object] = {
-        "pod": pod,
         "node": "n",
         "gated": True,
         "made": True,
@@ -133,7 +132,7 @@ def _reserved(pod: str, **kw: object) -> control.Reserved:
         "asks": (("nvidia.com/mig-1g.10gb", 1),),
     }
     fields.update(kw)
-    return control.Reserved(**fields)  # type: ignore[arg-type]
+    return pod, control.Reserved(**fields)  # type: ignore[arg-type]
 
 
 def _step(
@@ -163,6 +162,7 @@ def test_a_step_plans_only_once_the_window_is_over_and_judges_the_pods_left() ->
     assert verdicts["default/never"][1].startswith("can never run: ")
     assert verdicts["default/too-big"][0] is control.Verdict.WAIT
     assert second.memory.batch == control.Batch() and second.wake_at is None
+    assert first.unfit == () and second.unfit == ()
 
 
 def test_a_pod_pinned_to_its_node_waits_saying_so_and_a_static_node_lets_a_pod_go() -> None:
@@ -203,10 +203,10 @@ def test_unservable_pods_are_refused_and_stale_nodes_released_at_every_step() ->
     assert decision.release == ("n1", "n2")
 
 
-def _held(*reservations: control.Reserved, **kw: object) -> control.Observed:
+def _held(*reservations: tuple[str, control.Reserved], **kw: object) -> control.Observed:
     return control.Observed(
         snapshot.Snapshot(nodes=(_node("n"),), pods=()),
-        reserved={r.pod: r for r in reservations},
+        reserved=dict(reservations),
         changed=False,
         **kw,  # type: ignore[arg-type]
     )
@@ -271,9 +271,9 @@ def test_pods_are_let_go_in_key_order_while_the_node_advertises_room() -> None:
 def test_unified_pods_asking_differently_go_one_kind_at_a_time() -> None:
     one, other = ("ask", 8), ("ask", 40)
     observed = _held(
-        _reserved("a", gated=False, group=one, allocating=True),
-        _reserved("b", group=one),
-        _reserved("c", group=other),
+        _reserved("a", gated=False, unified=control.Interchange(one, allocating=True)),
+        _reserved("b", unified=control.Interchange(one)),
+        _reserved("c", unified=control.Interchange(other)),
         advertised={"n": {"nvidia.com/mig-1g.10gb": 8}},
     )
     listed = {k: why for k, _, why in control.lets_go(observed)}
@@ -315,3 +315,53 @@ def test_the_step_settings_refuse_a_timeout_that_is_not_a_finite_positive_number
     for bad in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(errors.MigpilotError, match="reservation timeout"):
             control.Settings(reservation_timeout_s=bad)
+
+
+def test_a_node_that_reports_nothing_yet_advertises_nothing() -> None:
+    observed = _held(_reserved("p"), _reserved("q", node="elsewhere", asks=()))
+    listed = {k: why for k, _, why in control.lets_go(observed)}
+    assert listed == {
+        "p": "node n to advertise nvidia.com/mig-1g.10gb (allocatable 0, taken 0)",
+        "q": None,  # asks nothing of its node's counts: let go
+    }
+
+
+def test_the_cpu_check_counts_each_node_alone_and_exactly() -> None:
+    def placing(snap: snapshot.Snapshot) -> plans.Plan:
+        where = {"a": "n", "b": "n", "c": "n", "d": "open", "e": "open"}
+        return plans.Plan(
+            planner="placing",
+            gpus=(),
+            actions=(),
+            placements=tuple(plans.Placement(p.key, where[p.name], ()) for p in snap.pods),
+            unschedulable=(),
+        )
+
+    def pod(name: str, cpu: int, mem: int) -> snapshot.Pod:
+        return dataclasses.replace(_pod(name, ("1g.10gb", 1)), cpu_milli=cpu, memory_bytes=mem)
+
+    n = dataclasses.replace(_node("n"), allocatable=snapshot.Resources(3000, 3 << 30))
+    open_ = dataclasses.replace(_node("open"), allocatable=None)
+    pods = (
+        pod("a", 1000, 1 << 30),
+        pod("b", 1500, 3 << 30),  # its memory does not fit after a
+        pod("c", 2000, 2 << 30),  # exactly what is left after a: fits
+        pod("d", 10**9, 1 << 50),  # a node without a limit takes anything
+        pod("e", 10**9, 1 << 50),
+    )
+    observed = control.Observed(snapshot.Snapshot(nodes=(n, open_), pods=pods))
+    decision = control.reconcile(
+        observed,
+        control.Memory(batch=control.Batch(due=0.0, dirty=True)),
+        now=0.0,
+        settings=STEP,
+        planner=placing,
+    )
+    assert decision.plan is not None
+    assert [(p.pod, p.node) for p in decision.plan.placements] == [
+        ("default/a", "n"),
+        ("default/c", "n"),
+        ("default/d", "open"),
+        ("default/e", "open"),
+    ]
+    assert decision.unfit == ("default/b",)

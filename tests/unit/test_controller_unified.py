@@ -201,6 +201,8 @@ def test_unified_pods_asking_alike_go_together_and_others_wait() -> None:
 def _mps_observed(
     pods: list[dict[str, Any]],
     slices: list[tuple[int, int, str, gl.InstanceState, str | None]],
+    *,
+    unserved: frozenset[int] = frozenset(),
 ) -> observing.Observed:
     """One mps node with one A100 (MIG off); slices are (id, GB, reserved for, state, used by),
     each reserved one kept for a unified pod."""
@@ -229,7 +231,11 @@ def _mps_observed(
                     A100,
                     "GPU-0",
                     (),
-                    tuple(gl.SliceStatus(i, gb, None, st, who) for i, gb, _, st, who in slices),
+                    tuple(
+                        gl.SliceStatus(i, gb, None, st, who)
+                        for i, gb, _, st, who in slices
+                        if i not in unserved
+                    ),
                 ),
             ),
         ),
@@ -277,4 +283,23 @@ def _why(obs: observing.Observed, key: str) -> str | None:
 
 def _allocating(obs: observing.Observed) -> set[str]:
     """The unified pods let go and not yet allocated, as the step reads them."""
-    return {k for k, r in pinning.to_control(obs, changed=False).reserved.items() if r.allocating}
+    reserved = pinning.to_control(obs, changed=False).reserved.items()
+    return {k for k, r in reserved if r.unified is not None and r.unified.allocating}
+
+
+def test_a_pod_waits_for_its_slice_to_be_served_and_says_which() -> None:
+    slices = [(0, 8, "ns/a", S.RESERVED, None), (1, 20, "ns/a", S.RESERVED, None)]
+    obs = _mps_observed([_pod("a")], slices, unserved=frozenset({1}))
+    assert _why(obs, "ns/a") == "MPS slice 1 (20 GB) of GPU 0 on n0 to be served"
+    assert _why(_mps_observed([_pod("a")], slices), "ns/a") is None
+
+
+def test_a_mig_pod_let_go_first_never_holds_a_unified_pod_back() -> None:
+    spec = [(0, "1g.10gb", "ns/a-mig"), (1, "1g.10gb", "ns/b")]
+    status = [(0, "1g.10gb", S.RESERVED, None), (1, "1g.10gb", S.RESERVED, None)]
+    mig = _pod("a-mig")
+    mig["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/mig-1g.10gb": "1"}
+    node = _node(**DEVICES, **{"nvidia.com/mig-1g.10gb": "1"})
+    obs = _observed([mig, _pod("b")], spec=spec, status=status, node=node)
+    assert _why(obs, "ns/a-mig") is None
+    assert _why(obs, "ns/b") is None

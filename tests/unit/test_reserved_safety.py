@@ -395,6 +395,29 @@ def test_an_expiry_whose_write_fails_says_nothing_and_keeps_the_reservation() ->
     asyncio.run(main())
 
 
+def test_an_expiry_whose_write_fails_on_one_node_still_expires_the_others() -> None:
+    layouts = {
+        "n0": _layout_doc("n0", [_reserving("ns/p")], None),
+        "n1": _layout_doc("n1", [_reserving("ns/r")], None),
+    }
+
+    async def main() -> None:
+        api, controller = await _controller(layouts, [_pod("p"), _pod("r")], _Clock(1000.0))
+        api.fail_next = kubeapi.KubeApiError("503: unavailable")
+        await controller._expire(
+            controller.observe(),
+            [
+                control.Expiry("ns/p", "n0", False, TIMED_OUT.format("n0")),
+                control.Expiry("ns/r", "n1", False, TIMED_OUT.format("n1")),
+            ],
+        )
+        assert _said(controller) == [("r", "MigReservationExpired", TIMED_OUT.format("n1"))]
+        assert [n for n, _ in api.spec_writes] == ["n1"]
+        assert set(controller.observe().reservations) == {"ns/p"}
+
+    asyncio.run(main())
+
+
 def test_release_rewrites_only_stale_nodes_keeping_the_live_reservations_there() -> None:
     """ns/p is reserved on n0 and n1 (n0's stays, n1's goes); n1 also reserves the gone ns/g
     and the live ns/q; n2 reserves only live ns/r and is not written."""

@@ -133,16 +133,18 @@ def _whole(node: observing.NodeView) -> snapshot.Resources | None:
 def _reserved(observed: observing.Observed, key: str) -> control.Reserved:
     r = observed.reservations[key]
     view = observed.pods[key]
-    group = None
-    allocating = False
+    interchange = None
     if view.unified:
-        group = signature(observed, key)
         layout = observed.layouts.get(r.node)
-        allocating = (
-            not view.gated_by_us and layout is not None and not gpulayouts.allocated(layout, key)
+        interchange = control.Interchange(
+            signature(observed, key),
+            allocating=(
+                not view.gated_by_us
+                and layout is not None
+                and not gpulayouts.allocated(layout, key)
+            ),
         )
     return control.Reserved(
-        pod=key,
         node=r.node,
         gated=view.gated_by_us,
         made=made(observed, key),
@@ -150,8 +152,7 @@ def _reserved(observed: observing.Observed, key: str) -> control.Reserved:
         asks=asks(view),
         pinned_there=not view.gated_by_us and pinned_to(view) == r.node,
         stolen=stolen(observed, key),
-        group=group,
-        allocating=allocating,
+        unified=interchange,
     )
 
 
@@ -171,14 +172,18 @@ def taken(observed: observing.Observed) -> dict[str, Counter[str]]:
     :func:`asks`): of the pods bound there and of the reserved pods already let go (not
     gated)."""
     out: dict[str, Counter[str]] = {}
-    for node, c in observed.bound.items():
-        out[node] = Counter({snapshot.resource_name(p): n for p, n in c.items()})
+
+    def add(node: str, amounts: Mapping[str, int]) -> None:
+        out.setdefault(node, Counter()).update(amounts)
+
+    for node, bound in observed.bound.items():
+        add(node, {snapshot.resource_name(p): n for p, n in bound.items()})
     for node, gpus in observed.bound_gpus.items():
-        out.setdefault(node, Counter())[gpulayouts.UNIFIED_RESOURCE] += gpus
+        add(node, {gpulayouts.UNIFIED_RESOURCE: gpus})
     for r in observed.reservations.values():
         view = observed.pods.get(r.pod)
         if view is not None and not view.gated_by_us and view.node is None:
-            out.setdefault(r.node, Counter()).update(dict(asks(view)))
+            add(r.node, dict(asks(view)))
     return out
 
 
@@ -273,9 +278,7 @@ def missing(observed: observing.Observed, pod_key: str) -> str | None:
     matter, or ``None``: the node Ready and reported, every instance reserved for it made (the
     agent reports it with a UUID), every slice served, and the counters a unified pod names
     advertised."""
-    r = observed.reservations.get(pod_key)
-    if r is None:
-        return "no reservation"
+    r = observed.reservations[pod_key]
     layout = observed.layouts.get(r.node)
     node = observed.nodes.get(r.node)
     if layout is None or layout.status is None or node is None or not node.ready:

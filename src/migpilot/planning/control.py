@@ -220,8 +220,6 @@ class Reserved:
     """A live reservation as the loop reads it: a pod a plan placed on a node, whose instances
     (and MPS slices) are kept for it until it is bound."""
 
-    pod: str
-    """``namespace/name``."""
     node: str
     gated: bool
     """Still held back by migpilot (not yet let go to kube-scheduler)."""
@@ -239,11 +237,20 @@ class Reserved:
     stolen: bool = False
     """Another pod is using an instance or slice it reserves (one bound there without
     migpilot): the reservation can never be honoured as it stands."""
-    group: tuple[object, ...] | None = None
-    """A unified pod's asks and reserved profiles (pods with equal groups are interchangeable
-    for the kubelet's Allocate); ``None`` for any other pod."""
+    unified: Interchange | None = None
+    """For a unified pod, what tells its Allocate from another's; ``None`` for any other."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interchange:
+    """A unified pod as its node's device plugin tells it from others: the kubelet's Allocate
+    names no pod, so the agent answers for the pod being admitted, which is right as long as
+    the unified pods let go to a node and not yet allocated are interchangeable."""
+
+    group: tuple[object, ...]
+    """Its asks and reserved profiles: pods with equal groups are interchangeable."""
     allocating: bool = False
-    """A unified pod let go and not yet allocated by its node's device plugin."""
+    """Let go and not yet allocated by its node's device plugin."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,25 +487,24 @@ def lets_go(
     """Every reservation still gated (but those in ``skip``), in the order of their keys, with
     what it still waits for: ``None`` for one let go now. Each let go counts against its node's
     advertised resources for the ones after it, as kube-scheduler will count it."""
-    taken: dict[str, Counter[str]] = {}
+    taken = {node: Counter(amounts) for node, amounts in observed.taken.items()}
     allocating: dict[str, dict[str, tuple[object, ...]]] = {}
     for key, r in observed.reserved.items():
-        if r.allocating and r.group is not None:
-            allocating.setdefault(r.node, {})[key] = r.group
+        if r.unified is not None and r.unified.allocating and not r.gated:
+            allocating.setdefault(r.node, {})[key] = r.unified.group
     out: list[tuple[str, str, str | None]] = []
     for key, r in sorted(observed.reserved.items()):
         if not r.gated or key in skip:
             continue
-        node_taken = taken.get(r.node)
-        if node_taken is None:
-            node_taken = taken[r.node] = Counter(observed.taken.get(r.node, {}))
+        node_taken = taken.setdefault(r.node, Counter())
         why = r.missing or _short(r, observed.advertised.get(r.node, {}), node_taken)
-        if why is None and r.group is not None:
-            why = _held_back(key, r.group, allocating.get(r.node, {}))
+        others = allocating.setdefault(r.node, {})
+        if why is None and r.unified is not None:
+            why = _held_back(r.unified.group, others)
         if why is None:
             node_taken.update(dict(r.asks))
-            if r.group is not None:
-                allocating.setdefault(r.node, {})[key] = r.group
+            if r.unified is not None:
+                others[key] = r.unified.group
         out.append((key, r.node, why))
     return tuple(out)
 
@@ -512,15 +518,12 @@ def _short(r: Reserved, advertised: Mapping[str, int], taken: Counter[str]) -> s
     return None
 
 
-def _held_back(
-    key: str, group: tuple[object, ...], others: Mapping[str, tuple[object, ...]]
-) -> str | None:
-    """Why the unified pod ``key`` may not be let go yet: the kubelet's Allocate does not say
-    which pod it serves, and the agent answers for the pod being admitted, which is right
-    whenever the unified pods let go to a node and not yet allocated ask alike. So it waits
-    while another, asking differently (``others``: those pods by key), is let go there."""
+def _held_back(group: tuple[object, ...], others: Mapping[str, tuple[object, ...]]) -> str | None:
+    """Why a unified pod asking ``group`` may not be let go yet (:class:`Interchange`): it
+    waits while another, asking differently (``others``: the unified pods let go to its node
+    and not yet allocated, by key, never itself), is let go there."""
     for other, theirs in sorted(others.items()):
-        if other != key and theirs != group:
+        if theirs != group:
             return f"unified pod {other}, asking differently, to be allocated first"
     return None
 

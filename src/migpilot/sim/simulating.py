@@ -844,7 +844,6 @@ class _Simulation:
                     )
                     break
         return control.Reserved(
-            pod=pod.spod.key,
             node=pod.node.spec.name,
             gated=True,
             made=missing is None,
