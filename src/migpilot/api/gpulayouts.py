@@ -29,6 +29,8 @@ from typing import Any, NotRequired, TypedDict
 from migpilot import errors
 from migpilot.mig import catalog, layouts, profiles
 from migpilot.planning import modes, plans, snapshot
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import mps as sharing_mps
 
 GROUP = "migpilot.io"
 VERSION = "v1alpha1"
@@ -516,7 +518,7 @@ def _pod_name(d: Mapping[str, Any], key: str, where: str) -> str | None:
 
 
 def _slice_common(d: Mapping[str, Any], where: str) -> tuple[int, int, int | None]:
-    ident = _int(d, "id", where, maximum=modes.MPS_MAX_CLIENTS * 1000)
+    ident = _int(d, "id", where, maximum=sharing_config.MPS_MAX_CLIENTS * 1000)
     gb = _int(d, "memoryGB", where)
     if gb < 1:
         raise _fail(f"{where}.memoryGB", "a slice holds at least 1 GB")
@@ -564,10 +566,11 @@ def _slices(
         if sl.id in seen:
             raise _fail(f"{where}[{j}].id", f"a second slice with id {sl.id}")
         seen.add(sl.id)
-    if len(found) > modes.MPS_MAX_CLIENTS:
-        raise _fail(where, f"{len(found)} slices; MPS serves at most {modes.MPS_MAX_CLIENTS}")
+    most = sharing_config.MPS_MAX_CLIENTS
+    if len(found) > most:
+        raise _fail(where, f"{len(found)} slices; MPS serves at most {most}")
     if model is not None:
-        total, cap = sum(sl.memory_gb for sl in found), modes.memory_gb(model)
+        total, cap = sum(sl.memory_gb for sl in found), sharing_mps.memory_gb(model)
         if total > cap:
             raise _fail(where, f"slices of {total} GB exceed the {cap} GB of a {model.id}")
     return tuple(sorted(found, key=lambda sl: sl.id))

@@ -52,6 +52,7 @@ from migpilot import errors
 from migpilot.mig import layouts, profiles
 from migpilot.planning import constraints, control, modes, plans, snapshot
 from migpilot.planning import unified as unifying
+from migpilot.sharing import mps as sharing_mps
 from migpilot.sim import clusters, policies, traces
 
 CpuClock = Callable[[], float]
@@ -176,9 +177,9 @@ class Result:
     """As :attr:`allocation_ratio`, for GPU memory: the GB running pods asked (a unified pod its
     ``gpumem``/``gpumem-percentage`` of its node's model, rounded up to whole GB; a pod asking
     MIG profiles by name :attr:`traces.TracePod.memory_gb`, else its profiles' nominal GB) over
-    the cluster's GB (:func:`modes.memory_gb` per GPU); the pods sharing one GPU count together
-    for at most its memory. The same pod counts the same in every mode, so this shows what MPS
-    packs beyond MIG's fixed sizes (seven 4 GB pods fill an A100-80GB's seven 1g.10gb
+    the cluster's GB (:func:`sharing_mps.memory_gb` per GPU); the pods sharing one GPU count
+    together for at most its memory. The same pod counts the same in every mode, so this shows
+    what MPS packs beyond MIG's fixed sizes (seven 4 GB pods fill an A100-80GB's seven 1g.10gb
     instances: 100 % of its compute slices, 35 % of its memory)."""
 
     @property
@@ -433,7 +434,7 @@ class _Simulation:
         self.seq = 0
         self.now = 0.0
         self.held_slices = 0
-        self.total_gb = sum(modes.memory_gb(n.model) * n.gpus for n in cluster.nodes)
+        self.total_gb = sum(sharing_mps.memory_gb(n.model) * n.gpus for n in cluster.nodes)
         self.held_gb = 0
         self.memory_area = 0.0
         self.samples: list[tuple[float, float]] = [(0.0, 0.0)]
@@ -672,7 +673,7 @@ class _Simulation:
     def _share(self, gpu: _Gpu, *, slices: int, gb: int) -> None:
         """A running pod's share of ``gpu`` counted (or, negative, no longer): MPS clients and
         replicas share a GPU, so together they count for at most its compute and memory."""
-        cap_slices, cap_gb = gpu.model.compute_slices, modes.memory_gb(gpu.model)
+        cap_slices, cap_gb = gpu.model.compute_slices, sharing_mps.memory_gb(gpu.model)
         before = min(gpu.ts_asked, cap_slices), min(gpu.gb_asked, cap_gb)
         gpu.ts_asked += slices
         gpu.gb_asked += gb
@@ -1118,7 +1119,7 @@ class _Simulation:
                     where = f"{node.spec.name}/{gpu.index}"
                     raise InvariantViolation(f"shares asked of {where} drifted")
                 held += min(slices, gpu.model.compute_slices)
-                held_gb += min(gb, modes.memory_gb(gpu.model))
+                held_gb += min(gb, sharing_mps.memory_gb(gpu.model))
         if held != self.held_slices:
             raise InvariantViolation("held compute slices drifted")
         if held_gb != self.held_gb:
@@ -1229,7 +1230,7 @@ def _held(pod: _Pod) -> int:
     slices = _slices(pod.trace.demand, model)
     if slices is None:  # MIG has no profile for it (an MPS slice has finer sizes)
         share = sum(modes.unified_gb(a, model) * a.count for a in pod.trace.unified.asks)
-        return math.ceil(share * model.compute_slices / modes.memory_gb(model))
+        return math.ceil(share * model.compute_slices / sharing_mps.memory_gb(model))
     return slices
 
 
@@ -1239,7 +1240,7 @@ def _asked_gb(pod: _Pod) -> int:
     model = pod.node.spec.model
     if pod.trace.unified is None:
         if pod.trace.memory_gb is not None:
-            return min(pod.trace.memory_gb, modes.memory_gb(model) * len(pod.insts))
+            return min(pod.trace.memory_gb, sharing_mps.memory_gb(model) * len(pod.insts))
         return sum(model.profile_named(i.profile).nominal_gb for i in pod.insts)
     return sum(modes.unified_gb(a, model) * a.count for a in pod.trace.unified.asks)
 
