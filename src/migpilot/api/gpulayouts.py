@@ -11,7 +11,6 @@ Raw JSON crosses the boundary as the TypedDicts below; inside, everything is fro
 :func:`parse` rejects bad input with one line naming the field
 (``spec.gpus[1].instances[0].start: ...``); :func:`to_document` is its inverse;
 :func:`spec_patch` and :func:`status_patch` hold only the fields their writer owns.
-:func:`snapshot_gpus` and :func:`spec_from_plan` translate to and from the planner's types.
 The instance lifecycle is one table, :data:`TRANSITIONS` (``docs/gpulayout.md``).
 
 Pure core: imports :mod:`migpilot.planning`, :mod:`migpilot.mig` and :mod:`migpilot.errors`
@@ -28,7 +27,6 @@ from typing import Any, NotRequired, TypedDict
 
 from migpilot import errors
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import modes, plans, snapshot
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import mps as sharing_mps
 
@@ -911,143 +909,3 @@ def allocated(layout: GpuLayout, pod: str) -> bool:
         (g.index, sl.id) for g in layout.spec.gpus for sl in g.mps if sl.reserved_for == pod
     }
     return wanted <= have and wanted_slices <= have_slices
-
-
-# --------------------------------------------------------------------------- the planner
-
-
-def snapshot_gpus(layout: GpuLayout) -> tuple[snapshot.Gpu, ...]:
-    """The node's GPUs as the planner sees them, from what the agent reports.
-
-    An instance is ``used`` (never destroyed, never handed to another pod) when its state is in
-    :data:`UNTOUCHABLE`, or when the spec reserves it for a pod even though the status says
-    free (the two may disagree for a moment: the safer one wins). Destroying instances are left
-    out: no pod may be given one, and their slots will be free once the agent is done. A
-    GpuLayout the agent has not reported on yet has no GPUs.
-    """
-    if layout.status is None:
-        return ()
-    reserved = {
-        (g.index, i.start, i.profile)
-        for g in layout.spec.gpus
-        for i in g.instances
-        if i.reserved_for is not None
-    }
-    gpus: list[snapshot.Gpu] = []
-    for g in layout.status.gpus:
-        instances = tuple(
-            snapshot.ExistingInstance(
-                i.profile,
-                i.start,
-                i.state in UNTOUCHABLE or (g.index, i.start, i.profile) in reserved,
-            )
-            for i in g.instances
-            if i.state is not InstanceState.DESTROYING
-        )
-        model = catalog.resolve_gpu(g.model)
-        gpus.append(snapshot.Gpu(g.index, model, instances, mps=snapshot_slices(layout, g)))
-    return tuple(gpus)
-
-
-def snapshot_slices(layout: GpuLayout, gpu: GpuStatus) -> tuple[modes.MpsSlice, ...]:
-    """A GPU's MPS slices as the planner sees them: those the spec asks for (reserved as the
-    spec reserves them; used when the status says so), and those the status still reports used
-    that the spec dropped (a pod holds them: never reused, never overlapped)."""
-    wanted = next((g.mps for g in layout.spec.gpus if g.index == gpu.index), ())
-    reported = {sl.id: sl for sl in gpu.mps}
-    out: list[modes.MpsSlice] = []
-    for sl in wanted:
-        seen = reported.pop(sl.id, None)
-        used = seen is not None and seen.state is InstanceState.USED
-        out.append(modes.MpsSlice(sl.id, sl.memory_gb, sl.cores, used, sl.reserved_for or ""))
-    for left in reported.values():
-        if left.state is not InstanceState.FREE:
-            out.append(modes.MpsSlice(left.id, left.memory_gb, left.cores, True))
-    return tuple(sorted(out, key=lambda sl: sl.id))
-
-
-def spec_from_plan(plan: plans.Plan, node: snapshot.Node) -> LayoutSpec:
-    """The spec the controller writes for ``node``: each GPU's target layout from the plan, with
-    ``reservedFor`` on the instances the plan gives to pending pods.
-
-    Raise :class:`GpuLayoutError` if the plan gives a pod an instance its target layout lacks,
-    or one instance to two pods (a planner bug: such a spec must never be written).
-    """
-    reservations: dict[tuple[int, int], str] = {}
-    for placement in plan.placements:
-        if placement.node != node.name:
-            continue
-        for a in placement.instances:
-            key = (a.gpu, a.start)
-            if key in reservations:
-                raise errors.GpuLayoutError(
-                    f"plan: {a.profile}@{a.start} on GPU {a.gpu} of {node.name} given to both "
-                    f"{reservations[key]} and {placement.pod}"
-                )
-            reservations[key] = placement.pod
-    models = {g.index: g.model.id for g in node.gpus}
-    gpus: list[GpuSpec] = list(_mps_specs(plan, node, models))
-    targets: dict[tuple[int, int], str] = {}
-    sliced = {g.index for g in gpus}
-    for gp in plan.gpus:
-        if gp.node != node.name or gp.gpu in sliced:  # an MPS GPU holds no MIG instances
-            continue
-        for inst in gp.layout.instances:
-            targets[(gp.gpu, inst.start)] = inst.profile
-        gpus.append(
-            GpuSpec(
-                gp.gpu,
-                models.get(gp.gpu),
-                tuple(
-                    InstanceSpec(i.profile, i.start, reservations.get((gp.gpu, i.start)))
-                    for i in gp.layout.instances
-                ),
-            )
-        )
-    for placement in plan.placements:
-        for a in placement.instances:
-            if placement.node == node.name and targets.get((a.gpu, a.start)) != a.profile:
-                raise errors.GpuLayoutError(
-                    f"plan: {placement.pod} is given {a.profile}@{a.start} on GPU {a.gpu} of "
-                    f"{node.name}, which its target layout does not hold"
-                )
-    return LayoutSpec(tuple(sorted(gpus, key=lambda g: g.index)))
-
-
-def _mps_specs(plan: plans.Plan, node: snapshot.Node, models: Mapping[int, str]) -> list[GpuSpec]:
-    """The MPS GPUs of ``node``: each GPU's target slices from the plan, ``reservedFor`` on the
-    slices kept or newly given to pending pods. Raise :class:`GpuLayoutError` for a slice given
-    to two pods or a share of a slice the target lacks (a planner bug)."""
-    given: dict[tuple[int, int], str] = {}
-    for placement in plan.placements:
-        if placement.node != node.name:
-            continue
-        for share in placement.shares:
-            if share.slice is None:
-                continue
-            key = (share.gpu, share.slice)
-            if key in given and given[key] != placement.pod:
-                raise errors.GpuLayoutError(
-                    f"plan: MPS slice {share.slice} on GPU {share.gpu} of {node.name} given to "
-                    f"both {given[key]} and {placement.pod}"
-                )
-            given[key] = placement.pod
-    out: list[GpuSpec] = []
-    targets: set[tuple[int, int]] = set()
-    for gp in plan.mps:
-        if gp.node != node.name:
-            continue
-        slices = []
-        for sl in gp.slices:
-            targets.add((gp.gpu, sl.id))
-            pod = given.get((gp.gpu, sl.id)) or sl.reserved_for or None
-            slices.append(SliceSpec(sl.id, sl.memory_gb, sl.cores, pod))
-        out.append(GpuSpec(gp.gpu, models.get(gp.gpu), (), tuple(slices)))
-    missing = sorted(set(given) - targets)
-    if missing:
-        gpu, ident = missing[0]
-        raise errors.GpuLayoutError(
-            f"plan: {given[(gpu, ident)]} is given MPS slice {ident} on GPU {gpu} of {node.name}, "
-            "which its target slices do not hold"
-        )
-    return out
