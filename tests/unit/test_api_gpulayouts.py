@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from migpilot import errors
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.mig import catalog, layouts
 from tests.unit import gpulayout_docs as docs
 
@@ -23,7 +24,7 @@ S = gl.InstanceState
 
 
 def test_parse_sorts_by_index_and_start_and_keeps_what_it_owns() -> None:
-    layout = gl.parse(docs.mig())
+    layout = wire.parse(docs.mig())
     assert layout.name == "node-a"
     assert layout.generation == 3
     assert [g.index for g in layout.spec.gpus] == [0, 1]
@@ -41,10 +42,10 @@ def test_parse_sorts_by_index_and_start_and_keeps_what_it_owns() -> None:
 
 
 def test_to_document_round_trips_and_is_deterministic() -> None:
-    layout = gl.parse(docs.mig())
-    doc = gl.to_document(layout)
-    assert gl.parse(doc) == layout
-    assert gl.to_document(gl.parse(doc)) == doc
+    layout = wire.parse(docs.mig())
+    doc = wire.to_document(layout)
+    assert wire.parse(doc) == layout
+    assert wire.to_document(wire.parse(doc)) == doc
     assert "uid" not in doc["metadata"]
     assert doc["status"]["gpus"][0]["instances"][0]["state"] == "reserved"
     assert type(doc["status"]["gpus"][0]["instances"][0]["state"]) is str
@@ -52,12 +53,12 @@ def test_to_document_round_trips_and_is_deterministic() -> None:
 
 
 def test_patches_hold_only_the_writers_fields() -> None:
-    layout = gl.parse(docs.mig())
-    spec = gl.spec_patch("node-a", layout.spec)
+    layout = wire.parse(docs.mig())
+    spec = wire.spec_patch("node-a", layout.spec)
     assert set(spec) == {"apiVersion", "kind", "metadata", "spec"}
     assert spec["metadata"] == {"name": "node-a"}
     assert layout.status is not None
-    status = gl.status_patch("node-a", layout.status)
+    status = wire.status_patch("node-a", layout.status)
     assert set(status) == {"apiVersion", "kind", "metadata", "status"}
     assert status["status"]["summary"] == {"gpus": 1, "instances": 4, "free": 1}
 
@@ -65,10 +66,10 @@ def test_patches_hold_only_the_writers_fields() -> None:
 def test_a_used_instance_names_the_unified_pod_it_went_to() -> None:
     doc = docs.mig()
     doc["status"]["gpus"][0]["instances"][1]["usedBy"] = "default/p1"
-    layout = gl.parse(doc)
+    layout = wire.parse(doc)
     assert layout.status is not None
     assert layout.status.gpus[0].instances[1].used_by == "default/p1"
-    assert gl.to_document(layout)["status"]["gpus"][0]["instances"][1]["usedBy"] == "default/p1"
+    assert wire.to_document(layout)["status"]["gpus"][0]["instances"][1]["usedBy"] == "default/p1"
     assert gl.used_by(layout) == {"default/p1": ((1, 1, "1g.10gb"),)}
     # The spec still reserves 1g.10gb@0 for p1 and it is not yet used by it: p1 (two
     # containers, say) is not allocated until it is.
@@ -76,21 +77,21 @@ def test_a_used_instance_names_the_unified_pod_it_went_to() -> None:
     doc["status"]["gpus"][0]["instances"][0]["state"] = "used"
     doc["status"]["gpus"][0]["instances"][0]["usedBy"] = "default/p1"
     doc["status"]["summary"]["free"] = 1
-    assert gl.allocated(gl.parse(doc), "default/p1")
+    assert gl.allocated(wire.parse(doc), "default/p1")
     # Once the controller drops the reservation, what the status says is enough.
     del doc["spec"]["gpus"][0]["instances"][1]["reservedFor"]
-    assert gl.allocated(gl.parse(doc), "default/p1")
-    assert not gl.allocated(gl.parse(doc), "default/other")
+    assert gl.allocated(wire.parse(doc), "default/p1")
+    assert not gl.allocated(wire.parse(doc), "default/other")
     del doc["status"]
-    assert not gl.allocated(gl.parse(doc), "default/p1") and gl.used_by(gl.parse(doc)) == {}
+    assert not gl.allocated(wire.parse(doc), "default/p1") and gl.used_by(wire.parse(doc)) == {}
 
 
 def test_a_layout_without_status_parses_and_writes_none() -> None:
     doc = docs.mig()
     del doc["status"]
-    layout = gl.parse(doc)
+    layout = wire.parse(doc)
     assert layout.status is None
-    assert "status" not in gl.to_document(layout)
+    assert "status" not in wire.to_document(layout)
 
 
 _SI = "spec.gpus[0].instances"
@@ -152,7 +153,7 @@ def test_bad_input_is_one_line_naming_the_field(path: str, value: Any, named: st
         doc["status"]["conditions"].append(copy.deepcopy(doc["status"]["conditions"][0]))
         path, value, named = "status.conditions[1].message", "again", "status.conditions[1].type"
     with pytest.raises(errors.GpuLayoutError) as info:
-        gl.parse(docs.edited(doc, path, value))
+        wire.parse(docs.edited(doc, path, value))
     message = str(info.value)
     assert "\n" not in message
     assert message.split(": ", 1)[0] == named, message
@@ -163,16 +164,16 @@ def test_duplicate_instances_are_rejected_never_merged() -> None:
     twice = {"profile": "3g.40gb", "start": 4}
     doc["spec"]["gpus"][0] = {"index": 0, "instances": [twice, dict(twice)]}  # no model given
     with pytest.raises(errors.GpuLayoutError, match=r"^spec\.gpus\[0\]\.instances\[1\]\.start: "):
-        gl.parse(doc)
+        wire.parse(doc)
 
 
 def test_overlapping_instances_are_rejected_when_the_model_is_known() -> None:
     doc = docs.edited(docs.mig(), f"{_SI}[1]", {"profile": "1g.10gb", "start": 5})
     with pytest.raises(errors.GpuLayoutError, match=r"^spec\.gpus\[0\]\.instances: .*overlap"):
-        gl.parse(doc)
+        wire.parse(doc)
     # Without a model nothing says how many slots 3g.40gb takes: only the starts are checked.
     doc = docs.edited(doc, "spec.gpus[0].model", ...)
-    assert [i.start for i in gl.parse(doc).spec.gpus[1].instances] == [4, 5]
+    assert [i.start for i in wire.parse(doc).spec.gpus[1].instances] == [4, 5]
 
 
 # --------------------------------------------------------------------------- lifecycle
@@ -239,7 +240,7 @@ def _layouts(draw: st.DrawFn) -> gl.GpuLayout:
                 gl.Condition,
                 type=st.sampled_from(["Ready", "Degraded", "migpilot.io/Static"]),
                 status=st.sampled_from(list(gl.ConditionStatus)),
-                reason=st.from_regex(gl.REASON_PATTERN, fullmatch=True).filter(
+                reason=st.from_regex(wire.REASON_PATTERN, fullmatch=True).filter(
                     lambda r: len(r) < 20
                 ),
                 message=st.text(max_size=10),
@@ -268,10 +269,10 @@ def _layouts(draw: st.DrawFn) -> gl.GpuLayout:
 
 @given(_layouts())
 def test_parse_inverts_to_document(layout: gl.GpuLayout) -> None:
-    doc = gl.to_document(layout)
-    assert gl.parse(doc) == layout
-    assert gl.parse(copy.deepcopy(doc)) == gl.parse(doc)
-    assert gl.to_document(gl.parse(doc)) == doc
+    doc = wire.to_document(layout)
+    assert wire.parse(doc) == layout
+    assert wire.parse(copy.deepcopy(doc)) == wire.parse(doc)
+    assert wire.to_document(wire.parse(doc)) == doc
 
 
 # --------------------------------------------------------------------------- the CRD YAML
@@ -300,43 +301,43 @@ def test_the_crd_matches_the_python_schema() -> None:
         insts = gpus["items"]["properties"]["instances"]
         assert insts["x-kubernetes-list-map-keys"] == ["start"]
         item = insts["items"]["properties"]
-        assert item["profile"]["pattern"] == gl.PROFILE_PATTERN
-        assert (item["start"]["minimum"], item["start"]["maximum"]) == (0, gl.MAX_START)
+        assert item["profile"]["pattern"] == wire.PROFILE_PATTERN
+        assert (item["start"]["minimum"], item["start"]["maximum"]) == (0, wire.MAX_START)
     spec_item = spec_gpu["items"]["properties"]["instances"]["items"]["properties"]
-    assert spec_item["reservedFor"]["pattern"] == gl.RESERVED_FOR_PATTERN
+    assert spec_item["reservedFor"]["pattern"] == wire.RESERVED_FOR_PATTERN
     status_item = status_gpu["items"]["properties"]["instances"]["items"]
-    assert status_item["properties"]["usedBy"]["pattern"] == gl.RESERVED_FOR_PATTERN
+    assert status_item["properties"]["usedBy"]["pattern"] == wire.RESERVED_FOR_PATTERN
     rules = [r["rule"] for r in status_item["x-kubernetes-validations"]]
     assert "!has(self.usedBy) || self.state == 'used'" in rules
     state = status_gpu["items"]["properties"]["instances"]["items"]["properties"]["state"]
     assert state["enum"] == [s.value for s in S]
     cond = props["status"]["properties"]["conditions"]["items"]["properties"]
-    assert cond["reason"]["pattern"] == gl.REASON_PATTERN
+    assert cond["reason"]["pattern"] == wire.REASON_PATTERN
 
 
 def test_the_crd_allows_every_start_and_profile_of_the_catalog() -> None:
-    pattern = re.compile(gl.PROFILE_PATTERN)
+    pattern = re.compile(wire.PROFILE_PATTERN)
     for model in catalog.gpu_models():
         for p in model.profiles:
             assert pattern.match(p.name), (model.id, p.name)
-            assert max(p.placements) <= gl.MAX_START, (model.id, p.name)
-    assert max(m.memory_slots for m in catalog.gpu_models()) - 1 == gl.MAX_START
+            assert max(p.placements) <= wire.MAX_START, (model.id, p.name)
+    assert max(m.memory_slots for m in catalog.gpu_models()) - 1 == wire.MAX_START
 
 
 def test_an_instance_kept_for_a_unified_pod_names_its_resource() -> None:
     doc = docs.mig()
     doc["spec"]["gpus"][0]["instances"][1]["resource"] = "nvidia.com/gpu"
-    layout = gl.parse(doc)
+    layout = wire.parse(doc)
     kept = [i for g in layout.spec.gpus for i in g.instances if i.reserved_for]
     assert [(i.reserved_for, i.resource) for i in kept] == [("default/p1", gl.UNIFIED_RESOURCE)]
-    assert gl.parse(gl.to_document(layout)) == layout
+    assert wire.parse(wire.to_document(layout)) == layout
 
 
 # --------------------------------------------------------------------------- MPS slices
 
 
 def test_mps_slices_parse_sorted_and_round_trip() -> None:
-    layout = gl.parse(docs.mps())
+    layout = wire.parse(docs.mps())
     (gpu,) = layout.spec.gpus
     assert gpu.mps == (gl.SliceSpec(0, 10, 30), gl.SliceSpec(2, 20, None, "ns/p2"))
     assert layout.status is not None
@@ -345,16 +346,16 @@ def test_mps_slices_parse_sorted_and_round_trip() -> None:
         (1, S.USED, None),
         (2, S.RESERVED, None),
     ]
-    assert gl.parse(gl.to_document(layout)) == layout
+    assert wire.parse(wire.to_document(layout)) == layout
 
 
 def test_a_slice_kept_for_a_unified_pod_names_its_resource() -> None:
     doc = docs.mps()
     doc["spec"]["gpus"][0]["mps"][0]["resource"] = "nvidia.com/gpu"
-    layout = gl.parse(doc)
+    layout = wire.parse(doc)
     kept = [s for s in layout.spec.gpus[0].mps if s.reserved_for is not None]
     assert [(s.reserved_for, s.resource) for s in kept] == [("ns/p2", gl.UNIFIED_RESOURCE)]
-    assert gl.parse(gl.to_document(layout)) == layout
+    assert wire.parse(wire.to_document(layout)) == layout
 
 
 @pytest.mark.parametrize(
@@ -389,7 +390,7 @@ def test_bad_mps_slices_are_one_line_naming_the_field(
         target = target[key]
     target[path[-1]] = value
     with pytest.raises(errors.GpuLayoutError) as info:
-        gl.parse(doc)
+        wire.parse(doc)
     assert named in str(info.value) and "\n" not in str(info.value)
 
 
@@ -397,4 +398,4 @@ def test_too_many_slices_on_one_gpu_are_refused() -> None:
     doc = docs.mps()
     doc["spec"]["gpus"][0]["mps"] = [{"id": i, "memoryGB": 1} for i in range(49)]
     with pytest.raises(errors.GpuLayoutError, match="49 slices; MPS serves at most 48"):
-        gl.parse(doc)
+        wire.parse(doc)
