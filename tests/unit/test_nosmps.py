@@ -141,7 +141,7 @@ def test_simulator_policy_nos_uses_it_on_mps_nodes() -> None:
         trace,
         cluster=cluster,
         policy=policies.dynamic("nos", cluster),
-        settings=simulating.Settings(mode=simulating.Mode.FAITHFUL, paranoid=True),
+        settings=simulating.Settings(mode=simulating.Replay.FAITHFUL, paranoid=True),
     )
     assert result.pods_scheduled == 40
     assert result.reconfigurations > 0

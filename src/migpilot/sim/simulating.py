@@ -63,7 +63,7 @@ class InvariantViolation(AssertionError):  # noqa: N818 - it is an assertion, na
     """The simulation broke one of its invariants: a bug in a policy or in the simulator."""
 
 
-class Mode(enum.StrEnum):
+class Replay(enum.StrEnum):
     """How a trace is replayed."""
 
     FAITHFUL = "faithful"
@@ -96,7 +96,7 @@ class Timing:
 class Settings:
     """How to simulate."""
 
-    mode: Mode = Mode.INFLATE
+    mode: Replay = Replay.INFLATE
     """Replay mode. Default inflate."""
     inflate_fraction: float = 1.3
     """Inflate mode: stop submitting once requests reach this share of the cluster's compute
@@ -141,7 +141,7 @@ class Result:
     """The figures of one simulation."""
 
     policy: str
-    mode: Mode
+    mode: Replay
     pods_total: int
     pods_scheduled: int
     pods_rejected: int
@@ -210,7 +210,7 @@ def replayed(
     apart and never leaving, until the compute slices they request (on the model they resolve
     on first, the reference model first) reach ``inflate_fraction`` of the cluster's.
     """
-    if settings.mode is Mode.FAITHFUL:
+    if settings.mode is Replay.FAITHFUL:
         if not trace.timed:
             raise errors.TraceError(
                 f"{trace.name} has no arrival and deletion times; replay it with --mode inflate"
@@ -416,7 +416,7 @@ class _Simulation:
         *,
         trace: traces.Trace,
         cluster: clusters.Cluster,
-        policy: policies.Policy,
+        policy: policies.Partitioning,
         settings: Settings,
         cpu_clock: CpuClock,
         progress: Progress | None,
@@ -492,7 +492,7 @@ class _Simulation:
         return out
 
     def _horizon(self) -> float:
-        if self.settings.mode is Mode.INFLATE:
+        if self.settings.mode is Replay.INFLATE:
             return math.inf
         end = 0.0
         for p in self.pods:
@@ -532,7 +532,7 @@ class _Simulation:
             if self.gated:
                 self._step()
             self._check()
-        end = self.now if self.settings.mode is Mode.INFLATE else self.horizon
+        end = self.now if self.settings.mode is Replay.INFLATE else self.horizon
         self._advance(max(end, self.now))
         if self.progress is not None:
             self.progress(1.0)
@@ -1132,7 +1132,7 @@ class _Simulation:
                 )
 
     def _result(self, end: float) -> Result:
-        if self.settings.mode is Mode.INFLATE:
+        if self.settings.mode is Replay.INFLATE:
             ratio = self.held_slices / self.total_slices
             memory = self.held_gb / self.total_gb
         else:
@@ -1278,7 +1278,7 @@ def simulate(
     trace: traces.Trace,
     *,
     cluster: clusters.Cluster,
-    policy: policies.Policy,
+    policy: policies.Partitioning,
     settings: Settings = Settings(),
     cpu_clock: CpuClock = _no_clock,
     progress: Progress | None = None,
@@ -1317,7 +1317,7 @@ def best_static(
     settings: Settings = Settings(),
     candidates: int = STATIC_BEST_CANDIDATES,
     progress: Progress | None = None,
-) -> tuple[policies.Policy, Result]:
+) -> tuple[policies.Partitioning, Result]:
     """The ``static-best`` policy: one layout per GPU model, the best for this trace.
 
     For each model the ``candidates`` maximal layouts that best cover the instances the replay
@@ -1345,7 +1345,7 @@ def best_static(
     }
     choice = {mid: opts[0] for mid, opts in options.items()}
     best: Result | None = None
-    best_policy: policies.Policy | None = None
+    best_policy: policies.Partitioning | None = None
     total = sum(len(o) for o in options.values())
     done = 0
     tried: set[tuple[tuple[str, layouts.Layout], ...]] = set()
