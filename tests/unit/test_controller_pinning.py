@@ -227,6 +227,28 @@ def test_spec_for_marks_kept_and_new_reservations_of_unified_pods_in_the_same_pa
     )
 
 
+def test_spec_for_marks_a_slice_reserved_for_a_unified_pod() -> None:
+    node = snapshot.Node(
+        "mps-a", {}, (), False, None, (snapshot.Gpu(0, A100_MODEL, ()),), mode=modes.Mode.MPS
+    )
+    target = (modes.MpsSlice(0, 10, None, False, "ns/old"), modes.MpsSlice(1, 20))
+    plan = plans.Plan(
+        planner="fast",
+        gpus=(),
+        actions=(),
+        placements=(plans.Placement("ns/new", "mps-a", (), (plans.AssignedShare(0, 1, 20),)),),
+        unschedulable=(),
+        mps=(plans.MpsGpuPlan("mps-a", 0, True, target),),
+    )
+    spec = pinning.spec_for(node, plan, kept={}, unified=frozenset({"ns/old", "ns/new"}))
+    assert spec.gpus[0].mps == (
+        gl.SliceSpec(0, 10, None, "ns/old", gl.UNIFIED_RESOURCE),
+        gl.SliceSpec(1, 20, None, "ns/new", gl.UNIFIED_RESOURCE),
+    )
+    spec = pinning.spec_for(node, plan, kept={}, unified=frozenset({"ns/new"}))
+    assert [sl.resource for sl in spec.gpus[0].mps] == [None, gl.UNIFIED_RESOURCE]
+
+
 # --------------------------------------------------------------------------- without_stale
 
 
