@@ -97,7 +97,7 @@ def one(*, spec: str, requests: traces.Requests, policy: str, seed: int, gap: fl
         trace,
         cluster=cluster,
         policy=policies.dynamic(policy, cluster),
-        settings=simulating.Settings(mode=simulating.Mode.FAITHFUL),
+        settings=simulating.Settings(mode=simulating.Replay.FAITHFUL),
     )
     arriving = window_mean(result.ratio_over_time, trace.pods[0].arrival, trace.pods[-1].arrival)
     return {

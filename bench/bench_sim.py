@@ -36,8 +36,8 @@ from migpilot.sim import reports, simulating
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "sim.json"
 LARGE_SPEC = "h100-80gb:32x8,a100-80gb:16x8"
-INFLATE_RULE = reports.RULES[simulating.Mode.INFLATE]
-FAITHFUL_RULE = reports.RULES[simulating.Mode.FAITHFUL]
+INFLATE_RULE = reports.RULES[simulating.Replay.INFLATE]
+FAITHFUL_RULE = reports.RULES[simulating.Replay.FAITHFUL]
 
 
 def _simulate(argv: list[str]) -> tuple[dict[str, Any], float]:
@@ -73,7 +73,7 @@ def _section(argv: list[str], *, judged: bool = True, quiet: bool = False) -> di
     doc, seconds = _simulate(argv)
     rows = doc["results"]
     by = {r["policy"]: r for r in rows}
-    faithful = doc["mode"] == simulating.Mode.FAITHFUL.value
+    faithful = doc["mode"] == simulating.Replay.FAITHFUL.value
     section: dict[str, Any] = {
         "command": " ".join(["migpilot simulate", *argv]),
         "wall_seconds": round(seconds, 1),

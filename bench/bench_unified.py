@@ -58,7 +58,7 @@ def _row(result: simulating.Result, seconds: float) -> dict[str, Any]:
 
 
 def _run(
-    *, spec: str, mode: simulating.Mode, seed: int | None
+    *, spec: str, mode: simulating.Replay, seed: int | None
 ) -> tuple[dict[str, dict[str, Any]], float | None]:
     """Every policy once; rows by policy, and the LP bound in inflate mode."""
     cluster = clusters.parse(spec)
@@ -76,7 +76,7 @@ def _run(
         )
         rows[name] = _row(result, time.perf_counter() - started)
     bound = None
-    if mode is simulating.Mode.INFLATE:
+    if mode is simulating.Replay.INFLATE:
         submitted = [
             p for p, _, _ in simulating.replayed(trace, cluster=cluster, settings=settings)
         ]
@@ -93,7 +93,7 @@ def _verdict(rows: dict[str, dict[str, Any]], *, mean: str = "") -> dict[str, bo
     }
 
 
-def _section(command: str, *, spec: str, mode: simulating.Mode) -> dict[str, Any]:
+def _section(command: str, *, spec: str, mode: simulating.Replay) -> dict[str, Any]:
     rows, bound = _run(spec=spec, mode=mode, seed=None)
     section = {
         "command": command,
@@ -107,7 +107,7 @@ def _section(command: str, *, spec: str, mode: simulating.Mode) -> dict[str, Any
 
 
 def _shuffled() -> dict[str, Any]:
-    runs = [_run(spec=clusters.DEFAULT_SPEC, mode=simulating.Mode.INFLATE, seed=s) for s in SEEDS]
+    runs = [_run(spec=clusters.DEFAULT_SPEC, mode=simulating.Replay.INFLATE, seed=s) for s in SEEDS]
     summary: dict[str, dict[str, Any]] = {}
     for name in NAMES:
         rows = [run[0][name] for run in runs]
@@ -149,7 +149,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-faithful", action="store_true")
     args = parser.parse_args()
-    inflate = simulating.Mode.INFLATE
+    inflate = simulating.Replay.INFLATE
     sections: dict[str, Any] = {
         "bench": "python bench/bench_unified.py",
         "policies": list(NAMES),
@@ -167,7 +167,7 @@ def main() -> None:
         sections["openb_default_faithful"] = _section(
             "migpilot simulate --requests unified --mode faithful",
             spec=clusters.DEFAULT_FAITHFUL_SPEC,
-            mode=simulating.Mode.FAITHFUL,
+            mode=simulating.Replay.FAITHFUL,
         )
     met = {k: all(v["target"].values()) for k, v in sections.items() if isinstance(v, dict)}
     sections["target_met"] = met

@@ -23,6 +23,7 @@ from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from tests.kube import crds
 from tests.kube.agents import AgentProcess
 from tests.kube.controlplane import ControlPlane
@@ -59,7 +60,7 @@ def agent(control_plane: ControlPlane) -> Iterator[AgentProcess]:
 
 
 def _apply_spec(plane: ControlPlane, gpus: list[gl.GpuSpec]) -> None:
-    doc = gl.spec_patch(NODE, gl.LayoutSpec(tuple(gpus)))
+    doc = wire.spec_patch(NODE, gl.LayoutSpec(tuple(gpus)))
     plane.client.apply(
         codecs.from_dict(dict(doc)), field_manager=gl.CONTROLLER_FIELD_MANAGER, force=True
     )
@@ -72,7 +73,7 @@ def _layout(plane: ControlPlane) -> gl.GpuLayout | None:
         if e.status.code == 404:
             return None
         raise
-    return gl.parse(doc)
+    return wire.parse(doc)
 
 
 def _reports(plane: ControlPlane, generation: int, want: dict[int, set[str]]) -> bool:

@@ -30,6 +30,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from tests.integration.kubelet_fake import FakeKubelet
 from tests.kube import crds
 from tests.kube.agents import AgentProcess
@@ -78,7 +79,7 @@ class Scene(AgentProcess):
         return all(cap.get(k) == v and alloc.get(k) == v for k, v in counts.items())
 
     def apply_spec(self, instances: tuple[gl.InstanceSpec, ...]) -> None:
-        doc = gl.spec_patch(NODE, gl.LayoutSpec((gl.GpuSpec(0, "h100-80gb", instances),)))
+        doc = wire.spec_patch(NODE, gl.LayoutSpec((gl.GpuSpec(0, "h100-80gb", instances),)))
         self.plane.client.apply(
             codecs.from_dict(dict(doc)), field_manager=gl.CONTROLLER_FIELD_MANAGER, force=True
         )
@@ -91,7 +92,7 @@ class Scene(AgentProcess):
             if e.status.code == 404:
                 return False
             raise
-        status = gl.parse(doc).status
+        status = wire.parse(doc).status
         if status is None or status.observed_generation != generation:
             return False
         ready = [c for c in status.conditions if c.type == gl.READY]

@@ -27,6 +27,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from tests.kube import crds, system
 from tests.kube.controlplane import ControlPlane
 
@@ -71,7 +72,7 @@ def _wait(scene: system.System, predicate: Callable[[], Any], what: str) -> Any:
 
 def _layout(scene: system.System, node: str) -> gl.GpuLayout | None:
     try:
-        return gl.parse(scene.client.get(crds.GpuLayout, node).to_dict())
+        return wire.parse(scene.client.get(crds.GpuLayout, node).to_dict())
     except lightkube.ApiError:
         return None
 
@@ -178,7 +179,7 @@ def alone(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[syste
 
 
 def _apply_spec(scene: system.System, node: str, gpus: list[gl.GpuSpec]) -> None:
-    doc = gl.spec_patch(node, gl.LayoutSpec(tuple(gpus)))
+    doc = wire.spec_patch(node, gl.LayoutSpec(tuple(gpus)))
     scene.client.apply(
         codecs.from_dict(dict(doc)), field_manager=gl.CONTROLLER_FIELD_MANAGER, force=True
     )

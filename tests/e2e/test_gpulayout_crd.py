@@ -17,6 +17,7 @@ from lightkube import codecs
 from lightkube.types import PatchType
 
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from tests.kube import crds
 from tests.kube.controlplane import ControlPlane
 
@@ -45,7 +46,7 @@ def _spec(name: str) -> dict[str, Any]:
             ),
         )
     )
-    return dict(gl.spec_patch(name, spec))
+    return dict(wire.spec_patch(name, spec))
 
 
 def _status(state: str = "free") -> gl.LayoutStatus:
@@ -73,7 +74,7 @@ def _apply_spec(plane: ControlPlane, doc: dict[str, Any]) -> None:
 
 def _apply_status(plane: ControlPlane, name: str, status: gl.LayoutStatus | dict[str, Any]) -> None:
     body = (
-        gl.status_patch(name, status)
+        wire.status_patch(name, status)
         if isinstance(status, gl.LayoutStatus)
         else {"apiVersion": gl.API_VERSION, "kind": gl.KIND, "metadata": {"name": name}, **status}
     )
@@ -97,7 +98,7 @@ def _rejected(call: Any) -> str:
 def test_spec_and_status_round_trip_through_the_apiserver(crd: ControlPlane) -> None:
     client = crd.client
     _apply_spec(crd, _spec("gl-node-a"))
-    got = gl.parse(client.get(GpuLayout, "gl-node-a").to_dict())
+    got = wire.parse(client.get(GpuLayout, "gl-node-a").to_dict())
     assert got.status is None
     assert got.generation == 1
     assert got.spec.gpus[0].instances[0].reserved_for == "default/p1"
@@ -105,7 +106,7 @@ def test_spec_and_status_round_trip_through_the_apiserver(crd: ControlPlane) -> 
     # The status subresource takes the agent's half and leaves spec (and its owner) alone.
     _apply_status(crd, "gl-node-a", _status())
     raw = client.get(GpuLayout, "gl-node-a").to_dict()
-    back = gl.parse(raw)
+    back = wire.parse(raw)
     assert back.status == _status()
     assert back.spec == got.spec
     assert back.generation == 1  # status writes do not bump the generation
@@ -117,7 +118,7 @@ def test_spec_and_status_round_trip_through_the_apiserver(crd: ControlPlane) -> 
     doc["spec"]["gpus"][0]["instances"].pop()
     doc["status"] = {"summary": {"gpus": 9, "instances": 9, "free": 9}}
     _apply_spec(crd, doc)
-    again = gl.parse(client.get(GpuLayout, "gl-node-a").to_dict())
+    again = wire.parse(client.get(GpuLayout, "gl-node-a").to_dict())
     assert again.status == _status()
     assert again.generation == 2
     assert len(again.spec.gpus[0].instances) == 1
@@ -157,7 +158,7 @@ def test_list_map_keys_reject_duplicate_starts_and_indexes(crd: ControlPlane) ->
 
 def test_status_rules_reject_bad_states_uuids_and_summaries(crd: ControlPlane) -> None:
     _apply_spec(crd, _spec("gl-node-b"))
-    good = gl.status_patch("gl-node-b", _status())
+    good = wire.status_patch("gl-node-b", _status())
 
     bad_state = json.loads(json.dumps(good))
     bad_state["status"]["gpus"][0]["instances"][2]["state"] = "broken"
@@ -179,7 +180,7 @@ def test_only_a_free_instance_may_become_destroying(crd: ControlPlane) -> None:
     assert "only a free instance may become destroying" in message
     _apply_status(crd, "gl-node-c", _status("free"))
     _apply_status(crd, "gl-node-c", _status("destroying"))
-    got = gl.parse(crd.client.get(GpuLayout, "gl-node-c").to_dict())
+    got = wire.parse(crd.client.get(GpuLayout, "gl-node-c").to_dict())
     assert got.status is not None
     assert got.status.gpus[0].instances[2].state is gl.InstanceState.DESTROYING
 

@@ -18,6 +18,7 @@ import pytest
 from lightkube.resources.coordination_v1 import Lease
 
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.api import leases
 from migpilot.controller import kube, kubeapi
 from tests.kube import crds
@@ -174,13 +175,13 @@ def test_the_api_server_refuses_a_spec_write_whose_precondition_does_not_hold(
                 )
             now = control_plane.client.get(crds.GpuLayout, name).to_dict()
             assert str(now["metadata"]["resourceVersion"]) == second
-            assert gl.parse(now).spec == theirs
+            assert wire.parse(now).spec == theirs
             assert now["metadata"]["annotations"][gl.LEADER_ANNOTATION] == "c2"
             emptied = gl.LayoutSpec((gl.GpuSpec(0, None, ()),))
             again = await api.apply_layout_spec(
                 name, emptied, owner_uid=None, fence=kubeapi.Fence(second, "c2", 4)
             )
-            assert gl.parse(dict(again)).spec == emptied  # the current version passes
+            assert wire.parse(dict(again)).spec == emptied  # the current version passes
         finally:
             await api.close()
 

@@ -48,6 +48,7 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod
 from migpilot.agent import kube as agent_kube
 from migpilot.agent import kubeapi as agent_kubeapi
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import kube as controller_kube
 from migpilot.controller import kubeapi as controller_kubeapi
 from migpilot.controller import observing, pinning
@@ -215,7 +216,7 @@ def installed(control_plane: ControlPlane) -> Iterator[Installed]:
                 applied.append(obj)
         for node in (node_a, node_b):
             control_plane.add_node(node, labels={"nvidia.com/gpu.present": "true"})
-            spec = gl.spec_patch(node, gl.LayoutSpec(()))
+            spec = wire.spec_patch(node, gl.LayoutSpec(()))
             client.apply(
                 codecs.from_dict(dict(spec)), field_manager=gl.CONTROLLER_FIELD_MANAGER, force=True
             )
@@ -387,7 +388,7 @@ def _node_requests(a: str, b: str) -> list[tuple[str, str, str, Any, str | None]
 
 def _layout_status(node: str) -> dict[str, Any]:
     status = gl.LayoutStatus(observed_generation=1, gpus=())
-    return dict(gl.status_patch(node, status))
+    return dict(wire.status_patch(node, status))
 
 
 def _layout_requests(a: str, b: str) -> list[tuple[str, str, str, Any, str | None]]:
@@ -740,7 +741,7 @@ def test_a_real_agent_and_controller_serve_a_pod_under_the_policies(installed: I
     kubeconfig = _agent_kubeconfig(installed, a)
     spec = gl.LayoutSpec((gl.GpuSpec(0, "h100-80gb", (gl.InstanceSpec("1g.10gb", 0),)),))
     installed.plane.client.apply(
-        codecs.from_dict(dict(gl.spec_patch(a, spec))),
+        codecs.from_dict(dict(wire.spec_patch(a, spec))),
         field_manager=gl.CONTROLLER_FIELD_MANAGER,
         force=True,
     )
@@ -756,7 +757,7 @@ def test_a_real_agent_and_controller_serve_a_pod_under_the_policies(installed: I
 
         def served() -> bool:
             assert process.poll() is None, log.read_text()[-4000:]
-            layout = gl.parse(installed.plane.client.get(crds.GpuLayout, a).to_dict())
+            layout = wire.parse(installed.plane.client.get(crds.GpuLayout, a).to_dict())
             node = installed.plane.client.get(Node, a)
             labels = (node.metadata.labels if node.metadata else None) or {}
             allocatable = (node.status.allocatable if node.status else None) or {}

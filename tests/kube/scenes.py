@@ -15,6 +15,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from tests.kube import crds, system
 
 WAIT_S = 120.0
@@ -83,7 +84,7 @@ class Scene(system.System):
 
     def layout(self, node: str) -> gl.GpuLayout | None:
         try:
-            return gl.parse(self.client.get(crds.GpuLayout, node).to_dict())
+            return wire.parse(self.client.get(crds.GpuLayout, node).to_dict())
         except lightkube.ApiError:
             return None
 

@@ -27,6 +27,7 @@ from migpilot.agent import (
 )
 from migpilot.agent.deviceplugin import devices
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.mig import catalog, layouts
 
@@ -153,7 +154,7 @@ def test_reserved_and_used_states(node: Node) -> None:
     # What was applied parses back to the same status.
     layout = node.api.layout(NODE)
     assert layout is not None
-    assert gl.parse(gl.to_document(layout)).status == node.status()
+    assert wire.parse(wire.to_document(layout)).status == node.status()
 
 
 def test_a_reserved_instance_the_spec_drops_is_reported_free_before_it_is_destroyed(
@@ -334,7 +335,7 @@ def _infos() -> list[backend.GpuInfo]:
 def test_from_gpulayout_rejects_what_this_node_cannot_hold(
     gpus: list[dict[str, Any]], problem: str
 ) -> None:
-    layout = gl.parse({"apiVersion": gl.API_VERSION, "kind": gl.KIND,
+    layout = wire.parse({"apiVersion": gl.API_VERSION, "kind": gl.KIND,
                        "metadata": {"name": NODE}, "spec": {"gpus": gpus}})  # fmt: skip
     with pytest.raises(errors.ConfigError, match=problem):
         desired.from_gpulayout(layout.spec, gpus=_infos())
@@ -375,7 +376,7 @@ def test_protected_names_spec_reservations_and_untouchable_status() -> None:
         },
     }
     current = {0: [backend.MigDevice(0, 1, 0, "1g.10gb", 0, "MIG-spec")]}
-    got = desired.protected(gl.parse(doc), current=current)
+    got = desired.protected(wire.parse(doc), current=current)
     assert got == {"MIG-spec", "MIG-used", "MIG-r"}
 
 

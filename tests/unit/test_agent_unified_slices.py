@@ -33,8 +33,9 @@ from migpilot.cli import agent_cmd
 from migpilot.gpu import clocks, emulated
 from migpilot.gpu import mps as gpu_mps
 from migpilot.mig import catalog
-from migpilot.planning import modes, unified
+from migpilot.planning import unified
 from migpilot.sharing import config as sharing_config
+from migpilot.sharing import mps as sharing_mps
 from tests.unit import followed_nodes
 from tests.unit.test_agent_unifying import Ledger, _spec, pod_doc
 
@@ -334,7 +335,7 @@ def test_gpus_serving_slices_count_their_whole_memory(model: Any) -> None:
     )
     # GPU 0 (MIG) as before; GPU 1 (slices) its memory; GPU 2 (MIG off, no slice) nothing.
     assert unifying.counters(view) == {
-        MEM: unified.memory_mib(model) + modes.memory_gb(model) * 1024,
+        MEM: unified.memory_mib(model) + sharing_mps.memory_gb(model) * 1024,
         "nvidia.com/gpumem-percentage": 200,
         "nvidia.com/gpucores": 200,
     }
@@ -346,9 +347,9 @@ def test_on_an_mps_node_every_gpu_with_mig_disabled_counts_slices_or_not() -> No
     view = devices.NodeDevices(
         gpus=(gpu(0, model=H100), gpu(1, model=H100)), mps_slices=(S(0, 0, 10),)
     )
-    assert unifying.counters(view)[MEM] == modes.memory_gb(H100) * 1024
+    assert unifying.counters(view)[MEM] == sharing_mps.memory_gb(H100) * 1024
     assert unifying.counters(view, mps_node=True) == {
-        MEM: 2 * modes.memory_gb(H100) * 1024,
+        MEM: 2 * sharing_mps.memory_gb(H100) * 1024,
         "nvidia.com/gpumem-percentage": 200,
         "nvidia.com/gpucores": 200,
     }

@@ -1,6 +1,5 @@
 """The GpuLayout API types: parse/write round trips, one-line errors naming the field, the
-lifecycle table over every state, conversions to and from the planner, and the CRD YAML kept in
-step with the Python schema."""
+lifecycle table over every state, and the CRD YAML kept in step with the Python schema."""
 
 from __future__ import annotations
 
@@ -16,63 +15,16 @@ from hypothesis import strategies as st
 
 from migpilot import errors
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.mig import catalog, layouts
-from migpilot.planning import modes, planners, plans, snapshot
+from tests.unit import gpulayout_docs as docs
 
 CRD = pathlib.Path(__file__).parents[2] / "deploy" / "crds" / "gpulayouts.migpilot.io.yaml"
 S = gl.InstanceState
 
 
-def _doc() -> dict[str, Any]:
-    return {
-        "apiVersion": "migpilot.io/v1alpha1",
-        "kind": "GpuLayout",
-        "metadata": {"name": "node-a", "generation": 3, "uid": "ignored", "managedFields": []},
-        "spec": {
-            "gpus": [
-                {
-                    "index": 1,
-                    "model": "h100-80gb",
-                    "instances": [
-                        {"profile": "3g.40gb", "start": 4},
-                        {"profile": "1g.10gb", "start": 0, "reservedFor": "default/p1"},
-                    ],
-                },
-                {"index": 0, "instances": [{"profile": "7g.80gb", "start": 0}]},
-            ]
-        },
-        "status": {
-            "observedGeneration": 3,
-            "summary": {"gpus": 1, "instances": 4, "free": 1},
-            "gpus": [
-                {
-                    "index": 1,
-                    "model": "NVIDIA H100 80GB HBM3",
-                    "uuid": "GPU-1",
-                    "instances": [
-                        {"profile": "1g.10gb", "start": 0, "uuid": "MIG-a", "state": "reserved"},
-                        {"profile": "1g.10gb", "start": 1, "uuid": "MIG-b", "state": "used"},
-                        {"profile": "1g.10gb", "start": 2, "state": "creating"},
-                        {"profile": "3g.40gb", "start": 4, "uuid": "MIG-c", "state": "free"},
-                    ],
-                }
-            ],
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "Reconciled",
-                    "message": "",
-                    "lastTransitionTime": "2026-01-02T03:04:05Z",
-                    "observedGeneration": 3,
-                }
-            ],
-        },
-    }
-
-
 def test_parse_sorts_by_index_and_start_and_keeps_what_it_owns() -> None:
-    layout = gl.parse(_doc())
+    layout = wire.parse(docs.mig())
     assert layout.name == "node-a"
     assert layout.generation == 3
     assert [g.index for g in layout.spec.gpus] == [0, 1]
@@ -90,10 +42,10 @@ def test_parse_sorts_by_index_and_start_and_keeps_what_it_owns() -> None:
 
 
 def test_to_document_round_trips_and_is_deterministic() -> None:
-    layout = gl.parse(_doc())
-    doc = gl.to_document(layout)
-    assert gl.parse(doc) == layout
-    assert gl.to_document(gl.parse(doc)) == doc
+    layout = wire.parse(docs.mig())
+    doc = wire.to_document(layout)
+    assert wire.parse(doc) == layout
+    assert wire.to_document(wire.parse(doc)) == doc
     assert "uid" not in doc["metadata"]
     assert doc["status"]["gpus"][0]["instances"][0]["state"] == "reserved"
     assert type(doc["status"]["gpus"][0]["instances"][0]["state"]) is str
@@ -101,23 +53,23 @@ def test_to_document_round_trips_and_is_deterministic() -> None:
 
 
 def test_patches_hold_only_the_writers_fields() -> None:
-    layout = gl.parse(_doc())
-    spec = gl.spec_patch("node-a", layout.spec)
+    layout = wire.parse(docs.mig())
+    spec = wire.spec_patch("node-a", layout.spec)
     assert set(spec) == {"apiVersion", "kind", "metadata", "spec"}
     assert spec["metadata"] == {"name": "node-a"}
     assert layout.status is not None
-    status = gl.status_patch("node-a", layout.status)
+    status = wire.status_patch("node-a", layout.status)
     assert set(status) == {"apiVersion", "kind", "metadata", "status"}
     assert status["status"]["summary"] == {"gpus": 1, "instances": 4, "free": 1}
 
 
 def test_a_used_instance_names_the_unified_pod_it_went_to() -> None:
-    doc = _doc()
+    doc = docs.mig()
     doc["status"]["gpus"][0]["instances"][1]["usedBy"] = "default/p1"
-    layout = gl.parse(doc)
+    layout = wire.parse(doc)
     assert layout.status is not None
     assert layout.status.gpus[0].instances[1].used_by == "default/p1"
-    assert gl.to_document(layout)["status"]["gpus"][0]["instances"][1]["usedBy"] == "default/p1"
+    assert wire.to_document(layout)["status"]["gpus"][0]["instances"][1]["usedBy"] == "default/p1"
     assert gl.used_by(layout) == {"default/p1": ((1, 1, "1g.10gb"),)}
     # The spec still reserves 1g.10gb@0 for p1 and it is not yet used by it: p1 (two
     # containers, say) is not allocated until it is.
@@ -125,38 +77,21 @@ def test_a_used_instance_names_the_unified_pod_it_went_to() -> None:
     doc["status"]["gpus"][0]["instances"][0]["state"] = "used"
     doc["status"]["gpus"][0]["instances"][0]["usedBy"] = "default/p1"
     doc["status"]["summary"]["free"] = 1
-    assert gl.allocated(gl.parse(doc), "default/p1")
+    assert gl.allocated(wire.parse(doc), "default/p1")
     # Once the controller drops the reservation, what the status says is enough.
     del doc["spec"]["gpus"][0]["instances"][1]["reservedFor"]
-    assert gl.allocated(gl.parse(doc), "default/p1")
-    assert not gl.allocated(gl.parse(doc), "default/other")
+    assert gl.allocated(wire.parse(doc), "default/p1")
+    assert not gl.allocated(wire.parse(doc), "default/other")
     del doc["status"]
-    assert not gl.allocated(gl.parse(doc), "default/p1") and gl.used_by(gl.parse(doc)) == {}
+    assert not gl.allocated(wire.parse(doc), "default/p1") and gl.used_by(wire.parse(doc)) == {}
 
 
 def test_a_layout_without_status_parses_and_writes_none() -> None:
-    doc = _doc()
+    doc = docs.mig()
     del doc["status"]
-    layout = gl.parse(doc)
+    layout = wire.parse(doc)
     assert layout.status is None
-    assert "status" not in gl.to_document(layout)
-    assert gl.snapshot_gpus(layout) == ()
-
-
-def _set(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    """Set (or with value ... delete) a dotted path with [i] indexes in a copy of doc."""
-    out = copy.deepcopy(doc)
-    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
-    target: Any = out
-    for p in parts[:-1]:
-        target = target[int(p[1:-1])] if p.startswith("[") else target[p]
-    last = parts[-1]
-    key: Any = int(last[1:-1]) if last.startswith("[") else last
-    if value is ...:
-        del target[key]
-    else:
-        target[key] = value
-    return out
+    assert "status" not in wire.to_document(layout)
 
 
 _SI = "spec.gpus[0].instances"
@@ -213,32 +148,32 @@ BAD = [
 
 @pytest.mark.parametrize(("path", "value", "named"), BAD, ids=[f"{p}={v!r}" for p, v, _ in BAD])
 def test_bad_input_is_one_line_naming_the_field(path: str, value: Any, named: str) -> None:
-    doc = _doc()
+    doc = docs.mig()
     if path == "status.conditions[1]":
         doc["status"]["conditions"].append(copy.deepcopy(doc["status"]["conditions"][0]))
         path, value, named = "status.conditions[1].message", "again", "status.conditions[1].type"
     with pytest.raises(errors.GpuLayoutError) as info:
-        gl.parse(_set(doc, path, value))
+        wire.parse(docs.edited(doc, path, value))
     message = str(info.value)
     assert "\n" not in message
     assert message.split(": ", 1)[0] == named, message
 
 
 def test_duplicate_instances_are_rejected_never_merged() -> None:
-    doc = _doc()
+    doc = docs.mig()
     twice = {"profile": "3g.40gb", "start": 4}
     doc["spec"]["gpus"][0] = {"index": 0, "instances": [twice, dict(twice)]}  # no model given
     with pytest.raises(errors.GpuLayoutError, match=r"^spec\.gpus\[0\]\.instances\[1\]\.start: "):
-        gl.parse(doc)
+        wire.parse(doc)
 
 
 def test_overlapping_instances_are_rejected_when_the_model_is_known() -> None:
-    doc = _set(_doc(), f"{_SI}[1]", {"profile": "1g.10gb", "start": 5})
+    doc = docs.edited(docs.mig(), f"{_SI}[1]", {"profile": "1g.10gb", "start": 5})
     with pytest.raises(errors.GpuLayoutError, match=r"^spec\.gpus\[0\]\.instances: .*overlap"):
-        gl.parse(doc)
+        wire.parse(doc)
     # Without a model nothing says how many slots 3g.40gb takes: only the starts are checked.
-    doc = _set(doc, "spec.gpus[0].model", ...)
-    assert [i.start for i in gl.parse(doc).spec.gpus[1].instances] == [4, 5]
+    doc = docs.edited(doc, "spec.gpus[0].model", ...)
+    assert [i.start for i in wire.parse(doc).spec.gpus[1].instances] == [4, 5]
 
 
 # --------------------------------------------------------------------------- lifecycle
@@ -263,70 +198,6 @@ def test_every_state_is_reachable_and_left() -> None:
         assert any(t.after is s for t in gl.TRANSITIONS), s
         assert any(t.before is s for t in gl.TRANSITIONS), s
     assert len({(t.before, t.after) for t in gl.TRANSITIONS}) == len(gl.TRANSITIONS)
-
-
-# --------------------------------------------------------------------------- the planner
-
-
-def test_snapshot_gpus_mark_everything_the_planner_must_not_destroy_as_used() -> None:
-    doc = _doc()
-    doc["status"]["gpus"][0]["instances"].append(
-        {"profile": "1g.10gb", "start": 3, "uuid": "MIG-d", "state": "destroying"}
-    )
-    doc["status"]["summary"]["instances"] = 5
-    (gpu,) = gl.snapshot_gpus(gl.parse(doc))
-    assert gpu.index == 1
-    assert gpu.model == catalog.resolve_gpu("h100-80gb")
-    assert gpu.instances == (
-        snapshot.ExistingInstance("1g.10gb", 0, True),  # reserved
-        snapshot.ExistingInstance("1g.10gb", 1, True),  # used
-        snapshot.ExistingInstance("1g.10gb", 2, True),  # creating
-        snapshot.ExistingInstance("3g.40gb", 4, False),  # free; destroying left out
-    )
-
-
-def test_a_spec_reservation_wins_over_a_free_status() -> None:
-    doc = _set(_doc(), f"{_TI}[0].state", "free")
-    doc["status"]["summary"]["free"] = 2
-    (gpu,) = gl.snapshot_gpus(gl.parse(doc))
-    assert gpu.instances[0] == snapshot.ExistingInstance("1g.10gb", 0, True)
-
-
-def test_spec_from_plan_reserves_what_the_plan_assigns() -> None:
-    snap = snapshot.parse(
-        {
-            "version": 1,
-            "nodes": [
-                {"name": "n0", "gpus": [{"model": "a100-40gb", "instances": []}]},
-                {"name": "n1", "gpus": [{"model": "a100-40gb", "instances": []}]},
-            ],
-            "pods": [
-                {"name": "a", "requests": {"nvidia.com/mig-3g.20gb": 1}},
-                {"name": "b", "requests": {"nvidia.com/mig-1g.5gb": 2}},
-            ],
-        }
-    )
-    plan = planners.run(snap, "fast")
-    for node in snap.nodes:
-        spec = gl.spec_from_plan(plan, node)
-        targets = {(g.gpu, i.start): i.profile for g in plan.gpus if g.node == node.name
-                   for i in g.layout.instances}  # fmt: skip
-        assert {(g.index, i.start): i.profile for g in spec.gpus for i in g.instances} == targets
-        assert all(g.model == "a100-40gb" for g in spec.gpus)
-        reserved = {
-            (g.index, i.start): i.reserved_for
-            for g in spec.gpus
-            for i in g.instances
-            if i.reserved_for
-        }
-        want = {
-            (a.gpu, a.start): p.pod for p in plan.placements if p.node == node.name
-            for a in p.instances
-        }  # fmt: skip
-        assert reserved == want
-    assert sorted(i for n in snap.nodes for g in gl.spec_from_plan(plan, n).gpus
-                  for i in (x.reserved_for for x in g.instances) if i) == [
-        "default/a", "default/b", "default/b"]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- property
@@ -369,7 +240,7 @@ def _layouts(draw: st.DrawFn) -> gl.GpuLayout:
                 gl.Condition,
                 type=st.sampled_from(["Ready", "Degraded", "migpilot.io/Static"]),
                 status=st.sampled_from(list(gl.ConditionStatus)),
-                reason=st.from_regex(gl.REASON_PATTERN, fullmatch=True).filter(
+                reason=st.from_regex(wire.REASON_PATTERN, fullmatch=True).filter(
                     lambda r: len(r) < 20
                 ),
                 message=st.text(max_size=10),
@@ -398,10 +269,10 @@ def _layouts(draw: st.DrawFn) -> gl.GpuLayout:
 
 @given(_layouts())
 def test_parse_inverts_to_document(layout: gl.GpuLayout) -> None:
-    doc = gl.to_document(layout)
-    assert gl.parse(doc) == layout
-    assert gl.parse(copy.deepcopy(doc)) == gl.parse(doc)
-    assert gl.to_document(gl.parse(doc)) == doc
+    doc = wire.to_document(layout)
+    assert wire.parse(doc) == layout
+    assert wire.parse(copy.deepcopy(doc)) == wire.parse(doc)
+    assert wire.to_document(wire.parse(doc)) == doc
 
 
 # --------------------------------------------------------------------------- the CRD YAML
@@ -430,80 +301,43 @@ def test_the_crd_matches_the_python_schema() -> None:
         insts = gpus["items"]["properties"]["instances"]
         assert insts["x-kubernetes-list-map-keys"] == ["start"]
         item = insts["items"]["properties"]
-        assert item["profile"]["pattern"] == gl.PROFILE_PATTERN
-        assert (item["start"]["minimum"], item["start"]["maximum"]) == (0, gl.MAX_START)
+        assert item["profile"]["pattern"] == wire.PROFILE_PATTERN
+        assert (item["start"]["minimum"], item["start"]["maximum"]) == (0, wire.MAX_START)
     spec_item = spec_gpu["items"]["properties"]["instances"]["items"]["properties"]
-    assert spec_item["reservedFor"]["pattern"] == gl.RESERVED_FOR_PATTERN
+    assert spec_item["reservedFor"]["pattern"] == wire.RESERVED_FOR_PATTERN
     status_item = status_gpu["items"]["properties"]["instances"]["items"]
-    assert status_item["properties"]["usedBy"]["pattern"] == gl.RESERVED_FOR_PATTERN
+    assert status_item["properties"]["usedBy"]["pattern"] == wire.RESERVED_FOR_PATTERN
     rules = [r["rule"] for r in status_item["x-kubernetes-validations"]]
     assert "!has(self.usedBy) || self.state == 'used'" in rules
     state = status_gpu["items"]["properties"]["instances"]["items"]["properties"]["state"]
     assert state["enum"] == [s.value for s in S]
     cond = props["status"]["properties"]["conditions"]["items"]["properties"]
-    assert cond["reason"]["pattern"] == gl.REASON_PATTERN
+    assert cond["reason"]["pattern"] == wire.REASON_PATTERN
 
 
 def test_the_crd_allows_every_start_and_profile_of_the_catalog() -> None:
-    pattern = re.compile(gl.PROFILE_PATTERN)
+    pattern = re.compile(wire.PROFILE_PATTERN)
     for model in catalog.gpu_models():
         for p in model.profiles:
             assert pattern.match(p.name), (model.id, p.name)
-            assert max(p.placements) <= gl.MAX_START, (model.id, p.name)
-    assert max(m.memory_slots for m in catalog.gpu_models()) - 1 == gl.MAX_START
+            assert max(p.placements) <= wire.MAX_START, (model.id, p.name)
+    assert max(m.memory_slots for m in catalog.gpu_models()) - 1 == wire.MAX_START
 
 
 def test_an_instance_kept_for_a_unified_pod_names_its_resource() -> None:
-    doc = _doc()
+    doc = docs.mig()
     doc["spec"]["gpus"][0]["instances"][1]["resource"] = "nvidia.com/gpu"
-    layout = gl.parse(doc)
+    layout = wire.parse(doc)
     kept = [i for g in layout.spec.gpus for i in g.instances if i.reserved_for]
     assert [(i.reserved_for, i.resource) for i in kept] == [("default/p1", gl.UNIFIED_RESOURCE)]
-    assert gl.parse(gl.to_document(layout)) == layout
+    assert wire.parse(wire.to_document(layout)) == layout
 
 
 # --------------------------------------------------------------------------- MPS slices
 
 
-def _mps_doc() -> dict[str, Any]:
-    return {
-        "apiVersion": "migpilot.io/v1alpha1",
-        "kind": "GpuLayout",
-        "metadata": {"name": "mps-a"},
-        "spec": {
-            "gpus": [
-                {
-                    "index": 0,
-                    "model": "a100-80gb",
-                    "instances": [],
-                    "mps": [
-                        {"id": 2, "memoryGB": 20, "reservedFor": "ns/p2"},
-                        {"id": 0, "memoryGB": 10, "cores": 30},
-                    ],
-                }
-            ]
-        },
-        "status": {
-            "gpus": [
-                {
-                    "index": 0,
-                    "model": "NVIDIA A100-SXM4-80GB",
-                    "uuid": "GPU-0",
-                    "instances": [],
-                    "mps": [
-                        {"id": 0, "memoryGB": 10, "cores": 30, "state": "used", "usedBy": "ns/p0"},
-                        {"id": 1, "memoryGB": 40, "state": "used"},
-                        {"id": 2, "memoryGB": 20, "state": "reserved"},
-                    ],
-                }
-            ],
-            "conditions": [],
-        },
-    }
-
-
 def test_mps_slices_parse_sorted_and_round_trip() -> None:
-    layout = gl.parse(_mps_doc())
+    layout = wire.parse(docs.mps())
     (gpu,) = layout.spec.gpus
     assert gpu.mps == (gl.SliceSpec(0, 10, 30), gl.SliceSpec(2, 20, None, "ns/p2"))
     assert layout.status is not None
@@ -512,16 +346,16 @@ def test_mps_slices_parse_sorted_and_round_trip() -> None:
         (1, S.USED, None),
         (2, S.RESERVED, None),
     ]
-    assert gl.parse(gl.to_document(layout)) == layout
+    assert wire.parse(wire.to_document(layout)) == layout
 
 
 def test_a_slice_kept_for_a_unified_pod_names_its_resource() -> None:
-    doc = _mps_doc()
+    doc = docs.mps()
     doc["spec"]["gpus"][0]["mps"][0]["resource"] = "nvidia.com/gpu"
-    layout = gl.parse(doc)
+    layout = wire.parse(doc)
     kept = [s for s in layout.spec.gpus[0].mps if s.reserved_for is not None]
     assert [(s.reserved_for, s.resource) for s in kept] == [("ns/p2", gl.UNIFIED_RESOURCE)]
-    assert gl.parse(gl.to_document(layout)) == layout
+    assert wire.parse(wire.to_document(layout)) == layout
 
 
 @pytest.mark.parametrize(
@@ -550,66 +384,18 @@ def test_a_slice_kept_for_a_unified_pod_names_its_resource() -> None:
 def test_bad_mps_slices_are_one_line_naming_the_field(
     path: tuple[Any, ...], value: Any, named: str
 ) -> None:
-    doc = _mps_doc()
+    doc = docs.mps()
     target: Any = doc
     for key in path[:-1]:
         target = target[key]
     target[path[-1]] = value
     with pytest.raises(errors.GpuLayoutError) as info:
-        gl.parse(doc)
+        wire.parse(doc)
     assert named in str(info.value) and "\n" not in str(info.value)
 
 
 def test_too_many_slices_on_one_gpu_are_refused() -> None:
-    doc = _mps_doc()
+    doc = docs.mps()
     doc["spec"]["gpus"][0]["mps"] = [{"id": i, "memoryGB": 1} for i in range(49)]
     with pytest.raises(errors.GpuLayoutError, match="49 slices; MPS serves at most 48"):
-        gl.parse(doc)
-
-
-def test_snapshot_gpus_keep_every_slice_a_pod_holds_or_the_spec_reserves() -> None:
-    (gpu,) = gl.snapshot_gpus(gl.parse(_mps_doc()))
-    assert [(s.id, s.memory_gb, s.cores, s.used, s.reserved_for) for s in gpu.mps] == [
-        (0, 10, 30, True, ""),  # the spec's, used by a pod
-        (1, 40, None, True, ""),  # dropped from the spec, still used: kept as used
-        (2, 20, None, False, "ns/p2"),  # reserved by the spec
-    ]
-    assert not gpu.instances
-
-
-def test_spec_from_plan_writes_mps_slices_with_their_reservations() -> None:
-    node = snapshot.Node(
-        "mps-a",
-        {},
-        (),
-        False,
-        None,
-        (snapshot.Gpu(0, catalog.resolve_gpu("a100-80gb"), ()),),
-        mode=modes.Mode.MPS,
-    )
-    target = (modes.MpsSlice(0, 10, None, True), modes.MpsSlice(1, 20), modes.MpsSlice(2, 5))
-    plan = plans.Plan(
-        planner="fast",
-        gpus=(),
-        actions=(),
-        placements=(plans.Placement("ns/new", "mps-a", (), (plans.AssignedShare(0, 1, 20),)),),
-        unschedulable=(),
-        mps=(plans.MpsGpuPlan("mps-a", 0, True, target),),
-    )
-    spec = gl.spec_from_plan(plan, node)
-    (gpu,) = spec.gpus
-    assert gpu.mps == (
-        gl.SliceSpec(0, 10),
-        gl.SliceSpec(1, 20, None, "ns/new"),
-        gl.SliceSpec(2, 5),
-    )
-    bad = plans.Plan(
-        planner="fast",
-        gpus=(),
-        actions=(),
-        placements=(plans.Placement("ns/new", "mps-a", (), (plans.AssignedShare(0, 7, 20),)),),
-        unschedulable=(),
-        mps=(plans.MpsGpuPlan("mps-a", 0, True, target),),
-    )
-    with pytest.raises(errors.GpuLayoutError, match="slice 7 on GPU 0"):
-        gl.spec_from_plan(bad, node)
+        wire.parse(doc)

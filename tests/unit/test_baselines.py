@@ -7,6 +7,7 @@ passes the independent validator.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -478,3 +479,37 @@ def test_every_baseline_makes_valid_deterministic_plans(snap: snapshot.Snapshot)
         assert len(plan.placements) + len(plan.unschedulable) == len(snap.pods)
         if name == "static":
             assert plan.actions == ()
+
+
+# --------------------------------------------------------------------------- memo tables
+
+
+def _twin(model: Any) -> Any:
+    """The same GPU model with a profile tuple of its own identity (a throwaway model)."""
+    return dataclasses.replace(model, profiles=tuple(list(model.profiles)))
+
+
+def test_the_memo_tables_stay_bounded_and_keep_answering_right(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(baselines, "_MEMO_SIZE", 8)
+    monkeypatch.setattr(baselines, "_RESOLVED", {})
+    monkeypatch.setattr(baselines, "_SHAPES", {})
+    a100 = catalog.resolve_gpu("a100-80gb")
+    twins = [_twin(a100) for _ in range(20)]
+    for m in twins:
+        assert baselines._resolved(m, "1g.10gb") == "1g.10gb"
+        assert baselines._resolved(m, "9g.1gb") is None
+        assert baselines._shape(m, "3g.40gb") == (3, 4, a100.profile_named("3g.40gb").memory_mib)
+        assert len(baselines._RESOLVED) <= 8 and len(baselines._SHAPES) <= 8
+    # The oldest went first; the newest are kept, and a forgotten one is worked out again.
+    assert (id(twins[-1].profiles), "9g.1gb") in baselines._RESOLVED
+    assert (id(twins[0].profiles), "1g.10gb") not in baselines._RESOLVED
+    assert baselines._resolved(twins[0], "1g.10gb") == "1g.10gb"
+    assert len(baselines._RESOLVED) == 8
+
+
+def test_every_cache_of_the_baselines_is_bounded() -> None:
+    cached = [v for v in vars(baselines).values() if hasattr(v, "cache_info")]
+    assert {f.__name__ for f in cached} >= {"nos_geometries", "hami_profiles", "hami_templates"}
+    assert all(f.cache_info().maxsize == baselines._MEMO_SIZE for f in cached)

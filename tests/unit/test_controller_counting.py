@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import observing
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -40,7 +41,7 @@ def _layout(instances: list[tuple[int, str, str | None, str]]) -> gl.GpuLayout:
             "gpus": [{"index": 0, "model": A100, "uuid": "GPU-0", "instances": status}],
         },
     }
-    return gl.parse(doc)
+    return wire.parse(doc)
 
 
 def _used(

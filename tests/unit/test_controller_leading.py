@@ -20,6 +20,7 @@ import pytest
 
 from migpilot import errors
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.api import leases
 from migpilot.controller import kubeapi, running
 from tests.unit.test_controller_running import (
@@ -284,7 +285,7 @@ def test_a_write_planned_on_a_replaced_version_is_refused_and_planned_again() ->
         assert (name, fence.leader, fence.resource_version) == ("n0", "c1", before)
         assert len(api.spec_writes) == writes
         doc = api.objects[kubeapi.Kind.LAYOUTS]["n0"]
-        assert gl.parse(doc).spec == theirs
+        assert wire.parse(doc).spec == theirs
         assert doc["metadata"]["annotations"] == {
             gl.LEADER_ANNOTATION: "c2",
             gl.TERM_ANNOTATION: "1",
@@ -318,7 +319,7 @@ def test_a_new_layout_is_created_only_if_none_exists() -> None:
         await api.put(kubeapi.Kind.NODES, _node("n0"))
         await _until("a refused create", lambda: bool(api.refused_writes))
         assert api.refused_writes[0][1].resource_version is None
-        assert gl.parse(api.objects[kubeapi.Kind.LAYOUTS]["n0"]).spec == theirs
+        assert wire.parse(api.objects[kubeapi.Kind.LAYOUTS]["n0"]).spec == theirs
         assert api.spec_writes == [("n0", theirs)]
 
     _run(body, api=_Api(), clock=clock)

@@ -10,6 +10,7 @@ import copy
 from typing import Any
 
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import kubeapi, observing, running
 from migpilot.planning import fast, options
 from tests.unit.test_controller_running import WAIT_S, _run, _until
@@ -59,7 +60,7 @@ async def _report(api: kubeapi.InMemoryApi, node: str, slices: list[dict[str, An
 
 
 def _slices(api: kubeapi.InMemoryApi, node: str) -> list[gl.SliceSpec]:
-    layout = gl.parse(api.objects[kubeapi.Kind.LAYOUTS][node])
+    layout = wire.parse(api.objects[kubeapi.Kind.LAYOUTS][node])
     return [sl for g in layout.spec.gpus for sl in g.mps]
 
 
@@ -162,7 +163,7 @@ def test_a_unified_pod_is_planned_off_time_slicing_nodes_in_a_cluster() -> None:
     )
     node = _node("t0")
     node["metadata"]["labels"]["migpilot.io/mode"] = "time-slicing"
-    layout = gl.parse(
+    layout = wire.parse(
         {
             "apiVersion": gl.API_VERSION,
             "kind": gl.KIND,

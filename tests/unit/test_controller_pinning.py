@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from migpilot import errors
 from migpilot.api import gpulayouts as gl
 from migpilot.controller import kubeapi, observing, pinning
 from migpilot.mig import catalog, layouts
-from migpilot.planning import control, plans, snapshot
+from migpilot.planning import control, modes, planners, plans, snapshot
 
 A100 = "NVIDIA A100-SXM4-80GB"
 A100_MODEL = catalog.resolve_gpu(A100)
@@ -126,6 +127,126 @@ def test_spec_for_leaves_out_other_nodes_gpus() -> None:
     other = _plan({0: [(0, "7g.80gb")]}, {"ns/x": [(0, 0, "7g.80gb")]}, node="n1")
     spec = pinning.spec_for(_snode(0), other, kept={(0, 0, "7g.80gb"): "ns/p"})
     assert spec == gl.LayoutSpec(())
+
+
+def test_spec_for_reserves_what_the_plan_assigns() -> None:
+    snap = snapshot.parse(
+        {
+            "version": 1,
+            "nodes": [
+                {"name": "n0", "gpus": [{"model": "a100-40gb", "instances": []}]},
+                {"name": "n1", "gpus": [{"model": "a100-40gb", "instances": []}]},
+            ],
+            "pods": [
+                {"name": "a", "requests": {"nvidia.com/mig-3g.20gb": 1}},
+                {"name": "b", "requests": {"nvidia.com/mig-1g.5gb": 2}},
+            ],
+        }
+    )
+    plan = planners.run(snap, "fast")
+    for node in snap.nodes:
+        spec = pinning.spec_for(node, plan, kept={})
+        targets = {(g.gpu, i.start): i.profile for g in plan.gpus if g.node == node.name
+                   for i in g.layout.instances}  # fmt: skip
+        assert {(g.index, i.start): i.profile for g in spec.gpus for i in g.instances} == targets
+        assert all(g.model == "a100-40gb" for g in spec.gpus)
+        reserved = {
+            (g.index, i.start): i.reserved_for
+            for g in spec.gpus
+            for i in g.instances
+            if i.reserved_for
+        }
+        want = {
+            (a.gpu, a.start): p.pod for p in plan.placements if p.node == node.name
+            for a in p.instances
+        }  # fmt: skip
+        assert reserved == want
+    assert sorted(i for n in snap.nodes for g in pinning.spec_for(n, plan, kept={}).gpus
+                  for i in (x.reserved_for for x in g.instances) if i) == [
+        "default/a", "default/b", "default/b"]  # fmt: skip
+
+
+def test_spec_for_writes_mps_slices_with_their_reservations() -> None:
+    node = snapshot.Node(
+        "mps-a",
+        {},
+        (),
+        False,
+        None,
+        (snapshot.Gpu(0, catalog.resolve_gpu("a100-80gb"), ()),),
+        mode=modes.Mode.MPS,
+    )
+    target = (modes.MpsSlice(0, 10, None, True), modes.MpsSlice(1, 20), modes.MpsSlice(2, 5))
+    plan = plans.Plan(
+        planner="fast",
+        gpus=(),
+        actions=(),
+        placements=(plans.Placement("ns/new", "mps-a", (), (plans.AssignedShare(0, 1, 20),)),),
+        unschedulable=(),
+        mps=(plans.MpsGpuPlan("mps-a", 0, True, target),),
+    )
+    spec = pinning.spec_for(node, plan, kept={})
+    (gpu,) = spec.gpus
+    assert gpu.mps == (
+        gl.SliceSpec(0, 10),
+        gl.SliceSpec(1, 20, None, "ns/new"),
+        gl.SliceSpec(2, 5),
+    )
+    bad = plans.Plan(
+        planner="fast",
+        gpus=(),
+        actions=(),
+        placements=(plans.Placement("ns/new", "mps-a", (), (plans.AssignedShare(0, 7, 20),)),),
+        unschedulable=(),
+        mps=(plans.MpsGpuPlan("mps-a", 0, True, target),),
+    )
+    with pytest.raises(errors.GpuLayoutError, match="slice 7 on GPU 0"):
+        pinning.spec_for(node, bad, kept={})
+
+
+def test_spec_for_refuses_one_instance_given_to_two_pods() -> None:
+    plan = _plan({0: [(0, "3g.40gb")]}, {"ns/p": [(0, 0, "3g.40gb")], "ns/q": [(0, 0, "3g.40gb")]})
+    with pytest.raises(errors.GpuLayoutError, match="given to both ns/p and ns/q"):
+        pinning.spec_for(_snode(0), plan, kept={})
+
+
+def test_spec_for_refuses_an_instance_its_target_layout_lacks() -> None:
+    plan = _plan({0: [(0, "3g.40gb")]}, {"ns/p": [(0, 4, "3g.40gb")]})
+    with pytest.raises(errors.GpuLayoutError, match="which its target layout does not hold"):
+        pinning.spec_for(_snode(0), plan, kept={})
+
+
+def test_spec_for_marks_kept_and_new_reservations_of_unified_pods_in_the_same_pass() -> None:
+    plan = _plan({0: [(0, "3g.40gb"), (4, "3g.40gb")]}, {"ns/new": [(0, 4, "3g.40gb")]})
+    spec = pinning.spec_for(
+        _snode(0), plan, kept={(0, 0, "3g.40gb"): "ns/old"}, unified=frozenset({"ns/old"})
+    )
+    assert spec.gpus[0].instances == (
+        gl.InstanceSpec("3g.40gb", 0, "ns/old", gl.UNIFIED_RESOURCE),
+        gl.InstanceSpec("3g.40gb", 4, "ns/new", None),
+    )
+
+
+def test_spec_for_marks_a_slice_reserved_for_a_unified_pod() -> None:
+    node = snapshot.Node(
+        "mps-a", {}, (), False, None, (snapshot.Gpu(0, A100_MODEL, ()),), mode=modes.Mode.MPS
+    )
+    target = (modes.MpsSlice(0, 10, None, False, "ns/old"), modes.MpsSlice(1, 20))
+    plan = plans.Plan(
+        planner="fast",
+        gpus=(),
+        actions=(),
+        placements=(plans.Placement("ns/new", "mps-a", (), (plans.AssignedShare(0, 1, 20),)),),
+        unschedulable=(),
+        mps=(plans.MpsGpuPlan("mps-a", 0, True, target),),
+    )
+    spec = pinning.spec_for(node, plan, kept={}, unified=frozenset({"ns/old", "ns/new"}))
+    assert spec.gpus[0].mps == (
+        gl.SliceSpec(0, 10, None, "ns/old", gl.UNIFIED_RESOURCE),
+        gl.SliceSpec(1, 20, None, "ns/new", gl.UNIFIED_RESOURCE),
+    )
+    spec = pinning.spec_for(node, plan, kept={}, unified=frozenset({"ns/new"}))
+    assert [sl.resource for sl in spec.gpus[0].mps] == [None, gl.UNIFIED_RESOURCE]
 
 
 # --------------------------------------------------------------------------- without_stale

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.api import leases
 from migpilot.controller import kubeapi, observing, pinning, running
 
@@ -135,7 +136,7 @@ def _ungated(api: kubeapi.InMemoryApi, key: str) -> bool:
 
 
 def _layout(api: kubeapi.InMemoryApi, node: str) -> gl.GpuLayout:
-    return gl.parse(api.objects[kubeapi.Kind.LAYOUTS][node])
+    return wire.parse(api.objects[kubeapi.Kind.LAYOUTS][node])
 
 
 def _reserved(api: kubeapi.InMemoryApi, node: str) -> dict[str, tuple[int, int, str]]:

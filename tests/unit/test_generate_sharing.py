@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from migpilot import errors
 from migpilot.planning import generate, modes, options, planners, snapshot, unified, validation
+from migpilot.sharing import mps as sharing_mps
 
 MIXED = ("mig", "mps", "time-slicing")
 PLANNERS = ("fast", "first-fit", "hami-template", "hami-placement", "static")
@@ -84,7 +85,7 @@ def test_mps_gpus_partly_sliced_some_slices_taken() -> None:
     for g in gpus:
         assert modes.slices_problem(g.model, g.mps) is None
     # Some GPUs keep free memory beside their slices; ids have gaps, as removals leave them.
-    assert any(sum(s.memory_gb for s in g.mps) < modes.memory_gb(g.model) for g in gpus)
+    assert any(sum(s.memory_gb for s in g.mps) < sharing_mps.memory_gb(g.model) for g in gpus)
     assert any([s.id for s in g.mps] != list(range(len(g.mps))) for g in gpus)
 
 
@@ -129,7 +130,7 @@ def test_pod_kinds_in_the_fractions_asked() -> None:
     assert 0.45 < kinds["mps"] / 2000 < 0.55
     assert 0.25 < kinds["unified"] / 2000 < 0.35
     assert 0.15 < kinds["mig"] / 2000 < 0.25
-    caps = {modes.memory_gb(m) for m in snap.models}
+    caps = {sharing_mps.memory_gb(m) for m in snap.models}
     sizes = Counter(r.memory_gb for p in snap.pods for r in p.mps)
     assert max(sizes) <= max(caps) and sizes.most_common(1)[0][0] in (5, 10, 20)
     multi = [p for p in snap.pods if p.mps and p.mps[0].count > 1]

@@ -11,6 +11,8 @@ from hypothesis import given
 
 from migpilot import errors
 from migpilot.planning import modes, planners, plans, sharing, snapshot, validation
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import mps as sharing_mps
 from tests.unit import sharing_snapshots
 
 MODE = modes.MODE_LABEL
@@ -202,8 +204,8 @@ def test_fits_without_removal_before_a_removal() -> None:
 def test_at_most_48_clients_per_gpu() -> None:
     node = _node("n", "mps", [{"model": "a100-80gb"}])
     plan = _plan(_snap([node], [_pod(f"p{i}", {"nvidia.com/gpu-1gb": 1}) for i in range(50)]))
-    assert len(plan.placements) == modes.MPS_MAX_CLIENTS
-    assert len(plan.mps[0].slices) == modes.MPS_MAX_CLIENTS
+    assert len(plan.placements) == sharing_config.MPS_MAX_CLIENTS
+    assert len(plan.mps[0].slices) == sharing_config.MPS_MAX_CLIENTS
     assert len(plan.unschedulable) == 2
 
 
@@ -359,8 +361,8 @@ def test_plans_are_sound_and_never_touch_a_taken_slice(snap: snapshot.Snapshot) 
         model = next(
             x.model for n in snap.nodes for x in n.gpus if (n.name, x.index) == (g.node, g.gpu)
         )
-        assert sum(s.memory_gb for s in g.slices) <= modes.memory_gb(model)
-        assert len(g.slices) <= modes.MPS_MAX_CLIENTS
+        assert sum(s.memory_gb for s in g.slices) <= sharing_mps.memory_gb(model)
+        assert len(g.slices) <= sharing_config.MPS_MAX_CLIENTS
     mode = {n.name: n.mode for n in snap.nodes}
     pods = {p.key: p for p in snap.pods}
     for p in plan.placements:

@@ -10,6 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from migpilot.planning import modes, nosmps, planners, plans, snapshot, validation
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import mps as sharing_mps
 from tests.unit import sharing_snapshots
 
 MODE = modes.MODE_LABEL
@@ -94,8 +96,8 @@ def test_at_most_48_clients_per_gpu() -> None:
     snap = _snap([_node("n", "mps", [_gpu()])],
                  [_pod(f"p{i}", {"nvidia.com/gpu-1gb": 1}) for i in range(50)])  # fmt: skip
     plan = _nos(snap)
-    assert len(plan.placements) == modes.MPS_MAX_CLIENTS
-    assert len(plan.mps[0].slices) == modes.MPS_MAX_CLIENTS
+    assert len(plan.placements) == sharing_config.MPS_MAX_CLIENTS
+    assert len(plan.mps[0].slices) == sharing_config.MPS_MAX_CLIENTS
 
 
 def test_unified_requests_read_as_the_gb_a_nos_user_writes() -> None:
@@ -139,7 +141,7 @@ def test_simulator_policy_nos_uses_it_on_mps_nodes() -> None:
         trace,
         cluster=cluster,
         policy=policies.dynamic("nos", cluster),
-        settings=simulating.Settings(mode=simulating.Mode.FAITHFUL, paranoid=True),
+        settings=simulating.Settings(mode=simulating.Replay.FAITHFUL, paranoid=True),
     )
     assert result.pods_scheduled == 40
     assert result.reconfigurations > 0
@@ -163,7 +165,7 @@ def test_a_gpu_update_keeps_used_slices_memory_and_clients(
     gpu.update_for(required)
     assert gpu.used == before
     assert gpu.sliced_gb() <= 80
-    assert gpu.clients() <= modes.MPS_MAX_CLIENTS or gpu.clients() == len(used) + len(free)
+    assert gpu.clients() <= sharing_config.MPS_MAX_CLIENTS or gpu.clients() == len(used) + len(free)
     assert all(n >= 0 for n in gpu.free.values())
 
 
@@ -192,8 +194,8 @@ def test_nos_plans_are_sound_and_never_shrink_or_remove_a_slice_in_use(
                     assert (node.name, gpu.index, s.id) not in removed
     models = {(n.name, g.index): g.model for n in snap.nodes for g in n.gpus}
     for g in plan.mps:
-        assert sum(s.memory_gb for s in g.slices) <= modes.memory_gb(models[(g.node, g.gpu)])
-        assert len(g.slices) <= modes.MPS_MAX_CLIENTS
+        assert sum(s.memory_gb for s in g.slices) <= sharing_mps.memory_gb(models[(g.node, g.gpu)])
+        assert len(g.slices) <= sharing_config.MPS_MAX_CLIENTS
     assert {u.pod for u in plan.unschedulable} | {p.pod for p in plan.placements} == {
         p.key for p in snap.pods
     }

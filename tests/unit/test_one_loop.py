@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire
 from migpilot.controller import kubeapi, observing, running
 from migpilot.planning import control
 from migpilot.sim import clusters, policies, simulating, traces
@@ -103,7 +103,7 @@ def _simulate() -> simulating.Result:
         model=CLUSTER.reference_model,
     )
     settings = simulating.Settings(
-        mode=simulating.Mode.FAITHFUL,
+        mode=simulating.Replay.FAITHFUL,
         paranoid=True,
         timing=simulating.Timing(batch_window_s=WINDOW_S),
     )
@@ -173,7 +173,7 @@ async def _control() -> None:
         """The node's agent reports its spec made; kube-scheduler binds the pods let go."""
         for _ in range(3):
             layout = copy.deepcopy(api.objects[kubeapi.Kind.LAYOUTS][NODE.name])
-            spec = gl.parse(layout).spec
+            spec = gpulayouts_wire.parse(layout).spec
             made: dict[str, int] = {}
             instances = []
             for g in spec.gpus:

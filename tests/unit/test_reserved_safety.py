@@ -14,6 +14,7 @@ import pytest
 
 from migpilot.agent import desired
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import kubeapi, observing, pinning, running
 from migpilot.gpu import backend
 from migpilot.planning import control
@@ -28,7 +29,7 @@ def _layout(spec: list[dict[str, Any]], status: list[dict[str, Any]] | None) -> 
     }
     if status is not None:
         doc["status"] = {"gpus": status, "conditions": []}
-    return gl.parse(doc)
+    return wire.parse(doc)
 
 
 def _dev(gpu: int, start: int, profile: str, uuid: str | None) -> backend.MigDevice:

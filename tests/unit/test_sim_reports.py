@@ -16,7 +16,7 @@ def _result(
     scheduled: int = 10,
     never: tuple[str, ...] = (),
     p99: float = 5.0,
-    mode: simulating.Mode = simulating.Mode.INFLATE,
+    mode: simulating.Replay = simulating.Replay.INFLATE,
 ) -> simulating.Result:
     return simulating.Result(
         policy=policy,
@@ -46,7 +46,7 @@ def test_the_best_serving_every_request_and_the_best_of_all_are_named() -> None:
         _result("nos", 0.95),
         _result("static-best", 1.0, never=("1g.10gb", "4g.40gb")),
     ]
-    doc = reports.document(results, mode=simulating.Mode.INFLATE, bound=1.0)
+    doc = reports.document(results, mode=simulating.Replay.INFLATE, bound=1.0)
     assert doc["upper_bound"] == 1.0
     assert doc["request_kinds"] == list(KINDS)
     assert doc["best_serving_every_request"] == {"policies": ["migpilot"], "figure": 0.97}
@@ -73,17 +73,17 @@ def test_inflate_rule(mine: float, nos: float, bound: float, met: bool) -> None:
         _result("nos", nos),
         _result("static-best", 1.0, never=("1g.10gb",)),  # above, but leaves a kind unserved
     ]
-    assert reports.rule_met(results, mode=simulating.Mode.INFLATE, bound=bound) is met
+    assert reports.rule_met(results, mode=simulating.Replay.INFLATE, bound=bound) is met
 
 
 def test_ties_name_every_leader_and_without_migpilot_the_rule_is_not_judged() -> None:
     results = [_result("nos", 0.9), _result("hami-placement", 0.9)]
-    doc = reports.document(results, mode=simulating.Mode.INFLATE, bound=None)
+    doc = reports.document(results, mode=simulating.Replay.INFLATE, bound=None)
     assert doc["best_of_all"] == {"policies": ["nos", "hami-placement"], "figure": 0.9}
     assert doc["upper_bound"] is None and doc["rule_met"] is None
     assert doc["results"][0]["share_of_bound"] is None
     nobody = reports.document(
-        [_result("static", 0.1, never=("4g.40gb",))], mode=simulating.Mode.INFLATE, bound=1.0
+        [_result("static", 0.1, never=("4g.40gb",))], mode=simulating.Replay.INFLATE, bound=1.0
     )
     assert nobody["best_serving_every_request"] is None
 
@@ -95,7 +95,7 @@ def test_ties_name_every_leader_and_without_migpilot_the_rule_is_not_judged() ->
 def test_faithful_rule_most_pods_and_lowest_p99(
     scheduled: tuple[int, int], p99: tuple[float, float], met: bool
 ) -> None:
-    faithful = simulating.Mode.FAITHFUL
+    faithful = simulating.Replay.FAITHFUL
     results = [
         _result("migpilot", 0.3, scheduled=scheduled[0], p99=p99[0], mode=faithful),
         _result("nos", 0.3, scheduled=scheduled[1], p99=p99[1], mode=faithful),
@@ -114,7 +114,7 @@ def test_the_table_marks_policies_that_left_a_kind_unserved_and_the_summary_says
         _result("migpilot", 0.97),
         _result("hami-template", 0.985, never=("4g.40gb",), p99=26.0),
     ]
-    doc = reports.document(results, mode=simulating.Mode.INFLATE, bound=1.0)
+    doc = reports.document(results, mode=simulating.Replay.INFLATE, bound=1.0)
     cells = reports.table(doc["results"])
     assert [c[0] for c in cells] == ["migpilot", "hami-template" + reports.MARK]
     lines = reports.summary(doc)

@@ -65,7 +65,7 @@ def _replay(spec: str, *, pods: int = 120, seed: int = 1) -> simulating.Result:
         trace,
         cluster=cluster,
         policy=policies.dynamic("migpilot", cluster),
-        settings=simulating.Settings(mode=simulating.Mode.FAITHFUL, paranoid=True),
+        settings=simulating.Settings(mode=simulating.Replay.FAITHFUL, paranoid=True),
     )
 
 
@@ -131,7 +131,7 @@ def _run(spec: str, trace: traces.Trace, policy: str = "migpilot") -> simulating
         trace,
         cluster=cluster,
         policy=policies.dynamic(policy, cluster),
-        settings=simulating.Settings(mode=simulating.Mode.FAITHFUL, paranoid=True),
+        settings=simulating.Settings(mode=simulating.Replay.FAITHFUL, paranoid=True),
     )
 
 

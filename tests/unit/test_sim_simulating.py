@@ -13,10 +13,10 @@ from migpilot.sim import bounds, clusters, policies, reports, simulating, traces
 
 SMALL = clusters.parse("h100-80gb:2x4,a100-80gb:1x4")
 PARANOID_INFLATE = simulating.Settings(paranoid=True)
-PARANOID_FAITHFUL = simulating.Settings(mode=simulating.Mode.FAITHFUL, paranoid=True)
+PARANOID_FAITHFUL = simulating.Settings(mode=simulating.Replay.FAITHFUL, paranoid=True)
 
 
-def _policy(name: str, cluster: clusters.Cluster = SMALL) -> policies.Policy:
+def _policy(name: str, cluster: clusters.Cluster = SMALL) -> policies.Partitioning:
     if name == "static":
         return policies.static(cluster)
     return policies.dynamic(name, cluster)
@@ -93,7 +93,7 @@ def test_invariants_hold_on_random_traces(
 ) -> None:
     trace = traces.synthetic("mixed", seed=seed, model=SMALL.reference_model, pods=25)
     cfg = simulating.Settings(
-        mode=simulating.Mode.FAITHFUL,
+        mode=simulating.Replay.FAITHFUL,
         scoring=scoring,
         timing=simulating.Timing(batch_window_s=window, advertise_s=window),
         paranoid=True,
@@ -110,7 +110,7 @@ def test_destroying_a_held_instance_is_an_invariant_violation(
         source="t.csv",
         model=cluster.reference_model,
     )
-    policy = policies.Policy("reckless", "fast")
+    policy = policies.Partitioning("reckless", "fast")
 
     def reckless(snap: snapshot.Snapshot) -> plans.Plan:
         gpu = snap.nodes[0].gpus[0]
@@ -120,7 +120,7 @@ def test_destroying_a_held_instance_is_an_invariant_violation(
         action = plans.Action(snap.nodes[0].name, 0, plans.Op.DESTROY, held.profile, held.start)
         return plans.Plan("reckless", (), (action,), (), ())
 
-    monkeypatch.setattr(policies.Policy, "plan", lambda self, snap: reckless(snap))
+    monkeypatch.setattr(policies.Partitioning, "plan", lambda self, snap: reckless(snap))
     with pytest.raises(simulating.InvariantViolation, match="while a pod holds or reserved it"):
         simulating.simulate(trace, cluster=cluster, policy=policy, settings=PARANOID_FAITHFUL)
 

@@ -57,9 +57,9 @@ def test_native_traces_take_unified_requests() -> None:
 
 
 @pytest.mark.parametrize("name", ["migpilot", "hami-placement", "hami-template", "static", "nos"])
-@pytest.mark.parametrize("mode", list(simulating.Mode))
+@pytest.mark.parametrize("mode", list(simulating.Replay))
 def test_policies_serve_unified_traces_within_the_invariants(
-    name: str, mode: simulating.Mode
+    name: str, mode: simulating.Replay
 ) -> None:
     trace = traces.synthetic(
         "mixed", seed=3, model=SMALL.reference_model, pods=60, requests=traces.Requests.UNIFIED

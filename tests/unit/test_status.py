@@ -12,6 +12,7 @@ import pytest
 
 from migpilot import errors
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.cli import main, output, status_cmd
 from migpilot.controller import surveying
 
@@ -21,7 +22,7 @@ A100 = "NVIDIA A100-SXM4-80GB"
 
 def _layout(name: str, spec: list[gl.GpuSpec], status: list[gl.GpuStatus] | None) -> Any:
     st = gl.LayoutStatus(1, tuple(status)) if status is not None else None
-    return gl.to_document(gl.GpuLayout(name, gl.LayoutSpec(tuple(spec)), st))
+    return wire.to_document(gl.GpuLayout(name, gl.LayoutSpec(tuple(spec)), st))
 
 
 def _node(name: str, labels: dict[str, str] | None = None, gpus: int = 0) -> dict[str, Any]:

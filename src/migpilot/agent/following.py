@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from migpilot import errors, logs, probes
 from migpilot.agent import desired, kubeapi, reconciling, reporting, slicing, watching
 from migpilot.agent.deviceplugin import devices
-from migpilot.api import gpulayouts
+from migpilot.api import gpulayouts, gpulayouts_wire
 from migpilot.gpu import backend
 
 _log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class GpuLayoutSource:
         if doc is None:
             return None
         try:
-            return gpulayouts.parse(doc)
+            return gpulayouts_wire.parse(doc)
         except errors.GpuLayoutError:
             return None
 
@@ -132,7 +132,7 @@ class GpuLayoutSource:
             self._protected = frozenset()
             return {}
         try:
-            layout = gpulayouts.parse(doc)
+            layout = gpulayouts_wire.parse(doc)
             want = desired.from_gpulayout(layout.spec, gpus=gpus)
         except errors.MigpilotError as err:
             if str(err) != self._problem:

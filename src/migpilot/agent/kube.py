@@ -21,7 +21,7 @@ from lightkube.types import PatchType
 
 from migpilot import kubeconfigs
 from migpilot.agent import kubeapi
-from migpilot.api import gpulayouts
+from migpilot.api import gpulayouts, gpulayouts_wire
 
 GpuLayout = create_global_resource(
     gpulayouts.GROUP, gpulayouts.VERSION, gpulayouts.KIND, gpulayouts.PLURAL
@@ -181,7 +181,7 @@ class LightkubeNodeApi:
 
     def apply_layout_status(self, name: str, status: gpulayouts.LayoutStatus) -> None:
         """Server-side apply on ``status`` as ``migpilot-agent`` (forced: the agent owns it)."""
-        body: dict[str, Any] = dict(gpulayouts.status_patch(name, status))
+        body: dict[str, Any] = dict(gpulayouts_wire.status_patch(name, status))
         self._send_patch(GpuLayout.Status, name, body, PatchType.APPLY)
 
     def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from migpilot import errors
-from migpilot.api import gpulayouts
+from migpilot.api import gpulayouts, gpulayouts_wire
 
 
 class KubeApiError(errors.MigpilotError):
@@ -287,7 +287,7 @@ class InMemoryNodeApi:
         """The GpuLayout now, parsed."""
         with self._cond:
             doc = self._layouts.get(name)
-            return None if doc is None else gpulayouts.parse(copy.deepcopy(doc))
+            return None if doc is None else gpulayouts_wire.parse(copy.deepcopy(doc))
 
     def compact(self) -> None:
         """Forget the change history: watches from any older version get :class:`GoneError`."""
@@ -484,7 +484,7 @@ class InMemoryNodeApi:
             # A fresh top level and metadata (``_put`` sets its resourceVersion); the spec is
             # shared, never changed in place.
             doc = {**old, "metadata": dict(old["metadata"])}
-            doc["status"] = dict(gpulayouts.status_patch(name, status))["status"]
+            doc["status"] = dict(gpulayouts_wire.status_patch(name, status))["status"]
             self.status_writes += 1
             if doc != old:
                 self._store(name, doc, EventType.MODIFIED)

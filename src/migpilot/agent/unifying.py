@@ -45,7 +45,8 @@ from migpilot.agent import kubeapi, reconciling, standin
 from migpilot.agent.deviceplugin import devices, resolving
 from migpilot.api import gpulayouts
 from migpilot.mig import profiles
-from migpilot.planning import modes, unified
+from migpilot.planning import unified
+from migpilot.sharing import mps as sharing_mps
 
 _log = logging.getLogger(__name__)
 
@@ -371,14 +372,14 @@ def counters(view: devices.NodeDevices, *, mps_node: bool = False) -> dict[str, 
     """The node-level resources a unified pod's ask is checked against: memory in MiB (each
     MIG GPU's :func:`unified.memory_mib`; each GPU with MIG disabled that serves MPS slices,
     or every such GPU on a node in mode ``mps`` (``mps_node``: its slices may come and go, the
-    counters stay), its :func:`modes.memory_gb` x 1024, which its slices sum to at most), and
+    counters stay), its :func:`sharing_mps.memory_gb` x 1024, which its slices sum to at most), and
     100 per such GPU for percentage and cores."""
     mig = [g for g in view.gpus if g.mig_enabled]
     sliced = [g for g in view.gpus if not g.mig_enabled and (mps_node or view.slices_on(g.index))]
     count = len(mig) + len(sliced)
     return {
         unified.GPUMEM: sum(unified.memory_mib(g.model) for g in mig)
-        + sum(modes.memory_gb(g.model) * 1024 for g in sliced),
+        + sum(sharing_mps.memory_gb(g.model) * 1024 for g in sliced),
         unified.GPUMEM_PERCENT: 100 * count,
         unified.GPUCORES: 100 * count,
     }

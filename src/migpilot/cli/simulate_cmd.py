@@ -65,8 +65,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--mode",
-        choices=tuple(m.value for m in simulating.Mode),
-        default=simulating.Mode.INFLATE.value,
+        choices=tuple(m.value for m in simulating.Replay),
+        default=simulating.Replay.INFLATE.value,
         help="inflate: submit pods without departures until requests reach --inflate %% of the "
         "cluster (default); faithful: the trace's own arrival and run times",
     )
@@ -190,9 +190,11 @@ def load_trace(args: argparse.Namespace, cluster: clusters.Cluster) -> traces.Tr
 
 def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
     """Run every policy on the trace; print the table or JSON; write results and plots."""
-    mode = simulating.Mode(args.mode)
+    mode = simulating.Replay(args.mode)
     spec = args.cluster or (
-        clusters.DEFAULT_SPEC if mode is simulating.Mode.INFLATE else clusters.DEFAULT_FAITHFUL_SPEC
+        clusters.DEFAULT_SPEC
+        if mode is simulating.Replay.INFLATE
+        else clusters.DEFAULT_FAITHFUL_SPEC
     )
     cluster = clusters.parse(spec)
     default = (
@@ -216,7 +218,7 @@ def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
         path = Path(args.mig_parted)
         config = migparted.parse(path.read_text(encoding="utf-8"), source=path.name)
     # Build every policy before simulating, so a bad name or config fails at once.
-    built: dict[str, policies.Policy | None] = {}
+    built: dict[str, policies.Partitioning | None] = {}
     for name in names:
         if name == "static":
             built[name] = policies.static(cluster, config=config, config_name=args.mig_config)
@@ -252,7 +254,7 @@ def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
                 )
             results.append(result)
     bound = None
-    if mode is simulating.Mode.INFLATE:
+    if mode is simulating.Replay.INFLATE:
         submitted = [
             p for p, _, _ in simulating.replayed(trace, cluster=cluster, settings=settings)
         ]
@@ -270,7 +272,7 @@ def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
     submitted_pods = results[0].pods_total if results else 0
     what = (
         f"{submitted_pods} pods submitted until requests reached {args.inflate:g}% of the cluster"
-        if mode is simulating.Mode.INFLATE
+        if mode is simulating.Replay.INFLATE
         else f"{submitted_pods} pods at the trace's own times"
     )
     out.write(
@@ -291,7 +293,7 @@ def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:
     return 0
 
 
-def _plot(results: list[simulating.Result], *, outdir: Path, mode: simulating.Mode) -> list[Path]:
+def _plot(results: list[simulating.Result], *, outdir: Path, mode: simulating.Replay) -> list[Path]:
     """Allocation ratio over time per policy, and the CDF of pending time."""
     # Imported here: matplotlib takes a noticeable time to load and only this needs it.
     import matplotlib  # noqa: PLC0415
@@ -299,7 +301,7 @@ def _plot(results: list[simulating.Result], *, outdir: Path, mode: simulating.Mo
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    days = mode is simulating.Mode.FAITHFUL
+    days = mode is simulating.Replay.FAITHFUL
     scale = 86400.0 if days else 1.0
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in results:

@@ -23,7 +23,7 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
 from migpilot import kubeconfigs
-from migpilot.api import gpulayouts
+from migpilot.api import gpulayouts, gpulayouts_wire
 from migpilot.controller import kubeapi
 
 GpuLayout = create_global_resource(
@@ -141,7 +141,7 @@ class LightkubeControllerApi:
         fence: kubeapi.Fence,
     ) -> Mapping[str, Any]:
         body: dict[str, Any] = dict(
-            gpulayouts.spec_patch(
+            gpulayouts_wire.spec_patch(
                 name,
                 spec,
                 resource_version=fence.resource_version,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from migpilot import errors
-from migpilot.api import gpulayouts
+from migpilot.api import gpulayouts, gpulayouts_wire
 
 
 class KubeApiError(errors.MigpilotError):
@@ -294,9 +294,9 @@ class InMemoryApi:
         body: dict[str, Any] = (
             copy.deepcopy(current)
             if current is not None
-            else dict(gpulayouts.spec_patch(name, gpulayouts.LayoutSpec(())))
+            else dict(gpulayouts_wire.spec_patch(name, gpulayouts.LayoutSpec(())))
         )
-        new_spec = gpulayouts.spec_patch(name, spec)["spec"]
+        new_spec = gpulayouts_wire.spec_patch(name, spec)["spec"]
         meta: dict[str, Any] = body.setdefault("metadata", {})
         if body.get("spec") != new_spec or current is None:
             meta["generation"] = int(meta.get("generation", 0)) + 1

@@ -22,7 +22,7 @@ Nodes labelled ``nvidia.com/mig.config`` are laid out statically (mig-manager's 
 not planned, and their free capacity is offered as it is (:func:`static_fit`).
 
 Pure: no client, no clock, no I/O. May import :mod:`migpilot.api`, :mod:`migpilot.planning`,
-:mod:`migpilot.mig` and :mod:`migpilot.errors`.
+:mod:`migpilot.mig`, :mod:`migpilot.errors` and :mod:`migpilot.controller.translating`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 
 from migpilot import errors
 from migpilot.api import gpulayouts
+from migpilot.controller import translating
 from migpilot.mig import catalog, layouts, profiles
 from migpilot.planning import constraints, modes, snapshot, unified
 
@@ -659,7 +660,7 @@ def mps_gpus(
     """The GPUs of a node in mode ``mps`` with their MPS slices (``docs/modes.md``).
 
     Every slice the spec lists or the status reports taken is there
-    (:func:`gpulayouts.snapshot_slices`); a slice keeps its reservation only while it is live
+    (:func:`translating.snapshot_slices`); a slice keeps its reservation only while it is live
     (``reserved``: (GPU, slice id, pod)), and at least as many slices of each size as the pods
     bound to the node ask for are marked used (the kubelet counts devices, it does not say which:
     a slice the status still calls free may be the one a just-bound pod is getting)."""
@@ -668,7 +669,7 @@ def mps_gpus(
     out: list[snapshot.Gpu] = []
     for gpu in gpus:
         status = by_index.get(gpu.index)
-        slices = list(gpulayouts.snapshot_slices(layout, status)) if status is not None else []
+        slices = list(translating.snapshot_slices(layout, status)) if status is not None else []
         slices = [
             sl
             if not sl.reserved_for or (gpu.index, sl.id, sl.reserved_for) in reserved
@@ -705,7 +706,7 @@ def static_fit(observed: Observed, view: PodView) -> str | None:
             continue
         try:
             # Its GPUs as reported: the placement rules ask for a node with MIG GPUs.
-            gpus = gpulayouts.snapshot_gpus(layout)
+            gpus = translating.snapshot_gpus(layout)
         except errors.MigpilotError:
             continue
         planner_node = snapshot.Node(

@@ -3,9 +3,9 @@
 Why it exists: every write the controller makes is decided here, as data, so the rules that
 keep the cluster safe are tested without a server:
 
-- :func:`spec_for` turns a plan into a node's spec, keeping the reservations of the pods still
-  waiting for instances an earlier plan gave them (the planner saw those as used, so they are in
-  its target layout);
+- :func:`spec_for` turns a plan into a node's spec in one pass: the target layouts, the
+  reservations the plan makes, and those of the pods still waiting for instances an earlier
+  plan gave them (the planner saw those as used, so they are in its target layout);
 - :func:`without_stale` drops reservations whose pods are gone, done or bound;
 - :func:`to_control` reads the cluster for the loop's step (:func:`control.reconcile`, which
   decides when a reserved pod is let go): what each reservation still waits for on its node
@@ -23,11 +23,11 @@ package's pure modules.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.controller import observing
 from migpilot.planning import control, plans, snapshot
@@ -43,27 +43,105 @@ def spec_for(
     kept: Mapping[tuple[int, int, str], str],
     unified: frozenset[str] = frozenset(),
 ) -> gpulayouts.LayoutSpec:
-    """The spec of ``node`` after ``plan``, with the ``kept`` reservations ((GPU, start,
-    profile) -> pod) of earlier plans on instances the target layout still holds. An instance
+    """The spec the controller writes for ``node`` after ``plan``, in one pass: each GPU's
+    target layout (or, on an MPS GPU, its target slices) from the plan, with ``reservedFor`` on
+    the instances and slices the plan gives to pending pods and on the instances the target
+    layout still holds that the ``kept`` reservations ((GPU, start, profile) -> pod) of earlier
+    plans name (the planner saw those as used, so they are in its target layout). An instance
     or MPS slice reserved for a pod of ``unified`` is marked ``resource: nvidia.com/gpu``: the
-    agent advertises it so (``docs/unified.md``)."""
-    spec = gpulayouts.spec_from_plan(plan, node)
-    gpus = []
-    for g in spec.gpus:
+    agent advertises it so (``docs/unified.md``).
+
+    Raise :class:`GpuLayoutError` if the plan gives a pod an instance its target layout lacks,
+    or one instance to two pods (a planner bug: such a spec must never be written).
+    """
+    given: dict[tuple[int, int], str] = {}
+    for placement in plan.placements:
+        if placement.node != node.name:
+            continue
+        for a in placement.instances:
+            key = (a.gpu, a.start)
+            if key in given:
+                raise errors.GpuLayoutError(
+                    f"plan: {a.profile}@{a.start} on GPU {a.gpu} of {node.name} given to both "
+                    f"{given[key]} and {placement.pod}"
+                )
+            given[key] = placement.pod
+    models = {g.index: g.model.id for g in node.gpus}
+    gpus = _mps_specs(plan, node, models=models, unified=unified)
+    targets: dict[tuple[int, int], str] = {}
+    sliced = {g.index for g in gpus}
+    for gp in plan.gpus:
+        if gp.node != node.name or gp.gpu in sliced:  # an MPS GPU holds no MIG instances
+            continue
         instances = []
-        for i in g.instances:
-            pod = i.reserved_for or kept.get((g.index, i.start, i.profile))
-            resource = gpulayouts.UNIFIED_RESOURCE if pod is not None and pod in unified else None
-            instances.append(gpulayouts.InstanceSpec(i.profile, i.start, pod, resource))
-        slices = tuple(
-            dataclasses.replace(
-                sl,
-                resource=gpulayouts.UNIFIED_RESOURCE if sl.reserved_for in unified else None,
+        for i in gp.layout.instances:
+            targets[(gp.gpu, i.start)] = i.profile
+            pod = given.get((gp.gpu, i.start)) or kept.get((gp.gpu, i.start, i.profile))
+            instances.append(
+                gpulayouts.InstanceSpec(i.profile, i.start, pod, _resource(pod, unified))
             )
-            for sl in g.mps
+        gpus.append(gpulayouts.GpuSpec(gp.gpu, models.get(gp.gpu), tuple(instances)))
+    for placement in plan.placements:
+        for a in placement.instances:
+            if placement.node == node.name and targets.get((a.gpu, a.start)) != a.profile:
+                raise errors.GpuLayoutError(
+                    f"plan: {placement.pod} is given {a.profile}@{a.start} on GPU {a.gpu} of "
+                    f"{node.name}, which its target layout does not hold"
+                )
+    return gpulayouts.LayoutSpec(tuple(sorted(gpus, key=lambda g: g.index)))
+
+
+def _resource(pod: str | None, unified: frozenset[str]) -> str | None:
+    """``resource`` of an instance or slice reserved for ``pod``: :data:`UNIFIED_RESOURCE` for
+    a unified pod, else ``None`` (its MIG profile's or slice size's own resource)."""
+    return gpulayouts.UNIFIED_RESOURCE if pod is not None and pod in unified else None
+
+
+def _mps_specs(
+    plan: plans.Plan,
+    node: snapshot.Node,
+    *,
+    models: Mapping[int, str],
+    unified: frozenset[str],
+) -> list[gpulayouts.GpuSpec]:
+    """The MPS GPUs of ``node``: each GPU's target slices from the plan, ``reservedFor`` on the
+    slices kept or newly given to pending pods. Raise :class:`GpuLayoutError` for a slice given
+    to two pods or a share of a slice the target lacks (a planner bug)."""
+    given: dict[tuple[int, int], str] = {}
+    for placement in plan.placements:
+        if placement.node != node.name:
+            continue
+        for share in placement.shares:
+            if share.slice is None:
+                continue
+            key = (share.gpu, share.slice)
+            if key in given and given[key] != placement.pod:
+                raise errors.GpuLayoutError(
+                    f"plan: MPS slice {share.slice} on GPU {share.gpu} of {node.name} given to "
+                    f"both {given[key]} and {placement.pod}"
+                )
+            given[key] = placement.pod
+    out: list[gpulayouts.GpuSpec] = []
+    targets: set[tuple[int, int]] = set()
+    for gp in plan.mps:
+        if gp.node != node.name:
+            continue
+        slices = []
+        for sl in gp.slices:
+            targets.add((gp.gpu, sl.id))
+            pod = given.get((gp.gpu, sl.id)) or sl.reserved_for or None
+            slices.append(
+                gpulayouts.SliceSpec(sl.id, sl.memory_gb, sl.cores, pod, _resource(pod, unified))
+            )
+        out.append(gpulayouts.GpuSpec(gp.gpu, models.get(gp.gpu), (), tuple(slices)))
+    missing = sorted(set(given) - targets)
+    if missing:
+        gpu, ident = missing[0]
+        raise errors.GpuLayoutError(
+            f"plan: {given[(gpu, ident)]} is given MPS slice {ident} on GPU {gpu} of {node.name}, "
+            "which its target slices do not hold"
         )
-        gpus.append(gpulayouts.GpuSpec(g.index, g.model, tuple(instances), slices))
-    return gpulayouts.LayoutSpec(tuple(gpus))
+    return out
 
 
 def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpulayouts.LayoutSpec:

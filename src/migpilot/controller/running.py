@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from migpilot import errors, gcpause, logs, probes
-from migpilot.api import gpulayouts, leases
+from migpilot.api import gpulayouts, gpulayouts_wire, leases
 from migpilot.controller import kubeapi, metrics, observing, pinning, turnover
 from migpilot.planning import control, fast, modes, options, plans, snapshot, unified
 
@@ -243,7 +243,7 @@ class Controller:
             self._reported.pop(key, None)  # the node is gone: not a destroy of its instances
         else:
             try:
-                store.layouts[key] = gpulayouts.parse(doc)
+                store.layouts[key] = gpulayouts_wire.parse(doc)
             except errors.MigpilotError as err:
                 _log.warning("GpuLayout %s ignored: %s", key, err, extra={"node": key})
                 store.layouts.pop(key, None)

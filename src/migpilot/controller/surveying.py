@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from migpilot import errors
-from migpilot.api import gpulayouts
+from migpilot.api import gpulayouts, gpulayouts_wire
 from migpilot.controller import observing
 from migpilot.planning import modes, quantities, snapshot
 
@@ -234,7 +234,7 @@ def _layouts(docs: Iterable[Mapping[str, Any]]) -> dict[str, gpulayouts.GpuLayou
     for doc in docs:
         name = str(_map(doc.get("metadata")).get("name", ""))
         try:
-            out[name] = gpulayouts.parse(doc)
+            out[name] = gpulayouts_wire.parse(doc)
         except errors.MigpilotError as err:
             out[name] = f"GpuLayout cannot be read: {err}"
     return out

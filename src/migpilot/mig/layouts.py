@@ -59,8 +59,10 @@ class Layout:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
-    """A profile at a start, precomputed as integers for the searches."""
+class Footprint:
+    """What a profile at one of its placements (a start NVIDIA allows) occupies: its memory
+    slots as a bit mask, its compute slices and the media engine, precomputed as integers for
+    the searches. (A pod's placement on a node is :class:`migpilot.planning.plans.Placement`.)"""
 
     profile: int
     """Index into :attr:`Geometry.profiles`."""
@@ -83,11 +85,11 @@ class Geometry:
         self.compute = tuple(p.compute_slices for p in model.profiles)
         self.slots = tuple(p.memory_slots for p in model.profiles)
         self.media = tuple(int(p.media_extension) for p in model.profiles)
-        placements: list[Placement] = []
+        placements: list[Footprint] = []
         for i, p in enumerate(model.profiles):
             for s in p.placements:
                 mask = ((1 << p.memory_slots) - 1) << s
-                placements.append(Placement(i, s, mask, p.compute_slices, p.media_extension))
+                placements.append(Footprint(i, s, mask, p.compute_slices, p.media_extension))
         # Start order, larger first at the same start: enumeration output reads naturally.
         placements.sort(
             key=lambda pl: (pl.start, -self.profiles[pl.profile].memory_slots, pl.profile)
@@ -98,8 +100,9 @@ class Geometry:
         )
         self._by_key = {(pl.profile, pl.start): pl for pl in placements}
 
-    def placement(self, instance: Instance) -> Placement:
-        """The placement of an instance; raise :class:`LayoutError` if it is not allowed."""
+    def placement(self, instance: Instance) -> Footprint:
+        """The footprint of an instance's placement; raise :class:`LayoutError` if it is not
+        allowed."""
         idx = self.index.get(instance.profile)
         if idx is None:
             raise errors.UnknownProfileError(
@@ -115,8 +118,8 @@ class Geometry:
             )
         return pl
 
-    def instance(self, pl: Placement) -> Instance:
-        """The instance a placement stands for."""
+    def instance(self, pl: Footprint) -> Instance:
+        """The instance a footprint stands for."""
         return Instance(pl.start, self.profiles[pl.profile].name)
 
 
@@ -136,7 +139,7 @@ class _State:
     count: int
     per_profile: tuple[int, ...]
 
-    def fits(self, g: Geometry, pl: Placement) -> bool:
+    def fits(self, g: Geometry, pl: Footprint) -> bool:
         return (
             not (self.mask & pl.mask)
             and self.compute + pl.compute <= g.model.compute_slices
@@ -145,7 +148,7 @@ class _State:
             and self.per_profile[pl.profile] < g.max_instances[pl.profile]
         )
 
-    def add(self, pl: Placement) -> _State:
+    def add(self, pl: Footprint) -> _State:
         per = list(self.per_profile)
         per[pl.profile] += 1
         return _State(
@@ -172,7 +175,7 @@ def violation(model: profiles.GpuModel, instances: Iterable[Instance]) -> str | 
     """
     g = geometry(model)
     insts = sorted(instances)
-    pls: list[Placement] = []
+    pls: list[Footprint] = []
     for inst in insts:
         try:
             pls.append(g.placement(inst))
@@ -203,7 +206,7 @@ def violation(model: profiles.GpuModel, instances: Iterable[Instance]) -> str | 
     return None
 
 
-def _quick_valid(g: Geometry, pls: list[Placement]) -> bool:
+def _quick_valid(g: Geometry, pls: list[Footprint]) -> bool:
     """The same rules as :func:`violation` in one integer pass, without building a reason."""
     mask = compute = media = 0
     per = [0] * len(g.profiles)
@@ -379,8 +382,8 @@ def _pack(
     wanted.sort(key=lambda i: (-g.slots[i], -g.compute[i], i))
     n = len(wanted)
     best_key: tuple[int, tuple[int, ...]] | None = None
-    best: tuple[Placement, ...] = ()
-    chosen: list[Placement] = []
+    best: tuple[Footprint, ...] = ()
+    chosen: list[Footprint] = []
     room = model.compute_slices
 
     def search(k: int, mask: int, compute: int, media: int) -> None:
@@ -497,7 +500,7 @@ def _enumerate_cached(
     g = geometry(model)
     cands = [pl for pl in g.placements if pl.profile in allowed]
     out: list[Layout] = []
-    chosen: list[Placement] = []
+    chosen: list[Footprint] = []
 
     def search(i: int, st: _State) -> None:
         if not maximal or not any(st.fits(g, pl) for pl in cands):

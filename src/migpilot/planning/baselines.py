@@ -36,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TypeVar
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
@@ -52,11 +53,29 @@ def _ordered_pods(snap: snapshot.Snapshot) -> list[snapshot.Pod]:
     return sorted(snap.pods, key=lambda p: -p.priority)
 
 
+_MEMO_SIZE = 4096
+"""Most entries each memo table of this module keeps (the tables below and the
+``functools.lru_cache`` ones). The catalog's models times their profiles are a few hundred, so
+only throwaway models (tests, generated GPUs) ever push an entry out."""
+
 # Memo tables for the innermost loops, keyed by the identity of the model's profile tuple (hashing
 # a GpuModel costs a Python call per lookup). Each entry keeps that tuple alive, so its identity
-# cannot be reused by another model while the entry exists.
+# cannot be reused by another model while the entry exists; once the entry is pushed out, no
+# lookup can find it, so a reused identity cannot hit a stale answer either.
 _RESOLVED: dict[tuple[int, str], tuple[object, str | None]] = {}
 _SHAPES: dict[tuple[int, str], tuple[object, tuple[int, int, int]]] = {}
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _remember(table: dict[_K, _V], key: _K, value: _V) -> None:
+    """``table[key] = value``, first forgetting the oldest entry when ``table`` holds
+    :data:`_MEMO_SIZE`, so the table stays bounded. Oldest first rather than least recently
+    used: a hit then costs one dict lookup and nothing more, and with the bound far above what
+    the catalog needs, which entry goes only matters for throwaway models."""
+    if len(table) >= _MEMO_SIZE:
+        del table[next(iter(table))]
+    table[key] = value
 
 
 def _requested(model: profiles.GpuModel, name: str) -> str | None:
@@ -75,7 +94,7 @@ def _resolved(model: profiles.GpuModel, name: str) -> str | None:
         found: str | None = model.resolve_profile(name).name
     except errors.UnknownProfileError:
         found = None
-    _RESOLVED[key] = (model.profiles, found)
+    _remember(_RESOLVED, key, (model.profiles, found))
     return found
 
 
@@ -88,7 +107,7 @@ def _shape(model: profiles.GpuModel, name: str) -> tuple[int, int, int]:
     p = model.profile_named(name)
     mib = p.memory_mib if p.memory_mib is not None else p.nominal_gb * 1024
     found = (p.compute_slices, p.memory_slots, mib)
-    _SHAPES[key] = (model.profiles, found)
+    _remember(_SHAPES, key, (model.profiles, found))
     return found
 
 
@@ -357,7 +376,7 @@ _NOS_KNOWN_GEOMETRIES: dict[str, tuple[dict[str, int], ...]] = {
 }
 
 
-@functools.cache
+@functools.lru_cache(maxsize=_MEMO_SIZE)
 def nos_geometries(model: profiles.GpuModel) -> tuple[Mapping[str, int], ...]:
     """The geometries (profile name -> count) nos may give a GPU of ``model``, in nos's order.
 
@@ -773,7 +792,7 @@ _HAMI_TEMPLATES: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {
 }
 
 
-@functools.cache
+@functools.lru_cache(maxsize=_MEMO_SIZE)
 def hami_profiles(model: profiles.GpuModel) -> tuple[str, ...]:
     """The profiles (canonical names) HAMi v2.10 may create on ``model``, smallest first.
 
@@ -810,7 +829,7 @@ class HamiTemplate:
     """Memory of its largest entry: HAMi takes a template that has any entry this big."""
 
 
-@functools.cache
+@functools.lru_cache(maxsize=_MEMO_SIZE)
 def hami_templates(model: profiles.GpuModel) -> tuple[HamiTemplate, ...]:
     """HAMi's MIG templates for ``model`` in config order (v2.9 and earlier).
 
@@ -904,7 +923,7 @@ def _hami_names(
     return _unified_names(pod.unified, model, menu(model))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=_MEMO_SIZE)
 def _unified_names(
     request: unified.UnifiedRequest, model: profiles.GpuModel, menu: tuple[str, ...]
 ) -> tuple[tuple[str, ...], ...]:
@@ -941,7 +960,7 @@ def _choose_from_template(g: _HamiGpu, name: str) -> Choice | None:
     return None
 
 
-@functools.cache
+@functools.lru_cache(maxsize=_MEMO_SIZE)
 def _template_for(model: profiles.GpuModel, name: str) -> HamiTemplate | None:
     """The template an idle GPU takes for a request of ``name``, if it holds ``name`` at all."""
     mib = _shape(model, name)[2]

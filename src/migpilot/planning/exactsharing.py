@@ -52,6 +52,8 @@ from ortools.sat.python import cp_model
 
 from migpilot.mig import profiles
 from migpilot.planning import constraints, cpsat, modes, options, sharing, snapshot
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import mps as sharing_mps
 
 _PODS_SHARE = 0.8
 """Fraction of the time limit for the pod phases (the ones whose optimality is reported)."""
@@ -217,10 +219,10 @@ class _Builder:
             terms.extend((c, v) for c, (_, v) in zip(per_need, on_gpu, strict=True))
             return cpsat.Linear(terms).expr()
 
-        cap = modes.memory_gb(gpu.model) - sum(s.memory_gb for s in taken)
+        cap = sharing_mps.memory_gb(gpu.model) - sum(s.memory_gb for s in taken)
         gbs = [n.memory_gb for n, _ in on_gpu]
         self.model.add(usage(gbs, [t.memory_gb for t in types]) <= cap)
-        clients = modes.MPS_MAX_CLIENTS - len(taken)
+        clients = sharing_config.MPS_MAX_CLIENTS - len(taken)
         self.model.add(usage([1] * len(on_gpu), [1] * len(types)) <= clients)
         if any(n.cores for n, _ in on_gpu):
             cores = 100 - sum(s.cores or 0 for s in taken)

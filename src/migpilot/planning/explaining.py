@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from migpilot import errors
 from migpilot.mig import catalog, layouts, profiles
 from migpilot.planning import constraints, modes, plans, snapshot, unified
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import mps as sharing_mps
 
 
 class Why(enum.IntEnum):
@@ -214,7 +216,7 @@ class Explainer:
                     "a container asking more than one GPU is not served by MPS slices (one "
                     "container talks to one GPU's MPS daemon)"
                 )
-            most = max((modes.memory_gb(g.model) for g in node.gpus), default=0)
+            most = max((sharing_mps.memory_gb(g.model) for g in node.gpus), default=0)
             return Why.NOT_OFFERED, f"its GPUs ({models}) have {most} GB; {what} needs more"
         short = self._cpu_memory(node, pod)
         if short is not None:
@@ -257,8 +259,8 @@ class Explainer:
                 # Slices the plan gives that were free or new (a taken one is not given again).
                 used += self.shared_gb[(node.name, g.index)]
                 n += self.shared_n[(node.name, g.index)]
-            free.append(modes.memory_gb(g.model) - used)
-            clients.append(modes.MPS_MAX_CLIENTS - n)
+            free.append(sharing_mps.memory_gb(g.model) - used)
+            clients.append(sharing_config.MPS_MAX_CLIENTS - n)
         groups: dict[int, set[int]] = {}
         needs = modes.mps_needs(pod.mps, pod.unified, gpus[0].model) or ()
         for need in needs:
@@ -428,7 +430,7 @@ def unresolvable(snap: snapshot.Snapshot) -> Mapping[str, str]:
             if not mps_models:
                 out[pod.key] = f"no node in the cluster is in mode mps ({_what(pod)} needs mps)"
             elif all(modes.mps_needs(pod.mps, None, m) is None for m in mps_models):
-                most = max(modes.memory_gb(m) for m in mps_models)
+                most = max(sharing_mps.memory_gb(m) for m in mps_models)
                 out[pod.key] = f"no MPS GPU in the cluster has room for {_what(pod)} ({most} GB)"
             continue
         if all(pod.profiles_on(m) is None for m in snap.models):

@@ -28,6 +28,7 @@ from types import MappingProxyType
 from migpilot import errors
 from migpilot.mig import catalog, layouts, profiles
 from migpilot.planning import modes, scoring, snapshot, unified
+from migpilot.sharing import mps as sharing_mps
 
 DEFAULT_MODELS = ("a100-80gb", "h100-80gb", "a30-24gb")
 
@@ -540,7 +541,7 @@ def _mps_gpu(
     model = tables.model
     if rng.random() < _EMPTY_GPU_FRACTION:
         return snapshot.Gpu(index, model, ())
-    cap = modes.memory_gb(model)
+    cap = sharing_mps.memory_gb(model)
     target = cap * rng.uniform(0.4, 1.0)
     sizes, weights = _slice_sizes(cap)
     slices: list[modes.MpsSlice] = []
@@ -626,7 +627,7 @@ def _sharing_request(
 ) -> tuple[tuple[modes.MpsRequest, ...], unified.UnifiedRequest | None, int]:
     """An MPS request by name (``kind`` mps) or a unified one (``unified``), sized for
     ``tables``' model, and its size in tenths of an 80 GB GPU (what CPU and memory scale by)."""
-    cap = modes.memory_gb(tables.model)
+    cap = sharing_mps.memory_gb(tables.model)
     sizes, weights = _slice_sizes(cap)
     gb = rng.choices(sizes, weights)[0]
     count = rng.randint(2, 3) if rng.random() < multi_instance_fraction else 1

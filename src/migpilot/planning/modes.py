@@ -6,7 +6,7 @@ different sharing. A node's label ``migpilot.io/mode`` picks one mode for all it
 - ``mig`` (the default): MIG instances, planned by the existing planners;
 - ``mps``: the GPU runs an MPS control daemon and is cut into *memory slices* of any whole number
   of GB (nos's dynamic MPS partitioning): slices sum to at most the GPU's memory, at most
-  :data:`MPS_MAX_CLIENTS` per GPU; each client is held to its slice by
+  :data:`migpilot.sharing.config.MPS_MAX_CLIENTS` per GPU; each client is held to its slice by
   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (and to its compute share by
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` where the request names one);
 - ``time-slicing``: each GPU is advertised as ``replicas`` shares of the whole GPU, no isolation;
@@ -26,7 +26,8 @@ Which pod each mode serves (:func:`serves`):
   enforces neither). Its ``nvidia.com/vgpu-mode`` narrows that, as HAMi's does: ``mig`` only
   ``mig`` nodes, ``mps`` only ``mps`` nodes.
 
-Pure: no I/O, no clock. May import :mod:`migpilot.errors`, :mod:`migpilot.mig` and
+Pure: no I/O, no clock. May import :mod:`migpilot.errors`, :mod:`migpilot.mig`,
+:mod:`migpilot.sharing` (the MPS facts the GpuLayout's schema shares) and
 :mod:`migpilot.planning.unified`; never the snapshot, which imports this module.
 """
 
@@ -43,11 +44,11 @@ from typing import Any
 from migpilot import errors
 from migpilot.mig import profiles
 from migpilot.planning import unified
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import mps as sharing_mps
 
 MODE_LABEL = "migpilot.io/mode"
 """The node label that picks the mode (absent: ``mig``)."""
-MPS_MAX_CLIENTS = 48
-"""MPS clients one GPU serves at most (Volta and later): at most this many slices per GPU."""
 MPS_RESOURCE_PREFIX = "nvidia.com/gpu-"
 _MPS_RESOURCE = re.compile(r"^nvidia\.com/gpu-(?P<gb>[1-9][0-9]{0,4})gb$")
 _MIB_PER_GB = 1024
@@ -128,20 +129,14 @@ class MpsSlice:
         return self.used or bool(self.reserved_for)
 
 
-@functools.lru_cache(maxsize=4096)
-def memory_gb(model: profiles.GpuModel) -> int:
-    """A GPU's memory as MPS slices share it, in whole GB: its largest MIG profile's nominal GB
-    (80 on an A100-80GB or H100-80GB, 40 on an A100-40GB, 24 on an A30)."""
-    return max(p.nominal_gb for p in model.profiles)
-
-
 def slices_problem(model: profiles.GpuModel, slices: Sequence[MpsSlice]) -> str | None:
     """Why these slices cannot share one GPU of ``model`` (``None``: they can)."""
-    total, cap = sum(s.memory_gb for s in slices), memory_gb(model)
+    total, cap = sum(s.memory_gb for s in slices), sharing_mps.memory_gb(model)
     if total > cap:
         return f"slices of {total} GB exceed the GPU's {cap} GB"
-    if len(slices) > MPS_MAX_CLIENTS:
-        return f"{len(slices)} slices exceed the {MPS_MAX_CLIENTS} MPS clients of one GPU"
+    most = sharing_config.MPS_MAX_CLIENTS
+    if len(slices) > most:
+        return f"{len(slices)} slices exceed the {most} MPS clients of one GPU"
     cores = sum(s.cores for s in slices if s.cores is not None)
     if cores > 100:
         return f"compute shares of {cores} % exceed 100 %"
@@ -170,7 +165,7 @@ def mps_needs(
     model: profiles.GpuModel,
 ) -> tuple[SliceNeed, ...] | None:
     """The slices a pod needs on an MPS GPU of ``model``, ``None`` if that GPU cannot serve it."""
-    cap = memory_gb(model)
+    cap = sharing_mps.memory_gb(model)
     out: list[SliceNeed] = []
     for r in mps:
         if r.memory_gb > cap:
@@ -190,7 +185,7 @@ def mps_needs(
 @functools.lru_cache(maxsize=4096)
 def unified_gb(ask: unified.GpuAsk, model: profiles.GpuModel) -> int:
     """The slice size (GB, rounded up) of one GPU of a unified ask on an MPS GPU of ``model``."""
-    cap = memory_gb(model)
+    cap = sharing_mps.memory_gb(model)
     if ask.memory_mib is not None:
         return max(1, math.ceil(ask.memory_mib / _MIB_PER_GB))
     pct = 100 if ask.memory_percent is None else ask.memory_percent
@@ -205,7 +200,7 @@ def replica_needs(
     time-slicing GPU of ``model``; ``None`` if such a GPU cannot serve the pod."""
     if request is None or not unified.allowed(request, model):
         return None
-    cap = memory_gb(model)
+    cap = sharing_mps.memory_gb(model)
     for ask in request.asks:
         if unified_gb(ask, model) > cap:
             return None

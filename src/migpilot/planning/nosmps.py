@@ -39,7 +39,8 @@ as ``nos:path``; the code here is ours, the algorithm was read, not copied):
 Where this baseline adds or chooses, each on the generous side for nos:
 
 - nos checks no client limit; the MPS server refuses the 49th client, so slices are created
-  only while a GPU has fewer than :data:`modes.MPS_MAX_CLIENTS` (the validator requires it).
+  only while a GPU has fewer than :data:`sharing_config.MPS_MAX_CLIENTS` (the validator
+  requires it).
 - nos knows only ``nvidia.com/gpu-<N>gb``. A unified request of one GPU (``nvidia.com/gpu: 1``
   with ``gpumem`` or ``gpumem-percentage``, no ``gpucores``: nos's slices have no compute
   share) is read as the ``nvidia.com/gpu-<N>gb: 1`` a nos user would write for it, N its
@@ -68,6 +69,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from migpilot.planning import constraints, modes, plans, sharing, snapshot
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import mps as sharing_mps
 
 MIN_SLICE_GB = 1
 """nos:pkg/gpu/slicing/constant.go ``MinSliceMemoryGB``."""
@@ -98,14 +101,14 @@ class NosGpu:
         """``canCreateMoreSlices``: room for the smallest slice (and, ours, a client left)."""
         return (
             self.memory_gb - self.sliced_gb() >= MIN_SLICE_GB
-            and self.clients() < modes.MPS_MAX_CLIENTS
+            and self.clients() < sharing_config.MPS_MAX_CLIENTS
         )
 
     def create(self, size: int, num: int = 1) -> bool:
         """``createSlices``: all ``num`` slices of ``size`` GB, or none."""
         if self.memory_gb - self.sliced_gb() < size * num:
             return False
-        if self.clients() + num > modes.MPS_MAX_CLIENTS:
+        if self.clients() + num > sharing_config.MPS_MAX_CLIENTS:
             return False
         self.free[size] += num
         return True
@@ -208,7 +211,10 @@ class _Run:
             else:
                 self.replicas[n.name] = [g.replicas - g.replicas_used for g in n.gpus]
         sizes = {
-            modes.memory_gb(g.model) for n in self.nodes if n.mode is modes.Mode.MPS for g in n.gpus
+            sharing_mps.memory_gb(g.model)
+            for n in self.nodes
+            if n.mode is modes.Mode.MPS
+            for g in n.gpus
         }
         reference = next(iter(sizes)) if len(sizes) == 1 else None
         self.need = {p.key: needs(p, reference) for p in pods}
@@ -296,7 +302,9 @@ class _Run:
             for sl in gpus:
                 free = Counter(sl.slices[i].memory_gb for i in sl.free)
                 used = Counter(s.memory_gb for s in sl.slices.values()) - free
-                out[name].append(NosGpu(sl.gpu.index, modes.memory_gb(sl.gpu.model), used, free))
+                out[name].append(
+                    NosGpu(sl.gpu.index, sharing_mps.memory_gb(sl.gpu.model), used, free)
+                )
         return out
 
     def partition(self, pods: Sequence[snapshot.Pod]) -> dict[str, list[NosGpu]]:

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 
 from migpilot import errors
 from migpilot.planning import constraints, explaining, modes, options, plans, scoring, snapshot
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import mps as sharing_mps
 
 MigPlanner = Callable[[snapshot.Snapshot, options.Options], plans.Plan]
 SharedPlanner = Callable[[snapshot.Snapshot, list[snapshot.Pod]], "Shared"]
@@ -142,7 +144,7 @@ class _MpsGpu:
 
     @property
     def cap(self) -> int:
-        return modes.memory_gb(self.gpu.model)
+        return sharing_mps.memory_gb(self.gpu.model)
 
     def used_gb(self) -> int:
         return sum(s.memory_gb for s in self.keep) + sum(s.memory_gb for s in self.free)
@@ -201,7 +203,7 @@ def _option(
     if (
         st.cores() + extra_cores <= 100
         and room >= need.memory_gb
-        and st.clients() < modes.MPS_MAX_CLIENTS
+        and st.clients() < sharing_config.MPS_MAX_CLIENTS
     ):
         return _Option(None)
     if not remove:
@@ -211,7 +213,7 @@ def _option(
     for s in sorted(st.free, key=lambda s: (-s.memory_gb, s.id)):
         if (
             room >= need.memory_gb
-            and st.clients() - len(removed) < modes.MPS_MAX_CLIENTS
+            and st.clients() - len(removed) < sharing_config.MPS_MAX_CLIENTS
             and st.cores() - sum(r.cores or 0 for r in removed) + extra_cores <= 100
         ):
             break
@@ -223,7 +225,7 @@ def _option(
         room += s.memory_gb
     if (
         room < need.memory_gb
-        or st.clients() - len(removed) >= modes.MPS_MAX_CLIENTS
+        or st.clients() - len(removed) >= sharing_config.MPS_MAX_CLIENTS
         or st.cores() - sum(r.cores or 0 for r in removed) + extra_cores > 100
     ):
         return None

@@ -10,15 +10,20 @@ in each container (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, ``CUDA_MPS_ACTIVE_THREA
 so a container holds its slice even when the daemon was started by someone else, beside
 ``CUDA_MPS_PIPE_DIRECTORY`` and the mounts of the pipe folder and the shared-memory folder.
 
+How much memory MPS slices may share on one GPU (:func:`memory_gb`) lives here too: the
+planner, the GpuLayout's schema and the agent all measure a GPU by it.
+
 This module only describes; starting and watching the daemons is ``agent/mps.py``'s job (the
-supervisor consumes :func:`daemons`). Pure.
+supervisor consumes :func:`daemons`). Pure; imports :mod:`migpilot.mig` and this package only.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from migpilot.mig import profiles
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import replicas
 
@@ -32,6 +37,13 @@ PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 PINNED_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+@functools.lru_cache(maxsize=4096)
+def memory_gb(model: profiles.GpuModel) -> int:
+    """A GPU's memory as MPS slices share it, in whole GB: its largest MIG profile's nominal GB
+    (80 on an A100-80GB or H100-80GB, 40 on an A100-40GB, 24 on an A30)."""
+    return max(p.nominal_gb for p in model.profiles)
 
 
 @dataclass(frozen=True, slots=True)

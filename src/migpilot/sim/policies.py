@@ -52,8 +52,9 @@ StaticLayouts = Mapping[str, tuple[layouts.Layout, ...]]
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
-    """A named partitioning policy."""
+class Partitioning:
+    """A named partitioning policy: the planner it runs and the layouts GPUs start with (not
+    :class:`migpilot.planning.scoring.Policy`, binpack or spread among equal choices)."""
 
     name: str
     planner: str | None
@@ -88,7 +89,7 @@ def parse_names(text: str) -> tuple[str, ...]:
     return tuple(n for n in NAMES if n in wanted)
 
 
-def dynamic(name: str, cluster: clusters.Cluster) -> Policy:
+def dynamic(name: str, cluster: clusters.Cluster) -> Partitioning:
     """One of the planner-driven policies."""
     planner = _PLANNER_OF.get(name)
     if planner is None:
@@ -99,8 +100,8 @@ def dynamic(name: str, cluster: clusters.Cluster) -> Policy:
                 f"policy exact is for clusters of at most {EXACT_MAX_GPUS} GPUs "
                 f"(this one has {cluster.gpu_count}); leave it out or use a smaller --cluster"
             )
-        return Policy(name, planner, options=options.Options(time_limit_s=EXACT_TIME_LIMIT_S))
-    return Policy(name, planner)
+        return Partitioning(name, planner, options=options.Options(time_limit_s=EXACT_TIME_LIMIT_S))
+    return Partitioning(name, planner)
 
 
 @functools.cache
@@ -116,7 +117,7 @@ def static(
     *,
     config: migparted.ConfigFile | None = None,
     config_name: str = DEFAULT_STATIC_CONFIG,
-) -> Policy:
+) -> Partitioning:
     """The ``static`` policy: GPUs keep the layouts ``config_name`` of ``config`` gives them."""
     cfg = config if config is not None else bundled_config()
     start: dict[str, tuple[layouts.Layout, ...]] = {}
@@ -125,12 +126,12 @@ def static(
             continue
         placed = migparted.layout_for(cfg, config_name, model=group.model, gpus=group.gpus)
         start[group.model.id] = tuple(p.layout for p in placed)
-    return Policy("static", None, MappingProxyType(start))
+    return Partitioning("static", None, MappingProxyType(start))
 
 
-def fixed(name: str, start: Mapping[str, layouts.Layout]) -> Policy:
+def fixed(name: str, start: Mapping[str, layouts.Layout]) -> Partitioning:
     """A static policy giving every GPU of a model one layout."""
-    return Policy(name, None, MappingProxyType({m: (lay,) for m, lay in start.items()}))
+    return Partitioning(name, None, MappingProxyType({m: (lay,) for m, lay in start.items()}))
 
 
 def static_candidates(

@@ -27,12 +27,12 @@ SHARE_OF_BOUND_GOAL = 0.97
 MARK = "*"
 """Marks, in the table, a policy that left a kind of request unserved."""
 RULES = {
-    simulating.Mode.INFLATE: (
+    simulating.Replay.INFLATE: (
         "migpilot's allocation ratio is at least that of every policy that ran a pod of every "
         "kind of MIG request the cluster could serve, and at least "
         f"{100 * SHARE_OF_BOUND_GOAL:g}% of the LP upper bound"
     ),
-    simulating.Mode.FAITHFUL: (
+    simulating.Replay.FAITHFUL: (
         "migpilot schedules the most pods and has the lowest p99 pending time"
     ),
 }
@@ -155,7 +155,7 @@ def _leader(
 
 
 def rule_met(
-    results: Sequence[simulating.Result], *, mode: simulating.Mode, bound: float | None
+    results: Sequence[simulating.Result], *, mode: simulating.Replay, bound: float | None
 ) -> bool | None:
     """Whether migpilot met :data:`RULES` of ``mode`` on these results (``None``: not run).
 
@@ -167,7 +167,7 @@ def rule_met(
     if mine is None:
         return None
     others = [r for r in results if r is not mine]
-    if mode is simulating.Mode.INFLATE:
+    if mode is simulating.Replay.INFLATE:
         of_bound = share(mine.allocation_ratio, bound)
         return (of_bound is None or of_bound >= SHARE_OF_BOUND_GOAL) and all(
             mine.allocation_ratio >= r.allocation_ratio for r in others if r.serves_every_request
@@ -181,7 +181,7 @@ def rule_met(
 def document(
     results: Sequence[simulating.Result],
     *,
-    mode: simulating.Mode,
+    mode: simulating.Replay,
     bound: float | None,
     timing: bool = True,
 ) -> Document:
@@ -266,7 +266,7 @@ def summary(doc: Document, *, width: int = 100) -> list[str]:
         text = f"{_names(leader, rows)} {100 * leader['figure']:.1f}%"
         return text if of is None else f"{text} ({100 * of:.1f}% of the bound)"
 
-    if doc["mode"] == simulating.Mode.INFLATE.value:
+    if doc["mode"] == simulating.Replay.INFLATE.value:
         lines.append(
             f"  best serving every kind of request: {ratio(doc['best_serving_every_request'])}"
         )

@@ -51,6 +51,7 @@ from migpilot import errors
 from migpilot.mig import layouts, profiles
 from migpilot.planning import constraints, control, modes, plans, snapshot
 from migpilot.planning import unified as unifying
+from migpilot.sharing import mps as sharing_mps
 from migpilot.sim import clusters, policies, traces
 
 CpuClock = Callable[[], float]
@@ -61,7 +62,7 @@ class InvariantViolation(AssertionError):  # noqa: N818 - it is an assertion, na
     """The simulation broke one of its invariants: a bug in a policy or in the simulator."""
 
 
-class Mode(enum.StrEnum):
+class Replay(enum.StrEnum):
     """How a trace is replayed."""
 
     FAITHFUL = "faithful"
@@ -94,7 +95,7 @@ class Timing:
 class Settings:
     """How to simulate."""
 
-    mode: Mode = Mode.INFLATE
+    mode: Replay = Replay.INFLATE
     """Replay mode. Default inflate."""
     inflate_fraction: float = 1.3
     """Inflate mode: stop submitting once requests reach this share of the cluster's compute
@@ -139,7 +140,7 @@ class Result:
     """The figures of one simulation."""
 
     policy: str
-    mode: Mode
+    mode: Replay
     pods_total: int
     pods_scheduled: int
     pods_rejected: int
@@ -175,9 +176,9 @@ class Result:
     """As :attr:`allocation_ratio`, for GPU memory: the GB running pods asked (a unified pod its
     ``gpumem``/``gpumem-percentage`` of its node's model, rounded up to whole GB; a pod asking
     MIG profiles by name :attr:`traces.TracePod.memory_gb`, else its profiles' nominal GB) over
-    the cluster's GB (:func:`modes.memory_gb` per GPU); the pods sharing one GPU count together
-    for at most its memory. The same pod counts the same in every mode, so this shows what MPS
-    packs beyond MIG's fixed sizes (seven 4 GB pods fill an A100-80GB's seven 1g.10gb
+    the cluster's GB (:func:`sharing_mps.memory_gb` per GPU); the pods sharing one GPU count
+    together for at most its memory. The same pod counts the same in every mode, so this shows
+    what MPS packs beyond MIG's fixed sizes (seven 4 GB pods fill an A100-80GB's seven 1g.10gb
     instances: 100 % of its compute slices, 35 % of its memory)."""
 
     @property
@@ -208,7 +209,7 @@ def replayed(
     apart and never leaving, until the compute slices they request (on the model they resolve
     on first, the reference model first) reach ``inflate_fraction`` of the cluster's.
     """
-    if settings.mode is Mode.FAITHFUL:
+    if settings.mode is Replay.FAITHFUL:
         if not trace.timed:
             raise errors.TraceError(
                 f"{trace.name} has no arrival and deletion times; replay it with --mode inflate"
@@ -408,7 +409,7 @@ class _Simulation:
         *,
         trace: traces.Trace,
         cluster: clusters.Cluster,
-        policy: policies.Policy,
+        policy: policies.Partitioning,
         settings: Settings,
         cpu_clock: CpuClock,
         progress: Progress | None,
@@ -426,7 +427,7 @@ class _Simulation:
         self.seq = 0
         self.now = 0.0
         self.held_slices = 0
-        self.total_gb = sum(modes.memory_gb(n.model) * n.gpus for n in cluster.nodes)
+        self.total_gb = sum(sharing_mps.memory_gb(n.model) * n.gpus for n in cluster.nodes)
         self.held_gb = 0
         self.memory_area = 0.0
         self.samples: list[tuple[float, float]] = [(0.0, 0.0)]
@@ -484,7 +485,7 @@ class _Simulation:
         return out
 
     def _horizon(self) -> float:
-        if self.settings.mode is Mode.INFLATE:
+        if self.settings.mode is Replay.INFLATE:
             return math.inf
         end = 0.0
         for p in self.pods:
@@ -524,7 +525,7 @@ class _Simulation:
             if self.gated:
                 self._step()
             self._check()
-        end = self.now if self.settings.mode is Mode.INFLATE else self.horizon
+        end = self.now if self.settings.mode is Replay.INFLATE else self.horizon
         self._advance(max(end, self.now))
         if self.progress is not None:
             self.progress(1.0)
@@ -665,7 +666,7 @@ class _Simulation:
     def _share(self, gpu: _Gpu, *, slices: int, gb: int) -> None:
         """A running pod's share of ``gpu`` counted (or, negative, no longer): MPS clients and
         replicas share a GPU, so together they count for at most its compute and memory."""
-        cap_slices, cap_gb = gpu.model.compute_slices, modes.memory_gb(gpu.model)
+        cap_slices, cap_gb = gpu.model.compute_slices, sharing_mps.memory_gb(gpu.model)
         before = min(gpu.ts_asked, cap_slices), min(gpu.gb_asked, cap_gb)
         gpu.ts_asked += slices
         gpu.gb_asked += gb
@@ -1110,7 +1111,7 @@ class _Simulation:
                     where = f"{node.spec.name}/{gpu.index}"
                     raise InvariantViolation(f"shares asked of {where} drifted")
                 held += min(slices, gpu.model.compute_slices)
-                held_gb += min(gb, modes.memory_gb(gpu.model))
+                held_gb += min(gb, sharing_mps.memory_gb(gpu.model))
         if held != self.held_slices:
             raise InvariantViolation("held compute slices drifted")
         if held_gb != self.held_gb:
@@ -1123,7 +1124,7 @@ class _Simulation:
                 )
 
     def _result(self, end: float) -> Result:
-        if self.settings.mode is Mode.INFLATE:
+        if self.settings.mode is Replay.INFLATE:
             ratio = self.held_slices / self.total_slices
             memory = self.held_gb / self.total_gb
         else:
@@ -1221,7 +1222,7 @@ def _held(pod: _Pod) -> int:
     slices = _slices(pod.trace.demand, model)
     if slices is None:  # MIG has no profile for it (an MPS slice has finer sizes)
         share = sum(modes.unified_gb(a, model) * a.count for a in pod.trace.unified.asks)
-        return math.ceil(share * model.compute_slices / modes.memory_gb(model))
+        return math.ceil(share * model.compute_slices / sharing_mps.memory_gb(model))
     return slices
 
 
@@ -1231,7 +1232,7 @@ def _asked_gb(pod: _Pod) -> int:
     model = pod.node.spec.model
     if pod.trace.unified is None:
         if pod.trace.memory_gb is not None:
-            return min(pod.trace.memory_gb, modes.memory_gb(model) * len(pod.insts))
+            return min(pod.trace.memory_gb, sharing_mps.memory_gb(model) * len(pod.insts))
         return sum(model.profile_named(i.profile).nominal_gb for i in pod.insts)
     return sum(modes.unified_gb(a, model) * a.count for a in pod.trace.unified.asks)
 
@@ -1269,7 +1270,7 @@ def simulate(
     trace: traces.Trace,
     *,
     cluster: clusters.Cluster,
-    policy: policies.Policy,
+    policy: policies.Partitioning,
     settings: Settings = Settings(),
     cpu_clock: CpuClock = _no_clock,
     progress: Progress | None = None,
@@ -1308,7 +1309,7 @@ def best_static(
     settings: Settings = Settings(),
     candidates: int = STATIC_BEST_CANDIDATES,
     progress: Progress | None = None,
-) -> tuple[policies.Policy, Result]:
+) -> tuple[policies.Partitioning, Result]:
     """The ``static-best`` policy: one layout per GPU model, the best for this trace.
 
     For each model the ``candidates`` maximal layouts that best cover the instances the replay
@@ -1336,7 +1337,7 @@ def best_static(
     }
     choice = {mid: opts[0] for mid, opts in options.items()}
     best: Result | None = None
-    best_policy: policies.Policy | None = None
+    best_policy: policies.Partitioning | None = None
     total = sum(len(o) for o in options.values())
     done = 0
     tried: set[tuple[tuple[str, layouts.Layout], ...]] = set()

@@ -36,7 +36,8 @@ from typing import Any
 
 from migpilot import errors
 from migpilot.mig import profiles
-from migpilot.planning import modes, quantities, snapshot, unified
+from migpilot.planning import quantities, snapshot, unified
+from migpilot.sharing import mps as sharing_mps
 
 TERMINATED = frozenset({"Succeeded", "Failed"})
 """Pod phases whose containers hold no device any more."""
@@ -410,7 +411,7 @@ def _slice_fits(inst: Instance, ask: unified.GpuAsk | None) -> bool:
     if ask.memory_mib is not None and have < ask.memory_mib:
         return False
     if ask.memory_percent is not None and inst.model is not None:
-        total = modes.memory_gb(inst.model) * 1024
+        total = sharing_mps.memory_gb(inst.model) * 1024
         if have * 100 < ask.memory_percent * total:
             return False
     cores = inst.cores if inst.cores is not None else 100
