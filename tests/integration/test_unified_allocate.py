@@ -115,7 +115,7 @@ def start(
 ) -> Node:
     """Wired as ``migpilot agent --node`` wires the pool and the plugin."""
     book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
 
     def spec() -> gl.LayoutSpec | None:
         found = api.layout(NODE)
@@ -369,7 +369,7 @@ def test_a_gone_pods_instances_go_back_to_their_profile(
         assert kubelet.devices(GPU) == {uuid(0, 4): H}
         fingerprint = node.pool.fingerprint()
         api.delete_pod("ns", "p")
-        node.book.listed(api.list_pods(node=NODE).documents)
+        node.book.listed(api.list_pods(node=NODE).items)
         assert node.pool.fingerprint() != fingerprint  # a pass is due
         node.pass_()
         assert node.plugin.pod_allocations() == {}

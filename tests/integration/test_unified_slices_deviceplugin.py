@@ -82,7 +82,7 @@ class Node:
         return self.pool.update(self.slices.update(BARE))
 
     def pass_(self) -> None:
-        self.book.listed(self.api.list_pods(node=NODE).documents)
+        self.book.listed(self.api.list_pods(node=NODE).items)
         self.plugin.update(self.view())
 
     def states(self) -> dict[str, tuple[str, str | None]]:
@@ -119,7 +119,7 @@ def node(kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi, root: pathlib.Path)
     api.put_pod(pod_doc("a", 8000))
     api.put_pod(pod_doc("b", 16000, created="2026-01-01T00:00:05Z"))
     book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
 
     def spec() -> gl.LayoutSpec | None:
         found = api.layout(NODE)

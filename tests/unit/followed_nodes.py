@@ -24,7 +24,7 @@ def follow(api: kubeapi.InMemoryNodeApi, node: str) -> Followed:
     source = following.GpuLayoutSource(api, node=node)
     source.sync()
     book = standin.PodBook()
-    book.listed(api.list_pods(node=node).documents)
+    book.listed(api.list_pods(node=node).items)
 
     def reserving() -> gl.LayoutSpec | None:
         return source.acted_on.spec if source.acted_on is not None else None

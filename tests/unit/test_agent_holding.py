@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from migpilot.agent import holding, kubeapi, reconciling, standin
+from migpilot.agent import holding, reconciling, standin
 from migpilot.gpu import emulated
+from migpilot.kube import objects as kubeobjects
 from migpilot.mig import catalog, layouts
 
 H100 = catalog.resolve_gpu("h100-80gb")
@@ -69,7 +70,9 @@ def test_a_layout_that_drops_them_leaves_them_while_the_pods_are_bound() -> None
     assert left == ["1g.10gb@0", "1g.10gb@1", "3g.40gb@4"]
     # The pods go: the next pass removes them.
     book.changed(
-        kubeapi.WatchEvent(kubeapi.EventType.DELETED, _pod("a", "nvidia.com/mig-1g.10gb", 2))
+        kubeobjects.WatchEvent(
+            kubeobjects.EventType.DELETED, _pod("a", "nvidia.com/mig-1g.10gb", 2)
+        )
     )
     reconciler.reconcile(want)
     assert sorted(f"{d.profile}@{d.start}" for d in gpus.mig_devices(0)) == ["3g.40gb@4"]

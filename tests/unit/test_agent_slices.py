@@ -421,7 +421,7 @@ class Node:
 
     def step(self) -> reconciling.Report:
         self.source.sync()
-        self.book.listed(self.api.list_pods(node=NODE).documents)
+        self.book.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()
 
     def slices(self) -> dict[int, tuple[int, str, str | None]]:

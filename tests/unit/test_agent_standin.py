@@ -29,6 +29,7 @@ from migpilot.agent import (
 )
 from migpilot.agent.deviceplugin import devices
 from migpilot.gpu import clocks, emulated
+from migpilot.kube import objects as kubeobjects
 from migpilot.mig import catalog
 from tests.unit import followed_nodes
 
@@ -168,15 +169,19 @@ def test_pod_book_follows_lists_and_events() -> None:
     v = book.version(NODE)
     told.clear()
     # A status change that does not change what the stand-in sees tells nobody.
-    book.changed(kubeapi.WatchEvent(kubeapi.EventType.MODIFIED, pod_doc("p1", {R1G: 1})))
+    book.changed(kubeobjects.WatchEvent(kubeobjects.EventType.MODIFIED, pod_doc("p1", {R1G: 1})))
     assert told == [] and book.version(NODE) == v
     book.changed(
-        kubeapi.WatchEvent(kubeapi.EventType.MODIFIED, pod_doc("p1", {R1G: 1}, phase="Failed"))
+        kubeobjects.WatchEvent(
+            kubeobjects.EventType.MODIFIED, pod_doc("p1", {R1G: 1}, phase="Failed")
+        )
     )
     assert book.pods(NODE) == () and told == [NODE] and book.version(NODE) > v
-    book.changed(kubeapi.WatchEvent(kubeapi.EventType.ADDED, pod_doc("p2", {"bad": 1, R3G: 1})))
     book.changed(
-        kubeapi.WatchEvent(kubeapi.EventType.DELETED, pod_doc("x", {R1G: 1}, node="node-b"))
+        kubeobjects.WatchEvent(kubeobjects.EventType.ADDED, pod_doc("p2", {"bad": 1, R3G: 1}))
+    )
+    book.changed(
+        kubeobjects.WatchEvent(kubeobjects.EventType.DELETED, pod_doc("x", {R1G: 1}, node="node-b"))
     )
     assert [p.key for p in book.pods(NODE)] == ["default/p2"] and book.pods("node-b") == ()
 
@@ -206,7 +211,7 @@ class Node:
 
     def step(self) -> reconciling.Report:
         self.source.sync()
-        self.book.listed(self.api.list_pods(node=NODE).documents)
+        self.book.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()
 
     def uuid(self, text: str, gpu: int = 0) -> str:
@@ -315,7 +320,7 @@ def test_a_restarted_agent_gives_the_pods_the_devices_they_held(node: Node) -> N
     # even though the status still says used for the one b held.
     node.api.delete_pod("default", "b")
     node.api.put_pod(pod_doc("d", {R1G: 1}, created="2026-01-01T00:00:04Z"))
-    again.book.listed(node.api.list_pods(node=NODE).documents)
+    again.book.listed(node.api.list_pods(node=NODE).items)
     assert again.kubelet.assigned() == {"default/d": (node.uuid("1g.10gb@0"),)}
 
 
@@ -360,7 +365,7 @@ def test_the_first_assignment_waits_for_the_pod_list() -> None:
     view = running.node_view(state)
     kubelet.passed(state=state, report=None, labels={}, view=view)
     assert kubelet.assigned() == {}
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     kubelet.passed(state=state, report=None, labels={}, view=view)
     assert kubelet.assigned() == {"default/b": (first.uuid("1g.10gb@1"),)}
     api.close()
@@ -397,7 +402,7 @@ def test_a_pod_change_makes_a_pass_due(node: Node) -> None:
     node.api.put_spec(NODE, spec([inst("1g.10gb", 0)]))
     node.step()
     assert not node.agent.due()
-    node.book.changed(kubeapi.WatchEvent(kubeapi.EventType.ADDED, pod_doc("p", {R1G: 1})))
+    node.book.changed(kubeobjects.WatchEvent(kubeobjects.EventType.ADDED, pod_doc("p", {R1G: 1})))
     assert node.agent.due()
     # in_use sees the new pod at once, before the pass (nothing it holds can go meanwhile).
     assert node.kubelet.in_use() == {node.uuid("1g.10gb@0")}

@@ -258,7 +258,7 @@ def test_a_bound_pods_slice_dropped_before_allocate_is_remembered_and_kept_serve
     api.put_spec(NODE, mps_spec(slice_doc(5, 10, "ns/u")))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
     book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     pool = _pool(api, book)
     filt = slicing.SliceFilter(spec=lambda: _spec(api), held=pool.in_use)
     bare = devices.NodeDevices(gpus=(gpu(0),))
@@ -272,7 +272,7 @@ def test_a_bound_pods_slice_dropped_before_allocate_is_remembered_and_kept_serve
     (mine,) = pool.inputs(fresh=False).reservations["ns/u"]
     assert mine.uuid == "GPU-0::mps-5" and mine.memory_gb == 10
     api.delete_pod("ns", "u")
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     assert pool.update(filt.update(bare)).unified == frozenset()  # the pass forgets it
     assert pool.in_use() == frozenset()
     view = pool.update(filt.update(bare))  # and the next one no longer serves it
@@ -284,7 +284,7 @@ def test_an_allocated_slice_stays_in_the_pool_and_is_used_by_its_pod() -> None:
     api.put_spec(NODE, mps_spec(slice_doc(1, 20, "ns/u"), slice_doc(2, 10)))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
     book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     ledger = Ledger({"ns/u": resolving.PodAllocation("u", True, (("c", ("GPU-0::mps-1",)),))})
     pool = _pool(api, book)
     pool.attach(ledger)
@@ -303,7 +303,7 @@ def test_an_allocated_slice_stays_in_the_pool_and_is_used_by_its_pod() -> None:
     ]
     # The pod goes (a read confirms it): released, out of the pool.
     api.delete_pod("ns", "u")
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     assert pool.update(view).unified == frozenset()
     assert ledger.entries == {}
 
@@ -313,7 +313,7 @@ def test_a_unified_pod_on_slices_holds_no_mig_profile() -> None:
     api.put_spec(NODE, mps_spec(slice_doc(0, 10, "ns/u")))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
     book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     pool = _pool(api, book)
     pool.update(sliced(S(0, 0, 10), gpus=1))
     (bound,) = book.pods(NODE)
@@ -384,7 +384,7 @@ class Node:
     def step(self) -> reconciling.Report:
         self.cluster.source.sync()
         assert self.cluster.pods is not None
-        self.cluster.pods.listed(self.api.list_pods(node=NODE).documents)
+        self.cluster.pods.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()
 
     def slices(self) -> dict[int, tuple[int, str, str | None]]:

@@ -30,6 +30,7 @@ from migpilot.agent.deviceplugin import devices, resolving
 from migpilot.api import gpulayouts as gl
 from migpilot.cli import agent_cmd
 from migpilot.gpu import clocks, emulated
+from migpilot.kube import errors as kube_errors
 from migpilot.mig import catalog, layouts
 from migpilot.planning import unified
 
@@ -89,7 +90,7 @@ class Counting(kubeapi.InMemoryNodeApi):
 
     def patch_node_resources(self, node: str, resources: Mapping[str, str | None]) -> None:
         if self.refuse:
-            raise kubeapi.KubeApiError("nodes/status is forbidden")
+            raise kube_errors.KubeApiError("nodes/status is forbidden")
         self.patches += 1
         super().patch_node_resources(node, resources)
 
@@ -113,7 +114,7 @@ def test_the_counters_follow_the_gpus_into_the_node(caplog: pytest.LogCaptureFix
         counters.passed(state={}, report=None, labels={}, view=v)
 
     def node_status(part: str) -> dict[str, str]:
-        (doc,) = api.list_node(NODE).documents
+        (doc,) = api.list_node(NODE).items
         return dict(doc["status"][part])
 
     tell(view(True))
@@ -161,7 +162,7 @@ class Node:
 
     def step(self) -> reconciling.Report:
         self.cluster.source.sync()
-        self.book.listed(self.api.list_pods(node=NODE).documents)
+        self.book.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()
 
     def uuid(self, text: str, gpu: int = 0) -> str:
@@ -189,7 +190,7 @@ def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend) -> Node:
     source = following.GpuLayoutSource(api, node=NODE)
     source.sync()
     book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
 
     def reserving() -> gl.LayoutSpec | None:
         return source.acted_on.spec if source.acted_on is not None else None
@@ -321,7 +322,7 @@ def test_a_bound_pods_reservation_dropped_before_allocate_is_remembered(node: No
     book = standin.PodBook()
     alone = unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: _spec(api))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     v = running.node_view(reconciling.Reconciler(gpus, reconciling.InUseSet()).read())
     assert alone.update(v).unified == {x}
     assert alone.in_use() == frozenset()  # the spec protects it
@@ -331,7 +332,7 @@ def test_a_bound_pods_reservation_dropped_before_allocate_is_remembered(node: No
     inputs = alone.inputs(fresh=False)
     assert [i.uuid for i in inputs.reservations["ns/u"]] == [x]
     api.delete_pod("ns", "u")
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     assert alone.update(v).unified == frozenset() and alone.in_use() == frozenset()
 
 
@@ -353,7 +354,7 @@ def test_a_reservation_dropped_as_the_pod_binds_between_two_passes_is_remembered
     # Before the next pass: u is bound, the controller drops both reservations (gone was
     # re-planned elsewhere).
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 1}))
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     api.put_spec(NODE, spec([inst("1g.10gb", 0), inst("1g.10gb", 1)]))
     assert pool.update(v).unified == {"M0"}
     assert pool.in_use() == {"M0"}
@@ -450,7 +451,7 @@ def test_a_bound_unified_pod_without_instances_keeps_its_profiles_count() -> Non
     api = kubeapi.InMemoryNodeApi()
     api.put_pod(pod_doc("u", {GPU: 2, MEM: 8000}))
     book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: None)
     pool.update(running.node_view(reconciling.Reconciler(gpus, reconciling.InUseSet()).read()))
     (bound,) = book.pods(NODE)
@@ -469,7 +470,7 @@ def test_a_unified_pods_count_is_the_profiles_of_its_instances() -> None:
     api.put_spec(NODE, spec([inst("3g.40gb", 4, "ns/u")]))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 1000}))
     book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: _spec(api))
     gpu = devices.Gpu(0, "GPU-0", H100, "x", 1, True)
     pool.update(devices.NodeDevices(gpus=(gpu,)))

@@ -28,6 +28,8 @@ from migpilot.cli import main as cli
 from migpilot.controller import kubeapi, running
 from migpilot.controller import serving as controller_serving
 from migpilot.gpu import emulated
+from migpilot.kube import memory as kubememory
+from migpilot.kube import objects as kubeobjects
 from migpilot.webhook import leases as webhook_leases
 from migpilot.webhook import serving as webhook_serving
 from tests.kube import certs
@@ -252,13 +254,13 @@ def test_the_controllers_lines_on_a_pod_name_the_pod_and_its_node(
 ) -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         _, start, profile = _reserved(api, "n0")["ns/p"]
         await _agent_reports(
             api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
         )
-        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        await api.put(kubeobjects.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
         await _until("the pin", lambda: any("pinned" in m for m in caplog.messages))
 
     with caplog.at_level(logging.INFO, logger="migpilot.controller"):
@@ -356,11 +358,11 @@ def test_every_line_of_a_fleet_pass_names_its_node_and_a_pods_line_the_pod() -> 
             fleet_tests.spec([fleet_tests.inst("1g.10gb", 0, "ns/p" if node == "n0" else None)]),
         )
     api.put_node("bad", {fleet.EMULATED_GPUS_LABEL: "nope.x2"})
-    f.layouts_listed(api.list_layouts().documents)
-    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents)
+    f.layouts_listed(api.list_layouts().items)
+    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).items)
     f.drain()
     api.put_pod(fleet_tests.pod_doc("p", "n0", {fleet_tests.R1G: 1}))
-    f.pods.listed(api.list_pods(node=None).documents)
+    f.pods.listed(api.list_pods(node=None).items)
     f.drain()
     api.close()
     lines = [d for d in _lines(stream.getvalue()) if d["logger"].startswith("migpilot.agent")]
@@ -429,9 +431,14 @@ def test_the_webhooks_line_on_a_review_names_the_pod_and_its_node(tmp_path: Path
         host="127.0.0.1",
         port=0,
     )
-    lease = {"spec": {"holderIdentity": "c", "renewTime": "1970-01-01T00:01:40Z"}}
+    lease = {
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {"holderIdentity": "c", "renewTime": "1970-01-01T00:01:40Z"},
+    }
+    api = kubememory.InMemoryServer()
+    api.put(kubeobjects.Kind.LEASES, lease)
     freshness = webhook_leases.Freshness(
-        webhook_leases.StaticLease(lease), cache_s=2.0, clock=lambda: 100.0
+        webhook_leases.KubeLease(api, name="c", namespace="ns"), cache_s=2.0, clock=lambda: 100.0
     )
     context = ssl.create_default_context(cafile=ca.pair.cert)
     with webhook_serving.WebhookServer(settings, freshness=freshness) as server:

@@ -35,6 +35,7 @@ from typing import Protocol
 from migpilot import logs
 from migpilot.agent import kubeapi, reconciling
 from migpilot.agent.deviceplugin import devices
+from migpilot.kube import errors as kube_errors
 
 _log = logging.getLogger(__name__)
 
@@ -205,7 +206,7 @@ class CapacityPublisher:
             return False
         try:
             self._api.patch_node_resources(self._node, patch)
-        except kubeapi.KubeApiError as err:
+        except kube_errors.KubeApiError as err:
             _log.error("Node %s: device capacity not published: %s", self._node, err,
                        extra=logs.about(node=self._node))  # fmt: skip
             return False

@@ -57,6 +57,7 @@ from migpilot.agent import (
 from migpilot.agent.deviceplugin import devices
 from migpilot.api import gpulayouts
 from migpilot.gpu import backend, clocks, emulated
+from migpilot.kube import objects
 from migpilot.planning import modes
 
 _log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ EMULATED_GPUS_LABEL = "migpilot.io/emulated-gpus"
 one that selects the fleet's nodes."""
 
 
-DEFAULT_SELECTOR = kubeapi.LabelSelector(EMULATED_GPUS_LABEL)
+DEFAULT_SELECTOR = objects.LabelSelector(EMULATED_GPUS_LABEL)
 """The fleet's Nodes by default: those with the label :data:`EMULATED_GPUS_LABEL`."""
 DEFAULT_WORKERS = 32
 DEFAULT_INTERVAL_S = 30.0
@@ -165,7 +166,7 @@ class FleetSettings:
 
     kubeconfig: Path | None = None
     """The kubeconfig to reach the API server (:func:`run`); ``None``: in-cluster config."""
-    selector: kubeapi.LabelSelector = DEFAULT_SELECTOR
+    selector: objects.LabelSelector = DEFAULT_SELECTOR
     """The Nodes to run agents for (default: those with the label ``migpilot.io/emulated-gpus``;
     each needs that label in any case)."""
     workers: int = DEFAULT_WORKERS
@@ -305,8 +306,8 @@ class Fleet:
 
     def _join(self, doc: Mapping[str, Any]) -> None:
         node = str((doc.get("metadata") or {}).get("name", ""))
-        value = kubeapi.labels_of(doc).get(EMULATED_GPUS_LABEL)
-        mps_node = kubeapi.labels_of(doc).get(modes.MODE_LABEL) == modes.Mode.MPS.value
+        value = objects.labels_of(doc).get(EMULATED_GPUS_LABEL)
+        mps_node = objects.labels_of(doc).get(modes.MODE_LABEL) == modes.Mode.MPS.value
         with self._lock:
             self._mps_nodes[node] = mps_node
             have = self._members.get(node)
@@ -437,12 +438,12 @@ class Fleet:
         for doc in docs:
             self._join(doc)
 
-    def node_changed(self, event: kubeapi.WatchEvent) -> None:
+    def node_changed(self, event: objects.WatchEvent) -> None:
         """A selected Node appeared, changed, or went (or stopped matching)."""
-        if event.type is kubeapi.EventType.DELETED:
-            self._leave(str((event.document.get("metadata") or {}).get("name", "")))
+        if event.type is objects.EventType.DELETED:
+            self._leave(str((event.object.get("metadata") or {}).get("name", "")))
         else:
-            self._join(event.document)
+            self._join(event.object)
 
     def layouts_listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
         """Every GpuLayout as a list found them."""
@@ -455,10 +456,10 @@ class Fleet:
         for m in members:
             self._wake(m)
 
-    def layout_changed(self, event: kubeapi.WatchEvent) -> None:
+    def layout_changed(self, event: objects.WatchEvent) -> None:
         """One GpuLayout changed: its node's source takes it, and a pass is queued if due."""
-        name = str((event.document.get("metadata") or {}).get("name", ""))
-        doc = None if event.type is kubeapi.EventType.DELETED else event.document
+        name = str((event.object.get("metadata") or {}).get("name", ""))
+        doc = None if event.type is objects.EventType.DELETED else event.object
         with self._lock:
             if doc is None:
                 self._layouts.pop(name, None)
@@ -609,7 +610,7 @@ class Fleet:
 def run(settings: FleetSettings) -> int:
     """Connect, run the fleet until SIGTERM or SIGINT, exit code 0.
 
-    An API server that cannot be reached at start is a :class:`~kubeapi.KubeApiError`.
+    An API server that cannot be reached at start is a :class:`~kube_errors.KubeApiError`.
     """
     if settings.workers < 1:
         raise errors.AgentConfigError(f"--workers must be at least 1, got {settings.workers}")

@@ -1,9 +1,12 @@
-"""The node agent's Kubernetes API client: :class:`~kubeapi.NodeApi` over lightkube.
+"""The node agent's Kubernetes API client: :class:`~kubeapi.NodeApi` over the shared lightkube
+client.
 
-The only agent module that imports lightkube (an import-linter contract checks it). Each call
-is prepare (the body, from :mod:`migpilot.api.gpulayouts` or a plain dict) → send (one lightkube
-call) → interpret (raw JSON back, or :class:`~kubeapi.KubeApiError` with the server's message;
-410 Gone as :class:`~kubeapi.GoneError` so the caller lists again).
+The agent's adapter to :mod:`migpilot.kube.client`: each call of :class:`~kubeapi.NodeApi` is
+one call of it, with the request's selectors and body (:mod:`migpilot.kube.requests`) built
+here. The client sends it and interprets the answer: raw JSON back, or a
+:class:`~migpilot.kube.errors.KubeApiError` with the server's message (410 Gone as
+:class:`~migpilot.kube.errors.GoneError`, so the caller lists again). Imports no Kubernetes
+client itself (an import-linter contract checks it).
 """
 
 from __future__ import annotations
@@ -12,200 +15,136 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx2
-import lightkube
-from lightkube import operators
-from lightkube.generic_resource import create_global_resource
-from lightkube.resources.core_v1 import ConfigMap, Node, Pod
-from lightkube.types import PatchType
-
-from migpilot import kubeconfigs
 from migpilot.agent import kubeapi
 from migpilot.api import gpulayouts
+from migpilot.kube import client, objects, requests
 
-GpuLayout = create_global_resource(
-    gpulayouts.GROUP, gpulayouts.VERSION, gpulayouts.KIND, gpulayouts.PLURAL
-)
-WATCH_SERVER_TIMEOUT_S = 300
-"""The apiserver ends a watch after this many seconds; lightkube reopens it from the last
-version seen."""
+_AGENT = gpulayouts.AGENT_FIELD_MANAGER
 
 
 def connect(kubeconfig: Path | None) -> LightkubeNodeApi:
     """A client from a kubeconfig file, or the in-cluster service account without one (a bad
-    file: :class:`~migpilot.errors.ConfigError` naming it, :func:`kubeconfigs.load`)."""
-    config = kubeconfigs.load(kubeconfig)
-    # Proxies from the environment are not for the apiserver the kubeconfig names.
-    client = lightkube.Client(
-        config=config, field_manager=gpulayouts.AGENT_FIELD_MANAGER, trust_env=False
-    )
-    return LightkubeNodeApi(client)
-
-
-def _error(err: Exception) -> kubeapi.KubeApiError:
-    if isinstance(err, lightkube.ApiError):
-        text = f"{err.status.code} {err.status.reason}: {err.status.message}"
-        if err.status.code == 410:
-            return kubeapi.GoneError(text)
-        code = err.status.code or 0
-        return kubeapi.KubeApiError(text, transient=code == 429 or code >= 500)
-    return kubeapi.KubeApiError(f"the API server cannot be reached: {err}", transient=True)
-
-
-def _node_field(node: str | None) -> dict[str, Any]:
-    return {"spec.nodeName": operators.not_equal("") if node is None else node}
-
-
-def _labels(selector: kubeapi.LabelSelector) -> dict[str, Any]:
-    value = operators.exists() if selector.value is None else selector.value
-    return {selector.key: value}
+    file: :class:`~migpilot.errors.ConfigError` naming it)."""
+    return LightkubeNodeApi(client.Client.connect(kubeconfig, field_manager=_AGENT))
 
 
 class LightkubeNodeApi:
-    """:class:`~kubeapi.NodeApi` over a lightkube sync client."""
+    """:class:`~kubeapi.NodeApi` over :class:`migpilot.kube.client.Client`."""
 
-    def __init__(self, client: lightkube.Client) -> None:
-        self._client = client
+    def __init__(self, api: client.Client) -> None:
+        self._api = api
 
-    def list_layout(self, name: str) -> kubeapi.Listed:
-        """One list call with a field selector: the object (or none) and the list's version."""
-        try:
-            found = self._client.list(GpuLayout, fields={"metadata.name": name})
-            docs = [obj.to_dict() for obj in found]  # type: ignore[no-untyped-call]
-            version = found.resourceVersion
-        except (lightkube.ApiError, httpx2.HTTPError) as err:
-            raise _error(err) from None
-        return kubeapi.Listed(docs[0] if docs else None, version)
+    def list_layout(self, name: str) -> objects.Listed:
+        """One list call with a field selector: the object (none or one) and the list's
+        version."""
+        return self._api.list(objects.Kind.LAYOUTS, fields=(objects.named(name),))
 
-    def watch_layout(self, name: str, *, resource_version: str) -> Iterator[kubeapi.WatchEvent]:
+    def watch_layout(self, name: str, *, resource_version: str) -> Iterator[objects.WatchEvent]:
         """Watch events for ``name``; lightkube reopens the stream when the server ends it."""
-        events = self._client.watch(
-            GpuLayout,
-            fields={"metadata.name": name},
-            resource_version=resource_version,
-            server_timeout=WATCH_SERVER_TIMEOUT_S,
+        return self._api.watch(
+            objects.Kind.LAYOUTS, resource_version=resource_version, fields=(objects.named(name),)
         )
-        try:
-            for kind, obj in events:
-                if kind in kubeapi.EventType.__members__:
-                    doc = obj.to_dict()  # type: ignore[no-untyped-call]
-                    yield kubeapi.WatchEvent(kubeapi.EventType(kind), doc)
-        except (lightkube.ApiError, httpx2.HTTPError) as err:
-            raise _error(err) from None
 
-    def list_pods(self, *, node: str | None) -> kubeapi.ListedAll:
+    def list_pods(self, *, node: str | None) -> objects.Listed:
         """Pods in every namespace with ``spec.nodeName=node`` (``!=""`` for ``None``)."""
-        return self._list_all(Pod, namespace="*", fields=_node_field(node))
+        return self._api.list(objects.Kind.PODS, fields=(objects.on_node(node),))
 
     def get_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """One get; ``None`` on 404."""
-        try:
-            found = self._client.get(Pod, name, namespace=namespace)
-        except lightkube.ApiError as err:
-            if err.status.code == 404:
-                return None
-            raise _error(err) from None
-        except httpx2.HTTPError as err:
-            raise _error(err) from None
-        doc: Mapping[str, Any] = found.to_dict()
-        return doc
+        return self._api.get(objects.Kind.PODS, name, namespace=namespace)
 
     def watch_pods(
         self, *, node: str | None, resource_version: str
-    ) -> Iterator[kubeapi.WatchEvent]:
+    ) -> Iterator[objects.WatchEvent]:
         """Watch the pods :meth:`list_pods` selects."""
-        return self._watch_all(Pod, resource_version, namespace="*", fields=_node_field(node))
+        return self._api.watch(
+            objects.Kind.PODS, resource_version=resource_version, fields=(objects.on_node(node),)
+        )
 
-    def list_layouts(self) -> kubeapi.ListedAll:
+    def list_layouts(self) -> objects.Listed:
         """Every GpuLayout."""
-        return self._list_all(GpuLayout)
+        return self._api.list(objects.Kind.LAYOUTS)
 
-    def watch_layouts(self, *, resource_version: str) -> Iterator[kubeapi.WatchEvent]:
+    def watch_layouts(self, *, resource_version: str) -> Iterator[objects.WatchEvent]:
         """Watch every GpuLayout."""
-        return self._watch_all(GpuLayout, resource_version)
+        return self._api.watch(objects.Kind.LAYOUTS, resource_version=resource_version)
 
-    def list_nodes(self, *, selector: kubeapi.LabelSelector) -> kubeapi.ListedAll:
+    def list_nodes(self, *, selector: objects.LabelSelector) -> objects.Listed:
         """The Nodes ``selector`` selects."""
-        return self._list_all(Node, labels=_labels(selector))
+        return self._api.list(objects.Kind.NODES, labels=selector)
 
     def watch_nodes(
-        self, *, selector: kubeapi.LabelSelector, resource_version: str
-    ) -> Iterator[kubeapi.WatchEvent]:
+        self, *, selector: objects.LabelSelector, resource_version: str
+    ) -> Iterator[objects.WatchEvent]:
         """Watch the Nodes ``selector`` selects."""
-        return self._watch_all(Node, resource_version, labels=_labels(selector))
+        return self._api.watch(
+            objects.Kind.NODES, resource_version=resource_version, labels=selector
+        )
 
-    def list_node(self, name: str) -> kubeapi.ListedAll:
+    def list_node(self, name: str) -> objects.Listed:
         """The Node ``name`` (a list with a field selector: none or one)."""
-        return self._list_all(Node, fields={"metadata.name": name})
+        return self._api.list(objects.Kind.NODES, fields=(objects.named(name),))
 
-    def watch_node(self, name: str, *, resource_version: str) -> Iterator[kubeapi.WatchEvent]:
+    def watch_node(self, name: str, *, resource_version: str) -> Iterator[objects.WatchEvent]:
         """Watch the Node ``name``."""
-        return self._watch_all(Node, resource_version, fields={"metadata.name": name})
+        return self._api.watch(
+            objects.Kind.NODES, resource_version=resource_version, fields=(objects.named(name),)
+        )
 
-    def list_configmap(self, namespace: str, name: str) -> kubeapi.ListedAll:
+    def list_configmap(self, namespace: str, name: str) -> objects.Listed:
         """The ConfigMap ``namespace/name`` (none or one)."""
-        return self._list_all(ConfigMap, namespace=namespace, fields={"metadata.name": name})
+        return self._api.list(
+            objects.Kind.CONFIGMAPS, namespace=namespace, fields=(objects.named(name),)
+        )
 
     def watch_configmap(
         self, namespace: str, name: str, *, resource_version: str
-    ) -> Iterator[kubeapi.WatchEvent]:
+    ) -> Iterator[objects.WatchEvent]:
         """Watch that ConfigMap."""
-        return self._watch_all(
-            ConfigMap, resource_version, namespace=namespace, fields={"metadata.name": name}
-        )
-
-    def _list_all(self, res: Any, **selectors: Any) -> kubeapi.ListedAll:
-        try:
-            found = self._client.list(res, **selectors)
-            docs = tuple(obj.to_dict() for obj in found)
-            version = found.resourceVersion
-        except (lightkube.ApiError, httpx2.HTTPError) as err:
-            raise _error(err) from None
-        return kubeapi.ListedAll(docs, version)
-
-    def _watch_all(
-        self, res: Any, resource_version: str, **selectors: Any
-    ) -> Iterator[kubeapi.WatchEvent]:
-        events = self._client.watch(
-            res,
+        return self._api.watch(
+            objects.Kind.CONFIGMAPS,
             resource_version=resource_version,
-            server_timeout=WATCH_SERVER_TIMEOUT_S,
-            **selectors,
+            namespace=namespace,
+            fields=(objects.named(name),),
         )
-        try:
-            for kind, obj in events:
-                if kind in kubeapi.EventType.__members__:
-                    yield kubeapi.WatchEvent(kubeapi.EventType(kind), obj.to_dict())
-        except (lightkube.ApiError, httpx2.HTTPError) as err:
-            raise _error(err) from None
 
     def apply_layout_status(self, name: str, status: gpulayouts.LayoutStatus) -> None:
         """Server-side apply on ``status`` as ``migpilot-agent`` (forced: the agent owns it)."""
         body: dict[str, Any] = dict(gpulayouts.status_patch(name, status))
-        self._send_patch(GpuLayout.Status, name, body, PatchType.APPLY)
+        self._api.patch(
+            objects.Kind.LAYOUTS,
+            name,
+            body,
+            patch=objects.Patch.APPLY,
+            status=True,
+            field_manager=_AGENT,
+            force=True,
+        )
 
     def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None:
         """A merge patch of ``metadata.labels`` (``None`` deletes a key)."""
-        self._send_patch(Node, node, {"metadata": {"labels": dict(labels)}}, PatchType.MERGE)
+        self._api.patch(
+            objects.Kind.NODES,
+            node,
+            requests.node_labels_patch(labels),
+            patch=objects.Patch.MERGE,
+            field_manager=_AGENT,
+        )
 
     def patch_node_resources(self, node: str, resources: Mapping[str, str | None]) -> None:
         """A merge patch of ``status.capacity`` and ``status.allocatable``."""
-        body = {"status": {"capacity": dict(resources), "allocatable": dict(resources)}}
-        self._send_patch(Node.Status, node, body, PatchType.MERGE)
-
-    def _send_patch(self, res: Any, name: str, body: dict[str, Any], kind: PatchType) -> None:
-        try:
-            self._client.patch(
-                res,
-                name,
-                body,
-                patch_type=kind,
-                field_manager=gpulayouts.AGENT_FIELD_MANAGER,
-                force=kind is PatchType.APPLY,
-            )
-        except (lightkube.ApiError, httpx2.HTTPError) as err:
-            raise _error(err) from None
+        self._api.patch(
+            objects.Kind.NODES,
+            node,
+            requests.node_resources_patch(resources),
+            patch=objects.Patch.MERGE,
+            status=True,
+            field_manager=_AGENT,
+        )
 
     def close(self) -> None:
         """Close the connections."""
-        self._client.close()
+        self._api.close()
+
+
+_: type[kubeapi.NodeApi] = LightkubeNodeApi  # it is one (mypy checks)

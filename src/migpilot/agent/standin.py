@@ -37,6 +37,8 @@ from migpilot import errors, logs
 from migpilot.agent import kubeapi, reconciling
 from migpilot.agent.deviceplugin import advertising, devices, replicating, resolving
 from migpilot.api import gpulayouts
+from migpilot.kube import errors as kube_errors
+from migpilot.kube import objects
 from migpilot.planning import quantities, snapshot
 from migpilot.sharing import config as sharing_config
 
@@ -109,7 +111,7 @@ def bound_pod(doc: Mapping[str, Any]) -> BoundPod | None:
     terminated, no MIG request, no ``nvidia.com/gpu``). A bad request is a
     :class:`MigpilotError`."""
     meta = doc.get("metadata") or {}
-    node = kubeapi.node_name_of(doc)
+    node = objects.node_name_of(doc)
     if not node or resolving.terminated(doc):
         return None
     spec = doc.get("spec") or {}
@@ -199,11 +201,11 @@ class PodBook:
                 self._versions[node] = self._versions.get(node, 0) + 1
         self._tell(touched)
 
-    def changed(self, event: kubeapi.WatchEvent) -> None:
+    def changed(self, event: objects.WatchEvent) -> None:
         """Apply one watch event."""
-        meta = event.document.get("metadata") or {}
+        meta = event.object.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        pod = None if event.type is kubeapi.EventType.DELETED else self._read(event.document)
+        pod = None if event.type is objects.EventType.DELETED else self._read(event.object)
         touched: set[str] = set()
         with self._lock:
             old_node = self._where.pop(key, None)
@@ -245,7 +247,7 @@ class PodBook:
                 _log.warning(
                     "%s; it gets no device",
                     text,
-                    extra=logs.about(pod=pod, node=kubeapi.node_name_of(doc)),
+                    extra=logs.about(pod=pod, node=objects.node_name_of(doc)),
                 )
             return None
 
@@ -659,7 +661,7 @@ class SimulatedKubelet:
             return
         try:
             self._api.patch_node_resources(self._node, dict(patch))
-        except kubeapi.KubeApiError as err:
+        except kube_errors.KubeApiError as err:
             _log.error("Node %s: resources not published: %s", self._node, err,
                        extra=logs.about(node=self._node))  # fmt: skip
             return

@@ -44,6 +44,8 @@ from migpilot import errors, logs
 from migpilot.agent import kubeapi, reconciling, standin
 from migpilot.agent.deviceplugin import devices, resolving
 from migpilot.api import gpulayouts
+from migpilot.kube import errors as kube_errors
+from migpilot.kube import objects
 from migpilot.mig import profiles
 from migpilot.planning import modes, unified
 
@@ -163,8 +165,8 @@ class UnifiedPool:
         pods = [p.gpu for p in self._book.pods(self.node) if p.gpu is not None]
         if fresh:
             try:
-                docs = self._api.list_pods(node=self.node).documents
-            except kubeapi.KubeApiError as err:
+                docs = self._api.list_pods(node=self.node).items
+            except kube_errors.KubeApiError as err:
                 _log.warning("Node %s: pods not read again (%s); using the pod watch's",
                              self.node, err, extra=logs.about(node=self.node))  # fmt: skip
             else:
@@ -237,14 +239,14 @@ class UnifiedPool:
             namespace, _, name = key.partition("/")
             try:
                 doc = self._api.get_pod(namespace, name)
-            except kubeapi.KubeApiError as err:
+            except kube_errors.KubeApiError as err:
                 _log.warning("Node %s: pod %s not read (%s); its allocation is kept", self.node,
                              key, err, extra=logs.about(pod=key, node=self.node))  # fmt: skip
                 continue
             if (
                 doc is None
                 or resolving.terminated(doc)
-                or kubeapi.node_name_of(doc) != self.node
+                or objects.node_name_of(doc) != self.node
                 or (a.uid and _uid(doc) != a.uid)
             ):
                 gone.append(key)
@@ -422,7 +424,7 @@ class NodeCounters:
             return
         try:
             self._api.patch_node_resources(self._node, dict(want))
-        except kubeapi.KubeApiError as err:
+        except kube_errors.KubeApiError as err:
             _log.error("Node %s: unified counters not published: %s", self._node, err,
                        extra=logs.about(node=self._node))  # fmt: skip
             self._settled = False

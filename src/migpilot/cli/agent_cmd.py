@@ -485,7 +485,7 @@ def _cluster(
     pods = watching.retrying(
         lambda: api.list_pods(node=args.node), what=f"pods on {args.node}", patience_s=patience
     )
-    book.listed(pods.documents)
+    book.listed(pods.items)
 
     def spec() -> gpulayouts.LayoutSpec | None:
         return source.acted_on.spec if source.acted_on is not None else None

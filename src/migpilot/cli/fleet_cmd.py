@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import IO
 
 from migpilot import errors, logs
-from migpilot.agent import fleet, kubeapi
+from migpilot.agent import fleet
 from migpilot.agent.deviceplugin import devices
+from migpilot.kube import objects
 
 SIMULATED = "simulated"
 
@@ -114,14 +115,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=_run)
 
 
-def selector(text: str) -> kubeapi.LabelSelector:
+def selector(text: str) -> objects.LabelSelector:
     """``LABEL`` (the label exists) or ``LABEL=VALUE``; a one-line error otherwise."""
     key, sep, value = text.strip().partition("=")
     if not key or (sep and not value) or "," in text or "!" in key:
         raise errors.AgentConfigError(
             f"--fleet-selector {text!r} is not LABEL or LABEL=VALUE (one label)"
         )
-    return kubeapi.LabelSelector(key, value if sep else None)
+    return objects.LabelSelector(key, value if sep else None)
 
 
 def settings_from(args: argparse.Namespace) -> fleet.FleetSettings:
