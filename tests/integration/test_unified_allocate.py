@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
-from migpilot.agent import kubeapi, standin, unifying
+from migpilot.agent import boundpods, kubeapi, unifying
 from migpilot.agent.deviceplugin import allocating, devices, resolving, serving
 from migpilot.api import gpulayouts as gl
 from tests.integration.kubelet_fake import FakeKubelet
@@ -90,7 +90,7 @@ def layout_spec(
 @dataclass
 class Node:
     api: kubeapi.InMemoryNodeApi
-    book: standin.PodBook
+    book: boundpods.PodBook
     pool: unifying.UnifiedPool
     plugin: serving.DevicePlugin
     kubelet: FakeKubelet
@@ -114,7 +114,7 @@ def start(
     wait_s: float = 2.0,
 ) -> Node:
     """Wired as ``migpilot agent --node`` wires the pool and the plugin."""
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed(api.list_pods(node=NODE).items)
 
     def spec() -> gl.LayoutSpec | None:

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
-from migpilot.agent import kubeapi, slicing, standin, unifying
+from migpilot.agent import boundpods, kubeapi, slicing, unifying
 from migpilot.agent.deviceplugin import allocating, devices, resolving, serving
 from migpilot.api import gpulayouts as gl
 from migpilot.mig import catalog
@@ -72,7 +72,7 @@ def layout_spec(gpu0: list[dict[str, Any]], gpu1: list[dict[str, Any]]) -> dict[
 @dataclass
 class Node:
     api: kubeapi.InMemoryNodeApi
-    book: standin.PodBook
+    book: boundpods.PodBook
     slices: slicing.SliceFilter
     pool: unifying.UnifiedPool
     plugin: serving.DevicePlugin
@@ -118,7 +118,7 @@ def node(kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi, root: pathlib.Path)
     )
     api.put_pod(pod_doc("a", 8000))
     api.put_pod(pod_doc("b", 16000, created="2026-01-01T00:00:05Z"))
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed(api.list_pods(node=NODE).items)
 
     def spec() -> gl.LayoutSpec | None:

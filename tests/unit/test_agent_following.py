@@ -15,19 +15,11 @@ from typing import Any
 import pytest
 
 from migpilot import errors
-from migpilot.agent import (
-    desired,
-    following,
-    kubeapi,
-    metrics,
-    reconciling,
-    reporting,
-    running,
-    standin,
-)
+from migpilot.agent import desired, following, kubeapi, metrics, reconciling, reporting, running
 from migpilot.agent.deviceplugin import devices
 from migpilot.api import gpulayouts as gl
 from migpilot.gpu import backend, clocks, emulated
+from migpilot.kwok import standin
 from migpilot.mig import catalog, layouts
 
 H100 = catalog.resolve_gpu("h100-80gb")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from migpilot.agent import holding, reconciling, standin
+from migpilot.agent import boundpods, holding, reconciling
 from migpilot.gpu import emulated
 from migpilot.kube import objects as kubeobjects
 from migpilot.mig import catalog, layouts
@@ -35,7 +35,7 @@ def _gpus() -> emulated.EmulatedBackend:
 
 def test_bound_pods_keep_free_instances_beyond_those_known_in_use() -> None:
     gpus = _gpus()
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed(
         [
             _pod("a", "nvidia.com/mig-1g.10gb", 2),
@@ -55,7 +55,7 @@ def test_bound_pods_keep_free_instances_beyond_those_known_in_use() -> None:
 
 def test_a_layout_that_drops_them_leaves_them_while_the_pods_are_bound() -> None:
     gpus = _gpus()
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed([_pod("a", "nvidia.com/mig-1g.10gb", 2)])
     hold = holding.BoundPodsHold(book, node=NODE, gpus=gpus, allocated=reconciling.InUseSet())
     reconciler = reconciling.Reconciler(gpus, hold)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from migpilot import errors
 from migpilot.agent import (
+    boundpods,
     desired,
     following,
     kubeapi,
@@ -23,7 +24,6 @@ from migpilot.agent import (
     reporting,
     running,
     slicing,
-    standin,
 )
 from migpilot.agent import mps as agent_mps
 from migpilot.agent.deviceplugin import (
@@ -37,6 +37,7 @@ from migpilot.agent.deviceplugin import (
 from migpilot.api import gpulayouts as gl
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.gpu import mps as gpu_mps
+from migpilot.kwok import standin
 from migpilot.mig import catalog
 from migpilot.planning import modes
 from migpilot.sharing import config as sharing_config
@@ -414,7 +415,7 @@ class Node:
     api: kubeapi.InMemoryNodeApi
     gpus: emulated.EmulatedBackend
     source: following.GpuLayoutSource
-    book: standin.PodBook
+    book: boundpods.PodBook
     kubelet: standin.SimulatedKubelet
     daemons: gpu_mps.EmulatedMps
     agent: running.Agent
@@ -432,7 +433,8 @@ class Node:
 
 
 def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend, root: Path) -> Node:
-    """Wired as ``agent_cmd._cluster`` wires ``--kubelet simulated`` (no plugin)."""
+    """Part of what ``assembling.kube_side`` wires for ``--kubelet simulated`` (no plugin): the
+    stand-in, the slices and the reporter."""
     followed = followed_nodes.follow(api, NODE)
     source, book, reserving = followed.source, followed.book, followed.reserving
     kubelet = standin.SimulatedKubelet(
@@ -547,7 +549,7 @@ def test_slices_on_a_mig_enabled_gpu_are_refused_in_the_status(tmp_path: Path) -
 
 
 def test_bound_pod_reads_slice_requests() -> None:
-    got = standin.bound_pod(pod_doc("p", {"nvidia.com/gpu-10gb": 2, "cpu": "1"}))
+    got = boundpods.bound_pod(pod_doc("p", {"nvidia.com/gpu-10gb": 2, "cpu": "1"}))
     assert got is not None and got.requests == (("nvidia.com/gpu-10gb", 2),)
 
 

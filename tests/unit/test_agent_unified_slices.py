@@ -18,20 +18,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from migpilot.agent import (
+    assembling,
+    boundpods,
     holding,
     kubeapi,
     metrics,
     reconciling,
     running,
     slicing,
-    standin,
     unifying,
 )
 from migpilot.agent import mps as agent_mps
 from migpilot.agent.deviceplugin import advertising, devices, replicating, resolving
-from migpilot.cli import agent_cmd
 from migpilot.gpu import clocks, emulated
 from migpilot.gpu import mps as gpu_mps
+from migpilot.kwok import standin
 from migpilot.mig import catalog
 from migpilot.planning import modes, unified
 from migpilot.sharing import config as sharing_config
@@ -221,7 +222,7 @@ def mps_spec(*slices: dict[str, Any]) -> dict[str, Any]:
     return {"gpus": [{"index": 0, "mps": list(slices)}]}
 
 
-def _pool(api: kubeapi.InMemoryNodeApi, book: standin.PodBook) -> unifying.UnifiedPool:
+def _pool(api: kubeapi.InMemoryNodeApi, book: boundpods.PodBook) -> unifying.UnifiedPool:
     return unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: _spec(api))
 
 
@@ -236,7 +237,7 @@ def test_the_pool_sets_aside_the_slices_reserved_for_unified_pods() -> None:
             slice_doc(3, 20, "ns/later"),  # not served yet
         ),
     )
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed([])
     pool = _pool(api, book)
     view = sliced(S(0, 0, 10), S(0, 1, 10), S(0, 2, 20), gpus=1)
@@ -257,7 +258,7 @@ def test_a_bound_pods_slice_dropped_before_allocate_is_remembered_and_kept_serve
     api = kubeapi.InMemoryNodeApi()
     api.put_spec(NODE, mps_spec(slice_doc(5, 10, "ns/u")))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed(api.list_pods(node=NODE).items)
     pool = _pool(api, book)
     filt = slicing.SliceFilter(spec=lambda: _spec(api), held=pool.in_use)
@@ -283,7 +284,7 @@ def test_an_allocated_slice_stays_in_the_pool_and_is_used_by_its_pod() -> None:
     api = kubeapi.InMemoryNodeApi()
     api.put_spec(NODE, mps_spec(slice_doc(1, 20, "ns/u"), slice_doc(2, 10)))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed(api.list_pods(node=NODE).items)
     ledger = Ledger({"ns/u": resolving.PodAllocation("u", True, (("c", ("GPU-0::mps-1",)),))})
     pool = _pool(api, book)
@@ -312,7 +313,7 @@ def test_a_unified_pod_on_slices_holds_no_mig_profile() -> None:
     api = kubeapi.InMemoryNodeApi()
     api.put_spec(NODE, mps_spec(slice_doc(0, 10, "ns/u")))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed(api.list_pods(node=NODE).items)
     pool = _pool(api, book)
     pool.update(sliced(S(0, 0, 10), gpus=1))
@@ -369,13 +370,13 @@ def test_on_an_mps_node_every_gpu_with_mig_disabled_counts_slices_or_not() -> No
 class Node:
     api: kubeapi.InMemoryNodeApi
     gpus: emulated.EmulatedBackend
-    cluster: agent_cmd._Cluster
+    cluster: assembling.KubeSide
     agent: running.Agent
 
     @property
     def kubelet(self) -> standin.SimulatedKubelet:
-        assert self.cluster.simulated_kubelet is not None
-        return self.cluster.simulated_kubelet
+        assert isinstance(self.cluster.kubelet, standin.SimulatedKubelet)
+        return self.cluster.kubelet
 
     @property
     def uuid(self) -> str:
@@ -383,7 +384,6 @@ class Node:
 
     def step(self) -> reconciling.Report:
         self.cluster.source.sync()
-        assert self.cluster.pods is not None
         self.cluster.pods.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()
 
@@ -395,24 +395,17 @@ class Node:
 
 
 def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend, root: Path) -> Node:
-    """As ``agent_cmd._cluster`` and ``_Cluster.wire`` wire ``--kubelet simulated``."""
+    """As ``migpilot agent --kubelet simulated`` wires it (:func:`assembling.kube_side`)."""
     followed = followed_nodes.follow(api, NODE)
-    source, book, reserving = followed.source, followed.book, followed.reserving
-    pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=reserving)
-    kubelet = standin.SimulatedKubelet(
+    cluster = assembling.kube_side(
         api,
-        node=NODE,
+        source=followed.source,
+        pods=followed.book,
         strategy=devices.MigStrategy.MIXED,
-        pods=book,
-        spec=reserving,
-        held=lambda: standin.reported_used(source.layout()),
-        unified=lambda: pool.inputs(fresh=False),
-        held_by=lambda: standin.reported_used_by(source.layout()),
+        standin=standin.stand_in,
     )
-    pool.attach(kubelet)
-    layout_slices = slicing.SliceFilter(spec=reserving, layout=source.layout)
-    cluster = agent_cmd._Cluster(api, source, kubelet, book, None, pool, True, None, layout_slices)
-    in_use, listener = cluster.wire(reconciling.RunningProcesses(gpus), gpus=gpus)
+    wired = cluster.wire(reconciling.RunningProcesses(gpus), gpus=gpus)
+    in_use, listener = wired.in_use, wired.listener
     clock = clocks.VirtualClock()
     agent = running.Agent(
         gpus=gpus,

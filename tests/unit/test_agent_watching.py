@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from migpilot import probes
-from migpilot.agent import kubeapi, standin, watching
+from migpilot.agent import boundpods, kubeapi, watching
 from migpilot.kube import errors as kube_errors
 from migpilot.kube import objects as kubeobjects
 
@@ -46,7 +46,7 @@ def _pod(name: str, **limits: str) -> dict[str, Any]:
 
 
 def _follow_pods(
-    api: kubeapi.NodeApi, book: standin.PodBook, stop: threading.Event, health: probes.Watches
+    api: kubeapi.NodeApi, book: boundpods.PodBook, stop: threading.Event, health: probes.Watches
 ) -> threading.Thread:
     thread = threading.Thread(
         target=watching.follow,
@@ -71,7 +71,7 @@ def test_a_pod_with_a_huge_quantity_is_skipped_once_and_the_pod_watch_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     api = kubeapi.InMemoryNodeApi()
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     health = probes.Watches(time.monotonic)
     stop = threading.Event()
     with caplog.at_level(logging.WARNING):
@@ -117,7 +117,7 @@ class _Broken(kubeapi.InMemoryNodeApi):
 )
 def test_a_failing_pod_watch_is_down_in_healthz_and_restarts(error: Exception) -> None:
     api = _Broken(error)
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     health = probes.Watches(time.monotonic)
     stop = threading.Event()
     thread = _follow_pods(api, book, stop, health)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from migpilot.agent import fleet
 from migpilot.cli import fleet_cmd
 from migpilot.cli import main as cli
 from migpilot.kube import objects as kubeobjects
+from migpilot.kwok import fleet
 
 
 def settings(*argv: str) -> fleet.FleetSettings:

@@ -21,20 +21,20 @@ from typing import Any
 import pytest
 
 from migpilot import logs
-from migpilot.agent import fleet
+from migpilot.agent import assembling
 from migpilot.agent import kubeapi as agent_kubeapi
-from migpilot.cli import agent_cmd
 from migpilot.cli import main as cli
 from migpilot.controller import kubeapi, running
 from migpilot.controller import serving as controller_serving
 from migpilot.gpu import emulated
 from migpilot.kube import memory as kubememory
 from migpilot.kube import objects as kubeobjects
+from migpilot.kwok import fleet
 from migpilot.webhook import leases as webhook_leases
 from migpilot.webhook import serving as webhook_serving
 from tests.kube import certs
-from tests.unit import test_agent_fleet as fleet_tests
-from tests.unit import test_agent_standin as standin_tests
+from tests.unit import test_kwok_fleet as fleet_tests
+from tests.unit import test_kwok_standin as standin_tests
 from tests.unit.test_controller_running import (
     _agent_reports,
     _node,
@@ -185,7 +185,7 @@ def _command(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list
     if name == "webhook":
         monkeypatch.setattr(webhook_serving, "run", _logs_one)
         return _webhook_args(tmp_path)
-    monkeypatch.setattr(agent_cmd, "_run_once", _logs_one)
+    monkeypatch.setattr(assembling, "run_once", _logs_one)
     return [
         "agent",
         "--backend",
@@ -239,8 +239,8 @@ def test_the_agent_gives_its_node_to_every_line(
         return 0
 
     argv = _command("agent", tmp_path, monkeypatch)
-    monkeypatch.setattr(agent_cmd, "_run_once", once)
-    monkeypatch.setattr(agent_cmd, "_cluster", lambda *_, **__: None)  # no API server here
+    monkeypatch.setattr(assembling, "run_once", once)
+    monkeypatch.setattr(assembling, "connect_cluster", lambda *_, **__: None)  # no API server here
     assert cli.main([*argv, "--node", "gpu-7", "--log-format", "json"], out=io.StringIO()) == 0
     doc = _json_line(capsys)
     assert (doc["message"], doc["node"]) == ("reconciled", "gpu-7")
@@ -365,18 +365,22 @@ def test_every_line_of_a_fleet_pass_names_its_node_and_a_pods_line_the_pod() -> 
     f.pods.listed(api.list_pods(node=None).items)
     f.drain()
     api.close()
-    lines = [d for d in _lines(stream.getvalue()) if d["logger"].startswith("migpilot.agent")]
+    lines = [
+        d
+        for d in _lines(stream.getvalue())
+        if d["logger"].startswith(("migpilot.agent", "migpilot.kwok"))
+    ]
     assert lines and all(d.get("node") in ("n0", "n1", "bad") for d in lines), lines
     by_logger = {(d["logger"], d["node"]) for d in lines}
     assert {
-        ("migpilot.agent.fleet", "n0"),
-        ("migpilot.agent.fleet", "bad"),  # refused: its label names no GPUs
+        ("migpilot.kwok.fleet", "n0"),
+        ("migpilot.kwok.fleet", "bad"),  # refused: its label names no GPUs
         ("migpilot.agent.running", "n0"),  # the reconciler's actions, named by the pass
         ("migpilot.agent.running", "n1"),
         ("migpilot.agent.following", "n1"),  # the GpuLayout status written
     } <= by_logger
     (gets,) = [d for d in lines if "pod ns/p gets" in d["message"]]
-    assert (gets["logger"], gets["pod"], gets["node"]) == ("migpilot.agent.standin", "ns/p", "n0")
+    assert (gets["logger"], gets["pod"], gets["node"]) == ("migpilot.kwok.standin", "ns/p", "n0")
     assert all(d["node"] in d["message"] for d in lines if "Node " in d["message"])
 
 

@@ -29,7 +29,7 @@ by device ID (``<gpu-uuid>::mps-<id>``), as :class:`resolving.Instance` values t
 slices, and the plugin answers their Allocate with the slice's MPS settings.
 
 A shell module: the API through :class:`~kubeapi.NodeApi`, the pods through
-:class:`~standin.PodBook`; it imports neither a Kubernetes client nor gRPC (import-linter).
+:class:`~boundpods.PodBook`; it imports neither a Kubernetes client nor gRPC (import-linter).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 from migpilot import errors, logs
-from migpilot.agent import kubeapi, reconciling, standin
+from migpilot.agent import boundpods, kubeapi, reconciling
 from migpilot.agent.deviceplugin import devices, resolving
 from migpilot.api import gpulayouts
 from migpilot.kube import errors as kube_errors
@@ -110,7 +110,7 @@ class UnifiedPool:
         api: kubeapi.NodeApi,
         *,
         node: str,
-        pods: standin.PodBook,
+        pods: boundpods.PodBook,
         spec: Callable[[], gpulayouts.LayoutSpec | None],
         allocated: Allocations | None = None,
     ) -> None:
@@ -200,7 +200,7 @@ class UnifiedPool:
                 if (uuid := by_pos.get(spot.at)) is not None
             )
 
-    def profiles_for(self, pod: standin.BoundPod) -> tuple[str, ...]:
+    def profiles_for(self, pod: boundpods.BoundPod) -> tuple[str, ...]:
         """The profiles a bound unified pod holds or is about to get (its reserved or
         allocated instances; without any, its asks resolved on the node's first MIG GPU
         model that serves them), for ``holding.BoundPodsHold``. A pod served by MPS slices
@@ -318,7 +318,7 @@ def _gpu_pod(doc: Mapping[str, Any]) -> resolving.GpuPod | None:
     try:
         return resolving.gpu_pod(doc)
     except errors.MigpilotError:
-        return None  # the pod watch logs it (standin.PodBook)
+        return None  # the pod watch logs it (boundpods.PodBook)
 
 
 def _uid(doc: Mapping[str, Any]) -> str:

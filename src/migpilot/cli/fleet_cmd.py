@@ -1,7 +1,7 @@
 """``migpilot fleet``: the simulated agents of many KWOK nodes in one process, as a command.
 
-Thin: flags become :class:`migpilot.agent.fleet.FleetSettings`, then
-:func:`migpilot.agent.fleet.run` until SIGTERM or SIGINT. A separate command rather than
+Thin: flags become :class:`migpilot.kwok.fleet.FleetSettings`, then
+:func:`migpilot.kwok.fleet.run` until SIGTERM or SIGINT. A separate command rather than
 ``migpilot agent --fleet``: almost none of the single agent's flags (backend, state file,
 configs, kubelet folder, device plugin) mean anything for a fleet.
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import IO
 
 from migpilot import errors, logs
-from migpilot.agent import fleet
 from migpilot.agent.deviceplugin import devices
 from migpilot.kube import objects
+from migpilot.kwok import fleet
 
 SIMULATED = "simulated"
 

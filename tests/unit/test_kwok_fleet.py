@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from migpilot import errors
-from migpilot.agent import fleet, kubeapi, usage
+from migpilot.agent import kubeapi, usage
 from migpilot.api import gpulayouts as gl
 from migpilot.gpu import clocks, emulated
 from migpilot.kube import errors as kube_errors
 from migpilot.kube import objects as kubeobjects
+from migpilot.kwok import fleet
 
 LABEL = fleet.EMULATED_GPUS_LABEL
 R1G = "nvidia.com/mig-1g.10gb"
@@ -274,7 +275,7 @@ def test_nodes_come_and_go_and_a_bad_label_is_logged(
     running: Running, caplog: pytest.LogCaptureFixture
 ) -> None:
     api = running.api
-    caplog.set_level(logging.ERROR, logger="migpilot.agent.fleet")
+    caplog.set_level(logging.ERROR, logger="migpilot.kwok.fleet")
     api.put_node("bad", {LABEL: "nope.x2"})
     api.put_node("n0", {LABEL: "a100-80gb.x1"})
     _wait(lambda: running.fleet.members() == ["n0"])
