@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from migpilot.agent import kubeapi  # noqa: E402
+from migpilot.agent.cluster import kubeapi  # noqa: E402
 from migpilot.api import gpulayouts  # noqa: E402
 from migpilot.gpu import emulated  # noqa: E402
 from migpilot.kwok import fleet  # noqa: E402

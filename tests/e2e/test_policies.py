@@ -45,7 +45,7 @@ from lightkube.resources.admissionregistration_v1 import (
 )
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 
-from migpilot.agent import kube as agent_kube
+from migpilot.agent.cluster import kube as agent_kube
 from migpilot.api import gpulayouts as gl
 from migpilot.controller import kube as controller_kube
 from migpilot.controller import observing, pinning

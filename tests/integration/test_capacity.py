@@ -13,7 +13,8 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
-from migpilot.agent import capacity, following, kubeapi, metrics, reconciling, running
+from migpilot.agent import metrics, reconciling, running
+from migpilot.agent.cluster import capacity, following, kubeapi
 from migpilot.agent.deviceplugin import devices, health, podresources, serving
 from migpilot.gpu import clocks, emulated
 from migpilot.kube import errors as kube_errors

@@ -18,8 +18,9 @@ from typing import Any
 import grpc
 import pytest
 
-from migpilot.agent import boundpods, kubeapi, unifying
+from migpilot.agent.cluster import boundpods, kubeapi
 from migpilot.agent.deviceplugin import allocating, devices, resolving, serving
+from migpilot.agent.sharing import unifying
 from migpilot.api import gpulayouts as gl
 from tests.integration.kubelet_fake import FakeKubelet
 from tests.integration.test_deviceplugin import make_node

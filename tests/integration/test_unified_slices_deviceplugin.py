@@ -17,8 +17,9 @@ from typing import Any
 import grpc
 import pytest
 
-from migpilot.agent import boundpods, kubeapi, slicing, unifying
+from migpilot.agent.cluster import boundpods, kubeapi
 from migpilot.agent.deviceplugin import allocating, devices, resolving, serving
+from migpilot.agent.sharing import slicing, unifying
 from migpilot.api import gpulayouts as gl
 from migpilot.mig import catalog
 from tests.integration.kubelet_fake import FakeKubelet

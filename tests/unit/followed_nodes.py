@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from migpilot.agent import boundpods, following, kubeapi
+from migpilot.agent.cluster import boundpods, following, kubeapi
 from migpilot.api import gpulayouts as gl
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from migpilot import errors
-from migpilot.agent import assembling, boundpods, following, kubeapi, reconciling
+from migpilot.agent import assembling, reconciling
 from migpilot.agent import metrics as agent_metrics
 from migpilot.agent import running as agent_running
+from migpilot.agent.cluster import boundpods, following, kubeapi
 from migpilot.agent.deviceplugin import devices
 from migpilot.cli import agent_cmd
 from migpilot.cli import main as cli

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from migpilot.agent import boundpods, holding, reconciling
+from migpilot.agent import reconciling
+from migpilot.agent.cluster import boundpods, holding
+from migpilot.agent.rules import changes
 from migpilot.gpu import emulated
 from migpilot.kube import objects as kubeobjects
 from migpilot.mig import catalog, layouts
@@ -61,7 +63,7 @@ def test_a_layout_that_drops_them_leaves_them_while_the_pods_are_bound() -> None
     reconciler = reconciling.Reconciler(gpus, hold)
     # The desired layout keeps only the 3g.40gb: the two held 1g.10gb stay, the third goes.
     want = {
-        0: reconciling.DesiredGpu(
+        0: changes.DesiredGpu(
             mig_enabled=True, layout=layouts.Layout.of([layouts.Instance(4, "3g.40gb")])
         )
     }

@@ -14,18 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from migpilot import errors
-from migpilot.agent import (
-    boundpods,
-    desired,
-    following,
-    kubeapi,
-    metrics,
-    reconciling,
-    reporting,
-    running,
-    slicing,
-)
-from migpilot.agent import mps as agent_mps
+from migpilot.agent import metrics, reconciling, running
+from migpilot.agent.cluster import boundpods, following, kubeapi, reporting
 from migpilot.agent.deviceplugin import (
     advertising,
     allocating,
@@ -34,6 +24,9 @@ from migpilot.agent.deviceplugin import (
     serving,
     slices,
 )
+from migpilot.agent.rules import changes, desired
+from migpilot.agent.sharing import mps as agent_mps
+from migpilot.agent.sharing import slicing
 from migpilot.api import gpulayouts as gl
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.gpu import mps as gpu_mps
@@ -356,19 +349,19 @@ def test_the_filter_keeps_a_slice_the_status_reported_after_a_restart() -> None:
 # --- the status and the desired layouts ---------------------------------------------------------
 
 
-def _state(*, mig: bool) -> dict[int, reconciling.GpuState]:
+def _state(*, mig: bool) -> dict[int, changes.GpuState]:
     gpus = emulated.EmulatedBackend([H100], durable=False, mig_enabled=mig)
     try:
         info = gpus.gpus()[0]
     finally:
         gpus.close()
-    return {0: reconciling.GpuState(info, ())}
+    return {0: changes.GpuState(info, ())}
 
 
 def test_the_status_lists_a_mig_off_gpu_with_its_slices_or_on_an_mps_node() -> None:
     state = _state(mig=False)
     slice_status = {0: (gl.SliceStatus(0, 10, None, gl.InstanceState.FREE),)}
-    report = reconciling.Report(devices={}, applied=(), refusals=(), converged=True, duration_s=0.0)
+    report = changes.Report(devices={}, applied=(), refusals=(), converged=True, duration_s=0.0)
     kw: dict[str, Any] = {
         "state": state, "in_use": frozenset(), "spec": None, "generation": 1,
         "report": report, "now": T0,
@@ -392,7 +385,7 @@ def test_a_spec_with_slices_never_asks_for_a_mig_mode_change(mig: bool) -> None:
     assert desired.from_gpulayout(spec, gpus=[info]) == {}
     empty = gl.LayoutSpec((gl.GpuSpec(0, None, ()),))
     want = desired.from_gpulayout(empty, gpus=[info])
-    assert want == ({0: reconciling.DesiredGpu(True, want[0].layout)} if mig else {})
+    assert want == ({0: changes.DesiredGpu(True, want[0].layout)} if mig else {})
 
 
 # --- the agent in process, with the simulated kubelet and the emulated daemon --------------------
@@ -420,7 +413,7 @@ class Node:
     daemons: gpu_mps.EmulatedMps
     agent: running.Agent
 
-    def step(self) -> reconciling.Report:
+    def step(self) -> changes.Report:
         self.source.sync()
         self.book.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()

@@ -17,19 +17,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from migpilot.agent import (
-    assembling,
-    boundpods,
-    holding,
-    kubeapi,
-    metrics,
-    reconciling,
-    running,
-    slicing,
-    unifying,
-)
-from migpilot.agent import mps as agent_mps
+from migpilot.agent import assembling, metrics, reconciling, running
+from migpilot.agent.cluster import boundpods, holding, kubeapi
 from migpilot.agent.deviceplugin import advertising, devices, replicating, resolving
+from migpilot.agent.rules import changes
+from migpilot.agent.sharing import mps as agent_mps
+from migpilot.agent.sharing import slicing, unifying
 from migpilot.gpu import clocks, emulated
 from migpilot.gpu import mps as gpu_mps
 from migpilot.kwok import standin
@@ -382,7 +375,7 @@ class Node:
     def uuid(self) -> str:
         return self.gpus.gpus()[0].uuid
 
-    def step(self) -> reconciling.Report:
+    def step(self) -> changes.Report:
         self.cluster.source.sync()
         self.cluster.pods.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()

@@ -16,18 +16,11 @@ from typing import Any
 
 import pytest
 
-from migpilot.agent import (
-    assembling,
-    boundpods,
-    following,
-    holding,
-    kubeapi,
-    metrics,
-    reconciling,
-    running,
-    unifying,
-)
+from migpilot.agent import assembling, metrics, reconciling, running
+from migpilot.agent.cluster import boundpods, following, holding, kubeapi
 from migpilot.agent.deviceplugin import devices, resolving
+from migpilot.agent.rules import changes
+from migpilot.agent.sharing import unifying
 from migpilot.api import gpulayouts as gl
 from migpilot.gpu import clocks, emulated
 from migpilot.kube import errors as kube_errors
@@ -159,7 +152,7 @@ class Node:
     def pool(self) -> unifying.UnifiedPool:
         return self.cluster.pool
 
-    def step(self) -> reconciling.Report:
+    def step(self) -> changes.Report:
         self.cluster.source.sync()
         self.book.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()
@@ -448,7 +441,7 @@ def test_a_bound_unified_pod_without_instances_keeps_its_profiles_count() -> Non
     hold = holding.BoundPodsHold(
         book, node=NODE, gpus=gpus, allocated=reconciling.InUseSet(), unified=pool.profiles_for
     )
-    want = {0: reconciling.DesiredGpu(mig_enabled=True, layout=layouts.Layout.of([]))}
+    want = {0: changes.DesiredGpu(mig_enabled=True, layout=layouts.Layout.of([]))}
     reconciling.Reconciler(gpus, hold).reconcile(want)
     assert sorted(str(d) for d in gpus.mig_devices(0)) == ["1g.10gb@0", "1g.10gb@1"]
     gpus.close()

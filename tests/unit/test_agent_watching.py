@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from migpilot import probes
-from migpilot.agent import boundpods, kubeapi, watching
+from migpilot.agent.cluster import boundpods, kubeapi, watching
 from migpilot.kube import errors as kube_errors
 from migpilot.kube import objects as kubeobjects
 

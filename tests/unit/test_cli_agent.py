@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from migpilot.agent import assembling, kubeapi
+from migpilot.agent import assembling
+from migpilot.agent.cluster import kubeapi
 from migpilot.cli import agent_cmd
 from migpilot.cli import main as cli
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from migpilot import errors
-from migpilot.agent import kubeapi, usage
+from migpilot.agent import usage
+from migpilot.agent.cluster import kubeapi
 from migpilot.api import gpulayouts as gl
 from migpilot.gpu import clocks, emulated
 from migpilot.kube import errors as kube_errors

@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 from migpilot import errors
-from migpilot.agent import boundpods, following, kubeapi, metrics, reconciling, running, watching
+from migpilot.agent import metrics, reconciling, running
+from migpilot.agent.cluster import boundpods, following, kubeapi, watching
 from migpilot.agent.deviceplugin import devices
+from migpilot.agent.rules import changes
 from migpilot.gpu import clocks, emulated
 from migpilot.kube import objects as kubeobjects
 from migpilot.kwok import standin
@@ -202,7 +204,7 @@ class Node:
     kubelet: standin.SimulatedKubelet
     agent: running.Agent
 
-    def step(self) -> reconciling.Report:
+    def step(self) -> changes.Report:
         self.source.sync()
         self.book.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()

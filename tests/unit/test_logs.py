@@ -22,7 +22,7 @@ import pytest
 
 from migpilot import logs
 from migpilot.agent import assembling
-from migpilot.agent import kubeapi as agent_kubeapi
+from migpilot.agent.cluster import kubeapi as agent_kubeapi
 from migpilot.cli import main as cli
 from migpilot.controller import kubeapi, running
 from migpilot.controller import serving as controller_serving
@@ -377,7 +377,7 @@ def test_every_line_of_a_fleet_pass_names_its_node_and_a_pods_line_the_pod() -> 
         ("migpilot.kwok.fleet", "bad"),  # refused: its label names no GPUs
         ("migpilot.agent.running", "n0"),  # the reconciler's actions, named by the pass
         ("migpilot.agent.running", "n1"),
-        ("migpilot.agent.following", "n1"),  # the GpuLayout status written
+        ("migpilot.agent.cluster.following", "n1"),  # the GpuLayout status written
     } <= by_logger
     (gets,) = [d for d in lines if "pod ns/p gets" in d["message"]]
     assert (gets["logger"], gets["pod"], gets["node"]) == ("migpilot.kwok.standin", "ns/p", "n0")

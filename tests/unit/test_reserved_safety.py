@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from migpilot.agent import desired
+from migpilot.agent.rules import desired
 from migpilot.api import gpulayouts as gl
 from migpilot.controller import kubeapi, observing, pinning, running
 from migpilot.gpu import backend

@@ -14,9 +14,8 @@ node without a kubelet (KWOK) the caller hands in the stand-in kubelet's factory
 (:data:`StandinFactory`): the agent never imports the KWOK tools, it only knows what a stand-in
 must do (:class:`Standin`).
 
-A shell module: it imports no Kubernetes client (the agent's adapter :mod:`~migpilot.agent.kube`
-does) and no gRPC itself (the device plugin's server does).
-"""
+A shell module: it imports no Kubernetes client (the agent's adapter
+:mod:`~migpilot.agent.cluster.kube` does) and no gRPC itself (the device plugin's server does)."""
 
 from __future__ import annotations
 
@@ -34,27 +33,22 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from migpilot import errors, logs, probes
-from migpilot.agent import (
+from migpilot.agent import metrics as agent_metrics
+from migpilot.agent import reconciling, running, sampling, usage
+from migpilot.agent.cluster import (
     boundpods,
     capacity,
-    desired,
     following,
     holding,
     kube,
     kubeapi,
-    reconciling,
-    running,
-    sampling,
-    sharingconfig,
-    slicing,
     statics,
-    unifying,
-    usage,
     watching,
 )
-from migpilot.agent import metrics as agent_metrics
-from migpilot.agent import mps as agent_mps
 from migpilot.agent.deviceplugin import allocating, devices, podresources, resolving, serving
+from migpilot.agent.rules import changes, desired
+from migpilot.agent.sharing import mps as agent_mps
+from migpilot.agent.sharing import sharingconfig, slicing, unifying
 from migpilot.api import gpulayouts
 from migpilot.gpu import backend, clocks, emulated, nvml
 from migpilot.gpu import mps as gpu_mps
@@ -308,7 +302,7 @@ class KubeSide:
     source: following.GpuLayoutSource
     pods: boundpods.PodBook
     """The pods bound to the node (the simulated kubelet assigns them devices, and on any node
-    their counts keep instances from being destroyed, :mod:`~migpilot.agent.holding`)."""
+    their counts keep instances from being destroyed, :mod:`~migpilot.agent.cluster.holding`)."""
     pool: unifying.UnifiedPool
     """The instances set aside for unified pods (``nvidia.com/gpu``), Allocate's inputs."""
     slices: slicing.SliceFilter
@@ -824,15 +818,13 @@ def run_once(
             client.close()
     for applied in report.applied:
         detail = f": {applied.detail}" if applied.detail else ""
-        out.write(f"{applied.outcome.value:8} {applied.action}{detail}\n")
+        out.write(f"{applied.outcome.value:8} {applied.change}{detail}\n")
     for refusal in report.refusals:
         out.write(f"not done {refusal}\n")
     for index in sorted(report.devices):
         layout = report.layout(index)
         out.write(f"GPU {index}: {layout if layout.instances else '(no MIG instances)'}\n")
-    failed = report.outcomes(reconciling.Outcome.FAILED) or report.outcomes(
-        reconciling.Outcome.REFUSED
-    )
+    failed = report.outcomes(changes.Outcome.FAILED) or report.outcomes(changes.Outcome.REFUSED)
     if report.converged and not report.refusals and not failed:
         return 0
     return EXIT_NOT_CONVERGED

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import IO
 
 from migpilot import digits, errors, logs
-from migpilot.agent import assembling, watching
+from migpilot.agent import assembling
+from migpilot.agent.cluster import watching
 from migpilot.agent.deviceplugin import devices
 from migpilot.kwok import standin
 

@@ -22,10 +22,9 @@ due (:meth:`running.Agent.due`); again ``interval_s`` after a pass that left wor
 retry it), and otherwise only every ``resync_s``, since nothing else changes a fleet node. A node is
 never in two passes at once, and a change during a pass queues one more (:class:`WorkQueue`).
 
-A shell module: it talks to the API only through :class:`~kubeapi.NodeApi` (:func:`run` opens
-the lightkube one from :mod:`migpilot.agent.kube`); never imports a Kubernetes client itself,
-nor gRPC: no device plugin is served (import-linter contracts).
-"""
+A shell module: it talks to the API only through :class:`~kubeapi.NodeApi` (:func:`run` opens the
+lightkube one from :mod:`migpilot.agent.cluster.kube`); never imports a Kubernetes client itself,
+nor gRPC: no device plugin is served (import-linter contracts)."""
 
 from __future__ import annotations
 
@@ -40,21 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from migpilot import errors, logs, probes
-from migpilot.agent import (
-    assembling,
-    boundpods,
-    following,
-    kube,
-    kubeapi,
-    metrics,
-    reconciling,
-    running,
-    sampling,
-    unifying,
-    usage,
-    watching,
-)
+from migpilot.agent import assembling, metrics, reconciling, running, sampling, usage
+from migpilot.agent.cluster import boundpods, following, kube, kubeapi, watching
 from migpilot.agent.deviceplugin import devices
+from migpilot.agent.rules import changes
+from migpilot.agent.sharing import unifying
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.kube import objects
 from migpilot.kwok import standin
@@ -490,7 +479,7 @@ class Fleet:
                 settled = (
                     report.converged
                     and not report.refusals
-                    and not report.outcomes(reconciling.Outcome.FAILED)
+                    and not report.outcomes(changes.Outcome.FAILED)
                     and member.reporter.settled
                     and member.kubelet.settled
                     and (member.counters is None or member.counters.settled)

@@ -9,7 +9,7 @@ counted, with a resource whose last device disappeared kept at ``0`` as the kube
 registered resource.
 
 It also does what Allocate does on a real node: each pod bound to the node
-(:class:`~migpilot.agent.boundpods.PodBook`, fed by a pod watch) that is not terminated and
+(:class:`~migpilot.agent.cluster.boundpods.PodBook`, fed by a pod watch) that is not terminated and
 asks for MIG resources or MPS slices gets distinct healthy devices of those resources
 (:func:`assign`, pure), preferring the instances and slices the GpuLayout spec reserves for
 that pod, then unreserved ones; a pod keeps its devices while it lives. The assigned devices
@@ -21,9 +21,8 @@ the same instances stay in use. It is kept apart from the real path on purpose: 
 only what it asks of a stand-in (:class:`~migpilot.agent.assembling.Standin`), and gets this one
 from its caller (:func:`stand_in`) with ``--kubelet simulated``; it never imports this package.
 
-A shell module: it writes through :class:`~migpilot.agent.kubeapi.NodeApi` and never imports a
-Kubernetes client (lightkube) nor gRPC; import-linter contracts check both.
-"""
+A shell module: it writes through :class:`~migpilot.agent.cluster.kubeapi.NodeApi` and never imports
+a Kubernetes client (lightkube) nor gRPC; import-linter contracts check both."""
 
 from __future__ import annotations
 
@@ -34,8 +33,10 @@ import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from migpilot import errors, logs
-from migpilot.agent import assembling, boundpods, kubeapi, reconciling
+from migpilot.agent import assembling
+from migpilot.agent.cluster import boundpods, kubeapi
 from migpilot.agent.deviceplugin import advertising, devices, replicating, resolving
+from migpilot.agent.rules import changes
 from migpilot.api import gpulayouts
 from migpilot.kube import errors as kube_errors
 from migpilot.sharing import config as sharing_config
@@ -130,7 +131,7 @@ def assign(
 
 
 def reservations(
-    spec: gpulayouts.LayoutSpec | None, state: Mapping[int, reconciling.GpuState]
+    spec: gpulayouts.LayoutSpec | None, state: Mapping[int, changes.GpuState]
 ) -> dict[str, str]:
     """MIG device UUID (or MPS slice device ID) -> ``namespace/name`` of the pod the spec
     reserves its instance (or slice) for."""
@@ -203,8 +204,8 @@ def reported_used(layout: gpulayouts.GpuLayout | None) -> frozenset[str]:
 
 
 class SimulatedKubelet:
-    """Publishes the advertised resource counts into the Node's capacity and allocatable, and,
-    given a :class:`~migpilot.agent.boundpods.PodBook`, assigns devices to the node's pods as
+    """Publishes the advertised resource counts into the Node's capacity and allocatable, and, given
+    a :class:`~migpilot.agent.cluster.boundpods.PodBook`, assigns devices to the node's pods as
     Allocate would.
 
     A :class:`~running.PassListener` (tell it before the status is written, so the status sees
@@ -252,7 +253,7 @@ class SimulatedKubelet:
         self._published: dict[str, str] | None = None
         self._settled = True
         self._lock = threading.Lock()
-        self._state: Mapping[int, reconciling.GpuState] | None = None
+        self._state: Mapping[int, changes.GpuState] | None = None
         self._offered: dict[str, tuple[devices.Device, ...]] | None = None
         """What the plugin would advertise, as of the last pass (computed once per pass)."""
         self._seen_version = -1
@@ -331,8 +332,8 @@ class SimulatedKubelet:
     def passed(
         self,
         *,
-        state: Mapping[int, reconciling.GpuState],
-        report: reconciling.Report | None,
+        state: Mapping[int, changes.GpuState],
+        report: changes.Report | None,
         labels: Mapping[str, str],
         view: devices.NodeDevices,
     ) -> None:

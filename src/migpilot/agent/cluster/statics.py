@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from migpilot import errors, logs, probes
-from migpilot.agent import desired, following, kubeapi, reconciling, watching
+from migpilot.agent.cluster import following, kubeapi, watching
+from migpilot.agent.rules import changes, desired
 from migpilot.gpu import backend
 from migpilot.kube import objects
 from migpilot.mig import migparted
@@ -195,7 +196,7 @@ class StaticOrDynamic:
         gpus: Sequence[backend.GpuInfo],
         current: Mapping[int, Sequence[backend.MigDevice]],
         in_use: frozenset[str],
-    ) -> dict[int, reconciling.DesiredGpu]:
+    ) -> dict[int, changes.DesiredGpu]:
         """The layouts of the named config, or the GpuLayout's without the label."""
         with self._lock:
             label, text = self._labels.get(desired.CONFIG_LABEL), self._text

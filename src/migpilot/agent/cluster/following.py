@@ -26,8 +26,11 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 from migpilot import errors, logs, probes
-from migpilot.agent import desired, kubeapi, reconciling, reporting, slicing, watching
+from migpilot.agent import reconciling
+from migpilot.agent.cluster import kubeapi, reporting, watching
 from migpilot.agent.deviceplugin import devices
+from migpilot.agent.rules import changes, desired
+from migpilot.agent.sharing import slicing
 from migpilot.api import gpulayouts
 from migpilot.gpu import backend
 from migpilot.kube import errors as kube_errors
@@ -118,7 +121,7 @@ class GpuLayoutSource:
         gpus: Sequence[backend.GpuInfo],
         current: Mapping[int, Sequence[backend.MigDevice]],
         in_use: frozenset[str],
-    ) -> dict[int, reconciling.DesiredGpu]:
+    ) -> dict[int, changes.DesiredGpu]:
         """The spec's layouts; the last good ones when the spec cannot be applied."""
         with self._lock:
             doc = self._doc
@@ -229,8 +232,8 @@ class KubeReporter:
     def passed(
         self,
         *,
-        state: Mapping[int, reconciling.GpuState],
-        report: reconciling.Report | None,
+        state: Mapping[int, changes.GpuState],
+        report: changes.Report | None,
         labels: Mapping[str, str],
         view: devices.NodeDevices,
     ) -> None:

@@ -15,8 +15,9 @@ selects, once for all its nodes.
 The types, errors and selectors are the shared boundary's (:mod:`migpilot.kube`).
 :class:`InMemoryNodeApi` is the same contract over the shared in-memory API server
 (:class:`~migpilot.kube.memory.InMemoryServer`: the apiserver's versions, watches and 410 Gone),
-with what the agent's tests write as the controller and read back; :mod:`migpilot.agent.kube` is
-the adapter to the lightkube client (:mod:`migpilot.kube.client`).
+with what the agent's tests write as the controller and read back;
+:mod:`migpilot.agent.cluster.kube` is the adapter to the lightkube client
+(:mod:`migpilot.kube.client`).
 
 No I/O, no clock; never imports lightkube or httpx2.
 """

@@ -41,8 +41,9 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 from migpilot import errors, logs
-from migpilot.agent import boundpods, kubeapi, reconciling
+from migpilot.agent.cluster import boundpods, kubeapi
 from migpilot.agent.deviceplugin import devices, resolving
+from migpilot.agent.rules import changes
 from migpilot.api import gpulayouts
 from migpilot.kube import errors as kube_errors
 from migpilot.kube import objects
@@ -412,8 +413,8 @@ class NodeCounters:
     def passed(
         self,
         *,
-        state: Mapping[int, reconciling.GpuState],
-        report: reconciling.Report | None,
+        state: Mapping[int, changes.GpuState],
+        report: changes.Report | None,
         labels: Mapping[str, str],
         view: devices.NodeDevices,
     ) -> None:

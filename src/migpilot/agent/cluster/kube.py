@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from migpilot.agent import kubeapi
+from migpilot.agent.cluster import kubeapi
 from migpilot.api import gpulayouts
 from migpilot.kube import client, objects, requests
 

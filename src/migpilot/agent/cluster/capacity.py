@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from migpilot import logs
-from migpilot.agent import kubeapi, reconciling
+from migpilot.agent.cluster import kubeapi
 from migpilot.agent.deviceplugin import devices
+from migpilot.agent.rules import changes
 from migpilot.kube import errors as kube_errors
 
 _log = logging.getLogger(__name__)
@@ -137,8 +138,8 @@ class CapacityPublisher:
     def passed(
         self,
         *,
-        state: Mapping[int, reconciling.GpuState],
-        report: reconciling.Report | None,
+        state: Mapping[int, changes.GpuState],
+        report: changes.Report | None,
         labels: Mapping[str, str],
         view: devices.NodeDevices,
     ) -> None:

@@ -1,11 +1,11 @@
 """The pods bound to the node(s) the agent follows, as its pod watch shows them.
 
-Why it exists: the agent needs to know which pods on its node ask for MIG resources, MPS slices
-or ``nvidia.com/gpu`` before the kubelet says which devices they got: their counts keep
-instances from being destroyed (:mod:`~migpilot.agent.holding`), the unified pool resolves
-Allocate from them (:mod:`~migpilot.agent.unifying`), and on a KWOK node the stand-in kubelet
+Why it exists: the agent needs to know which pods on its node ask for MIG resources, MPS slices or
+``nvidia.com/gpu`` before the kubelet says which devices they got: their counts keep instances from
+being destroyed (:mod:`~migpilot.agent.cluster.holding`), the unified pool resolves Allocate from
+them (:mod:`~migpilot.agent.sharing.unifying`), and on a KWOK node the stand-in kubelet
 (:mod:`migpilot.kwok.standin`) hands them devices. :class:`PodBook` keeps them, fed by
-:func:`~migpilot.agent.watching.follow`; :func:`bound_pod` reads one pod (pure).
+:func:`~migpilot.agent.cluster.watching.follow`; :func:`bound_pod` reads one pod (pure).
 
 A shell module: it reads raw pods handed to it and imports no Kubernetes client.
 """

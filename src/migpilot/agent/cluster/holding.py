@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from migpilot.agent import boundpods, reconciling
+from migpilot.agent import reconciling
+from migpilot.agent.cluster import boundpods
 from migpilot.gpu import backend
 from migpilot.planning import snapshot
 
