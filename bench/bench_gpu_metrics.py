@@ -40,7 +40,7 @@ def _mig_scene() -> Scene:
     for g in range(GPUS):
         for start in range(DEVICES_PER_GPU):
             emu.create_instance(g, profile="1g.10gb", start=start)
-    state = {i.index: running.reconciling.GpuState(i, emu.mig_devices(i.index)) for i in emu.gpus()}
+    state = {i.index: running.changes.GpuState(i, emu.mig_devices(i.index)) for i in emu.gpus()}
     view = running.node_view(state)
     held = [
         usage.Holding("bench", f"p{n}", "c", "nvidia.com/mig-1g.10gb", m.uuid)
@@ -56,7 +56,7 @@ def _nobody(processes: Sequence[backend.ProcessSample]) -> Mapping[int, str]:
 def _mps_scene() -> Scene:
     model = catalog.resolve_gpu("h100-80gb")
     emu = emulated.EmulatedBackend([model] * GPUS, durable=False, mig_enabled=False)
-    state = {i.index: running.reconciling.GpuState(i, ()) for i in emu.gpus()}
+    state = {i.index: running.changes.GpuState(i, ()) for i in emu.gpus()}
     base = running.node_view(state)
     slices = tuple(
         devices.MpsSlice(g, n, 10) for g in range(GPUS) for n in range(1, DEVICES_PER_GPU + 1)

@@ -4,7 +4,7 @@ Run: ``.venv/bin/python bench/fleet_agents.py [--nodes 1000] [--workers 32] [--i
 (after ``./scripts/test`` has set up ``.venv``; about a minute). Prints a table and writes
 ``bench/results/fleet_agents.json``. Timing never decides a test.
 
-No control plane: :class:`migpilot.agent.fleet.Fleet` runs as ``migpilot fleet`` runs it (its
+No control plane: :class:`migpilot.kwok.fleet.Fleet` runs as ``migpilot fleet`` runs it (its
 three shared watches, its pool of workers, every node's single-agent parts) over the in-memory
 ``NodeApi``, so the figures are the fleet's, not an apiserver's (``bench/bench_scale.py`` runs
 the fleet on a real control plane with the controller). Half the nodes have eight A100-80GB,
@@ -34,9 +34,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from migpilot.agent import fleet, kubeapi  # noqa: E402
+from migpilot.agent.cluster import kubeapi  # noqa: E402
 from migpilot.api import gpulayouts  # noqa: E402
 from migpilot.gpu import emulated  # noqa: E402
+from migpilot.kwok import fleet  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "fleet_agents.json"
 GPUS_PER_NODE = 8

@@ -40,14 +40,14 @@ SCOPE: dict[str, tuple[str, ...]] = {
         "xǁInUseSetǁ*",
         "xǁAnyOfǁin_use",
         "xǁRunningProcessesǁin_use",
-        "x_diff",
-        "x__diff_gpu",
         "xǁReconcilerǁreconcile",
         "xǁReconcilerǁ_apply_gpu",
         "xǁReconcilerǁ_call",
     ),
+    # The pure diff: the changes that keep what is in use.
+    "src/migpilot/agent/rules/changes.py": ("x_diff", "x__diff_gpu"),
     # The instances a GpuLayout says must survive whatever its spec lists.
-    "src/migpilot/agent/desired.py": ("x_protected",),
+    "src/migpilot/agent/rules/desired.py": ("x_protected",),
     # ---- The planner's validation and Allocate -------------------------------------------------
     # The planner's validation: no instance in use destroyed or moved (the target layouts and
     # the actions), no instance or slice in use or given to another pod handed out again, no

@@ -38,7 +38,7 @@ from lightkube.resources.rbac_authorization_v1 import (
     RoleBinding,
 )
 
-from migpilot.agent import sharingconfig
+from migpilot.agent.sharing import sharingconfig
 from migpilot.api import gpulayouts, leases
 from migpilot.cli import main
 from migpilot.sharing import config as sharing_config

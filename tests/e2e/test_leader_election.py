@@ -21,6 +21,7 @@ from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.api import leases
 from migpilot.controller import kube, kubeapi
+from migpilot.kube import errors as kube_errors
 from tests.kube import crds
 from tests.kube.controlplane import ControlPlane
 from tests.kube.scenes import NODES, Scene
@@ -116,7 +117,7 @@ def test_a_paused_leader_is_replaced_after_a_lease_duration_and_its_writes_are_r
         node = writes.by("c2")[0].node
         assert _version(scene, node) != before[node]
         by_c1 = len(writes.by("c1"))
-        with pytest.raises(kubeapi.ConflictError):
+        with pytest.raises(kube_errors.ConflictError):
             asyncio.run(_write_as(scene, node, version=before[node], leader="c1", term=term))
         layout = client.get(crds.GpuLayout, node).to_dict()
         assert layout["metadata"]["annotations"][gl.LEADER_ANNOTATION] == "c2"
@@ -160,7 +161,7 @@ def test_the_api_server_refuses_a_spec_write_whose_precondition_does_not_hold(
                 gl.LEADER_ANNOTATION: "c1",
                 gl.TERM_ANNOTATION: "3",
             }
-            with pytest.raises(kubeapi.ConflictError):
+            with pytest.raises(kube_errors.ConflictError):
                 await api.apply_layout_spec(
                     name, gl.LayoutSpec(()), owner_uid=None, fence=kubeapi.Fence(None, "c2", 4)
                 )
@@ -169,7 +170,7 @@ def test_the_api_server_refuses_a_spec_write_whose_precondition_does_not_hold(
             )
             second = str(replaced["metadata"]["resourceVersion"])
             assert second != first
-            with pytest.raises(kubeapi.ConflictError):
+            with pytest.raises(kube_errors.ConflictError):
                 await api.apply_layout_spec(
                     name, gl.LayoutSpec(()), owner_uid=None, fence=kubeapi.Fence(first, "c1", 3)
                 )

@@ -45,13 +45,12 @@ from lightkube.resources.admissionregistration_v1 import (
 )
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 
-from migpilot.agent import kube as agent_kube
-from migpilot.agent import kubeapi as agent_kubeapi
+from migpilot.agent.cluster import kube as agent_kube
 from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import kube as controller_kube
-from migpilot.controller import kubeapi as controller_kubeapi
 from migpilot.controller import observing, pinning
+from migpilot.kube import errors as kube_errors
 from tests.kube import crds, tools
 from tests.kube.controlplane import ControlPlane, wait_for
 
@@ -682,7 +681,7 @@ def test_the_agents_own_client_writes_its_node_and_layout_only(installed: Instal
             ),
         ]
         for call, refused in cases:
-            with pytest.raises(agent_kubeapi.KubeApiError) as err:
+            with pytest.raises(kube_errors.KubeApiError) as err:
                 call()
             assert str(err.value).startswith("403") and refused in str(err.value)
     finally:
@@ -704,7 +703,7 @@ def test_the_controllers_own_client_pins_a_pod_and_nothing_more(installed: Insta
             got = dict(await api.patch_pod(key, pin))
             try:
                 await api.patch_pod(f"{installed.namespace}/{kept}", image)
-            except controller_kubeapi.KubeApiError as err:
+            except kube_errors.KubeApiError as err:
                 return got, str(err)
             return got, ""
         finally:

@@ -13,9 +13,11 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
-from migpilot.agent import capacity, following, kubeapi, metrics, reconciling, running
+from migpilot.agent import metrics, reconciling, running
+from migpilot.agent.cluster import capacity, following, kubeapi
 from migpilot.agent.deviceplugin import devices, health, podresources, serving
 from migpilot.gpu import clocks, emulated
+from migpilot.kube import errors as kube_errors
 from migpilot.mig import catalog
 from tests.integration.kubelet_fake import FakeKubelet
 from tests.integration.test_deviceplugin import GPU, R1G, R3G, START, make_node
@@ -220,7 +222,7 @@ def test_an_api_server_that_refuses_is_logged_and_retried_at_the_next_change(
 
         def patch_node_resources(self, node: str, resources: Mapping[str, str | None]) -> None:
             if self.refuse:
-                raise kubeapi.KubeApiError("nodes/status is forbidden")
+                raise kube_errors.KubeApiError("nodes/status is forbidden")
             super().patch_node_resources(node, resources)
 
     api = Refusing()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from migpilot.agent import mps as supervising
+from migpilot.agent.sharing import mps as supervising
 from migpilot.gpu import clocks, mps
 from tests.integration import mps_fake
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from migpilot.agent import slicing
 from migpilot.agent.deviceplugin import devices, podresources, serving
+from migpilot.agent.sharing import slicing
 from migpilot.api import gpulayouts as gl
 from migpilot.mig import catalog
 from tests.integration.kubelet_fake import FakeKubelet

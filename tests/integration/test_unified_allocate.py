@@ -18,8 +18,9 @@ from typing import Any
 import grpc
 import pytest
 
-from migpilot.agent import kubeapi, standin, unifying
+from migpilot.agent.cluster import boundpods, kubeapi
 from migpilot.agent.deviceplugin import allocating, devices, resolving, serving
+from migpilot.agent.sharing import unifying
 from migpilot.api import gpulayouts as gl
 from tests.integration.kubelet_fake import FakeKubelet
 from tests.integration.test_deviceplugin import make_node
@@ -90,7 +91,7 @@ def layout_spec(
 @dataclass
 class Node:
     api: kubeapi.InMemoryNodeApi
-    book: standin.PodBook
+    book: boundpods.PodBook
     pool: unifying.UnifiedPool
     plugin: serving.DevicePlugin
     kubelet: FakeKubelet
@@ -114,8 +115,8 @@ def start(
     wait_s: float = 2.0,
 ) -> Node:
     """Wired as ``migpilot agent --node`` wires the pool and the plugin."""
-    book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book = boundpods.PodBook()
+    book.listed(api.list_pods(node=NODE).items)
 
     def spec() -> gl.LayoutSpec | None:
         found = api.layout(NODE)
@@ -369,7 +370,7 @@ def test_a_gone_pods_instances_go_back_to_their_profile(
         assert kubelet.devices(GPU) == {uuid(0, 4): H}
         fingerprint = node.pool.fingerprint()
         api.delete_pod("ns", "p")
-        node.book.listed(api.list_pods(node=NODE).documents)
+        node.book.listed(api.list_pods(node=NODE).items)
         assert node.pool.fingerprint() != fingerprint  # a pass is due
         node.pass_()
         assert node.plugin.pod_allocations() == {}

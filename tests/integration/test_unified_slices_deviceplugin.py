@@ -17,8 +17,9 @@ from typing import Any
 import grpc
 import pytest
 
-from migpilot.agent import kubeapi, slicing, standin, unifying
+from migpilot.agent.cluster import boundpods, kubeapi
 from migpilot.agent.deviceplugin import allocating, devices, resolving, serving
+from migpilot.agent.sharing import slicing, unifying
 from migpilot.api import gpulayouts as gl
 from migpilot.mig import catalog
 from tests.integration.kubelet_fake import FakeKubelet
@@ -72,7 +73,7 @@ def layout_spec(gpu0: list[dict[str, Any]], gpu1: list[dict[str, Any]]) -> dict[
 @dataclass
 class Node:
     api: kubeapi.InMemoryNodeApi
-    book: standin.PodBook
+    book: boundpods.PodBook
     slices: slicing.SliceFilter
     pool: unifying.UnifiedPool
     plugin: serving.DevicePlugin
@@ -82,7 +83,7 @@ class Node:
         return self.pool.update(self.slices.update(BARE))
 
     def pass_(self) -> None:
-        self.book.listed(self.api.list_pods(node=NODE).documents)
+        self.book.listed(self.api.list_pods(node=NODE).items)
         self.plugin.update(self.view())
 
     def states(self) -> dict[str, tuple[str, str | None]]:
@@ -118,8 +119,8 @@ def node(kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi, root: pathlib.Path)
     )
     api.put_pod(pod_doc("a", 8000))
     api.put_pod(pod_doc("b", 16000, created="2026-01-01T00:00:05Z"))
-    book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book = boundpods.PodBook()
+    book.listed(api.list_pods(node=NODE).items)
 
     def spec() -> gl.LayoutSpec | None:
         found = api.layout(NODE)

@@ -22,16 +22,25 @@ from typing import Any
 import pytest
 
 from migpilot import errors
+from migpilot.kube import memory as kubememory
+from migpilot.kube import objects as kubeobjects
 from migpilot.webhook import leases, serving
 from tests.kube import certs
 
 LEASE = {
+    "metadata": {"name": "migpilot-controller", "namespace": "migpilot-system"},
     "spec": {
         "holderIdentity": "controller-0",
         "renewTime": "1970-01-01T00:01:40Z",
         "leaseDurationSeconds": 15,
-    }
+    },
 }
+
+
+def _stored_lease(server: kubememory.InMemoryServer) -> leases.KubeLease:
+    """The controller's Lease as the webhook reads it, from ``server`` (with :data:`LEASE`)."""
+    server.put(kubeobjects.Kind.LEASES, LEASE)
+    return leases.KubeLease(server, name="migpilot-controller", namespace="migpilot-system")
 
 
 def _review(uid: str, resources: dict[str, Any]) -> bytes:
@@ -55,10 +64,18 @@ def _review(uid: str, resources: dict[str, Any]) -> bytes:
 
 
 class Webhook:
-    def __init__(self, server: serving.WebhookServer, lease: leases.StaticLease, ca: Path) -> None:
+    def __init__(
+        self, server: serving.WebhookServer, api: kubememory.InMemoryServer, ca: Path
+    ) -> None:
         self.server = server
-        self.lease = lease
+        self.api = api
+        """The API server the webhook reads the controller's Lease from."""
         self.context = ssl.create_default_context(cafile=ca)
+
+    @property
+    def lease_reads(self) -> int:
+        """How many times the webhook read the Lease."""
+        return self.api.requests["get", kubeobjects.Kind.LEASES]
 
     def connect(self) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(
@@ -88,8 +105,8 @@ class Webhook:
 def webhook(tmp_path: Path) -> Iterator[Webhook]:
     ca = certs.CertificateAuthority(tmp_path)
     pair = ca.issue("webhook", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
-    lease = leases.StaticLease(LEASE)
-    freshness = leases.Freshness(lease, cache_s=2.0, clock=lambda: 100.0)
+    api = kubememory.InMemoryServer()
+    freshness = leases.Freshness(_stored_lease(api), cache_s=2.0, clock=lambda: 100.0)
     settings = serving.Settings(
         tls=serving.TlsSettings(cert_file=pair.cert, key_file=pair.key),
         host="127.0.0.1",
@@ -97,7 +114,7 @@ def webhook(tmp_path: Path) -> Iterator[Webhook]:
         connection_timeout_s=5.0,
     )
     with serving.WebhookServer(settings, freshness=freshness) as server:
-        yield Webhook(server, lease, ca.pair.cert)
+        yield Webhook(server, api, ca.pair.cert)
 
 
 def test_healthz_and_unknown_paths(webhook: Webhook) -> None:
@@ -163,7 +180,7 @@ def test_a_malformed_unified_request_is_refused_on_validate(
     assert response["allowed"] is False
     assert response["status"]["code"] == 422
     assert message in response["status"]["message"]
-    assert webhook.lease.reads == 0  # refusing does not depend on the controller
+    assert webhook.lease_reads == 0  # refusing does not depend on the controller
 
 
 def test_good_and_other_pods_are_allowed_on_validate(webhook: Webhook) -> None:
@@ -186,11 +203,12 @@ def test_good_and_other_pods_are_allowed_on_validate(webhook: Webhook) -> None:
 
 
 def test_missing_lease_lets_mig_pods_through(webhook: Webhook) -> None:
-    webhook.lease.lease = None  # before the first request: nothing cached yet
+    # before the first request: nothing cached yet
+    webhook.api.delete(kubeobjects.Kind.LEASES, "migpilot-system/migpilot-controller")
     status, answer = webhook.post(_review("u-1", {"nvidia.com/mig-1g.10gb": "1"}))
     assert status == 200
     assert answer["response"] == {"uid": "u-1", "allowed": True}
-    assert webhook.lease.reads == 1
+    assert webhook.lease_reads == 1
 
 
 @pytest.mark.parametrize("body", [b"[]", b"{}", b"null", b'{"kind": "AdmissionReview"}'])
@@ -265,7 +283,7 @@ def test_concurrent_requests_while_a_client_stalls_before_tls(webhook: Webhook) 
         stalled.close()
     assert [a["response"]["uid"] for _, a in results] == [f"u-{i}" for i in range(64)]
     assert all(status == 200 and "patch" in a["response"] for status, a in results)
-    assert webhook.lease.reads == 1  # cached
+    assert webhook.lease_reads == 1  # cached
 
 
 def test_stop_closes_kept_alive_connections(webhook: Webhook) -> None:
@@ -333,10 +351,10 @@ def test_a_rotated_certificate_is_served_without_a_restart(
         connection_timeout_s=5.0,
         cert_check_s=10.0,
     )
-    lease = leases.StaticLease(LEASE)
-    freshness = leases.Freshness(lease, cache_s=2.0, clock=lambda: 100.0)
+    api = kubememory.InMemoryServer()
+    freshness = leases.Freshness(_stored_lease(api), cache_s=2.0, clock=lambda: 100.0)
     with serving.WebhookServer(settings, freshness=freshness, clock=clock) as server:
-        webhook = Webhook(server, lease, ca.pair.cert)
+        webhook = Webhook(server, api, ca.pair.cert)
         original = ssl.PEM_cert_to_DER_cert(first.decode())
         assert _served_cert(webhook) == original
 
@@ -372,7 +390,7 @@ def test_a_certificate_that_does_not_load_stops_the_start(tmp_path: Path) -> Non
     settings = serving.Settings(
         tls=serving.TlsSettings(cert_file=pair.cert, key_file=other.key), port=0
     )
-    lease = leases.StaticLease(LEASE)
+    lease = _stored_lease(kubememory.InMemoryServer())
     with pytest.raises(errors.MigpilotError, match=r"^the serving certificate .*a\.crt and key "):
         serving.WebhookServer(settings, freshness=leases.Freshness(lease, cache_s=2.0))
 
@@ -385,8 +403,8 @@ def limited(tmp_path: Path) -> Iterator[Webhook]:
     """A webhook with a short deadline (1 s) and room for two connections."""
     ca = certs.CertificateAuthority(tmp_path)
     pair = ca.issue("webhook", common_name="migpilot-webhook", server_ips=("127.0.0.1",))
-    lease = leases.StaticLease(LEASE)
-    freshness = leases.Freshness(lease, cache_s=2.0, clock=lambda: 100.0)
+    api = kubememory.InMemoryServer()
+    freshness = leases.Freshness(_stored_lease(api), cache_s=2.0, clock=lambda: 100.0)
     settings = serving.Settings(
         tls=serving.TlsSettings(cert_file=pair.cert, key_file=pair.key),
         host="127.0.0.1",
@@ -396,7 +414,7 @@ def limited(tmp_path: Path) -> Iterator[Webhook]:
         max_connections=2,
     )
     with serving.WebhookServer(settings, freshness=freshness) as server:
-        yield Webhook(server, lease, ca.pair.cert)
+        yield Webhook(server, api, ca.pair.cert)
 
 
 def _tls(webhook: Webhook) -> ssl.SSLSocket:
@@ -532,6 +550,6 @@ def test_limit_settings_are_checked(tmp_path: Path) -> None:
     settings = serving.Settings(
         tls=serving.TlsSettings(cert_file=pair.cert, key_file=pair.key), port=0, max_connections=0
     )
-    lease = leases.StaticLease(LEASE)
+    lease = _stored_lease(kubememory.InMemoryServer())
     with pytest.raises(errors.MigpilotError, match="max_connections must be at least 1"):
         serving.WebhookServer(settings, freshness=leases.Freshness(lease, cache_s=2.0))

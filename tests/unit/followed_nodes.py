@@ -1,20 +1,20 @@
 """The start of every hand-wired agent on a simulated (KWOK-style) node in the unit tests: its
 GpuLayout source synced, its pod book filled, the spec it acts on; and the slices its status
-reports. As ``agent_cmd._cluster`` starts ``--kubelet simulated``."""
+reports. As ``assembling.connect_cluster`` starts ``--kubelet simulated``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from migpilot.agent import following, kubeapi, standin
+from migpilot.agent.cluster import boundpods, following, kubeapi
 from migpilot.api import gpulayouts as gl
 
 
 @dataclass
 class Followed:
     source: following.GpuLayoutSource
-    book: standin.PodBook
+    book: boundpods.PodBook
     reserving: Callable[[], gl.LayoutSpec | None]
     """The spec the agent acts on (what the stand-in kubelet and the slices read)."""
 
@@ -23,8 +23,8 @@ def follow(api: kubeapi.InMemoryNodeApi, node: str) -> Followed:
     """``node``'s GpuLayout source, synced, and its pod book, listed from ``api``."""
     source = following.GpuLayoutSource(api, node=node)
     source.sync()
-    book = standin.PodBook()
-    book.listed(api.list_pods(node=node).documents)
+    book = boundpods.PodBook()
+    book.listed(api.list_pods(node=node).items)
 
     def reserving() -> gl.LayoutSpec | None:
         return source.acted_on.spec if source.acted_on is not None else None

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from migpilot.agent import metrics, reconciling, running, sharingconfig
-from migpilot.agent import mps as agent_mps
+from migpilot.agent import metrics, reconciling, running
 from migpilot.agent.deviceplugin import devices, serving
+from migpilot.agent.sharing import mps as agent_mps
+from migpilot.agent.sharing import sharingconfig
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.gpu import mps as gpu_mps
 from migpilot.mig import catalog

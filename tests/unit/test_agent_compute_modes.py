@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from migpilot.agent import computemodes
-from migpilot.agent import mps as agent_mps
+from migpilot.agent.sharing import computemodes
+from migpilot.agent.sharing import mps as agent_mps
 from migpilot.gpu import backend, emulated
 from migpilot.gpu import mps as gpu_mps
 from tests.unit import mps_agents

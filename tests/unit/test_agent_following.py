@@ -15,20 +15,14 @@ from typing import Any
 import pytest
 
 from migpilot import errors
-from migpilot.agent import (
-    desired,
-    following,
-    kubeapi,
-    metrics,
-    reconciling,
-    reporting,
-    running,
-    standin,
-)
+from migpilot.agent import metrics, reconciling, running
+from migpilot.agent.cluster import following, kubeapi, reporting
 from migpilot.agent.deviceplugin import devices
+from migpilot.agent.rules import changes, desired
 from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.gpu import backend, clocks, emulated
+from migpilot.kwok import standin
 from migpilot.mig import catalog, layouts
 
 H100 = catalog.resolve_gpu("h100-80gb")
@@ -56,7 +50,7 @@ class Node:
     """What the kubelet and Allocate say is in use."""
     agent: running.Agent
 
-    def step(self) -> reconciling.Report:
+    def step(self) -> changes.Report:
         self.source.sync()
         return self.agent.reconcile()
 
@@ -350,7 +344,7 @@ def test_from_gpulayout_gives_exact_placements() -> None:
         )
     )
     want = layouts.Layout.of([layouts.Instance(0, "3g.40gb"), layouts.Instance(6, "1g.10gb")])
-    assert desired.from_gpulayout(spec_, gpus=_infos()) == {0: reconciling.DesiredGpu(True, want)}
+    assert desired.from_gpulayout(spec_, gpus=_infos()) == {0: changes.DesiredGpu(True, want)}
 
 
 def test_protected_names_spec_reservations_and_untouchable_status() -> None:
@@ -381,7 +375,7 @@ def test_protected_names_spec_reservations_and_untouchable_status() -> None:
 
 
 def test_the_ready_condition_keeps_its_time_while_unchanged() -> None:
-    report = reconciling.Report(devices={}, applied=(), refusals=(), converged=True, duration_s=0)
+    report = changes.Report(devices={}, applied=(), refusals=(), converged=True, duration_s=0)
     later = "2026-01-01T00:05:00Z"
 
     def status(**kw: Any) -> gl.LayoutStatus:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from migpilot.agent import holding, kubeapi, reconciling, standin
+from migpilot.agent import reconciling
+from migpilot.agent.cluster import boundpods, holding
+from migpilot.agent.rules import changes
 from migpilot.gpu import emulated
+from migpilot.kube import objects as kubeobjects
 from migpilot.mig import catalog, layouts
 
 H100 = catalog.resolve_gpu("h100-80gb")
@@ -34,7 +37,7 @@ def _gpus() -> emulated.EmulatedBackend:
 
 def test_bound_pods_keep_free_instances_beyond_those_known_in_use() -> None:
     gpus = _gpus()
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed(
         [
             _pod("a", "nvidia.com/mig-1g.10gb", 2),
@@ -54,13 +57,13 @@ def test_bound_pods_keep_free_instances_beyond_those_known_in_use() -> None:
 
 def test_a_layout_that_drops_them_leaves_them_while_the_pods_are_bound() -> None:
     gpus = _gpus()
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed([_pod("a", "nvidia.com/mig-1g.10gb", 2)])
     hold = holding.BoundPodsHold(book, node=NODE, gpus=gpus, allocated=reconciling.InUseSet())
     reconciler = reconciling.Reconciler(gpus, hold)
     # The desired layout keeps only the 3g.40gb: the two held 1g.10gb stay, the third goes.
     want = {
-        0: reconciling.DesiredGpu(
+        0: changes.DesiredGpu(
             mig_enabled=True, layout=layouts.Layout.of([layouts.Instance(4, "3g.40gb")])
         )
     }
@@ -69,7 +72,9 @@ def test_a_layout_that_drops_them_leaves_them_while_the_pods_are_bound() -> None
     assert left == ["1g.10gb@0", "1g.10gb@1", "3g.40gb@4"]
     # The pods go: the next pass removes them.
     book.changed(
-        kubeapi.WatchEvent(kubeapi.EventType.DELETED, _pod("a", "nvidia.com/mig-1g.10gb", 2))
+        kubeobjects.WatchEvent(
+            kubeobjects.EventType.DELETED, _pod("a", "nvidia.com/mig-1g.10gb", 2)
+        )
     )
     reconciler.reconcile(want)
     assert sorted(f"{d.profile}@{d.start}" for d in gpus.mig_devices(0)) == ["3g.40gb@4"]

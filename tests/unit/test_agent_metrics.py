@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from migpilot.agent import metrics, reconciling
+from migpilot.agent.rules import changes
 from migpilot.gpu import clocks, emulated
 from migpilot.mig import catalog, layouts
 
@@ -43,7 +44,7 @@ def test_reconciler_records_duration_and_actions_by_outcome() -> None:
         emu, reconciling.InUseSet([blocker.uuid]), clock=clock, agent_metrics=m
     )
     want = layouts.Layout.of([layouts.Instance(0, "3g.40gb"), layouts.Instance(4, "3g.40gb")])
-    report = rec.reconcile({0: reconciling.DesiredGpu(True, want)})
+    report = rec.reconcile({0: changes.DesiredGpu(True, want)})
     s = _samples(m)
     assert s[("migpilot_reconcile_actions_total", (("op", "destroy"), ("outcome", "done")))] == 1
     assert s[("migpilot_reconcile_actions_total", (("op", "create"), ("outcome", "done")))] == 1
@@ -53,7 +54,7 @@ def test_reconciler_records_duration_and_actions_by_outcome() -> None:
     assert abs(report.duration_s - 0.22) < 1e-9
     assert s[("migpilot_reconfiguration_duration_seconds_bucket", (("le", "0.25"),))] == 1
     assert s[("migpilot_reconfiguration_duration_seconds_bucket", (("le", "0.1"),))] == 0
-    rec.reconcile({0: reconciling.DesiredGpu(True, want)})  # nothing to do: no new observation
+    rec.reconcile({0: changes.DesiredGpu(True, want)})  # nothing to do: no new observation
     assert _samples(m)[("migpilot_reconfiguration_duration_seconds_count", ())] == 1
 
 
@@ -66,8 +67,8 @@ def test_failed_and_refused_actions_are_counted() -> None:
     m = metrics.AgentMetrics()
     rec = reconciling.Reconciler(emu, reconciling.InUseSet(), agent_metrics=m, max_rounds=1)
     want = layouts.Layout.of([layouts.Instance(0, "4g.40gb")])
-    report = rec.reconcile({0: reconciling.DesiredGpu(True, want)})
-    assert [a.outcome for a in report.applied] == [reconciling.Outcome.REFUSED]
+    report = rec.reconcile({0: changes.DesiredGpu(True, want)})
+    assert [a.outcome for a in report.applied] == [changes.Outcome.REFUSED]
     assert (
         _samples(m)[
             ("migpilot_reconcile_actions_total", (("op", "destroy"), ("outcome", "refused")))
@@ -75,10 +76,10 @@ def test_failed_and_refused_actions_are_counted() -> None:
         == 1
     )
     emu.detach_process(dev.uuid, 7)
-    report = rec.reconcile({0: reconciling.DesiredGpu(True, want)})
+    report = rec.reconcile({0: changes.DesiredGpu(True, want)})
     assert [a.outcome for a in report.applied] == [
-        reconciling.Outcome.DONE,
-        reconciling.Outcome.FAILED,
+        changes.Outcome.DONE,
+        changes.Outcome.FAILED,
     ]
     assert not report.converged
     assert (

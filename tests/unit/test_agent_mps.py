@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from migpilot.agent import mps as supervising
+from migpilot.agent.sharing import mps as supervising
 from migpilot.gpu import clocks, mps
 
 GPU0 = "GPU-0a"

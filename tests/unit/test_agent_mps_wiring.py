@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from migpilot.agent import mps as agent_mps
+from migpilot.agent.sharing import mps as agent_mps
 from tests.unit.mps_agents import TS, mps_node
 
 

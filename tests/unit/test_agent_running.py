@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from migpilot import errors
 from migpilot.agent import metrics, reconciling, running
 from migpilot.agent.deviceplugin import devices, podresources, serving
+from migpilot.agent.rules import changes
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.mig import catalog
 
@@ -316,8 +317,8 @@ def test_kubelet_unreachable_destroys_nothing_and_says_so(
         with caplog.at_level(logging.INFO, logger="migpilot.agent.running"):
             report = node.agent.tick()
         assert report is not None
-        assert not report.outcomes(reconciling.Outcome.DONE) or all(
-            a.action.op is reconciling.Op.CREATE for a in report.applied
+        assert not report.outcomes(changes.Outcome.DONE) or all(
+            a.change.kind is changes.ChangeKind.CREATE for a in report.applied
         )
         for gpu in (0, 1):
             assert set(before[gpu]) <= set(node.layout(gpu))  # nothing destroyed

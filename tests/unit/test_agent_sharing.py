@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from migpilot.agent import following, kubeapi, labels, sharingconfig, statics
+from migpilot.agent.cluster import following, kubeapi, statics
 from migpilot.agent.deviceplugin import devices
+from migpilot.agent.rules import labels
+from migpilot.agent.sharing import sharingconfig
 from migpilot.cli import main as cli
 from migpilot.mig import catalog
 from migpilot.sharing import config, configsets

@@ -14,18 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from migpilot import errors
-from migpilot.agent import (
-    desired,
-    following,
-    kubeapi,
-    metrics,
-    reconciling,
-    reporting,
-    running,
-    slicing,
-    standin,
-)
-from migpilot.agent import mps as agent_mps
+from migpilot.agent import metrics, reconciling, running
+from migpilot.agent.cluster import boundpods, following, kubeapi, reporting
 from migpilot.agent.deviceplugin import (
     advertising,
     allocating,
@@ -34,9 +24,13 @@ from migpilot.agent.deviceplugin import (
     serving,
     slices,
 )
+from migpilot.agent.rules import changes, desired
+from migpilot.agent.sharing import mps as agent_mps
+from migpilot.agent.sharing import slicing
 from migpilot.api import gpulayouts as gl
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.gpu import mps as gpu_mps
+from migpilot.kwok import standin
 from migpilot.mig import catalog
 from migpilot.planning import modes
 from migpilot.sharing import config as sharing_config
@@ -355,19 +349,19 @@ def test_the_filter_keeps_a_slice_the_status_reported_after_a_restart() -> None:
 # --- the status and the desired layouts ---------------------------------------------------------
 
 
-def _state(*, mig: bool) -> dict[int, reconciling.GpuState]:
+def _state(*, mig: bool) -> dict[int, changes.GpuState]:
     gpus = emulated.EmulatedBackend([H100], durable=False, mig_enabled=mig)
     try:
         info = gpus.gpus()[0]
     finally:
         gpus.close()
-    return {0: reconciling.GpuState(info, ())}
+    return {0: changes.GpuState(info, ())}
 
 
 def test_the_status_lists_a_mig_off_gpu_with_its_slices_or_on_an_mps_node() -> None:
     state = _state(mig=False)
     slice_status = {0: (gl.SliceStatus(0, 10, None, gl.InstanceState.FREE),)}
-    report = reconciling.Report(devices={}, applied=(), refusals=(), converged=True, duration_s=0.0)
+    report = changes.Report(devices={}, applied=(), refusals=(), converged=True, duration_s=0.0)
     kw: dict[str, Any] = {
         "state": state, "in_use": frozenset(), "spec": None, "generation": 1,
         "report": report, "now": T0,
@@ -391,7 +385,7 @@ def test_a_spec_with_slices_never_asks_for_a_mig_mode_change(mig: bool) -> None:
     assert desired.from_gpulayout(spec, gpus=[info]) == {}
     empty = gl.LayoutSpec((gl.GpuSpec(0, None, ()),))
     want = desired.from_gpulayout(empty, gpus=[info])
-    assert want == ({0: reconciling.DesiredGpu(True, want[0].layout)} if mig else {})
+    assert want == ({0: changes.DesiredGpu(True, want[0].layout)} if mig else {})
 
 
 # --- the agent in process, with the simulated kubelet and the emulated daemon --------------------
@@ -414,14 +408,14 @@ class Node:
     api: kubeapi.InMemoryNodeApi
     gpus: emulated.EmulatedBackend
     source: following.GpuLayoutSource
-    book: standin.PodBook
+    book: boundpods.PodBook
     kubelet: standin.SimulatedKubelet
     daemons: gpu_mps.EmulatedMps
     agent: running.Agent
 
-    def step(self) -> reconciling.Report:
+    def step(self) -> changes.Report:
         self.source.sync()
-        self.book.listed(self.api.list_pods(node=NODE).documents)
+        self.book.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()
 
     def slices(self) -> dict[int, tuple[int, str, str | None]]:
@@ -432,7 +426,8 @@ class Node:
 
 
 def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend, root: Path) -> Node:
-    """Wired as ``agent_cmd._cluster`` wires ``--kubelet simulated`` (no plugin)."""
+    """Part of what ``assembling.kube_side`` wires for ``--kubelet simulated`` (no plugin): the
+    stand-in, the slices and the reporter."""
     followed = followed_nodes.follow(api, NODE)
     source, book, reserving = followed.source, followed.book, followed.reserving
     kubelet = standin.SimulatedKubelet(
@@ -547,7 +542,7 @@ def test_slices_on_a_mig_enabled_gpu_are_refused_in_the_status(tmp_path: Path) -
 
 
 def test_bound_pod_reads_slice_requests() -> None:
-    got = standin.bound_pod(pod_doc("p", {"nvidia.com/gpu-10gb": 2, "cpu": "1"}))
+    got = boundpods.bound_pod(pod_doc("p", {"nvidia.com/gpu-10gb": 2, "cpu": "1"}))
     assert got is not None and got.requests == (("nvidia.com/gpu-10gb", 2),)
 
 

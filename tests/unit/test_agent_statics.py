@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from migpilot import errors
-from migpilot.agent import following, kubeapi, metrics, reconciling, running, statics
+from migpilot.agent import metrics, reconciling, running
+from migpilot.agent.cluster import following, kubeapi, statics
 from migpilot.agent.deviceplugin import devices
 from migpilot.gpu import clocks, emulated
 from migpilot.mig import catalog

@@ -17,21 +17,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from migpilot.agent import (
-    holding,
-    kubeapi,
-    metrics,
-    reconciling,
-    running,
-    slicing,
-    standin,
-    unifying,
-)
-from migpilot.agent import mps as agent_mps
+from migpilot.agent import assembling, metrics, reconciling, running
+from migpilot.agent.cluster import boundpods, holding, kubeapi
 from migpilot.agent.deviceplugin import advertising, devices, replicating, resolving
-from migpilot.cli import agent_cmd
+from migpilot.agent.rules import changes
+from migpilot.agent.sharing import mps as agent_mps
+from migpilot.agent.sharing import slicing, unifying
 from migpilot.gpu import clocks, emulated
 from migpilot.gpu import mps as gpu_mps
+from migpilot.kwok import standin
 from migpilot.mig import catalog
 from migpilot.planning import unified
 from migpilot.sharing import config as sharing_config
@@ -222,7 +216,7 @@ def mps_spec(*slices: dict[str, Any]) -> dict[str, Any]:
     return {"gpus": [{"index": 0, "mps": list(slices)}]}
 
 
-def _pool(api: kubeapi.InMemoryNodeApi, book: standin.PodBook) -> unifying.UnifiedPool:
+def _pool(api: kubeapi.InMemoryNodeApi, book: boundpods.PodBook) -> unifying.UnifiedPool:
     return unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: _spec(api))
 
 
@@ -237,7 +231,7 @@ def test_the_pool_sets_aside_the_slices_reserved_for_unified_pods() -> None:
             slice_doc(3, 20, "ns/later"),  # not served yet
         ),
     )
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed([])
     pool = _pool(api, book)
     view = sliced(S(0, 0, 10), S(0, 1, 10), S(0, 2, 20), gpus=1)
@@ -258,8 +252,8 @@ def test_a_bound_pods_slice_dropped_before_allocate_is_remembered_and_kept_serve
     api = kubeapi.InMemoryNodeApi()
     api.put_spec(NODE, mps_spec(slice_doc(5, 10, "ns/u")))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
-    book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book = boundpods.PodBook()
+    book.listed(api.list_pods(node=NODE).items)
     pool = _pool(api, book)
     filt = slicing.SliceFilter(spec=lambda: _spec(api), held=pool.in_use)
     bare = devices.NodeDevices(gpus=(gpu(0),))
@@ -273,7 +267,7 @@ def test_a_bound_pods_slice_dropped_before_allocate_is_remembered_and_kept_serve
     (mine,) = pool.inputs(fresh=False).reservations["ns/u"]
     assert mine.uuid == "GPU-0::mps-5" and mine.memory_gb == 10
     api.delete_pod("ns", "u")
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     assert pool.update(filt.update(bare)).unified == frozenset()  # the pass forgets it
     assert pool.in_use() == frozenset()
     view = pool.update(filt.update(bare))  # and the next one no longer serves it
@@ -284,8 +278,8 @@ def test_an_allocated_slice_stays_in_the_pool_and_is_used_by_its_pod() -> None:
     api = kubeapi.InMemoryNodeApi()
     api.put_spec(NODE, mps_spec(slice_doc(1, 20, "ns/u"), slice_doc(2, 10)))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
-    book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book = boundpods.PodBook()
+    book.listed(api.list_pods(node=NODE).items)
     ledger = Ledger({"ns/u": resolving.PodAllocation("u", True, (("c", ("GPU-0::mps-1",)),))})
     pool = _pool(api, book)
     pool.attach(ledger)
@@ -304,7 +298,7 @@ def test_an_allocated_slice_stays_in_the_pool_and_is_used_by_its_pod() -> None:
     ]
     # The pod goes (a read confirms it): released, out of the pool.
     api.delete_pod("ns", "u")
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     assert pool.update(view).unified == frozenset()
     assert ledger.entries == {}
 
@@ -313,8 +307,8 @@ def test_a_unified_pod_on_slices_holds_no_mig_profile() -> None:
     api = kubeapi.InMemoryNodeApi()
     api.put_spec(NODE, mps_spec(slice_doc(0, 10, "ns/u")))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
-    book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book = boundpods.PodBook()
+    book.listed(api.list_pods(node=NODE).items)
     pool = _pool(api, book)
     pool.update(sliced(S(0, 0, 10), gpus=1))
     (bound,) = book.pods(NODE)
@@ -370,22 +364,21 @@ def test_on_an_mps_node_every_gpu_with_mig_disabled_counts_slices_or_not() -> No
 class Node:
     api: kubeapi.InMemoryNodeApi
     gpus: emulated.EmulatedBackend
-    cluster: agent_cmd._Cluster
+    cluster: assembling.KubeSide
     agent: running.Agent
 
     @property
     def kubelet(self) -> standin.SimulatedKubelet:
-        assert self.cluster.simulated_kubelet is not None
-        return self.cluster.simulated_kubelet
+        assert isinstance(self.cluster.kubelet, standin.SimulatedKubelet)
+        return self.cluster.kubelet
 
     @property
     def uuid(self) -> str:
         return self.gpus.gpus()[0].uuid
 
-    def step(self) -> reconciling.Report:
+    def step(self) -> changes.Report:
         self.cluster.source.sync()
-        assert self.cluster.pods is not None
-        self.cluster.pods.listed(self.api.list_pods(node=NODE).documents)
+        self.cluster.pods.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()
 
     def slices(self) -> dict[int, tuple[int, str, str | None]]:
@@ -396,24 +389,17 @@ class Node:
 
 
 def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend, root: Path) -> Node:
-    """As ``agent_cmd._cluster`` and ``_Cluster.wire`` wire ``--kubelet simulated``."""
+    """As ``migpilot agent --kubelet simulated`` wires it (:func:`assembling.kube_side`)."""
     followed = followed_nodes.follow(api, NODE)
-    source, book, reserving = followed.source, followed.book, followed.reserving
-    pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=reserving)
-    kubelet = standin.SimulatedKubelet(
+    cluster = assembling.kube_side(
         api,
-        node=NODE,
+        source=followed.source,
+        pods=followed.book,
         strategy=devices.MigStrategy.MIXED,
-        pods=book,
-        spec=reserving,
-        held=lambda: standin.reported_used(source.layout()),
-        unified=lambda: pool.inputs(fresh=False),
-        held_by=lambda: standin.reported_used_by(source.layout()),
+        standin=standin.stand_in,
     )
-    pool.attach(kubelet)
-    layout_slices = slicing.SliceFilter(spec=reserving, layout=source.layout)
-    cluster = agent_cmd._Cluster(api, source, kubelet, book, None, pool, True, None, layout_slices)
-    in_use, listener = cluster.wire(reconciling.RunningProcesses(gpus), gpus=gpus)
+    wired = cluster.wire(reconciling.RunningProcesses(gpus), gpus=gpus)
+    in_use, listener = wired.in_use, wired.listener
     clock = clocks.VirtualClock()
     agent = running.Agent(
         gpus=gpus,

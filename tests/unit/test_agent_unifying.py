@@ -3,8 +3,8 @@ GPUs: the pool of instances set aside for unified pods, the node counters, the s
 kubelet serving unified pods with the plugin's resolver, the GpuLayout status naming the pod
 an instance is used by, and the bound pods' count keeping a unified pod's instances.
 
-The single agent is wired by the CLI's own ``_Cluster`` (``migpilot agent --node --kubelet
-simulated``) over :class:`kubeapi.InMemoryNodeApi`; nothing sleeps: passes run with
+The single agent is wired by :func:`assembling.kube_side`, as ``migpilot agent --node --kubelet
+simulated`` wires it, over :class:`kubeapi.InMemoryNodeApi`; nothing sleeps: passes run with
 ``step``."""
 
 from __future__ import annotations
@@ -16,20 +16,15 @@ from typing import Any
 
 import pytest
 
-from migpilot.agent import (
-    following,
-    holding,
-    kubeapi,
-    metrics,
-    reconciling,
-    running,
-    standin,
-    unifying,
-)
+from migpilot.agent import assembling, metrics, reconciling, running
+from migpilot.agent.cluster import boundpods, following, holding, kubeapi
 from migpilot.agent.deviceplugin import devices, resolving
+from migpilot.agent.rules import changes
+from migpilot.agent.sharing import unifying
 from migpilot.api import gpulayouts as gl
-from migpilot.cli import agent_cmd
 from migpilot.gpu import clocks, emulated
+from migpilot.kube import errors as kube_errors
+from migpilot.kwok import standin
 from migpilot.mig import catalog, layouts
 from migpilot.planning import unified
 
@@ -89,7 +84,7 @@ class Counting(kubeapi.InMemoryNodeApi):
 
     def patch_node_resources(self, node: str, resources: Mapping[str, str | None]) -> None:
         if self.refuse:
-            raise kubeapi.KubeApiError("nodes/status is forbidden")
+            raise kube_errors.KubeApiError("nodes/status is forbidden")
         self.patches += 1
         super().patch_node_resources(node, resources)
 
@@ -113,7 +108,7 @@ def test_the_counters_follow_the_gpus_into_the_node(caplog: pytest.LogCaptureFix
         counters.passed(state={}, report=None, labels={}, view=v)
 
     def node_status(part: str) -> dict[str, str]:
-        (doc,) = api.list_node(NODE).documents
+        (doc,) = api.list_node(NODE).items
         return dict(doc["status"][part])
 
     tell(view(True))
@@ -141,27 +136,25 @@ def test_the_counters_follow_the_gpus_into_the_node(caplog: pytest.LogCaptureFix
 class Node:
     api: kubeapi.InMemoryNodeApi
     gpus: emulated.EmulatedBackend
-    cluster: agent_cmd._Cluster
+    cluster: assembling.KubeSide
     agent: running.Agent
 
     @property
-    def book(self) -> standin.PodBook:
-        assert self.cluster.pods is not None
+    def book(self) -> boundpods.PodBook:
         return self.cluster.pods
 
     @property
     def kubelet(self) -> standin.SimulatedKubelet:
-        assert self.cluster.simulated_kubelet is not None
-        return self.cluster.simulated_kubelet
+        assert isinstance(self.cluster.kubelet, standin.SimulatedKubelet)
+        return self.cluster.kubelet
 
     @property
     def pool(self) -> unifying.UnifiedPool:
-        assert self.cluster.pool is not None
         return self.cluster.pool
 
-    def step(self) -> reconciling.Report:
+    def step(self) -> changes.Report:
         self.cluster.source.sync()
-        self.book.listed(self.api.list_pods(node=NODE).documents)
+        self.book.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()
 
     def uuid(self, text: str, gpu: int = 0) -> str:
@@ -185,39 +178,29 @@ class Node:
 
 
 def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend) -> Node:
-    """As ``agent_cmd._cluster`` and ``_Cluster.wire`` wire ``--kubelet simulated``."""
+    """As ``migpilot agent --kubelet simulated`` wires it (:func:`assembling.kube_side`)."""
     source = following.GpuLayoutSource(api, node=NODE)
     source.sync()
-    book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
-
-    def reserving() -> gl.LayoutSpec | None:
-        return source.acted_on.spec if source.acted_on is not None else None
-
-    pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=reserving)
-    kubelet = standin.SimulatedKubelet(
+    book = boundpods.PodBook()
+    book.listed(api.list_pods(node=NODE).items)
+    cluster = assembling.kube_side(
         api,
-        node=NODE,
-        strategy=devices.MigStrategy.MIXED,
+        source=source,
         pods=book,
-        spec=reserving,
-        held=lambda: standin.reported_used(source.layout()),
-        unified=lambda: pool.inputs(fresh=False),
-        held_by=lambda: standin.reported_used_by(source.layout()),
+        strategy=devices.MigStrategy.MIXED,
+        standin=standin.stand_in,
     )
-    pool.attach(kubelet)
-    cluster = agent_cmd._Cluster(api, source, kubelet, book, None, pool, True)
-    in_use, listener = cluster.wire(reconciling.RunningProcesses(gpus), gpus=gpus)
+    wired = cluster.wire(reconciling.RunningProcesses(gpus), gpus=gpus)
     agent = running.Agent(
         gpus=gpus,
-        in_use=in_use,
+        in_use=wired.in_use,
         source=cluster.desired_source(),
         plugin=None,
         agent_metrics=metrics.AgentMetrics(),
         clock=clocks.VirtualClock(),
         settings=running.AgentSettings(),
-        listener=listener,
-        view_filter=pool,
+        listener=wired.listener,
+        view_filter=cluster.pool,
     )
     return Node(api, gpus, cluster, agent)
 
@@ -318,10 +301,10 @@ def test_a_bound_pods_reservation_dropped_before_allocate_is_remembered(node: No
     api.put_spec(NODE, spec([*FOUR[:3], inst("1g.10gb", 3, "ns/u")]))
     node.step()
     x = node.uuid("1g.10gb@3")
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     alone = unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: _spec(api))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     v = running.node_view(reconciling.Reconciler(gpus, reconciling.InUseSet()).read())
     assert alone.update(v).unified == {x}
     assert alone.in_use() == frozenset()  # the spec protects it
@@ -331,7 +314,7 @@ def test_a_bound_pods_reservation_dropped_before_allocate_is_remembered(node: No
     inputs = alone.inputs(fresh=False)
     assert [i.uuid for i in inputs.reservations["ns/u"]] == [x]
     api.delete_pod("ns", "u")
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     assert alone.update(v).unified == frozenset() and alone.in_use() == frozenset()
 
 
@@ -345,7 +328,7 @@ def test_a_reservation_dropped_as_the_pod_binds_between_two_passes_is_remembered
     )
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 1}, node=None))
     api.put_pod(pod_doc("gone", {GPU: 1, MEM: 1}, node=None))
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed([])
     pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: _spec(api))
     v = _mig_view(0, 1)
@@ -353,7 +336,7 @@ def test_a_reservation_dropped_as_the_pod_binds_between_two_passes_is_remembered
     # Before the next pass: u is bound, the controller drops both reservations (gone was
     # re-planned elsewhere).
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 1}))
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     api.put_spec(NODE, spec([inst("1g.10gb", 0), inst("1g.10gb", 1)]))
     assert pool.update(v).unified == {"M0"}
     assert pool.in_use() == {"M0"}
@@ -411,7 +394,7 @@ def test_the_spec_says_which_reservations_are_for_unified_pods_and_no_pod_is_rea
         NODE,
         spec([inst("1g.10gb", 0, "ns/u", unified=True), inst("1g.10gb", 1, "ns/m")]),
     )
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed([])
     pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: _spec(api))
     v = _mig_view(0, 1)
@@ -427,7 +410,7 @@ def test_allocations_of_gone_pods_are_released_once_a_read_confirms_it() -> None
     api.put_pod(pod_doc("lag", {GPU: 1, MEM: 1}, uid="u1"))  # the watch has not shown it yet
     api.put_pod(pod_doc("renamed", {GPU: 1, MEM: 1}, uid="u2"))  # another pod of that name
     api.put_pod(pod_doc("done", {GPU: 1, MEM: 1}, uid="u1", phase="Succeeded"))
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: None, allocated=ledger)
     before = pool.fingerprint()
     pool.update(_mig_view(0))
@@ -449,8 +432,8 @@ def test_a_bound_unified_pod_without_instances_keeps_its_profiles_count() -> Non
         gpus.create_instance(0, profile="1g.10gb", start=start)
     api = kubeapi.InMemoryNodeApi()
     api.put_pod(pod_doc("u", {GPU: 2, MEM: 8000}))
-    book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book = boundpods.PodBook()
+    book.listed(api.list_pods(node=NODE).items)
     pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: None)
     pool.update(running.node_view(reconciling.Reconciler(gpus, reconciling.InUseSet()).read()))
     (bound,) = book.pods(NODE)
@@ -458,7 +441,7 @@ def test_a_bound_unified_pod_without_instances_keeps_its_profiles_count() -> Non
     hold = holding.BoundPodsHold(
         book, node=NODE, gpus=gpus, allocated=reconciling.InUseSet(), unified=pool.profiles_for
     )
-    want = {0: reconciling.DesiredGpu(mig_enabled=True, layout=layouts.Layout.of([]))}
+    want = {0: changes.DesiredGpu(mig_enabled=True, layout=layouts.Layout.of([]))}
     reconciling.Reconciler(gpus, hold).reconcile(want)
     assert sorted(str(d) for d in gpus.mig_devices(0)) == ["1g.10gb@0", "1g.10gb@1"]
     gpus.close()
@@ -468,20 +451,20 @@ def test_a_unified_pods_count_is_the_profiles_of_its_instances() -> None:
     api = kubeapi.InMemoryNodeApi()
     api.put_spec(NODE, spec([inst("3g.40gb", 4, "ns/u")]))
     api.put_pod(pod_doc("u", {GPU: 1, MEM: 1000}))
-    book = standin.PodBook()
-    book.listed(api.list_pods(node=NODE).documents)
+    book = boundpods.PodBook()
+    book.listed(api.list_pods(node=NODE).items)
     pool = unifying.UnifiedPool(api, node=NODE, pods=book, spec=lambda: _spec(api))
     gpu = devices.Gpu(0, "GPU-0", H100, "x", 1, True)
     pool.update(devices.NodeDevices(gpus=(gpu,)))
     (bound,) = book.pods(NODE)
     assert pool.profiles_for(bound) == ("3g.40gb",)
-    whole = standin.bound_pod(pod_doc("w", {GPU: 1}))
+    whole = boundpods.bound_pod(pod_doc("w", {GPU: 1}))
     assert whole is not None and pool.profiles_for(whole) == ()
 
 
 def test_the_pod_book_keeps_unified_and_whole_gpu_pods(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     book.listed(
         [
             pod_doc("u", {GPU: 1, MEM: 100}),

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from migpilot import probes
-from migpilot.agent import kubeapi, standin, watching
+from migpilot.agent.cluster import boundpods, kubeapi, watching
+from migpilot.kube import errors as kube_errors
+from migpilot.kube import objects as kubeobjects
 
 NODE = "gpu-node-1"
 WAIT_S = 10.0
@@ -44,7 +46,7 @@ def _pod(name: str, **limits: str) -> dict[str, Any]:
 
 
 def _follow_pods(
-    api: kubeapi.NodeApi, book: standin.PodBook, stop: threading.Event, health: probes.Watches
+    api: kubeapi.NodeApi, book: boundpods.PodBook, stop: threading.Event, health: probes.Watches
 ) -> threading.Thread:
     thread = threading.Thread(
         target=watching.follow,
@@ -69,7 +71,7 @@ def test_a_pod_with_a_huge_quantity_is_skipped_once_and_the_pod_watch_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     api = kubeapi.InMemoryNodeApi()
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     health = probes.Watches(time.monotonic)
     stop = threading.Event()
     with caplog.at_level(logging.WARNING):
@@ -97,7 +99,7 @@ class _Broken(kubeapi.InMemoryNodeApi):
         self.error = error
         self.failed = 0
 
-    def list_pods(self, *, node: str | None) -> kubeapi.ListedAll:
+    def list_pods(self, *, node: str | None) -> kubeobjects.Listed:
         if self.error is not None:
             self.failed += 1
             raise self.error
@@ -108,12 +110,14 @@ class _Broken(kubeapi.InMemoryNodeApi):
     "error",
     [
         RuntimeError("a bug in the watch"),
-        kubeapi.KubeApiError("429 TooManyRequests: storage is (re)initializing", transient=True),
+        kube_errors.KubeApiError(
+            "429 TooManyRequests: storage is (re)initializing", transient=True
+        ),
     ],
 )
 def test_a_failing_pod_watch_is_down_in_healthz_and_restarts(error: Exception) -> None:
     api = _Broken(error)
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     health = probes.Watches(time.monotonic)
     stop = threading.Event()
     thread = _follow_pods(api, book, stop, health)
@@ -133,21 +137,21 @@ def test_a_failing_pod_watch_is_down_in_healthz_and_restarts(error: Exception) -
 def test_a_callback_that_raises_skips_that_object_only() -> None:
     taken: list[str] = []
 
-    def changed(event: kubeapi.WatchEvent) -> None:
-        name = event.document["metadata"]["name"]
+    def changed(event: kubeobjects.WatchEvent) -> None:
+        name = event.object["metadata"]["name"]
         if name == "boom":
             raise ValueError("a bug")
         taken.append(name)
 
-    def events(version: str) -> Iterator[kubeapi.WatchEvent]:
+    def events(version: str) -> Iterator[kubeobjects.WatchEvent]:
         for name in ("a", "boom", "b"):
-            yield kubeapi.WatchEvent(kubeapi.EventType.ADDED, {"metadata": {"name": name}})
+            yield kubeobjects.WatchEvent(kubeobjects.EventType.ADDED, {"metadata": {"name": name}})
         stop.set()
 
     stop = threading.Event()
     watching.follow(
         what="things",
-        lister=lambda: kubeapi.ListedAll((), "1"),
+        lister=lambda: kubeobjects.Listed((), "1"),
         watcher=events,
         listed=lambda docs: None,
         changed=changed,
@@ -179,11 +183,11 @@ def test_the_first_read_waits_out_429_right_after_the_crd_is_created() -> None:
     clock = _Clock()
     answers = iter(
         [
-            kubeapi.KubeApiError(
+            kube_errors.KubeApiError(
                 "429 TooManyRequests: storage is (re)initializing", transient=True
             ),
-            kubeapi.KubeApiError("503 ServiceUnavailable", transient=True),
-            kubeapi.KubeApiError("the API server cannot be reached: refused", transient=True),
+            kube_errors.KubeApiError("503 ServiceUnavailable", transient=True),
+            kube_errors.KubeApiError("the API server cannot be reached: refused", transient=True),
         ]
     )
 
@@ -203,15 +207,15 @@ def test_the_first_read_gives_up_on_a_refusal_at_once_and_on_transients_after_it
     clock = _Clock()
 
     def forbidden() -> None:
-        raise kubeapi.KubeApiError("403 Forbidden")
+        raise kube_errors.KubeApiError("403 Forbidden")
 
-    with pytest.raises(kubeapi.KubeApiError, match="403"):
+    with pytest.raises(kube_errors.KubeApiError, match="403"):
         watching.retrying(forbidden, what="x", clock=clock, sleep=clock.sleep)
     assert clock.slept == []
 
     def busy() -> None:
-        raise kubeapi.KubeApiError("429 TooManyRequests", transient=True)
+        raise kube_errors.KubeApiError("429 TooManyRequests", transient=True)
 
-    with pytest.raises(kubeapi.KubeApiError, match="429"):
+    with pytest.raises(kube_errors.KubeApiError, match="429"):
         watching.retrying(busy, what="x", patience_s=60.0, clock=clock, sleep=clock.sleep)
     assert sum(clock.slept) <= 60.0 and len(clock.slept) >= 3

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from migpilot.agent import kubeapi
+from migpilot.agent import assembling
+from migpilot.agent.cluster import kubeapi
 from migpilot.cli import agent_cmd
 from migpilot.cli import main as cli
 
@@ -294,7 +295,7 @@ def test_once_in_a_cluster_sets_aside_unified_instances_and_writes_the_counters(
 ) -> None:
     """``--node N --kubelet simulated --once`` as the CLI wires it, over the in-memory API."""
     api = kubeapi.InMemoryNodeApi()
-    monkeypatch.setattr(agent_cmd.kube, "connect", lambda kubeconfig: api)
+    monkeypatch.setattr(assembling.kube, "connect", lambda kubeconfig: api)
     api.put_node("n0", {})
     reserved = {
         "profile": "1g.10gb",
@@ -322,7 +323,7 @@ def test_once_in_a_cluster_sets_aside_unified_instances_and_writes_the_counters(
     assert got["nvidia.com/gpu"] == "1" and got["nvidia.com/gpucores"] == "100"
     assert "nvidia.com/mig-1g.10gb" not in got or got["nvidia.com/mig-1g.10gb"] == "0"
     api2 = kubeapi.InMemoryNodeApi()
-    monkeypatch.setattr(agent_cmd.kube, "connect", lambda kubeconfig: api2)
+    monkeypatch.setattr(assembling.kube, "connect", lambda kubeconfig: api2)
     api2.put_node("n0", {})
     assert run(*argv, "--once", "--no-unified-counters")[0] == 0
     assert "nvidia.com/gpucores" not in api2.node_resources.get("n0", {})
@@ -335,7 +336,8 @@ def test_agents_on_two_nodes_report_different_emulated_uuids(tmp_path: Path) -> 
         args = cli.build_parser().parse_args(
             ["agent", "--node", node, "--backend", "emulated:h100-80gb:x2"]
         )
-        return [g.uuid for g in agent_cmd._open_backend(args).gpus()]
+        backend = agent_cmd.settings_from(args).backend
+        return [g.uuid for g in assembling.open_backend(backend, node=node).gpus()]
 
     a, b = uuids("node-a"), uuids("node-b")
     assert len(set(a)) == 2 and not set(a) & set(b)

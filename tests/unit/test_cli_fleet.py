@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from migpilot.agent import fleet, kubeapi
 from migpilot.cli import fleet_cmd
 from migpilot.cli import main as cli
+from migpilot.kube import objects as kubeobjects
+from migpilot.kwok import fleet
 
 
 def settings(*argv: str) -> fleet.FleetSettings:
@@ -18,7 +19,7 @@ def settings(*argv: str) -> fleet.FleetSettings:
 
 def test_defaults() -> None:
     got = settings()
-    assert got.selector == kubeapi.LabelSelector(fleet.EMULATED_GPUS_LABEL)
+    assert got.selector == kubeobjects.LabelSelector(fleet.EMULATED_GPUS_LABEL)
     assert (got.workers, got.interval_s, got.resync_s) == (32, 30.0, 300.0)
     assert got.unified_counters
     assert not settings("--no-unified-counters").unified_counters
@@ -35,7 +36,7 @@ def test_flags(tmp_path: Path) -> None:
         "--interval", "5", "--resync", "60", "--strategy", "single",
     )  # fmt: skip
     assert got.kubeconfig == config
-    assert got.selector == kubeapi.LabelSelector("pool", "a")
+    assert got.selector == kubeobjects.LabelSelector("pool", "a")
     assert (got.workers, got.interval_s, got.resync_s) == (4, 5.0, 60.0)
     assert got.strategy.value == "single"
     load = tmp_path / "load.yaml"

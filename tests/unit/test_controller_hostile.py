@@ -16,6 +16,8 @@ import pytest
 
 from migpilot import errors
 from migpilot.controller import kubeapi, observing, running, serving
+from migpilot.kube import errors as kube_errors
+from migpilot.kube import objects as kubeobjects
 from tests.unit.test_controller_running import (
     _Clock,
     _node,
@@ -37,7 +39,7 @@ def _plain_pod(name: str, namespace: str, **requests: str) -> dict[str, Any]:
     }
 
 
-def _warnings(api: kubeapi.InMemoryApi, name: str) -> list[kubeapi.EventNote]:
+def _warnings(api: kubeapi.InMemoryApi, name: str) -> list[kubeobjects.EventNote]:
     return [e for e in api.events if e.type == "Warning" and e.name == name]
 
 
@@ -58,11 +60,11 @@ def test_a_pod_with_a_huge_quantity_is_warned_once_and_the_next_mig_pod_is_serve
         await _ready_node(api)
         bad = _plain_pod("hostile", "other", **requests)
         bad["spec"]["nodeName"] = "n0"  # bound there: its amounts would count on the node
-        await api.put(kubeapi.Kind.PODS, bad)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, bad)
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("the MIG pod reserved", lambda: "ns/p" in _reserved(api, "n0"))
         await _until("the warning", lambda: bool(_warnings(api, "hostile")))
-        await api.put(kubeapi.Kind.PODS, bad)  # the watch shows it again
+        await api.put(kubeobjects.Kind.PODS, bad)  # the watch shows it again
         await _passes(controller)
         (warning,) = _warnings(api, "hostile")
         assert warning.reason == "MigpilotIgnoredPod"
@@ -78,10 +80,10 @@ def test_a_gated_mig_pod_with_a_huge_memory_is_let_go_with_one_warning() -> None
         await _ready_node(api)
         pod = _pod("huge", "1g.10gb")
         pod["spec"]["containers"][0]["resources"]["requests"] = {"memory": "1e1000000"}
-        await api.put(kubeapi.Kind.PODS, pod)
+        await api.put(kubeobjects.Kind.PODS, pod)
         await _until(
             "the gate removed",
-            lambda: "schedulingGates" not in api.objects[kubeapi.Kind.PODS]["ns/huge"]["spec"],
+            lambda: "schedulingGates" not in api.objects[kubeobjects.Kind.PODS]["ns/huge"]["spec"],
         )
         await _passes(controller)
         (warning,) = _warnings(api, "huge")
@@ -94,9 +96,9 @@ def test_a_gated_mig_pod_with_a_huge_memory_is_let_go_with_one_warning() -> None
 def test_a_node_with_a_huge_allocatable_is_warned_and_left_out_and_others_serve() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.NODES, _node("huge", cpu="1e1000000"))
+        await api.put(kubeobjects.Kind.NODES, _node("huge", cpu="1e1000000"))
         await _until("a warning on the node", lambda: bool(_warnings(api, "huge")))
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("the MIG pod reserved on n0", lambda: "ns/p" in _reserved(api, "n0"))
         await _passes(controller)
         (warning,) = _warnings(api, "huge")
@@ -121,9 +123,9 @@ def test_an_object_the_controller_cannot_read_is_logged_once_and_skipped(
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
         boom = _pod("boom", "1g.10gb")
-        await api.put(kubeapi.Kind.PODS, boom)
-        await api.put(kubeapi.Kind.PODS, boom)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, boom)
+        await api.put(kubeobjects.Kind.PODS, boom)
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("the next pod reserved", lambda: "ns/p" in _reserved(api, "n0"))
         assert "ns/boom" not in controller.observe().pods
         assert controller.not_healthy() is None
@@ -143,8 +145,8 @@ class _Failing(kubeapi.InMemoryApi):
         self.healed = False
         self.failed = 0
 
-    async def list_all(self, kind: kubeapi.Kind) -> kubeapi.Listed:
-        if kind is kubeapi.Kind.PODS and not self.healed:
+    async def list_all(self, kind: kubeobjects.Kind) -> kubeobjects.Listed:
+        if kind is kubeobjects.Kind.PODS and not self.healed:
             self.failed += 1
             raise self.error
         return await super().list_all(kind)
@@ -154,7 +156,9 @@ class _Failing(kubeapi.InMemoryApi):
     "error",
     [
         RuntimeError("a bug in the watch"),
-        kubeapi.KubeApiError("429 TooManyRequests: storage is (re)initializing", transient=True),
+        kube_errors.KubeApiError(
+            "429 TooManyRequests: storage is (re)initializing", transient=True
+        ),
     ],
 )
 def test_a_failing_watch_fails_healthz_restarts_with_backoff_and_serves_again(
@@ -168,7 +172,7 @@ def test_a_failing_watch_fails_healthz_restarts_with_backoff_and_serves_again(
         assert controller._backoff(0) < controller._backoff(3) == controller.settings.retry_max_s
         api.healed = True
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("the pod reserved", lambda: "ns/p" in _reserved(api, "n0"))
         assert controller.not_healthy() is None
 
@@ -176,7 +180,7 @@ def test_a_failing_watch_fails_healthz_restarts_with_backoff_and_serves_again(
 
 
 def test_a_leader_whose_watch_stays_down_lets_the_lease_lapse_and_leads_again_after() -> None:
-    api = _Failing(kubeapi.KubeApiError("503: the API server is shutting down", transient=True))
+    api = _Failing(kube_errors.KubeApiError("503: the API server is shutting down", transient=True))
     clock = _Clock(1000.0)
 
     async def body(api_: kubeapi.InMemoryApi, controller: running.Controller) -> None:
@@ -199,8 +203,8 @@ def test_a_task_that_ends_is_started_again() -> None:
     class Ending(running.Controller):
         ended = False
 
-        async def _inform(self, kind: kubeapi.Kind, stop: asyncio.Event) -> None:
-            if kind is kubeapi.Kind.PODS and not self.ended:
+        async def _inform(self, kind: kubeobjects.Kind, stop: asyncio.Event) -> None:
+            if kind is kubeobjects.Kind.PODS and not self.ended:
                 self.ended = True
                 raise RuntimeError("the task died")
             await super()._inform(kind, stop)
@@ -213,7 +217,7 @@ def test_a_task_that_ends_is_started_again() -> None:
         task = asyncio.create_task(controller.run(stop))
         try:
             await _ready_node(api)
-            await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+            await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
             await _until("the pod reserved", lambda: "ns/p" in _reserved(api, "n0"))
             assert controller.ended
             assert controller.not_healthy() is None
@@ -244,7 +248,7 @@ def test_the_setup_check_tries_transient_errors_again_and_passes() -> None:
         async def lease_namespace_exists(self, namespace: str, name: str) -> bool:
             self.answers += 1
             if self.answers < 3:
-                raise kubeapi.KubeApiError("429 TooManyRequests: storage is (re)initializing",
+                raise kube_errors.KubeApiError("429 TooManyRequests: storage is (re)initializing",
                                            transient=True)  # fmt: skip
             return await super().lease_namespace_exists(namespace, name)
 
@@ -256,6 +260,6 @@ def test_the_setup_check_tries_transient_errors_again_and_passes() -> None:
 
 def test_the_setup_check_does_not_retry_a_refusal() -> None:
     api = kubeapi.InMemoryApi()
-    api.fail_next = kubeapi.KubeApiError("403 Forbidden: leases is forbidden")
-    with pytest.raises(kubeapi.KubeApiError, match="403"):
+    api.fail_next = kube_errors.KubeApiError("403 Forbidden: leases is forbidden")
+    with pytest.raises(kube_errors.KubeApiError, match="403"):
         asyncio.run(serving._check_setup(api, _settings(), asyncio.Event()))

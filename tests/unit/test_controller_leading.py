@@ -23,6 +23,7 @@ from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.api import leases
 from migpilot.controller import kubeapi, running
+from migpilot.kube import objects as kubeobjects
 from tests.unit.test_controller_running import (
     _Clock,
     _node,
@@ -67,10 +68,10 @@ class _Api(kubeapi.InMemoryApi):
         return await super().write_lease(lease, create=create)
 
     async def watch(
-        self, kind: kubeapi.Kind, *, resource_version: str
-    ) -> AsyncIterator[kubeapi.WatchEvent]:
+        self, kind: kubeobjects.Kind, *, resource_version: str
+    ) -> AsyncIterator[kubeobjects.WatchEvent]:
         async for event in super().watch(kind, resource_version=resource_version):
-            if kind is kubeapi.Kind.LAYOUTS:
+            if kind is kubeobjects.Kind.LAYOUTS:
                 await self.flowing.wait()
             yield event
 
@@ -132,7 +133,7 @@ def test_a_standby_judges_the_lease_on_its_own_clock_whatever_the_holders(skew: 
     asyncio.run(api.write_lease(first, create=True))
 
     async def body(api: _Api, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
+        await api.put(kubeobjects.Kind.NODES, _node("n0"))
         await _reads(api)
         clock.now += 14.5
         await _reads(api)
@@ -149,7 +150,7 @@ def test_a_standby_judges_the_lease_on_its_own_clock_whatever_the_holders(skew: 
         spec = api.leases[KEY]["spec"]
         assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("c1", 1)
         assert spec["renewTime"] == leases.format_time(EPOCH + skew)
-        await _until("the GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
+        await _until("the GpuLayout", lambda: "n0" in api.objects[kubeobjects.Kind.LAYOUTS])
 
     _run(body, api=api, clock=clock, wall=lambda: EPOCH + skew)
 
@@ -194,8 +195,8 @@ def test_a_leader_whose_lease_calls_hang_stops_acting_by_its_renew_deadline() ->
         assert writes == 1
         clock.now = renewed + 10.0 + 0.01  # past it, with the Lease calls still hanging
         await _until("stepping down", lambda: not controller.leading)
-        await api.put(kubeapi.Kind.NODES, _node("n1"))
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.NODES, _node("n1"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("more hung Lease calls", lambda: api.hung >= 4)
         assert len(api.spec_writes) == writes and not api.pod_patches
         assert controller.metrics.leader._value.get() == 0
@@ -226,7 +227,7 @@ def test_the_deadline_is_checked_before_the_plan_is_written(
         writes = len(api.spec_writes)
         monkeypatch.setattr(running, "_plan_fast", slow)
         api.hang = True  # so the Lease task cannot renew meanwhile
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("the plan", lambda: planned >= 1)
         await _until("stepping down", lambda: not controller.leading)
         assert len(api.spec_writes) == writes and not api.refused_writes
@@ -242,7 +243,7 @@ def test_each_write_checks_the_deadline_first(write: str) -> None:
 
     async def body(api: _Api, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         api.hang = True
         spec_writes, patches = len(api.spec_writes), len(api.pod_patches)
@@ -274,17 +275,17 @@ def test_a_write_planned_on_a_replaced_version_is_refused_and_planned_again() ->
         await _ready_node(api)
         await _until("the status seen", lambda: controller._store.layouts["n0"].status is not None)
         api.flowing.clear()  # c1's GpuLayout watch lags from here
-        before = api.objects[kubeapi.Kind.LAYOUTS]["n0"]["metadata"]["resourceVersion"]
+        before = api.objects[kubeobjects.Kind.LAYOUTS]["n0"]["metadata"]["resourceVersion"]
         await api.apply_layout_spec(
             "n0", theirs, owner_uid=None, fence=kubeapi.Fence(before, leader="c2", term=1)
         )
         writes = len(api.spec_writes)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("a refused write", lambda: bool(api.refused_writes))
         name, fence = api.refused_writes[0]
         assert (name, fence.leader, fence.resource_version) == ("n0", "c1", before)
         assert len(api.spec_writes) == writes
-        doc = api.objects[kubeapi.Kind.LAYOUTS]["n0"]
+        doc = api.objects[kubeobjects.Kind.LAYOUTS]["n0"]
         assert wire.parse(doc).spec == theirs
         assert doc["metadata"]["annotations"] == {
             gl.LEADER_ANNOTATION: "c2",
@@ -296,7 +297,9 @@ def test_a_write_planned_on_a_replaced_version_is_refused_and_planned_again() ->
         # The in-memory API, like the real one, took it only on c2's version: planned anew.
         assert len(api.spec_writes) == writes + 1
         assert (
-            api.objects[kubeapi.Kind.LAYOUTS]["n0"]["metadata"]["annotations"][gl.LEADER_ANNOTATION]
+            api.objects[kubeobjects.Kind.LAYOUTS]["n0"]["metadata"]["annotations"][
+                gl.LEADER_ANNOTATION
+            ]
             == "c1"
         )
 
@@ -316,10 +319,10 @@ def test_a_new_layout_is_created_only_if_none_exists() -> None:
         await api.apply_layout_spec(
             "n0", theirs, owner_uid=None, fence=kubeapi.Fence(None, leader="c2", term=1)
         )
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
+        await api.put(kubeobjects.Kind.NODES, _node("n0"))
         await _until("a refused create", lambda: bool(api.refused_writes))
         assert api.refused_writes[0][1].resource_version is None
-        assert wire.parse(api.objects[kubeapi.Kind.LAYOUTS]["n0"]).spec == theirs
+        assert wire.parse(api.objects[kubeobjects.Kind.LAYOUTS]["n0"]).spec == theirs
         assert api.spec_writes == [("n0", theirs)]
 
     _run(body, api=_Api(), clock=clock)
@@ -336,9 +339,9 @@ def test_the_term_written_is_the_leases_transitions_when_taken() -> None:
     async def body(api: _Api, controller: running.Controller) -> None:
         await _reads(api)
         clock.now += 15.0
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
-        await _until("the GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
-        annotations = api.objects[kubeapi.Kind.LAYOUTS]["n0"]["metadata"]["annotations"]
+        await api.put(kubeobjects.Kind.NODES, _node("n0"))
+        await _until("the GpuLayout", lambda: "n0" in api.objects[kubeobjects.Kind.LAYOUTS])
+        annotations = api.objects[kubeobjects.Kind.LAYOUTS]["n0"]["metadata"]["annotations"]
         assert annotations == {gl.LEADER_ANNOTATION: "c1", gl.TERM_ANNOTATION: "7"}
         assert api.leases[KEY]["spec"]["leaseTransitions"] == 7
 

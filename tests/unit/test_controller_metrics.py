@@ -14,6 +14,7 @@ import pytest
 from migpilot.api import gpulayouts as gl
 from migpilot.api import leases
 from migpilot.controller import kubeapi, metrics, running, turnover
+from migpilot.kube import objects as kubeobjects
 from migpilot.mig import catalog, profiles
 from migpilot.planning import plans, snapshot, usage
 from tests.unit.test_controller_leading import _Api as _LeaseApi
@@ -180,7 +181,7 @@ def test_a_pod_bound_after_n_seconds_lands_in_its_bucket_and_leaves_the_pending_
                 _value(m, "migpilot_node_allocation_ratio", node="n0", model="a100-80gb") == 0.0
             ),
         )
-        await api.put(kubeapi.Kind.PODS, _pod("p", "3g.40gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "3g.40gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         _, start, profile = _reserved(api, "n0")["ns/p"]
         written = "migpilot_instance_actions_written_total"
@@ -205,7 +206,7 @@ def test_a_pod_bound_after_n_seconds_lands_in_its_bucket_and_leaves_the_pending_
         )
         clock.now += 7.0
         wall.now += 70.0  # created 100 s before it is bound
-        await api.put(kubeapi.Kind.PODS, _bind(api, "ns/p", "n0"))
+        await api.put(kubeobjects.Kind.PODS, _bind(api, "ns/p", "n0"))
         await _until(
             "the bind counted",
             lambda: _value(m, "migpilot_pod_creation_to_bind_seconds_count") == 1,
@@ -226,7 +227,7 @@ def test_a_refused_pod_counts_under_its_reason_until_it_is_served() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         m = controller.metrics
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("bad", "1c.3g.40gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("bad", "1c.3g.40gb"))
         await _until(
             "the refusal counted",
             lambda: _value(m, "migpilot_pending_pods", reason="MigRequestUnservable") == 1,
@@ -234,7 +235,7 @@ def test_a_refused_pod_counts_under_its_reason_until_it_is_served() -> None:
         await _passes(controller)
         assert _value(m, "migpilot_pending_pods", reason="MigRequestUnservable") == 1
         # kube-scheduler serves it (the request was for it to judge).
-        await api.put(kubeapi.Kind.PODS, _bind(api, "ns/bad", "n0"))
+        await api.put(kubeobjects.Kind.PODS, _bind(api, "ns/bad", "n0"))
         await _until(
             "the pod out of the gauge",
             lambda: _value(m, "migpilot_pending_pods", reason="MigRequestUnservable") == 0,
@@ -254,7 +255,7 @@ def test_a_free_instance_a_plan_replaces_is_counted_destroyed_once_the_agent_rep
             "the new instance counted",
             lambda: _value(m, "migpilot_instances_created_total", profile="1g.10gb") == 1,
         )
-        await api.put(kubeapi.Kind.PODS, _pod("big", "7g.80gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("big", "7g.80gb"))
         await _until("a reservation", lambda: "ns/big" in _reserved(api, "n0"))
         written = "migpilot_instance_actions_written_total"
         assert _value(m, written, op="destroy", profile="1g.10gb") == 1
@@ -305,8 +306,8 @@ def test_what_a_starting_controller_finds_is_its_baseline_and_a_deleted_layout_i
     None
 ):
     api = kubeapi.InMemoryApi()
-    asyncio.run(api.put(kubeapi.Kind.NODES, _node_doc("n0")))
-    asyncio.run(api.put(kubeapi.Kind.LAYOUTS, _layout_doc("n0", FOUND)))
+    asyncio.run(api.put(kubeobjects.Kind.NODES, _node_doc("n0")))
+    asyncio.run(api.put(kubeobjects.Kind.LAYOUTS, _layout_doc("n0", FOUND)))
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         m = controller.metrics
@@ -322,8 +323,10 @@ def test_what_a_starting_controller_finds_is_its_baseline_and_a_deleted_layout_i
         )
         # The GpuLayout deleted (the controller makes it again, empty): no destroy counted, and
         # the agent's report on the new one is a new baseline.
-        await api.delete(kubeapi.Kind.LAYOUTS, "n0")
-        await _until("the GpuLayout made again", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
+        await api.delete(kubeobjects.Kind.LAYOUTS, "n0")
+        await _until(
+            "the GpuLayout made again", lambda: "n0" in api.objects[kubeobjects.Kind.LAYOUTS]
+        )
         await _agent_reports(api, "n0", FOUND)
         await _passes(controller)
         assert _value(m, "migpilot_instances_destroyed_total", profile="3g.40gb") is None
@@ -345,8 +348,8 @@ def test_a_standby_counts_nothing_but_keeps_its_baseline_for_when_it_leads() -> 
     held = leases.claim(None, observed=None, identity="c0", now=0.0, stamp=CREATED)
     assert held is not None
     asyncio.run(api.write_lease(held, create=True))
-    asyncio.run(api.put(kubeapi.Kind.NODES, _node_doc("n0")))
-    asyncio.run(api.put(kubeapi.Kind.LAYOUTS, _layout_doc("n0", [])))
+    asyncio.run(api.put(kubeobjects.Kind.NODES, _node_doc("n0")))
+    asyncio.run(api.put(kubeobjects.Kind.LAYOUTS, _layout_doc("n0", [])))
 
     async def body(api: _LeaseApi, controller: running.Controller) -> None:
         m = controller.metrics

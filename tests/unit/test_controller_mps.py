@@ -12,6 +12,7 @@ from typing import Any
 from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import kubeapi, observing, running
+from migpilot.kube import objects as kubeobjects
 from migpilot.planning import fast, options
 from tests.unit.test_controller_running import WAIT_S, _run, _until
 
@@ -51,27 +52,27 @@ def _pod(name: str, gb: int) -> dict[str, Any]:
 
 async def _report(api: kubeapi.InMemoryApi, node: str, slices: list[dict[str, Any]]) -> None:
     """The agent's status: one A100 serving ``slices``."""
-    doc = copy.deepcopy(api.objects[kubeapi.Kind.LAYOUTS][node])
+    doc = copy.deepcopy(api.objects[kubeobjects.Kind.LAYOUTS][node])
     gpu: dict[str, Any] = {"index": 0, "model": A100, "uuid": "GPU-0", "instances": []}
     if slices:
         gpu["mps"] = slices
     doc["status"] = {"observedGeneration": 1, "gpus": [gpu]}
-    await api.put(kubeapi.Kind.LAYOUTS, doc)
+    await api.put(kubeobjects.Kind.LAYOUTS, doc)
 
 
 def _slices(api: kubeapi.InMemoryApi, node: str) -> list[gl.SliceSpec]:
-    layout = wire.parse(api.objects[kubeapi.Kind.LAYOUTS][node])
+    layout = wire.parse(api.objects[kubeobjects.Kind.LAYOUTS][node])
     return [sl for g in layout.spec.gpus for sl in g.mps]
 
 
 def test_an_mps_pod_gets_a_slice_reserved_is_pinned_and_its_slice_is_kept_when_bound() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("m0"))
+        await api.put(kubeobjects.Kind.NODES, _node("m0"))
         await _until(
-            "a GpuLayout for the mps node", lambda: "m0" in api.objects[kubeapi.Kind.LAYOUTS]
+            "a GpuLayout for the mps node", lambda: "m0" in api.objects[kubeobjects.Kind.LAYOUTS]
         )
         await _report(api, "m0", [])
-        await api.put(kubeapi.Kind.PODS, _pod("a", 10))
+        await api.put(kubeobjects.Kind.PODS, _pod("a", 10))
         await _until("a slice reserved", lambda: any(s.reserved_for for s in _slices(api, "m0")))
         (mine,) = _slices(api, "m0")
         assert (mine.memory_gb, mine.reserved_for) == (10, "ns/a")
@@ -81,7 +82,7 @@ def test_an_mps_pod_gets_a_slice_reserved_is_pinned_and_its_slice_is_kept_when_b
         await _report(api, "m0", [served])
         await asyncio.sleep(0.2)
         assert not api.pod_patches, "pinned before the Node advertises the slice"
-        await api.put(kubeapi.Kind.NODES, _node("m0", **{"nvidia.com/gpu-10gb": "1"}))
+        await api.put(kubeobjects.Kind.NODES, _node("m0", **{"nvidia.com/gpu-10gb": "1"}))
         await _until("the pin", lambda: len(api.pod_patches) == 1)
         ((key, patch),) = api.pod_patches
         assert key == "ns/a"
@@ -91,12 +92,12 @@ def test_an_mps_pod_gets_a_slice_reserved_is_pinned_and_its_slice_is_kept_when_b
         assert any("MPS slice" in e.message for e in api.events if e.name == "a")
 
         # Bound: the reservation goes; a second pod gets a second slice, never the first.
-        bound = copy.deepcopy(api.objects[kubeapi.Kind.PODS]["ns/a"])
+        bound = copy.deepcopy(api.objects[kubeobjects.Kind.PODS]["ns/a"])
         bound["spec"]["nodeName"] = "m0"
         bound["spec"].pop("schedulingGates", None)
-        await api.put(kubeapi.Kind.PODS, bound)
+        await api.put(kubeobjects.Kind.PODS, bound)
         await _until("released", lambda: not any(s.reserved_for for s in _slices(api, "m0")))
-        await api.put(kubeapi.Kind.PODS, _pod("bb", 10))
+        await api.put(kubeobjects.Kind.PODS, _pod("bb", 10))
         await _until(
             "a second slice", lambda: any(s.reserved_for == "ns/bb" for s in _slices(api, "m0"))
         )
@@ -111,10 +112,10 @@ def test_a_node_in_an_unknown_mode_is_not_planned_and_the_pod_waits() -> None:
         odd = _node("m1")
         odd["metadata"]["labels"]["migpilot.io/mode"] = "mps2"
         odd["metadata"]["labels"]["nvidia.com/mig.capable"] = "true"
-        await api.put(kubeapi.Kind.NODES, odd)
-        await _until("a GpuLayout", lambda: "m1" in api.objects[kubeapi.Kind.LAYOUTS])
+        await api.put(kubeobjects.Kind.NODES, odd)
+        await _until("a GpuLayout", lambda: "m1" in api.objects[kubeobjects.Kind.LAYOUTS])
         await _report(api, "m1", [])
-        await api.put(kubeapi.Kind.PODS, _pod("c", 10))
+        await api.put(kubeobjects.Kind.PODS, _pod("c", 10))
         obs = controller.observe()
         await _until("observed", lambda: "ns/c" in controller.observe().pods)
         obs = controller.observe()
@@ -186,10 +187,10 @@ def test_a_unified_pod_gets_an_mps_slice_advertised_as_nvidia_gpu_and_is_pinned(
     and the counters; released once the status says Allocate handed it to the pod."""
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("m0"))
-        await _until("a GpuLayout", lambda: "m0" in api.objects[kubeapi.Kind.LAYOUTS])
+        await api.put(kubeobjects.Kind.NODES, _node("m0"))
+        await _until("a GpuLayout", lambda: "m0" in api.objects[kubeobjects.Kind.LAYOUTS])
         await _report(api, "m0", [])
-        await api.put(kubeapi.Kind.PODS, _unified("u", {"nvidia.com/vgpu-mode": "mps"}))
+        await api.put(kubeobjects.Kind.PODS, _unified("u", {"nvidia.com/vgpu-mode": "mps"}))
         await _until("a slice reserved", lambda: any(s.reserved_for for s in _slices(api, "m0")))
         (mine,) = _slices(api, "m0")
         assert (mine.memory_gb, mine.cores, mine.reserved_for, mine.resource) == (
@@ -200,7 +201,7 @@ def test_a_unified_pod_gets_an_mps_slice_advertised_as_nvidia_gpu_and_is_pinned(
         )
         served = {"id": mine.id, "memoryGB": 8, "cores": 30, "state": "reserved"}
         await _report(api, "m0", [served])
-        await api.put(kubeapi.Kind.NODES, _node("m0", **{"nvidia.com/gpu": "1"}))
+        await api.put(kubeobjects.Kind.NODES, _node("m0", **{"nvidia.com/gpu": "1"}))
         await asyncio.sleep(0.2)
         assert not api.pod_patches, "pinned before the Node has the unified counters"
         counters = {
@@ -209,15 +210,15 @@ def test_a_unified_pod_gets_an_mps_slice_advertised_as_nvidia_gpu_and_is_pinned(
             "nvidia.com/gpumem-percentage": "100",
             "nvidia.com/gpucores": "100",
         }
-        await api.put(kubeapi.Kind.NODES, _node("m0", **counters))
+        await api.put(kubeobjects.Kind.NODES, _node("m0", **counters))
         await _until("the pin", lambda: len(api.pod_patches) == 1)
         assert api.pod_patches[0][0] == "ns/u"
 
         # Bound, not yet allocated: the reservation stays (Allocate hands the pod this slice).
-        bound = copy.deepcopy(api.objects[kubeapi.Kind.PODS]["ns/u"])
+        bound = copy.deepcopy(api.objects[kubeobjects.Kind.PODS]["ns/u"])
         bound["spec"]["nodeName"] = "m0"
         bound["spec"].pop("schedulingGates", None)
-        await api.put(kubeapi.Kind.PODS, bound)
+        await api.put(kubeobjects.Kind.PODS, bound)
         await asyncio.sleep(0.2)
         assert [s.reserved_for for s in _slices(api, "m0")] == ["ns/u"]
         used = {**served, "state": "used", "usedBy": "ns/u"}

@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from migpilot import errors
 from migpilot.api import gpulayouts as gl
-from migpilot.controller import kubeapi, observing, pinning
+from migpilot.controller import observing, pinning
+from migpilot.kube import errors as kube_errors
+from migpilot.kube import memory as kubememory
 from migpilot.mig import catalog, layouts
 from migpilot.planning import control, modes, planners, plans, snapshot
 
@@ -694,7 +696,7 @@ POD_AFFINITY = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecut
 def test_pin_patch(pod: dict[str, Any], ops: list[dict[str, Any]]) -> None:
     patch = pinning.pin_patch(pod, _node_view())
     assert patch == ops
-    after = kubeapi.apply_json_patch(pod, patch)
+    after = kubememory.apply_json_patch(pod, patch)
     if ops:
         _assert_narrows(pod, after, FIELD)
     else:
@@ -723,7 +725,7 @@ def test_pin_patch_names_the_node_by_field_with_or_without_a_hostname_label() ->
         {"op": "add", "path": f"{BASE}/nodeSelectorTerms/0/matchFields", "value": [FIELD]},
         {"op": "add", "path": f"{BASE}/nodeSelectorTerms/1/matchFields/-", "value": FIELD},
     ]
-    _assert_narrows(pod, kubeapi.apply_json_patch(pod, patch), FIELD)
+    _assert_narrows(pod, kubememory.apply_json_patch(pod, patch), FIELD)
     bare = pinning.pin_patch(_gated(), _node_view(hostname=False))
     assert bare[0]["value"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
         "nodeSelectorTerms": [{"matchFields": [FIELD]}]
@@ -752,7 +754,7 @@ def test_pin_patch_does_not_repeat_a_requirement_a_term_has() -> None:
     assert [op["path"] for op in patch if op["op"] == "add"] == [
         f"{BASE}/nodeSelectorTerms/1/matchFields/-"
     ]
-    after = kubeapi.apply_json_patch(pod, patch)
+    after = kubememory.apply_json_patch(pod, patch)
     assert _required(after)[0] == {"matchFields": [FIELD]}
 
 
@@ -760,8 +762,8 @@ def test_a_pin_computed_from_an_old_pod_fails_on_a_changed_one() -> None:
     pod = _gated(gates=["a.io/x", GATE])
     patch = pinning.pin_patch(pod, _node_view())
     moved = _gated(gates=[GATE])  # the other gate went meanwhile: index 1 is no longer ours
-    with pytest.raises(kubeapi.KubeApiError):
-        kubeapi.apply_json_patch(moved, patch)
+    with pytest.raises(kube_errors.KubeApiError):
+        kubememory.apply_json_patch(moved, patch)
 
 
 _REQ = st.fixed_dictionaries(
@@ -806,7 +808,7 @@ def test_a_pin_only_narrows_the_pod_and_removes_only_our_gate(
     gates.insert(min(at, len(gates)), GATE)
     pod = _gated(gates=gates, **({"affinity": affinity} if affinity is not None else {}))
     patch = pinning.pin_patch(pod, _node_view(hostname=hostname))
-    after = kubeapi.apply_json_patch(pod, patch)
+    after = kubememory.apply_json_patch(pod, patch)
     _assert_narrows(pod, after, FIELD)
     # Pinned once: a second pin finds no gate and changes nothing.
     assert pinning.pin_patch(after, _node_view(hostname=hostname)) == []
@@ -827,7 +829,7 @@ def test_a_pin_only_narrows_the_pod_and_removes_only_our_gate(
 )
 def test_ungate_patch_removes_only_our_gate(gates: list[str], left: list[str] | None) -> None:
     pod = _gated(gates=gates)
-    after = kubeapi.apply_json_patch(pod, pinning.ungate_patch(pod))
+    after = kubememory.apply_json_patch(pod, pinning.ungate_patch(pod))
     if left is None:
         assert "schedulingGates" not in after["spec"]
     else:
@@ -844,7 +846,7 @@ def test_ungate_patch_of_a_pod_without_spec_is_empty() -> None:
 
 def test_apply_json_patch_works_on_a_copy() -> None:
     doc = {"a": {"b": [1, 2]}}
-    out = kubeapi.apply_json_patch(doc, [{"op": "add", "path": "/a/b/-", "value": 3}])
+    out = kubememory.apply_json_patch(doc, [{"op": "add", "path": "/a/b/-", "value": 3}])
     assert out == {"a": {"b": [1, 2, 3]}} and doc == {"a": {"b": [1, 2]}}
 
 
@@ -859,7 +861,7 @@ def test_apply_json_patch_works_on_a_copy() -> None:
     ],
 )
 def test_apply_json_patch_ops(patch: list[dict[str, Any]], want: dict[str, Any]) -> None:
-    assert kubeapi.apply_json_patch({"a": {"b": [1, 2]}, "c~/": 1}, patch) == want
+    assert kubememory.apply_json_patch({"a": {"b": [1, 2]}, "c~/": 1}, patch) == want
 
 
 @pytest.mark.parametrize(
@@ -877,6 +879,6 @@ def test_apply_json_patch_ops(patch: list[dict[str, Any]], want: dict[str, Any])
 )
 def test_apply_json_patch_refuses_as_the_server_would(patch: list[dict[str, Any]]) -> None:
     doc = {"a": {"b": [1, 2]}}
-    with pytest.raises(kubeapi.KubeApiError):
-        kubeapi.apply_json_patch(doc, patch)
+    with pytest.raises(kube_errors.KubeApiError):
+        kubememory.apply_json_patch(doc, patch)
     assert doc == {"a": {"b": [1, 2]}}

@@ -19,6 +19,8 @@ from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.api import leases
 from migpilot.controller import kubeapi, observing, pinning, running
+from migpilot.kube import errors as kube_errors
+from migpilot.kube import objects as kubeobjects
 
 A100 = "NVIDIA A100-SXM4-80GB"
 WAIT_S = 10.0
@@ -126,17 +128,17 @@ async def _agent_reports(
     api: kubeapi.InMemoryApi, node: str, instances: list[dict[str, Any]]
 ) -> None:
     """Write the GpuLayout's status as the agent would (keeping the controller's spec)."""
-    doc = copy.deepcopy(api.objects[kubeapi.Kind.LAYOUTS][node])
+    doc = copy.deepcopy(api.objects[kubeobjects.Kind.LAYOUTS][node])
     doc["status"] = _status(instances)
-    await api.put(kubeapi.Kind.LAYOUTS, doc)
+    await api.put(kubeobjects.Kind.LAYOUTS, doc)
 
 
 def _ungated(api: kubeapi.InMemoryApi, key: str) -> bool:
-    return "schedulingGates" not in api.objects[kubeapi.Kind.PODS][key]["spec"]
+    return "schedulingGates" not in api.objects[kubeobjects.Kind.PODS][key]["spec"]
 
 
 def _layout(api: kubeapi.InMemoryApi, node: str) -> gl.GpuLayout:
-    return wire.parse(api.objects[kubeapi.Kind.LAYOUTS][node])
+    return wire.parse(api.objects[kubeobjects.Kind.LAYOUTS][node])
 
 
 def _reserved(api: kubeapi.InMemoryApi, node: str) -> dict[str, tuple[int, int, str]]:
@@ -150,11 +152,11 @@ def _reserved(api: kubeapi.InMemoryApi, node: str) -> dict[str, tuple[int, int, 
 
 def test_a_gated_pod_is_reserved_pinned_once_and_released_when_bound() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
+        await api.put(kubeobjects.Kind.NODES, _node("n0"))
         # The controller makes the node's GpuLayout; the agent reports empty GPUs.
-        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
+        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeobjects.Kind.LAYOUTS])
         await _agent_reports(api, "n0", [])
-        await api.put(kubeapi.Kind.PODS, _pod("p", "3g.40gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "3g.40gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         _, start, profile = _reserved(api, "n0")["ns/p"]
         assert profile == "3g.40gb"
@@ -163,9 +165,9 @@ def test_a_gated_pod_is_reserved_pinned_once_and_released_when_bound() -> None:
         await _agent_reports(
             api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
         )
-        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-3g.40gb": "1"}))
+        await api.put(kubeobjects.Kind.NODES, _node("n0", **{"nvidia.com/mig-3g.40gb": "1"}))
         await _until("the pin", lambda: len(api.pod_patches) == 1)
-        pod = api.objects[kubeapi.Kind.PODS]["ns/p"]
+        pod = api.objects[kubeobjects.Kind.PODS]["ns/p"]
         assert "schedulingGates" not in pod["spec"]
         terms = pod["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"
@@ -176,7 +178,7 @@ def test_a_gated_pod_is_reserved_pinned_once_and_released_when_bound() -> None:
         # kube-scheduler binds it: the reservation goes, the pin is not repeated.
         bound = copy.deepcopy(pod)
         bound["spec"]["nodeName"] = "n0"
-        await api.put(kubeapi.Kind.PODS, bound)
+        await api.put(kubeobjects.Kind.PODS, bound)
         await _until("the release", lambda: not _reserved(api, "n0"))
         assert len(api.pod_patches) == 1
         reasons = [e.reason for e in api.events]
@@ -188,10 +190,10 @@ def test_a_gated_pod_is_reserved_pinned_once_and_released_when_bound() -> None:
 def test_a_bad_request_gets_a_warning_and_is_let_go() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("bad", "1c.3g.40gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("bad", "1c.3g.40gb"))
         await _until(
             "the gate removed",
-            lambda: "schedulingGates" not in api.objects[kubeapi.Kind.PODS]["ns/bad"]["spec"],
+            lambda: "schedulingGates" not in api.objects[kubeobjects.Kind.PODS]["ns/bad"]["spec"],
         )
         (warning,) = [e for e in api.events if e.type == "Warning"]
         assert warning.reason == "MigRequestUnservable"
@@ -203,10 +205,10 @@ def test_a_bad_request_gets_a_warning_and_is_let_go() -> None:
 def test_a_pod_no_gpu_could_ever_hold_is_let_go_with_the_reason() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("typo", "1g.5gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("typo", "1g.5gb"))
         await _until(
             "the gate removed",
-            lambda: "schedulingGates" not in api.objects[kubeapi.Kind.PODS]["ns/typo"]["spec"],
+            lambda: "schedulingGates" not in api.objects[kubeobjects.Kind.PODS]["ns/typo"]["spec"],
         )
         (warning,) = [e for e in api.events if e.type == "Warning"]
         assert "nvidia.com/mig-1g.5gb" in warning.message
@@ -216,8 +218,8 @@ def test_a_pod_no_gpu_could_ever_hold_is_let_go_with_the_reason() -> None:
 
 def test_a_standby_writes_nothing_while_another_holds_the_lease() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.NODES, _node("n0"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await asyncio.sleep(0.5)
         assert not api.spec_writes and not api.pod_patches and not api.events
         assert not controller.leading
@@ -245,19 +247,19 @@ def test_a_standby_writes_nothing_while_another_holds_the_lease() -> None:
 
 def test_a_failed_write_is_retried_and_a_stale_event_rolls_nothing_back() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
-        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
-        before = copy.deepcopy(api.objects[kubeapi.Kind.LAYOUTS]["n0"])
+        await api.put(kubeobjects.Kind.NODES, _node("n0"))
+        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeobjects.Kind.LAYOUTS])
+        before = copy.deepcopy(api.objects[kubeobjects.Kind.LAYOUTS]["n0"])
         before["status"] = _status([])
-        await api.put(kubeapi.Kind.LAYOUTS, before)
-        api.fail_next = kubeapi.KubeApiError("500: the server is busy")
-        await api.put(kubeapi.Kind.PODS, _pod("p", "2g.20gb"))
+        await api.put(kubeobjects.Kind.LAYOUTS, before)
+        api.fail_next = kube_errors.KubeApiError("500: the server is busy")
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "2g.20gb"))
         await _until("a reservation after the failure", lambda: "ns/p" in _reserved(api, "n0"))
         # A stale event (the layout as it was before the write) arrives late: the controller
         # must not plan the pod again.
         stale = copy.deepcopy(before)
         stale["metadata"]["resourceVersion"] = "1"
-        controller._put(kubeapi.Kind.LAYOUTS, stale, deleted=False)
+        controller._put(kubeobjects.Kind.LAYOUTS, stale, deleted=False)
         await controller.step()
         assert len([w for w in api.spec_writes if w[0] == "n0" and any(
             i.reserved_for == "ns/p" for g in w[1].gpus for i in g.instances)]) == 1  # fmt: skip
@@ -268,7 +270,7 @@ def test_a_failed_write_is_retried_and_a_stale_event_rolls_nothing_back() -> Non
 async def _reserved_and_made(api: kubeapi.InMemoryApi) -> None:
     """Pod ``ns/p`` (1g.10gb) reserved on node ``n0``, and its instance made by the agent."""
     await _ready_node(api)
-    await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+    await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
     await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
     _, start, profile = _reserved(api, "n0")["ns/p"]
     await _agent_reports(
@@ -295,7 +297,7 @@ def test_a_pinned_pod_keeps_its_reservation_however_long_the_scheduler_takes() -
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _reserved_and_made(api)
-        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        await api.put(kubeobjects.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
         await _until("the pin", lambda: len(api.pod_patches) == 1)
         # kube-scheduler does not bind it (say its cache lags): ten timeouts later the pod is
         # still reserved there, and nothing was said about an expiry.
@@ -303,7 +305,7 @@ def test_a_pinned_pod_keeps_its_reservation_however_long_the_scheduler_takes() -
         await _passes(controller)
         assert "ns/p" in _reserved(api, "n0")
         assert not any(e.reason == "MigReservationExpired" for e in api.events)
-        view = observing.pod_view(api.objects[kubeapi.Kind.PODS]["ns/p"])
+        view = observing.pod_view(api.objects[kubeobjects.Kind.PODS]["ns/p"])
         assert view.problem is None
         assert pinning.pinned_to(view) == "n0"
 
@@ -317,7 +319,7 @@ def test_a_pinned_pods_reservation_taken_by_a_pod_bound_without_migpilot_is_plan
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _reserved_and_made(api)
-        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        await api.put(kubeobjects.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
         await _until("the pin", lambda: len(api.pod_patches) == 1)
         _, start, profile = _reserved(api, "n0")["ns/p"]
         # The interloper holds the instance; the pinned pod is still not bound.
@@ -335,11 +337,11 @@ def test_a_pinned_pods_reservation_taken_by_a_pod_bound_without_migpilot_is_plan
         await _until("the stolen reservation dropped", lambda: "ns/p" not in _reserved(api, "n0"))
         # kube-scheduler reports the pinned pod Unschedulable: it is planned again, on its node
         # (its pin), with a new instance beside the one taken.
-        pod = copy.deepcopy(api.objects[kubeapi.Kind.PODS]["ns/p"])
+        pod = copy.deepcopy(api.objects[kubeobjects.Kind.PODS]["ns/p"])
         pod["status"]["conditions"] = [
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
         ]
-        await api.put(kubeapi.Kind.PODS, pod)
+        await api.put(kubeobjects.Kind.PODS, pod)
         await _until("a new reservation", lambda: "ns/p" in _reserved(api, "n0"))
         assert _reserved(api, "n0")["ns/p"] != (0, start, profile)
 
@@ -349,21 +351,21 @@ def test_a_pinned_pods_reservation_taken_by_a_pod_bound_without_migpilot_is_plan
 def test_a_pinned_pod_that_lost_its_instance_and_finds_no_room_waits_saying_where() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("big", "7g.80gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("big", "7g.80gb"))
         await _until("a reservation", lambda: "ns/big" in _reserved(api, "n0"))
         whole = {"profile": "7g.80gb", "start": 0, "uuid": "MIG-7", "state": "reserved"}
         await _agent_reports(api, "n0", [whole])
-        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-7g.80gb": "1"}))
+        await api.put(kubeobjects.Kind.NODES, _node("n0", **{"nvidia.com/mig-7g.80gb": "1"}))
         await _until("the pin", lambda: len(api.pod_patches) == 1)
         # A pod bound without migpilot takes the whole GPU; kube-scheduler reports ours
         # Unschedulable: it waits for room on the node it is pinned to, and says so.
         await _agent_reports(api, "n0", [{**whole, "state": "used"}])
         await _until("the stolen reservation dropped", lambda: "ns/big" not in _reserved(api, "n0"))
-        pod = copy.deepcopy(api.objects[kubeapi.Kind.PODS]["ns/big"])
+        pod = copy.deepcopy(api.objects[kubeobjects.Kind.PODS]["ns/big"])
         pod["status"]["conditions"] = [
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
         ]
-        await api.put(kubeapi.Kind.PODS, pod)
+        await api.put(kubeobjects.Kind.PODS, pod)
         await _until("MigWaiting", lambda: any(e.reason == "MigWaiting" for e in api.events))
         (waiting,) = [e for e in api.events if e.reason == "MigWaiting"]
         assert waiting.message.startswith("pinned to node n0, where it can only run"), waiting
@@ -376,13 +378,13 @@ def test_a_pinned_pod_that_lost_its_instance_and_finds_no_room_waits_saying_wher
 
 async def _ready_node(api: kubeapi.InMemoryApi, name: str = "n0", **allocatable: str) -> None:
     """A MIG node whose agent has reported empty GPUs."""
-    await api.put(kubeapi.Kind.NODES, _node(name, **allocatable))
-    await _until(f"a GpuLayout for {name}", lambda: name in api.objects[kubeapi.Kind.LAYOUTS])
+    await api.put(kubeobjects.Kind.NODES, _node(name, **allocatable))
+    await _until(f"a GpuLayout for {name}", lambda: name in api.objects[kubeobjects.Kind.LAYOUTS])
     await _agent_reports(api, name, [])
 
 
 def _bind(api: kubeapi.InMemoryApi, key: str, node: str) -> dict[str, Any]:
-    bound = copy.deepcopy(api.objects[kubeapi.Kind.PODS][key])
+    bound = copy.deepcopy(api.objects[kubeobjects.Kind.PODS][key])
     bound["spec"]["nodeName"] = node
     bound["spec"].pop("schedulingGates", None)
     return bound
@@ -390,14 +392,14 @@ def _bind(api: kubeapi.InMemoryApi, key: str, node: str) -> dict[str, Any]:
 
 def test_the_new_layout_is_empty_and_owned_by_its_node() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
+        await api.put(kubeobjects.Kind.NODES, _node("n0"))
         plain = _node("cpu-only")
         del plain["metadata"]["labels"]["nvidia.com/mig.capable"]
-        await api.put(kubeapi.Kind.NODES, plain)
-        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
+        await api.put(kubeobjects.Kind.NODES, plain)
+        await _until("a GpuLayout", lambda: "n0" in api.objects[kubeobjects.Kind.LAYOUTS])
         await _passes(controller)
-        assert set(api.objects[kubeapi.Kind.LAYOUTS]) == {"n0"}
-        doc = api.objects[kubeapi.Kind.LAYOUTS]["n0"]
+        assert set(api.objects[kubeobjects.Kind.LAYOUTS]) == {"n0"}
+        doc = api.objects[kubeobjects.Kind.LAYOUTS]["n0"]
         assert doc["spec"] == {"gpus": []}
         assert doc["metadata"]["ownerReferences"] == [
             {"apiVersion": "v1", "kind": "Node", "name": "n0", "uid": "uid-n0"}
@@ -413,7 +415,7 @@ def test_the_new_layout_is_empty_and_owned_by_its_node() -> None:
 def test_the_whole_path_with_one_spec_write_per_change() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         gpu, start, profile = _reserved(api, "n0")["ns/p"]
         assert (gpu, profile) == (0, "1g.10gb")
@@ -426,14 +428,14 @@ def test_the_whole_path_with_one_spec_write_per_change() -> None:
         )
         await _passes(controller)
         assert not api.pod_patches, "pinned before the Node advertises the instance"
-        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        await api.put(kubeobjects.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
         await _until("the pin", lambda: len(api.pod_patches) == 1)
         ((key, patch),) = api.pod_patches
         assert key == "ns/p"
         assert [op["op"] for op in patch] == ["add", "test", "remove"]
         await _passes(controller)
         assert len(api.pod_patches) == 1
-        await api.put(kubeapi.Kind.PODS, _bind(api, "ns/p", "n0"))
+        await api.put(kubeobjects.Kind.PODS, _bind(api, "ns/p", "n0"))
         await _until("the release", lambda: not _reserved(api, "n0"))
         # The instance stays in the spec, unreserved: it is the bound pod's now.
         (g,) = _layout(api, "n0").spec.gpus
@@ -449,9 +451,9 @@ def test_the_whole_path_with_one_spec_write_per_change() -> None:
 def test_a_deleted_pod_releases_its_reservation() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "3g.40gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "3g.40gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
-        await api.delete(kubeapi.Kind.PODS, "ns/p")
+        await api.delete(kubeobjects.Kind.PODS, "ns/p")
         await _until("the release", lambda: not _reserved(api, "n0"))
         assert not api.pod_patches
 
@@ -465,15 +467,15 @@ def test_a_pod_reserved_on_two_nodes_loses_the_second_reservation() -> None:
         await _ready_node(api, "a")
         await _ready_node(api, "b")
         for name in ("a", "b"):
-            doc = copy.deepcopy(api.objects[kubeapi.Kind.LAYOUTS][name])
+            doc = copy.deepcopy(api.objects[kubeobjects.Kind.LAYOUTS][name])
             doc["spec"] = {
                 "gpus": [
                     {"index": 0, "instances": [
                         {"profile": "7g.80gb", "start": 0, "reservedFor": "ns/p"}]}
                 ]
             }  # fmt: skip
-            await api.put(kubeapi.Kind.LAYOUTS, doc)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "7g.80gb"))
+            await api.put(kubeobjects.Kind.LAYOUTS, doc)
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "7g.80gb"))
         await _until(
             "one reservation left", lambda: len(_reserved(api, "a")) + len(_reserved(api, "b")) == 1
         )
@@ -488,22 +490,22 @@ def test_a_pod_left_unschedulable_by_kube_scheduler_is_planned_but_never_pinned(
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
         pod = _pod("p", "2g.20gb", gated=False)
-        await api.put(kubeapi.Kind.PODS, pod)
+        await api.put(kubeobjects.Kind.PODS, pod)
         await _passes(controller)
         assert not _reserved(api, "n0"), "planned before kube-scheduler gave up on it"
         pod["status"]["conditions"] = [
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
         ]
-        await api.put(kubeapi.Kind.PODS, pod)
+        await api.put(kubeobjects.Kind.PODS, pod)
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         _, start, profile = _reserved(api, "n0")["ns/p"]
         await _agent_reports(
             api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
         )
-        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-2g.20gb": "1"}))
+        await api.put(kubeobjects.Kind.NODES, _node("n0", **{"nvidia.com/mig-2g.20gb": "1"}))
         await _passes(controller)
         assert not api.pod_patches  # an ungated pod cannot be pinned; kube-scheduler retries
-        await api.put(kubeapi.Kind.PODS, _bind(api, "ns/p", "n0"))
+        await api.put(kubeobjects.Kind.PODS, _bind(api, "ns/p", "n0"))
         await _until("the release", lambda: not _reserved(api, "n0"))
 
     _run(body)
@@ -512,14 +514,14 @@ def test_a_pod_left_unschedulable_by_kube_scheduler_is_planned_but_never_pinned(
 def test_a_failed_pin_is_retried_and_lands_once() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         _, start, profile = _reserved(api, "n0")["ns/p"]
         await _agent_reports(
             api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
         )
-        api.fail_next = kubeapi.KubeApiError("503: try again")
-        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        api.fail_next = kube_errors.KubeApiError("503: try again")
+        await api.put(kubeobjects.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
         await _until("the pin", lambda: _ungated(api, "ns/p"))
         await _passes(controller)
         assert len(api.pod_patches) == 1  # the failed call recorded nothing
@@ -542,7 +544,7 @@ def test_a_pod_in_another_vgpu_mode_is_declined_once_and_never_planned() -> None
             "nvidia.com/gpu": "1",
             "nvidia.com/gpumem": "4000",
         }
-        await api.put(kubeapi.Kind.PODS, other)
+        await api.put(kubeobjects.Kind.PODS, other)
         await _until("an event", lambda: bool(api.events))
         await _passes(controller)
         (event,) = api.events
@@ -551,7 +553,7 @@ def test_a_pod_in_another_vgpu_mode_is_declined_once_and_never_planned() -> None
         assert not api.pod_patches
         assert not any(
             i.get("reservedFor")
-            for lay in api.objects[kubeapi.Kind.LAYOUTS].values()
+            for lay in api.objects[kubeobjects.Kind.LAYOUTS].values()
             for g in lay.get("spec", {}).get("gpus", [])
             for i in g.get("instances", [])
         )
@@ -564,7 +566,7 @@ def test_a_bad_request_is_warned_once() -> None:
         await _ready_node(api)
         bad = _pod("bad", "1g.10gb")
         bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
-        await api.put(kubeapi.Kind.PODS, bad)
+        await api.put(kubeobjects.Kind.PODS, bad)
         await _until("the gate removed", lambda: _ungated(api, "ns/bad"))
         await _passes(controller)
         (warning,) = api.events
@@ -582,14 +584,14 @@ def test_a_pod_that_fits_a_static_node_is_let_go_there() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         static = _node("s0", **{"nvidia.com/mig-1g.10gb": "7"})
         static["metadata"]["labels"]["nvidia.com/mig.config"] = "all-1g.10gb"
-        await api.put(kubeapi.Kind.NODES, static)
-        await _until("a GpuLayout", lambda: "s0" in api.objects[kubeapi.Kind.LAYOUTS])
+        await api.put(kubeobjects.Kind.NODES, static)
+        await _until("a GpuLayout", lambda: "s0" in api.objects[kubeobjects.Kind.LAYOUTS])
         free = [
             {"profile": "1g.10gb", "start": s, "uuid": f"MIG-{s}", "state": "free"}
             for s in range(7)
         ]
         await _agent_reports(api, "s0", free)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("the gate removed", lambda: _ungated(api, "ns/p"))
         (note,) = [e for e in api.events if e.name == "p"]
         assert (note.type, note.reason) == ("Normal", "MigStaticLayout")
@@ -602,9 +604,9 @@ def test_a_pod_that_fits_a_static_node_is_let_go_there() -> None:
 def test_a_pod_nothing_can_hold_now_waits_gated_and_is_told_once() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("big", "7g.80gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("big", "7g.80gb"))
         await _until("a reservation", lambda: "ns/big" in _reserved(api, "n0"))
-        await api.put(kubeapi.Kind.PODS, _pod("more", "7g.80gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("more", "7g.80gb"))
         await _until("an event", lambda: any(e.name == "more" for e in api.events))
         await _passes(controller)
         (note,) = [e for e in api.events if e.name == "more"]
@@ -619,7 +621,7 @@ def test_expiry_follows_the_controllers_clock(caplog: pytest.LogCaptureFixture) 
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         _, start, profile = _reserved(api, "n0")["ns/p"]
         await _agent_reports(
@@ -652,7 +654,7 @@ def test_instances_that_never_appear_expire_after_ten_timeouts() -> None:
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         await _passes(controller)
         clock.now += 500.0  # the agent is slow: 50 s would have expired made instances
@@ -674,8 +676,8 @@ def test_a_standby_takes_over_once_it_has_seen_no_renewal_for_a_lease_duration()
     asyncio.run(api.write_lease(other, create=True))
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.NODES, _node("n0"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("the watches", lambda: len(controller._store.pods) == 1)
         await _until("the Lease seen", lambda: controller._observed is not None)
         clock.now += 14.0
@@ -687,7 +689,7 @@ def test_a_standby_takes_over_once_it_has_seen_no_renewal_for_a_lease_duration()
         lease = api.leases[f"{leases.NAMESPACE}/{leases.NAME}"]
         assert lease["spec"]["holderIdentity"] == "c1"
         assert lease["spec"]["leaseTransitions"] == 1
-        await _until("the GpuLayout", lambda: "n0" in api.objects[kubeapi.Kind.LAYOUTS])
+        await _until("the GpuLayout", lambda: "n0" in api.objects[kubeobjects.Kind.LAYOUTS])
 
     _run(body, api=api, clock=clock, renew_every_s=0.05)
 
@@ -704,8 +706,8 @@ def test_a_leader_that_loses_the_lease_stops_writing() -> None:
         theirs["spec"]["renewTime"] = leases.format_time(wall.now + 100)
         api.leases[key] = theirs
         await _until("standing by", lambda: not controller.leading)
-        await api.put(kubeapi.Kind.NODES, _node("n0"))
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.NODES, _node("n0"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await asyncio.sleep(0.2)
         assert not api.spec_writes and not api.pod_patches
         assert controller.metrics.leader._value.get() == 0
@@ -713,39 +715,27 @@ def test_a_leader_that_loses_the_lease_stops_writing() -> None:
     _run(body, wall=wall, renew_every_s=0.05)
 
 
-class _LaggingApi(kubeapi.InMemoryApi):
-    """An in-memory API whose watch can deliver an object late, as it was."""
-
-    async def replay(self, kind: kubeapi.Kind, doc: dict[str, Any]) -> None:
-        """Deliver ``doc`` through the watches with its own (old) resourceVersion."""
-        self._log.append(
-            (next(self._version), kind, kubeapi.WatchEvent(kubeapi.EventType.MODIFIED, doc))
-        )
-        async with self._changed:
-            self._changed.notify_all()
-
-
 def test_a_late_watch_event_rolls_back_neither_a_spec_nor_a_pin() -> None:
-    lagging = _LaggingApi()
+    lagging = kubeapi.InMemoryApi()  # its replay delivers an object late, as it was
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        before = copy.deepcopy(api.objects[kubeapi.Kind.LAYOUTS]["n0"])
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
-        gated = copy.deepcopy(api.objects[kubeapi.Kind.PODS]["ns/p"])
+        before = copy.deepcopy(api.objects[kubeobjects.Kind.LAYOUTS]["n0"])
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
+        gated = copy.deepcopy(api.objects[kubeobjects.Kind.PODS]["ns/p"])
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         # The layout as it was before the reservation comes through the watch again.
-        await lagging.replay(kubeapi.Kind.LAYOUTS, before)
+        await lagging.replay(kubeobjects.Kind.LAYOUTS, before)
         await _passes(controller)
         assert controller.plans == 1, "planned again from a stale layout"
         _, start, profile = _reserved(api, "n0")["ns/p"]
         await _agent_reports(
             api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
         )
-        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        await api.put(kubeobjects.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
         await _until("the pin", lambda: len(api.pod_patches) == 1)
         # The pod as it was before the pin comes through the watch again: no second pin.
-        await lagging.replay(kubeapi.Kind.PODS, gated)
+        await lagging.replay(kubeobjects.Kind.PODS, gated)
         await _passes(controller)
         assert len(api.pod_patches) == 1
         assert controller.plans == 1
@@ -757,17 +747,17 @@ def test_an_api_server_that_fails_to_list_is_listed_again() -> None:
     class Flaky(kubeapi.InMemoryApi):
         failures = 2
 
-        async def list_all(self, kind: kubeapi.Kind) -> kubeapi.Listed:
-            if kind is kubeapi.Kind.PODS and self.failures:
+        async def list_all(self, kind: kubeobjects.Kind) -> kubeobjects.Listed:
+            if kind is kubeobjects.Kind.PODS and self.failures:
                 self.failures -= 1
-                raise kubeapi.KubeApiError("500: etcd is unhappy")
+                raise kube_errors.KubeApiError("500: etcd is unhappy")
             return await super().list_all(kind)
 
     flaky = Flaky()
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         assert flaky.failures == 0
 

@@ -12,6 +12,7 @@ import pynvml
 import pytest
 
 from migpilot.agent import reconciling
+from migpilot.agent.rules import changes
 from migpilot.gpu import backend, emulated, nvml, nvml_standin
 from migpilot.mig import catalog, layouts, pciids
 
@@ -181,7 +182,7 @@ def test_reconciler_drives_the_nvml_adapter() -> None:
     adapter.create_instance(0, profile="7g.80gb", start=0)
     want = layouts.place(H100, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"])
     rec = reconciling.Reconciler(adapter, reconciling.InUseSet())
-    report = rec.reconcile({0: reconciling.DesiredGpu(True, want)})
+    report = rec.reconcile({0: changes.DesiredGpu(True, want)})
     assert report.converged and report.layout(0) == want
     assert layouts.Layout.of(d.instance for d in emu.mig_devices(0)) == want
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from migpilot.agent import labels, reconciling
 from migpilot.agent.deviceplugin import devices
+from migpilot.agent.rules import changes, labels
 from migpilot.mig import catalog, layouts
 
 Strategy = devices.MigStrategy
@@ -225,35 +225,35 @@ def test_every_profile_labels_are_strings_without_none(model: object) -> None:
 
 def _report(
     *,
-    outcomes: tuple[reconciling.Outcome, ...] = (),
-    refusals: tuple[reconciling.Refusal, ...] = (),
+    outcomes: tuple[changes.Outcome, ...] = (),
+    refusals: tuple[changes.Refusal, ...] = (),
     converged: bool = True,
-) -> reconciling.Report:
-    create = reconciling.Action(reconciling.Op.CREATE, 0, layouts.Instance(0, "1g.10gb"))
-    return reconciling.Report(
+) -> changes.Report:
+    create = changes.Change(changes.ChangeKind.CREATE, 0, layouts.Instance(0, "1g.10gb"))
+    return changes.Report(
         devices={},
-        applied=tuple(reconciling.Applied(create, o) for o in outcomes),
+        applied=tuple(changes.Applied(create, o) for o in outcomes),
         refusals=refusals,
         converged=converged,
         duration_s=0.0,
     )
 
 
-IN_USE = reconciling.Refusal(0, "in use", layouts.Instance(0, "1g.10gb"), in_use=True)
-RESET = reconciling.Refusal(0, "needs a GPU reset")
+IN_USE = changes.Refusal(0, "in use", layouts.Instance(0, "1g.10gb"), in_use=True)
+RESET = changes.Refusal(0, "needs a GPU reset")
 
 
 @pytest.mark.parametrize(
     ("report", "unavailable", "state"),
     [
-        (_report(outcomes=(reconciling.Outcome.DONE,)), False, "success"),
+        (_report(outcomes=(changes.Outcome.DONE,)), False, "success"),
         (_report(), True, "failed"),
         (None, False, "failed"),
-        (_report(outcomes=(reconciling.Outcome.DONE, reconciling.Outcome.FAILED)), False, "failed"),
+        (_report(outcomes=(changes.Outcome.DONE, changes.Outcome.FAILED)), False, "failed"),
         (_report(refusals=(IN_USE,)), False, "pending"),
         (_report(converged=False), False, "pending"),
         (_report(refusals=(IN_USE, RESET)), False, "failed"),
     ],
 )
-def test_mig_config_state(report: reconciling.Report | None, unavailable: bool, state: str) -> None:
+def test_mig_config_state(report: changes.Report | None, unavailable: bool, state: str) -> None:
     assert labels.config_state(report, unavailable=unavailable) == state

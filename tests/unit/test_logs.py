@@ -21,18 +21,20 @@ from typing import Any
 import pytest
 
 from migpilot import logs
-from migpilot.agent import fleet
-from migpilot.agent import kubeapi as agent_kubeapi
-from migpilot.cli import agent_cmd
+from migpilot.agent import assembling
+from migpilot.agent.cluster import kubeapi as agent_kubeapi
 from migpilot.cli import main as cli
 from migpilot.controller import kubeapi, running
 from migpilot.controller import serving as controller_serving
 from migpilot.gpu import emulated
+from migpilot.kube import memory as kubememory
+from migpilot.kube import objects as kubeobjects
+from migpilot.kwok import fleet
 from migpilot.webhook import leases as webhook_leases
 from migpilot.webhook import serving as webhook_serving
 from tests.kube import certs
-from tests.unit import test_agent_fleet as fleet_tests
-from tests.unit import test_agent_standin as standin_tests
+from tests.unit import test_kwok_fleet as fleet_tests
+from tests.unit import test_kwok_standin as standin_tests
 from tests.unit.test_controller_running import (
     _agent_reports,
     _node,
@@ -183,7 +185,7 @@ def _command(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list
     if name == "webhook":
         monkeypatch.setattr(webhook_serving, "run", _logs_one)
         return _webhook_args(tmp_path)
-    monkeypatch.setattr(agent_cmd, "_run_once", _logs_one)
+    monkeypatch.setattr(assembling, "run_once", _logs_one)
     return [
         "agent",
         "--backend",
@@ -237,8 +239,8 @@ def test_the_agent_gives_its_node_to_every_line(
         return 0
 
     argv = _command("agent", tmp_path, monkeypatch)
-    monkeypatch.setattr(agent_cmd, "_run_once", once)
-    monkeypatch.setattr(agent_cmd, "_cluster", lambda *_, **__: None)  # no API server here
+    monkeypatch.setattr(assembling, "run_once", once)
+    monkeypatch.setattr(assembling, "connect_cluster", lambda *_, **__: None)  # no API server here
     assert cli.main([*argv, "--node", "gpu-7", "--log-format", "json"], out=io.StringIO()) == 0
     doc = _json_line(capsys)
     assert (doc["message"], doc["node"]) == ("reconciled", "gpu-7")
@@ -252,13 +254,13 @@ def test_the_controllers_lines_on_a_pod_name_the_pod_and_its_node(
 ) -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _ready_node(api)
-        await api.put(kubeapi.Kind.PODS, _pod("p", "1g.10gb"))
+        await api.put(kubeobjects.Kind.PODS, _pod("p", "1g.10gb"))
         await _until("a reservation", lambda: "ns/p" in _reserved(api, "n0"))
         _, start, profile = _reserved(api, "n0")["ns/p"]
         await _agent_reports(
             api, "n0", [{"profile": profile, "start": start, "uuid": "MIG-1", "state": "reserved"}]
         )
-        await api.put(kubeapi.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
+        await api.put(kubeobjects.Kind.NODES, _node("n0", **{"nvidia.com/mig-1g.10gb": "1"}))
         await _until("the pin", lambda: any("pinned" in m for m in caplog.messages))
 
     with caplog.at_level(logging.INFO, logger="migpilot.controller"):
@@ -356,25 +358,29 @@ def test_every_line_of_a_fleet_pass_names_its_node_and_a_pods_line_the_pod() -> 
             fleet_tests.spec([fleet_tests.inst("1g.10gb", 0, "ns/p" if node == "n0" else None)]),
         )
     api.put_node("bad", {fleet.EMULATED_GPUS_LABEL: "nope.x2"})
-    f.layouts_listed(api.list_layouts().documents)
-    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents)
+    f.layouts_listed(api.list_layouts().items)
+    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).items)
     f.drain()
     api.put_pod(fleet_tests.pod_doc("p", "n0", {fleet_tests.R1G: 1}))
-    f.pods.listed(api.list_pods(node=None).documents)
+    f.pods.listed(api.list_pods(node=None).items)
     f.drain()
     api.close()
-    lines = [d for d in _lines(stream.getvalue()) if d["logger"].startswith("migpilot.agent")]
+    lines = [
+        d
+        for d in _lines(stream.getvalue())
+        if d["logger"].startswith(("migpilot.agent", "migpilot.kwok"))
+    ]
     assert lines and all(d.get("node") in ("n0", "n1", "bad") for d in lines), lines
     by_logger = {(d["logger"], d["node"]) for d in lines}
     assert {
-        ("migpilot.agent.fleet", "n0"),
-        ("migpilot.agent.fleet", "bad"),  # refused: its label names no GPUs
+        ("migpilot.kwok.fleet", "n0"),
+        ("migpilot.kwok.fleet", "bad"),  # refused: its label names no GPUs
         ("migpilot.agent.running", "n0"),  # the reconciler's actions, named by the pass
         ("migpilot.agent.running", "n1"),
-        ("migpilot.agent.following", "n1"),  # the GpuLayout status written
+        ("migpilot.agent.cluster.following", "n1"),  # the GpuLayout status written
     } <= by_logger
     (gets,) = [d for d in lines if "pod ns/p gets" in d["message"]]
-    assert (gets["logger"], gets["pod"], gets["node"]) == ("migpilot.agent.standin", "ns/p", "n0")
+    assert (gets["logger"], gets["pod"], gets["node"]) == ("migpilot.kwok.standin", "ns/p", "n0")
     assert all(d["node"] in d["message"] for d in lines if "Node " in d["message"])
 
 
@@ -429,9 +435,14 @@ def test_the_webhooks_line_on_a_review_names_the_pod_and_its_node(tmp_path: Path
         host="127.0.0.1",
         port=0,
     )
-    lease = {"spec": {"holderIdentity": "c", "renewTime": "1970-01-01T00:01:40Z"}}
+    lease = {
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {"holderIdentity": "c", "renewTime": "1970-01-01T00:01:40Z"},
+    }
+    api = kubememory.InMemoryServer()
+    api.put(kubeobjects.Kind.LEASES, lease)
     freshness = webhook_leases.Freshness(
-        webhook_leases.StaticLease(lease), cache_s=2.0, clock=lambda: 100.0
+        webhook_leases.KubeLease(api, name="c", namespace="ns"), cache_s=2.0, clock=lambda: 100.0
     )
     context = ssl.create_default_context(cafile=ca.pair.cert)
     with webhook_serving.WebhookServer(settings, freshness=freshness) as server:

@@ -44,7 +44,7 @@ class _Node:
         self.emu.drive(lambda: usage.device_loads(self.loads, self.held))
         self.standin = nvml_standin.NvmlStandin(self.emu, **standin)
         self.nvml = nvml.NvmlBackend(bindings(self.standin))
-        state = {i.index: running.reconciling.GpuState(i, ()) for i in self.emu.gpus()}
+        state = {i.index: running.changes.GpuState(i, ()) for i in self.emu.gpus()}
         base = running.node_view(state)
         slices = tuple(devices.MpsSlice(0, n, 10) for n in range(1, len(loads) + 1))
         self.view = devices.NodeDevices(gpus=base.gpus, mig_devices=(), mps_slices=slices)
@@ -325,7 +325,7 @@ def test_slices_and_replicas_get_their_pods_utilisation_through_nvml() -> None:
         "a/idle": usage.PodLoad(0.0, 10),
     }
     emu.drive(lambda: usage.device_loads(loads, held))
-    state = {i.index: running.reconciling.GpuState(i, ()) for i in emu.gpus()}
+    state = {i.index: running.changes.GpuState(i, ()) for i in emu.gpus()}
     base = running.node_view(state)
     view = devices.NodeDevices(
         gpus=base.gpus, mig_devices=(), mps_slices=(devices.MpsSlice(0, 1, 10),)
@@ -362,7 +362,7 @@ def test_the_emulated_backend_gives_no_process_utilisation_under_mig() -> None:
     emu.drive(lambda: usage.device_loads({"a/r": usage.PodLoad(0.7, 64)}, held))
     sample = emu.sample(0)
     assert [p.utilization for p in sample.processes or ()] == [None]
-    state = {i.index: running.reconciling.GpuState(i, emu.mig_devices(i.index)) for i in emu.gpus()}
+    state = {i.index: running.changes.GpuState(i, emu.mig_devices(i.index)) for i in emu.gpus()}
     rows = usage.series(
         node="n",
         view=running.node_view(state),

@@ -23,6 +23,7 @@ import pytest
 
 from migpilot.api import gpulayouts_wire
 from migpilot.controller import kubeapi, observing, running
+from migpilot.kube import objects as kubeobjects
 from migpilot.planning import control
 from migpilot.sim import clusters, policies, simulating, traces
 
@@ -164,7 +165,7 @@ async def _control() -> None:
     controller.leading = True
     controller._lease_until = math.inf
 
-    async def show(kind: kubeapi.Kind, doc: dict[str, Any]) -> None:
+    async def show(kind: kubeobjects.Kind, doc: dict[str, Any]) -> None:
         await api.put(kind, doc)
         controller._take(kind, api.objects[kind][kubeapi.InMemoryApi.key_of(doc)], deleted=False)
         controller._poke()  # as the watch does
@@ -172,7 +173,7 @@ async def _control() -> None:
     async def agent_and_scheduler() -> None:
         """The node's agent reports its spec made; kube-scheduler binds the pods let go."""
         for _ in range(3):
-            layout = copy.deepcopy(api.objects[kubeapi.Kind.LAYOUTS][NODE.name])
+            layout = copy.deepcopy(api.objects[kubeobjects.Kind.LAYOUTS][NODE.name])
             spec = gpulayouts_wire.parse(layout).spec
             made: dict[str, int] = {}
             instances = []
@@ -198,15 +199,15 @@ async def _control() -> None:
                     }
                 ],
             }
-            await show(kubeapi.Kind.LAYOUTS, layout)
-            await show(kubeapi.Kind.NODES, _node(made))
+            await show(kubeobjects.Kind.LAYOUTS, layout)
+            await show(kubeobjects.Kind.NODES, _node(made))
             await controller.step()
-            for doc in list(api.objects[kubeapi.Kind.PODS].values()):
+            for doc in list(api.objects[kubeobjects.Kind.PODS].values()):
                 if "schedulingGates" in doc["spec"] or doc["spec"].get("nodeName"):
                     continue
                 bound = copy.deepcopy(doc)
                 bound["spec"]["nodeName"] = NODE.name
-                await show(kubeapi.Kind.PODS, bound)
+                await show(kubeobjects.Kind.PODS, bound)
             await controller.step()
 
     async def at(t: float, before: Callable[[], Any] | None = None) -> None:
@@ -216,22 +217,22 @@ async def _control() -> None:
         await controller.step()
         await agent_and_scheduler()
 
-    await show(kubeapi.Kind.NODES, _node({}))
+    await show(kubeobjects.Kind.NODES, _node({}))
     await controller.step()  # writes the node's empty GpuLayout
     await agent_and_scheduler()
 
     async def arrive() -> None:
         for name, (profile, _) in PODS.items():
-            await show(kubeapi.Kind.PODS, _pod(name, profile))
+            await show(kubeobjects.Kind.PODS, _pod(name, profile))
 
     await at(0.0, arrive)
     await at(WINDOW_S)  # the batch window is over: the first plan
 
     async def depart() -> None:
         for name in ("a", "b"):
-            doc = copy.deepcopy(api.objects[kubeapi.Kind.PODS][f"default/{name}"])
+            doc = copy.deepcopy(api.objects[kubeobjects.Kind.PODS][f"default/{name}"])
             doc["status"] = {"phase": "Succeeded"}
-            await show(kubeapi.Kind.PODS, doc)
+            await show(kubeobjects.Kind.PODS, doc)
 
     await at(WINDOW_S + 10.0, depart)
     await at(2 * WINDOW_S + 10.0)  # the second plan

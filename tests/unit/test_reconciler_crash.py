@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from migpilot.agent import reconciling
+from migpilot.agent.rules import changes
 from migpilot.gpu import backend, emulated
 from migpilot.mig import catalog, layouts, profiles
 
@@ -105,8 +106,8 @@ class Node:
         in_use = reconciling.AnyOf([self.held, reconciling.RunningProcesses(emu)])
         return emu, reconciling.Reconciler(emu, in_use)
 
-    def desired(self) -> dict[int, reconciling.DesiredGpu]:
-        return {g: reconciling.DesiredGpu(True, lay) for g, lay in self.scenario.desired.items()}
+    def desired(self) -> dict[int, changes.DesiredGpu]:
+        return {g: changes.DesiredGpu(True, lay) for g, lay in self.scenario.desired.items()}
 
 
 def _snapshot(emu: emulated.EmulatedBackend) -> dict[int, tuple[backend.MigDevice, ...]]:
@@ -121,12 +122,12 @@ def _clean_run(scenario: Scenario, path: Path) -> tuple[dict[int, layouts.Layout
     emu.inject(emulated.Fault(None, 10_000, emulated.FaultEffect.FAIL))
     report = rec.reconcile(node.desired())
     assert report.converged
-    steps = sum(2 if a.action.op is not reconciling.Op.REPAIR else 1 for a in report.applied)
+    steps = sum(2 if a.change.kind is not changes.ChangeKind.REPAIR else 1 for a in report.applied)
     return {g: report.layout(g) for g in scenario.desired}, steps
 
 
 def _check_converged(
-    node: Node, report: reconciling.Report, expected: dict[int, layouts.Layout]
+    node: Node, report: changes.Report, expected: dict[int, layouts.Layout]
 ) -> None:
     emu, _ = node.agent()
     state = _snapshot(emu)

@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from migpilot.agent import reconciling
+from migpilot.agent.rules import changes
 from migpilot.gpu import emulated
 from migpilot.mig import catalog, layouts
 
@@ -57,8 +58,8 @@ class CountingClock:
             self._active -= 1
 
 
-def _want(*instances: str) -> reconciling.DesiredGpu:
-    return reconciling.DesiredGpu(
+def _want(*instances: str) -> changes.DesiredGpu:
+    return changes.DesiredGpu(
         True,
         layouts.Layout.of(
             layouts.Instance(int(i.split("@")[1]), i.split("@")[0]) for i in instances
@@ -73,10 +74,10 @@ def test_creates_on_different_gpus_run_side_by_side() -> None:
     want = {g: _want("1g.10gb@0", "1g.10gb@1") for g in range(4)}
     report = rec.reconcile(want)
     assert report.converged
-    assert len(report.outcomes(reconciling.Outcome.DONE)) == 8
+    assert len(report.outcomes(changes.Outcome.DONE)) == 8
     assert clock.sleeps == 16  # a GPU instance and its compute instance, twice, on 4 GPUs
     # The report lists GPUs in order, each GPU's actions in the order made.
-    assert [a.action.gpu for a in report.applied] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [a.change.gpu for a in report.applied] == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
 def test_one_gpu_at_a_time_breaks_the_barrier() -> None:
@@ -113,10 +114,10 @@ def test_a_failure_on_one_gpu_leaves_the_others_done() -> None:
     )
     rec = reconciling.Reconciler(gpus, reconciling.InUseSet(), max_rounds=1)
     report = rec.reconcile({g: _want("3g.40gb@0", "3g.40gb@4") for g in range(3)})
-    failed = report.outcomes(reconciling.Outcome.FAILED)
+    failed = report.outcomes(changes.Outcome.FAILED)
     assert len(failed) == 1
     # The failed GPU stopped at its failure; the other two finished both instances.
-    assert len(report.outcomes(reconciling.Outcome.DONE)) == 4
+    assert len(report.outcomes(changes.Outcome.DONE)) == 4
     assert not report.converged
     again = reconciling.Reconciler(gpus, reconciling.InUseSet()).reconcile(
         {g: _want("3g.40gb@0", "3g.40gb@4") for g in range(3)}

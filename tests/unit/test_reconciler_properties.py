@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from migpilot.agent import reconciling
+from migpilot.agent.rules import changes
 from migpilot.gpu import backend, emulated
 from migpilot.mig import catalog, layouts
 
@@ -94,9 +95,7 @@ def run_steps(steps: list[tuple[object, ...]]) -> None:
         if kind == "desire":
             _, half, a, b = step
             want = {
-                g: reconciling.DesiredGpu(
-                    True, ALL_LAYOUTS[m.id][(a, b)[g] % len(ALL_LAYOUTS[m.id])]
-                )
+                g: changes.DesiredGpu(True, ALL_LAYOUTS[m.id][(a, b)[g] % len(ALL_LAYOUTS[m.id])])
                 for g, m in enumerate(MODELS)
                 if half == 0 or g == 0
             }

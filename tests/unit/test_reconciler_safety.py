@@ -9,13 +9,14 @@ from __future__ import annotations
 import pytest
 
 from migpilot.agent import reconciling
+from migpilot.agent.rules import changes
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.mig import catalog, layouts
 
 H100 = catalog.resolve_gpu("h100-80gb")
-Op = reconciling.Op
-Refusal = reconciling.Refusal
-Outcome = reconciling.Outcome
+ChangeKind = changes.ChangeKind
+Refusal = changes.Refusal
+Outcome = changes.Outcome
 
 
 class RacingBackend(emulated.EmulatedBackend):
@@ -49,8 +50,8 @@ class RacingBackend(emulated.EmulatedBackend):
         return (*self.without_mig, *super().gpus())
 
 
-def _want(*texts: str) -> reconciling.DesiredGpu:
-    return reconciling.DesiredGpu(
+def _want(*texts: str) -> changes.DesiredGpu:
+    return changes.DesiredGpu(
         True,
         layouts.Layout.of(layouts.Instance(int(t.split("@")[1]), t.split("@")[0]) for t in texts),
     )
@@ -67,11 +68,11 @@ def test_a_device_taken_after_the_diff_is_not_destroyed() -> None:
     # destroy_instance was never called (the driver would refuse too, but a real one may not
     # see a process that has not yet opened the device: migpilot must not rely on it).
     assert emu.destroy_calls == []
-    destroy = reconciling.Action(
-        Op.DESTROY, 0, victim.instance, gi_id=victim.gi_id, uuid=victim.uuid
+    destroy = changes.Change(
+        ChangeKind.DESTROY, 0, victim.instance, gi_id=victim.gi_id, uuid=victim.uuid
     )
     assert report.applied == (
-        reconciling.Applied(destroy, Outcome.REFUSED, "became in use; not destroyed"),
+        changes.Applied(destroy, Outcome.REFUSED, "became in use; not destroyed"),
     )
     assert [d.uuid for d in report.devices[0]] == [victim.uuid]
     # Nothing left to do but what the in-use device holds back.
@@ -97,11 +98,9 @@ def test_the_drivers_in_use_refusal_is_reported_as_refused_with_its_words() -> N
     # Nothing tells the reconciler the device is used: only the driver knows.
     rec = reconciling.Reconciler(emu, reconciling.InUseSet(), max_rounds=1)
     report = rec.reconcile({0: _want("7g.80gb@0")})
-    destroy = reconciling.Action(Op.DESTROY, 0, dev.instance, gi_id=dev.gi_id, uuid=dev.uuid)
+    destroy = changes.Change(ChangeKind.DESTROY, 0, dev.instance, gi_id=dev.gi_id, uuid=dev.uuid)
     assert report.applied == (
-        reconciling.Applied(
-            destroy, Outcome.REFUSED, "3g.40gb@4 on GPU 0 has processes (7) (in use)"
-        ),
+        changes.Applied(destroy, Outcome.REFUSED, "3g.40gb@4 on GPU 0 has processes (7) (in use)"),
     )
     assert [d.uuid for d in report.devices[0]] == [dev.uuid]
 
@@ -111,9 +110,9 @@ def test_another_backend_failure_is_failed_not_refused() -> None:
     emu.inject(emulated.Fault(emulated.Step.CREATE_GPU_INSTANCE, 1, emulated.FaultEffect.FAIL))
     rec = reconciling.Reconciler(emu, reconciling.InUseSet(), max_rounds=1)
     report = rec.reconcile({0: _want("7g.80gb@0")})
-    create = reconciling.Action(Op.CREATE, 0, layouts.Instance(0, "7g.80gb"))
+    create = changes.Change(ChangeKind.CREATE, 0, layouts.Instance(0, "7g.80gb"))
     assert report.applied == (
-        reconciling.Applied(
+        changes.Applied(
             create, Outcome.FAILED, "injected failure of create-gpu-instance (unknown)"
         ),
     )
@@ -186,14 +185,14 @@ def _dev(text: str, gi: int, *, gpu: int = 2, complete: bool = True) -> backend.
 
 def _diff(
     devices: list[backend.MigDevice],
-    want: reconciling.DesiredGpu,
+    want: changes.DesiredGpu,
     *,
     in_use: frozenset[str] = frozenset(),
     model: object = H100,
     mig: tuple[bool, bool] = (True, True),
-) -> reconciling.Diff:
-    state = reconciling.GpuState(_info(2, model=model, mig=mig), tuple(devices))  # type: ignore[arg-type]
-    return reconciling.diff(actual={2: state}, desired={2: want}, in_use=in_use)
+) -> changes.Diff:
+    state = changes.GpuState(_info(2, model=model, mig=mig), tuple(devices))  # type: ignore[arg-type]
+    return changes.diff(actual={2: state}, desired={2: want}, in_use=in_use)
 
 
 def _inst(text: str) -> layouts.Instance:
@@ -201,13 +200,13 @@ def _inst(text: str) -> layouts.Instance:
 
 
 def test_a_gpu_the_node_lacks_is_refused() -> None:
-    d = reconciling.diff(actual={}, desired={2: _want("7g.80gb@0")}, in_use=frozenset())
-    assert d == reconciling.Diff((), (Refusal(2, "no such GPU on this node"),))
+    d = changes.diff(actual={}, desired={2: _want("7g.80gb@0")}, in_use=frozenset())
+    assert d == changes.Diff((), (Refusal(2, "no such GPU on this node"),))
 
 
 def test_a_mig_gpu_of_an_unknown_model_is_refused_not_planned() -> None:
     d = _diff([], _want("7g.80gb@0"), model=None)
-    assert d == reconciling.Diff(
+    assert d == changes.Diff(
         (), (Refusal(2, "NVIDIA H100 80GB HBM3 is not a MIG-capable GPU migpilot knows"),)
     )
 
@@ -217,14 +216,12 @@ def test_a_mode_mismatch_is_refused_on_its_gpu() -> None:
     reason = (
         "MIG mode is disabled, the desired layout needs it enabled: needs a GPU reset (not forced)"
     )
-    assert d == reconciling.Diff((), (Refusal(2, reason),))
+    assert d == changes.Diff((), (Refusal(2, reason),))
 
 
 def test_a_pending_enable_is_reported_with_the_mode_it_waits_for() -> None:
-    d = _diff([], reconciling.DesiredGpu(False), mig=(False, True))
-    assert d == reconciling.Diff(
-        (), (Refusal(2, "MIG mode enabled is pending: needs a GPU reset"),)
-    )
+    d = _diff([], changes.DesiredGpu(False), mig=(False, True))
+    assert d == changes.Diff((), (Refusal(2, "MIG mode enabled is pending: needs a GPU reset"),))
 
 
 def test_an_invalid_layout_is_refused_on_its_gpu() -> None:
@@ -234,13 +231,13 @@ def test_an_invalid_layout_is_refused_on_its_gpu() -> None:
         "desired layout 4g.40gb@0 4g.40gb@4 is invalid: 4g.40gb cannot start at memory slot 4 "
         "on h100-80gb (allowed starts: 0)"
     )
-    assert d == reconciling.Diff((), (Refusal(2, reason),))
+    assert d == changes.Diff((), (Refusal(2, reason),))
 
 
 def test_a_repair_names_its_instance() -> None:
     d = _diff([_dev("3g.40gb@0", 5, complete=False)], _want("3g.40gb@0"))
-    assert d == reconciling.Diff(
-        (reconciling.Action(Op.REPAIR, 2, _inst("3g.40gb@0"), gi_id=5),), ()
+    assert d == changes.Diff(
+        (changes.Change(ChangeKind.REPAIR, 2, _inst("3g.40gb@0"), gi_id=5),), ()
     )
 
 
@@ -248,7 +245,7 @@ def test_only_the_in_use_devices_that_overlap_are_named_and_the_others_kept() ->
     # 1g@0 and 1g@6 are in use and not desired; the desired 3g@4 overlaps only 1g@6.
     devs = [_dev("1g.10gb@0", 1), _dev("1g.10gb@6", 2)]
     d = _diff(devs, _want("3g.40gb@4"), in_use=frozenset({"MIG-2-1", "MIG-2-2"}))
-    assert d == reconciling.Diff(
+    assert d == changes.Diff(
         (),
         (
             Refusal(
@@ -270,7 +267,7 @@ def test_only_the_in_use_devices_that_overlap_are_named_and_the_others_kept() ->
 def test_two_in_use_devices_in_the_way_are_named_together() -> None:
     devs = [_dev("1g.10gb@4", 1), _dev("1g.10gb@5", 2)]
     d = _diff(devs, _want("2g.20gb@4"), in_use=frozenset({"MIG-2-1", "MIG-2-2"}))
-    assert d == reconciling.Diff(
+    assert d == changes.Diff(
         (),
         (
             Refusal(
@@ -288,7 +285,7 @@ def test_an_in_use_device_that_does_not_overlap_yet_forbids_is_not_blamed_as_in_
     # At most one +me instance per GPU: the in-use 1g+me@0 forbids the desired one at 6,
     # without overlapping it. The refusal gives the rule, and the in-use one is kept.
     d = _diff([_dev("1g.10gb+me@0", 1)], _want("1g.10gb+me@6"), in_use=frozenset({"MIG-2-1"}))
-    assert d == reconciling.Diff(
+    assert d == changes.Diff(
         (),
         (
             Refusal(

@@ -7,13 +7,14 @@ import dataclasses
 import pytest
 
 from migpilot import errors
-from migpilot.agent import desired, reconciling
+from migpilot.agent import reconciling
+from migpilot.agent.rules import changes, desired
 from migpilot.gpu import backend, emulated, nvml, nvml_standin
 from migpilot.mig import catalog, layouts, migparted, pciids
 
 H100 = catalog.resolve_gpu("h100-80gb")
 A30 = catalog.resolve_gpu("a30")
-Op = reconciling.Op
+ChangeKind = changes.ChangeKind
 
 
 def _info(
@@ -50,15 +51,15 @@ def _diff(
     want: layouts.Layout,
     in_use: frozenset[str] = frozenset(),
     **info: object,
-) -> reconciling.Diff:
-    state = reconciling.GpuState(_info(**info), tuple(devices))  # type: ignore[arg-type]
-    return reconciling.diff(
-        actual={0: state}, desired={0: reconciling.DesiredGpu(True, want)}, in_use=frozenset(in_use)
+) -> changes.Diff:
+    state = changes.GpuState(_info(**info), tuple(devices))  # type: ignore[arg-type]
+    return changes.diff(
+        actual={0: state}, desired={0: changes.DesiredGpu(True, want)}, in_use=frozenset(in_use)
     )
 
 
-def _ops(d: reconciling.Diff) -> list[str]:
-    return [f"{a.op.value} {a.instance}" for a in d.actions]
+def _ops(d: changes.Diff) -> list[str]:
+    return [f"{a.kind.value} {a.instance}" for a in d.changes]
 
 
 def test_empty_gpu_gets_every_instance_created_at_its_placement() -> None:
@@ -69,19 +70,19 @@ def test_empty_gpu_gets_every_instance_created_at_its_placement() -> None:
 
 def test_matching_layout_needs_nothing() -> None:
     d = _diff([_dev("3g.40gb@0", 1), _dev("3g.40gb@4", 2)], _layout("3g.40gb@0", "3g.40gb@4"))
-    assert d.actions == () and d.refusals == ()
+    assert d.changes == () and d.refusals == ()
 
 
 def test_only_conflicting_instances_are_destroyed() -> None:
     devices = [_dev("3g.40gb@0", 1), _dev("2g.20gb@4", 2), _dev("1g.10gb@6", 3)]
     d = _diff(devices, _layout("3g.40gb@0", "1g.10gb@4", "1g.10gb@5", "1g.10gb@6"))
     assert _ops(d) == ["destroy 2g.20gb@4", "create 1g.10gb@4", "create 1g.10gb@5"]
-    assert d.actions[0].gi_id == 2 and d.actions[0].uuid == "MIG-0-2"
+    assert d.changes[0].gi_id == 2 and d.changes[0].uuid == "MIG-0-2"
 
 
 def test_destroys_come_before_creates() -> None:
     d = _diff([_dev("7g.80gb@0", 1)], _layout("4g.40gb@0", "3g.40gb@4"))
-    assert [a.op for a in d.actions] == [Op.DESTROY, Op.CREATE, Op.CREATE]
+    assert [a.kind for a in d.changes] == [ChangeKind.DESTROY, ChangeKind.CREATE, ChangeKind.CREATE]
 
 
 def test_in_use_instance_is_never_destroyed_and_blocks_what_overlaps_it() -> None:
@@ -109,13 +110,13 @@ def test_in_use_elsewhere_can_still_block_by_compute_slices() -> None:
 
 def test_gpu_instance_without_compute_instance_is_repaired_when_desired() -> None:
     d = _diff([_dev("3g.40gb@0", 1, complete=False)], _layout("3g.40gb@0"))
-    assert [(a.op, a.gi_id) for a in d.actions] == [(Op.REPAIR, 1)]
+    assert [(a.kind, a.gi_id) for a in d.changes] == [(ChangeKind.REPAIR, 1)]
 
 
 def test_gpu_instance_without_compute_instance_is_destroyed_when_not_desired() -> None:
     d = _diff([_dev("3g.40gb@0", 1, complete=False)], _layout("7g.80gb@0"))
     assert _ops(d) == ["destroy 3g.40gb@0", "create 7g.80gb@0"]
-    assert d.actions[0].uuid is None
+    assert d.changes[0].uuid is None
 
 
 @pytest.mark.parametrize(
@@ -129,15 +130,13 @@ def test_gpu_instance_without_compute_instance_is_destroyed_when_not_desired() -
 def test_mig_mode_mismatch_needs_a_reset_and_is_never_forced(
     mig: tuple[bool, bool], want: bool, message: str
 ) -> None:
-    state = reconciling.GpuState(_info(mig=mig), (_dev("7g.80gb@0", 1),))
-    d = reconciling.diff(
+    state = changes.GpuState(_info(mig=mig), (_dev("7g.80gb@0", 1),))
+    d = changes.diff(
         actual={0: state},
-        desired={
-            0: reconciling.DesiredGpu(want, _layout("1g.10gb@0") if want else layouts.Layout(()))
-        },
+        desired={0: changes.DesiredGpu(want, _layout("1g.10gb@0") if want else layouts.Layout(()))},
         in_use=frozenset(),
     )
-    assert d.actions == ()
+    assert d.changes == ()
     assert message in d.refusals[0].reason
 
 
@@ -156,22 +155,22 @@ def test_pending_mode_change_is_reported_but_the_layout_still_reconciled() -> No
 )
 def test_invalid_desired_layout_is_refused_whole(want: layouts.Layout, message: str) -> None:
     d = _diff([_dev("1g.10gb@0", 1)], want)
-    assert d.actions == ()
+    assert d.changes == ()
     assert message in d.refusals[0].reason
 
 
 def test_unknown_and_non_mig_gpus_are_refused() -> None:
-    want = {3: reconciling.DesiredGpu(True, _layout("7g.80gb@0"))}
-    d = reconciling.diff(actual={}, desired=want, in_use=frozenset())
+    want = {3: changes.DesiredGpu(True, _layout("7g.80gb@0"))}
+    d = changes.diff(actual={}, desired=want, in_use=frozenset())
     assert "no such GPU" in d.refusals[0].reason
-    state = reconciling.GpuState(backend.GpuInfo(3, "GPU-3", "Tesla T4", None, 15360, None), ())
-    d = reconciling.diff(actual={3: state}, desired=want, in_use=frozenset())
+    state = changes.GpuState(backend.GpuInfo(3, "GPU-3", "Tesla T4", None, 15360, None), ())
+    d = changes.diff(actual={3: state}, desired=want, in_use=frozenset())
     assert "not a MIG-capable GPU" in d.refusals[0].reason
 
 
 def test_gpus_not_in_the_desired_mapping_are_left_alone() -> None:
-    state = reconciling.GpuState(_info(), (_dev("7g.80gb@0", 1),))
-    assert reconciling.diff(actual={0: state}, desired={}, in_use=frozenset()).actions == ()
+    state = changes.GpuState(_info(), (_dev("7g.80gb@0", 1),))
+    assert changes.diff(actual={0: state}, desired={}, in_use=frozenset()).changes == ()
 
 
 # --- in use ------------------------------------------------------------------------------------
@@ -229,7 +228,7 @@ def test_config_gives_each_matching_gpu_its_layout() -> None:
     assert set(out) == {0, 1}
     assert out[0].layout == layouts.place(H100, ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"])
     off = desired.from_migparted(CONFIG, "all-disabled", gpus=_gpus())
-    assert off == {0: reconciling.DesiredGpu(False), 1: reconciling.DesiredGpu(False)}
+    assert off == {0: changes.DesiredGpu(False), 1: changes.DesiredGpu(False)}
 
 
 def test_placement_keeps_the_instances_already_there() -> None:

@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
-from migpilot.agent import desired
+from migpilot.agent.rules import desired
 from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import kubeapi, observing, pinning, running
 from migpilot.gpu import backend
+from migpilot.kube import errors as kube_errors
+from migpilot.kube import objects as kubeobjects
 from migpilot.planning import control
 
 
@@ -301,9 +303,9 @@ async def _controller(
     controller.leading = True
     controller._lease_until = math.inf
     for kind, docs in (
-        (kubeapi.Kind.LAYOUTS, layouts.values()),
-        (kubeapi.Kind.PODS, pods),
-        (kubeapi.Kind.NODES, nodes),
+        (kubeobjects.Kind.LAYOUTS, layouts.values()),
+        (kubeobjects.Kind.PODS, pods),
+        (kubeobjects.Kind.NODES, nodes),
     ):
         for doc in docs:
             await api.put(kind, doc)
@@ -385,7 +387,7 @@ def test_an_expiry_whose_write_fails_says_nothing_and_keeps_the_reservation() ->
 
     async def main() -> None:
         api, controller = await _controller(layouts, [_pod("p")], _Clock(1000.0))
-        api.fail_next = kubeapi.KubeApiError("503: unavailable")
+        api.fail_next = kube_errors.KubeApiError("503: unavailable")
         await controller._expire(
             controller.observe(), [control.Expiry("ns/p", "n0", True, TAKEN.format("n0"))]
         )
@@ -404,7 +406,7 @@ def test_an_expiry_whose_write_fails_on_one_node_still_expires_the_others() -> N
 
     async def main() -> None:
         api, controller = await _controller(layouts, [_pod("p"), _pod("r")], _Clock(1000.0))
-        api.fail_next = kubeapi.KubeApiError("503: unavailable")
+        api.fail_next = kube_errors.KubeApiError("503: unavailable")
         await controller._expire(
             controller.observe(),
             [
@@ -488,7 +490,7 @@ def _gpu0(*instances: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def _store(
-    api: kubeapi.InMemoryApi, controller: running.Controller, kind: kubeapi.Kind, doc: Any
+    api: kubeapi.InMemoryApi, controller: running.Controller, kind: kubeobjects.Kind, doc: Any
 ) -> None:
     """Change an object as another client would, and show it to the controller."""
     await api.put(kind, doc)
@@ -514,14 +516,14 @@ def test_a_reservation_expires_a_timeout_after_its_instances_exist_or_ten_if_the
             return _said(controller)
 
         assert await at(1000.0) == []
-        doc = api.objects[kubeapi.Kind.LAYOUTS]["n0"]
+        doc = api.objects[kubeobjects.Kind.LAYOUTS]["n0"]
         made = _gpu0(_status_inst(0, "reserved"), _status_inst(1, "free"))
-        await _store(api, controller, kubeapi.Kind.LAYOUTS, {**doc, "status": {"gpus": made}})
+        await _store(api, controller, kubeobjects.Kind.LAYOUTS, {**doc, "status": {"gpus": made}})
         assert await at(1030.0) == []
         # ns/p's instance is being destroyed: it was made, its clock runs on.
-        doc = api.objects[kubeapi.Kind.LAYOUTS]["n0"]
+        doc = api.objects[kubeobjects.Kind.LAYOUTS]["n0"]
         going = _gpu0(_status_inst(0, "destroying"), _status_inst(1, "free"))
-        await _store(api, controller, kubeapi.Kind.LAYOUTS, {**doc, "status": {"gpus": going}})
+        await _store(api, controller, kubeobjects.Kind.LAYOUTS, {**doc, "status": {"gpus": going}})
         assert await at(1060.0) == []  # a timeout exactly: not yet
         assert await at(1060.5) == [("p", "MigReservationExpired", TIMED_OUT.format("n0"))]
         assert await at(1090.0) == []
@@ -567,9 +569,9 @@ def test_a_pod_pinned_to_its_node_keeps_its_reservation_until_another_pod_takes_
         assert await at(2000.0) == []
         assert controller.observe().reservations.keys() == {"ns/p"}
         # A pod bound without migpilot uses ns/p's instance: dropped at once.
-        doc = api.objects[kubeapi.Kind.LAYOUTS]["n0"]
+        doc = api.objects[kubeobjects.Kind.LAYOUTS]["n0"]
         used = _gpu0(_status_inst(0, "used", "ns/other"))
-        await _store(api, controller, kubeapi.Kind.LAYOUTS, {**doc, "status": {"gpus": used}})
+        await _store(api, controller, kubeobjects.Kind.LAYOUTS, {**doc, "status": {"gpus": used}})
         assert await at(2000.0) == [("p", "MigReservationExpired", TAKEN.format("n0"))]
         assert not controller.observe().reservations
         assert not api.pod_patches

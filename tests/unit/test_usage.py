@@ -32,7 +32,7 @@ def _view(
     emu: emulated.EmulatedBackend, slices: tuple[devices.MpsSlice, ...] = ()
 ) -> devices.NodeDevices:
     state = {
-        info.index: running.reconciling.GpuState(info, emu.mig_devices(info.index))
+        info.index: running.changes.GpuState(info, emu.mig_devices(info.index))
         for info in emu.gpus()
     }
     view = running.node_view(state)

@@ -20,16 +20,19 @@ from typing import Any
 import pytest
 
 from migpilot import errors
+from migpilot.kube import memory as kubememory
+from migpilot.kube import objects as kubeobjects
 from migpilot.webhook import leases, serving
 from migpilot.webhook import metrics as wm
 from tests.kube import certs
 
-LEASE = {
+LEASE: dict[str, Any] = {
+    "metadata": {"name": "migpilot-controller", "namespace": "migpilot-system"},
     "spec": {
         "holderIdentity": "controller-0",
         "renewTime": "1970-01-01T00:01:40Z",
         "leaseDurationSeconds": 15,
-    }
+    },
 }
 MUTATE, VALIDATE = serving.MUTATE_PATH, serving.VALIDATE_PATH
 
@@ -136,7 +139,10 @@ def _settings(pair: certs.KeyPair, **limits: Any) -> serving.Settings:
 
 
 def _freshness() -> leases.Freshness:
-    return leases.Freshness(leases.StaticLease(LEASE), cache_s=2.0, clock=lambda: 100.0)
+    api = kubememory.InMemoryServer()
+    api.put(kubeobjects.Kind.LEASES, LEASE)
+    lease = leases.KubeLease(api, name="migpilot-controller", namespace="migpilot-system")
+    return leases.Freshness(lease, cache_s=2.0, clock=lambda: 100.0)
 
 
 @pytest.fixture

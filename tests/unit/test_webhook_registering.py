@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from migpilot.kube import memory as kubememory
+from migpilot.kube import objects as kubeobjects
 from migpilot.webhook import leases, registering
 
 REPO = pathlib.Path(__file__).parents[2]
@@ -158,56 +160,76 @@ class _Failing:
 
 def _lease(renewed: str = "1970-01-01T00:01:40Z", duration: int = 15) -> dict[str, Any]:
     return {
+        "metadata": {"name": "migpilot-controller", "namespace": "migpilot-system"},
         "spec": {
             "holderIdentity": "c-0",
             "renewTime": renewed,  # 100 s after the epoch
             "leaseDurationSeconds": duration,
-        }
+        },
     }
 
 
+class _Stored:
+    """The controller's Lease in an in-memory API server, and the webhook's reader of it."""
+
+    def __init__(self, lease: dict[str, Any] | None) -> None:
+        self.api = kubememory.InMemoryServer()
+        self.source = leases.KubeLease(
+            self.api, name="migpilot-controller", namespace="migpilot-system"
+        )
+        if lease is not None:
+            self.put(lease)
+
+    def put(self, lease: dict[str, Any]) -> None:
+        self.api.put(kubeobjects.Kind.LEASES, lease)
+
+    @property
+    def reads(self) -> int:
+        return self.api.requests["get", kubeobjects.Kind.LEASES]
+
+
 def test_lease_is_read_at_most_once_per_cache_period() -> None:
-    source = leases.StaticLease(_lease())
+    stored = _Stored(_lease())
     clock = _Clock(100.0)
-    freshness = leases.Freshness(source, cache_s=2.0, clock=clock)
+    freshness = leases.Freshness(stored.source, cache_s=2.0, clock=clock)
     assert freshness.fresh()
     clock.now = 101.9
     assert freshness.fresh()
-    assert source.reads == 1
+    assert stored.reads == 1
     clock.now = 102.0
     assert freshness.fresh()
-    assert source.reads == 2
+    assert stored.reads == 2
 
 
 def test_cached_lease_expires_between_reads() -> None:
-    source = leases.StaticLease(_lease(duration=1))
+    stored = _Stored(_lease(duration=1))
     clock = _Clock(100.5)
-    freshness = leases.Freshness(source, cache_s=10.0, clock=clock)
+    freshness = leases.Freshness(stored.source, cache_s=10.0, clock=clock)
     assert freshness.fresh()
     clock.now = 101.0  # renewTime + 1 s: no longer later than now
     assert not freshness.fresh()
-    assert source.reads == 1
+    assert stored.reads == 1
 
 
 def test_lease_is_reread_when_the_clock_goes_back() -> None:
-    source = leases.StaticLease(_lease())
+    stored = _Stored(_lease())
     clock = _Clock(100.0)
-    freshness = leases.Freshness(source, cache_s=2.0, clock=clock)
+    freshness = leases.Freshness(stored.source, cache_s=2.0, clock=clock)
     freshness.fresh()
     clock.now = 90.0
     freshness.fresh()
-    assert source.reads == 2
+    assert stored.reads == 2
 
 
 def test_missing_lease_is_not_fresh_until_it_appears() -> None:
-    source = leases.StaticLease(None)
+    stored = _Stored(None)
     clock = _Clock(100.0)
-    freshness = leases.Freshness(source, cache_s=2.0, clock=clock)
+    freshness = leases.Freshness(stored.source, cache_s=2.0, clock=clock)
     assert not freshness.fresh()
-    source.lease = _lease()
+    stored.put(_lease())
     assert not freshness.fresh()  # cached
     clock.now = 102.5
-    source.lease = _lease("1970-01-01T00:01:42Z")
+    stored.put(_lease("1970-01-01T00:01:42Z"))
     assert freshness.fresh()
 
 

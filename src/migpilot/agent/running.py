@@ -18,7 +18,7 @@ Desired layouts come from a nvidia-mig-parted config file with a config name, or
 read from a node-labels file (``nvidia.com/mig.config``, as mig-manager reads the node label),
 or from nowhere (:class:`KeepLayout`: keep what is there and only advertise). Files are re-read
 when their size, mtime or inode change, polled (no inotify dependency). In a cluster they come
-from the node's GpuLayout (:class:`~migpilot.agent.following.GpuLayoutSource`), and a
+from the node's GpuLayout (:class:`~migpilot.agent.cluster.following.GpuLayoutSource`), and a
 :class:`PassListener` reports each pass (its status, the Node's labels).
 
 A shell module: it reads and writes files, runs threads and serves metrics and probes over HTTP
@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import Protocol
 
 from migpilot import errors, files, probes
-from migpilot.agent import computemodes, desired, labels, metrics, reconciling
-from migpilot.agent import mps as mps_supervision
+from migpilot.agent import metrics, reconciling
 from migpilot.agent.deviceplugin import advertising, devices, health, podresources, replicating
+from migpilot.agent.rules import changes, desired, labels
+from migpilot.agent.sharing import computemodes
+from migpilot.agent.sharing import mps as mps_supervision
 from migpilot.gpu import backend, clocks
 from migpilot.mig import migparted
 from migpilot.sharing import config as sharing_config
@@ -203,7 +205,7 @@ class DesiredSource(Protocol):
         gpus: Sequence[backend.GpuInfo],
         current: Mapping[int, Sequence[backend.MigDevice]],
         in_use: frozenset[str],
-    ) -> dict[int, reconciling.DesiredGpu]:
+    ) -> dict[int, changes.DesiredGpu]:
         """The desired layouts now; a :class:`MigpilotError` (or ``OSError``) if unreadable."""
         ...
 
@@ -225,7 +227,7 @@ class KeepLayout:
         gpus: Sequence[backend.GpuInfo],
         current: Mapping[int, Sequence[backend.MigDevice]],
         in_use: frozenset[str],
-    ) -> dict[int, reconciling.DesiredGpu]:
+    ) -> dict[int, changes.DesiredGpu]:
         """Nothing: every GPU is left as it is."""
         return {}
 
@@ -252,7 +254,7 @@ class AlsoWatching:
         gpus: Sequence[backend.GpuInfo],
         current: Mapping[int, Sequence[backend.MigDevice]],
         in_use: frozenset[str],
-    ) -> dict[int, reconciling.DesiredGpu]:
+    ) -> dict[int, changes.DesiredGpu]:
         """The source's layouts."""
         return self._source.desired(gpus=gpus, current=current, in_use=in_use)
 
@@ -324,7 +326,7 @@ class MigPartedConfig:
         gpus: Sequence[backend.GpuInfo],
         current: Mapping[int, Sequence[backend.MigDevice]],
         in_use: frozenset[str],
-    ) -> dict[int, reconciling.DesiredGpu]:
+    ) -> dict[int, changes.DesiredGpu]:
         """The layouts config :meth:`config_name` gives each GPU, keeping instances in place."""
         config = self.load()
         name = self.config_name()
@@ -371,7 +373,7 @@ class ViewFilters:
 
 
 class SharingSource(Protocol):
-    """The node's sharing config (:class:`~migpilot.agent.sharingconfig.SharingFollower`):
+    """The node's sharing config (:class:`~migpilot.agent.sharing.sharingconfig.SharingFollower`):
     re-read when its inputs change, handed to the plugin, its state labelled."""
 
     def changed(self) -> bool:
@@ -398,8 +400,8 @@ class PassListener(Protocol):
     def passed(
         self,
         *,
-        state: Mapping[int, reconciling.GpuState],
-        report: reconciling.Report | None,
+        state: Mapping[int, changes.GpuState],
+        report: changes.Report | None,
         labels: Mapping[str, str],
         view: devices.NodeDevices,
     ) -> None:
@@ -416,8 +418,8 @@ class Listeners:
     def passed(
         self,
         *,
-        state: Mapping[int, reconciling.GpuState],
-        report: reconciling.Report | None,
+        state: Mapping[int, changes.GpuState],
+        report: changes.Report | None,
         labels: Mapping[str, str],
         view: devices.NodeDevices,
     ) -> None:
@@ -429,7 +431,7 @@ class Listeners:
 # --- the view, the labels file -----------------------------------------------------------------
 
 
-def node_view(state: Mapping[int, reconciling.GpuState]) -> devices.NodeDevices:
+def node_view(state: Mapping[int, changes.GpuState]) -> devices.NodeDevices:
     """The device plugin's view of the GPUs as read from the backend.
 
     GPUs the catalog does not know are left out (their profiles are unknown); GPU instances
@@ -551,7 +553,8 @@ class Agent:
         self._mps_checked: float | None = None
         self._mps_state_changed = False
         self._mps_state: str | None = None
-        """The daemons' state word (:func:`~migpilot.agent.mps.sharing_state`) last labelled."""
+        """The daemons' state word (:func:`~migpilot.agent.sharing.mps.sharing_state`) last
+        labelled."""
         self._listener = listener
         self._view_filter = view_filter
         self._in_use = in_use
@@ -582,7 +585,7 @@ class Agent:
         return None if self._last_pass is not None else "the first pass has not finished"
 
     # -- one pass ----------------------------------------------------------------------------
-    def reconcile(self) -> reconciling.Report:
+    def reconcile(self) -> changes.Report:
         """One pass: desired layouts, reconcile, advertise, labels, metrics."""
         with self._pass_lock:
             self._last_fingerprint = self._source.fingerprint()
@@ -650,7 +653,7 @@ class Agent:
         """The MPS daemons the supervisor keeps, as last seen."""
         return self._mps.statuses() if self._mps is not None else ()
 
-    def _desired(self) -> tuple[dict[int, reconciling.DesiredGpu], bool]:
+    def _desired(self) -> tuple[dict[int, changes.DesiredGpu], bool]:
         """The desired layouts, and whether they could not be had (an error, logged)."""
         state = self._reconciler.read()
         try:
@@ -666,14 +669,14 @@ class Agent:
             return {}, True
         return want, False
 
-    def _log_report(self, report: reconciling.Report) -> None:
+    def _log_report(self, report: changes.Report) -> None:
         for applied in report.applied:
-            if applied.outcome is reconciling.Outcome.DONE:
-                _log.info("%s", applied.action)
-            elif applied.outcome is reconciling.Outcome.REFUSED:
-                _log.warning("%s refused: %s", applied.action, applied.detail)
+            if applied.outcome is changes.Outcome.DONE:
+                _log.info("%s", applied.change)
+            elif applied.outcome is changes.Outcome.REFUSED:
+                _log.warning("%s refused: %s", applied.change, applied.detail)
             else:
-                _log.error("%s failed: %s", applied.action, applied.detail)
+                _log.error("%s failed: %s", applied.change, applied.detail)
         refusals = tuple(dict.fromkeys(str(r) for r in report.refusals))
         for text in refusals:
             # Reported once at WARNING while it lasts; every pass repeats it at DEBUG.
@@ -681,7 +684,7 @@ class Agent:
             _log.log(level, "not done: %s", text)
         self._last_refusals = frozenset(refusals)
         if report.applied:
-            done = len(report.outcomes(reconciling.Outcome.DONE))
+            done = len(report.outcomes(changes.Outcome.DONE))
             _log.info(
                 "reconfigured in %.2f s: %d of %d actions done%s",
                 report.duration_s,
@@ -742,7 +745,7 @@ class Agent:
         self._metrics.set_devices(device_counts({r.name: r.devices for r in advertised}))
 
     # -- the loop ----------------------------------------------------------------------------
-    def start(self) -> reconciling.Report:
+    def start(self) -> changes.Report:
         """The first pass, then serve the plugin with its result and start the XID thread.
 
         Raises :class:`advertising.InvalidMigConfigurationError` when the single strategy
@@ -785,7 +788,7 @@ class Agent:
             return True
         return self._clock.monotonic() - self._last_pass >= self.settings.interval_s
 
-    def tick(self) -> reconciling.Report | None:
+    def tick(self) -> changes.Report | None:
         """Run a pass if one is due; its report, or ``None``. Between passes the MPS daemons
         are checked every :attr:`AgentSettings.mps_check_s`; a change of their state word
         makes a pass due (the labels and the Node say it at once)."""

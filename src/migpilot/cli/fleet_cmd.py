@@ -1,7 +1,7 @@
 """``migpilot fleet``: the simulated agents of many KWOK nodes in one process, as a command.
 
-Thin: flags become :class:`migpilot.agent.fleet.FleetSettings`, then
-:func:`migpilot.agent.fleet.run` until SIGTERM or SIGINT. A separate command rather than
+Thin: flags become :class:`migpilot.kwok.fleet.FleetSettings`, then
+:func:`migpilot.kwok.fleet.run` until SIGTERM or SIGINT. A separate command rather than
 ``migpilot agent --fleet``: almost none of the single agent's flags (backend, state file,
 configs, kubelet folder, device plugin) mean anything for a fleet.
 """
@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import IO
 
 from migpilot import errors, logs
-from migpilot.agent import fleet, kubeapi
 from migpilot.agent.deviceplugin import devices
+from migpilot.kube import objects
+from migpilot.kwok import fleet
 
 SIMULATED = "simulated"
 
@@ -114,14 +115,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=_run)
 
 
-def selector(text: str) -> kubeapi.LabelSelector:
+def selector(text: str) -> objects.LabelSelector:
     """``LABEL`` (the label exists) or ``LABEL=VALUE``; a one-line error otherwise."""
     key, sep, value = text.strip().partition("=")
     if not key or (sep and not value) or "," in text or "!" in key:
         raise errors.AgentConfigError(
             f"--fleet-selector {text!r} is not LABEL or LABEL=VALUE (one label)"
         )
-    return kubeapi.LabelSelector(key, value if sep else None)
+    return objects.LabelSelector(key, value if sep else None)
 
 
 def settings_from(args: argparse.Namespace) -> fleet.FleetSettings:

@@ -4,7 +4,7 @@ What an operator (or the team, when a GPU machine is lent) runs on a node to see
 ``nvidia-cuda-mps-control`` works there as the agent will run it: the same supervisor starts the
 daemon with its pipe and log directories, sends the defaults given, waits for its answer and
 stops it. It needs no CUDA client and changes neither MIG mode nor compute mode. Thin: flags
-become a :class:`~migpilot.gpu.mps.MpsDaemonSpec`, then :func:`migpilot.agent.mps.check`.
+become a :class:`~migpilot.gpu.mps.MpsDaemonSpec`, then :func:`migpilot.agent.sharing.mps.check`.
 Exit 0 when the daemon answered; 2 with one line otherwise (the binary missing, a start that
 fails, no answer).
 """
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from migpilot.agent import mps as supervising
+from migpilot.agent.sharing import mps as supervising
 from migpilot.gpu import clocks, mps
 
 

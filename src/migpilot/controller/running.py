@@ -49,6 +49,8 @@ from typing import Any, TypeVar
 from migpilot import errors, gcpause, logs, probes
 from migpilot.api import gpulayouts, gpulayouts_wire, leases
 from migpilot.controller import kubeapi, metrics, observing, pinning, turnover
+from migpilot.kube import errors as kube_errors
+from migpilot.kube import objects as kubeobjects
 from migpilot.planning import control, fast, modes, options, plans, snapshot, unified
 
 _log = logging.getLogger("migpilot.controller")
@@ -141,10 +143,10 @@ class _Store:
     pods: dict[str, tuple[dict[str, Any], observing.PodView]] = field(default_factory=dict)
     nodes: dict[str, observing.NodeView] = field(default_factory=dict)
     layouts: dict[str, gpulayouts.GpuLayout] = field(default_factory=dict)
-    versions: dict[tuple[kubeapi.Kind, str], int] = field(default_factory=dict)
+    versions: dict[tuple[kubeobjects.Kind, str], int] = field(default_factory=dict)
     """The newest ``resourceVersion`` seen per object: what the controller's own writes
     returned, or a watch showed. An older one is a stale event and is dropped."""
-    synced: set[kubeapi.Kind] = field(default_factory=set)
+    synced: set[kubeobjects.Kind] = field(default_factory=set)
 
 
 def _key(doc: Mapping[str, Any]) -> str:
@@ -174,7 +176,7 @@ class Controller:
         """Beats once per round of :meth:`run`; ``/healthz`` reads it."""
         self.watches = probes.Watches(clock)
         """The watches that are down; ``/healthz`` fails while any is."""
-        self._bad: dict[tuple[kubeapi.Kind, str], str] = {}
+        self._bad: dict[tuple[kubeobjects.Kind, str], str] = {}
         """Objects skipped or ignored, and why: each is logged once per reason."""
         self._store = _Store()
         self._node_cache: observing.NodeCache = {}
@@ -201,13 +203,13 @@ class Controller:
         """The last GpuLayout status seen per node: what :meth:`_count_turnover` compares the
         next one with."""
         self._writes = asyncio.Semaphore(settings.writers)
-        self._notes: asyncio.Queue[kubeapi.EventNote] = asyncio.Queue(settings.event_backlog)
+        self._notes: asyncio.Queue[kubeobjects.EventNote] = asyncio.Queue(settings.event_backlog)
         self.plans = 0
         """Plans made (tests and the benchmark read it)."""
 
     # -- watches ----------------------------------------------------------------------------
 
-    def _put(self, kind: kubeapi.Kind, doc: Mapping[str, Any], *, deleted: bool) -> None:
+    def _put(self, kind: kubeobjects.Kind, doc: Mapping[str, Any], *, deleted: bool) -> None:
         key = _key(doc)
         store = self._store
         version = _version(doc)
@@ -217,7 +219,7 @@ class Controller:
             if version < store.versions.get((kind, key), -1):
                 return  # older than what a write of ours returned: a stale event
             store.versions[(kind, key)] = version
-        if kind is kubeapi.Kind.PODS:
+        if kind is kubeobjects.Kind.PODS:
             if deleted:
                 store.pods.pop(key, None)
                 self._seen_waiting.pop(key, None)
@@ -233,7 +235,7 @@ class Controller:
                     seen_s=self._clock() - self._seen_waiting.pop(key),
                     created_s=self._wall() - created if created is not None else None,
                 )
-        elif kind is kubeapi.Kind.NODES:
+        elif kind is kubeobjects.Kind.NODES:
             if deleted:
                 store.nodes.pop(key, None)
             else:
@@ -262,7 +264,7 @@ class Controller:
         if before is not None and self.leading:
             self.metrics.observe_turnover(turnover.diff(before, status))
 
-    def _take(self, kind: kubeapi.Kind, doc: Mapping[str, Any], *, deleted: bool) -> None:
+    def _take(self, kind: kubeobjects.Kind, doc: Mapping[str, Any], *, deleted: bool) -> None:
         """:meth:`_put` one object from a watch or a list; an object it cannot read is logged
         once and skipped (client-go's informers skip what they cannot decode): the watch goes
         on for every other object."""
@@ -290,14 +292,14 @@ class Controller:
             self._bad[(kind, key)] = ignored
             _log.warning("%s %s ignored: %s", kind, key, ignored, extra=_about(kind, key))
 
-    def _ignored(self, kind: kubeapi.Kind, key: str) -> str | None:
-        if kind is kubeapi.Kind.PODS and key in self._store.pods:
+    def _ignored(self, kind: kubeobjects.Kind, key: str) -> str | None:
+        if kind is kubeobjects.Kind.PODS and key in self._store.pods:
             return self._store.pods[key][1].ignored
-        if kind is kubeapi.Kind.NODES and key in self._store.nodes:
+        if kind is kubeobjects.Kind.NODES and key in self._store.nodes:
             return self._store.nodes[key].problem
         return None
 
-    async def _inform(self, kind: kubeapi.Kind, stop: asyncio.Event) -> None:
+    async def _inform(self, kind: kubeobjects.Kind, stop: asyncio.Event) -> None:
         """List, then watch; list again on 410 Gone or any failure, after a wait that doubles
         at each failure in a row (:attr:`Settings.retry_s` up to :attr:`Settings.retry_max_s`).
         The watch is down (``/healthz`` fails) from a failure until it lists again."""
@@ -309,9 +311,9 @@ class Controller:
                 keep = {_key(d) for d in listed.items}
                 current: set[str] = set(
                     self._store.pods
-                    if kind is kubeapi.Kind.PODS
+                    if kind is kubeobjects.Kind.PODS
                     else self._store.nodes
-                    if kind is kubeapi.Kind.NODES
+                    if kind is kubeobjects.Kind.NODES
                     else self._store.layouts
                 )
                 for gone in current - keep:
@@ -324,11 +326,13 @@ class Controller:
                 self._poke()
                 self.metrics.api_requests.labels(operation=f"watch-{kind}").inc()
                 async for event in self.api.watch(kind, resource_version=listed.resource_version):
-                    self._take(kind, event.object, deleted=event.type is kubeapi.EventType.DELETED)
+                    self._take(
+                        kind, event.object, deleted=event.type is kubeobjects.EventType.DELETED
+                    )
                     self._poke()
-            except kubeapi.GoneError:
+            except kube_errors.GoneError:
                 continue
-            except kubeapi.KubeApiError as err:
+            except kube_errors.KubeApiError as err:
                 self.metrics.api_errors.labels(operation=f"watch-{kind}").inc()
                 self.watches.down(kind.value, str(err))
                 wait = self._backoff(failures)
@@ -398,10 +402,10 @@ class Controller:
                 else:
                     self._written = None
                     self._set_leading(False)
-            except kubeapi.ConflictError:
+            except kube_errors.ConflictError:
                 self._written = None
                 self._set_leading(False)
-            except (kubeapi.KubeApiError, TimeoutError) as err:
+            except (kube_errors.KubeApiError, TimeoutError) as err:
                 self.metrics.api_errors.labels(operation="lease").inc()
                 _log.warning(
                     "Lease %s/%s not renewed: %s",
@@ -449,7 +453,7 @@ class Controller:
         """Run until ``stop`` is set. A watch or Lease task that ends (it never should: each
         catches its own failures) is logged and started again."""
         makers: dict[str, Callable[[], Any]] = {
-            k.value: functools.partial(self._inform, k, stop) for k in kubeapi.Kind
+            k.value: functools.partial(self._inform, k, stop) for k in kubeapi.WATCHED
         }
         makers["lease"] = functools.partial(self._lead, stop)
         tasks = {name: asyncio.create_task(make()) for name, make in makers.items()}
@@ -477,7 +481,7 @@ class Controller:
                 if (
                     self._acting()
                     and self.cannot_serve() is None
-                    and len(self._store.synced) == len(kubeapi.Kind)
+                    and len(self._store.synced) == len(kubeapi.WATCHED)
                 ):
                     await self.step()
         finally:
@@ -504,7 +508,7 @@ class Controller:
             return
         try:
             await self._lease_call("lease-release", self.api.write_lease(body, create=False))
-        except (kubeapi.KubeApiError, TimeoutError) as err:
+        except (kube_errors.KubeApiError, TimeoutError) as err:
             _log.warning(
                 "Lease %s/%s not released (%s): a standby takes over once it lapses",
                 s.lease_namespace,
@@ -541,7 +545,7 @@ class Controller:
     def not_ready(self) -> str | None:
         """``None`` once every watch has listed its kind (``/readyz``), else what is missing.
         A standby is ready too: it keeps its caches warm to take over at once."""
-        missing = sorted(k.value for k in kubeapi.Kind if k not in self._store.synced)
+        missing = sorted(k.value for k in kubeapi.WATCHED if k not in self._store.synced)
         return f"not yet listed: {', '.join(missing)}" if missing else None
 
     def observe(self) -> observing.Observed:
@@ -635,7 +639,7 @@ class Controller:
         async with self._writes:
             try:
                 got = await call
-            except kubeapi.KubeApiError as err:
+            except kube_errors.KubeApiError as err:
                 self.metrics.api_errors.labels(operation=what.split(" ", 1)[0]).inc()
                 _log.warning("%s failed: %s", what, err, extra=about)
                 return False, None
@@ -649,7 +653,7 @@ class Controller:
             self._node_said[name] = problem
             node = observed.nodes.get(name)
             _log.warning("node %s not planned: %s", name, problem, extra={"node": name})
-            self._tell(kubeapi.EventNote(
+            self._tell(kubeobjects.EventNote(
                 "Node", None, name, node.uid if node is not None else "", "Warning",
                 "MigNodeNotPlanned", f"not planned: {problem}",
             ))  # fmt: skip
@@ -663,9 +667,9 @@ class Controller:
             return
         self._said[view.key] = (reason, message)
         namespace, name = view.key.split("/", 1)
-        self._tell(kubeapi.EventNote("Pod", namespace, name, view.uid, type_, reason, message))
+        self._tell(kubeobjects.EventNote("Pod", namespace, name, view.uid, type_, reason, message))
 
-    def _tell(self, note: kubeapi.EventNote) -> None:
+    def _tell(self, note: kubeobjects.EventNote) -> None:
         """Queue an Event for the background writers. Events only inform: a pass never waits
         for one (a thousand pods placed by one plan once held the loop for 15 s), and when
         the API server cannot keep up the backlog is bounded: the surplus is dropped and
@@ -703,7 +707,7 @@ class Controller:
             f"patch of pod {key}", self.api.patch_pod(key, patch), about={"pod": key}
         )
         if ok:
-            self._put(kubeapi.Kind.PODS, got, deleted=False)
+            self._put(kubeobjects.Kind.PODS, got, deleted=False)
         return ok
 
     async def _write_spec(
@@ -715,7 +719,7 @@ class Controller:
         status), and the next pass plans on what the watch shows."""
         if not self._acting():
             return False
-        version = self._store.versions.get((kubeapi.Kind.LAYOUTS, name))
+        version = self._store.versions.get((kubeobjects.Kind.LAYOUTS, name))
         fence = kubeapi.Fence(
             resource_version=str(version) if version is not None else None,
             leader=self.settings.identity,
@@ -727,7 +731,7 @@ class Controller:
             about={"node": name},
         )
         if ok:
-            self._put(kubeapi.Kind.LAYOUTS, got, deleted=False)
+            self._put(kubeobjects.Kind.LAYOUTS, got, deleted=False)
         return ok
 
     async def _ensure_layouts(self, observed: observing.Observed) -> None:
@@ -911,7 +915,7 @@ class Controller:
                     f"{sa.op.value} MPS slice {sa.slice} ({sa.memory_gb} GB)"
                 )
             what = "; ".join(f"GPU {g}: {', '.join(ops)}" for g, ops in sorted(by_gpu.items()))
-            self._tell(kubeapi.EventNote(
+            self._tell(kubeobjects.EventNote(
                 "Node", None, name, node.uid, "Normal", "MigReconfiguring",
                 f"plan {self.plans} for {len(placements)} pod(s): {what}",
             ))  # fmt: skip
@@ -996,13 +1000,13 @@ def _epoch(timestamp: str) -> float | None:
     return moment.timestamp()
 
 
-def _about(kind: kubeapi.Kind, key: str) -> dict[str, str]:
+def _about(kind: kubeobjects.Kind, key: str) -> dict[str, str]:
     """The ``extra`` of a log line on an object: its pod or its node (a GpuLayout is named
     after its node)."""
-    return {"pod": key} if kind is kubeapi.Kind.PODS else {"node": key}
+    return {"pod": key} if kind is kubeobjects.Kind.PODS else {"node": key}
 
 
-def _note_about(note: kubeapi.EventNote) -> dict[str, str]:
+def _note_about(note: kubeobjects.EventNote) -> dict[str, str]:
     """The ``extra`` of a log line on an Event: the pod it is on, or the node (a Node's or a
     GpuLayout's, which is named after its node)."""
     where = f"{note.namespace}/{note.name}" if note.namespace else note.name

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from migpilot import errors, probes
 from migpilot.controller import kube, kubeapi, metrics, running
+from migpilot.kube import errors as kube_errors
 
 _log = logging.getLogger("migpilot.controller")
 
@@ -47,7 +48,7 @@ async def _check_setup(
     while not stop.is_set():
         try:
             found = await api.lease_namespace_exists(settings.lease_namespace, settings.lease_name)
-        except kubeapi.KubeApiError as err:
+        except kube_errors.KubeApiError as err:
             if not err.transient:
                 raise
             _log.warning("checking the Lease's namespace failed, trying again in %g s: %s",

@@ -12,7 +12,7 @@ The daemon is driven by writing its commands to the standard input of a second
 the same in ``cmd/mps-control-daemon/mps/daemon.go``).
 
 :class:`MpsDaemonSpec` is one daemon as data; :class:`MpsControl` is what the agent's
-supervisor (:mod:`migpilot.agent.mps`) asks of the daemon. :class:`EmulatedMps` models the
+supervisor (:mod:`migpilot.agent.sharing.mps`) asks of the daemon. :class:`EmulatedMps` models the
 daemon in memory (starting, running, crashed, stopped; MPS servers spawned per user when
 clients connect; defaults that affect only the next server, as the real daemon's do; crashes on
 demand). :class:`ProcessMps` runs NVIDIA's real binary. Only this module of :mod:`migpilot.gpu`

@@ -1,4 +1,4 @@
-"""Whether the controller is alive: its Lease, read through lightkube and cached for a moment.
+"""Whether the controller is alive: its Lease, read from the API server and cached for a moment.
 
 Why it exists: the webhook gates MIG pods only while a controller holds a fresh Lease, so a dead
 controller never strands new pods. The apiserver calls the webhook for every pod it creates;
@@ -8,8 +8,10 @@ reading the Lease on each call would double that traffic, so the Lease is re-rea
 Any error reading the Lease (not found, forbidden, timeout, TLS) counts as "not fresh": the
 webhook then fails open, as its ``failurePolicy: Ignore`` does.
 
-The one module of the webhook that imports the Kubernetes client (an import-linter contract
-checks it). :class:`StaticLease` is the in-memory stand-in for tests and demos.
+The one module of the webhook that talks to the Kubernetes API, through the shared boundary
+(:mod:`migpilot.kube`): :class:`KubeLease` reads the Lease from anything that answers a get as
+the lightkube client (:class:`migpilot.kube.client.Client`) and the in-memory API server of the
+unit tests (:class:`migpilot.kube.memory.InMemoryServer`) both do.
 """
 
 from __future__ import annotations
@@ -21,12 +23,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx2
-import lightkube
-from lightkube.resources.coordination_v1 import Lease
-
-from migpilot import kubeconfigs
 from migpilot.api import leases as api_leases
+from migpilot.kube import client, errors, objects
 
 _log = logging.getLogger("migpilot.webhook")
 
@@ -42,40 +40,36 @@ class LeaseSource(Protocol):
         ...
 
 
+class Getter(Protocol):
+    """Reads one object from an API server (:class:`migpilot.kube.client.Client` and
+    :class:`migpilot.kube.memory.InMemoryServer` are ones)."""
+
+    def get(
+        self, kind: objects.Kind, name: str, *, namespace: str | None = None
+    ) -> Mapping[str, Any] | None:
+        """The object, ``None`` when there is none; raises on any other failure."""
+        ...
+
+
 class KubeLease:
     """The Lease ``namespace/name`` read from the Kubernetes API."""
 
-    def __init__(self, client: lightkube.Client, *, name: str, namespace: str) -> None:
-        self._client = client
+    def __init__(self, api: Getter, *, name: str, namespace: str) -> None:
+        self._api = api
         self._name = name
         self._namespace = namespace
 
     @classmethod
     def connect(cls, kubeconfig: Path | None, *, name: str, namespace: str) -> KubeLease:
         """A source with its own client: from ``kubeconfig``, or in-cluster when None."""
-        config = kubeconfigs.load(kubeconfig)
-        client = lightkube.Client(
-            config=config, timeout=httpx2.Timeout(READ_TIMEOUT_S), trust_env=False
-        )
-        return cls(client, name=name, namespace=namespace)
+        api = client.Client.connect(kubeconfig, timeout_s=READ_TIMEOUT_S)
+        return cls(api, name=name, namespace=namespace)
 
     def read(self) -> Mapping[str, Any]:
-        lease = self._client.get(Lease, self._name, namespace=self._namespace)
-        return lease.to_dict()
-
-
-class StaticLease:
-    """An in-memory Lease: set it, or set an error that reading raises."""
-
-    def __init__(self, lease: Mapping[str, Any] | None = None) -> None:
-        self.lease: Mapping[str, Any] | None = lease
-        self.reads = 0
-
-    def read(self) -> Mapping[str, Any]:
-        self.reads += 1
-        if self.lease is None:
-            raise LookupError("no Lease")
-        return self.lease
+        lease = self._api.get(objects.Kind.LEASES, self._name, namespace=self._namespace)
+        if lease is None:
+            raise errors.NotFoundError(f"Lease {self._namespace}/{self._name} not found")
+        return lease
 
 
 class Freshness:

@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from migpilot import errors, logs, probes
-from migpilot.agent import desired, following, kubeapi, reconciling, watching
+from migpilot.agent.cluster import following, kubeapi, watching
+from migpilot.agent.rules import changes, desired
 from migpilot.gpu import backend
+from migpilot.kube import objects
 from migpilot.mig import migparted
 from migpilot.planning import modes
 
@@ -92,10 +94,8 @@ class StaticOrDynamic:
     # -- following the Node and the ConfigMap --------------------------------------------------
     def sync(self) -> None:
         """Read the Node's label and the ConfigMap once (errors: :class:`KubeApiError`)."""
-        self._nodes(self._api.list_node(self.node).documents)
-        self._maps(
-            self._api.list_configmap(self.configmap.namespace, self.configmap.name).documents
-        )
+        self._nodes(self._api.list_node(self.node).items)
+        self._maps(self._api.list_configmap(self.configmap.namespace, self.configmap.name).items)
 
     def follow(self, stop: threading.Event, *, health: probes.Watches | None = None) -> None:
         """Watch the Node and the ConfigMap until ``stop`` (blocks: run it in a thread); each
@@ -111,7 +111,7 @@ class StaticOrDynamic:
                 ),
                 "listed": self._maps,
                 "changed": lambda e: self._maps(
-                    () if e.type is kubeapi.EventType.DELETED else (e.document,)
+                    () if e.type is objects.EventType.DELETED else (e.object,)
                 ),
                 "stop": stop,
                 "health": health,
@@ -126,7 +126,7 @@ class StaticOrDynamic:
             watcher=lambda v: self._api.watch_node(self.node, resource_version=v),
             listed=self._nodes,
             changed=lambda e: self._nodes(
-                () if e.type is kubeapi.EventType.DELETED else (e.document,)
+                () if e.type is objects.EventType.DELETED else (e.object,)
             ),
             stop=stop,
             health=health,
@@ -135,7 +135,7 @@ class StaticOrDynamic:
     def _nodes(self, docs: Sequence[Mapping[str, Any]]) -> None:
         labels: Mapping[str, str] = {}
         for doc in docs:
-            labels = dict(kubeapi.labels_of(doc))
+            labels = dict(objects.labels_of(doc))
         label = labels.get(desired.CONFIG_LABEL)
         with self._lock:
             if label != self._labels.get(desired.CONFIG_LABEL):
@@ -196,7 +196,7 @@ class StaticOrDynamic:
         gpus: Sequence[backend.GpuInfo],
         current: Mapping[int, Sequence[backend.MigDevice]],
         in_use: frozenset[str],
-    ) -> dict[int, reconciling.DesiredGpu]:
+    ) -> dict[int, changes.DesiredGpu]:
         """The layouts of the named config, or the GpuLayout's without the label."""
         with self._lock:
             label, text = self._labels.get(desired.CONFIG_LABEL), self._text

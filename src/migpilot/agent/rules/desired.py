@@ -10,7 +10,7 @@ Without one, static layouts come from mig-parted configs.
 Admins who want static layouts already write nvidia-mig-parted config files and select one with
 the node label ``nvidia.com/mig.config`` (NVIDIA's mig-manager watches that label). This module
 turns a parsed config (:mod:`migpilot.mig.migparted`) and a config name, or the label, into a
-:class:`~migpilot.agent.reconciling.DesiredGpu` per GPU of this node.
+:class:`~migpilot.agent.changes.DesiredGpu` per GPU of this node.
 
 The entry for each GPU is chosen as mig-parted does (every entry whose device-filter and devices
 match applies in file order, so the last match wins; see ``migparted.entry_for``), per GPU, by
@@ -29,7 +29,7 @@ import collections
 from collections.abc import Collection, Mapping, Sequence
 
 from migpilot import errors
-from migpilot.agent import reconciling
+from migpilot.agent.rules import changes
 from migpilot.api import gpulayouts
 from migpilot.gpu import backend
 from migpilot.mig import catalog, layouts, migparted, profiles
@@ -51,7 +51,7 @@ def from_labels(
     gpus: Sequence[backend.GpuInfo],
     current: Mapping[int, Sequence[backend.MigDevice]] | None = None,
     in_use: Collection[str] = (),
-) -> dict[int, reconciling.DesiredGpu]:
+) -> dict[int, changes.DesiredGpu]:
     """:func:`from_migparted` with the config the node label names (nothing without a label)."""
     name = config_name_from_labels(labels)
     if name is None:
@@ -66,7 +66,7 @@ def from_migparted(
     gpus: Sequence[backend.GpuInfo],
     current: Mapping[int, Sequence[backend.MigDevice]] | None = None,
     in_use: Collection[str] = (),
-) -> dict[int, reconciling.DesiredGpu]:
+) -> dict[int, changes.DesiredGpu]:
     """The desired layout of each GPU under config ``name``.
 
     ``current`` (the MIG devices there now) and ``in_use`` steer placement towards keeping
@@ -74,7 +74,7 @@ def from_migparted(
     that cannot be placed on a GPU it matches.
     """
     entries = migparted.selected(config, name)
-    out: dict[int, reconciling.DesiredGpu] = {}
+    out: dict[int, changes.DesiredGpu] = {}
     for info in gpus:
         if info.model is None:
             continue
@@ -85,7 +85,7 @@ def from_migparted(
             continue
         entry = entries[chosen]
         if not entry.mig_enabled:
-            out[info.index] = reconciling.DesiredGpu(mig_enabled=False)
+            out[info.index] = changes.DesiredGpu(mig_enabled=False)
             continue
         existing = (current or {}).get(info.index, ())
         where = f"{config.source}: config {name!r} entry {chosen}"
@@ -100,7 +100,7 @@ def from_migparted(
             raise errors.ConfigError(
                 f"{where} cannot be placed on GPU {info.index} ({info.model.id}): {e}"
             ) from None
-        out[info.index] = reconciling.DesiredGpu(mig_enabled=True, layout=layout)
+        out[info.index] = changes.DesiredGpu(mig_enabled=True, layout=layout)
     return out
 
 
@@ -140,18 +140,18 @@ def place_keeping(
 
 def from_gpulayout(
     spec: gpulayouts.LayoutSpec, *, gpus: Sequence[backend.GpuInfo]
-) -> dict[int, reconciling.DesiredGpu]:
+) -> dict[int, changes.DesiredGpu]:
     """The desired layout of each GPU the spec lists, at the spec's placements.
 
     GPUs the spec does not list are left alone, and so are those it gives MPS slices
-    (``mps``; the slices are served by :mod:`~migpilot.agent.slicing`, never by changing the
+    (``mps``; the slices are served by :mod:`~migpilot.agent.sharing.slicing`, never by changing the
     MIG mode) and those with MIG disabled it gives no instance (an MPS GPU whose slices are all
     gone asks for nothing). Raises :class:`ConfigError` when the spec names
     a GPU index this node lacks, a model other than the GPU's, or a layout the GPU cannot hold
     (then the caller keeps its last good layout).
     """
     by_index = {g.index: g for g in gpus}
-    out: dict[int, reconciling.DesiredGpu] = {}
+    out: dict[int, changes.DesiredGpu] = {}
     for g in spec.gpus:
         where = f"spec.gpus[index={g.index}]"
         info = by_index.get(g.index)
@@ -178,7 +178,7 @@ def from_gpulayout(
             reason = str(err)
         if reason is not None:
             raise errors.ConfigError(f"{where}: not a valid layout of {info.model.id}: {reason}")
-        out[g.index] = reconciling.DesiredGpu(mig_enabled=True, layout=layouts.Layout.of(insts))
+        out[g.index] = changes.DesiredGpu(mig_enabled=True, layout=layouts.Layout.of(insts))
     return out
 
 

@@ -3,12 +3,13 @@
 A benchmark of 1,000 KWOK nodes cannot start 1,000 agent processes, nor one thread and three
 watches per node. The fleet runs the simulated agent (emulated GPUs, ``--kubelet simulated``)
 of every Node a label selects, with ONE list+watch of those Nodes, ONE of every GpuLayout and
-ONE of every pod bound to a node (filtered locally by :class:`~standin.PodBook`), and a bounded
+ONE of every pod bound to a node (filtered locally by :class:`~boundpods.PodBook`), and a bounded
 pool of worker threads that run the nodes' passes. Each node's GPUs are named by its label
 ``migpilot.io/emulated-gpus`` in a label-safe spelling of the emulated backend
 (:func:`backend_spec`), and kept in memory (no state files).
 
-Nothing here reconciles or reports: each node is the single agent's own parts,
+Nothing here reconciles or reports: each node is the single agent's own parts, wired as the
+single agent's are (:func:`assembling.kube_side`, :meth:`assembling.KubeSide.wire`):
 :class:`running.Agent` over an emulated backend, :class:`following.GpuLayoutSource` (fed by the
 shared watch through :meth:`~following.GpuLayoutSource.take`), :class:`following.KubeReporter`
 (status and GFD labels, written before any GpuLayout exists, so the controller creates one),
@@ -21,10 +22,9 @@ due (:meth:`running.Agent.due`); again ``interval_s`` after a pass that left wor
 retry it), and otherwise only every ``resync_s``, since nothing else changes a fleet node. A node is
 never in two passes at once, and a change during a pass queues one more (:class:`WorkQueue`).
 
-A shell module: it talks to the API only through :class:`~kubeapi.NodeApi` (:func:`run` opens
-the lightkube one from :mod:`migpilot.agent.kube`); never imports a Kubernetes client itself,
-nor gRPC: no device plugin is served (import-linter contracts).
-"""
+A shell module: it talks to the API only through :class:`~kubeapi.NodeApi` (:func:`run` opens the
+lightkube one from :mod:`migpilot.agent.cluster.kube`); never imports a Kubernetes client itself,
+nor gRPC: no device plugin is served (import-linter contracts)."""
 
 from __future__ import annotations
 
@@ -39,24 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from migpilot import errors, logs, probes
-from migpilot.agent import (
-    following,
-    holding,
-    kube,
-    kubeapi,
-    metrics,
-    reconciling,
-    running,
-    sampling,
-    slicing,
-    standin,
-    unifying,
-    usage,
-    watching,
-)
+from migpilot.agent import assembling, metrics, reconciling, running, sampling, usage
+from migpilot.agent.cluster import boundpods, following, kube, kubeapi, watching
 from migpilot.agent.deviceplugin import devices
-from migpilot.api import gpulayouts
+from migpilot.agent.rules import changes
+from migpilot.agent.sharing import unifying
 from migpilot.gpu import backend, clocks, emulated
+from migpilot.kube import objects
+from migpilot.kwok import standin
 from migpilot.planning import modes
 
 _log = logging.getLogger(__name__)
@@ -66,7 +56,7 @@ EMULATED_GPUS_LABEL = "migpilot.io/emulated-gpus"
 one that selects the fleet's nodes."""
 
 
-DEFAULT_SELECTOR = kubeapi.LabelSelector(EMULATED_GPUS_LABEL)
+DEFAULT_SELECTOR = objects.LabelSelector(EMULATED_GPUS_LABEL)
 """The fleet's Nodes by default: those with the label :data:`EMULATED_GPUS_LABEL`."""
 DEFAULT_WORKERS = 32
 DEFAULT_INTERVAL_S = 30.0
@@ -165,7 +155,7 @@ class FleetSettings:
 
     kubeconfig: Path | None = None
     """The kubeconfig to reach the API server (:func:`run`); ``None``: in-cluster config."""
-    selector: kubeapi.LabelSelector = DEFAULT_SELECTOR
+    selector: objects.LabelSelector = DEFAULT_SELECTOR
     """The Nodes to run agents for (default: those with the label ``migpilot.io/emulated-gpus``;
     each needs that label in any case)."""
     workers: int = DEFAULT_WORKERS
@@ -251,7 +241,7 @@ class Fleet:
         """Node -> the label value it was refused for (logged once)."""
         self._retry: dict[str, float] = {}
         """Node -> when to pass it again (monotonic seconds): its last pass left work undone."""
-        self.pods = standin.PodBook(on_change=self.poke)
+        self.pods = boundpods.PodBook(on_change=self.poke)
         self.queue = WorkQueue()
         self._metrics = metrics.AgentMetrics()
         """Shared by every node (the reconciler counts into it); served by :meth:`serve`."""
@@ -305,8 +295,8 @@ class Fleet:
 
     def _join(self, doc: Mapping[str, Any]) -> None:
         node = str((doc.get("metadata") or {}).get("name", ""))
-        value = kubeapi.labels_of(doc).get(EMULATED_GPUS_LABEL)
-        mps_node = kubeapi.labels_of(doc).get(modes.MODE_LABEL) == modes.Mode.MPS.value
+        value = objects.labels_of(doc).get(EMULATED_GPUS_LABEL)
+        mps_node = objects.labels_of(doc).get(modes.MODE_LABEL) == modes.Mode.MPS.value
         with self._lock:
             self._mps_nodes[node] = mps_node
             have = self._members.get(node)
@@ -346,7 +336,8 @@ class Fleet:
             _log.info("Node %s: gone, its agent stops", node, extra=logs.about(node=node))
 
     def _make(self, node: str, label: str, spec: emulated.EmulatedSpec) -> Member:
-        """The single agent's parts, wired as ``migpilot agent --node --kubelet simulated``."""
+        """The single agent's parts, wired as ``migpilot agent --node --kubelet simulated``
+        (:func:`assembling.kube_side` and :meth:`assembling.KubeSide.wire`)."""
         gpus = emulated.EmulatedBackend(
             spec.models,
             pci_ids=spec.pci_ids,
@@ -358,74 +349,52 @@ class Fleet:
         )
         source = following.GpuLayoutSource(self._api, node=node)
 
-        def reserving() -> gpulayouts.LayoutSpec | None:
-            return source.acted_on.spec if source.acted_on is not None else None
-
-        pool = unifying.UnifiedPool(self._api, node=node, pods=self.pods, spec=reserving)
-        kubelet = standin.SimulatedKubelet(
-            self._api,
-            node=node,
-            strategy=self.settings.strategy,
-            pods=self.pods,
-            spec=reserving,
-            held=lambda: standin.reported_used(source.layout()),
-            unified=lambda: pool.inputs(fresh=False),
-            held_by=lambda: standin.reported_used_by(source.layout()),
-        )
-        pool.attach(kubelet)
-        used = reconciling.AnyOf([reconciling.RunningProcesses(gpus), kubelet, pool])
-        sliced = slicing.SliceFilter(spec=reserving, held=used.in_use, layout=source.layout)
-
         def mps_node() -> bool:
             with self._lock:
                 return self._mps_nodes.get(node, False)
 
-        reporter = following.KubeReporter(
+        side = assembling.kube_side(
             self._api,
             source=source,
-            in_use=used,
-            now=self._now,
-            used_by=lambda: {**pool.used_by(), **kubelet.slice_holders()},
+            pods=self.pods,
+            strategy=self.settings.strategy,
+            standin=standin.stand_in,
+            counters=self.settings.unified_counters,
             mps_node=mps_node,
+            now=self._now,
         )
-        keep = holding.BoundPodsHold(
-            self.pods, node=node, gpus=gpus, allocated=used, unified=pool.profiles_for
-        )
-        listeners: list[running.PassListener] = [kubelet, reporter]
-        counters = None
-        if self.settings.unified_counters:
-            counters = unifying.NodeCounters(self._api, node=node, mps_node=mps_node)
-            listeners.append(counters)
+        kubelet = side.kubelet
+        assert isinstance(kubelet, standin.SimulatedKubelet)
+        wired = side.wire(reconciling.RunningProcesses(gpus), gpus=gpus)
         agent = running.Agent(
             gpus=gpus,
-            in_use=reconciling.AnyOf([used, source, keep]),
-            source=running.AlsoWatching(source, kubelet.fingerprint, pool.fingerprint),
+            in_use=wired.in_use,
+            source=side.desired_source(),
             plugin=None,
             agent_metrics=self._metrics,
             clock=self._clock,
             settings=running.AgentSettings(
                 strategy=self.settings.strategy, interval_s=self.settings.resync_s
             ),
-            listener=running.Listeners(listeners),
-            view_filter=running.ViewFilters([sliced, pool]),
+            listener=wired.listener,
+            view_filter=side.view_filter(),
         )
         sampler = sampling.GpuSampler(
             node=node,
             gpus=gpus,
             view=agent.view,
-            holdings=sampling.assigned_holdings(
-                kubelet.assigned,
-                lambda: {k: a.containers for k, a in kubelet.pod_allocations().items()},
-                agent.view,
-            ),
+            holdings=assembling.standin_holdings(kubelet, agent),
             sink=self._metrics,  # unused: the fleet's sampler publishes every node's rows
             owners=sampling.emulated_owners(gpus),
             interval_s=self.settings.gpu_metrics_interval_s,
-            in_use=used.in_use,
-            reserved=lambda: usage.reserved_instances(reserving(), agent.view()),
+            in_use=wired.used.in_use,
+            reserved=lambda: usage.reserved_instances(
+                source.acted_on.spec if source.acted_on is not None else None, agent.view()
+            ),
             load=self.load,
             driven=gpus,
         )
+        reporter, pool, counters = wired.reporter, side.pool, wired.counters
         return Member(node, label, gpus, source, kubelet, reporter, agent, pool, counters, sampler)
 
     # -- the watches' callbacks ----------------------------------------------------------------
@@ -437,12 +406,12 @@ class Fleet:
         for doc in docs:
             self._join(doc)
 
-    def node_changed(self, event: kubeapi.WatchEvent) -> None:
+    def node_changed(self, event: objects.WatchEvent) -> None:
         """A selected Node appeared, changed, or went (or stopped matching)."""
-        if event.type is kubeapi.EventType.DELETED:
-            self._leave(str((event.document.get("metadata") or {}).get("name", "")))
+        if event.type is objects.EventType.DELETED:
+            self._leave(str((event.object.get("metadata") or {}).get("name", "")))
         else:
-            self._join(event.document)
+            self._join(event.object)
 
     def layouts_listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
         """Every GpuLayout as a list found them."""
@@ -455,10 +424,10 @@ class Fleet:
         for m in members:
             self._wake(m)
 
-    def layout_changed(self, event: kubeapi.WatchEvent) -> None:
+    def layout_changed(self, event: objects.WatchEvent) -> None:
         """One GpuLayout changed: its node's source takes it, and a pass is queued if due."""
-        name = str((event.document.get("metadata") or {}).get("name", ""))
-        doc = None if event.type is kubeapi.EventType.DELETED else event.document
+        name = str((event.object.get("metadata") or {}).get("name", ""))
+        doc = None if event.type is objects.EventType.DELETED else event.object
         with self._lock:
             if doc is None:
                 self._layouts.pop(name, None)
@@ -510,7 +479,7 @@ class Fleet:
                 settled = (
                     report.converged
                     and not report.refusals
-                    and not report.outcomes(reconciling.Outcome.FAILED)
+                    and not report.outcomes(changes.Outcome.FAILED)
                     and member.reporter.settled
                     and member.kubelet.settled
                     and (member.counters is None or member.counters.settled)
@@ -609,7 +578,7 @@ class Fleet:
 def run(settings: FleetSettings) -> int:
     """Connect, run the fleet until SIGTERM or SIGINT, exit code 0.
 
-    An API server that cannot be reached at start is a :class:`~kubeapi.KubeApiError`.
+    An API server that cannot be reached at start is a :class:`~kube_errors.KubeApiError`.
     """
     if settings.workers < 1:
         raise errors.AgentConfigError(f"--workers must be at least 1, got {settings.workers}")

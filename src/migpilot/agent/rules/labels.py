@@ -29,8 +29,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from migpilot.agent import reconciling
 from migpilot.agent.deviceplugin import advertising, devices
+from migpilot.agent.rules import changes
 from migpilot.mig import profiles
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import labelling
@@ -41,7 +41,7 @@ CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
 """mig-manager's label saying how applying ``nvidia.com/mig.config`` went."""
 
 
-def config_state(report: reconciling.Report | None, *, unavailable: bool) -> str:
+def config_state(report: changes.Report | None, *, unavailable: bool) -> str:
     """``nvidia.com/mig.config.state`` after a pass, as mig-manager uses its values.
 
     ``failed``: the desired layout could not be read or placed (``unavailable``), a driver call
@@ -51,7 +51,7 @@ def config_state(report: reconciling.Report | None, *, unavailable: bool) -> str
     """
     if unavailable or report is None:
         return "failed"
-    if report.outcomes(reconciling.Outcome.FAILED):
+    if report.outcomes(changes.Outcome.FAILED):
         return "failed"
     if any(not r.in_use for r in report.refusals):
         return "failed"

@@ -18,9 +18,13 @@ from typing import Any
 import pytest
 
 from migpilot import errors
-from migpilot.agent import fleet, kubeapi, usage
+from migpilot.agent import usage
+from migpilot.agent.cluster import kubeapi
 from migpilot.api import gpulayouts as gl
 from migpilot.gpu import clocks, emulated
+from migpilot.kube import errors as kube_errors
+from migpilot.kube import objects as kubeobjects
+from migpilot.kwok import fleet
 
 LABEL = fleet.EMULATED_GPUS_LABEL
 R1G = "nvidia.com/mig-1g.10gb"
@@ -272,7 +276,7 @@ def test_nodes_come_and_go_and_a_bad_label_is_logged(
     running: Running, caplog: pytest.LogCaptureFixture
 ) -> None:
     api = running.api
-    caplog.set_level(logging.ERROR, logger="migpilot.agent.fleet")
+    caplog.set_level(logging.ERROR, logger="migpilot.kwok.fleet")
     api.put_node("bad", {LABEL: "nope.x2"})
     api.put_node("n0", {LABEL: "a100-80gb.x1"})
     _wait(lambda: running.fleet.members() == ["n0"])
@@ -288,8 +292,8 @@ def test_callbacks_and_drain_without_threads() -> None:
     f = fleet.Fleet(api, settings=fleet.FleetSettings(times=emulated.INSTANT))
     api.put_node("n0", {LABEL: "h100-80gb.x1"})
     api.put_spec("n0", spec([inst("1g.10gb", 0)]))
-    f.layouts_listed(api.list_layouts().documents)  # a layout before its node: kept for it
-    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents)
+    f.layouts_listed(api.list_layouts().items)  # a layout before its node: kept for it
+    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).items)
     f.drain()
     got = api.layout("n0")
     assert got is not None and got.status is not None
@@ -310,7 +314,7 @@ class Flaky(kubeapi.InMemoryNodeApi):
 
     def apply_layout_status(self, name: str, status: gl.LayoutStatus) -> None:
         if self.down:
-            raise kubeapi.KubeApiError("503 Service Unavailable: down")
+            raise kube_errors.KubeApiError("503 Service Unavailable: down")
         super().apply_layout_status(name, status)
 
 
@@ -320,9 +324,9 @@ def test_a_settled_node_waits_for_its_resync_one_with_work_left_for_its_interval
     f = fleet.Fleet(api, settings=settings, clock=clock)
     api.put_node("n0", {LABEL: "h100-80gb.x1"})
     api.put_spec("n0", spec([inst("1g.10gb", 0), inst("1g.10gb", 1)]))
-    f.layouts_listed(api.list_layouts().documents)
-    f.pods.listed(api.list_pods(node=None).documents)
-    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents)
+    f.layouts_listed(api.list_layouts().items)
+    f.pods.listed(api.list_pods(node=None).items)
+    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).items)
     f.drain()
 
     def queued_after(seconds: float) -> bool:
@@ -340,7 +344,7 @@ def test_a_settled_node_waits_for_its_resync_one_with_work_left_for_its_interval
     api.down = True
     api.put_spec("n0", spec([inst("1g.10gb", 0)]))
     f.layout_changed(
-        kubeapi.WatchEvent(kubeapi.EventType.MODIFIED, api.list_layouts().documents[0])
+        kubeobjects.WatchEvent(kubeobjects.EventType.MODIFIED, api.list_layouts().items[0])
     )
     f.drain()
     assert queued_after(31)
@@ -352,21 +356,21 @@ def test_a_settled_node_waits_for_its_resync_one_with_work_left_for_its_interval
     # A refusal (a bound pod holds an instance the spec drops) is retried every interval too.
     pod = pod_doc("p", "n0", {R1G: 1})
     api.put_pod(pod)
-    f.pods.changed(kubeapi.WatchEvent(kubeapi.EventType.ADDED, pod))
+    f.pods.changed(kubeobjects.WatchEvent(kubeobjects.EventType.ADDED, pod))
     f.drain()
     api.put_spec("n0", spec([inst("7g.80gb", 0)]))
     f.layout_changed(
-        kubeapi.WatchEvent(kubeapi.EventType.MODIFIED, api.list_layouts().documents[0])
+        kubeobjects.WatchEvent(kubeobjects.EventType.MODIFIED, api.list_layouts().items[0])
     )
     f.drain()
     assert queued_after(31)
     assert queued_after(31)
     # The pod goes: the change passes the node at once, which then settles.
     api.delete_pod("ns", "p")
-    f.pods.changed(kubeapi.WatchEvent(kubeapi.EventType.DELETED, pod))
+    f.pods.changed(kubeobjects.WatchEvent(kubeobjects.EventType.DELETED, pod))
     for _ in range(3):  # released and reported free; the status seen, destroyed and replaced
         f.drain()
-        f.layouts_listed(api.list_layouts().documents)  # as the watch shows the new status
+        f.layouts_listed(api.list_layouts().items)  # as the watch shows the new status
     f.drain()
     member = f.member("n0")
     assert member is not None
@@ -422,9 +426,9 @@ def test_one_sampler_serves_every_nodes_gpu_use_as_the_load_file_sets_it(
     api.put_spec("n1", spec([inst("1g.10gb", 0)]))
     api.put_pod(pod_doc("p", "n0", {R1G: 1}))
     api.put_pod(pod_doc("q", "n1", {R1G: 1}))
-    f.layouts_listed(api.list_layouts().documents)
-    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents)
-    f.pods.listed(api.list_pods(node=None).documents)
+    f.layouts_listed(api.list_layouts().items)
+    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).items)
+    f.pods.listed(api.list_pods(node=None).items)
     f.drain()
 
     rows = f.sample_usage()
@@ -459,14 +463,14 @@ def test_one_sampler_serves_every_nodes_gpu_use_as_the_load_file_sets_it(
     }
     # The pod and then a node go: their series with them.
     api.delete_pod("ns", "q")
-    f.pods.listed(api.list_pods(node=None).documents)
+    f.pods.listed(api.list_pods(node=None).items)
     f.tick()
     f.drain()
     assert _usage(f.sample_usage(), usage.DEVICE_MEMORY_USED) == {("n0", "p"): 0.0}
     f.nodes_listed(
         [
             d
-            for d in api.list_nodes(selector=fleet.DEFAULT_SELECTOR).documents
+            for d in api.list_nodes(selector=fleet.DEFAULT_SELECTOR).items
             if d["metadata"]["name"] == "n0"
         ]
     )

@@ -15,7 +15,7 @@ the sharing config) and :class:`MpsSupervisor` makes it so, one pass at a time:
   restarted, one whose defaults alone changed gets the new defaults (they apply to the next MPS
   server it spawns);
 * a daemon the caller says must not start now (``blocked``: its GPUs could not be put in
-  ``EXCLUSIVE_PROCESS``, see :mod:`migpilot.agent.computemodes`) fails its start with the
+  ``EXCLUSIVE_PROCESS``, see :mod:`migpilot.agent.sharing.computemodes`) fails its start with the
   caller's reason and backs off like any failed start, so the node's state word is ``failed``
   until a later pass starts it;
 * after an agent restart, a daemon still running (its pid file's process, or its socket

@@ -4,9 +4,10 @@ Why it exists: the controller, the agent, the fleet and the webhook each take ``
 and lightkube reads any YAML as one: a string, a list or a broken file ended in a traceback
 that named neither the flag nor the file. :func:`load` is the one place that turns every such
 file into a :class:`~migpilot.errors.ConfigError` of one line naming it; each component wraps
-the config in its own client.
+the config in a client (:mod:`migpilot.kube.client`).
 
-A shell module: it imports lightkube (the import contracts list the modules that may not).
+Imports lightkube: with :mod:`~migpilot.kube.client`, the only modules that do (an import-linter
+contract checks it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The simulated kubelet assigns devices to the pods bound to its node, as Allocate would.
 
-Pure parts (:func:`standin.assign`, :func:`standin.bound_pod`, :class:`standin.PodBook`) are
+Pure parts (:func:`standin.assign`, :func:`boundpods.bound_pod`, :class:`boundpods.PodBook`) are
 tested alone; then the single agent runs in process with the in-memory API, emulated GPUs and
 the stand-in wired as ``migpilot agent --node --kubelet simulated`` wires it. Nothing sleeps:
 passes are driven with ``reconcile``, the pod watch with ``listed``/``changed`` or a thread.
@@ -18,17 +18,13 @@ from typing import Any
 import pytest
 
 from migpilot import errors
-from migpilot.agent import (
-    following,
-    kubeapi,
-    metrics,
-    reconciling,
-    running,
-    standin,
-    watching,
-)
+from migpilot.agent import metrics, reconciling, running
+from migpilot.agent.cluster import boundpods, following, kubeapi, watching
 from migpilot.agent.deviceplugin import devices
+from migpilot.agent.rules import changes
 from migpilot.gpu import clocks, emulated
+from migpilot.kube import objects as kubeobjects
+from migpilot.kwok import standin
 from migpilot.mig import catalog
 from tests.unit import followed_nodes
 
@@ -65,15 +61,15 @@ def dev(uuid: str, health: devices.Health = devices.Health.HEALTHY) -> devices.D
     return devices.Device(uuid, 0, health)
 
 
-def bp(name: str, *requests: tuple[str, int], created: str = T0) -> standin.BoundPod:
-    return standin.BoundPod("ns", name, NODE, created, tuple(sorted(requests)))
+def bp(name: str, *requests: tuple[str, int], created: str = T0) -> boundpods.BoundPod:
+    return boundpods.BoundPod("ns", name, NODE, created, tuple(sorted(requests)))
 
 
 # --- pure parts --------------------------------------------------------------------------------
 
 
 def test_bound_pod_reads_mig_requests() -> None:
-    pod = standin.bound_pod(pod_doc("p", {R1G: 2, "cpu": "1"}, init={R3G: "1"}))
+    pod = boundpods.bound_pod(pod_doc("p", {R1G: 2, "cpu": "1"}, init={R3G: "1"}))
     assert pod is not None
     assert pod.key == "default/p" and pod.node == NODE
     assert pod.requests == ((R1G, 2), (R3G, 1))
@@ -90,12 +86,12 @@ def test_bound_pod_reads_mig_requests() -> None:
     ],
 )
 def test_pods_holding_no_device(doc: dict[str, Any]) -> None:
-    assert standin.bound_pod(doc) is None
+    assert boundpods.bound_pod(doc) is None
 
 
 def test_a_bad_mig_request_is_one_line() -> None:
     with pytest.raises(errors.MigpilotError, match=r"pod default/p.*nvidia.com/mig-1g.10gb"):
-        standin.bound_pod(pod_doc("p", {"nvidia.com/mig-1g.10GB": 1}))
+        boundpods.bound_pod(pod_doc("p", {"nvidia.com/mig-1g.10GB": 1}))
 
 
 def test_assign_prefers_the_pods_reservation_then_unreserved_devices() -> None:
@@ -161,22 +157,26 @@ def test_assign_is_deterministic_and_distinct() -> None:
 
 def test_pod_book_follows_lists_and_events() -> None:
     told: list[str] = []
-    book = standin.PodBook(on_change=told.append)
+    book = boundpods.PodBook(on_change=told.append)
     book.listed([pod_doc("p1", {R1G: 1}), pod_doc("x", {R1G: 1}, node="node-b")])
     assert [p.key for p in book.pods(NODE)] == ["default/p1"]
     assert sorted(told) == [NODE, "node-b"]
     v = book.version(NODE)
     told.clear()
     # A status change that does not change what the stand-in sees tells nobody.
-    book.changed(kubeapi.WatchEvent(kubeapi.EventType.MODIFIED, pod_doc("p1", {R1G: 1})))
+    book.changed(kubeobjects.WatchEvent(kubeobjects.EventType.MODIFIED, pod_doc("p1", {R1G: 1})))
     assert told == [] and book.version(NODE) == v
     book.changed(
-        kubeapi.WatchEvent(kubeapi.EventType.MODIFIED, pod_doc("p1", {R1G: 1}, phase="Failed"))
+        kubeobjects.WatchEvent(
+            kubeobjects.EventType.MODIFIED, pod_doc("p1", {R1G: 1}, phase="Failed")
+        )
     )
     assert book.pods(NODE) == () and told == [NODE] and book.version(NODE) > v
-    book.changed(kubeapi.WatchEvent(kubeapi.EventType.ADDED, pod_doc("p2", {"bad": 1, R3G: 1})))
     book.changed(
-        kubeapi.WatchEvent(kubeapi.EventType.DELETED, pod_doc("x", {R1G: 1}, node="node-b"))
+        kubeobjects.WatchEvent(kubeobjects.EventType.ADDED, pod_doc("p2", {"bad": 1, R3G: 1}))
+    )
+    book.changed(
+        kubeobjects.WatchEvent(kubeobjects.EventType.DELETED, pod_doc("x", {R1G: 1}, node="node-b"))
     )
     assert [p.key for p in book.pods(NODE)] == ["default/p2"] and book.pods("node-b") == ()
 
@@ -200,13 +200,13 @@ class Node:
     api: kubeapi.InMemoryNodeApi
     gpus: emulated.EmulatedBackend
     source: following.GpuLayoutSource
-    book: standin.PodBook
+    book: boundpods.PodBook
     kubelet: standin.SimulatedKubelet
     agent: running.Agent
 
-    def step(self) -> reconciling.Report:
+    def step(self) -> changes.Report:
         self.source.sync()
-        self.book.listed(self.api.list_pods(node=NODE).documents)
+        self.book.listed(self.api.list_pods(node=NODE).items)
         return self.agent.reconcile()
 
     def uuid(self, text: str, gpu: int = 0) -> str:
@@ -225,7 +225,8 @@ class Node:
 
 
 def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend) -> Node:
-    """Wired as ``agent_cmd._cluster`` and ``_Cluster.wire`` wire ``--kubelet simulated``."""
+    """Part of what ``assembling.kube_side`` wires for ``--kubelet simulated``: the stand-in and
+    the reporter only."""
     followed = followed_nodes.follow(api, NODE)
     source, book, reserving = followed.source, followed.book, followed.reserving
     kubelet = standin.SimulatedKubelet(
@@ -315,7 +316,7 @@ def test_a_restarted_agent_gives_the_pods_the_devices_they_held(node: Node) -> N
     # even though the status still says used for the one b held.
     node.api.delete_pod("default", "b")
     node.api.put_pod(pod_doc("d", {R1G: 1}, created="2026-01-01T00:00:04Z"))
-    again.book.listed(node.api.list_pods(node=NODE).documents)
+    again.book.listed(node.api.list_pods(node=NODE).items)
     assert again.kubelet.assigned() == {"default/d": (node.uuid("1g.10gb@0"),)}
 
 
@@ -346,7 +347,7 @@ def test_the_first_assignment_waits_for_the_pod_list() -> None:
     first.step()
     assert first.states() == {"1g.10gb@0": "free", "1g.10gb@1": "used"}
     # As in the fleet: the pods are listed by another thread, after the first pass.
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     source = following.GpuLayoutSource(api, node=NODE)
     source.sync()
     kubelet = standin.SimulatedKubelet(
@@ -360,7 +361,7 @@ def test_the_first_assignment_waits_for_the_pod_list() -> None:
     view = running.node_view(state)
     kubelet.passed(state=state, report=None, labels={}, view=view)
     assert kubelet.assigned() == {}
-    book.listed(api.list_pods(node=NODE).documents)
+    book.listed(api.list_pods(node=NODE).items)
     kubelet.passed(state=state, report=None, labels={}, view=view)
     assert kubelet.assigned() == {"default/b": (first.uuid("1g.10gb@1"),)}
     api.close()
@@ -373,7 +374,7 @@ def test_a_pod_without_free_devices_waits_logged_once_and_gets_them_later(
     node.api.put_spec(NODE, spec([inst("1g.10gb", 0)]))
     node.step()
     node.api.put_pod(pod_doc("p", {R1G: 2}))
-    with caplog.at_level(logging.INFO, logger="migpilot.agent.standin"):
+    with caplog.at_level(logging.INFO, logger="migpilot.kwok.standin"):
         node.step()
         node.step()
     waits = [r for r in caplog.records if "gets no device yet" in r.getMessage()]
@@ -383,7 +384,7 @@ def test_a_pod_without_free_devices_waits_logged_once_and_gets_them_later(
     assert node.states() == {"1g.10gb@0": "free"}
     node.api.put_spec(NODE, spec([inst("1g.10gb", 0), inst("1g.10gb", 1)]))
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="migpilot.agent.standin"):
+    with caplog.at_level(logging.INFO, logger="migpilot.kwok.standin"):
         node.step()
         node.step()
     assert node.kubelet.assigned() == {
@@ -397,7 +398,7 @@ def test_a_pod_change_makes_a_pass_due(node: Node) -> None:
     node.api.put_spec(NODE, spec([inst("1g.10gb", 0)]))
     node.step()
     assert not node.agent.due()
-    node.book.changed(kubeapi.WatchEvent(kubeapi.EventType.ADDED, pod_doc("p", {R1G: 1})))
+    node.book.changed(kubeobjects.WatchEvent(kubeobjects.EventType.ADDED, pod_doc("p", {R1G: 1})))
     assert node.agent.due()
     # in_use sees the new pod at once, before the pass (nothing it holds can go meanwhile).
     assert node.kubelet.in_use() == {node.uuid("1g.10gb@0")}
@@ -405,7 +406,7 @@ def test_a_pod_change_makes_a_pass_due(node: Node) -> None:
 
 def test_the_pod_watch_follows_binds_and_deletions() -> None:
     api = kubeapi.InMemoryNodeApi()
-    book = standin.PodBook()
+    book = boundpods.PodBook()
     stop = threading.Event()
     thread = threading.Thread(
         target=watching.follow,

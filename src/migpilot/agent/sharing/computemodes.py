@@ -5,7 +5,7 @@ in the ``DEFAULT`` compute mode a process that bypasses MPS (no pipe directory, 
 that mounts the GPU without it) still gets its own context on the GPU, outside every client's
 memory and thread limit. NVIDIA's MPS control daemon sets its GPUs to ``EXCLUSIVE_PROCESS``
 before it starts and back to ``DEFAULT`` after it quits (``nvidia-smi -i UUID -c MODE``). The
-agent does the same around the :class:`~migpilot.agent.mps.MpsSupervisor`'s pass:
+agent does the same around the :class:`~migpilot.agent.sharing.mps.MpsSupervisor`'s pass:
 
 * :meth:`ComputeModeKeeper.prepare`, before the pass: every whole GPU a wanted daemon shares is
   put in ``EXCLUSIVE_PROCESS`` where it is not already; a daemon one of whose GPUs cannot be set

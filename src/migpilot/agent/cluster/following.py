@@ -26,10 +26,15 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 from migpilot import errors, logs, probes
-from migpilot.agent import desired, kubeapi, reconciling, reporting, slicing, watching
+from migpilot.agent import reconciling
+from migpilot.agent.cluster import kubeapi, reporting, watching
 from migpilot.agent.deviceplugin import devices
+from migpilot.agent.rules import changes, desired
+from migpilot.agent.sharing import slicing
 from migpilot.api import gpulayouts, gpulayouts_wire
 from migpilot.gpu import backend
+from migpilot.kube import errors as kube_errors
+from migpilot.kube import objects
 
 _log = logging.getLogger(__name__)
 
@@ -56,7 +61,7 @@ class GpuLayoutSource:
         """List once: take the object as it is now; the version to watch from."""
         listed = self._api.list_layout(self.node)
         with self._lock:
-            self._doc = listed.document
+            self._doc = listed.one()
             self._listed = True
         return listed.resource_version
 
@@ -71,19 +76,12 @@ class GpuLayoutSource:
         """List and watch until ``stop`` is set (run it in a thread): :func:`watching.follow`,
         which never dies and marks the watch down in ``health`` while it fails."""
 
-        def listed() -> kubeapi.ListedAll:
-            found = self._api.list_layout(self.node)
-            docs = (found.document,) if found.document is not None else ()
-            return kubeapi.ListedAll(docs, found.resource_version)
-
         watching.follow(
             what=f"GpuLayout {self.node}",
-            lister=listed,
+            lister=lambda: self._api.list_layout(self.node),
             watcher=lambda version: self._api.watch_layout(self.node, resource_version=version),
             listed=lambda docs: self.take(docs[0] if docs else None),
-            changed=lambda e: self.take(
-                None if e.type is kubeapi.EventType.DELETED else e.document
-            ),
+            changed=lambda e: self.take(None if e.type is objects.EventType.DELETED else e.object),
             stop=stop,
             retry_s=RETRY_S,
             health=health,
@@ -123,7 +121,7 @@ class GpuLayoutSource:
         gpus: Sequence[backend.GpuInfo],
         current: Mapping[int, Sequence[backend.MigDevice]],
         in_use: frozenset[str],
-    ) -> dict[int, reconciling.DesiredGpu]:
+    ) -> dict[int, changes.DesiredGpu]:
         """The spec's layouts; the last good ones when the spec cannot be applied."""
         with self._lock:
             doc = self._doc
@@ -234,8 +232,8 @@ class KubeReporter:
     def passed(
         self,
         *,
-        state: Mapping[int, reconciling.GpuState],
-        report: reconciling.Report | None,
+        state: Mapping[int, changes.GpuState],
+        report: changes.Report | None,
         labels: Mapping[str, str],
         view: devices.NodeDevices,
     ) -> None:
@@ -277,7 +275,7 @@ class KubeReporter:
             return
         try:
             self._api.apply_layout_status(self._source.node, status)
-        except kubeapi.KubeApiError as err:
+        except kube_errors.KubeApiError as err:
             _log.error("GpuLayout %s: status not written: %s", self._source.node, err,
                        extra=logs.about(node=self._source.node))  # fmt: skip
             self._settled = False
@@ -298,7 +296,7 @@ class KubeReporter:
         patch.update(labels)
         try:
             self._api.patch_node_labels(self._source.node, patch)
-        except kubeapi.KubeApiError as err:
+        except kube_errors.KubeApiError as err:
             _log.error("Node %s: labels not written: %s", self._source.node, err,
                        extra=logs.about(node=self._source.node))  # fmt: skip
             return False

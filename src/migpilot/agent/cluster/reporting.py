@@ -8,7 +8,7 @@ lifecycle of ``docs/gpulayout.md``: ``used`` when in use, ``reserved`` when the 
 a pod, ``creating`` for a GPU instance still without its compute instance or a spec instance
 that does not exist yet but has room, ``free`` otherwise; a used instance Allocate handed to a
 unified pod names it (``usedBy``, ``docs/unified.md``). A GPU with MIG disabled is reported
-when it serves MPS slices (``mps``, :mod:`~migpilot.agent.slicing`) or the node is in mode
+when it serves MPS slices (``mps``, :mod:`~migpilot.agent.sharing.slicing`) or the node is in mode
 ``mps`` (``mps_node``), with its slices and no instances. The ``Ready`` condition is ``True``
 when the GPUs hold the spec, with reasons ``Reconciled``, ``Pending`` (instances in use in the
 way, or work left for the next pass), ``Refused`` (something waiting will not fix) or
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from migpilot.agent import reconciling
+from migpilot.agent.rules import changes
 from migpilot.api import gpulayouts
 from migpilot.mig import layouts
 
@@ -33,11 +33,11 @@ _S = gpulayouts.InstanceState
 
 def layout_status(
     *,
-    state: Mapping[int, reconciling.GpuState],
+    state: Mapping[int, changes.GpuState],
     in_use: frozenset[str],
     spec: gpulayouts.LayoutSpec | None,
     generation: int | None,
-    report: reconciling.Report | None,
+    report: changes.Report | None,
     problem: str | None = None,
     problem_reason: str = "InvalidSpec",
     previous: gpulayouts.LayoutStatus | None = None,
@@ -51,12 +51,11 @@ def layout_status(
 
     ``spec`` and ``generation`` are the last good spec the agent acted on (``None``: none yet);
     ``problem`` is why the newest spec was not applied, reported with ``problem_reason``
-    (``InvalidConfig`` for a static node's mig-parted config). ``used_by``: MIG UUID -> the
-    unified pod Allocate handed it to, reported on a used instance (``usedBy``). ``mps``: GPU
-    index -> its MPS slices' statuses (:func:`~migpilot.agent.slicing.statuses`), reported on
-    GPUs with MIG disabled; ``mps_node``: report every such GPU the catalog knows, even without
-    slices (the controller plans the slices of a node in mode ``mps`` from them).
-    """
+    (``InvalidConfig`` for a static node's mig-parted config). ``used_by``: MIG UUID -> the unified
+    pod Allocate handed it to, reported on a used instance (``usedBy``). ``mps``: GPU index -> its
+    MPS slices' statuses (:func:`~migpilot.agent.sharing.slicing.statuses`), reported on GPUs with
+    MIG disabled; ``mps_node``: report every such GPU the catalog knows, even without slices (the
+    controller plans the slices of a node in mode ``mps`` from them)."""
     slices = mps or {}
     owners = used_by or {}
     wanted = {g.index: g for g in spec.gpus} if spec is not None else {}
@@ -119,7 +118,7 @@ def layout_status(
 
 def _ready(
     *,
-    report: reconciling.Report | None,
+    report: changes.Report | None,
     problem: str | None,
     generation: int | None,
     spec: gpulayouts.LayoutSpec | None,
@@ -130,10 +129,10 @@ def _ready(
         return f, "InvalidSpec", f"{problem}; {kept}"
     if report is None:
         return gpulayouts.ConditionStatus.UNKNOWN, "NotReconciled", "no pass has run yet"
-    failed = report.outcomes(reconciling.Outcome.FAILED)
+    failed = report.outcomes(changes.Outcome.FAILED)
     hard = [r for r in report.refusals if not r.in_use]
     if failed or hard:
-        texts = [f"{a.action} failed: {a.detail}" for a in failed] + [str(r) for r in hard]
+        texts = [f"{a.change} failed: {a.detail}" for a in failed] + [str(r) for r in hard]
         return f, "Refused", "; ".join(texts)
     if report.refusals or not report.converged:
         texts = [str(r) for r in report.refusals] or ["actions are left for the next pass"]

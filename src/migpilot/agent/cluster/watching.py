@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from migpilot import probes
-from migpilot.agent import kubeapi
+from migpilot.kube import errors as kube_errors
+from migpilot.kube import objects
 
 _log = logging.getLogger(__name__)
 
@@ -51,10 +52,10 @@ def backoff(failures: int, *, first_s: float = RETRY_S, most_s: float = RETRY_MA
 def follow(
     *,
     what: str,
-    lister: Callable[[], kubeapi.ListedAll],
-    watcher: Callable[[str], Iterator[kubeapi.WatchEvent]],
+    lister: Callable[[], objects.Listed],
+    watcher: Callable[[str], Iterator[objects.WatchEvent]],
     listed: Callable[[Sequence[Mapping[str, Any]]], None],
-    changed: Callable[[kubeapi.WatchEvent], None],
+    changed: Callable[[objects.WatchEvent], None],
     stop: threading.Event,
     retry_s: float = RETRY_S,
     retry_max_s: float = RETRY_MAX_S,
@@ -72,7 +73,7 @@ def follow(
         wait = retry_s  # a watch the server ended: list again soon, not at once
         try:
             found = lister()
-            _guarded(what, said, listed, found.documents)
+            _guarded(what, said, listed, found.items)
             if health is not None:
                 health.up(what)
             failures = 0
@@ -82,10 +83,10 @@ def follow(
                     return
             stop.wait(wait)
             continue
-        except kubeapi.GoneError:
+        except kube_errors.GoneError:
             _log.info("%s: watch expired (410 Gone), listing again", what)
             continue
-        except kubeapi.KubeApiError as err:
+        except kube_errors.KubeApiError as err:
             wait = backoff(failures, first_s=retry_s, most_s=retry_max_s)
             _log.warning("%s: %s; listing again in %g s", what, err, wait)
             if health is not None:
@@ -121,14 +122,14 @@ def retrying(
     sleep: Callable[[float], object] = time.sleep,
 ) -> T:
     """``call()``, tried again with backoff while it fails with a transient
-    :class:`~kubeapi.KubeApiError`, for at most ``patience_s`` seconds; any other error, or the
+    :class:`~kube_errors.KubeApiError`, for at most ``patience_s`` seconds; any other error, or the
     last transient one, is raised."""
     deadline = clock() + patience_s
     failures = 0
     while True:
         try:
             return call()
-        except kubeapi.KubeApiError as err:
+        except kube_errors.KubeApiError as err:
             wait = backoff(failures, first_s=retry_s, most_s=retry_max_s)
             if not err.transient or clock() + wait > deadline:
                 raise

@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from migpilot import logs
-from migpilot.agent import kubeapi, reconciling
+from migpilot.agent.cluster import kubeapi
 from migpilot.agent.deviceplugin import devices
+from migpilot.agent.rules import changes
+from migpilot.kube import errors as kube_errors
 
 _log = logging.getLogger(__name__)
 
@@ -136,8 +138,8 @@ class CapacityPublisher:
     def passed(
         self,
         *,
-        state: Mapping[int, reconciling.GpuState],
-        report: reconciling.Report | None,
+        state: Mapping[int, changes.GpuState],
+        report: changes.Report | None,
         labels: Mapping[str, str],
         view: devices.NodeDevices,
     ) -> None:
@@ -205,7 +207,7 @@ class CapacityPublisher:
             return False
         try:
             self._api.patch_node_resources(self._node, patch)
-        except kubeapi.KubeApiError as err:
+        except kube_errors.KubeApiError as err:
             _log.error("Node %s: device capacity not published: %s", self._node, err,
                        extra=logs.about(node=self._node))  # fmt: skip
             return False

@@ -29,7 +29,7 @@ by device ID (``<gpu-uuid>::mps-<id>``), as :class:`resolving.Instance` values t
 slices, and the plugin answers their Allocate with the slice's MPS settings.
 
 A shell module: the API through :class:`~kubeapi.NodeApi`, the pods through
-:class:`~standin.PodBook`; it imports neither a Kubernetes client nor gRPC (import-linter).
+:class:`~boundpods.PodBook`; it imports neither a Kubernetes client nor gRPC (import-linter).
 """
 
 from __future__ import annotations
@@ -41,9 +41,12 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 from migpilot import errors, logs
-from migpilot.agent import kubeapi, reconciling, standin
+from migpilot.agent.cluster import boundpods, kubeapi
 from migpilot.agent.deviceplugin import devices, resolving
+from migpilot.agent.rules import changes
 from migpilot.api import gpulayouts
+from migpilot.kube import errors as kube_errors
+from migpilot.kube import objects
 from migpilot.mig import profiles
 from migpilot.planning import unified
 from migpilot.sharing import mps as sharing_mps
@@ -109,7 +112,7 @@ class UnifiedPool:
         api: kubeapi.NodeApi,
         *,
         node: str,
-        pods: standin.PodBook,
+        pods: boundpods.PodBook,
         spec: Callable[[], gpulayouts.LayoutSpec | None],
         allocated: Allocations | None = None,
     ) -> None:
@@ -164,8 +167,8 @@ class UnifiedPool:
         pods = [p.gpu for p in self._book.pods(self.node) if p.gpu is not None]
         if fresh:
             try:
-                docs = self._api.list_pods(node=self.node).documents
-            except kubeapi.KubeApiError as err:
+                docs = self._api.list_pods(node=self.node).items
+            except kube_errors.KubeApiError as err:
                 _log.warning("Node %s: pods not read again (%s); using the pod watch's",
                              self.node, err, extra=logs.about(node=self.node))  # fmt: skip
             else:
@@ -199,7 +202,7 @@ class UnifiedPool:
                 if (uuid := by_pos.get(spot.at)) is not None
             )
 
-    def profiles_for(self, pod: standin.BoundPod) -> tuple[str, ...]:
+    def profiles_for(self, pod: boundpods.BoundPod) -> tuple[str, ...]:
         """The profiles a bound unified pod holds or is about to get (its reserved or
         allocated instances; without any, its asks resolved on the node's first MIG GPU
         model that serves them), for ``holding.BoundPodsHold``. A pod served by MPS slices
@@ -238,14 +241,14 @@ class UnifiedPool:
             namespace, _, name = key.partition("/")
             try:
                 doc = self._api.get_pod(namespace, name)
-            except kubeapi.KubeApiError as err:
+            except kube_errors.KubeApiError as err:
                 _log.warning("Node %s: pod %s not read (%s); its allocation is kept", self.node,
                              key, err, extra=logs.about(pod=key, node=self.node))  # fmt: skip
                 continue
             if (
                 doc is None
                 or resolving.terminated(doc)
-                or kubeapi.node_name_of(doc) != self.node
+                or objects.node_name_of(doc) != self.node
                 or (a.uid and _uid(doc) != a.uid)
             ):
                 gone.append(key)
@@ -317,7 +320,7 @@ def _gpu_pod(doc: Mapping[str, Any]) -> resolving.GpuPod | None:
     try:
         return resolving.gpu_pod(doc)
     except errors.MigpilotError:
-        return None  # the pod watch logs it (standin.PodBook)
+        return None  # the pod watch logs it (boundpods.PodBook)
 
 
 def _uid(doc: Mapping[str, Any]) -> str:
@@ -411,8 +414,8 @@ class NodeCounters:
     def passed(
         self,
         *,
-        state: Mapping[int, reconciling.GpuState],
-        report: reconciling.Report | None,
+        state: Mapping[int, changes.GpuState],
+        report: changes.Report | None,
         labels: Mapping[str, str],
         view: devices.NodeDevices,
     ) -> None:
@@ -423,7 +426,7 @@ class NodeCounters:
             return
         try:
             self._api.patch_node_resources(self._node, dict(want))
-        except kubeapi.KubeApiError as err:
+        except kube_errors.KubeApiError as err:
             _log.error("Node %s: unified counters not published: %s", self._node, err,
                        extra=logs.about(node=self._node))  # fmt: skip
             self._settled = False

@@ -15,7 +15,7 @@ with none known, its asks resolved on the node's GPU model), given by ``unified`
 (:meth:`~unifying.UnifiedPool.profiles_for`); those instances are themselves kept by the
 GpuLayout's protection and the Allocate ledger, so the count adds only what they do not cover.
 
-A shell module: it reads the pods the agent's pod watch keeps (:class:`standin.PodBook`) and
+A shell module: it reads the pods the agent's pod watch keeps (:class:`boundpods.PodBook`) and
 the GPU backend; it imports no client and no gRPC.
 """
 
@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from migpilot.agent import reconciling, standin
+from migpilot.agent import reconciling
+from migpilot.agent.cluster import boundpods
 from migpilot.gpu import backend
 from migpilot.planning import snapshot
 
@@ -34,12 +35,12 @@ class BoundPodsHold:
 
     def __init__(
         self,
-        pods: standin.PodBook,
+        pods: boundpods.PodBook,
         *,
         node: str,
         gpus: backend.GpuBackend,
         allocated: reconciling.InUse,
-        unified: Callable[[standin.BoundPod], tuple[str, ...]] | None = None,
+        unified: Callable[[boundpods.BoundPod], tuple[str, ...]] | None = None,
     ) -> None:
         self._pods = pods
         self._node = node

@@ -8,20 +8,21 @@ mig-<profile>`` under mixed, and ``nvidia.com/gpu-<N>gb`` for the GpuLayout's MP
 counted, with a resource whose last device disappeared kept at ``0`` as the kubelet keeps a
 registered resource.
 
-It also does what Allocate does on a real node: each pod bound to the node (:class:`PodBook`,
-fed by a pod watch) that is not terminated and asks for MIG resources or MPS slices gets
-distinct healthy devices of those resources (:func:`assign`, pure), preferring the instances
-and slices the GpuLayout spec reserves for that pod, then unreserved ones; a pod keeps its
-devices while it lives. The assigned devices are in use (:meth:`SimulatedKubelet.in_use`):
-the reconciler never destroys them and the GpuLayout status reports them ``used``. They are
-released when the pod is deleted or terminates. Assignments live in memory; after a restart
-they are made again from the pods, the devices the last status reported ``used`` going to the
-pods first (:func:`reported_used`), so the same instances stay in use. It is kept apart from
-the real path on purpose: nothing else in the agent knows it exists.
+It also does what Allocate does on a real node: each pod bound to the node
+(:class:`~migpilot.agent.cluster.boundpods.PodBook`, fed by a pod watch) that is not terminated and
+asks for MIG resources or MPS slices gets distinct healthy devices of those resources
+(:func:`assign`, pure), preferring the instances and slices the GpuLayout spec reserves for
+that pod, then unreserved ones; a pod keeps its devices while it lives. The assigned devices
+are in use (:meth:`SimulatedKubelet.in_use`): the reconciler never destroys them and the
+GpuLayout status reports them ``used``. They are released when the pod is deleted or
+terminates. Assignments live in memory; after a restart they are made again from the pods, the
+devices the last status reported ``used`` going to the pods first (:func:`reported_used`), so
+the same instances stay in use. It is kept apart from the real path on purpose: the agent knows
+only what it asks of a stand-in (:class:`~migpilot.agent.assembling.Standin`), and gets this one
+from its caller (:func:`stand_in`) with ``--kubelet simulated``; it never imports this package.
 
-A shell module: it writes through :class:`~kubeapi.NodeApi` and never imports a Kubernetes
-client (lightkube) nor gRPC; import-linter contracts check both.
-"""
+A shell module: it writes through :class:`~migpilot.agent.cluster.kubeapi.NodeApi` and never imports
+a Kubernetes client (lightkube) nor gRPC; import-linter contracts check both."""
 
 from __future__ import annotations
 
@@ -30,20 +31,17 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from migpilot import errors, logs
-from migpilot.agent import kubeapi, reconciling
+from migpilot.agent import assembling
+from migpilot.agent.cluster import boundpods, kubeapi
 from migpilot.agent.deviceplugin import advertising, devices, replicating, resolving
+from migpilot.agent.rules import changes
 from migpilot.api import gpulayouts
-from migpilot.planning import quantities, snapshot
+from migpilot.kube import errors as kube_errors
 from migpilot.sharing import config as sharing_config
 
 _log = logging.getLogger(__name__)
-
-TERMINATED = resolving.TERMINATED
-"""Pod phases whose containers hold no device any more."""
 
 
 def _counts(advertised: Mapping[str, Sequence[devices.Device]]) -> dict[str, int]:
@@ -72,190 +70,8 @@ def _advertised(
     return {r.name: r.devices for r in resources}
 
 
-# --- the pods bound to the node ----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class BoundPod:
-    """A live pod bound to a node, asking for MIG resources or for ``nvidia.com/gpu``."""
-
-    namespace: str
-    name: str
-    node: str
-    """The node it is bound to (``spec.nodeName``)."""
-    created: str
-    """``metadata.creationTimestamp`` (RFC 3339: sorts as text)."""
-    requests: tuple[tuple[str, int], ...]
-    """``(resource, count)`` per MIG resource and MPS slice size, sorted by resource."""
-    gpu: resolving.GpuPod | None = None
-    """Its ``nvidia.com/gpu`` containers (a unified pod, or a whole-GPU one), ``None`` when
-    it asks for none."""
-    uid: str = ""
-    """``metadata.uid`` (its processes' cgroups name it: ``agent/usage.py``)."""
-
-    @property
-    def key(self) -> str:
-        """``namespace/name``, as ``reservedFor`` names a pod."""
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def order(self) -> tuple[str, str, str]:
-        """Who is served first: the oldest, then by namespace and name."""
-        return (self.created, self.namespace, self.name)
-
-
-def bound_pod(doc: Mapping[str, Any]) -> BoundPod | None:
-    """A pod (raw JSON) as the stand-in sees it; ``None`` when it holds no device (not bound,
-    terminated, no MIG request, no ``nvidia.com/gpu``). A bad request is a
-    :class:`MigpilotError`."""
-    meta = doc.get("metadata") or {}
-    node = kubeapi.node_name_of(doc)
-    if not node or resolving.terminated(doc):
-        return None
-    spec = doc.get("spec") or {}
-    where = f"pod {meta.get('namespace', '')}/{meta.get('name', '')}"
-    gpu = resolving.gpu_pod(doc)
-    total = {k: v for k, v in _mig_amounts(spec, where).items() if k not in _GPU_FAMILY}
-    if not any(total.values()) and gpu is None:
-        return None
-    asked = (
-        snapshot.pod_requests(total, where=where)  # checks the names, one line each
-        if any(total.values())
-        else None
-    )
-    requests = (
-        [] if asked is None else [(snapshot.resource_name(r.profile), r.count) for r in asked.mig]
-    )
-    requests += [] if asked is None else [(r.resource, r.count) for r in asked.mps]
-    return BoundPod(
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
-        node=node,
-        created=str(meta.get("creationTimestamp") or ""),
-        requests=tuple(sorted(requests)),
-        gpu=gpu,
-        uid=str(meta.get("uid") or ""),
-    )
-
-
-_GPU_FAMILY = frozenset({devices.FULL_GPU_RESOURCE, *resolving.UNIFIED_RESOURCES})
-"""``nvidia.com/gpu`` and the resources that qualify it (read by :func:`resolving.gpu_pod`)."""
-
-
-def _mig_amounts(spec: Mapping[str, Any], where: str) -> dict[str, int]:
-    """Per ``nvidia.com/`` resource, what kube-scheduler counts (:func:`snapshot.scheduled`:
-    limits, overridden by requests where both are given)."""
-
-    def amounts(part: str) -> list[dict[str, int]]:
-        return [
-            {
-                str(name): quantities.amount(value, where=f"{where}.{part}[{i}].{name}")
-                for name, value in snapshot.container_resources(container).items()
-                if str(name).startswith("nvidia.com/")
-            }
-            for i, container in enumerate(spec.get(part) or ())
-        ]
-
-    return snapshot.scheduled(amounts("containers"), amounts("initContainers"))
-
-
-class PodBook:
-    """The pods holding devices on the nodes followed, as the pod watch last showed them.
-
-    Fed by :func:`watching.follow` (:meth:`listed`, :meth:`changed`); ``on_change`` is told the
-    node whose pods changed (the fleet wakes that node's pass). Thread-safe.
-    """
-
-    def __init__(self, *, on_change: Callable[[str], None] | None = None) -> None:
-        self._lock = threading.Lock()
-        self._by_node: dict[str, dict[str, BoundPod]] = {}
-        self._where: dict[str, str] = {}
-        self._versions: dict[str, int] = {}
-        self._on_change = on_change
-        self._bad: set[str] = set()
-        self._synced = False
-
-    @property
-    def synced(self) -> bool:
-        """Whether a list has filled it (before that, the node's pods are unknown)."""
-        with self._lock:
-            return self._synced
-
-    def listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
-        """Replace everything with the pods of a list."""
-        pods = [p for p in (self._read(d) for d in docs) if p is not None]
-        with self._lock:
-            before = {node: dict(pods) for node, pods in self._by_node.items()}
-            self._by_node, self._where = {}, {}
-            self._synced = True
-            for pod in pods:
-                self._by_node.setdefault(pod.node, {})[pod.key] = pod
-                self._where[pod.key] = pod.node
-            touched = {
-                n for n in {*before, *self._by_node} if before.get(n) != self._by_node.get(n)
-            }
-            for node in touched:
-                self._versions[node] = self._versions.get(node, 0) + 1
-        self._tell(touched)
-
-    def changed(self, event: kubeapi.WatchEvent) -> None:
-        """Apply one watch event."""
-        meta = event.document.get("metadata") or {}
-        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        pod = None if event.type is kubeapi.EventType.DELETED else self._read(event.document)
-        touched: set[str] = set()
-        with self._lock:
-            old_node = self._where.pop(key, None)
-            if old_node is not None:
-                old = self._by_node[old_node].pop(key)
-                if old != pod:
-                    touched.add(old_node)
-                if not self._by_node[old_node]:
-                    del self._by_node[old_node]
-            if pod is not None:
-                self._by_node.setdefault(pod.node, {})[key] = pod
-                self._where[key] = pod.node
-                if old_node != pod.node:
-                    touched.add(pod.node)
-            for node in touched:
-                self._versions[node] = self._versions.get(node, 0) + 1
-        self._tell(touched)
-
-    def pods(self, node: str) -> tuple[BoundPod, ...]:
-        """The node's pods, oldest first."""
-        with self._lock:
-            found = tuple(self._by_node.get(node, {}).values())
-        return tuple(sorted(found, key=lambda p: p.order))
-
-    def version(self, node: str) -> int:
-        """A number that changes whenever the node's pods change."""
-        with self._lock:
-            return self._versions.get(node, 0)
-
-    def _read(self, doc: Mapping[str, Any]) -> BoundPod | None:
-        try:
-            return bound_pod(doc)
-        except errors.MigpilotError as err:
-            text = str(err)
-            if text not in self._bad:  # once per problem; the watch repeats it at every change
-                self._bad.add(text)
-                meta = doc.get("metadata") or {}
-                pod = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-                _log.warning(
-                    "%s; it gets no device",
-                    text,
-                    extra=logs.about(pod=pod, node=kubeapi.node_name_of(doc)),
-                )
-            return None
-
-    def _tell(self, nodes: set[str]) -> None:
-        if self._on_change is not None:
-            for node in sorted(nodes):
-                self._on_change(node)
-
-
 def assign(
-    pods: Sequence[BoundPod],
+    pods: Sequence[boundpods.BoundPod],
     *,
     advertised: Mapping[str, Sequence[devices.Device]],
     reserved: Mapping[str, str],
@@ -315,7 +131,7 @@ def assign(
 
 
 def reservations(
-    spec: gpulayouts.LayoutSpec | None, state: Mapping[int, reconciling.GpuState]
+    spec: gpulayouts.LayoutSpec | None, state: Mapping[int, changes.GpuState]
 ) -> dict[str, str]:
     """MIG device UUID (or MPS slice device ID) -> ``namespace/name`` of the pod the spec
     reserves its instance (or slice) for."""
@@ -388,8 +204,9 @@ def reported_used(layout: gpulayouts.GpuLayout | None) -> frozenset[str]:
 
 
 class SimulatedKubelet:
-    """Publishes the advertised resource counts into the Node's capacity and allocatable, and,
-    given a :class:`PodBook`, assigns devices to the node's pods as Allocate would.
+    """Publishes the advertised resource counts into the Node's capacity and allocatable, and, given
+    a :class:`~migpilot.agent.cluster.boundpods.PodBook`, assigns devices to the node's pods as
+    Allocate would.
 
     A :class:`~running.PassListener` (tell it before the status is written, so the status sees
     the newest assignment) and a :class:`~reconciling.InUse` source (the assigned devices).
@@ -413,7 +230,7 @@ class SimulatedKubelet:
         *,
         node: str,
         strategy: devices.MigStrategy,
-        pods: PodBook | None = None,
+        pods: boundpods.PodBook | None = None,
         spec: Callable[[], gpulayouts.LayoutSpec | None] = lambda: None,
         held: Callable[[], frozenset[str]] = frozenset,
         unified: Callable[[], resolving.Inputs] | None = None,
@@ -436,7 +253,7 @@ class SimulatedKubelet:
         self._published: dict[str, str] | None = None
         self._settled = True
         self._lock = threading.Lock()
-        self._state: Mapping[int, reconciling.GpuState] | None = None
+        self._state: Mapping[int, changes.GpuState] | None = None
         self._offered: dict[str, tuple[devices.Device, ...]] | None = None
         """What the plugin would advertise, as of the last pass (computed once per pass)."""
         self._seen_version = -1
@@ -515,8 +332,8 @@ class SimulatedKubelet:
     def passed(
         self,
         *,
-        state: Mapping[int, reconciling.GpuState],
-        report: reconciling.Report | None,
+        state: Mapping[int, changes.GpuState],
+        report: changes.Report | None,
         labels: Mapping[str, str],
         view: devices.NodeDevices,
     ) -> None:
@@ -553,7 +370,7 @@ class SimulatedKubelet:
         if self._unified_inputs is not None:
             self._assign_unified(pods)
 
-    def _assign_unified(self, pods: Sequence[BoundPod]) -> None:
+    def _assign_unified(self, pods: Sequence[boundpods.BoundPod]) -> None:
         """Admit the unified pods not yet served, oldest first, as the kubelet would (under
         the lock; see the class)."""
         assert self._unified_inputs is not None
@@ -621,7 +438,9 @@ class SimulatedKubelet:
             self._unified = kept
             self._unified_version += 1
 
-    def _log_changes(self, pods: Sequence[BoundPod], now: Mapping[str, tuple[str, ...]]) -> None:
+    def _log_changes(
+        self, pods: Sequence[boundpods.BoundPod], now: Mapping[str, tuple[str, ...]]
+    ) -> None:
         before = self._assigned
         for pod in pods:
             got, had = now[pod.key], before.get(pod.key)
@@ -658,7 +477,7 @@ class SimulatedKubelet:
             return
         try:
             self._api.patch_node_resources(self._node, dict(patch))
-        except kubeapi.KubeApiError as err:
+        except kube_errors.KubeApiError as err:
             _log.error("Node %s: resources not published: %s", self._node, err,
                        extra=logs.about(node=self._node))  # fmt: skip
             return
@@ -666,3 +485,18 @@ class SimulatedKubelet:
         _log.info("Node %s: published %s (simulated kubelet)", self._node,
                   ", ".join(f"{k}={v}" for k, v in sorted(patch.items())),
                   extra=logs.about(node=self._node))  # fmt: skip
+
+
+def stand_in(inputs: assembling.StandinInputs) -> SimulatedKubelet:
+    """The stand-in kubelet of one node (:data:`~migpilot.agent.assembling.StandinFactory`):
+    restarted, it gives the pods back what the GpuLayout's status last reported them using."""
+    return SimulatedKubelet(
+        inputs.api,
+        node=inputs.node,
+        strategy=inputs.strategy,
+        pods=inputs.pods,
+        spec=inputs.spec,
+        held=lambda: reported_used(inputs.layout()),
+        unified=inputs.unified,
+        held_by=lambda: reported_used_by(inputs.layout()),
+    )
