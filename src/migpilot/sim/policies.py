@@ -47,6 +47,9 @@ _PLANNER_OF = {
     "hami-placement": "hami-placement",
 }
 
+GATED = frozenset({"migpilot", "exact"})
+"""The policies whose pods wait for their plan (migpilot's planners, behind its webhook)."""
+
 StaticLayouts = Mapping[str, tuple[layouts.Layout, ...]]
 """Per GPU model id, the layout of each GPU index of a node."""
 
@@ -63,6 +66,10 @@ class Partitioning:
     """The layout GPUs start with, per model (absent: empty)."""
     options: options.Options = field(default_factory=options.Options)
     """Planner settings (the exact policy's time limit)."""
+    gated: bool = False
+    """Pods wait for the policy's plan, as migpilot's webhook gates them (migpilot's own
+    planners); ``False``: kube-scheduler binds a pod to free advertised instances as it comes
+    and the policy plans for the pods left, as nos and HAMi run (they gate nothing)."""
 
     def initial_layout(self, model: profiles.GpuModel, index: int) -> layouts.Layout:
         """The layout GPU ``index`` of a node of ``model`` starts with."""
@@ -100,8 +107,13 @@ def dynamic(name: str, cluster: clusters.Cluster) -> Partitioning:
                 f"policy exact is for clusters of at most {EXACT_MAX_GPUS} GPUs "
                 f"(this one has {cluster.gpu_count}); leave it out or use a smaller --cluster"
             )
-        return Partitioning(name, planner, options=options.Options(time_limit_s=EXACT_TIME_LIMIT_S))
-    return Partitioning(name, planner)
+        return Partitioning(
+            name,
+            planner,
+            options=options.Options(time_limit_s=EXACT_TIME_LIMIT_S),
+            gated=True,
+        )
+    return Partitioning(name, planner, gated=name in GATED)
 
 
 @functools.cache

@@ -440,10 +440,14 @@ class _Simulation:
         self.empty_nodes: tuple[snapshot.Node, ...] | None = None
         self.reserved: dict[str, _Pod] = {}
         """Pods a plan reserved instances for, not yet bound, by key."""
-        self.gated = policy.planner is not None
-        """Pods go through the loop's step (:func:`control.reconcile`), as the webhook gates
-        them for the controller; without a planner (a static layout) kube-scheduler alone
-        places them as they come."""
+        self.loop = policy.planner is not None
+        """The policy plans: the loop's step (:func:`control.reconcile`, the controller's own)
+        runs after every event; without a planner (a static layout) kube-scheduler alone
+        places pods as they come."""
+        self.gated = policy.gated and self.loop
+        """Pods wait for the loop's plan, as migpilot's webhook gates them for the controller;
+        otherwise (nos, HAMi: no gate) kube-scheduler binds a pod to free advertised instances
+        as it comes, and the loop plans for the pods left."""
         self.memory = control.Memory()
         self.dirty = False
         """Something changed since the loop's last step."""
@@ -502,29 +506,34 @@ class _Simulation:
         arrivals = len(self.pods)
         seen = 0
         step = max(arrivals // 100, 1)
+        due = False  # the loop's step is owed for what happened at this instant
         while self.events:
             t, kind, _, payload = heapq.heappop(self.events)
             if t > self.horizon:
                 break
-            if kind == _Kind.WAKE and t != self.wake_due:
-                continue  # a later step asked for another time: nothing to do, no time passes
-            self._advance(t)
-            if kind == _Kind.ARRIVAL:
-                assert isinstance(payload, _Pod)
-                self._arrive(payload)
-                seen += 1
-                if self.progress is not None and seen % step == 0:
-                    self.progress(seen / arrivals)
-            elif kind == _Kind.DEPARTURE:
-                assert isinstance(payload, _Pod)
-                self._depart(payload)
-            elif kind == _Kind.VISIBLE:
-                assert isinstance(payload, tuple)
-                self._visible(*payload)
-            # READY (a reserved pod's slices served) and WAKE only call for the step.
-            if self.gated:
+            if kind != _Kind.WAKE or t == self.wake_due:  # else a later step asked otherwise
+                self._advance(t)
+                if kind == _Kind.ARRIVAL:
+                    assert isinstance(payload, _Pod)
+                    self._arrive(payload)
+                    seen += 1
+                    if self.progress is not None and seen % step == 0:
+                        self.progress(seen / arrivals)
+                elif kind == _Kind.DEPARTURE:
+                    assert isinstance(payload, _Pod)
+                    self._depart(payload)
+                elif kind == _Kind.VISIBLE:
+                    assert isinstance(payload, tuple)
+                    self._visible(*payload)
+                # READY (a reserved pod's slices served) and WAKE only call for the step.
+                due = self.loop
+                self._check()
+            # One step once everything that happened at this instant has: the controller's
+            # pass after the watch events that arrived together.
+            if due and not (self.events and self.events[0][0] == t):
+                due = False
                 self._step()
-            self._check()
+                self._check()
         end = self.now if self.settings.mode is Replay.INFLATE else self.horizon
         self._advance(max(end, self.now))
         if self.progress is not None:
@@ -694,6 +703,7 @@ class _Simulation:
             return
         if not self._schedule(pod, self.nodes):
             self._wait(pod)
+            self._touch()
 
     def _reject(self, pod: _Pod, reason: str) -> None:
         pod.reason = reason
