@@ -24,13 +24,15 @@ package's pure modules.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.controller import observing
 from migpilot.planning import control, plans, snapshot
+
+_V = TypeVar("_V")
 
 Patch = list[dict[str, Any]]
 """A JSON patch (RFC 6902)."""
@@ -172,23 +174,24 @@ def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpula
 def to_control(observed: observing.Observed, *, changed: bool) -> control.Observed:
     """The cluster as the loop's step reads it (:func:`control.reconcile`): the snapshot, each
     live reservation with what it still waits for, what each node advertises and what is taken
-    of it, the waiting pods' pins and static nodes, the unservable pods and the stale nodes."""
+    of it, the waiting pods' pins and static nodes, the unservable pods and the stale nodes.
+
+    A waiting pod's extras and a node's whole CPU and memory are read only for the pods a plan
+    leaves (:class:`_Lazily`): built up front they cost every pass a walk of every pending pod
+    (and, with static nodes, a fit on each)."""
     statics = any(n.static for n in observed.nodes.values())
-    pending: dict[str, control.Pending] = {}
-    for pod in observed.snapshot.pods:
-        view = observed.pods.get(pod.key)
-        if view is None:
-            continue
+
+    def extras(key: str) -> control.Pending:
+        view = observed.pods[key]
         static = observing.static_fit(observed, view) if statics else None
-        pinned = pinned_to(view)
-        if not view.gated_by_us or pinned is not None or static is not None:
-            pending[pod.key] = control.Pending(view.gated_by_us, pinned, static)
+        return control.Pending(view.gated_by_us, pinned_to(view), static)
+
     return control.Observed(
         snapshot=observed.snapshot,
         reserved={key: _reserved(observed, key) for key in observed.reservations},
         advertised={name: n.allocatable for name, n in observed.nodes.items()},
         taken=taken(observed),
-        pending=pending,
+        pending=_Lazily(observed.pods, extras),
         unservable={
             key: view.problem
             for key, view in observed.pods.items()
@@ -196,8 +199,31 @@ def to_control(observed: observing.Observed, *, changed: bool) -> control.Observ
         },
         stale=observed.stale,
         changed=changed,
-        whole={n.name: _whole(observed.nodes[n.name]) for n in observed.snapshot.nodes},
+        whole=_Lazily(observed.nodes, lambda name: _whole(observed.nodes[name])),
     )
+
+
+class _Lazily(Mapping[str, _V]):
+    """A read-only mapping over ``keys`` whose values are computed when first read, then kept:
+    the same answers as a dict built up front, paid for only where read."""
+
+    def __init__(self, keys: Mapping[str, object], value: Callable[[str], _V]) -> None:
+        self._keys = keys
+        self._value = value
+        self._seen: dict[str, _V] = {}
+
+    def __getitem__(self, key: str) -> _V:
+        if key not in self._keys:
+            raise KeyError(key)
+        if key not in self._seen:
+            self._seen[key] = self._value(key)
+        return self._seen[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 def _whole(node: observing.NodeView) -> snapshot.Resources | None:

@@ -349,14 +349,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(bad, 400, f"{err}\n".encode(), "text/plain")
             return
         response = answer.get("response", {})
-        pod, node = reviews.pod_and_node(document)
-        _log.debug(
-            "review %s %s: %s",
-            path,
-            response.get("uid"),
-            _said(path, response),
-            extra=logs.about(pod=pod, node=node),
-        )
+        if _log.isEnabledFor(logging.DEBUG):  # the line is only read with -v: no cost without
+            pod, node = reviews.pod_and_node(document)
+            _log.debug(
+                "review %s %s: %s",
+                path,
+                response.get("uid"),
+                _said(path, response),
+                extra=logs.about(pod=pod, node=node),
+            )
         outcome = webhook_metrics.review_outcome(response)
         self._reply(outcome, 200, json.dumps(answer).encode(), "application/json")
 
