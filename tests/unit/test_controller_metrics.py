@@ -6,6 +6,7 @@ in-memory API with clocks the test moves."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 from typing import Any
 
@@ -369,3 +370,96 @@ def test_a_standby_counts_nothing_but_keeps_its_baseline_for_when_it_leads() -> 
         assert _value(m, "migpilot_instances_created_total", profile="1g.10gb") is None
 
     _run_leading(body, api=api, clock=clock)
+
+
+# -- what autoscalers read: free instances and unmet demand ------------------------------------
+
+H100 = catalog.resolve_gpu("h100-80gb")
+
+
+def test_free_instances_are_the_made_ones_nobody_uses_or_reserved_by_model_and_profile() -> None:
+    a100 = _gpu(A100, ("1g.10gb", 0, False), ("1g.10gb", 1, True), ("3g.40gb", 4, False))
+    h100 = _gpu(H100, ("1g.10gb", 0, False))
+    mps = snapshot.Gpu(
+        0,
+        A100,
+        (),
+        mps=(
+            snapshot.modes.MpsSlice(0, 20, None, used=False),
+            snapshot.modes.MpsSlice(1, 20, None, used=True),
+        ),
+    )
+    got = usage.free_instances([_node("a", a100), _node("h", h100), _node("m", mps)])
+    assert got == {
+        ("a100-80gb", "1g.10gb"): 1,
+        ("a100-80gb", "3g.40gb"): 1,
+        ("h100-80gb", "1g.10gb"): 1,
+        ("a100-80gb", "mps-20gb"): 1,
+    }
+
+
+def _waiting(name: str, *mig: tuple[str, int]) -> snapshot.Pod:
+    requests = snapshot.Requests(tuple(snapshot.MigRequest(p, n) for p, n in mig), 1000, 1 << 30)
+    return snapshot.planned_pod(name=name, namespace="ns", requests=requests)
+
+
+def test_unmet_demand_counts_each_pod_under_every_model_that_could_hold_it() -> None:
+    two_a100 = dataclasses.replace(_node("a", _gpu(A100), dataclasses.replace(_gpu(A100), index=1)))
+    one_h100 = _node("h", _gpu(H100))
+    pods = [
+        _waiting("small", ("1g.10gb", 2)),
+        _waiting("whole-pair", ("7g.80gb", 2)),  # two whole GPUs: only the two-A100 node
+        _waiting("a30-only", ("1g.6gb", 1)),  # no model here offers it: counts nowhere
+    ]
+    got = usage.unmet_demand([two_a100, one_h100], pods)
+    assert got == {
+        ("a100-80gb", "1g.10gb"): 2,
+        ("h100-80gb", "1g.10gb"): 2,
+        ("a100-80gb", "7g.80gb"): 2,
+    }
+    assert usage.unmet_demand([two_a100], []) == {}
+
+
+def test_unmet_demand_on_an_mps_node_is_in_slices() -> None:
+    mps_node = dataclasses.replace(
+        _node("m", snapshot.Gpu(0, A100, ())), mode=snapshot.modes.Mode.MPS
+    )
+    pod = dataclasses.replace(_waiting("slice"), mig=(), mps=(snapshot.modes.MpsRequest(10, 2),))
+    assert usage.unmet_demand([mps_node], [pod]) == {("a100-80gb", "mps-10gb"): 2}
+
+
+def test_the_loop_exports_free_instances_and_the_demand_it_cannot_meet() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        m = controller.metrics
+        await _ready_node(api)
+        await _agent_reports(
+            api, "n0", [{"profile": "7g.80gb", "start": 0, "uuid": "MIG-7", "state": "free"}]
+        )
+        await _until(
+            "the free instance",
+            lambda: _value(m, "migpilot_free_instances", model="a100-80gb", profile="7g.80gb") == 1,
+        )
+        # One whole GPU, taken by a pod; a second pod asking for it cannot be placed.
+        await api.put(kubeobjects.Kind.PODS, _bind_doc(_pod("holder", "7g.80gb"), "n0"))
+        await api.put(kubeobjects.Kind.PODS, _pod("more", "7g.80gb"))
+        await _until(
+            "the unmet demand",
+            lambda: _value(m, "migpilot_unmet_demand", model="a100-80gb", profile="7g.80gb") == 1,
+        )
+        assert _value(m, "migpilot_free_instances", model="a100-80gb", profile="7g.80gb") is None
+        # The waiting pod goes: nothing is wanted any more.
+        await api.delete(kubeobjects.Kind.PODS, "ns/more")
+        await _until(
+            "no demand",
+            lambda: (
+                _value(m, "migpilot_unmet_demand", model="a100-80gb", profile="7g.80gb") is None
+            ),
+        )
+
+    _run(body)
+
+
+def _bind_doc(doc: dict[str, Any], node: str) -> dict[str, Any]:
+    doc["spec"]["nodeName"] = node
+    doc["spec"].pop("schedulingGates", None)
+    return doc

@@ -120,7 +120,24 @@ class ControllerMetrics:
             ["op", "profile"],
             registry=r,
         )
+        self.free_instances = prometheus_client.Gauge(
+            "migpilot_free_instances",
+            "Free MIG instances (made, neither in use nor reserved) and free MPS slices "
+            "(profile mps-<N>gb) of the planned GPUs, by GPU model and profile.",
+            ["model", "profile"],
+            registry=r,
+        )
+        self.unmet_demand = prometheus_client.Gauge(
+            "migpilot_unmet_demand",
+            "Instances the pods the last plan could not place want, by GPU model and profile: "
+            "what a new node of that model would have to hold for them. A pod counts under "
+            "every model that could serve it, so the models' figures do not add up.",
+            ["model", "profile"],
+            registry=r,
+        )
         self._layout_keys: set[tuple[str, str]] = set()
+        self._free_keys: set[tuple[str, str]] = set()
+        self._demand_keys: set[tuple[str, str]] = set()
         self._reasons: set[str] = set()
         self.leader = prometheus_client.Gauge(
             "migpilot_controller_leader",
@@ -164,6 +181,16 @@ class ControllerMetrics:
             self.node_allocation.labels(node=node, model=model).set(slices.allocation)
             self.node_fragmentation.labels(node=node, model=model).set(slices.fragmentation)
         self._layout_keys = set(per)
+
+    def observe_free(self, free: usage.Demand) -> None:
+        """Set the free instances by model and profile; a pair with none left loses its
+        series."""
+        self._free_keys = _set_each(self.free_instances, free, self._free_keys)
+
+    def observe_demand(self, demand: usage.Demand) -> None:
+        """Set the unmet demand by model and profile; a pair no longer wanted loses its
+        series."""
+        self._demand_keys = _set_each(self.unmet_demand, demand, self._demand_keys)
 
     def observe_pending(self, reasons: Iterable[str]) -> None:
         """Set the pending pods by reason, one reason per pod not yet bound; a reason seen
@@ -211,3 +238,15 @@ class ControllerMetrics:
 def _count(counter: prometheus_client.Counter, by_profile: Mapping[str, int]) -> None:
     for profile, n in sorted(by_profile.items()):
         counter.labels(profile=profile).inc(n)
+
+
+def _set_each(
+    gauge: prometheus_client.Gauge, values: usage.Demand, before: set[tuple[str, str]]
+) -> set[tuple[str, str]]:
+    """Set ``gauge{model, profile}`` to each of ``values``, remove the pairs of ``before`` no
+    longer there, and return the pairs now set."""
+    for model, profile in before - set(values):
+        gauge.remove(model, profile)
+    for (model, profile), n in values.items():
+        gauge.labels(model=model, profile=profile).set(n)
+    return set(values)

@@ -51,7 +51,7 @@ from migpilot.api import gpulayouts, gpulayouts_wire, leases
 from migpilot.controller import kubeapi, metrics, observing, pinning, turnover
 from migpilot.kube import errors as kube_errors
 from migpilot.kube import objects as kubeobjects
-from migpilot.planning import control, fast, modes, options, plans, snapshot, unified
+from migpilot.planning import control, fast, modes, options, plans, snapshot, unified, usage
 
 _log = logging.getLogger("migpilot.controller")
 
@@ -614,6 +614,12 @@ class Controller:
         )
         await self._carry_out(observed, plan)
         await self._judge(decision.judged)
+        left = {j.pod for j in decision.judged if j.verdict is control.Verdict.WAIT}
+        self.metrics.observe_demand(
+            usage.unmet_demand(
+                observed.snapshot.nodes, [p for p in observed.snapshot.pods if p.key in left]
+            )
+        )
 
     def _gauge_reasons(self) -> None:
         """Each pod not yet bound (nor done) under the reason of the last Event it got."""
@@ -628,6 +634,9 @@ class Controller:
         self.metrics.pending.labels(stage="planning").set(len(observed.snapshot.pods))
         self.metrics.pending.labels(stage="reserved").set(len(observed.reservations))
         self.metrics.observe_cluster(observed.snapshot)
+        self.metrics.observe_free(usage.free_instances(observed.snapshot.nodes))
+        if not observed.snapshot.pods:
+            self.metrics.observe_demand({})  # nothing waits: nothing is wanted
 
     # -- writes ------------------------------------------------------------------------------
 

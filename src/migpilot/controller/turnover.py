@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from migpilot.api import gpulayouts
+from migpilot.planning import usage
 
-
-def slice_profile(memory_gb: int) -> str:
-    """The ``profile`` label of an MPS slice of ``memory_gb`` GB (``mps-20gb``)."""
-    return f"mps-{memory_gb}gb"
+slice_profile = usage.slice_profile
+"""The ``profile`` label of an MPS slice (``mps-20gb``): one definition, in the planning core."""
 
 
 @dataclass(frozen=True, slots=True)

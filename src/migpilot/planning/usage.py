@@ -10,7 +10,12 @@ instances:
   profile, so the higher this share, the less room large requests find.
 
 A GPU of a node in mode ``mps`` or ``time-slicing`` has no MIG instances and counts as free.
-Pure: standard library and the snapshot's types only.
+
+For autoscalers, what is free and what is wanted, by GPU model and profile: the free MIG
+instances and MPS slices (:func:`free_instances`), and what the pods a plan could not place
+would take on a new node of each model (:func:`unmet_demand`).
+
+Pure: the standard library and the planning core.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from migpilot.planning import snapshot
+from migpilot.mig import profiles
+from migpilot.planning import control, modes, snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +78,78 @@ def by_node_and_model(nodes: Iterable[snapshot.Node]) -> Mapping[tuple[str, str]
             key = (node.name, gpu.model.id)
             out[key] = out.get(key, Slices()) + of_gpu(gpu)
     return out
+
+
+# --------------------------------------------------------------------------- demand
+
+Demand = Mapping[tuple[str, str], int]
+"""(GPU model id, profile) -> a count of instances; a profile is a MIG profile (``1g.10gb``)
+or an MPS slice (``mps-<N>gb``)."""
+
+
+def slice_profile(memory_gb: int) -> str:
+    """The profile name of an MPS slice of ``memory_gb`` GB (``mps-20gb``)."""
+    return f"mps-{memory_gb}gb"
+
+
+def free_instances(nodes: Iterable[snapshot.Node]) -> Demand:
+    """The free MIG instances and MPS slices of the planned nodes, by GPU model and profile:
+    made, and neither in use, reserved nor being made for a pod (the snapshot's *used*)."""
+    out: dict[tuple[str, str], int] = {}
+    for node in nodes:
+        for gpu in node.gpus:
+            for inst in gpu.instances:
+                if not inst.used:
+                    key = (gpu.model.id, inst.profile)
+                    out[key] = out.get(key, 0) + 1
+            for sl in gpu.mps:
+                if not sl.used:
+                    key = (gpu.model.id, slice_profile(sl.memory_gb))
+                    out[key] = out.get(key, 0) + 1
+    return out
+
+
+def unmet_demand(nodes: Iterable[snapshot.Node], pods: Iterable[snapshot.Pod]) -> Demand:
+    """What ``pods`` (the pods a plan could not place now) want, by GPU model and profile: for
+    each GPU model of the planned nodes, in each mode those nodes run, the instances (or MPS
+    slices) the pod would take on a new node of that model, if one could hold it.
+
+    A pod counts once under every model that could serve it: the figure per model is what
+    nodes of that model would have to add, so the models' figures do not add up across
+    models. A pod no node of any model could hold (it can never run) counts nowhere."""
+    shapes: dict[tuple[profiles.GpuModel, modes.Mode], int] = {}
+    for node in nodes:
+        per_model: dict[profiles.GpuModel, int] = {}
+        for gpu in node.gpus:
+            per_model[gpu.model] = per_model.get(gpu.model, 0) + 1
+        for model, count in per_model.items():
+            shape = (model, node.mode)
+            shapes[shape] = max(shapes.get(shape, 0), count)
+    out: dict[tuple[str, str], int] = {}
+    for pod in pods:
+        for (model, mode), gpus in sorted(shapes.items(), key=lambda kv: (kv[0][0].id, kv[0][1])):
+            if not pod.served_in(mode):
+                continue
+            wanted = _wanted(pod, model, mode, gpus)
+            for name in wanted or ():
+                key = (model.id, name)
+                out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _wanted(
+    pod: snapshot.Pod, model: profiles.GpuModel, mode: modes.Mode, gpus: int
+) -> tuple[str, ...] | None:
+    """The profiles ``pod`` would take on an empty node of ``gpus`` GPUs of ``model`` in
+    ``mode``, ``None`` when no such node could hold it."""
+    if mode is modes.Mode.MIG:
+        names = pod.profiles_on(model)
+        if names is None or not control.fits_empty(names, model, gpus):
+            return None
+        return names
+    if mode is modes.Mode.MPS:
+        needs = modes.mps_needs(pod.mps, pod.unified, model)
+        if needs is None:
+            return None
+        return tuple(slice_profile(n.memory_gb) for n in needs)
+    return None  # time-slicing replicas are the sharing config's, not made per pod
