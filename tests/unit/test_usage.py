@@ -204,6 +204,20 @@ def test_the_load_file_reads_pods_and_empty_files() -> None:
     assert got == {"ml/a": usage.PodLoad(0.9, 2048), "ml/b": usage.IDLE}
 
 
+def test_a_pattern_gives_every_replica_its_load_and_a_pods_own_entry_wins() -> None:
+    loads = usage.parse_load(
+        "ml/web-abc12: {utilization: 0.1}\n"
+        "ml/web-*: {utilization: 0.9, memoryUsedMiB: 512}\n"
+        "ml/*: {utilization: 0.5}\n",
+        source="f",
+    )
+    assert usage.load_of(loads, "ml/web-abc12") == usage.PodLoad(0.1, 0)  # its own entry
+    assert usage.load_of(loads, "ml/web-7fxk2") == usage.PodLoad(0.9, 512)  # first match
+    assert usage.load_of(loads, "ml/batch-0") == usage.PodLoad(0.5, 0)
+    assert usage.load_of(loads, "other/web-7fxk2") == usage.IDLE  # another namespace
+    assert usage.load_of({"ml/web": usage.PodLoad(1.0, 1)}, "ml/web-1") == usage.IDLE
+
+
 @pytest.mark.parametrize(
     ("text", "field"),
     [

@@ -18,6 +18,7 @@ GpuLayout's types and the strict YAML reader.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -277,8 +278,9 @@ IDLE = PodLoad(0.0, 0)
 
 def parse_load(text: str, *, source: str) -> dict[str, PodLoad]:
     """``NAMESPACE/POD: {utilization: 0.0-1.0, memoryUsedMiB: N}`` lines; an empty file is an
-    empty map. A bad entry raises :class:`~migpilot.errors.AgentConfigError` naming the source,
-    the pod and the field."""
+    empty map. ``POD`` may hold ``*`` wildcards (``ml/web-*``: every replica of a Deployment,
+    whose pod names are random; see :func:`load_of`). A bad entry raises
+    :class:`~migpilot.errors.AgentConfigError` naming the source, the pod and the field."""
     data: Any = yamltext.load(text, source=source, error=errors.AgentConfigError)
     if data is None:
         return {}
@@ -317,14 +319,28 @@ def parse_load(text: str, *, source: str) -> dict[str, PodLoad]:
     return out
 
 
+def load_of(pods: Mapping[str, PodLoad], key: str) -> PodLoad:
+    """The load of pod ``key`` (``namespace/name``): its own entry, else the first entry whose
+    pod name is a ``*`` pattern matching it in the same namespace (in the file's order), else
+    idle."""
+    if key in pods:
+        return pods[key]
+    namespace, _, name = key.partition("/")
+    for pattern, load in pods.items():
+        space, _, wanted = pattern.partition("/")
+        if "*" in wanted and space == namespace and fnmatch.fnmatchcase(name, wanted):
+            return load
+    return IDLE
+
+
 def device_loads(
     pods: Mapping[str, PodLoad], holdings: Sequence[Holding]
 ) -> dict[str, emulated.Load]:
     """Device ID -> its emulated load: each device a pod holds does what the pod is set to do
-    (a pod missing from ``pods`` is idle)."""
+    (:func:`load_of`: a pod the file does not name is idle)."""
     return {
         h.device_id: emulated.Load(
-            (load := pods.get(h.key, IDLE)).utilization, load.memory_used_mib, h.key
+            (load := load_of(pods, h.key)).utilization, load.memory_used_mib, h.key
         )
         for h in holdings
     }
