@@ -219,26 +219,24 @@ def test_karpenter_kwok_provider_adds_a_gpu_node(
             assert node.metadata.labels["node.kubernetes.io/instance-type"] == GPU_TYPE.name
             assert node.status is not None and node.status.allocatable is not None
             assert node.status.allocatable["nvidia.com/gpu"] == "8"
-            claims = [
-                c
-                for c in client.list(autoscalers.NodeClaim)
-                if (c.metadata.labels or {}).get("karpenter.sh/nodepool") == pool
-            ]
-            assert len(claims) == 1
+            claims = client.list(autoscalers.NodeClaim, labels={"karpenter.sh/nodepool": pool})
+            assert len(list(claims)) == 1
         finally:
             with contextlib.suppress(lightkube.ApiError):
                 client.delete(Pod, "wants-a-gpu", namespace=namespace, grace_period=0)
-            # Karpenter deletes the pool's NodeClaims and Nodes (its finalizers): it must run.
+            # Karpenter deletes the Nodes of deleted NodeClaims (its finalizers): it must run.
+            # The pool's NodeClaims are deleted here, not left to the garbage collector, which
+            # learns of a CRD added after it started only at its next discovery (up to 30 s).
             with contextlib.suppress(lightkube.ApiError):
                 client.delete(autoscalers.NodePool, pool)
+            for claim in client.list(autoscalers.NodeClaim, labels={"karpenter.sh/nodepool": pool}):
+                with contextlib.suppress(lightkube.ApiError):
+                    client.delete(autoscalers.NodeClaim, claim.metadata.name)
 
             def pool_gone() -> bool:
-                nodes = client.list(Node, labels={"karpenter.sh/nodepool": pool})
-                claims = [
-                    c
-                    for c in client.list(autoscalers.NodeClaim)
-                    if (c.metadata.labels or {}).get("karpenter.sh/nodepool") == pool
-                ]
-                return not list(nodes) and not claims
+                selector = {"karpenter.sh/nodepool": pool}
+                nodes = client.list(Node, labels=selector)
+                claims = client.list(autoscalers.NodeClaim, labels=selector)
+                return not list(nodes) and not list(claims)
 
             wait_for(pool_gone, what="the pool's NodeClaims and Nodes to go", timeout=120)

@@ -270,9 +270,10 @@ class Keda:
 
     def stop(self) -> None:
         """Unregister the APIService, then stop both. An APIService left pointing at nothing
-        makes discovery fail for its group, and the controller-manager then cannot finish
-        deleting any namespace (the control plane is shared by the whole session). Delete
-        ScaledObjects before: their finalizer needs the operator."""
+        makes discovery of its group fail for the rest of the session (the control plane is
+        shared), and clients that discover every group report it (Helm's well-known "could
+        not get apiVersions from Kubernetes"). Delete ScaledObjects before: their finalizer
+        needs the operator."""
         for kind, name, namespace in (
             (APIService, EXTERNAL_METRICS, None),
             (Service, KEDA_SERVICE, KEDA_NAMESPACE),
