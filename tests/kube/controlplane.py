@@ -1,9 +1,10 @@
 """A real Kubernetes control plane on loopback ports, for tests that must meet the real API.
 
-etcd, kube-apiserver (TLS, client-cert users, Node+RBAC authorization, service-account tokens),
-kube-controller-manager, kube-scheduler and KWOK (which plays the kubelet of fake nodes), each a
-child process with its log in a file. `ControlPlane.start` boots them and waits until each works;
-`ControlPlane.stop` ends them (only them) and deletes the temporary directory.
+etcd, kube-apiserver (TLS, client-cert users, Node+RBAC authorization, service-account tokens,
+the aggregation layer's front-proxy certs), kube-controller-manager, kube-scheduler and KWOK
+(which plays the kubelet of fake nodes), each a child process with its log in a file.
+`ControlPlane.start` boots them and waits until each works; `ControlPlane.stop` ends them (only
+them) and deletes the temporary directory.
 
 A test process that dies without tearing down must not leave them running: every child gets the
 parent-death signal SIGKILL (Linux prctl), runs in its own process group (so a Ctrl-C reaches
@@ -108,8 +109,16 @@ class Component:
                 os.killpg(self.process.pid, signum)
 
 
-def launch(name: str, args: Sequence[str], *, log: Path, cwd: Path) -> Component:
-    """Start one component: its own process group, the parent-death signal, output to `log`."""
+def launch(
+    name: str,
+    args: Sequence[str],
+    *,
+    log: Path,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+) -> Component:
+    """Start one component: its own process group, the parent-death signal, output to `log`;
+    `env` is added to this process's environment."""
     with log.open("ab") as out:
         process = subprocess.Popen(
             list(args),
@@ -117,6 +126,7 @@ def launch(name: str, args: Sequence[str], *, log: Path, cwd: Path) -> Component
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=cwd,
+            env={**os.environ, **env} if env else None,
             start_new_session=True,
             preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 - only prctl, no locks
         )
@@ -356,6 +366,12 @@ class ControlPlane:
             self.components.append(component)
             return component
 
+        # The aggregation layer, set up as kubeadm does: the apiserver proxies requests for an
+        # aggregated API (KEDA's external metrics) with a client cert from its own CA, and the
+        # aggregated server trusts the user that cert's headers name.
+        (pki / "front-proxy").mkdir()
+        front_proxy = certs.CertificateAuthority(pki / "front-proxy")
+        proxy_client = front_proxy.issue("front-proxy-client", common_name="front-proxy-client")
         etcd = run(
             "etcd",
             etcd_args(found.etcd, data_dir=d / "etcd", client_port=etcd_port, peer_port=peer_port),
@@ -383,6 +399,13 @@ class ControlPlane:
             "--allow-privileged=true",
             "--profiling=false",
             f"--cert-dir={d / 'apiserver'}",
+            f"--requestheader-client-ca-file={front_proxy.pair.cert}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={proxy_client.cert}",
+            f"--proxy-client-key-file={proxy_client.key}",
         ]
         apiserver = run("kube-apiserver", self._apiserver_args)
         wait_for(
@@ -485,14 +508,22 @@ class ControlPlane:
         )
 
     def _readyz(self, port: int) -> bool:
+        status, body = self._get_raw(port, "/readyz")
+        return status == 200 and body == b"ok"
+
+    def get_raw(self, path: str, *, timeout: float = 10.0) -> tuple[int, bytes]:
+        """GET `path` from the apiserver as the admin (`kubectl get --raw`): status and body."""
+        return self._get_raw(self._apiserver_port, path, timeout=timeout)
+
+    def _get_raw(self, port: int, path: str, *, timeout: float = 5.0) -> tuple[int, bytes]:
         context = ssl.create_default_context(cafile=str(self.ca.pair.cert))
         admin = self.directory / "pki"
         context.load_cert_chain(admin / "admin.crt", admin / "admin.key")
-        connection = http.client.HTTPSConnection(LOOPBACK, port, context=context, timeout=5)
+        connection = http.client.HTTPSConnection(LOOPBACK, port, context=context, timeout=timeout)
         try:
-            connection.request("GET", "/readyz")
+            connection.request("GET", path)
             response = connection.getresponse()
-            return response.status == 200 and response.read() == b"ok"
+            return response.status, response.read()
         finally:
             connection.close()
 

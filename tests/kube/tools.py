@@ -1,5 +1,5 @@
-"""Where the control-plane binaries and Prometheus are: the folders scripts/k8s-tools names in
-MIGPILOT_* vars.
+"""Where the control-plane binaries, Prometheus, KEDA and Karpenter are: the folders
+scripts/k8s-tools names in MIGPILOT_* vars.
 
 `./scripts/test` exports them; when pytest runs on its own they are missing and this module runs
 scripts/k8s-tools itself, which builds whatever is not in the cache yet (minutes, once). A missing
@@ -23,6 +23,8 @@ _VARIABLES = (
     "MIGPILOT_KWOK_STAGES",
     "MIGPILOT_HELM_BIN",
     "MIGPILOT_PROMETHEUS_BIN",
+    "MIGPILOT_KEDA_BIN",
+    "MIGPILOT_KARPENTER_BIN",
 )
 STAGES = (
     "node-initialize.yaml",
@@ -35,7 +37,7 @@ STAGES = (
 
 @dataclass(frozen=True)
 class Tools:
-    """Paths of the binaries and KWOK's Stage configs."""
+    """Paths of the binaries, KWOK's Stage configs and the autoscalers' CRD folders."""
 
     kube_apiserver: Path
     kube_controller_manager: Path
@@ -45,6 +47,14 @@ class Tools:
     kwok_stages: tuple[Path, ...]
     helm: Path
     prometheus: Path
+    keda_operator: Path
+    keda_adapter: Path
+    keda_crds: Path
+    """KEDA's CustomResourceDefinitions (ScaledObject, TriggerAuthentication, ...), one a file."""
+    karpenter: Path
+    """Karpenter's KWOK provider."""
+    karpenter_crds: Path
+    """NodePool, NodeClaim, NodeOverlay, CapacityBuffer and KWOKNodeClass, one a file."""
 
 
 def _from_script() -> dict[str, str]:
@@ -66,6 +76,7 @@ def locate() -> Tools:
     if len(env) < len(_VARIABLES):
         env = _from_script()
     kube, stages = Path(env["MIGPILOT_KUBE_BIN"]), Path(env["MIGPILOT_KWOK_STAGES"])
+    keda, karpenter = Path(env["MIGPILOT_KEDA_BIN"]), Path(env["MIGPILOT_KARPENTER_BIN"])
     tools = Tools(
         kube_apiserver=kube / "kube-apiserver",
         kube_controller_manager=kube / "kube-controller-manager",
@@ -75,6 +86,11 @@ def locate() -> Tools:
         kwok_stages=tuple(stages / name for name in STAGES),
         helm=Path(env["MIGPILOT_HELM_BIN"]) / "helm",
         prometheus=Path(env["MIGPILOT_PROMETHEUS_BIN"]) / "prometheus",
+        keda_operator=keda / "keda-operator",
+        keda_adapter=keda / "keda-adapter",
+        keda_crds=keda / "crds",
+        karpenter=karpenter / "karpenter-kwok",
+        karpenter_crds=karpenter / "crds",
     )
     missing = [
         str(p)
@@ -87,9 +103,13 @@ def locate() -> Tools:
             *tools.kwok_stages,
             tools.helm,
             tools.prometheus,
+            tools.keda_operator,
+            tools.keda_adapter,
+            tools.karpenter,
         )
         if not p.is_file()
     ]
+    missing += [str(d) for d in (tools.keda_crds, tools.karpenter_crds) if not d.is_dir()]
     if missing:
         raise FileNotFoundError(
             f"control-plane tools missing: {', '.join(missing)}; run scripts/k8s-tools"
