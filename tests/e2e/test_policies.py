@@ -46,6 +46,7 @@ from lightkube.resources.admissionregistration_v1 import (
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 
 from migpilot.agent.cluster import kube as agent_kube
+from migpilot.agent.cluster import startup
 from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import kube as controller_kube
@@ -275,7 +276,7 @@ def test_the_policies_type_check_against_the_servers_schemas(installed: Installe
     typo = {"apiVersion": typo["apiVersion"], "kind": typo["kind"], "spec": typo["spec"]}
     typo["metadata"] = {"name": f"{installed.release}-typo"}
     rule = typo["spec"]["validations"][4]
-    assert rule["expression"] == "object.?spec == oldObject.?spec"
+    assert rule["expression"].startswith("object.?spec == oldObject.?spec || (")
     rule["expression"] = "object.spec.unschedulabel == oldObject.spec.unschedulabel"
     client.create(codecs.from_dict(typo))
     try:
@@ -437,6 +438,77 @@ def test_an_agent_without_a_node_bound_token_changes_no_node(installed: Installe
             headers={"Content-Type": MERGE},
         )
     assert got.status_code == 403 and OWN_NODE in _message(got), got.text
+
+
+STARTUP = {"key": startup.TAINT_KEY, "effect": startup.TAINT_EFFECT}
+OTHER = {"key": "example.com/other", "value": "x", "effect": "NoSchedule"}
+
+
+def _taint(plane: ControlPlane, node: str, taints: list[dict[str, str]]) -> None:
+    """Set the Node's taints as the admin (Karpenter registering a node, say)."""
+    with _impersonating(plane, None) as admin:
+        got = admin.patch(
+            f"/api/v1/nodes/{node}",
+            json={"spec": {"taints": taints}},
+            headers={"Content-Type": MERGE},
+        )
+    assert got.status_code == 200, got.text
+
+
+def _taints(plane: ControlPlane, node: str) -> list[dict[str, Any]]:
+    spec = plane.client.get(Node, node).spec
+    return [t.to_dict() for t in (spec.taints if spec and spec.taints else [])]
+
+
+TAINT_CASES = [
+    # what the agent sends, on node B?, the taints it sends, cordoning too?, the refusal
+    ("the startup taint, the other kept", False, [OTHER], False, None),
+    ("another taint, the startup taint kept", False, [STARTUP], False, NODE_SPEC),
+    ("both taints", False, [], False, NODE_SPEC),
+    ("the startup taint, adding another", False, [OTHER, {**OTHER, "key": "evil"}], False,
+     NODE_SPEC),
+    ("the startup taint and cordoning", False, [OTHER], True, NODE_SPEC),
+    ("the startup taint of node B", True, [OTHER], False, OWN_NODE),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", TAINT_CASES, ids=[c[0] for c in TAINT_CASES])
+def test_the_agent_may_remove_only_the_startup_taint_of_its_own_node(
+    installed: Installed, case: tuple[str, bool, list[dict[str, str]], bool, str | None]
+) -> None:
+    """The one spec change the agent may make (docs/autoscaling.md): remove
+    ``migpilot.io/agent-not-ready:NoSchedule`` from its own Node, leaving every other taint and
+    field; as its client sends it (a merge patch of the whole list, with the version read)."""
+    what, on_b, after, unschedulable, refused = case
+    plane, a, b = installed.plane, installed.node_a, installed.node_b
+    target = b if on_b else a
+    _taint(plane, target, [STARTUP, OTHER])
+    try:
+        meta = plane.client.get(Node, target).metadata
+        assert meta is not None
+        body: dict[str, Any] = {
+            "metadata": {"resourceVersion": meta.resourceVersion},
+            "spec": {"taints": after},
+        }
+        if unschedulable:
+            body["spec"]["unschedulable"] = True
+        with _impersonating(plane, installed.agent_user, node=a) as agent:
+            got = agent.patch(f"/api/v1/nodes/{target}", json=body, headers={"Content-Type": MERGE})
+        if refused is None:
+            assert got.status_code == 200, (what, got.text)
+            assert _taints(plane, target) == [OTHER]
+            return
+        assert got.status_code == 403, (what, got.text)
+        assert refused in _message(got) and "ValidatingAdmissionPolicy" in _message(got), what
+        assert _taints(plane, target) == [STARTUP, OTHER]
+    finally:
+        _taint(plane, target, [])
+        with _impersonating(plane, None) as admin:
+            admin.patch(
+                f"/api/v1/nodes/{target}",
+                json={"spec": {"unschedulable": None}},
+                headers={"Content-Type": MERGE},
+            )
 
 
 # --- the controller, impersonated --------------------------------------------------------------
@@ -733,9 +805,10 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 def test_a_real_agent_and_controller_serve_a_pod_under_the_policies(installed: Installed) -> None:
     """``migpilot agent`` with the token the kubelet would mount (bound to its pod on node A):
-    it lays out its GPUs, reports its GpuLayout's status, labels its Node and publishes the
-    counts, all through the policies. Then ``migpilot controller`` with its own account's token
-    plans a gated MIG pod there and pins and ungates it, through the policies too."""
+    it lays out its GPUs, reports its GpuLayout's status, labels its Node, publishes the
+    counts and removes the startup taint (only that one), all through the policies. Then
+    ``migpilot controller`` with its own account's token plans a gated MIG pod there and pins
+    and ungates it, through the policies too."""
     a = installed.node_a
     kubeconfig = _agent_kubeconfig(installed, a)
     spec = gl.LayoutSpec((gl.GpuSpec(0, "h100-80gb", (gl.InstanceSpec("1g.10gb", 0),)),))
@@ -745,6 +818,10 @@ def test_a_real_agent_and_controller_serve_a_pod_under_the_policies(installed: I
         force=True,
     )
     generation = installed.plane.client.get(crds.GpuLayout, a).metadata.generation
+    # A node as a NodePool registers it: the startup taint the agent removes, and another that
+    # it must leave (PreferNoSchedule: the pod below may still go there).
+    other = {"key": "example.com/other", "effect": "PreferNoSchedule"}
+    _taint(installed.plane, a, [STARTUP, other])
     log = installed.root / "agent.log"
     process = _launch(
         log,
@@ -766,6 +843,7 @@ def test_a_real_agent_and_controller_serve_a_pod_under_the_policies(installed: I
                 and any(i.uuid for g in layout.status.gpus for i in g.instances)
                 and labels.get("nvidia.com/mig-1g.10gb.count") == "1"
                 and allocatable.get("nvidia.com/mig-1g.10gb") == "1"
+                and _taints(installed.plane, a) == [other]
             )
 
         deadline = time.monotonic() + 90
@@ -828,3 +906,4 @@ def test_a_real_agent_and_controller_serve_a_pod_under_the_policies(installed: I
             _stop(controller)
     finally:
         _stop(process)
+        _taint(installed.plane, a, [])

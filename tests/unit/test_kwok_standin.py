@@ -23,6 +23,7 @@ from migpilot.agent.cluster import boundpods, following, kubeapi, watching
 from migpilot.agent.deviceplugin import devices
 from migpilot.agent.rules import changes
 from migpilot.gpu import clocks, emulated
+from migpilot.kube import errors as kube_errors
 from migpilot.kube import objects as kubeobjects
 from migpilot.kwok import standin
 from migpilot.mig import catalog
@@ -443,3 +444,74 @@ def _wait(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.005)
+
+
+# --- the first publish, as a kubelet's start ---------------------------------------------------
+
+
+def test_stale_resources_are_the_extended_ones_shown_above_zero_and_not_advertised() -> None:
+    node = {
+        "status": {
+            "capacity": {R1G: "12", R3G: "2", "cpu": "96", "nvidia.com/gpumem": "81920"},
+            "allocatable": {
+                R1G: "12",
+                R3G: "0",
+                "nvidia.com/gpu": "8",
+                "example.com/fpga": "1",
+                "hugepages-2Mi": "1Gi",
+                "kubernetes.io/batch-cpu": "4",
+                "requests.nvidia.com/gpu": "1",
+                "nvidia.com/mig-7g.80gb": "0",
+            },
+        }
+    }
+    # R1G is advertised, the counters are the agent's own, R3G is above zero in capacity.
+    got = standin.stale_resources(node, advertised={R1G: "3"})
+    assert got == ("example.com/fpga", "nvidia.com/gpu", R3G)
+    assert standin.stale_resources(None, advertised={}) == ()
+    assert [standin.is_extended(n) for n in ("nvidia.com/gpu", "cpu", "kubernetes.io/x")] == [
+        True,
+        False,
+        False,
+    ]
+
+
+class Unreadable(kubeapi.InMemoryNodeApi):
+    """Fails the next ``fail`` reads of the Node."""
+
+    fail = 0
+
+    def list_node(self, name: str) -> kubeobjects.Listed:
+        if self.fail:
+            self.fail -= 1
+            raise kube_errors.KubeApiError("503 Service Unavailable: down")
+        return super().list_node(name)
+
+
+def test_the_first_publish_zeroes_what_the_node_shows_that_nothing_advertises() -> None:
+    """A Karpenter KWOK node is created with its instance type's MIG counts: the stand-in's
+    first publish zeroes every extended resource it does not advertise (the unified counters
+    aside), so kube-scheduler never binds a pod to instances that do not exist; a Node it
+    cannot read is retried at the next pass, and later publishes do not read it again."""
+    api = Unreadable()
+    gpus = emulated.EmulatedBackend([H100], durable=False)
+    node = wire(api, gpus)
+    api.put_node(NODE, {})
+    fake = {R1G: "56", R3G: "16", "nvidia.com/gpu": "8", "nvidia.com/gpumem": "81920"}
+    api.patch_node_resources(NODE, fake)  # as Karpenter created it
+    api.put_spec(NODE, {"gpus": [{"index": 0, "instances": [{"profile": "1g.10gb", "start": 0}]}]})
+    api.fail = 1
+    node.step()
+    assert not node.kubelet.settled and node.kubelet.advertised_counts() is None
+    assert api.node_resources[NODE][R3G] == "16"  # nothing published without the read
+    node.step()
+    assert node.kubelet.settled
+    shown = api.node_resources[NODE]
+    assert (shown[R1G], shown[R3G], shown["nvidia.com/gpu"]) == ("1", "0", "0")
+    assert shown["nvidia.com/gpumem"] == "81920"  # the agent's own counter: not the stand-in's
+    assert node.kubelet.advertised_counts() == {R1G: 1, R3G: 0, "nvidia.com/gpu": 0}
+    api.fail = 5
+    api.put_spec(NODE, {"gpus": [{"index": 0, "instances": []}]})
+    node.step()
+    assert api.fail == 5 and api.node_resources[NODE][R1G] == "0"
+    gpus.close()

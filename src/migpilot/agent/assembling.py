@@ -42,6 +42,7 @@ from migpilot.agent.cluster import (
     holding,
     kube,
     kubeapi,
+    startup,
     statics,
     watching,
 )
@@ -245,6 +246,11 @@ class Standin(reconciling.InUse, running.PassListener, unifying.Allocations, Pro
         """Publish the devices as shared by the node's sharing config."""
         ...
 
+    def advertised_counts(self) -> Mapping[str, int] | None:
+        """The resource counts it last published into the Node (``None``: none yet, or the
+        last publish failed)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class StandinInputs:
@@ -320,6 +326,9 @@ class KubeSide:
     """Whether the Node is in mode ``mps`` now (its GPUs with MIG off are then reported)."""
     now: Callable[[], str] = _now
     """The time stamp of a status (RFC 3339, seconds)."""
+    startup: startup.StartupTaint | None = None
+    """Removes the startup taint from the Node once the agent is ready (:meth:`wire` says
+    what ready means); fed the Node by the caller's Node watch (:meth:`StartupTaint.node_seen`)."""
 
     @property
     def node(self) -> str:
@@ -332,12 +341,16 @@ class KubeSide:
         *,
         gpus: backend.GpuBackend,
         holders: Callable[[], Mapping[str, str]] = dict,
+        advertised: Callable[[], Mapping[str, int] | None] | None = None,
     ) -> Wired:
         """The agent's in-use source (``real``, the stand-in's pods, the instances the bound
         pods' counts keep, and the GpuLayout's protection) and its reporter (which counts
         ``real`` and the pods' devices as in use; ``holders``: MPS slice -> the pod the kubelet
         gave it to), with the stand-in told first so the status sees its newest assignment.
-        The MPS slices' filter reads the same in-use source."""
+        The MPS slices' filter reads the same in-use source. The startup taint, told last,
+        goes once the reporter has reported and the Node shows ``advertised`` (the counts the
+        device plugin's kubelet lists; by default the stand-in's published counts, or nothing
+        without a stand-in)."""
         kubelet = self.kubelet
         used: reconciling.InUse = real if kubelet is None else reconciling.AnyOf([real, kubelet])
         used = reconciling.AnyOf([used, self.pool])
@@ -361,6 +374,14 @@ class KubeSide:
         if self.counters:
             counters = unifying.NodeCounters(self.api, node=self.node, mps_node=self.mps_node)
             listeners.append(counters)
+        if self.startup is not None:
+            if advertised is None and kubelet is not None:
+                advertised = kubelet.advertised_counts
+            self.startup.ready_when(
+                reported=lambda: reporter.reported,
+                advertised=advertised if advertised is not None else dict,
+            )
+            listeners.append(self.startup)
         keep = holding.BoundPodsHold(
             self.pods, node=self.node, gpus=gpus, allocated=used, unified=self.pool.profiles_for
         )
@@ -378,6 +399,8 @@ class KubeSide:
         others: list[Callable[[], Hashable]] = [self.pool.fingerprint]
         if self.kubelet is not None:
             others.append(self.kubelet.fingerprint)
+        if self.startup is not None:
+            others.append(self.startup.fingerprint)
         return running.AlsoWatching(base, *others)
 
     def follow_static(self, stop: threading.Event, health: probes.Watches) -> None:
@@ -413,9 +436,10 @@ def kube_side(
     now: Callable[[], str] = _now,
 ) -> KubeSide:
     """The Kubernetes side of ``source``'s node: its unified pool and MPS slices over the spec
-    the agent acts on, and with ``standin`` its stand-in kubelet (the pool's record of
-    hand-outs). ``mps_node``: whether the Node is in mode ``mps`` (default: the static
-    layouts' Node watch says, else never)."""
+    the agent acts on, with ``standin`` its stand-in kubelet (the pool's record of hand-outs),
+    and its startup taint's remover, fed by ``statics``' Node watch when there is one (the
+    fleet feeds it from its own). ``mps_node``: whether the Node is in mode ``mps`` (default:
+    the static layouts' Node watch says, else never)."""
 
     def spec() -> gpulayouts.LayoutSpec | None:
         return source.acted_on.spec if source.acted_on is not None else None
@@ -436,6 +460,9 @@ def kube_side(
         pool.attach(kubelet)
     if mps_node is None:
         mps_node = (lambda: statics.mps_node) if statics is not None else _never
+    taint = startup.StartupTaint(api, node=source.node)
+    if statics is not None:
+        statics.observe(taint.node_seen)  # the single agent's Node watch (the fleet feeds its own)
     return KubeSide(
         api=api,
         source=source,
@@ -448,6 +475,7 @@ def kube_side(
         sharing_label=sharing_label,
         mps_node=mps_node,
         now=now,
+        startup=taint,
     )
 
 
@@ -750,6 +778,27 @@ def _publisher(
     )
 
 
+def _registered_counts(
+    plugin: serving.DevicePlugin,
+) -> Callable[[], Mapping[str, int] | None]:
+    """What the Node must show before the startup taint goes, on a node with a kubelet: the
+    healthy devices of each resource the device plugin advertises that the kubelet's Node
+    carries (``capacity.published``: MIG resources and ``nvidia.com/gpu``), once every
+    advertised resource is registered with the kubelet (``None`` before)."""
+
+    def counts() -> Mapping[str, int] | None:
+        offered = plugin.advertised()
+        if not offered.keys() <= plugin.registered():
+            return None
+        return {
+            name: sum(d.health is devices.Health.HEALTHY for d in devs)
+            for name, devs in offered.items()
+            if capacity.published(name)
+        }
+
+    return counts
+
+
 def _kubelet_in_use(
     gpus: backend.GpuBackend,
     *,
@@ -885,7 +934,12 @@ def _serve(
     listener: running.PassListener | None = None
     publisher: capacity.CapacityPublisher | None = None
     if cluster is not None:
-        wired = cluster.wire(in_use, gpus=gpus, holders=holders)
+        wired = cluster.wire(
+            in_use,
+            gpus=gpus,
+            holders=holders,
+            advertised=_registered_counts(plugin) if plugin is not None else None,
+        )
         in_use, listener = wired.in_use, wired.listener
         if plugin is not None and client is not None and settings.kubelet.publish_capacity:
             publisher = _publisher(cluster, plugin, client)

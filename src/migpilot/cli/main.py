@@ -13,6 +13,7 @@ import migpilot
 from migpilot import errors
 from migpilot.cli import (
     agent_cmd,
+    autoscaling_cmd,
     config_cmd,
     controller_cmd,
     fleet_cmd,
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     controller_cmd.register(sub)
     mps_cmd.register(sub)
     status_cmd.register(sub)
+    autoscaling_cmd.register(sub)
     return parser
 
 

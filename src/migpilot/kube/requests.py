@@ -10,7 +10,7 @@ Pure: no client, no I/O, no clock (a time stamp is an input).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from migpilot.kube import objects
@@ -29,6 +29,24 @@ def node_resources_patch(resources: Mapping[str, str | None]) -> dict[str, Any]:
     """The merge patch of a Node's status setting extended ``resources`` in its capacity and
     allocatable alike (``None`` removes one); other resources are left alone."""
     return {"status": {"capacity": dict(resources), "allocatable": dict(resources)}}
+
+
+def same_taint(taint: Mapping[str, Any], *, key: str, effect: str) -> bool:
+    """Whether ``taint`` (its Kubernetes form) is the taint ``key:effect``, matched as
+    Kubernetes matches taints (``Taint.MatchTaint``: key and effect, whatever the value)."""
+    return taint.get("key") == key and taint.get("effect") == effect
+
+
+def node_taints_patch(
+    taints: Sequence[Mapping[str, Any]], *, resource_version: str
+) -> dict[str, Any]:
+    """The merge patch setting a Node's ``spec.taints`` to ``taints``, refused with 409 Conflict
+    if the Node changed since ``resource_version`` (a merge patch replaces the whole list, so
+    a taint someone added meanwhile would otherwise be lost)."""
+    return {
+        "metadata": {"resourceVersion": resource_version},
+        "spec": {"taints": [dict(t) for t in taints]},
+    }
 
 
 def owned_by_node(body: Mapping[str, Any], *, node: str, uid: str) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from typing import Any
 
 from migpilot import errors, logs, probes
 from migpilot.agent import assembling, metrics, reconciling, running, sampling, usage
-from migpilot.agent.cluster import boundpods, following, kube, kubeapi, watching
+from migpilot.agent.cluster import boundpods, following, kube, kubeapi, startup, watching
 from migpilot.agent.deviceplugin import devices
 from migpilot.agent.rules import changes
 from migpilot.agent.sharing import unifying
@@ -206,6 +206,9 @@ class Member:
     counters: unifying.NodeCounters | None = None
     sampler: sampling.GpuSampler | None = None
     """Reads the node's GPU use for the fleet's :class:`~sampling.FleetSampler`."""
+    startup: startup.StartupTaint | None = None
+    """Removes the Node's startup taint once the node is reported and its resources
+    published (fed the Node by the fleet's Node watch)."""
 
 
 def _now() -> str:
@@ -303,6 +306,10 @@ class Fleet:
         if have is not None:
             if value != have.label:
                 self._refuse(node, value or "", "changing a node's emulated GPUs needs a restart")
+            if have.startup is not None:
+                have.startup.node_seen(doc)
+                if have.startup.pending:
+                    self._wake(have)  # the taint came, or the Node now shows the resources
             return
         if value is None:
             self._refuse(node, "", f"Node {node} has no label {EMULATED_GPUS_LABEL}")
@@ -313,6 +320,8 @@ class Fleet:
             self._refuse(node, value, str(err))
             return
         member = self._make(node, value, spec)
+        if member.startup is not None:
+            member.startup.node_seen(doc)
         with self._lock:
             self._members[node] = member
             member.source.take(self._layouts.get(node))
@@ -395,7 +404,10 @@ class Fleet:
             driven=gpus,
         )
         reporter, pool, counters = wired.reporter, side.pool, wired.counters
-        return Member(node, label, gpus, source, kubelet, reporter, agent, pool, counters, sampler)
+        return Member(
+            node, label, gpus, source, kubelet, reporter, agent, pool, counters, sampler,
+            side.startup,
+        )  # fmt: skip
 
     # -- the watches' callbacks ----------------------------------------------------------------
     def nodes_listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
@@ -483,6 +495,7 @@ class Fleet:
                     and member.reporter.settled
                     and member.kubelet.settled
                     and (member.counters is None or member.counters.settled)
+                    and (member.startup is None or member.startup.settled)
                 )
             except backend.BackendError as err:
                 _log.error("Node %s: GPU backend failed, retrying at the next pass: %s", node, err)

@@ -30,15 +30,18 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from typing import Any
 
 from migpilot import errors, logs
 from migpilot.agent import assembling
 from migpilot.agent.cluster import boundpods, kubeapi
 from migpilot.agent.deviceplugin import advertising, devices, replicating, resolving
 from migpilot.agent.rules import changes
+from migpilot.agent.sharing import unifying
 from migpilot.api import gpulayouts
 from migpilot.kube import errors as kube_errors
+from migpilot.planning import quantities
 from migpilot.sharing import config as sharing_config
 
 _log = logging.getLogger(__name__)
@@ -68,6 +71,51 @@ def _advertised(
     with contextlib.suppress(errors.SharingConfigError):
         resources = tuple(replicating.share(resources, view, sharing).resources)
     return {r.name: r.devices for r in resources}
+
+
+def is_extended(name: str) -> bool:
+    """Whether ``name`` is an extended resource as Kubernetes tells one
+    (``IsExtendedResourceName``): domain-prefixed, outside ``kubernetes.io``, not a quota's
+    ``requests.`` name. The kubelet zeroes these at its start until a device plugin registers
+    them."""
+    return "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
+
+
+def stale_resources(
+    node: Mapping[str, Any] | None,
+    *,
+    advertised: Collection[str],
+    kept: Collection[str] = unifying.COUNTERS,
+) -> tuple[str, ...]:
+    """The extended resources the Node's capacity or allocatable show above zero that are not
+    ``advertised``, sorted: what the stand-in zeroes at its first publish, as a kubelet zeroes
+    the extended resources no device plugin registered yet. ``kept`` are left alone: the
+    agent's unified counters (``nvidia.com/gpumem``...), which it writes itself, not a device
+    plugin (pure)."""
+    if node is None:
+        return ()
+    status = node.get("status") or {}
+    lists = [status.get("capacity") or {}, status.get("allocatable") or {}]
+    return tuple(
+        sorted(
+            {
+                name
+                for shown in lists
+                for name, value in shown.items()
+                if is_extended(name)
+                and name not in advertised
+                and name not in kept
+                and not _zero(value)
+            }
+        )
+    )
+
+
+def _zero(value: Any) -> bool:
+    try:
+        return quantities.amount(value, where="a Node's resource") == 0
+    except errors.MigpilotError:
+        return False  # unreadable: zero it all the same
 
 
 def assign(
@@ -468,9 +516,29 @@ class SimulatedKubelet:
                       ", ".join(before[key]) or "nothing",
                       extra=logs.about(pod=key, node=self._node))  # fmt: skip
 
+    def advertised_counts(self) -> Mapping[str, int] | None:
+        """The counts last published into the Node (a stale resource zeroed among them);
+        ``None`` before the first publish and while the last one failed."""
+        published = self._published
+        if published is None or not self._settled:
+            return None
+        return {k: int(v) for k, v in published.items()}
+
     def _publish(self, healthy: Mapping[str, int]) -> None:
         counts = {k: str(v) for k, v in healthy.items()}
-        before = self._published or {}
+        before = self._published
+        if before is None:
+            # The first publish, as a kubelet's start: every extended resource the Node shows
+            # that nothing here advertises goes to 0 (Karpenter's KWOK nodes are created with
+            # the instance type's MIG counts, for instances that do not exist).
+            try:
+                node = self._api.list_node(self._node).one()
+            except kube_errors.KubeApiError as err:
+                _log.error("Node %s: not read, resources not published: %s", self._node, err,
+                           extra=logs.about(node=self._node))  # fmt: skip
+                self._settled = False
+                return
+            before = dict.fromkeys(stale_resources(node, advertised=counts), "0")
         patch = dict.fromkeys(before, "0") | counts
         self._settled = patch == self._published
         if self._settled:

@@ -229,6 +229,12 @@ class KubeReporter:
         whenever it comes, retries."""
         return self._settled
 
+    @property
+    def reported(self) -> bool:
+        """Whether the node is reported: a GpuLayout status written and the last pass's writes
+        all made (the startup taint waits for it, :mod:`~migpilot.agent.cluster.startup`)."""
+        return self._last_status is not None and self._settled
+
     def passed(
         self,
         *,

@@ -18,8 +18,12 @@ from typing import Any
 from migpilot.agent.cluster import kubeapi
 from migpilot.api import gpulayouts, gpulayouts_wire
 from migpilot.kube import client, objects, requests
+from migpilot.kube import errors as kube_errors
 
 _AGENT = gpulayouts.AGENT_FIELD_MANAGER
+TAINT_TRIES = 3
+"""Reads and patches of a taint removal before a run of conflicts is given up (the next pass
+tries again)."""
 
 
 def connect(kubeconfig: Path | None) -> LightkubeNodeApi:
@@ -141,6 +145,36 @@ class LightkubeNodeApi:
             status=True,
             field_manager=_AGENT,
         )
+
+    def remove_node_taint(self, node: str, *, key: str, effect: str) -> bool:
+        """Read the Node (a list by name: the agent may list its Node, not get it), and if it
+        has the taint, a merge patch of ``spec.taints`` without it, conditional on the version
+        read; a 409 Conflict (someone changed the Node meanwhile) reads it again, up to
+        :data:`TAINT_TRIES` times."""
+        conflict: kube_errors.ConflictError | None = None
+        for _ in range(TAINT_TRIES):
+            doc = self.list_node(node).one()
+            if doc is None:
+                raise kube_errors.NotFoundError(f'nodes "{node}" not found')
+            taints = (doc.get("spec") or {}).get("taints") or []
+            kept = [t for t in taints if not requests.same_taint(t, key=key, effect=effect)]
+            if len(kept) == len(taints):
+                return False
+            version = str((doc.get("metadata") or {}).get("resourceVersion", ""))
+            try:
+                self._api.patch(
+                    objects.Kind.NODES,
+                    node,
+                    requests.node_taints_patch(kept, resource_version=version),
+                    patch=objects.Patch.MERGE,
+                    field_manager=_AGENT,
+                )
+            except kube_errors.ConflictError as err:
+                conflict = err
+                continue
+            return True
+        assert conflict is not None
+        raise conflict
 
     def close(self) -> None:
         """Close the connections."""

@@ -61,6 +61,13 @@ class NodeApi(Protocol):
         removes one); other resources are left alone."""
         ...
 
+    def remove_node_taint(self, node: str, *, key: str, effect: str) -> bool:
+        """Remove the taint ``key:effect`` (any value) from the Node's ``spec.taints``, leaving
+        every other taint as it is: ``True`` when it was there and is gone, ``False`` when it
+        was not there. A Node changed meanwhile by someone else is read again (optimistic
+        concurrency), so no one's taint is lost."""
+        ...
+
     def list_pods(self, *, node: str | None) -> objects.Listed:
         """The pods bound to ``node`` (``None``: to any node), in every namespace."""
         ...
@@ -143,6 +150,8 @@ class InMemoryNodeApi:
         """How many times pods were listed."""
         self.pod_gets = 0
         """How many times one pod was read."""
+        self.taint_removals = 0
+        """How many times a taint was removed from a Node."""
 
     @property
     def _lock(self) -> threading.Condition:
@@ -336,6 +345,32 @@ class InMemoryNodeApi:
         with self._lock:
             _merge(self.node_resources.setdefault(node, {}), resources)
             self._patch_node(node, requests.node_resources_patch(resources))
+
+    def remove_node_taint(self, node: str, *, key: str, effect: str) -> bool:
+        """Remove that taint from the Node (a
+        :class:`~migpilot.kube.errors.NotFoundError` when there is no Node); whether it was
+        there. Counted in :attr:`taint_removals`."""
+        with self._lock:
+            old = self.server.objects[_N].get(node)
+            if old is None:
+                raise errors.NotFoundError(f'nodes "{node}" not found')
+            taints = (old.get("spec") or {}).get("taints") or []
+            kept = [t for t in taints if not requests.same_taint(t, key=key, effect=effect)]
+            if len(kept) == len(taints):
+                return False
+            patch = requests.node_taints_patch(
+                kept, resource_version=str(old["metadata"].get("resourceVersion", ""))
+            )
+            self.taint_removals += 1
+            self.server.store(_N, node, memory.merge_patch(old, patch))
+            return True
+
+    def set_node_taints(self, name: str, taints: list[dict[str, str]]) -> None:
+        """Replace an existing Node's taints, as an admin (or a node autoscaler) would."""
+        with self._lock:
+            doc = copy.deepcopy(self.server.objects[_N][name])
+            doc.setdefault("spec", {})["taints"] = copy.deepcopy(taints)
+            self.server.store(_N, name, doc)
 
     def _patch_node(self, node: str, patch: Mapping[str, Any]) -> None:
         """The merge patch the lightkube adapter sends, applied to the Node if there is one."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +90,8 @@ class StaticOrDynamic:
         self._text: str | None = None
         self._problem: str | None = None
         self._applied: str | None = None
+        self._doc: Mapping[str, Any] | None = None
+        self._observers: list[Callable[[Mapping[str, Any] | None], None]] = []
 
     # -- following the Node and the ConfigMap --------------------------------------------------
     def sync(self) -> None:
@@ -132,10 +134,25 @@ class StaticOrDynamic:
             health=health,
         )
 
+    def observe(self, observer: Callable[[Mapping[str, Any] | None], None]) -> None:
+        """Tell ``observer`` the Node (``None``: gone) now and whenever the watch sees it
+        change (the startup taint reads its taints and allocatable from this one watch)."""
+        with self._lock:
+            self._observers.append(observer)
+            doc = self._doc
+        observer(doc)
+
     def _nodes(self, docs: Sequence[Mapping[str, Any]]) -> None:
         labels: Mapping[str, str] = {}
+        last: Mapping[str, Any] | None = None
         for doc in docs:
             labels = dict(objects.labels_of(doc))
+            last = doc
+        with self._lock:
+            self._doc = last
+            observers = list(self._observers)
+        for observer in observers:
+            observer(last)
         label = labels.get(desired.CONFIG_LABEL)
         with self._lock:
             if label != self._labels.get(desired.CONFIG_LABEL):
