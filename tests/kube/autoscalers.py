@@ -58,6 +58,7 @@ NodeClaim = create_global_resource("karpenter.sh", "v1", "NodeClaim", "nodeclaim
 KWOKNodeClass = create_global_resource(
     "karpenter.kwok.sh", "v1alpha1", "KWOKNodeClass", "kwoknodeclasses"
 )
+NodeOverlay = create_global_resource("karpenter.sh", "v1alpha1", "NodeOverlay", "nodeoverlays")
 
 
 # --- CRDs ------------------------------------------------------------------------------------
@@ -432,14 +433,21 @@ def node_pool(
     node_class_name: str = "default",
     consolidate_after: str = "10s",
     labels: Mapping[str, str] | None = None,
+    startup_taints: Sequence[Mapping[str, str]] = (),
 ) -> Any:
-    """A NodePool of these instance types, consolidating empty or underused nodes."""
+    """A NodePool of these instance types, consolidating empty or underused nodes; its nodes
+    get ``labels`` and, until something removes them, ``startup_taints``."""
     return NodePool(
         metadata=ObjectMeta(name=name),
         spec={
             "template": {
                 "metadata": {"labels": dict(labels or {})},
                 "spec": {
+                    **(
+                        {"startupTaints": [dict(t) for t in startup_taints]}
+                        if startup_taints
+                        else {}
+                    ),
                     "requirements": [
                         {
                             "key": "node.kubernetes.io/instance-type",
