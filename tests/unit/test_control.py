@@ -365,3 +365,112 @@ def test_the_cpu_check_counts_each_node_alone_and_exactly() -> None:
         ("default/e", "open"),
     ]
     assert decision.unfit == ("default/b",)
+
+
+# --------------------------------------------------------------------------- scaling out
+
+SCALING = dataclasses.replace(STEP, scale_out_after_s=5.0)
+
+
+def _full(name: str = "n") -> snapshot.Node:
+    used = (snapshot.ExistingInstance("7g.80gb", 0, used=True),)
+    return dataclasses.replace(_node(name), gpus=(snapshot.Gpu(0, A100, used),))
+
+
+def _scale_step(
+    observed: control.Observed, memory: control.Memory, *, now: float
+) -> control.Decision:
+    return control.reconcile(observed, memory, now=now, settings=SCALING, planner=_planner)
+
+
+def test_without_the_setting_an_unplaced_pod_only_waits() -> None:
+    observed = control.Observed(
+        snapshot.Snapshot(nodes=(_full(),), pods=(_pod("p", ("1g.10gb", 1)),))
+    )
+    first = _step(observed, control.Memory(batch=control.Batch(due=0.0, dirty=True)), now=0.0)
+    assert [j.verdict for j in first.judged] == [control.Verdict.WAIT]
+    later = _step(dataclasses.replace(observed, changed=False), first.memory, now=1000.0)
+    assert later.scale_out == () and later.memory.unplaced == {} and later.wake_at is None
+
+
+def test_a_pod_left_unplaced_for_the_grace_is_let_go_for_a_node_autoscaler() -> None:
+    pods = (
+        _pod("p", ("1g.10gb", 1)),
+        _pod("pinned", ("1g.10gb", 1)),
+        _pod("static", ("1g.10gb", 1)),
+        _pod("ungated", ("1g.10gb", 1)),
+    )
+    observed = control.Observed(
+        snapshot.Snapshot(nodes=(_full(),), pods=pods),
+        pending={
+            "default/pinned": control.Pending(pinned="n"),
+            "default/static": control.Pending(static="s1"),
+            "default/ungated": control.Pending(gated=False),
+        },
+    )
+    first = _scale_step(
+        observed, control.Memory(batch=control.Batch(due=10.0, dirty=True)), now=10.0
+    )
+    assert {j.pod: j.verdict for j in first.judged} == {
+        "default/p": control.Verdict.WAIT,
+        "default/pinned": control.Verdict.WAIT,
+        "default/static": control.Verdict.LET_GO,
+        "default/ungated": control.Verdict.WAIT,
+    }
+    # Only the gated pod, pinned nowhere and with no static node, is counted; the step wakes
+    # when its grace ends.
+    assert set(first.memory.unplaced) == {"default/p"}
+    assert first.scale_out == () and first.wake_at == 15.0
+    quiet = dataclasses.replace(observed, changed=False)
+    early = _scale_step(quiet, first.memory, now=14.9)
+    assert early.scale_out == () and early.memory.unplaced == first.memory.unplaced
+    due = _scale_step(quiet, early.memory, now=15.0)
+    assert [(j.pod, j.verdict) for j in due.scale_out] == [("default/p", control.Verdict.SCALE_OUT)]
+    reason = due.scale_out[0].reason
+    assert reason.startswith("no node can hold it now (") and "for a node autoscaler" in reason
+    assert due.memory.unplaced == {} and due.wake_at is None  # let go once, not again
+
+
+def test_a_pod_a_later_plan_places_or_that_leaves_is_not_let_go() -> None:
+    full = _full()
+    p, q = _pod("p", ("1g.10gb", 1)), _pod("q", ("1g.10gb", 1))
+    observed = control.Observed(snapshot.Snapshot(nodes=(full,), pods=(p, q)))
+    first = _scale_step(observed, control.Memory(batch=control.Batch(due=0.0, dirty=True)), now=0.0)
+    assert set(first.memory.unplaced) == {"default/p", "default/q"}
+    # At 3 s the node's instance is freed and a plan places p; q was deleted meanwhile.
+    freed = control.Observed(snapshot.Snapshot(nodes=(_node("n"),), pods=(p,)))
+    memory = dataclasses.replace(first.memory, batch=control.Batch(due=3.0, dirty=True))
+    placed = _scale_step(freed, memory, now=3.0)
+    assert placed.plan is not None and [x.pod for x in placed.plan.placements] == ["default/p"]
+    assert placed.memory.unplaced == {}
+    assert (
+        _scale_step(dataclasses.replace(freed, changed=False), placed.memory, now=9.0).scale_out
+        == ()
+    )
+
+
+def test_the_grace_counts_from_the_first_plan_that_left_the_pod_unplaced() -> None:
+    observed = control.Observed(
+        snapshot.Snapshot(nodes=(_full(),), pods=(_pod("p", ("1g.10gb", 1)),))
+    )
+    first = _scale_step(observed, control.Memory(batch=control.Batch(due=0.0, dirty=True)), now=0.0)
+    # Another plan at 3 s leaves it again: the count goes on from 0 s, with the new reason.
+    again = _scale_step(
+        observed,
+        dataclasses.replace(first.memory, batch=control.Batch(due=3.0, dirty=True)),
+        now=3.0,
+    )
+    assert again.memory.unplaced["default/p"].since == 0.0
+    assert [
+        j.pod
+        for j in _scale_step(
+            dataclasses.replace(observed, changed=False), again.memory, now=5.0
+        ).scale_out
+    ] == ["default/p"]
+
+
+def test_the_step_settings_refuse_a_bad_scale_out_grace() -> None:
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(errors.MigpilotError, match="scale-out grace"):
+            control.Settings(scale_out_after_s=bad)
+    assert control.Settings(scale_out_after_s=0.0).scale_out_after_s == 0.0

@@ -616,6 +616,32 @@ def test_a_pod_nothing_can_hold_now_waits_gated_and_is_told_once() -> None:
     _run(body)
 
 
+def test_with_node_autoscaling_a_pod_nothing_can_hold_is_let_go_unpinned_after_the_grace() -> None:
+    clock = _Clock(1000.0)
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _ready_node(api)
+        await api.put(kubeobjects.Kind.PODS, _pod("big", "7g.80gb"))
+        await _until("a reservation", lambda: "ns/big" in _reserved(api, "n0"))
+        await api.put(kubeobjects.Kind.PODS, _pod("more", "7g.80gb"))
+        await _until("an event", lambda: any(e.name == "more" for e in api.events))
+        clock.now += 4.9  # within the grace: it waits gated
+        await _passes(controller)
+        assert not _ungated(api, "ns/more")
+        clock.now += 0.2
+        await _until("let go", lambda: _ungated(api, "ns/more"))
+        notes = [(e.reason, e.message) for e in api.events if e.name == "more"]
+        assert [r for r, _ in notes] == ["MigWaiting", "MigScaleOut"]
+        assert notes[1][1].startswith("no node can hold it now (")
+        pod = api.objects[kubeobjects.Kind.PODS]["ns/more"]
+        assert "affinity" not in pod["spec"]  # unpinned: any new node will do
+        assert controller.metrics.scaled_out._value.get() == 1
+        await _passes(controller)
+        assert [e.reason for e in api.events if e.name == "more"] == ["MigWaiting", "MigScaleOut"]
+
+    _run(body, clock=clock, scale_out_after_s=5.0)
+
+
 def test_expiry_follows_the_controllers_clock(caplog: pytest.LogCaptureFixture) -> None:
     clock = _Clock(1000.0)
 

@@ -7,6 +7,7 @@ Thin: flags become :class:`migpilot.controller.serving.ServeSettings`, then
 from __future__ import annotations
 
 import argparse
+import math
 import socket
 from pathlib import Path
 from typing import IO
@@ -46,6 +47,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="S",
         help="seconds a reservation may wait for its pod to be bound before the pod is planned "
         "again (default: 60)",
+    )
+    p.add_argument(
+        "--node-autoscaling",
+        action="store_true",
+        help="the cluster has a node autoscaler (Karpenter, Cluster Autoscaler): let go, "
+        "unpinned, a pod no node can hold now, so kube-scheduler marks it Unschedulable and "
+        "the autoscaler sees it (docs/autoscaling.md; default: it waits gated)",
+    )
+    p.add_argument(
+        "--scale-out-after",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="with --node-autoscaling, seconds a pod must be left unplaced before it is let go "
+        "for the autoscaler (default: 5)",
     )
     p.add_argument(
         "--node-policy",
@@ -136,11 +152,16 @@ def settings_from(args: argparse.Namespace) -> serving.ServeSettings:
         raise errors.MigpilotError(
             f"--reservation-timeout must be more than 0, got {args.reservation_timeout}"
         )
+    if not 0 <= args.scale_out_after < math.inf:
+        raise errors.MigpilotError(
+            f"--scale-out-after must be a number of seconds, 0 or more, got {args.scale_out_after}"
+        )
     return serving.ServeSettings(
         controller=running.Settings(
             identity=args.identity or socket.gethostname(),
             batch_window_s=args.batch_window,
             reservation_timeout_s=args.reservation_timeout,
+            scale_out_after_s=args.scale_out_after if args.node_autoscaling else None,
             lease_namespace=args.lease_namespace,
             lease_name=args.lease_name,
             lease_duration_s=args.lease_duration,

@@ -135,6 +135,12 @@ class ControllerMetrics:
             ["model", "profile"],
             registry=r,
         )
+        self.scaled_out = prometheus_client.Counter(
+            "migpilot_pods_scaled_out",
+            "Gated pods no node could hold that the controller let go, unpinned, for a node "
+            "autoscaler to see (--node-autoscaling). Counted by the leader only.",
+            registry=r,
+        )
         self._layout_keys: set[tuple[str, str]] = set()
         self._free_keys: set[tuple[str, str]] = set()
         self._demand_keys: set[tuple[str, str]] = set()

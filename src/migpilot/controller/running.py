@@ -98,6 +98,10 @@ class Settings:
     """Seconds a reservation may wait, once its instances exist, for its pod to be bound
     before it is dropped and the pod planned again (capacity another pod took); ten times
     that for instances that never appear. Default 60."""
+    scale_out_after_s: float | None = None
+    """Seconds a gated pod may be left unplaced before it is let go, unpinned, for a node
+    autoscaler to see (``--node-autoscaling``, ``--scale-out-after``); ``None`` (the default):
+    it waits gated."""
     writers: int = 32
     """API writes in flight at once. Default 32."""
     event_writers: int = 4
@@ -117,7 +121,9 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.identity:
             raise errors.MigpilotError("the controller's identity must not be empty")
-        control.Settings(batch_window_s=self.batch_window_s)  # checks the window
+        control.Settings(  # checks the window and the grace
+            batch_window_s=self.batch_window_s, scale_out_after_s=self.scale_out_after_s
+        )
         if self.renew_every_s * 2 > self.lease_duration_s:
             raise errors.MigpilotError(
                 f"the Lease must be renewed at least twice per duration ({self.lease_duration_s}"
@@ -188,6 +194,7 @@ class Controller:
         self._control = control.Settings(
             batch_window_s=settings.batch_window_s,
             reservation_timeout_s=settings.reservation_timeout_s,
+            scale_out_after_s=settings.scale_out_after_s,
         )
         self.leading = False
         self._lease_until = 0.0
@@ -592,10 +599,16 @@ class Controller:
         for w in decision.waits:
             _log.debug("pod %s waits for %s", w.pod, w.why, extra={"pod": w.pod, "node": w.node})
         await asyncio.gather(*(self._pin_one(k, observed.nodes[n]) for k, n in decision.pins))
+        if decision.plan is not None:
+            await self._carry_out_plan(observed, decision, timed)
+        if decision.scale_out and self._acting():
+            await self._judge(decision.scale_out)
+
+    async def _carry_out_plan(
+        self, observed: observing.Observed, decision: control.Decision, timed: Sequence[float]
+    ) -> None:
         plan = decision.plan
-        if plan is None:
-            return
-        if not self._acting():
+        if plan is None or not self._acting():
             return  # the plan took past the renew deadline: written by no one, not counted
         self.plans += 1
         seconds = sum(timed)
@@ -958,9 +971,23 @@ class Controller:
                 jobs.append(self._let_go(j.pod, doc, view, j.reason))
             elif j.verdict is control.Verdict.REFUSE:
                 jobs.append(self._refuse(j.pod, j.reason))
+            elif j.verdict is control.Verdict.SCALE_OUT:
+                jobs.append(self._scale_out(j.pod, doc, view, j.reason))
             else:
                 jobs.append(self._say(view, type_="Normal", reason="MigWaiting", message=j.reason))
         await asyncio.gather(*jobs)
+
+    async def _scale_out(
+        self, key: str, doc: Mapping[str, Any], view: observing.PodView, why: str
+    ) -> None:
+        """A pod no node can hold now, let go unpinned for a node autoscaler; if it was let go
+        since the step read it, nothing is written."""
+        if not view.gated_by_us:
+            return
+        self.metrics.scaled_out.inc()
+        _log.info("pod %s let go for a node autoscaler: %s", key, why, extra=logs.about(pod=key))
+        await self._say(view, type_="Normal", reason="MigScaleOut", message=why)
+        await self._patch_pod(key, pinning.ungate_patch(doc))
 
     async def _let_go(
         self, key: str, doc: Mapping[str, Any], view: observing.PodView, why: str

@@ -33,6 +33,13 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   plan leaves unplaced is let go to a statically laid out node with free instances for it,
   refused when it could never run (:func:`never_runs`), and otherwise waits, with the
   planner's reason.
+- **Scaling out** (only with :attr:`Settings.scale_out_after_s`, for clusters with a node
+  autoscaler). A gated pod that plans have left unplaced for ``scale_out_after_s``, not pinned
+  to one node and with no static node for it, is let go *unpinned*: kube-scheduler marks it
+  Unschedulable, which is what Cluster Autoscaler and Karpenter act on (a gated pod is
+  invisible to them). The grace keeps a pod that capacity about to be freed will serve from
+  asking for a node. Once let go it is planned like any Unschedulable pod: when a new node
+  joins, its instances are made there and kube-scheduler binds it (``docs/autoscaling.md``).
 
 Pure core: no clock (``now`` is an argument), no I/O. May import :mod:`migpilot.mig`, this
 package and :mod:`migpilot.errors`.
@@ -70,6 +77,10 @@ class Settings:
     wait_log_s: float = 5.0
     """Seconds a reservation waits to be let go before :attr:`Decision.waits` names it (for the
     logs). Default 5."""
+    scale_out_after_s: float | None = None
+    """Seconds a gated pod may be left unplaced by the plans before it is let go, unpinned, for
+    a node autoscaler to see (:attr:`Verdict.SCALE_OUT`); ``None`` (the default): never, the
+    pod waits gated for room."""
 
     def __post_init__(self) -> None:
         if not self.batch_window_s >= 0:
@@ -80,6 +91,11 @@ class Settings:
             raise errors.MigpilotError(
                 "the reservation timeout must be a finite number of seconds over 0, got "
                 f"{self.reservation_timeout_s}"
+            )
+        grace = self.scale_out_after_s
+        if grace is not None and (not grace >= 0 or math.isinf(grace)):
+            raise errors.MigpilotError(
+                f"the scale-out grace must be a finite number of seconds, 0 or more, got {grace}"
             )
 
 
@@ -309,6 +325,17 @@ class Memory:
     """When each reservation (pod, node) was first seen."""
     made_since: Mapping[tuple[str, str], float] = field(default_factory=dict)
     """When each reservation was first seen with its instances made."""
+    unplaced: Mapping[str, Unplaced] = field(default_factory=dict)
+    """The gated pods the plans have left unplaced, without a break, that may be let go for a
+    node autoscaler (only with :attr:`Settings.scale_out_after_s`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaced:
+    """A gated pod left unplaced by the plans: since when, and the last plan's reason."""
+
+    since: float
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +359,10 @@ class Verdict(enum.StrEnum):
     kube-scheduler says the rest."""
     LET_GO = "let-go"
     """A statically laid out node has free instances for it: let go (``MigStaticLayout``)."""
+    SCALE_OUT = "scale-out"
+    """No node can hold it now, for longer than :attr:`Settings.scale_out_after_s`: let go,
+    unpinned, so kube-scheduler marks it Unschedulable and a node autoscaler sees it
+    (``MigScaleOut``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,9 +407,12 @@ class Decision:
     could not bind them there), in :attr:`plan`'s unschedulable pods."""
     judged: tuple[Judged, ...] = ()
     """The pods the plan left unplaced, each with its verdict."""
+    scale_out: tuple[Judged, ...] = ()
+    """Gated pods left unplaced for :attr:`Settings.scale_out_after_s` (all
+    :attr:`Verdict.SCALE_OUT`), carried out after the plan and its verdicts."""
     wake_at: float | None = None
     """The earliest time a step would decide something with nothing else changed (a plan due, a
-    reservation expiring); ``None``: never."""
+    reservation expiring, a pod's scale-out grace over); ``None``: never."""
 
 
 def reconcile(
@@ -406,10 +440,12 @@ def reconcile(
     if plan is not None:
         plan, unfit = _fitting(plan, observed.snapshot)
     judged = _judge(observed, plan) if plan is not None else ()
+    unplaced, scale_out = _scale_out(observed, memory, plan, judged, now=now, settings=settings)
     kept = Memory(
         batch=planned.batch,
         reserved_since=MappingProxyType(since),
         made_since=MappingProxyType(made_since),
+        unplaced=MappingProxyType(unplaced),
     )
     return Decision(
         memory=kept,
@@ -421,6 +457,7 @@ def reconcile(
         plan=plan,
         unfit=unfit,
         judged=judged,
+        scale_out=scale_out,
         wake_at=_wake_at(observed, kept, settings=settings),
     )
 
@@ -591,10 +628,72 @@ def _judge(observed: Observed, plan: plans.Plan) -> tuple[Judged, ...]:
     return tuple(out)
 
 
+def _may_scale_out(observed: Observed, key: str) -> bool:
+    """Whether a waiting pod may be let go for a node autoscaler: held back by migpilot alone,
+    servable, not confined to one node (a new node could not help) and with no static node."""
+    extra = observed.pending.get(key, Pending())
+    return (
+        extra.gated
+        and extra.pinned is None
+        and extra.static is None
+        and key not in observed.unservable
+    )
+
+
+def _scale_out(
+    observed: Observed,
+    memory: Memory,
+    plan: plans.Plan | None,
+    judged: Sequence[Judged],
+    *,
+    now: float,
+    settings: Settings,
+) -> tuple[dict[str, Unplaced], tuple[Judged, ...]]:
+    """The gated pods left unplaced, kept for the next step, and those whose grace is over.
+
+    A pod stays counted while it waits gated without a break; a plan that places it, or any
+    verdict but :attr:`Verdict.WAIT`, ends its count. Those let go leave the count: let go, they
+    are no longer gated, and planned as Unschedulable pods."""
+    grace = settings.scale_out_after_s
+    if grace is None:
+        return {}, ()
+    waiting = {p.key for p in observed.snapshot.pods}
+    unplaced = {
+        k: u for k, u in memory.unplaced.items() if k in waiting and _may_scale_out(observed, k)
+    }
+    if plan is not None:
+        for placement in plan.placements:
+            unplaced.pop(placement.pod, None)
+    for j in judged:
+        if j.verdict is Verdict.WAIT and j.pod in waiting and _may_scale_out(observed, j.pod):
+            before = unplaced.get(j.pod)
+            unplaced[j.pod] = Unplaced(before.since if before is not None else now, j.reason)
+        else:
+            unplaced.pop(j.pod, None)
+    out = tuple(
+        Judged(key, Verdict.SCALE_OUT, _scale_out_reason(u, now=now))
+        for key, u in sorted(unplaced.items())
+        if now - u.since >= grace
+    )
+    for j in out:
+        del unplaced[j.pod]
+    return unplaced, out
+
+
+def _scale_out_reason(u: Unplaced, *, now: float) -> str:
+    return (
+        f"no node can hold it now ({u.reason}); let go, unpinned, for a node autoscaler after "
+        f"{now - u.since:.0f} s unplaced"
+    )
+
+
 def _wake_at(observed: Observed, memory: Memory, *, settings: Settings) -> float | None:
-    """The earliest time a reservation expires or a plan is due, with nothing else changed."""
+    """The earliest time a reservation expires, a plan is due or a pod's scale-out grace ends,
+    with nothing else changed."""
     limit = settings.reservation_timeout_s
     times = [memory.batch.due] if memory.batch.due is not None else []
+    if settings.scale_out_after_s is not None:
+        times.extend(u.since + settings.scale_out_after_s for u in memory.unplaced.values())
     for key, r in observed.reserved.items():
         if r.pinned_there:
             continue

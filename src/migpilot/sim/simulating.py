@@ -887,6 +887,8 @@ class _Simulation:
             if pod is not None and j.verdict is control.Verdict.REFUSE:
                 self._unwait(pod)
                 self._reject(pod, j.reason)
+        # decision.scale_out is always empty: the simulator models no node autoscaler and never
+        # sets control.Settings.scale_out_after_s, so an unplaced pod waits (Verdict.WAIT).
         if decision.wake_at is not None and decision.wake_at != self.wake_due:
             self._push(max(decision.wake_at, self.now), _Kind.WAKE, None)
         self.wake_due = decision.wake_at
