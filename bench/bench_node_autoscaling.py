@@ -46,7 +46,7 @@ def run_once(*, ungated: bool) -> dict[str, Any]:
         plane,
         root,
         webhook=not ungated,
-        controller_args=() if ungated else ("--node-autoscaling",),
+        controller_args=() if ungated else nas.Scenario.controller_args,
     )
     try:
         scenario.start()
@@ -86,7 +86,11 @@ def main() -> int:
             f"{nas.GPUS}-GPU H100 instance type; Karpenter BATCH_IDLE_DURATION 500ms, "
             "BATCH_MAX_DURATION 2s, NodeOverlay=true; consolidateAfter "
             f"{nas.Scenario.consolidate_after}; fleet --interval 5; "
-            + ("no webhook (ungated pods)" if args.ungated else "controller --node-autoscaling")
+            + (
+                "no webhook (ungated pods)"
+                if args.ungated
+                else "controller " + " ".join(nas.Scenario.controller_args)
+            )
         ),
         "results": rows,
     }

@@ -92,7 +92,7 @@ class Scenario:
 
     plane: ControlPlane
     root: Path
-    controller_args: tuple[str, ...] = ("--node-autoscaling",)
+    controller_args: tuple[str, ...] = ("--node-autoscaling", "--scale-out-after", "2")
     consolidate_after: str = "5s"
     webhook: bool = True
     """Without the webhook no pod is gated: they reach Karpenter through kube-scheduler alone,
