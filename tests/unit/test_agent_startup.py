@@ -60,6 +60,15 @@ def karpenter_node(api: kubeapi.InMemoryNodeApi, name: str, label: str) -> None:
         )
 
 
+def stale_write(api: kubeapi.InMemoryNodeApi, name: str, resources: dict[str, str]) -> None:
+    """Someone else writes these counts into the Node's capacity and allocatable."""
+    with api.server.lock:
+        doc = copy.deepcopy(api.server.objects[kubeobjects.Kind.NODES][name])
+        doc["status"]["capacity"].update(resources)
+        doc["status"]["allocatable"].update(resources)
+        api.server.store(kubeobjects.Kind.NODES, name, doc)
+
+
 def node_of(api: kubeapi.InMemoryNodeApi, name: str) -> dict[str, Any]:
     doc = api.list_node(name).one()
     assert doc is not None
@@ -171,9 +180,14 @@ def test_a_karpenter_node_in_the_fleet_loses_only_the_startup_taint_once_reporte
     allocatable = node_of(api, "n0")["status"]["allocatable"]
     assert allocatable[R1G] == "0" and allocatable["nvidia.com/gpu"] == "0"  # zeroed
     assert allocatable["cpu"] == "96"
+    # KWOK's node-initialize stage writes the Node's status from the copy it saw at creation:
+    # the fake counts are back. The watch shows it; the stand-in publishes its counts again.
+    stale_write(api, "n0", {R1G: "56", "nvidia.com/gpu": "8"})
     api.set_node_taints("n0", [STARTUP, OTHER])
     watch()
     watch()
+    allocatable = node_of(api, "n0")["status"]["allocatable"]
+    assert allocatable[R1G] == "0" and allocatable["nvidia.com/gpu"] == "0"
     assert taints_of(api, "n0") == [STARTUP, OTHER]  # no GpuLayout yet: nothing reported
     assert api.taint_removals == 0
     api.put_spec("n0", {"gpus": []})  # the controller's empty spec for a new MIG node

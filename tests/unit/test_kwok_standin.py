@@ -515,3 +515,29 @@ def test_the_first_publish_zeroes_what_the_node_shows_that_nothing_advertises() 
     node.step()
     assert api.fail == 5 and api.node_resources[NODE][R1G] == "0"
     gpus.close()
+
+
+def test_a_count_the_node_lost_is_published_again() -> None:
+    """Someone writes the Node's status from an older copy (KWOK's node-initialize stage, right
+    after Karpenter created the Node): the watch shows the lost count, a pass is due, and it
+    publishes the stand-in's counts again, as a kubelet's next status sync would."""
+    api = kubeapi.InMemoryNodeApi()
+    gpus = emulated.EmulatedBackend([H100], durable=False)
+    node = wire(api, gpus)
+    api.put_node(NODE, {})
+    api.put_spec(NODE, {"gpus": [{"index": 0, "instances": [{"profile": "1g.10gb", "start": 0}]}]})
+    node.step()
+    doc = api.list_node(NODE).one()
+    assert doc is not None and doc["status"]["allocatable"][R1G] == "1"
+    before = node.kubelet.fingerprint()
+    node.kubelet.node_seen(doc)
+    assert node.kubelet.fingerprint() == before  # it shows what was published
+    stale = {**doc, "status": {"capacity": {R1G: "7"}, "allocatable": {R1G: "7"}}}
+    assert standin.lost_counts(stale, {R1G: "1"}) == (R1G,)
+    assert standin.lost_counts(doc, {R1G: "1", R3G: "0"}) == ()  # absent is 0
+    api.patch_node_resources(NODE, {R1G: "7"})  # the stale write
+    node.kubelet.node_seen(api.list_node(NODE).one())
+    assert node.kubelet.fingerprint() != before and node.agent.due()
+    node.step()
+    assert api.node_resources[NODE][R1G] == "1" and node.kubelet.settled
+    gpus.close()

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from migpilot import errors, logs, probes
 from migpilot.agent import metrics as agent_metrics
@@ -244,6 +244,10 @@ class Standin(reconciling.InUse, running.PassListener, unifying.Allocations, Pro
 
     def share_with(self, current: Callable[[], sharing_config.Config]) -> None:
         """Publish the devices as shared by the node's sharing config."""
+        ...
+
+    def node_seen(self, doc: Mapping[str, Any] | None) -> None:
+        """The Node as a watch saw it (a published count it lost is published again)."""
         ...
 
     def advertised_counts(self) -> Mapping[str, int] | None:
@@ -461,8 +465,10 @@ def kube_side(
     if mps_node is None:
         mps_node = (lambda: statics.mps_node) if statics is not None else _never
     taint = startup.StartupTaint(api, node=source.node)
-    if statics is not None:
-        statics.observe(taint.node_seen)  # the single agent's Node watch (the fleet feeds its own)
+    if statics is not None:  # the single agent's Node watch (the fleet feeds its own)
+        statics.observe(taint.node_seen)
+        if kubelet is not None:
+            statics.observe(kubelet.node_seen)
     return KubeSide(
         api=api,
         source=source,

@@ -306,10 +306,10 @@ class Fleet:
         if have is not None:
             if value != have.label:
                 self._refuse(node, value or "", "changing a node's emulated GPUs needs a restart")
+            have.kubelet.node_seen(doc)  # a count the Node lost is published again
             if have.startup is not None:
                 have.startup.node_seen(doc)
-                if have.startup.pending:
-                    self._wake(have)  # the taint came, or the Node now shows the resources
+            self._wake(have)  # due if the Node lost a count, or has the startup taint
             return
         if value is None:
             self._refuse(node, "", f"Node {node} has no label {EMULATED_GPUS_LABEL}")

@@ -111,6 +111,23 @@ def stale_resources(
     )
 
 
+def lost_counts(node: Mapping[str, Any], published: Mapping[str, str]) -> tuple[str, ...]:
+    """The resources whose ``published`` count the Node's capacity or allocatable does not
+    show (absent counts as 0; an unreadable value shows nothing), sorted (pure)."""
+    status = node.get("status") or {}
+    lists = [status.get("capacity") or {}, status.get("allocatable") or {}]
+    lost = set()
+    for name, value in published.items():
+        for shown in lists:
+            try:
+                same = quantities.amount(shown.get(name, 0), where=name) == int(value)
+            except (errors.MigpilotError, ValueError):
+                same = False
+            if not same:
+                lost.add(name)
+    return tuple(sorted(lost))
+
+
 def _zero(value: Any) -> bool:
     try:
         return quantities.amount(value, where="a Node's resource") == 0
@@ -299,6 +316,10 @@ class SimulatedKubelet:
         self._held: Callable[[], frozenset[str]] | None = held
         """Until the first assignment; then ``None``."""
         self._published: dict[str, str] | None = None
+        self._drifts = 0
+        """How many times the Node was seen without the counts last published."""
+        self._drifted = False
+        """The Node lost a published count: publish again at the next pass."""
         self._settled = True
         self._lock = threading.Lock()
         self._state: Mapping[int, changes.GpuState] | None = None
@@ -324,8 +345,24 @@ class SimulatedKubelet:
         return self._settled
 
     def fingerprint(self) -> Hashable:
-        """Changes when the node's pods change (a pass is then due)."""
-        return None if self._pods is None else self._pods.version(self._node)
+        """Changes when the node's pods change, and when the Node lost a published count (a
+        pass is then due)."""
+        pods = None if self._pods is None else self._pods.version(self._node)
+        return (pods, self._drifts)
+
+    def node_seen(self, doc: Mapping[str, Any] | None) -> None:
+        """The Node as a watch saw it. A count published that it does not show (someone wrote
+        the Node's status from an older copy: KWOK's node-initialize stage may, right after
+        Karpenter creates the Node) is published again at the next pass, as a kubelet's next
+        status sync would write it."""
+        published = self._published
+        if doc is None or published is None or not self._settled:
+            return
+        if not lost_counts(doc, published):
+            return
+        with self._lock:
+            self._drifted = True
+            self._drifts += 1
 
     def in_use(self) -> frozenset[str]:
         """The devices assigned to the node's live pods; before the first assignment, also
@@ -540,7 +577,7 @@ class SimulatedKubelet:
                 return
             before = dict.fromkeys(stale_resources(node, advertised=counts), "0")
         patch = dict.fromkeys(before, "0") | counts
-        self._settled = patch == self._published
+        self._settled = patch == self._published and not self._drifted
         if self._settled:
             return
         try:
@@ -549,7 +586,7 @@ class SimulatedKubelet:
             _log.error("Node %s: resources not published: %s", self._node, err,
                        extra=logs.about(node=self._node))  # fmt: skip
             return
-        self._published, self._settled = patch, True
+        self._published, self._settled, self._drifted = patch, True, False
         _log.info("Node %s: published %s (simulated kubelet)", self._node,
                   ", ".join(f"{k}={v}" for k, v in sorted(patch.items())),
                   extra=logs.about(node=self._node))  # fmt: skip
