@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from migpilot.agent import metrics, reconciling
+from migpilot.agent import assembling, metrics, reconciling
 from migpilot.agent import running as agent_running
 from migpilot.agent.cluster import boundpods, following, kubeapi, startup, statics
 from migpilot.agent.deviceplugin import devices
@@ -273,8 +273,6 @@ def assembling_kube_side(
     book: boundpods.PodBook,
     static: statics.StaticOrDynamic,
 ) -> Any:
-    from migpilot.agent import assembling
-
     return assembling.kube_side(
         api,
         source=source,
@@ -284,3 +282,53 @@ def assembling_kube_side(
         statics=static,
         now=lambda: "2026-01-01T00:00:00Z",
     )
+
+
+def test_without_a_device_plugin_or_a_stand_in_the_taint_stays() -> None:
+    """Nothing advertises the node's resources (``--once``, ``--no-kubelet``): reported or
+    not, the taint is never removed."""
+    api = kubeapi.InMemoryNodeApi()
+    api.put_node("n0", {})
+    api.set_node_taints("n0", [STARTUP])
+    api.put_spec("n0", {"gpus": []})
+    source = following.GpuLayoutSource(api, node="n0")
+    source.sync()
+    static = statics.StaticOrDynamic(api, dynamic=source)
+    static.sync()
+    book = boundpods.PodBook()
+    side = assembling.kube_side(
+        api, source=source, pods=book, strategy=devices.MigStrategy.MIXED, statics=static
+    )
+    gpus = emulated.EmulatedBackend([catalog.resolve_gpu("h100-80gb")], durable=False)
+    wired = side.wire(reconciling.RunningProcesses(gpus), gpus=gpus)
+    wired.listener.passed(state={}, report=None, labels={}, view=devices.NodeDevices(()))
+    assert side.startup is not None and not side.startup.ready()
+    assert taints_of(api, "n0") == [STARTUP]
+    gpus.close()
+
+
+class Plugin:
+    """What the startup taint asks of the device plugin."""
+
+    def __init__(self, offered: dict[str, tuple[devices.Device, ...]], registered: set[str]):
+        self.offered, self.names = offered, frozenset(registered)
+
+    def advertised(self) -> dict[str, tuple[devices.Device, ...]]:
+        return self.offered
+
+    def registered(self) -> frozenset[str]:
+        return self.names
+
+
+def test_with_a_kubelet_the_counts_wait_for_every_resource_registered() -> None:
+    ok, bad = devices.Health.HEALTHY, devices.Health.UNHEALTHY
+    offered = {
+        R1G: (devices.Device("a", 0, ok), devices.Device("b", 0, bad)),
+        "nvidia.com/gpu": (),
+        "nvidia.com/gpu-10gb": (devices.Device("s", 0, ok),),  # an MPS slice: not the Node's
+    }
+    names = set(offered)
+    counts = assembling._registered_counts(Plugin(offered, names - {R1G}))  # type: ignore[arg-type]
+    assert counts() is None  # the kubelet has not got R1G yet
+    counts = assembling._registered_counts(Plugin(offered, names))  # type: ignore[arg-type]
+    assert counts() == {R1G: 1, "nvidia.com/gpu": 0}

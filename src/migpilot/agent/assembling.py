@@ -284,6 +284,10 @@ def _never() -> bool:
     return False
 
 
+def _unknown_counts() -> Mapping[str, int] | None:
+    return None
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -353,8 +357,8 @@ class KubeSide:
         gave it to), with the stand-in told first so the status sees its newest assignment.
         The MPS slices' filter reads the same in-use source. The startup taint, told last,
         goes once the reporter has reported and the Node shows ``advertised`` (the counts the
-        device plugin's kubelet lists; by default the stand-in's published counts, or nothing
-        without a stand-in)."""
+        device plugin's kubelet lists; by default the stand-in's published counts; with
+        neither, never: no device plugin serves the node, as with ``--once``)."""
         kubelet = self.kubelet
         used: reconciling.InUse = real if kubelet is None else reconciling.AnyOf([real, kubelet])
         used = reconciling.AnyOf([used, self.pool])
@@ -383,7 +387,7 @@ class KubeSide:
                 advertised = kubelet.advertised_counts
             self.startup.ready_when(
                 reported=lambda: reporter.reported,
-                advertised=advertised if advertised is not None else dict,
+                advertised=advertised if advertised is not None else _unknown_counts,
             )
             listeners.append(self.startup)
         keep = holding.BoundPodsHold(

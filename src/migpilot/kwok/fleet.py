@@ -16,7 +16,9 @@ shared watch through :meth:`~following.GpuLayoutSource.take`), :class:`following
 :class:`standin.SimulatedKubelet` (resource counts, devices assigned to pods),
 :class:`holding.BoundPodsHold` (a bound pod's count of instances kept),
 :class:`unifying.UnifiedPool` (the instances set aside for unified pods) and
-:class:`unifying.NodeCounters` (``nvidia.com/gpumem`` and the other unified counters). The fleet
+:class:`unifying.NodeCounters` (``nvidia.com/gpumem`` and the other unified counters) and
+:class:`startup.StartupTaint` (the startup taint removed once the node is reported; the Node
+watch feeds it, and the stand-in, which publishes a count the Node lost again). The fleet
 only dispatches: a node's pass is queued when its GpuLayout or its pods change and the pass is
 due (:meth:`running.Agent.due`); again ``interval_s`` after a pass that left work undone (to
 retry it), and otherwise only every ``resync_s``, since nothing else changes a fleet node. A node is

@@ -6,7 +6,10 @@ node nothing does, so with ``migpilot agent --kubelet simulated`` this listener 
 every pass: each resource the device plugin would advertise under the strategy (``nvidia.com/
 mig-<profile>`` under mixed, and ``nvidia.com/gpu-<N>gb`` for the GpuLayout's MPS slices),
 counted, with a resource whose last device disappeared kept at ``0`` as the kubelet keeps a
-registered resource.
+registered resource. Its first publish sets to ``0`` every extended resource the Node shows that
+it does not advertise, as a kubelet does at its start (:func:`stale_resources`: a Karpenter KWOK
+node is created with MIG counts for instances that do not exist), and a count the Node's watch
+shows lost is published again (:meth:`SimulatedKubelet.node_seen`).
 
 It also does what Allocate does on a real node: each pod bound to the node
 (:class:`~migpilot.agent.cluster.boundpods.PodBook`, fed by a pod watch) that is not terminated and
