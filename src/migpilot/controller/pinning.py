@@ -243,7 +243,7 @@ def _reserved(
     node = planned.get(r.node)
     turned_away = None
     if view.gated_by_us and node is not None and node.gpus and view.pod is not None:
-        turned_away = None and constraints.rejection(node, view.pod)
+        turned_away = constraints.rejection(node, view.pod)
     interchange = None
     if view.unified:
         layout = observed.layouts.get(r.node)
