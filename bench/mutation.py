@@ -110,6 +110,10 @@ SCOPE: dict[str, tuple[str, ...]] = {
         "x__short",
         "x__held_back",
         "x__fitting",
+        # Scaling out: only pods no plan could place, after the grace, once each (no
+        # autoscaler loop).
+        "x__may_scale_out",
+        "x__scale_out",
     ),
     # The controller's side of them: what it reads of a reservation (made, stolen, what it
     # still waits for, what it asks and what is taken of its node), and the writes that

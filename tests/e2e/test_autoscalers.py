@@ -136,7 +136,7 @@ def test_keda_serves_external_metrics_and_the_hpa_scales(
                 spec = client.get(Deployment, "worker", namespace=namespace).spec
                 return spec is not None and spec.replicas == 3
 
-            # The HPA controller syncs every 15 s.
+            # The HPA controller syncs every second here (controlplane.HPA_SYNC_PERIOD).
             wait_for(scaled_to_max, what="the HPA to scale worker to 3", timeout=90)
         finally:
             # The operator removes its finalizer; it must still run.

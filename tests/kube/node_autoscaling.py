@@ -1,5 +1,6 @@
 """Issue 23's node-autoscaling scenario on the real control plane, for the e2e test and the
-benchmark alike (``tests/e2e/test_node_autoscaling.py``, ``bench/bench_node_autoscaling.py``).
+benchmark alike (``tests/e2e/test_node_autoscaling.py``; the ``node`` section of
+``bench/bench_autoscaling.py``).
 
 Two KWOK nodes of two H100-80GB each, full: every GPU holds a ``7g.80gb`` instance a Running
 pod uses. The webhook, ``migpilot controller --node-autoscaling`` and ``migpilot fleet`` (the

@@ -2,7 +2,7 @@
 
 The binary is the one ``scripts/k8s-tools`` builds (``MIGPILOT_PROMETHEUS_BIN``). One
 :class:`Prometheus` per test: it listens on a free loopback port, keeps its TSDB in the test's
-directory, scrapes every second, and is stopped (SIGTERM, waited for) at the end.
+directory, scrapes every second (``interval_s``), and is stopped (SIGTERM, waited for) at the end.
 
 Targets are ``static_configs``, one job per kind of process (``controller``, ``agent``,
 ``fleet``, ...), and each target's ``instance`` label is the process's name (``controller-c1``,
@@ -122,14 +122,27 @@ class Prometheus:
     port: int
     component: controlplane.Component | None = None
     targets: list[Target] = field(default_factory=list)
+    interval_s: float = SCRAPE_INTERVAL_S
+    """Seconds between two scrapes of a target (and between rule evaluations)."""
 
     @classmethod
-    def start(cls, binary: Path, root: Path, targets: Sequence[Target] = ()) -> Prometheus:
-        """Start Prometheus with its config, TSDB and log under ``root``, scraping ``targets``;
-        returns once it is ready and has the targets."""
+    def start(
+        cls,
+        binary: Path,
+        root: Path,
+        targets: Sequence[Target] = (),
+        *,
+        interval_s: float = SCRAPE_INTERVAL_S,
+    ) -> Prometheus:
+        """Start Prometheus with its config, TSDB and log under ``root``, scraping ``targets``
+        every ``interval_s`` seconds; returns once it is ready and has the targets."""
+        if not interval_s >= 0.001:
+            raise ValueError(f"interval_s: Prometheus scrapes at most every 1 ms, got {interval_s}")
         root.mkdir(parents=True, exist_ok=True)
         [port] = controlplane.free_ports(1)
-        prom = cls(binary=binary, root=root, port=port, targets=list(targets))
+        prom = cls(
+            binary=binary, root=root, port=port, targets=list(targets), interval_s=interval_s
+        )
         prom._write_config()
         prom.component = controlplane.launch(
             "prometheus",
@@ -190,7 +203,7 @@ class Prometheus:
         self._wait_active()
 
     def _write_config(self) -> None:
-        text = yaml.safe_dump(config(self.targets), sort_keys=False)
+        text = yaml.safe_dump(config(self.targets, interval_s=self.interval_s), sort_keys=False)
         tmp = self.config_file.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.replace(self.config_file)

@@ -474,3 +474,20 @@ def test_the_step_settings_refuse_a_bad_scale_out_grace() -> None:
         with pytest.raises(errors.MigpilotError, match="scale-out grace"):
             control.Settings(scale_out_after_s=bad)
     assert control.Settings(scale_out_after_s=0.0).scale_out_after_s == 0.0
+
+
+def test_a_pod_its_node_turns_away_is_not_let_go_and_its_reservation_times_out() -> None:
+    why = "taint karpenter.sh/disrupted=:NoSchedule is not tolerated"
+    observed = _held(
+        _reserved("a", turned_away=why),
+        _reserved("b"),
+        advertised={"n": {"nvidia.com/mig-1g.10gb": 2}},
+    )
+    memory = _step(observed, now=0.0).memory
+    decision = _step(observed, memory, now=10.0)
+    assert decision.pins == (("b", "n"),)  # a's instance does not count against b's room
+    assert decision.waits == (control.Waiting("a", "n", f"node n to admit it again ({why})"),)
+    assert decision.expired == ()
+    alone = dataclasses.replace(observed, reserved={"a": observed.reserved["a"]})
+    late = _step(alone, memory, now=60.5)  # b was bound meanwhile
+    assert [(e.pod, e.stolen) for e in late.expired] == [("a", False)]

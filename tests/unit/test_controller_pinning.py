@@ -499,6 +499,30 @@ def test_each_pod_let_go_counts_for_the_ones_after_it() -> None:
     )
 
 
+def test_a_node_that_no_longer_admits_a_gated_pod_holds_it_back() -> None:
+    """Cordoned, or tainted by a node autoscaler removing it: the reserved pod is not let go
+    there (its reservation then times out); a pod already let go is kube-scheduler's."""
+    pods = [_pod("p"), _pod("q", gated=False)]
+    spec = [(0, "1g.10gb", "ns/p"), (1, "1g.10gb", "ns/q")]
+    status = [MADE, (1, "1g.10gb", S.RESERVED, True)]
+    node = _node(**{"1g_10gb": 2})
+    assert _why(_observed(pods, spec=spec, status=status, node=node), "ns/p") is None
+    tainted = copy.deepcopy(node)
+    tainted["spec"] = {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}
+    obs = _observed(pods, spec=spec, status=status, node=tainted)
+    why = "taint karpenter.sh/disrupted=:NoSchedule is not tolerated"
+    assert _why(obs, "ns/p") == f"node n0 to admit it again ({why})"
+    reserved = pinning.to_control(obs, changed=False).reserved
+    assert reserved["ns/p"].turned_away == why and reserved["ns/q"].turned_away is None
+    cordoned = copy.deepcopy(node)
+    cordoned["spec"] = {"unschedulable": True}
+    obs = _observed(pods, spec=spec, status=status, node=cordoned)
+    assert _why(obs, "ns/p") == "node n0 to admit it again (node is cordoned (unschedulable))"
+    soft = copy.deepcopy(node)
+    soft["spec"] = {"taints": [{"key": "x", "effect": "PreferNoSchedule"}]}
+    assert _why(_observed(pods, spec=spec, status=status, node=soft), "ns/p") is None
+
+
 def _why(obs: observing.Observed, key: str) -> str | None:
     """What the loop's step says the reserved pod ``key`` waits for (``None``: let go now)."""
     listed = {k: why for k, _, why in control.lets_go(pinning.to_control(obs, changed=False))}

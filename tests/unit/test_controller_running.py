@@ -312,6 +312,24 @@ def test_a_pinned_pod_keeps_its_reservation_however_long_the_scheduler_takes() -
     _run(body, reservation_timeout_s=0.05)
 
 
+def test_a_pod_is_not_pinned_to_a_node_a_node_autoscaler_is_removing() -> None:
+    """Karpenter taints a node it consolidates (``karpenter.sh/disrupted:NoSchedule``): a
+    reservation there is not let go, and expires on its timeout, so the pod is planned where it
+    can run and never waits, pinned, on a node about to go."""
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _reserved_and_made(api)
+        node = _node("n0", **{"nvidia.com/mig-1g.10gb": "1"})
+        node["spec"] = {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}
+        await api.put(kubeobjects.Kind.NODES, node)
+        await _until(
+            "the expiry", lambda: any(e.reason == "MigReservationExpired" for e in api.events)
+        )
+        assert not api.pod_patches and not _ungated(api, "ns/p")
+
+    _run(body, reservation_timeout_s=0.3)
+
+
 def test_a_pinned_pods_reservation_taken_by_a_pod_bound_without_migpilot_is_planned_again() -> None:
     """A pod created ungated (the webhook down or timing out) is bound by kube-scheduler alone
     and takes the instance reserved for a pinned pod: waiting would never end, so the

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.controller import observing
-from migpilot.planning import control, plans, snapshot
+from migpilot.planning import constraints, control, plans, snapshot
 
 _V = TypeVar("_V")
 
@@ -186,9 +186,10 @@ def to_control(observed: observing.Observed, *, changed: bool) -> control.Observ
         static = observing.static_fit(observed, view) if statics else None
         return control.Pending(view.gated_by_us, pinned_to(view), static)
 
+    planned = {n.name: n for n in observed.snapshot.nodes} if observed.reservations else {}
     return control.Observed(
         snapshot=observed.snapshot,
-        reserved={key: _reserved(observed, key) for key in observed.reservations},
+        reserved={key: _reserved(observed, key, planned) for key in observed.reservations},
         advertised={name: n.allocatable for name, n in observed.nodes.items()},
         taken=taken(observed),
         pending=_Lazily(observed.pods, extras),
@@ -234,9 +235,15 @@ def _whole(node: observing.NodeView) -> snapshot.Resources | None:
     return snapshot.Resources(cpu if cpu is not None else 2**62, mem if mem is not None else 2**62)
 
 
-def _reserved(observed: observing.Observed, key: str) -> control.Reserved:
+def _reserved(
+    observed: observing.Observed, key: str, planned: Mapping[str, snapshot.Node]
+) -> control.Reserved:
     r = observed.reservations[key]
     view = observed.pods[key]
+    node = planned.get(r.node)
+    turned_away = None
+    if view.gated_by_us and node is not None and node.gpus and view.pod is not None:
+        turned_away = constraints.rejection(node, view.pod)
     interchange = None
     if view.unified:
         layout = observed.layouts.get(r.node)
@@ -257,6 +264,7 @@ def _reserved(observed: observing.Observed, key: str) -> control.Reserved:
         pinned_there=not view.gated_by_us and pinned_to(view) == r.node,
         stolen=stolen(observed, key),
         unified=interchange,
+        turned_away=turned_away,
     )
 
 

@@ -26,9 +26,11 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   affinity naming its node keeps its reservation however long kube-scheduler takes, unless
   stolen. Its pod is planned again.
 - **Pinning.** Reserved pods are let go to kube-scheduler, pinned to their node, in the order
-  of their keys, once every instance is made and the node advertises enough of each resource
-  beyond what bound pods and pods let go before take; a unified pod also waits while another,
-  asking differently, is let go there and not yet allocated (``docs/unified.md``).
+  of their keys, once every instance is made, the node still admits the pod (not cordoned, no
+  new taint it does not tolerate: a node being drained or consolidated) and the node
+  advertises enough of each resource beyond what bound pods and pods let go before take; a
+  unified pod also waits while another, asking differently, is let go there and not yet
+  allocated (``docs/unified.md``).
 - **Refusing.** A pod whose request cannot be served is refused with the reason; a pod the
   plan leaves unplaced is let go to a statically laid out node with free instances for it,
   refused when it could never run (:func:`never_runs`), and otherwise waits, with the
@@ -255,6 +257,11 @@ class Reserved:
     migpilot): the reservation can never be honoured as it stands."""
     unified: Interchange | None = None
     """For a unified pod, what tells its Allocate from another's; ``None`` for any other."""
+    turned_away: str | None = None
+    """Why its node no longer admits the pod (cordoned, or a taint it does not tolerate, such
+    as ``karpenter.sh/disrupted`` while a node autoscaler removes the node), ``None`` while
+    it does. A gated pod is then not let go there, and its reservation expires on its
+    timeout: it never holds a node that is being drained or consolidated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,7 +541,10 @@ def lets_go(
         if not r.gated or key in skip:
             continue
         node_taken = taken.setdefault(r.node, Counter())
-        why = r.missing or _short(r, observed.advertised.get(r.node, {}), node_taken)
+        why = r.missing
+        if why is None and r.turned_away is not None:
+            why = f"node {r.node} to admit it again ({r.turned_away})"
+        why = why or _short(r, observed.advertised.get(r.node, {}), node_taken)
         others = allocating.setdefault(r.node, {})
         if why is None and r.unified is not None:
             why = _held_back(r.unified.group, others)
