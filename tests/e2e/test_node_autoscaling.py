@@ -52,6 +52,13 @@ def test_karpenter_adds_one_node_for_mig_pods_no_node_can_serve_then_removes_it(
     assert set(scenario.running("burst-").values()) == {name}
     assert len(scenario.running("fill-")) == len(nas.FULL_NODES) * 2  # left where they were
     assert scenario.gated() == []
+    # While the node was on its way the controller said what it would have to hold, and let
+    # every burst pod go once; with the pods placed, nothing is wanted any more.
+    assert figures.unmet_demand_seen == nas.BURST_PODS
+    assert figures.unmet_demand_after in (None, 0.0)
+    assert figures.scaled_out == nas.BURST_PODS
+    reasons = scenario.event_reasons("burst-")
+    assert all(r.count("MigScaleOut") == 1 for r in reasons.values()), reasons
 
     # The node holds what the pods use, no fake count, and no startup taint; Karpenter counts
     # it initialized (the startup taint gone, the requested resources registered).

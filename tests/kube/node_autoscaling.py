@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,8 @@ import lightkube
 from lightkube import codecs
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
+from prometheus_client.parser import text_string_to_metric_families
 
 from migpilot.agent.cluster import startup
 from migpilot.mig import catalog
@@ -72,6 +74,13 @@ class Figures:
     nodes_added: int = 0
     """Nodes the pool had, at most, before the scale-down."""
     pods: int = BURST_PODS
+    unmet_demand_seen: float = 0.0
+    """The most ``migpilot_unmet_demand{profile=BURST_PROFILE}`` the controller served while
+    the new node was on its way (the instances a new node would have to hold)."""
+    unmet_demand_after: float | None = None
+    """... once every burst pod runs (``None``: the series is gone)."""
+    scaled_out: float = 0.0
+    """``migpilot_pods_scaled_out_total`` once every burst pod runs."""
 
 
 def _pod(name: str, namespace: str, profile: str) -> Pod:
@@ -106,7 +115,7 @@ class Scenario:
     figures: Figures = field(default_factory=Figures)
 
     def __post_init__(self) -> None:
-        self.system = system.System(self.plane, self.root)
+        self.system = system.System(self.plane, self.root, metrics=True)
         suffix = self.system.lease_ns.rsplit("-", 1)[-1]
         self.namespace, self.pool = f"nas-{suffix}", f"gpu-{suffix}"
         self.overlay = f"migpilot-h100-x8-{suffix}"
@@ -174,6 +183,32 @@ class Scenario:
             for p in self.client.list(Pod, namespace=self.namespace)
             if p.metadata is not None and p.spec is not None and p.spec.schedulingGates
         ]
+
+    def event_reasons(self, prefix: str) -> dict[str, list[str]]:
+        """Pod name -> the reasons of its Events (one per Event, counts ignored), for the
+        pods named ``prefix...``."""
+        out: dict[str, list[str]] = {}
+        for e in self.client.list(Event, namespace=self.namespace):
+            name = e.involvedObject.name or ""
+            if e.involvedObject.kind == "Pod" and name.startswith(prefix):
+                out.setdefault(name, []).append(e.reason or "")
+        return out
+
+    def controller_metric(self, name: str, **labels: str) -> float | None:
+        """One sample of the controller's ``/metrics`` (``None``: no such series)."""
+        port = self.system.metrics_ports["controller-c1"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    return float(sample.value)
+        return None
+
+    def _unmet(self) -> float | None:
+        return self.controller_metric("migpilot_unmet_demand", profile=BURST_PROFILE)
 
     def pool_nodes(self) -> list[Node]:
         return list(self.client.list(Node, labels={"karpenter.sh/nodepool": self.pool}))
@@ -252,6 +287,7 @@ class Scenario:
 
         def node_there() -> bool:
             f.nodes_added = max(f.nodes_added, len(self.pool_nodes()))
+            f.unmet_demand_seen = max(f.unmet_demand_seen, self._unmet() or 0.0)
             return f.nodes_added > 0
 
         self.wait(node_there, "Karpenter to add a node")
@@ -271,6 +307,8 @@ class Scenario:
 
         self.wait(all_running, f"{BURST_PODS} {BURST_PROFILE} pods Running")
         f.burst_to_pods_running_s = round(time.monotonic() - began, 2)
+        f.unmet_demand_after = self._unmet()
+        f.scaled_out = self.controller_metric("migpilot_pods_scaled_out_total") or 0.0
         return f
 
     def scale_down(self) -> Figures:
