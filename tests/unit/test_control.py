@@ -491,3 +491,41 @@ def test_a_pod_its_node_turns_away_is_not_let_go_and_its_reservation_times_out()
     alone = dataclasses.replace(observed, reserved={"a": observed.reserved["a"]})
     late = _step(alone, memory, now=60.5)  # b was bound meanwhile
     assert [(e.pod, e.stolen) for e in late.expired] == [("a", False)]
+
+
+def test_a_counted_pod_pinned_or_let_go_since_is_dropped_without_a_plan() -> None:
+    pod = _pod("p", ("1g.10gb", 1))
+    observed = control.Observed(snapshot.Snapshot(nodes=(_full(),), pods=(pod,)))
+    first = _scale_step(observed, control.Memory(batch=control.Batch(due=0.0, dirty=True)), now=0.0)
+    assert set(first.memory.unplaced) == {"default/p"}
+    for extra in (control.Pending(pinned="n"), control.Pending(gated=False)):
+        later = dataclasses.replace(observed, changed=False, pending={"default/p": extra})
+        step = _scale_step(later, first.memory, now=6.0)
+        assert step.scale_out == () and step.memory.unplaced == {}
+
+
+def test_a_plan_that_places_pods_never_counted_is_fine_and_the_reason_is_the_planners() -> None:
+    fits, big = _pod("fits", ("1g.10gb", 1)), _pod("big", ("7g.80gb", 1))
+    observed = control.Observed(snapshot.Snapshot(nodes=(_node("n"),), pods=(fits, big)))
+    memory = control.Memory(batch=control.Batch(due=0.0, dirty=True))
+    first = _scale_step(observed, memory, now=0.0)
+    assert first.plan is not None and [p.pod for p in first.plan.placements] == ["default/fits"]
+    (waiting,) = first.judged
+    assert set(first.memory.unplaced) == {"default/big"}
+    assert first.memory.unplaced["default/big"].reason == waiting.reason
+    left = dataclasses.replace(observed, changed=False)
+    (out,) = _scale_step(left, first.memory, now=5.0).scale_out
+    assert f"({waiting.reason})" in out.reason
+
+
+def test_a_counted_pod_a_later_plan_refuses_is_not_also_let_go_for_an_autoscaler() -> None:
+    pod = _pod("p", ("1g.10gb", 1))
+    observed = control.Observed(snapshot.Snapshot(nodes=(_full(),), pods=(pod,)))
+    first = _scale_step(observed, control.Memory(batch=control.Batch(due=0.0, dirty=True)), now=0.0)
+    # The GPU node is replaced by one without GPUs: the pod can never run any more.
+    bare = dataclasses.replace(_node("n"), gpus=())
+    gone = control.Observed(snapshot.Snapshot(nodes=(bare,), pods=(pod,)))
+    memory = dataclasses.replace(first.memory, batch=control.Batch(due=6.0, dirty=True))
+    step = _scale_step(gone, memory, now=6.0)
+    assert [j.verdict for j in step.judged] == [control.Verdict.REFUSE]
+    assert step.scale_out == () and step.memory.unplaced == {}
