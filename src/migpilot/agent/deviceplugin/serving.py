@@ -110,6 +110,16 @@ class UnifiedSource(Protocol):
         ...
 
 
+class CdiSink(Protocol):
+    """Where the CDI spec of what the plugin advertises is written (``cdifiles.CdiWriter``)."""
+
+    def write(
+        self, node: devices.NodeDevices, resources: tuple[devices.Resource, ...]
+    ) -> frozenset[str]:
+        """Write the spec of ``resources``; the device IDs it has no entry for."""
+        ...
+
+
 def socket_identity(path: pathlib.Path) -> SocketIdentity | None:
     """The identity of the file at ``path``, or None when there is none."""
     try:
@@ -123,6 +133,24 @@ def held_key(device_id: str) -> str:
     """What the ledger and the kubelet's in-use set hold a device as: an MPS slice by its own
     ID (a pod holds one slice, not the GPU), a replica as its real device."""
     return device_id if devices.is_slice_id(device_id) else replicas.real_id(device_id)
+
+
+def _unhealthy(
+    resources: tuple[devices.Resource, ...], ids: frozenset[str]
+) -> tuple[devices.Resource, ...]:
+    """``resources`` with the devices ``ids`` Unhealthy."""
+    if not ids:
+        return resources
+    return tuple(
+        devices.Resource(
+            r.name,
+            tuple(
+                devices.Device(d.id, d.gpu_index, devices.Health.UNHEALTHY) if d.id in ids else d
+                for d in r.devices
+            ),
+        )
+        for r in resources
+    )
 
 
 def _encode_devices(resource: devices.Resource) -> Any:
@@ -287,10 +315,13 @@ class DevicePlugin:
         *,
         clock: Callable[[], float] = time.monotonic,
         unified: UnifiedSource | None = None,
+        cdi: CdiSink | None = None,
     ) -> None:
         self.settings = settings
         self._clock = clock
         self._unified = unified
+        self._cdi = cdi
+        """With the cdi-cri strategy: the spec is written before each view is advertised."""
         self._allocating = threading.Lock()
         """Held while an Allocate of ``nvidia.com/gpu`` is resolved and recorded: one at a
         time, so two never take the same pod."""
@@ -687,6 +718,10 @@ class DevicePlugin:
         self.sharing_problem = problem
         self._shared = shared
         resources = shared.resources
+        if self._cdi is not None:
+            # Before any server publishes: a device is in the spec before the kubelet can
+            # hand it out; one the spec cannot describe is advertised Unhealthy.
+            resources = _unhealthy(resources, self._cdi.write(node, resources))
         gone = {held_key(d.id) for r in self._advertised_now() for d in r.devices} - {
             held_key(d.id) for r in resources for d in r.devices
         }
