@@ -203,12 +203,13 @@ def test_h100_mig_devices_get_their_gpu_and_their_gi_and_ci_caps(tmp_path: Path)
     resources = advertising.resources_for(node, devices.MigStrategy.MIXED)
     built = cdi.build(node, resources, cdifiles.read_facts(tmp_path, node), kind=KIND)
     assert built.missing == ()
+    caps = "/dev/nvidia-caps/nvidia-cap"
     assert {d.name: d.nodes for d in built.spec.devices} == {
-        "MIG-h100-0-1": ("/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"),
-        "MIG-h100-0-2": ("/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"),
+        "MIG-h100-0-1": ("/dev/nvidia0", f"{caps}12", f"{caps}13"),
+        "MIG-h100-0-2": ("/dev/nvidia0", f"{caps}21", f"{caps}22"),
         # GPU 1's GI 1: 3 + 135 + 9 (the driver's per-GPU block of 135 minors).
-        "MIG-h100-1-1": ("/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap147", "/dev/nvidia-caps/nvidia-cap148"),
-    }  # fmt: skip
+        "MIG-h100-1-1": ("/dev/nvidia1", f"{caps}147", f"{caps}148"),
+    }
     VALIDATOR.validate(built.spec.document())
 
 
