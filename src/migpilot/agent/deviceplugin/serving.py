@@ -16,7 +16,9 @@ The servicer only decodes, calls the sans-IO core (``advertising``, ``allocating
 ledger, on disk, before it is sent; when no pod is known for it yet, the node's pods are read
 again from the API and the call waits up to ``allocate_wait_s`` before failing. A unified pod
 whose reservation is an MPS slice (a node in mode ``mps``) gets the slice's MPS answer
-(:func:`slices.container_allocation`), not a MIG device's. This module
+(:func:`slices.container_allocation`), not a MIG device's. With a :class:`CdiSink` (the
+cdi-cri strategy, ``docs/cdi.md``) the CDI spec of a view is written before any server publishes
+it, and a device it has no entry for is advertised Unhealthy. This module
 and ``podresources`` are the only ones that speak to the kubelet.
 """
 
