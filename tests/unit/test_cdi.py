@@ -389,6 +389,7 @@ def test_writer_rewrites_the_file_when_devices_change_and_drops_the_gone(tmp_pat
         "MIG-h100-1-1",
     ]
     assert sorted(p.name for p in specs.iterdir()) == ["migpilot-node-a.json"]  # no temp left
+    assert path.stat().st_mode & 0o777 == 0o644
 
 
 def test_writer_reports_devices_without_facts(tmp_path: Path) -> None:

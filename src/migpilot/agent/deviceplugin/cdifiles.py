@@ -110,7 +110,9 @@ class CdiWriter:
             if text == self._written:
                 return missing
             try:
-                files.write_atomically(self.path, text, durable=True)
+                # Readable by all, as nvidia-ctk writes its specs: tools other than the runtime
+                # (nvidia-ctk cdi list, podman) read them as any user.
+                files.write_atomically(self.path, text, durable=True, mode=0o644)
             except OSError as err:
                 _log.error("CDI: cannot write %s: %s", self.path, err.strerror or err)
                 self._written = None
