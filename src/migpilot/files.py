@@ -12,14 +12,19 @@ import tempfile
 from pathlib import Path
 
 
-def write_atomically(path: Path, text: str, *, durable: bool = False) -> None:
+def write_atomically(
+    path: Path, text: str, *, durable: bool = False, mode: int | None = None
+) -> None:
     """Replace ``path`` with ``text`` (a temporary file beside it, then a rename).
 
     With ``durable`` the data and the rename are flushed to disk (fsync of the file and its
-    folder) before returning, so the new content survives a power loss too.
+    folder) before returning, so the new content survives a power loss too. ``mode``: the
+    file's permission bits (default: the temporary file's, owner read and write only).
     """
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

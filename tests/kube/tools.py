@@ -1,5 +1,5 @@
-"""Where the control-plane binaries, Prometheus, KEDA and Karpenter are: the folders
-scripts/k8s-tools names in MIGPILOT_* vars.
+"""Where the control-plane binaries, Prometheus, KEDA, Karpenter and the CDI schema are: the
+folders scripts/k8s-tools names in MIGPILOT_* vars.
 
 `./scripts/test` exports them; when pytest runs on its own they are missing and this module runs
 scripts/k8s-tools itself, which builds whatever is not in the cache yet (minutes, once). A missing
@@ -25,6 +25,7 @@ _VARIABLES = (
     "MIGPILOT_PROMETHEUS_BIN",
     "MIGPILOT_KEDA_BIN",
     "MIGPILOT_KARPENTER_BIN",
+    "MIGPILOT_CDI_SCHEMA",
 )
 STAGES = (
     "node-initialize.yaml",
@@ -55,6 +56,8 @@ class Tools:
     """Karpenter's KWOK provider."""
     karpenter_crds: Path
     """NodePool, NodeClaim, NodeOverlay, CapacityBuffer and KWOKNodeClass, one a file."""
+    cdi_schema: Path
+    """The CDI specification's JSON schema: ``schema.json`` and the ``defs.json`` it refers to."""
 
 
 def _from_script() -> dict[str, str]:
@@ -91,6 +94,7 @@ def locate() -> Tools:
         keda_crds=keda / "crds",
         karpenter=karpenter / "karpenter-kwok",
         karpenter_crds=karpenter / "crds",
+        cdi_schema=Path(env["MIGPILOT_CDI_SCHEMA"]) / "schema.json",
     )
     missing = [
         str(p)
@@ -106,6 +110,7 @@ def locate() -> Tools:
             tools.keda_operator,
             tools.keda_adapter,
             tools.karpenter,
+            tools.cdi_schema,
         )
         if not p.is_file()
     ]
@@ -115,3 +120,14 @@ def locate() -> Tools:
             f"control-plane tools missing: {', '.join(missing)}; run scripts/k8s-tools"
         )
     return tools
+
+
+def cdi_schema() -> Path:
+    """The CDI schema's ``schema.json``: from ``MIGPILOT_CDI_SCHEMA`` when set (no other tool
+    needed, so unit tests need not build the control plane), else from :func:`locate`."""
+    folder = os.environ.get("MIGPILOT_CDI_SCHEMA")
+    if folder:
+        found = Path(folder) / "schema.json"
+        if found.is_file():
+            return found
+    return locate().cdi_schema

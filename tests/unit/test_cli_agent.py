@@ -125,6 +125,7 @@ BAD_CASES = [
         "--mig-parted-configmap 'cm': expected NAMESPACE/NAME[:KEY]",
     ),
     (["--kubelet", "{tmp}", "--kubelet-dir", "{tmp}/k"], "name the same folder"),
+    (["--proc-root", "{tmp}/no/such"], "--proc-root {tmp}/no/such: not a folder"),
 ]
 
 
@@ -170,6 +171,16 @@ def test_missing_kubelet_folder_is_bad_input(
     code, _ = run("--backend", "emulated:a30", "--kubelet-dir", str(tmp_path / "nope"))
     assert code == 2
     assert "device-plugin folder" in capsys.readouterr().err
+
+
+def test_cdi_with_emulated_gpus_needs_a_proc_root(
+    kubelet_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--backend", "emulated:a30", "--kubelet-dir", str(kubelet_dir)]
+    code, _ = run(*argv, "--device-list-strategy", "cdi", "--cdi-spec-dir", str(tmp_path / "c"))
+    assert code == 2
+    assert "cdi with an emulated backend needs --proc-root DIR" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()  # refused before anything was written
 
 
 @pytest.mark.parametrize("case", ["folder-is-a-file", "not-json"])

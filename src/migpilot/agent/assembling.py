@@ -46,7 +46,15 @@ from migpilot.agent.cluster import (
     statics,
     watching,
 )
-from migpilot.agent.deviceplugin import allocating, devices, podresources, resolving, serving
+from migpilot.agent.deviceplugin import (
+    allocating,
+    cdi,
+    cdifiles,
+    devices,
+    podresources,
+    resolving,
+    serving,
+)
 from migpilot.agent.rules import changes, desired
 from migpilot.agent.sharing import mps as agent_mps
 from migpilot.agent.sharing import sharingconfig, slicing, unifying
@@ -59,6 +67,8 @@ from migpilot.sharing import configsets
 EXIT_NOT_CONVERGED = 1
 """``--once``: something the desired layouts ask for was refused or failed."""
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
+DEFAULT_CDI_SPEC_DIR = cdifiles.DEFAULT_SPEC_DIR
+"""Where CDI-aware runtimes (containerd, CRI-O) read dynamic CDI specs by default."""
 DEFAULT_MIG_PARTED_CONFIGMAP = "gpu-operator/default-mig-parted-config:config.yaml"
 """The GPU Operator's ConfigMap of mig-parted configs, and its key."""
 
@@ -81,6 +91,10 @@ class BackendSettings:
     emulated_load: Path | None = None
     """Emulated GPUs: the YAML map ``NAMESPACE/POD`` -> what the devices each pod holds report
     (``--emulated-load``); ``None``: every pod idle. Default ``None``."""
+    proc_root: Path | None = None
+    """The folder holding ``proc/`` whose driver files the CDI spec is made from
+    (``--proc-root``); emulated GPUs write their emulated driver files there. ``None``: ``/``
+    (NVML); an emulated backend then writes none. Default ``None``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +163,14 @@ class KubeletSettings:
     publish_capacity: bool = True
     """In a cluster with a real kubelet: write new MIG device counts into the Node as soon as
     the kubelet lists them (``--no-publish-capacity`` turns it off). Default on."""
+    cdi_spec_dir: Path = DEFAULT_CDI_SPEC_DIR
+    """With the cdi-cri strategy: where the CDI spec of the advertised devices is written
+    (``--cdi-spec-dir``, ``docs/cdi.md``). Default ``/var/run/cdi``."""
+
+    @property
+    def cdi(self) -> bool:
+        """Whether Allocate answers with CDI names (a spec must then define them)."""
+        return devices.DeviceListStrategy.CDI_CRI in self.device_list_strategies
 
 
 @dataclass(frozen=True, slots=True)
@@ -516,6 +538,7 @@ def run(settings: Settings, out: IO[str], *, standin: StandinFactory | None = No
             raise errors.AgentConfigError("--emulated-load needs --backend emulated:...")
         load = sampling.LoadFile(settings.backend.emulated_load)
         load.load()  # a bad file stops the agent here, with the field named
+    cdi_kind = _check_cdi(settings)
     labels_file = settings.labels_file
     if labels_file is not None and not labels_file.parent.is_dir():
         raise errors.AgentConfigError(
@@ -585,9 +608,42 @@ def run(settings: Settings, out: IO[str], *, standin: StandinFactory | None = No
             cluster=cluster,
             files=files,
             load=load,
+            cdi_writer=_cdi_writer(settings, cdi_kind),
         )
     finally:
         gpus.close()
+
+
+def _check_cdi(settings: Settings) -> str | None:
+    """With the cdi-cri strategy and a device plugin or stand-in kubelet to advertise for: the
+    CDI kind (``<vendor>/<class>``), the proc root checked; else ``None``: no spec is written
+    (``docs/cdi.md``)."""
+    kubelet, backend_settings = settings.kubelet, settings.backend
+    root = backend_settings.proc_root
+    if root is not None and not root.is_dir():
+        raise errors.AgentConfigError(f"--proc-root {root}: not a folder")
+    if not kubelet.cdi or kubelet.mode is KubeletMode.NONE or settings.once:
+        return None
+    if backend_settings.spec.strip() != "nvml" and root is None:
+        raise errors.AgentConfigError(
+            "--device-list-strategy cdi with an emulated backend needs --proc-root DIR: the "
+            "emulated GPUs write their driver files there and the CDI spec is made from them"
+        )
+    allocate = allocating.AllocateSettings(device_list_strategies=kubelet.device_list_strategies)
+    return cdi.check_kind(allocate.cdi_vendor, allocate.cdi_class)
+
+
+def _cdi_writer(settings: Settings, kind: str | None) -> cdifiles.CdiWriter | None:
+    """The CDI spec's writer (its folder created), when :func:`_check_cdi` gave a kind."""
+    if kind is None:
+        return None
+    root = settings.backend.proc_root
+    return cdifiles.CdiWriter(
+        settings.kubelet.cdi_spec_dir,
+        node=settings.cluster.node or socket.gethostname(),
+        proc_root=root if root is not None else cdifiles.DEFAULT_PROC_ROOT,
+        kind=kind,
+    )
 
 
 def desired_source(settings: Settings) -> running.DesiredSource:
@@ -682,6 +738,7 @@ def open_backend(settings: BackendSettings, *, node: str | None) -> backend.GpuB
         raise errors.AgentConfigError(f"--state-file {state}: folder {state.parent} does not exist")
     return emulated.EmulatedBackend(
         parsed.models,
+        proc_root=settings.proc_root,
         pci_ids=parsed.pci_ids,
         mig_enabled=parsed.mig_enabled,
         state_path=state,
@@ -899,6 +956,7 @@ def _serve(
     cluster: KubeSide | None,
     files: sharingconfig.ConfigFiles | None,
     load: sampling.LoadFile | None,
+    cdi_writer: cdifiles.CdiWriter | None = None,
 ) -> int:
     stop = threading.Event()
 
@@ -918,7 +976,7 @@ def _serve(
     holders: Callable[[], Mapping[str, str]] = dict
     if settings.kubelet.mode is KubeletMode.REAL:
         plugin = serving.DevicePlugin(
-            plugin_settings, unified=cluster.pool if cluster is not None else None
+            plugin_settings, unified=cluster.pool if cluster is not None else None, cdi=cdi_writer
         )
         if cluster is not None:
             cluster.pool.attach(plugin)  # the plugin's ledger says what Allocate handed out
@@ -951,6 +1009,11 @@ def _serve(
             advertised=_registered_counts(plugin) if plugin is not None else None,
         )
         in_use, listener = wired.in_use, wired.listener
+        if plugin is None and cdi_writer is not None:
+            # The stand-in kubelet publishes the Node's counts when told of the pass: the spec
+            # is written first.
+            first = cdifiles.CdiListener(cdi_writer, strategy=plugin_settings.strategy)
+            listener = running.Listeners([first, listener])
         if plugin is not None and client is not None and settings.kubelet.publish_capacity:
             publisher = _publisher(cluster, plugin, client)
             listener = running.Listeners([listener, publisher])

@@ -88,6 +88,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(cdi, i.e. cdi-cri); both with envvar,cdi",
     )
     p.add_argument(
+        "--cdi-spec-dir",
+        default=str(assembling.DEFAULT_CDI_SPEC_DIR),
+        metavar="DIR",
+        help="with --device-list-strategy cdi: where the CDI spec of the advertised devices is "
+        f"written, migpilot-<node>.json (default: {assembling.DEFAULT_CDI_SPEC_DIR}; see "
+        "docs/cdi.md)",
+    )
+    p.add_argument(
+        "--proc-root",
+        default=None,
+        metavar="DIR",
+        help="the folder holding proc/ whose driver files (device minors, MIG capabilities) "
+        "the CDI spec is made from (default: /); with an emulated backend, where it writes "
+        "its emulated driver files (required with --device-list-strategy cdi)",
+    )
+    p.add_argument(
         "--kubelet-dir",
         default=assembling.DEFAULT_KUBELET_DIR,
         metavar="DIR",
@@ -286,6 +302,7 @@ def settings_from(args: argparse.Namespace) -> assembling.Settings:
             spec=args.backend,
             state_file=_path(args.state_file),
             emulated_load=_path(args.emulated_load),
+            proc_root=_path(args.proc_root),
         ),
         layouts=assembling.LayoutSettings(
             config=_path(args.config),
@@ -305,6 +322,7 @@ def settings_from(args: argparse.Namespace) -> assembling.Settings:
             device_list_strategies=_device_list(args.device_list_strategy),
             allocate_wait_s=args.allocate_wait,
             publish_capacity=not args.no_publish_capacity,
+            cdi_spec_dir=Path(args.cdi_spec_dir),
         ),
         cluster=assembling.ClusterSettings(
             node=args.node,

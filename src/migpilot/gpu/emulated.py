@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import NotRequired, TypedDict, cast
 
 from migpilot import errors, files
-from migpilot.gpu import backend, clocks
+from migpilot.gpu import backend, clocks, emulated_proc
 from migpilot.mig import catalog, layouts, pciids, profiles
 
 STATE_VERSION = 1
@@ -304,8 +304,12 @@ class EmulatedBackend:
         times: OperationTimes = INSTANT,
         mig_enabled: bool = True,
         durable: bool = True,
+        proc_root: Path | None = None,
     ) -> None:
         self._path = state_path
+        self._proc_root: Path | None = None
+        """Set once the GPUs are known: below it the driver's proc files are kept
+        (:mod:`emulated_proc`)."""
         self._durable = durable
         self._clock: clocks.Clock = clock if clock is not None else clocks.VirtualClock()
         self._times = times
@@ -360,6 +364,9 @@ class EmulatedBackend:
                     f"{where} holds GPUs with PCI ids {', '.join(map(str, self._pci_ids))}, "
                     f"not {', '.join(map(str, wanted))}"
                 )
+        if proc_root is not None:
+            self._proc_root = proc_root
+            self._write_proc()
 
     # --- test hooks ----------------------------------------------------------------------------
 
@@ -742,6 +749,24 @@ class EmulatedBackend:
                 json.dumps(self._state, indent=1, sort_keys=True),
                 durable=self._durable,
             )
+        self._write_proc()
+
+    def _write_proc(self) -> None:
+        """The driver's proc files of the GPUs as they are now (with ``proc_root``)."""
+        if self._proc_root is None:
+            return
+        gpus = [
+            emulated_proc.EmulatedGpu(
+                index=g["index"],
+                uuid=g["uuid"],
+                product_name=m.product_names[0],
+                instances=tuple((i["gi"], i["ci"]) for i in g["instances"])
+                if g["mig_current"]
+                else (),
+            )
+            for g, m in zip(self._state["gpus"], self._models, strict=True)
+        ]
+        emulated_proc.sync(self._proc_root, emulated_proc.tree(gpus))
 
     def _gpu(self, gpu: int) -> GpuState:
         gpus = self._state["gpus"]

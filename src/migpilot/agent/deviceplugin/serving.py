@@ -16,7 +16,9 @@ The servicer only decodes, calls the sans-IO core (``advertising``, ``allocating
 ledger, on disk, before it is sent; when no pod is known for it yet, the node's pods are read
 again from the API and the call waits up to ``allocate_wait_s`` before failing. A unified pod
 whose reservation is an MPS slice (a node in mode ``mps``) gets the slice's MPS answer
-(:func:`slices.container_allocation`), not a MIG device's. This module
+(:func:`slices.container_allocation`), not a MIG device's. With a :class:`CdiSink` (the
+cdi-cri strategy, ``docs/cdi.md``) the CDI spec of a view is written before any server publishes
+it, and a device it has no entry for is advertised Unhealthy. This module
 and ``podresources`` are the only ones that speak to the kubelet.
 """
 
@@ -110,6 +112,16 @@ class UnifiedSource(Protocol):
         ...
 
 
+class CdiSink(Protocol):
+    """Where the CDI spec of what the plugin advertises is written (``cdifiles.CdiWriter``)."""
+
+    def write(
+        self, node: devices.NodeDevices, resources: tuple[devices.Resource, ...]
+    ) -> frozenset[str]:
+        """Write the spec of ``resources``; the device IDs it has no entry for."""
+        ...
+
+
 def socket_identity(path: pathlib.Path) -> SocketIdentity | None:
     """The identity of the file at ``path``, or None when there is none."""
     try:
@@ -123,6 +135,24 @@ def held_key(device_id: str) -> str:
     """What the ledger and the kubelet's in-use set hold a device as: an MPS slice by its own
     ID (a pod holds one slice, not the GPU), a replica as its real device."""
     return device_id if devices.is_slice_id(device_id) else replicas.real_id(device_id)
+
+
+def _unhealthy(
+    resources: tuple[devices.Resource, ...], ids: frozenset[str]
+) -> tuple[devices.Resource, ...]:
+    """``resources`` with the devices ``ids`` Unhealthy."""
+    if not ids:
+        return resources
+    return tuple(
+        devices.Resource(
+            r.name,
+            tuple(
+                devices.Device(d.id, d.gpu_index, devices.Health.UNHEALTHY) if d.id in ids else d
+                for d in r.devices
+            ),
+        )
+        for r in resources
+    )
 
 
 def _encode_devices(resource: devices.Resource) -> Any:
@@ -287,10 +317,13 @@ class DevicePlugin:
         *,
         clock: Callable[[], float] = time.monotonic,
         unified: UnifiedSource | None = None,
+        cdi: CdiSink | None = None,
     ) -> None:
         self.settings = settings
         self._clock = clock
         self._unified = unified
+        self._cdi = cdi
+        """With the cdi-cri strategy: the spec is written before each view is advertised."""
         self._allocating = threading.Lock()
         """Held while an Allocate of ``nvidia.com/gpu`` is resolved and recorded: one at a
         time, so two never take the same pod."""
@@ -687,6 +720,10 @@ class DevicePlugin:
         self.sharing_problem = problem
         self._shared = shared
         resources = shared.resources
+        if self._cdi is not None:
+            # Before any server publishes: a device is in the spec before the kubelet can
+            # hand it out; one the spec cannot describe is advertised Unhealthy.
+            resources = _unhealthy(resources, self._cdi.write(node, resources))
         gone = {held_key(d.id) for r in self._advertised_now() for d in r.devices} - {
             held_key(d.id) for r in resources for d in r.devices
         }
