@@ -177,15 +177,16 @@ def expected_node(
 
 
 def check_nodes(
-    spec: cdi.Spec, *, dev_root: Path, facts: cdi.DriverFacts, majors: dict[str, int]
+    spec: cdi.Spec, *, root: Path, facts: cdi.DriverFacts, majors: dict[str, int]
 ) -> list[dict[str, Any]]:
-    """One row per device node of the spec: what it must be, what it is, ok."""
+    """One row per device node of the spec: what it must be, what it is (the path below
+    ``root``, where ``dev/`` is), ok."""
     rows: list[dict[str, Any]] = []
     named = [("(common)", p) for p in spec.common_nodes]
     named += [(d.name, p) for d in spec.devices for p in d.nodes]
     for name, path in named:
         want_major, want_minor = expected_node(path, facts=facts, majors=majors)
-        host = dev_root / path.lstrip("/")
+        host = root / path.lstrip("/")
         row: dict[str, Any] = {
             "device": name,
             "path": path,
@@ -365,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # -- the checks -----------------------------------------------------------------------------
     if spec is not None and facts is not None:
-        rows = check_nodes(spec, dev_root=dev, facts=facts, majors=majors)
+        rows = check_nodes(spec, root=root, facts=facts, majors=majors)
         summary["checks"]["device_nodes"] = rows
         ok &= all(r["ok"] for r in rows)
         ctk = shutil.which("nvidia-ctk")

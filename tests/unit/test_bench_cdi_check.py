@@ -101,3 +101,16 @@ def test_compare_names_what_only_one_side_has() -> None:
 def test_ctk_yaml_output_is_read_too() -> None:
     text = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-a\n"
     assert cdi_check.ctk_specs(text)[0]["devices"] == [{"name": "GPU-a"}]
+
+
+def test_check_nodes_looks_below_the_root_where_dev_is(tmp_path: Path) -> None:
+    """A node present below ``root/dev`` is found (here a plain file, so the check says it is
+    not a character device rather than absent), an absent one is said absent."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").write_text("")
+    spec = cdi_check.cdi.Spec("k/gpu", (cdi_check.cdi.Device("GPU-a", ("/dev/nvidia0",)),))
+    facts = cdi_check.cdi.DriverFacts(gpu_minors={"GPU-a": 0}, cap_minors={})
+    rows = cdi_check.check_nodes(spec, root=tmp_path, facts=facts, majors={"nvidia": 195})
+    by_path = {r["path"]: r for r in rows}
+    assert by_path["/dev/nvidia0"]["problem"] == "not a character device"
+    assert by_path["/dev/nvidiactl"]["problem"].startswith("absent")
