@@ -408,7 +408,9 @@ class KubeSide:
             listeners.insert(0, kubelet)
         counters = None
         if self.counters:
-            counters = unifying.NodeCounters(self.api, node=self.node, mps_node=self.mps_node)
+            counters = unifying.NodeCounters(
+                self.api, node=self.node, mps_node=self.mps_node, sharing=self.sharing
+            )
             listeners.append(counters)
         if self.startup is not None:
             if advertised is None and kubelet is not None:
@@ -480,7 +482,8 @@ def kube_side(
     def spec() -> gpulayouts.LayoutSpec | None:
         return source.acted_on.spec if source.acted_on is not None else None
 
-    pool = unifying.UnifiedPool(api, node=source.node, pods=pods, spec=spec)
+    sharing = CurrentSharing()
+    pool = unifying.UnifiedPool(api, node=source.node, pods=pods, spec=spec, sharing=sharing)
     kubelet = None
     if standin is not None:
         inputs = StandinInputs(
@@ -513,6 +516,7 @@ def kube_side(
         sharing_label=sharing_label,
         mps_node=mps_node,
         now=now,
+        sharing=sharing,
         startup=taint,
     )
 
