@@ -5,13 +5,14 @@ the spec keeps for unified pods, handed to them; the node counters of time-slici
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from migpilot.agent import assembling, metrics, reconciling, running
 from migpilot.agent.cluster import boundpods, following, kubeapi, reporting
-from migpilot.agent.deviceplugin import devices, podresources, resolving
+from migpilot.agent.deviceplugin import devices, podresources, resolving, serving
 from migpilot.agent.rules import changes, desired
 from migpilot.agent.sharing import timeslicing, unifying
 from migpilot.api import gpulayouts as gl
@@ -298,3 +299,57 @@ def test_a_missing_replica_is_refused_by_name() -> None:
     assert found == resolving.Refusal(
         "pod ns/u: the time-slicing replicas reserved for it are not served: GPU 0 replica 3"
     )
+
+
+# --- the device plugin: Allocate of a kept replica ----------------------------------------------
+
+
+class Source:
+    """The unified pool's inputs as the plugin reads them: one unified pod u with replica 2 of
+    GPU 0 kept for it, and an NVIDIA-style pod w, newer."""
+
+    def __init__(self) -> None:
+        kept = resolving.time_slice(0, 2, uuid="GPU-0::2", model=H100)
+        u = resolving.GpuPod("ns", "u", "u", T0, (resolving.Container("c", False, 1),), True)
+        w = resolving.GpuPod(
+            "ns", "w", "w", "2026-01-01T00:00:01Z", (resolving.Container("c", False, 1),), False
+        )
+        self.now = resolving.Inputs((u, w), {"ns/u": (kept,)}, frozenset({"GPU-0::2"}))
+
+    def inputs(self, *, fresh: bool) -> resolving.Inputs:
+        return self.now
+
+
+def test_the_plugin_gives_a_unified_pod_its_kept_replica_and_records_it(tmp_path: Path) -> None:
+    plugin = serving.DevicePlugin(
+        serving.PluginSettings(plugin_dir=tmp_path, strategy=devices.MigStrategy.NONE),
+        unified=Source(),
+    )
+    plugin.start(view(gpu(0)))
+    plugin.set_sharing(ts(4))
+    try:
+        # GetPreferredAllocation steers the kubelet to u's replica; Allocate gives it whatever
+        # the kubelet picked, and the ledger names u (the status reports it usedBy u).
+        available = [f"GPU-0::{i}" for i in range(4)]
+        assert plugin.preferred_devices(
+            _resource(plugin), available=available, must_include=[], size=1
+        ) == ("GPU-0::2",)
+        (answer,) = plugin.allocate_containers(GPU, [["GPU-0::0"]])
+        assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0"
+        assert plugin.pod_allocations()["ns/u"].devices == {"GPU-0::2"}
+        assert "GPU-0::2" in plugin.handed_out()
+        # w, an NVIDIA-style pod, is steered off the kept replica and answered as NVIDIA's.
+        got = plugin.preferred_devices(
+            _resource(plugin), available=available, must_include=[], size=1
+        )
+        assert got != ("GPU-0::2",)
+        (answer,) = plugin.allocate_containers(GPU, [list(got)])
+        assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0"
+        w = plugin.pod_allocations().get("ns/w")
+        assert w is None or not w.unified
+    finally:
+        plugin.stop()
+
+
+def _resource(plugin: serving.DevicePlugin) -> devices.Resource:
+    return devices.Resource(GPU, plugin.advertised()[GPU])
