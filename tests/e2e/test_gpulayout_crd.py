@@ -173,6 +173,37 @@ def test_status_rules_reject_bad_states_uuids_and_summaries(crd: ControlPlane) -
     assert "summary" in _rejected(lambda: _apply_status(crd, "gl-node-b", lying))
 
 
+def test_time_slicing_replicas_round_trip_and_a_free_one_names_no_user(crd: ControlPlane) -> None:
+    """A GPU of a node in mode time-slicing: the replicas kept for unified pods in the spec,
+    every replica and its holder in the status."""
+    spec = gl.LayoutSpec((gl.GpuSpec(0, None, (), replicas=(gl.ReplicaSpec(2, "default/q"),)),))
+    _apply_spec(crd, dict(wire.spec_patch("gl-ts", spec)))
+    used, free = gl.InstanceState.USED, gl.InstanceState.FREE
+    status = gl.LayoutStatus(
+        observed_generation=1,
+        gpus=(
+            gl.GpuStatus(
+                0,
+                "NVIDIA A100-SXM4-40GB",
+                "GPU-0",
+                (),
+                replicas=(
+                    gl.ReplicaStatus(0, used, "default/p"),
+                    gl.ReplicaStatus(1, used),
+                    gl.ReplicaStatus(2, gl.InstanceState.RESERVED),
+                    gl.ReplicaStatus(3, free),
+                ),
+            ),
+        ),
+    )
+    _apply_status(crd, "gl-ts", status)
+    back = wire.parse(crd.client.get(GpuLayout, "gl-ts").to_dict())
+    assert back.spec == spec and back.status == status
+    lying = json.loads(json.dumps(wire.status_patch("gl-ts", status)))
+    lying["status"]["gpus"][0]["replicas"][3]["usedBy"] = "default/x"
+    assert "only a used replica" in _rejected(lambda: _apply_status(crd, "gl-ts", lying))
+
+
 def test_only_a_free_instance_may_become_destroying(crd: ControlPlane) -> None:
     _apply_spec(crd, _spec("gl-node-c"))
     _apply_status(crd, "gl-node-c", _status("used"))

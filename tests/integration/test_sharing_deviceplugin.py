@@ -165,7 +165,8 @@ def test_replicas_in_podresources_count_as_their_device(kubelet: FakeKubelet) ->
     try:
         kubelet.wait_registered(SHARED)
         kubelet.assign("default", "p", SHARED, ["GPU-1::1"])
-        assert client.allocated_device_ids() == {"GPU-1"}
+        # The GPU (kept from reconfiguring) and the replica (the GpuLayout reports it used).
+        assert client.allocated_device_ids() == {"GPU-1", "GPU-1::1"}
     finally:
         client.close()
         dp.stop()

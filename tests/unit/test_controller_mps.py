@@ -13,7 +13,6 @@ from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import kubeapi, observing, running
 from migpilot.kube import objects as kubeobjects
-from migpilot.planning import fast, options
 from tests.unit.test_controller_running import WAIT_S, _run, _until
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -148,36 +147,6 @@ def _unified(name: str, annotations: dict[str, str] | None = None) -> dict[str, 
     if annotations:
         pod["metadata"]["annotations"] = annotations
     return pod
-
-
-def test_a_unified_pod_is_planned_off_time_slicing_nodes_in_a_cluster() -> None:
-    """The planner could give a unified pod a time-slicing replica, but in a cluster replicas are
-    the sharing config's and not reserved: the controller's snapshot keeps unified pods off
-    such nodes (MPS slices are reserved and served, so mps nodes stay in)."""
-    view = observing.pod_view(_unified("u"))
-    assert view.unified and view.pod is not None
-    ((req,),) = view.pod.affinity
-    assert (req.key, req.operator, set(req.values)) == (
-        "migpilot.io/mode",
-        "NotIn",
-        {"time-slicing"},
-    )
-    node = _node("t0")
-    node["metadata"]["labels"]["migpilot.io/mode"] = "time-slicing"
-    layout = wire.parse(
-        {
-            "apiVersion": gl.API_VERSION,
-            "kind": gl.KIND,
-            "metadata": {"name": "t0"},
-            "spec": {"gpus": []},
-            "status": {"gpus": [{"index": 0, "model": A100, "uuid": "GPU-0", "instances": []}]},
-        }
-    )
-    observed = observing.observe(
-        pods=[view], nodes=[observing.node_view(node)], layouts_by_node={"t0": layout}
-    )
-    plan = fast.plan(observed.snapshot, options.Options())
-    assert not plan.placements and [u.pod for u in plan.unschedulable] == ["ns/u"]
 
 
 def test_a_unified_pod_gets_an_mps_slice_advertised_as_nvidia_gpu_and_is_pinned() -> None:

@@ -566,7 +566,7 @@ TWO = [pod("p", c("main", 2))]
     ("reserved", "allocated", "message"),
     [
         ((), {}, "pod ns/p: no MIG instance is reserved for it on this node, nor any MPS slice "
-         "(the GpuLayout spec names none with reservedFor)"),
+         "or time-slicing replica (the GpuLayout spec names none with reservedFor)"),
         ((inst("A"), inst(None, 3), inst(None, 4, "2g.20gb")), {},
          "pod ns/p: the MIG instances reserved for it do not exist: GPU 0 1g.10gb@3, "
          "GPU 0 2g.20gb@4"),

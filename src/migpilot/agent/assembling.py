@@ -314,6 +314,23 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class CurrentSharing:
+    """The node's sharing config as the agent serves it, for the parts made before the sharing
+    follower is (the reporter's time-slicing replicas, the unified pool, the node counters):
+    none until :meth:`follow` names the follower's ``current``."""
+
+    def __init__(self) -> None:
+        self._current: Callable[[], sharing_config.Config] = lambda: sharing_config.EMPTY
+
+    def follow(self, current: Callable[[], sharing_config.Config]) -> None:
+        """Read the config from ``current`` from now on."""
+        self._current = current
+
+    def __call__(self) -> sharing_config.Config:
+        """The config served now."""
+        return self._current()
+
+
 @dataclass(frozen=True, slots=True)
 class Wired:
     """The agent's inputs and outputs on the Kubernetes side, from :meth:`KubeSide.wire`."""
@@ -356,6 +373,9 @@ class KubeSide:
     """Whether the Node is in mode ``mps`` now (its GPUs with MIG off are then reported)."""
     now: Callable[[], str] = _now
     """The time stamp of a status (RFC 3339, seconds)."""
+    sharing: CurrentSharing = field(default_factory=CurrentSharing)
+    """The node's sharing config (its time-slicing replicas are reported, pooled and counted);
+    set by :meth:`share_with`."""
     startup: startup.StartupTaint | None = None
     """Removes the startup taint from the Node once the agent is ready (:meth:`wire` says
     what ready means); fed the Node by the caller's Node watch (:meth:`StartupTaint.node_seen`)."""
@@ -364,6 +384,13 @@ class KubeSide:
     def node(self) -> str:
         """The node's name."""
         return self.source.node
+
+    def share_with(self, current: Callable[[], sharing_config.Config]) -> None:
+        """The node's sharing config is ``current``'s (the sharing follower's): its replicas are
+        reported, pooled for unified pods and counted, and the stand-in advertises them."""
+        self.sharing.follow(current)
+        if self.kubelet is not None:
+            self.kubelet.share_with(current)
 
     def wire(
         self,
@@ -396,13 +423,16 @@ class KubeSide:
             static=self.statics,
             used_by=lambda: {k: v for f in owners for k, v in f().items()},
             mps_node=self.mps_node,
+            sharing=self.sharing,
         )
         listeners: list[running.PassListener] = [reporter]
         if kubelet is not None:
             listeners.insert(0, kubelet)
         counters = None
         if self.counters:
-            counters = unifying.NodeCounters(self.api, node=self.node, mps_node=self.mps_node)
+            counters = unifying.NodeCounters(
+                self.api, node=self.node, mps_node=self.mps_node, sharing=self.sharing
+            )
             listeners.append(counters)
         if self.startup is not None:
             if advertised is None and kubelet is not None:
@@ -474,7 +504,8 @@ def kube_side(
     def spec() -> gpulayouts.LayoutSpec | None:
         return source.acted_on.spec if source.acted_on is not None else None
 
-    pool = unifying.UnifiedPool(api, node=source.node, pods=pods, spec=spec)
+    sharing = CurrentSharing()
+    pool = unifying.UnifiedPool(api, node=source.node, pods=pods, spec=spec, sharing=sharing)
     kubelet = None
     if standin is not None:
         inputs = StandinInputs(
@@ -507,6 +538,7 @@ def kube_side(
         sharing_label=sharing_label,
         mps_node=mps_node,
         now=now,
+        sharing=sharing,
         startup=taint,
     )
 
@@ -912,6 +944,8 @@ def run_once(
         holders = asked.holders
     in_use: reconciling.InUse = reconciling.AnyOf(sources)
     listener = None
+    if sharing is not None and cluster is not None:
+        cluster.share_with(sharing.current)
     if cluster is not None:
         wired = cluster.wire(in_use, gpus=gpus, holders=holders)
         in_use, listener = wired.in_use, wired.listener
@@ -996,8 +1030,8 @@ def _serve(
         cluster=cluster,
         apply=plugin.set_sharing if plugin is not None else lambda _: None,
     )
-    if sharing is not None and cluster is not None and cluster.kubelet is not None:
-        cluster.kubelet.share_with(sharing.current)
+    if sharing is not None and cluster is not None:
+        cluster.share_with(sharing.current)
     in_use: reconciling.InUse = reconciling.AnyOf(sources)
     listener: running.PassListener | None = None
     publisher: capacity.CapacityPublisher | None = None

@@ -148,6 +148,19 @@ class SliceSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """A time-slicing replica the controller keeps for a unified pod on a GPU of a node in mode
+    ``time-slicing`` (``docs/modes.md``): the replica (NVIDIA's sharing config advertises each
+    GPU as ``replicas`` ``nvidia.com/gpu`` devices, ``<gpu-uuid>::<id>``) the pod's Allocate
+    gets. Only reserved replicas are listed: the replicas themselves are the sharing config's."""
+
+    id: int
+    """The replica's number on its GPU (the ``::<id>`` of its device ID)."""
+    reserved_for: str
+    """``namespace/name`` of the pending unified pod it is kept for."""
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSpec:
     """The instances the controller wants on one GPU, by start (or its MPS slices, by id)."""
 
@@ -157,6 +170,8 @@ class GpuSpec:
     instances: tuple[InstanceSpec, ...]
     mps: tuple[SliceSpec, ...] = ()
     """On a node in mode ``mps``: the GPU's MPS slices (then it has no MIG instances)."""
+    replicas: tuple[ReplicaSpec, ...] = ()
+    """On a node in mode ``time-slicing``: the replicas kept for unified pods, by id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +209,18 @@ class SliceStatus:
     """``namespace/name`` of the pod holding it, when the agent knows (state ``used`` only)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaStatus:
+    """A time-slicing replica the agent advertises (one ``nvidia.com/gpu`` device,
+    ``<gpu-uuid>::<id>``, on a node in mode ``time-slicing``)."""
+
+    id: int
+    state: InstanceState
+    """``free``, ``reserved`` (the spec keeps it for a pod, none holds it) or ``used``."""
+    used_by: str | None = None
+    """``namespace/name`` of the pod holding it, when the agent knows (state ``used`` only)."""
+
+
 SLICE_STATES = frozenset({InstanceState.FREE, InstanceState.RESERVED, InstanceState.USED})
 """The states a slice may report: it is made and removed with the daemon's bookkeeping, never
 ``creating`` or ``destroying``."""
@@ -209,6 +236,9 @@ class GpuStatus:
     uuid: str
     instances: tuple[InstanceStatus, ...]
     mps: tuple[SliceStatus, ...] = ()
+    replicas: tuple[ReplicaStatus, ...] = ()
+    """On a node in mode ``time-slicing``: every replica of the GPU, by id (how many the sharing
+    config makes of it, and which pod holds each)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,26 +309,25 @@ def used_by(layout: GpuLayout) -> dict[str, tuple[tuple[int, int, str], ...]]:
 
 def allocated(layout: GpuLayout, pod: str) -> bool:
     """Whether the unified pod ``pod`` (``namespace/name``) has been allocated on this node:
-    the status reports some instance or MPS slice ``usedBy`` it, and every instance and slice
-    the spec still reserves for it is among them (a pod whose containers are allocated one by
-    one is allocated once the last one is). The controller may then drop the pod's
+    the status reports some instance, MPS slice or time-slicing replica ``usedBy`` it, and every
+    one the spec still reserves for it is among them (a pod whose containers are allocated one
+    by one is allocated once the last one is). The controller may then drop the pod's
     reservations and let the next unified pod go to the node (``docs/unified.md``)."""
-    have = set(used_by(layout).get(pod, ()))
-    have_slices = {
-        (g.index, sl.id)
-        for g in (layout.status.gpus if layout.status is not None else ())
-        for sl in g.mps
-        if sl.used_by == pod
-    }
-    if not have and not have_slices:
+    status = layout.status.gpus if layout.status is not None else ()
+    have: set[tuple[object, ...]] = {("instance", *i) for i in used_by(layout).get(pod, ())}
+    have |= {("slice", g.index, sl.id) for g in status for sl in g.mps if sl.used_by == pod}
+    have |= {("replica", g.index, r.id) for g in status for r in g.replicas if r.used_by == pod}
+    if not have:
         return False
-    wanted = {
-        (g.index, i.start, i.profile)
-        for g in layout.spec.gpus
+    spec = layout.spec.gpus
+    wanted: set[tuple[object, ...]] = {
+        ("instance", g.index, i.start, i.profile)
+        for g in spec
         for i in g.instances
         if i.reserved_for == pod
     }
-    wanted_slices = {
-        (g.index, sl.id) for g in layout.spec.gpus for sl in g.mps if sl.reserved_for == pod
+    wanted |= {("slice", g.index, sl.id) for g in spec for sl in g.mps if sl.reserved_for == pod}
+    wanted |= {
+        ("replica", g.index, r.id) for g in spec for r in g.replicas if r.reserved_for == pod
     }
-    return wanted <= have and wanted_slices <= have_slices
+    return wanted <= have

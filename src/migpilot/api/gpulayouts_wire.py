@@ -62,11 +62,17 @@ class SliceSpecDoc(TypedDict):
     resource: NotRequired[str]
 
 
+class ReplicaSpecDoc(TypedDict):
+    id: int
+    reservedFor: str
+
+
 class GpuSpecDoc(TypedDict):
     index: int
     model: NotRequired[str]
     instances: list[InstanceSpecDoc]
     mps: NotRequired[list[SliceSpecDoc]]
+    replicas: NotRequired[list[ReplicaSpecDoc]]
 
 
 class SpecDoc(TypedDict):
@@ -89,12 +95,19 @@ class SliceStatusDoc(TypedDict):
     usedBy: NotRequired[str]
 
 
+class ReplicaStatusDoc(TypedDict):
+    id: int
+    state: str
+    usedBy: NotRequired[str]
+
+
 class GpuStatusDoc(TypedDict):
     index: int
     model: str
     uuid: str
     instances: list[InstanceStatusDoc]
     mps: NotRequired[list[SliceStatusDoc]]
+    replicas: NotRequired[list[ReplicaStatusDoc]]
 
 
 class ConditionDoc(TypedDict):
@@ -331,9 +344,64 @@ def _slices(
     return tuple(sorted(found, key=lambda sl: sl.id))
 
 
+def _replica_id(d: Mapping[str, Any], where: str) -> int:
+    return _int(d, "id", where, maximum=sharing_config.MAX_REPLICAS - 1)
+
+
+def _replica_spec(raw: Any, where: str) -> gpulayouts.ReplicaSpec:
+    d = _mapping(raw, where, required=True)
+    _only(d, frozenset({"id", "reservedFor"}), where)
+    ident = _replica_id(d, where)
+    reserved = _pod_name(d, "reservedFor", where)
+    if reserved is None:
+        raise _fail(f"{where}.reservedFor", "required: only replicas kept for a pod are listed")
+    return gpulayouts.ReplicaSpec(ident, reserved)
+
+
+def _replica_status(raw: Any, where: str) -> gpulayouts.ReplicaStatus:
+    d = _mapping(raw, where, required=True)
+    _only(d, frozenset({"id", "state", "usedBy"}), where)
+    ident = _replica_id(d, where)
+    text = d.get("state")
+    try:
+        state = gpulayouts.InstanceState(str(text))
+    except ValueError:
+        state = None
+    if state not in gpulayouts.SLICE_STATES:
+        names = ", ".join(sorted(x.value for x in gpulayouts.SLICE_STATES))
+        raise _fail(f"{where}.state", f"{text!r} is not one of {names}")
+    assert state is not None
+    used_by = _pod_name(d, "usedBy", where)
+    if used_by is not None and state is not gpulayouts.InstanceState.USED:
+        raise _fail(f"{where}.usedBy", f"only a used replica has one (state {state.value})")
+    return gpulayouts.ReplicaStatus(ident, state, used_by)
+
+
+def _replicas(raw: Any, where: str, parse_one: Any) -> tuple[Any, ...]:
+    items = _list(raw, where)
+    most = sharing_config.MAX_REPLICAS
+    if len(items) > most:
+        raise _fail(where, f"{len(items)} replicas; a GPU has at most {most}")
+    found = [parse_one(r, f"{where}[{j}]") for j, r in enumerate(items)]
+    seen: set[int] = set()
+    for j, r in enumerate(found):
+        if r.id in seen:
+            raise _fail(f"{where}[{j}].id", f"a second replica with id {r.id}")
+        seen.add(r.id)
+    return tuple(sorted(found, key=lambda r: r.id))
+
+
+def _one_kind(where: str, insts: Sequence[Any], mps: Sequence[Any], reps: Sequence[Any]) -> None:
+    if reps and (insts or mps):
+        raise _fail(
+            f"{where}.replicas",
+            "a GPU holds MIG instances, MPS slices or time-slicing replicas, one kind only",
+        )
+
+
 def _gpu_spec(raw: Any, where: str) -> gpulayouts.GpuSpec:
     d = _mapping(raw, where, required=True)
-    _only(d, frozenset({"index", "model", "instances", "mps"}), where)
+    _only(d, frozenset({"index", "model", "instances", "mps", "replicas"}), where)
     index = _int(d, "index", where)
     model = _model(d, where, required=False)
     w = f"{where}.instances"
@@ -345,11 +413,14 @@ def _gpu_spec(raw: Any, where: str) -> gpulayouts.GpuSpec:
     mps = _slices(d.get("mps"), f"{where}.mps", model, _slice_spec)
     if mps and insts:
         raise _fail(f"{where}.mps", "a GPU holds MIG instances or MPS slices, not both")
+    reps = _replicas(d.get("replicas"), f"{where}.replicas", _replica_spec)
+    _one_kind(where, insts, mps, reps)
     return gpulayouts.GpuSpec(
         index,
         d["model"] if model is not None else None,
         tuple(sorted(insts, key=lambda i: i.start)),
         mps,
+        reps,
     )
 
 
@@ -389,7 +460,7 @@ def _instance_status(raw: Any, where: str, model: profiles.GpuModel) -> gpulayou
 
 def _gpu_status(raw: Any, where: str) -> gpulayouts.GpuStatus:
     d = _mapping(raw, where, required=True)
-    _only(d, frozenset({"index", "model", "uuid", "instances", "mps"}), where)
+    _only(d, frozenset({"index", "model", "uuid", "instances", "mps", "replicas"}), where)
     index = _int(d, "index", where)
     model = _model(d, where, required=True)
     assert model is not None
@@ -403,8 +474,10 @@ def _gpu_status(raw: Any, where: str) -> gpulayouts.GpuStatus:
     mps = _slices(d.get("mps"), f"{where}.mps", model, _slice_status)
     if mps and insts:
         raise _fail(f"{where}.mps", "a GPU holds MIG instances or MPS slices, not both")
+    reps = _replicas(d.get("replicas"), f"{where}.replicas", _replica_status)
+    _one_kind(where, insts, mps, reps)
     return gpulayouts.GpuStatus(
-        index, d["model"], uuid, tuple(sorted(insts, key=lambda i: i.start)), mps
+        index, d["model"], uuid, tuple(sorted(insts, key=lambda i: i.start)), mps, reps
     )
 
 
@@ -520,6 +593,8 @@ def _spec_doc(spec: gpulayouts.LayoutSpec) -> SpecDoc:
                     doc["resource"] = sl.resource
                 slices.append(doc)
             gpu["mps"] = slices
+        if g.replicas:
+            gpu["replicas"] = [{"id": r.id, "reservedFor": r.reserved_for} for r in g.replicas]
         gpus.append(gpu)
     return {"gpus": gpus}
 
@@ -559,6 +634,14 @@ def _status_doc(status: gpulayouts.LayoutStatus) -> StatusDoc:
                     one["usedBy"] = sl.used_by
                 slices.append(one)
             gpu["mps"] = slices
+        if g.replicas:
+            replicas: list[ReplicaStatusDoc] = []
+            for r in g.replicas:
+                rep: ReplicaStatusDoc = {"id": r.id, "state": r.state.value}
+                if r.used_by is not None:
+                    rep["usedBy"] = r.used_by
+                replicas.append(rep)
+            gpu["replicas"] = replicas
         gpus.append(gpu)
     conditions: list[ConditionDoc] = []
     for c in status.conditions:

@@ -81,6 +81,10 @@ class PodView:
     MIG instances advertised as ``nvidia.com/gpu`` (``docs/unified.md``)."""
     gpus: int = 0
     """For a unified pod: the ``nvidia.com/gpu`` devices (MIG instances) it asks for in all."""
+    whole_gpus: int = 0
+    """For any other pod: the ``nvidia.com/gpu`` devices it asks for (whole GPUs, or NVIDIA's
+    time-slicing replicas on a node shared so: they take replicas the planner must not give
+    away)."""
     counters: tuple[str, ...] = ()
     """For a unified pod: the node-level counters its containers name (``nvidia.com/gpumem``
     and the like), which kube-scheduler checks against the Node's allocatable."""
@@ -203,6 +207,7 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         memory_bytes=int(total.get("memory", 0)),
         unified=is_unified,
         gpus=gpus,
+        whole_gpus=0 if is_unified else int(total.get(unified.GPU, 0)),
         counters=tuple(sorted({n for c in containers for n in unified.UNIFIED_RESOURCES if n in c}))
         if is_unified
         else (),
@@ -216,24 +221,6 @@ def _serves(name: Any) -> bool:
     """A resource migpilot serves: a MIG instance or an MPS slice."""
     text = str(name)
     return text.startswith(snapshot.MIG_RESOURCE_PREFIX) or modes.is_mps_resource(text)
-
-
-_NOT_TIME_SLICED = snapshot.Requirement(modes.MODE_LABEL, "NotIn", (modes.Mode.TIME_SLICING.value,))
-"""Keeps a unified pod off nodes in mode ``time-slicing`` in the cluster."""
-
-
-def _off_time_slicing(
-    terms: tuple[tuple[snapshot.Requirement, ...], ...],
-) -> tuple[tuple[snapshot.Requirement, ...], ...]:
-    """A unified pod's affinity, as the controller plans it, narrowed to nodes not in mode
-    ``time-slicing``. The planner could serve its ask with a time-slicing replica
-    (``docs/modes.md``), but in a cluster the replicas are the sharing config's, advertised by
-    the agent for NVIDIA-style pods, and the controller neither reserves nor counts them, so
-    such a placement would wait forever. MIG instances and MPS slices are reserved and served.
-    The pod itself is not changed: this is the snapshot's view of it."""
-    if not terms:
-        return ((_NOT_TIME_SLICED,),)
-    return tuple((*term, _NOT_TIME_SLICED) for term in terms)
 
 
 def _planned_pod(
@@ -251,8 +238,6 @@ def _planned_pod(
         if required
         else ()
     )
-    if requests.unified is not None:
-        terms = _off_time_slicing(terms)
     selector = {str(k): str(v) for k, v in _map(spec.get("nodeSelector")).items()}
     priority = spec.get("priority")
     return snapshot.planned_pod(
@@ -371,6 +356,8 @@ class Reservation:
     """(GPU index, start, profile)."""
     slices: tuple[tuple[int, int, int], ...] = ()
     """MPS slices: (GPU index, slice id, GB)."""
+    replicas: tuple[tuple[int, int], ...] = ()
+    """Time-slicing replicas: (GPU index, replica id)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +380,8 @@ class Observed:
     """Nodes with MIG GPUs that are not planned, and why (``name: reason``), for events."""
     bound_gpus: Mapping[str, int] = field(default_factory=dict)
     """Per node, the ``nvidia.com/gpu`` devices unified pods bound to it (not done) ask for."""
+    bound_whole: Mapping[str, int] = field(default_factory=dict)
+    """Per node, the ``nvidia.com/gpu`` devices other pods bound to it (not done) ask for."""
     broken: Mapping[str, str] = field(default_factory=dict)
     """Nodes left out for a problem an admin must fix (an unknown ``migpilot.io/mode``, a GPU
     model the catalog lacks), and the problem: a Warning event on the Node."""
@@ -424,12 +413,15 @@ def observe(
     used_cpu: Counter[str] = Counter()
     used_mem: Counter[str] = Counter()
     bound_gpus: Counter[str] = Counter()
+    bound_whole: Counter[str] = Counter()
     for p in pod_map.values():
         if p.node and not p.done:
             bound.setdefault(p.node, Counter()).update(p.mig)
             bound[p.node].update(p.mps)
             if p.unified:
                 bound_gpus[p.node] += p.gpus
+            elif p.whole_gpus and p.ignored is None:
+                bound_whole[p.node] += p.whole_gpus
             # Every bound pod takes CPU and memory, MIG pod or not (kube-scheduler counts all).
             used_cpu[p.node] += p.cpu_milli
             used_mem[p.node] += p.memory_bytes
@@ -438,14 +430,17 @@ def observe(
     for node_name, layout in layouts_by_node.items():
         held: dict[str, list[tuple[int, int, str]]] = {}
         sliced: dict[str, list[tuple[int, int, int]]] = {}
+        shared: dict[str, list[tuple[int, int]]] = {}
         for g in layout.spec.gpus:
+            for rs in g.replicas:
+                shared.setdefault(rs.reserved_for, []).append((g.index, rs.id))
             for i in g.instances:
                 if i.reserved_for is not None:
                     held.setdefault(i.reserved_for, []).append((g.index, i.start, i.profile))
             for sl in g.mps:
                 if sl.reserved_for is not None:
                     sliced.setdefault(sl.reserved_for, []).append((g.index, sl.id, sl.memory_gb))
-        for key in sliced:
+        for key in (*sliced, *shared):
             held.setdefault(key, [])
         for key, insts in held.items():
             holder = pod_map.get(key)
@@ -458,8 +453,18 @@ def observe(
                 stale.add(node_name)
                 continue
             reservations[key] = Reservation(
-                key, node_name, tuple(sorted(insts)), tuple(sorted(sliced.get(key, ())))
+                key,
+                node_name,
+                tuple(sorted(insts)),
+                tuple(sorted(sliced.get(key, ()))),
+                tuple(sorted(shared.get(key, ()))),
             )
+    # Bound pods whose replicas a live reservation names (bound, not yet allocated): those
+    # are counted by the reservation, not again as bound.
+    bound_reserved: Counter[str] = Counter()
+    for r in reservations.values():
+        if r.replicas and pod_map[r.pod].node == r.node:
+            bound_reserved[r.node] += len(r.replicas)
     for r in reservations.values():
         reserved_pod = pod_map[r.pod].pod
         if reserved_pod is not None and pod_map[r.pod].node is None:  # a bound one counted
@@ -467,9 +472,11 @@ def observe(
             used_mem[r.node] += reserved_pod.memory_bytes
     live_by_node: dict[str, set[tuple[int, int, str]]] = {}
     live_slices: dict[str, set[tuple[int, int, str]]] = {}
+    live_replicas: dict[str, set[tuple[int, int]]] = {}
     for r in reservations.values():
         live_by_node.setdefault(r.node, set()).update(r.instances)
         live_slices.setdefault(r.node, set()).update((g, i, r.pod) for g, i, _ in r.slices)
+        live_replicas.setdefault(r.node, set()).update(r.replicas)
     planned: list[snapshot.Node] = []
     unplanned: list[str] = []
     broken: dict[str, str] = {}
@@ -500,13 +507,16 @@ def observe(
             continue
         live = frozenset(live_by_node.get(name, ()))
         live_mps = frozenset(live_slices.get(name, ()))
+        live_reps = frozenset(live_replicas.get(name, ()))
         holding = bound.get(name, Counter())
         inputs = (
             view,
             found,
             live,
             live_mps,
+            live_reps,
             tuple(sorted(holding.items())),
+            bound_gpus[name] + bound_whole[name] - bound_reserved[name],
             used_cpu[name],
             used_mem[name],
         )
@@ -519,6 +529,13 @@ def observe(
             gpus = node_gpus(found, reserved=live, bound=holding)
             if mode is modes.Mode.MPS:
                 gpus = mps_gpus(found, gpus, reserved=live_mps, bound=holding)
+            elif mode is modes.Mode.TIME_SLICING:
+                gpus = replica_gpus(
+                    found,
+                    gpus,
+                    reserved=live_reps,
+                    bound=bound_gpus[name] + bound_whole[name] - bound_reserved[name],
+                )
         except errors.MigpilotError as err:
             unplanned.append(f"{name}: {err}")
             broken[name] = str(err)
@@ -563,6 +580,7 @@ def observe(
         stale=frozenset(stale),
         bound=MappingProxyType(bound),
         bound_gpus=MappingProxyType(dict(bound_gpus)),
+        bound_whole=MappingProxyType(dict(bound_whole)),
         unplanned=tuple(unplanned),
         broken=MappingProxyType(broken),
     )
@@ -690,6 +708,44 @@ def mps_gpus(
                     have += 1
                 marked.append(sl)
             out[i] = dataclasses.replace(g, mps=tuple(marked))
+    return tuple(out)
+
+
+def replica_gpus(
+    layout: gpulayouts.GpuLayout,
+    gpus: tuple[snapshot.Gpu, ...],
+    *,
+    reserved: frozenset[tuple[int, int]],
+    bound: int,
+) -> tuple[snapshot.Gpu, ...]:
+    """The GPUs of a node in mode ``time-slicing`` with their replicas (``docs/modes.md``).
+
+    A GPU has the replicas its agent reports (one ``nvidia.com/gpu`` device each, NVIDIA's
+    sharing config); a GPU reporting none is left out (the agent shares it with no config). A
+    replica is used when the status reports it used, or a live reservation (``reserved``:
+    (GPU, replica id)) keeps it. ``bound``: the ``nvidia.com/gpu`` the pods bound to the node
+    ask for beyond their live reservations; the kubelet counts devices, and a just-bound pod's
+    replica may not be reported yet, so as many replicas as the status reports used outside
+    the reservations fall short of it are counted used too, on the GPUs in index order."""
+    assert layout.status is not None
+    by_index = {g.index: g for g in layout.status.gpus}
+    counts: list[tuple[snapshot.Gpu, int, int]] = []
+    short = bound
+    for gpu in gpus:
+        status = by_index.get(gpu.index)
+        if status is None or not status.replicas:
+            continue
+        held = {r.id for r in status.replicas if r.state is gpulayouts.InstanceState.USED}
+        kept = {r.id for r in status.replicas if (gpu.index, r.id) in reserved}
+        short -= len(held - kept)
+        counts.append((gpu, len(status.replicas), len(held | kept)))
+    out: list[snapshot.Gpu] = []
+    for gpu, total, used in counts:
+        more = min(max(short, 0), total - used)
+        short -= more
+        out.append(
+            dataclasses.replace(gpu, instances=(), replicas=total, replicas_used=used + more)
+        )
     return tuple(out)
 
 

@@ -24,13 +24,13 @@ package's pure modules.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.controller import observing
-from migpilot.planning import constraints, control, plans, snapshot
+from migpilot.planning import constraints, control, modes, plans, snapshot
 
 _V = TypeVar("_V")
 
@@ -44,6 +44,7 @@ def spec_for(
     *,
     kept: Mapping[tuple[int, int, str], str],
     unified: frozenset[str] = frozenset(),
+    layout: gpulayouts.GpuLayout | None = None,
 ) -> gpulayouts.LayoutSpec:
     """The spec the controller writes for ``node`` after ``plan``, in one pass: each GPU's
     target layout (or, on an MPS GPU, its target slices) from the plan, with ``reservedFor`` on
@@ -51,7 +52,10 @@ def spec_for(
     layout still holds that the ``kept`` reservations ((GPU, start, profile) -> pod) of earlier
     plans name (the planner saw those as used, so they are in its target layout). An instance
     or MPS slice reserved for a pod of ``unified`` is marked ``resource: nvidia.com/gpu``: the
-    agent advertises it so (``docs/unified.md``).
+    agent advertises it so (``docs/unified.md``). On a node in mode ``time-slicing``, each
+    replica the plan gives a pod is a free one of its GPU in ``layout``'s status (the lowest id
+    neither used nor kept), reserved beside the replicas its spec keeps for live pods (``kept``
+    names those as (GPU, ``-1 - id``, ``"replica"``): :func:`kept_of`).
 
     Raise :class:`GpuLayoutError` if the plan gives a pod an instance its target layout lacks,
     or one instance to two pods (a planner bug: such a spec must never be written).
@@ -69,6 +73,9 @@ def spec_for(
                 )
             given[key] = placement.pod
     models = {g.index: g.model.id for g in node.gpus}
+    if node.mode is modes.Mode.TIME_SLICING:
+        return gpulayouts.LayoutSpec(_replica_specs(plan, node, models=models, kept=kept,
+                                                    layout=layout))  # fmt: skip
     gpus = _mps_specs(plan, node, models=models, unified=unified)
     targets: dict[tuple[int, int], str] = {}
     sliced = {g.index for g in gpus}
@@ -91,6 +98,71 @@ def spec_for(
                     f"{node.name}, which its target layout does not hold"
                 )
     return gpulayouts.LayoutSpec(tuple(sorted(gpus, key=lambda g: g.index)))
+
+
+REPLICA = "replica"
+"""The profile :func:`kept_of` gives a kept time-slicing replica."""
+
+
+def kept_of(
+    reservations: Iterable[observing.Reservation], node: str
+) -> dict[tuple[int, int, str], str]:
+    """The ``kept`` of :func:`spec_for` for ``node``: the instances and time-slicing replicas
+    (as (GPU, ``-1 - id``, :data:`REPLICA`)) its live ``reservations`` keep, by pod."""
+    out: dict[tuple[int, int, str], str] = {}
+    for r in reservations:
+        if r.node != node:
+            continue
+        out.update(dict.fromkeys(r.instances, r.pod))
+        out.update({(g, -1 - i, REPLICA): r.pod for g, i in r.replicas})
+    return out
+
+
+def _replica_specs(
+    plan: plans.Plan,
+    node: snapshot.Node,
+    *,
+    models: Mapping[int, str],
+    kept: Mapping[tuple[int, int, str], str],
+    layout: gpulayouts.GpuLayout | None,
+) -> tuple[gpulayouts.GpuSpec, ...]:
+    """The GPUs of a time-slicing ``node`` with the replicas kept for pods: the ``kept`` ones,
+    then one free replica per share the plan gives a pod on that GPU. Raise
+    :class:`GpuLayoutError` for a share on a GPU without a free replica (a planner bug, or a
+    status the planner did not see)."""
+    reserved: dict[int, dict[int, str]] = {}
+    for (gpu, at, kind), pod in kept.items():
+        if kind == REPLICA:
+            reserved.setdefault(gpu, {})[-1 - at] = pod
+    free: dict[int, list[int]] = {}
+    for g in layout.status.gpus if layout is not None and layout.status is not None else ():
+        taken = reserved.get(g.index, {})
+        free[g.index] = [
+            r.id
+            for r in g.replicas
+            if r.state is not gpulayouts.InstanceState.USED and r.id not in taken
+        ]
+    for placement in plan.placements:
+        if placement.node != node.name:
+            continue
+        for share in placement.shares:
+            left = free.get(share.gpu, [])
+            if not left:
+                raise errors.GpuLayoutError(
+                    f"plan: {placement.pod} is given a replica of GPU {share.gpu} of "
+                    f"{node.name}, which has no free replica"
+                )
+            reserved.setdefault(share.gpu, {})[left.pop(0)] = placement.pod
+    return tuple(
+        gpulayouts.GpuSpec(
+            index,
+            models.get(index),
+            (),
+            replicas=tuple(gpulayouts.ReplicaSpec(i, pod) for i, pod in sorted(ids.items())),
+        )
+        for index, ids in sorted(reserved.items())
+        if ids
+    )
 
 
 def _resource(pod: str | None, unified: frozenset[str]) -> str | None:
@@ -165,6 +237,7 @@ def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpula
                     else gpulayouts.SliceSpec(sl.id, sl.memory_gb, sl.cores, None)
                     for sl in g.mps
                 ),
+                tuple(r for r in g.replicas if r.reserved_for in live),
             )
             for g in spec.gpus
         )
@@ -292,6 +365,8 @@ def taken(observed: observing.Observed) -> dict[str, Counter[str]]:
         add(node, {snapshot.resource_name(p): n for p, n in bound.items()})
     for node, gpus in observed.bound_gpus.items():
         add(node, {gpulayouts.UNIFIED_RESOURCE: gpus})
+    for node, gpus in observed.bound_whole.items():  # kube-scheduler counts them too
+        add(node, {gpulayouts.UNIFIED_RESOURCE: gpus})
     for r in observed.reservations.values():
         view = observed.pods.get(r.pod)
         if view is not None and not view.gated_by_us and view.node is None:
@@ -307,7 +382,8 @@ def signature(observed: observing.Observed, pod_key: str) -> tuple[object, ...]:
     r = observed.reservations.get(pod_key)
     profiles = tuple(sorted(p for _, _, p in r.instances)) if r is not None else ()
     sizes = tuple(sorted(gb for _, _, gb in r.slices)) if r is not None else ()
-    return (view.signature if view is not None else (), profiles, sizes)
+    replicas = len(r.replicas) if r is not None else 0
+    return (view.signature if view is not None else (), profiles, sizes, replicas)
 
 
 def pinned_to(view: observing.PodView) -> str | None:
@@ -349,7 +425,18 @@ def made(observed: observing.Observed, pod_key: str) -> bool:
         return False
     have = _existing(layout)
     served = _served_slices(layout)
-    return all(i in have for i in r.instances) and all(sl in served for sl in r.slices)
+    advertised = _replicas(layout)
+    return (
+        all(i in have for i in r.instances)
+        and all(sl in served for sl in r.slices)
+        and all(rep in advertised for rep in r.replicas)
+    )
+
+
+def _replicas(layout: gpulayouts.GpuLayout) -> set[tuple[int, int]]:
+    """(GPU, replica id) of the time-slicing replicas the agent reports advertising."""
+    assert layout.status is not None
+    return {(g.index, r.id) for g in layout.status.gpus for r in g.replicas}
 
 
 def _served_slices(layout: gpulayouts.GpuLayout) -> set[tuple[int, int, int]]:
@@ -373,6 +460,7 @@ def stolen(observed: observing.Observed, pod_key: str) -> bool:
         return False
     wanted = set(r.instances)
     slices = {(g, i) for g, i, _ in r.slices}
+    replicas = set(r.replicas)
     used = gpulayouts.InstanceState.USED
     for g in layout.status.gpus:
         for i in g.instances:
@@ -381,6 +469,9 @@ def stolen(observed: observing.Observed, pod_key: str) -> bool:
                 return True
         for sl in g.mps:
             if (g.index, sl.id) in slices and sl.state is used and sl.used_by != pod_key:
+                return True
+        for rep in g.replicas:
+            if (g.index, rep.id) in replicas and rep.state is used and rep.used_by != pod_key:
                 return True
     return False
 
@@ -405,6 +496,11 @@ def missing(observed: observing.Observed, pod_key: str) -> str | None:
     if unserved:
         gpu, ident, gb = unserved[0]
         return f"MPS slice {ident} ({gb} GB) of GPU {gpu} on {r.node} to be served"
+    advertised = _replicas(layout)
+    unseen = [rep for rep in r.replicas if rep not in advertised]
+    if unseen:
+        gpu, ident = unseen[0]
+        return f"time-slicing replica {ident} of GPU {gpu} on {r.node} to be advertised"
     view = observed.pods[pod_key]
     for counter in view.counters:
         if counter not in node.allocatable:

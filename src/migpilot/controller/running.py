@@ -757,12 +757,13 @@ class Controller:
         return ok
 
     async def _ensure_layouts(self, observed: observing.Observed) -> None:
-        """A GpuLayout for every MIG node (or node in mode ``mps``) that lacks one, so its agent
-        can report its GPUs."""
+        """A GpuLayout for every MIG node (or node in mode ``mps`` or ``time-slicing``) that lacks
+        one, so its agent can report its GPUs."""
+        shared = (modes.Mode.MPS, modes.Mode.TIME_SLICING)
         missing = [
             n
             for n in observed.nodes.values()
-            if (n.mig_capable or n.static or n.labels.get(modes.MODE_LABEL) == modes.Mode.MPS)
+            if (n.mig_capable or n.static or n.labels.get(modes.MODE_LABEL) in shared)
             and n.name not in observed.layouts
         ]
         await asyncio.gather(
@@ -870,14 +871,11 @@ class Controller:
         for node in observed.snapshot.nodes:
             if node.name not in changed and node.name not in placed:
                 continue
-            kept = {
-                i: r.pod
-                for r in observed.reservations.values()
-                if r.node == node.name
-                for i in r.instances
-            }
+            kept = pinning.kept_of(observed.reservations.values(), node.name)
             try:
-                spec = pinning.spec_for(node, plan, kept=kept, unified=unified)
+                spec = pinning.spec_for(
+                    node, plan, kept=kept, unified=unified, layout=observed.layouts.get(node.name)
+                )
             except errors.MigpilotError as err:  # a planner bug: never write such a spec
                 _log.error(
                     "plan for %s not carried out: %s", node.name, err, extra={"node": node.name}

@@ -41,7 +41,7 @@ from migpilot.agent import assembling
 from migpilot.agent.cluster import boundpods, kubeapi
 from migpilot.agent.deviceplugin import advertising, devices, replicating, resolving
 from migpilot.agent.rules import changes
-from migpilot.agent.sharing import unifying
+from migpilot.agent.sharing import timeslicing, unifying
 from migpilot.api import gpulayouts
 from migpilot.kube import errors as kube_errors
 from migpilot.planning import quantities
@@ -145,6 +145,7 @@ def assign(
     reserved: Mapping[str, str],
     previous: Mapping[str, tuple[str, ...]],
     held: frozenset[str] = frozenset(),
+    busy: frozenset[str] = frozenset(),
 ) -> dict[str, tuple[str, ...]]:
     """Which devices each pod holds: ``namespace/name`` -> device ids (pure).
 
@@ -155,9 +156,10 @@ def assign(
     ones, then those reserved for another pod, each in advertised order. A pod that holds
     nothing gets its devices only when all of them can be had, as a kubelet admits a pod whole
     (so two pods never each hold half of what they need); it holds ``()`` meanwhile. A pod that
-    holds some (one of its devices went) gets what there is.
+    holds some (one of its devices went) gets what there is. Devices in ``busy`` (handed to
+    unified pods: a time-slicing replica is ``nvidia.com/gpu`` for both kinds) go to no pod.
     """
-    taken: set[str] = set()
+    taken: set[str] = set(busy)
     kept: dict[str, list[str]] = {}
     for pod in pods:
         mine = kept.setdefault(pod.key, [])
@@ -201,11 +203,16 @@ def assign(
 def reservations(
     spec: gpulayouts.LayoutSpec | None, state: Mapping[int, changes.GpuState]
 ) -> dict[str, str]:
-    """MIG device UUID (or MPS slice device ID) -> ``namespace/name`` of the pod the spec
-    reserves its instance (or slice) for."""
+    """MIG device UUID (or MPS slice or time-slicing replica device ID) -> ``namespace/name`` of
+    the pod the spec reserves its instance (or slice, or replica) for."""
     if spec is None:
         return {}
     uuids = {index: gpu.info.uuid for index, gpu in state.items()}
+    kept = {
+        timeslicing.device_id(uuids[g], ident): pod
+        for (g, ident), pod in timeslicing.reservations(spec).items()
+        if g in uuids
+    }
     sliced = {
         devices.slice_device_id(uuids[g.index], sl.id): sl.reserved_for
         for g in spec.gpus
@@ -219,12 +226,16 @@ def reservations(
         for i in g.instances
         if i.reserved_for is not None
     }
-    return sliced | {
-        d.uuid: pod
-        for index, gpu in state.items()
-        for d in gpu.devices
-        if d.uuid is not None and (pod := wanted.get((index, d.start, d.profile))) is not None
-    }
+    return (
+        kept
+        | sliced
+        | {
+            d.uuid: pod
+            for index, gpu in state.items()
+            for d in gpu.devices
+            if d.uuid is not None and (pod := wanted.get((index, d.start, d.profile))) is not None
+        }
+    )
 
 
 def reported_used_by(layout: gpulayouts.GpuLayout | None) -> dict[str, str]:
@@ -238,6 +249,12 @@ def reported_used_by(layout: gpulayouts.GpuLayout | None) -> dict[str, str]:
         for g in layout.status.gpus
         for sl in g.mps
         if sl.used_by is not None
+    }
+    slices |= {
+        timeslicing.device_id(g.uuid, r.id): r.used_by
+        for g in layout.status.gpus
+        for r in g.replicas
+        if r.used_by is not None
     }
     return slices | {
         i.uuid: i.used_by
@@ -259,6 +276,11 @@ def reported_used(layout: gpulayouts.GpuLayout | None) -> frozenset[str]:
         for g in layout.status.gpus
         for sl in g.mps
         if sl.state is used
+    ) | frozenset(
+        timeslicing.device_id(g.uuid, r.id)
+        for g in layout.status.gpus
+        for r in g.replicas
+        if r.state is used
     )
     return slices | frozenset(
         i.uuid
@@ -451,6 +473,7 @@ class SimulatedKubelet:
             reserved=reservations(self._spec(), self._state),
             previous=self._assigned,
             held=self._held() if self._held is not None else frozenset(),
+            busy=frozenset(u for a in self._unified.values() for u in a.devices),
         )
         self._held = None
         self._log_changes(mig, now)
@@ -485,6 +508,7 @@ class SimulatedKubelet:
                     )
                     kept[key] = resolving.PodAllocation(gpu.uid, True, containers)
         inputs = self._unified_inputs()
+        busy = frozenset(u for devs in self._assigned.values() for u in devs)
         for pod in pods:
             waiting = live.get(pod.key)
             if waiting is None or pod.key in kept:
@@ -499,6 +523,7 @@ class SimulatedKubelet:
                     reservations=inputs.reservations,
                     allocated=trial,
                     pool=inputs.pool,
+                    busy=busy,
                 )
                 if not isinstance(found, resolving.Decision):
                     refusal = found.message

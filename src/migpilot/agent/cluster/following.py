@@ -30,11 +30,12 @@ from migpilot.agent import reconciling
 from migpilot.agent.cluster import kubeapi, reporting, watching
 from migpilot.agent.deviceplugin import devices
 from migpilot.agent.rules import changes, desired
-from migpilot.agent.sharing import slicing
+from migpilot.agent.sharing import slicing, timeslicing
 from migpilot.api import gpulayouts, gpulayouts_wire
 from migpilot.gpu import backend
 from migpilot.kube import errors as kube_errors
 from migpilot.kube import objects
+from migpilot.sharing import config as sharing_config
 
 _log = logging.getLogger(__name__)
 
@@ -210,9 +211,11 @@ class KubeReporter:
         static: StaticLayouts | None = None,
         used_by: Callable[[], Mapping[str, str]] = dict,
         mps_node: Callable[[], bool] = lambda: False,
+        sharing: Callable[[], sharing_config.Config] = lambda: sharing_config.EMPTY,
     ) -> None:
         self._api = api
         self._mps_node = mps_node
+        self._sharing = sharing
         self._source = source
         self._static = static
         self._used_by = used_by
@@ -270,6 +273,9 @@ class KubeReporter:
                 mps=slicing.statuses(view, spec=spec, in_use=in_use, used_by=owners),
                 mps_problems=slicing.problems(view, spec),
                 mps_node=self._mps_node(),
+                replicas=timeslicing.statuses(
+                    view, sharing=self._sharing(), spec=spec, in_use=in_use, used_by=owners
+                ),
                 now=self._now(),
             )
         except errors.MigpilotError as err:

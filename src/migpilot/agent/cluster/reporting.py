@@ -9,12 +9,13 @@ a pod, ``creating`` for a GPU instance still without its compute instance or a s
 that does not exist yet but has room, ``free`` otherwise; a used instance Allocate handed to a
 unified pod names it (``usedBy``, ``docs/unified.md``). A GPU with MIG disabled is reported
 when it serves MPS slices (``mps``, :mod:`~migpilot.agent.sharing.slicing`) or the node is in mode
-``mps`` (``mps_node``), with its slices and no instances. The ``Ready`` condition is ``True``
-when the GPUs hold the spec, with reasons ``Reconciled``, ``Pending`` (instances in use in the
-way, or work left for the next pass), ``Refused`` (something waiting will not fix) or
-``InvalidSpec`` (the spec cannot be applied; the last good one is kept; a static node's
-unusable mig-parted config says ``InvalidConfig``); MPS slices the spec asks on a GPU that
-cannot serve them (``mps_problems``: MIG enabled) make it ``Refused``. Its transition time
+``mps`` (``mps_node``), with its slices and no instances, or when the node's sharing config
+time-slices it (``replicas``, :mod:`~migpilot.agent.sharing.timeslicing`), with its replicas.
+The ``Ready`` condition is ``True`` when the GPUs hold the spec, with reasons ``Reconciled``,
+``Pending`` (instances in use in the way, or work left for the next pass), ``Refused`` (something
+waiting will not fix) or ``InvalidSpec`` (the spec cannot be applied; the last good one is kept; a
+static node's unusable mig-parted config says ``InvalidConfig``); MPS slices the spec asks on a GPU
+that cannot serve them (``mps_problems``: MIG enabled) make it ``Refused``. Its transition time
 changes only when status, reason or message change.
 
 No I/O, no clock (``now`` is RFC 3339 text from the caller).
@@ -45,6 +46,7 @@ def layout_status(
     mps: Mapping[int, Sequence[gpulayouts.SliceStatus]] | None = None,
     mps_problems: Sequence[str] = (),
     mps_node: bool = False,
+    replicas: Mapping[int, Sequence[gpulayouts.ReplicaStatus]] | None = None,
     now: str,
 ) -> gpulayouts.LayoutStatus:
     """The status to apply after a pass (see the module docstring).
@@ -55,8 +57,11 @@ def layout_status(
     pod Allocate handed it to, reported on a used instance (``usedBy``). ``mps``: GPU index -> its
     MPS slices' statuses (:func:`~migpilot.agent.sharing.slicing.statuses`), reported on GPUs with
     MIG disabled; ``mps_node``: report every such GPU the catalog knows, even without slices (the
-    controller plans the slices of a node in mode ``mps`` from them)."""
+    controller plans the slices of a node in mode ``mps`` from them). ``replicas``: GPU index ->
+    its time-slicing replicas' statuses (:func:`~migpilot.agent.sharing.timeslicing.statuses`),
+    reported on GPUs with MIG disabled."""
     slices = mps or {}
+    shared = replicas or {}
     owners = used_by or {}
     wanted = {g.index: g for g in spec.gpus} if spec is not None else {}
     gpus: list[gpulayouts.GpuStatus] = []
@@ -65,10 +70,15 @@ def layout_status(
         if info.model is None:
             continue  # the planner plans only GPUs it knows
         if info.mig is None or not info.mig.current:
-            if index in slices or mps_node:
+            if index in slices or index in shared or mps_node:
                 gpus.append(
                     gpulayouts.GpuStatus(
-                        index, info.product_name, info.uuid, (), tuple(slices.get(index, ()))
+                        index,
+                        info.product_name,
+                        info.uuid,
+                        (),
+                        tuple(slices.get(index, ())),
+                        tuple(shared.get(index, ())),
                     )
                 )
             continue  # MIG instances only on MIG-enabled GPUs

@@ -114,8 +114,9 @@ class PodResourcesClient:
         self, *, resource_filter: Callable[[str], bool] = is_nvidia_resource
     ) -> frozenset[str]:
         """The IDs of devices of the matching resources that the kubelet assigned to pods (a
-        replica ``<uuid>::<n>`` counts as its device, ``<uuid>``; an MPS slice
-        ``<uuid>::mps-<id>`` as itself and its GPU)."""
+        replica ``<uuid>::<n>`` counts as its device, ``<uuid>``, and as itself: the GpuLayout
+        reports time-slicing replicas one by one; an MPS slice ``<uuid>::mps-<id>`` as itself
+        and its GPU)."""
         return in_use_ids(self.list(), resource_filter=resource_filter)
 
     def close(self) -> None:
@@ -139,7 +140,7 @@ def in_use_ids(
             continue
         for device_id in entry.device_ids:
             out.add(replicas.real_id(device_id))
-            if devices.is_slice_id(device_id):
+            if replicas.is_replica(device_id):  # an MPS slice or a time-slicing replica
                 out.add(device_id)
     return frozenset(out)
 

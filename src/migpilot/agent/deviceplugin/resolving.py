@@ -186,6 +186,8 @@ class Instance:
     """An MPS slice's memory in whole GB; ``None`` for a MIG instance."""
     cores: int | None = None
     """An MPS slice's compute share in percent (``None``: all of the GPU)."""
+    replica: bool = False
+    """A time-slicing replica (``start``: its id, ``uuid``: ``<gpu-uuid>::<id>``)."""
 
     @property
     def is_slice(self) -> bool:
@@ -193,6 +195,8 @@ class Instance:
         return self.memory_gb is not None
 
     def __str__(self) -> str:
+        if self.replica:
+            return f"GPU {self.gpu} replica {self.start}"
         if self.memory_gb is not None:
             return f"GPU {self.gpu} MPS slice {self.start} ({self.memory_gb} GB)"
         return f"GPU {self.gpu} {self.profile}@{self.start}"
@@ -209,6 +213,13 @@ def mps_slice(
 ) -> Instance:
     """The :class:`Instance` that stands for an MPS slice."""
     return Instance(gpu, slice_id, "", uuid, model, memory_gb, cores)
+
+
+def time_slice(
+    gpu: int, replica: int, *, uuid: str | None, model: profiles.GpuModel | None = None
+) -> Instance:
+    """The :class:`Instance` that stands for a time-slicing replica (the whole GPU, shared)."""
+    return Instance(gpu, replica, "", uuid, model, replica=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,12 +348,14 @@ def _unified(
     if not reserved:
         return Refusal(
             f"pod {pod.key}: no MIG instance is reserved for it on this node, nor any MPS slice "
-            "(the GpuLayout spec names none with reservedFor)"
+            "or time-slicing replica (the GpuLayout spec names none with reservedFor)"
         )
     what = _kind(reserved)
     missing = [str(i) for i in reserved if i.uuid is None]
     if missing:
-        verb = "are not served" if all(i.is_slice for i in reserved) else "do not exist"
+        verb = (
+            "are not served" if all(i.is_slice or i.replica for i in reserved) else "do not exist"
+        )
         return Refusal(f"pod {pod.key}: the {what} reserved for it {verb}: {', '.join(missing)}")
     held = [str(i) for i in reserved if i.uuid in others]
     if held:
@@ -371,16 +384,23 @@ def _unified(
 
 
 def _kind(reserved: Sequence[Instance]) -> str:
-    """``MIG instances``, ``MPS slices``, or ``MIG instances and MPS slices``."""
-    kinds = {i.is_slice for i in reserved}
-    if kinds == {True}:
-        return "MPS slices"
-    return "MIG instances" if kinds == {False} else "MIG instances and MPS slices"
+    """``MIG instances``, ``MPS slices``, ``time-slicing replicas``, or those found joined
+    by ``and``."""
+    names = {"replica": "time-slicing replicas", "slice": "MPS slices", "mig": "MIG instances"}
+    kinds = {_what(i) for i in reserved}
+    return " and ".join(names[k] for k in ("mig", "slice", "replica") if k in kinds)
+
+
+def _what(inst: Instance) -> str:
+    return "replica" if inst.replica else "slice" if inst.is_slice else "mig"
 
 
 def _noun(reserved: Sequence[Instance]) -> str:
-    """``instances`` or ``slices``, as :func:`_kind` without the kind's name."""
-    return "slices" if reserved and all(i.is_slice for i in reserved) else "instances"
+    """``instances``, ``slices`` or ``replicas``, as :func:`_kind` without the kind's name."""
+    kinds = {_what(i) for i in reserved}
+    if kinds == {"slice"}:
+        return "slices"
+    return "replicas" if kinds == {"replica"} else "instances"
 
 
 def _rank(inst: Instance, ask: unified.GpuAsk | None) -> tuple[int, int, int, int, int]:

@@ -490,6 +490,11 @@ class DevicePlugin:
         if any(
             replicas.is_replica(i) and not devices.is_slice_id(i) for ids in requests for i in ids
         ):
+            if self._unified is not None and resource.name == devices.FULL_GPU_RESOURCE:
+                with self._allocating:
+                    return [
+                        self._allocate_replicas(resource, ids, shared, sharing) for ids in requests
+                    ]
             return [self._allocate_shared(resource, ids, shared, sharing) for ids in requests]
         if self._unified is None or resource.name != devices.FULL_GPU_RESOURCE:
             answers = [allocating.container_allocation(resource, ids, settings) for ids in requests]
@@ -533,6 +538,45 @@ class DevicePlugin:
                 mounts=tuple((m.host_path, m.container_path) for m in extra.mounts),
             )
         self.record_allocated(list(real))
+        return answer
+
+    def _allocate_replicas(
+        self,
+        resource: devices.Resource,
+        requested: list[str],
+        shared: replicating.Shared,
+        sharing: sharing_config.Config,
+    ) -> allocating.ContainerAllocation:
+        """Time-slicing replicas of ``nvidia.com/gpu`` on a node that serves unified pods: the
+        unified pod this Allocate serves (:func:`resolving.resolve`) gets the replicas kept
+        for it (its GPUs, recorded in the ledger so the status names it ``usedBy``); any other
+        pod gets NVIDIA's answer for the replicas the kubelet picked, unless they are kept for
+        unified pods (refused, as MIG instances of the pool are)."""
+        allocating.check_known(resource, requested)
+        found, pool = self._resolve(requested, wait=False)
+        if isinstance(found, resolving.NoPod) and any(i in pool for i in requested):
+            found, pool = self._resolve(requested, wait=True)
+        if isinstance(found, resolving.Refusal):
+            raise allocating.AllocationError(found.message)
+        if not isinstance(found, resolving.Decision) or not found.pod.unified:
+            return self._allocate_shared(resource, requested, shared, sharing)
+        answer = allocating.answer(replicas.real_ids(found.device_ids), self.settings.allocate)
+        self._ledger.record_container(
+            found.pod.key,
+            uid=found.pod.uid,
+            unified=True,
+            container=found.container.name,
+            device_ids=found.device_ids,
+        )
+        self._save_ledger()  # before the answer: a restart must not forget it
+        _log.info(
+            "Allocate: pod %s container %s gets replica(s) %s (the kubelet picked %s)",
+            found.pod.key,
+            found.container.name,
+            ", ".join(found.device_ids),
+            ", ".join(requested),
+            extra=logs.about(pod=found.pod.key),
+        )
         return answer
 
     def _allocate_gpu(
@@ -647,6 +691,22 @@ class DevicePlugin:
             shared = self._shared.shared_resource(resource.name)
         if shared is not None and any(replicas.is_replica(d.id) for d in shared.devices):
             allocating.check_known(resource, [*available, *must_include])
+            if self._unified is not None and resource.name == devices.FULL_GPU_RESOURCE:
+                # A unified pod's kept replicas first; another pod's outside the pool.
+                with self._allocating:
+                    found, pool = self._resolve(["?"] * size, wait=False)
+                if isinstance(found, resolving.Decision) and found.pod.unified:
+                    must_include = list(
+                        resolving.preferred(
+                            found,
+                            available=available,
+                            must_include=must_include,
+                            size=size,
+                            pool=pool,
+                        )
+                    )
+                elif len(outside := [i for i in available if i not in pool]) >= size:
+                    available = outside
             return replicas.preferred(
                 shared, available=available, must_include=must_include, size=size
             )

@@ -18,15 +18,19 @@ kubelet's Allocate never says which pod it serves. So:
   is allocated). A bound unified pod's reservation is remembered while the pod lives, so a spec that
   drops it before Allocate leaves the pod its instances (:meth:`UnifiedPool.in_use` keeps them).
 - :class:`NodeCounters` writes ``nvidia.com/gpumem`` (MiB: the sum over the node's MIG GPUs of
-  :func:`unified.memory_mib`, and over its GPUs serving MPS slices of their memory),
-  ``nvidia.com/gpumem-percentage`` and ``nvidia.com/gpucores`` (100 per such GPU) into the
+  :func:`unified.memory_mib`, over its GPUs serving MPS slices of their memory, and over its
+  time-slicing GPUs of their memory times their replicas), ``nvidia.com/gpumem-percentage`` and
+  ``nvidia.com/gpucores`` (100 per such GPU, per replica on a time-slicing one) into the
   Node's capacity and allocatable, kept in step with the GPUs. They never bind: every unified
   pod gets instances (or a slice) at least as large as its ask.
 
 On a node in mode ``mps`` (``docs/modes.md``) the spec reserves MPS slices (``resource:
 nvidia.com/gpu``) for unified pods instead of MIG instances; the pool holds them the same way,
 by device ID (``<gpu-uuid>::mps-<id>``), as :class:`resolving.Instance` values that stand for
-slices, and the plugin answers their Allocate with the slice's MPS settings.
+slices, and the plugin answers their Allocate with the slice's MPS settings. On a node whose
+sharing config time-slices its GPUs, the spec keeps replicas (``spec.gpus[].replicas``, always for
+unified pods); the pool holds each as ``<gpu-uuid>::<id>``, the device ID of that replica, which
+the sharing config advertises as ``nvidia.com/gpu`` already (:mod:`timeslicing`).
 
 A shell module: the API through :class:`~kubeapi.NodeApi`, the pods through
 :class:`~boundpods.PodBook`; it imports neither a Kubernetes client nor gRPC (import-linter).
@@ -44,11 +48,13 @@ from migpilot import errors, logs
 from migpilot.agent.cluster import boundpods, kubeapi
 from migpilot.agent.deviceplugin import devices, resolving
 from migpilot.agent.rules import changes
+from migpilot.agent.sharing import timeslicing
 from migpilot.api import gpulayouts
 from migpilot.kube import errors as kube_errors
 from migpilot.kube import objects
 from migpilot.mig import profiles
 from migpilot.planning import unified
+from migpilot.sharing import config as sharing_config
 from migpilot.sharing import mps as sharing_mps
 
 _log = logging.getLogger(__name__)
@@ -57,7 +63,10 @@ COUNTERS = (unified.GPUMEM, unified.GPUMEM_PERCENT, unified.GPUCORES)
 """The node counters, in the order they are logged."""
 
 _Position = tuple[int, int, str]
-"""(GPU index, start, profile) of an instance; (GPU index, slice id, ``""``) of an MPS slice."""
+"""(GPU index, start, profile) of an instance; (GPU index, slice id, ``""``) of an MPS slice;
+(GPU index, replica id, :data:`_REPLICA`) of a time-slicing replica."""
+_REPLICA = "::"
+"""The profile of a replica's position (no profile is named so)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,8 +124,10 @@ class UnifiedPool:
         pods: boundpods.PodBook,
         spec: Callable[[], gpulayouts.LayoutSpec | None],
         allocated: Allocations | None = None,
+        sharing: Callable[[], sharing_config.Config] = lambda: sharing_config.EMPTY,
     ) -> None:
         self._api = api
+        self._sharing = sharing
         self.node = node
         self._book = pods
         self._spec = spec
@@ -143,7 +154,7 @@ class UnifiedPool:
                 reservations=reserved,
                 unified_pods=self._unified_pods() & set(reserved),
                 allocated=self._allocated.pod_allocations(),
-                existing={m.uuid for m in view.mig_devices} | view.slice_device_ids().keys(),
+                existing=set(self._by_position(view).values()),
             )
             if pool != self._pool:
                 _log.info("Node %s: %d MIG instance(s) and MPS slice(s) set aside for unified "
@@ -193,7 +204,7 @@ class UnifiedPool:
         spec = self._spec()
         listed = _positions(spec)
         with self._lock:
-            by_pos = _by_position(self._view)
+            by_pos = self._by_position(self._view)
             return frozenset(
                 uuid
                 for key, found in self._remembered.items()
@@ -214,7 +225,7 @@ class UnifiedPool:
             mine = self._reserved(self._view).get(pod.key, ())
             models = [g.model for g in self._view.gpus if g.mig_enabled]
         if mine:
-            return tuple(sorted(i.profile for i in mine if not i.is_slice))
+            return tuple(sorted(i.profile for i in mine if not i.is_slice and not i.replica))
         request = unified.UnifiedRequest(
             tuple(c.ask for c in pod.gpu.containers if c.ask is not None and not c.init)
         )
@@ -273,9 +284,10 @@ class UnifiedPool:
                 self._remembered[key] = tuple(spots)
         for key, kept in self._remembered.items():
             positions.setdefault(key, list(kept))
-        by_pos = _by_position(view)
+        by_pos = self._by_position(view)
         models = {g.index: g.model for g in view.gpus}
         served = view.slice_device_ids()
+        replica_at = {uuid: at for at, uuid in by_pos.items() if at[2] == _REPLICA}
         out: dict[str, list[resolving.Instance]] = {
             key: [_instance(spot, by_pos.get(spot.at), models, served) for spot in found]
             for key, found in positions.items()
@@ -296,7 +308,19 @@ class UnifiedPool:
                 elif sl is not None:
                     spot = _Spot((sl.gpu_index, sl.id, ""), sl.memory_gb, sl.cores)
                     out.setdefault(key, []).append(_instance(spot, uuid, models, served))
+                elif (at := replica_at.get(uuid)) is not None:
+                    out.setdefault(key, []).append(_instance(_Spot(at), uuid, models, served))
         return {k: tuple(v) for k, v in out.items()}
+
+    def _by_position(self, view: devices.NodeDevices) -> dict[_Position, str]:
+        """Where each MIG device, served MPS slice and time-slicing replica is -> its device
+        ID."""
+        out = _by_position(view)
+        uuids = {g.index: g.uuid for g in view.gpus}
+        for index, ids in timeslicing.replica_ids(view, self._sharing()).items():
+            for ident in ids:
+                out[(index, ident, _REPLICA)] = timeslicing.device_id(uuids[index], ident)
+        return out
 
     def _unified_pods(self) -> set[str]:
         """The pods whose reservations are for unified pods: the spec names their resource
@@ -305,6 +329,8 @@ class UnifiedPool:
         gpus = spec.gpus if spec is not None else ()
         kept = [(i.reserved_for, i.resource) for g in gpus for i in g.instances]
         kept += [(sl.reserved_for, sl.resource) for g in gpus for sl in g.mps]
+        # A replica is kept for unified pods only: the controller names no resource.
+        kept += [(r.reserved_for, gpulayouts.UNIFIED_RESOURCE) for g in gpus for r in g.replicas]
         out = {
             pod
             for pod, resource in kept
@@ -333,7 +359,7 @@ def _alive(entry: resolving.PodAllocation, pod: resolving.GpuPod | None) -> bool
 
 
 def _positions(spec: gpulayouts.LayoutSpec | None) -> dict[str, tuple[_Spot, ...]]:
-    """Pod key -> the instances and MPS slices the spec reserves for it."""
+    """Pod key -> the instances, MPS slices and time-slicing replicas the spec reserves for it."""
     out: dict[str, list[_Spot]] = {}
     for g in spec.gpus if spec is not None else ():
         for i in g.instances:
@@ -343,6 +369,8 @@ def _positions(spec: gpulayouts.LayoutSpec | None) -> dict[str, tuple[_Spot, ...
             if sl.reserved_for is not None:
                 spot = _Spot((g.index, sl.id, ""), sl.memory_gb, sl.cores)
                 out.setdefault(sl.reserved_for, []).append(spot)
+        for r in g.replicas:
+            out.setdefault(r.reserved_for, []).append(_Spot((g.index, r.id, _REPLICA)))
     return {k: tuple(v) for k, v in out.items()}
 
 
@@ -359,8 +387,11 @@ def _instance(
     models: Mapping[int, profiles.GpuModel],
     served: Mapping[str, devices.MpsSlice],
 ) -> resolving.Instance:
-    """The instance (or slice: with the size it is served with, else the spec's) at ``spot``."""
+    """The instance (or slice: with the size it is served with, else the spec's; or replica) at
+    ``spot``."""
     g, start, profile = spot.at
+    if profile == _REPLICA:
+        return resolving.time_slice(g, start, uuid=uuid, model=models.get(g))
     if spot.memory_gb is None:
         return resolving.Instance(g, start, profile, uuid, models.get(g))
     now = served.get(uuid) if uuid is not None else None
@@ -371,18 +402,34 @@ def _instance(
 # --- the node counters -------------------------------------------------------------------------
 
 
-def counters(view: devices.NodeDevices, *, mps_node: bool = False) -> dict[str, int]:
+def counters(
+    view: devices.NodeDevices,
+    *,
+    mps_node: bool = False,
+    replicas: Mapping[int, int] | None = None,
+) -> dict[str, int]:
     """The node-level resources a unified pod's ask is checked against: memory in MiB (each
     MIG GPU's :func:`unified.memory_mib`; each GPU with MIG disabled that serves MPS slices,
     or every such GPU on a node in mode ``mps`` (``mps_node``: its slices may come and go, the
     counters stay), its :func:`sharing_mps.memory_gb` x 1024, which its slices sum to at most), and
-    100 per such GPU for percentage and cores."""
+    100 per such GPU for percentage and cores. A GPU the sharing config time-slices
+    (``replicas``: GPU index -> its replicas, :func:`timeslicing.replica_ids`) counts ``replicas``
+    times: its replicas share the whole GPU without isolation, each a pod may ask up to all of
+    (the planner's cap, :func:`sharing_mps.memory_gb` x 1024, as for a slice), so the asks of the
+    pods on it may sum past its memory and kube-scheduler must not refuse them."""
+    shared = replicas or {}
     mig = [g for g in view.gpus if g.mig_enabled]
     sliced = [g for g in view.gpus if not g.mig_enabled and (mps_node or view.slices_on(g.index))]
-    count = len(mig) + len(sliced)
+    timed = [
+        (g, shared[g.index])
+        for g in view.gpus
+        if not g.mig_enabled and g not in sliced and shared.get(g.index, 0) > 0
+    ]
+    count = len(mig) + len(sliced) + sum(n for _, n in timed)
     return {
         unified.GPUMEM: sum(unified.memory_mib(g.model) for g in mig)
-        + sum(sharing_mps.memory_gb(g.model) * 1024 for g in sliced),
+        + sum(sharing_mps.memory_gb(g.model) * 1024 for g in sliced)
+        + sum(sharing_mps.memory_gb(g.model) * 1024 * n for g, n in timed),
         unified.GPUMEM_PERCENT: 100 * count,
         unified.GPUCORES: 100 * count,
     }
@@ -399,10 +446,12 @@ class NodeCounters:
         *,
         node: str,
         mps_node: Callable[[], bool] = lambda: False,
+        sharing: Callable[[], sharing_config.Config] = lambda: sharing_config.EMPTY,
     ) -> None:
         self._api = api
         self._node = node
         self._mps_node = mps_node
+        self._sharing = sharing
         self._published: dict[str, str] | None = None
         self._settled = True
 
@@ -420,7 +469,9 @@ class NodeCounters:
         view: devices.NodeDevices,
     ) -> None:
         """Patch the Node when the counters changed."""
-        want = {k: str(v) for k, v in counters(view, mps_node=self._mps_node()).items()}
+        reps = {i: len(ids) for i, ids in timeslicing.replica_ids(view, self._sharing()).items()}
+        found = counters(view, mps_node=self._mps_node(), replicas=reps)
+        want = {k: str(v) for k, v in found.items()}
         if want == self._published:
             self._settled = True
             return
