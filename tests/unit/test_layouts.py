@@ -104,6 +104,7 @@ class TestValidity:
 # A made-up GPU whose limits bind before memory does, to exercise the remaining rules.
 TOY = """
 version: 1
+mig_mode_change_needs_reset: {t: true, test: false}
 gpus:
   - id: toy
     products: [Toy GPU]

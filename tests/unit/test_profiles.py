@@ -120,6 +120,7 @@ class TestCatalogChecks:
     def test_bad_catalog_data_is_caught(self) -> None:
         bad = """
 version: 1
+mig_mode_change_needs_reset: {t: true, test: false}
 gpus:
   - id: x
     products: [X]
@@ -138,6 +139,7 @@ gpus:
     def test_duplicate_shapes_are_refused(self) -> None:
         bad = """
 version: 1
+mig_mode_change_needs_reset: {t: true, test: false}
 gpus:
   - id: x
     products: [X]
@@ -151,4 +153,31 @@ gpus:
       - {name: 1g.2gb, nvml: 1_SLICE, memory_slots: 1, compute_slices: 1, max: 2, placements: [1]}
 """
         with pytest.raises(errors.CatalogError, match="share a hardware shape"):
+            catalog.load_catalog_text(bad)
+
+
+class TestModeChangeNeedsReset:
+    def test_ampere_needs_a_reset_and_hopper_on_do_not(self) -> None:
+        # MIG user guide: A100/A30 need a GPU reset; Hopper and later do not.
+        by_family = {m.family: m.mode_change_needs_reset for m in catalog.gpu_models()}
+        assert by_family == {"ampere": True, "hopper": False, "blackwell": False}
+        assert catalog.resolve_gpu("a100-80gb").mode_change_needs_reset
+        assert not catalog.resolve_gpu("h200-141gb").mode_change_needs_reset
+
+    def test_a_family_the_table_does_not_name_is_an_error(self) -> None:
+        bad = """
+version: 1
+mig_mode_change_needs_reset: {ampere: true}
+gpus:
+  - id: x
+    products: [X]
+    family: volta
+    compute_capability: "1.0"
+    memory_slots: 1
+    compute_slices: 1
+    max_gpu_instances: 1
+    profiles:
+      - {name: 1g.1gb, nvml: 1_SLICE, memory_slots: 1, compute_slices: 1, max: 1, placements: [0]}
+"""
+        with pytest.raises(errors.CatalogError, match="family 'volta'"):
             catalog.load_catalog_text(bad)

@@ -192,7 +192,9 @@ def _check_model(model: profiles.GpuModel) -> None:
         raise errors.CatalogError(f"{model.id}: two profiles share a hardware shape")
 
 
-def _load_model(raw: Mapping[str, Any], grids: Mapping[str, Any]) -> profiles.GpuModel:
+def _load_model(
+    raw: Mapping[str, Any], grids: Mapping[str, Any], needs_reset: Mapping[str, Any]
+) -> profiles.GpuModel:
     where = str(raw.get("id"))
     unknown = set(raw) - _GPU_KEYS
     if unknown:
@@ -205,11 +207,17 @@ def _load_model(raw: Mapping[str, Any], grids: Mapping[str, Any]) -> profiles.Gp
             raise errors.CatalogError(f"{where}: bad PCI device id {text!r}")
         pci.append(dev)
     major, minor = (int(x) for x in str(_req(raw, "compute_capability", where)).split("."))
+    family = str(_req(raw, "family", where))
+    reset = needs_reset.get(family)
+    if not isinstance(reset, bool):
+        raise errors.CatalogError(
+            f"{where}: mig_mode_change_needs_reset says nothing (true or false) of family {family!r}"
+        )
     model = profiles.GpuModel(
         id=where,
         product_names=tuple(str(n) for n in _req(raw, "products", where)),
         pci_device_ids=tuple(pci),
-        family=str(_req(raw, "family", where)),
+        family=family,
         compute_capability=(major, minor),
         memory_slots=int(_req(raw, "memory_slots", where)),
         compute_slices=int(_req(raw, "compute_slices", where)),
@@ -217,6 +225,7 @@ def _load_model(raw: Mapping[str, Any], grids: Mapping[str, Any]) -> profiles.Gp
         profiles=tuple(_load_profile(p, raw, grids) for p in _req(raw, "profiles", where)),
         notes=tuple(str(n) for n in raw.get("notes", ())),
         aliases=tuple(str(a) for a in raw.get("aliases", ())),
+        mode_change_needs_reset=reset,
     )
     _check_model(model)
     return model
@@ -228,7 +237,8 @@ def load_catalog_text(text: str) -> Catalog:
     if not isinstance(data, dict) or data.get("version") != 1:
         raise errors.CatalogError("catalog data: expected a mapping with version: 1")
     grids = cast(Mapping[str, Any], data.get("grids", {}))
-    return Catalog([_load_model(g, grids) for g in _req(data, "gpus", "catalog")])
+    needs_reset = cast(Mapping[str, Any], data.get("mig_mode_change_needs_reset", {}))
+    return Catalog([_load_model(g, grids, needs_reset) for g in _req(data, "gpus", "catalog")])
 
 
 @functools.cache

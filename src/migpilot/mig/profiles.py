@@ -183,6 +183,10 @@ class GpuModel:
     notes: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     """Extra short names accepted on the command line."""
+    mode_change_needs_reset: bool = True
+    """True when a MIG mode change takes effect only after a GPU reset (Ampere: A100, A30);
+    False from Hopper on, where it takes effect at once. The catalog sets it per family, with
+    its sources; the default is the cautious answer."""
 
     def __hash__(self) -> int:
         # Models are cache keys on hot paths (layouts.geometry, placement caches): hashing every
