@@ -86,10 +86,48 @@ def test_mig_disabled_gpu_refuses_instances_until_reset() -> None:
     with pytest.raises(backend.BackendError) as info:
         emu.create_instance(0, profile="7g.80gb", start=0)
     assert info.value.kind is Kind.NOT_SUPPORTED
-    emu.set_mig_mode(0, enabled=True)
-    assert emu.gpus()[0].mig == backend.MigMode(current=False, pending=True)
-    emu.reset_gpu(0)
-    assert emu.create_instance(0, profile="7g.80gb", start=0).profile == "7g.80gb"
+    emu.block_reset(0)
+    assert emu.set_mig_mode(0, enabled=True) == backend.MigMode(current=True, pending=True)
+    emu.set_mig_mode(0, enabled=False)
+    a30 = _emu(A30, mig_enabled=False)
+    a30.block_reset(0)
+    assert a30.set_mig_mode(0, enabled=True) == backend.MigMode(current=False, pending=True)
+    assert a30.gpus()[0].mig == backend.MigMode(current=False, pending=True)
+    a30.reset_gpu(0)
+    assert a30.create_instance(0, profile="4g.24gb", start=0).profile == "4g.24gb"
+
+
+def test_hopper_changes_mig_mode_at_once_and_ampere_after_its_reset_time() -> None:
+    clock = clocks.VirtualClock()
+    times = emulated.OperationTimes(set_mig_mode_s=0.5, mig_mode_reset_s=7.0)
+    emu = _emu(H100, A30, clock=clock, times=times)
+    t0 = clock.monotonic()
+    assert emu.set_mig_mode(0, enabled=False) == backend.MigMode(False, False)
+    assert clock.monotonic() - t0 == pytest.approx(0.5)
+    t1 = clock.monotonic()
+    assert emu.set_mig_mode(1, enabled=False) == backend.MigMode(False, False)
+    assert clock.monotonic() - t1 == pytest.approx(7.5)
+    # Asking for the mode a GPU already has changes nothing and takes no time.
+    t2 = clock.monotonic()
+    assert emu.set_mig_mode(1, enabled=False) == backend.MigMode(False, False)
+    assert clock.monotonic() == t2
+
+
+def test_a_mig_mode_change_is_refused_while_anything_is_on_the_gpu() -> None:
+    emu = _emu(H100, H100)
+    emu.create_instance(0, profile="1g.10gb", start=0)
+    with pytest.raises(backend.BackendError) as info:
+        emu.set_mig_mode(0, enabled=False)
+    assert info.value.kind is Kind.IN_USE
+    assert emu.gpus()[0].mig == backend.MigMode(True, True)
+    assert emu.set_mig_mode(1, enabled=False) == backend.MigMode(False, False)
+    whole = emu.gpus()[1].uuid
+    emu.drive(lambda: {whole: emulated.Load(0.5, 100, "ns/p")})
+    with pytest.raises(backend.BackendError, match="processes on") as info:
+        emu.set_mig_mode(1, enabled=True)
+    assert info.value.kind is Kind.IN_USE
+    emu.drive(None)
+    assert emu.set_mig_mode(1, enabled=True) == backend.MigMode(True, True)
 
 
 def test_unknown_ids_are_not_found() -> None:

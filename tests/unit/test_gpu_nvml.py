@@ -213,3 +213,30 @@ def test_pci_info_of_a_bad_handle_is_an_nvml_error() -> None:
     standin.nvmlInit()
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         standin.nvmlDeviceGetPciInfo(ctypes.cast(ctypes.c_void_p(0), pynvml.c_nvmlDevice_t))
+
+
+def test_set_mig_mode_through_nvml_follows_the_driver() -> None:
+    emu, standin, adapter = _pair(H100, A100)
+    adapter.create_instance(0, profile="1g.10gb", start=0)
+    with pytest.raises(backend.BackendError) as info:
+        adapter.set_mig_mode(0, enabled=False)
+    assert info.value.kind is Kind.IN_USE
+    assert "nvmlDeviceSetMigMode" not in standin.calls  # refused before the driver is asked
+    assert adapter.set_mig_mode(1, enabled=False) == backend.MigMode(False, False)
+    assert adapter.gpus()[1].mig == backend.MigMode(False, False)
+    # A reset the driver cannot do leaves the mode pending (activationStatus IN_USE).
+    emu.block_reset(1)
+    assert adapter.set_mig_mode(1, enabled=True) == backend.MigMode(False, True)
+    assert adapter.mig_devices(1) == ()
+    emu.block_reset(1, blocked=False)
+    assert adapter.set_mig_mode(1, enabled=True) == backend.MigMode(True, True)
+
+
+def test_set_mig_mode_through_nvml_refuses_a_gpu_with_processes() -> None:
+    emu, _, adapter = _pair(H100)
+    emu.set_mig_mode(0, enabled=False)
+    whole = emu.gpus()[0].uuid
+    emu.drive(lambda: {whole: emulated.Load(0.2, 50, "ns/p")})
+    with pytest.raises(backend.BackendError, match="processes") as info:
+        adapter.set_mig_mode(0, enabled=True)
+    assert info.value.kind is Kind.IN_USE

@@ -3,7 +3,8 @@
 The agent needs a handful of driver operations: list the GPUs and their MIG mode, list the MIG
 devices of a GPU with their placements and UUIDs, create a GPU instance at an exact placement
 together with its full compute instance, destroy one, list the processes running on a MIG
-device, wait for XID error events, and read and set a whole GPU's compute mode (an MPS-shared
+device, wait for XID error events, set a GPU's MIG mode, and read and set a whole GPU's
+compute mode (an MPS-shared
 GPU is put in ``EXCLUSIVE_PROCESS``, as NVIDIA's device plugin does, so only the MPS server
 reaches it). :class:`GpuBackend` is that interface; ``nvml`` implements
 it over NVIDIA's official bindings and ``emulated`` in process. Every failure is a
@@ -240,6 +241,18 @@ class GpuBackend(Protocol):
 
         Refused with ``NOT_SUPPORTED`` while MIG mode is on: the mode then belongs to each MIG
         device, which migpilot never shares through MPS. ``NO_PERMISSION`` without root.
+        """
+        ...
+
+    def set_mig_mode(self, gpu: int, *, enabled: bool) -> MigMode:
+        """Ask for GPU ``gpu``'s MIG mode on or off (``nvmlDeviceSetMigMode``); the mode after.
+
+        Refused with ``IN_USE`` while the GPU has any GPU instance or process: never on a GPU
+        with anything on it. From Hopper on the new mode is current when this returns; on
+        Ampere the driver resets the GPU to commit it, and where that reset cannot happen (a
+        client holds the GPU, a pass-through VM) the result's ``pending`` differs from its
+        ``current`` until a later call, a reset or a reboot commits it. ``NOT_SUPPORTED`` on a
+        GPU that is not MIG-capable; ``NO_PERMISSION`` without root.
         """
         ...
 

@@ -89,6 +89,7 @@ class Step(enum.StrEnum):
     DESTROY_COMPUTE_INSTANCE = "destroy-compute-instance"
     DESTROY_GPU_INSTANCE = "destroy-gpu-instance"
     SET_COMPUTE_MODE = "set-compute-mode"
+    SET_MIG_MODE = "set-mig-mode"
 
 
 class FaultEffect(enum.Enum):
@@ -134,6 +135,11 @@ class OperationTimes:
     """Destroying a GPU instance; default 0.1 s."""
     set_compute_mode_s: float = 0.0
     """Setting a GPU's compute mode; default 0 s (``nvidia-smi -c`` returns at once)."""
+    set_mig_mode_s: float = 0.0
+    """Setting a GPU's MIG mode where no reset is needed (Hopper and later); default 0 s."""
+    mig_mode_reset_s: float = 0.0
+    """The GPU reset that commits a MIG mode change on a GPU that needs one (Ampere), during
+    which the new mode is pending; default 0 s (no public measurement; set it per test)."""
 
     def of(self, step: Step) -> float:
         """The time ``step`` takes."""
@@ -143,10 +149,11 @@ class OperationTimes:
             Step.DESTROY_COMPUTE_INSTANCE: self.destroy_compute_instance_s,
             Step.DESTROY_GPU_INSTANCE: self.destroy_gpu_instance_s,
             Step.SET_COMPUTE_MODE: self.set_compute_mode_s,
+            Step.SET_MIG_MODE: self.set_mig_mode_s,
         }[step]
 
 
-INSTANT = OperationTimes(0.0, 0.0, 0.0, 0.0)
+INSTANT = OperationTimes(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 """Operations that take no time."""
 
 
@@ -323,6 +330,8 @@ class EmulatedBackend:
         self._pids: dict[str, int] = {}
         """Device ID -> the pid of the emulated process making its load (stable while driven)."""
         self._pid_pods: dict[int, str] = {}
+        self._reset_blocked: set[int] = set()
+        """GPUs whose reset the driver cannot do (:meth:`block_reset`)."""
         if pci_ids and len(pci_ids) != len(models):
             raise errors.AgentConfigError(
                 f"emulated GPUs: {len(pci_ids)} PCI ids for {len(models)} GPUs"
@@ -406,14 +415,63 @@ class EmulatedBackend:
             self._events.append(backend.XidEvent(gpu, g["uuid"], xid, gi_id, ci_id, mig_uuid))
             self._event_ready.notify_all()
 
-    def set_mig_mode(self, gpu: int, *, enabled: bool) -> None:
-        """Request a MIG mode change; it takes effect at :meth:`reset_gpu`."""
-        with self._changing(gpu), self._lock:
-            self._gpu(gpu)["mig_pending"] = enabled
-            self._save()
+    def block_reset(self, gpu: int, *, blocked: bool = True) -> None:
+        """Make the driver's own reset of GPU ``gpu`` fail (another client holds it, or a
+        pass-through VM exposes no reset): a MIG mode change that needs one stays pending."""
+        with self._lock:
+            self._gpu(gpu)
+            if blocked:
+                self._reset_blocked.add(gpu)
+            else:
+                self._reset_blocked.discard(gpu)
+
+    def set_mig_mode(self, gpu: int, *, enabled: bool) -> backend.MigMode:
+        """``nvmlDeviceSetMigMode``: ask for MIG mode on or off; the mode afterwards.
+
+        Refused with ``IN_USE`` while the GPU has a GPU instance or a process (migpilot never
+        changes the mode of a GPU with anything on it). Where the model needs no reset
+        (Hopper and later) the mode is current at once. Where it needs one (Ampere) the new
+        mode is pending while the driver resets the GPU (``mig_mode_reset_s``), then current,
+        unless the reset is blocked (:meth:`block_reset`): then it stays pending, as NVML's
+        ``activationStatus`` of ``IN_USE`` leaves it.
+        """
+        loads = dict(self._load()) if self._load is not None else {}
+        with self._changing(gpu):
+            with self._lock:
+                g = self._gpu(gpu)
+                busy = _busy(g, loads)
+                if busy:
+                    raise backend.BackendError(
+                        backend.ErrorKind.IN_USE,
+                        f"GPU {gpu} has {busy}; cannot change its MIG mode",
+                    )
+                needs_reset = self._models[gpu].mode_change_needs_reset
+                blocked = gpu in self._reset_blocked
+            if g["mig_current"] == enabled and g["mig_pending"] == enabled:
+                return backend.MigMode(enabled, enabled)
+            if not needs_reset:
+
+                def apply() -> None:
+                    g["mig_current"] = g["mig_pending"] = enabled
+
+                self._step(Step.SET_MIG_MODE, apply)
+            else:
+
+                def request() -> None:
+                    g["mig_pending"] = enabled
+
+                self._step(Step.SET_MIG_MODE, request)
+                if not blocked:
+                    self._clock.sleep(self._times.mig_mode_reset_s)
+                    with self._lock:
+                        g["mig_current"] = g["mig_pending"]
+                        self._save()
+            with self._lock:
+                return backend.MigMode(g["mig_current"], g["mig_pending"])
 
     def reset_gpu(self, gpu: int) -> None:
-        """Reset a GPU: the pending MIG mode becomes current; disabling MIG removes instances."""
+        """Reset a GPU from outside (``nvidia-smi --gpu-reset``, a reboot): the pending MIG
+        mode becomes current; disabling MIG removes instances."""
         with self._changing(gpu), self._lock:
             g = self._gpu(gpu)
             if any(inst["processes"] for inst in g["instances"]):
@@ -805,6 +863,16 @@ class EmulatedBackend:
             start=inst["start"],
             uuid=inst["uuid"],
         )
+
+
+def _busy(g: GpuState, loads: Mapping[str, Load]) -> str:
+    """What holds GPU ``g`` (GPU instances, or processes of a driven load), or ``""``."""
+    if g["instances"]:
+        return f"{len(g['instances'])} GPU instance(s)"
+    driven = sorted(d for d in loads if d.partition("::")[0] == g["uuid"])
+    if driven:
+        return f"processes on {', '.join(driven)}"
+    return ""
 
 
 def _compute_mode(g: GpuState, *, where: str) -> backend.ComputeMode:

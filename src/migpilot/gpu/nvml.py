@@ -515,6 +515,40 @@ class NvmlBackend:
         with self._mapped(f"GPU {gpu}: setting compute mode {mode.value}"):
             nvml.nvmlDeviceSetComputeMode(handle, code)
 
+    def set_mig_mode(self, gpu: int, *, enabled: bool) -> backend.MigMode:
+        """``nvmlDeviceSetMigMode``, only on a GPU with no GPU instance and no process.
+
+        The activation status is not an error: ``IN_USE`` or ``RESET_REQUIRED`` there leave the
+        new mode pending, which the mode read afterwards says. The handle is taken again after
+        the call, as the driver may have unbound and reset the GPU.
+        """
+        nvml = self._nvml
+        handle = self._handle(gpu)
+        with self._mapped(f"GPU {gpu}: MIG mode"):
+            current, pending = nvml.nvmlDeviceGetMigMode(handle)
+        want = nvml.NVML_DEVICE_MIG_ENABLE if enabled else nvml.NVML_DEVICE_MIG_DISABLE
+        if current == want and pending == want:
+            return backend.MigMode(enabled, enabled)
+        if current == nvml.NVML_DEVICE_MIG_ENABLE and self.mig_devices(gpu):
+            raise backend.BackendError(
+                backend.ErrorKind.IN_USE, f"GPU {gpu} has GPU instances; MIG mode not changed"
+            )
+        with self._mapped(f"GPU {gpu}: listing processes"):
+            running = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        if running:
+            pids = ", ".join(str(int(p.pid)) for p in running)
+            raise backend.BackendError(
+                backend.ErrorKind.IN_USE, f"GPU {gpu} has processes ({pids}); MIG mode not changed"
+            )
+        with self._mapped(f"GPU {gpu}: setting MIG mode {'on' if enabled else 'off'}"):
+            nvml.nvmlDeviceSetMigMode(handle, want)
+        handle = self._handle(gpu)
+        with self._mapped(f"GPU {gpu}: MIG mode"):
+            current, pending = nvml.nvmlDeviceGetMigMode(handle)
+        return backend.MigMode(
+            current == nvml.NVML_DEVICE_MIG_ENABLE, pending == nvml.NVML_DEVICE_MIG_ENABLE
+        )
+
     def close(self) -> None:
         """Free the event set and shut NVML down."""
         with self._lock, self._mapped("shutting NVML down"):

@@ -383,6 +383,19 @@ class NvmlStandin:
         assert mig is not None
         return [int(mig.current), int(mig.pending)]
 
+    def nvmlDeviceSetMigMode(self, device: Any, mode: int) -> int:
+        """The activation status, as nvidia-ml-py returns it: ``NVML_SUCCESS`` once the mode
+        is current, ``NVML_ERROR_IN_USE`` while it waits for a reset the driver could not do."""
+        self._enter("nvmlDeviceSetMigMode")
+        if mode not in (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE):
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self._device(device)
+        enabled = mode == pynvml.NVML_DEVICE_MIG_ENABLE
+        after = self._backend_call(self._emu.set_mig_mode, gpu, enabled=enabled)
+        if after.current == enabled:
+            return int(pynvml.NVML_SUCCESS)
+        return int(pynvml.NVML_ERROR_IN_USE)
+
     def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
         self._enter("nvmlDeviceGetComputeMode")
         gpu = self._device(handle)

@@ -211,7 +211,7 @@ def _load_model(
     reset = needs_reset.get(family)
     if not isinstance(reset, bool):
         raise errors.CatalogError(
-            f"{where}: mig_mode_change_needs_reset says nothing (true or false) of family {family!r}"
+            f"{where}: mig_mode_change_needs_reset names no true or false for family {family!r}"
         )
     model = profiles.GpuModel(
         id=where,
