@@ -116,12 +116,15 @@ class Reconciler:
         agent_metrics: metrics.AgentMetrics | None = None,
         max_rounds: int = 3,
         parallel_gpus: int = 8,
+        dynamic_mig: bool = False,
     ) -> None:
         self._backend = gpus
         self._in_use = in_use
         self._clock: clocks.Clock = clock if clock is not None else clocks.SystemClock()
         self._metrics = agent_metrics
         self._max_rounds = max_rounds
+        self._dynamic_mig = dynamic_mig
+        """The node is labelled ``migpilot.io/mig-mode=dynamic``: MIG modes may be switched."""
         self._parallel_gpus = max(1, parallel_gpus)
         """GPUs changed at once: each GPU's changes run in order in one thread, GPUs side by
         side (the driver serialises changes on one GPU, not across GPUs)."""
@@ -140,12 +143,22 @@ class Reconciler:
         started = self._clock.monotonic()
         applied: list[changes.Applied] = []
         for _ in range(self._max_rounds):
-            plan = changes.diff(actual=self.read(), desired=desired, in_use=self._in_use.in_use())
+            plan = changes.diff(
+                actual=self.read(),
+                desired=desired,
+                in_use=self._in_use.in_use(),
+                dynamic_mig=self._dynamic_mig,
+            )
             if not plan.changes:
                 break
             applied.extend(self._apply_all(plan.changes))
         actual = self.read()
-        plan = changes.diff(actual=actual, desired=desired, in_use=self._in_use.in_use())
+        plan = changes.diff(
+            actual=actual,
+            desired=desired,
+            in_use=self._in_use.in_use(),
+            dynamic_mig=self._dynamic_mig,
+        )
         duration = self._clock.monotonic() - started
         if self._metrics is not None and applied:
             self._metrics.observe_reconfiguration(duration)
@@ -202,7 +215,15 @@ class Reconciler:
             elif change.kind is changes.ChangeKind.REPAIR:
                 assert change.gi_id is not None
                 self._backend.create_compute_instance(change.gpu, change.gi_id)
+            elif change.kind is changes.ChangeKind.SET_MIG_MODE:
+                assert change.mig is not None
+                after = self._backend.set_mig_mode(change.gpu, enabled=change.mig)
+                if after.current != change.mig:
+                    return changes.Applied(
+                        change, changes.Outcome.REFUSED, "pending: waits for a GPU reset"
+                    )
             else:
+                assert change.instance is not None
                 self._backend.create_instance(
                     change.gpu, profile=change.instance.profile, start=change.instance.start
                 )

@@ -172,6 +172,9 @@ class GpuSpec:
     """On a node in mode ``mps``: the GPU's MPS slices (then it has no MIG instances)."""
     replicas: tuple[ReplicaSpec, ...] = ()
     """On a node in mode ``time-slicing``: the replicas kept for unified pods, by id."""
+    mig: bool | None = None
+    """The MIG mode the GPU should have, on a node labelled ``migpilot.io/mig-mode=dynamic``
+    (``docs/migmode.md``); ``None``: keep the mode it has. ``False`` holds no instances."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,7 @@ class GpuSpecDoc(TypedDict):
     instances: list[InstanceSpecDoc]
     mps: NotRequired[list[SliceSpecDoc]]
     replicas: NotRequired[list[ReplicaSpecDoc]]
+    mig: NotRequired[bool]
 
 
 class SpecDoc(TypedDict):
@@ -401,8 +402,11 @@ def _one_kind(where: str, insts: Sequence[Any], mps: Sequence[Any], reps: Sequen
 
 def _gpu_spec(raw: Any, where: str) -> gpulayouts.GpuSpec:
     d = _mapping(raw, where, required=True)
-    _only(d, frozenset({"index", "model", "instances", "mps", "replicas"}), where)
+    _only(d, frozenset({"index", "model", "instances", "mps", "replicas", "mig"}), where)
     index = _int(d, "index", where)
+    mig = d.get("mig")
+    if mig is not None and not isinstance(mig, bool):
+        raise _fail(f"{where}.mig", f"expected true or false, got {mig!r}")
     model = _model(d, where, required=False)
     w = f"{where}.instances"
     insts = [
@@ -415,12 +419,17 @@ def _gpu_spec(raw: Any, where: str) -> gpulayouts.GpuSpec:
         raise _fail(f"{where}.mps", "a GPU holds MIG instances or MPS slices, not both")
     reps = _replicas(d.get("replicas"), f"{where}.replicas", _replica_spec)
     _one_kind(where, insts, mps, reps)
+    if mig is False and insts:
+        raise _fail(f"{where}.mig", "a GPU with MIG off (mig: false) holds no MIG instances")
+    if mig is True and (mps or reps):
+        raise _fail(f"{where}.mig", "MPS slices and time-slicing replicas need MIG off")
     return gpulayouts.GpuSpec(
         index,
         d["model"] if model is not None else None,
         tuple(sorted(insts, key=lambda i: i.start)),
         mps,
         reps,
+        mig,
     )
 
 
@@ -595,6 +604,8 @@ def _spec_doc(spec: gpulayouts.LayoutSpec) -> SpecDoc:
             gpu["mps"] = slices
         if g.replicas:
             gpu["replicas"] = [{"id": r.id, "reservedFor": r.reserved_for} for r in g.replicas]
+        if g.mig is not None:
+            gpu["mig"] = g.mig
         gpus.append(gpu)
     return {"gpus": gpus}
 

@@ -35,6 +35,8 @@ class ChangeKind(enum.StrEnum):
     REPAIR = "repair"
     """Create the missing compute instance of an existing GPU instance."""
     CREATE = "create"
+    SET_MIG_MODE = "set-mig-mode"
+    """Switch the GPU's MIG mode (dynamic nodes only; the GPU has nothing on it by then)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +62,18 @@ class Change:
 
     kind: ChangeKind
     gpu: int
-    instance: layouts.Instance
+    instance: layouts.Instance | None
+    """The instance changed; ``None`` for a MIG mode change."""
     gi_id: int | None = None
     """The GPU instance destroyed or repaired; ``None`` for a create."""
     uuid: str | None = None
     """The MIG device destroyed, when it has one."""
+    mig: bool | None = None
+    """The MIG mode a :attr:`ChangeKind.SET_MIG_MODE` sets."""
 
     def __str__(self) -> str:
+        if self.kind is ChangeKind.SET_MIG_MODE:
+            return f"GPU {self.gpu}: MIG mode {_on(bool(self.mig))}"
         dev = f" ({self.uuid})" if self.uuid else ""
         return f"GPU {self.gpu}: {self.kind.value} {self.instance}{dev}"
 
@@ -102,20 +109,57 @@ def diff(
     actual: Mapping[int, GpuState],
     desired: Mapping[int, DesiredGpu],
     in_use: frozenset[str],
+    dynamic_mig: bool = False,
 ) -> Diff:
     """The minimal ordered changes that turn ``actual`` into ``desired`` without touching in-use.
 
     GPUs absent from ``desired`` are left alone. Per GPU, in index order: destroys (by start),
     then repairs, then creates (by start); every intermediate layout is valid because the final
     one is and the layout rules only ever forbid adding.
+
+    A GPU whose MIG mode is not the desired one is refused, unless ``dynamic_mig`` (a node
+    labelled ``migpilot.io/mig-mode=dynamic``): then its idle instances are destroyed and its
+    mode set, but only when no instance of it and not the GPU itself is in use; the instances
+    of the new mode come at the next diff, once the mode is current.
     """
     changes: list[Change] = []
     refusals: list[Refusal] = []
     for gpu in sorted(desired):
-        made, refused = _diff_gpu(gpu, actual.get(gpu), desired[gpu], in_use)
+        state = actual.get(gpu)
+        if dynamic_mig and state is not None and _mode_differs(state, desired[gpu]):
+            made, refused = _switch_mode(gpu, state, desired[gpu], in_use)
+        else:
+            made, refused = _diff_gpu(gpu, state, desired[gpu], in_use)
         changes.extend(made)
         refusals.extend(refused)
     return Diff(tuple(changes), tuple(refusals))
+
+
+def _mode_differs(state: GpuState, want: DesiredGpu) -> bool:
+    mig = state.info.mig
+    if mig is None or state.info.model is None:
+        return False
+    return mig.current != want.mig_enabled or mig.pending != want.mig_enabled
+
+
+def _switch_mode(
+    gpu: int, state: GpuState, want: DesiredGpu, in_use: frozenset[str]
+) -> tuple[list[Change], list[Refusal]]:
+    """Destroy every instance, then set the mode: all or nothing, never with anything in use."""
+    mode = _on(want.mig_enabled)
+    busy = [d for d in state.devices if d.uuid is not None and d.uuid in in_use]
+    if busy:
+        return [], [
+            Refusal(gpu, f"{d} ({d.uuid}) is in use; MIG mode not {mode}", d.instance, in_use=True)
+            for d in busy
+        ]
+    if state.info.uuid in in_use:
+        return [], [Refusal(gpu, f"the whole GPU is in use; MIG mode not {mode}", in_use=True)]
+    destroys = [
+        Change(ChangeKind.DESTROY, gpu, d.instance, gi_id=d.gi_id, uuid=d.uuid)
+        for d in sorted(state.devices, key=lambda d: (d.start, d.gi_id))
+    ]
+    return [*destroys, Change(ChangeKind.SET_MIG_MODE, gpu, None, mig=want.mig_enabled)], []
 
 
 def _diff_gpu(

@@ -168,8 +168,12 @@ def from_gpulayout(
                 raise errors.ConfigError(
                     f"{where}.model: {g.model!r}, but GPU {g.index} is {info.model.id}"
                 )
+        if g.mig is False:
+            # A mode change asked for: the diff refuses it unless the node is dynamic.
+            out[g.index] = changes.DesiredGpu(mig_enabled=False)
+            continue
         mig_off = info.mig is None or not info.mig.current
-        if g.mps or (mig_off and not g.instances):
+        if g.mps or (mig_off and not g.instances and g.mig is None):
             continue
         insts = [layouts.Instance(i.start, i.profile) for i in g.instances]
         try:
