@@ -303,7 +303,7 @@ def test_kubelet_unreachable_destroys_nothing_and_says_so(
     holder: list[backend.GpuBackend] = []
     guarded = running.FailClosed(
         kubelet,
-        everything=lambda: running.mig_uuids(holder[0]),
+        everything=lambda: running.every_uuid(holder[0]),
         failures=(podresources.PodResourcesError,),
         what="the kubelet's PodResources API",
     )

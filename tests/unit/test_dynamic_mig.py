@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from migpilot import errors
-from migpilot.agent import reconciling
+from migpilot.agent import reconciling, running
 from migpilot.agent.rules import changes, desired
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.gpu import backend, clocks, emulated
@@ -138,3 +138,47 @@ def test_the_spec_asks_for_a_mode_through_desired() -> None:
     want = desired.from_gpulayout(wire.parse(doc).spec, gpus=emu.gpus())
     assert want[0] == changes.DesiredGpu(mig_enabled=False)
     assert want[1].mig_enabled
+
+
+@pytest.mark.parametrize("held", ["{uuid}", "{uuid}::2", "{uuid}::mps-1"])
+def test_a_pod_on_the_whole_gpu_or_a_share_of_it_keeps_its_mode(held: str) -> None:
+    emu = emulated.EmulatedBackend([H100], mig_enabled=False)
+    actual = _state(emu)
+    used = held.format(uuid=actual[0].info.uuid)
+    plan = changes.diff(
+        actual=actual,
+        desired={0: changes.DesiredGpu(True)},
+        in_use=frozenset({used}),
+        dynamic_mig=True,
+    )
+    assert plan.changes == () and plan.refusals[0].in_use
+    other = changes.diff(
+        actual=actual,
+        desired={0: changes.DesiredGpu(True)},
+        in_use=frozenset({"GPU-other", "GPU-other::2"}),
+        dynamic_mig=True,
+    )
+    assert [c.kind for c in other.changes] == [K.SET_MIG_MODE]
+
+
+def test_the_reconciler_asks_whether_the_node_is_dynamic_at_each_pass() -> None:
+    emu = emulated.EmulatedBackend([H100])
+    label = [False]
+    rec = reconciling.Reconciler(emu, reconciling.InUseSet(), dynamic_mig=lambda: label[0])
+    want = {0: changes.DesiredGpu(False)}
+    assert "needs a GPU reset (not forced)" in rec.reconcile(want).refusals[0].reason
+    assert emu.gpus()[0].mig == backend.MigMode(True, True)
+    label[0] = True
+    report = rec.reconcile(want)
+    assert report.converged and report.refusals == ()
+    assert emu.gpus()[0].mig == backend.MigMode(False, False)
+
+
+def test_a_kubelet_that_cannot_be_asked_keeps_every_gpu_s_mode() -> None:
+    emu = emulated.EmulatedBackend([H100, H100], mig_enabled=False)
+    everything = running.every_uuid(emu)
+    assert {g.uuid for g in emu.gpus()} <= everything
+    rec = reconciling.Reconciler(emu, reconciling.InUseSet(everything), dynamic_mig=True)
+    report = rec.reconcile({0: changes.DesiredGpu(True), 1: changes.DesiredGpu(True)})
+    assert [(r.gpu, r.in_use) for r in report.refusals] == [(0, True), (1, True)]
+    assert [g.mig for g in emu.gpus()] == [backend.MigMode(False, False)] * 2

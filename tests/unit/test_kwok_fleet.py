@@ -483,3 +483,24 @@ def test_a_bad_load_file_stops_the_fleet_with_the_field_named(tmp_path: pathlib.
     settings = fleet.FleetSettings(emulated_load=load)
     with pytest.raises(errors.AgentConfigError, match="utilization"):
         fleet.Fleet(kubeapi.InMemoryNodeApi(), settings=settings)
+
+
+@pytest.mark.parametrize(
+    ("labels", "switched"), [({}, False), ({"migpilot.io/mig-mode": "dynamic"}, True)]
+)
+def test_only_a_node_labelled_dynamic_switches_an_idle_gpu_s_mig_mode(
+    labels: dict[str, str], switched: bool
+) -> None:
+    api = kubeapi.InMemoryNodeApi()
+    f = fleet.Fleet(api, settings=fleet.FleetSettings(times=emulated.INSTANT))
+    api.put_node("n0", {LABEL: "h100-80gb.x2", **labels})
+    doc = spec([inst("1g.10gb", 0)], [])
+    doc["gpus"][1]["mig"] = False
+    api.put_spec("n0", doc)
+    f.layouts_listed(api.list_layouts().items)
+    f.nodes_listed(api.list_nodes(selector=fleet.DEFAULT_SELECTOR).items)
+    f.drain()
+    member = f.member("n0")
+    assert member is not None
+    assert [g.mig is not None and g.mig.current for g in member.gpus.gpus()] == [True, not switched]
+    assert [str(d) for d in member.gpus.mig_devices(0)] == ["1g.10gb@0"]

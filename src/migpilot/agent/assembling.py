@@ -371,6 +371,9 @@ class KubeSide:
     static layouts' Node watch sees it."""
     mps_node: Callable[[], bool] = _never
     """Whether the Node is in mode ``mps`` now (its GPUs with MIG off are then reported)."""
+    dynamic_mig: Callable[[], bool] = _never
+    """Whether the Node is labelled ``migpilot.io/mig-mode=dynamic`` now (the reconciler may
+    then switch an idle GPU's MIG mode, ``docs/migmode.md``)."""
     now: Callable[[], str] = _now
     """The time stamp of a status (RFC 3339, seconds)."""
     sharing: CurrentSharing = field(default_factory=CurrentSharing)
@@ -493,13 +496,15 @@ def kube_side(
     counters: bool = True,
     sharing_label: Callable[[], str | None] | None = None,
     mps_node: Callable[[], bool] | None = None,
+    dynamic_mig: Callable[[], bool] | None = None,
     now: Callable[[], str] = _now,
 ) -> KubeSide:
     """The Kubernetes side of ``source``'s node: its unified pool and MPS slices over the spec
     the agent acts on, with ``standin`` its stand-in kubelet (the pool's record of hand-outs),
     and its startup taint's remover, fed by ``statics``' Node watch when there is one (the
     fleet feeds it from its own). ``mps_node``: whether the Node is in mode ``mps`` (default:
-    the static layouts' Node watch says, else never)."""
+    the static layouts' Node watch says, else never); ``dynamic_mig``: whether the Node is
+    labelled ``migpilot.io/mig-mode=dynamic`` (the same default)."""
 
     def spec() -> gpulayouts.LayoutSpec | None:
         return source.acted_on.spec if source.acted_on is not None else None
@@ -521,6 +526,8 @@ def kube_side(
         pool.attach(kubelet)
     if mps_node is None:
         mps_node = (lambda: statics.mps_node) if statics is not None else _never
+    if dynamic_mig is None:
+        dynamic_mig = (lambda: statics.dynamic_mig) if statics is not None else _never
     taint = startup.StartupTaint(api, node=source.node)
     if statics is not None:  # the single agent's Node watch (the fleet feeds its own)
         statics.observe(taint.node_seen)
@@ -537,6 +544,7 @@ def kube_side(
         counters=counters,
         sharing_label=sharing_label,
         mps_node=mps_node,
+        dynamic_mig=dynamic_mig,
         now=now,
         sharing=sharing,
         startup=taint,
@@ -914,7 +922,7 @@ def _kubelet_in_use(
     served = cluster.slices.served_ids if cluster is not None else frozenset
     source = running.FailClosed(
         running.PodResourcesInUse(kubelet, socket_path=sock),
-        everything=lambda: running.mig_uuids(gpus) | served(),
+        everything=lambda: running.every_uuid(gpus) | served(),
         failures=(podresources.PodResourcesError,),
         what="the kubelet's PodResources API",
     )
@@ -960,6 +968,7 @@ def run_once(
         listener=listener,
         view_filter=cluster.view_filter() if cluster is not None else None,
         sharing=sharing,
+        dynamic_mig=cluster.dynamic_mig if cluster is not None else None,
     )
     try:
         report = agent.start()
@@ -1075,6 +1084,7 @@ def _serve(
         listener=listener,
         view_filter=cluster.view_filter() if cluster is not None else None,
         sharing=sharing,
+        dynamic_mig=cluster.dynamic_mig if cluster is not None else None,
         # Daemons for the sharing config's MPS resources and for the GpuLayout's MPS slices.
         mps=_mps_supervisor(settings) if files is not None or cluster is not None else None,
     )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from migpilot.agent import metrics
@@ -116,15 +116,18 @@ class Reconciler:
         agent_metrics: metrics.AgentMetrics | None = None,
         max_rounds: int = 3,
         parallel_gpus: int = 8,
-        dynamic_mig: bool = False,
+        dynamic_mig: bool | Callable[[], bool] = False,
     ) -> None:
         self._backend = gpus
         self._in_use = in_use
         self._clock: clocks.Clock = clock if clock is not None else clocks.SystemClock()
         self._metrics = agent_metrics
         self._max_rounds = max_rounds
-        self._dynamic_mig = dynamic_mig
-        """The node is labelled ``migpilot.io/mig-mode=dynamic``: MIG modes may be switched."""
+        self._dynamic_mig: Callable[[], bool] = (
+            _constant(dynamic_mig) if isinstance(dynamic_mig, bool) else dynamic_mig
+        )
+        """Whether the node is labelled ``migpilot.io/mig-mode=dynamic`` now (MIG modes may be
+        switched); asked once per :meth:`reconcile`, as the label may change."""
         self._parallel_gpus = max(1, parallel_gpus)
         """GPUs changed at once: each GPU's changes run in order in one thread, GPUs side by
         side (the driver serialises changes on one GPU, not across GPUs)."""
@@ -142,12 +145,13 @@ class Reconciler:
         """Apply the diff, re-reading and re-planning after any surprise, a few rounds at most."""
         started = self._clock.monotonic()
         applied: list[changes.Applied] = []
+        dynamic = self._dynamic_mig()
         for _ in range(self._max_rounds):
             plan = changes.diff(
                 actual=self.read(),
                 desired=desired,
                 in_use=self._in_use.in_use(),
-                dynamic_mig=self._dynamic_mig,
+                dynamic_mig=dynamic,
             )
             if not plan.changes:
                 break
@@ -157,7 +161,7 @@ class Reconciler:
             actual=actual,
             desired=desired,
             in_use=self._in_use.in_use(),
-            dynamic_mig=self._dynamic_mig,
+            dynamic_mig=dynamic,
         )
         duration = self._clock.monotonic() - started
         if self._metrics is not None and applied:
@@ -235,6 +239,10 @@ class Reconciler:
             )
             return changes.Applied(change, outcome, str(e))
         return changes.Applied(change, changes.Outcome.DONE)
+
+
+def _constant(value: bool) -> Callable[[], bool]:
+    return lambda: value
 
 
 def _mig_on(state: changes.GpuState) -> bool:

@@ -96,10 +96,12 @@ class HandedOut:
         return self._plugin.handed_out()
 
 
-def mig_uuids(gpus: backend.GpuBackend) -> frozenset[str]:
-    """Every MIG device UUID on the backend's MIG-enabled GPUs."""
+def every_uuid(gpus: backend.GpuBackend) -> frozenset[str]:
+    """Every MIG device UUID on the backend's MIG-enabled GPUs, and every GPU's own UUID (a
+    source that cannot be asked then keeps every GPU's MIG mode as it is, too)."""
     out: set[str] = set()
     for info in gpus.gpus():
+        out.add(info.uuid)
         if info.mig is None or not info.mig.current or info.model is None:
             continue
         out.update(d.uuid for d in gpus.mig_devices(info.index) if d.uuid is not None)
@@ -544,6 +546,7 @@ class Agent:
         view_filter: ViewFilter | None = None,
         sharing: SharingSource | None = None,
         mps: mps_supervision.MpsSupervisor | None = None,
+        dynamic_mig: Callable[[], bool] | None = None,
     ) -> None:
         self._backend = gpus
         self._sharing = sharing
@@ -564,7 +567,12 @@ class Agent:
         self._clock = clock
         self.settings = settings
         self._reconciler = reconciling.Reconciler(
-            gpus, in_use, clock=clock, agent_metrics=agent_metrics
+            gpus,
+            in_use,
+            clock=clock,
+            agent_metrics=agent_metrics,
+            # The node's migpilot.io/mig-mode=dynamic label (absent: modes are never switched).
+            dynamic_mig=dynamic_mig if dynamic_mig is not None else False,
         )
         self._pass_lock = threading.Lock()
         self._started = False

@@ -243,6 +243,9 @@ class Fleet:
         self._mps_nodes: dict[str, bool] = {}
         """Node -> whether its ``migpilot.io/mode`` is ``mps`` (its GPUs with MIG off are then
         listed in the status)."""
+        self._dynamic_nodes: dict[str, bool] = {}
+        """Node -> whether it is labelled ``migpilot.io/mig-mode=dynamic`` (its idle GPUs' MIG
+        mode may be switched)."""
         """Node -> the label value it was refused for (logged once)."""
         self._retry: dict[str, float] = {}
         """Node -> when to pass it again (monotonic seconds): its last pass left work undone."""
@@ -304,6 +307,7 @@ class Fleet:
         mps_node = objects.labels_of(doc).get(modes.MODE_LABEL) == modes.Mode.MPS.value
         with self._lock:
             self._mps_nodes[node] = mps_node
+            self._dynamic_nodes[node] = modes.dynamic_mig(objects.labels_of(doc))
             have = self._members.get(node)
         if have is not None:
             if value != have.label:
@@ -364,6 +368,10 @@ class Fleet:
             with self._lock:
                 return self._mps_nodes.get(node, False)
 
+        def dynamic_mig() -> bool:
+            with self._lock:
+                return self._dynamic_nodes.get(node, False)
+
         side = assembling.kube_side(
             self._api,
             source=source,
@@ -372,6 +380,7 @@ class Fleet:
             standin=standin.stand_in,
             counters=self.settings.unified_counters,
             mps_node=mps_node,
+            dynamic_mig=dynamic_mig,
             now=self._now,
         )
         kubelet = side.kubelet
@@ -389,6 +398,7 @@ class Fleet:
             ),
             listener=wired.listener,
             view_filter=side.view_filter(),
+            dynamic_mig=side.dynamic_mig,
         )
         sampler = sampling.GpuSampler(
             node=node,

@@ -49,6 +49,10 @@ from migpilot.sharing import mps as sharing_mps
 
 MODE_LABEL = "migpilot.io/mode"
 """The node label that picks the mode (absent: ``mig``)."""
+MIG_MODE_LABEL = "migpilot.io/mig-mode"
+"""The node label that lets migpilot switch an idle GPU's MIG mode (``docs/migmode.md``)."""
+DYNAMIC_MIG = "dynamic"
+"""The :data:`MIG_MODE_LABEL` value that opts a node in; any other value, or none: never."""
 MPS_RESOURCE_PREFIX = "nvidia.com/gpu-"
 _MPS_RESOURCE = re.compile(r"^nvidia\.com/gpu-(?P<gb>[1-9][0-9]{0,4})gb$")
 _MIB_PER_GB = 1024
@@ -78,6 +82,12 @@ def node_mode(labels: Mapping[str, str], *, node: str) -> Mode:
     """The mode a node's labels pick (``mig`` when the label is absent)."""
     value = labels.get(MODE_LABEL)
     return Mode.MIG if value is None else parse_mode(value, node=node)
+
+
+def dynamic_mig(labels: Mapping[str, str]) -> bool:
+    """Whether a node's labels let migpilot switch its idle GPUs' MIG mode (opt-in: a GPU
+    reset can disturb other users of the node)."""
+    return labels.get(MIG_MODE_LABEL) == DYNAMIC_MIG
 
 
 @dataclass(frozen=True, slots=True)

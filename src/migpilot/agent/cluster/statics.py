@@ -189,6 +189,12 @@ class StaticOrDynamic:
         return self.node_label(modes.MODE_LABEL) == modes.Mode.MPS.value
 
     @property
+    def dynamic_mig(self) -> bool:
+        """Whether the Node is labelled ``migpilot.io/mig-mode=dynamic`` (its idle GPUs' MIG
+        mode may then be switched, ``docs/migmode.md``)."""
+        return self.node_label(modes.MIG_MODE_LABEL) == modes.DYNAMIC_MIG
+
+    @property
     def problem(self) -> str | None:
         """Why the static config could not be applied at the last pass (``None``: it was)."""
         return self._problem
