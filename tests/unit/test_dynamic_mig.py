@@ -4,13 +4,17 @@ emulated backend."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from migpilot import errors
 from migpilot.agent import reconciling, running
-from migpilot.agent.rules import changes, desired
+from migpilot.agent.cluster import reporting
+from migpilot.agent.deviceplugin import devices
+from migpilot.agent.rules import changes, desired, labels
+from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.mig import catalog, layouts
@@ -19,6 +23,7 @@ from tests.unit import gpulayout_docs as docs
 H100 = catalog.resolve_gpu("h100-80gb")
 A100 = catalog.resolve_gpu("a100-40gb")
 K = changes.ChangeKind
+NOW = "2026-01-01T00:00:00Z"
 
 
 def _spec_gpu(doc: dict[str, Any], index: int) -> dict[str, Any]:
@@ -182,3 +187,118 @@ def test_a_kubelet_that_cannot_be_asked_keeps_every_gpu_s_mode() -> None:
     report = rec.reconcile({0: changes.DesiredGpu(True), 1: changes.DesiredGpu(True)})
     assert [(r.gpu, r.in_use) for r in report.refusals] == [(0, True), (1, True)]
     assert [g.mig for g in emu.gpus()] == [backend.MigMode(False, False)] * 2
+
+
+# --- step 2: withdrawn before the switch, reported after -------------------------------------
+
+
+def test_the_gpus_to_switch_are_withdrawn_before_anything_on_them_changes() -> None:
+    emu = emulated.EmulatedBackend([H100, H100])
+    emu.create_instance(0, profile="1g.10gb", start=0)
+    seen: list[tuple[frozenset[int], int, bool]] = []
+
+    def withdraw(gpus: frozenset[int]) -> None:
+        mig = emu.gpus()[0].mig
+        seen.append((gpus, len(emu.mig_devices(0)), mig is not None and mig.current))
+
+    rec = reconciling.Reconciler(emu, reconciling.InUseSet(), dynamic_mig=True, withdraw=withdraw)
+    want = {0: changes.DesiredGpu(False), 1: changes.DesiredGpu(True)}
+    assert rec.reconcile(want).converged
+    assert seen == [(frozenset({0}), 1, True)]  # GPU 0 still as it was; GPU 1 not switched
+    rec.reconcile(want)
+    assert len(seen) == 1  # nothing to switch: nothing withdrawn
+
+
+def test_a_gpu_taken_after_the_diff_is_not_switched() -> None:
+    emu = emulated.EmulatedBackend([H100], mig_enabled=False)
+    used = reconciling.InUseSet()
+    uuid = emu.gpus()[0].uuid
+    rec = reconciling.Reconciler(
+        emu, used, dynamic_mig=True, withdraw=lambda _: used.add(f"{uuid}::1"), max_rounds=1
+    )
+    report = rec.reconcile({0: changes.DesiredGpu(True)})
+    assert [(a.outcome, a.detail) for a in report.applied] == [
+        (changes.Outcome.REFUSED, "became in use; MIG mode not changed")
+    ]
+    assert emu.gpus()[0].mig == backend.MigMode(False, False)
+
+
+def test_without_gpus_leaves_out_the_gpu_and_everything_on_it() -> None:
+    emu = emulated.EmulatedBackend([H100, H100])
+    a = emu.create_instance(0, profile="1g.10gb", start=0)
+    b = emu.create_instance(1, profile="1g.10gb", start=0)
+    full = running.node_view(_state(emu))
+    full = devices.NodeDevices(full.gpus, full.mig_devices, unified=frozenset({a.uuid, b.uuid}))
+    view = devices.without_gpus(full, frozenset({0}))
+    assert [g.index for g in view.gpus] == [1]
+    assert [m.uuid for m in view.mig_devices] == [b.uuid]
+    assert view.unified == {b.uuid}
+    assert devices.without_gpus(full, frozenset()) is full
+
+
+def _report(*applied: changes.Applied) -> changes.Report:
+    return changes.Report(devices={}, applied=applied, refusals=(), converged=True, duration_s=0)
+
+
+def test_the_mig_mode_state_label() -> None:
+    emu = emulated.EmulatedBackend([A100], mig_enabled=False)
+    state = _state(emu)
+    off, on = {0: changes.DesiredGpu(False)}, {0: changes.DesiredGpu(True)}
+    assert labels.mig_mode_state(_report(), state=state, desired=off) == "success"
+    assert labels.mig_mode_state(_report(), state=state, desired={}) == "success"
+    assert labels.mig_mode_state(_report(), state=state, desired=on) == "pending"
+    emu.block_reset(0)
+    emu.set_mig_mode(0, enabled=True)  # pending until a reset
+    state = _state(emu)
+    assert labels.mig_mode_state(_report(), state=state, desired=on) == "pending"
+    change = changes.Change(K.SET_MIG_MODE, 0, None, mig=True)
+    failed = changes.Applied(change, changes.Outcome.FAILED, "driver error")
+    assert labels.mig_mode_state(_report(failed), state=state, desired=on) == "failed"
+
+
+def test_the_status_carries_each_gpu_s_mig_mode_on_a_dynamic_node_only() -> None:
+    emu = emulated.EmulatedBackend([H100, H100])
+    emu.set_mig_mode(1, enabled=False)
+    state = _state(emu)
+    plain = reporting.layout_status(
+        state=state, in_use=frozenset(), spec=None, generation=None, report=None, now=NOW
+    )
+    assert [(g.index, g.mig_mode) for g in plain.gpus] == [(0, None)]
+    status = reporting.layout_status(
+        state=state,
+        in_use=frozenset(),
+        spec=None,
+        generation=None,
+        report=None,
+        dynamic_mig=True,
+        now=NOW,
+    )
+    assert [(g.index, g.mig_mode) for g in status.gpus] == [
+        (0, gl.MigModeStatus(True, True)),
+        (1, gl.MigModeStatus(False, False)),
+    ]
+    layout = wire.parse(docs.mig())
+    with_status = wire.to_document(dataclasses.replace(layout, status=status))
+    assert with_status["status"]["gpus"][1]["migMode"] == {"current": False, "pending": False}
+    assert wire.parse(with_status).status == status
+
+
+@pytest.mark.parametrize(
+    ("mode", "named"),
+    [({"current": "no", "pending": False}, "current.*expected true or false"),
+     ({"current": False, "pending": False}, "MIG off holds no MIG instances"),
+     ({"current": True}, "pending.*expected true or false")],
+)  # fmt: skip
+def test_a_bad_mig_mode_in_the_status_is_refused_naming_it(
+    mode: dict[str, Any], named: str
+) -> None:
+    emu = emulated.EmulatedBackend([H100])
+    emu.create_instance(0, profile="1g.10gb", start=0)
+    status = reporting.layout_status(
+        state=_state(emu), in_use=frozenset(), spec=None, generation=None, report=None, now=NOW
+    )
+    layout = dataclasses.replace(wire.parse(docs.mig()), status=status)
+    doc = wire.to_document(layout)
+    doc["status"]["gpus"][0]["migMode"] = mode
+    with pytest.raises(errors.GpuLayoutError, match=rf"status\.gpus\[0\]\.migMode.*{named}"):
+        wire.parse(doc)

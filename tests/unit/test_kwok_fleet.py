@@ -504,3 +504,14 @@ def test_only_a_node_labelled_dynamic_switches_an_idle_gpu_s_mig_mode(
     assert member is not None
     assert [g.mig is not None and g.mig.current for g in member.gpus.gpus()] == [True, not switched]
     assert [str(d) for d in member.gpus.mig_devices(0)] == ["1g.10gb@0"]
+    got = api.layout("n0")
+    assert got is not None and got.status is not None
+    modes = [(g.index, g.mig_mode) for g in got.status.gpus]
+    state = api.node_labels.get("n0", {}).get("migpilot.io/mig-mode.state")
+    if switched:
+        assert modes == [(0, gl.MigModeStatus(True, True)), (1, gl.MigModeStatus(False, False))]
+        assert state == "success"
+        assert api.node_resources.get("n0", {}).get("nvidia.com/gpu") == "1"
+    else:
+        assert modes == [(0, None), (1, None)]  # as today: no mode reported, no label
+        assert state is None

@@ -427,6 +427,7 @@ class KubeSide:
             used_by=lambda: {k: v for f in owners for k, v in f().items()},
             mps_node=self.mps_node,
             sharing=self.sharing,
+            dynamic_mig=self.dynamic_mig,
         )
         listeners: list[running.PassListener] = [reporter]
         if kubelet is not None:

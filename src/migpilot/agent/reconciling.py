@@ -117,6 +117,7 @@ class Reconciler:
         max_rounds: int = 3,
         parallel_gpus: int = 8,
         dynamic_mig: bool | Callable[[], bool] = False,
+        withdraw: Callable[[frozenset[int]], None] | None = None,
     ) -> None:
         self._backend = gpus
         self._in_use = in_use
@@ -128,6 +129,9 @@ class Reconciler:
         )
         """Whether the node is labelled ``migpilot.io/mig-mode=dynamic`` now (MIG modes may be
         switched); asked once per :meth:`reconcile`, as the label may change."""
+        self._withdraw = withdraw
+        """Told the GPUs whose MIG mode is about to be switched, before anything on them is
+        touched: they are no longer advertised, so no pod is given them meanwhile."""
         self._parallel_gpus = max(1, parallel_gpus)
         """GPUs changed at once: each GPU's changes run in order in one thread, GPUs side by
         side (the driver serialises changes on one GPU, not across GPUs)."""
@@ -155,6 +159,11 @@ class Reconciler:
             )
             if not plan.changes:
                 break
+            switched = frozenset(
+                c.gpu for c in plan.changes if c.kind is changes.ChangeKind.SET_MIG_MODE
+            )
+            if switched and self._withdraw is not None:
+                self._withdraw(switched)
             applied.extend(self._apply_all(plan.changes))
         actual = self.read()
         plan = changes.diff(
@@ -221,6 +230,10 @@ class Reconciler:
                 self._backend.create_compute_instance(change.gpu, change.gi_id)
             elif change.kind is changes.ChangeKind.SET_MIG_MODE:
                 assert change.mig is not None
+                if change.uuid is not None and changes.gpu_held(change.uuid, self._in_use.in_use()):
+                    return changes.Applied(
+                        change, changes.Outcome.REFUSED, "became in use; MIG mode not changed"
+                    )
                 after = self._backend.set_mig_mode(change.gpu, enabled=change.mig)
                 if after.current != change.mig:
                     return changes.Applied(

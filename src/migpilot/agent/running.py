@@ -482,6 +482,10 @@ def xid_event(event: backend.XidEvent) -> health.XidEvent:
     )
 
 
+def _not_dynamic() -> bool:
+    return False
+
+
 def device_counts(
     advertised: Mapping[str, Sequence[devices.Device]],
 ) -> dict[tuple[str, str], int]:
@@ -551,6 +555,9 @@ class Agent:
         self._backend = gpus
         self._sharing = sharing
         self._mps = mps
+        self._dynamic_mig: Callable[[], bool] = (
+            dynamic_mig if dynamic_mig is not None else _not_dynamic
+        )
         self._modes = computemodes.ComputeModeKeeper(gpus) if mps is not None else None
         """Puts the MPS daemons' GPUs in EXCLUSIVE_PROCESS around the supervisor's passes."""
         self._mps_checked: float | None = None
@@ -572,8 +579,12 @@ class Agent:
             clock=clock,
             agent_metrics=agent_metrics,
             # The node's migpilot.io/mig-mode=dynamic label (absent: modes are never switched).
-            dynamic_mig=dynamic_mig if dynamic_mig is not None else False,
+            dynamic_mig=self._dynamic_mig,
+            withdraw=self._withdraw,
         )
+        self._mig_mode_state: str | None = None
+        """``migpilot.io/mig-mode.state`` for the labels (None: the node is not dynamic)."""
+        self._last_report: changes.Report | None = None
         self._pass_lock = threading.Lock()
         self._started = False
         self._last_pass: float | None = None
@@ -602,6 +613,7 @@ class Agent:
                 self._sharing.refresh()  # before the view is published: one change, not two
             want, unavailable = self._desired()
             report = self._reconciler.reconcile(want)
+            self._last_report = report
             self._log_report(report)
             self._config_state = (
                 labels.config_state(report, unavailable=unavailable)
@@ -609,6 +621,11 @@ class Agent:
                 else None
             )
             state = self._reconciler.read()
+            self._mig_mode_state = (
+                labels.mig_mode_state(report, state=state, desired=want)
+                if self._dynamic_mig()
+                else None
+            )
             view = node_view(state)
             if self._view_filter is not None:
                 view = self._view_filter.update(view)
@@ -622,6 +639,23 @@ class Agent:
                     view=self._view,
                 )
             return report
+
+    def _withdraw(self, indexes: frozenset[int]) -> None:
+        """Stop advertising the GPUs ``indexes`` (their MIG mode is about to be switched; the
+        pass lock is held): the plugin and the listeners (the stand-in kubelet) are told a view
+        without them, so no pod is given them meanwhile. The pass's end advertises them again
+        in their new mode."""
+        view = devices.without_gpus(self._view, indexes)
+        _log.info("GPU %s not advertised while its MIG mode is switched",
+                  ", ".join(str(i) for i in sorted(indexes)))  # fmt: skip
+        self._publish(view)
+        if self._listener is not None:
+            self._listener.passed(
+                state=self._reconciler.read(),
+                report=self._last_report,
+                labels=self._node_labels(view),
+                view=view,
+            )
 
     def _supervise_mps(self) -> None:
         """Start, restart or stop the MPS daemons the advertised resources need (pass lock
@@ -740,6 +774,8 @@ class Agent:
             found[labelling.STATE_LABEL] = self._mps_state
         if self._config_state is not None:
             found[labels.CONFIG_STATE_LABEL] = self._config_state
+        if self._mig_mode_state is not None:
+            found[labels.MIG_MODE_STATE_LABEL] = self._mig_mode_state
         return found
 
     def _refresh_device_metrics(self) -> None:

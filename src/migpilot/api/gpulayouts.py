@@ -230,6 +230,15 @@ SLICE_STATES = frozenset({InstanceState.FREE, InstanceState.RESERVED, InstanceSt
 
 
 @dataclass(frozen=True, slots=True)
+class MigModeStatus:
+    """A GPU's MIG mode as NVML reports it (``nvmlDeviceGetMigMode``): ``pending`` differs from
+    ``current`` while a change waits for a GPU reset."""
+
+    current: bool
+    pending: bool
+
+
+@dataclass(frozen=True, slots=True)
 class GpuStatus:
     """One GPU as the agent sees it, and its instances by start (or its MPS slices, by id)."""
 
@@ -242,6 +251,9 @@ class GpuStatus:
     replicas: tuple[ReplicaStatus, ...] = ()
     """On a node in mode ``time-slicing``: every replica of the GPU, by id (how many the sharing
     config makes of it, and which pod holds each)."""
+    mig_mode: MigModeStatus | None = None
+    """On a node labelled ``migpilot.io/mig-mode=dynamic``: the GPU's MIG mode (``None``
+    elsewhere: a mode the agent never changes is not reported)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,6 +102,11 @@ class ReplicaStatusDoc(TypedDict):
     usedBy: NotRequired[str]
 
 
+class MigModeDoc(TypedDict):
+    current: bool
+    pending: bool
+
+
 class GpuStatusDoc(TypedDict):
     index: int
     model: str
@@ -109,6 +114,7 @@ class GpuStatusDoc(TypedDict):
     instances: list[InstanceStatusDoc]
     mps: NotRequired[list[SliceStatusDoc]]
     replicas: NotRequired[list[ReplicaStatusDoc]]
+    migMode: NotRequired[MigModeDoc]
 
 
 class ConditionDoc(TypedDict):
@@ -469,7 +475,8 @@ def _instance_status(raw: Any, where: str, model: profiles.GpuModel) -> gpulayou
 
 def _gpu_status(raw: Any, where: str) -> gpulayouts.GpuStatus:
     d = _mapping(raw, where, required=True)
-    _only(d, frozenset({"index", "model", "uuid", "instances", "mps", "replicas"}), where)
+    allowed = {"index", "model", "uuid", "instances", "mps", "replicas", "migMode"}
+    _only(d, frozenset(allowed), where)
     index = _int(d, "index", where)
     model = _model(d, where, required=True)
     assert model is not None
@@ -485,9 +492,28 @@ def _gpu_status(raw: Any, where: str) -> gpulayouts.GpuStatus:
         raise _fail(f"{where}.mps", "a GPU holds MIG instances or MPS slices, not both")
     reps = _replicas(d.get("replicas"), f"{where}.replicas", _replica_status)
     _one_kind(where, insts, mps, reps)
+    mode = _mig_mode(d.get("migMode"), f"{where}.migMode")
+    if mode is not None and not mode.current and insts:
+        raise _fail(f"{where}.migMode", "a GPU with MIG off holds no MIG instances")
+    if mode is not None and mode.current and (mps or reps):
+        raise _fail(f"{where}.migMode", "MPS slices and time-slicing replicas need MIG off")
     return gpulayouts.GpuStatus(
-        index, d["model"], uuid, tuple(sorted(insts, key=lambda i: i.start)), mps, reps
+        index, d["model"], uuid, tuple(sorted(insts, key=lambda i: i.start)), mps, reps, mode
     )
+
+
+def _mig_mode(raw: Any, where: str) -> gpulayouts.MigModeStatus | None:
+    if raw is None:
+        return None
+    d = _mapping(raw, where, required=True)
+    _only(d, frozenset({"current", "pending"}), where)
+    values = []
+    for key in ("current", "pending"):
+        value = d.get(key)
+        if not isinstance(value, bool):
+            raise _fail(f"{where}.{key}", f"expected true or false, got {value!r}")
+        values.append(value)
+    return gpulayouts.MigModeStatus(values[0], values[1])
 
 
 def _condition(raw: Any, where: str) -> gpulayouts.Condition:
@@ -631,6 +657,8 @@ def _status_doc(status: gpulayouts.LayoutStatus) -> StatusDoc:
             "uuid": g.uuid,
             "instances": instances,
         }
+        if g.mig_mode is not None:
+            gpu["migMode"] = {"current": g.mig_mode.current, "pending": g.mig_mode.pending}
         if g.mps:
             slices: list[SliceStatusDoc] = []
             for sl in g.mps:

@@ -212,9 +212,13 @@ class KubeReporter:
         used_by: Callable[[], Mapping[str, str]] = dict,
         mps_node: Callable[[], bool] = lambda: False,
         sharing: Callable[[], sharing_config.Config] = lambda: sharing_config.EMPTY,
+        dynamic_mig: Callable[[], bool] = lambda: False,
     ) -> None:
         self._api = api
         self._mps_node = mps_node
+        self._dynamic_mig = dynamic_mig
+        """Whether the Node is labelled ``migpilot.io/mig-mode=dynamic`` (every GPU reported,
+        with its MIG mode)."""
         self._sharing = sharing
         self._source = source
         self._static = static
@@ -273,6 +277,7 @@ class KubeReporter:
                 mps=slicing.statuses(view, spec=spec, in_use=in_use, used_by=owners),
                 mps_problems=slicing.problems(view, spec),
                 mps_node=self._mps_node(),
+                dynamic_mig=self._dynamic_mig(),
                 replicas=timeslicing.statuses(
                     view, sharing=self._sharing(), spec=spec, in_use=in_use, used_by=owners
                 ),

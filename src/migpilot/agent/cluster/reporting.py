@@ -47,6 +47,7 @@ def layout_status(
     mps_problems: Sequence[str] = (),
     mps_node: bool = False,
     replicas: Mapping[int, Sequence[gpulayouts.ReplicaStatus]] | None = None,
+    dynamic_mig: bool = False,
     now: str,
 ) -> gpulayouts.LayoutStatus:
     """The status to apply after a pass (see the module docstring).
@@ -59,7 +60,9 @@ def layout_status(
     MIG disabled; ``mps_node``: report every such GPU the catalog knows, even without slices (the
     controller plans the slices of a node in mode ``mps`` from them). ``replicas``: GPU index ->
     its time-slicing replicas' statuses (:func:`~migpilot.agent.sharing.timeslicing.statuses`),
-    reported on GPUs with MIG disabled."""
+    reported on GPUs with MIG disabled. ``dynamic_mig``: the node is labelled
+    ``migpilot.io/mig-mode=dynamic``: every GPU the catalog knows is reported, with its MIG mode
+    (the controller plans whole GPUs, and GPUs to switch, from them)."""
     slices = mps or {}
     shared = replicas or {}
     owners = used_by or {}
@@ -69,8 +72,13 @@ def layout_status(
         info = state[index].info
         if info.model is None:
             continue  # the planner plans only GPUs it knows
+        mode = (
+            gpulayouts.MigModeStatus(info.mig.current, info.mig.pending)
+            if dynamic_mig and info.mig is not None
+            else None
+        )
         if info.mig is None or not info.mig.current:
-            if index in slices or index in shared or mps_node:
+            if index in slices or index in shared or mps_node or mode is not None:
                 gpus.append(
                     gpulayouts.GpuStatus(
                         index,
@@ -79,6 +87,7 @@ def layout_status(
                         (),
                         tuple(slices.get(index, ())),
                         tuple(shared.get(index, ())),
+                        mode,
                     )
                 )
             continue  # MIG instances only on MIG-enabled GPUs
@@ -110,7 +119,11 @@ def layout_status(
             found.append(gpulayouts.InstanceStatus(inst.profile, inst.start, None, _S.CREATING))
         gpus.append(
             gpulayouts.GpuStatus(
-                index, info.product_name, info.uuid, tuple(sorted(found, key=lambda i: i.start))
+                index,
+                info.product_name,
+                info.uuid,
+                tuple(sorted(found, key=lambda i: i.start)),
+                mig_mode=mode,
             )
         )
     ready = _ready(report=report, problem=problem, generation=generation, spec=spec)

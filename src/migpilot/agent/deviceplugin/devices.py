@@ -196,6 +196,26 @@ class NodeDevices:
         return {slice_device_id(self.gpu(s.gpu_index).uuid, s.id): s for s in self.mps_slices}
 
 
+def without_gpus(view: NodeDevices, indexes: frozenset[int]) -> NodeDevices:
+    """``view`` with the GPUs ``indexes`` and everything on them (MIG devices, MPS slices, a
+    unified hand-out) left out: what is advertised while their MIG mode is switched, so that
+    no new pod is given them meanwhile (``docs/migmode.md``)."""
+    if not indexes:
+        return view
+    gone = {g.uuid for g in view.gpus if g.index in indexes}
+    gone |= {m.uuid for m in view.mig_devices if m.gpu_index in indexes}
+    slices = tuple(s for s in view.mps_slices if s.gpu_index not in indexes)
+    kept_slices = {slice_device_id(view.gpu(s.gpu_index).uuid, s.id) for s in slices}
+    return NodeDevices(
+        gpus=tuple(g for g in view.gpus if g.index not in indexes),
+        mig_devices=tuple(m for m in view.mig_devices if m.gpu_index not in indexes),
+        unified=frozenset(
+            u for u in view.unified if u not in gone and (not is_slice_id(u) or u in kept_slices)
+        ),
+        mps_slices=slices,
+    )
+
+
 def _start(m: MigDevice) -> tuple[int, str]:
     return (m.start, m.uuid)
 

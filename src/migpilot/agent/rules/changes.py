@@ -67,7 +67,8 @@ class Change:
     gi_id: int | None = None
     """The GPU instance destroyed or repaired; ``None`` for a create."""
     uuid: str | None = None
-    """The MIG device destroyed, when it has one."""
+    """The MIG device destroyed, when it has one; for a MIG mode change, the GPU's UUID (asked
+    again right before the change)."""
     mig: bool | None = None
     """The MIG mode a :attr:`ChangeKind.SET_MIG_MODE` sets."""
 
@@ -153,16 +154,17 @@ def _switch_mode(
             Refusal(gpu, f"{d} ({d.uuid}) is in use; MIG mode not {mode}", d.instance, in_use=True)
             for d in busy
         ]
-    if _gpu_held(state.info.uuid, in_use):
+    if gpu_held(state.info.uuid, in_use):
         return [], [Refusal(gpu, f"the whole GPU is in use; MIG mode not {mode}", in_use=True)]
     destroys = [
         Change(ChangeKind.DESTROY, gpu, d.instance, gi_id=d.gi_id, uuid=d.uuid)
         for d in sorted(state.devices, key=lambda d: (d.start, d.gi_id))
     ]
-    return [*destroys, Change(ChangeKind.SET_MIG_MODE, gpu, None, mig=want.mig_enabled)], []
+    switch = Change(ChangeKind.SET_MIG_MODE, gpu, None, uuid=state.info.uuid, mig=want.mig_enabled)
+    return [*destroys, switch], []
 
 
-def _gpu_held(uuid: str, in_use: frozenset[str]) -> bool:
+def gpu_held(uuid: str, in_use: frozenset[str]) -> bool:
     """Whether a pod holds the whole GPU ``uuid``, or a share of it: a time-slicing replica
     (``GPU-x::2``) or an MPS slice (``GPU-x::mps-3``) names its GPU before ``::``."""
     return any(u == uuid or u.startswith(f"{uuid}::") for u in in_use)

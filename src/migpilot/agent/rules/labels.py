@@ -58,6 +58,32 @@ def config_state(report: changes.Report | None, *, unavailable: bool) -> str:
     return "success" if report.converged and not report.refusals else "pending"
 
 
+MIG_MODE_STATE_LABEL = "migpilot.io/mig-mode.state"
+"""On a node labelled ``migpilot.io/mig-mode=dynamic``: whether its GPUs have the MIG modes
+asked for (``success``, ``pending``, ``failed``), as ``nvidia.com/mig.config.state`` says it of
+the layout."""
+
+
+def mig_mode_state(
+    report: changes.Report,
+    *,
+    state: Mapping[int, changes.GpuState],
+    desired: Mapping[int, changes.DesiredGpu],
+) -> str:
+    """``migpilot.io/mig-mode.state`` after a pass: ``failed`` when a mode change failed in the
+    driver; ``pending`` while a GPU's current or pending mode is not the one asked for (its
+    GPU in use, a reset awaited); else ``success``."""
+    for applied in report.outcomes(changes.Outcome.FAILED):
+        if applied.change.kind is changes.ChangeKind.SET_MIG_MODE:
+            return "failed"
+    for index, want in desired.items():
+        gpu = state.get(index)
+        mig = gpu.info.mig if gpu is not None and gpu.info.model is not None else None
+        if mig is not None and (mig.current, mig.pending) != (want.mig_enabled,) * 2:
+            return "pending"
+    return "success"
+
+
 def node_labels(
     node: devices.NodeDevices,
     strategy: devices.MigStrategy,
