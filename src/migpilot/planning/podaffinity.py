@@ -1,0 +1,268 @@
+"""Where kube-scheduler's InterPodAffinity and PodTopologySpread filters let a pod go.
+
+migpilot pins a pod to the node its plan chose, so the plan must leave the pod where
+kube-scheduler would bind it; and under the default ``nodeAffinityPolicy: Honor`` a pinned pod has
+one eligible domain, so kube-scheduler no longer enforces its spread: the plan has to. This
+module answers, for a pod and each node, why those two filters refuse it there (or ``None``),
+given the pods placed so far: the pods bound now and those the plan placed before it. The rules
+are upstream's (pkg/scheduler/framework/plugins/interpodaffinity/filtering.go and
+podtopologyspread/filtering.go):
+
+* **Pod affinity**: the node must carry every term's topology key, and each term's domain must
+  hold a pod that matches *all* the terms; unless no pod anywhere matches them and the pod
+  matches its own terms (the first pod of a group that has affinity to itself).
+* **Pod anti-affinity**: no pod matching a term in the term's domain of the node.
+* **Existing pods' anti-affinity** (the symmetric rule): no placed pod whose own required
+  anti-affinity term matches this pod in a domain of the node.
+* **Topology spread** (``DoNotSchedule``): the node must carry each constraint's key; the pods
+  matching the selector in the pod's namespace in the node's domain, plus one if the pod matches
+  itself, less the fewest in any eligible domain (0 while there are fewer than ``minDomains``)
+  may not exceed ``maxSkew``. Eligible domains come from nodes that carry every constraint's key
+  and pass the node-inclusion policies (node affinity honoured, taints ignored, by default).
+
+Pure and deterministic; the :class:`Tracker` is mutable planning state, like the planners' own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from migpilot.planning import constraints, interpod, snapshot
+
+TopologyPair = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A pod on a node, as the filters count it."""
+
+    namespace: str
+    labels: Mapping[str, str]
+    node: str
+    anti_affinity: tuple[interpod.AffinityTerm, ...] = field(default=())
+
+
+def placed_pod(pod: snapshot.Pod, node: str) -> Placed:
+    """``pod`` as placed on ``node``."""
+    return Placed(pod.namespace, pod.terms.labels, node, pod.terms.anti_affinity)
+
+
+def bound_pod(pod: interpod.BoundPod) -> Placed:
+    """A pod bound now."""
+    return Placed(pod.namespace, pod.labels, pod.node, pod.anti_affinity)
+
+
+def namespace_labels(snap: snapshot.Snapshot, namespace: str) -> Mapping[str, str]:
+    """A namespace's labels, with the ``kubernetes.io/metadata.name`` the apiserver sets."""
+    return MappingProxyType(
+        {**snap.namespaces.get(namespace, {}), interpod.NAMESPACE_NAME_LABEL: namespace}
+    )
+
+
+def included(c: interpod.SpreadConstraint, pod: snapshot.Pod, node: snapshot.Node) -> bool:
+    """Whether ``node`` counts as a domain of ``c`` for ``pod`` (the node-inclusion policies)."""
+    if c.honor_node_affinity:
+        if any(node.labels.get(k) != v for k, v in pod.node_selector.items()):
+            return False
+        if not constraints.affinity_matches(pod.affinity, node.labels, name=node.name):
+            return False
+    if c.honor_node_taints:
+        for taint in node.taints:
+            if taint.effect == "PreferNoSchedule":
+                continue
+            if not any(constraints.tolerates(t, taint) for t in pod.tolerations):
+                return False
+    return True
+
+
+class Tracker:
+    """The pods placed so far, per node, and the two filters over them.
+
+    Starts from the snapshot's bound pods; a planner :meth:`add` s each pod it places, so later
+    pods of the same plan count it. :meth:`refusals` is per position in ``snap.nodes`` and is
+    remembered until the next :meth:`add`.
+    """
+
+    def __init__(self, snap: snapshot.Snapshot) -> None:
+        self._snap = snap
+        self._every = snap.nodes + snap.outside
+        self._labels: dict[str, Mapping[str, str]] = {n.name: n.labels for n in self._every}
+        self._on: dict[str, list[Placed]] = {}
+        self._anti: list[Placed] = []
+        self._ns: dict[str, Mapping[str, str]] = {}
+        self._memo: dict[str, list[str | None]] = {}
+        for b in snap.bound:
+            self._add(bound_pod(b))
+
+    def fork(self) -> Tracker:
+        """An independent copy (planners try variants on copies)."""
+        twin = Tracker.__new__(Tracker)
+        twin._snap, twin._every, twin._labels = self._snap, self._every, self._labels
+        twin._on = {k: list(v) for k, v in self._on.items()}
+        twin._anti = list(self._anti)
+        twin._ns = self._ns
+        twin._memo = {}
+        return twin
+
+    @property
+    def pods(self) -> list[Placed]:
+        """Every pod placed so far."""
+        return [p for pods in self._on.values() for p in pods]
+
+    def _add(self, placed: Placed) -> None:
+        self._on.setdefault(placed.node, []).append(placed)
+        if placed.anti_affinity:
+            self._anti.append(placed)
+        self._memo.clear()
+
+    def add(self, pod: snapshot.Pod, node: str) -> None:
+        """Count ``pod`` on ``node`` from now on."""
+        self._add(placed_pod(pod, node))
+
+    def involved(self, pod: snapshot.Pod) -> bool:
+        """Whether the filters could refuse ``pod`` anywhere now (else every node passes)."""
+        return pod.terms.constrained or bool(self._anti)
+
+    def _ns_labels(self, namespace: str) -> Mapping[str, str]:
+        found = self._ns.get(namespace)
+        if found is None:
+            found = self._ns[namespace] = namespace_labels(self._snap, namespace)
+        return found
+
+    def refusals(self, pod: snapshot.Pod) -> list[str | None]:
+        """Per node of ``snap.nodes``: why the filters refuse ``pod`` there, or ``None``."""
+        found = self._memo.get(pod.key)
+        if found is None:
+            found = self._memo[pod.key] = self.refusals_on(pod, self._snap.nodes)
+        return found
+
+    def refusals_on(self, pod: snapshot.Pod, nodes: Sequence[snapshot.Node]) -> list[str | None]:
+        """Per node of ``nodes`` (any nodes of the snapshot): why the filters refuse ``pod``."""
+        if not self.involved(pod):
+            return [None] * len(nodes)
+        check = _Check(self, pod)
+        return [check.refusal(n) for n in nodes]
+
+
+class _Check:
+    """The counts the filters need for one pod (upstream's PreFilter state)."""
+
+    def __init__(self, tracker: Tracker, pod: snapshot.Pod) -> None:
+        t = pod.terms
+        self.pod = pod
+        own_ns = tracker._ns_labels(pod.namespace)
+        labels = tracker._labels
+        self.existing: dict[TopologyPair, int] = {}
+        for q in tracker._anti:
+            node_labels = labels[q.node]
+            for term in q.anti_affinity:
+                value = node_labels.get(term.topology_key)
+                if value is not None and term.matches(pod.namespace, t.labels, own_ns):
+                    pair = (term.topology_key, value)
+                    self.existing[pair] = self.existing.get(pair, 0) + 1
+        self.affinity: dict[TopologyPair, int] = {}
+        self.anti: dict[TopologyPair, int] = {}
+        if t.affinity or t.anti_affinity:
+            for name, pods in tracker._on.items():
+                node_labels = labels[name]
+                for q in pods:
+                    q_ns = tracker._ns_labels(q.namespace)
+                    if t.affinity and all(
+                        term.matches(q.namespace, q.labels, q_ns) for term in t.affinity
+                    ):
+                        for term in t.affinity:
+                            value = node_labels.get(term.topology_key)
+                            if value is not None:
+                                pair = (term.topology_key, value)
+                                self.affinity[pair] = self.affinity.get(pair, 0) + 1
+                    for term in t.anti_affinity:
+                        value = node_labels.get(term.topology_key)
+                        if value is not None and term.matches(q.namespace, q.labels, q_ns):
+                            pair = (term.topology_key, value)
+                            self.anti[pair] = self.anti.get(pair, 0) + 1
+        self.self_affine = bool(t.affinity) and all(
+            term.matches(pod.namespace, t.labels, own_ns) for term in t.affinity
+        )
+        # Topology spread: per constraint, matching pods per eligible domain, and the minimum.
+        self.spread: list[tuple[dict[str, int], int, int]] = []
+        keys = [c.topology_key for c in t.spread]
+        for c in t.spread:
+            counts: dict[str, int] = {}
+            for node in tracker._every:
+                if not all(k in node.labels for k in keys) or not included(c, pod, node):
+                    continue
+                value = node.labels[c.topology_key]
+                counts[value] = counts.get(value, 0) + sum(
+                    1
+                    for q in tracker._on.get(node.name, ())
+                    if q.namespace == pod.namespace and interpod.selects(c.selector, q.labels)
+                )
+            least = min(counts.values()) if len(counts) >= c.min_domains else 0
+            self_count = 1 if interpod.selects(c.selector, t.labels) else 0
+            self.spread.append((counts, least, self_count))
+
+    def refusal(self, node: snapshot.Node) -> str | None:
+        t = self.pod.terms
+        for c, (counts, least, self_count) in zip(t.spread, self.spread, strict=True):
+            value = node.labels.get(c.topology_key)
+            if value is None:
+                return f"topology spread: node has no label {c.topology_key}"
+            skew = counts.get(value, 0) + self_count - least
+            if skew > c.max_skew:
+                return (
+                    f"topology spread on {c.topology_key}: {value} would hold "
+                    f"{counts.get(value, 0) + self_count} matching pods, the fewest is {least} "
+                    f"(maxSkew {c.max_skew})"
+                )
+        if t.affinity:
+            missing = False
+            for term in t.affinity:
+                value = node.labels.get(term.topology_key)
+                if value is None:
+                    return f"pod affinity: node has no label {term.topology_key}"
+                if self.affinity.get((term.topology_key, value), 0) <= 0:
+                    missing = True
+            # The first pod of a group with affinity to itself may go anywhere its terms'
+            # topology keys exist.
+            if missing and not (not self.affinity and self.self_affine):
+                return "pod affinity: no pod matching the terms in the node's domain"
+        for term in t.anti_affinity:
+            value = node.labels.get(term.topology_key)
+            if value is not None and self.anti.get((term.topology_key, value), 0) > 0:
+                return f"pod anti-affinity: a matching pod is in {term.topology_key}={value}"
+        if self.existing:
+            for key, value in sorted(node.labels.items()):
+                if self.existing.get((key, value), 0) > 0:
+                    return (
+                        f"existing pods' anti-affinity: a pod in {key}={value} keeps this pod out"
+                    )
+        return None
+
+
+def violations(snap: snapshot.Snapshot, placed: Mapping[str, str]) -> list[str]:
+    """Pods of ``snap`` placed on nodes (``pod key -> node name``) that the filters would refuse,
+    however the placements are ordered: placements are taken in turn whenever one passes given
+    the others taken (kube-scheduler retries a refused pod after later bindings); what is left
+    is reported, each with its reason."""
+    tracker = Tracker(snap)
+    nodes = {n.name: n for n in snap.nodes + snap.outside}
+    pods = {p.key: p for p in snap.pods}
+    left = [k for k in pods if k in placed]
+    while left:
+        later = []
+        for key in left:
+            pod, node = pods[key], nodes[placed[key]]
+            if tracker.refusals_on(pod, [node])[0] is None:
+                tracker.add(pod, node.name)
+            else:
+                later.append(key)
+        if len(later) == len(left):
+            break
+        left = later
+    out = []
+    for key in left:
+        node = nodes[placed[key]]
+        out.append(f"{key} on {node.name}: {tracker.refusals_on(pods[key], [node])[0]}")
+    return out
