@@ -14,6 +14,10 @@ podtopologyspread/filtering.go):
 * **Pod anti-affinity**: no pod matching a term in the term's domain of the node.
 * **Existing pods' anti-affinity** (the symmetric rule): no placed pod whose own required
   anti-affinity term matches this pod in a domain of the node.
+* One rule of migpilot's own, stricter than upstream: a pod placed by the first-pod exception
+  is an *anchor*; later pods matching all its terms must join its domains. kube-scheduler may
+  bind the pods of a plan in any order, and one of them bound elsewhere first would strand the
+  anchor for good.
 * **Topology spread** (``DoNotSchedule``): the node must carry each constraint's key; the pods
   matching the selector in the pod's namespace in the node's domain, plus one if the pod matches
   itself, less the fewest in any eligible domain (0 while there are fewer than ``minDomains``)
@@ -93,6 +97,8 @@ class Tracker:
         self._anti: list[Placed] = []
         self._ns: dict[str, Mapping[str, str]] = {}
         self._memo: dict[str, list[str | None]] = {}
+        self._anchors: list[tuple[snapshot.Pod, str]] = []
+        """Pods placed by the first-pod exception, with their nodes."""
         for b in snap.bound:
             self._add(bound_pod(b))
 
@@ -104,6 +110,7 @@ class Tracker:
         twin._anti = list(self._anti)
         twin._ns = self._ns
         twin._memo = {}
+        twin._anchors = list(self._anchors)
         return twin
 
     @property
@@ -119,11 +126,13 @@ class Tracker:
 
     def add(self, pod: snapshot.Pod, node: str) -> None:
         """Count ``pod`` on ``node`` from now on."""
+        if pod.terms.affinity and not _Check(self, pod).affinity:
+            self._anchors.append((pod, node))
         self._add(placed_pod(pod, node))
 
     def involved(self, pod: snapshot.Pod) -> bool:
         """Whether the filters could refuse ``pod`` anywhere now (else every node passes)."""
-        return pod.terms.constrained or bool(self._anti)
+        return pod.terms.constrained or bool(self._anti) or bool(self._anchors)
 
     def _ns_labels(self, namespace: str) -> Mapping[str, str]:
         found = self._ns.get(namespace)
@@ -182,6 +191,14 @@ class _Check:
                         if value is not None and term.matches(q.namespace, q.labels, q_ns):
                             pair = (term.topology_key, value)
                             self.anti[pair] = self.anti.get(pair, 0) + 1
+        # Anchors this pod would join: (anchor, topology key, value) it must share.
+        self.join: list[tuple[str, str, str]] = []
+        for anchor, at in tracker._anchors:
+            if all(term.matches(pod.namespace, t.labels, own_ns) for term in anchor.terms.affinity):
+                for term in anchor.terms.affinity:
+                    value = labels[at].get(term.topology_key)
+                    if value is not None:
+                        self.join.append((anchor.key, term.topology_key, value))
         self.self_affine = bool(t.affinity) and all(
             term.matches(pod.namespace, t.labels, own_ns) for term in t.affinity
         )
@@ -238,31 +255,61 @@ class _Check:
                     return (
                         f"existing pods' anti-affinity: a pod in {key}={value} keeps this pod out"
                     )
+        for anchor, key, value in self.join:
+            if node.labels.get(key) != value:
+                return (
+                    f"pod {anchor}, placed first of its affinity group, needs the pods it "
+                    f"selects in {key}={value}"
+                )
         return None
 
 
-def violations(snap: snapshot.Snapshot, placed: Mapping[str, str]) -> list[str]:
-    """Pods of ``snap`` placed on nodes (``pod key -> node name``) that the filters would refuse,
-    however the placements are ordered: placements are taken in turn whenever one passes given
-    the others taken (kube-scheduler retries a refused pod after later bindings); what is left
-    is reported, each with its reason."""
+def admitted(snap: snapshot.Snapshot, placed: Mapping[str, str]) -> tuple[set[str], dict[str, str]]:
+    """Of the pods of ``snap`` placed on nodes (``pod key -> node name``), those the filters
+    admit in some binding order, and why each other one is refused.
+
+    Placements are taken in turn whenever one passes given those taken before (kube-scheduler
+    retries a refused pod after later bindings), until none does; the pods taken are admitted
+    together, each given those before it. Two orders are tried, pods with pod affinity first
+    (an anchor before the pods that join it) and last (a pod that spreads before one that
+    follows it); the one that admits more is the answer."""
+    pods = {p.key: p for p in snap.pods}
+    keys = [k for k in pods if k in placed]
+    first = _admitted(snap, placed, sorted(keys, key=lambda k: not pods[k].terms.affinity))
+    if not first[1]:
+        return first
+    last = _admitted(snap, placed, sorted(keys, key=lambda k: bool(pods[k].terms.affinity)))
+    return last if len(last[0]) > len(first[0]) else first
+
+
+def _admitted(
+    snap: snapshot.Snapshot, placed: Mapping[str, str], left: list[str]
+) -> tuple[set[str], dict[str, str]]:
     tracker = Tracker(snap)
     nodes = {n.name: n for n in snap.nodes + snap.outside}
     pods = {p.key: p for p in snap.pods}
-    left = [k for k in pods if k in placed]
+    taken: set[str] = set()
     while left:
         later = []
         for key in left:
             pod, node = pods[key], nodes[placed[key]]
             if tracker.refusals_on(pod, [node])[0] is None:
                 tracker.add(pod, node.name)
+                taken.add(key)
             else:
                 later.append(key)
         if len(later) == len(left):
             break
         left = later
-    out = []
+    refused = {}
     for key in left:
-        node = nodes[placed[key]]
-        out.append(f"{key} on {node.name}: {tracker.refusals_on(pods[key], [node])[0]}")
-    return out
+        reason = tracker.refusals_on(pods[key], [nodes[placed[key]]])[0]
+        refused[key] = reason or "refused"
+    return taken, refused
+
+
+def violations(snap: snapshot.Snapshot, placed: Mapping[str, str]) -> list[str]:
+    """The placements no binding order lets the filters admit, each with its reason
+    (:func:`admitted`)."""
+    _, refused = admitted(snap, placed)
+    return [f"{key} on {placed[key]}: {why}" for key, why in refused.items()]
