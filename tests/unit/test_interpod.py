@@ -27,6 +27,7 @@ BASE: dict[str, Any] = {
             "namespace": "team",
             "node": "cpu0",
             "labels": {"app": "db"},
+            "terminating": True,
             "affinity": {
                 "podAntiAffinity": {
                     "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -111,7 +112,7 @@ def test_fields_are_read() -> None:
     assert spread.min_domains == 2 and spread.honor_node_taints and spread.honor_node_affinity
     assert spread.selector is not None and not spread.selector.matches({"app": "web"})
     (b,) = snap.bound
-    assert b.node == "cpu0" and b.anti_affinity[0].topology_key == "zone"
+    assert b.node == "cpu0" and b.anti_affinity[0].topology_key == "zone" and b.terminating
     assert [n.name for n in snap.outside] == ["cpu0"]
     assert dict(snap.namespaces["team"]) == {"tier": "gold"}
 
@@ -169,6 +170,7 @@ SPREAD = POD + ".topologySpreadConstraints.0"
         (SPREAD + ".nodeAffinityPolicy", "honor", "nodeAffinityPolicy: expected Honor or Ignore"),
         ("boundPods.0.node", "nowhere", "boundPods[0].node: no node 'nowhere'"),
         ("boundPods.0.name", "p", "pod 'team/p' appears twice"),
+        ("boundPods.0.terminating", "yes", "boundPods[0].terminating: expected true or false"),
         ("namespaces.team", {"labels": [1]}, "namespaces.team.labels: expected a mapping"),
         ("otherNodes.0.gpus", [], "otherNodes[0]: unknown field 'gpus'"),
     ],

@@ -3,6 +3,7 @@ one test per rule, and a property test against a plain re-reading of the upstrea
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
@@ -192,6 +193,28 @@ def test_spread_counts_pods_the_plan_placed() -> None:
     assert tracker.refusals(p)[2] is not None  # the fork left the original alone
 
 
+def test_spread_with_an_empty_selector_counts_no_existing_pod() -> None:
+    # Upstream (podtopologyspread/common.go countPodsMatchSelector) returns 0 for an empty
+    # selector, while the incoming pod still matches it: skew is always 1, never refused.
+    everything = interpod.SpreadConstraint(1, "zone", interpod.Selector())
+    p = pod(labels={"app": "web"}, spread=[everything])
+    placed = [bound("w0", "n0", app="web"), bound("w1", "n1", app="web")]
+    assert verdicts(NODES, p, placed) == [None, None, None]
+
+
+def test_spread_skips_terminating_pods_but_affinity_counts_them() -> None:
+    # countPodsMatchSelector bypasses pods with a deletionTimestamp; InterPodAffinity does not.
+    going = dataclasses.replace(bound("w0", "n0", app="web"), terminating=True)
+    spreader = pod(labels={"app": "web"}, spread=[spread()])
+    assert verdicts(NODES, spreader, [going]) == [None, None, None]
+    loner = pod(labels={"app": "web"}, anti=[term(app="web")])
+    assert verdicts(NODES, loner, [going])[0] is not None
+    follower = pod(affinity=[term(app="web")])
+    assert [g is None for g in verdicts(NODES, follower, [going])] == [True, False, False]
+    keeper = dataclasses.replace(going, anti_affinity=(term(app="web"),))
+    assert verdicts(NODES, pod(labels={"app": "web"}), [keeper])[0] is not None
+
+
 def test_violations_accept_any_order_kube_scheduler_could_bind_in() -> None:
     pods = tuple(pod(f"w{i}", labels={"app": "web"}, spread=[spread()]) for i in range(3))
     snap = snapshot.Snapshot(nodes=tuple(NODES), pods=pods)
@@ -246,13 +269,17 @@ def reference(
             ):
                 continue
             value = m.labels[c.topology_key]
+            # countPodsMatchSelector: nothing for an empty selector; terminating pods skipped.
             domains[value] = domains.get(value, 0) + len(
                 [
                     q
                     for q in placed
                     if q.node == m.name
+                    and not q.terminating
                     and q.namespace == p.namespace
-                    and interpod.selects(c.selector, q.labels)
+                    and c.selector is not None
+                    and c.selector.requirements
+                    and c.selector.matches(q.labels)
                 ]
             )
         least = min(domains.values()) if len(domains) >= c.min_domains else 0
@@ -358,6 +385,7 @@ def worlds(
                 f"n{draw(st.integers(0, count - 1))}",
                 MappingProxyType(draw(labels_st)),
                 anti,
+                terminating=draw(st.integers(0, 4)) == 0,
             )
         )
     spreads = [
@@ -402,6 +430,10 @@ def test_filter_agrees_with_the_plain_reading(
         nodes=snap.nodes, pods=snap.pods, bound=tuple(placed[:split]), namespaces=snap.namespaces
     )
     tracker = podaffinity.Tracker(bound_now)
+    # (A pod the plan places is never terminating: only bound pods may be.)
+    placed = [
+        dataclasses.replace(q, terminating=False) if i >= split else q for i, q in enumerate(placed)
+    ]
     for q in placed[split:]:
         tracker.add(
             snapshot.planned_pod(

@@ -93,7 +93,8 @@ class PodView:
     not serve (``hami-core``, ``mps``): left to another system, and told so once."""
     placed: interpod.BoundPod | None = None
     """The pod as pod affinity and topology spread count it wherever it is bound or reserved
-    (any pod, GPU or not; its labels and required anti-affinity)."""
+    (any pod, GPU or not; its labels and required anti-affinity); ``None`` once it has
+    terminated (Succeeded, Failed), when neither counts it."""
     ignored: str | None = None
     """Why migpilot ignores the pod altogether: a resource amount it cannot read (a quantity
     above 2**63-1, ``memory: 1e1000000``, which kube-apiserver accepts). It is never planned
@@ -193,7 +194,7 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         pod = None
         problem = str(err)
     return PodView(
-        placed=_placed(meta, spec),
+        placed=None if status.get("phase") in _TERMINATED else _placed(meta, spec),
         key=key,
         uid=str(meta.get("uid", "")),
         node=spec.get("nodeName") or None,
@@ -241,6 +242,7 @@ def _placed(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> interpod.BoundP
         node=str(spec.get("nodeName") or ""),
         labels=MappingProxyType(labels),
         anti_affinity=anti,
+        terminating=meta.get("deletionTimestamp") is not None,
     )
 
 
@@ -595,11 +597,13 @@ def observe(
     pending = tuple(p.pod for p in waiting if p.pod is not None)
     # Pod affinity and topology spread count every pod bound or reserved, on any node.
     where: dict[str, str] = {r.pod: r.node for r in reservations.values()}
-    where.update({p.key: p.node for p in pod_map.values() if p.node and not p.done})
+    # A bound pod being deleted still counts for pod (anti-)affinity (kube-scheduler counts it
+    # until it is gone); ``placed`` is ``None`` only once it has terminated.
+    where.update({p.key: p.node for p in pod_map.values() if p.node and p.placed is not None})
     placed_pods = []
     for k, n in sorted(where.items()):
         seen = pod_map.get(k)
-        if seen is not None and seen.placed is not None and n in node_map and not seen.done:
+        if seen is not None and seen.placed is not None and n in node_map:
             placed_pods.append(dataclasses.replace(seen.placed, node=n))
     planned_names = {n.name for n in planned}
     outside = tuple(

@@ -161,6 +161,9 @@ class BoundPod:
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     anti_affinity: tuple[AffinityTerm, ...] = ()
     """Its required anti-affinity terms: they keep matching pods out of its domains."""
+    terminating: bool = False
+    """Being deleted (``deletionTimestamp`` set, not yet gone): topology spread skips it, pod
+    (anti-)affinity still counts it, as kube-scheduler does."""
 
     @property
     def key(self) -> str:

@@ -4,9 +4,25 @@ migpilot pins a pod to the node its plan chose, so the plan must leave the pod w
 kube-scheduler would bind it; and under the default ``nodeAffinityPolicy: Honor`` a pinned pod has
 one eligible domain, so kube-scheduler no longer enforces its spread: the plan has to. This
 module answers, for a pod and each node, why those two filters refuse it there (or ``None``),
-given the pods placed so far: the pods bound now and those the plan placed before it. The rules
-are upstream's (pkg/scheduler/framework/plugins/interpodaffinity/filtering.go and
-podtopologyspread/filtering.go):
+given the pods placed so far: the pods bound now and those the plan placed before it.
+
+The rules were checked against upstream kube-scheduler (kubernetes/kubernetes, the
+``k8s.io/kube-scheduler/framework`` era, v1.3x), under pkg/scheduler/framework/plugins/:
+
+* interpodaffinity/filtering.go: ``getExistingAntiAffinityCounts``,
+  ``getIncomingAffinityAntiAffinityCounts``, ``podMatchesAllAffinityTerms``,
+  ``satisfyPodAffinity``, ``satisfyPodAntiAffinity``, ``satisfyExistingPodsAntiAffinity``;
+  interpodaffinity/plugin.go: ``mergeAffinityTermNamespacesIfNotEmpty``,
+  ``GetNamespaceLabelsSnapshot``; framework/types.go: ``getNamespacesFromPodAffinityTerm``,
+  ``AffinityTerm.Matches``.
+* podtopologyspread/filtering.go: ``calPreFilterState``, ``preFilterState.minMatchNum``,
+  ``Filter``; podtopologyspread/common.go: ``filterTopologySpreadConstraints`` (defaults,
+  ``matchLabelKeys``), ``matchNodeInclusionPolicies``, ``nodeLabelsMatchSpreadConstraints``,
+  ``countPodsMatchSelector``.
+
+Two differences from the first reading were fixed: ``countPodsMatchSelector`` counts no existing
+pod for an empty selector (``labelSelector: {}``; the pod itself still matches it) and skips pods
+being deleted, which InterPodAffinity still counts. The rules:
 
 * **Pod affinity**: the node must carry every term's topology key, and each term's domain must
   hold a pod that matches *all* the terms; unless no pod anywhere matches them and the pod
@@ -19,10 +35,12 @@ podtopologyspread/filtering.go):
   bind the pods of a plan in any order, and one of them bound elsewhere first would strand the
   anchor for good.
 * **Topology spread** (``DoNotSchedule``): the node must carry each constraint's key; the pods
-  matching the selector in the pod's namespace in the node's domain, plus one if the pod matches
-  itself, less the fewest in any eligible domain (0 while there are fewer than ``minDomains``)
-  may not exceed ``maxSkew``. Eligible domains come from nodes that carry every constraint's key
-  and pass the node-inclusion policies (node affinity honoured, taints ignored, by default).
+  matching the selector in the pod's namespace in the node's domain (none for an empty selector;
+  pods being deleted left out), plus one if the pod matches itself, less the fewest in any
+  eligible domain (0 while there are fewer than ``minDomains``) may not exceed ``maxSkew``.
+  Eligible domains come from every node (planned or not) that carries every constraint's key
+  and passes the node-inclusion policies (node affinity honoured, taints ignored, by default).
+  Only the pod's own hard constraints apply; a cluster's default constraints are not read.
 
 Pure and deterministic; the :class:`Tracker` is mutable planning state, like the planners' own.
 """
@@ -46,6 +64,8 @@ class Placed:
     labels: Mapping[str, str]
     node: str
     anti_affinity: tuple[interpod.AffinityTerm, ...] = field(default=())
+    terminating: bool = False
+    """Being deleted: no longer counted by topology spread (pod affinity still counts it)."""
 
 
 def placed_pod(pod: snapshot.Pod, node: str) -> Placed:
@@ -55,7 +75,7 @@ def placed_pod(pod: snapshot.Pod, node: str) -> Placed:
 
 def bound_pod(pod: interpod.BoundPod) -> Placed:
     """A pod bound now."""
-    return Placed(pod.namespace, pod.labels, pod.node, pod.anti_affinity)
+    return Placed(pod.namespace, pod.labels, pod.node, pod.anti_affinity, pod.terminating)
 
 
 def namespace_labels(snap: snapshot.Snapshot, namespace: str) -> Mapping[str, str]:
@@ -207,14 +227,23 @@ class _Check:
         keys = [c.topology_key for c in t.spread]
         for c in t.spread:
             counts: dict[str, int] = {}
+            # Upstream's countPodsMatchSelector counts nothing for an empty selector (``{}``),
+            # though the pod itself still matches it below.
+            counting = c.selector is not None and bool(c.selector.requirements)
             for node in tracker._every:
                 if not all(k in node.labels for k in keys) or not included(c, pod, node):
                     continue
                 value = node.labels[c.topology_key]
-                counts[value] = counts.get(value, 0) + sum(
-                    1
-                    for q in tracker._on.get(node.name, ())
-                    if q.namespace == pod.namespace and interpod.selects(c.selector, q.labels)
+                counts[value] = counts.get(value, 0) + (
+                    sum(
+                        1
+                        for q in tracker._on.get(node.name, ())
+                        if not q.terminating
+                        and q.namespace == pod.namespace
+                        and interpod.selects(c.selector, q.labels)
+                    )
+                    if counting
+                    else 0
                 )
             least = min(counts.values()) if len(counts) >= c.min_domains else 0
             self_count = 1 if interpod.selects(c.selector, t.labels) else 0

@@ -1075,7 +1075,7 @@ def _bound_pod(raw: Any, where: str, nodes: Mapping[str, Node]) -> interpod.Boun
     """A pod already bound: ``{name, namespace, node, labels, affinity}`` (only its required
     pod anti-affinity is read from ``affinity``: it is what keeps other pods away)."""
     d = _mapping(raw, where)
-    _only(d, {"name", "namespace", "node", "labels", "affinity"}, where)
+    _only(d, {"name", "namespace", "node", "labels", "affinity", "terminating"}, where)
     node = _str(d.get("node"), f"{where}.node")
     if node not in nodes:
         raise errors.SnapshotError(
@@ -1093,12 +1093,16 @@ def _bound_pod(raw: Any, where: str, nodes: Mapping[str, Node]) -> interpod.Boun
         namespace=namespace,
         where=where,
     )
+    terminating = d.get("terminating", False)
+    if not isinstance(terminating, bool):
+        raise errors.SnapshotError(f"{where}.terminating: expected true or false")
     return interpod.BoundPod(
         name=_str(d.get("name"), f"{where}.name"),
         namespace=namespace,
         node=node,
         labels=own,
         anti_affinity=terms.anti_affinity,
+        terminating=terminating,
     )
 
 
@@ -1310,6 +1314,7 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
                 if b.anti_affinity
                 else {}
             )
+            | ({"terminating": True} if b.terminating else {})
             for b in snap.bound
         ]
     if snap.namespaces:
