@@ -447,3 +447,56 @@ def test_filter_agrees_with_the_plain_reading(
     got = tracker.refusals(p)
     want = [reference(snap, placed, p, n) for n in snap.nodes]
     assert [g is None for g in got] == want, got
+
+
+@st.composite
+def spread_worlds(draw: st.DrawFn) -> tuple[snapshot.Snapshot, list[interpod.BoundPod], int]:
+    """Worlds where topology spread alone decides: two or three hard constraints on different
+    keys, nodes lacking some of those keys, and pods the selector matches. The broad
+    :func:`worlds` rarely draws them; they are what tells "a node is a domain only if it
+    carries *every* constraint's key" from "... its own constraint's key"."""
+    count = draw(st.integers(2, 6))
+    nodes = []
+    for i in range(count):
+        labels = {HOST: f"n{i}"}
+        for key, choices in (("zone", ["a", "b", "c"]), ("rack", ["r1", "r2"])):
+            value = draw(st.none() | st.sampled_from(choices))
+            if value is not None:
+                labels[key] = value
+        nodes.append(snapshot.Node(f"n{i}", MappingProxyType(labels), (), False, None, ()))
+    placed = [
+        interpod.BoundPod(
+            f"q{j}",
+            "default",
+            f"n{draw(st.integers(0, count - 1))}",
+            MappingProxyType({"app": draw(st.sampled_from(["web", "web", "db"]))}),
+        )
+        for j in range(draw(st.integers(0, 8)))
+    ]
+    keys = draw(st.permutations(KEYS))[: draw(st.integers(2, 3))]
+    p = pod(
+        labels={"app": "web"},
+        spread=[
+            interpod.SpreadConstraint(
+                draw(st.integers(1, 2)), key, sel(app="web"), min_domains=draw(st.integers(1, 2))
+            )
+            for key in keys
+        ],
+    )
+    snap = snapshot.Snapshot(nodes=tuple(nodes), pods=(p,))
+    return snap, placed, draw(st.integers(0, len(placed)))
+
+
+@given(spread_worlds())
+def test_spread_domains_need_every_constraints_key(
+    world: tuple[snapshot.Snapshot, list[interpod.BoundPod], int],
+) -> None:
+    snap, placed, split = world
+    (p,) = snap.pods
+    tracker = podaffinity.Tracker(
+        snapshot.Snapshot(nodes=snap.nodes, pods=snap.pods, bound=tuple(placed[:split]))
+    )
+    for q in placed[split:]:
+        tracker.add(pod(q.name, labels=q.labels), q.node)
+    got = tracker.refusals(p)
+    assert [g is None for g in got] == [reference(snap, placed, p, n) for n in snap.nodes], got
