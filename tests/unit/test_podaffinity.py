@@ -215,6 +215,24 @@ def test_spread_skips_terminating_pods_but_affinity_counts_them() -> None:
     assert verdicts(NODES, pod(labels={"app": "web"}), [keeper])[0] is not None
 
 
+def test_pods_without_terms_are_involved_only_when_selected() -> None:
+    # Planners skip the filters for pods not involved: that must never skip a refusal.
+    tracker = podaffinity.Tracker(snapshot.Snapshot(nodes=tuple(NODES), pods=()))
+    plain, web = pod("x", labels={"app": "db"}), pod("y", labels={"app": "web"})
+    assert not tracker.involved(plain) and not tracker.involved(web)
+    tracker.add(pod("r0", labels={"app": "web"}, anti=[term(app="web")]), "n0")
+    assert not tracker.involved(plain)
+    assert tracker.involved(web) and tracker.refusals(web)[0] is not None
+    twin = tracker.fork()
+    twin.add(pod("r1", labels={"app": "db"}, anti=[term(app="db")]), "n1")
+    assert twin.involved(plain) and twin.refusals(plain)[1] is not None
+    assert not tracker.involved(plain)  # the fork left the original alone
+    anchor = pod("a", labels={"app": "db"}, affinity=[term(app="db")])
+    tracker.add(anchor, "n2")  # placed by the first-pod exception: db pods must join it
+    assert tracker.involved(plain)
+    assert [g is None for g in tracker.refusals(plain)] == [False, False, True]
+
+
 def test_violations_accept_any_order_kube_scheduler_could_bind_in() -> None:
     pods = tuple(pod(f"w{i}", labels={"app": "web"}, spread=[spread()]) for i in range(3))
     snap = snapshot.Snapshot(nodes=tuple(NODES), pods=pods)
@@ -435,6 +453,7 @@ def test_filter_agrees_with_the_plain_reading(
         dataclasses.replace(q, terminating=False) if i >= split else q for i, q in enumerate(placed)
     ]
     for q in placed[split:]:
+        tracker.refusals(p)  # counts cached before each placement are brought up to date
         tracker.add(
             snapshot.planned_pod(
                 name=q.name,
@@ -497,6 +516,7 @@ def test_spread_domains_need_every_constraints_key(
         snapshot.Snapshot(nodes=snap.nodes, pods=snap.pods, bound=tuple(placed[:split]))
     )
     for q in placed[split:]:
+        tracker.refusals(p)  # counts cached before each placement are brought up to date
         tracker.add(pod(q.name, labels=q.labels), q.node)
     got = tracker.refusals(p)
     assert [g is None for g in got] == [reference(snap, placed, p, n) for n in snap.nodes], got

@@ -47,9 +47,10 @@ Pure and deterministic; the :class:`Tracker` is mutable planning state, like the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from migpilot.planning import constraints, interpod, snapshot
 
@@ -114,11 +115,22 @@ class Tracker:
         self._every = snap.nodes + snap.outside
         self._labels: dict[str, Mapping[str, str]] = {n.name: n.labels for n in self._every}
         self._on: dict[str, list[Placed]] = {}
+        self._log: list[Placed] = []
+        """Every pod placed so far, in order (only grows)."""
+        self._counts: dict[tuple[object, ...], tuple[int, Mapping[Any, int], int]] = {}
+        """Incremental counts by what they are about: how many of the source list they have
+        seen, the counts (never changed in place: forks share them), and their minimum."""
+        self._domains: dict[tuple[object, ...], Mapping[str, str]] = {}
+        """Per spread constraint and node inclusion: eligible node -> its domain (fixed)."""
         self._anti: list[Placed] = []
         self._ns: dict[str, Mapping[str, str]] = {}
         self._memo: dict[str, list[str | None]] = {}
         self._anchors: list[tuple[snapshot.Pod, str]] = []
         """Pods placed by the first-pod exception, with their nodes."""
+        self._touched: dict[tuple[object, ...], tuple[int, int, bool]] = {}
+        """Per (namespace, labels) of a pod without terms of its own: how many of
+        :attr:`_anti` and :attr:`_anchors` were looked at, and whether one of them selects such
+        a pod (both lists only grow, so the answer is brought up to date incrementally)."""
         for b in snap.bound:
             self._add(bound_pod(b))
 
@@ -127,10 +139,14 @@ class Tracker:
         twin = Tracker.__new__(Tracker)
         twin._snap, twin._every, twin._labels = self._snap, self._every, self._labels
         twin._on = {k: list(v) for k, v in self._on.items()}
+        twin._log = list(self._log)
+        twin._counts = dict(self._counts)
+        twin._domains = self._domains
         twin._anti = list(self._anti)
         twin._ns = self._ns
         twin._memo = {}
         twin._anchors = list(self._anchors)
+        twin._touched = dict(self._touched)
         return twin
 
     @property
@@ -140,6 +156,7 @@ class Tracker:
 
     def _add(self, placed: Placed) -> None:
         self._on.setdefault(placed.node, []).append(placed)
+        self._log.append(placed)
         if placed.anti_affinity:
             self._anti.append(placed)
         self._memo.clear()
@@ -151,14 +168,97 @@ class Tracker:
         self._add(placed_pod(pod, node))
 
     def involved(self, pod: snapshot.Pod) -> bool:
-        """Whether the filters could refuse ``pod`` anywhere now (else every node passes)."""
-        return pod.terms.constrained or bool(self._anti) or bool(self._anchors)
+        """Whether the filters could refuse ``pod`` anywhere now (else every node passes).
+
+        A pod without terms of its own is involved only when a placed pod's anti-affinity or
+        an anchor's affinity selects it; pods alike in namespace and labels share the answer,
+        so most pods of a cluster with a few constrained Deployments cost a lookup."""
+        if pod.terms.constrained:
+            return True
+        if not self._anti and not self._anchors:
+            return False
+        t = pod.terms
+        key = (pod.namespace, tuple(sorted(t.labels.items())))
+        seen_anti, seen_anchors, hit = self._touched.get(key, (0, 0, False))
+        if not hit:
+            own_ns = self._ns_labels(pod.namespace)
+            hit = any(
+                term.matches(pod.namespace, t.labels, own_ns)
+                for q in self._anti[seen_anti:]
+                for term in q.anti_affinity
+            ) or any(
+                all(term.matches(pod.namespace, t.labels, own_ns) for term in a.terms.affinity)
+                for a, _ in self._anchors[seen_anchors:]
+            )
+        self._touched[key] = (len(self._anti), len(self._anchors), hit)
+        return hit
 
     def _ns_labels(self, namespace: str) -> Mapping[str, str]:
         found = self._ns.get(namespace)
         if found is None:
             found = self._ns[namespace] = namespace_labels(self._snap, namespace)
         return found
+
+    def _pairs(
+        self,
+        key: tuple[object, ...],
+        source: list[Placed],
+        pairs: Callable[[Placed], Iterable[TopologyPair]],
+    ) -> Mapping[TopologyPair, int]:
+        """Topology pairs counted over ``source`` (:attr:`_log` or :attr:`_anti`, which only
+        grow) by ``pairs``, which ``key`` names; brought up to date from where it was left."""
+        upto, counts, _ = self._counts.get(key, (0, {}, 0))
+        if upto < len(source):
+            fresh = dict(counts)
+            for q in source[upto:]:
+                for pair in pairs(q):
+                    fresh[pair] = fresh.get(pair, 0) + 1
+            counts = fresh
+            self._counts[key] = (len(source), counts, 0)
+        return counts
+
+    def _spread(
+        self, pod: snapshot.Pod, c: interpod.SpreadConstraint, keys: tuple[str, ...]
+    ) -> tuple[Mapping[str, int], int]:
+        """For ``pod``'s constraint ``c`` (``keys``: all its constraints' keys): pods matching
+        per eligible domain, and the global minimum (0 below ``minDomains`` domains)."""
+        inclusion = (
+            (tuple(sorted(pod.node_selector.items())), pod.affinity)
+            if c.honor_node_affinity
+            else None,
+            pod.tolerations if c.honor_node_taints else None,
+        )
+        where = (c.topology_key, keys, inclusion, c.honor_node_affinity, c.honor_node_taints)
+        domains = self._domains.get(where)
+        if domains is None:
+            domains = self._domains[where] = MappingProxyType(
+                {
+                    n.name: n.labels[c.topology_key]
+                    for n in self._every
+                    if all(k in n.labels for k in keys) and included(c, pod, n)
+                }
+            )
+        key = ("spread", pod.namespace, c.selector, where)
+        known = self._counts.get(key)
+        upto, counts, least = known or (0, {}, 0)
+        if known is None or upto < len(self._log):
+            fresh = dict(counts) if known else dict.fromkeys(domains.values(), 0)
+            # Upstream's countPodsMatchSelector counts nothing for an empty selector (``{}``),
+            # though the pod itself still matches it; nor pods being deleted.
+            if c.selector is not None and c.selector.requirements:
+                for q in self._log[upto:]:
+                    value = domains.get(q.node)
+                    if (
+                        value is not None
+                        and not q.terminating
+                        and q.namespace == pod.namespace
+                        and c.selector.matches(q.labels)
+                    ):
+                        fresh[value] += 1
+            counts = fresh
+            least = min(counts.values()) if len(counts) >= c.min_domains else 0
+            self._counts[key] = (len(self._log), counts, least)
+        return counts, least
 
     def refusals(self, pod: snapshot.Pod) -> list[str | None]:
         """Per node of ``snap.nodes``: why the filters refuse ``pod`` there, or ``None``."""
@@ -176,87 +276,86 @@ class Tracker:
 
 
 class _Check:
-    """The counts the filters need for one pod (upstream's PreFilter state)."""
+    """The counts the filters need for one pod (upstream's PreFilter state).
+
+    The counts come from the tracker's incremental caches (:meth:`Tracker._pairs`,
+    :meth:`Tracker._spread`): a check costs the placements made since the last check of a pod
+    with the same terms, not every pod placed so far."""
 
     def __init__(self, tracker: Tracker, pod: snapshot.Pod) -> None:
         t = pod.terms
         self.pod = pod
-        own_ns = tracker._ns_labels(pod.namespace)
+        ns = pod.namespace
+        own_ns = tracker._ns_labels(ns)
         labels = tracker._labels
-        self.existing: dict[TopologyPair, int] = {}
-        for q in tracker._anti:
-            node_labels = labels[q.node]
-            for term in q.anti_affinity:
-                value = node_labels.get(term.topology_key)
-                if value is not None and term.matches(pod.namespace, t.labels, own_ns):
-                    pair = (term.topology_key, value)
-                    self.existing[pair] = self.existing.get(pair, 0) + 1
-        self.affinity: dict[TopologyPair, int] = {}
-        self.anti: dict[TopologyPair, int] = {}
-        if t.affinity or t.anti_affinity:
-            for name, pods in tracker._on.items():
-                node_labels = labels[name]
-                for q in pods:
-                    q_ns = tracker._ns_labels(q.namespace)
-                    if t.affinity and all(
-                        term.matches(q.namespace, q.labels, q_ns) for term in t.affinity
-                    ):
-                        for term in t.affinity:
-                            value = node_labels.get(term.topology_key)
-                            if value is not None:
-                                pair = (term.topology_key, value)
-                                self.affinity[pair] = self.affinity.get(pair, 0) + 1
-                    for term in t.anti_affinity:
-                        value = node_labels.get(term.topology_key)
-                        if value is not None and term.matches(q.namespace, q.labels, q_ns):
-                            pair = (term.topology_key, value)
-                            self.anti[pair] = self.anti.get(pair, 0) + 1
+        own = tuple(sorted(t.labels.items()))
+
+        def existing(q: Placed) -> list[TopologyPair]:
+            at = labels[q.node]
+            return [
+                (term.topology_key, at[term.topology_key])
+                for term in q.anti_affinity
+                if term.topology_key in at and term.matches(ns, t.labels, own_ns)
+            ]
+
+        self.existing = tracker._pairs(("existing", ns, own), tracker._anti, existing)
+        self.affinity: Mapping[TopologyPair, int] = {}
+        if t.affinity:
+
+            def affine(q: Placed) -> list[TopologyPair]:
+                q_ns = tracker._ns_labels(q.namespace)
+                if not all(term.matches(q.namespace, q.labels, q_ns) for term in t.affinity):
+                    return []
+                at = labels[q.node]
+                return [
+                    (term.topology_key, at[term.topology_key])
+                    for term in t.affinity
+                    if term.topology_key in at
+                ]
+
+            self.affinity = tracker._pairs(("affinity", t.affinity), tracker._log, affine)
+        self.anti: list[Mapping[TopologyPair, int]] = []
+        for term in t.anti_affinity:
+
+            def anti(q: Placed, term: interpod.AffinityTerm = term) -> list[TopologyPair]:
+                at = labels[q.node]
+                key = term.topology_key
+                if key in at and term.matches(
+                    q.namespace, q.labels, tracker._ns_labels(q.namespace)
+                ):
+                    return [(key, at[key])]
+                return []
+
+            self.anti.append(tracker._pairs(("anti", term), tracker._log, anti))
         # Anchors this pod would join: (anchor, topology key, value) it must share.
         self.join: list[tuple[str, str, str]] = []
         for anchor, at in tracker._anchors:
-            if all(term.matches(pod.namespace, t.labels, own_ns) for term in anchor.terms.affinity):
+            if all(term.matches(ns, t.labels, own_ns) for term in anchor.terms.affinity):
                 for term in anchor.terms.affinity:
                     value = labels[at].get(term.topology_key)
                     if value is not None:
                         self.join.append((anchor.key, term.topology_key, value))
         self.self_affine = bool(t.affinity) and all(
-            term.matches(pod.namespace, t.labels, own_ns) for term in t.affinity
+            term.matches(ns, t.labels, own_ns) for term in t.affinity
         )
-        # Topology spread: per constraint, matching pods per eligible domain, and the minimum.
-        self.spread: list[tuple[dict[str, int], int, int]] = []
-        keys = [c.topology_key for c in t.spread]
+        # Topology spread: per constraint, matching pods per eligible domain, the minimum, this
+        # pod's own count, and the domains it may not join.
+        self.spread: list[tuple[Mapping[str, int], int, int, frozenset[str]]] = []
+        keys = tuple(c.topology_key for c in t.spread)
         for c in t.spread:
-            counts: dict[str, int] = {}
-            # Upstream's countPodsMatchSelector counts nothing for an empty selector (``{}``),
-            # though the pod itself still matches it below.
-            counting = c.selector is not None and bool(c.selector.requirements)
-            for node in tracker._every:
-                if not all(k in node.labels for k in keys) or not included(c, pod, node):
-                    continue
-                value = node.labels[c.topology_key]
-                counts[value] = counts.get(value, 0) + (
-                    sum(
-                        1
-                        for q in tracker._on.get(node.name, ())
-                        if not q.terminating
-                        and q.namespace == pod.namespace
-                        and interpod.selects(c.selector, q.labels)
-                    )
-                    if counting
-                    else 0
-                )
-            least = min(counts.values()) if len(counts) >= c.min_domains else 0
+            counts, least = tracker._spread(pod, c, keys)
             self_count = 1 if interpod.selects(c.selector, t.labels) else 0
-            self.spread.append((counts, least, self_count))
+            full = frozenset(v for v, n in counts.items() if n + self_count - least > c.max_skew)
+            self.spread.append((counts, least, self_count, full))
 
     def refusal(self, node: snapshot.Node) -> str | None:
         t = self.pod.terms
-        for c, (counts, least, self_count) in zip(t.spread, self.spread, strict=True):
+        for c, (counts, least, self_count, full) in zip(t.spread, self.spread, strict=True):
             value = node.labels.get(c.topology_key)
             if value is None:
                 return f"topology spread: node has no label {c.topology_key}"
-            skew = counts.get(value, 0) + self_count - least
-            if skew > c.max_skew:
+            # (A domain no eligible node makes holds no counted pod: 1 - least <= maxSkew.)
+            if value in full:
                 return (
                     f"topology spread on {c.topology_key}: {value} would hold "
                     f"{counts.get(value, 0) + self_count} matching pods, the fewest is {least} "
@@ -274,9 +373,9 @@ class _Check:
             # topology keys exist.
             if missing and not (not self.affinity and self.self_affine):
                 return "pod affinity: no pod matching the terms in the node's domain"
-        for term in t.anti_affinity:
+        for term, anti in zip(t.anti_affinity, self.anti, strict=True):
             value = node.labels.get(term.topology_key)
-            if value is not None and self.anti.get((term.topology_key, value), 0) > 0:
+            if value is not None and anti.get((term.topology_key, value), 0) > 0:
                 return f"pod anti-affinity: a matching pod is in {term.topology_key}={value}"
         if self.existing:
             for key, value in sorted(node.labels.items()):
