@@ -1,7 +1,7 @@
 """Planner benchmark: quality against the exact solver, and speed at 800 and 8,000 GPUs.
 
 Run: ``.venv/bin/python bench/bench_planner.py [--quick]
-[--quality-only | --speed-only | --sharing-only]``.
+[--quality-only | --speed-only | --sharing-only | --constraints-only]``.
 Prints tables and writes ``bench/results/planner.json``. Timing never decides a test; this file
 records what was measured, with the command, on this machine.
 
@@ -26,11 +26,16 @@ its model would not fit in memory), and the 8,000/800 ratio for fast. Every plan
 the cyclic GC paused, as ``migpilot plan`` runs it (``migpilot.gcpause``), and starts cold (the
 caches of GPU states and placements cleared). fast's figure is the median of three cold runs; a
 warm re-plan and a cold run with the GC left running are recorded beside it.
+
+Constraints: fast and first-fit at 8,000 GPUs, plain and with 10% of the pods in Deployments of
+5 replicas with required hostname anti-affinity and a 3-zone hard spread (``with_deployments``);
+the constrained plans are checked against kube-scheduler's filters (``planning.podaffinity``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -39,16 +44,19 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from migpilot import gcpause
 from migpilot.planning import (
     fast,
     generate,
+    interpod,
     objective,
     options,
     planners,
     plans,
+    podaffinity,
     snapshot,
     validation,
 )
@@ -386,6 +394,106 @@ def speed(quick: bool, exact_limit: float) -> dict[str, Any]:
     return {"rows": rows, "fast_ratio_8000_over_800": round(ratio, 2) if ratio else None}
 
 
+ZONE = "topology.kubernetes.io/zone"
+
+
+def with_deployments(
+    snap: snapshot.Snapshot, *, share: float, replicas: int, zones: int
+) -> snapshot.Snapshot:
+    """``snap`` with its nodes spread over ``zones`` zones (hostname and zone labels) and
+    ``share`` of its pods, every ``1/share``-th, grouped into Deployments of ``replicas`` pods
+    with required hostname anti-affinity and a hard zone spread (maxSkew 1), as the most common
+    inference Deployment asks."""
+    nodes = tuple(
+        dataclasses.replace(
+            n,
+            labels=MappingProxyType(
+                {**n.labels, interpod.HOSTNAME: n.name, ZONE: f"zone-{i % zones}"}
+            ),
+        )
+        for i, n in enumerate(snap.nodes)
+    )
+    step = round(1 / share)
+    pods = list(snap.pods)
+    chosen = list(range(0, len(pods), step))
+    first = pods[0]
+    for k, i in enumerate(chosen):
+        if k % replicas == 0:
+            first = pods[i]
+        # A Deployment's replicas share their namespace and node constraints (the first's).
+        pod = dataclasses.replace(
+            pods[i],
+            namespace=first.namespace,
+            node_selector=first.node_selector,
+            affinity=first.affinity,
+            tolerations=first.tolerations,
+        )
+        app = f"deploy-{k // replicas}"
+        labels = MappingProxyType({"app": app})
+        term = interpod.AffinityTerm(
+            interpod.Selector((interpod.LabelRequirement("app", "In", frozenset({app})),)),
+            frozenset({pod.namespace}),
+            None,
+            interpod.HOSTNAME,
+        )
+        spread = interpod.SpreadConstraint(1, ZONE, term.selector)
+        terms = interpod.PodTerms(labels=labels, anti_affinity=(term,), spread=(spread,))
+        pods[i] = dataclasses.replace(pod, terms=terms)
+    return dataclasses.replace(snap, nodes=nodes, pods=tuple(pods))
+
+
+def constraints_cost(quick: bool) -> dict[str, Any]:
+    """fast (and first-fit) at 8,000 GPUs and 5,000 pods, plain and with 10% of the pods in
+    Deployments of 5 replicas with hostname anti-affinity and a 3-zone spread: the cost of pod
+    (anti-)affinity and topology spread. fast's figure is the median of three cold runs; every
+    constrained plan is checked against kube-scheduler's filters (no violation allowed)."""
+    nodes, pods = (100, 500) if quick else (1000, 5000)
+    plain = generate.random_snapshot(seed=7, nodes=nodes, gpus_per_node=8, pods=pods)
+    cases = {
+        "plain": plain,
+        "deployments-10pct": with_deployments(plain, share=0.1, replicas=5, zones=3),
+    }
+    rows = []
+    opts = options.Options(workers=1)
+    for label, snap in cases.items():
+        constrained = sum(1 for p in snap.pods if p.terms.constrained)
+        for name in ("fast", "first-fit"):
+            runs = []
+            for _ in range(3 if name == "fast" else 1):
+                fast.clear_caches()
+                runs.append(timed(snap, name, opts))
+            plan, wall, cpu = sorted(runs, key=lambda r: r[2])[len(runs) // 2]
+            bad = podaffinity.violations(snap, {p.pod: p.node for p in plan.placements})
+            sc = objective.score(snap, plan)
+            row = {
+                "case": label,
+                "gpus": nodes * 8,
+                "pods": pods,
+                "constrained_pods": constrained,
+                "planner": name,
+                "cpu_s": round(cpu, 3),
+                "wall_s": round(wall, 3),
+                "cold_runs_cpu_s": [round(r[2], 3) for r in runs],
+                "placed": sc.placed,
+                "filter_violations": len(bad),
+            }
+            rows.append(row)
+            print(
+                f"{label:18} {nodes * 8:5} GPUs {pods:5} pods ({constrained:4} constrained) "
+                f"{name:10} {cpu:7.3f}s cpu placed {sc.placed:5} violations {len(bad)}",
+                flush=True,
+            )
+    fast_cpu = {r["case"]: r["cpu_s"] for r in rows if r["planner"] == "fast"}
+    ratio = fast_cpu["deployments-10pct"] / fast_cpu["plain"] if fast_cpu["plain"] else None
+    print(f"fast constrained/plain CPU-time ratio: {ratio:.2f}" if ratio else "")
+    return {
+        "rows": rows,
+        "fast_ratio_constrained_over_plain": round(ratio, 2) if ratio else None,
+        "note": "measured on a machine shared with other jobs (2 cores, load ~2): CPU times "
+        "are noisy to about 10%",
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer cases (a smoke run)")
@@ -393,6 +501,11 @@ def main() -> int:
     only.add_argument("--quality-only", action="store_true")
     only.add_argument("--speed-only", action="store_true")
     only.add_argument("--sharing-only", action="store_true")
+    only.add_argument(
+        "--constraints-only",
+        action="store_true",
+        help="only the cost of pod (anti-)affinity and topology spread at 8,000 GPUs",
+    )
     ap.add_argument("--time-limit", type=float, default=20.0, help="exact planner limit, s")
     ap.add_argument(
         "--sharing-time-limit",
@@ -409,7 +522,9 @@ def main() -> int:
         if args.speed_only
         else {"sharing"}
         if args.sharing_only
-        else {"quality", "speed", "sharing"}
+        else {"constraints"}
+        if args.constraints_only
+        else {"quality", "speed", "sharing", "constraints"}
     )
     out: dict[str, Any] = {
         "benchmark": "planner",
@@ -423,12 +538,15 @@ def main() -> int:
         out["quality"] = previous.get("quality")
         out["speed"] = previous.get("speed")
         out["sharing"] = previous.get("sharing")
+        out["constraints"] = previous.get("constraints")
     if "quality" in sections:
         out["quality"] = quality(args.quick, args.time_limit) | {"command": out["command"]}
     if "speed" in sections:
         out["speed"] = speed(args.quick, args.time_limit) | {"command": out["command"]}
     if "sharing" in sections:
         out["sharing"] = sharing(args.quick, args.sharing_time_limit) | {"command": out["command"]}
+    if "constraints" in sections:
+        out["constraints"] = constraints_cost(args.quick) | {"command": out["command"]}
     if not args.quick:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(out, indent=2) + "\n")

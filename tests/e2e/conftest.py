@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import lightkube
 import pytest
@@ -23,8 +23,14 @@ from tests.kube.scenes import NODES, Scene
 
 @contextlib.contextmanager
 def _staged(
-    plane: ControlPlane, root: pathlib.Path, *, metrics: bool, agent_args: Sequence[str] = ()
+    plane: ControlPlane,
+    root: pathlib.Path,
+    *,
+    metrics: bool,
+    agent_args: Sequence[str] = (),
+    nodes: Mapping[str, tuple[str, Mapping[str, str]]] | None = None,
 ) -> Iterator[Scene]:
+    """A scene; ``nodes`` (name -> (GPUs, labels)) replaces the two nodes of ``NODES``."""
     s = Scene(plane, root, metrics=metrics)
     s.namespace = f"mig-{s.lease_ns.rsplit('-', 1)[-1]}"
     client = plane.client
@@ -32,8 +38,9 @@ def _staged(
         s.prepare()
         client.create(Namespace(metadata=ObjectMeta(name=s.namespace)))
         s.start_webhook()
-        for node, model in NODES.items():
-            s.add_node(node, f"emulated:{model}:x2", *agent_args)
+        staged = nodes or {n: (f"{m}:x2", {}) for n, m in NODES.items()}
+        for node, (gpus, labels) in staged.items():
+            s.add_node(node, f"emulated:{gpus}", *agent_args, labels=dict(labels))
         yield s
     finally:
         with contextlib.suppress(lightkube.ApiError):
@@ -50,6 +57,22 @@ def _staged(
 @pytest.fixture
 def scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Scene]:
     with _staged(control_plane, tmp_path, metrics=False) as s:
+        yield s
+
+
+ZONE = "topology.kubernetes.io/zone"
+ZONE_NODES: dict[str, tuple[str, Mapping[str, str]]] = {
+    "zh100-a0": ("h100-80gb:x1", {ZONE: "zone-a"}),
+    "zh100-a1": ("h100-80gb:x1", {ZONE: "zone-a"}),
+    "zh100-b0": ("h100-80gb:x1", {ZONE: "zone-b"}),
+}
+"""The issue's scene: three H100 nodes in two zones."""
+
+
+@pytest.fixture
+def zone_scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Scene]:
+    """``scene`` with the three H100 nodes of ``ZONE_NODES`` (two zones) instead of ``NODES``."""
+    with _staged(control_plane, tmp_path, metrics=False, nodes=ZONE_NODES) as s:
         yield s
 
 

@@ -1169,3 +1169,36 @@ def test_static_fit_honours_selectors_and_taints() -> None:
         [_pod("w", containers=[_container(limits={"nvidia.com/mig-1c.1g.10gb": "1"})])], nodes, lays
     )
     assert observing.static_fit(bad, bad.pods["ns/w"]) is None
+
+
+# --------------------------------------------------------------------------- pod affinity counts
+
+
+def test_bound_pods_counted_for_pod_affinity_terminating_marked_terminated_left_out() -> None:
+    anti = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "zone"}
+            ]
+        }
+    }
+    pods = [
+        {
+            **_pod("running", node="n0", gates=(), phase="Running"),
+            "metadata": {
+                "name": "running",
+                "namespace": "ns",
+                "uid": "u1",
+                "labels": {"app": "web"},
+            },
+        },
+        _pod("going", node="n0", gates=(), phase="Running", deleting=True, affinity=anti),
+        _pod("finished", node="n0", gates=(), phase="Succeeded"),
+    ]
+    seen = _observe(pods, [_node("n0")], [_layout("n0", status={0: []})])
+    bound = {b.name: b for b in seen.snapshot.bound}
+    # kube-scheduler's cache holds a pod being deleted until it is gone: pod (anti-)affinity
+    # still counts it (topology spread skips it); a terminated pod counts for neither.
+    assert set(bound) == {"running", "going"}
+    assert dict(bound["running"].labels) == {"app": "web"} and not bound["running"].terminating
+    assert bound["going"].terminating and bound["going"].anti_affinity[0].topology_key == "zone"

@@ -531,7 +531,7 @@ BAD_CASES: list[tuple[str, Any, str]] = [
     (
         POD + ".affinity",
         {"podAntiAffinity": {"x": 1}},
-        "pods[0].affinity: pod (anti-)affinity is not supported by the planner",
+        "pods[0].affinity.podAntiAffinity: unknown field 'x'",
     ),
     (POD + ".affinity", {"nodeAffinty": {}}, "pods[0].affinity: unknown field 'nodeAffinty'"),
     (

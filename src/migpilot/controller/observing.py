@@ -27,6 +27,7 @@ Pure: no client, no clock, no I/O. May import :mod:`migpilot.api`, :mod:`migpilo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections import Counter
@@ -39,7 +40,7 @@ from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.controller import translating
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import constraints, modes, snapshot, unified
+from migpilot.planning import constraints, interpod, modes, snapshot, unified
 
 GATE = "migpilot.io/plan"
 """The scheduling gate the webhook adds and the controller removes."""
@@ -94,6 +95,10 @@ class PodView:
     other_mode: str | None = None
     """The ``nvidia.com/vgpu-mode`` of a pod asking ``nvidia.com/gpu`` in a mode migpilot does
     not serve (``hami-core``, ``mps``): left to another system, and told so once."""
+    placed: interpod.BoundPod | None = None
+    """The pod as pod affinity and topology spread count it wherever it is bound or reserved
+    (any pod, GPU or not; its labels and required anti-affinity); ``None`` once it has
+    terminated (Succeeded, Failed), when neither counts it."""
     ignored: str | None = None
     """Why migpilot ignores the pod altogether: a resource amount it cannot read (a quantity
     above 2**63-1, ``memory: 1e1000000``, which kube-apiserver accepts). It is never planned
@@ -193,6 +198,7 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         pod = None
         problem = str(err)
     return PodView(
+        placed=None if status.get("phase") in _TERMINATED else _placed(meta, spec),
         key=key,
         uid=str(meta.get("uid", "")),
         node=spec.get("nodeName") or None,
@@ -214,6 +220,34 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         other_mode=None if is_unified else unified.other_mode(containers, annotations),
         mps=mps,
         ignored=ignored,
+    )
+
+
+def _labels_of(meta: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in _map(meta.get("labels")).items()}
+
+
+def _placed(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> interpod.BoundPod:
+    """What the filters count of a pod once it is on a node (``node`` is filled in there)."""
+    namespace = str(meta.get("namespace", "default"))
+    labels = _labels_of(meta)
+    anti: tuple[interpod.AffinityTerm, ...] = ()
+    # The apiserver validated it; a term we cannot read keeps nobody away.
+    with contextlib.suppress(errors.MigpilotError):
+        anti = interpod.pod_terms(
+            affinity={"podAntiAffinity": _map(spec.get("affinity")).get("podAntiAffinity")},
+            spread=None,
+            labels_=labels,
+            namespace=namespace,
+            where="spec",
+        ).anti_affinity
+    return interpod.BoundPod(
+        name=str(meta.get("name", "")),
+        namespace=namespace,
+        node=str(spec.get("nodeName") or ""),
+        labels=MappingProxyType(labels),
+        anti_affinity=anti,
+        terminating=meta.get("deletionTimestamp") is not None,
     )
 
 
@@ -240,9 +274,18 @@ def _planned_pod(
     )
     selector = {str(k): str(v) for k, v in _map(spec.get("nodeSelector")).items()}
     priority = spec.get("priority")
+    namespace = str(meta.get("namespace", "default"))
+    others = interpod.pod_terms(
+        affinity={k: v for k, v in affinity.items() if k != "nodeAffinity"},
+        spread=spec.get("topologySpreadConstraints"),
+        labels_=_labels_of(meta),
+        namespace=namespace,
+        where="spec",
+    )
     return snapshot.planned_pod(
+        terms=others,
         name=str(meta.get("name", "")),
-        namespace=str(meta.get("namespace", "default")),
+        namespace=namespace,
         priority=priority if isinstance(priority, int) else 0,
         requests=requests,
         node_selector=selector,
@@ -569,9 +612,37 @@ def observe(
     ]
     waiting.sort(key=lambda p: (p.created, p.key))
     pending = tuple(p.pod for p in waiting if p.pod is not None)
+    # Pod affinity and topology spread count every pod bound or reserved, on any node.
+    where: dict[str, str] = {r.pod: r.node for r in reservations.values()}
+    # A bound pod being deleted still counts for pod (anti-)affinity (kube-scheduler counts it
+    # until it is gone); ``placed`` is ``None`` only once it has terminated.
+    where.update({p.key: p.node for p in pod_map.values() if p.node and p.placed is not None})
+    placed_pods = []
+    for k, n in sorted(where.items()):
+        seen = pod_map.get(k)
+        if seen is not None and seen.placed is not None and n in node_map:
+            placed_pods.append(dataclasses.replace(seen.placed, node=n))
+    planned_names = {n.name for n in planned}
+    outside = tuple(
+        snapshot.Node(
+            name=v.name,
+            labels=v.labels,
+            taints=v.taints,
+            unschedulable=v.unschedulable,
+            allocatable=None,
+            gpus=(),
+        )
+        for v in node_map.values()
+        if v.name not in planned_names
+    )
     return Observed(
         snapshot=snapshot.Snapshot(
-            nodes=tuple(planned), pods=pending, policy=policy, gpu_policy=gpu_policy
+            nodes=tuple(planned),
+            pods=pending,
+            policy=policy,
+            gpu_policy=gpu_policy,
+            outside=outside,
+            bound=tuple(placed_pods),
         ),
         pods=MappingProxyType(pod_map),
         nodes=MappingProxyType(node_map),

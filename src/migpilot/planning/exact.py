@@ -64,6 +64,7 @@ from migpilot.planning import (
     modes,
     options,
     plans,
+    podaffinity,
     sharing,
     snapshot,
 )
@@ -732,6 +733,13 @@ def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
         return _finish(snap, opts, targets={}, placements=[])
     solution, optimal = builder.solve(opts)
     targets, placements = builder.extract(solution)
+    # The model has no pod affinity or topology spread: placements those filters refuse in
+    # every binding order are left out (their instances are still created), and the plan is
+    # then no longer proven optimal.
+    kept, refused = podaffinity.admitted(snap, {p.pod: p.node for p in placements})
+    if refused:
+        placements = [p for p in placements if p.pod in kept]
+        optimal = False
     return _finish(
         snap,
         opts,

@@ -62,6 +62,7 @@ from migpilot.planning import (
     objective,
     options,
     plans,
+    podaffinity,
     scoring,
     sharing,
     snapshot,
@@ -501,6 +502,8 @@ class _Run:
         self.split_cache: dict[tuple[object, ...], list[tuple[int, Option]] | None] = {}
         self.placed: dict[str, list[tuple[int, tuple[Instance, ...], tuple[str, ...]]]] = {}
         self.node_of: dict[str, int] = {}
+        self.tracker = podaffinity.Tracker(snap)
+        """Pods bound and placed so far, for pod (anti-)affinity and topology spread."""
         self.by_policy = True
         """Whether ties between equally good options go by the pods' node and GPU policies
         (else by node order, then GPU index: a variant)."""
@@ -524,6 +527,7 @@ class _Run:
         twin.split_cache = dict(self.split_cache)
         twin.placed = dict(self.placed)
         twin.node_of = dict(self.node_of)
+        twin.tracker = self.tracker.fork()
         return twin
 
     def _apply(self, st: _Gpu, opt: Option) -> None:
@@ -553,6 +557,7 @@ class _Run:
             self.mem[ni] = mem = mem - pod.memory_bytes
         self.placed[pod.key] = [(st.id, opt.claim, opt.add) for st, opt in parts]
         self.node_of[pod.key] = ni
+        self.tracker.add(pod, self.snap.nodes[ni].name)
         # A node without CPU or memory for the smallest pod left takes no more pods: take its
         # GPUs out of the index so that no search looks at them again.
         if (cpu is not None and cpu < self.min_cpu) or (mem is not None and mem < self.min_mem):
@@ -678,13 +683,25 @@ class _Run:
         Within a sweep room only shrinks, so once a kind of pod (same request, node constraints,
         CPU and memory) fails, the same kind fails again without another search.
         """
+        # Where other pods decide (pod affinity, spread), a pod that failed may fit later.
+        involved = self.tracker.involved(pod)
         kind = (pod.demand, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes, destroy)
-        if kind in self.failed:
+        if not involved and kind in self.failed:
             return False
         if not self._place(pod, needs, destroy=destroy):
-            self.failed.add(kind)
+            if not involved:
+                self.failed.add(kind)
             return False
         return True
+
+    def admits(self, pod: snapshot.Pod) -> list[bool]:
+        """Per node: its constraints admit the pod, and so do kube-scheduler's pod affinity
+        and topology spread filters given the pods placed so far."""
+        admits = self.admission.admits(pod)
+        if not self.tracker.involved(pod):
+            return admits
+        refused = self.tracker.refusals(pod)
+        return [a and r is None for a, r in zip(admits, refused, strict=True)]
 
     def _place(
         self,
@@ -695,7 +712,7 @@ class _Run:
         thorough: bool = False,
     ) -> bool:
         """One search. The quick one is bounded; if it fails, a thorough one looks everywhere."""
-        admits = self.admission.admits(pod)
+        admits = self.admits(pod)
         known: dict[int, bool] = {}
         scan = len(self.gpus) if thorough else _MEMBER_SCAN
         members, node_of, cpu, mem = self.index.members, self.node_of_gpu, self.cpu, self.mem
@@ -718,7 +735,8 @@ class _Run:
             return ok
 
         per_kind = len(self.gpus) if thorough else self.index.per_kind
-        if not thorough:
+        if not thorough and not self.tracker.involved(pod):
+            # (Options remembered were found where other pods then allowed.)
             # A remembered option that changes nothing or fills an already changed GPU is as
             # good as a search would find (bar the free-value tie-break). So is one that touches
             # a new GPU when the last search saw every option that would not: every state GPUs
@@ -845,7 +863,7 @@ class _Run:
         out: set[int] = set()
         placed = False
         for ni in order:
-            if not self._resources_ok(ni, pod):
+            if not admits[ni] or not self._resources_ok(ni, pod):
                 continue
             if ruled_out(ni):
                 out.add(ni)
@@ -1164,7 +1182,16 @@ def _greedy(
             # Pods that need free instances destroyed wait until every pod that fits without
             # destroying anything is placed: fewer destroys, often the same number placed.
             order = [p for p in order if not run.place(p, needs[p.key], destroy=False)]
-        return [p for p in order if not run.place(p, needs[p.key], destroy=True)]
+        left = [p for p in order if not run.place(p, needs[p.key], destroy=True)]
+        # A pod with pod affinity may have come before the pods it must follow: again, while
+        # that places any.
+        while True:
+            placed = {
+                p.key for p in left if p.terms.affinity and run.place(p, needs[p.key], destroy=True)
+            }
+            if not placed:
+                return left
+            left = [p for p in left if p.key not in placed]
 
     # Priority levels one at a time, highest first, as the objective ranks them. For each level,
     # variants (orders, with and without deferring destroys) are tried on copies of the pass as

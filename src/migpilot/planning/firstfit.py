@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from migpilot.mig import layouts
-from migpilot.planning import constraints, explaining, options, plans, snapshot
+from migpilot.planning import constraints, explaining, options, plans, podaffinity, snapshot
 
 PLANNER = "first-fit"
 
@@ -156,10 +156,17 @@ def place(
     first_of: dict[tuple[str, ...], int] = {}
     for ni, c in enumerate(classes):
         first_of.setdefault(c, ni)
+    tracker = podaffinity.Tracker(snap)
     for pod in sorted(snap.pods, key=lambda p: -p.priority) if order is None else order:
         kind = (pod.demand, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
         admits = admission.admits(pod)
-        ni = cursor.get(kind, 0)
+        # Where other pods decide (pod affinity, spread), a node passed over may fit later: no
+        # cursor for such a pod.
+        involved = tracker.involved(pod)
+        if involved:
+            refused = tracker.refusals(pod)
+            admits = [a and r is None for a, r in zip(admits, refused, strict=True)]
+        ni = 0 if involved else cursor.get(kind, 0)
         while ni < len(snap.nodes):
             room = left[ni]
             if admits[ni] and (
@@ -178,9 +185,11 @@ def place(
                         if room is not None:
                             left[ni] = (room[0] - pod.cpu_milli, room[1] - pod.memory_bytes)
                         claimed[pod.key] = [(ni, k, t) for k, t in got]
+                        tracker.add(pod, snap.nodes[ni].name)
                         break
             ni += 1
-        cursor[kind] = ni
+        if not involved:
+            cursor[kind] = ni
     return _result(snap, state, claimed)
 
 

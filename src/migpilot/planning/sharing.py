@@ -68,6 +68,10 @@ def mig_part(snap: snapshot.Snapshot) -> snapshot.Snapshot:
         pods=tuple(p for p in snap.pods if p.served_in(modes.Mode.MIG)),
         policy=snap.policy,
         gpu_policy=snap.gpu_policy,
+        # The other nodes still make topology domains and hold bound pods.
+        outside=snap.outside + tuple(n for n in snap.nodes if n.mode is not modes.Mode.MIG),
+        bound=snap.bound,
+        namespaces=snap.namespaces,
     )
 
 

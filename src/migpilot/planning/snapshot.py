@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 
 from migpilot import digits, errors
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import modes, quantities, scoring
+from migpilot.planning import interpod, modes, quantities, scoring
 from migpilot.planning import unified as unifying
 
 K = TypeVar("K", bound=Hashable)
@@ -203,6 +203,9 @@ class Pod:
     mps: tuple[modes.MpsRequest, ...] = ()
     """MPS slices asked for by name (``nvidia.com/gpu-<N>gb``); then :attr:`mig` is empty and
     :attr:`unified` is ``None``."""
+    terms: interpod.PodTerms = interpod.NO_TERMS
+    """Its labels, required pod (anti-)affinity and hard topology spread constraints
+    (:mod:`migpilot.planning.podaffinity` applies them)."""
 
     @property
     def key(self) -> str:
@@ -642,6 +645,16 @@ class Snapshot:
     """The node policy of pods that name none."""
     gpu_policy: Policy = scoring.DEFAULT_GPU_POLICY
     """The GPU policy of pods that name none."""
+    outside: tuple[Node, ...] = ()
+    """Nodes without GPUs the planner serves (file: ``otherNodes``): their labels and taints
+    count for pod affinity and topology spread, and pods are bound there."""
+    bound: tuple[interpod.BoundPod, ...] = ()
+    """Pods bound to nodes now (file: ``boundPods``), for pod affinity and topology spread."""
+    namespaces: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Namespace labels by name (file: ``namespaces: {name: {labels: ...}}``), for namespace
+    selectors (every namespace also has ``kubernetes.io/metadata.name``)."""
     models: tuple[profiles.GpuModel, ...] = field(default=(), compare=False)
     """Distinct GPU models present, in first-seen order (derived)."""
 
@@ -792,8 +805,7 @@ def _requirement(raw: Any, where: str) -> Requirement:
 def node_affinity(raw: Any, where: str) -> tuple[tuple[Requirement, ...], ...]:
     d = _mapping(raw, where)
     _only(d, {"nodeAffinity", "podAffinity", "podAntiAffinity"}, where)
-    if d.get("podAffinity") or d.get("podAntiAffinity"):
-        raise errors.SnapshotError(f"{where}: pod (anti-)affinity is not supported by the planner")
+    # The pod parts are read by interpod.pod_terms.
     na = _mapping(d.get("nodeAffinity"), f"{where}.nodeAffinity")
     _only(
         na,
@@ -988,6 +1000,7 @@ def planned_pod(
     node_selector: Mapping[str, str] | None = None,
     affinity: tuple[tuple[Requirement, ...], ...] = (),
     tolerations: tuple[Toleration, ...] = (),
+    terms: interpod.PodTerms = interpod.NO_TERMS,
 ) -> Pod:
     """A pod as the planner reads it, from its parsed :class:`Requests` (MIG instances, MPS
     slices, a unified request, CPU and memory as kube-scheduler counts them, the scheduling
@@ -1007,6 +1020,7 @@ def planned_pod(
         node_selector=MappingProxyType(dict(node_selector or {})),
         affinity=affinity,
         tolerations=tolerations,
+        terms=terms,
     )
 
 
@@ -1023,10 +1037,13 @@ def _pod(raw: Any, where: str) -> Pod:
             "nodeSelector",
             "affinity",
             "tolerations",
+            "labels",
+            "topologySpreadConstraints",
         },
         where,
     )
     name = _str(d.get("name"), f"{where}.name")
+    namespace = _str(d.get("namespace", "default"), f"{where}.namespace")
     req = pod_requests(
         _mapping(d.get("requests"), f"{where}.requests"),
         where=f"{where}.requests",
@@ -1035,7 +1052,7 @@ def _pod(raw: Any, where: str) -> Pod:
     priority = d.get("priority", 0)
     return planned_pod(
         name=name,
-        namespace=_str(d.get("namespace", "default"), f"{where}.namespace"),
+        namespace=namespace,
         priority=_int(priority, f"{where}.priority"),
         requests=req,
         node_selector=_labels(d.get("nodeSelector"), f"{where}.nodeSelector"),
@@ -1044,6 +1061,69 @@ def _pod(raw: Any, where: str) -> Pod:
             toleration(t, f"{where}.tolerations[{i}]")
             for i, t in enumerate(_sequence(d.get("tolerations"), f"{where}.tolerations"))
         ),
+        terms=interpod.pod_terms(
+            affinity=d.get("affinity"),
+            spread=d.get("topologySpreadConstraints"),
+            labels_=_labels(d.get("labels"), f"{where}.labels"),
+            namespace=namespace,
+            where=where,
+        ),
+    )
+
+
+def _bound_pod(raw: Any, where: str, nodes: Mapping[str, Node]) -> interpod.BoundPod:
+    """A pod already bound: ``{name, namespace, node, labels, affinity}`` (only its required
+    pod anti-affinity is read from ``affinity``: it is what keeps other pods away)."""
+    d = _mapping(raw, where)
+    _only(d, {"name", "namespace", "node", "labels", "affinity", "terminating"}, where)
+    node = _str(d.get("node"), f"{where}.node")
+    if node not in nodes:
+        raise errors.SnapshotError(
+            f"{where}.node: no node {node!r} in nodes or otherNodes (a bound pod's node gives "
+            "its topology)"
+        )
+    namespace = _str(d.get("namespace", "default"), f"{where}.namespace")
+    own = _labels(d.get("labels"), f"{where}.labels")
+    aff = _mapping(d.get("affinity"), f"{where}.affinity")
+    _only(aff, {"nodeAffinity", "podAffinity", "podAntiAffinity"}, f"{where}.affinity")
+    terms = interpod.pod_terms(
+        affinity={"podAntiAffinity": aff.get("podAntiAffinity")},
+        spread=None,
+        labels_=own,
+        namespace=namespace,
+        where=where,
+    )
+    terminating = d.get("terminating", False)
+    if not isinstance(terminating, bool):
+        raise errors.SnapshotError(f"{where}.terminating: expected true or false")
+    return interpod.BoundPod(
+        name=_str(d.get("name"), f"{where}.name"),
+        namespace=namespace,
+        node=node,
+        labels=own,
+        anti_affinity=terms.anti_affinity,
+        terminating=terminating,
+    )
+
+
+def _other_node(raw: Any, where: str) -> Node:
+    """A node the planner places nothing on (no GPU it serves): its labels and taints make and
+    limit topology domains, and pods bound there count."""
+    d = _mapping(raw, where)
+    _only(d, {"name", "labels", "taints", "unschedulable"}, where)
+    unsched = d.get("unschedulable", False)
+    if not isinstance(unsched, bool):
+        raise errors.SnapshotError(f"{where}.unschedulable: expected true or false")
+    return Node(
+        name=_str(d.get("name"), f"{where}.name"),
+        labels=_labels(d.get("labels"), f"{where}.labels"),
+        taints=tuple(
+            taint(t, f"{where}.taints[{i}]")
+            for i, t in enumerate(_sequence(d.get("taints"), f"{where}.taints"))
+        ),
+        unschedulable=unsched,
+        allocatable=None,
+        gpus=(),
     )
 
 
@@ -1059,7 +1139,20 @@ def parse(document: Any, *, source: str = "snapshot") -> Snapshot:
 
 def _parse(document: Any) -> Snapshot:
     d = _mapping(document, "snapshot")
-    _only(d, {"version", "policy", "gpuPolicy", "nodes", "pods"}, "snapshot")
+    _only(
+        d,
+        {
+            "version",
+            "policy",
+            "gpuPolicy",
+            "nodes",
+            "pods",
+            "otherNodes",
+            "boundPods",
+            "namespaces",
+        },
+        "snapshot",
+    )
     if "version" not in d:
         raise errors.SnapshotError("missing 'version' (this format is version 1)")
     if type(d["version"]) is not int or d["version"] != SNAPSHOT_VERSION:
@@ -1076,16 +1169,42 @@ def _parse(document: Any) -> Snapshot:
             raise errors.SnapshotError(f"{name}: {text!r} is not binpack or spread") from None
     policy, gpu_policy = policies
     nodes = tuple(_node(n, f"nodes[{i}]") for i, n in enumerate(_sequence(d.get("nodes"), "nodes")))
-    names = [n.name for n in nodes]
+    outside = tuple(
+        _other_node(n, f"otherNodes[{i}]")
+        for i, n in enumerate(_sequence(d.get("otherNodes"), "otherNodes"))
+    )
+    names = [n.name for n in nodes + outside]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise errors.SnapshotError(f"nodes: node name {dup!r} appears twice")
+    by_name = {n.name: n for n in nodes + outside}
+    bound = tuple(
+        _bound_pod(p, f"boundPods[{i}]", by_name)
+        for i, p in enumerate(_sequence(d.get("boundPods"), "boundPods"))
+    )
+    namespaces: dict[str, Mapping[str, str]] = {}
+    for k, v in _mapping(d.get("namespaces"), "namespaces").items():
+        ns = _mapping(v, f"namespaces.{k}")
+        _only(ns, {"labels"}, f"namespaces.{k}")
+        namespaces[str(k)] = _labels(ns.get("labels"), f"namespaces.{k}.labels")
     pods = tuple(_pod(p, f"pods[{i}]") for i, p in enumerate(_sequence(d.get("pods"), "pods")))
     keys = [p.key for p in pods]
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise errors.SnapshotError(f"pods: pod {dup!r} appears twice")
-    return Snapshot(nodes=nodes, pods=pods, policy=policy, gpu_policy=gpu_policy)
+    every = [b.key for b in bound] + keys
+    if len(set(every)) != len(every):
+        dup = next(k for k in every if every.count(k) > 1)
+        raise errors.SnapshotError(f"boundPods: pod {dup!r} appears twice (bound or pending)")
+    return Snapshot(
+        nodes=nodes,
+        pods=pods,
+        policy=policy,
+        gpu_policy=gpu_policy,
+        outside=outside,
+        bound=bound,
+        namespaces=MappingProxyType(namespaces),
+    )
 
 
 def to_document(snap: Snapshot) -> dict[str, Any]:
@@ -1152,6 +1271,13 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
                     }
                 }
             }
+        if p.terms.labels:
+            pd["labels"] = dict(p.terms.labels)
+        pod_parts = interpod.affinity_document(p.terms)
+        if pod_parts:
+            pd.setdefault("affinity", {}).update(pod_parts)
+        if p.terms.spread:
+            pd["topologySpreadConstraints"] = [interpod.spread_document(c) for c in p.terms.spread]
         if p.tolerations:
             pd["tolerations"] = [
                 {k: v for k, v in (("key", t.key), ("operator", t.operator), ("value", t.value),
@@ -1162,7 +1288,38 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
     doc: dict[str, Any] = {"version": SNAPSHOT_VERSION, "policy": snap.policy.value}
     if snap.gpu_policy is not scoring.DEFAULT_GPU_POLICY:
         doc["gpuPolicy"] = snap.gpu_policy.value
-    return doc | {"nodes": nodes, "pods": pods}
+    doc |= {"nodes": nodes, "pods": pods}
+    if snap.outside:
+        doc["otherNodes"] = [
+            {"name": n.name}
+            | ({"labels": dict(n.labels)} if n.labels else {})
+            | (
+                {"taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in n.taints]}
+                if n.taints
+                else {}
+            )
+            | ({"unschedulable": True} if n.unschedulable else {})
+            for n in snap.outside
+        ]
+    if snap.bound:
+        doc["boundPods"] = [
+            {"name": b.name, "namespace": b.namespace, "node": b.node}
+            | ({"labels": dict(b.labels)} if b.labels else {})
+            | (
+                {
+                    "affinity": interpod.affinity_document(
+                        interpod.PodTerms(anti_affinity=b.anti_affinity)
+                    )
+                }
+                if b.anti_affinity
+                else {}
+            )
+            | ({"terminating": True} if b.terminating else {})
+            for b in snap.bound
+        ]
+    if snap.namespaces:
+        doc["namespaces"] = {k: {"labels": dict(v)} for k, v in snap.namespaces.items()}
+    return doc
 
 
 def _gpu_document(g: Gpu) -> dict[str, Any]:

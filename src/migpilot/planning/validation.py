@@ -23,7 +23,7 @@ from collections import Counter
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import constraints, modes, plans, snapshot, unified
+from migpilot.planning import constraints, modes, plans, podaffinity, snapshot, unified
 
 
 def problems(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
@@ -90,6 +90,12 @@ def _check_pods(
     pods = {p.key: p for p in snap.pods}
     nodes = {n.name: n for n in snap.nodes}
     placed = Counter(p.pod for p in plan.placements)
+    out += [
+        f"pod {v} (pod affinity or topology spread)"
+        for v in podaffinity.violations(
+            snap, {p.pod: p.node for p in plan.placements if p.pod in pods and p.node in nodes}
+        )
+    ]
     unsched = Counter(u.pod for u in plan.unschedulable)
     for key in pods:
         if placed[key] + unsched[key] != 1:
