@@ -104,6 +104,10 @@ class PodView:
     above 2**63-1, ``memory: 1e1000000``, which kube-apiserver accepts). It is never planned
     and counts on no node; the controller says so once, with a Warning event. ``None`` for
     every pod whose amounts read."""
+    whole_pod: snapshot.Pod | None = None
+    """A pod asking for whole GPUs (``nvidia.com/gpu: N``, not unified, no other mode) as the
+    planner sees it (:attr:`snapshot.Pod.whole`): served only on nodes labelled
+    ``migpilot.io/mig-mode=dynamic`` (``docs/migmode.md``); ``None`` for any other pod."""
 
     @property
     def is_mig(self) -> bool:
@@ -197,7 +201,23 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         mps.clear()
         pod = None
         problem = str(err)
+    whole = 0 if is_unified else int(total.get(unified.GPU, 0))
+    whole_pod: snapshot.Pod | None = None
+    other = None if is_unified else unified.other_mode(containers, annotations)
+    if whole and pod is None and problem is None and ignored is None and other is None:
+        # The apiserver validated its affinity; one we cannot read leaves it to kube-scheduler.
+        with contextlib.suppress(errors.MigpilotError):
+            whole_pod = _planned_pod(
+                meta,
+                spec,
+                snapshot.whole_requests(
+                    whole,
+                    cpu_milli=int(total.get("cpu", 0)),
+                    memory_bytes=int(total.get("memory", 0)),
+                ),
+            )
     return PodView(
+        whole_pod=whole_pod,
         placed=None if status.get("phase") in _TERMINATED else _placed(meta, spec),
         key=key,
         uid=str(meta.get("uid", "")),
@@ -213,11 +233,11 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         memory_bytes=int(total.get("memory", 0)),
         unified=is_unified,
         gpus=gpus,
-        whole_gpus=0 if is_unified else int(total.get(unified.GPU, 0)),
+        whole_gpus=whole,
         counters=tuple(sorted({n for c in containers for n in unified.UNIFIED_RESOURCES if n in c}))
         if is_unified
         else (),
-        other_mode=None if is_unified else unified.other_mode(containers, annotations),
+        other_mode=other,
         mps=mps,
         ignored=ignored,
     )
@@ -568,8 +588,11 @@ def observe(
             fresh[name] = hit
             planned.append(hit[1])
             continue
+        dynamic = modes.dynamic_mig(view.labels) and mode is modes.Mode.MIG
         try:
             gpus = node_gpus(found, reserved=live, bound=holding)
+            if dynamic:
+                gpus = whole_gpus(found, gpus, bound=bound_whole[name])
             if mode is modes.Mode.MPS:
                 gpus = mps_gpus(found, gpus, reserved=live_mps, bound=holding)
             elif mode is modes.Mode.TIME_SLICING:
@@ -601,6 +624,7 @@ def observe(
             allocatable=alloc,
             gpus=gpus,
             mode=mode,
+            dynamic=dynamic,
         )
         fresh[name] = (inputs, made)
         planned.append(made)
@@ -612,6 +636,17 @@ def observe(
     ]
     waiting.sort(key=lambda p: (p.created, p.key))
     pending = tuple(p.pod for p in waiting if p.pod is not None)
+    # Whole-GPU pods kube-scheduler could not place are planned only when a node may switch a
+    # GPU out of MIG: without a dynamic node nothing changes from before (docs/migmode.md).
+    whole_waiting = sorted(
+        (p for p in pod_map.values() if p.waiting and p.whole_pod is not None),
+        key=lambda p: (p.created, p.key),
+    )
+    whole_pods = (
+        tuple(p.whole_pod for p in whole_waiting if p.whole_pod is not None)
+        if any(n.dynamic for n in planned)
+        else ()
+    )
     # Pod affinity and topology spread count every pod bound or reserved, on any node.
     where: dict[str, str] = {r.pod: r.node for r in reservations.values()}
     # A bound pod being deleted still counts for pod (anti-)affinity (kube-scheduler counts it
@@ -639,6 +674,7 @@ def observe(
         snapshot=snapshot.Snapshot(
             nodes=tuple(planned),
             pods=pending,
+            whole_pods=whole_pods,
             policy=policy,
             gpu_policy=gpu_policy,
             outside=outside,
@@ -737,6 +773,36 @@ def node_gpus(
         )
         for index, model, insts, _ in out
     )
+
+
+def whole_gpus(
+    layout: gpulayouts.GpuLayout, gpus: tuple[snapshot.Gpu, ...], *, bound: int
+) -> tuple[snapshot.Gpu, ...]:
+    """The GPUs of a node labelled ``migpilot.io/mig-mode=dynamic`` with their MIG mode
+    (``docs/migmode.md``): the mode the spec asks for, else the one the status reports
+    (``migMode.current``). A whole GPU holds no instance. ``bound``: the ``nvidia.com/gpu`` the
+    pods bound to the node ask for; the kubelet does not say which GPUs they hold, so as many
+    whole GPUs are counted held (``whole_taken``), in index order, and a GPU whose mode waits
+    for a reset (``pending`` differs from ``current``) is held too: neither is switched."""
+    assert layout.status is not None
+    spec = {g.index: g.mig for g in layout.spec.gpus}
+    status = {g.index: g.mig_mode for g in layout.status.gpus}
+    out: list[snapshot.Gpu] = []
+    left = bound
+    for gpu in gpus:
+        reported = status.get(gpu.index)
+        asked = spec.get(gpu.index)
+        mig = asked if asked is not None else (reported.current if reported else True)
+        waiting = reported is not None and reported.current != reported.pending
+        if mig and not waiting:
+            out.append(gpu)
+            continue
+        held = waiting or (not mig and left > 0)
+        if not mig and not waiting and left > 0:
+            left -= 1
+        out.append(dataclasses.replace(gpu, instances=(), mig=mig and not waiting,
+                                       whole_taken=held))  # fmt: skip
+    return tuple(out)
 
 
 def mps_gpus(

@@ -79,6 +79,12 @@ def spec_for(
     gpus = _mps_specs(plan, node, models=models, unified=unified)
     targets: dict[tuple[int, int], str] = {}
     sliced = {g.index for g in gpus}
+    # Dynamic MIG mode (docs/migmode.md): on a dynamic node every GPU's mode after the plan is
+    # written (its switch, else the mode it has); on any other node none, as before.
+    switched = {s.gpu: s.mig for s in plan.switches if s.node == node.name}
+    modes_after: dict[int, bool] = (
+        {g.index: switched.get(g.index, g.mig) for g in node.gpus} if node.dynamic else {}
+    )
     for gp in plan.gpus:
         if gp.node != node.name or gp.gpu in sliced:  # an MPS GPU holds no MIG instances
             continue
@@ -89,7 +95,11 @@ def spec_for(
             instances.append(
                 gpulayouts.InstanceSpec(i.profile, i.start, pod, _resource(pod, unified))
             )
-        gpus.append(gpulayouts.GpuSpec(gp.gpu, models.get(gp.gpu), tuple(instances)))
+        gpus.append(
+            gpulayouts.GpuSpec(
+                gp.gpu, models.get(gp.gpu), tuple(instances), mig=modes_after.get(gp.gpu)
+            )
+        )
     for placement in plan.placements:
         for a in placement.instances:
             if placement.node == node.name and targets.get((a.gpu, a.start)) != a.profile:

@@ -865,7 +865,11 @@ class Controller:
         placed: dict[str, list[plans.Placement]] = {}
         for p in plan.placements:
             placed.setdefault(p.node, []).append(p)
-        changed = {g.node for g in plan.gpus if g.changed} | {g.node for g in plan.mps if g.changed}
+        changed = (
+            {g.node for g in plan.gpus if g.changed}
+            | {g.node for g in plan.mps if g.changed}
+            | {s.node for s in plan.switches}
+        )
         unified = frozenset(k for k, v in observed.pods.items() if v.unified)
         writes = []
         for node in observed.snapshot.nodes:
@@ -951,6 +955,7 @@ class Controller:
                     else f"a replica of GPU {sh.gpu}"
                     for sh in p.shares
                 ]
+                + [f"whole GPU {g} (MIG off)" for g in p.gpus]
             )
             await self._say(
                 entry[1], type_="Normal", reason="MigInstancesReserved",

@@ -59,7 +59,7 @@ from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import constraints, explaining, modes, plans, snapshot
+from migpilot.planning import constraints, dynamic, explaining, modes, plans, snapshot
 
 Planner = Callable[[snapshot.Snapshot], plans.Plan]
 """A planner with its options bound (``functools.partial(fast.plan, opts=...)`` and the like)."""
@@ -144,9 +144,11 @@ def decide(snap: snapshot.Snapshot, batch: Batch, *, now: float, planner: Planne
     """
     if not is_due(batch, now=now):
         return Planned(batch, None)
-    if not snap.pods or not batch.dirty:
+    if not (snap.pods or snap.whole_pods) or not batch.dirty:
         return Planned(Batch(due=None, dirty=batch.dirty), None)
-    return Planned(Batch(due=None, dirty=False), planner(snap))
+    # Dynamic MIG mode wraps the planner; without dynamic nodes or whole-GPU pods it is the
+    # planner alone.
+    return Planned(Batch(due=None, dirty=False), dynamic.plan(snap, planner))
 
 
 # --------------------------------------------------------------------------- never runnable
@@ -433,7 +435,12 @@ def reconcile(
     """One step of the loop (see the module for the rules), at ``now``."""
     batch = memory.batch
     if observed.changed:
-        batch = changed(batch, now=now, waiting=bool(observed.snapshot.pods), settings=settings)
+        batch = changed(
+            batch,
+            now=now,
+            waiting=bool(observed.snapshot.pods or observed.snapshot.whole_pods),
+            settings=settings,
+        )
     refused = tuple(
         Judged(pod, Verdict.REFUSE, why) for pod, why in sorted(observed.unservable.items())
     )

@@ -79,6 +79,18 @@ class Placement:
     instances: tuple[AssignedInstance, ...]
     shares: tuple[AssignedShare, ...] = ()
     """MPS slices or time-slicing replicas (a pod on a node in mode mps or time-slicing)."""
+    gpus: tuple[int, ...] = ()
+    """Whole GPUs (MIG off) given to a whole-GPU pod, by index (:mod:`planning.dynamic`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModeSwitch:
+    """A GPU of a dynamic node whose MIG mode the plan switches (``docs/migmode.md``)."""
+
+    node: str
+    gpu: int
+    mig: bool
+    """The target mode: ``True`` into MIG, ``False`` out of it (a whole GPU)."""
 
 
 class SliceOp(enum.StrEnum):
@@ -137,6 +149,9 @@ class Plan:
     """Target slices of every GPU of the nodes in mode mps (empty: none in the snapshot)."""
     slice_actions: tuple[SliceAction, ...] = ()
     """MPS slices to remove, then to create, per GPU."""
+    switches: tuple[ModeSwitch, ...] = ()
+    """GPUs whose MIG mode changes (only on dynamic nodes, only idle GPUs); a GPU switched out
+    of MIG has an empty target layout, its free instances destroyed first."""
 
     def placement_of(self, pod_key: str) -> Placement | None:
         """The placement of a pod, if the plan places it."""

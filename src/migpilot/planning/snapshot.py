@@ -130,6 +130,11 @@ class Gpu:
     """On a node in mode ``time-slicing``: the replicas the GPU is advertised as."""
     replicas_used: int = 0
     """Of :attr:`replicas`, those held by pods or reserved."""
+    mig: bool = True
+    """Its current MIG mode; ``False``: a whole GPU (MIG off), which only a node labelled
+    ``migpilot.io/mig-mode=dynamic`` (:attr:`Node.dynamic`) lists (``docs/migmode.md``)."""
+    whole_taken: bool = False
+    """A whole GPU held by a pod or reserved for one: its mode is never switched."""
     layout: layouts.Layout = field(init=False, compare=False, repr=False)
     """The current layout (used and free instances), derived."""
 
@@ -161,6 +166,9 @@ class Node:
     as :attr:`allocatable`, so only the plan's own pods count as use."""
     mode: modes.Mode = modes.Mode.MIG
     """How the node shares its GPUs (label ``migpilot.io/mode``; absent: ``mig``)."""
+    dynamic: bool = False
+    """Labelled ``migpilot.io/mig-mode=dynamic``: an idle GPU's MIG mode may be switched, and its
+    whole GPUs (MIG off) are listed too (:mod:`migpilot.planning.dynamic`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +214,10 @@ class Pod:
     terms: interpod.PodTerms = interpod.NO_TERMS
     """Its labels, required pod (anti-)affinity and hard topology spread constraints
     (:mod:`migpilot.planning.podaffinity` applies them)."""
+    whole: int = 0
+    """A whole-GPU pod (``nvidia.com/gpu: N``, no gpumem, cores or percentage): the ``N`` whole
+    GPUs (MIG off) it asks for; then :attr:`mig`, :attr:`mps` are empty and :attr:`unified` is
+    ``None``. Such pods are in :attr:`Snapshot.whole_pods`, never in :attr:`Snapshot.pods`."""
 
     @property
     def key(self) -> str:
@@ -340,6 +352,18 @@ class Requests:
     """From ``hami.io/gpu-scheduler-policy``."""
     mps: tuple[modes.MpsRequest, ...] = ()
     """MPS slices by size (``nvidia.com/gpu-<N>gb``), sorted, counts > 0."""
+    whole: int = 0
+    """Whole GPUs (``nvidia.com/gpu: N`` of a pod that is not unified): :func:`whole_requests`
+    builds such requests; the parsers above refuse them."""
+
+
+def whole_requests(gpus: int, *, cpu_milli: int, memory_bytes: int) -> Requests:
+    """The requests of a whole-GPU pod (``nvidia.com/gpu: gpus``, MIG off), served only on
+    nodes labelled ``migpilot.io/mig-mode=dynamic``. Raise naming the count when it is not
+    at least 1."""
+    if gpus < 1:
+        raise errors.SnapshotError(f"a whole-GPU pod asks for at least 1 GPU, got {gpus}")
+    return Requests(mig=(), cpu_milli=cpu_milli, memory_bytes=memory_bytes, whole=gpus)
 
 
 _UNIFIED_RESOURCES = (
@@ -655,6 +679,9 @@ class Snapshot:
     )
     """Namespace labels by name (file: ``namespaces: {name: {labels: ...}}``), for namespace
     selectors (every namespace also has ``kubernetes.io/metadata.name``)."""
+    whole_pods: tuple[Pod, ...] = ()
+    """Pending whole-GPU pods (:attr:`Pod.whole`), planned only on dynamic nodes by
+    :mod:`migpilot.planning.dynamic`; the other planners never see them."""
     models: tuple[profiles.GpuModel, ...] = field(default=(), compare=False)
     """Distinct GPU models present, in first-seen order (derived)."""
 
@@ -1021,6 +1048,7 @@ def planned_pod(
         affinity=affinity,
         tolerations=tolerations,
         terms=terms,
+        whole=requests.whole,
     )
 
 

@@ -77,6 +77,73 @@ def problems(snap: snapshot.Snapshot, plan: plans.Plan) -> list[str]:
         last[k] = a.op.value
     out.extend(_check_pods(snap, plan, gpus, targets))
     out.extend(_check_sharing(snap, plan))
+    out.extend(_check_modes(snap, plan, gpus, targets))
+    return out
+
+
+def _check_modes(
+    snap: snapshot.Snapshot,
+    plan: plans.Plan,
+    gpus: dict[tuple[str, int], tuple[snapshot.Node, snapshot.Gpu]],
+    targets: dict[tuple[str, int], plans.GpuPlan],
+) -> list[str]:
+    """Dynamic MIG mode (``docs/migmode.md``): only idle GPUs of dynamic nodes are switched,
+    once each; a GPU whole after the plan has no instance; each whole-GPU pod gets exactly the
+    whole GPUs it asks for, free ones, each to one pod."""
+    out: list[str] = []
+    final = {key: g.mig for key, (_, g) in gpus.items()}
+    seen: set[tuple[str, int]] = set()
+    for sw in plan.switches:
+        key = (sw.node, sw.gpu)
+        where = f"{sw.node}/gpu{sw.gpu}"
+        n_g = gpus.get(key)
+        if n_g is None:
+            out.append(f"{where}: switches the MIG mode of no such GPU")
+            continue
+        node, gpu = n_g
+        if key in seen:
+            out.append(f"{where}: its MIG mode is switched twice")
+        seen.add(key)
+        if not node.dynamic:
+            out.append(f"{where}: switches a MIG mode on a node not labelled dynamic")
+        if sw.mig == gpu.mig:
+            out.append(f"{where}: switches the MIG mode to the one it has")
+        if any(i.used for i in gpu.instances) or gpu.whole_taken:
+            out.append(f"{where}: switches the MIG mode of a GPU with something used or reserved")
+        final[key] = sw.mig
+    for key, mig in final.items():
+        gp = targets.get(key)
+        if not mig and gp is not None and gp.layout.instances:
+            out.append(f"{key[0]}/gpu{key[1]}: whole (MIG off) after the plan, yet has instances")
+    whole = {p.key: p for p in snap.whole_pods}
+    given: set[tuple[str, int]] = set()
+    for pl in plan.placements:
+        for ai in pl.instances:
+            if not final.get((pl.node, ai.gpu), True):
+                out.append(f"pod {pl.pod}: given an instance on whole GPU {pl.node}/gpu{ai.gpu}")
+        pod = whole.get(pl.pod)
+        if pod is None:
+            continue
+        if pl.instances or pl.shares:
+            out.append(f"pod {pl.pod}: asks for whole GPUs, given instances or shares")
+        if len(set(pl.gpus)) != len(pl.gpus) or len(pl.gpus) != pod.whole:
+            out.append(f"pod {pl.pod}: got whole GPUs {list(pl.gpus)}, asked for {pod.whole}")
+        first = gpus.get((pl.node, pl.gpus[0])) if pl.gpus else None
+        if first is not None and not first[0].dynamic:
+            out.append(f"pod {pl.pod}: placed on {pl.node}, not labelled dynamic")
+        for i in pl.gpus:
+            key = (pl.node, i)
+            n_g = gpus.get(key)
+            if n_g is None:
+                out.append(f"pod {pl.pod}: {pl.node}/gpu{i}: no such GPU")
+                continue
+            if final[key]:
+                out.append(f"pod {pl.pod}: {pl.node}/gpu{i} is in MIG mode after the plan")
+            if n_g[1].whole_taken:
+                out.append(f"pod {pl.pod}: {pl.node}/gpu{i} is already held or reserved")
+            if key in given:
+                out.append(f"pod {pl.pod}: {pl.node}/gpu{i} is given to two pods")
+            given.add(key)
     return out
 
 
@@ -87,13 +154,15 @@ def _check_pods(
     targets: dict[tuple[str, int], plans.GpuPlan],
 ) -> list[str]:
     out: list[str] = []
-    pods = {p.key: p for p in snap.pods}
+    mig_pods = {p.key for p in snap.pods}
+    pods = {p.key: p for p in (*snap.pods, *snap.whole_pods)}
     nodes = {n.name: n for n in snap.nodes}
     placed = Counter(p.pod for p in plan.placements)
     out += [
         f"pod {v} (pod affinity or topology spread)"
         for v in podaffinity.violations(
-            snap, {p.pod: p.node for p in plan.placements if p.pod in pods and p.node in nodes}
+            snap,
+            {p.pod: p.node for p in plan.placements if p.pod in mig_pods and p.node in nodes},
         )
     ]
     unsched = Counter(u.pod for u in plan.unschedulable)
@@ -119,6 +188,10 @@ def _check_pods(
             out.append(f"pod {pl.pod}: node {node.name} does not admit it: {reason}")
         cpu[node.name] += pod.cpu_milli
         mem[node.name] += pod.memory_bytes
+        if pod.whole:
+            continue  # its whole GPUs: _check_modes
+        if pl.gpus:
+            out.append(f"pod {pl.pod}: given whole GPUs, but it asks for none")
         if not pod.served_in(node.mode):
             out.append(f"pod {pl.pod}: node {node.name} is in mode {node.mode.value}")
             continue
