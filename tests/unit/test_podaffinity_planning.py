@@ -220,9 +220,7 @@ def _dropped(snap: snapshot.Snapshot) -> list[str]:
 
     unresolvable = explaining.unresolvable(snap)
     interpod = exact.exactpods.involved(snap)
-    classes = exact._classes(
-        (p for p in snap.pods if p.key not in unresolvable), interpod=interpod
-    )
+    classes = exact._classes((p for p in snap.pods if p.key not in unresolvable), interpod=interpod)
     builder = exact._Builder(snap, classes, interpod=interpod)
     solution, _ = builder.solve(options.Options(time_limit_s=2.0))
     _, placements = builder.extract(solution)

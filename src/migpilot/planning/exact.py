@@ -12,8 +12,10 @@ lexicographic phases, each fixing what the phases before it achieved:
 3. the most free value left (``layouts.free_value`` summed over GPUs, counting instances in use
    and instances given to pods as occupied, as :func:`objective.score` does).
 
-The node policy (objective 4) is not modelled. :attr:`Plan.optimal` says whether every phase of
-(1) was proven optimal; phases (2) and (3) are best effort in the time left.
+Pod anti-affinity, topology spread and pod affinity to bound anchors are constraints over the
+pod counts (:mod:`migpilot.planning.exactpods`). The node policy (objective 4) is not
+modelled. :attr:`Plan.optimal` says whether every phase of (1) was proven optimal; phases (2)
+and (3) are best effort in the time left.
 
 The model is a *configuration* model. For each GPU every way it may end up is enumerated up
 front (:func:`_options`): which instances it keeps idle, which it gives to pods (reused or
