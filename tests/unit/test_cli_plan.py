@@ -28,12 +28,14 @@ from migpilot.planning import (
     planners,
     plans,
     snapshot,
+    validation,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ROOT / "examples" / "snapshot-small.yaml"
 UNIFIED = ROOT / "examples" / "snapshot-unified.yaml"
 RANDOM_64 = ROOT / "examples" / "snapshot-random-64.yaml"
+AFFINITY = ROOT / "examples" / "snapshot-affinity.yaml"
 
 SEEN: dict[str, object] = {}
 
@@ -458,10 +460,29 @@ def test_console_script_generates(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- shipped examples
 
 
-@pytest.mark.parametrize("path", [SMALL, RANDOM_64, UNIFIED], ids=["small", "random-64", "unified"])
+@pytest.mark.parametrize(
+    "path",
+    [SMALL, RANDOM_64, UNIFIED, AFFINITY],
+    ids=["small", "random-64", "unified", "affinity"],
+)
 def test_examples_parse(path: Path) -> None:
     snap = plan_cmd.read_snapshot(str(path))
     assert snap.pods
+
+
+@pytest.mark.parametrize("planner", ["fast", "first-fit", "exact"])
+def test_affinity_example_plans_as_its_comments_say(planner: str) -> None:
+    # (the baselines nos and HAMi do not model these filters: only migpilot's planners here)
+    snap = plan_cmd.read_snapshot(str(AFFINITY))
+    plan = planners.run(snap, planner, options.Options(time_limit_s=5.0))
+    assert validation.problems(snap, plan) == []
+    on = {p.pod.removeprefix("default/"): p.node for p in plan.placements}
+    assert len(on) == len(snap.pods)  # every pod placed
+    assert sorted(on[f"web-{i}"] for i in range(3)) == ["gpu-a0", "gpu-b0", "gpu-b1"]
+    assert on["cache"] == "gpu-b1"
+    zones = Counter("a" if on[f"batch-{i}"] == "gpu-a0" else "b" for i in range(4))
+    assert zones == {"a": 2, "b": 2}
+    assert on["ops/noisy"] != "gpu-a0"
 
 
 def test_random_64_example_is_what_generate_writes(tmp_path: Path) -> None:

@@ -12,8 +12,10 @@ lexicographic phases, each fixing what the phases before it achieved:
 3. the most free value left (``layouts.free_value`` summed over GPUs, counting instances in use
    and instances given to pods as occupied, as :func:`objective.score` does).
 
-The node policy (objective 4) is not modelled. :attr:`Plan.optimal` says whether every phase of
-(1) was proven optimal; phases (2) and (3) are best effort in the time left.
+Pod anti-affinity, topology spread and pod affinity to bound anchors are constraints over the
+pod counts (:mod:`migpilot.planning.exactpods`). The node policy (objective 4) is not
+modelled. :attr:`Plan.optimal` says whether every phase of (1) was proven optimal; phases (2)
+and (3) are best effort in the time left.
 
 The model is a *configuration* model. For each GPU every way it may end up is enumerated up
 front (:func:`_options`): which instances it keeps idle, which it gives to pods (reused or
@@ -59,6 +61,7 @@ from migpilot.mig import layouts, profiles
 from migpilot.planning import (
     constraints,
     cpsat,
+    exactpods,
     exactsharing,
     explaining,
     modes,
@@ -245,8 +248,9 @@ class _PodClass:
         return self.pods[0]
 
 
-def _classes(pods: Iterable[snapshot.Pod]) -> list[_PodClass]:
-    """Pods grouped into classes, in the order each class first appears."""
+def _classes(pods: Iterable[snapshot.Pod], *, interpod: bool = False) -> list[_PodClass]:
+    """Pods grouped into classes, in the order each class first appears; with ``interpod``
+    (:func:`exactpods.involved`) their namespace, labels and terms must be equal too."""
     groups: dict[tuple[object, ...], list[snapshot.Pod]] = {}
     for pod in pods:
         key = (
@@ -255,6 +259,7 @@ def _classes(pods: Iterable[snapshot.Pod]) -> list[_PodClass]:
             pod.demand,
             pod.cpu_milli,
             pod.memory_bytes,
+            exactpods.class_key(pod) if interpod else (),
         )
         groups.setdefault(key, []).append(pod)
     return [_PodClass(tuple(group)) for group in groups.values()]
@@ -324,6 +329,8 @@ class _Greedy:
                 self.serving.append([0] * len(g.kind.wanted))
         self.cpu: dict[str, int] = defaultdict(int)
         self.memory: dict[str, int] = defaultdict(int)
+        self.tracker = podaffinity.Tracker(builder.snap) if builder.rules is not None else None
+        """With pod (anti-)affinity or spread in play, the filters' view of the pods placed."""
 
     def place(self, d: _Demand) -> bool:
         """Place one more pod of ``d`` on its node if it fits there."""
@@ -334,6 +341,8 @@ class _Greedy:
             self.cpu[name] + pod.cpu_milli > alloc.cpu_milli
             or self.memory[name] + pod.memory_bytes > alloc.memory_bytes
         ):
+            return False
+        if self.tracker is not None and self.tracker.refusals_on(pod, [d.node])[0] is not None:
             return False
         given: list[tuple[int, int]] = []  # (GPU, column) of each instance given so far
         splits: list[cpsat.Linear] = []
@@ -352,6 +361,8 @@ class _Greedy:
             self.solution[drawn.terms[0][1].index] += 1
         self.cpu[name] += pod.cpu_milli
         self.memory[name] += pod.memory_bytes
+        if self.tracker is not None:
+            self.tracker.add(pod, name)
         return True
 
     def _take(
@@ -416,8 +427,13 @@ def _size(d: _Demand) -> int:
 class _Builder:
     """The CP-SAT model of one snapshot, its phased solve, and the plan read back from it."""
 
-    def __init__(self, snap: snapshot.Snapshot, classes: Sequence[_PodClass]) -> None:
+    def __init__(
+        self, snap: snapshot.Snapshot, classes: Sequence[_PodClass], *, interpod: bool = False
+    ) -> None:
+        self.snap = snap
         self.model = cp_model.CpModel()
+        self.world = exactpods.World(snap) if interpod else None
+        self.rules: exactpods.Rules | None = None
         self.groups: list[_Group] = []
         self.demands: list[_Demand] = []
         self.levels: dict[int, cpsat.Linear] = defaultdict(cpsat.Linear)
@@ -430,6 +446,13 @@ class _Builder:
             counts = [d.count for d in self.demands if d.cls is cls]
             if len(counts) > 1:
                 self.model.add(sum(counts) <= len(cls.pods))
+        if self.world is not None:
+            self.rules = exactpods.add(
+                self.model,
+                self._var,
+                self.world,
+                [(id(d.cls), d.cls.pod, d.node, d.count, d.upper) for d in self.demands],
+            )
 
     def _var(self, upper: int, hint: int = 0) -> cp_model.IntVar:
         var = self.model.new_int_var(0, upper, "")
@@ -440,7 +463,9 @@ class _Builder:
         admitted = [
             cls
             for cls in classes
-            if constraints.rejection(node, cls.pod) is None and _serves_every_part(cls.pod, node)
+            if constraints.rejection(node, cls.pod) is None
+            and _serves_every_part(cls.pod, node)
+            and (self.world is None or not exactpods.refused(self.world, cls.pod, node))
         ]
         if not admitted:
             return  # nobody may use this node: its GPUs keep their layout
@@ -552,7 +577,14 @@ class _Builder:
             for _ in demands[0].cls.pods:
                 if not any(greedy.place(d) for d in demands):
                     break  # its twins would not fit either
-        return greedy.finish()
+        solution = greedy.finish()
+        if self.rules is not None and not self.rules.hint(solution):
+            # The filters admitted each pod in the greedy's order, but the model's rules are
+            # about the final counts: start from placing nothing instead, which they admit.
+            solution = list(self.hint)
+            if not self.rules.hint(solution):
+                raise errors.MigpilotError("exact planner: placing nothing breaks a pod rule")
+        return solution
 
     # ------------------------------------------------------------------------ solving
 
@@ -727,15 +759,16 @@ def _may_go(pod: snapshot.Pod, node: snapshot.Node) -> bool:
 def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """The MIG model: ``snap`` has only nodes in mode mig and pods MIG can serve."""
     unresolvable = explaining.unresolvable(snap)
-    classes = _classes(p for p in snap.pods if p.key not in unresolvable)
-    builder = _Builder(snap, classes) if classes else None
+    interpod = exactpods.involved(snap)
+    classes = _classes((p for p in snap.pods if p.key not in unresolvable), interpod=interpod)
+    builder = _Builder(snap, classes, interpod=interpod) if classes else None
     if builder is None or not builder.demands:
         return _finish(snap, opts, targets={}, placements=[])
     solution, optimal = builder.solve(opts)
     targets, placements = builder.extract(solution)
-    # The model has no pod affinity or topology spread: placements those filters refuse in
-    # every binding order are left out (their instances are still created), and the plan is
-    # then no longer proven optimal.
+    # The model states pod (anti-)affinity and topology spread (exactpods) over final counts;
+    # as a safety net, placements the filters refuse in every binding order are left out
+    # (their instances are still created), and the plan is then no longer proven optimal.
     kept, refused = podaffinity.admitted(snap, {p.pod: p.node for p in placements})
     if refused:
         placements = [p for p in placements if p.pod in kept]

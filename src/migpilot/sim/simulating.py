@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import constraints, control, modes, plans, snapshot
+from migpilot.planning import constraints, control, interpod, modes, plans, podaffinity, snapshot
 from migpilot.planning import unified as unifying
 from migpilot.sharing import mps as sharing_mps
 from migpilot.sim import clusters, policies, traces
@@ -359,6 +359,7 @@ class _Pod:
             namespace="default",
             requests=trace.requests,
             node_selector=dict(trace.node_selector),
+            terms=trace.terms,
         )
         self.state = PodState.NOT_ARRIVED
         self.arrival = arrival
@@ -463,6 +464,9 @@ class _Simulation:
         self.planner_seconds = 0.0
         self.planner_calls = 0
         self.pods = self._admit_trace(trace)
+        self.interpod = any(p.trace.terms is not interpod.NO_TERMS for p in self.pods)
+        """Some pod has labels, pod (anti-)affinity or spread: the snapshot lists the pods
+        on nodes (:meth:`_bound`), and kube-scheduler's filters for them apply."""
         self.by_name = {p.trace.name: p for p in self.pods}
         self.counts[PodState.NOT_ARRIVED] = len(self.pods)
         self.horizon = self._horizon()
@@ -597,7 +601,12 @@ class _Simulation:
         if pod.trace.cpu_milli > node.cpu_free or pod.trace.memory_bytes > node.mem_free:
             return False
         free = node.free
-        return all(free[p] >= n for p, n in need.items())
+        if not all(free[p] >= n for p, n in need.items()):
+            return False
+        if self.interpod:
+            tracker = podaffinity.Tracker(self._snapshot())
+            return tracker.refusals_on(pod.spod, [self._node_snapshot(node)])[0] is None
+        return True
 
     def _score(self, node: _Node) -> tuple[float, int]:
         used = node.busy_slices / (node.spec.gpus * node.spec.model.compute_slices)
@@ -820,6 +829,25 @@ class _Simulation:
             nodes=tuple(self._node_snapshot(n) for n in self.nodes),
             pods=self.waiting_pods,
             policy=self.settings.scoring,
+            bound=self._bound(),
+        )
+
+    def _bound(self) -> tuple[interpod.BoundPod, ...]:
+        """The pods on nodes (running, or reserved and pinned there) that pod (anti-)affinity
+        and spread count, as the controller lists bound and pinned pods; none without
+        :attr:`interpod`."""
+        if not self.interpod:
+            return ()
+        return tuple(
+            interpod.BoundPod(
+                name=p.trace.name,
+                namespace=p.spod.namespace,
+                node=p.node.spec.name,
+                labels=p.trace.terms.labels,
+                anti_affinity=p.trace.terms.anti_affinity,
+            )
+            for p in self.pods
+            if p.node is not None and p.state in (PodState.RESERVED, PodState.RUNNING)
         )
 
     def _observed(self) -> control.Observed:

@@ -22,7 +22,16 @@ sources make one:
   holds the pod's node selector like ``nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3``
   (several joined by ``;``), matched against the simulated nodes' labels. openb's
   ``gpu_spec`` (GPU models of Alibaba's cluster) is not a selector here: those models are not
-  MIG GPUs.
+  MIG GPUs. Further optional columns, after those four in any order, carry what pods say about
+  each other (kube-scheduler's InterPodAffinity and PodTopologySpread, honoured by the planner
+  as on a real cluster; every pod is in namespace ``default``):
+
+  - ``labels``: the pod's labels, ``app=web;tier=front``;
+  - ``anti_affinity`` and ``affinity``: required pod (anti-)affinity terms,
+    ``TOPOLOGY_KEY:LABEL=VALUE&LABEL=VALUE`` (the labels a selected pod has), several joined by
+    ``;``, like ``kubernetes.io/hostname:app=web``;
+  - ``spread``: topology spread constraints with ``whenUnsatisfiable: DoNotSchedule``,
+    ``TOPOLOGY_KEY:MAX_SKEW:LABEL=VALUE&...``, several joined by ``;``.
 - **synthetic** generators by name (``inference``, ``training``, ``mixed``), seeded.
 
 Pure core: parses text it is given (the CLI reads files) and the bundled openb pod list (package
@@ -44,7 +53,7 @@ from dataclasses import dataclass
 
 from migpilot import digits, errors
 from migpilot.mig import profiles
-from migpilot.planning import modes, snapshot
+from migpilot.planning import interpod, modes, snapshot
 from migpilot.planning import unified as unifying
 
 _MIB = 2**20
@@ -54,7 +63,9 @@ OPENB_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 """The columns every openb pod list has (times are optional)."""
 NATIVE_COLUMNS = ("name", "arrival", "duration", "requests")
 NATIVE_SELECTOR_COLUMN = "node_selector"
-"""The MIG-native CSV's optional fifth column."""
+"""The MIG-native CSV's optional node selector column."""
+NATIVE_OPTIONAL_COLUMNS = (NATIVE_SELECTOR_COLUMN, "labels", "anti_affinity", "affinity", "spread")
+"""The MIG-native CSV's optional columns (after :data:`NATIVE_COLUMNS`, in any order)."""
 SYNTHETIC = ("inference", "training", "mixed", "small-inference")
 """Names of the synthetic generators (``synthetic:NAME``)."""
 
@@ -99,6 +110,9 @@ class TracePod:
     synthetic traces: its share, as the unified form of the same pod asks it on the reference
     model), so the simulator's memory ratio counts one pod the same in either form; ``None``:
     its profiles' nominal GB."""
+    terms: interpod.PodTerms = interpod.NO_TERMS
+    """Its labels, required pod (anti-)affinity and hard topology spread (namespace
+    ``default``)."""
 
     @property
     def demand(self) -> snapshot.Demand:
@@ -400,19 +414,121 @@ def _selector(text: str, *, where: str) -> tuple[tuple[str, str], ...]:
 
 
 def _is_native_header(header: list[str]) -> bool:
-    return tuple(header) in (NATIVE_COLUMNS, (*NATIVE_COLUMNS, NATIVE_SELECTOR_COLUMN))
+    return tuple(header[: len(NATIVE_COLUMNS)]) == NATIVE_COLUMNS
+
+
+def _native_extra(header: list[str], *, where: str) -> tuple[str, ...]:
+    """The optional columns a MIG-native header names (each known, none twice)."""
+    extra = tuple(header[len(NATIVE_COLUMNS) :])
+    for i, column in enumerate(extra):
+        if column not in NATIVE_OPTIONAL_COLUMNS:
+            raise errors.TraceError(
+                f"{where}: unknown column {column!r} (optional columns: "
+                f"{', '.join(NATIVE_OPTIONAL_COLUMNS)})"
+            )
+        if column in extra[:i]:
+            raise errors.TraceError(f"{where}: column {column!r} is named twice")
+    return extra
+
+
+def _match_labels(text: str, *, where: str, what: str) -> dict[str, str]:
+    """``LABEL=VALUE&LABEL=VALUE`` (a selector's ``matchLabels``)."""
+    out: dict[str, str] = {}
+    for key, value in _assignments(
+        text.replace("&", ";"), where=where, what=what, form="LABEL=VALUE", empty_value=True
+    ):
+        if key in out:
+            raise errors.TraceError(f"{where}: {what} names {key!r} twice")
+        out[key] = value
+    if not out:
+        raise errors.TraceError(f"{where}: {what} selects no label (expected LABEL=VALUE)")
+    return out
+
+
+def _affinity_terms(text: str, *, where: str, what: str) -> list[dict[str, object]]:
+    """``KEY:LABEL=VALUE&...;...`` as Kubernetes ``PodAffinityTerm`` s."""
+    out: list[dict[str, object]] = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        key, sep, selector = part.partition(":")
+        if not sep or not key.strip():
+            raise errors.TraceError(
+                f"{where}: {what} term {part!r} is not TOPOLOGY_KEY:LABEL=VALUE&..."
+            )
+        labels = _match_labels(selector, where=where, what=f"{what} term {part!r}")
+        out.append({"labelSelector": {"matchLabels": labels}, "topologyKey": key.strip()})
+    return out
+
+
+def _spread(text: str, *, where: str) -> list[dict[str, object]]:
+    """``KEY:MAX_SKEW:LABEL=VALUE&...;...`` as Kubernetes ``topologySpreadConstraints``."""
+    out: list[dict[str, object]] = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        fields = part.split(":")
+        if len(fields) != 3 or not fields[0].strip():
+            raise errors.TraceError(
+                f"{where}: spread {part!r} is not TOPOLOGY_KEY:MAX_SKEW:LABEL=VALUE&..."
+            )
+        key, skew, selector = (f.strip() for f in fields)
+        if not digits.is_digits(skew) or int(skew) == 0:
+            raise errors.TraceError(
+                f"{where}: spread {part!r}: max skew {skew!r} is not a positive whole number"
+            )
+        out.append(
+            {
+                "maxSkew": int(skew),
+                "topologyKey": key,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {
+                    "matchLabels": _match_labels(selector, where=where, what=f"spread {part!r}")
+                },
+            }
+        )
+    return out
+
+
+def _terms(fields: dict[str, str], *, where: str) -> interpod.PodTerms:
+    """A native row's ``labels``, ``anti_affinity``, ``affinity`` and ``spread`` fields."""
+    labels = dict(
+        _assignments(
+            fields.get("labels", ""), where=where, what="label", form="LABEL=VALUE",
+            empty_value=True,
+        )
+    )  # fmt: skip
+    affinity: dict[str, object] = {}
+    for column, name in (("affinity", "podAffinity"), ("anti_affinity", "podAntiAffinity")):
+        found = _affinity_terms(fields.get(column, ""), where=where, what=column)
+        if found:
+            affinity[name] = {"requiredDuringSchedulingIgnoredDuringExecution": found}
+    spread = _spread(fields.get("spread", ""), where=where)
+    if not (labels or affinity or spread):
+        return interpod.NO_TERMS
+    try:
+        return interpod.pod_terms(
+            affinity=affinity,
+            spread=spread,
+            labels_=interpod.labels(labels, f"{where}: labels"),
+            namespace="default",
+            where=where,
+        )
+    except errors.SnapshotError as e:
+        raise errors.TraceError(str(e)) from None
 
 
 def parse_native(text: str, *, source: str) -> Trace:
-    """A MIG-native CSV ``name,arrival,duration,requests[,node_selector]``; raises
-    :class:`TraceError`."""
+    """A MIG-native CSV ``name,arrival,duration,requests`` and optional columns
+    (:data:`NATIVE_OPTIONAL_COLUMNS`); raises :class:`TraceError`."""
     rows = _rows(text, source=source)
     header_line, header = next(rows, (0, []))
     if not _is_native_header(header):
         raise errors.TraceError(
             f"{source}:{header_line or 1}: expected the header {','.join(NATIVE_COLUMNS)} "
-            f"(optionally followed by ,{NATIVE_SELECTOR_COLUMN})"
+            f"(optionally followed by columns of {', '.join(NATIVE_OPTIONAL_COLUMNS)})"
         )
+    extra = _native_extra(header, where=f"{source}:{header_line}")
     width = len(header)
     pods: list[TracePod] = []
     lines: list[int] = []
@@ -421,7 +537,9 @@ def parse_native(text: str, *, source: str) -> Trace:
         if len(row) != width:
             raise errors.TraceError(f"{where}: expected {width} fields, got {len(row)}")
         name, arrival, duration, requests = row[:4]
-        selector = _selector(row[4], where=where) if width > 4 else ()
+        fields = dict(zip(extra, row[4:], strict=True))
+        selector = _selector(fields.get(NATIVE_SELECTOR_COLUMN, ""), where=where)
+        terms = _terms(fields, where=where)
         if not name:
             raise errors.TraceError(f"{where}: empty pod name")
         req = _requests(requests, where=where)
@@ -436,6 +554,7 @@ def parse_native(text: str, *, source: str) -> Trace:
                 cpu_milli=req.cpu_milli,
                 memory_bytes=req.memory_bytes,
                 node_selector=selector,
+                terms=terms,
             )
         )  # fmt: skip
         lines.append(line)
