@@ -66,8 +66,24 @@ def test_anti_affinity_spread_and_affinity_are_planned_as_kube_scheduler_filters
     assert sorted(web.values()) == sorted(NODES)
 
     # A hostname spread of maxSkew 1 over the two nodes: 2 and 2 (pinning would let
-    # kube-scheduler bind all four on one node).
+    # kube-scheduler bind all four on one node). Confined to the scene's nodes: the session's
+    # control plane holds other tests' nodes too, and under the default nodeAffinityPolicy
+    # Honor every node the pod may go to is a domain, so an empty one elsewhere would (rightly)
+    # hold the spread at one replica per node.
     spread = {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": HOST, "operator": "In", "values": sorted(NODES)}
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
         "topologySpreadConstraints": [
             {
                 "maxSkew": 1,
@@ -75,7 +91,7 @@ def test_anti_affinity_spread_and_affinity_are_planned_as_kube_scheduler_filters
                 "whenUnsatisfiable": "DoNotSchedule",
                 "labelSelector": {"matchLabels": {"app": "spread"}},
             }
-        ]
+        ],
     }
     client.create(_deployment(scene, "spread", 4, spread))
     got = scene.wait(
