@@ -174,7 +174,9 @@ class BoundPod:
 # --------------------------------------------------------------------------- parsing
 
 
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+def read_mapping(value: Any, where: str) -> Mapping[str, Any]:
+    """A snapshot field that must be a mapping (``None``: empty); shared with
+    :mod:`~migpilot.planning.snapshot`'s reader."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -182,7 +184,8 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     return value
 
 
-def _sequence(value: Any, where: str) -> Sequence[Any]:
+def read_sequence(value: Any, where: str) -> Sequence[Any]:
+    """A snapshot field that must be a list (``None``: empty)."""
     if value is None:
         return ()
     if isinstance(value, str) or not isinstance(value, Sequence):
@@ -190,7 +193,8 @@ def _sequence(value: Any, where: str) -> Sequence[Any]:
     return value
 
 
-def _only(d: Mapping[str, Any], allowed: set[str], where: str) -> None:
+def read_only_fields(d: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    """Refuse a field outside ``allowed``, naming it and the allowed ones."""
     unknown = sorted(set(d) - allowed)
     if unknown:
         raise errors.SnapshotError(
@@ -205,13 +209,13 @@ def _text(value: Any, where: str) -> str:
 
 
 def _strings(value: Any, where: str) -> tuple[str, ...]:
-    return tuple(_text(v, f"{where}[{i}]") for i, v in enumerate(_sequence(value, where)))
+    return tuple(_text(v, f"{where}[{i}]") for i, v in enumerate(read_sequence(value, where)))
 
 
 def labels(value: Any, where: str) -> Mapping[str, str]:
     """A label mapping (keys and values strings; values may be empty)."""
     out: dict[str, str] = {}
-    for k, v in _mapping(value, where).items():
+    for k, v in read_mapping(value, where).items():
         if not isinstance(k, str) or not k:
             raise errors.SnapshotError(f"{where}: label keys must be non-empty strings")
         if isinstance(v, bool):
@@ -229,23 +233,23 @@ def selector(raw: Any, where: str) -> Selector | None:
     """A ``LabelSelector`` (``matchLabels``, ``matchExpressions``); ``None`` for null."""
     if raw is None:
         return None
-    d = _mapping(raw, where)
-    _only(d, {"matchLabels", "matchExpressions"}, where)
+    d = read_mapping(raw, where)
+    read_only_fields(d, {"matchLabels", "matchExpressions"}, where)
     reqs = [
         LabelRequirement(k, "In", frozenset({v}))
         for k, v in sorted(labels(d.get("matchLabels"), f"{where}.matchLabels").items())
     ]
-    for i, e in enumerate(_sequence(d.get("matchExpressions"), f"{where}.matchExpressions")):
+    for i, e in enumerate(read_sequence(d.get("matchExpressions"), f"{where}.matchExpressions")):
         ew = f"{where}.matchExpressions[{i}]"
-        m = _mapping(e, ew)
-        _only(m, {"key", "operator", "values"}, ew)
+        m = read_mapping(e, ew)
+        read_only_fields(m, {"key", "operator", "values"}, ew)
         op = _text(m.get("operator"), f"{ew}.operator")
         if op not in _SELECTOR_OPERATORS:
             raise errors.SnapshotError(
                 f"{ew}.operator: {op!r} is not one of {', '.join(_SELECTOR_OPERATORS)}"
             )
         values = tuple(
-            str(v) for v in _sequence(m.get("values"), f"{ew}.values") if _label_value(v, ew)
+            str(v) for v in read_sequence(m.get("values"), f"{ew}.values") if _label_value(v, ew)
         )
         if op in ("In", "NotIn") and not values:
             raise errors.SnapshotError(f"{ew}: operator {op} needs values")
@@ -287,8 +291,8 @@ def _folded(
 
 def affinity_term(raw: Any, where: str, *, namespace: str, own: Mapping[str, str]) -> AffinityTerm:
     """One ``PodAffinityTerm`` of a pod in ``namespace`` whose labels are ``own``."""
-    d = _mapping(raw, where)
-    _only(
+    d = read_mapping(raw, where)
+    read_only_fields(
         d,
         {
             "labelSelector",
@@ -323,8 +327,8 @@ def affinity_term(raw: Any, where: str, *, namespace: str, own: Mapping[str, str
 def _required_terms(
     raw: Any, where: str, *, namespace: str, own: Mapping[str, str]
 ) -> tuple[AffinityTerm, ...]:
-    d = _mapping(raw, where)
-    _only(
+    d = read_mapping(raw, where)
+    read_only_fields(
         d,
         {
             "requiredDuringSchedulingIgnoredDuringExecution",
@@ -333,9 +337,9 @@ def _required_terms(
         where,
     )
     w = f"{where}.requiredDuringSchedulingIgnoredDuringExecution"
+    terms = read_sequence(d.get("requiredDuringSchedulingIgnoredDuringExecution"), w)
     return tuple(
-        affinity_term(t, f"{w}[{i}]", namespace=namespace, own=own)
-        for i, t in enumerate(_sequence(d.get("requiredDuringSchedulingIgnoredDuringExecution"), w))
+        affinity_term(t, f"{w}[{i}]", namespace=namespace, own=own) for i, t in enumerate(terms)
     )
 
 
@@ -344,8 +348,8 @@ _POLICIES = ("Honor", "Ignore")
 
 def spread_constraint(raw: Any, where: str, *, own: Mapping[str, str]) -> SpreadConstraint | None:
     """One ``topologySpreadConstraints`` entry; ``None`` for ``ScheduleAnyway`` (soft)."""
-    d = _mapping(raw, where)
-    _only(
+    d = read_mapping(raw, where)
+    read_only_fields(
         d,
         {
             "maxSkew",
@@ -407,7 +411,7 @@ def pod_terms(
 ) -> PodTerms:
     """A pod's terms from its ``affinity`` (only the pod parts are read here; node affinity is
     the caller's) and ``topologySpreadConstraints``; errors name the field under ``where``."""
-    aff = _mapping(affinity, f"{where}.affinity")
+    aff = read_mapping(affinity, f"{where}.affinity")
     own = MappingProxyType(dict(labels_))
     pa = _required_terms(
         aff.get("podAffinity"), f"{where}.affinity.podAffinity", namespace=namespace, own=own
@@ -420,7 +424,7 @@ def pod_terms(
     )
     found = (
         spread_constraint(c, f"{where}.topologySpreadConstraints[{i}]", own=own)
-        for i, c in enumerate(_sequence(spread, f"{where}.topologySpreadConstraints"))
+        for i, c in enumerate(read_sequence(spread, f"{where}.topologySpreadConstraints"))
     )
     hard = tuple(c for c in found if c is not None)
     return PodTerms(labels=own, affinity=pa, anti_affinity=anti, spread=hard)

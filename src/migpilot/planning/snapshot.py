@@ -55,6 +55,9 @@ from migpilot import digits, errors
 from migpilot.mig import catalog, layouts, profiles
 from migpilot.planning import interpod, modes, quantities, scoring
 from migpilot.planning import unified as unifying
+from migpilot.planning.interpod import read_mapping as _mapping
+from migpilot.planning.interpod import read_only_fields as _only
+from migpilot.planning.interpod import read_sequence as _sequence
 
 K = TypeVar("K", bound=Hashable)
 
@@ -710,30 +713,6 @@ def memory_bytes(value: Any, *, where: str) -> int:
 
 
 # --------------------------------------------------------------------------- parsing
-
-
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise errors.SnapshotError(f"{where}: expected a mapping")
-    return value
-
-
-def _sequence(value: Any, where: str) -> Sequence[Any]:
-    if value is None:
-        return ()
-    if isinstance(value, str) or not isinstance(value, Sequence):
-        raise errors.SnapshotError(f"{where}: expected a list")
-    return value
-
-
-def _only(d: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise errors.SnapshotError(
-            f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})"
-        )
 
 
 def _str(value: Any, where: str, *, required: bool = True) -> str:
