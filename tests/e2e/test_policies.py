@@ -222,18 +222,43 @@ def installed(control_plane: ControlPlane) -> Iterator[Installed]:
             )
         found = Installed(control_plane, release, namespace, node_a, node_b, root)
 
-        # The API server enforces a new policy once its informers have it: until the agent of
-        # node A is refused on node B.
+        # The API server enforces each new policy once its informers have it, each in its own
+        # time: wait until every one of the three refuses its probe (the agent of node A on node
+        # B's Node and on its GpuLayout, the controller changing a gated pod's image).
+        probe_pod = _gated_pod(found, gates=(observing.GATE,))
+        layout = f"/apis/{gl.GROUP}/{gl.VERSION}/{gl.PLURAL}/{node_b}/status"
+        layout += f"?fieldManager={gl.AGENT_FIELD_MANAGER}&force=true"
+        image = [{"op": "replace", "path": "/spec/containers/0/image", "value": "probe:1"}]
+
         def enforced() -> bool:
             with _impersonating(control_plane, found.agent_user, node=node_a) as agent:
-                got = agent.patch(
+                node = agent.patch(
                     f"/api/v1/nodes/{node_b}",
                     json={"metadata": {"labels": {"nvidia.com/probe": "1"}}},
                     headers={"Content-Type": MERGE},
                 )
-            return got.status_code == 403 and OWN_NODE in _message(got)
+                own_layout = agent.patch(
+                    layout,
+                    content=json.dumps(_layout_status(node_b)),
+                    headers={"Content-Type": "application/apply-patch+yaml"},
+                )
+            with _impersonating(control_plane, found.controller_user) as controller:
+                pod = controller.patch(
+                    f"/api/v1/namespaces/{namespace}/pods/{probe_pod}",
+                    content=json.dumps(image),
+                    headers={"Content-Type": JSON_PATCH},
+                )
+            return all(
+                got.status_code == 403 and refused in _message(got)
+                for got, refused in (
+                    (node, OWN_NODE),
+                    (own_layout, OWN_LAYOUT),
+                    (pod, POD_CONTAINERS),
+                )
+            )
 
         wait_for(enforced, what="the admission policies to be enforced", timeout=60)
+        client.delete(Pod, probe_pod, namespace=namespace)
         yield found
     finally:
         for obj in reversed(applied):
