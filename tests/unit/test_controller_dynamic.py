@@ -317,3 +317,29 @@ def test_a_whole_gpu_reservation_is_released_once_bound_and_expires_unbound() ->
     assert first.expired == () and first.pins == ()  # not gated: kube-scheduler's to bind
     later = _step(waiting, first.memory, 61.0)
     assert [(e.pod, e.node) for e in later.expired] == [("ns/w", "n")]
+
+
+def test_a_reserved_whole_gpu_taken_by_a_pod_bound_without_migpilot_is_stolen() -> None:
+    def stolen(*, bound: int, gpu0_whole: bool = False) -> bool:
+        layout = _reserving(gpu1_mig=False)
+        if gpu0_whole:  # GPU 0 whole and free too: room for one bound pod beside the reservation
+            status = layout.status
+            assert status is not None
+            free0 = dataclasses.replace(
+                status.gpus[0], instances=(), mig_mode=gl.MigModeStatus(False, False)
+            )
+            layout = dataclasses.replace(
+                layout, status=dataclasses.replace(status, gpus=(free0, status.gpus[1]))
+            )
+        held = [_pod(f"held{i}", {"nvidia.com/gpu": "1"}, node="n") for i in range(bound)]
+        observed = observing.observe(
+            pods=[_gated("w", {"nvidia.com/gpu": "1"}), *held],
+            nodes=[_node("n", dynamic_=True)],
+            layouts_by_node={"n": layout},
+        )
+        return pinning.stolen(observed, "ns/w")
+
+    assert not stolen(bound=0)
+    assert stolen(bound=1)  # the only whole GPU is the reserved one
+    assert not stolen(bound=1, gpu0_whole=True)
+    assert stolen(bound=2, gpu0_whole=True)

@@ -519,7 +519,8 @@ def stolen(observed: observing.Observed, pod_key: str) -> bool:
     another pod: a pod kube-scheduler bound there without migpilot (created ungated, while the
     webhook was down or timed out) took the capacity the reservation counted on. The
     reservation can then never be honoured as it stands, even for a pod pinned to the node: it
-    must be dropped and the pod planned again (on its node, if pinned)."""
+    must be dropped and the pod planned again (on its node, if pinned). For whole GPUs only
+    the count tells (:func:`_whole_overrun`)."""
     r = observed.reservations.get(pod_key)
     view = observed.pods.get(pod_key)
     layout = observed.layouts.get(r.node) if r is not None else None
@@ -527,6 +528,8 @@ def stolen(observed: observing.Observed, pod_key: str) -> bool:
         return False
     if layout.status is None:
         return False
+    if r.gpus and _whole_overrun(observed, r.node, layout):
+        return True
     wanted = set(r.instances)
     slices = {(g, i) for g, i, _ in r.slices}
     replicas = set(r.replicas)
@@ -543,6 +546,19 @@ def stolen(observed: observing.Observed, pod_key: str) -> bool:
             if (g.index, rep.id) in replicas and rep.state is used and rep.used_by != pod_key:
                 return True
     return False
+
+
+def _whole_overrun(observed: observing.Observed, node: str, layout: gpulayouts.GpuLayout) -> bool:
+    """Whether the pods bound to ``node`` ask for more ``nvidia.com/gpu`` than its whole GPUs
+    outside the live reservations of unbound pods: then one holds a reserved GPU. The agent does
+    not say which pod holds a whole GPU, only the count tells."""
+    kept = {
+        g
+        for other in observed.reservations.values()
+        if other.node == node and observed.pods[other.pod].node is None
+        for g in other.gpus
+    }
+    return observed.bound_whole.get(node, 0) > len(whole_now(layout) - kept)
 
 
 def missing(observed: observing.Observed, pod_key: str) -> str | None:
