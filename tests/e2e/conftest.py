@@ -76,6 +76,21 @@ def zone_scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[
         yield s
 
 
+DYNAMIC_NODES: dict[str, tuple[str, Mapping[str, str]]] = {
+    "dyn-h100": ("h100-80gb:x2", {"migpilot.io/mig-mode": "dynamic"}),
+    "plain-h100": ("h100-80gb:x2", {}),
+}
+"""Dynamic MIG mode (``docs/migmode.md``): two H100 nodes, both GPUs in MIG mode, one labelled
+``migpilot.io/mig-mode=dynamic``."""
+
+
+@pytest.fixture
+def dynamic_scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Scene]:
+    """``scene`` with the two nodes of ``DYNAMIC_NODES`` instead of ``NODES``."""
+    with _staged(control_plane, tmp_path, metrics=False, nodes=DYNAMIC_NODES) as s:
+        yield s
+
+
 @pytest.fixture
 def metrics_scene(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[Scene]:
     """``scene`` whose controllers, agents and fleet serve ``/metrics`` on free loopback ports

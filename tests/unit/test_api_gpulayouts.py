@@ -399,3 +399,56 @@ def test_too_many_slices_on_one_gpu_are_refused() -> None:
     doc["spec"]["gpus"][0]["mps"] = [{"id": i, "memoryGB": 1} for i in range(49)]
     with pytest.raises(errors.GpuLayoutError, match="49 slices; MPS serves at most 48"):
         wire.parse(doc)
+
+
+# --------------------------------------------------------------------------- whole GPUs kept
+
+
+def _whole_kept(**gpu: Any) -> dict[str, Any]:
+    doc = docs.mig()
+    doc["spec"]["gpus"][0] = {"index": doc["spec"]["gpus"][0]["index"], "instances": [], **gpu}
+    return doc
+
+
+def test_a_whole_gpu_reserved_for_a_pod_round_trips() -> None:
+    doc = _whole_kept(mig=False, reservedFor="ns/w")
+    layout = wire.parse(doc)
+    (gpu,) = [g for g in layout.spec.gpus if g.reserved_for is not None]
+    assert (gpu.index, gpu.mig, gpu.reserved_for, gpu.instances) == (
+        doc["spec"]["gpus"][0]["index"],
+        False,
+        "ns/w",
+        (),
+    )
+    assert wire.parse(wire.to_document(layout)) == layout
+    again = wire.to_document(layout)["spec"]["gpus"]
+    assert [g.get("reservedFor") for g in again if g["index"] == gpu.index] == ["ns/w"]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "named"),
+    [
+        ({"reservedFor": "ns/w"}, "only a whole GPU"),
+        ({"mig": True, "reservedFor": "ns/w"}, "only a whole GPU"),
+        ({"mig": False, "reservedFor": "w"}, "is not namespace/name of a pod"),
+        (
+            {"mig": False, "reservedFor": "ns/w", "replicas": [{"id": 0, "reservedFor": "ns/x"}]},
+            "only a whole GPU",
+        ),
+    ],
+)
+def test_a_bad_whole_gpu_reservation_is_refused_naming_the_field(
+    gpu: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(errors.GpuLayoutError) as info:
+        wire.parse(_whole_kept(**gpu))
+    assert str(info.value).startswith("spec.gpus[0].reservedFor: ") and named in str(info.value)
+
+
+def test_the_crd_reserves_only_whole_gpus_with_the_same_pattern() -> None:
+    gpu = _crd_schema()["spec"]["properties"]["gpus"]["items"]
+    assert gpu["properties"]["reservedFor"]["pattern"] == wire.RESERVED_FOR_PATTERN
+    (rule,) = gpu["x-kubernetes-validations"]
+    assert rule["rule"].startswith("!has(self.reservedFor) || (has(self.mig) && !self.mig")
+    helm = CRD.parents[2] / "deploy" / "helm" / "migpilot" / "crds" / CRD.name
+    assert helm.read_text() == CRD.read_text()

@@ -175,6 +175,10 @@ class GpuSpec:
     mig: bool | None = None
     """The MIG mode the GPU should have, on a node labelled ``migpilot.io/mig-mode=dynamic``
     (``docs/migmode.md``); ``None``: keep the mode it has. ``False`` holds no instances."""
+    reserved_for: str | None = None
+    """``namespace/name`` of the pending whole-GPU pod (``nvidia.com/gpu: N`` without gpumem)
+    this GPU is kept for, whole: only with ``mig`` ``False`` and nothing on the GPU
+    (``docs/migmode.md``); ``None``: not reserved."""
 
 
 @dataclass(frozen=True, slots=True)

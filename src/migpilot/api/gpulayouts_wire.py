@@ -74,6 +74,7 @@ class GpuSpecDoc(TypedDict):
     mps: NotRequired[list[SliceSpecDoc]]
     replicas: NotRequired[list[ReplicaSpecDoc]]
     mig: NotRequired[bool]
+    reservedFor: NotRequired[str]
 
 
 class SpecDoc(TypedDict):
@@ -408,7 +409,8 @@ def _one_kind(where: str, insts: Sequence[Any], mps: Sequence[Any], reps: Sequen
 
 def _gpu_spec(raw: Any, where: str) -> gpulayouts.GpuSpec:
     d = _mapping(raw, where, required=True)
-    _only(d, frozenset({"index", "model", "instances", "mps", "replicas", "mig"}), where)
+    allowed = {"index", "model", "instances", "mps", "replicas", "mig", "reservedFor"}
+    _only(d, frozenset(allowed), where)
     index = _int(d, "index", where)
     mig = d.get("mig")
     if mig is not None and not isinstance(mig, bool):
@@ -429,6 +431,12 @@ def _gpu_spec(raw: Any, where: str) -> gpulayouts.GpuSpec:
         raise _fail(f"{where}.mig", "a GPU with MIG off (mig: false) holds no MIG instances")
     if mig is True and (mps or reps):
         raise _fail(f"{where}.mig", "MPS slices and time-slicing replicas need MIG off")
+    reserved = _pod_name(d, "reservedFor", where)
+    if reserved is not None and (mig is not False or mps or reps):
+        raise _fail(
+            f"{where}.reservedFor",
+            "only a whole GPU (mig: false, no MPS slices or replicas) is reserved for a pod",
+        )
     return gpulayouts.GpuSpec(
         index,
         d["model"] if model is not None else None,
@@ -436,6 +444,7 @@ def _gpu_spec(raw: Any, where: str) -> gpulayouts.GpuSpec:
         mps,
         reps,
         mig,
+        reserved,
     )
 
 
@@ -632,6 +641,8 @@ def _spec_doc(spec: gpulayouts.LayoutSpec) -> SpecDoc:
             gpu["replicas"] = [{"id": r.id, "reservedFor": r.reserved_for} for r in g.replicas]
         if g.mig is not None:
             gpu["mig"] = g.mig
+        if g.reserved_for is not None:
+            gpu["reservedFor"] = g.reserved_for
         gpus.append(gpu)
     return {"gpus": gpus}
 

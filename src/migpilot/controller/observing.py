@@ -110,6 +110,11 @@ class PodView:
     ``migpilot.io/mig-mode=dynamic`` (``docs/migmode.md``); ``None`` for any other pod."""
 
     @property
+    def planned(self) -> snapshot.Pod | None:
+        """The pod as the planner sees it, whichever kind: :attr:`pod` or :attr:`whole_pod`."""
+        return self.pod if self.pod is not None else self.whole_pod
+
+    @property
     def is_mig(self) -> bool:
         """Whether migpilot serves it: it asks for a MIG resource or an MPS slice, or is unified
         (good or bad)."""
@@ -421,6 +426,9 @@ class Reservation:
     """MPS slices: (GPU index, slice id, GB)."""
     replicas: tuple[tuple[int, int], ...] = ()
     """Time-slicing replicas: (GPU index, replica id)."""
+    gpus: tuple[int, ...] = ()
+    """Whole GPUs (MIG off) kept for a whole-GPU pod on a dynamic node, by index
+    (``docs/migmode.md``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,7 +502,10 @@ def observe(
         held: dict[str, list[tuple[int, int, str]]] = {}
         sliced: dict[str, list[tuple[int, int, int]]] = {}
         shared: dict[str, list[tuple[int, int]]] = {}
+        whole: dict[str, list[int]] = {}
         for g in layout.spec.gpus:
+            if g.reserved_for is not None:
+                whole.setdefault(g.reserved_for, []).append(g.index)
             for rs in g.replicas:
                 shared.setdefault(rs.reserved_for, []).append((g.index, rs.id))
             for i in g.instances:
@@ -503,7 +514,7 @@ def observe(
             for sl in g.mps:
                 if sl.reserved_for is not None:
                     sliced.setdefault(sl.reserved_for, []).append((g.index, sl.id, sl.memory_gb))
-        for key in (*sliced, *shared):
+        for key in (*sliced, *shared, *whole):
             held.setdefault(key, [])
         for key, insts in held.items():
             holder = pod_map.get(key)
@@ -521,6 +532,7 @@ def observe(
                 tuple(sorted(insts)),
                 tuple(sorted(sliced.get(key, ()))),
                 tuple(sorted(shared.get(key, ()))),
+                tuple(sorted(whole.get(key, ()))),
             )
     # Bound pods whose replicas a live reservation names (bound, not yet allocated): those
     # are counted by the reservation, not again as bound.
@@ -529,14 +541,16 @@ def observe(
         if r.replicas and pod_map[r.pod].node == r.node:
             bound_reserved[r.node] += len(r.replicas)
     for r in reservations.values():
-        reserved_pod = pod_map[r.pod].pod
+        reserved_pod = pod_map[r.pod].planned
         if reserved_pod is not None and pod_map[r.pod].node is None:  # a bound one counted
             used_cpu[r.node] += reserved_pod.cpu_milli
             used_mem[r.node] += reserved_pod.memory_bytes
     live_by_node: dict[str, set[tuple[int, int, str]]] = {}
     live_slices: dict[str, set[tuple[int, int, str]]] = {}
     live_replicas: dict[str, set[tuple[int, int]]] = {}
+    live_whole: dict[str, set[int]] = {}
     for r in reservations.values():
+        live_whole.setdefault(r.node, set()).update(r.gpus)
         live_by_node.setdefault(r.node, set()).update(r.instances)
         live_slices.setdefault(r.node, set()).update((g, i, r.pod) for g, i, _ in r.slices)
         live_replicas.setdefault(r.node, set()).update(r.replicas)
@@ -571,6 +585,7 @@ def observe(
         live = frozenset(live_by_node.get(name, ()))
         live_mps = frozenset(live_slices.get(name, ()))
         live_reps = frozenset(live_replicas.get(name, ()))
+        kept_whole = frozenset(live_whole.get(name, ()))
         holding = bound.get(name, Counter())
         inputs = (
             view,
@@ -578,6 +593,7 @@ def observe(
             live,
             live_mps,
             live_reps,
+            kept_whole,
             tuple(sorted(holding.items())),
             bound_gpus[name] + bound_whole[name] - bound_reserved[name],
             used_cpu[name],
@@ -592,7 +608,7 @@ def observe(
         try:
             gpus = node_gpus(found, reserved=live, bound=holding)
             if dynamic:
-                gpus = whole_gpus(found, gpus, bound=bound_whole[name])
+                gpus = whole_gpus(found, gpus, bound=bound_whole[name], reserved=kept_whole)
             if mode is modes.Mode.MPS:
                 gpus = mps_gpus(found, gpus, reserved=live_mps, bound=holding)
             elif mode is modes.Mode.TIME_SLICING:
@@ -639,7 +655,11 @@ def observe(
     # Whole-GPU pods kube-scheduler could not place are planned only when a node may switch a
     # GPU out of MIG: without a dynamic node nothing changes from before (docs/migmode.md).
     whole_waiting = sorted(
-        (p for p in pod_map.values() if p.waiting and p.whole_pod is not None),
+        (
+            p
+            for p in pod_map.values()
+            if p.waiting and p.whole_pod is not None and p.key not in reservations
+        ),
         key=lambda p: (p.created, p.key),
     )
     whole_pods = (
@@ -776,14 +796,19 @@ def node_gpus(
 
 
 def whole_gpus(
-    layout: gpulayouts.GpuLayout, gpus: tuple[snapshot.Gpu, ...], *, bound: int
+    layout: gpulayouts.GpuLayout,
+    gpus: tuple[snapshot.Gpu, ...],
+    *,
+    bound: int,
+    reserved: frozenset[int] = frozenset(),
 ) -> tuple[snapshot.Gpu, ...]:
     """The GPUs of a node labelled ``migpilot.io/mig-mode=dynamic`` with their MIG mode
     (``docs/migmode.md``): the mode the spec asks for, else the one the status reports
     (``migMode.current``). A whole GPU holds no instance. ``bound``: the ``nvidia.com/gpu`` the
     pods bound to the node ask for; the kubelet does not say which GPUs they hold, so as many
-    whole GPUs are counted held (``whole_taken``), in index order, and a GPU whose mode waits
-    for a reset (``pending`` differs from ``current``) is held too: neither is switched."""
+    whole GPUs are counted held (``whole_taken``), in index order, beside the ones a live
+    reservation keeps (``reserved``: GPU indexes), and a GPU whose mode waits for a reset
+    (``pending`` differs from ``current``) is held too: none is switched or given away."""
     assert layout.status is not None
     spec = {g.index: g.mig for g in layout.spec.gpus}
     status = {g.index: g.mig_mode for g in layout.status.gpus}
@@ -797,8 +822,9 @@ def whole_gpus(
         if mig and not waiting:
             out.append(gpu)
             continue
-        held = waiting or (not mig and left > 0)
-        if not mig and not waiting and left > 0:
+        kept = gpu.index in reserved
+        held = waiting or kept or (not mig and left > 0)
+        if not mig and not waiting and not kept and left > 0:
             left -= 1
         out.append(dataclasses.replace(gpu, instances=(), mig=mig and not waiting,
                                        whole_taken=held))  # fmt: skip

@@ -55,10 +55,13 @@ def spec_for(
     agent advertises it so (``docs/unified.md``). On a node in mode ``time-slicing``, each
     replica the plan gives a pod is a free one of its GPU in ``layout``'s status (the lowest id
     neither used nor kept), reserved beside the replicas its spec keeps for live pods (``kept``
-    names those as (GPU, ``-1 - id``, ``"replica"``): :func:`kept_of`).
+    names those as (GPU, ``-1 - id``, ``"replica"``): :func:`kept_of`). On a dynamic node,
+    each whole GPU the plan gives a whole-GPU pod, or a ``kept`` one ((GPU, 0, ``"whole"``)),
+    is written ``mig: false`` with ``reservedFor`` (``docs/migmode.md``).
 
     Raise :class:`GpuLayoutError` if the plan gives a pod an instance its target layout lacks,
-    or one instance to two pods (a planner bug: such a spec must never be written).
+    one instance or whole GPU to two pods, or a GPU in MIG mode after the plan as a whole GPU (a
+    planner bug: such a spec must never be written).
     """
     given: dict[tuple[int, int], str] = {}
     for placement in plan.placements:
@@ -72,6 +75,7 @@ def spec_for(
                     f"{given[key]} and {placement.pod}"
                 )
             given[key] = placement.pod
+    whole = _whole_given(plan, node, kept=kept)
     models = {g.index: g.model.id for g in node.gpus}
     if node.mode is modes.Mode.TIME_SLICING:
         return gpulayouts.LayoutSpec(_replica_specs(plan, node, models=models, kept=kept,
@@ -85,6 +89,12 @@ def spec_for(
     modes_after: dict[int, bool] = (
         {g.index: switched.get(g.index, g.mig) for g in node.gpus} if node.dynamic else {}
     )
+    for gpu, holder in sorted(whole.items()):
+        if modes_after.get(gpu, True):
+            raise errors.GpuLayoutError(
+                f"plan: {holder} is given GPU {gpu} of {node.name} whole, which is not whole after "
+                "the plan"
+            )
     for gp in plan.gpus:
         if gp.node != node.name or gp.gpu in sliced:  # an MPS GPU holds no MIG instances
             continue
@@ -97,7 +107,11 @@ def spec_for(
             )
         gpus.append(
             gpulayouts.GpuSpec(
-                gp.gpu, models.get(gp.gpu), tuple(instances), mig=modes_after.get(gp.gpu)
+                gp.gpu,
+                models.get(gp.gpu),
+                tuple(instances),
+                mig=modes_after.get(gp.gpu),
+                reserved_for=whole.get(gp.gpu),
             )
         )
     for placement in plan.placements:
@@ -112,6 +126,27 @@ def spec_for(
 
 REPLICA = "replica"
 """The profile :func:`kept_of` gives a kept time-slicing replica."""
+WHOLE = "whole"
+"""The profile :func:`kept_of` gives a kept whole GPU (at start 0)."""
+
+
+def _whole_given(
+    plan: plans.Plan, node: snapshot.Node, *, kept: Mapping[tuple[int, int, str], str]
+) -> dict[int, str]:
+    """GPU index -> the pod each whole GPU of ``node`` is kept for: the ``kept`` ones, then
+    those the plan gives. Raise :class:`GpuLayoutError` for a GPU given to two pods."""
+    out = {gpu: pod for (gpu, _, kind), pod in kept.items() if kind == WHOLE}
+    for placement in plan.placements:
+        if placement.node != node.name:
+            continue
+        for gpu in placement.gpus:
+            if gpu in out and out[gpu] != placement.pod:
+                raise errors.GpuLayoutError(
+                    f"plan: whole GPU {gpu} of {node.name} given to both {out[gpu]} and "
+                    f"{placement.pod}"
+                )
+            out[gpu] = placement.pod
+    return out
 
 
 def kept_of(
@@ -125,6 +160,7 @@ def kept_of(
             continue
         out.update(dict.fromkeys(r.instances, r.pod))
         out.update({(g, -1 - i, REPLICA): r.pod for g, i in r.replicas})
+        out.update({(g, 0, WHOLE): r.pod for g in r.gpus})
     return out
 
 
@@ -229,7 +265,8 @@ def _mps_specs(
 
 
 def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpulayouts.LayoutSpec:
-    """``spec`` with only the reservations of the ``live`` pods."""
+    """``spec`` with only the reservations of the ``live`` pods; each GPU keeps the MIG mode
+    it asks for (a whole GPU released stays whole)."""
     return gpulayouts.LayoutSpec(
         tuple(
             gpulayouts.GpuSpec(
@@ -248,6 +285,8 @@ def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpula
                     for sl in g.mps
                 ),
                 tuple(r for r in g.replicas if r.reserved_for in live),
+                g.mig,
+                g.reserved_for if g.reserved_for in live else None,
             )
             for g in spec.gpus
         )
@@ -325,8 +364,9 @@ def _reserved(
     view = observed.pods[key]
     node = planned.get(r.node)
     turned_away = None
-    if view.gated_by_us and node is not None and node.gpus and view.pod is not None:
-        turned_away = constraints.rejection(node, view.pod)
+    planned_pod = view.planned
+    if view.gated_by_us and node is not None and node.gpus and planned_pod is not None:
+        turned_away = constraints.rejection(node, planned_pod)
     interchange = None
     if view.unified:
         layout = observed.layouts.get(r.node)
@@ -354,11 +394,14 @@ def _reserved(
 def asks(view: observing.PodView) -> tuple[tuple[str, int], ...]:
     """What kube-scheduler counts of a node's resources for the pod: MIG instances by
     resource (``nvidia.com/mig-1g.10gb``), MPS slices by resource (``nvidia.com/gpu-10gb``),
-    and a unified pod's ``nvidia.com/gpu`` devices."""
+    a unified pod's ``nvidia.com/gpu`` devices, and a whole-GPU pod's whole GPUs (also
+    ``nvidia.com/gpu``)."""
     out = [(snapshot.resource_name(p), n) for p, n in sorted(view.mig.items())]
     out += sorted(view.mps.items())
     if view.unified:
         out.append((gpulayouts.UNIFIED_RESOURCE, view.gpus))
+    elif view.whole_pod is not None:
+        out.append((gpulayouts.UNIFIED_RESOURCE, view.whole_gpus))
     return tuple(out)
 
 
@@ -401,7 +444,7 @@ def pinned_to(view: observing.PodView) -> str | None:
     same one node, as :func:`pin_patch` leaves it), or ``None``.
 
     Such a pod can be bound nowhere else: its reservation there must outlive any wait."""
-    pod = view.pod
+    pod = view.planned
     if pod is None or not pod.affinity:
         return None
     names: set[str] = set()
@@ -436,11 +479,27 @@ def made(observed: observing.Observed, pod_key: str) -> bool:
     have = _existing(layout)
     served = _served_slices(layout)
     advertised = _replicas(layout)
+    whole = whole_now(layout)
     return (
         all(i in have for i in r.instances)
         and all(sl in served for sl in r.slices)
         and all(rep in advertised for rep in r.replicas)
+        and all(g in whole for g in r.gpus)
     )
+
+
+def whole_now(layout: gpulayouts.GpuLayout) -> set[int]:
+    """Indexes of the GPUs the agent reports whole: MIG off (``migMode.current: false``, no
+    change pending) and no instance left (``docs/migmode.md``)."""
+    assert layout.status is not None
+    return {
+        g.index
+        for g in layout.status.gpus
+        if g.mig_mode is not None
+        and not g.mig_mode.current
+        and not g.mig_mode.pending
+        and not g.instances
+    }
 
 
 def _replicas(layout: gpulayouts.GpuLayout) -> set[tuple[int, int]]:
@@ -460,7 +519,8 @@ def stolen(observed: observing.Observed, pod_key: str) -> bool:
     another pod: a pod kube-scheduler bound there without migpilot (created ungated, while the
     webhook was down or timed out) took the capacity the reservation counted on. The
     reservation can then never be honoured as it stands, even for a pod pinned to the node: it
-    must be dropped and the pod planned again (on its node, if pinned)."""
+    must be dropped and the pod planned again (on its node, if pinned). For whole GPUs only
+    the count tells (:func:`_whole_overrun`)."""
     r = observed.reservations.get(pod_key)
     view = observed.pods.get(pod_key)
     layout = observed.layouts.get(r.node) if r is not None else None
@@ -468,6 +528,8 @@ def stolen(observed: observing.Observed, pod_key: str) -> bool:
         return False
     if layout.status is None:
         return False
+    if r.gpus and _whole_overrun(observed, r.node, layout):
+        return True
     wanted = set(r.instances)
     slices = {(g, i) for g, i, _ in r.slices}
     replicas = set(r.replicas)
@@ -486,11 +548,24 @@ def stolen(observed: observing.Observed, pod_key: str) -> bool:
     return False
 
 
+def _whole_overrun(observed: observing.Observed, node: str, layout: gpulayouts.GpuLayout) -> bool:
+    """Whether the pods bound to ``node`` ask for more ``nvidia.com/gpu`` than its whole GPUs
+    outside the live reservations of unbound pods: then one holds a reserved GPU. The agent does
+    not say which pod holds a whole GPU, only the count tells."""
+    kept = {
+        g
+        for other in observed.reservations.values()
+        if other.node == node and observed.pods[other.pod].node is None
+        for g in other.gpus
+    }
+    return observed.bound_whole.get(node, 0) > len(whole_now(layout) - kept)
+
+
 def missing(observed: observing.Observed, pod_key: str) -> str | None:
     """What the reserved pod ``pod_key`` waits for on its node before kube-scheduler's counts
     matter, or ``None``: the node Ready and reported, every instance reserved for it made (the
-    agent reports it with a UUID), every slice served, and the counters a unified pod names
-    advertised."""
+    agent reports it with a UUID), every slice served, every whole GPU reported with MIG off
+    (:func:`whole_now`), and the counters a unified pod names advertised."""
     r = observed.reservations[pod_key]
     layout = observed.layouts.get(r.node)
     node = observed.nodes.get(r.node)
@@ -511,6 +586,10 @@ def missing(observed: observing.Observed, pod_key: str) -> str | None:
     if unseen:
         gpu, ident = unseen[0]
         return f"time-slicing replica {ident} of GPU {gpu} on {r.node} to be advertised"
+    whole = whole_now(layout)
+    switching = [g for g in r.gpus if g not in whole]
+    if switching:
+        return f"GPU {switching[0]} on {r.node} to be switched out of MIG (migMode.current false)"
     view = observed.pods[pod_key]
     for counter in view.counters:
         if counter not in node.allocatable:

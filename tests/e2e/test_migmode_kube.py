@@ -1,0 +1,169 @@
+"""Dynamic MIG mode on a real control plane (``docs/migmode.md``): whole GPUs beside MIG.
+
+Two KWOK nodes with two emulated H100s each, every GPU in MIG mode; ``dyn-h100`` is labelled
+``migpilot.io/mig-mode=dynamic``, ``plain-h100`` is not. A MIG pod (gated by the webhook,
+planned, pinned) runs on one GPU of the dynamic node. A pod asking ``nvidia.com/gpu: 1`` (no
+gpumem: a whole GPU) is marked Unschedulable by kube-scheduler, as no node advertises
+``nvidia.com/gpu``; the controller plans it on the dynamic node's idle GPU, reserves that GPU
+whole in the GpuLayout spec (``mig: false``, ``reservedFor``), the agent withdraws it, switches
+it out of MIG and advertises it as ``nvidia.com/gpu``, and kube-scheduler binds the pod there.
+The MIG pod's instance is untouched (same UUID, same place). A second whole-GPU pod finds no
+idle GPU on the dynamic node and waits: the unlabelled node's GPUs are never switched.
+"""
+
+from __future__ import annotations
+
+import pytest
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Node, Pod
+
+from migpilot.api import gpulayouts as gl
+from tests.kube.scenes import Scene, container
+
+pytestmark = pytest.mark.kube
+
+DYN = "dyn-h100"
+PLAIN = "plain-h100"
+MODE_LABEL = "migpilot.io/mig-mode"
+STATE_LABEL = "migpilot.io/mig-mode.state"
+WAIT_S = 300.0
+"""Generous: the scene's processes share two CPUs with other work."""
+
+
+def _whole(scene: Scene, name: str) -> Pod:
+    limits = {"nvidia.com/gpu": "1"}
+    return Pod(
+        metadata=ObjectMeta(name=name, namespace=scene.namespace),
+        spec=PodSpec(
+            containers=[
+                Container(name="c", image="none", resources=ResourceRequirements(limits=limits))
+            ]
+        ),
+    )
+
+
+def _mig_pod(scene: Scene, name: str) -> Pod:
+    return Pod(
+        metadata=ObjectMeta(name=name, namespace=scene.namespace),
+        spec=PodSpec(containers=[container("3g.40gb")], nodeSelector={MODE_LABEL: "dynamic"}),
+    )
+
+
+def _status(scene: Scene, node: str) -> tuple[gl.GpuStatus, ...]:
+    lay = scene.layout(node)
+    return lay.status.gpus if lay is not None and lay.status is not None else ()
+
+
+def _used(scene: Scene) -> list[tuple[int, int, str, str | None]]:
+    """(GPU, start, profile, UUID) of the dynamic node's used instances."""
+    return [
+        (g.index, i.start, i.profile, i.uuid)
+        for g in _status(scene, DYN)
+        for i in g.instances
+        if i.state is gl.InstanceState.USED
+    ]
+
+
+def _labels(scene: Scene, node: str) -> dict[str, str]:
+    got = scene.client.get(Node, node)
+    return dict(got.metadata.labels or {}) if got.metadata is not None else {}
+
+
+def _allocatable(scene: Scene, node: str) -> dict[str, str]:
+    got = scene.client.get(Node, node)
+    return dict(got.status.allocatable or {}) if got.status is not None else {}
+
+
+def _untouched_plain(scene: Scene) -> None:
+    """The unlabelled node: no mode asked or reported, nothing whole advertised, no label."""
+    lay = scene.layout(PLAIN)
+    assert lay is not None and lay.status is not None
+    assert all(g.mig is None and g.reserved_for is None for g in lay.spec.gpus), lay.spec
+    assert all(g.mig_mode is None for g in lay.status.gpus), lay.status
+    assert "nvidia.com/gpu" not in _allocatable(scene, PLAIN)
+    assert STATE_LABEL not in _labels(scene, PLAIN)
+
+
+def test_a_whole_gpu_pod_runs_on_a_gpu_switched_out_of_mig_beside_a_mig_pod(
+    dynamic_scene: Scene,
+) -> None:
+    scene = dynamic_scene
+    client = scene.client
+    scene.start_controller("c1")
+    scene.wait(
+        lambda: len(_status(scene, DYN)) == 2 and len(_status(scene, PLAIN)) == 2,
+        "both agents' first status",
+        WAIT_S,
+    )
+    # The dynamic node reports every GPU's mode (all MIG at start); the other node none.
+    scene.wait(
+        lambda: all(g.mig_mode == gl.MigModeStatus(True, True) for g in _status(scene, DYN)),
+        "the dynamic node's GPUs reported in MIG mode",
+        WAIT_S,
+    )
+    _untouched_plain(scene)
+
+    client.create(_mig_pod(scene, "m"))
+    got = scene.wait(lambda: scene.running({"m"}), "the MIG pod Running", WAIT_S)
+    assert got["m"] == DYN
+    (before,) = scene.wait(lambda: _used(scene), "the MIG pod's instance reported used", WAIT_S)
+    mig_gpu = before[0]
+    assert before[3]
+
+    client.create(_whole(scene, "w"))
+    kept: set[tuple[int, bool | None, str]] = set()
+
+    def running_w() -> dict[str, str]:
+        # Until it is bound, the GPU planned for it is kept whole for it in the spec.
+        lay = scene.layout(DYN)
+        for g in lay.spec.gpus if lay is not None else ():
+            if g.reserved_for is not None:
+                kept.add((g.index, g.mig, g.reserved_for))
+        return scene.running({"w"})
+
+    got = scene.wait(running_w, "the whole-GPU pod Running", WAIT_S)
+    assert got["w"] == DYN
+    whole_gpu = 1 - mig_gpu
+    assert kept == {(whole_gpu, False, f"{scene.namespace}/w")}
+    by_index = {g.index: g for g in _status(scene, DYN)}
+    assert by_index[whole_gpu].mig_mode == gl.MigModeStatus(False, False)
+    assert by_index[whole_gpu].instances == ()
+    assert by_index[mig_gpu].mig_mode == gl.MigModeStatus(True, True)
+    assert _used(scene) == [before], "the MIG pod's instance was touched"
+    lay = scene.layout(DYN)
+    assert lay is not None
+    assert {g.index: g.mig for g in lay.spec.gpus} == {mig_gpu: True, whole_gpu: False}
+    assert _allocatable(scene, DYN).get("nvidia.com/gpu") == "1"
+    scene.wait(lambda: _labels(scene, DYN).get(STATE_LABEL) == "success", "state success", WAIT_S)
+    # Bound: the reservation has served its purpose and is released; the GPU stays whole.
+    scene.wait(
+        lambda: (
+            (spec := scene.layout(DYN)) is not None
+            and not any(g.reserved_for for g in spec.spec.gpus)
+            and {g.index: g.mig for g in spec.spec.gpus}[whole_gpu] is False
+        ),
+        "the whole GPU's reservation released once bound",
+        WAIT_S,
+    )
+
+    # A second whole-GPU pod: no idle GPU left on the dynamic node, the other node is not
+    # labelled, so it waits, told why, and nothing switches.
+    client.create(_whole(scene, "w2"))
+
+    def told() -> list[str]:
+        return [
+            e.message or ""
+            for e in client.list(Event, namespace=scene.namespace)
+            if e.involvedObject.name == "w2" and e.reason == "MigWaiting"
+        ]
+
+    (message, *_) = scene.wait(told, "the second whole-GPU pod told it waits", WAIT_S)
+    assert f"{MODE_LABEL}=dynamic" in message
+    pod = client.get(Pod, "w2", namespace=scene.namespace)
+    assert pod.spec is not None and not pod.spec.nodeName
+    _untouched_plain(scene)
+    assert _used(scene) == [before]
+    assert {g.index: g.mig_mode for g in _status(scene, DYN)}[mig_gpu] == gl.MigModeStatus(
+        True, True
+    )
