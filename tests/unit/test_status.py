@@ -595,3 +595,17 @@ def test_two_nvidia_style_pods_on_replicas_are_candidates_not_guesses() -> None:
     status = surveying.survey(layouts=[layout], nodes=[node], pods=pods, events=[])
     (d,) = _node_of(status, "ts").gpus[0].devices
     assert (d.pod, d.holding, d.candidates) == (None, surveying.Holding.UNKNOWN, ("ns/w1", "ns/w3"))
+
+
+def test_renamed_replicas_are_counted_with_the_nodes_replicas() -> None:
+    """A sharing config renaming the replicas (``renameByDefault``): the Node advertises
+    ``nvidia.com/gpu.shared``, which the agent does not report per GPU; the summary counts them."""
+    labels = {"migpilot.io/mode": "time-slicing", "nvidia.com/gpu.replicas": "4"}
+    node = _node("ts", labels)
+    node["status"]["allocatable"]["nvidia.com/gpu.shared"] = "8"
+    pods = [_pod("s", {"nvidia.com/gpu.shared": "2"}, node="ts")]
+    status = surveying.survey(layouts=[], nodes=[node], pods=pods, events=[])
+    assert _node_of(status, "ts").replicas == surveying.Replicas(
+        per_gpu=4, total=8, used=2, pods=("ns/s",)
+    )
+    assert "  replicas (4 per GPU): 2 of 8 used: ns/s" in _text(status).splitlines()

@@ -42,6 +42,10 @@ PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 WHOLE_GPU = "nvidia.com/gpu"
+RENAMED_GPU = "nvidia.com/gpu.shared"
+"""``nvidia.com/gpu`` replicas renamed by the sharing config (``renameByDefault``, or a
+``rename`` to this name): counted with the node's replicas, though the agent does not report
+them per GPU (they are not the unified pods')."""
 PLANNED = "planned"
 """A device's state when the spec lists it and the agent does not report it (yet)."""
 FREE_REPLICA, USED_REPLICA = "free", "used"
@@ -115,9 +119,9 @@ class Replicas:
     per_gpu: int | None
     """``nvidia.com/gpu.replicas`` (GFD's label); ``None`` when absent."""
     total: int
-    """The node's allocatable ``nvidia.com/gpu``."""
+    """The node's allocatable ``nvidia.com/gpu`` (and ``nvidia.com/gpu.shared``, renamed)."""
     used: int
-    """What the pods bound to the node ask for (``nvidia.com/gpu``)."""
+    """What the pods bound to the node ask for (``nvidia.com/gpu``, ``nvidia.com/gpu.shared``)."""
     pods: tuple[str, ...]
     """Those pods, by ``namespace/name``."""
 
@@ -399,11 +403,14 @@ def _replica_devices(
 
 
 def _replicas(view: observing.NodeView, bound: _Bound) -> Replicas:
-    pods = sorted(k for k, doc in bound.docs.items() if _asked(doc, WHOLE_GPU))
+    def asked(doc: Mapping[str, Any]) -> int:
+        return _asked(doc, WHOLE_GPU) + _asked(doc, RENAMED_GPU)
+
+    pods = sorted(k for k, doc in bound.docs.items() if asked(doc))
     return Replicas(
         per_gpu=_int(view.labels.get(REPLICAS_LABEL, "")),
-        total=view.allocatable.get(WHOLE_GPU, 0),
-        used=sum(_asked(bound.docs[k], WHOLE_GPU) for k in pods),
+        total=view.allocatable.get(WHOLE_GPU, 0) + view.allocatable.get(RENAMED_GPU, 0),
+        used=sum(asked(bound.docs[k]) for k in pods),
         pods=tuple(pods),
     )
 

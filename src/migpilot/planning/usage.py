@@ -12,8 +12,8 @@ instances:
 A GPU of a node in mode ``mps`` or ``time-slicing`` has no MIG instances and counts as free.
 
 For autoscalers, what is free and what is wanted, by GPU model and profile: the free MIG
-instances, MPS slices and time-slicing replicas (:func:`free_instances`), and what the pods a plan could not place
-would take on a new node of each model (:func:`unmet_demand`).
+instances, MPS slices and time-slicing replicas (:func:`free_instances`), and what the pods a
+plan could not place would take on a new node of each model (:func:`unmet_demand`).
 
 Pure: the standard library and the planning core.
 """
