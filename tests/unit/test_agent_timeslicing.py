@@ -279,6 +279,37 @@ def test_a_unified_pod_without_a_kept_replica_gets_none(tsnode: TsNode) -> None:
     assert all(s == ("free", None) for g in (0, 1) for s in tsnode.states(g))
 
 
+def test_nvidia_style_pods_get_replicas_reported_used_and_never_one_kept_for_another(
+    tsnode: TsNode,
+) -> None:
+    """Plain ``nvidia.com/gpu`` pods kube-scheduler bound to replicas: the stand-in gives each
+    its count of replicas, as the kubelet would, leaving the one kept for a unified pod; the
+    status reports them used (no ``usedBy``: Allocate named no unified pod); freed when gone."""
+    tsnode.api.put_spec(NODE, replicas_spec((0, 0, "ns/u")))
+    tsnode.api.put_pod(pod_doc("w1", {GPU: 1}))
+    tsnode.api.put_pod(pod_doc("w2", {GPU: 2}))
+    tsnode.step()
+    got = tsnode.assigned()
+    g0 = [timeslicing.device_id(tsnode.uuid(0), i) for i in range(4)]
+    assert sorted((*got["ns/w1"], *got["ns/w2"])) == g0[1:]
+    used = ("used", None)
+    assert tsnode.states(0) == [("reserved", None), used, used, used]
+    assert tsnode.states(1) == [("free", None)] * 4
+    tsnode.api.delete_pod("ns", "w2")
+    tsnode.step()
+    assert sorted(tsnode.assigned()) == ["ns/w1"]
+    assert [s for s, _ in tsnode.states(0)].count("used") == 1
+
+
+def test_whole_gpus_not_time_sliced_are_left_to_the_kubelet() -> None:
+    pod = boundpods.bound_pod(pod_doc("w", {GPU: 1}))
+    assert pod is not None and pod.requests == ()
+    whole = {GPU: (devices.Device("GPU-0", 0, devices.Health.HEALTHY),)}
+    assert standin.with_replicas(pod, whole) is pod
+    shared = {GPU: (devices.Device("GPU-0::0", 0, devices.Health.HEALTHY),)}
+    assert standin.with_replicas(pod, shared).requests == ((GPU, 1),)
+
+
 def test_the_stand_in_never_gives_a_unified_pods_replica_to_another_pod() -> None:
     pod = boundpods.BoundPod("ns", "w", NODE, T0, ((GPU, 1),), None, "w")
     offered = {GPU: tuple(devices.Device(f"GPU-0::{i}", 0, devices.Health.HEALTHY) for i in (0, 1))}

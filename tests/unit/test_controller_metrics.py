@@ -389,12 +389,15 @@ def test_free_instances_are_the_made_ones_nobody_uses_or_reserved_by_model_and_p
             snapshot.modes.MpsSlice(1, 20, None, used=True),
         ),
     )
-    got = usage.free_instances([_node("a", a100), _node("h", h100), _node("m", mps)])
-    assert got == {
+    shared = snapshot.Gpu(0, H100, (), replicas=4, replicas_used=1)
+    full = snapshot.Gpu(1, H100, (), replicas=4, replicas_used=4)
+    nodes = [_node("a", a100), _node("h", h100), _node("m", mps), _node("t", shared, full)]
+    assert usage.free_instances(nodes) == {
         ("a100-80gb", "1g.10gb"): 1,
         ("a100-80gb", "3g.40gb"): 1,
         ("h100-80gb", "1g.10gb"): 1,
         ("a100-80gb", "mps-20gb"): 1,
+        ("h100-80gb", usage.REPLICA_PROFILE): 3,
     }
 
 

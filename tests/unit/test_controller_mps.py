@@ -6,57 +6,32 @@ and a bound pod's slice is never given to the next pod."""
 from __future__ import annotations
 
 import asyncio
-import copy
 from typing import Any
 
 from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
-from migpilot.controller import kubeapi, observing, running
+from migpilot.controller import kubeapi, running
 from migpilot.kube import objects as kubeobjects
+from tests.unit import controller_sharing as sharing
 from tests.unit.test_controller_running import WAIT_S, _run, _until
 
 A100 = "NVIDIA A100-SXM4-80GB"
 
 
 def _node(name: str, **allocatable: str) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "labels": {"kubernetes.io/hostname": name, "migpilot.io/mode": "mps"},
-        },
-        "status": {
-            "conditions": [{"type": "Ready", "status": "True"}],
-            "allocatable": {"cpu": "32", "memory": "256Gi", **allocatable},
-        },
-    }
+    return sharing.node(name, mode="mps", **allocatable)
 
 
 def _pod(name: str, gb: int) -> dict[str, Any]:
-    limits = {f"nvidia.com/gpu-{gb}gb": "1"}
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "ns",
-            "uid": f"uid-{name}",
-            "creationTimestamp": f"2026-01-01T00:00:0{len(name) % 10}Z",
-        },
-        "spec": {
-            "containers": [{"name": "c", "resources": {"limits": limits}}],
-            "schedulingGates": [{"name": observing.GATE}],
-        },
-        "status": {"phase": "Pending"},
-    }
+    return sharing.pod(name, {f"nvidia.com/gpu-{gb}gb": "1"})
 
 
 async def _report(api: kubeapi.InMemoryApi, node: str, slices: list[dict[str, Any]]) -> None:
     """The agent's status: one A100 serving ``slices``."""
-    doc = copy.deepcopy(api.objects[kubeobjects.Kind.LAYOUTS][node])
     gpu: dict[str, Any] = {"index": 0, "model": A100, "uuid": "GPU-0", "instances": []}
     if slices:
         gpu["mps"] = slices
-    doc["status"] = {"observedGeneration": 1, "gpus": [gpu]}
-    await api.put(kubeobjects.Kind.LAYOUTS, doc)
+    await sharing.report(api, node, [gpu])
 
 
 def _slices(api: kubeapi.InMemoryApi, node: str) -> list[gl.SliceSpec]:
@@ -91,10 +66,7 @@ def test_an_mps_pod_gets_a_slice_reserved_is_pinned_and_its_slice_is_kept_when_b
         assert any("MPS slice" in e.message for e in api.events if e.name == "a")
 
         # Bound: the reservation goes; a second pod gets a second slice, never the first.
-        bound = copy.deepcopy(api.objects[kubeobjects.Kind.PODS]["ns/a"])
-        bound["spec"]["nodeName"] = "m0"
-        bound["spec"].pop("schedulingGates", None)
-        await api.put(kubeobjects.Kind.PODS, bound)
+        await sharing.bind(api, "ns/a", "m0")
         await _until("released", lambda: not any(s.reserved_for for s in _slices(api, "m0")))
         await api.put(kubeobjects.Kind.PODS, _pod("bb", 10))
         await _until(
@@ -184,10 +156,7 @@ def test_a_unified_pod_gets_an_mps_slice_advertised_as_nvidia_gpu_and_is_pinned(
         assert api.pod_patches[0][0] == "ns/u"
 
         # Bound, not yet allocated: the reservation stays (Allocate hands the pod this slice).
-        bound = copy.deepcopy(api.objects[kubeobjects.Kind.PODS]["ns/u"])
-        bound["spec"]["nodeName"] = "m0"
-        bound["spec"].pop("schedulingGates", None)
-        await api.put(kubeobjects.Kind.PODS, bound)
+        await sharing.bind(api, "ns/u", "m0")
         await asyncio.sleep(0.2)
         assert [s.reserved_for for s in _slices(api, "m0")] == ["ns/u"]
         used = {**served, "state": "used", "usedBy": "ns/u"}

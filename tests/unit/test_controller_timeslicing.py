@@ -7,7 +7,6 @@ reserved, or taken by bound pods the status does not show yet are never given aw
 from __future__ import annotations
 
 import asyncio
-import copy
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import kubeapi, observing, pinning, running
 from migpilot.kube import objects as kubeobjects
 from migpilot.planning import fast, options
+from tests.unit import controller_sharing as sharing
 from tests.unit.test_controller_running import _run, _until
 
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -29,36 +29,11 @@ COUNTERS = {
 
 
 def _node(name: str, **allocatable: str) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "labels": {"kubernetes.io/hostname": name, "migpilot.io/mode": "time-slicing"},
-        },
-        "status": {
-            "conditions": [{"type": "Ready", "status": "True"}],
-            "allocatable": {"cpu": "32", "memory": "256Gi", **allocatable},
-        },
-    }
+    return sharing.node(name, mode="time-slicing", **allocatable)
 
 
 def _unified(name: str, *, node: str | None = None, gpumem: str = "8000") -> dict[str, Any]:
-    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": gpumem}
-    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"limits": limits}}]}
-    if node is None:
-        spec["schedulingGates"] = [{"name": observing.GATE}]
-    else:
-        spec["nodeName"] = node
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "ns",
-            "uid": f"uid-{name}",
-            "creationTimestamp": f"2026-01-01T00:00:0{len(name) % 10}Z",
-        },
-        "spec": spec,
-        "status": {"phase": "Pending"},
-    }
+    return sharing.pod(name, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": gpumem}, node=node)
 
 
 def _whole(name: str, node: str) -> dict[str, Any]:
@@ -194,10 +169,7 @@ def test_a_unified_pod_gets_a_replica_is_pinned_and_released_once_used() -> None
         assert _reserved(api, "t0") == [(0, 1, "ns/u")]
 
         # Bound, not yet allocated: the reservation stays; used by the pod: released.
-        bound = copy.deepcopy(api.objects[kubeobjects.Kind.PODS]["ns/u"])
-        bound["spec"]["nodeName"] = "t0"
-        bound["spec"].pop("schedulingGates", None)
-        await api.put(kubeobjects.Kind.PODS, bound)
+        await sharing.bind(api, "ns/u", "t0")
         await asyncio.sleep(0.2)
         assert _reserved(api, "t0") == [(0, 1, "ns/u")]
         await _report(
@@ -216,9 +188,7 @@ def test_a_unified_pod_gets_a_replica_is_pinned_and_released_once_used() -> None
 
 async def _report(api: kubeapi.InMemoryApi, node: str, replicas: list[dict[str, Any]]) -> None:
     """The agent's status: one A100-40GB shared as ``replicas``."""
-    doc = copy.deepcopy(api.objects[kubeobjects.Kind.LAYOUTS][node])
-    doc["status"] = {"observedGeneration": 1, "gpus": [_gpu(0, replicas)]}
-    await api.put(kubeobjects.Kind.LAYOUTS, doc)
+    await sharing.report(api, node, [_gpu(0, replicas)])
 
 
 def _reserved(api: kubeapi.InMemoryApi, node: str) -> list[tuple[int, int, str]]:

@@ -519,3 +519,93 @@ def test_a_reservation_the_spec_no_longer_names_is_unknown() -> None:
         None,
         surveying.Holding.UNKNOWN,
     )
+
+
+def _time_sliced() -> surveying.Status:
+    """One A100 shared as replicas: 0 used by a unified pod (``usedBy``), 1 used by the only
+    NVIDIA-style pod bound (no ``usedBy``: inferred), 2 kept for a pending pod, 3 free, and 4
+    kept in the spec but not (yet) reported."""
+    replicas = (
+        gl.ReplicaStatus(0, S.USED, "ns/h"),
+        gl.ReplicaStatus(1, S.USED),
+        gl.ReplicaStatus(2, S.RESERVED),
+        gl.ReplicaStatus(3, S.FREE),
+    )
+    kept = (gl.ReplicaSpec(2, "ns/k"), gl.ReplicaSpec(4, "ns/p"))
+    layout = _layout(
+        "ts",
+        [gl.GpuSpec(0, None, (), replicas=kept)],
+        [gl.GpuStatus(0, A100, "GPU-9", (), replicas=replicas)],
+    )
+    labels = {"migpilot.io/mode": "time-slicing", "nvidia.com/gpu.replicas": "4"}
+    unified = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000"}
+    pods = [
+        _pod("h", unified, node="ts"),
+        _pod("w", {"nvidia.com/gpu": "1"}, node="ts"),
+        _pod("k", unified, gated=True),
+    ]
+    return surveying.survey(
+        layouts=[layout], nodes=[_node("ts", labels, gpus=4)], pods=pods, events=[]
+    )
+
+
+def test_time_slicing_replicas_with_their_holders_as_mps_slices_are_shown() -> None:
+    status = _time_sliced()
+    node = _node_of(status, "ts")
+    rep, held = surveying.DeviceKind.REPLICA, surveying.Holding
+    got = {k: (d.kind, d.state, d.pod, d.holding) for k, d in _devices(node).items()}
+    assert got == {
+        (0, "replica", 0): (rep, "used", "ns/h", held.USED_BY),
+        # the unified pod is named by replica 0 and is no candidate: w is the only one
+        (0, "replica", 1): (rep, "used", "ns/w", held.INFERRED),
+        (0, "replica", 2): (rep, "reserved", "ns/k", held.RESERVED_FOR),
+        (0, "replica", 3): (rep, "free", None, None),
+        (0, "replica", 4): (rep, "planned", "ns/p", held.RESERVED_FOR),
+    }
+    assert node.replicas == surveying.Replicas(per_gpu=4, total=4, used=2, pods=("ns/h", "ns/w"))
+    lines = [line.rstrip() for line in _text(status).splitlines()]
+    assert "  replica: 1 free, 1 planned, 1 reserved, 2 used" in lines
+    assert any(line.split() == ["0", "replica", "0", "used", "ns/h"] for line in lines)
+    assert any(
+        line.split() == ["0", "replica", "1", "used", "ns/w", "(inferred)"] for line in lines
+    )
+    doc = json.loads(json.dumps(surveying.to_json(status)))
+    assert doc["nodes"][0]["gpus"][0]["devices"][2] == {
+        "kind": "replica",
+        "profile": "replica",
+        "slot": 2,
+        "uuid": None,
+        "state": "reserved",
+        "pod": "ns/k",
+        "holder": "reservedFor",
+        "candidates": [],
+        "utilization": None,
+    }
+
+
+def test_two_nvidia_style_pods_on_replicas_are_candidates_not_guesses() -> None:
+    layout = _layout(
+        "ts",
+        [gl.GpuSpec(0, None, ())],
+        [gl.GpuStatus(0, A100, "GPU-9", (), replicas=(gl.ReplicaStatus(0, S.USED),))],
+    )
+    pods = [_pod("w1", {"nvidia.com/gpu": "1"}, node="ts"), _pod("w2", {MIG1: "1"}, node="ts")]
+    pods.append(_pod("w3", {"nvidia.com/gpu": "1"}, node="ts"))
+    node = _node("ts", {"migpilot.io/mode": "time-slicing"}, gpus=4)
+    status = surveying.survey(layouts=[layout], nodes=[node], pods=pods, events=[])
+    (d,) = _node_of(status, "ts").gpus[0].devices
+    assert (d.pod, d.holding, d.candidates) == (None, surveying.Holding.UNKNOWN, ("ns/w1", "ns/w3"))
+
+
+def test_renamed_replicas_are_counted_with_the_nodes_replicas() -> None:
+    """A sharing config renaming the replicas (``renameByDefault``): the Node advertises
+    ``nvidia.com/gpu.shared``, which the agent does not report per GPU; the summary counts them."""
+    labels = {"migpilot.io/mode": "time-slicing", "nvidia.com/gpu.replicas": "4"}
+    node = _node("ts", labels)
+    node["status"]["allocatable"]["nvidia.com/gpu.shared"] = "8"
+    pods = [_pod("s", {"nvidia.com/gpu.shared": "2"}, node="ts")]
+    status = surveying.survey(layouts=[], nodes=[node], pods=pods, events=[])
+    assert _node_of(status, "ts").replicas == surveying.Replicas(
+        per_gpu=4, total=8, used=2, pods=("ns/s",)
+    )
+    assert "  replicas (4 per GPU): 2 of 8 used: ns/s" in _text(status).splitlines()

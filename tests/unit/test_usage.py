@@ -337,3 +337,52 @@ def test_an_instance_the_spec_reserves_reads_reserved_until_a_pod_holds_it() -> 
         ("2g.20gb", "reserved"): 0.0,
         ("2g.20gb", "used"): 0.0,
     }
+
+
+def test_time_slicing_replicas_are_counted_by_state_and_a_held_one_is_profile_replica() -> None:
+    """Two pods on replicas of one A100 (``GPU-x::0`` and ``::2``): each has its own device
+    rows under profile ``replica``; the layout series counts the GPU's four replicas by the
+    state the GpuLayout status gives them, as MIG instances are counted by theirs."""
+    emu, _ = _node(A100, mig=False)
+    gpu = emu.gpus()[0].uuid
+    held = [
+        usage.Holding("a", "one", "c", "nvidia.com/gpu", f"{gpu}::0"),
+        usage.Holding("a", "two", "c", "nvidia.com/gpu", f"{gpu}::2"),
+    ]
+    used, free = gl.InstanceState.USED, gl.InstanceState.FREE
+    replicas = {
+        0: (
+            gl.ReplicaStatus(0, used, "a/one"),
+            gl.ReplicaStatus(1, gl.InstanceState.RESERVED),
+            gl.ReplicaStatus(2, used),
+            gl.ReplicaStatus(3, free),
+        )
+    }
+    emu.drive(lambda: usage.device_loads({"a/one": usage.PodLoad(0.25, 100)}, held))
+    rows = usage.series(
+        node="n",
+        view=_view(emu),
+        holdings=held,
+        samples={0: emu.sample(0)},
+        owners=sampling.emulated_owners(emu)(list(emu.sample(0).processes or ())),
+        replicas=replicas,
+    )
+    devs = {
+        (dict(r.labels)["pod"], dict(r.labels)["profile"])
+        for r in rows
+        if r.name == usage.DEVICE_MEMORY_TOTAL
+    }
+    assert devs == {("one", usage.REPLICA_PROFILE), ("two", usage.REPLICA_PROFILE)}
+    states = {
+        (dict(r.labels)["gpu"], dict(r.labels)["profile"], dict(r.labels)["state"]): r.value
+        for r in rows
+        if r.name == usage.INSTANCES
+    }
+    assert states == {
+        ("0", "replica", "used"): 2,
+        ("0", "replica", "reserved"): 1,
+        ("0", "replica", "free"): 1,
+    }
+    # Without replicas reported, no replica is counted (a GPU not shared has none).
+    plain = usage.series(node="n", view=_view(emu), holdings=(), samples={}, owners={})
+    assert not [r for r in plain if r.name == usage.INSTANCES]

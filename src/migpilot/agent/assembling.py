@@ -57,7 +57,7 @@ from migpilot.agent.deviceplugin import (
 )
 from migpilot.agent.rules import changes, desired
 from migpilot.agent.sharing import mps as agent_mps
-from migpilot.agent.sharing import sharingconfig, slicing, unifying
+from migpilot.agent.sharing import sharingconfig, slicing, timeslicing, unifying
 from migpilot.api import gpulayouts
 from migpilot.gpu import backend, clocks, emulated, nvml
 from migpilot.gpu import mps as gpu_mps
@@ -1199,9 +1199,30 @@ def _start_sampler(
         interval_s=settings.metrics.gpu_interval_s,
         in_use=used,
         reserved=reserved,
+        replicas=replica_statuses(cluster, agent, used) if cluster is not None else dict,
         load=load,
         driven=driven,
     ).start(stop)
+
+
+def replica_statuses(
+    cluster: KubeSide, agent: running.Agent, in_use: Callable[[], frozenset[str]]
+) -> sampling.Replicas:
+    """The time-slicing replicas' statuses as the reporter computes them for the GpuLayout
+    (:func:`timeslicing.statuses`: the node's sharing config, the spec acted on, the devices in
+    use), for the sampler's layout series."""
+
+    def now() -> Mapping[int, tuple[gpulayouts.ReplicaStatus, ...]]:
+        acted = cluster.source.acted_on
+        return timeslicing.statuses(
+            agent.view(),
+            sharing=cluster.sharing(),
+            spec=acted.spec if acted is not None else None,
+            in_use=in_use(),
+            used_by={},
+        )
+
+    return now
 
 
 def standin_holdings(kubelet: Standin, agent: running.Agent) -> sampling.Holdings:

@@ -25,6 +25,7 @@ from pathlib import Path
 from migpilot import errors, logs
 from migpilot.agent import metrics, usage
 from migpilot.agent.deviceplugin import devices
+from migpilot.api import gpulayouts
 from migpilot.gpu import backend, emulated
 
 _log = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ Holdings = Callable[[], Sequence[usage.Holding]]
 Owners = Callable[[Sequence[backend.ProcessSample]], Mapping[int, str] | None]
 """pid -> ``namespace/name`` for the processes given; ``None``: processes cannot be
 attributed on this node."""
+Replicas = Callable[[], Mapping[int, Sequence[gpulayouts.ReplicaStatus]]]
+"""GPU index -> its time-slicing replicas' statuses now (none on a node not time-sliced)."""
 
 LOAD_CHECK_S = 1.0
 """How often the load file's stamp is checked, in seconds."""
@@ -177,6 +180,7 @@ class GpuSampler(_Periodic):
         interval_s: float = 5.0,
         in_use: Callable[[], frozenset[str]] = frozenset,
         reserved: Callable[[], frozenset[str]] = frozenset,
+        replicas: Replicas = dict,
         load: LoadFile | None = None,
         driven: emulated.EmulatedBackend | None = None,
     ) -> None:
@@ -192,6 +196,7 @@ class GpuSampler(_Periodic):
         self.interval_s = interval_s
         self._in_use = in_use
         self._reserved = reserved
+        self._replicas = replicas
         self._load = load
         self._driven = driven
         self._held: Sequence[usage.Holding] = ()
@@ -239,6 +244,7 @@ class GpuSampler(_Periodic):
             owners=self._owners(processes),
             in_use=self._in_use(),
             reserved=self._reserved(),
+            replicas=self._replicas(),
         )
 
 

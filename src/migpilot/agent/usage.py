@@ -46,7 +46,8 @@ HELP: dict[str, str] = {
     "limit).",
     GPU_UTILIZATION: "SM utilisation (0-1) of a whole GPU, where the GPU can say.",
     GPU_MEMORY_USED: "Device memory used on a whole GPU.",
-    INSTANCES: "MIG instances by profile and state (free, reserved, used).",
+    INSTANCES: "MIG instances, and time-slicing replicas (profile replica), by profile and "
+    "state (free, reserved, used).",
 }
 """Each series' help text, in the order they are served."""
 
@@ -62,6 +63,8 @@ DEVICE_LABELS = (
     "container",
 )
 STATES = ("free", "reserved", "used")
+REPLICA_PROFILE = "replica"
+"""The ``profile`` label of a time-slicing replica (a GPU shared as ``<gpu-uuid>::<id>``)."""
 MIB = 1024 * 1024
 
 
@@ -101,13 +104,17 @@ def series(
     owners: Mapping[int, str] | None,
     in_use: frozenset[str] = frozenset(),
     reserved: frozenset[str] = frozenset(),
+    replicas: Mapping[int, Sequence[gpulayouts.ReplicaStatus]] | None = None,
 ) -> tuple[Row, ...]:
     """The rows of every per-device, per-GPU and layout series, sorted.
 
     ``samples`` by GPU index (a GPU without one gets no utilisation or memory rows); ``owners``:
     pid -> ``namespace/name`` of its pod, ``None`` when processes cannot be attributed (then a
     shared device's memory and utilisation are absent); ``in_use`` and ``reserved``: MIG UUIDs
-    the agent counts as used, or the GpuLayout reserves, beside those held.
+    the agent counts as used, or the GpuLayout reserves, beside those held; ``replicas``: GPU
+    index -> its time-slicing replicas as the GpuLayout status reports them
+    (:func:`~migpilot.agent.sharing.timeslicing.statuses`), counted in the layout series under
+    profile ``replica`` as MIG instances are under theirs.
     """
     rows: list[Row] = []
     gpus = {g.index: g for g in view.gpus}
@@ -132,6 +139,10 @@ def series(
         state = "used" if m.uuid in taken else "reserved" if m.uuid in reserved else "free"
         per = counts.setdefault((m.gpu_index, m.profile.name), dict.fromkeys(STATES, 0))
         per[state] += 1
+    for index, reps in (replicas or {}).items():
+        per = counts.setdefault((index, REPLICA_PROFILE), dict.fromkeys(STATES, 0))
+        for r in reps:
+            per[r.state.value] += 1
     for (index, profile), per in counts.items():
         for state, n in per.items():
             layout = (("node", node), ("gpu", str(index)), ("profile", profile), ("state", state))
@@ -174,7 +185,15 @@ def _device_rows(  # noqa: PLR0917 - a private helper of series(), called once
         return []  # a device no longer in the view: gone before the next pass
     sample = samples.get(gpu.index)
     sl = slices.get(h.device_id)
-    profile = f"mps-{sl.memory_gb}gb" if sl is not None else mig.profile.name if mig else ""
+    profile = (
+        f"mps-{sl.memory_gb}gb"
+        if sl is not None
+        else mig.profile.name
+        if mig is not None
+        else REPLICA_PROFILE
+        if mark
+        else ""
+    )
     labels = (
         ("node", node),
         ("gpu", str(gpu.index)),

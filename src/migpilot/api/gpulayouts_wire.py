@@ -318,19 +318,28 @@ def _slice_status(raw: Any, where: str) -> gpulayouts.SliceStatus:
     d = _mapping(raw, where, required=True)
     _only(d, frozenset({"id", "memoryGB", "cores", "state", "usedBy"}), where)
     ident, gb, cores = _slice_common(d, where)
+    state, used_by = _shared_state(d, where, what="slice")
+    return gpulayouts.SliceStatus(ident, gb, cores, state, used_by)
+
+
+def _shared_state(
+    d: Mapping[str, Any], where: str, *, what: str
+) -> tuple[gpulayouts.InstanceState, str | None]:
+    """The ``state`` and ``usedBy`` of an MPS slice or a time-slicing replica (``what``): both
+    are made and removed with the agent's bookkeeping, so only free, reserved or used, and only
+    a used one names its pod."""
     text = d.get("state")
     try:
         state = gpulayouts.InstanceState(str(text))
     except ValueError:
         state = None
-    if state not in gpulayouts.SLICE_STATES:
+    if state is None or state not in gpulayouts.SLICE_STATES:
         names = ", ".join(sorted(x.value for x in gpulayouts.SLICE_STATES))
         raise _fail(f"{where}.state", f"{text!r} is not one of {names}")
-    assert state is not None
     used_by = _pod_name(d, "usedBy", where)
     if used_by is not None and state is not gpulayouts.InstanceState.USED:
-        raise _fail(f"{where}.usedBy", f"only a used slice has one (state {state.value})")
-    return gpulayouts.SliceStatus(ident, gb, cores, state, used_by)
+        raise _fail(f"{where}.usedBy", f"only a used {what} has one (state {state.value})")
+    return state, used_by
 
 
 def _slices(
@@ -370,18 +379,7 @@ def _replica_status(raw: Any, where: str) -> gpulayouts.ReplicaStatus:
     d = _mapping(raw, where, required=True)
     _only(d, frozenset({"id", "state", "usedBy"}), where)
     ident = _replica_id(d, where)
-    text = d.get("state")
-    try:
-        state = gpulayouts.InstanceState(str(text))
-    except ValueError:
-        state = None
-    if state not in gpulayouts.SLICE_STATES:
-        names = ", ".join(sorted(x.value for x in gpulayouts.SLICE_STATES))
-        raise _fail(f"{where}.state", f"{text!r} is not one of {names}")
-    assert state is not None
-    used_by = _pod_name(d, "usedBy", where)
-    if used_by is not None and state is not gpulayouts.InstanceState.USED:
-        raise _fail(f"{where}.usedBy", f"only a used replica has one (state {state.value})")
+    state, used_by = _shared_state(d, where, what="replica")
     return gpulayouts.ReplicaStatus(ident, state, used_by)
 
 

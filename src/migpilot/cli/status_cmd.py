@@ -36,10 +36,13 @@ READ_TIMEOUT_S = 10.0
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "status",
-        help="show GPU nodes, who holds each MIG instance or MPS slice, and pending pods",
+        help=(
+            "show GPU nodes, who holds each MIG instance, MPS slice or time-slicing replica, "
+            "and pending pods"
+        ),
         description=(
-            "Show every GPU node (model, mode, GPUs), its MIG instances and MPS slices by "
-            "profile and state with the pod holding each, time-slicing replicas, and the "
+            "Show every GPU node (model, mode, GPUs), its MIG instances, MPS slices and "
+            "time-slicing replicas by profile and state with the pod holding each, and the "
             "pods waiting for migpilot with the reason of the controller's latest Event."
         ),
     )
@@ -184,7 +187,7 @@ def _node_table(node: surveying.NodeStatus, *, utilization: bool) -> RenderableT
             table.add_row(*row)
         parts.append(table)
     elif node.gpus:
-        parts.append(Text("  no MIG instances or MPS slices"))
+        parts.append(Text("  no MIG instances, MPS slices or time-slicing replicas"))
     r = node.replicas
     if r is not None:
         per = f" ({r.per_gpu} per GPU)" if r.per_gpu is not None else ""

@@ -122,8 +122,9 @@ class ControllerMetrics:
         )
         self.free_instances = prometheus_client.Gauge(
             "migpilot_free_instances",
-            "Free MIG instances (made, neither in use nor reserved) and free MPS slices "
-            "(profile mps-<N>gb) of the planned GPUs, by GPU model and profile.",
+            "Free MIG instances (made, neither in use nor reserved), free MPS slices "
+            "(profile mps-<N>gb) and free time-slicing replicas (profile replica) of the "
+            "planned GPUs, by GPU model and profile.",
             ["model", "profile"],
             registry=r,
         )

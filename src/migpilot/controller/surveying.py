@@ -42,9 +42,15 @@ PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 WHOLE_GPU = "nvidia.com/gpu"
+RENAMED_GPU = "nvidia.com/gpu.shared"
+"""``nvidia.com/gpu`` replicas renamed by the sharing config (``renameByDefault``, or a
+``rename`` to this name): counted with the node's replicas, though the agent does not report
+them per GPU (they are not the unified pods')."""
 PLANNED = "planned"
 """A device's state when the spec lists it and the agent does not report it (yet)."""
 FREE_REPLICA, USED_REPLICA = "free", "used"
+REPLICA_PROFILE = "replica"
+"""A time-slicing replica's profile, as the metrics name it (``migpilot_instances``)."""
 
 
 class DeviceKind(enum.StrEnum):
@@ -54,6 +60,8 @@ class DeviceKind(enum.StrEnum):
     """A MIG instance (``nvidia.com/mig-<profile>``, or ``nvidia.com/gpu`` for a unified pod)."""
     MPS = "mps"
     """An MPS slice (``nvidia.com/gpu-<N>gb``)."""
+    REPLICA = "replica"
+    """A time-slicing replica of a whole GPU (one ``nvidia.com/gpu`` device, ``<uuid>::<id>``)."""
 
 
 class Holding(enum.StrEnum):
@@ -72,15 +80,15 @@ class Holding(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Device:
-    """One MIG instance or MPS slice on a GPU."""
+    """One MIG instance, MPS slice or time-slicing replica on a GPU."""
 
     kind: DeviceKind
     profile: str
-    """A MIG profile (``1g.10gb``) or ``mps-<N>gb`` for an MPS slice."""
+    """A MIG profile (``1g.10gb``), ``mps-<N>gb`` for an MPS slice, or ``replica``."""
     slot: int
-    """The instance's start memory slot, or the slice's id."""
+    """The instance's start memory slot, or the slice's or replica's id."""
     uuid: str | None
-    """MIG device UUID (``None`` while creating, for a planned instance, or an MPS slice)."""
+    """MIG device UUID (``None`` while creating, for a planned instance, a slice or a replica)."""
     state: str
     """free, reserved, used, creating, destroying (the agent's), or planned (the spec's only)."""
     pod: str | None = None
@@ -111,9 +119,9 @@ class Replicas:
     per_gpu: int | None
     """``nvidia.com/gpu.replicas`` (GFD's label); ``None`` when absent."""
     total: int
-    """The node's allocatable ``nvidia.com/gpu``."""
+    """The node's allocatable ``nvidia.com/gpu`` (and ``nvidia.com/gpu.shared``, renamed)."""
     used: int
-    """What the pods bound to the node ask for (``nvidia.com/gpu``)."""
+    """What the pods bound to the node ask for (``nvidia.com/gpu``, ``nvidia.com/gpu.shared``)."""
     pods: tuple[str, ...]
     """Those pods, by ``namespace/name``."""
 
@@ -269,6 +277,8 @@ def _candidates(bound: _Bound, *, kind: DeviceKind, profile: str) -> list[str]:
         gb = profile.removeprefix("mps-").removesuffix("gb")
         if kind is DeviceKind.MPS and v.mps.get(f"{modes.MPS_RESOURCE_PREFIX}{gb}gb"):
             out.append(v.key)
+        if kind is DeviceKind.REPLICA and _asked(bound.docs[v.key], WHOLE_GPU):
+            out.append(v.key)  # NVIDIA-style: kube-scheduler gave it a replica
     return sorted(out)
 
 
@@ -360,17 +370,47 @@ def _gpus(layout: gpulayouts.GpuLayout, bound: _Bound) -> list[tuple[Gpu, list[D
                 )
                 profile = f"mps-{want_sl.memory_gb}gb"
                 devices.append(Device(DeviceKind.MPS, profile, sid, None, PLANNED, pod, how))
+        devices += _replica_devices(
+            status.replicas if status else (), spec.replicas if spec else (), bound
+        )
         model = status.model if status else (spec.model if spec else None)
         out.append((Gpu(index, model, status.uuid if status else None, ()), devices))
     return out
 
 
+def _replica_devices(
+    reported: Iterable[gpulayouts.ReplicaStatus],
+    kept: Iterable[gpulayouts.ReplicaSpec],
+    bound: _Bound,
+) -> list[Device]:
+    """A GPU's time-slicing replicas as the agent reports them, with the pod the spec keeps
+    each for, as MPS slices are shown; a replica kept and not reported is ``planned``."""
+    wanted = {r.id: r for r in kept}
+    out = []
+    for r in reported:
+        want = wanted.pop(r.id, None)
+        pod, how = _held(
+            state=r.state.value,
+            used_by=r.used_by,
+            reserved_for=want.reserved_for if want else None,
+            bound=bound,
+        )
+        out.append(Device(DeviceKind.REPLICA, REPLICA_PROFILE, r.id, None, r.state.value, pod, how))
+    for rid, want in sorted(wanted.items()):
+        pod, how = _held(state=PLANNED, used_by=None, reserved_for=want.reserved_for, bound=bound)
+        out.append(Device(DeviceKind.REPLICA, REPLICA_PROFILE, rid, None, PLANNED, pod, how))
+    return out
+
+
 def _replicas(view: observing.NodeView, bound: _Bound) -> Replicas:
-    pods = sorted(k for k, doc in bound.docs.items() if _asked(doc, WHOLE_GPU))
+    def asked(doc: Mapping[str, Any]) -> int:
+        return _asked(doc, WHOLE_GPU) + _asked(doc, RENAMED_GPU)
+
+    pods = sorted(k for k, doc in bound.docs.items() if asked(doc))
     return Replicas(
         per_gpu=_int(view.labels.get(REPLICAS_LABEL, "")),
-        total=view.allocatable.get(WHOLE_GPU, 0),
-        used=sum(_asked(bound.docs[k], WHOLE_GPU) for k in pods),
+        total=view.allocatable.get(WHOLE_GPU, 0) + view.allocatable.get(RENAMED_GPU, 0),
+        used=sum(asked(bound.docs[k]) for k in pods),
         pods=tuple(pods),
     )
 

@@ -412,6 +412,7 @@ class Fleet:
             reserved=lambda: usage.reserved_instances(
                 source.acted_on.spec if source.acted_on is not None else None, agent.view()
             ),
+            replicas=assembling.replica_statuses(side, agent, wired.used.in_use),
             load=self.load,
             driven=gpus,
         )

@@ -13,7 +13,8 @@ shows lost is published again (:meth:`SimulatedKubelet.node_seen`).
 
 It also does what Allocate does on a real node: each pod bound to the node
 (:class:`~migpilot.agent.cluster.boundpods.PodBook`, fed by a pod watch) that is not terminated and
-asks for MIG resources or MPS slices gets distinct healthy devices of those resources
+asks for MIG resources or MPS slices (or, NVIDIA-style, for ``nvidia.com/gpu`` advertised as
+time-slicing replicas, :func:`with_replicas`) gets distinct healthy devices of those resources
 (:func:`assign`, pure), preferring the instances and slices the GpuLayout spec reserves for
 that pod, then unreserved ones; a pod keeps its devices while it lives. The assigned devices
 are in use (:meth:`SimulatedKubelet.in_use`): the reconciler never destroys them and the
@@ -46,6 +47,7 @@ from migpilot.api import gpulayouts
 from migpilot.kube import errors as kube_errors
 from migpilot.planning import quantities
 from migpilot.sharing import config as sharing_config
+from migpilot.sharing import replicas
 
 _log = logging.getLogger(__name__)
 
@@ -198,6 +200,29 @@ def assign(
             taken.update(picks)
         out[pod.key] = tuple(mine)
     return out
+
+
+def with_replicas(
+    pod: boundpods.BoundPod, advertised: Mapping[str, Sequence[devices.Device]]
+) -> boundpods.BoundPod:
+    """``pod`` asking, beside its MIG resources, for the ``nvidia.com/gpu`` of its containers
+    when it is an NVIDIA-style pod (not unified) and the node advertises ``nvidia.com/gpu`` as
+    time-slicing replicas (``<gpu-uuid>::<n>``): :func:`assign` then gives it replicas, so the
+    GpuLayout status reports them used, as the kubelet's in-use set would on a real node. As
+    kube-scheduler counts: the largest of the init containers' asks and the others' sum.
+    Whole GPUs not time-sliced are left as they were (pure)."""
+    gpu = pod.gpu
+    if gpu is None or gpu.unified:
+        return pod
+    offered = advertised.get(devices.FULL_GPU_RESOURCE, ())
+    if not any(replicas.is_replica(d.id) for d in offered):
+        return pod
+    count = max(
+        [sum(c.count for c in gpu.containers if not c.init)]
+        + [c.count for c in gpu.containers if c.init]
+    )
+    asked = ((devices.FULL_GPU_RESOURCE, count),)
+    return dataclasses.replace(pod, requests=tuple(sorted(pod.requests + asked)))
 
 
 def reservations(
@@ -466,7 +491,9 @@ class SimulatedKubelet:
             return
         self._seen_version = version
         pods = self._pods.pods(self._node)
-        mig = [p for p in pods if p.requests]  # unified pods are admitted below
+        # Unified pods are admitted below; an NVIDIA-style pod on time-slicing replicas is
+        # assigned its replicas here, as a MIG pod its instances.
+        mig = [q for p in pods if (q := with_replicas(p, self._offered)).requests]
         now = assign(
             mig,
             advertised=self._offered,

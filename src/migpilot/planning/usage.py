@@ -12,8 +12,8 @@ instances:
 A GPU of a node in mode ``mps`` or ``time-slicing`` has no MIG instances and counts as free.
 
 For autoscalers, what is free and what is wanted, by GPU model and profile: the free MIG
-instances and MPS slices (:func:`free_instances`), and what the pods a plan could not place
-would take on a new node of each model (:func:`unmet_demand`).
+instances, MPS slices and time-slicing replicas (:func:`free_instances`), and what the pods a
+plan could not place would take on a new node of each model (:func:`unmet_demand`).
 
 Pure: the standard library and the planning core.
 """
@@ -83,8 +83,12 @@ def by_node_and_model(nodes: Iterable[snapshot.Node]) -> Mapping[tuple[str, str]
 # --------------------------------------------------------------------------- demand
 
 Demand = Mapping[tuple[str, str], int]
-"""(GPU model id, profile) -> a count of instances; a profile is a MIG profile (``1g.10gb``)
-or an MPS slice (``mps-<N>gb``)."""
+"""(GPU model id, profile) -> a count of instances; a profile is a MIG profile (``1g.10gb``),
+an MPS slice (``mps-<N>gb``) or a time-slicing replica (:data:`REPLICA_PROFILE`)."""
+
+REPLICA_PROFILE = "replica"
+"""The profile of a time-slicing replica (one share of a whole GPU), as the agent's
+``migpilot_instances`` names it too."""
 
 
 def slice_profile(memory_gb: int) -> str:
@@ -93,8 +97,9 @@ def slice_profile(memory_gb: int) -> str:
 
 
 def free_instances(nodes: Iterable[snapshot.Node]) -> Demand:
-    """The free MIG instances and MPS slices of the planned nodes, by GPU model and profile:
-    made, and neither in use, reserved nor being made for a pod (the snapshot's *used*)."""
+    """The free MIG instances, MPS slices and time-slicing replicas of the planned nodes, by GPU
+    model and profile: made (advertised), and neither in use, reserved nor being made for a pod
+    (the snapshot's *used*; a replica bound pods take counts as used)."""
     out: dict[tuple[str, str], int] = {}
     for node in nodes:
         for gpu in node.gpus:
@@ -106,6 +111,9 @@ def free_instances(nodes: Iterable[snapshot.Node]) -> Demand:
                 if not sl.used:
                     key = (gpu.model.id, slice_profile(sl.memory_gb))
                     out[key] = out.get(key, 0) + 1
+            if gpu.replicas > gpu.replicas_used:
+                key = (gpu.model.id, REPLICA_PROFILE)
+                out[key] = out.get(key, 0) + gpu.replicas - gpu.replicas_used
     return out
 
 

@@ -561,22 +561,7 @@ class DevicePlugin:
         if not isinstance(found, resolving.Decision) or not found.pod.unified:
             return self._allocate_shared(resource, requested, shared, sharing)
         answer = allocating.answer(replicas.real_ids(found.device_ids), self.settings.allocate)
-        self._ledger.record_container(
-            found.pod.key,
-            uid=found.pod.uid,
-            unified=True,
-            container=found.container.name,
-            device_ids=found.device_ids,
-        )
-        self._save_ledger()  # before the answer: a restart must not forget it
-        _log.info(
-            "Allocate: pod %s container %s gets replica(s) %s (the kubelet picked %s)",
-            found.pod.key,
-            found.container.name,
-            ", ".join(found.device_ids),
-            ", ".join(requested),
-            extra=logs.about(pod=found.pod.key),
-        )
+        self._record_decision(found, requested, what="replica(s) ")
         return answer
 
     def _allocate_gpu(
@@ -599,7 +584,17 @@ class DevicePlugin:
             self.record_allocated(requested)
             return allocating.answer(requested, settings)
         answer = self._decided_answer(resource, found)
-        # A new entry each time: resolve decides only on a container not in the ledger yet.
+        self._record_decision(found, requested)
+        return answer
+
+    def _record_decision(
+        self, found: resolving.Decision, requested: Sequence[str], *, what: str = ""
+    ) -> None:
+        """Record in the ledger (and save it, before the answer: a restart must not forget it)
+        the devices :func:`resolving.resolve` gave one container, and log them (``what``
+        names their kind in the log line). A new entry each time: resolve decides only on a
+        container not in the ledger yet. A whole-GPU pod's picks are recorded as allocated
+        too, as NVIDIA's plugin's would be; a unified pod's are its own bookkeeping."""
         self._ledger.record_container(
             found.pod.key,
             uid=found.pod.uid,
@@ -609,16 +604,16 @@ class DevicePlugin:
         )
         if not found.pod.unified:
             self._ledger.record(requested, now=self._clock())
-        self._save_ledger()  # before the answer: a restart must not forget it
+        self._save_ledger()
         _log.info(
-            "Allocate: pod %s container %s gets %s (the kubelet picked %s)",
+            "Allocate: pod %s container %s gets %s%s (the kubelet picked %s)",
             found.pod.key,
             found.container.name,
+            what,
             ", ".join(found.device_ids),
             ", ".join(requested),
             extra=logs.about(pod=found.pod.key),
         )
-        return answer
 
     def _decided_answer(
         self, resource: devices.Resource, found: resolving.Decision
