@@ -398,12 +398,13 @@ ZONE = "topology.kubernetes.io/zone"
 
 
 def with_deployments(
-    snap: snapshot.Snapshot, *, share: float, replicas: int, zones: int
+    snap: snapshot.Snapshot, *, share: float, replicas: int, zones: int, preferred: bool = False
 ) -> snapshot.Snapshot:
     """``snap`` with its nodes spread over ``zones`` zones (hostname and zone labels) and
     ``share`` of its pods, every ``1/share``-th, grouped into Deployments of ``replicas`` pods
     with required hostname anti-affinity and a hard zone spread (maxSkew 1), as the most common
-    inference Deployment asks."""
+    inference Deployment asks; with ``preferred``, the same as soft terms instead (preferred
+    hostname anti-affinity of weight 100, a ``ScheduleAnyway`` zone spread)."""
     nodes = tuple(
         dataclasses.replace(
             n,
@@ -437,58 +438,113 @@ def with_deployments(
             interpod.HOSTNAME,
         )
         spread = interpod.SpreadConstraint(1, ZONE, term.selector)
-        terms = interpod.PodTerms(labels=labels, anti_affinity=(term,), spread=(spread,))
+        terms = (
+            interpod.PodTerms(
+                labels=labels,
+                preferred_anti_affinity=(interpod.WeightedTerm(100, term),),
+                soft_spread=(spread,),
+            )
+            if preferred
+            else interpod.PodTerms(labels=labels, anti_affinity=(term,), spread=(spread,))
+        )
         pods[i] = dataclasses.replace(pod, terms=terms)
     return dataclasses.replace(snap, nodes=nodes, pods=tuple(pods))
 
 
-def constraints_cost(quick: bool) -> dict[str, Any]:
+EXACT_SIZE = (25, 125)
+"""Nodes (8 GPUs each) and pods at which the exact planner's cost of the constraints is measured:
+200 GPUs, solved to optimality in about 5 s either way on the development machine; at 400 GPUs
+(50 nodes, 250 pods) it took 16-18 s, too near its 20 s limit to tell the constraints' cost from
+the limit's."""
+
+
+def constraints_cost(quick: bool, time_limit: float = 20.0) -> dict[str, Any]:
     """fast (and first-fit) at 8,000 GPUs and 5,000 pods, plain and with 10% of the pods in
     Deployments of 5 replicas with hostname anti-affinity and a 3-zone spread: the cost of pod
-    (anti-)affinity and topology spread. fast's figure is the median of three cold runs; every
-    constrained plan is checked against kube-scheduler's filters (no violation allowed)."""
+    (anti-)affinity and topology spread; fast again with the same Deployments' terms in their
+    preferred forms (first-fit ignores those), and both with the Deployments but no terms (the
+    control: the replicas share their first's node constraints); and exact at
+    :data:`EXACT_SIZE`, plain and with the required terms. fast's figure is the median of three
+    cold runs; every constrained plan is checked against kube-scheduler's filters (no violation
+    allowed)."""
     nodes, pods = (100, 500) if quick else (1000, 5000)
     plain = generate.random_snapshot(seed=7, nodes=nodes, gpus_per_node=8, pods=pods)
     cases = {
         "plain": plain,
         "deployments-10pct": with_deployments(plain, share=0.1, replicas=5, zones=3),
+        "preferred-10pct": with_deployments(plain, share=0.1, replicas=5, zones=3, preferred=True),
+    }
+    # The control: the same Deployments without their terms (the replicas still share the first
+    # one's node constraints): what the terms themselves change in pods placed.
+    deployed = cases["deployments-10pct"]
+    cases["deployments-no-terms"] = dataclasses.replace(
+        deployed,
+        pods=tuple(
+            dataclasses.replace(p, terms=interpod.PodTerms(labels=p.terms.labels))
+            for p in deployed.pods
+        ),
+    )
+    exact_nodes, exact_pods = (10, 50) if quick else EXACT_SIZE
+    small = generate.random_snapshot(seed=7, nodes=exact_nodes, gpus_per_node=8, pods=exact_pods)
+    exact_cases = {
+        "plain": small,
+        "deployments-10pct": with_deployments(small, share=0.1, replicas=5, zones=3),
     }
     rows = []
-    opts = options.Options(workers=1)
-    for label, snap in cases.items():
-        constrained = sum(1 for p in snap.pods if p.terms.constrained)
-        for name in ("fast", "first-fit"):
-            runs = []
-            for _ in range(3 if name == "fast" else 1):
-                fast.clear_caches()
-                runs.append(timed(snap, name, opts))
-            plan, wall, cpu = sorted(runs, key=lambda r: r[2])[len(runs) // 2]
-            bad = podaffinity.violations(snap, {p.pod: p.node for p in plan.placements})
-            sc = objective.score(snap, plan)
-            row = {
-                "case": label,
-                "gpus": nodes * 8,
-                "pods": pods,
-                "constrained_pods": constrained,
-                "planner": name,
-                "cpu_s": round(cpu, 3),
-                "wall_s": round(wall, 3),
-                "cold_runs_cpu_s": [round(r[2], 3) for r in runs],
-                "placed": sc.placed,
-                "filter_violations": len(bad),
-            }
-            rows.append(row)
-            print(
-                f"{label:18} {nodes * 8:5} GPUs {pods:5} pods ({constrained:4} constrained) "
-                f"{name:10} {cpu:7.3f}s cpu placed {sc.placed:5} violations {len(bad)}",
-                flush=True,
-            )
-    fast_cpu = {r["case"]: r["cpu_s"] for r in rows if r["planner"] == "fast"}
-    ratio = fast_cpu["deployments-10pct"] / fast_cpu["plain"] if fast_cpu["plain"] else None
-    print(f"fast constrained/plain CPU-time ratio: {ratio:.2f}" if ratio else "")
+    runs_of = [
+        (label, snap, name) for label, snap in cases.items() for name in ("fast", "first-fit")
+    ]
+    # first-fit ignores preferred terms: its preferred case would repeat its control.
+    runs_of = [r for r in runs_of if not (r[0] == "preferred-10pct" and r[2] == "first-fit")]
+    runs_of += [(label, snap, "exact") for label, snap in exact_cases.items()]
+    for label, snap, name in runs_of:
+        constrained = sum(1 for p in snap.pods if p.terms.constrained or p.terms.preferring)
+        opts = options.Options(workers=1, time_limit_s=time_limit)
+        runs = []
+        for _ in range(3 if name == "fast" else 1):
+            fast.clear_caches()
+            runs.append(timed(snap, name, opts))
+        plan, wall, cpu = sorted(runs, key=lambda r: r[2])[len(runs) // 2]
+        bad = podaffinity.violations(snap, {p.pod: p.node for p in plan.placements})
+        sc = objective.score(snap, plan)
+        gpus = sum(len(n.gpus) for n in snap.nodes)
+        row = {
+            "case": label,
+            "gpus": gpus,
+            "pods": len(snap.pods),
+            "constrained_pods": constrained,
+            "planner": name,
+            "cpu_s": round(cpu, 3),
+            "wall_s": round(wall, 3),
+            "cold_runs_cpu_s": [round(r[2], 3) for r in runs],
+            "placed": sc.placed,
+            "filter_violations": len(bad),
+        }
+        if name == "exact":
+            row["optimal"] = plan.optimal
+        rows.append(row)
+        print(
+            f"{label:20} {gpus:5} GPUs {len(snap.pods):5} pods ({constrained:4} constrained) "
+            f"{name:10} {cpu:7.3f}s cpu placed {sc.placed:5} violations {len(bad)}",
+            flush=True,
+        )
+
+    def ratio(planner: str, case: str) -> float | None:
+        cpu = {r["case"]: r["cpu_s"] for r in rows if r["planner"] == planner}
+        return round(cpu[case] / cpu["plain"], 2) if cpu.get("plain") else None
+
+    ratios = {
+        "fast_ratio_control_over_plain": ratio("fast", "deployments-no-terms"),
+        "fast_ratio_constrained_over_plain": ratio("fast", "deployments-10pct"),
+        "fast_ratio_preferred_over_plain": ratio("fast", "preferred-10pct"),
+        "exact_ratio_constrained_over_plain": ratio("exact", "deployments-10pct"),
+    }
+    for k, v in ratios.items():
+        print(f"{k}: {v}")
     return {
         "rows": rows,
-        "fast_ratio_constrained_over_plain": round(ratio, 2) if ratio else None,
+        **ratios,
+        "exact_size": {"gpus": exact_nodes * 8, "pods": exact_pods, "time_limit_s": time_limit},
         "note": "measured on a machine shared with other jobs (2 cores, load ~2): CPU times "
         "are noisy to about 10%",
     }
@@ -546,7 +602,9 @@ def main() -> int:
     if "sharing" in sections:
         out["sharing"] = sharing(args.quick, args.sharing_time_limit) | {"command": out["command"]}
     if "constraints" in sections:
-        out["constraints"] = constraints_cost(args.quick) | {"command": out["command"]}
+        out["constraints"] = constraints_cost(args.quick, args.time_limit) | {
+            "command": out["command"]
+        }
     if not args.quick:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(out, indent=2) + "\n")

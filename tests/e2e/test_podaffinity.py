@@ -12,7 +12,7 @@ from lightkube.models.apps_v1 import DeploymentSpec
 from lightkube.models.core_v1 import PodSpec, PodTemplateSpec
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Namespace, Pod
 
 from tests.e2e.conftest import ZONE, ZONE_NODES
 from tests.kube.scenes import NODES, Scene, container
@@ -126,6 +126,33 @@ def test_anti_affinity_spread_and_affinity_are_planned_as_kube_scheduler_filters
     assert scene.wait(lambda: scene.running().get("follower"), "the follower Running") == at
     # The third web replica is still not Running: no node is left for it.
     assert len(_of(scene.running(), "web")) == 2
+
+    # namespaceSelector: anti-affinity to app=db pods of namespaces labelled tier=gold. Only the
+    # scene's namespace label (which the controller watches) keeps the loner off the anchor's
+    # node, the busier one, which binpack would take.
+    client.patch(Namespace, scene.namespace, {"metadata": {"labels": {"e2e-tier": "gold"}}})
+    loner = Pod.from_dict(
+        {
+            "metadata": {
+                "name": "loner",
+                "namespace": scene.namespace,
+                "annotations": {"hami.io/node-scheduler-policy": "binpack"},
+            },
+            "spec": {
+                "containers": [container("1g.10gb").to_dict()],
+                "affinity": {
+                    "podAntiAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            _term("db")
+                            | {"namespaceSelector": {"matchLabels": {"e2e-tier": "gold"}}}
+                        ]
+                    }
+                },
+            },
+        }
+    )
+    client.create(loner)
+    assert scene.wait(lambda: scene.running().get("loner"), "the loner Running") != at
 
 
 def test_three_h100_nodes_in_two_zones(zone_scene: Scene) -> None:

@@ -68,7 +68,17 @@ BASE: dict[str, Any] = {
                             "mismatchLabelKeys": ["missing"],
                             "topologyKey": "kubernetes.io/hostname",
                         }
-                    ]
+                    ],
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 30,
+                            "podAffinityTerm": {
+                                "labelSelector": {"matchLabels": {"app": "batch"}},
+                                "namespaces": ["jobs"],
+                                "topologyKey": "zone",
+                            },
+                        }
+                    ],
                 },
             },
             "topologySpreadConstraints": [
@@ -108,7 +118,13 @@ def test_fields_are_read() -> None:
     # matchLabelKeys folded with the pod's own value; a key the pod lacks adds nothing
     assert anti.matches("team", {"app": "web", "rev": "7"}, {})
     assert not anti.matches("team", {"app": "web", "rev": "8"}, {})
-    (spread,) = t.spread  # ScheduleAnyway is soft: not kept
+    (spread,) = t.spread  # ScheduleAnyway is soft: kept apart
+    (soft,) = t.soft_spread
+    assert soft.max_skew == 3 and soft.topology_key == "kubernetes.io/hostname"
+    assert t.preferred_affinity == ()
+    (pref,) = t.preferred_anti_affinity
+    assert pref.weight == 30 and pref.term.namespaces == frozenset({"jobs"})
+    assert pref.term.matches("jobs", {"app": "batch"}, {}) and t.preferring
     assert spread.min_domains == 2 and spread.honor_node_taints and spread.honor_node_affinity
     assert spread.selector is not None and not spread.selector.matches({"app": "web"})
     (b,) = snap.bound
@@ -148,6 +164,7 @@ def _at(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 POD = "pods.0"
 ANTI = POD + ".affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution.0"
 SPREAD = POD + ".topologySpreadConstraints.0"
+PREF = POD + ".affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution.0"
 
 
 @pytest.mark.parametrize(
@@ -164,6 +181,11 @@ SPREAD = POD + ".topologySpreadConstraints.0"
          "operator In needs values"),
         (ANTI + ".namespaces", "team", "namespaces: expected a list"),
         (ANTI + ".weight", 3, "unknown field 'weight'"),
+        (PREF + ".weight", 0, "weight: expected an integer from 1 to 100, got 0"),
+        (PREF + ".weight", 101, "weight: expected an integer from 1 to 100, got 101"),
+        (PREF + ".podAffinityTerm", None, "[0].podAffinityTerm: missing"),
+        (PREF + ".podAffinityTerm.topologyKey", "", "podAffinityTerm.topologyKey: expected a"),
+        (PREF + ".term", {}, "unknown field 'term'"),
         (SPREAD + ".maxSkew", 0, "topologySpreadConstraints[0].maxSkew: expected an integer >= 1"),
         (SPREAD + ".whenUnsatisfiable", "Never", "expected DoNotSchedule or ScheduleAnyway"),
         (SPREAD + ".minDomains", 0, "minDomains: expected an integer >= 1"),

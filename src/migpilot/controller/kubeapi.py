@@ -22,8 +22,14 @@ from migpilot.api import gpulayouts, gpulayouts_wire
 from migpilot.kube import errors, memory
 from migpilot.kube import objects as kubeobjects
 
-WATCHED = (kubeobjects.Kind.PODS, kubeobjects.Kind.NODES, kubeobjects.Kind.LAYOUTS)
-"""The kinds the controller lists and watches (its informers), in that order."""
+WATCHED = (
+    kubeobjects.Kind.PODS,
+    kubeobjects.Kind.NODES,
+    kubeobjects.Kind.LAYOUTS,
+    kubeobjects.Kind.NAMESPACES,
+)
+"""The kinds the controller lists and watches (its informers), in that order. Namespaces only
+for their labels: pod (anti-)affinity terms may select namespaces by them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -248,6 +248,13 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
     )
 
 
+def namespace_labels(doc: Mapping[str, Any]) -> Mapping[str, str]:
+    """A Namespace's labels, for ``namespaceSelector`` in pod (anti-)affinity terms; labels
+    that are not a mapping read as none (the apiserver never stores such a Namespace: only a bug
+    or a test shows one), keys and values as text, as for pods."""
+    return MappingProxyType(_labels_of(_map(doc.get("metadata"))))
+
+
 def _labels_of(meta: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in _map(meta.get("labels")).items()}
 
@@ -467,6 +474,7 @@ def observe(
     pods: Iterable[PodView],
     nodes: Iterable[NodeView],
     layouts_by_node: Mapping[str, gpulayouts.GpuLayout],
+    namespaces: Mapping[str, Mapping[str, str]] | None = None,
     policy: snapshot.Policy = snapshot.Policy.BINPACK,
     gpu_policy: snapshot.Policy = snapshot.Policy.SPREAD,
     cache: NodeCache | None = None,
@@ -699,6 +707,7 @@ def observe(
             gpu_policy=gpu_policy,
             outside=outside,
             bound=tuple(placed_pods),
+            namespaces=MappingProxyType(dict(namespaces or {})),
         ),
         pods=MappingProxyType(pod_map),
         nodes=MappingProxyType(node_map),

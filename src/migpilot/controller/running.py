@@ -149,6 +149,8 @@ class _Store:
     pods: dict[str, tuple[dict[str, Any], observing.PodView]] = field(default_factory=dict)
     nodes: dict[str, observing.NodeView] = field(default_factory=dict)
     layouts: dict[str, gpulayouts.GpuLayout] = field(default_factory=dict)
+    namespaces: dict[str, Mapping[str, str]] = field(default_factory=dict)
+    """Namespace labels by name (for ``namespaceSelector`` in pod (anti-)affinity terms)."""
     versions: dict[tuple[kubeobjects.Kind, str], int] = field(default_factory=dict)
     """The newest ``resourceVersion`` seen per object: what the controller's own writes
     returned, or a watch showed. An older one is a stale event and is dropped."""
@@ -247,6 +249,11 @@ class Controller:
                 store.nodes.pop(key, None)
             else:
                 store.nodes[key] = observing.node_view(doc)
+        elif kind is kubeobjects.Kind.NAMESPACES:
+            if deleted:
+                store.namespaces.pop(key, None)
+            else:
+                store.namespaces[key] = observing.namespace_labels(doc)
         elif deleted:
             store.layouts.pop(key, None)
             self._reported.pop(key, None)  # the node is gone: not a destroy of its instances
@@ -321,6 +328,8 @@ class Controller:
                     if kind is kubeobjects.Kind.PODS
                     else self._store.nodes
                     if kind is kubeobjects.Kind.NODES
+                    else self._store.namespaces
+                    if kind is kubeobjects.Kind.NAMESPACES
                     else self._store.layouts
                 )
                 for gone in current - keep:
@@ -561,6 +570,7 @@ class Controller:
             pods=(v for _, v in self._store.pods.values()),
             nodes=self._store.nodes.values(),
             layouts_by_node=self._store.layouts,
+            namespaces=self._store.namespaces,
             policy=self.settings.policy,
             gpu_policy=self.settings.gpu_policy,
             cache=self._node_cache,

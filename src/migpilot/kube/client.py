@@ -25,7 +25,7 @@ import lightkube
 from lightkube import operators
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod
 from lightkube.types import PatchType
 
 from migpilot.api import gpulayouts
@@ -44,6 +44,7 @@ RESOURCES: dict[objects.Kind, Any] = {
     objects.Kind.CONFIGMAPS: ConfigMap,
     objects.Kind.LEASES: Lease,
     objects.Kind.EVENTS: Event,
+    objects.Kind.NAMESPACES: Namespace,
 }
 _PATCH_TYPES = {
     objects.Patch.APPLY: PatchType.APPLY,

@@ -28,6 +28,7 @@ class Kind(enum.StrEnum):
     CONFIGMAPS = "configmaps"
     LEASES = "leases"
     EVENTS = "events"
+    NAMESPACES = "namespaces"
 
     @property
     def namespaced(self) -> bool:
@@ -35,7 +36,7 @@ class Kind(enum.StrEnum):
         return self not in _CLUSTER_WIDE
 
 
-_CLUSTER_WIDE = frozenset({Kind.NODES, Kind.LAYOUTS})
+_CLUSTER_WIDE = frozenset({Kind.NODES, Kind.LAYOUTS, Kind.NAMESPACES})
 
 
 class EventType(enum.StrEnum):

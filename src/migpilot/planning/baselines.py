@@ -40,7 +40,16 @@ from typing import TypeVar
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import constraints, explaining, options, plans, scoring, snapshot, unified
+from migpilot.planning import (
+    constraints,
+    explaining,
+    options,
+    plans,
+    podaffinity,
+    scoring,
+    snapshot,
+    unified,
+)
 
 Instance = layouts.Instance
 GpuKey = plans.GpuKey
@@ -293,7 +302,17 @@ def _finish(
     placements: Sequence[plans.Placement],
     notes: Callable[[snapshot.Pod, str], str] | None = None,
 ) -> plans.Plan:
-    """Build the plan; ``notes`` may rewrite a pending pod's reason with what the system did."""
+    """Build the plan; ``notes`` may rewrite a pending pod's reason with what the system did.
+
+    The systems re-implemented here do not plan pod (anti-)affinity or topology spread; a pod
+    they place where kube-scheduler's filters refuse it in every binding order would never be
+    bound there, so it is left pending (its instances are still created), with that reason:
+    the baseline's plan as a cluster would run it, comparable with the planners that honour
+    the filters."""
+    mig_pods = {p.key for p in snap.pods}
+    on = {p.pod: p.node for p in placements if p.pod in mig_pods}
+    _, refused = podaffinity.admitted(snap, on)
+    placements = [p for p in placements if p.pod not in refused]
     placed = {p.pod for p in placements}
     pending = [p for p in snap.pods if p.key not in placed]
     unschedulable = explaining.explain(snap, pending, placements, per_node=opts.explain)
@@ -302,6 +321,16 @@ def _finish(
         unschedulable = [
             dataclasses.replace(u, reason=notes(by_key[u.pod], u.reason)) for u in unschedulable
         ]
+    unschedulable = [
+        dataclasses.replace(
+            u,
+            reason=f"{planner} placed it on {on[u.pod]}, where kube-scheduler's filters refuse "
+            f"it: {refused[u.pod]} ({planner} does not plan pod affinity or topology spread)",
+        )
+        if u.pod in refused
+        else u
+        for u in unschedulable
+    ]
     return plans.build(
         snap,
         planner=planner,

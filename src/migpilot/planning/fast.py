@@ -581,6 +581,9 @@ class _Run:
         """
         node_policy, gpu_policy = pod.policies(self.snap)
         spread = node_policy is snapshot.Policy.SPREAD
+        # The pod's preferred pod (anti-)affinity and ScheduleAnyway spread: first among nodes
+        # equal on the objective, every such node looked at (never a reason to refuse one).
+        liking = self.tracker.preferences(pod, admits)
         # A pod that asks to be spread over GPUs itself takes the least used GPU before fewer
         # GPUs touched and more free room (never before a destroy): the objective's crowded.
         own_spread = pod.gpu_policy is snapshot.Policy.SPREAD
@@ -613,12 +616,14 @@ class _Run:
                     if spread
                     else (self._strands(st, pod, opt), use, gpu_rank, gid)
                 )
+                if liking is not None:
+                    rank = (-liking[st.node], *rank)
                 key = (
                     (found_cost[0], self._node_use(st.node), *cost[1:]) if own_node_spread else cost
                 )
                 if best is None or (key, rank) < (best[0], best[1]):
                     best = (key, rank, st, opt)
-                if not spread and len(seen) >= _NODE_SCAN:
+                if not spread and liking is None and len(seen) >= _NODE_SCAN:
                     break
         return None if best is None else (best[2], best[3])
 
@@ -860,6 +865,9 @@ class _Run:
         order = candidates
         if self.by_policy and node_policy is snapshot.Policy.SPREAD:
             order = sorted(candidates, key=lambda ni: (self._node_use(ni), ni))
+        liking = self.tracker.preferences(pod, admits)
+        if liking is not None:  # preferred terms first (stable: the order above breaks ties)
+            order = sorted(order, key=lambda ni: -liking[ni])
         out: set[int] = set()
         placed = False
         for ni in order:

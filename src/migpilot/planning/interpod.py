@@ -10,8 +10,11 @@ applies them.
 
 ``matchLabelKeys`` and ``mismatchLabelKeys`` are folded into the selector here with the pod's own
 labels, as the apiserver does on creation (``key In (value)``, ``key NotIn (value)``); folding a
-selector that already holds them changes nothing. The preferred (soft) forms and
-``ScheduleAnyway`` constraints never refuse a node and are not kept.
+selector that already holds them changes nothing. The preferred (soft) forms, weighted
+``preferredDuringSchedulingIgnoredDuringExecution`` terms and ``ScheduleAnyway`` constraints, are
+kept apart (:attr:`PodTerms.preferred_affinity`, :attr:`PodTerms.preferred_anti_affinity`,
+:attr:`PodTerms.soft_spread`): they never refuse a node, and the planners use them only to order
+nodes otherwise equal (:func:`migpilot.planning.podaffinity.Tracker.preferences`).
 
 Pure: may import only :mod:`migpilot.errors`.
 """
@@ -122,6 +125,14 @@ class SpreadConstraint:
 
 
 @dataclass(frozen=True, slots=True)
+class WeightedTerm:
+    """A preferred pod (anti-)affinity term and its weight (1-100, as the apiserver allows)."""
+
+    weight: int
+    term: AffinityTerm
+
+
+@dataclass(frozen=True, slots=True)
 class PodTerms:
     """Everything the two filters read from a pod besides its node constraints."""
 
@@ -132,11 +143,22 @@ class PodTerms:
     """Required ``podAntiAffinity`` terms."""
     spread: tuple[SpreadConstraint, ...] = ()
     """Hard topology spread constraints."""
+    preferred_affinity: tuple[WeightedTerm, ...] = ()
+    """Preferred ``podAffinity`` terms: never refuse a node, only rank nodes."""
+    preferred_anti_affinity: tuple[WeightedTerm, ...] = ()
+    """Preferred ``podAntiAffinity`` terms."""
+    soft_spread: tuple[SpreadConstraint, ...] = ()
+    """``ScheduleAnyway`` topology spread constraints (``min_domains`` always 1)."""
 
     @property
     def constrained(self) -> bool:
         """Whether the pod itself limits where it may go relative to other pods."""
         return bool(self.affinity or self.anti_affinity or self.spread)
+
+    @property
+    def preferring(self) -> bool:
+        """Whether the pod prefers some nodes to others because of other pods."""
+        return bool(self.preferred_affinity or self.preferred_anti_affinity or self.soft_spread)
 
     def signature(self) -> tuple[object, ...]:
         """Hashable and equal for pods the filters treat alike."""
@@ -145,6 +167,9 @@ class PodTerms:
             self.affinity,
             self.anti_affinity,
             self.spread,
+            self.preferred_affinity,
+            self.preferred_anti_affinity,
+            self.soft_spread,
         )
 
 
@@ -324,9 +349,11 @@ def affinity_term(raw: Any, where: str, *, namespace: str, own: Mapping[str, str
     )
 
 
-def _required_terms(
+def _terms(
     raw: Any, where: str, *, namespace: str, own: Mapping[str, str]
-) -> tuple[AffinityTerm, ...]:
+) -> tuple[tuple[AffinityTerm, ...], tuple[WeightedTerm, ...]]:
+    """A ``podAffinity`` or ``podAntiAffinity``: its required terms and its weighted preferred
+    ones."""
     d = read_mapping(raw, where)
     read_only_fields(
         d,
@@ -338,16 +365,38 @@ def _required_terms(
     )
     w = f"{where}.requiredDuringSchedulingIgnoredDuringExecution"
     terms = read_sequence(d.get("requiredDuringSchedulingIgnoredDuringExecution"), w)
-    return tuple(
+    required = tuple(
         affinity_term(t, f"{w}[{i}]", namespace=namespace, own=own) for i, t in enumerate(terms)
     )
+    pw = f"{where}.preferredDuringSchedulingIgnoredDuringExecution"
+    preferred = []
+    for i, raw_term in enumerate(
+        read_sequence(d.get("preferredDuringSchedulingIgnoredDuringExecution"), pw)
+    ):
+        tw = f"{pw}[{i}]"
+        td = read_mapping(raw_term, tw)
+        read_only_fields(td, {"weight", "podAffinityTerm"}, tw)
+        weight = td.get("weight")
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
+            raise errors.SnapshotError(
+                f"{tw}.weight: expected an integer from 1 to 100, got {weight!r}"
+            )
+        if td.get("podAffinityTerm") is None:
+            raise errors.SnapshotError(f"{tw}.podAffinityTerm: missing")
+        term = affinity_term(
+            td["podAffinityTerm"], f"{tw}.podAffinityTerm", namespace=namespace, own=own
+        )
+        preferred.append(WeightedTerm(weight, term))
+    return required, tuple(preferred)
 
 
 _POLICIES = ("Honor", "Ignore")
 
 
-def spread_constraint(raw: Any, where: str, *, own: Mapping[str, str]) -> SpreadConstraint | None:
-    """One ``topologySpreadConstraints`` entry; ``None`` for ``ScheduleAnyway`` (soft)."""
+def spread_constraint(
+    raw: Any, where: str, *, own: Mapping[str, str]
+) -> tuple[SpreadConstraint, bool]:
+    """One ``topologySpreadConstraints`` entry, and whether it is hard (``DoNotSchedule``)."""
     d = read_mapping(raw, where)
     read_only_fields(
         d,
@@ -394,9 +443,7 @@ def spread_constraint(raw: Any, where: str, *, own: Mapping[str, str]) -> Spread
         if value not in _POLICIES:
             raise errors.SnapshotError(f"{where}.{name}: expected Honor or Ignore, got {value!r}")
         policies.append(value == "Honor")
-    if when != "DoNotSchedule":
-        return None
-    return SpreadConstraint(
+    found = SpreadConstraint(
         max_skew=skew,
         topology_key=key,
         selector=sel,
@@ -404,6 +451,7 @@ def spread_constraint(raw: Any, where: str, *, own: Mapping[str, str]) -> Spread
         honor_node_affinity=policies[0],
         honor_node_taints=policies[1],
     )
+    return found, when == "DoNotSchedule"
 
 
 def pod_terms(
@@ -413,21 +461,28 @@ def pod_terms(
     the caller's) and ``topologySpreadConstraints``; errors name the field under ``where``."""
     aff = read_mapping(affinity, f"{where}.affinity")
     own = MappingProxyType(dict(labels_))
-    pa = _required_terms(
+    pa, soft_pa = _terms(
         aff.get("podAffinity"), f"{where}.affinity.podAffinity", namespace=namespace, own=own
     )
-    anti = _required_terms(
+    anti, soft_anti = _terms(
         aff.get("podAntiAffinity"),
         f"{where}.affinity.podAntiAffinity",
         namespace=namespace,
         own=own,
     )
-    found = (
+    found = [
         spread_constraint(c, f"{where}.topologySpreadConstraints[{i}]", own=own)
         for i, c in enumerate(read_sequence(spread, f"{where}.topologySpreadConstraints"))
+    ]
+    return PodTerms(
+        labels=own,
+        affinity=pa,
+        anti_affinity=anti,
+        spread=tuple(c for c, hard in found if hard),
+        preferred_affinity=soft_pa,
+        preferred_anti_affinity=soft_anti,
+        soft_spread=tuple(c for c, hard in found if not hard),
     )
-    hard = tuple(c for c in found if c is not None)
-    return PodTerms(labels=own, affinity=pa, anti_affinity=anti, spread=hard)
 
 
 # --------------------------------------------------------------------------- writing
@@ -459,27 +514,38 @@ def term_document(term: AffinityTerm) -> dict[str, Any]:
 def affinity_document(terms: PodTerms) -> dict[str, Any]:
     """The pod parts of an ``affinity`` (empty when the pod has none)."""
     out: dict[str, Any] = {}
-    if terms.affinity:
-        out["podAffinity"] = {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                term_document(t) for t in terms.affinity
+    for name, required, preferred in (
+        ("podAffinity", terms.affinity, terms.preferred_affinity),
+        ("podAntiAffinity", terms.anti_affinity, terms.preferred_anti_affinity),
+    ):
+        part: dict[str, Any] = {}
+        if required:
+            part["requiredDuringSchedulingIgnoredDuringExecution"] = [
+                term_document(t) for t in required
             ]
-        }
-    if terms.anti_affinity:
-        out["podAntiAffinity"] = {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                term_document(t) for t in terms.anti_affinity
+        if preferred:
+            part["preferredDuringSchedulingIgnoredDuringExecution"] = [
+                {"weight": w.weight, "podAffinityTerm": term_document(w.term)} for w in preferred
             ]
-        }
+        if part:
+            out[name] = part
     return out
 
 
-def spread_document(c: SpreadConstraint) -> dict[str, Any]:
-    """A hard constraint in its Kubernetes form."""
+def spread_documents(terms: PodTerms) -> list[dict[str, Any]]:
+    """A pod's ``topologySpreadConstraints``, hard then soft (empty when it has none)."""
+    return [spread_document(c) for c in terms.spread] + [
+        spread_document(c, hard=False) for c in terms.soft_spread
+    ]
+
+
+def spread_document(c: SpreadConstraint, *, hard: bool = True) -> dict[str, Any]:
+    """A constraint in its Kubernetes form (``hard``: ``DoNotSchedule``, else
+    ``ScheduleAnyway``)."""
     out: dict[str, Any] = {
         "maxSkew": c.max_skew,
         "topologyKey": c.topology_key,
-        "whenUnsatisfiable": "DoNotSchedule",
+        "whenUnsatisfiable": "DoNotSchedule" if hard else "ScheduleAnyway",
     }
     if c.selector is not None:
         out["labelSelector"] = selector_document(c.selector)

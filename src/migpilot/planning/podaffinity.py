@@ -42,11 +42,30 @@ being deleted, which InterPodAffinity still counts. The rules:
   and passes the node-inclusion policies (node affinity honoured, taints ignored, by default).
   Only the pod's own hard constraints apply; a cluster's default constraints are not read.
 
+The preferred forms never refuse a node: :meth:`Tracker.preferences` scores nodes as
+kube-scheduler's InterPodAffinity and PodTopologySpread score plugins do, and the planners use the
+score only to order nodes the objective finds equal (docs/planner.md, "Preferred terms"):
+
+* **InterPodAffinity** (interpodaffinity/scoring.go): per preferred term of the pod, every placed
+  pod matching it adds (affinity) or takes away (anti-affinity) the term's weight in its
+  topology domain; a node scores the sum over its domains; scores are normalized to 0-100 from
+  the lowest (at most 0) to the highest (at least 0) over the candidate nodes. The symmetric
+  part (placed pods' own preferred terms and ``hardPodAffinityWeight`` for their required
+  affinity) is not counted: it would mean reading every placed pod's terms for every pod.
+* **PodTopologySpread** (podtopologyspread/scoring.go), ``ScheduleAnyway`` constraints: a
+  candidate node lacking any constraint's key scores 0; otherwise per constraint the matching
+  pods in its domain (counted as for the filter, over eligible nodes) times
+  ``log(domains among the candidates + 2)``, plus ``maxSkew - 1``, summed and rounded; scores
+  are normalized as ``100 * (max + min - s) / max`` (100 for all when max is 0): fewer is
+  better. A cluster's default constraints are not read.
+* Both plugins weigh 2 in the default profile, so the two normalized scores are added.
+
 Pure and deterministic; the :class:`Tracker` is mutable planning state, like the planners' own.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -125,6 +144,7 @@ class Tracker:
         self._anti: list[Placed] = []
         self._ns: dict[str, Mapping[str, str]] = {}
         self._memo: dict[str, list[str | None]] = {}
+        self._liking: dict[str, list[int] | None] = {}
         self._anchors: list[tuple[snapshot.Pod, str]] = []
         """Pods placed by the first-pod exception, with their nodes."""
         self._touched: dict[tuple[object, ...], tuple[int, int, bool]] = {}
@@ -145,6 +165,7 @@ class Tracker:
         twin._anti = list(self._anti)
         twin._ns = self._ns
         twin._memo = {}
+        twin._liking = {}
         twin._anchors = list(self._anchors)
         twin._touched = dict(self._touched)
         return twin
@@ -160,6 +181,7 @@ class Tracker:
         if placed.anti_affinity:
             self._anti.append(placed)
         self._memo.clear()
+        self._liking.clear()
 
     def add(self, pod: snapshot.Pod, node: str) -> None:
         """Count ``pod`` on ``node`` from now on."""
@@ -273,6 +295,93 @@ class Tracker:
             return [None] * len(nodes)
         check = _Check(self, pod)
         return [check.refusal(n) for n in nodes]
+
+    def preferences(self, pod: snapshot.Pod, candidates: Sequence[bool]) -> list[int] | None:
+        """Per node of ``snap.nodes``: how much ``pod``'s preferred terms like it (higher is
+        better; 0 where ``candidates`` is false), scored over the candidate nodes as
+        kube-scheduler's score plugins do; ``None`` when the pod prefers nothing. Remembered
+        until the next :meth:`add`, so ``candidates`` must not change for a pod in between."""
+        if not pod.terms.preferring:
+            return None
+        if pod.key not in self._liking:
+            self._liking[pod.key] = self.preferences_on(pod, self._snap.nodes, candidates)
+        return self._liking[pod.key]
+
+    def preferences_on(
+        self, pod: snapshot.Pod, nodes: Sequence[snapshot.Node], candidates: Sequence[bool]
+    ) -> list[int] | None:
+        """:meth:`preferences` over any ``nodes`` of the snapshot (not remembered)."""
+        t = pod.terms
+        if not t.preferring:
+            return None
+        score = [0] * len(nodes)
+        picked = [i for i, ok in enumerate(candidates) if ok]
+        if t.preferred_affinity or t.preferred_anti_affinity:
+            raw = self._affinity_scores(pod, nodes, picked)
+            top, low = max([0, *(raw[i] for i in picked)]), min([0, *(raw[i] for i in picked)])
+            if top > low:
+                for i in picked:
+                    score[i] += 2 * (100 * (raw[i] - low) // (top - low))
+        if t.soft_spread:
+            for i, value in self._spread_scores(pod, nodes, picked).items():
+                score[i] += 2 * value
+        return score
+
+    def _affinity_scores(
+        self, pod: snapshot.Pod, nodes: Sequence[snapshot.Node], picked: list[int]
+    ) -> list[int]:
+        """InterPodAffinity's raw score per node (of the pod's own preferred terms)."""
+        t = pod.terms
+        labels = self._labels
+        weighted = [(w, +1) for w in t.preferred_affinity] + [
+            (w, -1) for w in t.preferred_anti_affinity
+        ]
+        raw = [0] * len(nodes)
+        for w, sign in weighted:
+            term = w.term
+
+            def pairs(q: Placed, term: interpod.AffinityTerm = term) -> list[TopologyPair]:
+                at = labels[q.node]
+                key = term.topology_key
+                if key in at and term.matches(q.namespace, q.labels, self._ns_labels(q.namespace)):
+                    return [(key, at[key])]
+                return []
+
+            counts = self._pairs(("preferred", term), self._log, pairs)
+            if not counts:
+                continue
+            for i in picked:
+                value = nodes[i].labels.get(term.topology_key)
+                if value is not None:
+                    raw[i] += sign * w.weight * counts.get((term.topology_key, value), 0)
+        return raw
+
+    def _spread_scores(
+        self, pod: snapshot.Pod, nodes: Sequence[snapshot.Node], picked: list[int]
+    ) -> dict[int, int]:
+        """PodTopologySpread's normalized score per candidate node (ScheduleAnyway)."""
+        soft = pod.terms.soft_spread
+        keys = tuple(c.topology_key for c in soft)
+        scored = [i for i in picked if all(k in nodes[i].labels for k in keys)]
+        raw: dict[int, int] = {}
+        per_constraint = []
+        for c in soft:
+            counts, _ = self._spread(pod, c, keys)
+            size = len({nodes[i].labels[c.topology_key] for i in scored})
+            if c.topology_key == interpod.HOSTNAME:
+                size = len(scored)
+            per_constraint.append((c, counts, math.log(size + 2)))
+        for i in scored:
+            total = 0.0
+            for c, counts, weight in per_constraint:
+                total += counts.get(nodes[i].labels[c.topology_key], 0) * weight + c.max_skew - 1
+            raw[i] = math.floor(total + 0.5)  # Go's math.Round for a non-negative sum
+        out = dict.fromkeys(picked, 0)
+        if raw:
+            top, low = max(raw.values()), min(raw.values())
+            for i, s in raw.items():
+                out[i] = 100 if top == 0 else 100 * (top + low - s) // top
+        return out
 
 
 class _Check:

@@ -1283,8 +1283,9 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
         pod_parts = interpod.affinity_document(p.terms)
         if pod_parts:
             pd.setdefault("affinity", {}).update(pod_parts)
-        if p.terms.spread:
-            pd["topologySpreadConstraints"] = [interpod.spread_document(c) for c in p.terms.spread]
+        spread = interpod.spread_documents(p.terms)
+        if spread:
+            pd["topologySpreadConstraints"] = spread
         if p.tolerations:
             pd["tolerations"] = [
                 {k: v for k, v in (("key", t.key), ("operator", t.operator), ("value", t.value),
