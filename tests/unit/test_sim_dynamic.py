@@ -148,7 +148,9 @@ def test_a_switch_of_a_gpu_in_use_is_an_invariant_violation(
     name=st.sampled_from(["migpilot", "nos"]),
     window=st.sampled_from([0.0, 1.0]),
 )
-def test_invariants_hold_with_switches_on_random_traces(seed: int, name: str, window: float) -> None:
+def test_invariants_hold_with_switches_on_random_traces(
+    seed: int, name: str, window: float
+) -> None:
     # The paranoid recount after every event checks that no GPU with an instance held or
     # reserved, nor a whole GPU held or reserved, is ever switched, and that whole GPUs are
     # held by exactly the pods that hold them.
