@@ -226,18 +226,3 @@ def test_no_plan_switches_a_gpu_with_anything_in_use(
         node, gpu = by_key[(sw.node, sw.gpu)]
         assert node.dynamic and not gpu.whole_taken and not any(i.used for i in gpu.instances)
 
-
-def test_explaining_a_mig_pod_beside_a_whole_gpu_in_the_middle_of_a_node() -> None:
-    # The MIG view of a node whose GPU 1 is whole holds GPUs 0 and 2; another node holds 0 and
-    # 1 in the same state. The explainer's per-shape cache once mixed their GPUs (KeyError,
-    # found by the simulator on openb with dynamic nodes).
-    def full() -> snapshot.Gpu:
-        return snapshot.Gpu(0, H100, (_inst("7g.80gb", 0, True),))
-
-    whole = dataclasses.replace(snapshot.Gpu(1, H100, ()), mig=False, whole_taken=True)
-    a = _node("a", (full(), whole, dataclasses.replace(full(), index=2)))
-    b = _node("b", (full(), dataclasses.replace(full(), index=1)))
-    snap = snapshot.Snapshot(nodes=(a, b), pods=(_mig_pod("m"),))
-    out = _plan(snap)
-    (left,) = out.unschedulable
-    assert left.pod == "default/m"
