@@ -225,4 +225,3 @@ def test_no_plan_switches_a_gpu_with_anything_in_use(
     for sw in out.switches:
         node, gpu = by_key[(sw.node, sw.gpu)]
         assert node.dynamic and not gpu.whole_taken and not any(i.used for i in gpu.instances)
-
