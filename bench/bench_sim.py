@@ -162,11 +162,43 @@ def _shuffled(seeds: range) -> dict[str, Any]:
     return section
 
 
+DYNAMIC_SPEC = "h100-80gb:4x8@dynamic,a100-80gb:2x8@dynamic"
+"""The default faithful cluster with every node labelled migpilot.io/mig-mode=dynamic."""
+
+
+def _dynamic() -> dict[str, Any]:
+    """openb default, faithful, migpilot and nos: full-GPU rows as whole-GPU pods on dynamic
+    nodes (switched out of MIG by the loop's plan) against the same cluster without the label,
+    where they ask for the whole-GPU MIG profile (docs/simulator.md, dynamic MIG mode)."""
+    common = ["--mode", "faithful", "--policies", "migpilot,nos"]
+    plain = _section([*common, "--cluster", DYNAMIC_SPEC.replace("@dynamic", "")], quiet=True)
+    dynamic = _section([*common, "--cluster", DYNAMIC_SPEC, "--whole-gpus"], quiet=True)
+    for name, sec in (("MIG only (7g profile)", plain), ("dynamic (whole GPUs)", dynamic)):
+        print(f"{name}: {sec['command']}  ({sec['wall_seconds']} s)")
+        for r in sec["results"]:
+            print(
+                f"  {r['policy']:10} scheduled {r['pods_scheduled']:>5}/{r['pods_total']:<5} "
+                f"alloc {100 * r['allocation_ratio']:5.1f}%  p99 {r['pending_p99_s']:>10.1f} s  "
+                f"switches {r['mode_switches']}  whole-GPU pods {r['whole_gpu_pods']}"
+            )
+    return {"mig_only": plain, "dynamic": dynamic, "goal_met": None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "openb"))
     parser.add_argument("--skip-faithful", action="store_true")
+    parser.add_argument(
+        "--section",
+        choices=("dynamic",),
+        default=None,
+        help="run one section only and print it (sim.json is not written): dynamic compares "
+        "dynamic MIG mode with MIG only on openb default, faithful",
+    )
     args = parser.parse_args()
+    if args.section == "dynamic":
+        print(json.dumps(_dynamic(), indent=2))
+        return
     data = Path(args.data)
     sections: dict[str, Any] = {}
     sections["openb_default_inflate"] = _section([])
@@ -177,6 +209,7 @@ def main() -> None:
         sections[f"openb_{variant}_inflate"] = _section(["--trace", path], judged=False)
     if not args.skip_faithful:
         sections["openb_default_faithful"] = _section(["--mode", "faithful"])
+        sections["openb_default_faithful_dynamic"] = _dynamic()
     judged = [s["goal_met"] for s in sections.values() if s["goal_met"] is not None]
     yardstick = {
         "rule": f"inflate: {INFLATE_RULE}, on openb default in trace order, shuffled (seeds 1-5, "

@@ -36,6 +36,7 @@ SMALL = ROOT / "examples" / "snapshot-small.yaml"
 UNIFIED = ROOT / "examples" / "snapshot-unified.yaml"
 RANDOM_64 = ROOT / "examples" / "snapshot-random-64.yaml"
 AFFINITY = ROOT / "examples" / "snapshot-affinity.yaml"
+DYNAMIC = ROOT / "examples" / "snapshot-dynamic.yaml"
 
 SEEN: dict[str, object] = {}
 
@@ -319,8 +320,8 @@ def test_missing_file_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         ("field.yaml", "version: 1\nnode: []\n", "unknown field 'node'"),
         (
             "gpu.yaml",
-            "version: 1\npods: [{name: p, requests: {nvidia.com/gpu: 1}}]\n",
-            "pods[0].requests: nvidia.com/gpu without nvidia.com/gpumem",
+            "version: 1\npods: [{name: p, requests: {nvidia.com/gpu: 0}}]\n",
+            "pods[0].requests.nvidia.com/gpu: a whole-GPU pod asks for at least 1 GPU",
         ),
         ("bin.yaml", b"version: 1\n\xff\xfe".decode("latin-1"), "not UTF-8"),
     ],
@@ -462,8 +463,8 @@ def test_console_script_generates(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [SMALL, RANDOM_64, UNIFIED, AFFINITY],
-    ids=["small", "random-64", "unified", "affinity"],
+    [SMALL, RANDOM_64, UNIFIED, AFFINITY, DYNAMIC],
+    ids=["small", "random-64", "unified", "affinity", "dynamic"],
 )
 def test_examples_parse(path: Path) -> None:
     snap = plan_cmd.read_snapshot(str(path))
@@ -523,3 +524,53 @@ def test_the_table_shows_what_a_unified_pod_asked_and_the_profile_chosen() -> No
     assert "asks more than any allowed GPU offers" in rows["default/too-big:"]
     code, text = run("plan", str(UNIFIED), "--omit-timing", "--gpu-policy", "binpack")
     assert code == 0 and "(policy binpack, GPU policy binpack)" in text.splitlines()[0]
+
+
+def test_dynamic_example_switches_an_idle_gpu_for_the_whole_gpu_pod() -> None:
+    code, text = run("plan", str(DYNAMIC), "--omit-timing")
+    assert code == 0, text
+    lines = text.splitlines()
+    assert lines[0].startswith("planner fast: 2/2 pods placed")
+    assert "1 MIG mode switch (" in lines[0]
+    switches = text.split("MIG mode switches: 1\n", 1)[1].split("\n\n", 1)[0]
+    assert switches.splitlines()[-1].split() == ["node-0", "1", "MIG", "off", "(whole", "GPU)"]
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith("default/")}
+    assert rows["default/train"][:3] == ["default/train", "node-0", "gpu1:whole"]
+    assert rows["default/infer"][1] == "node-0" and "gpu0:1g.10gb" in rows["default/infer"][2]
+    code, raw = run("plan", str(DYNAMIC), "-o", "json", "--omit-timing")
+    assert code == 0, raw
+    doc = json.loads(raw)
+    assert doc["switches"] == [{"node": "node-0", "gpu": 1, "mig": False}]
+    train = next(p for p in doc["placements"] if p["pod"] == "default/train")
+    assert train == {"pod": "default/train", "node": "node-0", "instances": [], "gpus": [1]}
+    assert {"node": "node-0", "gpu": 1, "op": "destroy", "profile": "7g.80gb", "start": 0} in doc[
+        "actions"
+    ]
+
+
+def test_without_dynamic_nodes_a_whole_gpu_pod_waits_and_nothing_switches(tmp_path: Path) -> None:
+    doc = yaml.safe_load(DYNAMIC.read_text())
+    node = doc["nodes"][0]
+    node["labels"] = {}
+    node["gpus"] = node["gpus"][:2]  # whole GPUs are listed only on dynamic nodes
+    path = tmp_path / "static.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, raw = run("plan", str(path), "-o", "json", "--omit-timing")
+    assert code == 0, raw
+    out = json.loads(raw)
+    assert "switches" not in out
+    assert [p["pod"] for p in out["placements"]] == ["default/infer"]
+    (waits,) = out["unschedulable"]
+    assert waits["pod"] == "default/train"
+    assert "migpilot.io/mig-mode=dynamic" in waits["reason"]
+
+
+def test_a_bad_whole_gpu_field_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = yaml.safe_load(DYNAMIC.read_text())
+    doc["nodes"][1]["gpus"][0]["mig"] = False  # node-1 is not dynamic
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, _ = run("plan", str(path))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "nodes[1].gpus[0].mig: a whole GPU (mig: false) is listed only on a node" in err

@@ -107,7 +107,10 @@ def test_native_malformed_selectors_name_the_line(body: str, message: str) -> No
         ("a,1,1,mig-1g.10gb=0", r"n.csv:2: mig-1g.10gb: '0' is not a positive"),
         ("a,1,1,mig-abc=1", r"n.csv:2: "),
         ("a,1,1,gpux=1", r"n.csv:2: unknown resource 'gpux'"),
-        ("a,1,1,gpu=1", r"n.csv:2: nvidia.com/gpu without nvidia.com/gpumem"),
+        (
+            "a,1,1,gpu=1;mig-1g.10gb=1",
+            r"n.csv:2: a whole-GPU pod .* also asks for nvidia.com/mig-1g.10gb",
+        ),
         (
             "a,1,1,gpu=1;gpumem-percentage=101",
             r"n.csv:2.nvidia.com/gpumem-percentage: 101 is outside 1 to 100",

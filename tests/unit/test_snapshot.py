@@ -397,7 +397,7 @@ BAD_CASES: list[tuple[str, Any, str]] = [
     # GPUs
     (GPU + ".model", "tpu-v5", "unknown GPU 'tpu-v5'"),
     (GPU + ".model", "DEL", "nodes[0].gpus[0].model: expected a non-empty string"),
-    (GPU + ".mig", True, "nodes[0].gpus[0]: unknown field 'mig'"),
+    (GPU + ".migMode", True, "nodes[0].gpus[0]: unknown field 'migMode'"),
     (GPU + ".index", "0", "nodes[0].gpus[0].index: expected an integer"),
     (GPU + ".instances", {"profile": "1g.10gb"}, "nodes[0].gpus[0].instances: expected a list"),
     # instances
@@ -458,11 +458,15 @@ BAD_CASES: list[tuple[str, Any, str]] = [
         {"nvidia.com/mig-1g.10gb": 0},
         "pods[0].requests: the pod requests no MIG resource",
     ),
+    # nvidia.com/gpu alone is a whole-GPU pod (test_whole_gpu_pods_parse); in another mode:
     (
-        POD + ".requests",
-        {"nvidia.com/gpu": 1},
-        "pods[0].requests: nvidia.com/gpu without nvidia.com/gpumem, "
-        "nvidia.com/gpumem-percentage or nvidia.com/gpucores asks for whole GPUs",
+        POD,
+        {
+            "name": "p",
+            "requests": {"nvidia.com/gpu": 1},
+            "annotations": {"nvidia.com/vgpu-mode": "hami-core"},
+        },
+        "pods[0].requests: nvidia.com/vgpu-mode='hami-core' is not served by migpilot",
     ),
     (
         POD + ".requests",
@@ -703,8 +707,8 @@ def test_second_node_and_pod_errors_name_their_index() -> None:
     doc["nodes"].append({"name": "n1", "gpus": [{"model": "a30-24gb", "instances": [{}]}]})
     assert error_of(doc).startswith("nodes[1].gpus[0].instances[0].profile: ")
     doc = base()
-    doc["pods"].append({"name": "q", "requests": {"nvidia.com/gpu": 1}})
-    assert error_of(doc).startswith("pods[1].requests: ")
+    doc["pods"].append({"name": "q", "requests": {"nvidia.com/gpu": 0}})
+    assert error_of(doc).startswith("pods[1].requests.nvidia.com/gpu: ")
 
 
 def test_source_defaults_to_snapshot() -> None:
@@ -816,3 +820,152 @@ def test_round_trip_every_operator_and_toleration() -> None:
 def test_round_trip_taint_without_value() -> None:
     snap = parse(_set("nodes.0.taints", [{"key": "gpu", "effect": "NoSchedule"}]))
     assert_same(round_trip(snap), snap)
+
+
+# --------------------------------------------------------------------------- dynamic MIG mode
+
+
+def _dynamic_doc() -> dict[str, Any]:
+    """A dynamic node with a MIG GPU, an idle whole GPU and a held one; a whole-GPU pod."""
+    doc = base()
+    node = doc["nodes"][0]
+    node["labels"] = {"zone": "a", "migpilot.io/mig-mode": "dynamic"}
+    node["gpus"] += [
+        {"model": "a100-80gb", "mig": False},
+        {"model": "a100-80gb", "mig": False, "used": True},
+    ]
+    whole = {"nvidia.com/gpu": 2, "cpu": "4", "memory": "8Gi"}
+    doc["pods"].append({"name": "w", "requests": whole})
+    return doc
+
+
+def test_whole_gpu_pods_and_dynamic_nodes_parse() -> None:
+    snap = parse(_dynamic_doc())
+    (node,) = snap.nodes
+    assert node.dynamic
+    assert [(g.mig, g.whole_taken) for g in node.gpus] == [(True, False), (False, False),
+                                                           (False, True)]  # fmt: skip
+    assert [p.name for p in snap.pods] == ["p"]
+    (w,) = snap.whole_pods
+    assert (w.name, w.whole, w.cpu_milli, w.memory_bytes) == ("w", 2, 4000, 8 * 2**30)
+    assert (w.mig, w.unified, w.mps) == ((), None, ())
+    assert w.request_text() == "2 whole GPUs"
+
+
+def test_dynamic_true_adds_the_label_as_on_the_cluster() -> None:
+    doc = base()
+    doc["nodes"][0]["dynamic"] = True
+    (node,) = parse(doc).nodes
+    assert node.dynamic
+    assert node.labels["migpilot.io/mig-mode"] == "dynamic"
+    assert node.labels["zone"] == "a"
+
+
+@pytest.mark.parametrize("value", [None, "static", "Dynamic"])
+def test_only_the_label_value_dynamic_opts_in(value: str | None) -> None:
+    doc = base()
+    if value is not None:
+        doc["nodes"][0]["labels"]["migpilot.io/mig-mode"] = value
+    assert not parse(doc).nodes[0].dynamic
+
+
+def test_a_snapshot_without_modes_is_as_before() -> None:
+    snap = parse(base())
+    assert snap.whole_pods == ()
+    assert not snap.nodes[0].dynamic
+    assert all(g.mig and not g.whole_taken for g in snap.nodes[0].gpus)
+    assert "dynamic" not in snapshot.to_document(snap)["nodes"][0]
+    assert "mig" not in snapshot.to_document(snap)["nodes"][0]["gpus"][0]
+
+
+def test_dynamic_snapshot_round_trips() -> None:
+    snap = parse(_dynamic_doc())
+    again = round_trip(snap)
+    assert again == snap
+    doc = snapshot.to_document(snap)
+    assert doc["nodes"][0]["gpus"][1] == {"index": 1, "model": "a100-80gb", "instances": [],
+                                          "mig": False}  # fmt: skip
+    assert doc["pods"][1]["requests"]["nvidia.com/gpu"] == 2
+
+
+DYNAMIC = "nodes.0.dynamic"
+WHOLE_GPU = {"model": "a100-80gb", "mig": False}
+
+DYNAMIC_BAD: list[tuple[dict[str, Any], str]] = [
+    ({DYNAMIC: "yes"}, "nodes[0].dynamic: expected true or false"),
+    (
+        {"nodes.0.labels": {"migpilot.io/mig-mode": "dynamic"}, DYNAMIC: False},
+        "nodes[0].dynamic: false, but the node is labelled migpilot.io/mig-mode=dynamic",
+    ),
+    (
+        {DYNAMIC: True, "nodes.0.labels": {"migpilot.io/mode": "mps"}, "nodes.0.gpus": []},
+        "nodes[0].dynamic: only a node in mode mig may switch its GPUs' MIG mode (this one is "
+        "in mode mps)",
+    ),
+    (
+        {
+            "nodes.0.labels": {"migpilot.io/mode": "none", "migpilot.io/mig-mode": "dynamic"},
+            "nodes.0.gpus": [],
+        },
+        "nodes[0].labels: only a node in mode mig may switch",
+    ),
+    (
+        {"nodes.0.gpus": [WHOLE_GPU]},
+        "nodes[0].gpus[0].mig: a whole GPU (mig: false) is listed only on a node labelled "
+        "migpilot.io/mig-mode=dynamic",
+    ),
+    ({DYNAMIC: True, "nodes.0.gpus.0.mig": "no"}, "nodes[0].gpus[0].mig: expected true or false"),
+    (
+        {DYNAMIC: True, "nodes.0.gpus.0.mig": False},
+        "nodes[0].gpus[0].instances: a whole GPU (mig: false) has no MIG instances",
+    ),
+    (
+        {DYNAMIC: True, "nodes.0.gpus.0.used": True},
+        "nodes[0].gpus[0].used: only a whole GPU (mig: false) is used as a whole",
+    ),
+    (
+        {DYNAMIC: True, "nodes.0.gpus": [WHOLE_GPU | {"used": 1}]},
+        "nodes[0].gpus[0].used: expected true or false",
+    ),
+    (
+        {"pods.0.requests": {"nvidia.com/gpu": 0}},
+        "pods[0].requests.nvidia.com/gpu: a whole-GPU pod asks for at least 1 GPU, got 0",
+    ),
+    (
+        {"pods.0.requests": {"nvidia.com/gpu": "two"}},
+        "pods[0].requests.nvidia.com/gpu: expected a whole number of instances",
+    ),
+    (
+        {"pods.0.requests": {"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb": 1}},
+        "pods[0].requests: a whole-GPU pod (nvidia.com/gpu without nvidia.com/gpumem) asks for "
+        "no other GPU resource, but this one also asks for nvidia.com/mig-1g.10gb",
+    ),
+    (
+        {"pods.0.requests": {"nvidia.com/gpu": 1, "cpu": "lots"}},
+        "pods[0].requests.cpu:",
+    ),
+]
+
+
+@pytest.mark.parametrize(("changes", "message"), DYNAMIC_BAD)
+def test_bad_dynamic_input_is_named_by_place(changes: dict[str, Any], message: str) -> None:
+    doc = base()
+    for path, value in changes.items():
+        *parents, last = path.split(".")
+        target: Any = doc
+        for part in parents:
+            target = target[int(part)] if part.isdigit() else target[part]
+        target[int(last) if last.isdigit() else last] = value
+    assert message in error_of(doc)
+
+
+def test_whole_gpu_pod_name_clashes_with_a_mig_pod() -> None:
+    doc = _dynamic_doc()
+    doc["pods"][1]["name"] = "p"
+    assert "pods: pod 'default/p' appears twice" in error_of(doc)
+
+
+def test_the_request_parsers_still_refuse_whole_gpus() -> None:
+    # Traces and the controller build whole-GPU pods themselves (whole_requests).
+    with pytest.raises(errors.SnapshotError, match="asks for whole GPUs"):
+        snapshot.pod_requests({"nvidia.com/gpu": 1}, where="r")

@@ -23,7 +23,7 @@ import yaml
 
 from migpilot import digits, errors, gcpause, yamltext
 from migpilot.cli import output
-from migpilot.planning import generate, options, planners, plans, snapshot, validation
+from migpilot.planning import dynamic, generate, options, planners, plans, snapshot, validation
 
 EXIT_PLANNER_BUG = 3
 """The plan failed the validator: a bug in the planner, not in the input."""
@@ -228,7 +228,9 @@ def cmd_plan(args: argparse.Namespace, out: IO[str]) -> int:
     # Planning allocates heavily and makes no garbage cycles: run it with the collector paused.
     with gcpause.paused():
         started = time.perf_counter()
-        plan = planners.run(snap, args.planner, opts)
+        # Through dynamic MIG mode, as the controller plans (control.decide): a snapshot without
+        # dynamic nodes, whole GPUs and whole-GPU pods is planned by the planner alone.
+        plan = dynamic.plan(snap, lambda s: planners.run(s, args.planner, opts))
         seconds = time.perf_counter() - started
     found = validation.problems(snap, plan)
     if found:
@@ -265,10 +267,14 @@ def write_plan_table(
 ) -> None:
     """The plan for a person: a summary line, then what changes, what runs where, what waits."""
     changed = [g for g in plan.gpus if g.changed]
+    waiting = len(snap.pods) + len(snap.whole_pods)
     summary = (
-        f"planner {plan.planner}: {len(plan.placements)}/{len(snap.pods)} pods placed, "
+        f"planner {plan.planner}: {len(plan.placements)}/{waiting} pods placed, "
         f"{len(changed)}/{len(plan.gpus)} GPUs changed, {len(plan.actions)} actions"
     )
+    if plan.switches:
+        n = len(plan.switches)
+        summary += f", {n} MIG mode switch{'es' if n > 1 else ''}"
     if seconds is not None:
         summary += f", {seconds:.3f} s"
     if plan.optimal is not None:
@@ -290,6 +296,13 @@ def write_plan_table(
         output.write_table(
             out, ("NODE", "GPU", "BEFORE (* in use)", "", "AFTER"), layout_rows, right=("GPU",)
         )
+
+    if plan.switches:
+        _section(out, "MIG mode switches", len(plan.switches))
+        switch_rows = [
+            (s.node, s.gpu, "MIG on" if s.mig else "MIG off (whole GPU)") for s in plan.switches
+        ]
+        output.write_table(out, ("NODE", "GPU", "TO"), switch_rows, right=("GPU",))
 
     _section(out, "Actions", len(plan.actions))
     if plan.actions:
@@ -316,6 +329,7 @@ def write_plan_table(
                 " ".join(
                     [f"gpu{i.gpu}:{i.profile}@{i.start}" for i in p.instances]
                     + [_share_text(sh) for sh in p.shares]
+                    + [f"gpu{g}:whole" for g in p.gpus]
                 ),
             )
             for p in plan.placements
@@ -323,8 +337,8 @@ def write_plan_table(
         headers: tuple[str, ...] = ("POD", "NODE", "INSTANCES (gpu:profile@start)")
         if plan.mps or any(p.shares for p in plan.placements):
             headers = ("POD", "NODE", "GIVEN (gpu:profile@start, gpu:mps#slice:GB, gpu:replica)")
-        pods = {p.key: p for p in snap.pods}
-        if any(p.unified is not None or p.mps for p in snap.pods):
+        pods = {p.key: p for p in (*snap.pods, *snap.whole_pods)}
+        if any(p.unified is not None or p.mps or p.whole for p in pods.values()):
             # Unified pods name no profile: show what each asked beside the profile chosen.
             headers = (*headers, "ASKED")
             placement_rows = [

@@ -61,7 +61,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="MODEL:NODESxGPUS[@MODE],...",
         help=f"the cluster (default: {clusters.DEFAULT_SPEC} in inflate mode, "
         f"{clusters.DEFAULT_FAITHFUL_SPEC} in faithful mode); a group's nodes share their GPUs "
-        "by MIG (default), @mps, @time-slicing[:REPLICAS] or @none",
+        "by MIG (default), @mps, @time-slicing[:REPLICAS] or @none; @dynamic: MIG nodes "
+        "labelled migpilot.io/mig-mode=dynamic, whose idle GPUs may be switched out of MIG for "
+        "whole-GPU pods",
     )
     p.add_argument(
         "--mode",
@@ -114,6 +116,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="how openb and synthetic pods ask: mig (nvidia.com/mig-<profile>, the profile "
         "chosen by --profile-mapping; default) or unified (HAMi-style nvidia.com/gpu with "
         "gpumem-percentage = gpu_milli / 10: the planner picks the slice per GPU model)",
+    )
+    p.add_argument(
+        "--whole-gpus",
+        action="store_true",
+        help="openb: rows using full GPUs (gpu_milli 1000) ask for whole GPUs (nvidia.com/gpu: "
+        "N alone, MIG off), which only @dynamic cluster groups serve (docs/migmode.md); "
+        "default: the whole-GPU MIG profile",
     )
     p.add_argument(
         "--scoring",
@@ -176,8 +185,9 @@ def load_trace(args: argparse.Namespace, cluster: clusters.Cluster) -> traces.Tr
         )
     mapping = traces.ProfileMapping(args.profile_mapping or traces.ProfileMapping.COMPUTE)
     model = cluster.reference_model
+    whole = bool(args.whole_gpus)
     if args.trace == "openb":
-        return traces.bundled_openb(model, mapping=mapping, requests=requests)
+        return traces.bundled_openb(model, mapping=mapping, requests=requests, whole_gpus=whole)
     if args.trace.startswith("synthetic:"):
         name = args.trace.removeprefix("synthetic:")
         return traces.synthetic(
@@ -185,7 +195,14 @@ def load_trace(args: argparse.Namespace, cluster: clusters.Cluster) -> traces.Tr
         )
     path = Path(args.trace)
     text = path.read_text(encoding="utf-8")
-    return traces.parse(text, source=path.name, model=model, mapping=mapping, requests=requests)
+    return traces.parse(
+        text,
+        source=path.name,
+        model=model,
+        mapping=mapping,
+        requests=requests,
+        whole_gpus=whole,
+    )
 
 
 def cmd_simulate(args: argparse.Namespace, out: IO[str]) -> int:

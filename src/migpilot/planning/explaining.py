@@ -125,7 +125,9 @@ class Explainer:
                 used = frozenset(i.instance for i in gpu.instances if i.used)
                 self.used[key] = used
                 self.occupied[key] = occupied = used | frozenset(assigned.get(key, ()))
-                shape.append((gpu.model.id, used, occupied))
+                # The index too: a dynamic node's MIG view may skip a whole GPU (1 of 0, 1, 2),
+                # and nodes sharing a shape share the GPUs a verdict names.
+                shape.append((gpu.index, gpu.model.id, used, occupied))
             self._shape.append(shapes.setdefault(tuple(shape), len(shapes)))
         self._cache: dict[tuple[object, ...], plans.Unschedulable] = {}
         self._fit_cache: dict[tuple[object, ...], bool] = {}

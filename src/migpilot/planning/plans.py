@@ -267,8 +267,11 @@ def to_json(plan: Plan, *, seconds: float | None = None, explain: bool = False) 
             if p.shares
             else {}
         )
+        | ({"gpus": list(p.gpus)} if p.gpus else {})
         for p in plan.placements
     ]
+    if plan.switches:
+        doc["switches"] = [{"node": s.node, "gpu": s.gpu, "mig": s.mig} for s in plan.switches]
     if plan.mps:
         doc["mps"] = [
             {

@@ -30,13 +30,21 @@ planner what it would do for a cluster without running one:
       - name: p2                    # a unified (HAMi-style) request: the planner picks the slice
         requests: {nvidia.com/gpu: 1, nvidia.com/gpumem: 8000, cpu: "2"}
         annotations: {nvidia.com/use-gputype: H100, hami.io/gpu-scheduler-policy: binpack}
+      - name: p3                    # a whole-GPU pod: served only on dynamic nodes
+        requests: {nvidia.com/gpu: 1, cpu: "8"}
+
+A node labelled ``migpilot.io/mig-mode: dynamic`` (or given ``dynamic: true``, which adds the
+label) may have an idle GPU's MIG mode switched (``docs/migmode.md``); its GPUs may be whole
+(``mig: false``, with ``used: true`` when a pod holds or has reserved the whole GPU).
 
 A pod asks either for MIG resources by name (``nvidia.com/mig-<profile>``, as a device plugin
 advertises them) or for a *unified* request (:mod:`migpilot.planning.unified`: ``nvidia.com/gpu``
 with ``nvidia.com/gpumem``, ``nvidia.com/gpumem-percentage`` or ``nvidia.com/gpucores``, or with
 the annotation ``nvidia.com/vgpu-mode: mig``), which :meth:`Pod.profiles_on` resolves per GPU
-model. :func:`pod_requests` and :func:`container_requests` are the one parser of pod requests:
-the file, the simulator's traces and the controller's Kubernetes pods all build them there.
+model, or, in the file, for whole GPUs (``nvidia.com/gpu: N`` alone, read by
+:func:`whole_gpu_requests` into :attr:`Snapshot.whole_pods`). :func:`pod_requests` and
+:func:`container_requests` are the one parser of pod requests: the file, the simulator's traces
+and the controller's Kubernetes pods all build them there.
 
 :func:`parse` turns the decoded document into frozen values and rejects bad input with one line
 that names the place (``pods[2].requests: ...``). Pure: it is given data, never a path.
@@ -280,6 +288,8 @@ class Pod:
 
     def request_text(self) -> str:
         """The request as people write it: ``2 x 1g.10gb + 3g.40gb`` or ``gpu 1, gpumem 8000``."""
+        if self.whole:
+            return f"{self.whole} whole GPU{'s' if self.whole > 1 else ''}"
         if self.unified is not None:
             return self.unified.text()
         if self.mps:
@@ -367,6 +377,37 @@ def whole_requests(gpus: int, *, cpu_milli: int, memory_bytes: int) -> Requests:
     if gpus < 1:
         raise errors.SnapshotError(f"a whole-GPU pod asks for at least 1 GPU, got {gpus}")
     return Requests(mig=(), cpu_milli=cpu_milli, memory_bytes=memory_bytes, whole=gpus)
+
+
+def whole_gpu_requests(
+    resources: Mapping[str, Any], *, where: str, annotations: Mapping[str, Any] | None = None
+) -> Requests | None:
+    """The requests of a whole-GPU pod given as one mapping (``{nvidia.com/gpu: 1, cpu: "8"}``:
+    ``nvidia.com/gpu`` without gpumem, gpumem-percentage or gpucores, and no
+    ``nvidia.com/vgpu-mode``), the snapshot file's and the traces' form; ``None`` for any other
+    pod (:func:`pod_requests` reads it). Raise naming the field when it asks for anything else
+    of GPUs besides, or for no GPU."""
+    annotations = annotations or {}
+    if unifying.GPU not in resources or unifying.VGPU_MODE in annotations:
+        return None
+    if any(k in resources for k in unifying.UNIFIED_RESOURCES):
+        return None
+    others = sorted(
+        str(k) for k in resources if str(k).startswith("nvidia.com/") and k != unifying.GPU
+    )
+    if others:
+        raise errors.SnapshotError(
+            f"{where}: a whole-GPU pod ({unifying.GPU} without {unifying.GPUMEM}) asks for no "
+            f"other GPU resource, but this one also asks for {others[0]}"
+        )
+    count = _counted(resources[unifying.GPU], f"{where}.{unifying.GPU}")
+    if count < 1:
+        raise errors.SnapshotError(
+            f"{where}.{unifying.GPU}: a whole-GPU pod asks for at least 1 GPU, got {count}"
+        )
+    cpu = cpu_milli(resources["cpu"], where=f"{where}.cpu") if "cpu" in resources else 0
+    mem = memory_bytes(resources["memory"], where=f"{where}.memory") if "memory" in resources else 0
+    return whole_requests(count, cpu_milli=cpu, memory_bytes=mem)
 
 
 _UNIFIED_RESOURCES = (
@@ -862,9 +903,13 @@ def _resources(raw: Any, where: str) -> Resources | None:
     return Resources(cpu, mem)
 
 
-def _gpu(raw: Any, index: int, where: str, mode: modes.Mode = modes.Mode.MIG) -> Gpu:
+def _gpu(
+    raw: Any, index: int, where: str, mode: modes.Mode = modes.Mode.MIG, *, dynamic: bool = False
+) -> Gpu:
     d = _mapping(raw, where)
-    _only(d, {"model", "instances", "index", "mps", "replicas", "replicasUsed"}, where)
+    _only(
+        d, {"model", "instances", "index", "mps", "replicas", "replicasUsed", "mig", "used"}, where
+    )
     try:
         model = catalog.resolve_gpu(_str(d.get("model"), f"{where}.model"))
     except errors.UnknownGpuError as err:
@@ -892,6 +937,7 @@ def _gpu(raw: Any, index: int, where: str, mode: modes.Mode = modes.Mode.MIG) ->
         )
     slices = _slices(d.get("mps"), model, mode, f"{where}.mps")
     replicas, replicas_used = _replicas(d, mode, where)
+    mig, whole_taken = _whole(d, where, dynamic=dynamic, instances=bool(insts))
     return Gpu(
         _int(idx, f"{where}.index"),
         model,
@@ -899,7 +945,36 @@ def _gpu(raw: Any, index: int, where: str, mode: modes.Mode = modes.Mode.MIG) ->
         mps=slices,
         replicas=replicas,
         replicas_used=replicas_used,
+        mig=mig,
+        whole_taken=whole_taken,
     )
+
+
+def _whole(
+    d: Mapping[str, Any], where: str, *, dynamic: bool, instances: bool
+) -> tuple[bool, bool]:
+    """A GPU's ``mig`` (its MIG mode, default on) and ``used`` (a whole GPU held or reserved)."""
+    mig = d.get("mig", True)
+    if not isinstance(mig, bool):
+        raise errors.SnapshotError(f"{where}.mig: expected true or false")
+    used = d.get("used", False)
+    if not isinstance(used, bool):
+        raise errors.SnapshotError(f"{where}.used: expected true or false")
+    if not mig and not dynamic:
+        raise errors.SnapshotError(
+            f"{where}.mig: a whole GPU (mig: false) is listed only on a node labelled "
+            f"{modes.MIG_MODE_LABEL}={modes.DYNAMIC_MIG} (or dynamic: true)"
+        )
+    if not mig and instances:
+        raise errors.SnapshotError(
+            f"{where}.instances: a whole GPU (mig: false) has no MIG instances"
+        )
+    if used and mig:
+        raise errors.SnapshotError(
+            f"{where}.used: only a whole GPU (mig: false) is used as a whole; a MIG GPU's use "
+            "is its instances' (instances[].used)"
+        )
+    return mig, used
 
 
 def mps_slice(raw: Any, where: str) -> modes.MpsSlice:
@@ -965,7 +1040,9 @@ def _replicas(d: Mapping[str, Any], mode: modes.Mode, where: str) -> tuple[int, 
 def _node(raw: Any, where: str) -> Node:
     d = _mapping(raw, where)
     _only(
-        d, {"name", "labels", "taints", "unschedulable", "allocatable", "capacity", "gpus"}, where
+        d,
+        {"name", "labels", "taints", "unschedulable", "allocatable", "capacity", "gpus", "dynamic"},
+        where,
     )
     name = _str(d.get("name"), f"{where}.name")
     unsched = d.get("unschedulable", False)
@@ -976,8 +1053,9 @@ def _node(raw: Any, where: str) -> Node:
         mode = modes.node_mode(labels, node=name)
     except errors.SnapshotError as err:
         raise errors.SnapshotError(f"{where}.labels: {err}") from None
+    labels, dynamic = _dynamic(d, labels, mode, where)
     gpus = tuple(
-        _gpu(g, i, f"{where}.gpus[{i}]", mode)
+        _gpu(g, i, f"{where}.gpus[{i}]", mode, dynamic=dynamic)
         for i, g in enumerate(_sequence(d.get("gpus"), f"{where}.gpus"))
     )
     if len({g.index for g in gpus}) != len(gpus):
@@ -994,7 +1072,36 @@ def _node(raw: Any, where: str) -> Node:
         allocatable=_resources(d.get("allocatable"), f"{where}.allocatable"),
         gpus=gpus,
         capacity=_resources(d.get("capacity"), f"{where}.capacity"),
+        dynamic=dynamic,
     )
+
+
+def _dynamic(
+    d: Mapping[str, Any], labels: Mapping[str, str], mode: modes.Mode, where: str
+) -> tuple[Mapping[str, str], bool]:
+    """A node's labels and whether it is dynamic: labelled ``migpilot.io/mig-mode: dynamic``, as
+    the controller reads it, or ``dynamic: true``, which adds that label (selectors see it as
+    on the cluster)."""
+    labelled = modes.dynamic_mig(labels)
+    field_ = d.get("dynamic")
+    if field_ is not None and not isinstance(field_, bool):
+        raise errors.SnapshotError(f"{where}.dynamic: expected true or false")
+    if field_ is False and labelled:
+        raise errors.SnapshotError(
+            f"{where}.dynamic: false, but the node is labelled "
+            f"{modes.MIG_MODE_LABEL}={modes.DYNAMIC_MIG}"
+        )
+    if not (field_ or labelled):
+        return labels, False
+    if mode is not modes.Mode.MIG:
+        at = f"{where}.dynamic" if field_ else f"{where}.labels"
+        raise errors.SnapshotError(
+            f"{at}: only a node in mode mig may switch its GPUs' MIG mode (this one is in mode "
+            f"{mode.value})"
+        )
+    if not labelled:
+        labels = MappingProxyType({**labels, modes.MIG_MODE_LABEL: modes.DYNAMIC_MIG})
+    return labels, True
 
 
 def planned_pod(
@@ -1051,11 +1158,11 @@ def _pod(raw: Any, where: str) -> Pod:
     )
     name = _str(d.get("name"), f"{where}.name")
     namespace = _str(d.get("namespace", "default"), f"{where}.namespace")
-    req = pod_requests(
-        _mapping(d.get("requests"), f"{where}.requests"),
-        where=f"{where}.requests",
-        annotations=_labels(d.get("annotations"), f"{where}.annotations"),
-    )
+    resources = _mapping(d.get("requests"), f"{where}.requests")
+    annotations = _labels(d.get("annotations"), f"{where}.annotations")
+    req = whole_gpu_requests(resources, where=f"{where}.requests", annotations=annotations)
+    if req is None:
+        req = pod_requests(resources, where=f"{where}.requests", annotations=annotations)
     priority = d.get("priority", 0)
     return planned_pod(
         name=name,
@@ -1194,8 +1301,10 @@ def _parse(document: Any) -> Snapshot:
         ns = _mapping(v, f"namespaces.{k}")
         _only(ns, {"labels"}, f"namespaces.{k}")
         namespaces[str(k)] = _labels(ns.get("labels"), f"namespaces.{k}.labels")
-    pods = tuple(_pod(p, f"pods[{i}]") for i, p in enumerate(_sequence(d.get("pods"), "pods")))
-    keys = [p.key for p in pods]
+    every_pod = tuple(_pod(p, f"pods[{i}]") for i, p in enumerate(_sequence(d.get("pods"), "pods")))
+    pods = tuple(p for p in every_pod if not p.whole)
+    whole_pods = tuple(p for p in every_pod if p.whole)
+    keys = [p.key for p in every_pod]
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise errors.SnapshotError(f"pods: pod {dup!r} appears twice")
@@ -1211,6 +1320,7 @@ def _parse(document: Any) -> Snapshot:
         outside=outside,
         bound=bound,
         namespaces=MappingProxyType(namespaces),
+        whole_pods=whole_pods,
     )
 
 
@@ -1238,11 +1348,15 @@ def to_document(snap: Snapshot) -> dict[str, Any]:
             nd["allocatable"] = res(n.allocatable)
         if n.capacity is not None:
             nd["capacity"] = res(n.capacity)
+        if n.dynamic:
+            nd["dynamic"] = True
         nd["gpus"] = [_gpu_document(g) for g in n.gpus]
         nodes.append(nd)
     pods = []
-    for p in snap.pods:
+    for p in (*snap.pods, *snap.whole_pods):
         reqs: dict[str, Any] = {resource_name(r.profile): r.count for r in p.mig}
+        if p.whole:
+            reqs[unifying.GPU] = p.whole
         reqs.update({r.resource: r.count for r in p.mps})
         annotations: dict[str, str] = {}
         if p.unified is not None:
@@ -1349,6 +1463,10 @@ def _gpu_document(g: Gpu) -> dict[str, Any]:
     if g.replicas:
         out["replicas"] = g.replicas
         out["replicasUsed"] = g.replicas_used
+    if not g.mig:
+        out["mig"] = False
+        if g.whole_taken:
+            out["used"] = True
     return out
 
 

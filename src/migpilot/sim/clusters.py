@@ -9,7 +9,9 @@ A group may name how its nodes share their GPUs (:mod:`migpilot.planning.modes`)
 ``a100-80gb:4x8@mps``, ``h100-80gb:4x8@mig`` (the default), ``a100-40gb:2x8@time-slicing:4``
 (4 replicas per GPU; :data:`DEFAULT_REPLICAS` when left out), ``...@none``. Nodes of a group in
 another mode than mig are named ``<model>-<mode>-<i>`` and carry the label
-``migpilot.io/mode``.
+``migpilot.io/mode``. ``h100-80gb:4x8@dynamic`` makes MIG nodes labelled
+``migpilot.io/mig-mode=dynamic`` (named ``<model>-dynamic-<i>``): the plan may switch their idle
+GPUs out of MIG for whole-GPU pods and back (``docs/migmode.md``).
 
 Pure core: may import :mod:`migpilot.errors`, :mod:`migpilot.mig` and :mod:`migpilot.planning`.
 """
@@ -51,6 +53,8 @@ class Group:
     mode: modes.Mode = modes.Mode.MIG
     replicas: int = 0
     """Time-slicing replicas per GPU (0 in other modes)."""
+    dynamic: bool = False
+    """MIG nodes whose idle GPUs' MIG mode may be switched (``@dynamic``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,8 @@ class NodeSpec:
     mode: modes.Mode = modes.Mode.MIG
     replicas: int = 0
     """Time-slicing replicas per GPU (0 in other modes)."""
+    dynamic: bool = False
+    """Labelled ``migpilot.io/mig-mode=dynamic`` (:attr:`Group.dynamic`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +116,12 @@ def parse(spec: str) -> Cluster:
         if nodes < 1 or gpus < 1:
             raise errors.ClusterSpecError(f"cluster: {text!r} needs at least one node and one GPU")
         mode = modes.Mode.MIG
-        if m["mode"] is not None:
+        dynamic = m["mode"] == modes.DYNAMIC_MIG
+        if m["mode"] is not None and not dynamic:
             try:
                 mode = modes.Mode(m["mode"])
             except ValueError:
-                known = ", ".join(x.value for x in modes.Mode)
+                known = ", ".join([*(x.value for x in modes.Mode), modes.DYNAMIC_MIG])
                 raise errors.ClusterSpecError(
                     f"cluster: {text!r}: mode {m['mode']!r} is not one of {known}"
                 ) from None
@@ -127,17 +134,21 @@ def parse(spec: str) -> Cluster:
             replicas = int(m["replicas"]) if m["replicas"] is not None else DEFAULT_REPLICAS
             if replicas < 1:
                 raise errors.ClusterSpecError(f"cluster: {text!r}: replicas must be at least 1")
-        groups.append(Group(model, nodes, gpus, mode, replicas))
+        groups.append(Group(model, nodes, gpus, mode, replicas, dynamic))
     out: list[NodeSpec] = []
     for g in groups:
         label = g.model.gfd_product_names[0] if g.model.gfd_product_names else g.model.id
         width = max(len(str(g.nodes - 1)), 2)
         stem = g.model.id if g.mode is modes.Mode.MIG else f"{g.model.id}-{g.mode.value}"
+        if g.dynamic:
+            stem = f"{g.model.id}-{modes.DYNAMIC_MIG}"
         for i in range(g.nodes):
             name = f"{stem}-{i:0{width}d}"
             labels = {PRODUCT_LABEL: label, HOSTNAME_LABEL: name}
             if g.mode is not modes.Mode.MIG:
                 labels[modes.MODE_LABEL] = g.mode.value
+            if g.dynamic:
+                labels[modes.MIG_MODE_LABEL] = modes.DYNAMIC_MIG
             out.append(
                 NodeSpec(
                     name=name,
@@ -149,6 +160,7 @@ def parse(spec: str) -> Cluster:
                     ),
                     mode=g.mode,
                     replicas=g.replicas,
+                    dynamic=g.dynamic,
                 )
             )
     names = [n.name for n in out]

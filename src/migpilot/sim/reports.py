@@ -52,6 +52,8 @@ KEYS = (
     "share_of_bound",
     "serves_every_request",
     "requests_never_served",
+    "mode_switches",
+    "whole_gpu_pods",
 )
 HEADERS = (
     "policy",
@@ -85,6 +87,10 @@ class ResultRow(TypedDict):
     share_of_bound: float | None
     serves_every_request: bool
     requests_never_served: list[str]
+    mode_switches: int
+    """GPUs whose MIG mode a plan switched (dynamic MIG mode)."""
+    whole_gpu_pods: int
+    """Whole-GPU pods bound to whole GPUs."""
 
 
 class Leader(TypedDict):
@@ -135,6 +141,8 @@ def row(result: simulating.Result, *, timing: bool = True, bound: float | None =
         share_of_bound=None if of_bound is None else round(of_bound, 4),
         serves_every_request=result.serves_every_request,
         requests_never_served=list(result.requests_never_served),
+        mode_switches=result.mode_switches,
+        whole_gpu_pods=result.whole_gpu_pods,
     )
 
 
@@ -250,6 +258,16 @@ def summary(doc: Document, *, width: int = 100) -> list[str]:
             f"{MARK} never ran a pod asking for (a kind of request the cluster can serve):"
         )
         lines += [f"  {r['policy']}: {', '.join(r['requests_never_served'])}" for r in marked]
+    dynamic = [r for r in rows if r["mode_switches"] or r["whole_gpu_pods"]]
+    if dynamic:
+        lines.append(
+            "dynamic MIG mode: "
+            + "; ".join(
+                f"{r['policy']} {r['mode_switches']} MIG mode switches, "
+                f"{r['whole_gpu_pods']} whole-GPU pods placed"
+                for r in dynamic
+            )
+        )
     bound = doc["upper_bound"]
     if bound is not None:
         lines.append(

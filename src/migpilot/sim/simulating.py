@@ -19,6 +19,15 @@ Events, in time order (ties in the order they were scheduled):
 - **departure** (faithful mode): the pod's run time after binding is over; its instances stay,
   free, and waiting pods are tried on that node.
 
+Dynamic MIG mode (``docs/migmode.md``): on nodes labelled ``migpilot.io/mig-mode=dynamic``
+(cluster groups ``@dynamic``) the loop's plan may switch an idle GPU's MIG mode
+(:attr:`plans.Plan.switches`, planned by :mod:`migpilot.planning.dynamic` inside the loop's
+step). A GPU switched out of MIG has its free instances destroyed first, then takes
+``mode_switch_s`` (``mode_reset_s`` on a model whose mode change needs a GPU reset) and is
+advertised ``advertise_s`` later as a whole GPU; whole-GPU pods (``nvidia.com/gpu: N`` alone)
+are reserved and bound to whole GPUs, which are free again when they leave. A switch of a GPU
+with an instance held or reserved, or a whole GPU held or reserved, is an invariant violation.
+
 Two replay modes: ``faithful`` uses the trace's arrival times and run times and stops at the
 trace's end; ``inflate`` (the method of Weng et al., ATC'23) submits pods in trace order,
 ``inflate_gap_s`` apart, with no departures, until the compute they request reaches
@@ -89,6 +98,12 @@ class Timing:
     controller's ``--reservation-timeout``. Default 60."""
     inflate_gap_s: float = 0.2
     """Inflate mode: time between two arrivals. Default 0.2."""
+    mode_switch_s: float = 1.0
+    """Switching a GPU's MIG mode where no reset is needed (Hopper and later; not measured
+    here). Default 1."""
+    mode_reset_s: float = 30.0
+    """Switching it where the catalog says a GPU reset is needed (Ampere:
+    ``mig_mode_change_needs_reset``), the reset included. Default 30 (no public measurement)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +195,10 @@ class Result:
     together for at most its memory. The same pod counts the same in every mode, so this shows
     what MPS packs beyond MIG's fixed sizes (seven 4 GB pods fill an A100-80GB's seven 1g.10gb
     instances: 100 % of its compute slices, 35 % of its memory)."""
+    mode_switches: int = 0
+    """GPUs whose MIG mode a plan switched (dynamic MIG mode), either way."""
+    whole_gpu_pods: int = 0
+    """Whole-GPU pods bound to whole GPUs."""
 
     @property
     def serves_every_request(self) -> bool:
@@ -230,6 +249,9 @@ def replayed(
         if requested >= target:
             break
         out.append((tp, len(out) * settings.timing.inflate_gap_s, None))
+        if tp.whole:
+            requested += tp.whole * cluster.reference_model.compute_slices
+            continue
         requested += next((s for m in models if (s := _slices(tp.demand, m)) is not None), 0)
     return out
 
@@ -282,11 +304,15 @@ class _Gpu:
         "gb_asked",
         "index",
         "insts",
+        "mig",
         "model",
         "node",
         "replicas_taken",
         "slices",
         "ts_asked",
+        "whole_holder",
+        "whole_reserved",
+        "whole_visible_at",
     )  # fmt: skip
 
     def __init__(self, node: _Node, index: int, model: profiles.GpuModel) -> None:
@@ -305,6 +331,19 @@ class _Gpu:
         """GB its running MPS and time-slicing pods asked (counted up to the GPU's memory)."""
         self.busy_until = 0.0
         self.cached: snapshot.Gpu | None = None
+        self.mig = True
+        """Its MIG mode; ``False``: a whole GPU (only on a dynamic node)."""
+        self.whole_holder: _Pod | None = None
+        """The pod bound to it as a whole GPU."""
+        self.whole_reserved: _Pod | None = None
+        """The pod a plan reserved it for as a whole GPU."""
+        self.whole_visible_at = math.inf
+        """When it is advertised as a whole GPU (``inf`` while in MIG mode)."""
+
+    @property
+    def whole_free(self) -> bool:
+        """A whole GPU nobody holds or reserved."""
+        return not self.mig and self.whole_holder is None and self.whole_reserved is None
 
 
 class _Node:
@@ -340,6 +379,7 @@ class _Pod:
         "bound_at",
         "duration",
         "gb",
+        "gpus",
         "held",
         "index",
         "insts",
@@ -366,6 +406,8 @@ class _Pod:
         self.bound_at: float | None = None
         self.node: _Node | None = None
         self.insts: list[_Inst] = []
+        self.gpus: list[_Gpu] = []
+        """Whole GPUs it holds or reserved."""
         self.shares: list[tuple[_Gpu, _Slice | None]] = []
         """MPS slices (or, with ``None``, time-slicing replicas) it holds or reserved."""
         self.held = 0
@@ -459,10 +501,13 @@ class _Simulation:
             reservation_timeout_s=settings.timing.reservation_timeout_s,
         )
         self.reconfigurations = 0
+        self.switches = 0
         self.destroyed = 0
         self.refused = 0
         self.planner_seconds = 0.0
         self.planner_calls = 0
+        self.whole_bound = 0
+        """Whole-GPU pods bound (:attr:`Result.whole_gpu_pods`)."""
         self.pods = self._admit_trace(trace)
         self.interpod = any(p.trace.terms is not interpod.NO_TERMS for p in self.pods)
         """Some pod has labels, pod (anti-)affinity or spread: the snapshot lists the pods
@@ -595,6 +640,8 @@ class _Simulation:
         """kube-scheduler's filter on free advertised instances (a static layout's pods)."""
         if node.mode is not modes.Mode.MIG:
             return False  # MPS slices and replicas are given by the planner, never scheduled
+        if pod.trace.whole:
+            return self._fit_whole(pod, node)
         need = _needs(pod.trace.demand, node.spec.model)
         if need is None or constraints.rejection(self._node_snapshot(node), pod.spod):
             return False
@@ -607,6 +654,22 @@ class _Simulation:
             tracker = podaffinity.Tracker(self._snapshot())
             return tracker.refusals_on(pod.spod, [self._node_snapshot(node)])[0] is None
         return True
+
+    def _fit_whole(self, pod: _Pod, node: _Node) -> bool:
+        """kube-scheduler's filter for a whole-GPU pod: ``nvidia.com/gpu`` advertised and free."""
+        if pod.trace.cpu_milli > node.cpu_free or pod.trace.memory_bytes > node.mem_free:
+            return False
+        if len(self._advertised_whole(node)) < pod.trace.whole:
+            return False
+        if constraints.rejection(self._node_snapshot(node), pod.spod):
+            return False
+        if self.interpod:
+            tracker = podaffinity.Tracker(self._snapshot())
+            return tracker.refusals_on(pod.spod, [self._node_snapshot(node)])[0] is None
+        return True
+
+    def _advertised_whole(self, node: _Node) -> list[_Gpu]:
+        return [g for g in node.gpus if g.whole_free and g.whole_visible_at <= self.now]
 
     def _score(self, node: _Node) -> tuple[float, int]:
         used = node.busy_slices / (node.spec.gpus * node.spec.model.compute_slices)
@@ -624,6 +687,14 @@ class _Simulation:
                     best, best_score = node, score
         if best is None:
             return False
+        if pod.trace.whole:
+            gpus = self._advertised_whole(best)[: pod.trace.whole]
+            for gpu in gpus:
+                gpu.whole_holder = pod
+                gpu.cached = None
+            pod.gpus = gpus
+            self._hold(pod, best, [])
+            return True
         wanted = _needs(pod.trace.demand, best.spec.model)
         assert wanted is not None
         need = Counter(wanted)  # a copy: the cached one is shared
@@ -655,6 +726,8 @@ class _Simulation:
             inst.holder = pod
             node.busy_slices += inst.slices
             self._invalidate(node, inst)
+        node.busy_slices += len(pod.gpus) * node.spec.model.compute_slices
+        node.cached = None
         node.cpu_free -= pod.trace.cpu_milli
         node.mem_free -= pod.trace.memory_bytes
         if node.cpu_free < 0 or node.mem_free < 0:
@@ -677,6 +750,8 @@ class _Simulation:
         else:
             self.held_slices += pod.held
             self.held_gb += pod.gb
+        if pod.gpus:
+            self.whole_bound += 1
         self._sample()
         if pod.duration is not None:
             self._push(self.now + pod.duration, _Kind.DEPARTURE, pod)
@@ -702,17 +777,43 @@ class _Simulation:
 
     def _arrive(self, pod: _Pod) -> None:
         self._set_state(pod, PodState.WAITING)
+        if pod.trace.whole:
+            never = self._never_whole(pod)
+            if never is not None:
+                self._reject(pod, f"can never run: {never}")
+                return
         if self.gated:
             self._wait(pod)  # gated: the loop's next plan serves it, or refuses it
             self._touch()
             return
-        reason = control.never_runs(pod.spod, self._emptied())
+        reason = None if pod.trace.whole else control.never_runs(pod.spod, self._emptied())
         if reason is not None:  # the words the loop's step uses (Verdict.REFUSE)
             self._reject(pod, f"can never run: {reason}")
             return
         if not self._schedule(pod, self.nodes):
             self._wait(pod)
             self._touch()
+
+    def _never_whole(self, pod: _Pod) -> str | None:
+        """Why a whole-GPU pod could run on no node even empty (a dynamic node admitting it
+        with its GPUs, CPU and memory), or ``None``. The loop never refuses such a pod (the
+        controller leaves it to kube-scheduler), so the simulator rejects it as it comes."""
+        empty = self._emptied()
+        for node, seen in zip(self.nodes, empty, strict=True):
+            if (
+                node.spec.dynamic
+                and node.spec.gpus >= pod.trace.whole
+                and pod.trace.cpu_milli <= node.spec.allocatable.cpu_milli
+                and pod.trace.memory_bytes <= node.spec.allocatable.memory_bytes
+                and constraints.rejection(seen, pod.spod) is None
+            ):
+                return None
+        n = pod.trace.whole
+        return (
+            f"it asks for {n} whole GPU{'s' if n > 1 else ''} and no node labelled "
+            f"{modes.MIG_MODE_LABEL}={modes.DYNAMIC_MIG} admits it with as many GPUs, its CPU "
+            "and memory"
+        )
 
     def _reject(self, pod: _Pod, reason: str) -> None:
         pod.reason = reason
@@ -728,6 +829,12 @@ class _Simulation:
             node.busy_slices -= inst.slices
             node.free[inst.profile] += 1
             self._invalidate(node, inst)
+        for gpu in pod.gpus:
+            if gpu.whole_holder is not pod:
+                raise InvariantViolation(f"{pod.trace.name} left a whole GPU it did not hold")
+            gpu.whole_holder = None
+            gpu.cached = None
+            node.busy_slices -= node.spec.model.compute_slices
         if pod.shares:
             per, per_gb = _per_share(pod)
             for gpu, _ in pod.shares:
@@ -753,7 +860,12 @@ class _Simulation:
             self._retry(node)
         self._touch()
 
-    def _visible(self, gpu: _Gpu, inst: _Inst) -> None:
+    def _visible(self, gpu: _Gpu, inst: _Inst | None) -> None:
+        if inst is None:  # a GPU switched out of MIG is advertised whole
+            if gpu.whole_free and gpu.whole_visible_at <= self.now and not self.gated:
+                self._retry(gpu.node)
+            self._touch()
+            return
         if gpu.insts.get(inst.start) is not inst:
             return  # destroyed before it was advertised
         inst.advertised = True
@@ -775,6 +887,11 @@ class _Simulation:
                 raise InvariantViolation(f"{pod.trace.name} lost its reserved instance")
             inst.reserved_for = None
             inst.holder = pod
+        for gpu in pod.gpus:
+            if gpu.whole_reserved is not pod or gpu.whole_visible_at > self.now:
+                raise InvariantViolation(f"{pod.trace.name} lost its reserved whole GPU")
+            gpu.whole_reserved = None
+            gpu.whole_holder = pod
         for _, sl in pod.shares:
             if sl is not None:
                 if sl.reserved_for is not pod:
@@ -806,6 +923,8 @@ class _Simulation:
                         ),
                         replicas=node.spec.replicas,
                         replicas_used=gpu.replicas_taken,
+                        mig=gpu.mig,
+                        whole_taken=not gpu.mig and not gpu.whole_free,
                     )
                 gpus.append(gpu.cached)
             node.cached = snapshot.Node(
@@ -817,6 +936,7 @@ class _Simulation:
                 gpus=tuple(gpus),
                 capacity=node.spec.allocatable,
                 mode=node.mode,
+                dynamic=node.spec.dynamic,
             )
         return node.cached
 
@@ -827,7 +947,8 @@ class _Simulation:
             )
         return snapshot.Snapshot(
             nodes=tuple(self._node_snapshot(n) for n in self.nodes),
-            pods=self.waiting_pods,
+            pods=tuple(p for p in self.waiting_pods if not p.whole),
+            whole_pods=tuple(p for p in self.waiting_pods if p.whole),
             policy=self.settings.scoring,
             bound=self._bound(),
         )
@@ -874,6 +995,11 @@ class _Simulation:
                     "to be created"
                 )
                 break
+        if missing is None:
+            for gpu in pod.gpus:
+                if gpu.whole_visible_at > self.now:
+                    missing = f"GPU {gpu.index} on {pod.node.spec.name} to be advertised whole"
+                    break
         if missing is None:
             for shared, sl in pod.shares:
                 if sl is not None and sl.visible_at > self.now:
@@ -935,6 +1061,12 @@ class _Simulation:
             if inst.advertised:
                 node.free[inst.profile] += 1
             self._invalidate(node, inst)
+        for whole in pod.gpus:
+            if whole.whole_reserved is not pod:
+                raise InvariantViolation(f"{pod.trace.name} lost its reserved whole GPU")
+            whole.whole_reserved = None
+            whole.cached = None
+            node.busy_slices -= node.spec.model.compute_slices
         for gpu, sl in pod.shares:
             if sl is None:
                 gpu.replicas_taken -= 1
@@ -944,7 +1076,7 @@ class _Simulation:
         node.cpu_free += pod.trace.cpu_milli
         node.mem_free += pod.trace.memory_bytes
         node.cached = None
-        pod.node, pod.insts, pod.shares = None, [], []
+        pod.node, pod.insts, pod.shares, pod.gpus = None, [], [], []
         self._set_state(pod, PodState.WAITING)
         self._wait(pod)
         self._touch()
@@ -962,10 +1094,16 @@ class _Simulation:
         ops: dict[tuple[str, int], list[plans.Action]] = {}
         for action in plan.actions:
             ops.setdefault((action.node, action.gpu), []).append(action)
+        switched = {(sw.node, sw.gpu): sw.mig for sw in plan.switches}
+        for key in switched:
+            ops.setdefault(key, [])
         for (node_name, index), actions in ops.items():
             node = self.node_by_name[node_name]
             gpu = node.gpus[index]
             clock = max(self.now, gpu.busy_until)
+            to_mig = switched.get((node_name, index))
+            if to_mig is True:  # into MIG before its instances are created
+                clock = self._switch(gpu, mig=True, clock=clock, planner=plan.planner)
             for a in actions:
                 if a.op is plans.Op.DESTROY:
                     inst = gpu.insts.get(a.start)
@@ -982,8 +1120,14 @@ class _Simulation:
                     clock += t.destroy_s
                     self.destroyed += 1
                 else:
+                    if not gpu.mig:
+                        raise InvariantViolation(
+                            f"{plan.planner} creates {a.profile} on whole GPU {node_name}/{index}"
+                        )
                     clock += t.create_s
                     self._add_instance(gpu, a.profile, a.start, visible_at=clock + t.advertise_s)
+            if to_mig is False:  # out of MIG once its free instances are destroyed
+                clock = self._switch(gpu, mig=False, clock=clock, planner=plan.planner)
             gpu.busy_until = clock
             gpu.cached = None
             node.cached = None
@@ -996,6 +1140,27 @@ class _Simulation:
         self._apply_slices(plan)
         for placement in plan.placements:
             self._reserve(placement, planner=plan.planner)
+
+    def _switch(self, gpu: _Gpu, *, mig: bool, clock: float, planner: str) -> float:
+        """Switch ``gpu``'s MIG mode from ``clock``; returns when the switch is done. Never on
+        a GPU with anything held or reserved (the invariant the agent keeps on a real node)."""
+        where = f"{gpu.node.spec.name}/{gpu.index}"
+        if not gpu.node.spec.dynamic:
+            raise InvariantViolation(f"{planner} switched {where}, on a node not dynamic")
+        if gpu.mig == mig:
+            raise InvariantViolation(f"{planner} switched {where} to the mode it has")
+        if gpu.insts or (not gpu.mig and not gpu.whole_free):
+            raise InvariantViolation(f"{planner} switched the MIG mode of {where} while in use")
+        t = self.timing
+        clock += t.mode_reset_s if gpu.model.mode_change_needs_reset else t.mode_switch_s
+        gpu.mig = mig
+        gpu.whole_visible_at = math.inf if mig else clock + t.advertise_s
+        if not mig:
+            self._push(gpu.whole_visible_at, _Kind.VISIBLE, (gpu, None))
+        gpu.cached = None
+        gpu.node.cached = None
+        self.switches += 1
+        return clock
 
     def _apply_slices(self, plan: plans.Plan) -> None:
         """MPS slices removed and created (a slice is advertised ``advertise_s`` after)."""
@@ -1068,6 +1233,15 @@ class _Simulation:
                 shares.append((gpu, sl))
             gpu.cached = None
         pod.shares = shares
+        for index in placement.gpus:
+            gpu = node.gpus[index]
+            if not gpu.whole_free:
+                raise InvariantViolation(f"{planner} gave {placement.pod} an unavailable whole GPU")
+            gpu.whole_reserved = pod
+            gpu.cached = None
+            node.busy_slices += node.spec.model.compute_slices
+            ready = max(ready, gpu.whole_visible_at)
+            pod.gpus.append(gpu)
         insts: list[_Inst] = []
         for ai in placement.instances:
             inst = node.gpus[ai.gpu].insts.get(ai.start)
@@ -1128,6 +1302,15 @@ class _Simulation:
                         busy += inst.slices
                     elif inst.advertised:
                         free[inst.profile] += 1
+                if gpu.mig and (gpu.whole_holder or gpu.whole_reserved):
+                    raise InvariantViolation(f"a MIG GPU held whole on {node.spec.name}")
+                if not gpu.mig and gpu.insts:
+                    raise InvariantViolation(f"instances on whole GPU {node.spec.name}")
+                holder = gpu.whole_holder or gpu.whole_reserved
+                if holder is not None:
+                    if gpu not in holder.gpus or (gpu.whole_holder and gpu.whole_reserved):
+                        raise InvariantViolation(f"whole GPU {node.spec.name} held astray")
+                    busy += gpu.model.compute_slices
             if +node.free != +free or node.busy_slices != busy:
                 raise InvariantViolation(f"free instance counts of {node.spec.name} drifted")
         held_gb = 0
@@ -1177,7 +1360,7 @@ class _Simulation:
         served: dict[str, bool] = {}
         for pod in self.pods:
             if pod.state not in (PodState.REJECTED, PodState.NOT_ARRIVED):
-                kind = request_kind(pod.trace.mig, pod.trace.unified)
+                kind = request_kind(pod.trace.mig, pod.trace.unified, whole=pod.trace.whole)
                 served[kind] = served.get(kind, False) or pod.bound_at is not None
             if pod.state is PodState.REJECTED:
                 rejected += 1
@@ -1220,6 +1403,8 @@ class _Simulation:
             request_kinds=tuple(sorted(served)),
             requests_never_served=tuple(sorted(k for k, ok in served.items() if not ok)),
             memory_ratio=memory,
+            mode_switches=self.switches,
+            whole_gpu_pods=self.whole_bound,
         )
 
 
@@ -1229,7 +1414,10 @@ def request_text(mig: tuple[snapshot.MigRequest, ...]) -> str:
 
 
 def request_kind(
-    mig: tuple[snapshot.MigRequest, ...], request: unifying.UnifiedRequest | None = None
+    mig: tuple[snapshot.MigRequest, ...],
+    request: unifying.UnifiedRequest | None = None,
+    *,
+    whole: int = 0,
 ) -> str:
     """The kind of request a pod makes, the unit of "a policy serves every request".
 
@@ -1240,8 +1428,11 @@ def request_kind(
     (``2 x 1g.10gb + 3g.40gb``). A kind counts in a run when at least one submitted pod of it is
     not rejected, i.e. some node of the cluster could run it with every GPU empty: a kind no GPU
     of the cluster can serve never counts against a policy. A unified request is its own kind,
-    written as the pod spec asks (``gpu 1, gpumem-percentage 50``).
+    written as the pod spec asks (``gpu 1, gpumem-percentage 50``), whole GPUs as ``2 x whole
+    GPU``.
     """
+    if whole:
+        return "whole GPU" if whole == 1 else f"{whole} x whole GPU"
     if request is not None:
         return request.text()
     counts: Counter[str] = Counter()
@@ -1255,6 +1446,8 @@ def _held(pod: _Pod) -> int:
     instances' for a MIG request, where asked and given are the same; for a unified request
     the slices of the profile MIG would give it there, whatever mode served it, so a pod counts
     the same on a MIG, an MPS or a time-slicing node)."""
+    if pod.gpus:
+        return sum(g.model.compute_slices for g in pod.gpus)
     if pod.trace.unified is None:
         return sum(i.slices for i in pod.insts)
     assert pod.node is not None
@@ -1270,6 +1463,8 @@ def _asked_gb(pod: _Pod) -> int:
     """The GB of GPU memory a running pod asked (:attr:`Result.memory_ratio`)."""
     assert pod.node is not None
     model = pod.node.spec.model
+    if pod.gpus:
+        return sharing_mps.memory_gb(model) * len(pod.gpus)
     if pod.trace.unified is None:
         if pod.trace.memory_gb is not None:
             return min(pod.trace.memory_gb, sharing_mps.memory_gb(model) * len(pod.insts))

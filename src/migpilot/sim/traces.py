@@ -13,12 +13,16 @@ sources make one:
   as a HAMi user would, and the planner picks the profile on each model: ``gpu_milli`` is read
   as a share of the GPU's memory (``nvidia.com/gpu: 1``, ``nvidia.com/gpumem-percentage:
   ceil(gpu_milli / 10)``), ``num_gpu > 1`` as that many whole GPUs (``gpumem-percentage:
-  100``). CPU and memory are kept; CPU-only pods (``num_gpu`` 0) are left out, since they do
-  not touch a GPU. Variants without times (multigpu50) can only be replayed in inflate mode.
+  100``). With ``whole_gpus`` a row using full GPUs (``gpu_milli`` 1000) asks for ``num_gpu``
+  whole GPUs instead (``nvidia.com/gpu: N`` alone, MIG off), which only nodes labelled
+  ``migpilot.io/mig-mode=dynamic`` serve. CPU and memory are kept; CPU-only pods (``num_gpu`` 0)
+  are left out, since they do not touch a GPU. Variants without times (multigpu50) can only be
+  replayed in inflate mode.
 - **MIG-native** CSV for users' own traces: ``name,arrival,duration,requests`` with times in
   seconds (an empty duration runs to the end) and requests like
   ``mig-1g.10gb=2;cpu=4;memory=8Gi`` (or a unified request, ``gpu=1;gpumem=8000``, with
-  ``gpumem-percentage`` and ``gpucores`` as well); an optional fifth column ``node_selector``
+  ``gpumem-percentage`` and ``gpucores`` as well, or whole GPUs, ``gpu=1`` alone); an optional
+  fifth column ``node_selector``
   holds the pod's node selector like ``nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3``
   (several joined by ``;``), matched against the simulated nodes' labels. openb's
   ``gpu_spec`` (GPU models of Alibaba's cluster) is not a selector here: those models are not
@@ -113,6 +117,9 @@ class TracePod:
     terms: interpod.PodTerms = interpod.NO_TERMS
     """Its labels, required pod (anti-)affinity and hard topology spread (namespace
     ``default``)."""
+    whole: int = 0
+    """Whole GPUs (MIG off) it asks for (``nvidia.com/gpu: N`` alone); then :attr:`mig` is
+    empty and :attr:`unified` is ``None``."""
 
     @property
     def demand(self) -> snapshot.Demand:
@@ -123,6 +130,10 @@ class TracePod:
     def requests(self) -> snapshot.Requests:
         """What the pod asks for, as the request parser gives it (for
         :func:`snapshot.planned_pod`)."""
+        if self.whole:
+            return snapshot.whole_requests(
+                self.whole, cpu_milli=self.cpu_milli, memory_bytes=self.memory_bytes
+            )
         return snapshot.Requests(self.mig, self.cpu_milli, self.memory_bytes, unified=self.unified)
 
 
@@ -264,8 +275,10 @@ def parse_openb(
     model: profiles.GpuModel,
     mapping: ProfileMapping = ProfileMapping.COMPUTE,
     requests: Requests = Requests.MIG,
+    whole_gpus: bool = False,
 ) -> Trace:
-    """An openb pod list (see the module docstring); raises :class:`TraceError` naming the line."""
+    """An openb pod list (see the module docstring); raises :class:`TraceError` naming the line.
+    With ``whole_gpus`` rows using full GPUs ask for whole GPUs."""
     rows = _rows(text, source=source)
     header_line, header = next(rows, (0, []))
     missing = [c for c in OPENB_COLUMNS if c not in header]
@@ -306,10 +319,15 @@ def parse_openb(
                     f"{where}: deletion_time {deleted} is before creation_time {created}"
                 )
             arrival, duration = float(created), float(deleted - created)
-        mig, request = _pod_asks(
-            model, num_gpu=num_gpu, gpu_milli=gpu_milli, mapping=mapping, requests=requests
+        whole = num_gpu if whole_gpus and gpu_milli == 1000 else 0
+        mig, request = (
+            ((), None)
+            if whole
+            else _pod_asks(
+                model, num_gpu=num_gpu, gpu_milli=gpu_milli, mapping=mapping, requests=requests
+            )
         )
-        asked = None if request is not None else _share_gb(model, num_gpu, gpu_milli)
+        asked = None if request is not None or whole else _share_gb(model, num_gpu, gpu_milli)
         pods.append(
             TracePod(
                 name=row[col["name"]] or f"line-{line}",
@@ -320,6 +338,7 @@ def parse_openb(
                 cpu_milli=cpu,
                 memory_bytes=memory * _MIB,
                 memory_gb=asked,
+                whole=whole,
             )
         )
         lines.append(line)
@@ -339,10 +358,17 @@ def bundled_openb(
     *,
     mapping: ProfileMapping = ProfileMapping.COMPUTE,
     requests: Requests = Requests.MIG,
+    whole_gpus: bool = False,
 ) -> Trace:
-    """The bundled openb default trace, mapped to ``model``'s profiles (or unified requests)."""
+    """The bundled openb default trace, mapped to ``model``'s profiles (or unified requests;
+    with ``whole_gpus`` its full-GPU rows as whole-GPU pods)."""
     return parse_openb(
-        bundled_openb_text(), source="openb", model=model, mapping=mapping, requests=requests
+        bundled_openb_text(),
+        source="openb",
+        model=model,
+        mapping=mapping,
+        requests=requests,
+        whole_gpus=whole_gpus,
     )
 
 
@@ -397,7 +423,8 @@ def _requests(text: str, *, where: str) -> snapshot.Requests:
             f"{where}: requests name no MIG profile (like mig-1g.10gb=1) and no gpu"
         )
     try:
-        return snapshot.pod_requests(resources, where=where)
+        whole = snapshot.whole_gpu_requests(resources, where=where)
+        return whole if whole is not None else snapshot.pod_requests(resources, where=where)
     except errors.SnapshotError as e:
         raise errors.TraceError(str(e)) from None
 
@@ -555,6 +582,7 @@ def parse_native(text: str, *, source: str) -> Trace:
                 memory_bytes=req.memory_bytes,
                 node_selector=selector,
                 terms=terms,
+                whole=req.whole,
             )
         )  # fmt: skip
         lines.append(line)
@@ -569,16 +597,25 @@ def parse(
     model: profiles.GpuModel,
     mapping: ProfileMapping = ProfileMapping.COMPUTE,
     requests: Requests = Requests.MIG,
+    whole_gpus: bool = False,
 ) -> Trace:
     """A trace file's text, its format recognised by its header (openb or MIG-native; the
-    latter names its requests itself, so ``mapping`` and ``requests`` are openb's)."""
+    latter names its requests itself, so ``mapping``, ``requests`` and ``whole_gpus`` are
+    openb's)."""
     first = next(_rows(text, source=source), None)
     if first is None:
         raise errors.TraceError(f"{source}: the trace is empty")
     if _is_native_header(first[1]):
         return parse_native(text, source=source)
     if all(c in first[1] for c in OPENB_COLUMNS):
-        return parse_openb(text, source=source, model=model, mapping=mapping, requests=requests)
+        return parse_openb(
+            text,
+            source=source,
+            model=model,
+            mapping=mapping,
+            requests=requests,
+            whole_gpus=whole_gpus,
+        )
     raise errors.TraceError(
         f"{source}:{first[0]}: unknown trace format (expected the header "
         f"{','.join(NATIVE_COLUMNS)} or an openb pod list with {','.join(OPENB_COLUMNS)})"
