@@ -49,9 +49,11 @@ from typing import Any
 
 from migpilot import gcpause
 from migpilot.planning import (
+    dynamic,
     fast,
     generate,
     interpod,
+    modes,
     objective,
     options,
     planners,
@@ -67,24 +69,36 @@ ALL = ("fast", "exact", *BASELINES)
 
 
 def timed(
-    snap: snapshot.Snapshot, name: str, opts: options.Options, *, pause_gc: bool = True
+    snap: snapshot.Snapshot,
+    name: str,
+    opts: options.Options,
+    *,
+    pause_gc: bool = True,
+    dynamic_mode: bool = False,
 ) -> tuple[Any, float, float]:
     """(plan, wall seconds, CPU seconds of this process).
 
     Like ``migpilot plan``, planning runs with the cyclic garbage collector paused
     (:mod:`migpilot.gcpause`); ``pause_gc=False`` measures it with the collector running (the
-    snapshot still frozen out of its sight), for comparison.
+    snapshot still frozen out of its sight), for comparison. ``dynamic_mode`` plans through
+    :func:`migpilot.planning.dynamic.plan`, as the controller and ``migpilot plan`` do.
     """
+
+    def run() -> Any:
+        if dynamic_mode:
+            return dynamic.plan(snap, lambda s: planners.run(s, name, opts))
+        return planners.run(snap, name, opts)
+
     if pause_gc:
         with gcpause.paused():
             w, c = time.perf_counter(), time.process_time()
-            plan = planners.run(snap, name, opts)
+            plan = run()
             return plan, time.perf_counter() - w, time.process_time() - c
     gc.collect()
     gc.freeze()
     try:
         w, c = time.perf_counter(), time.process_time()
-        plan = planners.run(snap, name, opts)
+        plan = run()
         return plan, time.perf_counter() - w, time.process_time() - c
     finally:
         gc.unfreeze()
@@ -451,6 +465,28 @@ def with_deployments(
     return dataclasses.replace(snap, nodes=nodes, pods=tuple(pods))
 
 
+def with_dynamic(snap: snapshot.Snapshot, *, share: float) -> snapshot.Snapshot:
+    """``snap`` with every node labelled ``migpilot.io/mig-mode=dynamic`` and ``share`` of its
+    pods, every ``1/share``-th, asking one whole GPU instead (:attr:`snapshot.Pod.whole`): the
+    plan must switch idle GPUs out of MIG for them (:mod:`migpilot.planning.dynamic`)."""
+    nodes = tuple(
+        dataclasses.replace(
+            n,
+            dynamic=True,
+            labels=MappingProxyType({**n.labels, modes.MIG_MODE_LABEL: modes.DYNAMIC_MIG}),
+        )
+        for n in snap.nodes
+    )
+    step = round(1 / share)
+    whole = tuple(
+        dataclasses.replace(p, mig=(), unified=None, mps=(), whole=1)
+        for i, p in enumerate(snap.pods)
+        if i % step == 0
+    )
+    rest = tuple(p for i, p in enumerate(snap.pods) if i % step != 0)
+    return dataclasses.replace(snap, nodes=nodes, pods=rest, whole_pods=whole)
+
+
 EXACT_SIZE = (25, 125)
 """Nodes (8 GPUs each) and pods at which the exact planner's cost of the constraints is measured:
 200 GPUs, solved to optimality in about 5 s either way on the development machine; at 400 GPUs
@@ -464,7 +500,9 @@ def constraints_cost(quick: bool, time_limit: float = 20.0) -> dict[str, Any]:
     (anti-)affinity and topology spread; fast again with the same Deployments' terms in their
     preferred forms (first-fit ignores those), and both with the Deployments but no terms (the
     control: the replicas share their first's node constraints); and exact at
-    :data:`EXACT_SIZE`, plain and with the required terms. fast's figure is the median of three
+    :data:`EXACT_SIZE`, plain and with the required terms; and fast through dynamic MIG mode
+    (every node dynamic, 5% of the pods asking a whole GPU; control: the nodes dynamic, those
+    pods left out). fast's figure is the median of three
     cold runs; every constrained plan is checked against kube-scheduler's filters (no violation
     allowed)."""
     nodes, pods = (100, 500) if quick else (1000, 5000)
@@ -484,6 +522,11 @@ def constraints_cost(quick: bool, time_limit: float = 20.0) -> dict[str, Any]:
             for p in deployed.pods
         ),
     )
+    # Dynamic MIG mode: every node dynamic, 5% of the pods asking a whole GPU; the same
+    # snapshot with the nodes dynamic but those pods left out is its control.
+    dyn = with_dynamic(plain, share=0.05)
+    cases["dynamic-5pct-whole"] = dyn
+    cases["dynamic-no-whole"] = dataclasses.replace(dyn, whole_pods=())
     exact_nodes, exact_pods = (10, 50) if quick else EXACT_SIZE
     small = generate.random_snapshot(seed=7, nodes=exact_nodes, gpus_per_node=8, pods=exact_pods)
     exact_cases = {
@@ -496,6 +539,8 @@ def constraints_cost(quick: bool, time_limit: float = 20.0) -> dict[str, Any]:
     ]
     # first-fit ignores preferred terms: its preferred case would repeat its control.
     runs_of = [r for r in runs_of if not (r[0] == "preferred-10pct" and r[2] == "first-fit")]
+    # The dynamic cases for fast only: the wrapper is the same around any planner.
+    runs_of = [r for r in runs_of if not (r[0].startswith("dynamic") and r[2] != "fast")]
     runs_of += [(label, snap, "exact") for label, snap in exact_cases.items()]
     for label, snap, name in runs_of:
         constrained = sum(1 for p in snap.pods if p.terms.constrained or p.terms.preferring)
@@ -503,10 +548,11 @@ def constraints_cost(quick: bool, time_limit: float = 20.0) -> dict[str, Any]:
         runs = []
         for _ in range(3 if name == "fast" else 1):
             fast.clear_caches()
-            runs.append(timed(snap, name, opts))
+            runs.append(timed(snap, name, opts, dynamic_mode=label.startswith("dynamic")))
         plan, wall, cpu = sorted(runs, key=lambda r: r[2])[len(runs) // 2]
         bad = podaffinity.violations(snap, {p.pod: p.node for p in plan.placements})
         sc = objective.score(snap, plan)
+        whole_placed = sum(1 for p in plan.placements if p.gpus)
         gpus = sum(len(n.gpus) for n in snap.nodes)
         row = {
             "case": label,
@@ -520,12 +566,25 @@ def constraints_cost(quick: bool, time_limit: float = 20.0) -> dict[str, Any]:
             "placed": sc.placed,
             "filter_violations": len(bad),
         }
+        if snap.whole_pods:
+            problems = validation.problems(snap, plan)
+            row |= {
+                "whole_pods": len(snap.whole_pods),
+                "whole_placed": whole_placed,
+                "switches": len(plan.switches),
+                "validation_problems": len(problems),
+            }
         if name == "exact":
             row["optimal"] = plan.optimal
         rows.append(row)
         print(
             f"{label:20} {gpus:5} GPUs {len(snap.pods):5} pods ({constrained:4} constrained) "
-            f"{name:10} {cpu:7.3f}s cpu placed {sc.placed:5} violations {len(bad)}",
+            f"{name:10} {cpu:7.3f}s cpu placed {sc.placed:5} violations {len(bad)}"
+            + (
+                f" whole {whole_placed}/{len(snap.whole_pods)} switches {len(plan.switches)}"
+                if snap.whole_pods
+                else ""
+            ),
             flush=True,
         )
 
@@ -538,6 +597,8 @@ def constraints_cost(quick: bool, time_limit: float = 20.0) -> dict[str, Any]:
         "fast_ratio_constrained_over_plain": ratio("fast", "deployments-10pct"),
         "fast_ratio_preferred_over_plain": ratio("fast", "preferred-10pct"),
         "exact_ratio_constrained_over_plain": ratio("exact", "deployments-10pct"),
+        "fast_ratio_dynamic_over_plain": ratio("fast", "dynamic-5pct-whole"),
+        "fast_ratio_dynamic_control_over_plain": ratio("fast", "dynamic-no-whole"),
     }
     for k, v in ratios.items():
         print(f"{k}: {v}")
