@@ -300,7 +300,7 @@ def _elsewhere(observed: Observed) -> tuple[Judged, ...]:
             )))  # fmt: skip
             continue
         for node in others:
-            if node.name not in taken or constraints.rejection(node, pod) is not None:
+            if node.name not in taken or constraints.rejection(node, pod, gpus=False):
                 continue
             free = observed.advertised[node.name][unified.GPU] - taken[node.name]
             if free >= pod.whole:
