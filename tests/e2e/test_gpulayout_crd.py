@@ -235,3 +235,23 @@ def test_printer_columns_show_node_gpus_instances_free_and_ready(crd: ControlPla
     assert names == ["Name", "Node", "GPUs", "Instances", "Free", "Ready", "Age"]
     (row,) = table["rows"]
     assert row["cells"][:6] == ["gl-node-d", "gl-node-d", 1, 3, 1, "True"]
+
+
+def test_only_a_gpu_asked_whole_may_be_reserved_for_a_pod(crd: ControlPlane) -> None:
+    # Dynamic MIG mode (docs/migmode.md): spec.gpus[].reservedFor keeps a whole GPU (mig false)
+    # for a pending whole-GPU pod; the CEL rule refuses it on a GPU in MIG mode or not asked.
+    def whole(mig: bool | None) -> dict[str, Any]:
+        spec = gl.LayoutSpec((gl.GpuSpec(0, "h100-80gb", (), mig=False, reserved_for="ns/w"),))
+        doc = dict(wire.spec_patch("gl-whole", spec))
+        if mig is None:
+            del doc["spec"]["gpus"][0]["mig"]
+        else:
+            doc["spec"]["gpus"][0]["mig"] = mig
+        return doc
+
+    _apply_spec(crd, whole(False))
+    got = wire.parse(crd.client.get(GpuLayout, "gl-whole").to_dict())
+    assert (got.spec.gpus[0].mig, got.spec.gpus[0].reserved_for) == (False, "ns/w")
+    for mig in (True, None):
+        message = _rejected(lambda mig=mig: _apply_spec(crd, whole(mig)))
+        assert "only a whole GPU (mig false, no MPS slices or replicas) is reserved" in message

@@ -2,13 +2,14 @@
 
 Two KWOK nodes with two emulated H100s each, every GPU in MIG mode; ``dyn-h100`` is labelled
 ``migpilot.io/mig-mode=dynamic``, ``plain-h100`` is not. A MIG pod (gated by the webhook,
-planned, pinned) runs on one GPU of the dynamic node. A pod asking ``nvidia.com/gpu: 1`` (no
-gpumem: a whole GPU) is marked Unschedulable by kube-scheduler, as no node advertises
-``nvidia.com/gpu``; the controller plans it on the dynamic node's idle GPU, reserves that GPU
+planned, pinned) runs on one GPU of the dynamic node. The controller's Lease says a node is
+labelled dynamic, so the webhook gates a pod asking ``nvidia.com/gpu: 1`` (no gpumem: a whole
+GPU) on creation; the controller plans it on the dynamic node's idle GPU, reserves that GPU
 whole in the GpuLayout spec (``mig: false``, ``reservedFor``), the agent withdraws it, switches
-it out of MIG and advertises it as ``nvidia.com/gpu``, and kube-scheduler binds the pod there.
+it out of MIG and advertises it as ``nvidia.com/gpu``, the controller pins the pod to the node
+(its node affinity narrowed, the gate removed) and kube-scheduler binds it there.
 The MIG pod's instance is untouched (same UUID, same place). A second whole-GPU pod finds no
-idle GPU on the dynamic node and waits: the unlabelled node's GPUs are never switched.
+idle GPU on the dynamic node and waits, gated: the unlabelled node's GPUs are never switched.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from __future__ import annotations
 import pytest
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod
 
 from migpilot.api import gpulayouts as gl
+from migpilot.api import leases
 from tests.kube.scenes import Scene, container
 
 pytestmark = pytest.mark.kube
@@ -75,6 +78,27 @@ def _allocatable(scene: Scene, node: str) -> dict[str, str]:
     return dict(got.status.allocatable or {}) if got.status is not None else {}
 
 
+def _gated(pod: Pod) -> bool:
+    return pod.spec is not None and any(
+        g.name == "migpilot.io/plan" for g in pod.spec.schedulingGates or ()
+    )
+
+
+def _pinned_to(pod: Pod) -> list[str]:
+    """The node names its required node affinity confines it to (``matchFields``)."""
+    spec = pod.spec
+    affinity = spec.affinity if spec is not None else None
+    node = affinity.nodeAffinity if affinity is not None else None
+    required = node.requiredDuringSchedulingIgnoredDuringExecution if node is not None else None
+    return [
+        value
+        for term in (required.nodeSelectorTerms if required is not None else ())
+        for field in term.matchFields or ()
+        if field.key == "metadata.name"
+        for value in field.values or ()
+    ]
+
+
 def _untouched_plain(scene: Scene) -> None:
     """The unlabelled node: no mode asked or reported, nothing whole advertised, no label."""
     lay = scene.layout(PLAIN)
@@ -103,6 +127,15 @@ def test_a_whole_gpu_pod_runs_on_a_gpu_switched_out_of_mig_beside_a_mig_pod(
         WAIT_S,
     )
     _untouched_plain(scene)
+    # The controller says on its Lease that a node is labelled dynamic (the webhook reads it).
+    scene.wait(
+        lambda: (
+            (lease := client.get(Lease, leases.NAME, namespace=scene.lease_ns)).metadata is not None
+            and (lease.metadata.annotations or {}).get(leases.DYNAMIC_MIG_ANNOTATION) == "true"
+        ),
+        "the Lease saying a node is dynamic",
+        WAIT_S,
+    )
 
     client.create(_mig_pod(scene, "m"))
     got = scene.wait(lambda: scene.running({"m"}), "the MIG pod Running", WAIT_S)
@@ -111,7 +144,8 @@ def test_a_whole_gpu_pod_runs_on_a_gpu_switched_out_of_mig_beside_a_mig_pod(
     mig_gpu = before[0]
     assert before[3]
 
-    client.create(_whole(scene, "w"))
+    created = client.create(_whole(scene, "w"))
+    assert _gated(created), "the whole-GPU pod was not gated on creation"
     kept: set[tuple[int, bool | None, str]] = set()
 
     def running_w() -> dict[str, str]:
@@ -124,6 +158,7 @@ def test_a_whole_gpu_pod_runs_on_a_gpu_switched_out_of_mig_beside_a_mig_pod(
 
     got = scene.wait(running_w, "the whole-GPU pod Running", WAIT_S)
     assert got["w"] == DYN
+    assert _pinned_to(client.get(Pod, "w", namespace=scene.namespace)) == [DYN]
     whole_gpu = 1 - mig_gpu
     assert kept == {(whole_gpu, False, f"{scene.namespace}/w")}
     by_index = {g.index: g for g in _status(scene, DYN)}
@@ -149,7 +184,7 @@ def test_a_whole_gpu_pod_runs_on_a_gpu_switched_out_of_mig_beside_a_mig_pod(
 
     # A second whole-GPU pod: no idle GPU left on the dynamic node, the other node is not
     # labelled, so it waits, told why, and nothing switches.
-    client.create(_whole(scene, "w2"))
+    assert _gated(client.create(_whole(scene, "w2")))
 
     def told() -> list[str]:
         return [
@@ -161,7 +196,7 @@ def test_a_whole_gpu_pod_runs_on_a_gpu_switched_out_of_mig_beside_a_mig_pod(
     (message, *_) = scene.wait(told, "the second whole-GPU pod told it waits", WAIT_S)
     assert f"{MODE_LABEL}=dynamic" in message
     pod = client.get(Pod, "w2", namespace=scene.namespace)
-    assert pod.spec is not None and not pod.spec.nodeName
+    assert pod.spec is not None and not pod.spec.nodeName and _gated(pod)
     _untouched_plain(scene)
     assert _used(scene) == [before]
     assert {g.index: g.mig_mode for g in _status(scene, DYN)}[mig_gpu] == gl.MigModeStatus(

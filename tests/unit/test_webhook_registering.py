@@ -86,7 +86,11 @@ def test_the_validating_configuration_fails_open_beside_the_mutating_one() -> No
     assert condition["expression"] == registering.UNIFIED_CONDITION
     assert "nvidia.com/mig-" not in condition["expression"]
     gating = gate["matchConditions"][0]["expression"]
-    for also in ("r.startsWith('nvidia.com/mig-') || ", "r.startsWith('nvidia.com/gpu-') || "):
+    for also in (
+        "r.startsWith('nvidia.com/mig-') || ",
+        "r.startsWith('nvidia.com/gpu-') || ",
+        " || r == 'nvidia.com/gpu'",  # whole-GPU pods: gated only with a dynamic node
+    ):
         assert also in gating
         gating = gating.replace(also, "")
     assert condition["expression"] in gating

@@ -22,6 +22,12 @@ own, never one another holder was seen renewing. The caller writes the body with
 webhook only decides whether to gate a pod, never whether two controllers act, and it must
 fail open on its first read rather than wait a whole duration.
 
+The Lease also carries what the webhook must know of the cluster and cannot read itself (it
+reads no Node): whether any node is labelled ``migpilot.io/mig-mode=dynamic``
+(:data:`DYNAMIC_MIG_ANNOTATION`, written by the holder at each renewal, read by
+:func:`dynamic_mig`). Only then does the webhook gate whole-GPU pods (``docs/migmode.md``);
+without such a node the Lease is written as before.
+
 Pure: times are numbers handed in (monotonic seconds to judge, epoch seconds to stamp); no
 clock, no client.
 """
@@ -52,6 +58,10 @@ CALL_TIMEOUT_S = 4.0
 :data:`RENEW_DEADLINE_S` minus :data:`RETRY_S`, so one hung call never costs the holder its
 Lease."""
 
+DYNAMIC_MIG_ANNOTATION = "migpilot.io/dynamic-mig-nodes"
+"""Annotation the holder writes on the Lease, ``"true"``, while some node is labelled
+``migpilot.io/mig-mode=dynamic``; absent otherwise."""
+
 
 _RFC3339 = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
@@ -75,6 +85,14 @@ def fresh(lease: Mapping[str, Any], now: float) -> bool:
     if isinstance(duration, bool) or not isinstance(duration, int) or duration <= 0:
         return False
     return renewed is not None and renewed + duration > now
+
+
+def dynamic_mig(lease: Mapping[str, Any]) -> bool:
+    """Whether the Lease says some node is labelled ``migpilot.io/mig-mode=dynamic``
+    (:data:`DYNAMIC_MIG_ANNOTATION` is ``"true"``); anything else, malformed included, is no."""
+    metadata = lease.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    return isinstance(annotations, Mapping) and annotations.get(DYNAMIC_MIG_ANNOTATION) == "true"
 
 
 def parse_time(value: object) -> float | None:
@@ -202,6 +220,7 @@ def claim(
     namespace: str = NAMESPACE,
     name: str = NAME,
     duration_s: int = DURATION_S,
+    dynamic_mig: bool = False,
 ) -> dict[str, Any] | None:
     """The Lease body that takes or renews the Lease for ``identity``, or ``None`` while
     another holder was seen renewing it (:func:`held_by_another` at ``now``, monotonic).
@@ -209,7 +228,9 @@ def claim(
     ``observed`` is :func:`observe` of ``lease``. ``stamp`` (seconds since the epoch) is only
     written, as ``renewTime`` (and ``acquireTime`` on a take): no one judges freshness by it
     but the webhook. Renewing our own Lease keeps its ``acquireTime`` and ``leaseTransitions``;
-    a take bumps ``leaseTransitions``, the fencing term a spec write carries."""
+    a take bumps ``leaseTransitions``, the fencing term a spec write carries. ``dynamic_mig``:
+    some node is labelled ``migpilot.io/mig-mode=dynamic`` (:data:`DYNAMIC_MIG_ANNOTATION`
+    written; without it, none)."""
     if held_by_another(observed, identity=identity, now=now):
         return None
     text = format_time(stamp)
@@ -221,6 +242,8 @@ def claim(
         version = (lease.get("metadata") or {}).get("resourceVersion")
         if version is not None:
             metadata["resourceVersion"] = version
+    if dynamic_mig:
+        metadata["annotations"] = {DYNAMIC_MIG_ANNOTATION: "true"}
     acquired = spec_in.get("acquireTime")
     return {
         "apiVersion": "coordination.k8s.io/v1",

@@ -108,6 +108,9 @@ class PodView:
     """A pod asking for whole GPUs (``nvidia.com/gpu: N``, not unified, no other mode) as the
     planner sees it (:attr:`snapshot.Pod.whole`): served only on nodes labelled
     ``migpilot.io/mig-mode=dynamic`` (``docs/migmode.md``); ``None`` for any other pod."""
+    whole_problem: str | None = None
+    """Why a pod asking for whole GPUs cannot be planned (a node affinity migpilot does not
+    read): if gated, it is let go at once, for kube-scheduler to serve; ``None`` otherwise."""
 
     @property
     def planned(self) -> snapshot.Pod | None:
@@ -208,10 +211,11 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         problem = str(err)
     whole = 0 if is_unified else int(total.get(unified.GPU, 0))
     whole_pod: snapshot.Pod | None = None
+    whole_problem: str | None = None
     other = None if is_unified else unified.other_mode(containers, annotations)
     if whole and pod is None and problem is None and ignored is None and other is None:
         # The apiserver validated its affinity; one we cannot read leaves it to kube-scheduler.
-        with contextlib.suppress(errors.MigpilotError):
+        try:
             whole_pod = _planned_pod(
                 meta,
                 spec,
@@ -221,8 +225,11 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
                     memory_bytes=int(total.get("memory", 0)),
                 ),
             )
+        except errors.MigpilotError as err:
+            whole_problem = str(err)
     return PodView(
         whole_pod=whole_pod,
+        whole_problem=whole_problem,
         placed=None if status.get("phase") in _TERMINATED else _placed(meta, spec),
         key=key,
         uid=str(meta.get("uid", "")),
@@ -662,6 +669,8 @@ def observe(
     pending = tuple(p.pod for p in waiting if p.pod is not None)
     # Whole-GPU pods kube-scheduler could not place are planned only when a node may switch a
     # GPU out of MIG: without a dynamic node nothing changes from before (docs/migmode.md).
+    # Gated ones (the webhook gates them while a node is labelled dynamic) always are: the
+    # step lets go at once those no dynamic node can serve.
     whole_waiting = sorted(
         (
             p
@@ -670,10 +679,11 @@ def observe(
         ),
         key=lambda p: (p.created, p.key),
     )
-    whole_pods = (
-        tuple(p.whole_pod for p in whole_waiting if p.whole_pod is not None)
-        if any(n.dynamic for n in planned)
-        else ()
+    any_dynamic = any(n.dynamic for n in planned)
+    whole_pods = tuple(
+        p.whole_pod
+        for p in whole_waiting
+        if p.whole_pod is not None and (any_dynamic or p.gated_by_us)
     )
     # Pod affinity and topology spread count every pod bound or reserved, on any node.
     where: dict[str, str] = {r.pod: r.node for r in reservations.values()}

@@ -320,6 +320,11 @@ def to_control(observed: observing.Observed, *, changed: bool) -> control.Observ
             for key, view in observed.pods.items()
             if view.problem is not None and view.waiting and view.ignored is None
         },
+        unplannable_whole={
+            key: view.whole_problem
+            for key, view in observed.pods.items()
+            if view.whole_problem is not None and view.waiting and view.gated_by_us
+        },
         stale=observed.stale,
         changed=changed,
         whole=_Lazily(observed.nodes, lambda name: _whole(observed.nodes[name])),

@@ -401,6 +401,7 @@ class Controller:
                     namespace=s.lease_namespace,
                     name=s.lease_name,
                     duration_s=s.lease_duration_s,
+                    dynamic_mig=self.any_dynamic(),
                 )
                 if body is not None:
                     written = await self._lease_call(
@@ -546,6 +547,11 @@ class Controller:
                 self.watches.down(name, f"its task ended: {why}")
             tasks[name] = asyncio.create_task(makers[name]())
 
+    def any_dynamic(self) -> bool:
+        """Whether some node is labelled ``migpilot.io/mig-mode=dynamic``: written on the Lease,
+        so the webhook gates whole-GPU pods only then (``docs/migmode.md``)."""
+        return any(modes.dynamic_mig(n.labels) for n in self._store.nodes.values())
+
     def cannot_serve(self) -> str | None:
         """Why this controller cannot serve now (a watch down for longer than the Lease lasts,
         so its view of the cluster is stale), else ``None``. It then lets its Lease lapse, so
@@ -603,6 +609,8 @@ class Controller:
         self._memory, self._wake_at = decision.memory, decision.wake_at
         for judged in decision.refused:
             await self._refuse(judged.pod, judged.reason)
+        if decision.elsewhere:
+            await self._judge(decision.elsewhere)
         await self._release(observed, decision.release)
         if decision.expired:
             await self._expire(observed, decision.expired)
@@ -986,6 +994,8 @@ class Controller:
                 jobs.append(self._refuse(j.pod, j.reason))
             elif j.verdict is control.Verdict.SCALE_OUT:
                 jobs.append(self._scale_out(j.pod, doc, view, j.reason))
+            elif j.verdict is control.Verdict.ELSEWHERE:
+                jobs.append(self._elsewhere(j.pod, doc, view, j.reason))
             else:
                 jobs.append(self._say(view, type_="Normal", reason="MigWaiting", message=j.reason))
         await asyncio.gather(*jobs)
@@ -1000,6 +1010,17 @@ class Controller:
         self.metrics.scaled_out.inc()
         _log.info("pod %s let go for a node autoscaler: %s", key, why, extra=logs.about(pod=key))
         await self._say(view, type_="Normal", reason="MigScaleOut", message=why)
+        await self._patch_pod(key, pinning.ungate_patch(doc))
+
+    async def _elsewhere(
+        self, key: str, doc: Mapping[str, Any], view: observing.PodView, why: str
+    ) -> None:
+        """A gated whole-GPU pod left to kube-scheduler, unpinned (``docs/migmode.md``); if it
+        was let go since the step read it, nothing is written."""
+        if not view.gated_by_us:
+            return
+        _log.info("whole-GPU pod %s let go: %s", key, why, extra=logs.about(pod=key))
+        await self._say(view, type_="Normal", reason="MigWholeGpuElsewhere", message=why)
         await self._patch_pod(key, pinning.ungate_patch(doc))
 
     async def _let_go(

@@ -64,8 +64,10 @@ def names_nodes(pod: snapshot.Pod) -> bool:
     return any(r.field for term in pod.affinity for r in term)
 
 
-def rejection(node: snapshot.Node, pod: snapshot.Pod) -> str | None:
-    """Why ``pod`` may not run on ``node`` whatever its resources, or ``None`` when it may."""
+def rejection(node: snapshot.Node, pod: snapshot.Pod, *, gpus: bool = True) -> str | None:
+    """Why ``pod`` may not run on ``node`` whatever its resources, or ``None`` when it may.
+    ``gpus=False`` skips the check that the node has MIG-capable GPUs (for a node whose
+    ``nvidia.com/gpu`` kube-scheduler counts, a node migpilot does not plan)."""
     if node.unschedulable:
         return "node is cordoned (unschedulable)"
     for key, want in sorted(pod.node_selector.items()):
@@ -80,7 +82,7 @@ def rejection(node: snapshot.Node, pod: snapshot.Pod) -> str | None:
             continue
         if not any(tolerates(t, taint) for t in pod.tolerations):
             return f"taint {taint.key}={taint.value}:{taint.effect} is not tolerated"
-    if not node.gpus:
+    if gpus and not node.gpus:
         return "node has no MIG-capable GPU"
     return None
 

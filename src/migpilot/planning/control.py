@@ -35,6 +35,13 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   plan leaves unplaced is let go to a statically laid out node with free instances for it,
   refused when it could never run (:func:`never_runs`), and otherwise waits, with the
   planner's reason.
+- **Whole GPUs elsewhere** (dynamic MIG mode, ``docs/migmode.md``). A gated whole-GPU pod
+  (the webhook gates them while some node is labelled ``migpilot.io/mig-mode=dynamic``) is
+  let go at once, unpinned, before any plan, when no planned dynamic node could ever serve it
+  (none admits it, has that many GPUs, or the CPU and memory), when migpilot cannot read it,
+  or when a node that is not dynamic (and whose ``nvidia.com/gpu`` is not migpilot's MIG
+  instances) admits it and advertises enough free ``nvidia.com/gpu`` now: a GPU is then not
+  switched out of MIG for it, and kube-scheduler serves it as it did before the label.
 - **Scaling out** (only with :attr:`Settings.scale_out_after_s`, for clusters with a node
   autoscaler). A gated pod that plans have left unplaced for ``scale_out_after_s``, not pinned
   to one node and with no static node for it, is let go *unpinned*: kube-scheduler marks it
@@ -59,7 +66,7 @@ from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import constraints, dynamic, explaining, modes, plans, snapshot
+from migpilot.planning import constraints, dynamic, explaining, modes, plans, snapshot, unified
 
 Planner = Callable[[snapshot.Snapshot], plans.Plan]
 """A planner with its options bound (``functools.partial(fast.plan, opts=...)`` and the like)."""
@@ -232,6 +239,80 @@ def never_runs(pod: snapshot.Pod, nodes: Sequence[snapshot.Node]) -> str | None:
     return "no node that could hold its instances has the CPU and memory it asks for"
 
 
+def whole_never_served(
+    pod: snapshot.Pod, nodes: Sequence[snapshot.Node], whole: Whole
+) -> str | None:
+    """Why no dynamic node of ``nodes`` could ever serve the whole-GPU ``pod`` (``pod.whole``
+    GPUs of one node), even with every GPU idle, or ``None``. ``whole``: each node's whole
+    CPU and memory (a node not named has its capacity, else its allocatable)."""
+    dynamic = [n for n in nodes if n.dynamic]
+    if not dynamic:
+        return f"no node labelled {modes.MIG_MODE_LABEL}={modes.DYNAMIC_MIG} is planned"
+    admitted = [n for n in dynamic if constraints.rejection(n, pod) is None]
+    if not admitted:
+        reasons = sorted({r for n in dynamic if (r := constraints.rejection(n, pod)) is not None})
+        return f"no dynamic node admits it ({'; '.join(reasons[:3])})"
+    big = [n for n in admitted if len(n.gpus) >= pod.whole]
+    if not big:
+        most = max(len(n.gpus) for n in admitted)
+        return f"it asks for {pod.whole} GPUs and the dynamic nodes that admit it have {most}"
+    for n in big:
+        alloc = whole.get(n.name, n.capacity or n.allocatable)
+        if alloc is None or (
+            pod.cpu_milli <= alloc.cpu_milli and pod.memory_bytes <= alloc.memory_bytes
+        ):
+            return None
+    return "no dynamic node with that many GPUs has the CPU and memory it asks for"
+
+
+def _elsewhere(observed: Observed) -> tuple[Judged, ...]:
+    """The gated whole-GPU pods to let go, unpinned, before planning (:attr:`Verdict.ELSEWHERE`,
+    see the module), in snapshot order; each one let go to a node that is not dynamic counts
+    against that node's free ``nvidia.com/gpu`` for the next."""
+    snap = observed.snapshot
+    out: list[Judged] = [
+        Judged(key, Verdict.ELSEWHERE, f"migpilot cannot plan it ({why}); left to kube-scheduler")
+        for key, why in sorted(observed.unplannable_whole.items())
+        if observed.pending.get(key, Pending()).gated
+    ]
+    if not snap.whole_pods:
+        return tuple(out)
+    # Nodes whose nvidia.com/gpu kube-scheduler may give a whole-GPU pod as before: any node
+    # migpilot does not plan, and planned nodes neither dynamic nor in MIG mode (a MIG node's
+    # nvidia.com/gpu are unified pods' instances).
+    others = [
+        *snap.outside,
+        *(n for n in snap.nodes if not n.dynamic and n.mode is not modes.Mode.MIG),
+    ]
+    taken = {
+        n.name: observed.taken.get(n.name, {}).get(unified.GPU, 0)
+        for n in others
+        if observed.advertised.get(n.name, {}).get(unified.GPU, 0)
+    }
+    for pod in snap.whole_pods:
+        if not observed.pending.get(pod.key, Pending()).gated:
+            continue  # kube-scheduler already tried it: it is planned, never gated again
+        never = whole_never_served(pod, snap.nodes, observed.whole)
+        if never is not None:
+            out.append(Judged(pod.key, Verdict.ELSEWHERE, (
+                f"no dynamic node can ever serve it: {never}; left to kube-scheduler for the "
+                f"nodes that advertise {unified.GPU}"
+            )))  # fmt: skip
+            continue
+        for node in others:
+            if node.name not in taken or constraints.rejection(node, pod, gpus=False):
+                continue
+            free = observed.advertised[node.name][unified.GPU] - taken[node.name]
+            if free >= pod.whole:
+                taken[node.name] += pod.whole
+                out.append(Judged(pod.key, Verdict.ELSEWHERE, (
+                    f"node {node.name} has {free} free {unified.GPU} for it now; left to "
+                    "kube-scheduler rather than switching a GPU out of MIG"
+                )))  # fmt: skip
+                break
+    return tuple(out)
+
+
 # --------------------------------------------------------------------------- the step
 
 
@@ -323,6 +404,10 @@ class Observed:
     """Per node, its whole CPU and memory (``None``: not constrained), for :func:`never_runs`,
     which sees the nodes empty; a node not named has its :attr:`~snapshot.Node.capacity`, else
     its allocatable."""
+    unplannable_whole: Mapping[str, str] = field(default_factory=dict)
+    """Waiting whole-GPU pods migpilot cannot plan (a node affinity it cannot read), and why:
+    kube-scheduler may still serve them, so a gated one is let go at once
+    (:attr:`Verdict.ELSEWHERE`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +453,9 @@ class Verdict(enum.StrEnum):
     kube-scheduler says the rest."""
     LET_GO = "let-go"
     """A statically laid out node has free instances for it: let go (``MigStaticLayout``)."""
+    ELSEWHERE = "elsewhere"
+    """A gated whole-GPU pod no dynamic node can serve, or one a node that is not dynamic has
+    free whole GPUs for now: let go, unpinned, for kube-scheduler (``MigWholeGpuElsewhere``)."""
     SCALE_OUT = "scale-out"
     """No node can hold it now, for longer than :attr:`Settings.scale_out_after_s`: let go,
     unpinned, so kube-scheduler marks it Unschedulable and a node autoscaler sees it
@@ -401,6 +489,9 @@ class Decision:
     """What the loop remembers for the next step."""
     refused: tuple[Judged, ...] = ()
     """Waiting pods whose request can never be served (all :attr:`Verdict.REFUSE`)."""
+    elsewhere: tuple[Judged, ...] = ()
+    """Gated whole-GPU pods let go, unpinned, for kube-scheduler to serve without migpilot
+    (all :attr:`Verdict.ELSEWHERE`); they are not in :attr:`plan`."""
     release: tuple[str, ...] = ()
     """Nodes whose reservations for pods gone, done or bound are dropped."""
     expired: tuple[Expiry, ...] = ()
@@ -444,11 +535,16 @@ def reconcile(
     refused = tuple(
         Judged(pod, Verdict.REFUSE, why) for pod, why in sorted(observed.unservable.items())
     )
+    elsewhere = _elsewhere(observed)
+    snap = observed.snapshot
+    if elsewhere:
+        let_go = {j.pod for j in elsewhere}
+        snap = replace(snap, whole_pods=tuple(p for p in snap.whole_pods if p.key not in let_go))
     since, made_since = _ages(observed, memory, now=now)
     expired = _expired(observed, since, made_since, now=now, settings=settings)
     gone = {e.pod for e in expired}
     pins, waits = _pins(observed, gone, since, now=now, settings=settings)
-    planned = decide(observed.snapshot, batch, now=now, planner=planner)
+    planned = decide(snap, batch, now=now, planner=planner)
     plan = planned.plan
     unfit: tuple[str, ...] = ()
     if plan is not None:
@@ -464,6 +560,7 @@ def reconcile(
     return Decision(
         memory=kept,
         refused=refused,
+        elsewhere=elsewhere,
         release=tuple(sorted(observed.stale)),
         expired=expired,
         pins=pins,

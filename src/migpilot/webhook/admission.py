@@ -7,6 +7,13 @@ controller plans, creates the instance, pins the pod to the node and lifts the g
 holds for a *unified* pod (HAMi-style ``nvidia.com/gpu`` with ``nvidia.com/gpumem`` and the
 like, ``docs/unified.md``): the planner turns it into MIG instances, so it is gated alike.
 
+A *whole-GPU* pod (``nvidia.com/gpu: N`` and nothing unified) is gated only when the Lease also
+says some node is labelled ``migpilot.io/mig-mode=dynamic`` (``docs/migmode.md``): the
+controller may switch a GPU out of MIG for it and must then pin it to that GPU's node, which
+only a gated pod allows. Without such a node nothing changes: the pod is NVIDIA's device
+plugin's and kube-scheduler's alone. The controller lets a gated whole-GPU pod no dynamic node
+can serve go at once.
+
 The gate is added only while the controller holds a fresh Lease, so that a dead controller never
 strands new pods; with the webhook's ``failurePolicy: Ignore`` a dead webhook does not either.
 This webhook never rejects a pod: a malformed review or pod is allowed unchanged, with a message
@@ -54,6 +61,8 @@ class Outcome(enum.StrEnum):
     """Why a review came out as it did (for logs and metrics)."""
 
     GATED = "gated"
+    GATED_WHOLE = "gated-whole-gpu"
+    """A whole-GPU pod, gated because some node is labelled for dynamic MIG mode."""
     NOT_POD_CREATE = "not-pod-create"
     NO_MIG_REQUEST = "no-mig-request"
     """Neither a MIG resource nor a unified request (a plain pod, or ``nvidia.com/gpu`` only)."""
@@ -79,15 +88,18 @@ class Decision:
     """Set when the review or the pod was malformed: the message to return."""
 
 
-def review(document: object, *, lease_fresh: bool) -> reviews.AdmissionReview:
+def review(
+    document: object, *, lease_fresh: bool, gate_whole: bool = False
+) -> reviews.AdmissionReview:
     """The AdmissionReview answering ``document`` (a decoded AdmissionReview request).
 
     Always allows. Adds the gate (and the ``migpilot.io/gated`` label) to a pod being created
     that requests a MIG resource or is unified, has no node and no gate yet, when
-    ``lease_fresh``. Warnings and the message are capped (:func:`reviews.capped`), so the answer
-    stays small whatever the pod holds.
+    ``lease_fresh``; and to a whole-GPU pod alike when ``gate_whole`` too (the Lease says some
+    node is labelled ``migpilot.io/mig-mode=dynamic``). Warnings and the message are capped
+    (:func:`reviews.capped`), so the answer stays small whatever the pod holds.
     """
-    decision = decide(document, lease_fresh=lease_fresh)
+    decision = decide(document, lease_fresh=lease_fresh, gate_whole=gate_whole)
     response: reviews.AdmissionResponse = {"uid": reviews.uid(document), "allowed": True}
     if decision.patch:
         encoded = json.dumps(list(decision.patch), separators=(",", ":")).encode()
@@ -100,7 +112,7 @@ def review(document: object, *, lease_fresh: bool) -> reviews.AdmissionReview:
     return reviews.answer(response)
 
 
-def decide(document: object, *, lease_fresh: bool) -> Decision:
+def decide(document: object, *, lease_fresh: bool, gate_whole: bool = False) -> Decision:
     """The decision for one decoded AdmissionReview; see :func:`review`."""
     try:
         request = reviews.request_of(document)
@@ -109,8 +121,17 @@ def decide(document: object, *, lease_fresh: bool) -> Decision:
         pod = reviews.pod_of(request)
         mig, warnings = _mig_requests(pod)
         as_unified = _unified_outcome(pod)
+        gated = Outcome.GATED
+        if (
+            gate_whole
+            and lease_fresh
+            and not mig
+            and as_unified is Outcome.NO_MIG_REQUEST
+            and asks_whole_gpus(pod)
+        ):
+            gated = as_unified = Outcome.GATED_WHOLE
         if as_unified is Outcome.BAD_UNIFIED_REQUEST or (
-            not mig and as_unified is not Outcome.GATED
+            not mig and as_unified not in (Outcome.GATED, Outcome.GATED_WHOLE)
         ):
             return Decision(as_unified, warnings=warnings)
         gates = _gates(pod.spec)
@@ -121,7 +142,7 @@ def decide(document: object, *, lease_fresh: bool) -> Decision:
         if not lease_fresh:
             return Decision(Outcome.LEASE_STALE, warnings=warnings)
         patch = (_gate_patch(pod.spec), _label_patch(pod.metadata))
-        return Decision(Outcome.GATED, patch=patch, warnings=warnings)
+        return Decision(gated, patch=patch, warnings=warnings)
     except reviews.MalformedError as err:
         message = f"migpilot webhook: admitted without a gate: {err}"
         return Decision(Outcome.MALFORMED, warnings=(message,), problem=message)
@@ -143,6 +164,29 @@ def _unified_outcome(pod: reviews.Pod) -> Outcome:
     except errors.SnapshotError:
         return Outcome.BAD_UNIFIED_REQUEST
     return Outcome.NO_MIG_REQUEST if request is None else Outcome.GATED
+
+
+def asks_whole_gpus(pod: reviews.Pod) -> bool:
+    """Whether the pod asks for whole GPUs: some container or initContainer asks, in requests
+    or limits, for a readable non-zero count of ``nvidia.com/gpu``, and the pod is not unified
+    nor another system's (``nvidia.com/vgpu-mode``). A count that does not read is left to the
+    apiserver, which refuses it: such a pod is not gated."""
+    containers = [c.resources for c in pod.containers]
+    if unified.is_unified(containers, pod.annotations):
+        return False
+    if unified.other_mode(containers, pod.annotations) is not None:
+        return False
+    found = False
+    for container in pod.containers:
+        for amounts in (container.requests, container.limits):
+            if unified.GPU not in amounts:
+                continue
+            try:
+                count = snapshot.amount(unified.GPU, amounts[unified.GPU], where=container.label)
+            except (errors.MigpilotError, ValueError):
+                return False
+            found = found or count > 0
+    return found
 
 
 def _mig_requests(pod: reviews.Pod) -> tuple[list[str], tuple[str, ...]]:

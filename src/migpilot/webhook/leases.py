@@ -5,6 +5,10 @@ controller never strands new pods. The apiserver calls the webhook for every pod
 reading the Lease on each call would double that traffic, so the Lease is re-read at most every
 ``cache_s`` seconds and its freshness judged at each call against the clock.
 
+The Lease also says whether some node is labelled ``migpilot.io/mig-mode=dynamic``
+(:func:`migpilot.api.leases.dynamic_mig`): only then, and only while fresh, are whole-GPU pods
+gated too (:meth:`Freshness.state`).
+
 Any error reading the Lease (not found, forbidden, timeout, TLS) counts as "not fresh": the
 webhook then fails open, as its ``failurePolicy: Ignore`` does.
 
@@ -20,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -72,6 +77,17 @@ class KubeLease:
         return lease
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """What the webhook reads of the controller's Lease at one call."""
+
+    fresh: bool
+    """Some controller holds it fresh: MIG and unified pods are gated."""
+    dynamic_mig: bool
+    """Fresh, and some node is labelled ``migpilot.io/mig-mode=dynamic``: whole-GPU pods are
+    gated too."""
+
+
 class Freshness:
     """Answers "is the controller's Lease fresh now?", reading the source at most every
     ``cache_s`` seconds of ``clock`` (seconds since the Unix epoch). Thread-safe."""
@@ -90,8 +106,14 @@ class Freshness:
         self._lease: Mapping[str, Any] | None = None
         self._read_at: float | None = None
         self._last: bool | None = None
+        self._last_dynamic = False
 
     def fresh(self) -> bool:
+        """Whether the Lease is fresh now (:attr:`LeaseState.fresh`)."""
+        return self.state().fresh
+
+    def state(self) -> LeaseState:
+        """The Lease's freshness now, and whether it says some node is dynamic."""
         with self._lock:
             now = self._clock()
             # A clock that went back re-reads too.
@@ -102,7 +124,14 @@ class Freshness:
             if fresh != self._last:
                 _log.info("controller Lease %s: MIG pods are %s", *_said(fresh))
                 self._last = fresh
-            return fresh
+            dynamic = fresh and self._lease is not None and api_leases.dynamic_mig(self._lease)
+            if dynamic != self._last_dynamic:
+                _log.info(
+                    "controller Lease: whole-GPU pods are %s",
+                    "gated (a node is labelled for dynamic MIG mode)" if dynamic else "not gated",
+                )
+                self._last_dynamic = dynamic
+            return LeaseState(fresh, dynamic)
 
     def _read(self) -> Mapping[str, Any] | None:
         try:

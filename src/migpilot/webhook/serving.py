@@ -403,7 +403,10 @@ def _answer(path: str, body: bytes, *, freshness: leases.Freshness) -> tuple[Any
         raise _BadRequestError(f"the body is not JSON ({err})") from None
     try:
         if path == MUTATE_PATH:
-            return document, admission.review(document, lease_fresh=freshness.fresh())
+            lease = freshness.state()
+            return document, admission.review(
+                document, lease_fresh=lease.fresh, gate_whole=lease.dynamic_mig
+            )
         return document, validation.review(document)
     except RecursionError:  # a value nested deep enough that telling of it recursed too far
         raise _BadRequestError("the review holds a value nested too deeply to read") from None
