@@ -45,7 +45,14 @@ SCOPE: dict[str, tuple[str, ...]] = {
         "xǁReconcilerǁ_call",
     ),
     # The pure diff: the changes that keep what is in use.
-    "src/migpilot/agent/rules/changes.py": ("x_diff", "x__diff_gpu"),
+    "src/migpilot/agent/rules/changes.py": (
+        "x_diff",
+        "x__diff_gpu",
+        # Dynamic MIG mode: a GPU's mode switched only when nothing on it is in use or held
+        # (whole, a replica, an MPS slice), its idle instances destroyed first.
+        "x__switch_mode",
+        "x_gpu_held",
+    ),
     # The instances a GpuLayout says must survive whatever its spec lists.
     "src/migpilot/agent/rules/desired.py": ("x_protected",),
     # ---- The planner's validation and Allocate -------------------------------------------------
@@ -59,6 +66,9 @@ SCOPE: dict[str, tuple[str, ...]] = {
         "x__check_pods",
         "x__check_sharing",
         "x__check_replicas",
+        # Dynamic MIG mode: no switch of a GPU with anything used or reserved, a whole-GPU pod
+        # given only free whole GPUs of a dynamic node, none given twice.
+        "x__check_modes",
     ),
     # Allocate of nvidia.com/gpu for unified requests: which pod and container a request
     # serves, the instances reserved for it (never one another pod or a mig-* resource holds,
@@ -133,6 +143,11 @@ SCOPE: dict[str, tuple[str, ...]] = {
         "x_asks",
         "x_taken",
         "x__reserved",
+        # Whole GPUs: the reservations a spec keeps, a reservation stolen by the count of bound
+        # whole-GPU pods, the GPUs the status shows whole (a pin waits for them).
+        "x__whole_given",
+        "x__whole_overrun",
+        "x_whole_now",
     ),
 }
 """Per file, the functions in scope, as mutmut names them (``x_name`` for a function,
@@ -144,6 +159,8 @@ _CONTROLLER_TESTS = (
     "tests/unit/test_controller_pinning.py",
     "tests/unit/test_controller_unified.py",
     "tests/unit/test_one_loop.py",
+    "tests/unit/test_controller_dynamic.py",
+    "tests/unit/test_whole_gate.py",
 )
 TESTS: dict[str, tuple[str, ...]] = {
     # The loop's rules, by pure tests and direct calls of the controller's passes (milliseconds
