@@ -83,8 +83,9 @@ def test_a_unified_pod_resolves_per_model() -> None:
 
 
 def test_whole_gpus_are_unified_only_when_the_pod_asks_for_mig() -> None:
-    with pytest.raises(errors.SnapshotError, match=r"pods\[0\]\.requests: nvidia.com/gpu without"):
-        _parse(_pod("p", {"nvidia.com/gpu": 1}))
+    # Alone, nvidia.com/gpu asks for a whole GPU (MIG off): planned only on dynamic nodes.
+    whole = _parse(_pod("p", {"nvidia.com/gpu": 1}))
+    assert whole.pods == () and [p.whole for p in whole.whole_pods] == [1]
     snap = _parse(_pod("p", {"nvidia.com/gpu": 1}, **{"nvidia.com/vgpu-mode": "mig"}))
     # HAMi's default memory (its chart's defaultMemory 0): the whole GPU's.
     assert snap.pods[0].profiles_on(H100) == ("7g.80gb",)
