@@ -1157,7 +1157,7 @@ def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     floor = _first_fit(snap, chosen, orders=orders)
     if floor is not None:
         chosen = floor
-    if thorough and sum(len(n.gpus) for n in snap.nodes) * hopeful <= _REPACK_PROBLEM:
+    if thorough and sum(len(n.gpus) for n in snap.nodes) * hopeful <= _REPACK_PROBLEM and len({p.priority for p in snap.pods}) > 1:
         chosen = _repack_pairs(snap, chosen)
     placed = {p.pod for p in chosen.placements}
     pending = [p for p in snap.pods if p.key not in placed]
