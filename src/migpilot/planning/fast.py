@@ -8,9 +8,13 @@ How it works:
   compute: packs tightly), smallest first and smallest dominant share of GPU, CPU or memory
   first (place the most pods when capacity is short), each with and without deferring pods that
   need free instances destroyed, and each again with ties broken by node order rather than by
-  the pods' policies. The variant that places
-  the most pods of the level, then scores best on the objective, is kept. A variant runs only
-  while pods of the level remain pending, and on large problems only the first runs.
+  the pods' policies; then by scarcity (size against what is left, each resource weighted by how
+  short it is: memory left after the levels above, say) and with every pod sent to the least
+  used node (keeps a level's memory-heavy pods off one node). The variant that places the most
+  pods of the level, then (where levels below have pods) after which the levels below place the
+  most (a lookahead with the first variant: where a level goes decides what the levels below
+  find), then scores best on the objective, is kept. A variant runs only while pods of the
+  level or of the levels below remain pending, and on large problems only the first runs.
 * Each GPU carries a planning state: the instances that must stay (in use, or existing free
   instances given to a pod), the free existing instances not yet touched, the multiset of new
   instances the plan creates, and whether the GPU has been changed. New instances have no fixed
@@ -40,6 +44,9 @@ How it works:
   problems, the greedy again as if every free instance were gone (kept if it scores better,
   destroys counted), and plain first-fit (:mod:`migpilot.planning.firstfit`), whose plan is the
   answer if it places more pods: ``fast`` is never below first-fit.
+* On small problems with several priority levels, single nodes and pairs of nodes are then
+  repacked (:func:`_repack_pairs`): the greedy never moves a placed pod, and a level above
+  often took the room a pod below needed, one swap away.
 
 Pure: no clock, no randomness; the same snapshot gives the same plan.
 """
@@ -1157,7 +1164,11 @@ def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     floor = _first_fit(snap, chosen, orders=orders)
     if floor is not None:
         chosen = floor
-    if thorough and sum(len(n.gpus) for n in snap.nodes) * hopeful <= _REPACK_PROBLEM and len({p.priority for p in snap.pods}) > 1:
+    if (
+        thorough
+        and sum(len(n.gpus) for n in snap.nodes) * hopeful <= _REPACK_PROBLEM
+        and len({p.priority for p in snap.pods}) > 1
+    ):
         chosen = _repack_pairs(snap, chosen)
     placed = {p.pod for p in chosen.placements}
     pending = [p for p in snap.pods if p.key not in placed]
@@ -1405,11 +1416,7 @@ def _greedy(
                 gained = 0
                 # Only a variant that places as many of this level as the best so far can win:
                 # only then is the lookahead worth its pass.
-                if (
-                    lookahead
-                    and li + 1 < len(levels)
-                    and all(len(left) <= -t[0][0] for t in tried)
-                ):
+                if lookahead and li + 1 < len(levels) and all(len(left) <= -t[0][0] for t in tried):
                     gained, later = finish(run, levels[li + 1 :])
                 key = (-len(left), gained, *objective.score(snap, candidate).key)
             tried.append((key, run, left))
