@@ -122,6 +122,9 @@ _VARIANTS = (
 _REPACKS = 64
 # GPUs x pods up to which pairs of nodes are repacked (tens of milliseconds each time).
 _REPACK_PROBLEM = 5_000
+# The variants of the greedy without lookahead (the first ones: by the pods' policies and by
+# node order), which _plan_mig keeps if they do better than the greedy with all.
+_PLAIN_VARIANTS = 9
 # GPUs x pods up to which every planning variant runs (a few hundred milliseconds at most).
 _SMALL_PROBLEM = 200_000
 
@@ -1144,6 +1147,13 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
 def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """Plan the whole pending set of a snapshot of MIG nodes."""
     chosen, orders, thorough, hopeful = _greedy(snap)
+    if thorough and len({p.priority for p in snap.pods}) > 1 and len(chosen.placements) < hopeful:
+        # The lookahead estimates the levels below with one variant, and a variant that ties
+        # on a level can still leave the levels below less: the greedy without either (the
+        # nine variants alone) runs too, and the better plan is kept.
+        plain = _greedy(snap, lookahead=False)[0]
+        if objective.score(snap, plain).key > objective.score(snap, chosen).key:
+            chosen = plain
     # The other variants can only matter where the greedy left a pod pending that could run.
     if len(chosen.placements) == hopeful:
         orders, thorough = [], False
@@ -1151,16 +1161,19 @@ def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
         # As if every free instance were gone (as HAMi's reconciler would have it): sometimes a
         # clean slate packs more pods than working around free instances. Destroys count
         # against it in the comparison.
-        bare = _greedy(_without_free(snap))[0]
-        alt = plans.build(
-            snap,
-            planner="fast",
-            targets={(g.node, g.gpu): g.layout for g in bare.gpus},
-            placements=bare.placements,
-            unschedulable=(),
-        )
-        if objective.score(snap, alt).key > objective.score(snap, chosen).key:
-            chosen = alt
+        bare_snap = _without_free(snap)
+        levels = len({p.priority for p in snap.pods}) > 1
+        for lookahead in (True, False) if levels else (True,):  # as above
+            bare = _greedy(bare_snap, lookahead=lookahead)[0]
+            alt = plans.build(
+                snap,
+                planner="fast",
+                targets={(g.node, g.gpu): g.layout for g in bare.gpus},
+                placements=bare.placements,
+                unschedulable=(),
+            )
+            if objective.score(snap, alt).key > objective.score(snap, chosen).key:
+                chosen = alt
     floor = _first_fit(snap, chosen, orders=orders)
     if floor is not None:
         chosen = floor
@@ -1302,8 +1315,9 @@ def _without_free(snap: snapshot.Snapshot) -> snapshot.Snapshot:
 
 
 def _greedy(
-    snap: snapshot.Snapshot,
+    snap: snapshot.Snapshot, *, lookahead: bool = True
 ) -> tuple[plans.Plan, list[list[snapshot.Pod] | None], bool, int]:
+    # (lookahead=False: the greedy as it was before issue 25, its first nine variants alone.)
     """The greedy passes over the variants: the plan chosen (no reasons yet), the pod orders
     first-fit should also try, whether the problem is small enough for every variant, and how
     many pods some node could run with every GPU empty."""
@@ -1340,6 +1354,8 @@ def _greedy(
     share = _dominant_shares(snap, hopeful, size)
     gpus = sum(len(n.gpus) for n in snap.nodes)
     budget = len(_VARIANTS) if gpus * max(len(hopeful), 1) <= _SMALL_PROBLEM else 1
+    if not lookahead:
+        budget = min(budget, _PLAIN_VARIANTS)
 
     def sweep(run: _Run, order: list[snapshot.Pod], defer: bool) -> list[snapshot.Pod]:
         if defer:
@@ -1374,7 +1390,7 @@ def _greedy(
         )
         for level in levels
     }
-    lookahead = budget > 1 and len(levels) > 1
+    lookahead = lookahead and budget > 1 and len(levels) > 1
 
     def finish(run: _Run, below: Sequence[int]) -> tuple[int, int]:
         """The weighted pods the levels ``below`` would add to ``run`` with the first variant,
