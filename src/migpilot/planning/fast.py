@@ -8,9 +8,13 @@ How it works:
   compute: packs tightly), smallest first and smallest dominant share of GPU, CPU or memory
   first (place the most pods when capacity is short), each with and without deferring pods that
   need free instances destroyed, and each again with ties broken by node order rather than by
-  the pods' policies. The variant that places
-  the most pods of the level, then scores best on the objective, is kept. A variant runs only
-  while pods of the level remain pending, and on large problems only the first runs.
+  the pods' policies; then by scarcity (size against what is left, each resource weighted by how
+  short it is: memory left after the levels above, say) and with every pod sent to the least
+  used node (keeps a level's memory-heavy pods off one node). The variant that places the most
+  pods of the level, then (where levels below have pods) after which the levels below place the
+  most (a lookahead with the first variant: where a level goes decides what the levels below
+  find), then scores best on the objective, is kept. A variant runs only while pods of the
+  level or of the levels below remain pending, and on large problems only the first runs.
 * Each GPU carries a planning state: the instances that must stay (in use, or existing free
   instances given to a pod), the free existing instances not yet touched, the multiset of new
   instances the plan creates, and whether the GPU has been changed. New instances have no fixed
@@ -40,6 +44,9 @@ How it works:
   problems, the greedy again as if every free instance were gone (kept if it scores better,
   destroys counted), and plain first-fit (:mod:`migpilot.planning.firstfit`), whose plan is the
   answer if it places more pods: ``fast`` is never below first-fit.
+* On small problems with several priority levels, single nodes and pairs of nodes are then
+  repacked (:func:`_repack_pairs`): the greedy never moves a placed pod, and a level above
+  often took the room a pod below needed, one swap away.
 
 Pure: no clock, no randomness; the same snapshot gives the same plan.
 """
@@ -97,16 +104,27 @@ _REMEMBERED_STALE = 256
 # pods' node and GPU policies; then each order again with ties by node order (a greedy's
 # tie-breaks can cost a pod either way: the objective picks the variant).
 _VARIANTS = (
-    ("largest", True, True),
-    ("largest", False, True),
-    ("smallest", True, True),
-    ("share", True, True),
-    ("smallest", False, True),
-    ("share", False, True),
-    ("largest", True, False),
-    ("smallest", True, False),
-    ("share", True, False),
+    ("largest", True, "policy"),
+    ("largest", False, "policy"),
+    ("smallest", True, "policy"),
+    ("share", True, "policy"),
+    ("smallest", False, "policy"),
+    ("share", False, "policy"),
+    ("largest", True, "order"),
+    ("smallest", True, "order"),
+    ("share", True, "order"),
+    ("room", True, "policy"),
+    ("largest", True, "spread"),
+    ("room", True, "spread"),
+    ("smallest", True, "spread"),
 )
+# Pairs of nodes repacked at most per plan, on small problems (_repack_pairs).
+_REPACKS = 64
+# GPUs x pods up to which pairs of nodes are repacked (tens of milliseconds each time).
+_REPACK_PROBLEM = 5_000
+# The variants of the greedy without lookahead (the first ones: by the pods' policies and by
+# node order), which _plan_mig keeps if they do better than the greedy with all.
+_PLAIN_VARIANTS = 9
 # GPUs x pods up to which every planning variant runs (a few hundred milliseconds at most).
 _SMALL_PROBLEM = 200_000
 
@@ -507,6 +525,9 @@ class _Run:
         self.by_policy = True
         """Whether ties between equally good options go by the pods' node and GPU policies
         (else by node order, then GPU index: a variant)."""
+        self.spread_all = False
+        """Whether every pod goes to the least used node first, before GPUs touched and free
+        room, as if each asked to be spread over nodes itself (a variant)."""
 
     def fork(self) -> _Run:
         """An independent copy of this pass (to try variants without replaying what is done)."""
@@ -580,6 +601,8 @@ class _Run:
         spread: the least used), then its GPU policy between GPUs of that node, then node order.
         """
         node_policy, gpu_policy = pod.policies(self.snap)
+        if self.spread_all:
+            node_policy = snapshot.Policy.SPREAD
         spread = node_policy is snapshot.Policy.SPREAD
         # The pod's preferred pod (anti-)affinity and ScheduleAnyway spread: first among nodes
         # equal on the objective, every such node looked at (never a reason to refuse one).
@@ -588,7 +611,7 @@ class _Run:
         # GPUs touched and more free room (never before a destroy): the objective's crowded.
         own_spread = pod.gpu_policy is snapshot.Policy.SPREAD
         # Likewise over nodes: the least used node first (every option is looked at).
-        own_node_spread = pod.node_policy is snapshot.Policy.SPREAD
+        own_node_spread = self.spread_all or pod.node_policy is snapshot.Policy.SPREAD
 
         def head(cost: Cost, sid: int) -> tuple[float, ...]:
             if own_spread:
@@ -740,7 +763,7 @@ class _Run:
             return ok
 
         per_kind = len(self.gpus) if thorough else self.index.per_kind
-        if not thorough and not self.tracker.involved(pod):
+        if not thorough and not self.spread_all and not self.tracker.involved(pod):
             # (Options remembered were found where other pods then allowed.)
             # A remembered option that changes nothing or fills an already changed GPU is as
             # good as a search would find (bar the free-value tie-break). So is one that touches
@@ -863,7 +886,7 @@ class _Run:
 
         node_policy, gpu_policy = pod.policies(self.snap)
         order = candidates
-        if self.by_policy and node_policy is snapshot.Policy.SPREAD:
+        if self.spread_all or (self.by_policy and node_policy is snapshot.Policy.SPREAD):
             order = sorted(candidates, key=lambda ni: (self._node_use(ni), ni))
         liking = self.tracker.preferences(pod, admits)
         if liking is not None:  # preferred terms first (stable: the order above breaks ties)
@@ -1057,6 +1080,29 @@ def _dominant_shares(
     }
 
 
+def _left_shares(run: _Run, pods: Sequence[snapshot.Pod], size: dict[str, int]) -> dict[str, float]:
+    """Each pod's size against what ``run`` has left on nodes that can still take pods (GPU
+    compute room, CPU, memory), each resource weighted by how short it is: what ``pods`` ask
+    of it together over what is left of it.
+
+    The levels above may have used up one resource more than the others (memory, say), or the
+    level may ask more of one than is left: the pods that need least of the scarce resource go
+    first (an effective-gradient order, as for multi-dimensional knapsacks).
+    """
+    compute = cpu = mem = 0
+    for ni, gs in enumerate(run.node_gpus):
+        if all(run.dead[g.id] for g in gs):
+            continue
+        compute += run.node_room[ni]
+        c, m = run.cpu[ni], run.mem[ni]
+        cpu += c if c is not None and c < 2**61 else 0
+        mem += m if m is not None and m < 2**61 else 0
+    left = (max(compute, 1), max(cpu, 1), max(mem, 1))
+    asks = {p.key: (size[p.key], p.cpu_milli, p.memory_bytes) for p in pods}
+    short = [sum(a[r] for a in asks.values()) / left[r] for r in range(3)]
+    return {k: sum(a[r] / left[r] * short[r] for r in range(3)) for k, a in asks.items()}
+
+
 def _hopeless(
     snap: snapshot.Snapshot,
     needs: dict[str, dict[str, tuple[str, ...]]],
@@ -1101,6 +1147,13 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
 def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """Plan the whole pending set of a snapshot of MIG nodes."""
     chosen, orders, thorough, hopeful = _greedy(snap)
+    if thorough and len({p.priority for p in snap.pods}) > 1 and len(chosen.placements) < hopeful:
+        # The lookahead estimates the levels below with one variant, and a variant that ties
+        # on a level can still leave the levels below less: the greedy without either (the
+        # nine variants alone) runs too, and the better plan is kept.
+        plain = _greedy(snap, lookahead=False)[0]
+        if objective.score(snap, plain).key > objective.score(snap, chosen).key:
+            chosen = plain
     # The other variants can only matter where the greedy left a pod pending that could run.
     if len(chosen.placements) == hopeful:
         orders, thorough = [], False
@@ -1108,19 +1161,28 @@ def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
         # As if every free instance were gone (as HAMi's reconciler would have it): sometimes a
         # clean slate packs more pods than working around free instances. Destroys count
         # against it in the comparison.
-        bare = _greedy(_without_free(snap))[0]
-        alt = plans.build(
-            snap,
-            planner="fast",
-            targets={(g.node, g.gpu): g.layout for g in bare.gpus},
-            placements=bare.placements,
-            unschedulable=(),
-        )
-        if objective.score(snap, alt).key > objective.score(snap, chosen).key:
-            chosen = alt
+        bare_snap = _without_free(snap)
+        levels = len({p.priority for p in snap.pods}) > 1
+        for lookahead in (True, False) if levels else (True,):  # as above
+            bare = _greedy(bare_snap, lookahead=lookahead)[0]
+            alt = plans.build(
+                snap,
+                planner="fast",
+                targets={(g.node, g.gpu): g.layout for g in bare.gpus},
+                placements=bare.placements,
+                unschedulable=(),
+            )
+            if objective.score(snap, alt).key > objective.score(snap, chosen).key:
+                chosen = alt
     floor = _first_fit(snap, chosen, orders=orders)
     if floor is not None:
         chosen = floor
+    if (
+        thorough
+        and sum(len(n.gpus) for n in snap.nodes) * hopeful <= _REPACK_PROBLEM
+        and len({p.priority for p in snap.pods}) > 1
+    ):
+        chosen = _repack_pairs(snap, chosen)
     placed = {p.pod for p in chosen.placements}
     pending = [p for p in snap.pods if p.key not in placed]
     index = {p.key: i for i, p in enumerate(snap.pods)}
@@ -1128,6 +1190,113 @@ def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     return dataclasses.replace(
         chosen, unschedulable=tuple(sorted(unsched, key=lambda u: index[u.pod]))
     )
+
+
+def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
+    """``chosen`` with pairs of nodes repacked while that places more (priority-weighted).
+
+    The greedy never moves a pod once placed, so a pod left pending can be one move away from
+    a place: another pod on a node where it would fit swapped for a pod on a second node, a pod
+    of a higher level put on the other node, where it leaves more CPU or memory beside the GPU
+    room (the levels below find that room backed). A pair's repack plans the pods placed on the
+    two nodes together with the pods left pending, on those two nodes alone as the snapshot has
+    them, with the greedy and its variants; it is kept only if it places more by the objective's
+    weights (the pods already on the two nodes count, so it never trades a pod for one of a
+    lower level). Only pairs where a pending pod could run on one of the nodes are tried, round
+    after round while a round gains, within :data:`_REPACKS` repacks.
+
+    Pods in pod (anti-)affinity or topology spread are judged against the whole cluster, so a
+    snapshot with any is left as it is.
+    """
+    if any(p.terms.constrained or p.terms.preferring for p in snap.pods) or any(
+        b.anti_affinity for b in snap.bound
+    ):
+        return chosen
+    weights = objective.pod_weights(snap.pods)
+    placements = {p.pod: p for p in chosen.placements}
+    targets = {(g.node, g.gpu): g.layout for g in chosen.gpus}
+    admission = constraints.Admission(snap.nodes)
+    budget = _REPACKS
+    changed = False
+    tried: set[tuple[object, ...]] = set()
+    groups: list[tuple[int, ...]] = [(a,) for a in range(len(snap.nodes))]
+    groups += itertools.permutations(range(len(snap.nodes)), 2)
+    could: dict[str, list[int]] = {}
+    improved = True
+    while improved and budget > 0:
+        improved = False
+        for group in groups:
+            pending = [p for p in snap.pods if p.key not in placements]
+            for pod in pending:
+                if pod.key not in could:
+                    could[pod.key] = _could_run(snap, pod, admission)
+            wanted = [p for p in pending if not set(could[p.key]).isdisjoint(group)]
+            if not wanted:
+                continue
+            nodes = tuple(snap.nodes[a] for a in group)
+            names = {n.name for n in nodes}
+            here = [pl for pl in placements.values() if pl.node in names]
+            key = (group, frozenset(pl.pod for pl in here), frozenset(p.key for p in wanted))
+            if key in tried:
+                continue
+            tried.add(key)
+            if budget <= 0:
+                break
+            budget -= 1
+            mine = {pl.pod for pl in here} | {p.key for p in wanted}
+            sub = dataclasses.replace(
+                snap,
+                nodes=nodes,
+                pods=tuple(p for p in snap.pods if p.key in mine),
+                bound=(),
+                outside=(),
+                whole_pods=(),
+                models=(),
+            )
+            found = _greedy(sub)[0]
+            if sum(weights[pl.pod] for pl in found.placements) <= sum(
+                weights[pl.pod] for pl in here
+            ):
+                continue
+            for pl in here:
+                del placements[pl.pod]
+            for pl in found.placements:
+                placements[pl.pod] = pl
+            for g in found.gpus:
+                targets[(g.node, g.gpu)] = g.layout
+            improved = changed = True
+    if not changed:
+        return chosen
+    order = {p.key: i for i, p in enumerate(snap.pods)}
+    return plans.build(
+        snap,
+        planner="fast",
+        targets=targets,
+        placements=sorted(placements.values(), key=lambda pl: order[pl.pod]),
+        unschedulable=(),
+    )
+
+
+def _could_run(
+    snap: snapshot.Snapshot, pod: snapshot.Pod, admission: constraints.Admission
+) -> list[int]:
+    """The nodes that could run ``pod`` with every GPU empty (constraints, a GPU model that
+    serves it, CPU and memory)."""
+    admits = admission.admits(pod)
+    serves = {m.id for m in snap.models if pod.profiles_on(m) is not None}
+    out = []
+    for ni, node in enumerate(snap.nodes):
+        alloc = node.allocatable
+        if (
+            admits[ni]
+            and any(g.model.id in serves for g in node.gpus)
+            and (
+                alloc is None
+                or (pod.cpu_milli <= alloc.cpu_milli and pod.memory_bytes <= alloc.memory_bytes)
+            )
+        ):
+            out.append(ni)
+    return out
 
 
 def _without_free(snap: snapshot.Snapshot) -> snapshot.Snapshot:
@@ -1146,8 +1315,9 @@ def _without_free(snap: snapshot.Snapshot) -> snapshot.Snapshot:
 
 
 def _greedy(
-    snap: snapshot.Snapshot,
+    snap: snapshot.Snapshot, *, lookahead: bool = True
 ) -> tuple[plans.Plan, list[list[snapshot.Pod] | None], bool, int]:
+    # (lookahead=False: the greedy as it was before issue 25, its first nine variants alone.)
     """The greedy passes over the variants: the plan chosen (no reasons yet), the pod orders
     first-fit should also try, whether the problem is small enough for every variant, and how
     many pods some node could run with every GPU empty."""
@@ -1184,6 +1354,8 @@ def _greedy(
     share = _dominant_shares(snap, hopeful, size)
     gpus = sum(len(n.gpus) for n in snap.nodes)
     budget = len(_VARIANTS) if gpus * max(len(hopeful), 1) <= _SMALL_PROBLEM else 1
+    if not lookahead:
+        budget = min(budget, _PLAIN_VARIANTS)
 
     def sweep(run: _Run, order: list[snapshot.Pod], defer: bool) -> list[snapshot.Pod]:
         if defer:
@@ -1209,7 +1381,30 @@ def _greedy(
     # re-plans every few seconds can afford).
     base = _Run(snap, states, hopeful, admission=admission)
     pending: list[snapshot.Pod] = []
-    for level in sorted({p.priority for p in hopeful}, reverse=True):
+    levels = sorted({p.priority for p in hopeful}, reverse=True)
+    weights = objective.pod_weights(snap.pods)
+    first_order = {
+        level: sorted(
+            (p for p in hopeful if p.priority == level),
+            key=lambda p: (-biggest[p.key], -size[p.key], -slots[p.key], index[p.key]),
+        )
+        for level in levels
+    }
+    lookahead = lookahead and budget > 1 and len(levels) > 1
+
+    def finish(run: _Run, below: Sequence[int]) -> tuple[int, int]:
+        """The weighted pods the levels ``below`` would add to ``run`` with the first variant,
+        and how many of their pods would stay pending."""
+        run = run.fork()
+        run.by_policy, run.spread_all = True, False
+        gained = left = 0
+        for lv in below:
+            rest = sweep(run, first_order[lv], True)
+            left += len(rest)
+            gained += weights[first_order[lv][0].key] * (len(first_order[lv]) - len(rest))
+        return gained, left
+
+    for li, level in enumerate(levels):
         at_level = [p for p in hopeful if p.priority == level]
         orders = {
             "largest": sorted(
@@ -1219,21 +1414,30 @@ def _greedy(
             "smallest": sorted(at_level, key=lambda p: (size[p.key], slots[p.key], index[p.key])),
             "share": sorted(at_level, key=lambda p: (share[p.key], index[p.key])),
         }
+        if budget > 1:
+            left_now = _left_shares(base, at_level, size)
+            orders["room"] = sorted(at_level, key=lambda p: (left_now[p.key], index[p.key]))
         tried: list[tuple[tuple[int, ...], _Run, list[snapshot.Pod]]] = []
-        for name, defer, by_policy in _VARIANTS[:budget]:
+        for name, defer, ties in _VARIANTS[:budget]:
             run = base.fork() if budget > 1 else base
-            run.by_policy = by_policy
+            run.by_policy, run.spread_all = ties == "policy", ties == "spread"
             left = sweep(run, orders[name], defer)
             key: tuple[int, ...] = ()
+            later = 0
             if budget > 1:
                 targets, placements = run.result()
                 candidate = plans.build(
                     snap, planner="fast", targets=targets, placements=placements, unschedulable=()
                 )
-                key = (-len(left), *objective.score(snap, candidate).key)
+                gained = 0
+                # Only a variant that places as many of this level as the best so far can win:
+                # only then is the lookahead worth its pass.
+                if lookahead and li + 1 < len(levels) and all(len(left) <= -t[0][0] for t in tried):
+                    gained, later = finish(run, levels[li + 1 :])
+                key = (-len(left), gained, *objective.score(snap, candidate).key)
             tried.append((key, run, left))
-            if not left:
-                break  # every pod of this level is placed: no other variant places more
+            if not left and not later:
+                break  # every pod of this level is placed, and the levels below as well
         _, base, left = max(tried, key=lambda t: t[0])
         pending += left
     targets, placements = base.result()
