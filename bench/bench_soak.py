@@ -483,16 +483,29 @@ class Faults:
         self.sys, self.rec, self.nodes, self.settings = sys_, rec, nodes, settings
         self.windows: list[checks.Fault] = []
 
-    def run(self, plan: list[tuple[float, str, str]], start: float, stop: threading.Event) -> None:
+    def run(
+        self,
+        plan: list[tuple[float, str, str]],
+        start: float,
+        *,
+        stop: threading.Event,
+        done: threading.Event,
+        leave: threading.Event,
+    ) -> None:
+        """Inject the faults of ``plan``, set ``done``, and stay alive until ``leave``: the
+        processes this thread restarts die with it (their parent-death signal follows the
+        thread that started them, not the process)."""
         for at, what, target in plan:
             while not stop.is_set() and time.time() < start + at:
                 time.sleep(0.1)
             if stop.is_set():
-                return
+                break
             try:
                 self._inject(what, target, start)
             except Exception as e:  # recorded; the run goes on
                 self.rec.errors.append(f"fault {what} {target}: {e}")
+        done.set()
+        leave.wait()
 
     def _record(self, t0: float, t1: float, what: str, target: str, start: float) -> None:
         settle = SETTLE_S[what]
@@ -589,7 +602,11 @@ def _emulated(path: Path) -> dict[int, frozenset[tuple[str, int, str]]]:
     }
 
 
-def run(settings: Settings, *, log: Callable[[str], None] = print) -> dict[str, Any]:
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, Any]:
     """One soak run: the cluster up, load and faults for ``settings.minutes``, the checks."""
     plane = controlplane.ControlPlane.start()
     root = Path(tempfile.mkdtemp(prefix="mpsoak-"))
@@ -597,6 +614,7 @@ def run(settings: Settings, *, log: Callable[[str], None] = print) -> dict[str, 
     client = plane.client
     rec = Recorder()
     stop = threading.Event()
+    faults_done, faults_leave = threading.Event(), threading.Event()
     nodes = {n.name: n for n in _cluster(settings, root)}
     modes = {n.name: n.mode for n in nodes.values()}
     threads: list[threading.Thread] = []
@@ -631,14 +649,19 @@ def run(settings: Settings, *, log: Callable[[str], None] = print) -> dict[str, 
         plan = fault_plan(settings, sorted(n for n, s in nodes.items()))
         start = time.time()
         until = start + settings.minutes * 60.0
-        fault_thread = threading.Thread(target=faults.run, args=(plan, start, stop), daemon=True)
+        fault_thread = threading.Thread(
+            target=faults.run,
+            args=(plan, start),
+            kwargs={"stop": stop, "done": faults_done, "leave": faults_leave},
+            daemon=True,
+        )
         fault_thread.start()
         progress = threading.Thread(
             target=_progress, args=(rec, load, start, until, stop, log), daemon=True
         )
         progress.start()
         load.run(until, stop)
-        fault_thread.join()
+        faults_done.wait()
         end_load = time.time()
         # The end: every pod still there is deleted, and the system settles before the final
         # comparison (statuses caught up with the GPUs and the pods).
@@ -682,6 +705,7 @@ def run(settings: Settings, *, log: Callable[[str], None] = print) -> dict[str, 
         with contextlib.suppress(Exception):
             sys_.stop()
         plane.stop()
+        faults_leave.set()
 
 
 def _reported(client: lightkube.Client, nodes: list[str]) -> bool:

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import unified
+from migpilot.planning import modes, unified
+from migpilot.sharing import mps as sharing_mps
 
 # --- what the bench records --------------------------------------------------------------------
 
@@ -223,7 +223,7 @@ def _mig_fits(gpu: GpuView, profile: str) -> bool:
 
 def _slice_fits(gpu: GpuView, gb: int) -> bool:
     """Room for a slice of ``gb`` GB beside the slices held or reserved (free ones may go)."""
-    whole = unified.memory_mib(_model(gpu.model)) // 1024
+    whole = sharing_mps.memory_gb(_model(gpu.model))
     return sum(s.gb for s in gpu.slices if s.state != "free") + gb <= whole
 
 
@@ -240,7 +240,11 @@ def could_serve(ask: Ask, view: NodeView) -> bool:
             if ask.kind != "mps" and profile is not None and _mig_fits(gpu, profile):
                 return True
         elif view.mode == "mps" and not gpu.mig and ask.kind in ("mps", "hami"):
-            gb = ask.gb if ask.kind == "mps" else math.ceil((ask.gpumem_mib or 0) / 1024)
+            gb = ask.gb
+            if ask.kind == "hami":
+                gb = modes.unified_gb(
+                    unified.GpuAsk(1, memory_mib=ask.gpumem_mib), _model(gpu.model)
+                )
             assert gb is not None
             if _slice_fits(gpu, gb):
                 return True
