@@ -36,6 +36,7 @@ import os
 import platform
 import random
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -689,6 +690,10 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
             *checks.stale_reservations(events, windows, grace_s=RESERVATION_GRACE_S),
             *checks.final_mismatch(statuses, actual, held, t=end),
         ]
+        if not violations:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            log(f"violations: the logs are kept in {root}")
         return _summary(
             settings,
             rec=rec,
@@ -821,7 +826,10 @@ def _summary(
         "faults": rec.faults,
         "bind_latency": _latencies(bind),
         "bind_latency_outside_faults": _latencies(quiet),
-        "events_checked": len(events),
+        "events_checked": {
+            kind: sum(1 for e in events if type(e).__name__ == kind)
+            for kind in sorted({type(e).__name__ for e in events})
+        },
         "violations": [dataclasses.asdict(v) | {"t": round(v.t - start, 1)} for v in violations],
         "violation_count": len(violations),
         "bench_errors": rec.errors[:50],

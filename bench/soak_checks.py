@@ -417,6 +417,8 @@ def _waits(
             asks[e.pod] = e.ask
         elif isinstance(e, PodDeleted):
             gone.add(e.pod)
+            close(e.pod, e.t)
+            asks.pop(e.pod, None)  # done with: later ticks need not look at it
         elif isinstance(e, PodSeen):
             state[e.pod] = e
         elif isinstance(e, LayoutSeen) and e.status is not None:
