@@ -42,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +172,7 @@ def _cluster(settings: Settings, root: Path) -> list[NodeSpec]:
 # --- the load ----------------------------------------------------------------------------------
 
 
-def _weighted(rng: random.Random, table: dict[Any, float]) -> Any:
+def _weighted(rng: random.Random, table: Mapping[Any, float]) -> Any:
     keys = list(table)
     return rng.choices(keys, weights=[table[k] for k in keys])[0]
 
@@ -737,7 +737,10 @@ def _settled(client: lightkube.Client, nodes: dict[str, NodeSpec]) -> bool:
         ready = [c for c in status.conditions if c.type == gl.READY]
         if not ready or ready[0].status is not gl.ConditionStatus.TRUE:
             return False
-        states = {i.state for g in status.gpus for i in (*g.instances, *g.mps, *g.replicas)}
+        states: set[gl.InstanceState] = set()
+        for g in status.gpus:
+            states |= {i.state for i in g.instances} | {s.state for s in g.mps}
+            states |= {r.state for r in g.replicas}
         if states & {gl.InstanceState.USED, gl.InstanceState.RESERVED}:
             return False
     return True
