@@ -360,8 +360,8 @@ def _watch_forever(
     """List and watch ``resource`` until ``stop``, listing again after any failure (the
     apiserver's restart): every object listed is ``seen`` again."""
     while not stop.is_set():
+        client = controlplane.client_for(kubeconfig)
         try:
-            client = controlplane.client_for(kubeconfig)
             kwargs = {"namespace": namespace} if namespace else {}
             listed = client.list(resource, **kwargs)
             for obj in listed:
@@ -374,6 +374,8 @@ def _watch_forever(
                 seen(kind, obj)
         except Exception:  # the apiserver went away; list again
             time.sleep(0.5)
+        finally:
+            client.close()
 
 
 def _pod_seen(rec: Recorder) -> Callable[[str, Any], None]:
