@@ -342,43 +342,26 @@ def used_destroyed(events: Sequence[Event]) -> list[Violation]:
     return out
 
 
-BATCH_S = 0.05
-"""Hand-outs one agent logs within this long of each other are one pass's: a stand-in
-restarted after a kill hands out every pod's devices at once, and may log a pod getting a
-device before the line of the pod that gave it up for another."""
-
-
 def double_held(events: Sequence[Event]) -> list[Violation]:
-    """A device held by two live pods once an agent's pass (its hand-outs logged within
-    :data:`BATCH_S`) is applied whole."""
+    """A device handed to a pod while another live pod holds it, judged line by line: a
+    restarted stand-in gives each pod back exactly its own devices (its checkpoint), so no
+    pass may hand a pod a device before another pod has given it up."""
     out: list[Violation] = []
     holds = _Holds()
-    batch: list[Assigned] = []
-
-    def check() -> None:
-        for a in batch:
-            for device in a.devices:
-                others = [p for p in holds.holders(a.node, device, a.t) if p != a.pod]
-                if a.pod in holds.holders(a.node, device, a.t) and others:
+    for e in ordered(events):
+        if isinstance(e, Assigned):
+            for device in e.devices:
+                others = [p for p in holds.holders(e.node, device, e.t) if p != e.pod]
+                if others:
                     out.append(
                         Violation(
                             "double-held",
-                            a.t,
-                            f"{a.node}: {device} given to {a.pod} while {', '.join(others)} "
+                            e.t,
+                            f"{e.node}: {device} given to {e.pod} while {', '.join(others)} "
                             "held it",
                         )
                     )
-        batch.clear()
-
-    for e in ordered(events):
-        if batch and not (
-            isinstance(e, Assigned) and e.node == batch[0].node and e.t - batch[0].t <= BATCH_S
-        ):
-            check()
         holds.apply(e)
-        if isinstance(e, Assigned):
-            batch.append(e)
-    check()
     return out
 
 

@@ -8,11 +8,13 @@ passes are driven with ``reconcile``, the pod watch with ``listed``/``changed`` 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -225,7 +227,11 @@ class Node:
         return {f"{i.profile}@{i.start}": i.state.value for i in g.instances}
 
 
-def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend) -> Node:
+def wire(
+    api: kubeapi.InMemoryNodeApi,
+    gpus: emulated.EmulatedBackend,
+    checkpoint: standin.Checkpoint | None = None,
+) -> Node:
     """Part of what ``assembling.kube_side`` wires for ``--kubelet simulated``: the stand-in and
     the reporter only."""
     followed = followed_nodes.follow(api, NODE)
@@ -237,6 +243,7 @@ def wire(api: kubeapi.InMemoryNodeApi, gpus: emulated.EmulatedBackend) -> Node:
         pods=book,
         spec=reserving,
         held=lambda: standin.reported_used(source.layout()),
+        checkpoint=checkpoint,
     )
     used = reconciling.AnyOf([reconciling.RunningProcesses(gpus), kubelet])
     reporter = following.KubeReporter(api, source=source, in_use=used, now=lambda: T0)
@@ -319,6 +326,83 @@ def test_a_restarted_agent_gives_the_pods_the_devices_they_held(node: Node) -> N
     node.api.put_pod(pod_doc("d", {R1G: 1}, created="2026-01-01T00:00:04Z"))
     again.book.listed(node.api.list_pods(node=NODE).items)
     assert again.kubelet.assigned() == {"default/d": (node.uuid("1g.10gb@0"),)}
+
+
+def test_a_restart_with_the_checkpoint_gives_each_pod_its_own_devices(
+    node: Node, tmp_path: Path
+) -> None:
+    ckpt = standin.Checkpoint(tmp_path / "node.json.kubelet-checkpoint")
+    node = wire(node.api, node.gpus, ckpt)
+    # a (older) gets 1g.10gb@1 and b 1g.10gb@0, reserved for them; then the spec reserves no
+    # more (the controller drops a running pod's reservation).
+    insts = [inst("1g.10gb", 0, "default/b"), inst("1g.10gb", 1, "default/a"), inst("1g.10gb", 2)]
+    node.api.put_spec(NODE, spec(insts))
+    node.step()
+    node.api.put_pod(pod_doc("a", {R1G: 1}, created="2026-01-01T00:00:01Z") | {})
+    node.api.put_pod(pod_doc("b", {R1G: 1}, created="2026-01-01T00:00:02Z"))
+    node.step()
+    held = node.kubelet.assigned()
+    assert held == {"default/a": (node.uuid("1g.10gb@1"),), "default/b": (node.uuid("1g.10gb@0"),)}
+    node.api.put_spec(NODE, spec([inst("1g.10gb", 0), inst("1g.10gb", 1), inst("1g.10gb", 2)]))
+    node.step()
+    # Without the checkpoint the status's used set alone comes back: the older pod, a, would
+    # take the first used device, b's (the swap the soak bench saw).
+    swapped = wire(node.api, node.gpus)
+    swapped.step()
+    assert swapped.kubelet.assigned() == {
+        "default/a": (node.uuid("1g.10gb@0"),),
+        "default/b": (node.uuid("1g.10gb@1"),),
+    }
+    # With it, each pod gets back exactly what it held, and its devices are in use before the
+    # pods are even listed.
+    again = wire(node.api, node.gpus, standin.Checkpoint(ckpt.path))
+    assert again.kubelet.in_use() >= {node.uuid("1g.10gb@0"), node.uuid("1g.10gb@1")}
+    again.step()
+    assert again.kubelet.assigned() == held
+    assert again.states() == {"1g.10gb@0": "used", "1g.10gb@1": "used", "1g.10gb@2": "free"}
+    # A pod deleted while the agent was down is released; one made again under its name (a
+    # new uid) is another pod and gets nothing back from the file.
+    node.api.delete_pod("default", "a")
+    node.api.put_pod(pod_doc("b", {R1G: 1}) | {"metadata": {
+        "name": "b", "namespace": "default", "creationTimestamp": T0, "uid": "new"}})  # fmt: skip
+    ckpt.save({"default/a": standin.Held("", held["default/a"]),
+               "default/b": standin.Held("old", held["default/b"])})  # fmt: skip
+    third = wire(node.api, node.gpus, standin.Checkpoint(ckpt.path))
+    third.step()
+    assert third.kubelet.assigned() == {"default/b": (node.uuid("1g.10gb@0"),)}
+    assert standin.Checkpoint(ckpt.path).load() == {
+        "default/b": standin.Held("new", (node.uuid("1g.10gb@0"),))
+    }
+
+
+def test_the_checkpoint_reads_back_what_it_wrote_and_ignores_a_bad_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    held = {"ns/p": standin.Held("u1", ("a", "b")), "ns/q": standin.Held("", ("c",))}
+    ckpt = standin.Checkpoint(tmp_path / "c")
+    assert ckpt.load() == {}  # no file yet
+    assert ckpt.save(held)
+    assert ckpt.load() == held
+    assert standin.parse_checkpoint(standin.checkpoint_doc(held)) == held
+    for bad, says in (
+        ({"version": 2}, "version 1"),
+        ({"version": 1, "pods": {}}, "not a list"),
+        ({"version": 1, "pods": [{"pod": "ns/p", "devices": ["a"]}]}, "pod entry"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            standin.parse_checkpoint(bad)
+    ckpt.path.write_text("{not json", encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        assert ckpt.load() == {}
+    assert "ignored" in caplog.text
+    assert not standin.Checkpoint(tmp_path / "missing" / "c").save(held)
+
+
+def test_restored_drops_a_pod_made_again_under_the_same_name() -> None:
+    saved = {"ns/p": standin.Held("u1", ("a",)), "ns/q": standin.Held("u2", ("b",)),
+             "ns/r": standin.Held("", ("c",))}  # fmt: skip
+    pods = [bp("p", (R1G, 1)), dataclasses.replace(bp("q", (R1G, 1)), uid="u9")]
+    assert standin.restored(saved, pods) == {"ns/p": ("a",), "ns/r": ("c",)}
 
 
 def test_assign_prefers_held_devices_after_the_pods_own_reservation() -> None:

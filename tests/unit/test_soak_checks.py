@@ -121,16 +121,16 @@ def test_a_device_given_to_a_second_live_pod_is_a_violation() -> None:
     assert c.double_held([first, c.Released(1.5, "n", "ns/a"), second]) == []
     # The same pod given its device again (an agent restart) is no second holder.
     assert c.double_held([first, c.Assigned(3.0, "n", "ns/a", ("MIG-a",))]) == []
-    # One pass handing out every pod's devices again (a restarted stand-in) is applied whole:
-    # a pod may be logged getting a device before the pod that held it is logged moving on.
+    # Two pods swapping devices in one pass (what a restarted stand-in without its checkpoint
+    # did) is a violation however close the lines are: a pod is handed a device another live
+    # pod still holds.
     swap = [
         c.Assigned(1.0, "n", "ns/a", ("MIG-a",)),
         c.Assigned(1.0, "n", "ns/b", ("MIG-b",)),
         c.Assigned(5.0, "n", "ns/a", ("MIG-b",)),
-        c.Assigned(5.01, "n", "ns/b", ("MIG-a",)),
+        c.Assigned(5.001, "n", "ns/b", ("MIG-a",)),
     ]
-    assert c.double_held(swap) == []
-    [v] = c.double_held([*swap[:3], c.Assigned(5.2, "n", "ns/b", ("MIG-a",))])
+    [v] = c.double_held(swap)
     assert "MIG-b given to ns/a while ns/b" in v.detail
     # "now holds" replaces what a pod held.
     moved = c.Assigned(1.5, "n", "ns/a", ("MIG-z",))

@@ -347,4 +347,9 @@ def settings_from(args: argparse.Namespace) -> assembling.Settings:
 
 def cmd_agent(args: argparse.Namespace, out: IO[str]) -> int:
     """Turn the flags into settings and run the agent they describe."""
-    return assembling.run(settings_from(args), out, standin=standin.stand_in)
+    settings = settings_from(args)
+    state = settings.backend.state_file
+    # The stand-in's checkpoint lies beside the emulated GPUs' state: a restarted agent finds
+    # both, as a restarted kubelet finds its checkpoint.
+    checkpoint = Path(f"{state}{standin.CHECKPOINT_SUFFIX}") if state is not None else None
+    return assembling.run(settings, out, standin=standin.checkpointed(checkpoint))

@@ -19,11 +19,16 @@ time-slicing replicas, :func:`with_replicas`) gets distinct healthy devices of t
 that pod, then unreserved ones; a pod keeps its devices while it lives. The assigned devices
 are in use (:meth:`SimulatedKubelet.in_use`): the reconciler never destroys them and the
 GpuLayout status reports them ``used``. They are released when the pod is deleted or
-terminates. Assignments live in memory; after a restart they are made again from the pods, the
-devices the last status reported ``used`` going to the pods first (:func:`reported_used`), so
-the same instances stay in use. It is kept apart from the real path on purpose: the agent knows
-only what it asks of a stand-in (:class:`~migpilot.agent.assembling.Standin`), and gets this one
-from its caller (:func:`stand_in`) with ``--kubelet simulated``; it never imports this package.
+terminates. As a real kubelet keeps its assignments in a checkpoint
+(``/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint``), the stand-in may keep them
+in a file (:class:`Checkpoint`, written before the hand-outs are logged or reported): after a
+restart each pod gets back exactly the devices it held, not merely one of the same set (which
+would let pods of one profile swap instances). Without one (the fleet, whose GPUs are not
+durable either), or for a pod the file does not name, the devices the last status reported
+``used`` go to the pods first (:func:`reported_used`), so the same instances stay in use.
+It is kept apart from the real path on purpose: the agent knows only what it asks of a
+stand-in (:class:`~migpilot.agent.assembling.Standin`), and gets this one from its caller
+(:func:`stand_in`) with ``--kubelet simulated``; it never imports this package.
 
 A shell module: it writes through :class:`~migpilot.agent.cluster.kubeapi.NodeApi` and never imports
 a Kubernetes client (lightkube) nor gRPC; import-linter contracts check both."""
@@ -32,9 +37,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from migpilot import errors, logs
@@ -315,6 +323,104 @@ def reported_used(layout: gpulayouts.GpuLayout | None) -> frozenset[str]:
     )
 
 
+# --- the checkpoint ----------------------------------------------------------------------------
+
+CHECKPOINT_SUFFIX = ".kubelet-checkpoint"
+"""``migpilot agent --kubelet simulated --state-file F`` keeps the stand-in's checkpoint in
+``F`` + this suffix, beside the emulated GPUs' state: both are the node's disk."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Held:
+    """What one pod holds, as the checkpoint keeps it."""
+
+    uid: str
+    """The pod's ``metadata.uid`` (``""``: unknown): a pod made again under the same name is
+    another pod, which gets nothing back."""
+    devices: tuple[str, ...]
+
+
+def checkpoint_doc(held: Mapping[str, Held]) -> dict[str, Any]:
+    """The checkpoint file's JSON for ``held`` (``namespace/name`` -> what the pod holds)
+    (pure)."""
+    return {
+        "version": 1,
+        "pods": [
+            {"pod": key, "uid": h.uid, "devices": list(h.devices)}
+            for key, h in sorted(held.items())
+        ],
+    }
+
+
+def parse_checkpoint(doc: Any) -> dict[str, Held]:
+    """The pods and devices a checkpoint file holds; a document not of
+    :func:`checkpoint_doc`'s shape raises :class:`ValueError` naming what is wrong (pure)."""
+    if not isinstance(doc, dict) or doc.get("version") != 1:
+        raise ValueError("not a version 1 stand-in kubelet checkpoint")
+    pods = doc.get("pods")
+    if not isinstance(pods, list):
+        raise ValueError("its 'pods' is not a list")
+    out: dict[str, Held] = {}
+    for entry in pods:
+        ok = isinstance(entry, dict) and isinstance(entry.get("pod"), str)
+        ok = ok and isinstance(entry.get("uid"), str) and isinstance(entry.get("devices"), list)
+        if not ok or not all(isinstance(d, str) for d in entry["devices"]):
+            raise ValueError(f"a pod entry is not {{pod, uid, devices}}: {entry!r}")
+        out[entry["pod"]] = Held(entry["uid"], tuple(entry["devices"]))
+    return out
+
+
+def restored(
+    saved: Mapping[str, Held], pods: Sequence[boundpods.BoundPod]
+) -> dict[str, tuple[str, ...]]:
+    """What ``saved`` gives back to the pods listed after a restart: each pod's devices, except
+    for a pod listed under the same name with another uid (a new pod); pods not listed keep
+    theirs, to be released (pure)."""
+    uids = {p.key: p.uid for p in pods}
+    return {
+        key: h.devices
+        for key, h in saved.items()
+        if not (h.uid and uids.get(key) and uids[key] != h.uid)
+    }
+
+
+class Checkpoint:
+    """The stand-in's assignments in a file, as a kubelet's device manager keeps its
+    checkpoint: written whole (a temporary file renamed over it) whenever they change, read
+    once at the start. A file that cannot be read is logged and ignored (the status's ``used``
+    then guides the first assignment, :func:`reported_used`); a write that fails is logged and
+    retried at the next change."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, Held]:
+        """The pods' devices as last saved; none when there is no file yet."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        except OSError as err:
+            _log.warning("stand-in kubelet checkpoint %s not read: %s", self.path, err)
+            return {}
+        try:
+            return parse_checkpoint(json.loads(text))
+        except ValueError as err:  # json.JSONDecodeError is one
+            _log.warning("stand-in kubelet checkpoint %s ignored: %s", self.path, err)
+            return {}
+
+    def save(self, held: Mapping[str, Held]) -> bool:
+        """Write ``held``; whether it was written."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(checkpoint_doc(held)), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as err:
+            _log.error("stand-in kubelet checkpoint %s not written: %s", self.path, err)
+            return False
+        return True
+
+
 # --- the stand-in ------------------------------------------------------------------------------
 
 
@@ -328,6 +434,8 @@ class SimulatedKubelet:
     ``spec`` gives the GpuLayout spec whose reservations are preferred; ``held`` the devices
     in use when the agent started (:func:`reported_used` of the GpuLayout as listed), which the
     first assignment made once the pods are listed prefers, so a restart moves no pod.
+    ``checkpoint`` keeps each pod's devices across a restart: until the pods are listed they
+    are in use, and then each pod still there gets back exactly its own.
 
     Unified pods (``nvidia.com/gpu`` with ``gpumem``, ``docs/unified.md``) are admitted as the
     kubelet admits them, in creation order, each container in turn resolved by the device
@@ -350,7 +458,13 @@ class SimulatedKubelet:
         held: Callable[[], frozenset[str]] = frozenset,
         unified: Callable[[], resolving.Inputs] | None = None,
         held_by: Callable[[], Mapping[str, str]] = dict,
+        checkpoint: Checkpoint | None = None,
     ) -> None:
+        self._checkpoint = checkpoint
+        self._saved: Mapping[str, Held] | None = checkpoint.load() if checkpoint else None
+        """What the checkpoint held at the start, until the first assignment; then ``None``."""
+        self._written: Mapping[str, Held] | None = self._saved
+        """What the checkpoint file holds now, as far as this stand-in knows."""
         self._unified_inputs = unified
         self._held_by: Callable[[], Mapping[str, str]] | None = held_by
         """Until the first assignment of unified pods; then ``None``."""
@@ -376,7 +490,9 @@ class SimulatedKubelet:
         self._offered: dict[str, tuple[devices.Device, ...]] | None = None
         """What the plugin would advertise, as of the last pass (computed once per pass)."""
         self._seen_version = -1
-        self._assigned: dict[str, tuple[str, ...]] = {}
+        self._assigned: dict[str, tuple[str, ...]] = {
+            key: h.devices for key, h in (self._saved or {}).items()
+        }
         self._sharing: Callable[[], sharing_config.Config] = lambda: sharing_config.EMPTY
 
     def share_with(self, current: Callable[[], sharing_config.Config]) -> None:
@@ -494,6 +610,9 @@ class SimulatedKubelet:
         # Unified pods are admitted below; an NVIDIA-style pod on time-slicing replicas is
         # assigned its replicas here, as a MIG pod its instances.
         mig = [q for p in pods if (q := with_replicas(p, self._offered)).requests]
+        if self._saved is not None:
+            self._assigned = restored(self._saved, mig)
+            self._saved = None
         now = assign(
             mig,
             advertised=self._offered,
@@ -503,10 +622,21 @@ class SimulatedKubelet:
             busy=frozenset(u for a in self._unified.values() for u in a.devices),
         )
         self._held = None
+        self._save(mig, now)
         self._log_changes(mig, now)
         self._assigned = now
         if self._unified_inputs is not None:
             self._assign_unified(pods)
+
+    def _save(self, pods: Sequence[boundpods.BoundPod], now: Mapping[str, tuple[str, ...]]) -> None:
+        """Write the checkpoint when what the pods hold changed (under the lock, before the
+        change is logged or reported, as a kubelet checkpoints before the container starts)."""
+        if self._checkpoint is None:
+            return
+        uids = {p.key: p.uid for p in pods}
+        held = {key: Held(uids.get(key, ""), devs) for key, devs in now.items() if devs}
+        if held != self._written and self._checkpoint.save(held):
+            self._written = held
 
     def _assign_unified(self, pods: Sequence[boundpods.BoundPod]) -> None:
         """Admit the unified pods not yet served, oldest first, as the kubelet would (under
@@ -647,9 +777,12 @@ class SimulatedKubelet:
                   extra=logs.about(node=self._node))  # fmt: skip
 
 
-def stand_in(inputs: assembling.StandinInputs) -> SimulatedKubelet:
+def stand_in(
+    inputs: assembling.StandinInputs, *, checkpoint: Path | None = None
+) -> SimulatedKubelet:
     """The stand-in kubelet of one node (:data:`~migpilot.agent.assembling.StandinFactory`):
-    restarted, it gives the pods back what the GpuLayout's status last reported them using."""
+    restarted, it gives the pods back what its ``checkpoint`` file says they held, else what the
+    GpuLayout's status last reported them using."""
     return SimulatedKubelet(
         inputs.api,
         node=inputs.node,
@@ -659,4 +792,10 @@ def stand_in(inputs: assembling.StandinInputs) -> SimulatedKubelet:
         held=lambda: reported_used(inputs.layout()),
         unified=inputs.unified,
         held_by=lambda: reported_used_by(inputs.layout()),
+        checkpoint=Checkpoint(checkpoint) if checkpoint is not None else None,
     )
+
+
+def checkpointed(path: Path | None) -> assembling.StandinFactory:
+    """The factory of :func:`stand_in` keeping its checkpoint in ``path`` (``None``: none)."""
+    return lambda inputs: stand_in(inputs, checkpoint=path)
