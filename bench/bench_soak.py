@@ -10,7 +10,10 @@ kube-scheduler, KWOK): ``migpilot webhook``, two ``migpilot controller`` process
 election), one ``migpilot agent`` process per KWOK node (emulated GPUs, the stand-in kubelet,
 ``--log-format json``). The cluster: H100 and A100-80GB nodes of two GPUs each in MIG mode,
 one MPS node (two A100-80GB, MIG off, ``migpilot.io/mode=mps``) and one time-slicing node
-serving HAMi-style pods on replicas (one H100, four replicas).
+serving HAMi-style pods on replicas (one H100, four replicas). The first H100 node's agent runs
+the real kubelet path instead (``--kubelet DIR``): a fake kubelet serves it device-plugin
+Registration and PodResources over gRPC, and the bench's device manager
+(:mod:`soak_kubelet`) calls its Allocate for the pods bound there.
 
 The load: Poisson arrivals of MIG pods (``nvidia.com/mig-<profile>``), HAMi-style pods
 (``nvidia.com/gpu: 1`` with ``nvidia.com/gpumem``) and MPS pods (``nvidia.com/gpu-<N>gb``),
@@ -18,7 +21,8 @@ thinned so that what the live pods ask stays near 90 % of the cluster's GPU memo
 runs for an exponentially distributed time, then is deleted. The faults, at seeded random
 times: every 2-3 minutes SIGKILL a random agent or the leading controller (restarted 2 s later,
 as a DaemonSet or Deployment would); once, kube-apiserver restarted; once, the webhook down for
-60 s. Everything is seeded (``--seed``): the same seed draws the same pods and fault times
+60 s; once, the kubelet node's PodResources socket taken away for 60-120 s. Everything is
+seeded (``--seed``): the same seed draws the same pods and fault times
 (what the system does with them still depends on timing).
 
 The invariants (:mod:`soak_checks`, pure, unit-tested) are checked over what was recorded: the
@@ -59,6 +63,7 @@ from lightkube.resources.core_v1 import Namespace, Pod  # noqa: E402
 from tests.kube import controlplane, crds, system  # noqa: E402
 
 import soak_checks as checks  # noqa: E402
+import soak_kubelet  # noqa: E402
 from migpilot.api import gpulayouts as gl  # noqa: E402
 from migpilot.api import gpulayouts_wire as wire  # noqa: E402
 from migpilot.api import leases  # noqa: E402
@@ -94,10 +99,12 @@ SETTLE_S = {
     "kill-controller": 15.0 + 15.0,
     "restart-apiserver": 30.0,
     "webhook-down": 10.0,
+    "podresources-down": 20.0,
 }
 """How long after a faulted part is back its fault window lasts: an agent's first passes and
 status; a controller: the Lease running out (15 s, the default duration) and a pass; the
-apiserver: every watch listing again; the webhook: pods created while it was down."""
+apiserver: every watch listing again; the webhook: pods created while it was down;
+PodResources: the agent's next passes and status, with the pods' devices known again."""
 BOUND_S = 60.0
 """Every pod runs within this long after a node could serve it (outside fault windows)."""
 RESERVATION_GRACE_S = 60.0
@@ -119,6 +126,8 @@ class Settings:
     """The share of the cluster's GPU memory the live pods ask, kept by thinning arrivals."""
     kill_every_s: tuple[float, float] = (120.0, 180.0)
     webhook_down_s: float = 60.0
+    podresources_down_s: tuple[float, float] = (60.0, 120.0)
+    """How long the kubelet node's PodResources socket is away (drawn from the seed)."""
 
     @property
     def nodes(self) -> int:
@@ -133,13 +142,22 @@ class NodeSpec:
     gpus: int
     extra: tuple[str, ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
+    kubelet: bool = False
+    """Its agent runs the real kubelet path (``--kubelet DIR``), served by a
+    :class:`soak_kubelet.DeviceManager`, instead of the stand-in."""
 
 
 def _cluster(settings: Settings, root: Path) -> list[NodeSpec]:
     ts = root / "ts.yaml"
     ts.write_text(TS_CONFIG, encoding="utf-8")
     nodes = [
-        NodeSpec(f"soak-h100-{i}", f"emulated:h100-80gb:x{GPUS_PER_NODE}", "mig", GPUS_PER_NODE)
+        NodeSpec(
+            f"soak-h100-{i}",
+            f"emulated:h100-80gb:x{GPUS_PER_NODE}",
+            "mig",
+            GPUS_PER_NODE,
+            kubelet=i == 0,
+        )
         for i in range(settings.h100_nodes)
     ]
     nodes += [
@@ -454,10 +472,14 @@ def _layout_seen(rec: Recorder, modes: dict[str, str]) -> Callable[[str, Any], N
 # --- the faults --------------------------------------------------------------------------------
 
 
-def fault_plan(settings: Settings, agents: list[str]) -> list[tuple[float, str, str]]:
+def fault_plan(
+    settings: Settings, agents: list[str], *, kubelet_node: str | None = None
+) -> list[tuple[float, str, str]]:
     """(seconds from the start, fault, target), drawn from the seed: a kill every
     ``kill_every_s`` (a random agent, or the leader two times in five), one apiserver restart
-    and one webhook outage, each at a random time in the middle of the run."""
+    and one webhook outage, each at a random time in the middle of the run, and, with a
+    ``kubelet_node``, its PodResources socket away once, early enough to be back before the
+    end (drawn last, so the other faults' times are those of a run without it)."""
     rng = random.Random(settings.seed * 7919 + 1)
     duration = settings.minutes * 60.0
     plan: list[tuple[float, str, str]] = []
@@ -470,6 +492,8 @@ def fault_plan(settings: Settings, agents: list[str]) -> list[tuple[float, str, 
         t += rng.uniform(*settings.kill_every_s)
     plan.append((rng.uniform(0.2, 0.6) * duration, "restart-apiserver", "kube-apiserver"))
     plan.append((rng.uniform(0.3, 0.7) * duration, "webhook-down", "migpilot-webhook"))
+    if kubelet_node is not None:
+        plan.append((rng.uniform(0.15, 0.4) * duration, "podresources-down", kubelet_node))
     return sorted(plan)
 
 
@@ -482,9 +506,15 @@ class Faults:
         rec: Recorder,
         nodes: dict[str, NodeSpec],
         settings: Settings,
+        kubelets: Mapping[str, soak_kubelet.DeviceManager] | None = None,
     ) -> None:
         self.sys, self.rec, self.nodes, self.settings = sys_, rec, nodes, settings
+        self.kubelets = dict(kubelets or {})
         self.windows: list[checks.Fault] = []
+        self.outages: list[checks.Outage] = []
+        """The PodResources outages, from the socket's removal to its return."""
+        self._rng = random.Random(settings.seed * 104729 + 3)
+        self._restores: list[threading.Thread] = []
 
     def run(
         self,
@@ -507,6 +537,8 @@ class Faults:
                 self._inject(what, target, start)
             except Exception as e:  # recorded; the run goes on
                 self.rec.errors.append(f"fault {what} {target}: {e}")
+        for thread in self._restores:  # every fault over before the run ends
+            thread.join()
         done.set()
         leave.wait()
 
@@ -526,13 +558,29 @@ class Faults:
 
     def _inject(self, what: str, target: str, start: float) -> None:
         t0 = time.time()
+        if what == "podresources-down":
+            # Not waited for here: the other faults go on meanwhile (a minute or two).
+            down_s = self._rng.uniform(*self.settings.podresources_down_s)
+            self.kubelets[target].take_pod_resources_away()
+            print(f"[{t0 - start:7.1f} s] {what} {target} for {down_s:.0f} s", flush=True)
+            thread = threading.Thread(
+                target=self._restore, args=(target, t0, t0 + down_s, start), daemon=True
+            )
+            thread.start()
+            self._restores.append(thread)
+            return
         if what == "kill-agent":
             agent = self.sys.agents[target]
             agent.signal(signal.SIGKILL)
             agent.process.wait()
             time.sleep(RESTART_DELAY_S)
             spec = self.nodes[target]
-            self.sys.start_agent(target, spec.backend, *_agent_flags(spec))
+            self.sys.start_agent(
+                target,
+                spec.backend,
+                *_agent_flags(spec),
+                kubelet=_kubelet_flag(spec, self.kubelets),
+            )
         elif what == "kill-controller":
             leader = self._leader()
             target = leader or "c1"
@@ -548,6 +596,16 @@ class Faults:
             time.sleep(self.settings.webhook_down_s)
             _start_webhook_again(self.sys)
         self._record(t0, time.time(), what, target, start)
+
+    def _restore(self, target: str, t0: float, back_at: float, start: float) -> None:
+        time.sleep(max(0.0, back_at - time.time()))
+        try:
+            self.kubelets[target].give_pod_resources_back()
+        except Exception as e:  # recorded; the run goes on
+            self.rec.errors.append(f"fault podresources-down {target}: restore: {e}")
+        t1 = time.time()
+        self.outages.append(checks.Outage(t0, t1, target))
+        self._record(t0, t1, "podresources-down", target, start)
 
     def _leader(self) -> str | None:
         try:
@@ -571,6 +629,11 @@ CONTROLLER_FLAGS: tuple[str, ...] = ()
 
 def _agent_flags(spec: NodeSpec) -> tuple[str, ...]:
     return (*spec.extra, "--log-format", "json")
+
+
+def _kubelet_flag(spec: NodeSpec, kubelets: Mapping[str, soak_kubelet.DeviceManager]) -> str:
+    """The node's ``--kubelet``: its fake kubelet's folder, or ``simulated``."""
+    return str(kubelets[spec.name].dir) if spec.kubelet else "simulated"
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -621,12 +684,31 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
     nodes = {n.name: n for n in _cluster(settings, root)}
     modes = {n.name: n.mode for n in nodes.values()}
     threads: list[threading.Thread] = []
+    kubelets = {
+        n.name: soak_kubelet.DeviceManager(
+            root / f"kubelet-{n.name}",
+            node=n.name,
+            namespace=NAMESPACE,
+            kubeconfig=plane.kubeconfig,
+            record=rec.add,
+        )
+        for n in nodes.values()
+        if n.kubelet
+    }
     try:
         sys_.prepare()
         client.create(Namespace(metadata=ObjectMeta(name=NAMESPACE)))
         sys_.start_webhook()
+        for manager in kubelets.values():
+            manager.start()
         for spec in nodes.values():
-            sys_.add_node(spec.name, spec.backend, *_agent_flags(spec), labels=dict(spec.labels))
+            sys_.add_node(
+                spec.name,
+                spec.backend,
+                *_agent_flags(spec),
+                labels=dict(spec.labels),
+                kubelet=_kubelet_flag(spec, kubelets),
+            )
         for identity in ("c1", "c2"):
             sys_.start_controller(identity, *CONTROLLER_FLAGS, verbose=False)
         controlplane.wait_for(
@@ -648,8 +730,8 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
             threads.append(thread)
         capacity_gb = float(sum(n.gpus for n in nodes.values()) * GPU_GB)
         load = Load(client, rec, settings, capacity_gb)
-        faults = Faults(sys_, rec, nodes, settings)
-        plan = fault_plan(settings, sorted(n for n, s in nodes.items()))
+        faults = Faults(sys_, rec, nodes, settings, kubelets)
+        plan = fault_plan(settings, sorted(nodes), kubelet_node=next(iter(sorted(kubelets)), None))
         start = time.time()
         until = start + settings.minutes * 60.0
         fault_thread = threading.Thread(
@@ -691,6 +773,7 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
             *checks.gated_while_servable(events, windows, bound_s=BOUND_S, end=end_load),
             *checks.stale_reservations(events, windows, grace_s=RESERVATION_GRACE_S),
             *checks.final_mismatch(statuses, actual, held, t=end),
+            *checks.destroyed_without_podresources(events, faults.outages),
         ]
         if not violations:
             shutil.rmtree(root, ignore_errors=True)
@@ -706,9 +789,13 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
             start=start,
             end_load=end_load,
             nodes=nodes,
+            kubelets=kubelets,
+            outages=faults.outages,
         )
     finally:
         stop.set()
+        for manager in kubelets.values():
+            manager.stop()
         with contextlib.suppress(Exception):
             sys_.stop()
         plane.stop()
@@ -799,6 +886,8 @@ def _summary(
     start: float,
     end_load: float,
     nodes: dict[str, NodeSpec],
+    kubelets: Mapping[str, soak_kubelet.DeviceManager],
+    outages: list[checks.Outage],
 ) -> dict[str, Any]:
     bind = [rec.bound[n] - rec.created[n] for n in rec.bound if n in rec.created]
     quiet = [
@@ -814,7 +903,13 @@ def _summary(
         "settings": {
             **dataclasses.asdict(settings),
             "nodes": [
-                {"name": n.name, "backend": n.backend, "mode": n.mode} for n in nodes.values()
+                {
+                    "name": n.name,
+                    "backend": n.backend,
+                    "mode": n.mode,
+                    "kubelet": "fake kubelet (--kubelet DIR)" if n.kubelet else "simulated",
+                }
+                for n in nodes.values()
             ],
             "bound_s": BOUND_S,
             "reservation_grace_s": RESERVATION_GRACE_S,
@@ -829,6 +924,30 @@ def _summary(
             "arrivals_thinned": load.thinned,
         },
         "faults": rec.faults,
+        "kubelet_nodes": {
+            name: {
+                "pods_allocated": sum(
+                    1 for e in events if isinstance(e, checks.Assigned) and e.node == name
+                ),
+                "allocated_during_podresources_outage": sum(
+                    1
+                    for e in events
+                    if isinstance(e, checks.Assigned)
+                    and e.node == name
+                    and any(o.node == name and o.start <= e.t <= o.end for o in outages)
+                ),
+                "destroyed_during_podresources_outage": sum(
+                    1
+                    for e in events
+                    if isinstance(e, checks.Destroyed)
+                    and e.node == name
+                    and any(o.node == name and o.start <= e.t <= o.end for o in outages)
+                ),
+                "allocate_failures": manager.allocate_failures,
+                "errors": manager.errors[:20],
+            }
+            for name, manager in kubelets.items()
+        },
         "bind_latency": _latencies(bind),
         "bind_latency_outside_faults": _latencies(quiet),
         "events_checked": {
@@ -886,6 +1005,7 @@ def small(minutes: float, seed: int) -> Settings:
         lifetime_s=40.0,
         kill_every_s=(50.0, 70.0),
         webhook_down_s=30.0,
+        podresources_down_s=(60.0, 80.0),
     )
 
 

@@ -4,9 +4,10 @@
 host's wall-clock time: what the bench itself did (pods created and deleted, faults), what it
 saw through the API (pods' phase, node and scheduling gates; every GpuLayout's spec
 reservations and status), and what the agents logged (``--log-format json``: each device the
-stand-in kubelet hands to a pod or takes back, each MIG instance destroyed). Those records are
-turned into the events below, and every checker here reads only events: no clock, no I/O, so
-each is unit-tested on hand-made sequences, violating ones included
+stand-in kubelet hands to a pod or takes back, each MIG instance destroyed), with the hand-outs
+of the bench's own device manager on the node whose agent runs the real kubelet path. Those
+records are turned into the events below, and every checker here reads only events: no clock,
+no I/O, so each is unit-tested on hand-made sequences, violating ones included
 (``tests/unit/test_soak_checks.py``).
 
 The invariants (``docs/soak.md`` says why each is stated as it is):
@@ -14,6 +15,8 @@ The invariants (``docs/soak.md`` says why each is stated as it is):
 * :func:`used_destroyed`: no instance held by a live pod, nor one the agent last reported
   ``used`` or ``reserved``, is destroyed; no MPS slice held by a live pod disappears.
 * :func:`double_held`: no device is held by two live pods at once.
+* :func:`destroyed_without_podresources`: no MIG instance is destroyed on a node while its
+  PodResources socket is away (every instance counts as in use then).
 * :func:`slow_pods`: every pod runs within ``bound_s`` of capacity for it existing (the
   cluster could serve it, continuously, outside fault windows).
 * :func:`gated_while_servable`: no pod keeps its scheduling gate for ``bound_s`` while a node
@@ -182,6 +185,15 @@ class Fault:
     start: float
     end: float
     what: str
+
+
+@dataclass(frozen=True, slots=True)
+class Outage:
+    """A node's PodResources socket away, from its removal to its return."""
+
+    start: float
+    end: float
+    node: str
 
 
 Event = PodCreated | PodDeleted | PodSeen | LayoutSeen | Assigned | Released | Destroyed
@@ -363,6 +375,25 @@ def double_held(events: Sequence[Event]) -> list[Violation]:
                     )
         holds.apply(e)
     return out
+
+
+def destroyed_without_podresources(
+    events: Sequence[Event], outages: Sequence[Outage]
+) -> list[Violation]:
+    """A MIG instance destroyed on a node while its PodResources socket was away: the agent
+    cannot tell what pods hold then, so it must count every instance in use."""
+    return [
+        Violation(
+            "destroyed-without-podresources",
+            e.t,
+            f"{e.node} GPU {e.gpu}: {e.profile}@{e.start} ({e.uuid}) destroyed while its "
+            f"PodResources socket was away (from t={o.start:.1f} to {o.end:.1f})",
+        )
+        for e in ordered(events)
+        if isinstance(e, Destroyed)
+        for o in outages
+        if o.node == e.node and o.start <= e.t <= o.end
+    ]
 
 
 def _in_fault(t: float, faults: Sequence[Fault]) -> bool:

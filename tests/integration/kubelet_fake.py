@@ -6,7 +6,9 @@ socket and keeps a ``ListAndWatch`` stream open, remembering the latest device l
 resource; calls ``Allocate`` and ``GetPreferredAllocation`` when a test asks; serves
 ``PodResourcesLister.List`` on ``<dir>/pod-resources/kubelet.sock`` from assignments a test
 sets, and ``GetAllocatableResources`` from the device lists ListAndWatch brought (the healthy
-devices, each list shown ``allocatable_delay_s`` after it arrived). :meth:`FakeKubelet.restart`
+devices, each list shown ``allocatable_delay_s`` after it arrived). The soak bench's device
+manager (``bench/soak_kubelet.py``) drives it as a kubelet would, and takes its PodResources
+socket away for a while (:meth:`FakeKubelet.stop_pod_resources`). :meth:`FakeKubelet.restart`
 behaves like a kubelet restart: the registration socket is recreated and the other sockets in
 the device-plugin folder are removed. Tests wait on conditions (with timeouts), never on
 sleeps.
@@ -106,12 +108,24 @@ class FakeKubelet:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> FakeKubelet:
         self._start_registration()
+        self.start_pod_resources()
+        return self
+
+    def start_pod_resources(self) -> None:
+        """Serve PodResources on its socket (again, after :meth:`stop_pod_resources`)."""
         server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
         pr_grpc.add_PodResourcesListerServicer_to_server(_PodResources(self), server)
         server.add_insecure_port(f"unix://{self.pod_resources_socket}")
         server.start()
         self._pod_resources = server
-        return self
+
+    def stop_pod_resources(self) -> None:
+        """Take the PodResources socket away (the server stopped, the socket file removed),
+        as when the kubelet's PodResources endpoint is down; the device manager goes on."""
+        if self._pod_resources is not None:
+            self._pod_resources.stop(grace=None).wait()
+            self._pod_resources = None
+        self.pod_resources_socket.unlink(missing_ok=True)
 
     def _start_registration(self) -> None:
         server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
@@ -207,6 +221,11 @@ class FakeKubelet:
         """The kubelet gave these devices to a pod (PodResources lists them)."""
         with self.changed:
             self.state.pods.append((namespace, pod, "main", resource, tuple(device_ids)))
+
+    def release(self, namespace: str, pod: str) -> None:
+        """The pod is gone: PodResources no longer lists its devices."""
+        with self.changed:
+            self.state.pods[:] = [e for e in self.state.pods if (e[0], e[1]) != (namespace, pod)]
 
     def release_all(self) -> None:
         with self.changed:

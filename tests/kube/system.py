@@ -146,14 +146,19 @@ class System:
         backend: str,
         *extra: str,
         labels: dict[str, str] | None = None,
+        kubelet: str = "simulated",
     ) -> None:
         """A KWOK node (with ``labels``) and its agent with ``backend``
-        (``emulated:a100-80gb:x2``) and ``extra`` flags."""
+        (``emulated:a100-80gb:x2``), ``kubelet`` (see :meth:`start_agent`) and ``extra``
+        flags."""
         self.plane.add_node(name, labels=labels)
         self.nodes.append(name)
-        self.start_agent(name, backend, *extra)
+        self.start_agent(name, backend, *extra, kubelet=kubelet)
 
-    def start_agent(self, node: str, backend: str, *extra: str) -> None:
+    def start_agent(self, node: str, backend: str, *extra: str, kubelet: str = "simulated") -> None:
+        """``migpilot agent`` for ``node``; ``kubelet`` is its ``--kubelet``: ``simulated``
+        (the stand-in), or the folder of a kubelet (the soak bench's fake one) whose
+        device-plugin Registration and PodResources sockets it uses."""
         self.agents[node] = controlplane.launch(
             f"agent-{node}",
             [
@@ -170,7 +175,7 @@ class System:
                 "--state-file",
                 str(self.root / f"{node}.json"),
                 "--kubelet",
-                "simulated",
+                kubelet,
                 "--interval",
                 "5",
                 *self._metrics_args(f"agent-{node}"),

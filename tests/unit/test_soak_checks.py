@@ -259,3 +259,17 @@ def test_agent_log_lines_become_events() -> None:
     assert c.agent_event(_line("GPU 1: create 3g.40gb@4", node="n")) is None
     assert c.agent_event("Traceback (most recent call last):") is None
     assert c.agent_event(_line("Node n: pod ns/a gets no device yet: ... retried")) is None
+
+
+def test_a_destroy_while_the_podresources_socket_is_away_is_a_violation() -> None:
+    outage = c.Outage(10.0, 80.0, "n")
+    during = c.Destroyed(50.0, "n", 0, "1g.10gb", 3, "MIG-x")
+    [v] = c.destroyed_without_podresources([during], [outage])
+    assert v.invariant == "destroyed-without-podresources" and "MIG-x" in v.detail
+    # Before or after the outage, or on another node, a destroy is the other checks' business.
+    others = [
+        c.Destroyed(9.0, "n", 0, "1g.10gb", 3, "MIG-x"),
+        c.Destroyed(81.0, "n", 0, "1g.10gb", 3, "MIG-x"),
+        c.Destroyed(50.0, "m", 0, "1g.10gb", 3, "MIG-y"),
+    ]
+    assert c.destroyed_without_podresources(others, [outage]) == []
