@@ -110,6 +110,11 @@ BOUND_S = 60.0
 RESERVATION_GRACE_S = 60.0
 """A reservation may outlive its pod by this long (outside fault windows)."""
 FINAL_WAIT_S = 120.0
+ALLOCATION_GRACE_S = 300.0
+"""The agent's hold on a device Allocate handed out that PodResources never listed
+(``serving.PluginSettings.allocation_grace_s``)."""
+UNLISTED_MARGIN_S = 10.0
+"""Around a PodResources outage, how long a hand-out may go unlisted (two agent passes)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -752,7 +757,19 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
         # comparison (statuses caught up with the GPUs and the pods).
         for name in sorted(load.live):
             load.delete(name)
-        _settle(sys_, client, nodes, log)
+
+        def excused() -> dict[str, frozenset[str]]:
+            with rec.lock:
+                seen = list(rec.events)
+            return checks.unlisted_holds(
+                seen,
+                faults.outages,
+                grace_s=ALLOCATION_GRACE_S,
+                margin_s=UNLISTED_MARGIN_S,
+                end=time.time(),
+            )
+
+        _settle(sys_, client, nodes, log, excused)
         end = time.time()
         time.sleep(2.0)
         stop.set()
@@ -765,6 +782,13 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
         statuses = _final_statuses(client, modes)
         actual = {n: _emulated(root / f"{n}.json") for n in nodes}
         held = checks.held_at_end(events, end=end)
+        unlisted = checks.unlisted_holds(
+            events,
+            faults.outages,
+            grace_s=ALLOCATION_GRACE_S,
+            margin_s=UNLISTED_MARGIN_S,
+            end=end,
+        )
         windows = faults.windows
         violations = [
             *checks.used_destroyed(events),
@@ -772,7 +796,7 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
             *checks.slow_pods(events, windows, bound_s=BOUND_S, end=end_load),
             *checks.gated_while_servable(events, windows, bound_s=BOUND_S, end=end_load),
             *checks.stale_reservations(events, windows, grace_s=RESERVATION_GRACE_S),
-            *checks.final_mismatch(statuses, actual, held, t=end),
+            *checks.final_mismatch(statuses, actual, held, t=end, excused=unlisted),
             *checks.destroyed_without_podresources(events, faults.outages),
         ]
         if not violations:
@@ -791,6 +815,7 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
             nodes=nodes,
             kubelets=kubelets,
             outages=faults.outages,
+            unlisted=unlisted,
         )
     finally:
         stop.set()
@@ -813,9 +838,13 @@ def _reported(client: lightkube.Client, nodes: list[str]) -> bool:
     return True
 
 
-def _settled(client: lightkube.Client, nodes: dict[str, NodeSpec]) -> bool:
+def _settled(
+    client: lightkube.Client,
+    nodes: dict[str, NodeSpec],
+    excused: Mapping[str, frozenset[str]],
+) -> bool:
     """No pod left, and every GpuLayout's status Ready for its spec's generation, holding
-    nothing used or reserved."""
+    nothing used or reserved (but the ``excused`` instances, :func:`checks.unlisted_holds`)."""
     if list(client.list(Pod, namespace=NAMESPACE)):
         return False
     for n in nodes:
@@ -828,7 +857,8 @@ def _settled(client: lightkube.Client, nodes: dict[str, NodeSpec]) -> bool:
             return False
         states: set[gl.InstanceState] = set()
         for g in status.gpus:
-            states |= {i.state for i in g.instances} | {s.state for s in g.mps}
+            states |= {i.state for i in g.instances if i.uuid not in excused.get(n, ())}
+            states |= {s.state for s in g.mps}
             states |= {r.state for r in g.replicas}
         if states & {gl.InstanceState.USED, gl.InstanceState.RESERVED}:
             return False
@@ -840,10 +870,13 @@ def _settle(
     client: lightkube.Client,
     nodes: dict[str, NodeSpec],
     log: Callable[[str], None],
+    excused: Callable[[], Mapping[str, frozenset[str]]],
 ) -> None:
     try:
         controlplane.wait_for(
-            lambda: _settled(client, nodes), what="the system to settle", timeout=FINAL_WAIT_S
+            lambda: _settled(client, nodes, excused()),
+            what="the system to settle",
+            timeout=FINAL_WAIT_S,
         )
     except controlplane.ControlPlaneError as e:
         log(f"not settled after {FINAL_WAIT_S:.0f} s: {str(e)[:200]}")
@@ -888,6 +921,7 @@ def _summary(
     nodes: dict[str, NodeSpec],
     kubelets: Mapping[str, soak_kubelet.DeviceManager],
     outages: list[checks.Outage],
+    unlisted: Mapping[str, frozenset[str]],
 ) -> dict[str, Any]:
     bind = [rec.bound[n] - rec.created[n] for n in rec.bound if n in rec.created]
     quiet = [
@@ -944,6 +978,7 @@ def _summary(
                     and any(o.node == name and o.start <= e.t <= o.end for o in outages)
                 ),
                 "allocate_failures": manager.allocate_failures,
+                "unlisted_at_end": sorted(unlisted.get(name, ())),
                 "errors": manager.errors[:20],
             }
             for name, manager in kubelets.items()

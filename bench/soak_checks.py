@@ -543,11 +543,12 @@ def final_mismatch(
     held: Mapping[str, frozenset[str]],
     *,
     t: float,
+    excused: Mapping[str, frozenset[str]] | None = None,
 ) -> list[Violation]:
     """Each node's last GpuLayout status against its agent's view: the MIG instances
     (profile, start, UUID) the GPUs hold (``actual``: the emulated GPUs' state, per GPU index),
     and the devices its stand-in kubelet holds for live pods (``held``), which the status must
-    report ``used`` (and no other as ``used``)."""
+    report ``used`` (and no other as ``used``, but those ``excused``: :func:`unlisted_holds`)."""
     out: list[Violation] = []
     for node in sorted(set(actual) | set(statuses)):
         view = statuses.get(node)
@@ -576,6 +577,7 @@ def final_mismatch(
             used |= {f"{g.uuid}::mps-{s.id}" for s in g.slices if s.state == "used"}
             used |= {f"{g.uuid}::{r.id}" for r in g.replicas if r.state == "used"}
         holds = held.get(node, frozenset())
+        used -= (excused or {}).get(node, frozenset()) - holds
         if used != holds:
             out.append(
                 Violation(
@@ -586,6 +588,32 @@ def final_mismatch(
                 )
             )
     return out
+
+
+def unlisted_holds(
+    events: Sequence[Event],
+    outages: Sequence[Outage],
+    *,
+    grace_s: float,
+    margin_s: float,
+    end: float,
+) -> dict[str, frozenset[str]]:
+    """Node -> the devices its agent may still report ``used`` at ``end`` though no pod holds
+    them: handed out around a PodResources outage (from ``margin_s`` before it) to a pod gone
+    before the agent could ask PodResources again (``margin_s`` after it), less than
+    ``grace_s`` before ``end``. PodResources never listed them, so the agent's Allocate ledger
+    holds them for its grace (``docs/agent.md``: the container may not have started yet)."""
+    out: dict[str, set[str]] = {}
+    given: dict[tuple[str, str], Assigned] = {}
+    for e in ordered(events):
+        if isinstance(e, Assigned):
+            given[(e.node, e.pod)] = e
+        elif isinstance(e, Released) and (a := given.pop((e.node, e.pod), None)) is not None:
+            for o in outages:
+                unseen = o.start - margin_s <= a.t and e.t <= o.end + margin_s
+                if o.node == e.node and unseen and end - a.t < grace_s:
+                    out.setdefault(e.node, set()).update(a.devices)
+    return {n: frozenset(d) for n, d in out.items()}
 
 
 def held_at_end(events: Sequence[Event], *, end: float) -> dict[str, frozenset[str]]:

@@ -273,3 +273,39 @@ def test_a_destroy_while_the_podresources_socket_is_away_is_a_violation() -> Non
         c.Destroyed(50.0, "m", 0, "1g.10gb", 3, "MIG-y"),
     ]
     assert c.destroyed_without_podresources(others, [outage]) == []
+
+
+def test_devices_handed_out_and_given_up_unseen_during_an_outage_are_excused_for_the_grace() -> (
+    None
+):
+    outage = c.Outage(100.0, 160.0, "n")
+    events: list[c.Event] = [
+        c.Assigned(95.0, "n", "ns/a", ("MIG-a",)),  # just before: the agent may not have listed it
+        c.Assigned(120.0, "n", "ns/b", ("MIG-b",)),
+        c.Assigned(130.0, "n", "ns/c", ("MIG-c",)),  # outlives the outage: PodResources lists it
+        c.Assigned(80.0, "n", "ns/d", ("MIG-d",)),  # listed before the outage
+        c.Assigned(120.0, "m", "ns/e", ("MIG-e",)),  # another node
+        c.Released(140.0, "n", "ns/a"),
+        c.Released(150.0, "n", "ns/b"),
+        c.Released(200.0, "n", "ns/c"),
+        c.Released(110.0, "n", "ns/d"),
+        c.Released(130.0, "m", "ns/e"),
+    ]
+    kw = {"grace_s": 300.0, "margin_s": 10.0}
+    assert c.unlisted_holds(events, [outage], end=300.0, **kw) == {
+        "n": frozenset({"MIG-a", "MIG-b"})
+    }
+    # Past the grace the ledger lets them go: no excuse left.
+    assert c.unlisted_holds(events, [outage], end=400.0, **kw) == {"n": frozenset({"MIG-b"})}
+    status = c.NodeView("n", "mig", (c.GpuView(0, "h100-80gb", "GPU-0", True, (
+        c.InstanceView("1g.10gb", 0, "MIG-a", "used"),
+        c.InstanceView("1g.10gb", 1, "MIG-b", "used"),
+        c.InstanceView("1g.10gb", 2, "MIG-c", "used"),
+    )),))  # fmt: skip
+    actual = {"n": {0: frozenset({("1g.10gb", 0, "MIG-a"), ("1g.10gb", 1, "MIG-b"),
+                                  ("1g.10gb", 2, "MIG-c")})}}  # fmt: skip
+    excused = {"n": frozenset({"MIG-a", "MIG-b"})}
+    [v] = c.final_mismatch({"n": status}, actual, {}, t=1.0, excused=excused)
+    assert "['MIG-c'] that no pod holds" in v.detail
+    assert c.final_mismatch({"n": status}, actual, {"n": frozenset({"MIG-c"})}, t=1.0,
+                            excused=excused) == []  # fmt: skip
