@@ -599,20 +599,23 @@ def unlisted_holds(
     end: float,
 ) -> dict[str, frozenset[str]]:
     """Node -> the devices its agent may still report ``used`` at ``end`` though no pod holds
-    them: handed out around a PodResources outage (from ``margin_s`` before it) to a pod gone
-    before the agent could ask PodResources again (``margin_s`` after it), less than
-    ``grace_s`` before ``end``. PodResources never listed them, so the agent's Allocate ledger
-    holds them for its grace (``docs/agent.md``: the container may not have started yet)."""
+    them: handed out less than ``grace_s`` before ``end`` to a pod gone before the agent could
+    have seen PodResources list them: within ``margin_s`` (two of its passes), or, handed out
+    around a PodResources outage (from ``margin_s`` before it), before ``margin_s`` after its
+    end. PodResources never listed them, so the agent's Allocate ledger holds them for its
+    grace (``docs/agent.md``: the container may not have started yet)."""
     out: dict[str, set[str]] = {}
     given: dict[tuple[str, str], Assigned] = {}
     for e in ordered(events):
         if isinstance(e, Assigned):
             given[(e.node, e.pod)] = e
         elif isinstance(e, Released) and (a := given.pop((e.node, e.pod), None)) is not None:
-            for o in outages:
-                unseen = o.start - margin_s <= a.t and e.t <= o.end + margin_s
-                if o.node == e.node and unseen and end - a.t < grace_s:
-                    out.setdefault(e.node, set()).update(a.devices)
+            unseen = e.t - a.t <= margin_s or any(
+                o.node == e.node and o.start - margin_s <= a.t and e.t <= o.end + margin_s
+                for o in outages
+            )
+            if unseen and end - a.t < grace_s:
+                out.setdefault(e.node, set()).update(a.devices)
     return {n: frozenset(d) for n, d in out.items()}
 
 

@@ -289,14 +289,22 @@ def test_devices_handed_out_and_given_up_unseen_during_an_outage_are_excused_for
         c.Released(150.0, "n", "ns/b"),
         c.Released(200.0, "n", "ns/c"),
         c.Released(110.0, "n", "ns/d"),
-        c.Released(130.0, "m", "ns/e"),
+        c.Released(135.0, "m", "ns/e"),
+        c.Assigned(250.0, "m", "ns/f", ("MIG-f",)),  # gone before a pass could list it
+        c.Released(255.0, "m", "ns/f"),
+        c.Assigned(250.0, "m", "ns/g", ("MIG-g",)),  # listed
+        c.Released(270.0, "m", "ns/g"),
     ]
     kw = {"grace_s": 300.0, "margin_s": 10.0}
     assert c.unlisted_holds(events, [outage], end=300.0, **kw) == {
-        "n": frozenset({"MIG-a", "MIG-b"})
+        "n": frozenset({"MIG-a", "MIG-b"}),
+        "m": frozenset({"MIG-f"}),
     }
     # Past the grace the ledger lets them go: no excuse left.
-    assert c.unlisted_holds(events, [outage], end=400.0, **kw) == {"n": frozenset({"MIG-b"})}
+    assert c.unlisted_holds(events, [outage], end=400.0, **kw) == {
+        "n": frozenset({"MIG-b"}),
+        "m": frozenset({"MIG-f"}),
+    }
     status = c.NodeView("n", "mig", (c.GpuView(0, "h100-80gb", "GPU-0", True, (
         c.InstanceView("1g.10gb", 0, "MIG-a", "used"),
         c.InstanceView("1g.10gb", 1, "MIG-b", "used"),
