@@ -613,6 +613,16 @@ class SimulatedKubelet:
         if self._saved is not None:
             self._assigned = restored(self._saved, mig)
             self._saved = None
+            listed = {p.key for p in mig}
+            for key, devices in sorted(self._assigned.items()):
+                if key in listed and devices:
+                    _log.info(
+                        "Node %s: pod %s keeps %s (from the checkpoint)",
+                        self._node,
+                        key,
+                        ", ".join(devices),
+                        extra=logs.about(pod=key, node=self._node),
+                    )
         now = assign(
             mig,
             advertised=self._offered,
