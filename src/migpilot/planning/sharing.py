@@ -315,9 +315,9 @@ class _Ask:
     empty where the pod is not served in mode mps)."""
     count: int
     """Slices per pod on an MPS node (0: none serves it)."""
-    mps_kinds: tuple[tuple[int, int], ...]
-    """(kind, fewest GB any of its slices needs on that kind's models) per kind of MPS node
-    that serves the pod."""
+    mps_kinds: tuple[tuple[int, int, int], ...]
+    """Per kind of MPS node that serves the pod: (kind, GB of its largest slice, GB of all its
+    slices), the least over the kind's models."""
     reuse: frozenset[tuple[str, int, int | None]]
     """(model id, GB, cores): free slices the pod could reuse."""
     ts_kinds: tuple[int, ...]
@@ -372,7 +372,11 @@ class _Run:
             for mps, sts, t in zip(self.is_mps, self.mps, self.ts, strict=True)
         ]
         self.use = [u / t for u, t in zip(self.used, self.total, strict=True)]
-        self.room = [self._room(ni) for ni in range(len(self.nodes))]
+        self.room = [0] * len(self.nodes)
+        self.spare = [0] * len(self.nodes)
+        self.reclaim = [0] * len(self.nodes)
+        for ni in range(len(self.nodes)):
+            self._room(ni)
         kinds: dict[tuple[modes.Mode, tuple[str, ...]], int] = {}
         self.kind_of = [
             kinds.setdefault((n.mode, tuple(sorted({g.model.id for g in n.gpus}))), len(kinds))
@@ -407,20 +411,24 @@ class _Run:
     def _score(self, policy: scoring.Policy, ni: int) -> float:
         return -self.use[ni] if policy is scoring.Policy.BINPACK else self.use[ni]
 
-    def _room(self, ni: int) -> int:
-        """MPS: the most free GB of a GPU below the client limit (-1: none); time-slicing: the
-        GPUs with a free replica."""
+    def _room(self, ni: int) -> None:
+        """Update the node's room: MPS, the most free GB of a GPU below the client limit (-1:
+        none), their sum, and the most GB one GPU would have with its free slices removed;
+        time-slicing, the GPUs with a free replica. Each bounds what a node can take: a node
+        below a pod's figures cannot fit it."""
         if self.is_mps[ni]:
-            return max(
-                (
-                    s.cap - s.used
-                    for s in self.mps[ni]
-                    if s.clients < sharing_config.MPS_MAX_CLIENTS
-                ),
-                default=-1,
-            )
+            most = spare = reclaim = -1
+            for s in self.mps[ni]:
+                free = s.cap - s.used
+                if s.clients < sharing_config.MPS_MAX_CLIENTS:
+                    most = max(most, free)
+                    spare += free
+                # Any GPU: a pod's slices may go some by room, some after removals.
+                reclaim = max(reclaim, free + sum(f.memory_gb for f in s.free))
+            self.room[ni], self.spare[ni], self.reclaim[ni] = most, spare + 1, reclaim
+            return
         gpus = self.nodes[ni].gpus
-        return sum(1 for g, u in zip(gpus, self.ts[ni], strict=True) if u < g.replicas)
+        self.room[ni] = sum(1 for g, u in zip(gpus, self.ts[ni], strict=True) if u < g.replicas)
 
     def fork(self) -> _Run:
         """An independent copy of this pass (to try another pod order from here)."""
@@ -430,6 +438,7 @@ class _Run:
         twin.mps, twin.ts = list(self.mps), list(self.ts)
         twin.cpu, twin.mem = list(self.cpu), list(self.mem)
         twin.used, twin.use, twin.room = list(self.used), list(self.use), list(self.room)
+        twin.spare, twin.reclaim = list(self.spare), list(self.reclaim)
         twin.order = {k: list(v) for k, v in self.order.items()}
         twin.reuse = {k: dict(v) for k, v in self.reuse.items()}
         twin.slices = dict(self.slices)
@@ -453,7 +462,7 @@ class _Run:
             return found
         node_policy, gpu_policy = pod.policies(self.snap)
         needs: dict[str, tuple[modes.SliceNeed, ...] | None] = {}
-        mps_kinds: list[tuple[int, int]] = []
+        mps_kinds: list[tuple[int, int, int]] = []
         ts_kinds: list[int] = []
         reuse: set[tuple[str, int, int | None]] = set()
         count = 0
@@ -461,7 +470,7 @@ class _Run:
             if not pod.served_in(mode):
                 continue
             if mode is modes.Mode.MPS:
-                least = None
+                most = total = None
                 for m in model_ids:
                     if m not in needs:
                         needs[m] = modes.mps_needs(pod.mps, pod.unified, self.models[m])
@@ -469,11 +478,13 @@ class _Run:
                     if got is None:
                         continue
                     count = len(got)
-                    gb = min(n.memory_gb for n in got)
-                    least = gb if least is None else min(least, gb)
+                    # Slices come largest first: the first needs the most GB on one GPU.
+                    big, gb = got[0].memory_gb, sum(n.memory_gb for n in got)
+                    most = big if most is None else min(most, big)
+                    total = gb if total is None else min(total, gb)
                     reuse.update((m, n.memory_gb, n.cores) for n in got)
-                if least is not None and count:
-                    mps_kinds.append((k, least))
+                if most is not None and total is not None and count:
+                    mps_kinds.append((k, most, total))
             elif pod.unified is not None and any(
                 modes.replica_needs(pod.unified, self.models[m]) is not None for m in model_ids
             ):
@@ -495,7 +506,7 @@ class _Run:
         """Place ``pod`` on the best sharing node; whether it was placed."""
         ask = self._ask(pod)
         admits = self.admission.admits(pod)
-        cpu, mem, room = self.cpu, self.mem, self.room
+        cpu, mem, room, spare = self.cpu, self.mem, self.room, self.spare
         want_cpu, want_mem = pod.cpu_milli, pod.memory_bytes
         policy = ask.node_policy
         best: _Key | None = None
@@ -518,7 +529,11 @@ class _Run:
                         break
         if ask.mps_kinds:
             tried: set[int] = set()
-            # Nodes holding a free slice the pod could reuse: each is tried.
+            # Nodes holding a free slice the pod could reuse. A pod of one slice reuses it
+            # there (creates and removes nothing): only the best such node is worked out. A pod
+            # of several slices creates at least those it has no free slice for: its nodes are
+            # tried best bound first, until no bound beats the best found.
+            several: list[tuple[int, float, int]] = []
             for t in ask.reuse:
                 for ni in self.reuse.get(t, ()):
                     if ni in tried:
@@ -526,16 +541,30 @@ class _Run:
                     tried.add(ni)
                     if not (admits[ni] and cpu[ni] >= want_cpu and mem[ni] >= want_mem):
                         continue
-                    got = self._try_mps(ni, ask, remove=False)
-                    if got is None:
+                    score = self._score(policy, ni)
+                    if ask.count == 1:
+                        key = (0, 0, score, ni)
+                        if best is None or key < best:
+                            best, steps = key, []
                         continue
-                    key = (got[0], got[1], self._score(policy, ni), ni)
+                    held = sum(self.reuse[u].get(ni, 0) for u in ask.reuse if u in self.reuse)
+                    several.append((max(0, ask.count - held), score, ni))
+            if best is not None and ask.count == 1 and best[:2] == (0, 0) and self.is_mps[best[3]]:
+                got = self._try_mps(best[3], ask, remove=False)
+                assert got is not None and got[:2] == (0, 0)
+                steps = got[2]
+            for bound, score, ni in sorted(several):
+                if best is not None and (0, bound, score, ni) > best:
+                    break
+                got = self._try_mps(ni, ask, remove=False)
+                if got is not None:
+                    key = (got[0], got[1], score, ni)
                     if best is None or key < best:
                         best, steps = key, got[2]
             # Any other node creates every slice: the first in score order that fits without
             # removals is the best of its kind, and only worth looking for if it could win.
             if best is None or best[:2] > (0, ask.count):
-                for kind, least in ask.mps_kinds:
+                for kind, most, total in ask.mps_kinds:
                     for score, ni in self.order[(policy, kind)]:
                         if (
                             best is not None
@@ -544,7 +573,8 @@ class _Run:
                         ):
                             break
                         if (
-                            room[ni] >= least
+                            room[ni] >= most
+                            and spare[ni] >= total
                             and admits[ni]
                             and cpu[ni] >= want_cpu
                             and mem[ni] >= want_mem
@@ -558,10 +588,11 @@ class _Run:
                                 break
             # Removals: only where nothing fits without them, and only free slices are removed.
             if best is None and remove:
-                mps_kinds = {k for k, _ in ask.mps_kinds}
+                mps_kinds = {k: most for k, most, _ in ask.mps_kinds}
+                reclaim = self.reclaim
                 for ni in self.slices:
                     if (
-                        self.kind_of[ni] in mps_kinds
+                        reclaim[ni] >= mps_kinds.get(self.kind_of[ni], 2**62)
                         and admits[ni]
                         and cpu[ni] >= want_cpu
                         and mem[ni] >= want_mem
@@ -599,7 +630,7 @@ class _Run:
         old = self.use[ni]
         self.used[ni] = used
         new = self.use[ni] = used / self.total[ni]
-        self.room[ni] = self._room(ni)
+        self._room(ni)
         if new == old:
             return
         kind = self.kind_of[ni]
