@@ -129,10 +129,40 @@ class Explainer:
                 # and nodes sharing a shape share the GPUs a verdict names.
                 shape.append((gpu.index, gpu.model.id, used, occupied))
             self._shape.append(shapes.setdefault(tuple(shape), len(shapes)))
+        # What decides a node's verdict before CPU and memory: its admission class, its mode
+        # and its GPUs (their models; on MIG nodes their state too).
+        self._early_class = [
+            (
+                self._admission.class_of(position),
+                node.mode,
+                self._shape[position]
+                if node.mode is modes.Mode.MIG
+                else tuple(g.model.id for g in node.gpus),
+            )
+            for position, node in enumerate(snap.nodes)
+        ]
+        # Per GPU of a node in mode mps: GB and clients of its taken slices.
+        self.taken: dict[tuple[str, int], tuple[int, int]] = {
+            (node.name, g.index): (
+                sum(s.memory_gb for s in g.mps if s.taken),
+                sum(1 for s in g.mps if s.taken),
+            )
+            for node in snap.nodes
+            if node.mode is modes.Mode.MPS
+            for g in node.gpus
+        }
         self._cache: dict[tuple[object, ...], plans.Unschedulable] = {}
         self._fit_cache: dict[tuple[object, ...], bool] = {}
         self._offered: dict[_ShapeKey, str | tuple[tuple[str, ...], list[snapshot.Gpu]]] = {}
-        self._room: dict[_ShapeKey, tuple[Why, str]] = {}
+        self._room: dict[tuple[int, int], tuple[Why, str]] = {}
+        """Per (GPU state, request shape): room on a MIG node."""
+        self._shared_room: dict[tuple[int, int], tuple[Why, str]] = {}
+        """Per (node position, request shape): room on a node in mode mps or time-slicing."""
+        self._shape_ids: dict[tuple[object, ...], int] = {}
+        self._early_cache: dict[tuple[object, ...], tuple[list[tuple[str, Why, str]], list[int]]]
+        self._early_cache = {}
+        """Per (signature, request): every node's reason decided before CPU and memory, and
+        the positions of the nodes where CPU, memory and room decide."""
 
     def node_reason(
         self, position: int, pod: snapshot.Pod, *, admission: list[str | None] | None = None
@@ -141,6 +171,21 @@ class Explainer:
 
         ``admission`` is ``Admission.reasons(pod)`` when the caller has it already.
         """
+        early = self._early(position, pod, admission=admission)
+        if early is not None:
+            return early
+        return self._late(position, pod, self._shape_id(pod))
+
+    def _shape_id(self, pod: snapshot.Pod) -> int:
+        """A small number per request (MIG, unified, MPS): the room caches' key, hashed once."""
+        return self._shape_ids.setdefault((pod.demand, pod.mps), len(self._shape_ids))
+
+    def _early(
+        self, position: int, pod: snapshot.Pod, *, admission: list[str | None] | None = None
+    ) -> tuple[Why, str] | None:
+        """The node's verdict where it comes before CPU and memory (admission, mode, GPUs that
+        serve the request): the same for every pod of one signature and request. ``None``: the
+        node serves the request, CPU, memory and room decide (:meth:`_late`)."""
         node = self.snap.nodes[position]
         if admission is None or constraints.names_nodes(pod):
             reason = self._admission.reason(position, pod)
@@ -149,36 +194,36 @@ class Explainer:
         if reason is not None:
             return Why.NOT_ADMITTED, reason
         if not pod.served_in(node.mode):
-            return (
-                Why.WRONG_MODE,
-                f"node {node.name} is in mode {node.mode.value}; {_what(pod)} needs "
-                f"{pod.needed_mode()}",
-            )
+            return Why.WRONG_MODE, _wrong_mode(node, _wanted_mode(pod))
         if node.mode is not modes.Mode.MIG:
-            return self._shared_reason(node, pod)
+            return self._not_offered(node, pod)
         vkey = (self._shape[position], pod.demand)
         offered = self._offered.get(vkey)
         if offered is None:
             offered = self._offered[vkey] = self._offer(node, pod)
         if isinstance(offered, str):
             return Why.NOT_OFFERED, offered
-        alloc = node.allocatable
-        if alloc is not None:
-            free_cpu = alloc.cpu_milli - self.cpu[node.name]
-            if pod.cpu_milli > free_cpu:
-                return (
-                    Why.NO_CPU_MEMORY,
-                    f"not enough CPU: needs {pod.cpu_milli}m, {max(free_cpu, 0)}m free",
-                )
-            free_mem = alloc.memory_bytes - self.mem[node.name]
-            if pod.memory_bytes > free_mem:
-                return (
-                    Why.NO_CPU_MEMORY,
-                    f"not enough memory: needs {pod.memory_bytes} bytes, {max(free_mem, 0)} free",
-                )
-        verdict = self._room.get(vkey)
+        return None
+
+    def _late(self, position: int, pod: snapshot.Pod, shape: int) -> tuple[Why, str]:
+        """The verdict of a node that serves the request (:meth:`_early` gave ``None``): CPU and
+        memory, then room (cached per GPU state, or per sharing node, and request ``shape``)."""
+        node = self.snap.nodes[position]
+        short = self._cpu_memory(node, pod)
+        if short is not None:
+            return Why.NO_CPU_MEMORY, short
+        if node.mode is not modes.Mode.MIG:
+            skey = (position, shape)
+            shared = self._shared_room.get(skey)
+            if shared is None:
+                shared = self._shared_room[skey] = self._shared_verdict(node, pod)
+            return shared
+        rkey = (self._shape[position], shape)
+        verdict = self._room.get(rkey)
         if verdict is None:
-            verdict = self._room[vkey] = self._room_reason(node, *offered)
+            offered = self._offered[(self._shape[position], pod.demand)]
+            assert not isinstance(offered, str)
+            verdict = self._room[rkey] = self._room_reason(node, *offered)
         return verdict
 
     def _cpu_memory(self, node: snapshot.Node, pod: snapshot.Pod) -> str | None:
@@ -193,10 +238,10 @@ class Explainer:
             return f"not enough memory: needs {pod.memory_bytes} bytes, {max(free_mem, 0)} free"
         return None
 
-    def _shared_reason(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str]:
-        """Why a node in mode mps or time-slicing does not run the pod in the plan."""
+    def _usable(self, node: snapshot.Node, pod: snapshot.Pod) -> list[snapshot.Gpu]:
+        """The GPUs of a node in mode mps or time-slicing that can serve the pod."""
         mps = node.mode is modes.Mode.MPS
-        usable = [
+        return [
             g
             for g in node.gpus
             if (
@@ -206,28 +251,35 @@ class Explainer:
             )
             is not None
         ]
+
+    def _not_offered(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str] | None:
+        """Why no GPU of a node in mode mps or time-slicing serves the pod (``None``: some do)."""
+        if self._usable(node, pod):
+            return None
+        mps = node.mode is modes.Mode.MPS
+        models = ", ".join(sorted({g.model.id for g in node.gpus}))
+        if pod.unified is not None and not any(
+            unified.allowed(pod.unified, g.model) for g in node.gpus
+        ):
+            return Why.NOT_OFFERED, f"its GPUs ({models}) are excluded by the pod's filters"
+        if mps and pod.unified is not None and unified.too_many_for_mps(pod.unified):
+            return Why.NOT_OFFERED, (
+                "a container asking more than one GPU is not served by MPS slices (one "
+                "container talks to one GPU's MPS daemon)"
+            )
+        most = max((sharing_mps.memory_gb(g.model) for g in node.gpus), default=0)
+        return Why.NOT_OFFERED, f"its GPUs ({models}) have {most} GB; {_what(pod)} needs more"
+
+    def _shared_verdict(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str]:
+        """Room on a node in mode mps or time-slicing that serves the pod, CPU and memory
+        aside: in the plan, without it, or none."""
+        usable = self._usable(node, pod)
         what = _what(pod)
-        if not usable:
-            models = ", ".join(sorted({g.model.id for g in node.gpus}))
-            if pod.unified is not None and not any(
-                unified.allowed(pod.unified, g.model) for g in node.gpus
-            ):
-                return Why.NOT_OFFERED, f"its GPUs ({models}) are excluded by the pod's filters"
-            if mps and pod.unified is not None and unified.too_many_for_mps(pod.unified):
-                return Why.NOT_OFFERED, (
-                    "a container asking more than one GPU is not served by MPS slices (one "
-                    "container talks to one GPU's MPS daemon)"
-                )
-            most = max((sharing_mps.memory_gb(g.model) for g in node.gpus), default=0)
-            return Why.NOT_OFFERED, f"its GPUs ({models}) have {most} GB; {what} needs more"
-        short = self._cpu_memory(node, pod)
-        if short is not None:
-            return Why.NO_CPU_MEMORY, short
         if self._shared_fits(node, pod, usable, planned=True):
             return Why.ROOM_LEFT, f"{what} would still fit; the planner left it out"
         if self._shared_fits(node, pod, usable, planned=False):
             return Why.TAKEN, f"the room for {what} went to other pending pods"
-        if mps:
+        if node.mode is modes.Mode.MPS:
             return Why.IN_USE, f"no room for {what} without removing MPS slices in use"
         return Why.IN_USE, f"no free time-slicing replica for {what}"
 
@@ -254,9 +306,7 @@ class Explainer:
         free: list[int] = []
         clients: list[int] = []
         for g in gpus:
-            taken = [s for s in g.mps if s.taken]
-            used = sum(s.memory_gb for s in taken)
-            n = len(taken)
+            used, n = self.taken[(node.name, g.index)]
             if planned:
                 # Slices the plan gives that were free or new (a taken one is not given again).
                 used += self.shared_gb[(node.name, g.index)]
@@ -344,11 +394,40 @@ class Explainer:
         cached = self._cache.get(key)
         if cached is not None:
             return plans.Unschedulable(pod.key, cached.reason, cached.nodes)
-        admission = self._admission.reasons(pod)
-        reasons = [
-            (node.name, *self.node_reason(position, pod, admission=admission))
-            for position, node in enumerate(self.snap.nodes)
-        ]
+        # Pods of one signature and request differ only in CPU and memory: the nodes' earlier
+        # verdicts are worked out once, the rest per pod.
+        ekey = key[:3]
+        early = self._early_cache.get(ekey)
+        if early is None:
+            admission = self._admission.reasons(pod)
+            fixed: list[tuple[str, Why, str]] = []
+            open_: list[int] = []
+            # Nodes of one class (admission, mode, GPUs) get one verdict; a wrong mode names
+            # each node.
+            per_class: dict[object, tuple[Why, str] | None] = {}
+            names = constraints.names_nodes(pod)
+            wanted = ""
+            for position, node in enumerate(self.snap.nodes):
+                ck = position if names else self._early_class[position]
+                if ck in per_class:
+                    verdict = per_class[ck]
+                else:
+                    verdict = per_class[ck] = self._early(position, pod, admission=admission)
+                if verdict is None:
+                    open_.append(position)
+                    verdict = (Why.ROOM_LEFT, "")  # replaced per pod below
+                elif verdict[0] is Why.WRONG_MODE:
+                    wanted = wanted or _wanted_mode(pod)
+                    verdict = (Why.WRONG_MODE, _wrong_mode(node, wanted))
+                fixed.append((node.name, *verdict))
+            early = self._early_cache[ekey] = (fixed, open_)
+        fixed, open_ = early
+        reasons = fixed
+        if open_:
+            reasons = list(fixed)
+            shape = self._shape_id(pod)
+            for position in open_:
+                reasons[position] = (fixed[position][0], *self._late(position, pod, shape))
         result = plans.Unschedulable(
             pod.key,
             _summary(pod, reasons),
@@ -356,6 +435,15 @@ class Explainer:
         )
         self._cache[key] = result
         return result
+
+
+def _wanted_mode(pod: snapshot.Pod) -> str:
+    return f"{_what(pod)} needs {pod.needed_mode()}"
+
+
+def _wrong_mode(node: snapshot.Node, wanted: str) -> str:
+    """Why a node's mode does not serve a pod; ``wanted``: :func:`_wanted_mode`."""
+    return f"node {node.name} is in mode {node.mode.value}; {wanted}"
 
 
 def _summary(pod: snapshot.Pod, reasons: list[tuple[str, Why, str]]) -> str:
@@ -426,9 +514,9 @@ def explain(
 def unresolvable(snap: snapshot.Snapshot) -> Mapping[str, str]:
     """Pods whose request no GPU model in the cluster offers, with the reason (cheap pre-check)."""
     out: dict[str, str] = {}
+    mps_models = {g.model for n in snap.nodes if n.mode is modes.Mode.MPS for g in n.gpus}
     for pod in snap.pods:
         if pod.mps:
-            mps_models = {g.model for n in snap.nodes if n.mode is modes.Mode.MPS for g in n.gpus}
             if not mps_models:
                 out[pod.key] = f"no node in the cluster is in mode mps ({_what(pod)} needs mps)"
             elif all(modes.mps_needs(pod.mps, None, m) is None for m in mps_models):
