@@ -324,6 +324,8 @@ class _Ask:
     """Kinds of time-slicing node with a GPU model that serves the pod."""
     ts_gpus: int
     """The most GPUs one container asks (distinct GPUs with a free replica a node needs)."""
+    ts_models: frozenset[str]
+    """Ids of the GPU models of time-slicing nodes that serve the pod."""
 
 
 class _Run:
@@ -384,14 +386,17 @@ class _Run:
         ]
         self.kinds = list(kinds)
         self.models = {g.model.id: g.model for n in self.nodes for g in n.gpus}
-        # Per kind, its nodes by each policy's score: (score, position), ascending.
+        # Per kind, its nodes with room by each policy's score: (score, position), ascending.
+        # A node without room (time-slicing: no free replica; MPS: no GB free on a GPU below
+        # the client limit) fits only pods that reuse or remove free slices, found elsewhere:
+        # it leaves the lists (binpack would otherwise look at the full nodes first, each time).
         self.order: dict[tuple[scoring.Policy, int], list[tuple[float, int]]] = {}
         for policy in scoring.Policy:
             for k in range(len(self.kinds)):
                 self.order[(policy, k)] = sorted(
                     (self._score(policy, ni), ni)
                     for ni in range(len(self.nodes))
-                    if self.kind_of[ni] == k
+                    if self.kind_of[ni] == k and self.room[ni] > 0
                 )
         self.reuse: dict[tuple[str, int, int | None], dict[int, int]] = {}
         self.slices: dict[int, int] = {}
@@ -465,6 +470,8 @@ class _Run:
         mps_kinds: list[tuple[int, int, int]] = []
         ts_kinds: list[int] = []
         reuse: set[tuple[str, int, int | None]] = set()
+        ts_models: set[str] = set()
+        ts_not: set[str] = set()
         count = 0
         for k, (mode, model_ids) in enumerate(self.kinds):
             if not pod.served_in(mode):
@@ -485,10 +492,15 @@ class _Run:
                     reuse.update((m, n.memory_gb, n.cores) for n in got)
                 if most is not None and total is not None and count:
                     mps_kinds.append((k, most, total))
-            elif pod.unified is not None and any(
-                modes.replica_needs(pod.unified, self.models[m]) is not None for m in model_ids
-            ):
-                ts_kinds.append(k)
+            elif pod.unified is not None:
+                for m in model_ids:
+                    if m not in ts_models and m not in ts_not:
+                        if modes.replica_needs(pod.unified, self.models[m]) is None:
+                            ts_not.add(m)
+                        else:
+                            ts_models.add(m)
+                if any(m in ts_models for m in model_ids):
+                    ts_kinds.append(k)
         ts_gpus = max((a.count for a in pod.unified.asks), default=0) if pod.unified else 0
         found = self.asks[pod.key] = _Ask(
             node_policy,
@@ -499,6 +511,7 @@ class _Run:
             frozenset(reuse),
             tuple(ts_kinds),
             ts_gpus,
+            frozenset(ts_models),
         )
         return found
 
@@ -523,7 +536,7 @@ class _Run:
                     and cpu[ni] >= want_cpu
                     and mem[ni] >= want_mem
                 ):
-                    chosen = self._try_ts(ni, pod, ask.gpu_policy)
+                    chosen = self._try_ts(ni, pod, ask.gpu_policy, ask.ts_models)
                     if chosen is not None:
                         best, steps = (0, 0, score, ni), chosen
                         break
@@ -627,18 +640,21 @@ class _Run:
 
     def _moved(self, ni: int, used: int) -> None:
         """The node's use changed to ``used``: its score entries and room."""
-        old = self.use[ni]
+        old, was_listed = self.use[ni], self.room[ni] > 0
         self.used[ni] = used
         new = self.use[ni] = used / self.total[ni]
         self._room(ni)
-        if new == old:
+        listed = self.room[ni] > 0
+        if new == old and listed == was_listed:
             return
         kind = self.kind_of[ni]
         for policy in scoring.Policy:
             lst = self.order[(policy, kind)]
             sign = -1 if policy is scoring.Policy.BINPACK else 1
-            del lst[bisect.bisect_left(lst, (sign * old, ni))]
-            bisect.insort(lst, (sign * new, ni))
+            if was_listed:
+                del lst[bisect.bisect_left(lst, (sign * old, ni))]
+            if listed:
+                bisect.insort(lst, (sign * new, ni))
 
     def _apply_mps(self, ni: int, pod: str, steps: list[_Step]) -> tuple[plans.AssignedShare, ...]:
         self._own_node(ni)
@@ -721,16 +737,16 @@ class _Run:
         return removed, created, steps
 
     def _try_ts(
-        self, ni: int, pod: snapshot.Pod, gpu_policy: scoring.Policy
+        self, ni: int, pod: snapshot.Pod, gpu_policy: scoring.Policy, serving: frozenset[str]
     ) -> tuple[int, ...] | None:
         """One replica per GPU asked, each container's on distinct GPUs (their positions on the
-        node); ``None``: no room."""
+        node); ``None``: no room. ``serving``: the GPU models that serve the pod."""
         if pod.unified is None:
             return None
         gpus = self.nodes[ni].gpus
         taken = list(self.ts[ni])
         for k, g in enumerate(gpus):
-            if modes.replica_needs(pod.unified, g.model) is None:
+            if g.model.id not in serving:
                 taken[k] = g.replicas  # this GPU cannot serve it: as if full
         chosen: list[int] = []
         sign = 1 if gpu_policy is scoring.Policy.BINPACK else -1
