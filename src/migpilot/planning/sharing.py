@@ -297,6 +297,8 @@ def _apply(
     return new.id
 
 
+_Entry = tuple[float, int]
+"""A node in a score list: its score under one node policy, its position."""
 _Step = tuple[int, modes.SliceNeed, _Option]
 """One slice of a pod on a node: the GPU's position on the node, the slice, how it goes there."""
 _Key = tuple[int, int, float, int]
@@ -390,7 +392,7 @@ class _Run:
         # A node without room (time-slicing: no free replica; MPS: no GB free on a GPU below
         # the client limit) fits only pods that reuse or remove free slices, found elsewhere:
         # it leaves the lists (binpack would otherwise look at the full nodes first, each time).
-        self.order: dict[tuple[scoring.Policy, int], list[tuple[float, int]]] = {}
+        self.order: dict[tuple[scoring.Policy, int], list[_Entry]] = {}
         for policy in scoring.Policy:
             for k in range(len(self.kinds)):
                 self.order[(policy, k)] = sorted(
@@ -401,12 +403,23 @@ class _Run:
         self.reuse: dict[tuple[str, int, int | None], dict[int, int]] = {}
         self.slices: dict[int, int] = {}
         """MPS nodes holding free slices: how many."""
+        self.types_of: list[set[tuple[str, int, int | None]]] = [set() for _ in self.nodes]
+        """Per node: the free slice types it holds."""
         for ni, sts in enumerate(self.mps):
             for st in sts:
                 for s in st.free:
-                    at = self.reuse.setdefault((st.gpu.model.id, s.memory_gb, s.cores), {})
+                    t = (st.gpu.model.id, s.memory_gb, s.cores)
+                    at = self.reuse.setdefault(t, {})
                     at[ni] = at.get(ni, 0) + 1
                     self.slices[ni] = self.slices.get(ni, 0) + 1
+                    self.types_of[ni].add(t)
+        # Per free slice type, its nodes by each policy's score, as :attr:`order`.
+        self.reuse_order: dict[tuple[scoring.Policy, tuple[str, int, int | None]], list[_Entry]]
+        self.reuse_order = {
+            (policy, t): sorted((self._score(policy, ni), ni) for ni in at)
+            for policy in scoring.Policy
+            for t, at in self.reuse.items()
+        }
         self.asks: dict[str, _Ask] = {}
         """Per pod key (shared by forks: a pod's ask does not change)."""
         self.placements: list[plans.Placement] = []
@@ -446,6 +459,8 @@ class _Run:
         twin.spare, twin.reclaim = list(self.spare), list(self.reclaim)
         twin.order = {k: list(v) for k, v in self.order.items()}
         twin.reuse = {k: dict(v) for k, v in self.reuse.items()}
+        twin.reuse_order = {k: list(v) for k, v in self.reuse_order.items()}
+        twin.types_of = [set(t) for t in self.types_of]
         twin.slices = dict(self.slices)
         twin.placements = list(self.placements)
         return twin
@@ -547,21 +562,26 @@ class _Run:
             # of several slices creates at least those it has no free slice for: its nodes are
             # tried best bound first, until no bound beats the best found.
             several: list[tuple[int, float, int]] = []
-            for t in ask.reuse:
-                for ni in self.reuse.get(t, ()):
-                    if ni in tried:
-                        continue
-                    tried.add(ni)
-                    if not (admits[ni] and cpu[ni] >= want_cpu and mem[ni] >= want_mem):
-                        continue
-                    score = self._score(policy, ni)
-                    if ask.count == 1:
-                        key = (0, 0, score, ni)
-                        if best is None or key < best:
-                            best, steps = key, []
-                        continue
-                    held = sum(self.reuse[u].get(ni, 0) for u in ask.reuse if u in self.reuse)
-                    several.append((max(0, ask.count - held), score, ni))
+            if ask.count == 1:
+                # The first node in score order per type that admits the pod. (If none does,
+                # none of them passes the checks below either: no need to mark them tried.)
+                for t in ask.reuse:
+                    for score, ni in self.reuse_order.get((policy, t), ()):
+                        if best is not None and (0, 0, score, ni) >= best:
+                            break
+                        if admits[ni] and cpu[ni] >= want_cpu and mem[ni] >= want_mem:
+                            best, steps = (0, 0, score, ni), []
+                            break
+            else:
+                for t in ask.reuse:
+                    for ni in self.reuse.get(t, ()):
+                        if ni in tried:
+                            continue
+                        tried.add(ni)
+                        if not (admits[ni] and cpu[ni] >= want_cpu and mem[ni] >= want_mem):
+                            continue
+                        held = sum(self.reuse[u].get(ni, 0) for u in ask.reuse if u in self.reuse)
+                        several.append((max(0, ask.count - held), self._score(policy, ni), ni))
             if best is not None and ask.count == 1 and best[:2] == (0, 0) and self.is_mps[best[3]]:
                 got = self._try_mps(best[3], ask, remove=False)
                 assert got is not None and got[:2] == (0, 0)
@@ -649,12 +669,17 @@ class _Run:
             return
         kind = self.kind_of[ni]
         for policy in scoring.Policy:
-            lst = self.order[(policy, kind)]
             sign = -1 if policy is scoring.Policy.BINPACK else 1
+            lst = self.order[(policy, kind)]
             if was_listed:
                 del lst[bisect.bisect_left(lst, (sign * old, ni))]
             if listed:
                 bisect.insort(lst, (sign * new, ni))
+            if new != old:
+                for t in self.types_of[ni]:
+                    lst = self.reuse_order[(policy, t)]
+                    del lst[bisect.bisect_left(lst, (sign * old, ni))]
+                    bisect.insort(lst, (sign * new, ni))
 
     def _apply_mps(self, ni: int, pod: str, steps: list[_Step]) -> tuple[plans.AssignedShare, ...]:
         self._own_node(ni)
@@ -670,6 +695,10 @@ class _Run:
                 at[ni] -= 1
                 if not at[ni]:
                     del at[ni]
+                    self.types_of[ni].discard(t)
+                    for policy in scoring.Policy:
+                        lst = self.reuse_order[(policy, t)]
+                        del lst[bisect.bisect_left(lst, (self._score(policy, ni), ni))]
                 self.slices[ni] -= 1
                 if not self.slices[ni]:
                     del self.slices[ni]
