@@ -159,6 +159,10 @@ class Explainer:
         self._shared_room: dict[tuple[int, int], tuple[Why, str]] = {}
         """Per (node position, request shape): room on a node in mode mps or time-slicing."""
         self._shape_ids: dict[tuple[object, ...], int] = {}
+        self._usable_cache: dict[tuple[object, ...], tuple[int, ...]] = {}
+        self._left: dict[tuple[str, bool], dict[int, tuple[int, int]]] = {}
+        """Per (sharing node, with the plan or not): per GPU index, MPS: free GB and clients
+        left; time-slicing: replicas left (and 0)."""
         self._early_cache: dict[tuple[object, ...], tuple[list[tuple[str, Why, str]], list[int]]]
         self._early_cache = {}
         """Per (signature, request): every node's reason decided before CPU and memory, and
@@ -239,18 +243,26 @@ class Explainer:
         return None
 
     def _usable(self, node: snapshot.Node, pod: snapshot.Pod) -> list[snapshot.Gpu]:
-        """The GPUs of a node in mode mps or time-slicing that can serve the pod."""
-        mps = node.mode is modes.Mode.MPS
-        return [
-            g
-            for g in node.gpus
-            if (
-                modes.mps_needs(pod.mps, pod.unified, g.model)
-                if mps
-                else modes.replica_needs(pod.unified, g.model)
+        """The GPUs of a node in mode mps or time-slicing that can serve the pod (cached per
+        mode, GPU models and request: nodes alike share it)."""
+        models = tuple(g.model for g in node.gpus)
+        key = (node.mode, tuple(m.id for m in models), self._shape_id(pod))
+        found = self._usable_cache.get(key)
+        if found is None:
+            mps = node.mode is modes.Mode.MPS
+            per_model = {
+                m.id: (
+                    modes.mps_needs(pod.mps, pod.unified, m)
+                    if mps
+                    else modes.replica_needs(pod.unified, m)
+                )
+                is not None
+                for m in models
+            }
+            found = self._usable_cache[key] = tuple(
+                k for k, m in enumerate(models) if per_model[m.id]
             )
-            is not None
-        ]
+        return [node.gpus[k] for k in found]
 
     def _not_offered(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str] | None:
         """Why no GPU of a node in mode mps or time-slicing serves the pod (``None``: some do)."""
@@ -288,13 +300,11 @@ class Explainer:
     ) -> bool:
         """Whether the pod's slices (or replicas) fit the GPUs beside what is taken now, and
         with ``planned`` beside what the plan gives to other pods too. Free slices are room."""
+        left = self._left.get((node.name, planned))
+        if left is None:
+            left = self._left[(node.name, planned)] = self._left_on(node, planned=planned)
         if node.mode is not modes.Mode.MPS:
-            replicas = []
-            for g in gpus:
-                left = g.replicas - g.replicas_used
-                if planned:
-                    left -= self.shared_n[(node.name, g.index)]
-                replicas.append(left)
+            replicas = [left[g.index][0] for g in gpus]
             assert pod.unified is not None
             for ask in pod.unified.asks:
                 order = sorted(range(len(gpus)), key=lambda k: -replicas[k])
@@ -303,16 +313,8 @@ class Explainer:
                 for k in order[: ask.count]:
                     replicas[k] -= 1
             return True
-        free: list[int] = []
-        clients: list[int] = []
-        for g in gpus:
-            used, n = self.taken[(node.name, g.index)]
-            if planned:
-                # Slices the plan gives that were free or new (a taken one is not given again).
-                used += self.shared_gb[(node.name, g.index)]
-                n += self.shared_n[(node.name, g.index)]
-            free.append(sharing_mps.memory_gb(g.model) - used)
-            clients.append(sharing_config.MPS_MAX_CLIENTS - n)
+        free = [left[g.index][0] for g in gpus]
+        clients = [left[g.index][1] for g in gpus]
         groups: dict[int, set[int]] = {}
         needs = modes.mps_needs(pod.mps, pod.unified, gpus[0].model) or ()
         for need in needs:
@@ -331,6 +333,28 @@ class Explainer:
             if need.group >= 0:
                 groups.setdefault(need.group, set()).add(k)
         return True
+
+    def _left_on(self, node: snapshot.Node, *, planned: bool) -> dict[int, tuple[int, int]]:
+        """See :attr:`_left`."""
+        out: dict[int, tuple[int, int]] = {}
+        for g in node.gpus:
+            key = (node.name, g.index)
+            if node.mode is not modes.Mode.MPS:
+                left = g.replicas - g.replicas_used
+                if planned:
+                    left -= self.shared_n[key]
+                out[g.index] = (left, 0)
+                continue
+            used, n = self.taken[key]
+            if planned:
+                # Slices the plan gives that were free or new (a taken one is not given again).
+                used += self.shared_gb[key]
+                n += self.shared_n[key]
+            out[g.index] = (
+                sharing_mps.memory_gb(g.model) - used,
+                sharing_config.MPS_MAX_CLIENTS - n,
+            )
+        return out
 
     def _offer(
         self, node: snapshot.Node, pod: snapshot.Pod
