@@ -163,8 +163,10 @@ class Explainer:
         self._left: dict[tuple[str, bool], dict[int, tuple[int, int]]] = {}
         """Per (sharing node, with the plan or not): per GPU index, MPS: free GB and clients
         left; time-slicing: replicas left (and 0)."""
-        self._early_cache: dict[tuple[object, ...], tuple[list[tuple[str, Why, str]], list[int]]]
-        self._early_cache = {}
+        self._early_cache: dict[
+            tuple[object, ...],
+            tuple[list[tuple[Why, str] | None], list[int], list[tuple[int, str, Why, str]]],
+        ] = {}
         """Per (signature, request): every node's reason decided before CPU and memory, and
         the positions of the nodes where CPU, memory and room decide."""
 
@@ -177,7 +179,7 @@ class Explainer:
         """
         early = self._early(position, pod, admission=admission)
         if early is not None:
-            return early
+            return self._named(self.snap.nodes[position], pod, early)
         return self._late(position, pod, self._shape_id(pod))
 
     def _shape_id(self, pod: snapshot.Pod) -> int:
@@ -188,8 +190,9 @@ class Explainer:
         self, position: int, pod: snapshot.Pod, *, admission: list[str | None] | None = None
     ) -> tuple[Why, str] | None:
         """The node's verdict where it comes before CPU and memory (admission, mode, GPUs that
-        serve the request): the same for every pod of one signature and request. ``None``: the
-        node serves the request, CPU, memory and room decide (:meth:`_late`)."""
+        serve the request): the same for every pod of one signature and request, and for every
+        node of one class (a wrong mode's text is left empty: :meth:`_named` names the node).
+        ``None``: the node serves the request, CPU, memory and room decide (:meth:`_late`)."""
         node = self.snap.nodes[position]
         if admission is None or constraints.names_nodes(pod):
             reason = self._admission.reason(position, pod)
@@ -198,7 +201,7 @@ class Explainer:
         if reason is not None:
             return Why.NOT_ADMITTED, reason
         if not pod.served_in(node.mode):
-            return Why.WRONG_MODE, _wrong_mode(node, _wanted_mode(pod))
+            return Why.WRONG_MODE, ""  # named per node: _named
         if node.mode is not modes.Mode.MIG:
             return self._not_offered(node, pod)
         vkey = (self._shape[position], pod.demand)
@@ -208,6 +211,39 @@ class Explainer:
         if isinstance(offered, str):
             return Why.NOT_OFFERED, offered
         return None
+
+    def _early_all(
+        self, pod: snapshot.Pod
+    ) -> tuple[list[tuple[Why, str] | None], list[int], list[tuple[int, str, Why, str]]]:
+        """Per node, its verdict before CPU and memory (:meth:`_early`; a wrong mode's text
+        without the node: :meth:`_named`); the positions of the nodes where CPU, memory and
+        room decide; and per earlier verdict, the first node that has it."""
+        admission = self._admission.reasons(pod)
+        verdicts: list[tuple[Why, str] | None] = []
+        open_: list[int] = []
+        firsts: dict[Why, tuple[int, str, Why, str]] = {}
+        # Nodes of one class (admission, mode, GPUs) get one verdict.
+        per_class: dict[object, tuple[Why, str] | None] = {}
+        names = constraints.names_nodes(pod)
+        for position, node in enumerate(self.snap.nodes):
+            ck = position if names else self._early_class[position]
+            if ck in per_class:
+                verdict = per_class[ck]
+            else:
+                verdict = per_class[ck] = self._early(position, pod, admission=admission)
+            verdicts.append(verdict)
+            if verdict is None:
+                open_.append(position)
+            elif verdict[0] not in firsts:
+                firsts[verdict[0]] = (position, node.name, *self._named(node, pod, verdict))
+        return verdicts, open_, list(firsts.values())
+
+    @staticmethod
+    def _named(node: snapshot.Node, pod: snapshot.Pod, verdict: tuple[Why, str]) -> tuple[Why, str]:
+        """An earlier verdict for ``node``: a wrong mode names the node."""
+        if verdict[0] is Why.WRONG_MODE:
+            return Why.WRONG_MODE, _wrong_mode(node, _wanted_mode(pod))
+        return verdict
 
     def _late(self, position: int, pod: snapshot.Pod, shape: int) -> tuple[Why, str]:
         """The verdict of a node that serves the request (:meth:`_early` gave ``None``): CPU and
@@ -423,35 +459,25 @@ class Explainer:
         ekey = key[:3]
         early = self._early_cache.get(ekey)
         if early is None:
-            admission = self._admission.reasons(pod)
-            fixed: list[tuple[str, Why, str]] = []
-            open_: list[int] = []
-            # Nodes of one class (admission, mode, GPUs) get one verdict; a wrong mode names
-            # each node.
-            per_class: dict[object, tuple[Why, str] | None] = {}
-            names = constraints.names_nodes(pod)
-            wanted = ""
-            for position, node in enumerate(self.snap.nodes):
-                ck = position if names else self._early_class[position]
-                if ck in per_class:
-                    verdict = per_class[ck]
-                else:
-                    verdict = per_class[ck] = self._early(position, pod, admission=admission)
-                if verdict is None:
-                    open_.append(position)
-                    verdict = (Why.ROOM_LEFT, "")  # replaced per pod below
-                elif verdict[0] is Why.WRONG_MODE:
-                    wanted = wanted or _wanted_mode(pod)
-                    verdict = (Why.WRONG_MODE, _wrong_mode(node, wanted))
-                fixed.append((node.name, *verdict))
-            early = self._early_cache[ekey] = (fixed, open_)
-        fixed, open_ = early
-        reasons = fixed
-        if open_:
-            reasons = list(fixed)
-            shape = self._shape_id(pod)
-            for position in open_:
-                reasons[position] = (fixed[position][0], *self._late(position, pod, shape))
+            early = self._early_cache[ekey] = self._early_all(pod)
+        verdicts, open_, firsts = early
+        shape = self._shape_id(pod)
+        nodes = self.snap.nodes
+        late = [(p, nodes[p].name, *self._late(p, pod, shape)) for p in open_]
+        if per_node:
+            reasons = [
+                (node.name, *self._named(node, pod, v))
+                if v is not None
+                else ("", Why.ROOM_LEFT, "")
+                for node, v in zip(nodes, verdicts, strict=True)
+            ]
+            for p, name, why, text in late:
+                reasons[p] = (name, why, text)
+        else:
+            # The summary reads the most hopeful verdict, the first node that has it, and the
+            # nodes that have it among those CPU, memory and room decide: the first node of
+            # each earlier verdict stands for the others.
+            reasons = [(name, why, text) for _, name, why, text in sorted([*firsts, *late])]
         result = plans.Unschedulable(
             pod.key,
             _summary(pod, reasons),
