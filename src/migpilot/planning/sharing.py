@@ -15,14 +15,22 @@ needs, in order of preference: a free slice of exactly that size and share is re
 slice is created in free memory; free slices are removed (largest first, the fewest that make
 room) and a new one created -- a resize when the pod's slice replaces them. Taken slices (used
 or reserved) are never shrunk or removed. Pods are placed highest priority first; each level is
-placed (on problems up to :data:`_SMALL_PROBLEM` GPUs x pods) in up to three ways from the same
-state, and the one that leaves the fewest pods pending, then removes the fewest free slices, is
-kept: largest demand first in two sweeps (every pod that fits without removing anything, then
-the rest with removals allowed); pods asking fewer GPUs first (replicas run out on time-slicing
-GPUs), the same way; largest first in one sweep with removals allowed at once (where a large
-slice needs the one GPU the first sweep would fill). Among nodes and GPUs the fewest removals
-win, then reuse over creation, then the pod's node and GPU policy (binpack: the fullest; spread:
-the emptiest), then order.
+placed, at every size, in up to three ways from the same state, and the one that leaves the
+fewest pods pending, then removes the fewest free slices, is kept: largest demand first in two
+sweeps (every pod that fits without removing anything, then the rest with removals allowed);
+pods asking fewer GPUs first (replicas run out on time-slicing GPUs), the same way; largest
+first in one sweep with removals allowed at once (where a large slice needs the one GPU the
+first sweep would fill). Among nodes and GPUs the fewest removals win, then reuse over
+creation, then the pod's node and GPU policy (binpack: the fullest; spread: the emptiest), then
+order.
+
+A pass does not scan every node and GPU per pod: it keeps indexes of the GPU states
+(:class:`_Run`: per kind of node its nodes with room in each policy's score order, per free
+slice type the nodes holding one, per node the most free GB of a GPU, their sum and what
+removals could free), updated as pods are placed, and the three ways share node states
+copy-on-write. Its choices are exactly those of the scan over every node
+(tests/unit/test_sharing_index.py keeps the scan as a reference); 2,000 GPUs and 6,000 pending
+pods plan in about a second with all three ways (bench/bench_sharing.py --speed-only).
 
 A time-slicing GPU serves a unified pod with one replica per GPU asked, each on its own GPU.
 
