@@ -59,9 +59,25 @@ clusters = st.fixed_dictionaries(
 policies = st.sampled_from(list(scoring.Policy))
 
 
-def drawn(args: dict[str, object], node: scoring.Policy, gpu: scoring.Policy) -> snapshot.Snapshot:
+def drawn(
+    args: dict[str, object], node: scoring.Policy, gpu: scoring.Policy, mixed: int = 0
+) -> snapshot.Snapshot:
+    """The generated cluster with these policies; with ``mixed``, every ``mixed``-th pod asks
+    the other node policy and every other one the other GPU policy (pod annotations)."""
     snap = generate.sharing_snapshot(**args)  # type: ignore[arg-type]
-    return dataclasses.replace(snap, policy=node, gpu_policy=gpu)
+    other = {
+        scoring.Policy.BINPACK: scoring.Policy.SPREAD,
+        scoring.Policy.SPREAD: scoring.Policy.BINPACK,
+    }
+    pods = tuple(
+        dataclasses.replace(
+            p,
+            node_policy=other[node] if mixed and k % mixed == 0 else None,
+            gpu_policy=other[gpu] if mixed and k % 2 else None,
+        )
+        for k, p in enumerate(snap.pods)
+    )
+    return dataclasses.replace(snap, pods=pods, policy=node, gpu_policy=gpu)
 
 
 def shared_pods(snap: snapshot.Snapshot) -> list[snapshot.Pod]:
@@ -69,11 +85,11 @@ def shared_pods(snap: snapshot.Snapshot) -> list[snapshot.Pod]:
 
 
 @settings(max_examples=200)
-@given(args=clusters, node=policies, gpu=policies)
+@given(args=clusters, node=policies, gpu=policies, mixed=st.sampled_from([0, 0, 2, 5]))
 def test_indexed_planner_chooses_as_the_scan_did(
-    args: dict[str, object], node: scoring.Policy, gpu: scoring.Policy
+    args: dict[str, object], node: scoring.Policy, gpu: scoring.Policy, mixed: int
 ) -> None:
-    snap = drawn(args, node, gpu)
+    snap = drawn(args, node, gpu, mixed)
     pods = shared_pods(snap)
     assert sharing.place(snap, pods) == sharing_reference.place(snap, pods)
     plan = planners.run(snap, "fast", options.Options(workers=1))

@@ -400,14 +400,9 @@ class _Run:
         # A node without room (time-slicing: no free replica; MPS: no GB free on a GPU below
         # the client limit) fits only pods that reuse or remove free slices, found elsewhere:
         # it leaves the lists (binpack would otherwise look at the full nodes first, each time).
+        # Lists are kept for the node policies pods have asked for so far (:meth:`_listing`).
         self.order: dict[tuple[scoring.Policy, int], list[_Entry]] = {}
-        for policy in scoring.Policy:
-            for k in range(len(self.kinds)):
-                self.order[(policy, k)] = sorted(
-                    (self._score(policy, ni), ni)
-                    for ni in range(len(self.nodes))
-                    if self.kind_of[ni] == k and self.room[ni] > 0
-                )
+        self.policies: list[scoring.Policy] = []
         self.reuse: dict[tuple[str, int, int | None], dict[int, int]] = {}
         self.slices: dict[int, int] = {}
         """MPS nodes holding free slices: how many."""
@@ -423,16 +418,26 @@ class _Run:
                     self.types_of[ni].add(t)
         # Per free slice type, its nodes by each policy's score, as :attr:`order`.
         self.reuse_order: dict[tuple[scoring.Policy, tuple[str, int, int | None]], list[_Entry]]
-        self.reuse_order = {
-            (policy, t): sorted((self._score(policy, ni), ni) for ni in at)
-            for policy in scoring.Policy
-            for t, at in self.reuse.items()
-        }
+        self.reuse_order = {}
         self.asks: dict[str, _Ask] = {}
         """Per pod key (shared by forks: a pod's ask does not change)."""
+        self.shapes: dict[tuple[object, ...], _Ask] = {}
+        """Per request and policies (shared by forks too)."""
         self.placements: list[plans.Placement] = []
         self.removed = 0
         """Free slices this pass removed so far."""
+
+    def _listing(self, policy: scoring.Policy) -> None:
+        """Start keeping the score lists of ``policy`` (from the state now)."""
+        self.policies.append(policy)
+        for k in range(len(self.kinds)):
+            self.order[(policy, k)] = sorted(
+                (self._score(policy, ni), ni)
+                for ni in range(len(self.nodes))
+                if self.kind_of[ni] == k and self.room[ni] > 0
+            )
+        for t, at in self.reuse.items():
+            self.reuse_order[(policy, t)] = sorted((self._score(policy, ni), ni) for ni in at)
 
     def _score(self, policy: scoring.Policy, ni: int) -> float:
         return -self.use[ni] if policy is scoring.Policy.BINPACK else self.use[ni]
@@ -468,6 +473,7 @@ class _Run:
         twin.order = {k: list(v) for k, v in self.order.items()}
         twin.reuse = {k: dict(v) for k, v in self.reuse.items()}
         twin.reuse_order = {k: list(v) for k, v in self.reuse_order.items()}
+        twin.policies = list(self.policies)
         twin.types_of = [set(t) for t in self.types_of]
         twin.slices = dict(self.slices)
         twin.placements = list(self.placements)
@@ -486,9 +492,19 @@ class _Run:
 
     def _ask(self, pod: snapshot.Pod) -> _Ask:
         found = self.asks.get(pod.key)
-        if found is not None:
-            return found
-        node_policy, gpu_policy = pod.policies(self.snap)
+        if found is None:
+            node_policy, gpu_policy = pod.policies(self.snap)
+            # Many pods ask alike: worked out once per request and policies.
+            shape = (bool(pod.mig), pod.mps, pod.unified, node_policy, gpu_policy)
+            found = self.shapes.get(shape)
+            if found is None:
+                found = self.shapes[shape] = self._new_ask(pod, node_policy, gpu_policy)
+            self.asks[pod.key] = found
+        return found
+
+    def _new_ask(
+        self, pod: snapshot.Pod, node_policy: scoring.Policy, gpu_policy: scoring.Policy
+    ) -> _Ask:
         needs: dict[str, tuple[modes.SliceNeed, ...] | None] = {}
         mps_kinds: list[tuple[int, int, int]] = []
         ts_kinds: list[int] = []
@@ -525,7 +541,7 @@ class _Run:
                 if any(m in ts_models for m in model_ids):
                     ts_kinds.append(k)
         ts_gpus = max((a.count for a in pod.unified.asks), default=0) if pod.unified else 0
-        found = self.asks[pod.key] = _Ask(
+        return _Ask(
             node_policy,
             gpu_policy,
             needs,
@@ -536,7 +552,6 @@ class _Run:
             ts_gpus,
             frozenset(ts_models),
         )
-        return found
 
     def place(self, pod: snapshot.Pod, *, remove: bool) -> bool:
         """Place ``pod`` on the best sharing node; whether it was placed."""
@@ -545,6 +560,8 @@ class _Run:
         cpu, mem, room, spare = self.cpu, self.mem, self.room, self.spare
         want_cpu, want_mem = pod.cpu_milli, pod.memory_bytes
         policy = ask.node_policy
+        if policy not in self.policies:
+            self._listing(policy)
         best: _Key | None = None
         steps: list[_Step] | tuple[int, ...] = ()
         # Time-slicing: any node that fits creates and removes nothing; the first in score
@@ -676,7 +693,7 @@ class _Run:
         if new == old and listed == was_listed:
             return
         kind = self.kind_of[ni]
-        for policy in scoring.Policy:
+        for policy in self.policies:
             sign = -1 if policy is scoring.Policy.BINPACK else 1
             lst = self.order[(policy, kind)]
             if was_listed:
@@ -704,7 +721,7 @@ class _Run:
                 if not at[ni]:
                     del at[ni]
                     self.types_of[ni].discard(t)
-                    for policy in scoring.Policy:
+                    for policy in self.policies:
                         lst = self.reuse_order[(policy, t)]
                         del lst[bisect.bisect_left(lst, (self._score(policy, ni), ni))]
                 self.slices[ni] -= 1
