@@ -395,7 +395,18 @@ class _Run:
             for n in self.nodes
         ]
         self.kinds = list(kinds)
-        self.models = {g.model.id: g.model for n in self.nodes for g in n.gpus}
+        self.mps_models = {
+            g.model.id: g.model
+            for n, mps in zip(self.nodes, self.is_mps, strict=True)
+            if mps
+            for g in n.gpus
+        }
+        self.ts_models = {
+            g.model.id: g.model
+            for n, mps in zip(self.nodes, self.is_mps, strict=True)
+            if not mps
+            for g in n.gpus
+        }
         # Per kind, its nodes with room by each policy's score: (score, position), ascending.
         # A node without room (time-slicing: no free replica; MPS: no GB free on a GPU below
         # the client limit) fits only pods that reuse or remove free slices, found elsewhere:
@@ -419,8 +430,8 @@ class _Run:
         # Per free slice type, its nodes by each policy's score, as :attr:`order`.
         self.reuse_order: dict[tuple[scoring.Policy, tuple[str, int, int | None]], list[_Entry]]
         self.reuse_order = {}
-        self.asks: dict[str, _Ask] = {}
-        """Per pod key (shared by forks: a pod's ask does not change)."""
+        self.asks: dict[str, tuple[_Ask, list[bool]]] = {}
+        """Per pod key: :meth:`_ask` (shared by forks: it does not change)."""
         self.shapes: dict[tuple[object, ...], _Ask] = {}
         """Per request and policies (shared by forks too)."""
         self.placements: list[plans.Placement] = []
@@ -490,56 +501,51 @@ class _Run:
         left = [p for p in order if not self.place(p, remove=False)] if defer else list(order)
         return [p for p in left if not self.place(p, remove=True)]
 
-    def _ask(self, pod: snapshot.Pod) -> _Ask:
+    def _ask(self, pod: snapshot.Pod) -> tuple[_Ask, list[bool]]:
+        """What the pod asks, and per node position whether the node admits it."""
         found = self.asks.get(pod.key)
         if found is None:
             node_policy, gpu_policy = pod.policies(self.snap)
             # Many pods ask alike: worked out once per request and policies.
             shape = (bool(pod.mig), pod.mps, pod.unified, node_policy, gpu_policy)
-            found = self.shapes.get(shape)
-            if found is None:
-                found = self.shapes[shape] = self._new_ask(pod, node_policy, gpu_policy)
-            self.asks[pod.key] = found
+            ask = self.shapes.get(shape)
+            if ask is None:
+                ask = self.shapes[shape] = self._new_ask(pod, node_policy, gpu_policy)
+            found = self.asks[pod.key] = (ask, self.admission.admits(pod))
         return found
 
     def _new_ask(
         self, pod: snapshot.Pod, node_policy: scoring.Policy, gpu_policy: scoring.Policy
     ) -> _Ask:
         needs: dict[str, tuple[modes.SliceNeed, ...] | None] = {}
-        mps_kinds: list[tuple[int, int, int]] = []
-        ts_kinds: list[int] = []
+        # Per MPS model that serves the pod: (GB of its largest slice, of all its slices).
+        sizes: dict[str, tuple[int, int]] = {}
         reuse: set[tuple[str, int, int | None]] = set()
         ts_models: set[str] = set()
-        ts_not: set[str] = set()
         count = 0
-        for k, (mode, model_ids) in enumerate(self.kinds):
-            if not pod.served_in(mode):
-                continue
-            if mode is modes.Mode.MPS:
-                most = total = None
-                for m in model_ids:
-                    if m not in needs:
-                        needs[m] = modes.mps_needs(pod.mps, pod.unified, self.models[m])
-                    got = needs[m]
-                    if got is None:
-                        continue
+        if pod.served_in(modes.Mode.MPS):
+            for m, model in self.mps_models.items():
+                got = needs[m] = modes.mps_needs(pod.mps, pod.unified, model)
+                if got:
                     count = len(got)
                     # Slices come largest first: the first needs the most GB on one GPU.
-                    big, gb = got[0].memory_gb, sum(n.memory_gb for n in got)
-                    most = big if most is None else min(most, big)
-                    total = gb if total is None else min(total, gb)
+                    sizes[m] = (got[0].memory_gb, sum(n.memory_gb for n in got))
                     reuse.update((m, n.memory_gb, n.cores) for n in got)
-                if most is not None and total is not None and count:
-                    mps_kinds.append((k, most, total))
-            elif pod.unified is not None:
-                for m in model_ids:
-                    if m not in ts_models and m not in ts_not:
-                        if modes.replica_needs(pod.unified, self.models[m]) is None:
-                            ts_not.add(m)
-                        else:
-                            ts_models.add(m)
-                if any(m in ts_models for m in model_ids):
-                    ts_kinds.append(k)
+        if pod.unified is not None and pod.served_in(modes.Mode.TIME_SLICING):
+            ts_models = {
+                m
+                for m, model in self.ts_models.items()
+                if modes.replica_needs(pod.unified, model) is not None
+            }
+        mps_kinds: list[tuple[int, int, int]] = []
+        ts_kinds: list[int] = []
+        for k, (mode, model_ids) in enumerate(self.kinds):
+            if mode is modes.Mode.MPS:
+                fit = [sizes[m] for m in model_ids if m in sizes]
+                if fit:
+                    mps_kinds.append((k, min(f[0] for f in fit), min(f[1] for f in fit)))
+            elif any(m in ts_models for m in model_ids):
+                ts_kinds.append(k)
         ts_gpus = max((a.count for a in pod.unified.asks), default=0) if pod.unified else 0
         return _Ask(
             node_policy,
@@ -555,8 +561,7 @@ class _Run:
 
     def place(self, pod: snapshot.Pod, *, remove: bool) -> bool:
         """Place ``pod`` on the best sharing node; whether it was placed."""
-        ask = self._ask(pod)
-        admits = self.admission.admits(pod)
+        ask, admits = self._ask(pod)
         cpu, mem, room, spare = self.cpu, self.mem, self.room, self.spare
         want_cpu, want_mem = pod.cpu_milli, pod.memory_bytes
         policy = ask.node_policy
