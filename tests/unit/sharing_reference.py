@@ -367,7 +367,6 @@ def _result(
     return Shared(tuple(placements), tuple(gpus), tuple(actions), optimal)
 
 
-
 def place(
     snap: snapshot.Snapshot, pods: list[snapshot.Pod], *, every_size: bool = True
 ) -> sharing.Shared:

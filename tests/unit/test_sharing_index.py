@@ -116,7 +116,8 @@ def test_summaries_match_the_per_node_reasons(
 
 
 def test_beyond_the_old_size_limit_every_way_places_more() -> None:
-    # 208 GPUs x 1,300 pods (about 1,050 of them sharing): past the 200,000 where the scan tried one way per level.
+    # 208 GPUs x 1,300 pods (about 1,050 of them sharing): past the 200,000 GPUs x pods where
+    # the scan tried one way per level.
     snap = generate.sharing_snapshot(
         seed=2, nodes=26, gpus_per_node=8, pods=1300, node_modes=("mps", "time-slicing")
     )
