@@ -82,7 +82,14 @@ _ShapeKey = tuple[int, snapshot.Demand]
 
 
 class Explainer:
-    """Explains pending pods against one plan's final state (built once per plan)."""
+    """Explains pending pods against one plan's final state (built once per plan).
+
+    Thousands of pending pods on thousands of nodes: a node's verdict up to CPU and memory
+    (admission, mode, GPUs that serve the request) is worked out once per pod signature and
+    request and class of alike nodes; CPU and memory per pod, only on the nodes that serve its
+    request; room once per node (or GPU state) and request. Without per-node reasons the summary
+    reads the first node of each earlier verdict and the nodes that serve the request.
+    """
 
     def __init__(self, snap: snapshot.Snapshot, placements: Iterable[plans.Placement]) -> None:
         self.snap = snap
