@@ -81,6 +81,13 @@ _ShapeKey = tuple[int, snapshot.Demand]
 """(a node's GPU state, a pod's request): what explanations are cached by."""
 
 
+_Early = tuple[list[tuple[Why, str] | None], bool, list[int], list[tuple[int, str, Why, str]]]
+"""What :meth:`Explainer._early_all` works out per pod signature and request: the verdicts
+before CPU and memory (:meth:`Explainer._early`; a wrong mode's text without the node), per
+class of alike nodes (the flag: true) or per node; the positions of the nodes where CPU, memory
+and room decide; and per earlier verdict, the first node that has it, named."""
+
+
 class Explainer:
     """Explains pending pods against one plan's final state (built once per plan).
 
@@ -148,6 +155,18 @@ class Explainer:
             )
             for position, node in enumerate(snap.nodes)
         ]
+        self._gpu_models = {
+            node.name: (
+                tuple(g.model for g in node.gpus),
+                tuple(g.model.id for g in node.gpus),
+            )
+            for node in snap.nodes
+        }
+        ids: dict[tuple[object, ...], int] = {}
+        self._class_id = [ids.setdefault(c, len(ids)) for c in self._early_class]
+        self._class_positions: list[list[int]] = [[] for _ in ids]
+        for position, k in enumerate(self._class_id):
+            self._class_positions[k].append(position)
         # Per GPU of a node in mode mps: GB and clients of its taken slices.
         self.taken: dict[tuple[str, int], tuple[int, int]] = {
             (node.name, g.index): (
@@ -170,10 +189,7 @@ class Explainer:
         self._left: dict[tuple[str, bool], dict[int, tuple[int, int]]] = {}
         """Per (sharing node, with the plan or not): per GPU index, MPS: free GB and clients
         left; time-slicing: replicas left (and 0)."""
-        self._early_cache: dict[
-            tuple[object, ...],
-            tuple[list[tuple[Why, str] | None], list[int], list[tuple[int, str, Why, str]]],
-        ] = {}
+        self._early_cache: dict[tuple[object, ...], _Early] = {}
         """Per (signature, request): every node's reason decided before CPU and memory, and
         the positions of the nodes where CPU, memory and room decide."""
 
@@ -219,31 +235,32 @@ class Explainer:
             return Why.NOT_OFFERED, offered
         return None
 
-    def _early_all(
-        self, pod: snapshot.Pod
-    ) -> tuple[list[tuple[Why, str] | None], list[int], list[tuple[int, str, Why, str]]]:
-        """Per node, its verdict before CPU and memory (:meth:`_early`; a wrong mode's text
-        without the node: :meth:`_named`); the positions of the nodes where CPU, memory and
-        room decide; and per earlier verdict, the first node that has it."""
+    def _early_all(self, pod: snapshot.Pod) -> _Early:
+        """See :data:`_Early`."""
         admission = self._admission.reasons(pod)
-        verdicts: list[tuple[Why, str] | None] = []
+        nodes = self.snap.nodes
+        if constraints.names_nodes(pod):  # alike nodes no longer admit it alike: per node
+            verdicts = [self._early(p, pod, admission=admission) for p in range(len(nodes))]
+            classes = [[p] for p in range(len(nodes))]
+        else:  # one verdict per class of alike nodes (admission, mode, GPUs)
+            verdicts = [
+                self._early(positions[0], pod, admission=admission)
+                for positions in self._class_positions
+            ]
+            classes = self._class_positions
         open_: list[int] = []
-        firsts: dict[Why, tuple[int, str, Why, str]] = {}
-        # Nodes of one class (admission, mode, GPUs) get one verdict.
-        per_class: dict[object, tuple[Why, str] | None] = {}
-        names = constraints.names_nodes(pod)
-        for position, node in enumerate(self.snap.nodes):
-            ck = position if names else self._early_class[position]
-            if ck in per_class:
-                verdict = per_class[ck]
-            else:
-                verdict = per_class[ck] = self._early(position, pod, admission=admission)
-            verdicts.append(verdict)
+        firsts: dict[Why, tuple[int, tuple[Why, str]]] = {}
+        for verdict, positions in zip(verdicts, classes, strict=True):
             if verdict is None:
-                open_.append(position)
-            elif verdict[0] not in firsts:
-                firsts[verdict[0]] = (position, node.name, *self._named(node, pod, verdict))
-        return verdicts, open_, list(firsts.values())
+                open_.extend(positions)
+            elif verdict[0] not in firsts or positions[0] < firsts[verdict[0]][0]:
+                firsts[verdict[0]] = (positions[0], verdict)
+        open_.sort()
+        named = [
+            (p, nodes[p].name, *self._named(nodes[p], pod, verdict))
+            for p, verdict in sorted(firsts.values())
+        ]
+        return verdicts, classes is self._class_positions, open_, named
 
     @staticmethod
     def _named(node: snapshot.Node, pod: snapshot.Pod, verdict: tuple[Why, str]) -> tuple[Why, str]:
@@ -288,8 +305,8 @@ class Explainer:
     def _usable(self, node: snapshot.Node, pod: snapshot.Pod) -> list[snapshot.Gpu]:
         """The GPUs of a node in mode mps or time-slicing that can serve the pod (cached per
         mode, GPU models and request: nodes alike share it)."""
-        models = tuple(g.model for g in node.gpus)
-        key = (node.mode, tuple(m.id for m in models), self._shape_id(pod))
+        models, model_ids = self._gpu_models[node.name]
+        key = (node.mode, model_ids, self._shape_id(pod))
         found = self._usable_cache.get(key)
         if found is None:
             mps = node.mode is modes.Mode.MPS
@@ -467,11 +484,13 @@ class Explainer:
         early = self._early_cache.get(ekey)
         if early is None:
             early = self._early_cache[ekey] = self._early_all(pod)
-        verdicts, open_, firsts = early
+        verdicts, per_class, open_, firsts = early
         shape = self._shape_id(pod)
         nodes = self.snap.nodes
         late = [(p, nodes[p].name, *self._late(p, pod, shape)) for p in open_]
         if per_node:
+            if per_class:
+                verdicts = [verdicts[k] for k in self._class_id]
             reasons = [
                 (node.name, *self._named(node, pod, v))
                 if v is not None
