@@ -224,6 +224,7 @@ def new_cpu(snap: snapshot.Snapshot, *, paused: bool) -> tuple[float, plans.Plan
 
 def speed(old: Path, repeat: int) -> dict[str, Any]:
     """The speed section: old and new at each size, in this one run."""
+    load_before = os.getloadavg()[0]
     rows = []
     for nodes in SPEED_NODES:
         snap = speed_snapshot(nodes)
@@ -273,6 +274,7 @@ def speed(old: Path, repeat: int) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "note": "CPU seconds (time.process_time) on a machine shared with other jobs (2 cores): "
         "absolute times are noisy, the ratios are measured in one run",
+        "load_average_1min": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},
         "rows": rows,
     }
 
