@@ -27,18 +27,39 @@ asked over the cluster's GB, the same pod counting the same in every mode); pend
 and p99 (pods never scheduled count until the end); reconfigurations (MIG layouts or MPS slices
 changed). The same seed gives the same figures (planner CPU time is not written).
 
-Usage: python bench/bench_sharing.py [--pods N]
+Speed (``--speed-only``, section ``speed``): ``fast`` on ``generate.sharing_snapshot(seed=11,
+nodes=N, gpus_per_node=8, pods=3 per GPU, node_modes=("mps", "time-slicing"))`` at 504, 1,000
+and 2,000 GPUs (2,000 GPUs and 6,000 pods: issue 25's target, <= 1 s), the whole
+``planners.run`` (placing, explaining the pending pods, building the plan) timed in CPU seconds,
+against the code before the sharing indexes in one run: ``--old PATH`` is a checkout of it (e.g.
+``git worktree add /tmp/old-sharing 08131eb``), run by the same Python in a subprocess. The old
+code is timed as it was (every way per level only up to 200,000 GPUs x pods, one beyond) and
+with every way at every size (the work the indexed planner does: its plan must be the same, and
+``same_plan_as_old_every_way`` says whether it is). CPU times are medians of ``--repeat`` runs
+(the old ones: one run), with the cyclic GC left running as a plain ``planners.run`` call has it;
+the new planner is also timed with the GC paused, as ``migpilot plan`` and the controller run it.
+
+Usage: python bench/bench_sharing.py [--pods N] [--speed-only --old PATH [--repeat K]]
+(the simulation and the speed sections each keep the other's figures in the JSON).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
+import platform
 import statistics
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from migpilot import gcpause
+from migpilot.planning import generate, objective, options, planners, plans, snapshot
 from migpilot.sim import clusters, policies, simulating, traces
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,11 +160,144 @@ def run(*, pods: int) -> dict[str, Any]:
             "loads": loads}  # fmt: skip
 
 
+SPEED_NODES = (63, 125, 250)
+"""Nodes of 8 GPUs: 504, 1,000 and 2,000 GPUs, 3 pending pods per GPU."""
+_OLD_RUN = """
+import gc, json, sys, time
+from migpilot.planning import generate, objective, options, planners, sharing
+nodes, every = int(sys.argv[1]), sys.argv[2] == "every"
+if every:
+    sharing._SMALL_PROBLEM = 10**18  # every way at every size
+snap = generate.sharing_snapshot(seed=11, nodes=nodes, gpus_per_node=8, pods=nodes * 24,
+                                 node_modes=("mps", "time-slicing"))
+gc.collect()
+t = time.process_time()
+plan = planners.run(snap, "fast", options.Options(workers=1))
+cpu = time.process_time() - t
+print(json.dumps({"cpu_s": cpu, "placed": len(plan.placements),
+                  "weighted": objective.score(snap, plan).weighted,
+                  "digest": sorted((p.pod, p.node, [(s.gpu, s.slice) for s in p.shares])
+                                   for p in plan.placements)}))
+"""
+
+
+def speed_snapshot(nodes: int) -> snapshot.Snapshot:
+    return generate.sharing_snapshot(
+        seed=11, nodes=nodes, gpus_per_node=8, pods=nodes * 24, node_modes=("mps", "time-slicing")
+    )
+
+
+def digest(plan: plans.Plan) -> list[Any]:
+    """Placements, comparable across the two trees (as the old run prints them)."""
+    return sorted([p.pod, p.node, [[s.gpu, s.slice] for s in p.shares]] for p in plan.placements)
+
+
+def old_run(old: Path, nodes: int, *, every: bool) -> dict[str, Any]:
+    """One plan by the old tree at ``old`` (a subprocess: its own modules), its figures."""
+    env = dict(os.environ, PYTHONPATH=str(old / "src"))
+    out = subprocess.run(
+        [sys.executable, "-c", _OLD_RUN, str(nodes), "every" if every else "as-was"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def figures(run: dict[str, Any]) -> dict[str, Any]:
+    """An old run's figures as written (without its placements)."""
+    return {"cpu_s": round(run["cpu_s"], 3), "placed": run["placed"], "weighted": run["weighted"]}
+
+
+def new_cpu(snap: snapshot.Snapshot, *, paused: bool) -> tuple[float, plans.Plan]:
+    gc.collect()
+    if paused:
+        with gcpause.paused():  # its own collection is not timed: the shell's, not the plan's
+            start = time.process_time()
+            plan = planners.run(snap, "fast", options.Options(workers=1))
+            return time.process_time() - start, plan
+    start = time.process_time()
+    plan = planners.run(snap, "fast", options.Options(workers=1))
+    return time.process_time() - start, plan
+
+
+def speed(old: Path, repeat: int) -> dict[str, Any]:
+    """The speed section: old and new at each size, in this one run."""
+    load_before = os.getloadavg()[0]
+    rows = []
+    for nodes in SPEED_NODES:
+        snap = speed_snapshot(nodes)
+        runs = [new_cpu(snap, paused=False) for _ in range(repeat)]
+        paused = [new_cpu(snap, paused=True)[0] for _ in range(repeat)]
+        plan = runs[0][1]
+        cpu = statistics.median(r[0] for r in runs)
+        as_was = old_run(old, nodes, every=False)
+        every = old_run(old, nodes, every=True)
+        placed = len(plan.placements)
+        weighted = objective.score(snap, plan).weighted
+        row = {
+            "gpus": nodes * 8,
+            "nodes": nodes,
+            "pods": len(snap.pods),
+            "new": {
+                "cpu_s": round(cpu, 3),
+                "cpu_s_gc_paused": round(statistics.median(paused), 3),
+                "placed": placed,
+                "weighted": weighted,
+            },
+            "old": figures(as_was),
+            "old_every_way": figures(every),
+            "ratio_old_over_new": round(as_was["cpu_s"] / cpu, 1),
+            "ratio_old_every_way_over_new": round(every["cpu_s"] / cpu, 1),
+            "same_plan_as_old_every_way": digest(plan) == every["digest"],
+        }
+        rows.append(row)
+        print(
+            f"{row['gpus']:>5} GPUs {row['pods']:>5} pods: new {cpu:6.2f} s "
+            f"(GC paused {row['new']['cpu_s_gc_paused']:.2f} s) placed {placed} "
+            f"weighted {weighted}; old {as_was['cpu_s']:6.2f} s placed {as_was['placed']} "
+            f"weighted {as_was['weighted']}; old every way {every['cpu_s']:6.2f} s placed "
+            f"{every['placed']}; x{row['ratio_old_over_new']} / "
+            f"x{row['ratio_old_every_way_over_new']}; same plan: "
+            f"{row['same_plan_as_old_every_way']}",
+            flush=True,
+        )
+    return {
+        "snapshot": "generate.sharing_snapshot(seed=11, nodes=N, gpus_per_node=8, pods=24*N, "
+        "node_modes=('mps', 'time-slicing'))",
+        "call": "planners.run(snap, 'fast', options.Options(workers=1))",
+        "old_tree": "main at 08131eb (before the sharing indexes), in a separate worktree",
+        "repeat": repeat,
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "note": "CPU seconds (time.process_time) on a machine shared with other jobs (2 cores): "
+        "absolute times are noisy, the ratios are measured in one run",
+        "load_average_1min": {"start": round(load_before, 2), "end": round(os.getloadavg()[0], 2)},
+        "rows": rows,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=1000, help="pods per trace (default 1000)")
+    parser.add_argument("--speed-only", action="store_true", help="only the planner speed section")
+    parser.add_argument("--old", type=Path, help="checkout of the old tree (--speed-only)")
+    parser.add_argument("--repeat", type=int, default=3, help="new planner runs per size")
     args = parser.parse_args()
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    command = "python bench/bench_sharing.py " + " ".join(sys.argv[1:])
+    if args.speed_only:
+        if args.old is None:
+            parser.error("--speed-only needs --old PATH (a checkout of the old tree)")
+        doc = previous | {"speed": speed(args.old, args.repeat) | {"command": command}}
+        RESULTS.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {RESULTS.relative_to(ROOT)}")
+        return
     doc = run(pods=args.pods)
+    if "speed" in previous:
+        doc["speed"] = previous["speed"]
     for load in doc["loads"]:
         print(f"\n{load['load']} (arrivals {load['mean_gap_s']:.0f} s apart)")
         print(f"{'cluster':<18} {'policy':<9} {'sched':>7} {'alloc':>7} {'arriving':>8} "

@@ -81,8 +81,22 @@ _ShapeKey = tuple[int, snapshot.Demand]
 """(a node's GPU state, a pod's request): what explanations are cached by."""
 
 
+_Early = tuple[list[tuple[Why, str] | None], bool, list[int], list[tuple[int, str, Why, str]]]
+"""What :meth:`Explainer._early_all` works out per pod signature and request: the verdicts
+before CPU and memory (:meth:`Explainer._early`; a wrong mode's text without the node), per
+class of alike nodes (the flag: true) or per node; the positions of the nodes where CPU, memory
+and room decide; and per earlier verdict, the first node that has it, named."""
+
+
 class Explainer:
-    """Explains pending pods against one plan's final state (built once per plan)."""
+    """Explains pending pods against one plan's final state (built once per plan).
+
+    Thousands of pending pods on thousands of nodes: a node's verdict up to CPU and memory
+    (admission, mode, GPUs that serve the request) is worked out once per pod signature and
+    request and class of alike nodes; CPU and memory per pod, only on the nodes that serve its
+    request; room once per node (or GPU state) and request. Without per-node reasons the summary
+    reads the first node of each earlier verdict and the nodes that serve the request.
+    """
 
     def __init__(self, snap: snapshot.Snapshot, placements: Iterable[plans.Placement]) -> None:
         self.snap = snap
@@ -129,10 +143,55 @@ class Explainer:
                 # and nodes sharing a shape share the GPUs a verdict names.
                 shape.append((gpu.index, gpu.model.id, used, occupied))
             self._shape.append(shapes.setdefault(tuple(shape), len(shapes)))
+        # What decides a node's verdict before CPU and memory: its admission class, its mode
+        # and its GPUs (their models; on MIG nodes their state too).
+        self._early_class = [
+            (
+                self._admission.class_of(position),
+                node.mode,
+                self._shape[position]
+                if node.mode is modes.Mode.MIG
+                else tuple(g.model.id for g in node.gpus),
+            )
+            for position, node in enumerate(snap.nodes)
+        ]
+        self._gpu_models = {
+            node.name: (
+                tuple(g.model for g in node.gpus),
+                tuple(g.model.id for g in node.gpus),
+            )
+            for node in snap.nodes
+        }
+        ids: dict[tuple[object, ...], int] = {}
+        self._class_id = [ids.setdefault(c, len(ids)) for c in self._early_class]
+        self._class_positions: list[list[int]] = [[] for _ in ids]
+        for position, k in enumerate(self._class_id):
+            self._class_positions[k].append(position)
+        # Per GPU of a node in mode mps: GB and clients of its taken slices.
+        self.taken: dict[tuple[str, int], tuple[int, int]] = {
+            (node.name, g.index): (
+                sum(s.memory_gb for s in g.mps if s.taken),
+                sum(1 for s in g.mps if s.taken),
+            )
+            for node in snap.nodes
+            if node.mode is modes.Mode.MPS
+            for g in node.gpus
+        }
         self._cache: dict[tuple[object, ...], plans.Unschedulable] = {}
         self._fit_cache: dict[tuple[object, ...], bool] = {}
         self._offered: dict[_ShapeKey, str | tuple[tuple[str, ...], list[snapshot.Gpu]]] = {}
-        self._room: dict[_ShapeKey, tuple[Why, str]] = {}
+        self._room: dict[tuple[int, int], tuple[Why, str]] = {}
+        """Per (GPU state, request shape): room on a MIG node."""
+        self._shared_room: dict[tuple[int, int], tuple[Why, str]] = {}
+        """Per (node position, request shape): room on a node in mode mps or time-slicing."""
+        self._shape_ids: dict[tuple[object, ...], int] = {}
+        self._usable_cache: dict[tuple[object, ...], tuple[int, ...]] = {}
+        self._left: dict[tuple[str, bool], dict[int, tuple[int, int]]] = {}
+        """Per (sharing node, with the plan or not): per GPU index, MPS: free GB and clients
+        left; time-slicing: replicas left (and 0)."""
+        self._early_cache: dict[tuple[object, ...], _Early] = {}
+        """Per (signature, request): every node's reason decided before CPU and memory, and
+        the positions of the nodes where CPU, memory and room decide."""
 
     def node_reason(
         self, position: int, pod: snapshot.Pod, *, admission: list[str | None] | None = None
@@ -141,6 +200,22 @@ class Explainer:
 
         ``admission`` is ``Admission.reasons(pod)`` when the caller has it already.
         """
+        early = self._early(position, pod, admission=admission)
+        if early is not None:
+            return self._named(self.snap.nodes[position], pod, early)
+        return self._late(position, pod, self._shape_id(pod))
+
+    def _shape_id(self, pod: snapshot.Pod) -> int:
+        """A small number per request (MIG, unified, MPS): the room caches' key, hashed once."""
+        return self._shape_ids.setdefault((pod.demand, pod.mps), len(self._shape_ids))
+
+    def _early(
+        self, position: int, pod: snapshot.Pod, *, admission: list[str | None] | None = None
+    ) -> tuple[Why, str] | None:
+        """The node's verdict where it comes before CPU and memory (admission, mode, GPUs that
+        serve the request): the same for every pod of one signature and request, and for every
+        node of one class (a wrong mode's text is left empty: :meth:`_named` names the node).
+        ``None``: the node serves the request, CPU, memory and room decide (:meth:`_late`)."""
         node = self.snap.nodes[position]
         if admission is None or constraints.names_nodes(pod):
             reason = self._admission.reason(position, pod)
@@ -149,36 +224,70 @@ class Explainer:
         if reason is not None:
             return Why.NOT_ADMITTED, reason
         if not pod.served_in(node.mode):
-            return (
-                Why.WRONG_MODE,
-                f"node {node.name} is in mode {node.mode.value}; {_what(pod)} needs "
-                f"{pod.needed_mode()}",
-            )
+            return Why.WRONG_MODE, ""  # named per node: _named
         if node.mode is not modes.Mode.MIG:
-            return self._shared_reason(node, pod)
+            return self._not_offered(node, pod)
         vkey = (self._shape[position], pod.demand)
         offered = self._offered.get(vkey)
         if offered is None:
             offered = self._offered[vkey] = self._offer(node, pod)
         if isinstance(offered, str):
             return Why.NOT_OFFERED, offered
-        alloc = node.allocatable
-        if alloc is not None:
-            free_cpu = alloc.cpu_milli - self.cpu[node.name]
-            if pod.cpu_milli > free_cpu:
-                return (
-                    Why.NO_CPU_MEMORY,
-                    f"not enough CPU: needs {pod.cpu_milli}m, {max(free_cpu, 0)}m free",
-                )
-            free_mem = alloc.memory_bytes - self.mem[node.name]
-            if pod.memory_bytes > free_mem:
-                return (
-                    Why.NO_CPU_MEMORY,
-                    f"not enough memory: needs {pod.memory_bytes} bytes, {max(free_mem, 0)} free",
-                )
-        verdict = self._room.get(vkey)
+        return None
+
+    def _early_all(self, pod: snapshot.Pod) -> _Early:
+        """See :data:`_Early`."""
+        admission = self._admission.reasons(pod)
+        nodes = self.snap.nodes
+        if constraints.names_nodes(pod):  # alike nodes no longer admit it alike: per node
+            verdicts = [self._early(p, pod, admission=admission) for p in range(len(nodes))]
+            classes = [[p] for p in range(len(nodes))]
+        else:  # one verdict per class of alike nodes (admission, mode, GPUs)
+            verdicts = [
+                self._early(positions[0], pod, admission=admission)
+                for positions in self._class_positions
+            ]
+            classes = self._class_positions
+        open_: list[int] = []
+        firsts: dict[Why, tuple[int, tuple[Why, str]]] = {}
+        for verdict, positions in zip(verdicts, classes, strict=True):
+            if verdict is None:
+                open_.extend(positions)
+            elif verdict[0] not in firsts or positions[0] < firsts[verdict[0]][0]:
+                firsts[verdict[0]] = (positions[0], verdict)
+        open_.sort()
+        named = [
+            (p, nodes[p].name, *self._named(nodes[p], pod, verdict))
+            for p, verdict in sorted(firsts.values())
+        ]
+        return verdicts, classes is self._class_positions, open_, named
+
+    @staticmethod
+    def _named(node: snapshot.Node, pod: snapshot.Pod, verdict: tuple[Why, str]) -> tuple[Why, str]:
+        """An earlier verdict for ``node``: a wrong mode names the node."""
+        if verdict[0] is Why.WRONG_MODE:
+            return Why.WRONG_MODE, _wrong_mode(node, _wanted_mode(pod))
+        return verdict
+
+    def _late(self, position: int, pod: snapshot.Pod, shape: int) -> tuple[Why, str]:
+        """The verdict of a node that serves the request (:meth:`_early` gave ``None``): CPU and
+        memory, then room (cached per GPU state, or per sharing node, and request ``shape``)."""
+        node = self.snap.nodes[position]
+        short = self._cpu_memory(node, pod)
+        if short is not None:
+            return Why.NO_CPU_MEMORY, short
+        if node.mode is not modes.Mode.MIG:
+            skey = (position, shape)
+            shared = self._shared_room.get(skey)
+            if shared is None:
+                shared = self._shared_room[skey] = self._shared_verdict(node, pod)
+            return shared
+        rkey = (self._shape[position], shape)
+        verdict = self._room.get(rkey)
         if verdict is None:
-            verdict = self._room[vkey] = self._room_reason(node, *offered)
+            offered = self._offered[(self._shape[position], pod.demand)]
+            assert not isinstance(offered, str)
+            verdict = self._room[rkey] = self._room_reason(node, *offered)
         return verdict
 
     def _cpu_memory(self, node: snapshot.Node, pod: snapshot.Pod) -> str | None:
@@ -193,41 +302,56 @@ class Explainer:
             return f"not enough memory: needs {pod.memory_bytes} bytes, {max(free_mem, 0)} free"
         return None
 
-    def _shared_reason(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str]:
-        """Why a node in mode mps or time-slicing does not run the pod in the plan."""
-        mps = node.mode is modes.Mode.MPS
-        usable = [
-            g
-            for g in node.gpus
-            if (
-                modes.mps_needs(pod.mps, pod.unified, g.model)
-                if mps
-                else modes.replica_needs(pod.unified, g.model)
-            )
-            is not None
-        ]
-        what = _what(pod)
-        if not usable:
-            models = ", ".join(sorted({g.model.id for g in node.gpus}))
-            if pod.unified is not None and not any(
-                unified.allowed(pod.unified, g.model) for g in node.gpus
-            ):
-                return Why.NOT_OFFERED, f"its GPUs ({models}) are excluded by the pod's filters"
-            if mps and pod.unified is not None and unified.too_many_for_mps(pod.unified):
-                return Why.NOT_OFFERED, (
-                    "a container asking more than one GPU is not served by MPS slices (one "
-                    "container talks to one GPU's MPS daemon)"
+    def _usable(self, node: snapshot.Node, pod: snapshot.Pod) -> list[snapshot.Gpu]:
+        """The GPUs of a node in mode mps or time-slicing that can serve the pod (cached per
+        mode, GPU models and request: nodes alike share it)."""
+        models, model_ids = self._gpu_models[node.name]
+        key = (node.mode, model_ids, self._shape_id(pod))
+        found = self._usable_cache.get(key)
+        if found is None:
+            mps = node.mode is modes.Mode.MPS
+            per_model = {
+                m.id: (
+                    modes.mps_needs(pod.mps, pod.unified, m)
+                    if mps
+                    else modes.replica_needs(pod.unified, m)
                 )
-            most = max((sharing_mps.memory_gb(g.model) for g in node.gpus), default=0)
-            return Why.NOT_OFFERED, f"its GPUs ({models}) have {most} GB; {what} needs more"
-        short = self._cpu_memory(node, pod)
-        if short is not None:
-            return Why.NO_CPU_MEMORY, short
+                is not None
+                for m in models
+            }
+            found = self._usable_cache[key] = tuple(
+                k for k, m in enumerate(models) if per_model[m.id]
+            )
+        return [node.gpus[k] for k in found]
+
+    def _not_offered(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str] | None:
+        """Why no GPU of a node in mode mps or time-slicing serves the pod (``None``: some do)."""
+        if self._usable(node, pod):
+            return None
+        mps = node.mode is modes.Mode.MPS
+        models = ", ".join(sorted({g.model.id for g in node.gpus}))
+        if pod.unified is not None and not any(
+            unified.allowed(pod.unified, g.model) for g in node.gpus
+        ):
+            return Why.NOT_OFFERED, f"its GPUs ({models}) are excluded by the pod's filters"
+        if mps and pod.unified is not None and unified.too_many_for_mps(pod.unified):
+            return Why.NOT_OFFERED, (
+                "a container asking more than one GPU is not served by MPS slices (one "
+                "container talks to one GPU's MPS daemon)"
+            )
+        most = max((sharing_mps.memory_gb(g.model) for g in node.gpus), default=0)
+        return Why.NOT_OFFERED, f"its GPUs ({models}) have {most} GB; {_what(pod)} needs more"
+
+    def _shared_verdict(self, node: snapshot.Node, pod: snapshot.Pod) -> tuple[Why, str]:
+        """Room on a node in mode mps or time-slicing that serves the pod, CPU and memory
+        aside: in the plan, without it, or none."""
+        usable = self._usable(node, pod)
+        what = _what(pod)
         if self._shared_fits(node, pod, usable, planned=True):
             return Why.ROOM_LEFT, f"{what} would still fit; the planner left it out"
         if self._shared_fits(node, pod, usable, planned=False):
             return Why.TAKEN, f"the room for {what} went to other pending pods"
-        if mps:
+        if node.mode is modes.Mode.MPS:
             return Why.IN_USE, f"no room for {what} without removing MPS slices in use"
         return Why.IN_USE, f"no free time-slicing replica for {what}"
 
@@ -236,13 +360,11 @@ class Explainer:
     ) -> bool:
         """Whether the pod's slices (or replicas) fit the GPUs beside what is taken now, and
         with ``planned`` beside what the plan gives to other pods too. Free slices are room."""
+        left = self._left.get((node.name, planned))
+        if left is None:
+            left = self._left[(node.name, planned)] = self._left_on(node, planned=planned)
         if node.mode is not modes.Mode.MPS:
-            replicas = []
-            for g in gpus:
-                left = g.replicas - g.replicas_used
-                if planned:
-                    left -= self.shared_n[(node.name, g.index)]
-                replicas.append(left)
+            replicas = [left[g.index][0] for g in gpus]
             assert pod.unified is not None
             for ask in pod.unified.asks:
                 order = sorted(range(len(gpus)), key=lambda k: -replicas[k])
@@ -251,18 +373,8 @@ class Explainer:
                 for k in order[: ask.count]:
                     replicas[k] -= 1
             return True
-        free: list[int] = []
-        clients: list[int] = []
-        for g in gpus:
-            taken = [s for s in g.mps if s.taken]
-            used = sum(s.memory_gb for s in taken)
-            n = len(taken)
-            if planned:
-                # Slices the plan gives that were free or new (a taken one is not given again).
-                used += self.shared_gb[(node.name, g.index)]
-                n += self.shared_n[(node.name, g.index)]
-            free.append(sharing_mps.memory_gb(g.model) - used)
-            clients.append(sharing_config.MPS_MAX_CLIENTS - n)
+        free = [left[g.index][0] for g in gpus]
+        clients = [left[g.index][1] for g in gpus]
         groups: dict[int, set[int]] = {}
         needs = modes.mps_needs(pod.mps, pod.unified, gpus[0].model) or ()
         for need in needs:
@@ -281,6 +393,28 @@ class Explainer:
             if need.group >= 0:
                 groups.setdefault(need.group, set()).add(k)
         return True
+
+    def _left_on(self, node: snapshot.Node, *, planned: bool) -> dict[int, tuple[int, int]]:
+        """See :attr:`_left`."""
+        out: dict[int, tuple[int, int]] = {}
+        for g in node.gpus:
+            key = (node.name, g.index)
+            if node.mode is not modes.Mode.MPS:
+                left = g.replicas - g.replicas_used
+                if planned:
+                    left -= self.shared_n[key]
+                out[g.index] = (left, 0)
+                continue
+            used, n = self.taken[key]
+            if planned:
+                # Slices the plan gives that were free or new (a taken one is not given again).
+                used += self.shared_gb[key]
+                n += self.shared_n[key]
+            out[g.index] = (
+                sharing_mps.memory_gb(g.model) - used,
+                sharing_config.MPS_MAX_CLIENTS - n,
+            )
+        return out
 
     def _offer(
         self, node: snapshot.Node, pod: snapshot.Pod
@@ -344,11 +478,32 @@ class Explainer:
         cached = self._cache.get(key)
         if cached is not None:
             return plans.Unschedulable(pod.key, cached.reason, cached.nodes)
-        admission = self._admission.reasons(pod)
-        reasons = [
-            (node.name, *self.node_reason(position, pod, admission=admission))
-            for position, node in enumerate(self.snap.nodes)
-        ]
+        # Pods of one signature and request differ only in CPU and memory: the nodes' earlier
+        # verdicts are worked out once, the rest per pod.
+        ekey = key[:3]
+        early = self._early_cache.get(ekey)
+        if early is None:
+            early = self._early_cache[ekey] = self._early_all(pod)
+        verdicts, per_class, open_, firsts = early
+        shape = self._shape_id(pod)
+        nodes = self.snap.nodes
+        late = [(p, nodes[p].name, *self._late(p, pod, shape)) for p in open_]
+        if per_node:
+            if per_class:
+                verdicts = [verdicts[k] for k in self._class_id]
+            reasons = [
+                (node.name, *self._named(node, pod, v))
+                if v is not None
+                else ("", Why.ROOM_LEFT, "")
+                for node, v in zip(nodes, verdicts, strict=True)
+            ]
+            for p, name, why, text in late:
+                reasons[p] = (name, why, text)
+        else:
+            # The summary reads the most hopeful verdict, the first node that has it, and the
+            # nodes that have it among those CPU, memory and room decide: the first node of
+            # each earlier verdict stands for the others.
+            reasons = [(name, why, text) for _, name, why, text in sorted([*firsts, *late])]
         result = plans.Unschedulable(
             pod.key,
             _summary(pod, reasons),
@@ -356,6 +511,15 @@ class Explainer:
         )
         self._cache[key] = result
         return result
+
+
+def _wanted_mode(pod: snapshot.Pod) -> str:
+    return f"{_what(pod)} needs {pod.needed_mode()}"
+
+
+def _wrong_mode(node: snapshot.Node, wanted: str) -> str:
+    """Why a node's mode does not serve a pod; ``wanted``: :func:`_wanted_mode`."""
+    return f"node {node.name} is in mode {node.mode.value}; {wanted}"
 
 
 def _summary(pod: snapshot.Pod, reasons: list[tuple[str, Why, str]]) -> str:
@@ -426,9 +590,9 @@ def explain(
 def unresolvable(snap: snapshot.Snapshot) -> Mapping[str, str]:
     """Pods whose request no GPU model in the cluster offers, with the reason (cheap pre-check)."""
     out: dict[str, str] = {}
+    mps_models = {g.model for n in snap.nodes if n.mode is modes.Mode.MPS for g in n.gpus}
     for pod in snap.pods:
         if pod.mps:
-            mps_models = {g.model for n in snap.nodes if n.mode is modes.Mode.MPS for g in n.gpus}
             if not mps_models:
                 out[pod.key] = f"no node in the cluster is in mode mps ({_what(pod)} needs mps)"
             elif all(modes.mps_needs(pod.mps, None, m) is None for m in mps_models):

@@ -15,14 +15,22 @@ needs, in order of preference: a free slice of exactly that size and share is re
 slice is created in free memory; free slices are removed (largest first, the fewest that make
 room) and a new one created -- a resize when the pod's slice replaces them. Taken slices (used
 or reserved) are never shrunk or removed. Pods are placed highest priority first; each level is
-placed (on problems up to :data:`_SMALL_PROBLEM` GPUs x pods) in up to three ways from the same
-state, and the one that leaves the fewest pods pending, then removes the fewest free slices, is
-kept: largest demand first in two sweeps (every pod that fits without removing anything, then
-the rest with removals allowed); pods asking fewer GPUs first (replicas run out on time-slicing
-GPUs), the same way; largest first in one sweep with removals allowed at once (where a large
-slice needs the one GPU the first sweep would fill). Among nodes and GPUs the fewest removals
-win, then reuse over creation, then the pod's node and GPU policy (binpack: the fullest; spread:
-the emptiest), then order.
+placed, at every size, in up to three ways from the same state, and the one that leaves the
+fewest pods pending, then removes the fewest free slices, is kept: largest demand first in two
+sweeps (every pod that fits without removing anything, then the rest with removals allowed);
+pods asking fewer GPUs first (replicas run out on time-slicing GPUs), the same way; largest
+first in one sweep with removals allowed at once (where a large slice needs the one GPU the
+first sweep would fill). Among nodes and GPUs the fewest removals win, then reuse over
+creation, then the pod's node and GPU policy (binpack: the fullest; spread: the emptiest), then
+order.
+
+A pass does not scan every node and GPU per pod: it keeps indexes of the GPU states
+(:class:`_Run`: per kind of node its nodes with room in each policy's score order, per free
+slice type the nodes holding one, per node the most free GB of a GPU, their sum and what
+removals could free), updated as pods are placed, and the three ways share node states
+copy-on-write. Its choices are exactly those of the scan over every node
+(tests/unit/test_sharing_index.py keeps the scan as a reference); 2,000 GPUs and 6,000 pending
+pods plan in about a second with all three ways (bench/bench_sharing.py --speed-only).
 
 A time-slicing GPU serves a unified pod with one replica per GPU asked, each on its own GPU.
 
@@ -32,11 +40,12 @@ plans, constraints, explaining and modes; never a planner (they import this modu
 
 from __future__ import annotations
 
+import bisect
 import copy
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from migpilot import errors
 from migpilot.planning import constraints, explaining, modes, options, plans, scoring, snapshot
@@ -138,35 +147,54 @@ class Shared:
 
 @dataclass(slots=True)
 class _MpsGpu:
+    """One MPS GPU's slices as a pass changes them, with their sums kept up to date (a pod's
+    placement reads them for every GPU it looks at: summing the slices each time cost most of
+    the planner's time)."""
+
     gpu: snapshot.Gpu
     keep: list[modes.MpsSlice]
     """Taken slices and those this plan gives to pods."""
     free: list[modes.MpsSlice]
     """Existing free slices not yet reused or removed."""
     next_id: int
-    actions: list[plans.SliceAction] = field(default_factory=list)
-
-    @property
-    def cap(self) -> int:
-        return sharing_mps.memory_gb(self.gpu.model)
-
-    def used_gb(self) -> int:
-        return sum(s.memory_gb for s in self.keep) + sum(s.memory_gb for s in self.free)
-
-    def clients(self) -> int:
-        return len(self.keep) + len(self.free)
-
-    def cores(self) -> int:
-        return sum(s.cores or 0 for s in (*self.keep, *self.free))
+    actions: list[plans.SliceAction]
+    cap: int
+    """The GPU's GB (:func:`migpilot.sharing.mps.memory_gb`)."""
+    used: int
+    """GB of the kept and free slices."""
+    clients: int
+    """Kept and free slices."""
+    cores: int
+    """Compute shares (percent) of the kept and free slices."""
 
     def copy(self) -> _MpsGpu:
-        return _MpsGpu(self.gpu, list(self.keep), list(self.free), self.next_id, list(self.actions))
+        return _MpsGpu(
+            self.gpu,
+            list(self.keep),
+            list(self.free),
+            self.next_id,
+            list(self.actions),
+            self.cap,
+            self.used,
+            self.clients,
+            self.cores,
+        )
 
 
-@dataclass(slots=True)
-class _TsGpu:
-    gpu: snapshot.Gpu
-    used: int
+def _mps_gpu(gpu: snapshot.Gpu) -> _MpsGpu:
+    """A GPU's slices as a pass starts from them: taken slices kept, the others free."""
+    slices = gpu.mps
+    return _MpsGpu(
+        gpu,
+        [s for s in slices if s.taken],
+        [s for s in slices if not s.taken],
+        max((s.id for s in slices), default=-1) + 1,
+        [],
+        sharing_mps.memory_gb(gpu.model),
+        sum(s.memory_gb for s in slices),
+        len(slices),
+        sum(s.cores or 0 for s in slices),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,16 +205,7 @@ class _Option:
     removed: tuple[modes.MpsSlice, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class _Choice:
-    """A pod's placement on one node, with the node's GPU states after it."""
-
-    node: snapshot.Node
-    removed: int
-    created: int
-    shares: tuple[plans.AssignedShare, ...]
-    mps: list[_MpsGpu] | None = None
-    replicas: tuple[int, ...] = ()
+_ROOM = _Option(None)
 
 
 def _option(
@@ -199,26 +218,24 @@ def _option(
     """How ``need`` goes onto ``st`` (``None``: it does not, or only by removing when
     ``remove`` is false); ``removable``: at most this many free slices of each size and share
     may be removed (``None``: any)."""
+    gb, cores = need.memory_gb, need.cores
     for s in st.free:
-        if s.memory_gb == need.memory_gb and s.cores == need.cores:
+        if s.memory_gb == gb and s.cores == cores:
             return _Option(s)
-    extra_cores = need.cores or 0
-    room = st.cap - st.used_gb()
-    if (
-        st.cores() + extra_cores <= 100
-        and room >= need.memory_gb
-        and st.clients() < sharing_config.MPS_MAX_CLIENTS
-    ):
-        return _Option(None)
+    extra_cores = cores or 0
+    room = st.cap - st.used
+    if st.cores + extra_cores <= 100 and room >= gb and st.clients < sharing_config.MPS_MAX_CLIENTS:
+        return _ROOM
     if not remove:
         return None
     removed: list[modes.MpsSlice] = []
+    freed_cores = 0
     budget = None if removable is None else Counter(removable)
     for s in sorted(st.free, key=lambda s: (-s.memory_gb, s.id)):
         if (
-            room >= need.memory_gb
-            and st.clients() - len(removed) < sharing_config.MPS_MAX_CLIENTS
-            and st.cores() - sum(r.cores or 0 for r in removed) + extra_cores <= 100
+            room >= gb
+            and st.clients - len(removed) < sharing_config.MPS_MAX_CLIENTS
+            and st.cores - freed_cores + extra_cores <= 100
         ):
             break
         if budget is not None:
@@ -227,10 +244,11 @@ def _option(
             budget[(s.memory_gb, s.cores)] -= 1
         removed.append(s)
         room += s.memory_gb
+        freed_cores += s.cores or 0
     if (
-        room < need.memory_gb
-        or st.clients() - len(removed) >= sharing_config.MPS_MAX_CLIENTS
-        or st.cores() - sum(r.cores or 0 for r in removed) + extra_cores > 100
+        room < gb
+        or st.clients - len(removed) >= sharing_config.MPS_MAX_CLIENTS
+        or st.cores - freed_cores + extra_cores > 100
     ):
         return None
     return _Option(None, tuple(removed))
@@ -253,6 +271,9 @@ def _apply(
     verb = "resized into" if removed else "created for"
     for s in removed:
         st.free.remove(s)
+        st.used -= s.memory_gb
+        st.clients -= 1
+        st.cores -= s.cores or 0
         st.actions.append(
             plans.SliceAction(
                 node,
@@ -267,6 +288,9 @@ def _apply(
     new = modes.MpsSlice(st.next_id, need.memory_gb, need.cores)
     st.next_id += 1
     st.keep.append(new)
+    st.used += new.memory_gb
+    st.clients += 1
+    st.cores += new.cores or 0
     st.actions.append(
         plans.SliceAction(
             node,
@@ -281,44 +305,194 @@ def _apply(
     return new.id
 
 
+_Entry = tuple[float, int]
+"""A node in a score list: its score under one node policy, its position."""
+_Step = tuple[int, modes.SliceNeed, _Option]
+"""One slice of a pod on a node: the GPU's position on the node, the slice, how it goes there."""
+_Key = tuple[int, int, float, int]
+"""A node's rank for a pod, least first: free slices removed, slices created, the node policy's
+score (binpack: the fuller the less), the node's position."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """What a pod asks of the sharing nodes, worked out once per pod for every pass."""
+
+    node_policy: scoring.Policy
+    gpu_policy: scoring.Policy
+    needs: Mapping[str, tuple[modes.SliceNeed, ...] | None]
+    """Per GPU model id of the MPS nodes: the slices the pod needs there (``None``: not served;
+    empty where the pod is not served in mode mps)."""
+    count: int
+    """Slices per pod on an MPS node (0: none serves it)."""
+    mps_kinds: tuple[tuple[int, int, int], ...]
+    """Per kind of MPS node that serves the pod: (kind, GB of its largest slice, GB of all its
+    slices), the least over the kind's models."""
+    reuse: frozenset[tuple[str, int, int | None]]
+    """(model id, GB, cores): free slices the pod could reuse."""
+    ts_kinds: tuple[int, ...]
+    """Kinds of time-slicing node with a GPU model that serves the pod."""
+    ts_gpus: int
+    """The most GPUs one container asks (distinct GPUs with a free replica a node needs)."""
+    ts_models: frozenset[str]
+    """Ids of the GPU models of time-slicing nodes that serve the pod."""
+
+
 class _Run:
-    """The state of one placement pass over the sharing nodes."""
+    """The state of one placement pass over the sharing nodes, and its indexes.
+
+    A pod's best node is the least :data:`_Key`. Rather than trying every node, a pass keeps per
+    kind of node (mode and GPU models) its nodes sorted by each node policy's score, per free
+    slice type (model, GB, cores) the nodes that hold one, the nodes holding any free slice,
+    and per node the most free GB of a GPU below the client limit (MPS) or the GPUs with a free
+    replica (time-slicing). Then a pod's best node is among: the first time-slicing node in
+    score order that fits (removes and creates nothing); the MPS nodes holding a free slice it
+    could reuse, each tried; the first other MPS node in score order that fits without
+    removals (creates every slice: no free slice of its types is there); and only where none of
+    these fits, with removals allowed, the MPS nodes holding a free slice, each tried. Every
+    node not looked at provably cannot fit the pod, or ranks after one that was: the choice is
+    exactly the scan's over every node. Placing a pod updates the one node's entries.
+
+    Passes fork (several pod orders from one state): node states are shared copy-on-write
+    (a pass copies a node's GPUs the first time it changes them), the indexes are copied.
+    """
 
     def __init__(self, snap: snapshot.Snapshot) -> None:
         self.snap = snap
         self.nodes = [n for n in snap.nodes if n.mode in (modes.Mode.MPS, modes.Mode.TIME_SLICING)]
         self.admission = constraints.Admission(self.nodes)
-        self.mps: dict[str, list[_MpsGpu]] = {}
-        self.ts: dict[str, list[_TsGpu]] = {}
-        self.cpu: dict[str, int] = {}
-        self.mem: dict[str, int] = {}
-        for n in self.nodes:
-            alloc = n.allocatable
-            self.cpu[n.name] = alloc.cpu_milli if alloc else 2**62
-            self.mem[n.name] = alloc.memory_bytes if alloc else 2**62
-            if n.mode is modes.Mode.MPS:
-                self.mps[n.name] = _mps_states(n)
-            else:
-                self.ts[n.name] = [_TsGpu(g, g.replicas_used) for g in n.gpus]
+        self.is_mps = [n.mode is modes.Mode.MPS for n in self.nodes]
+        self.mps: list[list[_MpsGpu]] = [
+            [_mps_gpu(g) for g in n.gpus] if mps else []
+            for n, mps in zip(self.nodes, self.is_mps, strict=True)
+        ]
+        self.ts: list[list[int]] = [
+            [] if mps else [g.replicas_used for g in n.gpus]
+            for n, mps in zip(self.nodes, self.is_mps, strict=True)
+        ]
+        self._own: set[int] = set(range(len(self.nodes)))
+        """Nodes whose state lists (and GPU states) no other pass shares."""
+        big = 2**62
+        self.cpu = [n.allocatable.cpu_milli if n.allocatable else big for n in self.nodes]
+        self.mem = [n.allocatable.memory_bytes if n.allocatable else big for n in self.nodes]
+        self.total = [
+            (sum(s.cap for s in sts) if mps else sum(g.replicas for g in n.gpus)) or 1
+            for n, mps, sts in zip(self.nodes, self.is_mps, self.mps, strict=True)
+        ]
+        self.used = [
+            sum(s.used for s in sts) if mps else sum(t)
+            for mps, sts, t in zip(self.is_mps, self.mps, self.ts, strict=True)
+        ]
+        self.use = [u / t for u, t in zip(self.used, self.total, strict=True)]
+        self.room = [0] * len(self.nodes)
+        self.spare = [0] * len(self.nodes)
+        self.reclaim = [0] * len(self.nodes)
+        for ni in range(len(self.nodes)):
+            self._room(ni)
+        kinds: dict[tuple[modes.Mode, tuple[str, ...]], int] = {}
+        self.kind_of = [
+            kinds.setdefault((n.mode, tuple(sorted({g.model.id for g in n.gpus}))), len(kinds))
+            for n in self.nodes
+        ]
+        self.kinds = list(kinds)
+        self.mps_models = {
+            g.model.id: g.model
+            for n, mps in zip(self.nodes, self.is_mps, strict=True)
+            if mps
+            for g in n.gpus
+        }
+        self.ts_models = {
+            g.model.id: g.model
+            for n, mps in zip(self.nodes, self.is_mps, strict=True)
+            if not mps
+            for g in n.gpus
+        }
+        # Per kind, its nodes with room by each policy's score: (score, position), ascending.
+        # A node without room (time-slicing: no free replica; MPS: no GB free on a GPU below
+        # the client limit) fits only pods that reuse or remove free slices, found elsewhere:
+        # it leaves the lists (binpack would otherwise look at the full nodes first, each time).
+        # Lists are kept for the node policies pods have asked for so far (:meth:`_listing`).
+        self.order: dict[tuple[scoring.Policy, int], list[_Entry]] = {}
+        self.policies: list[scoring.Policy] = []
+        self.reuse: dict[tuple[str, int, int | None], dict[int, int]] = {}
+        self.slices: dict[int, int] = {}
+        """MPS nodes holding free slices: how many."""
+        self.types_of: list[set[tuple[str, int, int | None]]] = [set() for _ in self.nodes]
+        """Per node: the free slice types it holds."""
+        for ni, sts in enumerate(self.mps):
+            for st in sts:
+                for s in st.free:
+                    t = (st.gpu.model.id, s.memory_gb, s.cores)
+                    at = self.reuse.setdefault(t, {})
+                    at[ni] = at.get(ni, 0) + 1
+                    self.slices[ni] = self.slices.get(ni, 0) + 1
+                    self.types_of[ni].add(t)
+        # Per free slice type, its nodes by each policy's score, as :attr:`order`.
+        self.reuse_order: dict[tuple[scoring.Policy, tuple[str, int, int | None]], list[_Entry]]
+        self.reuse_order = {}
+        self.asks: dict[str, tuple[_Ask, list[bool]]] = {}
+        """Per pod key: :meth:`_ask` (shared by forks: it does not change)."""
+        self.shapes: dict[tuple[object, ...], _Ask] = {}
+        """Per request and policies (shared by forks too)."""
         self.placements: list[plans.Placement] = []
+        self.removed = 0
+        """Free slices this pass removed so far."""
+
+    def _listing(self, policy: scoring.Policy) -> None:
+        """Start keeping the score lists of ``policy`` (from the state now)."""
+        self.policies.append(policy)
+        for k in range(len(self.kinds)):
+            self.order[(policy, k)] = sorted(
+                (self._score(policy, ni), ni)
+                for ni in range(len(self.nodes))
+                if self.kind_of[ni] == k and self.room[ni] > 0
+            )
+        for t, at in self.reuse.items():
+            self.reuse_order[(policy, t)] = sorted((self._score(policy, ni), ni) for ni in at)
+
+    def _score(self, policy: scoring.Policy, ni: int) -> float:
+        return -self.use[ni] if policy is scoring.Policy.BINPACK else self.use[ni]
+
+    def _room(self, ni: int) -> None:
+        """Update the node's room: MPS, the most free GB of a GPU below the client limit (-1:
+        none), their sum, and the most GB one GPU would have with its free slices removed;
+        time-slicing, the GPUs with a free replica. Each bounds what a node can take: a node
+        below a pod's figures cannot fit it."""
+        if self.is_mps[ni]:
+            most = spare = reclaim = -1
+            for s in self.mps[ni]:
+                free = s.cap - s.used
+                if s.clients < sharing_config.MPS_MAX_CLIENTS:
+                    most = max(most, free)
+                    spare += free
+                # Any GPU: a pod's slices may go some by room, some after removals.
+                reclaim = max(reclaim, free + sum(f.memory_gb for f in s.free))
+            self.room[ni], self.spare[ni], self.reclaim[ni] = most, spare + 1, reclaim
+            return
+        gpus = self.nodes[ni].gpus
+        self.room[ni] = sum(1 for g, u in zip(gpus, self.ts[ni], strict=True) if u < g.replicas)
 
     def fork(self) -> _Run:
         """An independent copy of this pass (to try another pod order from here)."""
         twin = copy.copy(self)
-        twin.mps = {k: [s.copy() for s in v] for k, v in self.mps.items()}
-        twin.ts = {k: [_TsGpu(t.gpu, t.used) for t in v] for k, v in self.ts.items()}
-        twin.cpu, twin.mem = dict(self.cpu), dict(self.mem)
+        self._own = set()
+        twin._own = set()
+        twin.mps, twin.ts = list(self.mps), list(self.ts)
+        twin.cpu, twin.mem = list(self.cpu), list(self.mem)
+        twin.used, twin.use, twin.room = list(self.used), list(self.use), list(self.room)
+        twin.spare, twin.reclaim = list(self.spare), list(self.reclaim)
+        twin.order = {k: list(v) for k, v in self.order.items()}
+        twin.reuse = {k: dict(v) for k, v in self.reuse.items()}
+        twin.reuse_order = {k: list(v) for k, v in self.reuse_order.items()}
+        twin.policies = list(self.policies)
+        twin.types_of = [set(t) for t in self.types_of]
+        twin.slices = dict(self.slices)
         twin.placements = list(self.placements)
         return twin
 
     def removals(self) -> int:
         """Free slices this pass removed so far."""
-        return sum(
-            a.op is plans.SliceOp.REMOVE
-            for sts in self.mps.values()
-            for st in sts
-            for a in st.actions
-        )
+        return self.removed
 
     def sweep(self, order: Sequence[snapshot.Pod], *, defer: bool = True) -> list[snapshot.Pod]:
         """Place ``order``; the pods left pending. With ``defer``, first every pod that fits
@@ -327,80 +501,283 @@ class _Run:
         left = [p for p in order if not self.place(p, remove=False)] if defer else list(order)
         return [p for p in left if not self.place(p, remove=True)]
 
-    def _node_use(self, node: snapshot.Node) -> float:
-        if node.mode is modes.Mode.MPS:
-            sts = self.mps[node.name]
-            total = sum(s.cap for s in sts) or 1
-            return sum(s.used_gb() for s in sts) / total
-        tss = self.ts[node.name]
-        return sum(t.used for t in tss) / (sum(t.gpu.replicas for t in tss) or 1)
+    def _ask(self, pod: snapshot.Pod) -> tuple[_Ask, list[bool]]:
+        """What the pod asks, and per node position whether the node admits it."""
+        found = self.asks.get(pod.key)
+        if found is None:
+            node_policy, gpu_policy = pod.policies(self.snap)
+            # Many pods ask alike: worked out once per request and policies.
+            shape = (bool(pod.mig), pod.mps, pod.unified, node_policy, gpu_policy)
+            ask = self.shapes.get(shape)
+            if ask is None:
+                ask = self.shapes[shape] = self._new_ask(pod, node_policy, gpu_policy)
+            found = self.asks[pod.key] = (ask, self.admission.admits(pod))
+        return found
+
+    def _new_ask(
+        self, pod: snapshot.Pod, node_policy: scoring.Policy, gpu_policy: scoring.Policy
+    ) -> _Ask:
+        needs: dict[str, tuple[modes.SliceNeed, ...] | None] = {}
+        # Per MPS model that serves the pod: (GB of its largest slice, of all its slices).
+        sizes: dict[str, tuple[int, int]] = {}
+        reuse: set[tuple[str, int, int | None]] = set()
+        ts_models: set[str] = set()
+        count = 0
+        if pod.served_in(modes.Mode.MPS):
+            for m, model in self.mps_models.items():
+                got = needs[m] = modes.mps_needs(pod.mps, pod.unified, model)
+                if got:
+                    count = len(got)
+                    # Slices come largest first: the first needs the most GB on one GPU.
+                    sizes[m] = (got[0].memory_gb, sum(n.memory_gb for n in got))
+                    reuse.update((m, n.memory_gb, n.cores) for n in got)
+        if pod.unified is not None and pod.served_in(modes.Mode.TIME_SLICING):
+            ts_models = {
+                m
+                for m, model in self.ts_models.items()
+                if modes.replica_needs(pod.unified, model) is not None
+            }
+        mps_kinds: list[tuple[int, int, int]] = []
+        ts_kinds: list[int] = []
+        for k, (mode, model_ids) in enumerate(self.kinds):
+            if mode is modes.Mode.MPS:
+                fit = [sizes[m] for m in model_ids if m in sizes]
+                if fit:
+                    mps_kinds.append((k, min(f[0] for f in fit), min(f[1] for f in fit)))
+            elif any(m in ts_models for m in model_ids):
+                ts_kinds.append(k)
+        ts_gpus = max((a.count for a in pod.unified.asks), default=0) if pod.unified else 0
+        return _Ask(
+            node_policy,
+            gpu_policy,
+            needs,
+            count,
+            tuple(mps_kinds),
+            frozenset(reuse),
+            tuple(ts_kinds),
+            ts_gpus,
+            frozenset(ts_models),
+        )
 
     def place(self, pod: snapshot.Pod, *, remove: bool) -> bool:
         """Place ``pod`` on the best sharing node; whether it was placed."""
-        node_policy, gpu_policy = pod.policies(self.snap)
-        admits = self.admission.admits(pod)
-        best: tuple[tuple[int, int, float, int], _Choice] | None = None
-        for ni, node in enumerate(self.nodes):
-            if not admits[ni] or not pod.served_in(node.mode):
-                continue
-            if pod.cpu_milli > self.cpu[node.name] or pod.memory_bytes > self.mem[node.name]:
-                continue
-            if node.mode is modes.Mode.MPS:
-                choice = self._try_mps(node, pod, gpu_policy, remove=remove)
+        ask, admits = self._ask(pod)
+        cpu, mem, room, spare = self.cpu, self.mem, self.room, self.spare
+        want_cpu, want_mem = pod.cpu_milli, pod.memory_bytes
+        policy = ask.node_policy
+        if policy not in self.policies:
+            self._listing(policy)
+        best: _Key | None = None
+        steps: list[_Step] | tuple[int, ...] = ()
+        # Time-slicing: any node that fits creates and removes nothing; the first in score
+        # order is the best of its kind.
+        for kind in ask.ts_kinds:
+            for score, ni in self.order[(policy, kind)]:
+                if best is not None and (score, ni) > best[2:]:
+                    break
+                if (
+                    admits[ni]
+                    and room[ni] >= ask.ts_gpus
+                    and cpu[ni] >= want_cpu
+                    and mem[ni] >= want_mem
+                ):
+                    chosen = self._try_ts(ni, pod, ask.gpu_policy, ask.ts_models)
+                    if chosen is not None:
+                        best, steps = (0, 0, score, ni), chosen
+                        break
+        if ask.mps_kinds:
+            tried: set[int] = set()
+            # Nodes holding a free slice the pod could reuse. A pod of one slice reuses it
+            # there (creates and removes nothing): only the best such node is worked out. A pod
+            # of several slices creates at least those it has no free slice for: its nodes are
+            # tried best bound first, until no bound beats the best found.
+            several: list[tuple[int, float, int]] = []
+            if ask.count == 1:
+                # The first node in score order per type that admits the pod. (If none does,
+                # none of them passes the checks below either: no need to mark them tried.)
+                for t in ask.reuse:
+                    for score, ni in self.reuse_order.get((policy, t), ()):
+                        if best is not None and (0, 0, score, ni) >= best:
+                            break
+                        if admits[ni] and cpu[ni] >= want_cpu and mem[ni] >= want_mem:
+                            best, steps = (0, 0, score, ni), []
+                            break
             else:
-                choice = self._try_ts(node, pod, gpu_policy)
-            if choice is None:
-                continue
-            use = self._node_use(node)
-            score = -use if node_policy is scoring.Policy.BINPACK else use
-            key = (choice.removed, choice.created, score, ni)
-            if best is None or key < best[0]:
-                best = (key, choice)
+                for t in ask.reuse:
+                    for ni in self.reuse.get(t, ()):
+                        if ni in tried:
+                            continue
+                        tried.add(ni)
+                        if not (admits[ni] and cpu[ni] >= want_cpu and mem[ni] >= want_mem):
+                            continue
+                        held = sum(self.reuse[u].get(ni, 0) for u in ask.reuse if u in self.reuse)
+                        several.append((max(0, ask.count - held), self._score(policy, ni), ni))
+            if best is not None and ask.count == 1 and best[:2] == (0, 0) and self.is_mps[best[3]]:
+                got = self._try_mps(best[3], ask, remove=False)
+                assert got is not None and got[:2] == (0, 0)
+                steps = got[2]
+            for bound, score, ni in sorted(several):
+                if best is not None and (0, bound, score, ni) > best:
+                    break
+                got = self._try_mps(ni, ask, remove=False)
+                if got is not None:
+                    key = (got[0], got[1], score, ni)
+                    if best is None or key < best:
+                        best, steps = key, got[2]
+            # Any other node creates every slice: the first in score order that fits without
+            # removals is the best of its kind, and only worth looking for if it could win.
+            if best is None or best[:2] > (0, ask.count):
+                for kind, most, total in ask.mps_kinds:
+                    for score, ni in self.order[(policy, kind)]:
+                        if (
+                            best is not None
+                            and best[:2] == (0, ask.count)
+                            and (score, ni) > best[2:]
+                        ):
+                            break
+                        if (
+                            room[ni] >= most
+                            and spare[ni] >= total
+                            and admits[ni]
+                            and cpu[ni] >= want_cpu
+                            and mem[ni] >= want_mem
+                            and ni not in tried
+                        ):
+                            got = self._try_mps(ni, ask, remove=False)
+                            if got is not None:
+                                key = (got[0], got[1], score, ni)
+                                if best is None or key < best:
+                                    best, steps = key, got[2]
+                                break
+            # Removals: only where nothing fits without them, and only free slices are removed.
+            if best is None and remove:
+                mps_kinds = {k: most for k, most, _ in ask.mps_kinds}
+                reclaim = self.reclaim
+                for ni in self.slices:
+                    if (
+                        reclaim[ni] >= mps_kinds.get(self.kind_of[ni], 2**62)
+                        and admits[ni]
+                        and cpu[ni] >= want_cpu
+                        and mem[ni] >= want_mem
+                    ):
+                        got = self._try_mps(ni, ask, remove=True)
+                        if got is None:
+                            continue
+                        key = (got[0], got[1], self._score(policy, ni), ni)
+                        if best is None or key < best:
+                            best, steps = key, got[2]
         if best is None:
             return False
-        choice = best[1]
-        node = choice.node
-        if choice.mps is not None:
-            self.mps[node.name] = choice.mps
+        ni = best[3]
+        node = self.nodes[ni]
+        if self.is_mps[ni]:
+            shares = self._apply_mps(ni, pod.key, steps)  # type: ignore[arg-type]
         else:
-            for k in choice.replicas:
-                self.ts[node.name][k].used += 1
-        self.cpu[node.name] -= pod.cpu_milli
-        self.mem[node.name] -= pod.memory_bytes
-        self.placements.append(plans.Placement(pod.key, node.name, (), choice.shares))
+            shares = self._apply_ts(ni, steps)  # type: ignore[arg-type]
+        self.cpu[ni] -= pod.cpu_milli
+        self.mem[ni] -= pod.memory_bytes
+        self.placements.append(plans.Placement(pod.key, node.name, (), shares))
         return True
 
-    def _try_mps(
-        self, node: snapshot.Node, pod: snapshot.Pod, gpu_policy: scoring.Policy, *, remove: bool
-    ) -> _Choice | None:
-        """The pod's slices on ``node``'s GPUs, one at a time, largest first; ``None``: no room."""
-        states = [s.copy() for s in self.mps[node.name]]
-        per_model: dict[str, tuple[modes.SliceNeed, ...] | None] = {}
-        for st in states:
-            m = st.gpu.model
-            if m.id not in per_model:
-                per_model[m.id] = modes.mps_needs(pod.mps, pod.unified, m)
-        count = next((len(v) for v in per_model.values() if v is not None), None)
-        if count is None:
+    def _own_node(self, ni: int) -> None:
+        """Make the node's state this pass's own before changing it (copy-on-write)."""
+        if ni not in self._own:
+            if self.is_mps[ni]:
+                self.mps[ni] = [s.copy() for s in self.mps[ni]]
+            else:
+                self.ts[ni] = list(self.ts[ni])
+            self._own.add(ni)
+
+    def _moved(self, ni: int, used: int) -> None:
+        """The node's use changed to ``used``: its score entries and room."""
+        old, was_listed = self.use[ni], self.room[ni] > 0
+        self.used[ni] = used
+        new = self.use[ni] = used / self.total[ni]
+        self._room(ni)
+        listed = self.room[ni] > 0
+        if new == old and listed == was_listed:
+            return
+        kind = self.kind_of[ni]
+        for policy in self.policies:
+            sign = -1 if policy is scoring.Policy.BINPACK else 1
+            lst = self.order[(policy, kind)]
+            if was_listed:
+                del lst[bisect.bisect_left(lst, (sign * old, ni))]
+            if listed:
+                bisect.insort(lst, (sign * new, ni))
+            if new != old:
+                for t in self.types_of[ni]:
+                    lst = self.reuse_order[(policy, t)]
+                    del lst[bisect.bisect_left(lst, (sign * old, ni))]
+                    bisect.insort(lst, (sign * new, ni))
+
+    def _apply_mps(self, ni: int, pod: str, steps: list[_Step]) -> tuple[plans.AssignedShare, ...]:
+        self._own_node(ni)
+        states = self.mps[ni]
+        name = self.nodes[ni].name
+        shares = []
+        for k, need, opt in steps:
+            st = states[k]
+            gone = (opt.reuse,) if opt.reuse is not None else opt.removed
+            for s in gone:
+                t = (st.gpu.model.id, s.memory_gb, s.cores)
+                at = self.reuse[t]
+                at[ni] -= 1
+                if not at[ni]:
+                    del at[ni]
+                    self.types_of[ni].discard(t)
+                    for policy in self.policies:
+                        lst = self.reuse_order[(policy, t)]
+                        del lst[bisect.bisect_left(lst, (self._score(policy, ni), ni))]
+                self.slices[ni] -= 1
+                if not self.slices[ni]:
+                    del self.slices[ni]
+            self.removed += len(opt.removed)
+            sid = _apply(name, st, need=need, pod=pod, reuse=opt.reuse, removed=opt.removed)
+            shares.append(plans.AssignedShare(st.gpu.index, sid, need.memory_gb))
+        self._moved(ni, sum(s.used for s in states))
+        return tuple(shares)
+
+    def _apply_ts(self, ni: int, chosen: tuple[int, ...]) -> tuple[plans.AssignedShare, ...]:
+        self._own_node(ni)
+        used = self.ts[ni]
+        for k in chosen:
+            used[k] += 1
+        self._moved(ni, self.used[ni] + len(chosen))
+        gpus = self.nodes[ni].gpus
+        return tuple(plans.AssignedShare(gpus[k].index, None) for k in chosen)
+
+    def _try_mps(self, ni: int, ask: _Ask, *, remove: bool) -> tuple[int, int, list[_Step]] | None:
+        """The pod's slices on the node's GPUs, one at a time, largest first (removed, created,
+        and where each goes); ``None``: no room. Changes nothing: a pod of several slices is
+        worked out on copies of the GPUs it uses."""
+        states = self.mps[ni]
+        if ask.count == 0:
             return None
+        binpack = ask.gpu_policy is scoring.Policy.BINPACK
         removed = created = 0
-        shares: list[plans.AssignedShare] = []
+        steps: list[_Step] = []
         groups: dict[int, set[int]] = {}
-        for i in range(count):
+        work = states if ask.count == 1 else list(states)
+        for i in range(ask.count):
             best: tuple[tuple[int, int, float, int], modes.SliceNeed, _Option] | None = None
-            for k, st in enumerate(states):
-                needs = per_model[st.gpu.model.id]
+            for k, st in enumerate(work):
+                needs = ask.needs[st.gpu.model.id]
                 if needs is None:
                     continue
                 need = needs[i]
-                if need.group >= 0 and k in groups.get(need.group, set()):
+                if need.group >= 0 and k in groups.get(need.group, ()):
                     continue
                 opt = _option(st, need, remove=remove)
                 if opt is None:
                     continue
-                free_after = (st.cap - st.used_gb() - need.memory_gb) / st.cap
-                score = free_after if gpu_policy is scoring.Policy.BINPACK else -free_after
-                key = (len(opt.removed), 0 if opt.reuse else 1, score, k)
+                free_after = (st.cap - st.used - need.memory_gb) / st.cap
+                key = (
+                    len(opt.removed),
+                    0 if opt.reuse else 1,
+                    free_after if binpack else -free_after,
+                    k,
+                )
                 if best is None or key < best[0]:
                     best = (key, need, opt)
             if best is None:
@@ -409,53 +786,50 @@ class _Run:
             k = key[3]
             removed += len(opt.removed)
             created += opt.reuse is None
-            sid = _apply(
-                node.name, states[k], need=need, pod=pod.key, reuse=opt.reuse, removed=opt.removed
-            )
-            shares.append(plans.AssignedShare(states[k].gpu.index, sid, need.memory_gb))
+            steps.append((k, need, opt))
+            if i + 1 < ask.count:
+                if work[k] is states[k]:
+                    work[k] = work[k].copy()
+                _apply("", work[k], need=need, pod="", reuse=opt.reuse, removed=opt.removed)
             if need.group >= 0:
                 groups.setdefault(need.group, set()).add(k)
-        return _Choice(node, removed, created, tuple(shares), mps=states)
+        return removed, created, steps
 
     def _try_ts(
-        self, node: snapshot.Node, pod: snapshot.Pod, gpu_policy: scoring.Policy
-    ) -> _Choice | None:
-        """One replica per GPU asked, each container's on distinct GPUs; ``None``: no room."""
+        self, ni: int, pod: snapshot.Pod, gpu_policy: scoring.Policy, serving: frozenset[str]
+    ) -> tuple[int, ...] | None:
+        """One replica per GPU asked, each container's on distinct GPUs (their positions on the
+        node); ``None``: no room. ``serving``: the GPU models that serve the pod."""
         if pod.unified is None:
             return None
-        tss = self.ts[node.name]
-        taken = [t.used for t in tss]
-        for k, st in enumerate(tss):
-            if modes.replica_needs(pod.unified, st.gpu.model) is None:
-                taken[k] = st.gpu.replicas  # this GPU cannot serve it: as if full
+        gpus = self.nodes[ni].gpus
+        taken = list(self.ts[ni])
+        for k, g in enumerate(gpus):
+            if g.model.id not in serving:
+                taken[k] = g.replicas  # this GPU cannot serve it: as if full
         chosen: list[int] = []
+        sign = 1 if gpu_policy is scoring.Policy.BINPACK else -1
         for ask in pod.unified.asks:
-            free = [k for k in range(len(tss)) if taken[k] < tss[k].gpu.replicas]
+            free = [k for k in range(len(gpus)) if taken[k] < gpus[k].replicas]
             if len(free) < ask.count:
                 return None
-            sign = 1 if gpu_policy is scoring.Policy.BINPACK else -1
-            free.sort(key=lambda k: (sign * (tss[k].gpu.replicas - taken[k]), k))
+            free.sort(key=lambda k: (sign * (gpus[k].replicas - taken[k]), k))
             for k in free[: ask.count]:
                 taken[k] += 1
                 chosen.append(k)
-        shares = tuple(plans.AssignedShare(tss[k].gpu.index, None) for k in chosen)
-        return _Choice(node, 0, 0, shares, replicas=tuple(chosen))
+        return tuple(chosen)
 
     def result(self) -> Shared:
-        return _result(self.nodes, self.mps, self.placements)
+        return _result(
+            self.nodes,
+            {n.name: sts for n, sts in zip(self.nodes, self.mps, strict=True)},
+            self.placements,
+        )
 
 
 def _mps_states(node: snapshot.Node) -> list[_MpsGpu]:
     """The slices of an MPS node's GPUs as a placement pass starts from them."""
-    return [
-        _MpsGpu(
-            g,
-            [s for s in g.mps if s.taken],
-            [s for s in g.mps if not s.taken],
-            max((s.id for s in g.mps), default=-1) + 1,
-        )
-        for g in node.gpus
-    ]
+    return [_mps_gpu(g) for g in node.gpus]
 
 
 def _result(
@@ -489,20 +863,12 @@ def demand_gb(pod: snapshot.Pod) -> int:
     return total
 
 
-_SMALL_PROBLEM = 200_000
-"""Sharing GPUs x pods up to which every way of placing a level is tried (fast's threshold for
-its MIG variants). Beyond it one pass per level: 2,000 GPUs and 6,000 pods took 18.7 s with one
-and 49.7 s with three (placing 3,986 pods instead of 3,593)."""
-
-
 def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
     """Place ``pods`` on the snapshot's MPS and time-slicing nodes (see the module docstring)."""
     run = _Run(snap)
     if not run.nodes:
         return run.result()
     index = {p.key: i for i, p in enumerate(snap.pods)}
-    gpus = sum(len(n.gpus) for n in run.nodes)
-    small = gpus * max(len(pods), 1) <= _SMALL_PROBLEM
     for level in sorted({p.priority for p in pods}, reverse=True):
         at_level = [p for p in pods if p.priority == level]
         # Largest demand first packs MPS memory and keeps large pods from starving behind
@@ -514,15 +880,16 @@ def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
         # starve large ones: bench_sharing's overloaded MPS p99 went from 41,933 s to 60,500 s.)
         # Deferring removals to a second sweep saves removals, and costs a pod where the one
         # GPU a large slice needs (after a removal) is the one the first sweep fills: largest
-        # first with removals allowed at once is tried too.
+        # first with removals allowed at once is tried too. Every way is tried at every size:
+        # the indexes make a pass cheap (2,000 GPUs and 6,000 pods: 3,986 pods placed instead
+        # of 3,593 with one way).
         largest = sorted(at_level, key=lambda p: (-demand_gb(p), index.get(p.key, 0)))
         fewest = sorted(at_level, key=lambda p: (p.count, -demand_gb(p), index.get(p.key, 0)))
         variants = [(largest, True)]
-        if small:  # each way costs a pass: on large problems only the first runs, as in fast
-            if fewest != largest:
-                variants.append((fewest, True))
-            if any(st.free for sts in run.mps.values() for st in sts):
-                variants.append((largest, False))  # removals matter only where free slices are
+        if fewest != largest:
+            variants.append((fewest, True))
+        if run.slices:
+            variants.append((largest, False))  # removals matter only where free slices are
         tried: list[tuple[tuple[int, int, int], _Run]] = []
         for k, (order, defer) in enumerate(variants):
             attempt = run.fork() if len(variants) > 1 else run
