@@ -195,6 +195,10 @@ def test_the_spec_reserves_the_whole_gpu_a_plan_gives_and_round_trips() -> None:
     assert doc["spec"]["gpus"][1]["reservedFor"] == "ns/w"
     assert "reservedFor" not in doc["spec"]["gpus"][0]
     assert wire.parse({**doc, "spec": doc["spec"]}).spec == spec
+    # A placement on another node before it changes nothing of this node's spec.
+    elsewhere = plans.Placement("ns/x", "m", (), gpus=(0,))
+    both = dataclasses.replace(plan, placements=(elsewhere, placement))
+    assert pinning.spec_for(node, both, kept={}) == spec
 
 
 def test_a_whole_gpu_reservation_is_live_counted_taken_and_kept_by_the_next_spec() -> None:
@@ -320,7 +324,7 @@ def test_a_whole_gpu_reservation_is_released_once_bound_and_expires_unbound() ->
 
 
 def test_a_reserved_whole_gpu_taken_by_a_pod_bound_without_migpilot_is_stolen() -> None:
-    def stolen(*, bound: int, gpu0_whole: bool = False) -> bool:
+    def stolen(*, bound: int, gpu0_whole: bool = False, elsewhere: bool = False) -> bool:
         layout = _reserving(gpu1_mig=False)
         if gpu0_whole:  # GPU 0 whole and free too: room for one bound pod beside the reservation
             status = layout.status
@@ -332,14 +336,27 @@ def test_a_reserved_whole_gpu_taken_by_a_pod_bound_without_migpilot_is_stolen() 
                 layout, status=dataclasses.replace(status, gpus=(free0, status.gpus[1]))
             )
         held = [_pod(f"held{i}", {"nvidia.com/gpu": "1"}, node="n") for i in range(bound)]
+        layouts = {"n": layout}
+        if elsewhere:  # node m keeps its whole GPU 0 for the gated pod v: not n's to count
+            whole_m = gl.GpuStatus(0, H100, "GPU-m0", (), mig_mode=gl.MigModeStatus(False, False))
+            layouts["m"] = gl.GpuLayout(
+                "m",
+                gl.LayoutSpec((gl.GpuSpec(0, H100, (), mig=False, reserved_for="ns/v"),)),
+                gl.LayoutStatus(1, (whole_m,)),
+            )
         observed = observing.observe(
-            pods=[_gated("w", {"nvidia.com/gpu": "1"}), *held],
-            nodes=[_node("n", dynamic_=True)],
-            layouts_by_node={"n": layout},
+            pods=[_gated("w", {"nvidia.com/gpu": "1"}), *held]
+            + ([_gated("v", {"nvidia.com/gpu": "1"})] if elsewhere else []),
+            nodes=[_node("n", dynamic_=True)] + ([_node("m", dynamic_=True)] if elsewhere else []),
+            layouts_by_node=layouts,
         )
+        if elsewhere:
+            assert observed.reservations["ns/v"].gpus == (0,)
         return pinning.stolen(observed, "ns/w")
 
     assert not stolen(bound=0)
     assert stolen(bound=1)  # the only whole GPU is the reserved one
     assert not stolen(bound=1, gpu0_whole=True)
     assert stolen(bound=2, gpu0_whole=True)
+    # Another node's reservation of its GPU 0 takes nothing of n's GPU 0.
+    assert not stolen(bound=1, gpu0_whole=True, elsewhere=True)

@@ -15,11 +15,13 @@ from hypothesis import strategies as st
 
 from migpilot import errors
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import observing, pinning
 from migpilot.kube import errors as kube_errors
 from migpilot.kube import memory as kubememory
 from migpilot.mig import catalog, layouts
 from migpilot.planning import control, modes, planners, plans, snapshot
+from tests.unit import controller_sharing as sharing
 
 A100 = "NVIDIA A100-SXM4-80GB"
 A100_MODEL = catalog.resolve_gpu(A100)
@@ -286,6 +288,23 @@ def test_without_stale_keeps_the_live_reservations_and_every_instance(
         assert got == SPEC
 
 
+def test_without_stale_keeps_live_replicas_and_whole_gpus_and_each_gpu_s_mode() -> None:
+    """A time-slicing replica or a whole GPU kept for a live pod stays reserved for it; a gone
+    pod's is released (the replica dropped, the whole GPU left whole, ``mig: false``)."""
+    spec = gl.LayoutSpec(
+        (
+            gl.GpuSpec(
+                0, None, (), replicas=(gl.ReplicaSpec(1, "ns/a"), gl.ReplicaSpec(2, "ns/gone"))
+            ),
+            gl.GpuSpec(1, None, (), mig=False, reserved_for="ns/a"),
+            gl.GpuSpec(2, None, (), mig=False, reserved_for="ns/gone"),
+        )
+    )
+    got = pinning.without_stale(spec, live=frozenset({"ns/a"}))
+    assert got.gpus[0].replicas == (gl.ReplicaSpec(1, "ns/a"),)
+    assert [(g.mig, g.reserved_for) for g in got.gpus[1:]] == [(False, "ns/a"), (False, None)]
+
+
 # --------------------------------------------------------------------------- ready, waiting_for
 
 
@@ -471,6 +490,69 @@ def test_made_says_whether_every_reserved_instance_exists() -> None:
     assert not pinning.made(obs, "ns/nobody")
     obs = _observed([_pod("p", mig={"1g.10gb": 2})], spec=spec, status=None, node=node)
     assert not pinning.made(obs, "ns/p")
+
+
+SHARED = {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "40960", "nvidia.com/gpucores": "100"}
+
+
+def _replicas(*status: tuple[int, str]) -> observing.Observed:
+    """A time-slicing node t0 whose spec keeps replica 1 of GPU 0 for the gated unified pod
+    ns/u; ``status`` lists the replicas the agent reports, as (id, the pod using it or
+    ``"free"``)."""
+    reported = [
+        {"id": i, "state": "free"} if by == "free" else {"id": i, "state": "used", "usedBy": by}
+        for i, by in status
+    ]
+    doc = {
+        "apiVersion": gl.API_VERSION,
+        "kind": gl.KIND,
+        "metadata": {"name": "t0"},
+        "spec": {
+            "gpus": [{"index": 0, "instances": [], "replicas": [{"id": 1, "reservedFor": "ns/u"}]}]
+        },
+        "status": {
+            "gpus": [
+                {
+                    "index": 0,
+                    "model": "NVIDIA A100-SXM4-40GB",
+                    "uuid": "GPU-0",
+                    "instances": [],
+                    **({"replicas": reported} if reported else {}),
+                }
+            ]
+        },
+    }
+    unified = sharing.pod("u", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000"})
+    return observing.observe(
+        pods=[observing.pod_view(unified)],
+        nodes=[observing.node_view(sharing.node("t0", mode="time-slicing", **SHARED))],
+        layouts_by_node={"t0": wire.parse(doc)},
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "made", "why", "stolen"),
+    [
+        pytest.param(
+            [(0, "free")], False, "time-slicing replica 1 of GPU 0 on t0 to be advertised", False,
+            id="not-advertised",
+        ),
+        pytest.param([(0, "free"), (1, "free")], True, None, False, id="advertised-free"),
+        pytest.param(
+            [(0, "ns/other"), (1, "free")], True, None, False, id="another-replica-used"
+        ),
+        pytest.param([(0, "free"), (1, "ns/other")], True, None, True, id="taken-by-another"),
+        pytest.param([(0, "free"), (1, "ns/u")], True, None, False, id="used-by-the-pod"),
+    ],
+)  # fmt: skip
+def test_a_reserved_replica_is_made_once_advertised_and_stolen_once_another_pod_uses_it(
+    status: list[tuple[int, str]], made: bool, why: str | None, stolen: bool
+) -> None:
+    obs = _replicas(*status)
+    assert obs.reservations["ns/u"].replicas == ((0, 1),)
+    assert pinning.made(obs, "ns/u") is made
+    assert pinning.missing(obs, "ns/u") == why
+    assert pinning.stolen(obs, "ns/u") is stolen
 
 
 def test_taken_counts_bound_pods_and_reserved_pods_let_go() -> None:

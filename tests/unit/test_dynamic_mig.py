@@ -99,6 +99,8 @@ def test_a_dynamic_node_never_switches_a_gpu_with_anything_in_use() -> None:
     )
     assert plan.changes == ()  # not even the idle 1g.10gb@1 is destroyed
     assert [(r.gpu, r.in_use) for r in plan.refusals] == [(0, True), (1, True)]
+    # The refusal names the instance in use (the status reports it against that instance).
+    assert [r.instance for r in plan.refusals] == [layouts.Instance(0, "1g.10gb"), None]
     assert "MIG mode not disabled" in plan.refusals[0].reason
     assert "whole GPU is in use" in plan.refusals[1].reason
 
@@ -157,6 +159,7 @@ def test_a_pod_on_the_whole_gpu_or_a_share_of_it_keeps_its_mode(held: str) -> No
         dynamic_mig=True,
     )
     assert plan.changes == () and plan.refusals[0].in_use
+    assert plan.refusals[0].reason == "the whole GPU is in use; MIG mode not enabled"
     other = changes.diff(
         actual=actual,
         desired={0: changes.DesiredGpu(True)},
@@ -221,6 +224,25 @@ def test_a_gpu_taken_after_the_diff_is_not_switched() -> None:
         (changes.Outcome.REFUSED, "became in use; MIG mode not changed")
     ]
     assert emu.gpus()[0].mig == backend.MigMode(False, False)
+
+
+def test_an_instance_taken_after_the_diff_is_not_destroyed_for_a_switch() -> None:
+    """Each destroy of a switch names its instance's UUID: the re-check right before it refuses
+    an instance a pod took since the diff (the GPU then stays in MIG mode)."""
+    emu = emulated.EmulatedBackend([H100])
+    taken = emu.create_instance(0, profile="1g.10gb", start=0)
+    assert taken.uuid is not None
+    used = reconciling.InUseSet()
+    rec = reconciling.Reconciler(
+        emu, used, dynamic_mig=True, withdraw=lambda _: used.add(str(taken.uuid)), max_rounds=1
+    )
+    report = rec.reconcile({0: changes.DesiredGpu(False)})
+    assert [(a.change.kind, a.outcome, a.detail) for a in report.applied] == [
+        (K.DESTROY, changes.Outcome.REFUSED, "became in use; not destroyed")
+    ]
+    assert report.applied[0].change.uuid == taken.uuid
+    assert [d.uuid for d in emu.mig_devices(0)] == [taken.uuid]
+    assert emu.gpus()[0].mig == backend.MigMode(True, True)
 
 
 def test_without_gpus_leaves_out_the_gpu_and_everything_on_it() -> None:

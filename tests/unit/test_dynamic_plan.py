@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -180,6 +181,112 @@ def test_validation_refuses_a_switch_on_a_node_not_dynamic_and_a_whole_gpu_twice
     found = validation.problems(snap, bad)
     assert any("not labelled dynamic" in p for p in found), found
     assert any("given to two pods" in p for p in found), found
+
+
+# One dynamic node n: GPU 0 in MIG mode with a used instance, GPU 1 whole and free, GPU 2 whole
+# and held, GPU 3 in MIG mode and idle; one node s not labelled dynamic, its GPU 0 whole and free.
+_MODES = snapshot.Snapshot(
+    nodes=(
+        _node(
+            "n",
+            (
+                snapshot.Gpu(0, H100, (_inst("1g.10gb", 0, True),)),
+                snapshot.Gpu(1, H100, (), mig=False),
+                snapshot.Gpu(2, H100, (), mig=False, whole_taken=True),
+                snapshot.Gpu(3, H100, ()),
+            ),
+        ),
+        _node("s", (snapshot.Gpu(0, H100, (), mig=False),), dynamic_=False),
+    ),
+    pods=(_mig_pod("m"),),
+    whole_pods=(_whole_pod("w"), _whole_pod("w2", 2)),
+)
+_M = plans.AssignedInstance(3, "1g.10gb", 0)
+
+
+def _w(pod: str, *gpus: int, node: str = "n") -> plans.Placement:
+    return plans.Placement(f"default/{pod}", node, (), gpus=gpus)
+
+
+def _sw(gpu: int, mig: bool = False) -> plans.ModeSwitch:
+    return plans.ModeSwitch("n", gpu, mig)
+
+
+@pytest.mark.parametrize(
+    ("switches", "placements", "wanted"),
+    [
+        pytest.param(
+            (_sw(9), _sw(0)), (),
+            ["n/gpu9: switches the MIG mode of no such GPU",
+             "n/gpu0: switches the MIG mode of a GPU with something used or reserved",
+             "n/gpu0: whole (MIG off) after the plan, yet has instances"],
+            id="no-such-gpu-then-a-busy-one",
+        ),
+        pytest.param(
+            (_sw(3), _sw(3)), (), ["n/gpu3: its MIG mode is switched twice"], id="twice"
+        ),
+        pytest.param(
+            (_sw(1),), (), ["n/gpu1: switches the MIG mode to the one it has"], id="same-mode"
+        ),
+        pytest.param(
+            (), (plans.Placement("default/m", "n", (plans.AssignedInstance(1, "1g.10gb", 0),)),),
+            ["pod default/m: given an instance on whole GPU n/gpu1"], id="instance-on-whole",
+        ),
+        pytest.param(
+            (), (plans.Placement("default/m", "n", (_M,)), _w("w", 2)),
+            ["pod default/w: n/gpu2 is already held or reserved"], id="after-a-mig-pod",
+        ),
+        pytest.param(
+            (), (plans.Placement("default/w", "n", (_M,)),),
+            ["pod default/w: asks for whole GPUs, given instances or shares",
+             "pod default/w: got whole GPUs [], asked for 1"],
+            id="whole-pod-given-an-instance",
+        ),
+        pytest.param(
+            (), (_w("w", 1, 3),),
+            ["pod default/w: got whole GPUs [1, 3], asked for 1",
+             "pod default/w: n/gpu3 is in MIG mode after the plan"],
+            id="more-than-asked",
+        ),
+        pytest.param(
+            (), (_w("w2", 1, 1),), ["pod default/w2: got whole GPUs [1, 1], asked for 2"],
+            id="one-gpu-twice",
+        ),
+        pytest.param(
+            (), (_w("w", 1), plans.Placement("default/m", "n", (_M,), gpus=(2,))),
+            ["pod default/m: given whole GPUs, but it asks for none"],
+            id="mig-pod-given-a-whole-gpu-after-a-whole-pod",
+        ),
+        pytest.param(
+            (), (_w("w", 0, node="s"),), ["pod default/w: placed on s, not labelled dynamic"],
+            id="not-dynamic",
+        ),
+        pytest.param(
+            (), (_w("w2", 9, 2),),
+            ["pod default/w2: n/gpu9: no such GPU",
+             "pod default/w2: n/gpu2 is already held or reserved"],
+            id="no-such-gpu-then-a-held-one",
+        ),
+    ],
+)  # fmt: skip
+def test_validation_names_each_mode_problem(
+    switches: tuple[plans.ModeSwitch, ...],
+    placements: tuple[plans.Placement, ...],
+    wanted: list[str],
+) -> None:
+    """Each rule of the validator's mode check, by its message (the GPU and the pod named), a
+    broken switch or placement before a later one never hiding it."""
+    honest = _plan(_MODES)  # sound: every problem below is the broken switch or placement's
+    placed = {p.pod for p in placements}
+    pods = (*_MODES.pods, *_MODES.whole_pods)
+    bad = dataclasses.replace(
+        honest,
+        switches=switches,
+        placements=placements,
+        unschedulable=tuple(plans.Unschedulable(p.key, "-") for p in pods if p.key not in placed),
+    )
+    found = validation.problems(_MODES, bad)
+    assert [w for w in wanted if w not in found] == [], found
 
 
 def test_without_dynamic_nodes_the_plan_is_the_planners() -> None:

@@ -569,3 +569,38 @@ def test_a_unified_pod_given_too_much_is_named() -> None:
     found = _small(u)
     assert len(found) == 1
     assert found[0].startswith("pod default/u: got ")
+
+
+def test_two_mig_pods_placed_against_their_anti_affinity_are_named() -> None:
+    """Pod (anti-)affinity is checked over the MIG pods' placements: two pods that must not
+    share a node, given instances on one node."""
+    anti = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "zone"}
+            ]
+        }
+    }
+    pod = {"labels": {"app": "x"}, "requests": {"nvidia.com/mig-1g.10gb": 1}, "affinity": anti}
+    doc = {
+        "version": 1,
+        "nodes": [{"name": "node-0", "labels": {"zone": "a"}, "gpus": [{"model": "a100-80gb"}]}],
+        "pods": [{"name": "a", **pod}, {"name": "b", **pod}],
+    }
+    snap = snapshot.parse(doc)
+    target = layouts.Layout.of([I(0, "1g.10gb"), I(1, "1g.10gb")])
+    placements = (
+        plans.Placement("default/a", "node-0", (A(0, "1g.10gb", 0),)),
+        plans.Placement("default/b", "node-0", (A(0, "1g.10gb", 1),)),
+    )
+    plan = plans.build(
+        snap, planner="hand", targets={("node-0", 0): target}, placements=placements,
+        unschedulable=(),
+    )  # fmt: skip
+    found = validation.problems(snap, plan)
+    assert found and all(p.endswith("(pod affinity or topology spread)") for p in found), found
+    alone = plans.build(
+        snap, planner="hand", targets={("node-0", 0): target}, placements=placements[:1],
+        unschedulable=(plans.Unschedulable("default/b", "anti-affinity"),),
+    )  # fmt: skip
+    assert validation.problems(snap, alone) == []
