@@ -1,0 +1,365 @@
+"""Incremental planning: a pass for a few new pods in a big cluster with a standing backlog.
+
+Why it exists: the control loop (:mod:`migpilot.planning.control`) plans the whole pending set
+whenever something changes. In a full cluster with a standing backlog (pods no node can serve)
+that replans every backlog pod, at a cost that grows with the cluster, each time one pod
+arrives, only to find the backlog as unplaceable as before. This module holds the one rule that
+says when that work can be skipped, and the pass that skips it.
+
+The rule. A *full* replan leaves some pods unplaced: the backlog (:class:`Backlog`). As long as
+the cluster's capacity has not grown since, they are no more placeable than then, so a pass may
+plan only the pods that are new (not in the backlog) against the current state, the backlog
+treated as still unplaceable. Capacity has grown (:func:`grew`), and the next plan is full, when,
+at any step since the last full replan:
+
+- a node joined, or one changed in anything but its use (labels, taints, cordon, mode, GPUs);
+- an instance in use (bound or reserved) was freed: a pod left, a reservation expired or was
+  released without its pod binding there, a whole GPU was freed;
+- a node's allocatable CPU or memory rose;
+- an MPS or time-slicing GPU changed in any way other than more replicas in use.
+
+The next plan is full, too, when a backlog pod's request or constraints changed, when a pending
+pod has pod (anti-)affinity or topology spread terms (one pod's placement can make another
+placeable), when whole-GPU pods or dynamic nodes are in the snapshot (their planning,
+:mod:`migpilot.planning.dynamic`, replans MIG pods with spare whole GPUs), when the planner's
+inputs other than the nodes changed (policies, other nodes, namespaces), and when
+``full_every_s`` has passed since the last full replan (a timer, so nothing the rule did not
+foresee lasts).
+
+Each step's nodes are compared with the last step's (:func:`observe`), not with the last full
+replan's: a reservation made by a plan lowers capacity, and its release by a pod leaving raises
+it again, which only a step-by-step comparison sees.
+
+The pass (:func:`plan_new`). The new pods are planned with the same planner on the nodes that
+could hold one of them (a sound filter: a node is left out only if no new pod is admitted there,
+has the CPU and memory, and finds free memory slices enough; MPS and time-slicing nodes are
+always kept), the nodes of each pod ranked (free instances it can reuse, then the node policy)
+and the first ``per_pod`` kept; if that leaves a new pod unplaced, the pass plans again on every
+node the filter kept. The plan is stretched over every GPU of the snapshot (those left out keep
+their layouts).
+
+Pure: no clock (``now`` is an argument), no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from migpilot.planning import constraints, modes, plans, scoring, snapshot
+
+Planner = Callable[[snapshot.Snapshot], plans.Plan]
+
+PER_POD_NODES = 8
+"""Nodes kept per new pod in the first try of an incremental pass (:func:`plan_new`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What the loop remembers of the last full replan, for the next passes."""
+
+    pods: Mapping[str, snapshot.Pod]
+    """The pods found unplaceable (by the last full replan, or an incremental pass since), by
+    key, as they were planned."""
+    nodes: Mapping[str, snapshot.Node]
+    """The nodes as the last step saw them."""
+    inputs: tuple[object, ...]
+    """The planner's inputs other than nodes and pods (:func:`_inputs`) at the last full replan."""
+    since: float
+    """When the last full replan ran."""
+    grown: str | None = None
+    """How capacity grew since the last full replan (the first change seen), ``None`` if not."""
+
+
+def _inputs(snap: snapshot.Snapshot) -> tuple[object, ...]:
+    return (snap.policy, snap.gpu_policy, snap.outside, dict(snap.namespaces))
+
+
+def grew(before: snapshot.Node, after: snapshot.Node) -> str | None:
+    """How ``after`` has more room than ``before`` (the same node, a step apart) for some pod,
+    or ``None`` when its capacity did not grow (see the module for what counts)."""
+    if before is after:
+        return None
+    name = after.name
+    if (
+        before.labels != after.labels
+        or before.taints != after.taints
+        or before.unschedulable != after.unschedulable
+        or before.mode is not after.mode
+        or before.dynamic != after.dynamic
+        or before.capacity != after.capacity
+    ):
+        return f"node {name} changed"
+    a, b = before.allocatable, after.allocatable
+    if (a is None) != (b is None) or (
+        a is not None
+        and b is not None
+        and (b.cpu_milli > a.cpu_milli or b.memory_bytes > a.memory_bytes)
+    ):
+        return f"node {name} has more CPU or memory"
+    old = {g.index: g for g in before.gpus}
+    for g in after.gpus:
+        o = old.get(g.index)
+        if o is None or o.model.id != g.model.id or o.mig != g.mig:
+            return f"node {name} GPU {g.index} appeared or changed"
+        if o == g:
+            continue
+        if o.whole_taken and not g.whole_taken:
+            return f"node {name} GPU {g.index} was freed"
+        if o.mps != g.mps or o.replicas != g.replicas or g.replicas_used < o.replicas_used:
+            return f"node {name} GPU {g.index} has more room to share"
+        used = {i.instance for i in g.instances if i.used}
+        if any(i.used and i.instance not in used for i in o.instances):
+            return f"node {name} GPU {g.index}: an instance in use was freed"
+    return None
+
+
+def start(snap: snapshot.Snapshot, unplaced: Iterable[str], *, now: float) -> Backlog:
+    """The backlog a full replan of ``snap`` leaves, ``unplaced`` being the pods it left."""
+    pods = {p.key: p for p in snap.pods}
+    return Backlog(
+        pods=MappingProxyType({k: pods[k] for k in unplaced if k in pods}),
+        nodes=MappingProxyType({n.name: n for n in snap.nodes}),
+        inputs=_inputs(snap),
+        since=now,
+    )
+
+
+def observe(backlog: Backlog, snap: snapshot.Snapshot) -> Backlog:
+    """``backlog`` after a step that saw ``snap``: its nodes the current ones, and the first
+    way capacity grew since the last full replan kept."""
+    grown = backlog.grown
+    if grown is None:
+        for n in snap.nodes:
+            before = backlog.nodes.get(n.name)
+            grown = f"node {n.name} joined" if before is None else grew(before, n)
+            if grown is not None:
+                break
+    return dataclasses.replace(
+        backlog, nodes=MappingProxyType({n.name: n for n in snap.nodes}), grown=grown
+    )
+
+
+def full_reason(
+    backlog: Backlog | None, snap: snapshot.Snapshot, *, now: float, full_every_s: float | None
+) -> str | None:
+    """Why the plan for ``snap`` at ``now`` must replan every waiting pod, or ``None`` when an
+    incremental pass serves (``backlog`` already :func:`observe`-d with ``snap``)."""
+    if backlog is None:
+        return "no full replan yet"
+    if backlog.grown is not None:
+        return f"capacity grew: {backlog.grown}"
+    if full_every_s is not None and now - backlog.since >= full_every_s:
+        return f"{full_every_s:g} s since the last full replan"
+    if snap.whole_pods or any(n.dynamic for n in snap.nodes):
+        return "whole-GPU pods or dynamic nodes are planned"
+    if _inputs(snap) != backlog.inputs:
+        return "the planner's inputs changed"
+    for pod in snap.pods:
+        if pod.terms.constrained or pod.terms.preferring:
+            return f"pod {pod.key} has pod affinity or spread terms"
+        was = backlog.pods.get(pod.key)
+        if was is not None and was != pod:
+            return f"pod {pod.key} changed"
+    return None
+
+
+def after(backlog: Backlog, snap: snapshot.Snapshot, plan: plans.Plan) -> Backlog:
+    """``backlog`` after an incremental pass: the pods ``plan`` left unplaced join it, and the
+    pods no longer waiting leave it."""
+    waiting = {p.key: p for p in snap.pods}
+    keep = {k: p for k, p in backlog.pods.items() if k in waiting}
+    keep.update((u.pod, waiting[u.pod]) for u in plan.unschedulable if u.pod in waiting)
+    return dataclasses.replace(backlog, pods=MappingProxyType(keep))
+
+
+# --------------------------------------------------------------------------- the pass
+
+
+def _free_slots(node: snapshot.Node) -> dict[str, tuple[int, int]]:
+    """Per GPU model of a MIG node: (the most free memory slices on one GPU, the total), free
+    meaning not taken by an instance in use (free instances may be destroyed)."""
+    out: dict[str, tuple[int, int]] = {}
+    for g in node.gpus:
+        if not g.mig:
+            continue
+        taken = sum(g.model.profile_named(i.profile).memory_slots for i in g.instances if i.used)
+        free = g.model.memory_slots - taken
+        most, total = out.get(g.model.id, (0, 0))
+        out[g.model.id] = (max(most, free), total + free)
+    return out
+
+
+def _could_hold(
+    pod: snapshot.Pod, node: snapshot.Node, free: Mapping[str, tuple[int, int]]
+) -> bool:
+    """Whether ``node`` might hold ``pod`` now (false only when it certainly cannot)."""
+    if not pod.served_in(node.mode) or constraints.rejection(node, pod) is not None:
+        return False
+    alloc = node.allocatable
+    if alloc is not None and (
+        pod.cpu_milli > alloc.cpu_milli or pod.memory_bytes > alloc.memory_bytes
+    ):
+        return False
+    if node.mode is not modes.Mode.MIG:
+        return True
+    models = {g.model.id: g.model for g in node.gpus if g.mig}
+    for model_id, (most, total) in free.items():
+        model = models[model_id]
+        names = pod.profiles_on(model)
+        if not names:
+            continue
+        sizes = [model.profile_named(n).memory_slots for n in names]
+        if max(sizes) <= most and sum(sizes) <= total:
+            return True
+    return False
+
+
+def _reusable(pod: snapshot.Pod, node: snapshot.Node) -> bool:
+    """Whether free existing instances on ``node`` cover what ``pod`` asks on one model."""
+    by_model: dict[str, list[str]] = {}
+    models = {}
+    for g in node.gpus:
+        models[g.model.id] = g.model
+        by_model.setdefault(g.model.id, []).extend(i.profile for i in g.instances if not i.used)
+    for model_id, names in by_model.items():
+        wanted = pod.profiles_on(models[model_id])
+        if wanted and all(names.count(n) >= wanted.count(n) for n in set(wanted)):
+            return True
+    return False
+
+
+def _used_share(node: snapshot.Node) -> float:
+    total = sum(g.model.memory_slots for g in node.gpus) or 1
+    used = sum(
+        g.model.profile_named(i.profile).memory_slots
+        for g in node.gpus
+        for i in g.instances
+        if i.used
+    )
+    return used / total
+
+
+def candidates(
+    snap: snapshot.Snapshot, pods: Sequence[snapshot.Pod], *, per_pod: int | None
+) -> tuple[snapshot.Node, ...]:
+    """The nodes an incremental pass plans ``pods`` on, in snapshot order: every MPS and
+    time-slicing node, and the MIG nodes that might hold one of ``pods``; with ``per_pod``,
+    only that many MIG nodes per pod, those with free instances it can reuse first, then by
+    its node policy (binpack: the most used)."""
+    keep: set[str] = {n.name for n in snap.nodes if n.mode is not modes.Mode.MIG}
+    mig = [n for n in snap.nodes if n.mode is modes.Mode.MIG]
+    free = {n.name: _free_slots(n) for n in mig}
+    shares: dict[str, float] = {}
+    for pod in pods:
+        fit = [(i, n) for i, n in enumerate(mig) if _could_hold(pod, n, free[n.name])]
+        if per_pod is not None and len(fit) > per_pod:
+            policy = pod.node_policy or snap.policy
+            for _, n in fit:
+                if n.name not in shares:
+                    shares[n.name] = _used_share(n)
+
+            def rank(item: tuple[int, snapshot.Node], pod: snapshot.Pod = pod) -> tuple[object, ...]:
+                i, n = item
+                share = shares[n.name]
+                lean = -share if policy is scoring.Policy.BINPACK else share
+                return (not _reusable(pod, n), lean, i)
+
+            fit = sorted(fit, key=rank)[:per_pod]
+        keep.update(n.name for _, n in fit)
+    return tuple(n for n in snap.nodes if n.name in keep)
+
+
+def _stretch(snap: snapshot.Snapshot, plan: plans.Plan) -> plans.Plan:
+    """``plan``, made on some of ``snap``'s nodes, over every GPU of ``snap``: the GPUs it does
+    not list keep their layouts."""
+    listed = {(g.node, g.gpu) for g in plan.gpus}
+    rest = [
+        plans.GpuPlan(n.name, g.index, False, g.layout)
+        for n in snap.nodes
+        for g in n.gpus
+        if (n.name, g.index) not in listed
+    ]
+    if not rest:
+        return plan
+    return dataclasses.replace(plan, gpus=(*plan.gpus, *rest))
+
+
+def plan_new(
+    snap: snapshot.Snapshot,
+    new: Sequence[snapshot.Pod],
+    planner: Planner,
+    *,
+    per_pod: int | None = None,
+) -> plans.Plan:
+    """Plan only the pods ``new`` of ``snap`` (the rest of its pods are the backlog, left out),
+    on the nodes that could hold them (see the module); a plan over every GPU of ``snap`` that
+    places or leaves unplaced exactly ``new``. ``per_pod``: nodes kept per pod in the first try
+    (default :data:`PER_POD_NODES`)."""
+    pods = tuple(new)
+    if not pods:
+        return plans.build(
+            dataclasses.replace(snap, pods=()),
+            planner="none",
+            targets={},
+            placements=(),
+            unschedulable=(),
+        )
+    first = candidates(snap, pods, per_pod=PER_POD_NODES if per_pod is None else per_pod)
+    view = dataclasses.replace(snap, nodes=first, pods=pods, whole_pods=(), models=())
+    plan = planner(view)
+    if plan.unschedulable:
+        every = candidates(snap, pods, per_pod=None)
+        if len(every) > len(first):
+            plan = planner(dataclasses.replace(view, nodes=every, models=()))
+    return _stretch(snap, plan)
+
+
+def carried_out(snap: snapshot.Snapshot, plan: plans.Plan) -> snapshot.Snapshot:
+    """``snap`` as the next step sees it once ``plan`` is carried out on its MIG nodes: each
+    GPU at its target layout, the instances given to pods in use, each node's allocatable less
+    its placed pods' CPU and memory, the placed pods no longer waiting (what the benchmark and
+    the tests use to build a standing backlog). Only for plans without MPS slices, time-slicing
+    replicas or whole GPUs."""
+    if plan.mps or plan.switches or any(p.shares or p.gpus for p in plan.placements):
+        raise ValueError("carried_out handles plans of MIG instances only")
+    targets = {(g.node, g.gpu): g.layout for g in plan.gpus}
+    given: dict[tuple[str, int], set[tuple[str, int]]] = {}
+    pods = {p.key: p for p in snap.pods}
+    took: dict[str, tuple[int, int]] = {}
+    for pl in plan.placements:
+        for i in pl.instances:
+            given.setdefault((pl.node, i.gpu), set()).add((i.profile, i.start))
+        pod = pods[pl.pod]
+        cpu, mem = took.get(pl.node, (0, 0))
+        took[pl.node] = (cpu + pod.cpu_milli, mem + pod.memory_bytes)
+    nodes = []
+    for n in snap.nodes:
+        gpus = []
+        for g in n.gpus:
+            key = (n.name, g.index)
+            target = targets.get(key)
+            if target is None:
+                gpus.append(g)
+                continue
+            used = {(i.profile, i.start) for i in g.instances if i.used} | given.get(key, set())
+            gpus.append(
+                dataclasses.replace(
+                    g,
+                    instances=tuple(
+                        snapshot.ExistingInstance(i.profile, i.start, (i.profile, i.start) in used)
+                        for i in target.instances
+                    ),
+                )
+            )
+        alloc = n.allocatable
+        if alloc is not None and n.name in took:
+            cpu, mem = took[n.name]
+            alloc = snapshot.Resources(alloc.cpu_milli - cpu, alloc.memory_bytes - mem)
+        nodes.append(dataclasses.replace(n, gpus=tuple(gpus), allocatable=alloc))
+    placed = {p.pod for p in plan.placements}
+    return dataclasses.replace(
+        snap, nodes=tuple(nodes), pods=tuple(p for p in snap.pods if p.key not in placed)
+    )
