@@ -86,7 +86,7 @@ def _new(seed: int, count: int, *, nodes: int, gpus: int) -> tuple[snapshot.Pod,
     new=st.integers(1, 6),
     per_pod=st.integers(1, 3),
 )
-def test_an_incremental_pass_places_the_new_pods_as_a_full_replan_would_or_better(
+def test_an_incremental_pass_places_the_new_pods_as_a_full_replan_would_or_better(  # noqa: PLR0917
     seed: int, nodes: int, gpus: int, fill: int, new: int, per_pod: int
 ) -> None:
     snap, memory = _standing(seed, nodes=nodes, gpus=gpus, fill=fill)
@@ -285,7 +285,9 @@ def test_a_changed_policy_triggers_a_full_replan(
 ) -> None:
     snap, memory = standing
     policy = (
-        snapshot.Policy.SPREAD if snap.policy is snapshot.Policy.BINPACK else snapshot.Policy.BINPACK
+        snapshot.Policy.SPREAD
+        if snap.policy is snapshot.Policy.BINPACK
+        else snapshot.Policy.BINPACK
     )
     why = _full_after(dataclasses.replace(snap, policy=policy), memory)
     assert why == "the planner's inputs changed"
@@ -299,7 +301,9 @@ def test_reservations_made_by_a_plan_do_not_count_as_growth(
     fresh = _new(5, 3, nodes=3, gpus=2)
     first = _step(dataclasses.replace(snap, pods=(*snap.pods, *fresh)), memory, now=1.0)
     assert first.plan is not None and first.full is None
-    after = incremental.carried_out(dataclasses.replace(snap, pods=(*snap.pods, *fresh)), first.plan)
+    after = incremental.carried_out(
+        dataclasses.replace(snap, pods=(*snap.pods, *fresh)), first.plan
+    )
     more = _new(6, 1, nodes=3, gpus=2)
     more = tuple(dataclasses.replace(p, name=f"more-{p.name}") for p in more)
     second = _step(dataclasses.replace(after, pods=(*after.pods, *more)), first.memory, now=2.0)

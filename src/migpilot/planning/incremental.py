@@ -261,13 +261,16 @@ def candidates(
                 if n.name not in shares:
                     shares[n.name] = _used_share(n)
 
-            def rank(item: tuple[int, snapshot.Node], pod: snapshot.Pod = pod) -> tuple[object, ...]:
-                i, n = item
-                share = shares[n.name]
-                lean = -share if policy is scoring.Policy.BINPACK else share
-                return (not _reusable(pod, n), lean, i)
-
-            fit = sorted(fit, key=rank)[:per_pod]
+            binpack = policy is scoring.Policy.BINPACK
+            fit = sorted(
+                fit,
+                key=lambda item: (
+                    not _reusable(pod, item[1]),
+                    -shares[item[1].name] if binpack else shares[item[1].name],
+                    item[0],
+                ),
+            )
+            fit = fit[:per_pod]
         keep.update(n.name for _, n in fit)
     return tuple(n for n in snap.nodes if n.name in keep)
 
