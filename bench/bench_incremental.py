@@ -5,7 +5,8 @@ The cluster: ``generate.random_snapshot(seed, nodes=1000, gpus_per_node=8, pods=
 used_fraction=0.95)`` planned with ``fast`` and carried out, so it is as full as the planner
 makes it; ``--backlog`` of the pods it left unplaced stay pending. One full replan of that
 backlog is carried out (the loop's standing state: its :class:`control.Memory` remembers the
-backlog), then ``--new`` new pods arrive (drawn by the same generator with another seed). The
+backlog), then ``--new`` new pods arrive (drawn by the same generator with another seed, one
+instance each and no CPU or memory asked, so some find room). The
 same step (:func:`control.reconcile`, the controller's and the simulator's) runs twice on that
 state: as the loop does by default (an incremental pass, since capacity did not grow) and with
 ``Settings(incremental=False)`` (a full replan of backlog and new pods). Per run, in one
@@ -81,8 +82,15 @@ def standing(seed: int, *, fill: int, backlog: int) -> tuple[snapshot.Snapshot, 
 
 def one(seed: int, *, fill: int, backlog: int, new: int) -> dict[str, Any]:
     snap, memory = standing(seed, fill=fill, backlog=backlog)
+    # Small pods (one instance, no CPU or memory asked), so the full cluster still has room for
+    # some of them: the pass has placements to get right.
     fresh = generate.random_snapshot(
-        seed=seed + 1000, nodes=NODES, gpus_per_node=GPUS_PER_NODE, pods=new
+        seed=seed + 1000,
+        nodes=NODES,
+        gpus_per_node=GPUS_PER_NODE,
+        pods=new,
+        cpu=False,
+        multi_instance_fraction=0.0,
     ).pods
     fresh = tuple(dataclasses.replace(p, name=f"new-{p.name}") for p in fresh)
     now_snap = dataclasses.replace(snap, pods=(*snap.pods, *fresh))

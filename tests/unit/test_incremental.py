@@ -77,12 +77,12 @@ def _new(seed: int, count: int, *, nodes: int, gpus: int) -> tuple[snapshot.Pod,
     return tuple(dataclasses.replace(p, name=f"new-{p.name}") for p in pods)
 
 
-@settings(max_examples=40)
+@settings(max_examples=30)
 @given(
     seed=st.integers(0, 10_000),
-    nodes=st.integers(1, 6),
-    gpus=st.integers(1, 4),
-    fill=st.integers(1, 40),
+    nodes=st.integers(1, 5),
+    gpus=st.integers(1, 3),
+    fill=st.integers(1, 30),
     new=st.integers(1, 6),
     per_pod=st.integers(1, 3),
 )

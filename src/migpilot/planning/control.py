@@ -208,6 +208,8 @@ def decide(
         if not new:
             return Planned(Batch(due=None, dirty=False), None, backlog=left)
         plan = incremental.plan_new(snap, new, planner)
+        still = tuple(plans.Unschedulable(k, incremental.STILL) for k in left)
+        plan = replace(plan, unschedulable=(*plan.unschedulable, *still))
         return Planned(Batch(due=None, dirty=False), plan, backlog=left)
     # Dynamic MIG mode wraps the planner; without dynamic nodes or whole-GPU pods it is the
     # planner alone.
@@ -561,8 +563,9 @@ class Decision:
     """Why :attr:`plan` replanned every waiting pod; ``None`` for an incremental pass, which
     planned only the pods not in :attr:`backlog` (or for no plan)."""
     backlog: tuple[str, ...] = ()
-    """The waiting pods an incremental pass left out as still unplaceable (not in :attr:`plan`
-    nor :attr:`judged`: they keep the verdict of the plan that found them so)."""
+    """The waiting pods an incremental pass left out as still unplaceable (in :attr:`plan`'s
+    unschedulable pods, not in :attr:`judged`: they keep the verdict of the plan that found
+    them so)."""
     plan: plans.Plan | None = None
     """The plan to carry out, ``None`` when none was due or nothing waited. Placements the
     planner made on a node without the CPU or memory their pod asks for are left out of it (a
@@ -621,7 +624,7 @@ def reconcile(
             backlog = incremental.start(snap, (u.pod for u in plan.unschedulable), now=now)
         elif backlog is not None:
             backlog = incremental.after(backlog, snap, plan)
-    judged = _judge(observed, plan) if plan is not None else ()
+    judged = _judge(observed, plan, skip=frozenset(planned.backlog)) if plan is not None else ()
     unplaced, scale_out = _scale_out(observed, memory, plan, judged, now=now, settings=settings)
     kept = Memory(
         batch=planned.batch,
@@ -784,8 +787,11 @@ def _fitting(plan: plans.Plan, snap: snapshot.Snapshot) -> tuple[plans.Plan, tup
     return fitted, tuple(u.pod for u in unfit)
 
 
-def _judge(observed: Observed, plan: plans.Plan) -> tuple[Judged, ...]:
-    """A verdict for each pod ``plan`` left unplaced."""
+def _judge(
+    observed: Observed, plan: plans.Plan, *, skip: frozenset[str] = frozenset()
+) -> tuple[Judged, ...]:
+    """A verdict for each pod ``plan`` left unplaced, but those of ``skip`` (the backlog an
+    incremental pass left out: judged by the plan that found them unplaceable)."""
     if not plan.unschedulable:
         return ()
     empty = tuple(
@@ -799,6 +805,8 @@ def _judge(observed: Observed, plan: plans.Plan) -> tuple[Judged, ...]:
     pods = {p.key: p for p in observed.snapshot.pods}
     out: list[Judged] = []
     for u in plan.unschedulable:
+        if u.pod in skip:
+            continue
         extra = observed.pending.get(u.pod, Pending())
         pod = pods.get(u.pod)
         if extra.static is not None and extra.gated:

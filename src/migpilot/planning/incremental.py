@@ -52,6 +52,9 @@ from migpilot.planning import constraints, modes, plans, scoring, snapshot
 
 Planner = Callable[[snapshot.Snapshot], plans.Plan]
 
+STILL = "left unplaced by the last full replan, and no capacity has been freed since"
+"""The reason an incremental pass gives the backlog pods it leaves out."""
+
 PER_POD_NODES = 8
 """Nodes kept per new pod in the first try of an incremental pass (:func:`plan_new`)."""
 
@@ -193,39 +196,54 @@ def _free_slots(node: snapshot.Node) -> dict[str, tuple[int, int]]:
 
 
 def _could_hold(
-    pod: snapshot.Pod, node: snapshot.Node, free: Mapping[str, tuple[int, int]]
+    pod: snapshot.Pod, node: snapshot.Node, cache: dict[str, dict[str, tuple[int, int]]]
 ) -> bool:
-    """Whether ``node`` might hold ``pod`` now (false only when it certainly cannot)."""
-    if not pod.served_in(node.mode) or constraints.rejection(node, pod) is not None:
+    """Whether ``node`` might hold ``pod`` now (false only when it certainly cannot); the
+    cheap checks first, each node's free slices (:func:`_free_slots`) kept in ``cache``."""
+    if not pod.served_in(node.mode):
         return False
     alloc = node.allocatable
     if alloc is not None and (
         pod.cpu_milli > alloc.cpu_milli or pod.memory_bytes > alloc.memory_bytes
     ):
         return False
-    if node.mode is not modes.Mode.MIG:
-        return True
-    models = {g.model.id: g.model for g in node.gpus if g.mig}
-    for model_id, (most, total) in free.items():
-        model = models[model_id]
-        names = pod.profiles_on(model)
+    free = cache.get(node.name)
+    if free is None:
+        free = cache[node.name] = _free_slots(node)
+    if node.mode is modes.Mode.MIG and not any(
+        _room(pod, node, model_id, most, total) for model_id, (most, total) in free.items()
+    ):
+        return False
+    return constraints.rejection(node, pod) is None
+
+
+def _room(pod: snapshot.Pod, node: snapshot.Node, model_id: str, most: int, total: int) -> bool:
+    """Whether ``most`` free memory slices on one GPU and ``total`` on the node's GPUs of one
+    model leave room for what ``pod`` asks there."""
+    model = next(g.model for g in node.gpus if g.model.id == model_id)
+    names = pod.profiles_on(model)
+    if not names:
+        return False
+    sizes = [model.profile_named(n).memory_slots for n in names]
+    return max(sizes) <= most and sum(sizes) <= total
+
+
+def _spare(node: snapshot.Node) -> dict[str, tuple[snapshot.Gpu, list[str]]]:
+    """Per GPU model: a GPU of it, and the profiles of the node's free existing instances on it."""
+    out: dict[str, tuple[snapshot.Gpu, list[str]]] = {}
+    for g in node.gpus:
+        _, names = out.setdefault(g.model.id, (g, []))
+        names.extend(i.profile for i in g.instances if not i.used)
+    return out
+
+
+def _reusable(pod: snapshot.Pod, spare: Mapping[str, tuple[snapshot.Gpu, list[str]]]) -> bool:
+    """Whether free existing instances (``spare``, :func:`_spare`) cover what ``pod`` asks on
+    one model."""
+    for gpu, names in spare.values():
         if not names:
             continue
-        sizes = [model.profile_named(n).memory_slots for n in names]
-        if max(sizes) <= most and sum(sizes) <= total:
-            return True
-    return False
-
-
-def _reusable(pod: snapshot.Pod, node: snapshot.Node) -> bool:
-    """Whether free existing instances on ``node`` cover what ``pod`` asks on one model."""
-    by_model: dict[str, list[str]] = {}
-    models = {}
-    for g in node.gpus:
-        models[g.model.id] = g.model
-        by_model.setdefault(g.model.id, []).extend(i.profile for i in g.instances if not i.used)
-    for model_id, names in by_model.items():
-        wanted = pod.profiles_on(models[model_id])
+        wanted = pod.profiles_on(gpu.model)
         if wanted and all(names.count(n) >= wanted.count(n) for n in set(wanted)):
             return True
     return False
@@ -251,26 +269,25 @@ def candidates(
     its node policy (binpack: the most used)."""
     keep: set[str] = {n.name for n in snap.nodes if n.mode is not modes.Mode.MIG}
     mig = [n for n in snap.nodes if n.mode is modes.Mode.MIG]
-    free = {n.name: _free_slots(n) for n in mig}
+    free: dict[str, dict[str, tuple[int, int]]] = {}
     shares: dict[str, float] = {}
+    spares: dict[str, dict[str, tuple[snapshot.Gpu, list[str]]]] = {}
     for pod in pods:
-        fit = [(i, n) for i, n in enumerate(mig) if _could_hold(pod, n, free[n.name])]
+        fit = [(i, n) for i, n in enumerate(mig) if _could_hold(pod, n, free)]
         if per_pod is not None and len(fit) > per_pod:
-            policy = pod.node_policy or snap.policy
             for _, n in fit:
                 if n.name not in shares:
                     shares[n.name] = _used_share(n)
-
-            binpack = policy is scoring.Policy.BINPACK
+                    spares[n.name] = _spare(n)
+            lean = -1.0 if (pod.node_policy or snap.policy) is scoring.Policy.BINPACK else 1.0
             fit = sorted(
                 fit,
                 key=lambda item: (
-                    not _reusable(pod, item[1]),
-                    -shares[item[1].name] if binpack else shares[item[1].name],
+                    not _reusable(pod, spares[item[1].name]),
+                    lean * shares[item[1].name],
                     item[0],
                 ),
-            )
-            fit = fit[:per_pod]
+            )[:per_pod]
         keep.update(n.name for _, n in fit)
     return tuple(n for n in snap.nodes if n.name in keep)
 
