@@ -12,7 +12,9 @@ plan only the pods that are new (not in the backlog) against the current state, 
 treated as still unplaceable. Capacity has grown (:func:`grew`), and the next plan is full, when,
 at any step since the last full replan:
 
-- a node joined, or one changed in anything but its use (labels, taints, cordon, mode, GPUs);
+- a node joined or left, or one changed in anything but its use (labels, taints, cordon, mode,
+  GPUs); a node or GPU gone lowers capacity, but may leave a backlog pod that can never run,
+  which a full replan judges again (and refuses);
 - an instance in use (bound or reserved) was freed: a pod left, a reservation expired or was
   released without its pod binding there, a whole GPU was freed;
 - a node's allocatable CPU or memory rose;
@@ -35,7 +37,8 @@ could hold one of them (a sound filter: a node is left out only if no new pod is
 has the CPU and memory, and finds free memory slices enough; MPS and time-slicing nodes are
 always kept), the nodes of each pod ranked (free instances it can reuse, then the node policy)
 and the first ``per_pod`` kept; if that leaves a new pod unplaced, the pass plans again on every
-node the filter kept. The plan is stretched over every GPU of the snapshot (those left out keep
+node the filter kept (where no node has room, the planner sees a few nodes that admit each pod,
+for its reasons). The plan is stretched over every GPU of the snapshot (those left out keep
 their layouts).
 
 Pure: no clock (``now`` is an argument), no I/O.
@@ -44,6 +47,7 @@ Pure: no clock (``now`` is an argument), no I/O.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -103,6 +107,10 @@ def grew(before: snapshot.Node, after: snapshot.Node) -> str | None:
     ):
         return f"node {name} has more CPU or memory"
     old = {g.index: g for g in before.gpus}
+    if len(old) != len(after.gpus):
+        # A GPU gone lowers capacity, but may leave a backlog pod that can never run: a full
+        # replan judges it again (and refuses it).
+        return f"node {name} has other GPUs"
     for g in after.gpus:
         o = old.get(g.index)
         if o is None or o.model.id != g.model.id or o.mig != g.mig:
@@ -140,6 +148,10 @@ def observe(backlog: Backlog, snap: snapshot.Snapshot) -> Backlog:
             grown = f"node {n.name} joined" if before is None else grew(before, n)
             if grown is not None:
                 break
+    if grown is None and len(backlog.nodes) != len(snap.nodes):
+        # A node gone lowers capacity, but may leave a backlog pod that can never run.
+        gone = sorted(set(backlog.nodes) - {n.name for n in snap.nodes})
+        grown = f"node {gone[0]} left" if gone else "nodes changed"
     return dataclasses.replace(
         backlog, nodes=MappingProxyType({n.name: n for n in snap.nodes}), grown=grown
     )
@@ -327,7 +339,19 @@ def plan_new(
             placements=(),
             unschedulable=(),
         )
-    first = candidates(snap, pods, per_pod=PER_POD_NODES if per_pod is None else per_pod)
+    cap = PER_POD_NODES if per_pod is None else per_pod
+    first = candidates(snap, pods, per_pod=cap)
+    if not first:
+        # No node has room: the planner still sees a few nodes that admit each pod, so the
+        # pods wait with its reasons (not "no node").
+        admit = {
+            n.name
+            for pod in pods
+            for n in itertools.islice(
+                (m for m in snap.nodes if constraints.rejection(m, pod) is None), cap
+            )
+        }
+        first = tuple(n for n in snap.nodes if n.name in admit)
     view = dataclasses.replace(snap, nodes=first, pods=pods, whole_pods=(), models=())
     plan = planner(view)
     if plan.unschedulable:
