@@ -208,7 +208,13 @@ def test_a_node_changing_triggers_a_full_replan(
     if change == "uncordoned":
         changed = dataclasses.replace(node, unschedulable=not node.unschedulable)
     elif change == "labels":
-        changed = dataclasses.replace(node, labels=MappingProxyType({**node.labels, "x": "y"}))
+        # A label the backlog selects nodes by (zone, pool or the GPU product in these pods).
+        keys = incremental._label_keys(memory.backlog.pods.values())  # type: ignore[union-attr]
+        assert keys, "the backlog selects nodes by no label"
+        key = sorted(keys)[0]
+        changed = dataclasses.replace(
+            node, labels=MappingProxyType({**node.labels, key: node.labels.get(key, "") + "x"})
+        )
     elif change == "more cpu":
         assert node.allocatable is not None
         changed = dataclasses.replace(
@@ -222,6 +228,20 @@ def test_a_node_changing_triggers_a_full_replan(
         changed = dataclasses.replace(node, gpus=gpus)
     why = _full_after(_with_node(snap, 0, changed), memory)
     assert f"node {node.name}" in why
+
+
+def test_a_label_no_backlog_pod_reads_is_not_growth(
+    standing: tuple[snapshot.Snapshot, control.Memory],
+) -> None:
+    snap, memory = standing
+    node = snap.nodes[0]
+    relabelled = dataclasses.replace(
+        node, labels=MappingProxyType({**node.labels, "nvidia.com/mig.config": "changed"})
+    )
+    fresh = _new(5, 1, nodes=3, gpus=2)
+    now = _with_node(snap, 0, relabelled)
+    decision = _step(dataclasses.replace(now, pods=(*now.pods, *fresh)), memory, now=1.0)
+    assert decision.plan is not None and decision.full is None
 
 
 def test_capacity_freed_at_a_step_without_a_plan_still_triggers_the_next_full_replan(

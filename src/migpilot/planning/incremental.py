@@ -12,9 +12,11 @@ plan only the pods that are new (not in the backlog) against the current state, 
 treated as still unplaceable. Capacity has grown (:func:`grew`), and the next plan is full, when,
 at any step since the last full replan:
 
-- a node joined or left, or one changed in anything but its use (labels, taints, cordon, mode,
-  GPUs); a node or GPU gone lowers capacity, but may leave a backlog pod that can never run,
-  which a full replan judges again (and refuses);
+- a node joined or left, or one changed in anything but its use (taints, cordon, mode, GPUs,
+  a label a backlog pod's node selector or affinity reads: the agents relabel nodes as their
+  GPUs change, and no other label can admit a backlog pod); a node or GPU gone lowers
+  capacity, but may leave a backlog pod that can never run, which a full replan judges again
+  (and refuses);
 - an instance in use (bound or reserved) was freed: a pod left, a reservation expired or was
   released without its pod binding there, a whole GPU was freed;
 - a node's allocatable CPU or memory rose;
@@ -84,27 +86,51 @@ def _inputs(snap: snapshot.Snapshot) -> tuple[object, ...]:
     return (snap.policy, snap.gpu_policy, snap.outside, dict(snap.namespaces))
 
 
-def grew(before: snapshot.Node, after: snapshot.Node) -> str | None:
+def _more(a: snapshot.Resources | None, b: snapshot.Resources | None) -> bool:
+    """Whether ``b`` has more CPU or memory than ``a`` (``None``: unconstrained)."""
+    if a is None or b is None:
+        return a is not b
+    return b.cpu_milli > a.cpu_milli or b.memory_bytes > a.memory_bytes
+
+
+def _label_keys(pods: Iterable[snapshot.Pod]) -> frozenset[str]:
+    """The node labels ``pods``' node selectors and required node affinity read."""
+    return frozenset(
+        key
+        for p in pods
+        for key in (
+            *p.node_selector,
+            *(r.key for term in p.affinity for r in term if not r.field),
+        )
+    )
+
+
+def grew(
+    before: snapshot.Node, after: snapshot.Node, *, keys: frozenset[str] | None = None
+) -> str | None:
     """How ``after`` has more room than ``before`` (the same node, a step apart) for some pod,
-    or ``None`` when its capacity did not grow (see the module for what counts)."""
+    or ``None`` when its capacity did not grow (see the module for what counts). ``keys``: the
+    labels that count (those the backlog's pods select nodes by; the agents relabel nodes as
+    their GPUs change); ``None``: every label."""
     if before is after:
         return None
     name = after.name
+    if before.labels != after.labels:
+        changed = {
+            k
+            for k in {*before.labels, *after.labels}
+            if before.labels.get(k) != after.labels.get(k)
+        }
+        if keys is None or changed & keys:
+            return f"node {name} changed its labels {', '.join(sorted(changed)[:3])}"
     if (
-        before.labels != after.labels
-        or before.taints != after.taints
+        before.taints != after.taints
         or before.unschedulable != after.unschedulable
         or before.mode is not after.mode
         or before.dynamic != after.dynamic
-        or before.capacity != after.capacity
     ):
-        return f"node {name} changed"
-    a, b = before.allocatable, after.allocatable
-    if (a is None) != (b is None) or (
-        a is not None
-        and b is not None
-        and (b.cpu_milli > a.cpu_milli or b.memory_bytes > a.memory_bytes)
-    ):
+        return f"node {name} changed its taints, cordon or mode"
+    if _more(before.allocatable, after.allocatable) or _more(before.capacity, after.capacity):
         return f"node {name} has more CPU or memory"
     old = {g.index: g for g in before.gpus}
     if len(old) != len(after.gpus):
@@ -143,9 +169,10 @@ def observe(backlog: Backlog, snap: snapshot.Snapshot) -> Backlog:
     way capacity grew since the last full replan kept."""
     grown = backlog.grown
     if grown is None:
+        keys = _label_keys(backlog.pods.values())
         for n in snap.nodes:
             before = backlog.nodes.get(n.name)
-            grown = f"node {n.name} joined" if before is None else grew(before, n)
+            grown = f"node {n.name} joined" if before is None else grew(before, n, keys=keys)
             if grown is not None:
                 break
     if grown is None and len(backlog.nodes) != len(snap.nodes):
