@@ -12,9 +12,9 @@ every node (emulated GPUs, half A100-80GB and half H100-80GB nodes; the stand-in
 publishes each node's resources). Every GPU starts empty, so every pod needs an instance made.
 
 With ``--backlog N`` (incremental planning, ``docs/controller.md``): once every pod is bound,
-one pod of ``1g.10gb`` is pinned to the first node, then ``N`` pods that can never be served
-while it runs (each asks eight ``7g.80gb`` on that node: an empty node could run them, so they
-wait rather than being refused), the standing backlog; once a plan has judged them, ``--trickle``
+``N`` pods are pinned to the node of the first bound pod, each asking eight ``7g.80gb``: no
+pod fits there while that pod runs, and an empty node could run one, so they wait rather than
+being refused (the standing backlog); once a plan has judged them, ``--trickle``
 batches of ``--trickle-pods`` new pods (profiles in turn, any node) are created
 ``--trickle-every`` seconds apart, each batch waited for until bound. Reported from the
 controller's metrics over the trickle: plans by kind (``migpilot_plans_total{kind}``) and
@@ -196,7 +196,6 @@ def _trickle(
     kubeconfig: Path,
     *,
     namespace: str,
-    first_node: str,
     port: int,
     backlog: int,
     batches: int,
@@ -205,8 +204,11 @@ def _trickle(
 ) -> dict[str, Any]:
     """The standing backlog, then the trickle of new pods (see the module)."""
     watch = bench_controller.BindWatch(kubeconfig, namespace)
-    client.create(_pinned("anchor", namespace, first_node, "1g.10gb", 1))
-    watch.wait({"anchor"})
+    first_node = next(
+        p.spec.nodeName
+        for p in client.list(Pod, namespace=namespace)
+        if p.spec is not None and p.spec.nodeName
+    )
     names = [f"b{i:05d}" for i in range(backlog)]
 
     def one(name: str) -> None:
@@ -326,7 +328,6 @@ def run(
                 client,
                 plane.kubeconfig,
                 namespace=namespace,
-                first_node=names[0],
                 port=port,
                 backlog=backlog,
                 batches=trickle,
