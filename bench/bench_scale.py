@@ -11,6 +11,16 @@ client QPS raised to 500, KWOK for the nodes), ``migpilot webhook``, ``migpilot 
 every node (emulated GPUs, half A100-80GB and half H100-80GB nodes; the stand-in kubelet
 publishes each node's resources). Every GPU starts empty, so every pod needs an instance made.
 
+With ``--backlog N`` (incremental planning, ``docs/controller.md``): once every pod is bound,
+``N`` pods are pinned to the node of the first bound pod, each asking eight ``7g.80gb``: no
+pod fits there while that pod runs, and an empty node could run one, so they wait rather than
+being refused (the standing backlog); once a plan has judged them, ``--trickle``
+batches of ``--trickle-pods`` new pods (profiles in turn, any node) are created
+``--trickle-every`` seconds apart, each batch waited for until bound. Reported from the
+controller's metrics over the trickle: plans by kind (``migpilot_plans_total{kind}``) and
+planner seconds per plan of each kind (``migpilot_planner_seconds_total{kind}``), and each
+batch's seconds from its first create to its last pod bound.
+
 Measured: seconds from the first create call to every pod bound (this client's watch), the
 controller's API requests (its own counter, by operation), its CPU seconds and peak memory
 (``/proc``), the number of plans and their planner seconds (its metrics), every process's CPU
@@ -41,8 +51,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import lightkube  # noqa: E402
 import yaml  # noqa: E402
+from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements  # noqa: E402
 from lightkube.models.meta_v1 import ObjectMeta  # noqa: E402
-from lightkube.resources.core_v1 import Namespace, Node  # noqa: E402
+from lightkube.resources.core_v1 import Namespace, Node, Pod  # noqa: E402
 from tests.kube import controlplane, system  # noqa: E402
 
 import bench_controller  # noqa: E402
@@ -152,7 +163,95 @@ def _ready_nodes(client: lightkube.Client, prefix: str) -> int:
     return n
 
 
-def run(*, nodes: int, pods: int) -> dict[str, Any]:
+def _pinned(name: str, namespace: str, node: str, profile: str, count: int) -> Pod:
+    limits = {f"nvidia.com/mig-{profile}": str(count)}
+    return Pod(
+        metadata=ObjectMeta(name=name, namespace=namespace),
+        spec=PodSpec(
+            nodeSelector={"kubernetes.io/hostname": node},
+            containers=[
+                Container(name="c", image="none", resources=ResourceRequirements(limits=limits))
+            ],
+        ),
+    )
+
+
+def _kinds(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """Plans and planner seconds per plan by kind, between two metric readings."""
+    out: dict[str, Any] = {}
+    for kind in ("full", "incremental"):
+        plans_key = f'migpilot_plans_total{{kind="{kind}"}}'
+        seconds_key = f'migpilot_planner_seconds_total{{kind="{kind}"}}'
+        n = after.get(plans_key, 0.0) - before.get(plans_key, 0.0)
+        s = after.get(seconds_key, 0.0) - before.get(seconds_key, 0.0)
+        out[kind] = {
+            "plans": int(n),
+            "planner_s_per_plan": round(s / n, 4) if n else None,
+        }
+    return out
+
+
+def _trickle(
+    client: lightkube.Client,
+    kubeconfig: Path,
+    *,
+    namespace: str,
+    port: int,
+    backlog: int,
+    batches: int,
+    per_batch: int,
+    every_s: float,
+) -> dict[str, Any]:
+    """The standing backlog, then the trickle of new pods (see the module)."""
+    watch = bench_controller.BindWatch(kubeconfig, namespace)
+    first_node = next(
+        p.spec.nodeName
+        for p in client.list(Pod, namespace=namespace)
+        if p.spec is not None and p.spec.nodeName
+    )
+    names = [f"b{i:05d}" for i in range(backlog)]
+
+    def one(name: str) -> None:
+        client.create(_pinned(name, namespace, first_node, "7g.80gb", 8))
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, names))
+    # A full plan that judged the whole backlog (each waits with the reason MigWaiting).
+    controlplane.wait_for(
+        lambda: _metrics(port).get('migpilot_pending_pods{reason="MigWaiting"}', 0.0) >= backlog,
+        what=f"{backlog} backlog pods judged waiting",
+        timeout=TIMEOUT_S,
+    )
+    before = _metrics(port)
+    bound_s: list[float] = []
+    for b in range(batches):
+        batch = [f"t{b:03d}-{i:03d}" for i in range(per_batch)]
+        started = time.time()
+        for i, name in enumerate(batch):
+            client.create(bench_controller._pod(name, namespace, PROFILES[i % (len(PROFILES) - 1)]))
+        watch.wait(set(batch))
+        bound_s.append(round(max(watch.bound[n] for n in batch) - started, 2))
+        time.sleep(every_s)
+    after = _metrics(port)
+    watch.stop()
+    return {
+        "backlog": backlog,
+        "batches": batches,
+        "pods_per_batch": per_batch,
+        "by_kind": _kinds(before, after),
+        "batch_bound_s": bound_s,
+    }
+
+
+def run(
+    *,
+    nodes: int,
+    pods: int,
+    backlog: int = 0,
+    trickle: int = 10,
+    trickle_pods: int = 10,
+    trickle_every_s: float = 2.0,
+) -> dict[str, Any]:
     plane = controlplane.ControlPlane.start(
         scheduler_qps=SCHEDULER_QPS, scheduler_burst=SCHEDULER_QPS * 2
     )
@@ -224,6 +323,20 @@ def run(*, nodes: int, pods: int) -> dict[str, Any]:
         drained_s = time.time() - t_bound
         after = _metrics(port)
         requests_drained = _controller_requests(before, after)
+        incremental = (
+            _trickle(
+                client,
+                plane.kubeconfig,
+                namespace=namespace,
+                port=port,
+                backlog=backlog,
+                batches=trickle,
+                per_batch=trickle_pods,
+                every_s=trickle_every_s,
+            )
+            if backlog
+            else None
+        )
         apiserver_drained = _delta(apiserver_before, _apiserver_requests(plane.kubeconfig))
         plans = after.get("migpilot_plan_duration_seconds_count", 0) - before.get(
             "migpilot_plan_duration_seconds_count", 0
@@ -251,6 +364,7 @@ def run(*, nodes: int, pods: int) -> dict[str, Any]:
             "apiserver_requests_total_with_events": sum(apiserver_drained.values()),
             "plans": int(plans),
             "planner_s_total": round(plan_s, 1),
+            **({"incremental": incremental} if incremental is not None else {}),
         }
     finally:
         migpilot.stop()
@@ -261,12 +375,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=5000)
+    parser.add_argument("--backlog", type=int, default=0, help="standing backlog pods (0: none)")
+    parser.add_argument("--trickle", type=int, default=10, help="batches of new pods")
+    parser.add_argument("--trickle-pods", type=int, default=10, help="new pods per batch")
+    parser.add_argument("--trickle-every", type=float, default=2.0, help="seconds between")
     args = parser.parse_args()
-    row = run(nodes=args.nodes, pods=args.pods)
+    row = run(
+        nodes=args.nodes,
+        pods=args.pods,
+        backlog=args.backlog,
+        trickle=args.trickle,
+        trickle_pods=args.trickle_pods,
+        trickle_every_s=args.trickle_every,
+    )
     for k, v in row.items():
         print(f"{k:<28}{v}")
     doc = {
-        "command": f"python bench/bench_scale.py --nodes {args.nodes} --pods {args.pods}",
+        "command": f"python bench/bench_scale.py --nodes {args.nodes} --pods {args.pods}"
+        + (
+            f" --backlog {args.backlog} --trickle {args.trickle} --trickle-pods "
+            f"{args.trickle_pods} --trickle-every {args.trickle_every:g}"
+            if args.backlog
+            else ""
+        ),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),

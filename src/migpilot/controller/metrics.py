@@ -42,6 +42,19 @@ class ControllerMetrics:
             buckets=PLAN_BUCKETS,
             registry=r,
         )
+        self.plans = prometheus_client.Counter(
+            "migpilot_plans",
+            "Plans carried out, by kind: full (every waiting pod replanned) or incremental "
+            "(only the pods new since the last full replan, while capacity has not grown).",
+            ["kind"],
+            registry=r,
+        )
+        self.planner_seconds = prometheus_client.Counter(
+            "migpilot_planner_seconds",
+            "Seconds the planner took, summed over plans, by kind (as migpilot_plans).",
+            ["kind"],
+            registry=r,
+        )
         self.pending = prometheus_client.Gauge(
             "migpilot_pending_mig_pods",
             "MIG pods waiting: to be planned, or for instances reserved for them.",

@@ -630,10 +630,17 @@ class Controller:
             return  # the plan took past the renew deadline: written by no one, not counted
         self.plans += 1
         seconds = sum(timed)
+        kind = "incremental" if decision.full is None else "full"
         self.metrics.plan_seconds.observe(seconds)
+        self.metrics.plans.labels(kind).inc()
+        self.metrics.planner_seconds.labels(kind).inc(seconds)
         _log.info(
-            "plan %d: %d pods waiting, %d placed, %d GPUs changed, %d not placed%s (%.3f s)",
+            "plan %d (%s%s): %d pods waiting, %d placed, %d GPUs changed, %d not placed%s (%.3f s)",
             self.plans,
+            kind,
+            f": {decision.full}"
+            if decision.full is not None
+            else f", {len(decision.backlog)} in the backlog left out",
             len(observed.snapshot.pods),
             len(plan.placements),
             sum(g.changed for g in plan.gpus) + sum(m.changed for m in plan.mps),
@@ -645,7 +652,10 @@ class Controller:
         )
         await self._carry_out(observed, plan)
         await self._judge(decision.judged)
+        # The backlog an incremental pass left out still waits, as the plan that found it so
+        # judged it.
         left = {j.pod for j in decision.judged if j.verdict is control.Verdict.WAIT}
+        left.update(decision.backlog)
         self.metrics.observe_demand(
             usage.unmet_demand(
                 observed.snapshot.nodes, [p for p in observed.snapshot.pods if p.key in left]

@@ -13,6 +13,14 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   pods arriving together are planned together (the whole pending set is the planner's strength).
 - **Deciding.** When a plan is due, :func:`decide` plans the snapshot if pods wait and anything
   changed since the last plan, else does nothing. It never plans twice for the same state.
+- **Incremental passes** (:mod:`migpilot.planning.incremental`, the one rule). A full replan
+  plans every waiting pod; the pods it leaves unplaced are the backlog (:attr:`Memory.backlog`).
+  While capacity has not grown since (every step compares its nodes with the last step's: no
+  node joined or changed, no instance in use freed, no CPU or memory freed), no backlog pod
+  changed, and :attr:`Settings.full_replan_s` has not passed, a plan is an incremental pass: it
+  plans only the pods not in the backlog, on the nodes that could hold them, the backlog
+  treated as still unplaceable (none to plan: no plan). Anything else makes the plan full
+  (:attr:`Decision.full` says why).
 - **Reservations and actions in flight are in the snapshot.** A pod the last plan placed is not
   in the snapshot's pending pods again; the instances reserved for it, and the instances still
   being created for it, are in the snapshot as *used*: the planner can neither destroy them nor
@@ -66,7 +74,16 @@ from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import layouts, profiles
-from migpilot.planning import constraints, dynamic, explaining, modes, plans, snapshot, unified
+from migpilot.planning import (
+    constraints,
+    dynamic,
+    explaining,
+    incremental,
+    modes,
+    plans,
+    snapshot,
+    unified,
+)
 
 Planner = Callable[[snapshot.Snapshot], plans.Plan]
 """A planner with its options bound (``functools.partial(fast.plan, opts=...)`` and the like)."""
@@ -90,6 +107,12 @@ class Settings:
     """Seconds a gated pod may be left unplaced by the plans before it is let go, unpinned, for
     a node autoscaler to see (:attr:`Verdict.SCALE_OUT`); ``None`` (the default): never, the
     pod waits gated for room."""
+    incremental: bool = True
+    """Plan only the new pods while capacity has not grown since the last full replan (see the
+    module); ``False``: every plan replans every waiting pod. Default on."""
+    full_replan_s: float | None = 60.0
+    """Seconds after a full replan at which the next plan is full again whatever changed;
+    ``None``: only when capacity grows. Default 60."""
 
     def __post_init__(self) -> None:
         if not self.batch_window_s >= 0:
@@ -100,6 +123,11 @@ class Settings:
             raise errors.MigpilotError(
                 "the reservation timeout must be a finite number of seconds over 0, got "
                 f"{self.reservation_timeout_s}"
+            )
+        every = self.full_replan_s
+        if every is not None and (not every > 0 or math.isinf(every)):
+            raise errors.MigpilotError(
+                f"the full replan period must be a finite number of seconds over 0, got {every}"
             )
         grace = self.scale_out_after_s
         if grace is not None and (not grace >= 0 or math.isinf(grace)):
@@ -126,6 +154,11 @@ class Planned:
     """The batch after the step."""
     plan: plans.Plan | None
     """The plan to carry out, or ``None`` when there was nothing to plan."""
+    full: str | None = None
+    """Why :attr:`plan` replanned every waiting pod; ``None`` for an incremental pass (or no
+    plan)."""
+    backlog: tuple[str, ...] = ()
+    """The waiting pods an incremental pass left out as still unplaceable, in snapshot order."""
 
 
 def changed(batch: Batch, *, now: float, waiting: bool, settings: Settings) -> Batch:
@@ -142,9 +175,20 @@ def is_due(batch: Batch, *, now: float) -> bool:
     return batch.due is not None and now >= batch.due
 
 
-def decide(snap: snapshot.Snapshot, batch: Batch, *, now: float, planner: Planner) -> Planned:
+def decide(
+    snap: snapshot.Snapshot,
+    batch: Batch,
+    *,
+    now: float,
+    planner: Planner,
+    backlog: incremental.Backlog | None = None,
+    settings: Settings = Settings(),
+) -> Planned:
     """The step at a due time: plan ``snap`` when pods wait and something changed since the last
-    plan; either way no plan is due any more until the next :func:`changed`.
+    plan; either way no plan is due any more until the next :func:`changed`. The plan is an
+    incremental pass when :func:`incremental.full_reason` finds no reason against it
+    (``backlog``: what the loop remembers of the last full replan, already
+    :func:`incremental.observe`-d with ``snap``), else a full replan.
 
     ``snap`` holds the pods still waiting (none already placed) and every reserved or
     in-flight instance as used. A step before the due time changes nothing.
@@ -153,9 +197,23 @@ def decide(snap: snapshot.Snapshot, batch: Batch, *, now: float, planner: Planne
         return Planned(batch, None)
     if not (snap.pods or snap.whole_pods) or not batch.dirty:
         return Planned(Batch(due=None, dirty=batch.dirty), None)
+    full = (
+        incremental.full_reason(backlog, snap, now=now, full_every_s=settings.full_replan_s)
+        if settings.incremental
+        else "incremental planning is off"
+    )
+    if full is None and backlog is not None:
+        new = [p for p in snap.pods if p.key not in backlog.pods]
+        left = tuple(p.key for p in snap.pods if p.key in backlog.pods)
+        if not new:
+            return Planned(Batch(due=None, dirty=False), None, backlog=left)
+        plan = incremental.plan_new(snap, new, planner)
+        still = tuple(plans.Unschedulable(k, incremental.STILL) for k in left)
+        plan = replace(plan, unschedulable=(*plan.unschedulable, *still))
+        return Planned(Batch(due=None, dirty=False), plan, backlog=left)
     # Dynamic MIG mode wraps the planner; without dynamic nodes or whole-GPU pods it is the
     # planner alone.
-    return Planned(Batch(due=None, dirty=False), dynamic.plan(snap, planner))
+    return Planned(Batch(due=None, dirty=False), dynamic.plan(snap, planner), full=full)
 
 
 # --------------------------------------------------------------------------- never runnable
@@ -422,6 +480,9 @@ class Memory:
     unplaced: Mapping[str, Unplaced] = field(default_factory=dict)
     """The gated pods the plans have left unplaced, without a break, that may be let go for a
     node autoscaler (only with :attr:`Settings.scale_out_after_s`)."""
+    backlog: incremental.Backlog | None = None
+    """What the loop remembers of the last full replan for incremental passes: the pods found
+    unplaceable and the nodes as last seen; ``None`` before the first full replan."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,6 +559,13 @@ class Decision:
     pins: tuple[tuple[str, str], ...] = ()
     """(pod, node): reserved pods to let go, pinned to their node, in this order."""
     waits: tuple[Waiting, ...] = ()
+    full: str | None = None
+    """Why :attr:`plan` replanned every waiting pod; ``None`` for an incremental pass, which
+    planned only the pods not in :attr:`backlog` (or for no plan)."""
+    backlog: tuple[str, ...] = ()
+    """The waiting pods an incremental pass left out as still unplaceable (in :attr:`plan`'s
+    unschedulable pods, not in :attr:`judged`: they keep the verdict of the plan that found
+    them so)."""
     plan: plans.Plan | None = None
     """The plan to carry out, ``None`` when none was due or nothing waited. Placements the
     planner made on a node without the CPU or memory their pod asks for are left out of it (a
@@ -544,18 +612,26 @@ def reconcile(
     expired = _expired(observed, since, made_since, now=now, settings=settings)
     gone = {e.pod for e in expired}
     pins, waits = _pins(observed, gone, since, now=now, settings=settings)
-    planned = decide(snap, batch, now=now, planner=planner)
+    backlog = memory.backlog
+    if backlog is not None:
+        backlog = incremental.observe(backlog, snap)
+    planned = decide(snap, batch, now=now, planner=planner, backlog=backlog, settings=settings)
     plan = planned.plan
     unfit: tuple[str, ...] = ()
     if plan is not None:
         plan, unfit = _fitting(plan, observed.snapshot)
-    judged = _judge(observed, plan) if plan is not None else ()
+        if planned.full is not None:
+            backlog = incremental.start(snap, (u.pod for u in plan.unschedulable), now=now)
+        elif backlog is not None:
+            backlog = incremental.after(backlog, snap, plan)
+    judged = _judge(observed, plan, skip=frozenset(planned.backlog)) if plan is not None else ()
     unplaced, scale_out = _scale_out(observed, memory, plan, judged, now=now, settings=settings)
     kept = Memory(
         batch=planned.batch,
         reserved_since=MappingProxyType(since),
         made_since=MappingProxyType(made_since),
         unplaced=MappingProxyType(unplaced),
+        backlog=backlog if settings.incremental else None,
     )
     return Decision(
         memory=kept,
@@ -565,6 +641,8 @@ def reconcile(
         expired=expired,
         pins=pins,
         waits=waits,
+        full=planned.full,
+        backlog=planned.backlog,
         plan=plan,
         unfit=unfit,
         judged=judged,
@@ -709,8 +787,11 @@ def _fitting(plan: plans.Plan, snap: snapshot.Snapshot) -> tuple[plans.Plan, tup
     return fitted, tuple(u.pod for u in unfit)
 
 
-def _judge(observed: Observed, plan: plans.Plan) -> tuple[Judged, ...]:
-    """A verdict for each pod ``plan`` left unplaced."""
+def _judge(
+    observed: Observed, plan: plans.Plan, *, skip: frozenset[str] = frozenset()
+) -> tuple[Judged, ...]:
+    """A verdict for each pod ``plan`` left unplaced, but those of ``skip`` (the backlog an
+    incremental pass left out: judged by the plan that found them unplaceable)."""
     if not plan.unschedulable:
         return ()
     empty = tuple(
@@ -724,6 +805,8 @@ def _judge(observed: Observed, plan: plans.Plan) -> tuple[Judged, ...]:
     pods = {p.key: p for p in observed.snapshot.pods}
     out: list[Judged] = []
     for u in plan.unschedulable:
+        if u.pod in skip:
+            continue
         extra = observed.pending.get(u.pod, Pending())
         pod = pods.get(u.pod)
         if extra.static is not None and extra.gated:
