@@ -119,3 +119,17 @@ def test_leader_election_timings_default_to_client_gos_and_follow_the_flags() ->
 def test_timings_without_a_safety_margin_are_refused(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(errors.MigpilotError, match=message):
         controller_cmd.settings_from(_parse("--identity", "x", *argv))
+
+
+def test_full_replan_every() -> None:
+    """Incremental passes between full replans every 60 s by default; ``0`` turns them off (every
+    plan full); a negative or infinite period is refused naming the flag."""
+    default = controller_cmd.settings_from(_parse("--identity", "me")).controller
+    assert default.full_replan_s == 60.0
+    every = controller_cmd.settings_from(_parse("--full-replan-every", "5")).controller
+    assert every.full_replan_s == 5.0
+    off = controller_cmd.settings_from(_parse("--full-replan-every", "0")).controller
+    assert off.full_replan_s is None
+    for bad in ("-1", "inf"):
+        with pytest.raises(errors.MigpilotError, match="--full-replan-every must be"):
+            controller_cmd.settings_from(_parse("--full-replan-every", bad))

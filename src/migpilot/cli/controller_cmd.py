@@ -64,6 +64,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "for the autoscaler (default: 5)",
     )
     p.add_argument(
+        "--full-replan-every",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds between full replans of every waiting pod; in between, while no capacity "
+        "was freed and no node changed, a plan places only the new pods (docs/controller.md, "
+        "incremental planning); 0: every plan is a full replan (default: 60)",
+    )
+    p.add_argument(
         "--node-policy",
         "--scoring",
         dest="node_policy",
@@ -156,12 +165,18 @@ def settings_from(args: argparse.Namespace) -> serving.ServeSettings:
         raise errors.MigpilotError(
             f"--scale-out-after must be a number of seconds, 0 or more, got {args.scale_out_after}"
         )
+    if not 0 <= args.full_replan_every < math.inf:
+        raise errors.MigpilotError(
+            "--full-replan-every must be a number of seconds, 0 or more, got "
+            f"{args.full_replan_every}"
+        )
     return serving.ServeSettings(
         controller=running.Settings(
             identity=args.identity or socket.gethostname(),
             batch_window_s=args.batch_window,
             reservation_timeout_s=args.reservation_timeout,
             scale_out_after_s=args.scale_out_after if args.node_autoscaling else None,
+            full_replan_s=args.full_replan_every or None,
             lease_namespace=args.lease_namespace,
             lease_name=args.lease_name,
             lease_duration_s=args.lease_duration,

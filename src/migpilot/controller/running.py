@@ -102,6 +102,10 @@ class Settings:
     """Seconds a gated pod may be left unplaced before it is let go, unpinned, for a node
     autoscaler to see (``--node-autoscaling``, ``--scale-out-after``); ``None`` (the default):
     it waits gated."""
+    full_replan_s: float | None = 60.0
+    """Seconds between full replans (``--full-replan-every``); in between, a plan while capacity
+    has not grown places only the new pods (:mod:`migpilot.planning.incremental`). ``None``
+    (``--full-replan-every 0``): every plan is a full replan. Default 60."""
     writers: int = 32
     """API writes in flight at once. Default 32."""
     event_writers: int = 4
@@ -197,6 +201,8 @@ class Controller:
             batch_window_s=settings.batch_window_s,
             reservation_timeout_s=settings.reservation_timeout_s,
             scale_out_after_s=settings.scale_out_after_s,
+            incremental=settings.full_replan_s is not None,
+            full_replan_s=settings.full_replan_s,
         )
         self.leading = False
         self._lease_until = 0.0
