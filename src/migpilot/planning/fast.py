@@ -117,6 +117,11 @@ _VARIANTS = (
     ("largest", True, "spread"),
     ("room", True, "spread"),
     ("smallest", True, "spread"),
+    ("largest", False, "backed"),
+    ("room", False, "backed"),
+    ("smallest", False, "backed"),
+    ("bulk", True, "policy"),
+    ("bulk", False, "backed"),
 )
 # Pairs of nodes repacked at most per plan, on small problems (_repack_pairs).
 _REPACKS = 64
@@ -125,6 +130,9 @@ _REPACK_PROBLEM = 5_000
 # The variants of the greedy without lookahead (the first ones: by the pods' policies and by
 # node order), which _plan_mig keeps if they do better than the greedy with all.
 _PLAIN_VARIANTS = 9
+# The variants of the greedy with the lookahead of depth "lookahead" (the greedy as the first
+# change for issue 25 left it; _plan_mig keeps its plan if it does better than the deep one).
+_LOOKAHEAD_VARIANTS = 13
 # GPUs x pods up to which every planning variant runs (a few hundred milliseconds at most).
 _SMALL_PROBLEM = 200_000
 
@@ -528,6 +536,9 @@ class _Run:
         self.spread_all = False
         """Whether every pod goes to the least used node first, before GPUs touched and free
         room, as if each asked to be spread over nodes itself (a variant)."""
+        self.backed_first = False
+        """Whether every pod goes where it leaves the least GPU room that CPU and memory cannot
+        back, before GPUs touched and free room (after destroys: a variant)."""
 
     def fork(self) -> _Run:
         """An independent copy of this pass (to try variants without replaying what is done)."""
@@ -612,6 +623,7 @@ class _Run:
         own_spread = pod.gpu_policy is snapshot.Policy.SPREAD
         # Likewise over nodes: the least used node first (every option is looked at).
         own_node_spread = self.spread_all or pod.node_policy is snapshot.Policy.SPREAD
+        backed = self.backed_first and not own_node_spread
 
         def head(cost: Cost, sid: int) -> tuple[float, ...]:
             if own_spread:
@@ -622,7 +634,7 @@ class _Run:
         best: tuple[tuple[float, ...], tuple[float, ...], _Gpu, Option] | None = None
         for found_cost, sid, opt in found:
             cost = head(found_cost, sid)
-            if best is not None and not own_node_spread and cost > best[0]:
+            if best is not None and not own_node_spread and not backed and cost > best[0]:
                 break
             seen: set[int] = set()
             gpu_rank = scoring.rank(gpu_policy, self._gpu_use(sid)) if self.by_policy else 0.0
@@ -634,19 +646,18 @@ class _Run:
                 # only later.)
                 seen.add(st.node)
                 use = scoring.rank(node_policy, self._node_use(st.node)) if self.by_policy else 0.0
-                rank = (
-                    (use, gpu_rank, gid)
-                    if spread
-                    else (self._strands(st, pod, opt), use, gpu_rank, gid)
-                )
+                strands = 0 if spread and not backed else self._strands(st, pod, opt)
+                rank = (use, gpu_rank, gid) if spread else (strands, use, gpu_rank, gid)
                 if liking is not None:
                     rank = (-liking[st.node], *rank)
-                key = (
-                    (found_cost[0], self._node_use(st.node), *cost[1:]) if own_node_spread else cost
-                )
+                key: tuple[float, ...] = cost
+                if own_node_spread:
+                    key = (found_cost[0], self._node_use(st.node), *cost[1:])
+                elif backed:
+                    key = (found_cost[0], strands, *cost[1:])
                 if best is None or (key, rank) < (best[0], best[1]):
                     best = (key, rank, st, opt)
-                if not spread and liking is None and len(seen) >= _NODE_SCAN:
+                if not spread and not backed and liking is None and len(seen) >= _NODE_SCAN:
                     break
         return None if best is None else (best[2], best[3])
 
@@ -763,7 +774,12 @@ class _Run:
             return ok
 
         per_kind = len(self.gpus) if thorough else self.index.per_kind
-        if not thorough and not self.spread_all and not self.tracker.involved(pod):
+        if (
+            not thorough
+            and not self.spread_all
+            and not self.backed_first
+            and not self.tracker.involved(pod)
+        ):
             # (Options remembered were found where other pods then allowed.)
             # A remembered option that changes nothing or fills an already changed GPU is as
             # good as a search would find (bar the free-value tie-break). So is one that touches
@@ -1146,14 +1162,16 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
 
 def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """Plan the whole pending set of a snapshot of MIG nodes."""
-    chosen, orders, thorough, hopeful = _greedy(snap)
+    chosen, orders, thorough, hopeful = _greedy(snap, depth="deep")
     if thorough and len({p.priority for p in snap.pods}) > 1 and len(chosen.placements) < hopeful:
-        # The lookahead estimates the levels below with one variant, and a variant that ties
-        # on a level can still leave the levels below less: the greedy without either (the
-        # nine variants alone) runs too, and the better plan is kept.
-        plain = _greedy(snap, lookahead=False)[0]
-        if objective.score(snap, plain).key > objective.score(snap, chosen).key:
-            chosen = plain
+        # The lookahead only estimates the levels below, and a variant that ties on a level
+        # can still leave the levels below less: the shallower greedies run too (the nine
+        # variants alone, and the thirteen with the first variant's lookahead), and the best
+        # plan is kept. So no depth is ever below another.
+        for depth in ("lookahead", "plain"):
+            other = _greedy(snap, depth=depth)[0]
+            if objective.score(snap, other).key > objective.score(snap, chosen).key:
+                chosen = other
     # The other variants can only matter where the greedy left a pod pending that could run.
     if len(chosen.placements) == hopeful:
         orders, thorough = [], False
@@ -1163,8 +1181,8 @@ def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
         # against it in the comparison.
         bare_snap = _without_free(snap)
         levels = len({p.priority for p in snap.pods}) > 1
-        for lookahead in (True, False) if levels else (True,):  # as above
-            bare = _greedy(bare_snap, lookahead=lookahead)[0]
+        for depth in ("deep", "lookahead", "plain") if levels else ("deep",):  # as above
+            bare = _greedy(bare_snap, depth=depth)[0]
             alt = plans.build(
                 snap,
                 planner="fast",
@@ -1253,7 +1271,7 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
                 whole_pods=(),
                 models=(),
             )
-            found = _greedy(sub)[0]
+            found = _greedy(sub)[0]  # (the shallower lookahead: a repack is one of many)
             if sum(weights[pl.pod] for pl in found.placements) <= sum(
                 weights[pl.pod] for pl in here
             ):
@@ -1315,12 +1333,17 @@ def _without_free(snap: snapshot.Snapshot) -> snapshot.Snapshot:
 
 
 def _greedy(
-    snap: snapshot.Snapshot, *, lookahead: bool = True
+    snap: snapshot.Snapshot, *, depth: str = "lookahead"
 ) -> tuple[plans.Plan, list[list[snapshot.Pod] | None], bool, int]:
-    # (lookahead=False: the greedy as it was before issue 25, its first nine variants alone.)
     """The greedy passes over the variants: the plan chosen (no reasons yet), the pod orders
     first-fit should also try, whether the problem is small enough for every variant, and how
-    many pods some node could run with every GPU empty."""
+    many pods some node could run with every GPU empty.
+
+    ``depth``: ``"plain"``, the first nine variants and no lookahead (the greedy before issue
+    25); ``"lookahead"``, the first :data:`_LOOKAHEAD_VARIANTS` with the lookahead estimated by
+    the first variant; ``"deep"``, every variant, the lookahead estimated with each variant's
+    own ties, by the first order and by the scarcity order (the better).
+    """
     states = _States(snap.models)
     needs: dict[str, dict[str, tuple[str, ...]]] = {}
     for pod in snap.pods:
@@ -1354,8 +1377,10 @@ def _greedy(
     share = _dominant_shares(snap, hopeful, size)
     gpus = sum(len(n.gpus) for n in snap.nodes)
     budget = len(_VARIANTS) if gpus * max(len(hopeful), 1) <= _SMALL_PROBLEM else 1
-    if not lookahead:
+    if depth == "plain":
         budget = min(budget, _PLAIN_VARIANTS)
+    elif depth == "lookahead":
+        budget = min(budget, _LOOKAHEAD_VARIANTS)
 
     def sweep(run: _Run, order: list[snapshot.Pod], defer: bool) -> list[snapshot.Pod]:
         if defer:
@@ -1390,19 +1415,32 @@ def _greedy(
         )
         for level in levels
     }
-    lookahead = lookahead and budget > 1 and len(levels) > 1
+    lookahead = depth != "plain" and budget > 1 and len(levels) > 1
+    deep = depth == "deep"
 
     def finish(run: _Run, below: Sequence[int]) -> tuple[int, int]:
-        """The weighted pods the levels ``below`` would add to ``run`` with the first variant,
-        and how many of their pods would stay pending."""
-        run = run.fork()
-        run.by_policy, run.spread_all = True, False
-        gained = left = 0
-        for lv in below:
-            rest = sweep(run, first_order[lv], True)
-            left += len(rest)
-            gained += weights[first_order[lv][0].key] * (len(first_order[lv]) - len(rest))
-        return gained, left
+        """The weighted pods the levels ``below`` would add to ``run`` with the first variant
+        (deep: with the first order or the scarcity order, the better, ties broken as by the
+        variant that made ``run``), and how many of their pods would stay pending."""
+        best = (-1, 0)
+        for scarce in (False, True) if deep else (False,):
+            trial = run.fork()
+            if not deep:
+                trial.by_policy, trial.spread_all, trial.backed_first = True, False, False
+            gained = left = 0
+            for lv in below:
+                order = first_order[lv]
+                if scarce:
+                    shares = _left_shares(trial, order, size)
+                    order = sorted(order, key=lambda p: (shares[p.key], index[p.key]))
+                rest = sweep(trial, order, True)
+                left += len(rest)
+                gained += weights[order[0].key] * (len(order) - len(rest))
+            if gained > best[0]:
+                best = (gained, left)
+            if not left:
+                break
+        return best
 
     for li, level in enumerate(levels):
         at_level = [p for p in hopeful if p.priority == level]
@@ -1412,6 +1450,10 @@ def _greedy(
                 key=lambda p: (-biggest[p.key], -size[p.key], -slots[p.key], index[p.key]),
             ),
             "smallest": sorted(at_level, key=lambda p: (size[p.key], slots[p.key], index[p.key])),
+            "bulk": sorted(
+                at_level,
+                key=lambda p: (-size[p.key], -biggest[p.key], -slots[p.key], index[p.key]),
+            ),
             "share": sorted(at_level, key=lambda p: (share[p.key], index[p.key])),
         }
         if budget > 1:
@@ -1421,6 +1463,7 @@ def _greedy(
         for name, defer, ties in _VARIANTS[:budget]:
             run = base.fork() if budget > 1 else base
             run.by_policy, run.spread_all = ties == "policy", ties == "spread"
+            run.backed_first = ties == "backed"
             left = sweep(run, orders[name], defer)
             key: tuple[int, ...] = ()
             later = 0
