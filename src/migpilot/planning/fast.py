@@ -95,6 +95,7 @@ _FEASIBLE_PER_KIND_MAX = 64
 _DESTROY_LIMIT = 16
 _FALLBACK_BUDGET = 64
 _MEMBER_SCAN = 32
+_SKIP_THOROUGH = True
 # Binpack ties: nodes compared per option for the CPU and memory they would leave unbacked.
 _NODE_SCAN = 4
 _REMEMBERED = 24
@@ -133,6 +134,8 @@ _PLAIN_VARIANTS = 9
 # The variants of the greedy with the lookahead of depth "lookahead" (the greedy as the first
 # change for issue 25 left it; _plan_mig keeps its plan if it does better than the deep one).
 _LOOKAHEAD_VARIANTS = 13
+# Placements a level's search (_search) tries at most.
+_SEARCH_BUDGET = 300
 # GPUs x pods up to which every planning variant runs (a few hundred milliseconds at most).
 _SMALL_PROBLEM = 200_000
 
@@ -507,6 +510,12 @@ class _Run:
                 mine.append(st)
             self.node_gpus.append(mine)
         self.dead = [False] * len(self.gpus)
+        self.exhaustive = _SKIP_THOROUGH and len(self.gpus) <= min(
+            _DESTROY_LIMIT, _MEMBER_SCAN, _FALLBACK_BUDGET, self.index.per_kind
+        )
+        """Whether the quick search is bounded by nothing on this cluster (each bound is at
+        least its number of GPUs, and so of states): then a thorough one would find nothing
+        more."""
         self.node_of_gpu = [g.node for g in self.gpus]
         self.node_room = [sum(states.room[self.sid[g.id]] for g in gs) for gs in self.node_gpus]
         self.node_slices = [sum(g.model.compute_slices for g in gs) for gs in self.node_gpus]
@@ -539,6 +548,8 @@ class _Run:
         self.backed_first = False
         """Whether every pod goes where it leaves the least GPU room that CPU and memory cannot
         back, before GPUs touched and free room (after destroys: a variant)."""
+        self.only: int | None = None
+        """The one node the next pods may go to (the search of a level, :func:`_search`)."""
 
     def fork(self) -> _Run:
         """An independent copy of this pass (to try variants without replaying what is done)."""
@@ -724,7 +735,14 @@ class _Run:
         """
         # Where other pods decide (pod affinity, spread), a pod that failed may fit later.
         involved = self.tracker.involved(pod)
-        kind = (pod.demand, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes, destroy)
+        kind = (
+            pod.demand,
+            constraints.signature(pod),
+            pod.cpu_milli,
+            pod.memory_bytes,
+            destroy,
+            self.only,
+        )
         if not involved and kind in self.failed:
             return False
         if not self._place(pod, needs, destroy=destroy):
@@ -737,6 +755,8 @@ class _Run:
         """Per node: its constraints admit the pod, and so do kube-scheduler's pod affinity
         and topology spread filters given the pods placed so far."""
         admits = self.admission.admits(pod)
+        if self.only is not None:
+            admits = [a and ni == self.only for ni, a in enumerate(admits)]
         if not self.tracker.involved(pod):
             return admits
         refused = self.tracker.refusals(pod)
@@ -778,6 +798,7 @@ class _Run:
             not thorough
             and not self.spread_all
             and not self.backed_first
+            and self.only is None
             and not self.tracker.involved(pod)
         ):
             # (Options remembered were found where other pods then allowed.)
@@ -799,11 +820,12 @@ class _Run:
                     pairs = self.index.destroy_options(model, need, usable, limit=limit)
                 else:
                     pairs, complete = self.index.options(model, need, usable, per_kind=per_kind)
-                    self.remembered[(model, need, constraints.signature(pod))] = (
-                        [(opt.cost, sid, opt) for sid, opt in pairs],
-                        len(self.entered),
-                        complete,
-                    )
+                    if self.only is None:  # (options on one node are no guide for the next pod)
+                        self.remembered[(model, need, constraints.signature(pod))] = (
+                            [(opt.cost, sid, opt) for sid, opt in pairs],
+                            len(self.entered),
+                            complete,
+                        )
                 found.extend((opt.cost, sid, opt) for sid, opt in pairs)
             choice = self._choose(pod, admits, found)
             if choice is not None:
@@ -812,7 +834,12 @@ class _Run:
                 return True
         if self._place_spanning(pod, needs, admits, destroy=destroy):
             return True
-        return not thorough and self._place(pod, needs, destroy=destroy, thorough=True)
+        # (On a cluster of few GPUs the quick search already looked at every state.)
+        return (
+            not thorough
+            and not self.exhaustive
+            and self._place(pod, needs, destroy=destroy, thorough=True)
+        )
 
     def _remembered(
         self,
@@ -873,7 +900,7 @@ class _Run:
         # out, and a pass looks at each node's GPUs at most once per kind.
         # (CPU and memory are checked per pod, outside the kind: pods that differ only in them
         # share what is known about the GPUs.)
-        kind = (pod.demand, constraints.signature(pod), destroy)
+        kind = (pod.demand, constraints.signature(pod), destroy, self.only)
         candidates = self.span_nodes.get(kind)
         if candidates is None:
             candidates = [ni for ni in range(len(self.snap.nodes)) if admits[ni]]
@@ -1417,6 +1444,14 @@ def _greedy(
     }
     lookahead = depth != "plain" and budget > 1 and len(levels) > 1
     deep = depth == "deep"
+    # The search of a level (_search): small problems, no pod (anti-)affinity or spread (nodes
+    # in the same state are then interchangeable).
+    searchable = (
+        budget > 1
+        and gpus * len(hopeful) <= _REPACK_PROBLEM
+        and not any(p.terms.constrained or p.terms.preferring for p in snap.pods)
+        and not any(b.anti_affinity for b in snap.bound)
+    )
 
     def finish(run: _Run, below: Sequence[int]) -> tuple[int, int]:
         """The weighted pods the levels ``below`` would add to ``run`` with the first variant
@@ -1481,7 +1516,18 @@ def _greedy(
             tried.append((key, run, left))
             if not left and not later:
                 break  # every pod of this level is placed, and the levels below as well
+        before = base
         _, base, left = max(tried, key=lambda t: t[0])
+        if deep and left and searchable:
+            found = _search(
+                before,
+                orders["bulk"],
+                needs,
+                placed=len(at_level) - len(left),
+                budget=_SEARCH_BUDGET,
+            )
+            if found is not None:
+                base, left = found
         pending += left
     targets, placements = base.result()
     chosen = plans.build(
@@ -1498,6 +1544,72 @@ def _greedy(
             sorted(snap.pods, key=lambda p: (-p.priority, share_all[p.key], index[p.key])),
         ]
     return chosen, ff_orders, budget > 1, len(hopeful)
+
+
+def _search(
+    run: _Run,
+    pods: Sequence[snapshot.Pod],
+    needs: dict[str, dict[str, tuple[str, ...]]],
+    *,
+    placed: int,
+    budget: int,
+) -> tuple[_Run, list[snapshot.Pod]] | None:
+    """A pass that places more of ``pods`` (one priority level) than ``placed`` from ``run`` (as
+    the levels above left it), with the pods left pending; ``None`` if none was found.
+
+    The greedy's orders and ties can all miss a level's packing: three nodes whose memory fits
+    the level's pods one way only, a 4g.24gb on the 64 GiB node and two small pods on the
+    48 GiB one, say. This searches the ways to put each pod (most compute first) on a node, or
+    to leave it pending, depth first: on each node the greedy places it as it would (its GPUs,
+    instances and destroys), nodes in the same state count once, and a branch that cannot
+    beat the best found stops. At most ``budget`` placements are tried.
+    """
+    best: list[tuple[_Run, list[snapshot.Pod]] | None] = [None]
+    most = [placed]
+    steps = [budget]
+    count = len(pods)
+
+    def dfs(cur: _Run, i: int, got: int, left: list[snapshot.Pod]) -> None:
+        if got + count - i <= most[0] or steps[0] <= 0:
+            return
+        if i == count:
+            most[0], best[0] = got, (cur, left)
+            return
+        pod = pods[i]
+        admits = cur.admission.admits(pod)
+        seen: set[tuple[object, ...]] = set()
+        for ni, gpus in enumerate(cur.node_gpus):
+            if not admits[ni] or not cur._resources_ok(ni, pod):
+                continue
+            state = (
+                tuple(cur.sid[g.id] for g in gpus),
+                cur.cpu[ni],
+                cur.mem[ni],
+                cur.capacity[ni],
+                admits_all[ni],
+            )
+            if state in seen:
+                continue
+            seen.add(state)
+            if steps[0] <= 0:
+                return
+            steps[0] -= 1
+            trial = cur.fork()
+            trial.only = ni
+            ok = trial.place(pod, needs[pod.key], destroy=True)
+            trial.only = None
+            if ok:
+                dfs(trial, i + 1, got + 1, left)
+        dfs(cur, i + 1, got, [*left, pod])
+
+    # Which of the level's pods each node admits: nodes alike in state and admission are
+    # interchangeable.
+    per_pod = [run.admission.admits(p) for p in pods]
+    admits_all = [tuple(a[ni] for a in per_pod) for ni in range(len(run.node_gpus))]
+    start = run.fork()
+    start.by_policy, start.spread_all, start.backed_first = True, False, False
+    dfs(start, 0, 0, [])
+    return best[0]
 
 
 def _first_fit(
