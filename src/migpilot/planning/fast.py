@@ -10,11 +10,21 @@ How it works:
   need free instances destroyed, and each again with ties broken by node order rather than by
   the pods' policies; then by scarcity (size against what is left, each resource weighted by how
   short it is: memory left after the levels above, say) and with every pod sent to the least
-  used node (keeps a level's memory-heavy pods off one node). The variant that places the most
-  pods of the level, then (where levels below have pods) after which the levels below place the
-  most (a lookahead with the first variant: where a level goes decides what the levels below
-  find), then scores best on the objective, is kept. A variant runs only while pods of the
-  level or of the levels below remain pending, and on large problems only the first runs.
+  used node (keeps a level's memory-heavy pods off one node); then with every pod sent where it
+  leaves the least GPU room that the node's CPU and memory cannot back ("backed": a 96 GiB pod
+  does not take the memory of a node of two idle A100s when a larger node has it), and most
+  compute first ("bulk": a pod of two 2g before single 3g pods). The variant that places the
+  most pods of the level, then (where levels below have pods) after which the levels below place
+  the most (a lookahead: where a level goes decides what the levels below find; it finishes the
+  levels below with the variant's own ties, by the first order and by the scarcity order, and
+  takes the better), then scores best on the objective, is kept. A variant runs only while pods
+  of the level or of the levels below remain pending, and on large problems only the first runs.
+  The shallower greedies (the first nine variants without lookahead, the first thirteen with a
+  lookahead by the first variant alone) run too where pods stay pending, and the best plan wins.
+* Where every variant leaves pods of a level pending on a small problem, a bounded depth-first
+  search (:func:`_search`) tries the ways to put the level's pods on nodes (each placed by the
+  greedy on that node) or leave them out, and keeps a pass that places more of the level: some
+  levels fit one way only (memory of three nodes, say), which no greedy order finds.
 * Each GPU carries a planning state: the instances that must stay (in use, or existing free
   instances given to a pod), the free existing instances not yet touched, the multiset of new
   instances the plan creates, and whether the GPU has been changed. New instances have no fixed
@@ -36,8 +46,8 @@ How it works:
   indexed by what still fits on them (per profile, by compute room, tightest first), so a pod
   evaluates a bounded number of promising states, not every GPU, and options found for one kind
   of pod are remembered for the next pod of that kind. Small clusters have fewer states than the
-  bounds, so there the search is exhaustive; if the bounded search finds nothing, a thorough one
-  looks at every state before a pod is left pending.
+  bounds, so there the search is exhaustive; elsewhere, if the bounded search finds nothing, a
+  thorough one looks at every state before a pod is left pending.
 * A pod whose instances fit on no single GPU is spread over the GPUs of one node, largest
   instance first. Pods no node could run even with every GPU empty are set aside at once.
 * Where a pod that some node could run is left pending, two more variants run: on small
@@ -126,6 +136,9 @@ _VARIANTS = (
 )
 # Pairs of nodes repacked at most per plan, on small problems (_repack_pairs).
 _REPACKS = 64
+# The greedy a repack runs (a repack is one of many: the shallower lookahead; without a
+# lookahead, a single node's repack misses the scarcity variant that ties on its level).
+_REPACK_DEPTH = "lookahead"
 # GPUs x pods up to which pairs of nodes are repacked (tens of milliseconds each time).
 _REPACK_PROBLEM = 5_000
 # The variants of the greedy without lookahead (the first ones: by the pods' policies and by
@@ -1298,7 +1311,7 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
                 whole_pods=(),
                 models=(),
             )
-            found = _greedy(sub)[0]  # (the shallower lookahead: a repack is one of many)
+            found = _greedy(sub, depth=_REPACK_DEPTH)[0]
             if sum(weights[pl.pod] for pl in found.placements) <= sum(
                 weights[pl.pod] for pl in here
             ):
