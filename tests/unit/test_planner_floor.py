@@ -180,6 +180,12 @@ def test_where_cpu_and_memory_bind_fast_is_not_below_hami() -> None:
         # one; no greedy order finds it, the search of a level does).
         dict(seed=185819, nodes=3, gpus_per_node=1, pods=36, models=("a30-24gb", "a100-80gb"),
              used_fraction=0.0, priority_levels=3),
+        # Found by the explore run with --hypothesis-seed=2 (docs/planner.md): fast 74,
+        # hami-placement 81. The priority-200 pod took a free 1g.10gb on the one GPU where the
+        # 4 x 1g.10gb pod of priority 100 fits; every variant takes that free instance (it
+        # costs nothing), the search of a level with the levels below as its tie-break does not.
+        dict(seed=480, nodes=4, gpus_per_node=1, pods=15, models=MODELS, used_fraction=0.7,
+             priority_levels=3),
     ],
 )  # fmt: skip
 def test_cases_a_wider_search_found(args: dict[str, object]) -> None:

@@ -149,6 +149,8 @@ _PLAIN_VARIANTS = 9
 _LOOKAHEAD_VARIANTS = 13
 # Placements a level's search (_search) tries at most.
 _SEARCH_BUDGET = 300
+# What the estimate of the levels below at a leaf of that search counts for.
+_FINISH_STEPS = 5
 # GPUs x pods up to which every planning variant runs (a few hundred milliseconds at most).
 _SMALL_PROBLEM = 200_000
 
@@ -1507,7 +1509,7 @@ def _greedy(
         if budget > 1:
             left_now = _left_shares(base, at_level, size)
             orders["room"] = sorted(at_level, key=lambda p: (left_now[p.key], index[p.key]))
-        tried: list[tuple[tuple[int, ...], _Run, list[snapshot.Pod]]] = []
+        tried: list[tuple[tuple[int, ...], _Run, list[snapshot.Pod], int]] = []
         for name, defer, ties in _VARIANTS[:budget]:
             run = base.fork() if budget > 1 else base
             run.by_policy, run.spread_all = ties == "policy", ties == "spread"
@@ -1526,18 +1528,20 @@ def _greedy(
                 if lookahead and li + 1 < len(levels) and all(len(left) <= -t[0][0] for t in tried):
                     gained, later = finish(run, levels[li + 1 :])
                 key = (-len(left), gained, *objective.score(snap, candidate).key)
-            tried.append((key, run, left))
+            tried.append((key, run, left, later))
             if not left and not later:
                 break  # every pod of this level is placed, and the levels below as well
         before = base
-        _, base, left = max(tried, key=lambda t: t[0])
-        if deep and left and searchable:
+        best_key, base, left, later = max(tried, key=lambda t: t[0])
+        if deep and searchable and (left or later):
+            below = levels[li + 1 :] if lookahead else []
             found = _search(
                 before,
                 orders["bulk"],
                 needs,
-                placed=len(at_level) - len(left),
+                beat=(len(at_level) - len(left), best_key[1] if below else 0),
                 budget=_SEARCH_BUDGET,
+                finish=functools.partial(_gained, finish, below) if below else None,
             )
             if found is not None:
                 base, left = found
@@ -1559,34 +1563,53 @@ def _greedy(
     return chosen, ff_orders, budget > 1, len(hopeful)
 
 
+def _gained(
+    finish: Callable[[_Run, Sequence[int]], tuple[int, int]], below: Sequence[int], run: _Run
+) -> int:
+    """What ``finish`` says the levels ``below`` would add to ``run`` (weighted pods)."""
+    return finish(run, below)[0]
+
+
 def _search(
     run: _Run,
     pods: Sequence[snapshot.Pod],
     needs: dict[str, dict[str, tuple[str, ...]]],
     *,
-    placed: int,
+    beat: tuple[int, int],
     budget: int,
+    finish: Callable[[_Run], int] | None,
 ) -> tuple[_Run, list[snapshot.Pod]] | None:
-    """A pass that places more of ``pods`` (one priority level) than ``placed`` from ``run`` (as
-    the levels above left it), with the pods left pending; ``None`` if none was found.
+    """A pass from ``run`` (as the levels above left it) that beats ``beat`` (pods of ``pods``,
+    one priority level, placed; then, with ``finish``, the weighted pods the levels below would
+    add after it), with the pods of the level left pending; ``None`` if none was found.
 
     The greedy's orders and ties can all miss a level's packing: three nodes whose memory fits
     the level's pods one way only, a 4g.24gb on the 64 GiB node and two small pods on the
     48 GiB one, say. This searches the ways to put each pod (most compute first) on a node, or
     to leave it pending, depth first: on each node the greedy places it as it would (its GPUs,
     instances and destroys), nodes in the same state count once, and a branch that cannot
-    beat the best found stops. At most ``budget`` placements are tried.
+    beat the best found stops. With ``finish``, a pass that places as many of the level but
+    leaves the levels below more wins too: a pod of a level can take the one GPU where a pod of
+    four instances below would fit (each estimate counts as :data:`_FINISH_STEPS` placements).
+    At most ``budget`` placements are tried.
     """
     best: list[tuple[_Run, list[snapshot.Pod]] | None] = [None]
-    most = [placed]
+    most = [beat]
     steps = [budget]
     count = len(pods)
 
     def dfs(cur: _Run, i: int, got: int, left: list[snapshot.Pod]) -> None:
-        if got + count - i <= most[0] or steps[0] <= 0:
+        if steps[0] <= 0 or got + count - i < most[0][0]:
+            return
+        if finish is None and got + count - i == most[0][0]:
             return
         if i == count:
-            most[0], best[0] = got, (cur, left)
+            key = (got, 0)
+            if finish is not None:
+                steps[0] -= _FINISH_STEPS
+                key = (got, finish(cur))
+            if key > most[0]:
+                most[0], best[0] = key, (cur, left)
             return
         pod = pods[i]
         admits = cur.admission.admits(pod)
