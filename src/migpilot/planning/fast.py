@@ -149,8 +149,11 @@ _PLAIN_VARIANTS = 9
 _LOOKAHEAD_VARIANTS = 13
 # Placements a level's search (_search) tries at most.
 _SEARCH_BUDGET = 300
-# What the estimate of the levels below at a leaf of that search counts for.
+# What the estimate of the levels below at a leaf of that search counts for, and the smaller
+# budget of a search where the level is placed whole (it only looks for more below: each leaf
+# costs passes over the levels below).
 _FINISH_STEPS = 5
+_TIE_SEARCH_BUDGET = 30
 # GPUs x pods up to which every planning variant runs (a few hundred milliseconds at most).
 _SMALL_PROBLEM = 200_000
 
@@ -1540,7 +1543,7 @@ def _greedy(
                 orders["bulk"],
                 needs,
                 beat=(len(at_level) - len(left), best_key[1] if below else 0),
-                budget=_SEARCH_BUDGET,
+                budget=_SEARCH_BUDGET if left else _TIE_SEARCH_BUDGET,
                 finish=functools.partial(_gained, finish, below) if below else None,
             )
             if found is not None:
