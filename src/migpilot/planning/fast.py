@@ -10,11 +10,21 @@ How it works:
   need free instances destroyed, and each again with ties broken by node order rather than by
   the pods' policies; then by scarcity (size against what is left, each resource weighted by how
   short it is: memory left after the levels above, say) and with every pod sent to the least
-  used node (keeps a level's memory-heavy pods off one node). The variant that places the most
-  pods of the level, then (where levels below have pods) after which the levels below place the
-  most (a lookahead with the first variant: where a level goes decides what the levels below
-  find), then scores best on the objective, is kept. A variant runs only while pods of the
-  level or of the levels below remain pending, and on large problems only the first runs.
+  used node (keeps a level's memory-heavy pods off one node); then with every pod sent where it
+  leaves the least GPU room that the node's CPU and memory cannot back ("backed": a 96 GiB pod
+  does not take the memory of a node of two idle A100s when a larger node has it), and most
+  compute first ("bulk": a pod of two 2g before single 3g pods). The variant that places the
+  most pods of the level, then (where levels below have pods) after which the levels below place
+  the most (a lookahead: where a level goes decides what the levels below find; it finishes the
+  levels below with the variant's own ties, by the first order and by the scarcity order, and
+  takes the better), then scores best on the objective, is kept. A variant runs only while pods
+  of the level or of the levels below remain pending, and on large problems only the first runs.
+  The shallower greedies (the first nine variants without lookahead, the first thirteen with a
+  lookahead by the first variant alone) run too where pods stay pending, and the best plan wins.
+* Where every variant leaves pods of a level pending on a small problem, a bounded depth-first
+  search (:func:`_search`) tries the ways to put the level's pods on nodes (each placed by the
+  greedy on that node) or leave them out, and keeps a pass that places more of the level: some
+  levels fit one way only (memory of three nodes, say), which no greedy order finds.
 * Each GPU carries a planning state: the instances that must stay (in use, or existing free
   instances given to a pod), the free existing instances not yet touched, the multiset of new
   instances the plan creates, and whether the GPU has been changed. New instances have no fixed
@@ -36,8 +46,8 @@ How it works:
   indexed by what still fits on them (per profile, by compute room, tightest first), so a pod
   evaluates a bounded number of promising states, not every GPU, and options found for one kind
   of pod are remembered for the next pod of that kind. Small clusters have fewer states than the
-  bounds, so there the search is exhaustive; if the bounded search finds nothing, a thorough one
-  looks at every state before a pod is left pending.
+  bounds, so there the search is exhaustive; elsewhere, if the bounded search finds nothing, a
+  thorough one looks at every state before a pod is left pending.
 * A pod whose instances fit on no single GPU is spread over the GPUs of one node, largest
   instance first. Pods no node could run even with every GPU empty are set aside at once.
 * Where a pod that some node could run is left pending, two more variants run: on small
@@ -95,6 +105,7 @@ _FEASIBLE_PER_KIND_MAX = 64
 _DESTROY_LIMIT = 16
 _FALLBACK_BUDGET = 64
 _MEMBER_SCAN = 32
+_SKIP_THOROUGH = True
 # Binpack ties: nodes compared per option for the CPU and memory they would leave unbacked.
 _NODE_SCAN = 4
 _REMEMBERED = 24
@@ -117,14 +128,32 @@ _VARIANTS = (
     ("largest", True, "spread"),
     ("room", True, "spread"),
     ("smallest", True, "spread"),
+    ("largest", False, "backed"),
+    ("room", False, "backed"),
+    ("smallest", False, "backed"),
+    ("bulk", True, "policy"),
+    ("bulk", False, "backed"),
 )
 # Pairs of nodes repacked at most per plan, on small problems (_repack_pairs).
 _REPACKS = 64
+# The greedy a repack runs (a repack is one of many: the shallower lookahead; without a
+# lookahead, a single node's repack misses the scarcity variant that ties on its level).
+_REPACK_DEPTH = "lookahead"
 # GPUs x pods up to which pairs of nodes are repacked (tens of milliseconds each time).
 _REPACK_PROBLEM = 5_000
 # The variants of the greedy without lookahead (the first ones: by the pods' policies and by
 # node order), which _plan_mig keeps if they do better than the greedy with all.
 _PLAIN_VARIANTS = 9
+# The variants of the greedy with the lookahead of depth "lookahead" (the greedy as the first
+# change for issue 25 left it; _plan_mig keeps its plan if it does better than the deep one).
+_LOOKAHEAD_VARIANTS = 13
+# Placements a level's search (_search) tries at most.
+_SEARCH_BUDGET = 300
+# What the estimate of the levels below at a leaf of that search counts for, and the smaller
+# budget of a search where the level is placed whole (it only looks for more below: each leaf
+# costs passes over the levels below).
+_FINISH_STEPS = 5
+_TIE_SEARCH_BUDGET = 30
 # GPUs x pods up to which every planning variant runs (a few hundred milliseconds at most).
 _SMALL_PROBLEM = 200_000
 
@@ -499,6 +528,12 @@ class _Run:
                 mine.append(st)
             self.node_gpus.append(mine)
         self.dead = [False] * len(self.gpus)
+        self.exhaustive = _SKIP_THOROUGH and len(self.gpus) <= min(
+            _DESTROY_LIMIT, _MEMBER_SCAN, _FALLBACK_BUDGET, self.index.per_kind
+        )
+        """Whether the quick search is bounded by nothing on this cluster (each bound is at
+        least its number of GPUs, and so of states): then a thorough one would find nothing
+        more."""
         self.node_of_gpu = [g.node for g in self.gpus]
         self.node_room = [sum(states.room[self.sid[g.id]] for g in gs) for gs in self.node_gpus]
         self.node_slices = [sum(g.model.compute_slices for g in gs) for gs in self.node_gpus]
@@ -528,6 +563,11 @@ class _Run:
         self.spread_all = False
         """Whether every pod goes to the least used node first, before GPUs touched and free
         room, as if each asked to be spread over nodes itself (a variant)."""
+        self.backed_first = False
+        """Whether every pod goes where it leaves the least GPU room that CPU and memory cannot
+        back, before GPUs touched and free room (after destroys: a variant)."""
+        self.only: int | None = None
+        """The one node the next pods may go to (the search of a level, :func:`_search`)."""
 
     def fork(self) -> _Run:
         """An independent copy of this pass (to try variants without replaying what is done)."""
@@ -612,6 +652,7 @@ class _Run:
         own_spread = pod.gpu_policy is snapshot.Policy.SPREAD
         # Likewise over nodes: the least used node first (every option is looked at).
         own_node_spread = self.spread_all or pod.node_policy is snapshot.Policy.SPREAD
+        backed = self.backed_first and not own_node_spread
 
         def head(cost: Cost, sid: int) -> tuple[float, ...]:
             if own_spread:
@@ -622,7 +663,7 @@ class _Run:
         best: tuple[tuple[float, ...], tuple[float, ...], _Gpu, Option] | None = None
         for found_cost, sid, opt in found:
             cost = head(found_cost, sid)
-            if best is not None and not own_node_spread and cost > best[0]:
+            if best is not None and not own_node_spread and not backed and cost > best[0]:
                 break
             seen: set[int] = set()
             gpu_rank = scoring.rank(gpu_policy, self._gpu_use(sid)) if self.by_policy else 0.0
@@ -634,19 +675,18 @@ class _Run:
                 # only later.)
                 seen.add(st.node)
                 use = scoring.rank(node_policy, self._node_use(st.node)) if self.by_policy else 0.0
-                rank = (
-                    (use, gpu_rank, gid)
-                    if spread
-                    else (self._strands(st, pod, opt), use, gpu_rank, gid)
-                )
+                strands = 0 if spread and not backed else self._strands(st, pod, opt)
+                rank = (use, gpu_rank, gid) if spread else (strands, use, gpu_rank, gid)
                 if liking is not None:
                     rank = (-liking[st.node], *rank)
-                key = (
-                    (found_cost[0], self._node_use(st.node), *cost[1:]) if own_node_spread else cost
-                )
+                key: tuple[float, ...] = cost
+                if own_node_spread:
+                    key = (found_cost[0], self._node_use(st.node), *cost[1:])
+                elif backed:
+                    key = (found_cost[0], strands, *cost[1:])
                 if best is None or (key, rank) < (best[0], best[1]):
                     best = (key, rank, st, opt)
-                if not spread and liking is None and len(seen) >= _NODE_SCAN:
+                if not spread and not backed and liking is None and len(seen) >= _NODE_SCAN:
                     break
         return None if best is None else (best[2], best[3])
 
@@ -713,7 +753,14 @@ class _Run:
         """
         # Where other pods decide (pod affinity, spread), a pod that failed may fit later.
         involved = self.tracker.involved(pod)
-        kind = (pod.demand, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes, destroy)
+        kind = (
+            pod.demand,
+            constraints.signature(pod),
+            pod.cpu_milli,
+            pod.memory_bytes,
+            destroy,
+            self.only,
+        )
         if not involved and kind in self.failed:
             return False
         if not self._place(pod, needs, destroy=destroy):
@@ -726,6 +773,8 @@ class _Run:
         """Per node: its constraints admit the pod, and so do kube-scheduler's pod affinity
         and topology spread filters given the pods placed so far."""
         admits = self.admission.admits(pod)
+        if self.only is not None:
+            admits = [a and ni == self.only for ni, a in enumerate(admits)]
         if not self.tracker.involved(pod):
             return admits
         refused = self.tracker.refusals(pod)
@@ -763,7 +812,13 @@ class _Run:
             return ok
 
         per_kind = len(self.gpus) if thorough else self.index.per_kind
-        if not thorough and not self.spread_all and not self.tracker.involved(pod):
+        if (
+            not thorough
+            and not self.spread_all
+            and not self.backed_first
+            and self.only is None
+            and not self.tracker.involved(pod)
+        ):
             # (Options remembered were found where other pods then allowed.)
             # A remembered option that changes nothing or fills an already changed GPU is as
             # good as a search would find (bar the free-value tie-break). So is one that touches
@@ -783,11 +838,12 @@ class _Run:
                     pairs = self.index.destroy_options(model, need, usable, limit=limit)
                 else:
                     pairs, complete = self.index.options(model, need, usable, per_kind=per_kind)
-                    self.remembered[(model, need, constraints.signature(pod))] = (
-                        [(opt.cost, sid, opt) for sid, opt in pairs],
-                        len(self.entered),
-                        complete,
-                    )
+                    if self.only is None:  # (options on one node are no guide for the next pod)
+                        self.remembered[(model, need, constraints.signature(pod))] = (
+                            [(opt.cost, sid, opt) for sid, opt in pairs],
+                            len(self.entered),
+                            complete,
+                        )
                 found.extend((opt.cost, sid, opt) for sid, opt in pairs)
             choice = self._choose(pod, admits, found)
             if choice is not None:
@@ -796,7 +852,12 @@ class _Run:
                 return True
         if self._place_spanning(pod, needs, admits, destroy=destroy):
             return True
-        return not thorough and self._place(pod, needs, destroy=destroy, thorough=True)
+        # (On a cluster of few GPUs the quick search already looked at every state.)
+        return (
+            not thorough
+            and not self.exhaustive
+            and self._place(pod, needs, destroy=destroy, thorough=True)
+        )
 
     def _remembered(
         self,
@@ -857,7 +918,7 @@ class _Run:
         # out, and a pass looks at each node's GPUs at most once per kind.
         # (CPU and memory are checked per pod, outside the kind: pods that differ only in them
         # share what is known about the GPUs.)
-        kind = (pod.demand, constraints.signature(pod), destroy)
+        kind = (pod.demand, constraints.signature(pod), destroy, self.only)
         candidates = self.span_nodes.get(kind)
         if candidates is None:
             candidates = [ni for ni in range(len(self.snap.nodes)) if admits[ni]]
@@ -1146,14 +1207,16 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
 
 def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """Plan the whole pending set of a snapshot of MIG nodes."""
-    chosen, orders, thorough, hopeful = _greedy(snap)
+    chosen, orders, thorough, hopeful = _greedy(snap, depth="deep")
     if thorough and len({p.priority for p in snap.pods}) > 1 and len(chosen.placements) < hopeful:
-        # The lookahead estimates the levels below with one variant, and a variant that ties
-        # on a level can still leave the levels below less: the greedy without either (the
-        # nine variants alone) runs too, and the better plan is kept.
-        plain = _greedy(snap, lookahead=False)[0]
-        if objective.score(snap, plain).key > objective.score(snap, chosen).key:
-            chosen = plain
+        # The lookahead only estimates the levels below, and a variant that ties on a level
+        # can still leave the levels below less: the shallower greedies run too (the nine
+        # variants alone, and the thirteen with the first variant's lookahead), and the best
+        # plan is kept. So no depth is ever below another.
+        for depth in ("lookahead", "plain"):
+            other = _greedy(snap, depth=depth)[0]
+            if objective.score(snap, other).key > objective.score(snap, chosen).key:
+                chosen = other
     # The other variants can only matter where the greedy left a pod pending that could run.
     if len(chosen.placements) == hopeful:
         orders, thorough = [], False
@@ -1163,8 +1226,8 @@ def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
         # against it in the comparison.
         bare_snap = _without_free(snap)
         levels = len({p.priority for p in snap.pods}) > 1
-        for lookahead in (True, False) if levels else (True,):  # as above
-            bare = _greedy(bare_snap, lookahead=lookahead)[0]
+        for depth in ("deep", "lookahead", "plain") if levels else ("deep",):  # as above
+            bare = _greedy(bare_snap, depth=depth)[0]
             alt = plans.build(
                 snap,
                 planner="fast",
@@ -1253,7 +1316,7 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
                 whole_pods=(),
                 models=(),
             )
-            found = _greedy(sub)[0]
+            found = _greedy(sub, depth=_REPACK_DEPTH)[0]
             if sum(weights[pl.pod] for pl in found.placements) <= sum(
                 weights[pl.pod] for pl in here
             ):
@@ -1315,12 +1378,17 @@ def _without_free(snap: snapshot.Snapshot) -> snapshot.Snapshot:
 
 
 def _greedy(
-    snap: snapshot.Snapshot, *, lookahead: bool = True
+    snap: snapshot.Snapshot, *, depth: str = "lookahead"
 ) -> tuple[plans.Plan, list[list[snapshot.Pod] | None], bool, int]:
-    # (lookahead=False: the greedy as it was before issue 25, its first nine variants alone.)
     """The greedy passes over the variants: the plan chosen (no reasons yet), the pod orders
     first-fit should also try, whether the problem is small enough for every variant, and how
-    many pods some node could run with every GPU empty."""
+    many pods some node could run with every GPU empty.
+
+    ``depth``: ``"plain"``, the first nine variants and no lookahead (the greedy before issue
+    25); ``"lookahead"``, the first :data:`_LOOKAHEAD_VARIANTS` with the lookahead estimated by
+    the first variant; ``"deep"``, every variant, the lookahead estimated with each variant's
+    own ties, by the first order and by the scarcity order (the better).
+    """
     states = _States(snap.models)
     needs: dict[str, dict[str, tuple[str, ...]]] = {}
     for pod in snap.pods:
@@ -1354,8 +1422,10 @@ def _greedy(
     share = _dominant_shares(snap, hopeful, size)
     gpus = sum(len(n.gpus) for n in snap.nodes)
     budget = len(_VARIANTS) if gpus * max(len(hopeful), 1) <= _SMALL_PROBLEM else 1
-    if not lookahead:
+    if depth == "plain":
         budget = min(budget, _PLAIN_VARIANTS)
+    elif depth == "lookahead":
+        budget = min(budget, _LOOKAHEAD_VARIANTS)
 
     def sweep(run: _Run, order: list[snapshot.Pod], defer: bool) -> list[snapshot.Pod]:
         if defer:
@@ -1390,19 +1460,40 @@ def _greedy(
         )
         for level in levels
     }
-    lookahead = lookahead and budget > 1 and len(levels) > 1
+    lookahead = depth != "plain" and budget > 1 and len(levels) > 1
+    deep = depth == "deep"
+    # The search of a level (_search): small problems, no pod (anti-)affinity or spread (nodes
+    # in the same state are then interchangeable).
+    searchable = (
+        budget > 1
+        and gpus * len(hopeful) <= _REPACK_PROBLEM
+        and not any(p.terms.constrained or p.terms.preferring for p in snap.pods)
+        and not any(b.anti_affinity for b in snap.bound)
+    )
 
     def finish(run: _Run, below: Sequence[int]) -> tuple[int, int]:
-        """The weighted pods the levels ``below`` would add to ``run`` with the first variant,
-        and how many of their pods would stay pending."""
-        run = run.fork()
-        run.by_policy, run.spread_all = True, False
-        gained = left = 0
-        for lv in below:
-            rest = sweep(run, first_order[lv], True)
-            left += len(rest)
-            gained += weights[first_order[lv][0].key] * (len(first_order[lv]) - len(rest))
-        return gained, left
+        """The weighted pods the levels ``below`` would add to ``run`` with the first variant
+        (deep: with the first order or the scarcity order, the better, ties broken as by the
+        variant that made ``run``), and how many of their pods would stay pending."""
+        best = (-1, 0)
+        for scarce in (False, True) if deep else (False,):
+            trial = run.fork()
+            if not deep:
+                trial.by_policy, trial.spread_all, trial.backed_first = True, False, False
+            gained = left = 0
+            for lv in below:
+                order = first_order[lv]
+                if scarce:
+                    shares = _left_shares(trial, order, size)
+                    order = sorted(order, key=lambda p: (shares[p.key], index[p.key]))
+                rest = sweep(trial, order, True)
+                left += len(rest)
+                gained += weights[order[0].key] * (len(order) - len(rest))
+            if gained > best[0]:
+                best = (gained, left)
+            if not left:
+                break
+        return best
 
     for li, level in enumerate(levels):
         at_level = [p for p in hopeful if p.priority == level]
@@ -1412,15 +1503,20 @@ def _greedy(
                 key=lambda p: (-biggest[p.key], -size[p.key], -slots[p.key], index[p.key]),
             ),
             "smallest": sorted(at_level, key=lambda p: (size[p.key], slots[p.key], index[p.key])),
+            "bulk": sorted(
+                at_level,
+                key=lambda p: (-size[p.key], -biggest[p.key], -slots[p.key], index[p.key]),
+            ),
             "share": sorted(at_level, key=lambda p: (share[p.key], index[p.key])),
         }
         if budget > 1:
             left_now = _left_shares(base, at_level, size)
             orders["room"] = sorted(at_level, key=lambda p: (left_now[p.key], index[p.key]))
-        tried: list[tuple[tuple[int, ...], _Run, list[snapshot.Pod]]] = []
+        tried: list[tuple[tuple[int, ...], _Run, list[snapshot.Pod], int]] = []
         for name, defer, ties in _VARIANTS[:budget]:
             run = base.fork() if budget > 1 else base
             run.by_policy, run.spread_all = ties == "policy", ties == "spread"
+            run.backed_first = ties == "backed"
             left = sweep(run, orders[name], defer)
             key: tuple[int, ...] = ()
             later = 0
@@ -1435,10 +1531,23 @@ def _greedy(
                 if lookahead and li + 1 < len(levels) and all(len(left) <= -t[0][0] for t in tried):
                     gained, later = finish(run, levels[li + 1 :])
                 key = (-len(left), gained, *objective.score(snap, candidate).key)
-            tried.append((key, run, left))
+            tried.append((key, run, left, later))
             if not left and not later:
                 break  # every pod of this level is placed, and the levels below as well
-        _, base, left = max(tried, key=lambda t: t[0])
+        before = base
+        best_key, base, left, later = max(tried, key=lambda t: t[0])
+        if deep and searchable and (left or later):
+            below = levels[li + 1 :] if lookahead else []
+            found = _search(
+                before,
+                orders["bulk"],
+                needs,
+                beat=(len(at_level) - len(left), best_key[1] if below else 0),
+                budget=_SEARCH_BUDGET if left else _TIE_SEARCH_BUDGET,
+                finish=functools.partial(_gained, finish, below) if below else None,
+            )
+            if found is not None:
+                base, left = found
         pending += left
     targets, placements = base.result()
     chosen = plans.build(
@@ -1455,6 +1564,91 @@ def _greedy(
             sorted(snap.pods, key=lambda p: (-p.priority, share_all[p.key], index[p.key])),
         ]
     return chosen, ff_orders, budget > 1, len(hopeful)
+
+
+def _gained(
+    finish: Callable[[_Run, Sequence[int]], tuple[int, int]], below: Sequence[int], run: _Run
+) -> int:
+    """What ``finish`` says the levels ``below`` would add to ``run`` (weighted pods)."""
+    return finish(run, below)[0]
+
+
+def _search(
+    run: _Run,
+    pods: Sequence[snapshot.Pod],
+    needs: dict[str, dict[str, tuple[str, ...]]],
+    *,
+    beat: tuple[int, int],
+    budget: int,
+    finish: Callable[[_Run], int] | None,
+) -> tuple[_Run, list[snapshot.Pod]] | None:
+    """A pass from ``run`` (as the levels above left it) that beats ``beat`` (pods of ``pods``,
+    one priority level, placed; then, with ``finish``, the weighted pods the levels below would
+    add after it), with the pods of the level left pending; ``None`` if none was found.
+
+    The greedy's orders and ties can all miss a level's packing: three nodes whose memory fits
+    the level's pods one way only, a 4g.24gb on the 64 GiB node and two small pods on the
+    48 GiB one, say. This searches the ways to put each pod (most compute first) on a node, or
+    to leave it pending, depth first: on each node the greedy places it as it would (its GPUs,
+    instances and destroys), nodes in the same state count once, and a branch that cannot
+    beat the best found stops. With ``finish``, a pass that places as many of the level but
+    leaves the levels below more wins too: a pod of a level can take the one GPU where a pod of
+    four instances below would fit (each estimate counts as :data:`_FINISH_STEPS` placements).
+    At most ``budget`` placements are tried.
+    """
+    best: list[tuple[_Run, list[snapshot.Pod]] | None] = [None]
+    most = [beat]
+    steps = [budget]
+    count = len(pods)
+
+    def dfs(cur: _Run, i: int, got: int, left: list[snapshot.Pod]) -> None:
+        if steps[0] <= 0 or got + count - i < most[0][0]:
+            return
+        if finish is None and got + count - i == most[0][0]:
+            return
+        if i == count:
+            key = (got, 0)
+            if finish is not None:
+                steps[0] -= _FINISH_STEPS
+                key = (got, finish(cur))
+            if key > most[0]:
+                most[0], best[0] = key, (cur, left)
+            return
+        pod = pods[i]
+        admits = cur.admission.admits(pod)
+        seen: set[tuple[object, ...]] = set()
+        for ni, gpus in enumerate(cur.node_gpus):
+            if not admits[ni] or not cur._resources_ok(ni, pod):
+                continue
+            state = (
+                tuple(cur.sid[g.id] for g in gpus),
+                cur.cpu[ni],
+                cur.mem[ni],
+                cur.capacity[ni],
+                admits_all[ni],
+            )
+            if state in seen:
+                continue
+            seen.add(state)
+            if steps[0] <= 0:
+                return
+            steps[0] -= 1
+            trial = cur.fork()
+            trial.only = ni
+            ok = trial.place(pod, needs[pod.key], destroy=True)
+            trial.only = None
+            if ok:
+                dfs(trial, i + 1, got + 1, left)
+        dfs(cur, i + 1, got, [*left, pod])
+
+    # Which of the level's pods each node admits: nodes alike in state and admission are
+    # interchangeable.
+    per_pod = [run.admission.admits(p) for p in pods]
+    admits_all = [tuple(a[ni] for a in per_pod) for ni in range(len(run.node_gpus))]
+    start = run.fork()
+    start.by_policy, start.spread_all, start.backed_first = True, False, False
+    dfs(start, 0, 0, [])
+    return best[0]
 
 
 def _first_fit(
