@@ -165,10 +165,8 @@ def _a_used_gpu(snap: snapshot.Snapshot) -> tuple[int, int]:
     raise AssertionError("no GPU with an instance in use")
 
 
-def test_an_instance_freed_triggers_a_full_replan(
-    standing: tuple[snapshot.Snapshot, control.Memory],
-) -> None:
-    snap, memory = standing
+def _freed(snap: snapshot.Snapshot) -> snapshot.Snapshot:
+    """``snap`` with every instance of its first GPU holding one in use freed."""
     i, j = _a_used_gpu(snap)
     node = snap.nodes[i]
     gpu = node.gpus[j]
@@ -176,7 +174,14 @@ def test_an_instance_freed_triggers_a_full_replan(
         gpu, instances=tuple(dataclasses.replace(x, used=False) for x in gpu.instances)
     )
     gpus = tuple(freed if k == j else g for k, g in enumerate(node.gpus))
-    why = _full_after(_with_node(snap, i, dataclasses.replace(node, gpus=gpus)), memory)
+    return _with_node(snap, i, dataclasses.replace(node, gpus=gpus))
+
+
+def test_an_instance_freed_triggers_a_full_replan(
+    standing: tuple[snapshot.Snapshot, control.Memory],
+) -> None:
+    snap, memory = standing
+    why = _full_after(_freed(snap), memory)
     assert "an instance in use was freed" in why
 
 
@@ -249,17 +254,8 @@ def test_capacity_freed_at_a_step_without_a_plan_still_triggers_the_next_full_re
 ) -> None:
     """Freed, then taken again before the next plan: the step between saw it grow."""
     snap, memory = standing
-    i, j = _a_used_gpu(snap)
-    node = snap.nodes[i]
-    gpu = node.gpus[j]
-    freed = dataclasses.replace(
-        gpu, instances=tuple(dataclasses.replace(x, used=False) for x in gpu.instances)
-    )
-    gpus = tuple(freed if k == j else g for k, g in enumerate(node.gpus))
     later = dataclasses.replace(SETTINGS, batch_window_s=10.0)
-    between = _step(
-        _with_node(snap, i, dataclasses.replace(node, gpus=gpus)), memory, now=0.5, settings=later
-    )
+    between = _step(_freed(snap), memory, now=0.5, settings=later)
     assert between.plan is None  # no plan due yet
     why = _full_after(snap, between.memory, now=11.0)
     assert "an instance in use was freed" in why
