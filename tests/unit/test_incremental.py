@@ -151,6 +151,32 @@ def test_a_new_pod_alone_is_planned_incrementally(
     assert [p.key for c in calls for p in c.pods] == [fresh[0].key] * len(calls)
 
 
+def test_a_pod_no_node_could_hold_costs_no_retry_over_every_node(
+    standing: tuple[snapshot.Snapshot, control.Memory],
+) -> None:
+    """A new pod that no node could hold (more instances than any node has memory slices) stays
+    unplaced without the second planner call over every node; the other new pod is placed."""
+    snap, _ = standing
+    i, j = _a_used_gpu(snap)
+    small = min(snap.nodes[i].gpus[j].model.profiles, key=lambda p: p.memory_slots).name
+    freed = snap
+    while any(x.used for n in freed.nodes for g in n.gpus for x in g.instances):
+        freed = _freed(freed)  # room for the small pod on more than one node
+    fits = dataclasses.replace(
+        _new(5, 1, nodes=3, gpus=2)[0],
+        mig=(snapshot.MigRequest(small, 1),),
+        cpu_milli=0,
+        memory_bytes=0,
+    )
+    never = dataclasses.replace(fits, name="never", mig=(snapshot.MigRequest(small, 99),))
+    assert len(incremental.candidates(freed, (fits,), per_pod=None)) > 1
+    calls: list[snapshot.Snapshot] = []
+    plan = incremental.plan_new(freed, (fits, never), _counting(calls), per_pod=1)
+    assert len(calls) == 1
+    assert [u.pod for u in plan.unschedulable] == [never.key]
+    assert [p.pod for p in plan.placements] == [fits.key]
+
+
 def _with_node(snap: snapshot.Snapshot, i: int, node: snapshot.Node) -> snapshot.Snapshot:
     nodes = list(snap.nodes)
     nodes[i] = node

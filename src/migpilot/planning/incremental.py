@@ -38,10 +38,11 @@ The pass (:func:`plan_new`). The new pods are planned with the same planner on t
 could hold one of them (a sound filter: a node is left out only if no new pod is admitted there,
 has the CPU and memory, and finds free memory slices enough; MPS and time-slicing nodes are
 always kept), the nodes of each pod ranked (free instances it can reuse, then the node policy)
-and the first ``per_pod`` kept; if that leaves a new pod unplaced, the pass plans again on every
-node the filter kept (where no node has room, the planner sees a few nodes that admit each pod,
-for its reasons). The plan is stretched over every GPU of the snapshot (those left out keep
-their layouts).
+and the first ``per_pod`` kept; if that leaves a new pod unplaced that some node might hold,
+the pass plans again on every node the filter kept (a pod no node might hold, such as one asking
+a profile of a model the cluster lacks, costs no retry; where no node has room, the planner sees
+a few nodes that admit each pod, for its reasons). The plan is stretched over every GPU of the
+snapshot (those left out keep their layouts).
 
 Pure: no clock (``now`` is an argument), no I/O.
 """
@@ -381,7 +382,11 @@ def plan_new(
         first = tuple(n for n in snap.nodes if n.name in admit)
     view = dataclasses.replace(snap, nodes=first, pods=pods, whole_pods=(), models=())
     plan = planner(view)
-    if plan.unschedulable:
+    left = {u.pod for u in plan.unschedulable}
+    # A pod no node could hold (the filter is sound) stays unplaced whatever the retry does, and
+    # every other pod is placed: the retry over every node (hundreds, in a full cluster) is
+    # made only for a pod left unplaced that some node might hold.
+    if left and candidates(snap, [p for p in pods if p.key in left], per_pod=None):
         every = candidates(snap, pods, per_pod=None)
         if len(every) > len(first):
             plan = planner(dataclasses.replace(view, nodes=every, models=()))
