@@ -53,7 +53,7 @@ from migpilot.controller import kube as controller_kube
 from migpilot.controller import observing, pinning
 from migpilot.kube import errors as kube_errors
 from tests.kube import crds, tools
-from tests.kube.controlplane import ControlPlane, wait_for
+from tests.kube.controlplane import ControlPlane, ControlPlaneError, wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -248,6 +248,8 @@ def installed(control_plane: ControlPlane) -> Iterator[Installed]:
                     content=json.dumps(image),
                     headers={"Content-Type": JSON_PATCH},
                 )
+            answers = {"agent Node": node, "agent GpuLayout": own_layout, "controller Pod": pod}
+            last.update((k, f"{v.status_code} {_message(v)[:300]}") for k, v in answers.items())
             return all(
                 got.status_code == 403 and refused in _message(got)
                 for got, refused in (
@@ -257,7 +259,11 @@ def installed(control_plane: ControlPlane) -> Iterator[Installed]:
                 )
             )
 
-        wait_for(enforced, what="the admission policies to be enforced", timeout=60)
+        last: dict[str, str] = {}
+        try:
+            wait_for(enforced, what="the admission policies to be enforced", timeout=60)
+        except ControlPlaneError as e:  # say which probe was never refused, and how it was met
+            raise ControlPlaneError(f"{e}; the probes' last answers: {last}") from e
         client.delete(Pod, probe_pod, namespace=namespace)
         yield found
     finally:
