@@ -293,7 +293,9 @@ class Load:
         self.thinned = 0
 
     def asked_gb(self) -> float:
-        return sum(ask_gb(a) for a in self.live.values())
+        with self.rec.lock:  # the progress thread reads it too
+            asks = list(self.live.values())
+        return sum(ask_gb(a) for a in asks)
 
     def run(self, until: float, stop: threading.Event) -> None:
         next_arrival = time.time() + self.rng.expovariate(self.rate)
@@ -308,7 +310,9 @@ class Load:
                 else:
                     self.thinned += 1
                 continue
-            for name in [n for n, t in self.rec.running.items() if n in self.live]:
+            with self.rec.lock:  # the watch thread adds to ``running`` meanwhile
+                started = [n for n in self.rec.running if n in self.live]
+            for name in started:
                 if name not in self.leaves:
                     self.leaves[name] = self.rec.running[name] + self._lifetimes.pop(name)
             for name, t in sorted(self.leaves.items(), key=lambda kv: kv[1]):
@@ -323,7 +327,8 @@ class Load:
         self.rec.created[name] = t
         self.rec.asks[name] = ask
         self.rec.add(checks.PodCreated(t, _key(name), ask))
-        self.live[name] = ask
+        with self.rec.lock:
+            self.live[name] = ask
         self._lifetimes[name] = lifetime
         _retrying(lambda: self.client.create(_pod(name, ask)), f"create {name}", self.rec)
 
@@ -331,7 +336,8 @@ class Load:
         t = time.time()
         self.rec.deleted[name] = t
         self.rec.add(checks.PodDeleted(t, _key(name)))
-        self.live.pop(name, None)
+        with self.rec.lock:
+            self.live.pop(name, None)
         self.leaves.pop(name, None)
         _retrying(
             lambda: self.client.delete(Pod, name, namespace=NAMESPACE, grace_period=0),
@@ -902,8 +908,9 @@ def _progress(  # noqa: PLR0917 - a thread's target
     while not stop.wait(30.0) and time.time() < until:
         with rec.lock:
             running = sum(1 for n in load.live if n in rec.running)
+            live = len(load.live)
         log(
-            f"[{time.time() - start:7.1f} s] created {load.count}, live {len(load.live)} "
+            f"[{time.time() - start:7.1f} s] created {load.count}, live {live} "
             f"(running {running}), asked {load.asked_gb() / load.capacity_gb:.0%} of GPU memory"
         )
 
