@@ -231,3 +231,44 @@ def test_plans_are_the_same_with_cold_and_warm_caches() -> None:
     fast.clear_caches()
     cold = fast.plan(snap, options.Options())
     assert plans.to_json(cold, explain=True) == plans.to_json(warm, explain=True)
+
+
+def test_variants_placing_as_many_pods_prefer_the_one_placing_more_compute() -> None:
+    # A MIG-native inflate replay's snapshot (issue 25): two free H100 GPUs hold either the
+    # pinned pod of two whole GPUs or the pinned pod of one. Both plans place five pods; fewer
+    # GPUs touched and more free value would keep the larger pod pending (as the spread
+    # variants' plans did), which then never finds two GPUs again under the backlog.
+    product = "nvidia.com/gpu.product"
+    h100, a100 = {product: "NVIDIA-H100-80GB-HBM3"}, {product: "NVIDIA-A100-SXM4-80GB"}
+    busy = [gpu("h100-80gb", ("7g.80gb", 0, True)) for _ in range(5)]
+    mixed = gpu("h100-80gb", ("1g.10gb", 0, True), ("1g.10gb", 1, True), ("3g.40gb", 4, True))
+    nodes = [
+        node(
+            "h",
+            [*busy, mixed, gpu("h100-80gb"), gpu("h100-80gb")],
+            labels=h100,
+            allocatable={"cpu": "37", "memory": "1Ti"},
+        ),
+        *(
+            node(n, [gpu("a100-80gb") for _ in range(8)], labels=a100,
+                 allocatable={"cpu": "96", "memory": "1Ti"})
+            for n in ("a0", "a1")
+        ),
+    ]  # fmt: skip
+    cpu = {"cpu": "10"}
+    pods = [
+        pod("one-a", "7g.80gb", requests=cpu),
+        pod("one-b", "7g.80gb", requests=cpu),
+        pod("four-a", "7g.80gb", 4, requests={"cpu": "42"}),
+        pod("two-h100", "7g.80gb", 2, requests={"cpu": "21"}, nodeSelector=h100),
+        pod("one-h100", "7g.80gb", requests=cpu, nodeSelector=h100),
+        pod("four-b", "7g.80gb", 4, requests={"cpu": "42"}),
+    ]
+    _, result = plan_of(nodes, pods)
+    assert {p.pod.split("/")[-1] for p in result.placements} == {
+        "one-a",
+        "one-b",
+        "four-a",
+        "two-h100",
+        "four-b",
+    }

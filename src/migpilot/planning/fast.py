@@ -1530,7 +1530,7 @@ def _greedy(
                 # only then is the lookahead worth its pass.
                 if lookahead and li + 1 < len(levels) and all(len(left) <= -t[0][0] for t in tried):
                     gained, later = finish(run, levels[li + 1 :])
-                key = (-len(left), gained, *objective.score(snap, candidate).key)
+                key = (-len(left), gained, *_variant_key(candidate, snap, size))
             tried.append((key, run, left, later))
             if not left and not later:
                 break  # every pod of this level is placed, and the levels below as well
@@ -1564,6 +1564,27 @@ def _greedy(
             sorted(snap.pods, key=lambda p: (-p.priority, share_all[p.key], index[p.key])),
         ]
     return chosen, ff_orders, budget > 1, len(hopeful)
+
+
+def _variant_key(
+    plan: plans.Plan, snap: snapshot.Snapshot, size: dict[str, int]
+) -> tuple[int, ...]:
+    """How a level's variants that place as many pods compare: the objective's key, with the
+    compute the plan places (each pod's :func:`_size`) between its destroys (and ``crowded``) and
+    its GPUs touched.
+
+    Variants placing as many pods often differ in which pods they leave pending: one leaves a
+    pod of two whole GPUs pending and places one of one GPU, say. GPUs touched and free value
+    alone would prefer the smaller pods (fewer GPUs touched, more room left), so the more
+    variants tried, the likelier the pods left pending are the large ones; but a large pod left
+    pending finds room later only where small pods have not taken it, while small pods fill the
+    room left later. Under a standing backlog (inflate replays, MIG-native traces of whole-GPU
+    training pods) that lost allocation (issue 25).
+    """
+    score = objective.score(snap, plan)
+    compute = sum(size[pl.pod] for pl in plan.placements)
+    head = score.key[:3]  # weighted, -destroyed, -crowded
+    return (*head, compute, *score.key[3:])
 
 
 def _gained(
