@@ -792,21 +792,27 @@ def _judge(
 ) -> tuple[Judged, ...]:
     """A verdict for each pod ``plan`` left unplaced, but those of ``skip`` (the backlog an
     incremental pass left out: judged by the plan that found them unplaceable)."""
-    if not plan.unschedulable:
+    judged = [u for u in plan.unschedulable if u.pod not in skip]
+    if not judged:
+        # Built only for pods to judge: an incremental pass at 8,000 GPUs leaves the whole
+        # backlog unschedulable (skipped), and the empty cluster costs more than the pass.
         return ()
+    bare: dict[tuple[int, str], snapshot.Gpu] = {}
     empty = tuple(
         replace(
             n,
             allocatable=observed.whole.get(n.name, n.capacity or n.allocatable),
-            gpus=tuple(snapshot.Gpu(g.index, g.model, ()) for g in n.gpus),
+            gpus=tuple(
+                bare.get((g.index, g.model.id))
+                or bare.setdefault((g.index, g.model.id), snapshot.Gpu(g.index, g.model, ()))
+                for g in n.gpus
+            ),
         )
         for n in observed.snapshot.nodes
     )
     pods = {p.key: p for p in observed.snapshot.pods}
     out: list[Judged] = []
-    for u in plan.unschedulable:
-        if u.pod in skip:
-            continue
+    for u in judged:
         extra = observed.pending.get(u.pod, Pending())
         pod = pods.get(u.pod)
         if extra.static is not None and extra.gated:
