@@ -863,40 +863,115 @@ def demand_gb(pod: snapshot.Pod) -> int:
     return total
 
 
+SEARCH_PLACEMENTS = 2_000
+"""Placements a plan may try beyond the three ways per level (:func:`place`'s search: more
+orders where a level leaves pods pending, and the lookahead over the levels below between
+orders that place as many). Each order costs one placement per pod of its level: large problems
+(2,000 GPUs, 6,000 pods: 3,000 a level) keep the three ways only and their speed, small ones
+(a simulator's cluster, a snapshot of tens of GPUs) are searched."""
+
+
 def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
     """Place ``pods`` on the snapshot's MPS and time-slicing nodes (see the module docstring)."""
     run = _Run(snap)
     if not run.nodes:
         return run.result()
     index = {p.key: i for i, p in enumerate(snap.pods)}
-    for level in sorted({p.priority for p in pods}, reverse=True):
-        at_level = [p for p in pods if p.priority == level]
+
+    def largest_first(group: Sequence[snapshot.Pod]) -> list[snapshot.Pod]:
+        return sorted(group, key=lambda p: (-demand_gb(p), index.get(p.key, 0)))
+
+    levels = [
+        [p for p in pods if p.priority == level]
+        for level in sorted({p.priority for p in pods}, reverse=True)
+    ]
+    budget = SEARCH_PLACEMENTS
+    for i, at_level in enumerate(levels):
         # Largest demand first packs MPS memory and keeps large pods from starving behind
         # small ones. Where the count binds (time-slicing replicas), a pod asking several GPUs
         # spends replicas that as many one-GPU pods would use: the second order puts pods
-        # asking fewer GPUs first, largest demand first among them. Both run from the same
-        # state; the one that leaves fewer pods pending, then removes fewer free slices, is
-        # kept (the first on a tie). (Smallest first would place more pods per plan still, and
-        # starve large ones: bench_sharing's overloaded MPS p99 went from 41,933 s to 60,500 s.)
-        # Deferring removals to a second sweep saves removals, and costs a pod where the one
-        # GPU a large slice needs (after a removal) is the one the first sweep fills: largest
-        # first with removals allowed at once is tried too. Every way is tried at every size:
-        # the indexes make a pass cheap (2,000 GPUs and 6,000 pods: 3,986 pods placed instead
-        # of 3,593 with one way).
-        largest = sorted(at_level, key=lambda p: (-demand_gb(p), index.get(p.key, 0)))
+        # asking fewer GPUs first, largest demand first among them. Deferring removals to a
+        # second sweep saves removals, and costs a pod where the one GPU a large slice needs
+        # (after a removal) is the one the first sweep fills: largest first with removals
+        # allowed at once is tried too. Every way is tried at every size: the indexes make a
+        # pass cheap (2,000 GPUs and 6,000 pods: 3,986 pods placed instead of 3,593 with one
+        # way).
+        largest = largest_first(at_level)
         fewest = sorted(at_level, key=lambda p: (p.count, -demand_gb(p), index.get(p.key, 0)))
         variants = [(largest, True)]
         if fewest != largest:
             variants.append((fewest, True))
         if run.slices:
             variants.append((largest, False))  # removals matter only where free slices are
-        tried: list[tuple[tuple[int, int, int], _Run]] = []
-        for k, (order, defer) in enumerate(variants):
-            attempt = run.fork() if len(variants) > 1 else run
-            left = attempt.sweep(order, defer=defer)
-            tried.append(((-len(left), -attempt.removals(), -k), attempt))
-        run = max(tried, key=lambda t: t[0])[1]
+        tried = [_attempt(run, order, defer=defer) for order, defer in variants]
+        # Where a level leaves pods pending, the search (within SEARCH_PLACEMENTS) tries the
+        # orders that place more where a resource other than GPU memory binds, or many small
+        # asks beat a few large ones: smallest demand first (nos's order: memory binds), fewest
+        # GPUs then smallest (replicas), least node memory and CPU first (the node binds), most
+        # GPUs first (a pod needing several distinct GPUs with a free replica, which one-GPU
+        # pods scatter), and the queue's order. One is kept only if it places more pods than
+        # every way above: largest first still wins every tie, so large pods are not starved
+        # where nothing is gained by it.
+        if min(len(t.left) for t in tried) > 0:
+            extra = [
+                sorted(at_level, key=lambda p: (demand_gb(p), index.get(p.key, 0))),
+                sorted(at_level, key=lambda p: (p.count, demand_gb(p), index.get(p.key, 0))),
+                sorted(
+                    at_level,
+                    key=lambda p: (
+                        p.count,
+                        p.memory_bytes,
+                        p.cpu_milli,
+                        demand_gb(p),
+                        index.get(p.key, 0),
+                    ),
+                ),
+                sorted(at_level, key=lambda p: (-p.count, -demand_gb(p), index.get(p.key, 0))),
+                sorted(at_level, key=lambda p: index.get(p.key, 0)),
+            ]
+            seen = [order for order, _ in variants]
+            for order in extra:
+                if order in seen or budget < len(order):
+                    continue
+                budget -= len(order)
+                seen.append(order)
+                tried.append(_attempt(run, order, defer=True))
+        # Orders that leave as many pending at this level may leave the levels below different
+        # room (a large slice, or a pod of several GPUs, where three small pods would have left
+        # it): between them, the one after which the levels below place the most (each level in
+        # turn, placed largest first) wins; then the fewest removals; then the order tried
+        # first.
+        most = min(len(t.left) for t in tried)
+        tied = [t for t in tried if len(t.left) == most]
+        below = levels[i + 1 :]
+        cost = sum(len(g) for g in below) * len(tied)
+        ahead: list[tuple[int, ...]] = [()] * len(tried)
+        if len(tied) > 1 and below and cost <= budget:
+            budget -= cost
+            for k, t in enumerate(tried):
+                if len(t.left) == most:
+                    probe = t.run.fork()
+                    ahead[k] = tuple(-len(probe.sweep(largest_first(g))) for g in below)
+        best = max(
+            range(len(tried)),
+            key=lambda k: (-len(tried[k].left), ahead[k], -tried[k].run.removals(), -k),
+        )
+        run = tried[best].run
     return run.result()
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    """One order of a level placed from the level's starting state."""
+
+    run: _Run
+    left: list[snapshot.Pod]
+
+
+def _attempt(run: _Run, order: Sequence[snapshot.Pod], *, defer: bool) -> _Attempt:
+    """``order`` placed on a fork of ``run`` (which stays as it was)."""
+    attempt = run.fork()
+    return _Attempt(attempt, attempt.sweep(order, defer=defer))
 
 
 @dataclass(frozen=True, slots=True)
