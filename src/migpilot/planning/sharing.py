@@ -912,26 +912,13 @@ def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
         # pods scatter), and the queue's order. One is kept only if it places more pods than
         # every way above: largest first still wins every tie, so large pods are not starved
         # where nothing is gained by it.
-        if min(len(t.left) for t in tried) > 0:
-            extra = [
-                sorted(at_level, key=lambda p: (demand_gb(p), index.get(p.key, 0))),
-                sorted(at_level, key=lambda p: (p.count, demand_gb(p), index.get(p.key, 0))),
-                sorted(
-                    at_level,
-                    key=lambda p: (
-                        p.count,
-                        p.memory_bytes,
-                        p.cpu_milli,
-                        demand_gb(p),
-                        index.get(p.key, 0),
-                    ),
-                ),
-                sorted(at_level, key=lambda p: (-p.count, -demand_gb(p), index.get(p.key, 0))),
-                sorted(at_level, key=lambda p: index.get(p.key, 0)),
-            ]
+        if min(len(t.left) for t in tried) > 0 and budget >= len(at_level):
             seen = [order for order, _ in variants]
-            for order in extra:
-                if order in seen or budget < len(order):
+            for key in _SEARCH_ORDERS:
+                if budget < len(at_level):
+                    break
+                order = sorted(at_level, key=lambda p, key=key: key(p, index.get(p.key, 0)))
+                if order in seen:
                     continue
                 budget -= len(order)
                 seen.append(order)
@@ -958,6 +945,17 @@ def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
         )
         run = tried[best].run
     return run.result()
+
+
+_SEARCH_ORDERS: tuple[Callable[[snapshot.Pod, int], tuple[int, ...]], ...] = (
+    lambda p, i: (demand_gb(p), i),
+    lambda p, i: (p.count, demand_gb(p), i),
+    lambda p, i: (p.count, p.memory_bytes, p.cpu_milli, demand_gb(p), i),
+    lambda p, i: (-p.count, -demand_gb(p), i),
+    lambda p, i: (i,),
+)
+"""The sort keys of :func:`place`'s search (a pod, its position in the snapshot), in the order
+tried."""
 
 
 @dataclass(frozen=True, slots=True)
