@@ -46,6 +46,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, Protocol, Self, TypeVar
 
 from migpilot import errors
 from migpilot.planning import constraints, explaining, modes, options, plans, scoring, snapshot
@@ -494,6 +495,9 @@ class _Run:
         """Free slices this pass removed so far."""
         return self.removed
 
+    def has_free_slices(self) -> bool:
+        return bool(self.slices)
+
     def sweep(self, order: Sequence[snapshot.Pod], *, defer: bool = True) -> list[snapshot.Pod]:
         """Place ``order``; the pods left pending. With ``defer``, first every pod that fits
         without removing a free slice, then the rest with removals allowed; without, each pod
@@ -871,22 +875,48 @@ orders that place as many). Each order costs one placement per pod of its level:
 (a simulator's cluster, a snapshot of tens of GPUs) are searched."""
 
 
+class Pass(Protocol):
+    """A placement pass as :func:`levels` drives it: :class:`_Run`, or the scan over every node
+    that tests/unit/test_sharing_index.py keeps as its reference."""
+
+    def fork(self) -> Self:
+        """An independent copy (to try another pod order from here)."""
+
+    def sweep(self, order: Sequence[snapshot.Pod], *, defer: bool = True) -> list[snapshot.Pod]:
+        """Place ``order``; the pods left pending (see :meth:`_Run.sweep`)."""
+
+    def removals(self) -> int:
+        """Free slices this pass removed so far."""
+
+    def has_free_slices(self) -> bool:
+        """Whether an MPS GPU holds a free slice."""
+
+
 def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
     """Place ``pods`` on the snapshot's MPS and time-slicing nodes (see the module docstring)."""
     run = _Run(snap)
     if not run.nodes:
         return run.result()
+    return levels(run, snap, pods).result()
+
+
+P = TypeVar("P", bound=Pass)
+
+
+def levels(run: P, snap: snapshot.Snapshot, pods: Sequence[snapshot.Pod]) -> P:
+    """``pods`` placed level by level from ``run``, highest priority first: the three ways per
+    level, and the search (see below); the pass kept."""
     index = {p.key: i for i, p in enumerate(snap.pods)}
 
     def largest_first(group: Sequence[snapshot.Pod]) -> list[snapshot.Pod]:
         return sorted(group, key=lambda p: (-demand_gb(p), index.get(p.key, 0)))
 
-    levels = [
+    groups = [
         [p for p in pods if p.priority == level]
         for level in sorted({p.priority for p in pods}, reverse=True)
     ]
     budget = SEARCH_PLACEMENTS
-    for i, at_level in enumerate(levels):
+    for i, at_level in enumerate(groups):
         # Largest demand first packs MPS memory and keeps large pods from starving behind
         # small ones. Where the count binds (time-slicing replicas), a pod asking several GPUs
         # spends replicas that as many one-GPU pods would use: the second order puts pods
@@ -901,7 +931,7 @@ def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
         variants = [(largest, True)]
         if fewest != largest:
             variants.append((fewest, True))
-        if run.slices:
+        if run.has_free_slices():
             variants.append((largest, False))  # removals matter only where free slices are
         tried = [_attempt(run, order, defer=defer) for order, defer in variants]
         # Where a level leaves pods pending, the search (within SEARCH_PLACEMENTS) tries the
@@ -917,7 +947,8 @@ def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
             for key in _SEARCH_ORDERS:
                 if budget < len(at_level):
                     break
-                order = sorted(at_level, key=lambda p, key=key: key(p, index.get(p.key, 0)))
+                ranked = sorted((key(p, index.get(p.key, 0)), k) for k, p in enumerate(at_level))
+                order = [at_level[k] for _, k in ranked]
                 if order in seen:
                     continue
                 budget -= len(order)
@@ -930,7 +961,7 @@ def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
         # first.
         most = min(len(t.left) for t in tried)
         tied = [t for t in tried if len(t.left) == most]
-        below = levels[i + 1 :]
+        below = groups[i + 1 :]
         cost = sum(len(g) for g in below) * len(tied)
         ahead: list[tuple[int, ...]] = [()] * len(tried)
         if len(tied) > 1 and below and cost <= budget:
@@ -944,7 +975,7 @@ def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
             key=lambda k: (-len(tried[k].left), ahead[k], -tried[k].run.removals(), -k),
         )
         run = tried[best].run
-    return run.result()
+    return run
 
 
 _SEARCH_ORDERS: tuple[Callable[[snapshot.Pod, int], tuple[int, ...]], ...] = (
@@ -959,14 +990,14 @@ tried."""
 
 
 @dataclass(frozen=True, slots=True)
-class _Attempt:
+class _Attempt(Generic[P]):
     """One order of a level placed from the level's starting state."""
 
-    run: _Run
+    run: P
     left: list[snapshot.Pod]
 
 
-def _attempt(run: _Run, order: Sequence[snapshot.Pod], *, defer: bool) -> _Attempt:
+def _attempt(run: P, order: Sequence[snapshot.Pod], *, defer: bool) -> _Attempt[P]:
     """``order`` placed on a fork of ``run`` (which stays as it was)."""
     attempt = run.fork()
     return _Attempt(attempt, attempt.sweep(order, defer=defer))
