@@ -20,9 +20,14 @@ fewest pods pending, then removes the fewest free slices, is kept: largest deman
 sweeps (every pod that fits without removing anything, then the rest with removals allowed);
 pods asking fewer GPUs first (replicas run out on time-slicing GPUs), the same way; largest
 first in one sweep with removals allowed at once (where a large slice needs the one GPU the
-first sweep would fill). Among nodes and GPUs the fewest removals win, then reuse over
-creation, then the pod's node and GPU policy (binpack: the fullest; spread: the emptiest), then
-order.
+first sweep would fill). Where every way leaves pods of the level pending, a search (within
+:data:`SEARCH_WORK`: placements tried times GPUs, so small problems only) tries more orders:
+smallest demand first, fewest GPUs then smallest, least node memory and CPU first, most GPUs
+first, the queue's; one is kept only if it places more, so largest first wins every tie. Between
+orders that place as many of a level, the one after which the levels below place the most wins
+(a lookahead: each level below placed largest first on a copy). Among nodes and GPUs the fewest
+removals win, then reuse over creation, then the pod's node and GPU policy (binpack: the
+fullest; spread: the emptiest), then order.
 
 A pass does not scan every node and GPU per pod: it keeps indexes of the GPU states
 (:class:`_Run`: per kind of node its nodes with room in each policy's score order, per free
@@ -867,12 +872,14 @@ def demand_gb(pod: snapshot.Pod) -> int:
     return total
 
 
-SEARCH_PLACEMENTS = 2_000
-"""Placements a plan may try beyond the three ways per level (:func:`place`'s search: more
-orders where a level leaves pods pending, and the lookahead over the levels below between
-orders that place as many). Each order costs one placement per pod of its level: large problems
-(2,000 GPUs, 6,000 pods: 3,000 a level) keep the three ways only and their speed, small ones
-(a simulator's cluster, a snapshot of tens of GPUs) are searched."""
+SEARCH_WORK = 100_000
+"""What :func:`place`'s search (beyond the three ways per level: more orders where a level
+leaves pods pending, the lookahead over the levels below between orders that place as many) may
+cost a plan, in placements tried times the GPUs of the MPS and time-slicing nodes (a
+placement's cost grows with the nodes and GPUs it looks at). Each order costs one placement per
+pod of its level: a simulator's cluster (24 GPUs, a few hundred pods pending) or a snapshot of
+tens of GPUs is searched; 504 GPUs and more (bench_sharing's speed rows, 750 pods a level and
+up) keep the three ways only, and their speed."""
 
 
 class Pass(Protocol):
@@ -915,7 +922,10 @@ def levels(run: P, snap: snapshot.Snapshot, pods: Sequence[snapshot.Pod]) -> P:
         [p for p in pods if p.priority == level]
         for level in sorted({p.priority for p in pods}, reverse=True)
     ]
-    budget = SEARCH_PLACEMENTS
+    gpus = sum(
+        len(n.gpus) for n in snap.nodes if n.mode in (modes.Mode.MPS, modes.Mode.TIME_SLICING)
+    )
+    budget = SEARCH_WORK // max(gpus, 1)  # placements
     for i, at_level in enumerate(groups):
         # Largest demand first packs MPS memory and keeps large pods from starving behind
         # small ones. Where the count binds (time-slicing replicas), a pod asking several GPUs
@@ -934,7 +944,7 @@ def levels(run: P, snap: snapshot.Snapshot, pods: Sequence[snapshot.Pod]) -> P:
         if run.has_free_slices():
             variants.append((largest, False))  # removals matter only where free slices are
         tried = [_attempt(run, order, defer=defer) for order, defer in variants]
-        # Where a level leaves pods pending, the search (within SEARCH_PLACEMENTS) tries the
+        # Where a level leaves pods pending, the search (within the budget) tries the
         # orders that place more where a resource other than GPU memory binds, or many small
         # asks beat a few large ones: smallest demand first (nos's order: memory binds), fewest
         # GPUs then smallest (replicas), least node memory and CPU first (the node binds), most
