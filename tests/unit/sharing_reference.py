@@ -189,6 +189,7 @@ class _Run:
             else:
                 self.ts[n.name] = [_TsGpu(g, g.replicas_used) for g in n.gpus]
         self.placements: list[plans.Placement] = []
+        self.flip = False
 
     def fork(self) -> _Run:
         """An independent copy of this pass (to try another pod order from here)."""
@@ -229,6 +230,8 @@ class _Run:
     def place(self, pod: snapshot.Pod, *, remove: bool) -> bool:
         """Place ``pod`` on the best sharing node; whether it was placed."""
         node_policy, gpu_policy = pod.policies(self.snap)
+        if self.flip:
+            node_policy = sharing.OTHER_POLICY[node_policy]
         admits = self.admission.admits(pod)
         best: tuple[tuple[int, int, float, int], _Choice] | None = None
         for ni, node in enumerate(self.nodes):

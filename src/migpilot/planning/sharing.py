@@ -23,9 +23,10 @@ first in one sweep with removals allowed at once (where a large slice needs the 
 first sweep would fill). Where every way leaves pods of the level pending, a search (within
 :data:`SEARCH_WORK`: placements tried times GPUs, so small problems only) tries more orders:
 smallest demand first, fewest GPUs then smallest, least node memory and CPU first, most GPUs
-first, the queue's; one is kept only if it places more, so largest first wins every tie. Between
-orders that place as many of a level, the one after which the levels below place the most wins
-(a lookahead: each level below placed largest first on a copy). Among nodes and GPUs the fewest
+first, fewest nodes that admit the pod first, the queue's; one is kept only if it places more,
+so largest first wins every tie. Between orders that place as many of a level, the one after
+which the levels below place the most wins (a lookahead: each level below placed largest first
+on a copy). Among nodes and GPUs the fewest
 removals win, then reuse over creation, then the pod's node and GPU policy (binpack: the
 fullest; spread: the emptiest), then order.
 
@@ -442,6 +443,8 @@ class _Run:
         """Per request and policies (shared by forks too)."""
         self.placements: list[plans.Placement] = []
         self.removed = 0
+        self.flip = False
+        """Whether pods go by the other node policy than theirs (a variant of the search)."""
         """Free slices this pass removed so far."""
 
     def _listing(self, policy: scoring.Policy) -> None:
@@ -573,7 +576,7 @@ class _Run:
         ask, admits = self._ask(pod)
         cpu, mem, room, spare = self.cpu, self.mem, self.room, self.spare
         want_cpu, want_mem = pod.cpu_milli, pod.memory_bytes
-        policy = ask.node_policy
+        policy = ask.node_policy if not self.flip else OTHER_POLICY[ask.node_policy]
         if policy not in self.policies:
             self._listing(policy)
         best: _Key | None = None
@@ -872,6 +875,11 @@ def demand_gb(pod: snapshot.Pod) -> int:
     return total
 
 
+OTHER_POLICY = {
+    scoring.Policy.BINPACK: scoring.Policy.SPREAD,
+    scoring.Policy.SPREAD: scoring.Policy.BINPACK,
+}
+"""A node policy's opposite (the search's variant that places a level by it)."""
 SEARCH_WORK = 100_000
 """What :func:`place`'s search (beyond the three ways per level: more orders where a level
 leaves pods pending, the lookahead over the levels below between orders that place as many) may
@@ -885,6 +893,9 @@ up) keep the three ways only, and their speed."""
 class Pass(Protocol):
     """A placement pass as :func:`levels` drives it: :class:`_Run`, or the scan over every node
     that tests/unit/test_sharing_index.py keeps as its reference."""
+
+    flip: bool
+    """Whether pods go by the other node policy than theirs (binpack for spread, and back)."""
 
     def fork(self) -> Self:
         """An independent copy (to try another pod order from here)."""
@@ -922,9 +933,9 @@ def levels(run: P, snap: snapshot.Snapshot, pods: Sequence[snapshot.Pod]) -> P:
         [p for p in pods if p.priority == level]
         for level in sorted({p.priority for p in pods}, reverse=True)
     ]
-    gpus = sum(
-        len(n.gpus) for n in snap.nodes if n.mode in (modes.Mode.MPS, modes.Mode.TIME_SLICING)
-    )
+    shared = [n for n in snap.nodes if n.mode in (modes.Mode.MPS, modes.Mode.TIME_SLICING)]
+    admission: constraints.Admission | None = None  # for the search only
+    gpus = sum(len(n.gpus) for n in shared)
     budget = SEARCH_WORK // max(gpus, 1)  # placements
     for i, at_level in enumerate(groups):
         # Largest demand first packs MPS memory and keeps large pods from starving behind
@@ -949,15 +960,34 @@ def levels(run: P, snap: snapshot.Snapshot, pods: Sequence[snapshot.Pod]) -> P:
         # asks beat a few large ones: smallest demand first (nos's order: memory binds), fewest
         # GPUs then smallest (replicas), least node memory and CPU first (the node binds), most
         # GPUs first (a pod needing several distinct GPUs with a free replica, which one-GPU
-        # pods scatter), and the queue's order. One is kept only if it places more pods than
-        # every way above: largest first still wins every tie, so large pods are not starved
-        # where nothing is gained by it.
+        # pods scatter), pods that fewest nodes admit first (binpack fills the one node a
+        # selector leaves a pod), and the queue's order. One is kept only if it places more
+        # pods than every way above: largest first still wins every tie, so large pods are not
+        # starved where nothing is gained by it.
+        # The nodes a level's pods go to matter as much as their order: binpack fills the
+        # node whose CPU or memory the level below (or a pod of this level with one node to
+        # go to) needs. Largest first by the other node policy is tried where a level leaves
+        # pods pending, or has levels below that the lookahead compares.
+        if budget >= len(at_level) and (min(len(t.left) for t in tried) > 0 or len(groups) > i + 1):
+            budget -= len(at_level)
+            tried.append(_attempt(run, largest, defer=True, flip=True))
         if min(len(t.left) for t in tried) > 0 and budget >= len(at_level):
             seen = [order for order, _ in variants]
+            if admission is None:
+                admission = constraints.Admission(shared)
+            reach = {
+                p.key: sum(
+                    ok and p.served_in(n.mode)
+                    for ok, n in zip(admission.admits(p), shared, strict=True)
+                )
+                for p in at_level
+            }
             for key in _SEARCH_ORDERS:
                 if budget < len(at_level):
                     break
-                ranked = sorted((key(p, index.get(p.key, 0)), k) for k, p in enumerate(at_level))
+                ranked = sorted(
+                    (key(p, index.get(p.key, 0), reach[p.key]), k) for k, p in enumerate(at_level)
+                )
                 order = [at_level[k] for _, k in ranked]
                 if order in seen:
                     continue
@@ -988,15 +1018,16 @@ def levels(run: P, snap: snapshot.Snapshot, pods: Sequence[snapshot.Pod]) -> P:
     return run
 
 
-_SEARCH_ORDERS: tuple[Callable[[snapshot.Pod, int], tuple[int, ...]], ...] = (
-    lambda p, i: (demand_gb(p), i),
-    lambda p, i: (p.count, demand_gb(p), i),
-    lambda p, i: (p.count, p.memory_bytes, p.cpu_milli, demand_gb(p), i),
-    lambda p, i: (-p.count, -demand_gb(p), i),
-    lambda p, i: (i,),
+_SEARCH_ORDERS: tuple[Callable[[snapshot.Pod, int, int], tuple[int, ...]], ...] = (
+    lambda p, i, r: (demand_gb(p), i),
+    lambda p, i, r: (p.count, demand_gb(p), i),
+    lambda p, i, r: (p.count, p.memory_bytes, p.cpu_milli, demand_gb(p), i),
+    lambda p, i, r: (-p.count, -demand_gb(p), i),
+    lambda p, i, r: (r, -demand_gb(p), i),
+    lambda p, i, r: (i,),
 )
-"""The sort keys of :func:`place`'s search (a pod, its position in the snapshot), in the order
-tried."""
+"""The sort keys of :func:`place`'s search (a pod, its position in the snapshot, how many
+sharing nodes admit it in a mode that serves it), in the order tried."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1007,10 +1038,16 @@ class _Attempt(Generic[P]):
     left: list[snapshot.Pod]
 
 
-def _attempt(run: P, order: Sequence[snapshot.Pod], *, defer: bool) -> _Attempt[P]:
-    """``order`` placed on a fork of ``run`` (which stays as it was)."""
+def _attempt(
+    run: P, order: Sequence[snapshot.Pod], *, defer: bool, flip: bool = False
+) -> _Attempt[P]:
+    """``order`` placed on a fork of ``run`` (which stays as it was); with ``flip``, by the other
+    node policy."""
     attempt = run.fork()
-    return _Attempt(attempt, attempt.sweep(order, defer=defer))
+    attempt.flip = flip
+    left = attempt.sweep(order, defer=defer)
+    attempt.flip = False
+    return _Attempt(attempt, left)
 
 
 @dataclass(frozen=True, slots=True)
