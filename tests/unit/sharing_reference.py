@@ -189,6 +189,7 @@ class _Run:
             else:
                 self.ts[n.name] = [_TsGpu(g, g.replicas_used) for g in n.gpus]
         self.placements: list[plans.Placement] = []
+        self.flip = False
 
     def fork(self) -> _Run:
         """An independent copy of this pass (to try another pod order from here)."""
@@ -198,6 +199,9 @@ class _Run:
         twin.cpu, twin.mem = dict(self.cpu), dict(self.mem)
         twin.placements = list(self.placements)
         return twin
+
+    def has_free_slices(self) -> bool:
+        return any(st.free for sts in self.mps.values() for st in sts)
 
     def removals(self) -> int:
         """Free slices this pass removed so far."""
@@ -226,6 +230,8 @@ class _Run:
     def place(self, pod: snapshot.Pod, *, remove: bool) -> bool:
         """Place ``pod`` on the best sharing node; whether it was placed."""
         node_policy, gpu_policy = pod.policies(self.snap)
+        if self.flip:
+            node_policy = sharing.OTHER_POLICY[node_policy]
         admits = self.admission.admits(pod)
         best: tuple[tuple[int, int, float, int], _Choice] | None = None
         for ni, node in enumerate(self.nodes):
@@ -377,30 +383,11 @@ def place(
     index = {p.key: i for i, p in enumerate(snap.pods)}
     gpus = sum(len(n.gpus) for n in run.nodes)
     small = every_size or gpus * max(len(pods), 1) <= _SMALL_PROBLEM
+    if small:  # the level search of fast, over the scan
+        return sharing.levels(run, snap, pods).result()
     for level in sorted({p.priority for p in pods}, reverse=True):
+        # Each way costs a pass: on large problems only the first ran, largest demand first.
         at_level = [p for p in pods if p.priority == level]
-        # Largest demand first packs MPS memory and keeps large pods from starving behind
-        # small ones. Where the count binds (time-slicing replicas), a pod asking several GPUs
-        # spends replicas that as many one-GPU pods would use: the second order puts pods
-        # asking fewer GPUs first, largest demand first among them. Both run from the same
-        # state; the one that leaves fewer pods pending, then removes fewer free slices, is
-        # kept (the first on a tie). (Smallest first would place more pods per plan still, and
-        # starve large ones: bench_sharing's overloaded MPS p99 went from 41,933 s to 60,500 s.)
-        # Deferring removals to a second sweep saves removals, and costs a pod where the one
-        # GPU a large slice needs (after a removal) is the one the first sweep fills: largest
-        # first with removals allowed at once is tried too.
         largest = sorted(at_level, key=lambda p: (-demand_gb(p), index.get(p.key, 0)))
-        fewest = sorted(at_level, key=lambda p: (p.count, -demand_gb(p), index.get(p.key, 0)))
-        variants = [(largest, True)]
-        if small:  # each way costs a pass: on large problems only the first runs, as in fast
-            if fewest != largest:
-                variants.append((fewest, True))
-            if any(st.free for sts in run.mps.values() for st in sts):
-                variants.append((largest, False))  # removals matter only where free slices are
-        tried: list[tuple[tuple[int, int, int], _Run]] = []
-        for k, (order, defer) in enumerate(variants):
-            attempt = run.fork() if len(variants) > 1 else run
-            left = attempt.sweep(order, defer=defer)
-            tried.append(((-len(left), -attempt.removals(), -k), attempt))
-        run = max(tried, key=lambda t: t[0])[1]
+        run.sweep(largest)
     return run.result()

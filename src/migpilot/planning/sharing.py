@@ -20,9 +20,15 @@ fewest pods pending, then removes the fewest free slices, is kept: largest deman
 sweeps (every pod that fits without removing anything, then the rest with removals allowed);
 pods asking fewer GPUs first (replicas run out on time-slicing GPUs), the same way; largest
 first in one sweep with removals allowed at once (where a large slice needs the one GPU the
-first sweep would fill). Among nodes and GPUs the fewest removals win, then reuse over
-creation, then the pod's node and GPU policy (binpack: the fullest; spread: the emptiest), then
-order.
+first sweep would fill). Where every way leaves pods of the level pending, a search (within
+:data:`SEARCH_WORK`: placements tried times GPUs, so small problems only) tries more orders:
+smallest demand first, fewest GPUs then smallest, least node memory and CPU first, most GPUs
+first, fewest nodes that admit the pod first, the queue's; one is kept only if it places more,
+so largest first wins every tie. Between orders that place as many of a level, the one after
+which the levels below place the most wins (a lookahead: each level below placed largest first
+on a copy). Among nodes and GPUs the fewest
+removals win, then reuse over creation, then the pod's node and GPU policy (binpack: the
+fullest; spread: the emptiest), then order.
 
 A pass does not scan every node and GPU per pod: it keeps indexes of the GPU states
 (:class:`_Run`: per kind of node its nodes with room in each policy's score order, per free
@@ -46,6 +52,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, Protocol, Self, TypeVar
 
 from migpilot import errors
 from migpilot.planning import constraints, explaining, modes, options, plans, scoring, snapshot
@@ -436,6 +443,8 @@ class _Run:
         """Per request and policies (shared by forks too)."""
         self.placements: list[plans.Placement] = []
         self.removed = 0
+        self.flip = False
+        """Whether pods go by the other node policy than theirs (a variant of the search)."""
         """Free slices this pass removed so far."""
 
     def _listing(self, policy: scoring.Policy) -> None:
@@ -493,6 +502,9 @@ class _Run:
     def removals(self) -> int:
         """Free slices this pass removed so far."""
         return self.removed
+
+    def has_free_slices(self) -> bool:
+        return bool(self.slices)
 
     def sweep(self, order: Sequence[snapshot.Pod], *, defer: bool = True) -> list[snapshot.Pod]:
         """Place ``order``; the pods left pending. With ``defer``, first every pod that fits
@@ -564,7 +576,7 @@ class _Run:
         ask, admits = self._ask(pod)
         cpu, mem, room, spare = self.cpu, self.mem, self.room, self.spare
         want_cpu, want_mem = pod.cpu_milli, pod.memory_bytes
-        policy = ask.node_policy
+        policy = ask.node_policy if not self.flip else OTHER_POLICY[ask.node_policy]
         if policy not in self.policies:
             self._listing(policy)
         best: _Key | None = None
@@ -863,40 +875,179 @@ def demand_gb(pod: snapshot.Pod) -> int:
     return total
 
 
+OTHER_POLICY = {
+    scoring.Policy.BINPACK: scoring.Policy.SPREAD,
+    scoring.Policy.SPREAD: scoring.Policy.BINPACK,
+}
+"""A node policy's opposite (the search's variant that places a level by it)."""
+SEARCH_WORK = 100_000
+"""What :func:`place`'s search (beyond the three ways per level: more orders where a level
+leaves pods pending, the lookahead over the levels below between orders that place as many) may
+cost a plan, in placements tried times the GPUs of the MPS and time-slicing nodes (a
+placement's cost grows with the nodes and GPUs it looks at). Each order costs one placement per
+pod of its level: a simulator's cluster (24 GPUs, a few hundred pods pending) or a snapshot of
+tens of GPUs is searched; 504 GPUs and more (bench_sharing's speed rows, 750 pods a level and
+up) keep the three ways only, and their speed."""
+
+
+class Pass(Protocol):
+    """A placement pass as :func:`levels` drives it: :class:`_Run`, or the scan over every node
+    that tests/unit/test_sharing_index.py keeps as its reference."""
+
+    flip: bool
+    """Whether pods go by the other node policy than theirs (binpack for spread, and back)."""
+
+    def fork(self) -> Self:
+        """An independent copy (to try another pod order from here)."""
+
+    def sweep(self, order: Sequence[snapshot.Pod], *, defer: bool = True) -> list[snapshot.Pod]:
+        """Place ``order``; the pods left pending (see :meth:`_Run.sweep`)."""
+
+    def removals(self) -> int:
+        """Free slices this pass removed so far."""
+
+    def has_free_slices(self) -> bool:
+        """Whether an MPS GPU holds a free slice."""
+
+
 def place(snap: snapshot.Snapshot, pods: list[snapshot.Pod]) -> Shared:
     """Place ``pods`` on the snapshot's MPS and time-slicing nodes (see the module docstring)."""
     run = _Run(snap)
     if not run.nodes:
         return run.result()
+    return levels(run, snap, pods).result()
+
+
+P = TypeVar("P", bound=Pass)
+
+
+def levels(run: P, snap: snapshot.Snapshot, pods: Sequence[snapshot.Pod]) -> P:
+    """``pods`` placed level by level from ``run``, highest priority first: the three ways per
+    level, and the search (see below); the pass kept."""
     index = {p.key: i for i, p in enumerate(snap.pods)}
-    for level in sorted({p.priority for p in pods}, reverse=True):
-        at_level = [p for p in pods if p.priority == level]
+
+    def largest_first(group: Sequence[snapshot.Pod]) -> list[snapshot.Pod]:
+        return sorted(group, key=lambda p: (-demand_gb(p), index.get(p.key, 0)))
+
+    groups = [
+        [p for p in pods if p.priority == level]
+        for level in sorted({p.priority for p in pods}, reverse=True)
+    ]
+    shared = [n for n in snap.nodes if n.mode in (modes.Mode.MPS, modes.Mode.TIME_SLICING)]
+    admission: constraints.Admission | None = None  # for the search only
+    gpus = sum(len(n.gpus) for n in shared)
+    budget = SEARCH_WORK // max(gpus, 1)  # placements
+    for i, at_level in enumerate(groups):
         # Largest demand first packs MPS memory and keeps large pods from starving behind
         # small ones. Where the count binds (time-slicing replicas), a pod asking several GPUs
         # spends replicas that as many one-GPU pods would use: the second order puts pods
-        # asking fewer GPUs first, largest demand first among them. Both run from the same
-        # state; the one that leaves fewer pods pending, then removes fewer free slices, is
-        # kept (the first on a tie). (Smallest first would place more pods per plan still, and
-        # starve large ones: bench_sharing's overloaded MPS p99 went from 41,933 s to 60,500 s.)
-        # Deferring removals to a second sweep saves removals, and costs a pod where the one
-        # GPU a large slice needs (after a removal) is the one the first sweep fills: largest
-        # first with removals allowed at once is tried too. Every way is tried at every size:
-        # the indexes make a pass cheap (2,000 GPUs and 6,000 pods: 3,986 pods placed instead
-        # of 3,593 with one way).
-        largest = sorted(at_level, key=lambda p: (-demand_gb(p), index.get(p.key, 0)))
+        # asking fewer GPUs first, largest demand first among them. Deferring removals to a
+        # second sweep saves removals, and costs a pod where the one GPU a large slice needs
+        # (after a removal) is the one the first sweep fills: largest first with removals
+        # allowed at once is tried too. Every way is tried at every size: the indexes make a
+        # pass cheap (2,000 GPUs and 6,000 pods: 3,986 pods placed instead of 3,593 with one
+        # way).
+        largest = largest_first(at_level)
         fewest = sorted(at_level, key=lambda p: (p.count, -demand_gb(p), index.get(p.key, 0)))
         variants = [(largest, True)]
         if fewest != largest:
             variants.append((fewest, True))
-        if run.slices:
+        if run.has_free_slices():
             variants.append((largest, False))  # removals matter only where free slices are
-        tried: list[tuple[tuple[int, int, int], _Run]] = []
-        for k, (order, defer) in enumerate(variants):
-            attempt = run.fork() if len(variants) > 1 else run
-            left = attempt.sweep(order, defer=defer)
-            tried.append(((-len(left), -attempt.removals(), -k), attempt))
-        run = max(tried, key=lambda t: t[0])[1]
-    return run.result()
+        tried = [_attempt(run, order, defer=defer) for order, defer in variants]
+        # Where a level leaves pods pending, the search (within the budget) tries the
+        # orders that place more where a resource other than GPU memory binds, or many small
+        # asks beat a few large ones: smallest demand first (nos's order: memory binds), fewest
+        # GPUs then smallest (replicas), least node memory and CPU first (the node binds), most
+        # GPUs first (a pod needing several distinct GPUs with a free replica, which one-GPU
+        # pods scatter), pods that fewest nodes admit first (binpack fills the one node a
+        # selector leaves a pod), and the queue's order. One is kept only if it places more
+        # pods than every way above: largest first still wins every tie, so large pods are not
+        # starved where nothing is gained by it.
+        # The nodes a level's pods go to matter as much as their order: binpack fills the
+        # node whose CPU or memory the level below (or a pod of this level with one node to
+        # go to) needs. Largest first by the other node policy is tried where a level leaves
+        # pods pending, or has levels below that the lookahead compares.
+        if budget >= len(at_level) and (min(len(t.left) for t in tried) > 0 or len(groups) > i + 1):
+            budget -= len(at_level)
+            tried.append(_attempt(run, largest, defer=True, flip=True))
+        if min(len(t.left) for t in tried) > 0 and budget >= len(at_level):
+            seen = [order for order, _ in variants]
+            if admission is None:
+                admission = constraints.Admission(shared)
+            reach = {
+                p.key: sum(
+                    ok and p.served_in(n.mode)
+                    for ok, n in zip(admission.admits(p), shared, strict=True)
+                )
+                for p in at_level
+            }
+            for key in _SEARCH_ORDERS:
+                if budget < len(at_level):
+                    break
+                ranked = sorted(
+                    (key(p, index.get(p.key, 0), reach[p.key]), k) for k, p in enumerate(at_level)
+                )
+                order = [at_level[k] for _, k in ranked]
+                if order in seen:
+                    continue
+                budget -= len(order)
+                seen.append(order)
+                tried.append(_attempt(run, order, defer=True))
+        # Orders that leave as many pending at this level may leave the levels below different
+        # room (a large slice, or a pod of several GPUs, where three small pods would have left
+        # it): between them, the one after which the levels below place the most (each level in
+        # turn, placed largest first) wins; then the fewest removals; then the order tried
+        # first.
+        most = min(len(t.left) for t in tried)
+        tied = [t for t in tried if len(t.left) == most]
+        below = groups[i + 1 :]
+        cost = sum(len(g) for g in below) * len(tied)
+        ahead: list[tuple[int, ...]] = [()] * len(tried)
+        if len(tied) > 1 and below and cost <= budget:
+            budget -= cost
+            for k, t in enumerate(tried):
+                if len(t.left) == most:
+                    probe = t.run.fork()
+                    ahead[k] = tuple(-len(probe.sweep(largest_first(g))) for g in below)
+        best = max(
+            range(len(tried)),
+            key=lambda k: (-len(tried[k].left), ahead[k], -tried[k].run.removals(), -k),
+        )
+        run = tried[best].run
+    return run
+
+
+_SEARCH_ORDERS: tuple[Callable[[snapshot.Pod, int, int], tuple[int, ...]], ...] = (
+    lambda p, i, r: (demand_gb(p), i),
+    lambda p, i, r: (p.count, demand_gb(p), i),
+    lambda p, i, r: (p.count, p.memory_bytes, p.cpu_milli, demand_gb(p), i),
+    lambda p, i, r: (-p.count, -demand_gb(p), i),
+    lambda p, i, r: (r, -demand_gb(p), i),
+    lambda p, i, r: (i,),
+)
+"""The sort keys of :func:`place`'s search (a pod, its position in the snapshot, how many
+sharing nodes admit it in a mode that serves it), in the order tried."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt(Generic[P]):
+    """One order of a level placed from the level's starting state."""
+
+    run: P
+    left: list[snapshot.Pod]
+
+
+def _attempt(
+    run: P, order: Sequence[snapshot.Pod], *, defer: bool, flip: bool = False
+) -> _Attempt[P]:
+    """``order`` placed on a fork of ``run`` (which stays as it was); with ``flip``, by the other
+    node policy."""
+    attempt = run.fork()
+    attempt.flip = flip
+    left = attempt.sweep(order, defer=defer)
+    attempt.flip = False
+    return _Attempt(attempt, left)
 
 
 @dataclass(frozen=True, slots=True)
