@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import http.client
 import json
 import math
 import os
@@ -54,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import httpx2  # noqa: E402
 import lightkube  # noqa: E402
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements  # noqa: E402
 from lightkube.models.meta_v1 import ObjectMeta  # noqa: E402
@@ -110,6 +112,10 @@ BOUND_S = 60.0
 RESERVATION_GRACE_S = 60.0
 """A reservation may outlive its pod by this long (outside fault windows)."""
 FINAL_WAIT_S = 120.0
+STARTUP_WAIT_S = 300.0
+"""How long every agent has to write its node's first GpuLayout status (a busy machine)."""
+STARTUP_TAIL_LINES = 12
+"""Lines of each silent agent's log shown when that wait times out."""
 ALLOCATION_GRACE_S = 300.0
 """The agent's hold on a device Allocate handed out that PodResources never listed
 (``serving.PluginSettings.allocation_grace_s``)."""
@@ -722,11 +728,7 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
             )
         for identity in ("c1", "c2"):
             sys_.start_controller(identity, *CONTROLLER_FLAGS, verbose=False)
-        controlplane.wait_for(
-            lambda: _reported(client, list(nodes)),
-            what="every agent's first status",
-            timeout=300,
-        )
+        _await_first_statuses(client, sys_, timeout=STARTUP_WAIT_S)
         log(f"cluster up: {len(nodes)} nodes, control plane in {plane.started_in_s:.1f} s")
         for resource, ns, seen in (
             (Pod, NAMESPACE, _pod_seen(rec)),
@@ -833,15 +835,49 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
         faults_leave.set()
 
 
-def _reported(client: lightkube.Client, nodes: list[str]) -> bool:
+def _unreported(client: lightkube.Client, nodes: list[str]) -> list[str]:
+    """The nodes whose GpuLayout has no status yet (its agent has not reported)."""
+    missing = []
     for n in nodes:
         try:
             doc = client.get(crds.GpuLayout, n).to_dict()
         except lightkube.ApiError:
-            return False
+            missing.append(n)
+            continue
         if not doc.get("status"):
-            return False
-    return True
+            missing.append(n)
+    return missing
+
+
+def _await_first_statuses(
+    client: lightkube.Client, sys_: system.System, *, timeout: float, poll_s: float = 0.5
+) -> None:
+    """Until every agent has written its node's GpuLayout status. An agent or controller that
+    exits fails the wait at once, with its log's tail; the timeout names the agents that have
+    not reported, each with its log's tail (a silent agent is found by name, not by a count)."""
+    agents, controllers = dict(sys_.agents), dict(sys_.controllers)
+    deadline = time.monotonic() + timeout
+    missing, last_error = sorted(agents), ""
+    while True:
+        for component in (*agents.values(), *controllers.values()):
+            component.check_running()
+        try:
+            missing = _unreported(client, sorted(agents))
+        except (OSError, httpx2.HTTPError, http.client.HTTPException) as e:  # asked again
+            last_error = f" (last error: {e})"
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            tails = "".join(
+                f"\n--- last lines of {agents[n].name} ({agents[n].log}):\n"
+                f"{agents[n].tail(STARTUP_TAIL_LINES)}"
+                for n in missing
+            )
+            raise controlplane.ControlPlaneError(
+                f"timed out after {timeout:.0f} s waiting for the first status of "
+                f"{len(missing)} of {len(agents)} agents: {', '.join(missing)}{last_error}{tails}"
+            )
+        time.sleep(poll_s)
 
 
 def _settled(

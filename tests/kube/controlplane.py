@@ -7,15 +7,15 @@ the aggregation layer's front-proxy certs), kube-controller-manager, kube-schedu
 them) and deletes the temporary directory.
 
 A test process that dies without tearing down must not leave them running: every child gets the
-parent-death signal SIGKILL (Linux prctl), runs in its own process group (so a Ctrl-C reaches
-pytest, which stops them in order), and an atexit hook stops what is still up.
+parent-death signal SIGKILL (Linux prctl, through util-linux's ``setpriv``), runs in its own
+process group (so a Ctrl-C reaches pytest, which stops them in order), and an atexit hook stops
+what is still up.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import http.client
 import os
 import shutil
@@ -61,22 +61,27 @@ class ControlPlaneError(RuntimeError):
 
 # --- processes -------------------------------------------------------------------------------
 
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
 
 
-def _child_setup(parent: int) -> Callable[[], None] | None:
-    """The code a child runs between fork and exec: die with the parent."""
-    libc = _LIBC
-    if libc is None:
-        return None
+def _dies_with_parent(args: Sequence[str]) -> list[str]:
+    """``args`` started so that they get SIGKILL when the thread that starts them ends: under
+    ``setpriv --pdeathsig KILL``, which sets the signal (prctl) and execs a shell that gives up
+    if this process has already gone (the signal would never come), else execs ``args``. Where
+    setpriv is missing (not Linux), ``args`` as they are: the atexit hook is all that is left.
 
-    def setup() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return setup
+    Not a ``preexec_fn`` calling prctl in the child: a ``preexec_fn`` makes :mod:`subprocess`
+    ``fork()`` instead of ``vfork()``, and ``fork()`` runs every ``pthread_atfork`` handler.
+    grpcio installs gRPC's (fork support is on by default): in the child they restart the
+    event engine's threads and poller, and the poller aborts the child (SIGABRT, "Epoll1Poller
+    ... encountered epoll_wait error: Bad file descriptor") when it polls after subprocess has
+    closed the inherited descriptors and before the exec. A process that runs gRPC servers (the
+    soak bench's fake kubelet) lost about one start in 250 so: an agent that never ran, its log
+    that one line. With no ``preexec_fn`` nothing runs in the child between vfork and exec."""
+    if _SETPRIV is None:
+        return list(args)
+    check = 'test "$PPID" = "$0" && exec "$@"'
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", "/bin/sh", "-c", check, str(os.getpid()), *args]
 
 
 @dataclass
@@ -121,17 +126,17 @@ def launch(
     env: Mapping[str, str] | None = None,
 ) -> Component:
     """Start one component: its own process group, the parent-death signal, output to `log`;
-    `env` is added to this process's environment."""
+    `env` is added to this process's environment. Nothing runs in the child between its vfork
+    and its exec (see :func:`_dies_with_parent`)."""
     with log.open("ab") as out:
         process = subprocess.Popen(
-            list(args),
+            _dies_with_parent(args),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=cwd,
             env={**os.environ, **env} if env else None,
             start_new_session=True,
-            preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 - only prctl, no locks
         )
     return Component(name=name, process=process, log=log)
 
