@@ -568,6 +568,27 @@ class _Run:
         back, before GPUs touched and free room (after destroys: a variant)."""
         self.only: int | None = None
         """The one node the next pods may go to (the search of a level, :func:`_search`)."""
+        self.log: list[tuple[snapshot.Pod, int, list[tuple[int, Option]]]] | None = None
+        """Where each placement is recorded while a sweep is memoised (:class:`_Memo`)."""
+        self.placing_matters = any(
+            p.terms.constrained or p.terms.preferring for p in snap.pods
+        ) or any(b.anti_affinity for b in snap.bound)
+        """Whether which pod went where decides what later pods may do (pod affinity, spread),
+        beyond the GPU states, CPU and memory they left."""
+
+    def state(self) -> tuple[object, ...]:
+        """What decides how the next pods are placed: GPU states, CPU and memory left, nodes
+        out of the search (and where each pod went, where pod affinity or spread count)."""
+        key: tuple[object, ...] = (tuple(self.sid), tuple(self.cpu), tuple(self.mem))
+        key += (tuple(self.dead),)
+        if self.placing_matters:
+            key += (frozenset(self.node_of.items()),)
+        return key
+
+    def replay(self, log: Sequence[tuple[snapshot.Pod, int, list[tuple[int, Option]]]]) -> None:
+        """Commit placements recorded from a pass in the same state (:class:`_Memo`)."""
+        for pod, ni, parts in log:
+            self._commit(pod, ni, [(self.gpus[gid], opt) for gid, opt in parts])
 
     def fork(self) -> _Run:
         """An independent copy of this pass (to try variants without replaying what is done)."""
@@ -617,6 +638,8 @@ class _Run:
         if mem is not None:
             self.mem[ni] = mem = mem - pod.memory_bytes
         self.placed[pod.key] = [(st.id, opt.claim, opt.add) for st, opt in parts]
+        if self.log is not None:
+            self.log.append((pod, ni, [(st.id, opt) for st, opt in parts]))
         self.node_of[pod.key] = ni
         self.tracker.add(pod, self.snap.nodes[ni].name)
         # A node without CPU or memory for the smallest pod left takes no more pods: take its
@@ -762,6 +785,16 @@ class _Run:
             self.only,
         )
         if not involved and kind in self.failed:
+            return False
+        if (
+            destroy
+            and not involved
+            and (*kind[:4], False, kind[5]) in self.failed
+            and not any(self.index.destroyable.get(m) for m in needs)
+        ):
+            # No GPU the pod could use has a free instance to destroy: the search with destroys
+            # is the one that failed without (a deferring sweep's second pass, mostly).
+            self.failed.add(kind)
             return False
         if not self._place(pod, needs, destroy=destroy):
             if not involved:
@@ -1207,14 +1240,15 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
 
 def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """Plan the whole pending set of a snapshot of MIG nodes."""
-    chosen, orders, thorough, hopeful = _greedy(snap, depth="deep")
+    memo = _Memo(snap)
+    chosen, orders, thorough, hopeful = _greedy(snap, depth="deep", memo=memo)
     if thorough and len({p.priority for p in snap.pods}) > 1 and len(chosen.placements) < hopeful:
         # The lookahead only estimates the levels below, and a variant that ties on a level
         # can still leave the levels below less: the shallower greedies run too (the nine
         # variants alone, and the thirteen with the first variant's lookahead), and the best
         # plan is kept. So no depth is ever below another.
         for depth in ("lookahead", "plain"):
-            other = _greedy(snap, depth=depth)[0]
+            other = _greedy(snap, depth=depth, memo=memo)[0]
             if objective.score(snap, other).key > objective.score(snap, chosen).key:
                 chosen = other
     # The other variants can only matter where the greedy left a pod pending that could run.
@@ -1225,9 +1259,10 @@ def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
         # clean slate packs more pods than working around free instances. Destroys count
         # against it in the comparison.
         bare_snap = _without_free(snap)
+        bare_memo = _Memo(bare_snap)
         levels = len({p.priority for p in snap.pods}) > 1
         for depth in ("deep", "lookahead", "plain") if levels else ("deep",):  # as above
-            bare = _greedy(bare_snap, depth=depth)[0]
+            bare = _greedy(bare_snap, depth=depth, memo=bare_memo)[0]
             alt = plans.build(
                 snap,
                 planner="fast",
@@ -1279,6 +1314,9 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
     placements = {p.pod: p for p in chosen.placements}
     targets = {(g.node, g.gpu): g.layout for g in chosen.gpus}
     admission = constraints.Admission(snap.nodes)
+    pods_by_key = {p.key: p for p in snap.pods}
+    room = [_node_capacity(n) for n in snap.nodes]
+    demands: dict[tuple[str, tuple[int, ...]], _Demand | None] = {}
     budget = _REPACKS
     changed = False
     tried: set[tuple[object, ...]] = set()
@@ -1303,6 +1341,17 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
             if key in tried:
                 continue
             tried.add(key)
+            keep: dict[int, int] = {}
+            candidates = []
+            for pod in [pods_by_key[pl.pod] for pl in here] + wanted:
+                d = _group_demand(snap, pod, group, demands)
+                if d is not None:
+                    candidates.append((pod.priority, d))
+            for pl in here:
+                priority = pods_by_key[pl.pod].priority
+                keep[priority] = keep.get(priority, 0) + 1
+            if not _could_gain(_group_capacity(room, group), candidates, keep):
+                continue  # no repack of the group could place more (by the objective's weights)
             if budget <= 0:
                 break
             budget -= 1
@@ -1338,6 +1387,120 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
         placements=sorted(placements.values(), key=lambda pl: order[pl.pod]),
         unschedulable=(),
     )
+
+
+_Demand = tuple[int, int, int, int]
+"""(CPU millicores, memory bytes, compute slices, memory slots): what a pod takes of a group of
+nodes at least, or what the group has (:func:`_could_gain`)."""
+
+_UNLIMITED = 2**62
+
+
+def _node_capacity(node: snapshot.Node) -> _Demand:
+    """What pods could take of ``node`` at most: its allocatable CPU and memory, and the compute
+    slices and memory slots of its GPUs that no instance in use holds."""
+    alloc = node.allocatable
+    compute = slots = 0
+    for g in node.gpus:
+        held = [g.model.profile_named(i.profile) for i in g.instances if i.used]
+        compute += g.model.compute_slices - sum(p.compute_slices for p in held)
+        slots += g.model.memory_slots - sum(p.memory_slots for p in held)
+    return (
+        _UNLIMITED if alloc is None else alloc.cpu_milli,
+        _UNLIMITED if alloc is None else alloc.memory_bytes,
+        compute,
+        slots,
+    )
+
+
+def _group_capacity(room: Sequence[_Demand], group: Sequence[int]) -> _Demand:
+    """The capacity of nodes ``group`` together (:func:`_node_capacity` of each, summed)."""
+    total = [0, 0, 0, 0]
+    for ni in group:
+        for r in range(4):
+            total[r] = min(total[r] + room[ni][r], _UNLIMITED)
+    return (total[0], total[1], total[2], total[3])
+
+
+def _group_demand(
+    snap: snapshot.Snapshot,
+    pod: snapshot.Pod,
+    group: Sequence[int],
+    cache: dict[tuple[str, tuple[int, ...]], _Demand | None],
+) -> _Demand | None:
+    """The least ``pod`` takes of nodes ``group``: its CPU and memory, and the fewest compute
+    slices and memory slots its instances take on a GPU model of the group that serves it
+    (``None``: none does)."""
+    key = (pod.key, tuple(group))
+    if key in cache:
+        return cache[key]
+    compute = slots = None
+    for model in {g.model.id: g.model for ni in group for g in snap.nodes[ni].gpus}.values():
+        need = pod.profiles_on(model)
+        if need is None:
+            continue
+        shapes = [model.profile_named(n) for n in need]
+        c, m = sum(p.compute_slices for p in shapes), sum(p.memory_slots for p in shapes)
+        compute = c if compute is None else min(compute, c)
+        slots = m if slots is None else min(slots, m)
+    out = (
+        None
+        if compute is None or slots is None
+        else (pod.cpu_milli, pod.memory_bytes, compute, slots)
+    )
+    cache[key] = out
+    return out
+
+
+def _could_gain(
+    capacity: _Demand, candidates: Sequence[tuple[int, _Demand]], keep: dict[int, int]
+) -> bool:
+    """Whether some of the ``candidates`` (priority, least ask) that fit ``capacity`` (each
+    resource summed, :data:`_Demand`) could outweigh ``keep`` pods per priority level by the
+    objective's weights.
+
+    A necessary condition, cheap to test, that spares a repack or a search which cannot gain:
+    weights are lexicographic by priority level, so a better set has, at some level L, as many
+    pods as ``keep`` at every level above L and one more at L. Per resource, the least such a
+    set can take is the sum of the smallest asks among the candidates of each level; if at
+    every level some resource has less than that, no set is better (each resource is relaxed
+    on its own, so this never refuses a set that fits).
+    """
+    levels: dict[int, list[_Demand]] = {}
+    for priority, d in candidates:
+        levels.setdefault(priority, []).append(d)
+    above = [0, 0, 0, 0]
+    for lv in sorted(levels, reverse=True):
+        k = keep.get(lv, 0)
+        smallest = [sorted(d[r] for d in levels[lv]) for r in range(4)]
+        if len(levels[lv]) > k and all(
+            above[r] + sum(smallest[r][: k + 1]) <= capacity[r] for r in range(4)
+        ):
+            return True
+        for r in range(4):
+            above[r] += sum(smallest[r][:k])
+    return False
+
+
+def _run_capacity(run: _Run, asks: Sequence[_Demand]) -> _Demand:
+    """What ``run`` has left (:data:`_Demand`) on the nodes that could still take one of the
+    ``asks`` by each resource (a node too small for every one of them adds nothing)."""
+    total = [0, 0, 0, 0]
+    for ni, gs in enumerate(run.node_gpus):
+        if all(run.dead[g.id] for g in gs):
+            continue
+        c, m = run.cpu[ni], run.mem[ni]
+        here = (
+            _UNLIMITED if c is None else c,
+            _UNLIMITED if m is None else m,
+            run.node_room[ni],
+            run.node_free_slots[ni],
+        )
+        if not any(all(a[r] <= here[r] for r in range(4)) for a in asks):
+            continue
+        for r in range(4):
+            total[r] = min(total[r] + here[r], _UNLIMITED)
+    return (total[0], total[1], total[2], total[3])
 
 
 def _could_run(
@@ -1377,8 +1540,27 @@ def _without_free(snap: snapshot.Snapshot) -> snapshot.Snapshot:
     return dataclasses.replace(snap, nodes=nodes)
 
 
+class _Memo:
+    """Work shared by the greedies of one plan on one snapshot (deep, lookahead, plain, and the
+    search of a level): interned GPU states, sweeps and estimates of the levels below.
+
+    The three depths try the same variants from the same state at the first level, and many
+    variants of a level end in the same state (every pod of the level placed alike): the pass
+    that follows from a state is the same whichever variant led there, so it is computed once
+    and replayed (its placements committed again, no search). Pure: it lives for one plan.
+    """
+
+    def __init__(self, snap: snapshot.Snapshot) -> None:
+        self.states = _States(snap.models)
+        self.sweeps: dict[
+            tuple[object, ...],
+            tuple[list[tuple[snapshot.Pod, int, list[tuple[int, Option]]]], list[snapshot.Pod]],
+        ] = {}
+        self.finishes: dict[tuple[object, ...], tuple[int, int]] = {}
+
+
 def _greedy(
-    snap: snapshot.Snapshot, *, depth: str = "lookahead"
+    snap: snapshot.Snapshot, *, depth: str = "lookahead", memo: _Memo | None = None
 ) -> tuple[plans.Plan, list[list[snapshot.Pod] | None], bool, int]:
     """The greedy passes over the variants: the plan chosen (no reasons yet), the pod orders
     first-fit should also try, whether the problem is small enough for every variant, and how
@@ -1389,7 +1571,7 @@ def _greedy(
     the first variant; ``"deep"``, every variant, the lookahead estimated with each variant's
     own ties, by the first order and by the scarcity order (the better).
     """
-    states = _States(snap.models)
+    states = memo.states if memo is not None else _States(snap.models)
     needs: dict[str, dict[str, tuple[str, ...]]] = {}
     for pod in snap.pods:
         per_model = {}
@@ -1427,7 +1609,31 @@ def _greedy(
     elif depth == "lookahead":
         budget = min(budget, _LOOKAHEAD_VARIANTS)
 
+    if budget == 1:
+        memo = None  # (one variant: a single pass, nothing to share)
+
     def sweep(run: _Run, order: list[snapshot.Pod], defer: bool) -> list[snapshot.Pod]:
+        if memo is None:
+            return place_all(run, order, defer)
+        key = (
+            run.state(),
+            tuple(p.key for p in order),
+            defer,
+            run.by_policy,
+            run.spread_all,
+            run.backed_first,
+        )
+        seen = memo.sweeps.get(key)
+        if seen is not None:
+            run.replay(seen[0])
+            return list(seen[1])
+        run.log = []
+        left = place_all(run, order, defer)
+        memo.sweeps[key] = (run.log, list(left))
+        run.log = None
+        return left
+
+    def place_all(run: _Run, order: list[snapshot.Pod], defer: bool) -> list[snapshot.Pod]:
         if defer:
             # Pods that need free instances destroyed wait until every pod that fits without
             # destroying anything is placed: fewer destroys, often the same number placed.
@@ -1475,6 +1681,13 @@ def _greedy(
         """The weighted pods the levels ``below`` would add to ``run`` with the first variant
         (deep: with the first order or the scarcity order, the better, ties broken as by the
         variant that made ``run``), and how many of their pods would stay pending."""
+        key: tuple[object, ...] = ()
+        if memo is not None:
+            ties = (run.by_policy, run.spread_all, run.backed_first) if deep else ()
+            key = (run.state(), ties, deep, tuple(below))
+            seen = memo.finishes.get(key)
+            if seen is not None:
+                return seen
         best = (-1, 0)
         for scarce in (False, True) if deep else (False,):
             trial = run.fork()
@@ -1493,7 +1706,34 @@ def _greedy(
                 best = (gained, left)
             if not left:
                 break
+        if memo is not None:
+            memo.finishes[key] = best
         return best
+
+    least: dict[str, _Demand] = {
+        p.key: (
+            p.cpu_milli,
+            p.memory_bytes,
+            min(states.need_compute(m, n) for m, n in needs[p.key].items()),
+            min(sum(states.slots[m][x] for x in n) for m, n in needs[p.key].items()),
+        )
+        for p in hopeful
+    }
+
+    def could_gain(run: _Run, li: int, placed: int, gained: int, below: bool) -> bool:
+        """Whether the search of level ``li`` from ``run`` could beat ``placed`` pods of the
+        level and (``below``) the weighted pods ``gained`` the levels below would add after it
+        (:func:`_could_gain`): where the room left cannot hold more, the search is skipped."""
+        keep = {levels[li]: placed}
+        rest = gained
+        for lv in levels[li + 1 :] if below else ():
+            w = weights[first_order[lv][0].key]
+            keep[lv], rest = divmod(rest, w)  # weights are lexicographic: a mixed radix
+        pods = [p for p in hopeful if p.priority in keep]
+        asks = [least[p.key] for p in pods]
+        return _could_gain(
+            _run_capacity(run, asks), [(p.priority, least[p.key]) for p in pods], keep
+        )
 
     for li, level in enumerate(levels):
         at_level = [p for p in hopeful if p.priority == level]
@@ -1536,7 +1776,12 @@ def _greedy(
                 break  # every pod of this level is placed, and the levels below as well
         before = base
         best_key, base, left, later = max(tried, key=lambda t: t[0])
-        if deep and searchable and (left or later):
+        if (
+            deep
+            and searchable
+            and (left or later)
+            and could_gain(before, li, len(at_level) - len(left), best_key[1], lookahead)
+        ):
             below = levels[li + 1 :] if lookahead else []
             found = _search(
                 before,
