@@ -148,7 +148,7 @@ _PLAIN_VARIANTS = 9
 # change for issue 25 left it; _plan_mig keeps its plan if it does better than the deep one).
 _LOOKAHEAD_VARIANTS = 13
 # Placements a level's search (_search) tries at most.
-_SEARCH_BUDGET = 300
+_SEARCH_BUDGET = 150
 # What the estimate of the levels below at a leaf of that search counts for, and the smaller
 # budget of a search where the level is placed whole (it only looks for more below: each leaf
 # costs passes over the levels below).
@@ -1321,7 +1321,7 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
     changed = False
     tried: set[tuple[object, ...]] = set()
     groups: list[tuple[int, ...]] = [(a,) for a in range(len(snap.nodes))]
-    groups += itertools.permutations(range(len(snap.nodes)), 2)
+    groups += itertools.combinations(range(len(snap.nodes)), 2)
     could: dict[str, list[int]] = {}
     improved = True
     while improved and budget > 0:
@@ -1365,7 +1365,7 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
                 whole_pods=(),
                 models=(),
             )
-            found = _greedy(sub, depth=_REPACK_DEPTH)[0]
+            found = _greedy(sub, depth=_REPACK_DEPTH if len(group) == 1 else "plain")[0]
             if sum(weights[pl.pod] for pl in found.placements) <= sum(
                 weights[pl.pod] for pl in here
             ):
