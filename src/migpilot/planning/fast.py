@@ -57,6 +57,10 @@ How it works:
 * On small problems with several priority levels, single nodes and pairs of nodes are then
   repacked (:func:`_repack_pairs`): the greedy never moves a placed pod, and a level above
   often took the room a pod below needed, one swap away.
+* These moves cost passes of the greedy, so they pay only where they can help: the greedies of
+  one plan share their passes (:class:`_Memo`: a sweep from a state is computed once and
+  replayed), and a repack or a level's search is skipped where the room left, each resource
+  summed on its own, cannot hold a better set of pods (:func:`_could_gain`).
 
 Pure: no clock, no randomness; the same snapshot gives the same plan.
 """
@@ -136,8 +140,10 @@ _VARIANTS = (
 )
 # Pairs of nodes repacked at most per plan, on small problems (_repack_pairs).
 _REPACKS = 64
-# The greedy a repack runs (a repack is one of many: the shallower lookahead; without a
-# lookahead, a single node's repack misses the scarcity variant that ties on its level).
+# The greedy a single node's repack runs (a repack is one of many: the shallower lookahead;
+# without a lookahead, a single node's repack misses the scarcity variant that ties on its
+# level). A pair's repack runs the plain greedy: pairs are most repacks, and the lookahead
+# there found nothing the plain greedy missed on the floor tests, at three times the cost.
 _REPACK_DEPTH = "lookahead"
 # GPUs x pods up to which pairs of nodes are repacked (tens of milliseconds each time).
 _REPACK_PROBLEM = 5_000
@@ -147,7 +153,8 @@ _PLAIN_VARIANTS = 9
 # The variants of the greedy with the lookahead of depth "lookahead" (the greedy as the first
 # change for issue 25 left it; _plan_mig keeps its plan if it does better than the deep one).
 _LOOKAHEAD_VARIANTS = 13
-# Placements a level's search (_search) tries at most.
+# Placements a level's search (_search) tries at most (185819, a floor test, needs 150; each
+# placement costs about what a pod's placement in a sweep does).
 _SEARCH_BUDGET = 150
 # What the estimate of the levels below at a leaf of that search counts for, and the smaller
 # budget of a search where the level is placed whole (it only looks for more below: each leaf
@@ -1300,8 +1307,11 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
     two nodes together with the pods left pending, on those two nodes alone as the snapshot has
     them, with the greedy and its variants; it is kept only if it places more by the objective's
     weights (the pods already on the two nodes count, so it never trades a pod for one of a
-    lower level). Only pairs where a pending pod could run on one of the nodes are tried, round
-    after round while a round gains, within :data:`_REPACKS` repacks.
+    lower level). Only pairs where a pending pod could run on one of the nodes are tried, each
+    pair once in node order (the reverse order repacks the same pods on the same nodes), and
+    only where the pair's room, each resource summed, could hold a better set of its pods and
+    the pending ones (:func:`_could_gain`: most pairs of a full cluster cannot, and a repack
+    costs a greedy); round after round while a round gains, within :data:`_REPACKS` repacks.
 
     Pods in pod (anti-)affinity or topology spread are judged against the whole cluster, so a
     snapshot with any is left as it is.
