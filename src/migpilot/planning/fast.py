@@ -1771,20 +1771,24 @@ def _greedy(
             key: tuple[int, ...] = ()
             later = 0
             if budget > 1:
-                targets, placements = run.result()
-                candidate = plans.build(
-                    snap, planner="fast", targets=targets, placements=placements, unschedulable=()
-                )
                 gained = 0
                 # Only a variant that places as many of this level as the best so far can win:
                 # only then is the lookahead worth its pass.
                 if lookahead and li + 1 < len(levels) and all(len(left) <= -t[0][0] for t in tried):
                     gained, later = finish(run, levels[li + 1 :])
-                key = (-len(left), gained, *objective.score(snap, candidate).key)
+                key = (-len(left), gained)
             tried.append((key, run, left, later))
             if not left and not later:
                 break  # every pod of this level is placed, and the levels below as well
         before = base
+        if budget > 1:
+            # The objective's score breaks ties only between the variants best on the level and
+            # the lookahead (building a plan to score it costs about a sweep): the first best.
+            top = max(t[0] for t in tried)
+            tied = [t for t in tried if t[0] == top]
+            if len(tied) > 1:
+                scores = [objective.score(snap, _plan_of(snap, t[1])).key for t in tied]
+                tried = [tied[scores.index(max(scores))]]
         best_key, base, left, later = max(tried, key=lambda t: t[0])
         if (
             deep
@@ -1819,6 +1823,14 @@ def _greedy(
             sorted(snap.pods, key=lambda p: (-p.priority, share_all[p.key], index[p.key])),
         ]
     return chosen, ff_orders, budget > 1, len(hopeful)
+
+
+def _plan_of(snap: snapshot.Snapshot, run: _Run) -> plans.Plan:
+    """The plan a pass makes (no reasons)."""
+    targets, placements = run.result()
+    return plans.build(
+        snap, planner="fast", targets=targets, placements=placements, unschedulable=()
+    )
 
 
 def _gained(
