@@ -1760,6 +1760,12 @@ def _greedy(
         for p in hopeful
     }
 
+    def fits_from(run: _Run, pods: Sequence[snapshot.Pod]) -> bool:
+        """Whether one of ``pods`` fits somewhere from the state of ``run`` (tried on a copy;
+        failures are remembered by kind, so each kind costs one search)."""
+        trial = run.fork()
+        return any(trial.place(p, needs[p.key], destroy=True) for p in pods)
+
     def score_of(run: _Run) -> tuple[int, ...]:
         """The objective's score of the plan ``run`` makes, computed once per plan (variants
         often end in the same plan: a level none of whose pods fits, say)."""
@@ -1835,7 +1841,9 @@ def _greedy(
         if (
             deep
             and searchable
-            and (left or later)
+            # A pod of the level that fits nowhere from the state before the level fits in no
+            # arrangement of the level (room only shrinks): then only the levels below can gain.
+            and ((left and fits_from(before, left)) or (later and lookahead))
             # Where the budget of a search cannot try each pod of the level on each node once, it
             # only varies the last pods' nodes, which the variants' orders cover (the faithful
             # replay's levels of 80 waiting pods on 6 nodes: 736 searches, none found more).
