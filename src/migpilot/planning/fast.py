@@ -57,6 +57,10 @@ How it works:
 * On small problems with several priority levels, single nodes and pairs of nodes are then
   repacked (:func:`_repack_pairs`): the greedy never moves a placed pod, and a level above
   often took the room a pod below needed, one swap away.
+* These moves cost passes of the greedy, so they pay only where they can help: the greedies of
+  one plan share their passes (:class:`_Memo`: a sweep from a state is computed once and
+  replayed), and a repack or a level's search is skipped where the room left, each resource
+  summed on its own, cannot hold a better set of pods (:func:`_could_gain`).
 
 Pure: no clock, no randomness; the same snapshot gives the same plan.
 """
@@ -136,8 +140,10 @@ _VARIANTS = (
 )
 # Pairs of nodes repacked at most per plan, on small problems (_repack_pairs).
 _REPACKS = 64
-# The greedy a repack runs (a repack is one of many: the shallower lookahead; without a
-# lookahead, a single node's repack misses the scarcity variant that ties on its level).
+# The greedy a single node's repack runs (a repack is one of many: the shallower lookahead;
+# without a lookahead, a single node's repack misses the scarcity variant that ties on its
+# level). A pair's repack runs the plain greedy: pairs are most repacks, and the lookahead
+# there found nothing the plain greedy missed on the floor tests, at three times the cost.
 _REPACK_DEPTH = "lookahead"
 # GPUs x pods up to which pairs of nodes are repacked (tens of milliseconds each time).
 _REPACK_PROBLEM = 5_000
@@ -147,8 +153,9 @@ _PLAIN_VARIANTS = 9
 # The variants of the greedy with the lookahead of depth "lookahead" (the greedy as the first
 # change for issue 25 left it; _plan_mig keeps its plan if it does better than the deep one).
 _LOOKAHEAD_VARIANTS = 13
-# Placements a level's search (_search) tries at most.
-_SEARCH_BUDGET = 300
+# Placements a level's search (_search) tries at most (185819, a floor test, needs 150; each
+# placement costs about what a pod's placement in a sweep does).
+_SEARCH_BUDGET = 150
 # What the estimate of the levels below at a leaf of that search counts for, and the smaller
 # budget of a search where the level is placed whole (it only looks for more below: each leaf
 # costs passes over the levels below).
@@ -197,7 +204,12 @@ class _Gpu:
         return (self.model.id, self.used | self.claimed, self.free, self.new, self.touched)
 
     def clone(self) -> _Gpu:
-        return copy.copy(self)  # the fields are immutable values: a shallow copy is a deep one
+        # The fields are immutable values: a shallow copy is a deep one.
+        twin = _Gpu.__new__(_Gpu)
+        twin.id, twin.node, twin.gpu, twin.model = self.id, self.node, self.gpu, self.model
+        twin.used, twin.free, twin.claimed = self.used, self.free, self.claimed
+        twin.new, twin.touched = self.new, self.touched
+        return twin
 
 
 class _States:
@@ -528,6 +540,9 @@ class _Run:
                 mine.append(st)
             self.node_gpus.append(mine)
         self.dead = [False] * len(self.gpus)
+        self.owned = [True] * len(self.gpus)
+        """Which GPU states this pass may change in place: a fork shares the others with its
+        twin until it changes them (copy on write: a search forks at every step)."""
         self.exhaustive = _SKIP_THOROUGH and len(self.gpus) <= min(
             _DESTROY_LIMIT, _MEMBER_SCAN, _FALLBACK_BUDGET, self.index.per_kind
         )
@@ -568,12 +583,35 @@ class _Run:
         back, before GPUs touched and free room (after destroys: a variant)."""
         self.only: int | None = None
         """The one node the next pods may go to (the search of a level, :func:`_search`)."""
+        self.log: list[tuple[snapshot.Pod, int, list[tuple[int, Option]]]] | None = None
+        """Where each placement is recorded while a sweep is memoised (:class:`_Memo`)."""
+        self.placing_matters = any(
+            p.terms.constrained or p.terms.preferring for p in snap.pods
+        ) or any(b.anti_affinity for b in snap.bound)
+        """Whether which pod went where decides what later pods may do (pod affinity, spread),
+        beyond the GPU states, CPU and memory they left."""
+
+    def state(self) -> tuple[object, ...]:
+        """What decides how the next pods are placed: GPU states, CPU and memory left, nodes
+        out of the search (and where each pod went, where pod affinity or spread count)."""
+        key: tuple[object, ...] = (tuple(self.sid), tuple(self.cpu), tuple(self.mem))
+        key += (tuple(self.dead),)
+        if self.placing_matters:
+            key += (frozenset(self.node_of.items()),)
+        return key
+
+    def replay(self, log: Sequence[tuple[snapshot.Pod, int, list[tuple[int, Option]]]]) -> None:
+        """Commit placements recorded from a pass in the same state (:class:`_Memo`)."""
+        for pod, ni, parts in log:
+            self._commit(pod, ni, [(self.gpus[gid], opt) for gid, opt in parts])
 
     def fork(self) -> _Run:
         """An independent copy of this pass (to try variants without replaying what is done)."""
         twin = copy.copy(self)
-        twin.gpus = [g.clone() for g in self.gpus]
-        twin.node_gpus = [[twin.gpus[g.id] for g in gs] for gs in self.node_gpus]
+        twin.gpus = list(self.gpus)
+        twin.node_gpus = [list(gs) for gs in self.node_gpus]
+        self.owned = [False] * len(self.gpus)  # shared from now on, by both
+        twin.owned = list(self.owned)
         twin.index = self.index.clone()
         twin.sid = list(self.sid)
         twin.dead = list(self.dead)
@@ -594,6 +632,13 @@ class _Run:
     def _apply(self, st: _Gpu, opt: Option) -> None:
         old = self.sid[st.id]
         assert not self.dead[st.id]
+        if not self.owned[st.id]:
+            mine = st.clone()
+            self.gpus[st.id] = mine
+            same_node = self.node_gpus[st.node]
+            same_node[same_node.index(st)] = mine
+            self.owned[st.id] = True
+            st = mine
         self.index.leave(old, st.id)
         st.claimed = st.claimed | frozenset(opt.claim)
         st.free = st.free - frozenset(opt.claim) - frozenset(opt.destroy)
@@ -617,6 +662,8 @@ class _Run:
         if mem is not None:
             self.mem[ni] = mem = mem - pod.memory_bytes
         self.placed[pod.key] = [(st.id, opt.claim, opt.add) for st, opt in parts]
+        if self.log is not None:
+            self.log.append((pod, ni, [(st.id, opt) for st, opt in parts]))
         self.node_of[pod.key] = ni
         self.tracker.add(pod, self.snap.nodes[ni].name)
         # A node without CPU or memory for the smallest pod left takes no more pods: take its
@@ -761,7 +808,19 @@ class _Run:
             destroy,
             self.only,
         )
-        if not involved and kind in self.failed:
+        if not involved and (
+            kind in self.failed or (self.only is not None and (*kind[:5], None) in self.failed)
+        ):
+            return False  # (a pod that fits on no node fits on no one node)
+        if (
+            destroy
+            and not involved
+            and (*kind[:4], False, kind[5]) in self.failed
+            and not any(self.index.destroyable.get(m) for m in needs)
+        ):
+            # No GPU the pod could use has a free instance to destroy: the search with destroys
+            # is the one that failed without (a deferring sweep's second pass, mostly).
+            self.failed.add(kind)
             return False
         if not self._place(pod, needs, destroy=destroy):
             if not involved:
@@ -1207,14 +1266,15 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
 
 def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """Plan the whole pending set of a snapshot of MIG nodes."""
-    chosen, orders, thorough, hopeful = _greedy(snap, depth="deep")
+    memo = _Memo(snap)
+    chosen, orders, thorough, hopeful = _greedy(snap, depth="deep", memo=memo)
     if thorough and len({p.priority for p in snap.pods}) > 1 and len(chosen.placements) < hopeful:
         # The lookahead only estimates the levels below, and a variant that ties on a level
         # can still leave the levels below less: the shallower greedies run too (the nine
         # variants alone, and the thirteen with the first variant's lookahead), and the best
         # plan is kept. So no depth is ever below another.
         for depth in ("lookahead", "plain"):
-            other = _greedy(snap, depth=depth)[0]
+            other = _greedy(snap, depth=depth, memo=memo)[0]
             if objective.score(snap, other).key > objective.score(snap, chosen).key:
                 chosen = other
     # The other variants can only matter where the greedy left a pod pending that could run.
@@ -1225,9 +1285,10 @@ def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
         # clean slate packs more pods than working around free instances. Destroys count
         # against it in the comparison.
         bare_snap = _without_free(snap)
+        bare_memo = _Memo(bare_snap)
         levels = len({p.priority for p in snap.pods}) > 1
         for depth in ("deep", "lookahead", "plain") if levels else ("deep",):  # as above
-            bare = _greedy(bare_snap, depth=depth)[0]
+            bare = _greedy(bare_snap, depth=depth, memo=bare_memo)[0]
             alt = plans.build(
                 snap,
                 planner="fast",
@@ -1265,8 +1326,11 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
     two nodes together with the pods left pending, on those two nodes alone as the snapshot has
     them, with the greedy and its variants; it is kept only if it places more by the objective's
     weights (the pods already on the two nodes count, so it never trades a pod for one of a
-    lower level). Only pairs where a pending pod could run on one of the nodes are tried, round
-    after round while a round gains, within :data:`_REPACKS` repacks.
+    lower level). Only pairs where a pending pod could run on one of the nodes are tried, each
+    pair once in node order (the reverse order repacks the same pods on the same nodes), and
+    only where the pair's room, each resource summed, could hold a better set of its pods and
+    the pending ones (:func:`_could_gain`: most pairs of a full cluster cannot, and a repack
+    costs a greedy); round after round while a round gains, within :data:`_REPACKS` repacks.
 
     Pods in pod (anti-)affinity or topology spread are judged against the whole cluster, so a
     snapshot with any is left as it is.
@@ -1279,11 +1343,14 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
     placements = {p.pod: p for p in chosen.placements}
     targets = {(g.node, g.gpu): g.layout for g in chosen.gpus}
     admission = constraints.Admission(snap.nodes)
+    pods_by_key = {p.key: p for p in snap.pods}
+    room = [_node_capacity(n) for n in snap.nodes]
+    demands: dict[tuple[str, tuple[int, ...]], _Demand | None] = {}
     budget = _REPACKS
     changed = False
     tried: set[tuple[object, ...]] = set()
     groups: list[tuple[int, ...]] = [(a,) for a in range(len(snap.nodes))]
-    groups += itertools.permutations(range(len(snap.nodes)), 2)
+    groups += itertools.combinations(range(len(snap.nodes)), 2)
     could: dict[str, list[int]] = {}
     improved = True
     while improved and budget > 0:
@@ -1303,6 +1370,17 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
             if key in tried:
                 continue
             tried.add(key)
+            keep: dict[int, int] = {}
+            candidates = []
+            for pod in [pods_by_key[pl.pod] for pl in here] + wanted:
+                d = _group_demand(snap, pod, group, demands)
+                if d is not None:
+                    candidates.append((pod.priority, d))
+            for pl in here:
+                priority = pods_by_key[pl.pod].priority
+                keep[priority] = keep.get(priority, 0) + 1
+            if not _could_gain(_group_capacity(room, group), candidates, keep):
+                continue  # no repack of the group could place more (by the objective's weights)
             if budget <= 0:
                 break
             budget -= 1
@@ -1316,7 +1394,7 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
                 whole_pods=(),
                 models=(),
             )
-            found = _greedy(sub, depth=_REPACK_DEPTH)[0]
+            found = _greedy(sub, depth=_REPACK_DEPTH if len(group) == 1 else "plain")[0]
             if sum(weights[pl.pod] for pl in found.placements) <= sum(
                 weights[pl.pod] for pl in here
             ):
@@ -1338,6 +1416,120 @@ def _repack_pairs(snap: snapshot.Snapshot, chosen: plans.Plan) -> plans.Plan:
         placements=sorted(placements.values(), key=lambda pl: order[pl.pod]),
         unschedulable=(),
     )
+
+
+_Demand = tuple[int, int, int, int]
+"""(CPU millicores, memory bytes, compute slices, memory slots): what a pod takes of a group of
+nodes at least, or what the group has (:func:`_could_gain`)."""
+
+_UNLIMITED = 2**62
+
+
+def _node_capacity(node: snapshot.Node) -> _Demand:
+    """What pods could take of ``node`` at most: its allocatable CPU and memory, and the compute
+    slices and memory slots of its GPUs that no instance in use holds."""
+    alloc = node.allocatable
+    compute = slots = 0
+    for g in node.gpus:
+        held = [g.model.profile_named(i.profile) for i in g.instances if i.used]
+        compute += g.model.compute_slices - sum(p.compute_slices for p in held)
+        slots += g.model.memory_slots - sum(p.memory_slots for p in held)
+    return (
+        _UNLIMITED if alloc is None else alloc.cpu_milli,
+        _UNLIMITED if alloc is None else alloc.memory_bytes,
+        compute,
+        slots,
+    )
+
+
+def _group_capacity(room: Sequence[_Demand], group: Sequence[int]) -> _Demand:
+    """The capacity of nodes ``group`` together (:func:`_node_capacity` of each, summed)."""
+    total = [0, 0, 0, 0]
+    for ni in group:
+        for r in range(4):
+            total[r] = min(total[r] + room[ni][r], _UNLIMITED)
+    return (total[0], total[1], total[2], total[3])
+
+
+def _group_demand(
+    snap: snapshot.Snapshot,
+    pod: snapshot.Pod,
+    group: Sequence[int],
+    cache: dict[tuple[str, tuple[int, ...]], _Demand | None],
+) -> _Demand | None:
+    """The least ``pod`` takes of nodes ``group``: its CPU and memory, and the fewest compute
+    slices and memory slots its instances take on a GPU model of the group that serves it
+    (``None``: none does)."""
+    key = (pod.key, tuple(group))
+    if key in cache:
+        return cache[key]
+    compute = slots = None
+    for model in {g.model.id: g.model for ni in group for g in snap.nodes[ni].gpus}.values():
+        need = pod.profiles_on(model)
+        if need is None:
+            continue
+        shapes = [model.profile_named(n) for n in need]
+        c, m = sum(p.compute_slices for p in shapes), sum(p.memory_slots for p in shapes)
+        compute = c if compute is None else min(compute, c)
+        slots = m if slots is None else min(slots, m)
+    out = (
+        None
+        if compute is None or slots is None
+        else (pod.cpu_milli, pod.memory_bytes, compute, slots)
+    )
+    cache[key] = out
+    return out
+
+
+def _could_gain(
+    capacity: _Demand, candidates: Sequence[tuple[int, _Demand]], keep: dict[int, int]
+) -> bool:
+    """Whether some of the ``candidates`` (priority, least ask) that fit ``capacity`` (each
+    resource summed, :data:`_Demand`) could outweigh ``keep`` pods per priority level by the
+    objective's weights.
+
+    A necessary condition, cheap to test, that spares a repack or a search which cannot gain:
+    weights are lexicographic by priority level, so a better set has, at some level L, as many
+    pods as ``keep`` at every level above L and one more at L. Per resource, the least such a
+    set can take is the sum of the smallest asks among the candidates of each level; if at
+    every level some resource has less than that, no set is better (each resource is relaxed
+    on its own, so this never refuses a set that fits).
+    """
+    levels: dict[int, list[_Demand]] = {}
+    for priority, d in candidates:
+        levels.setdefault(priority, []).append(d)
+    above = [0, 0, 0, 0]
+    for lv in sorted(levels, reverse=True):
+        k = keep.get(lv, 0)
+        smallest = [sorted(d[r] for d in levels[lv]) for r in range(4)]
+        if len(levels[lv]) > k and all(
+            above[r] + sum(smallest[r][: k + 1]) <= capacity[r] for r in range(4)
+        ):
+            return True
+        for r in range(4):
+            above[r] += sum(smallest[r][:k])
+    return False
+
+
+def _run_capacity(run: _Run, asks: Sequence[_Demand]) -> _Demand:
+    """What ``run`` has left (:data:`_Demand`) on the nodes that could still take one of the
+    ``asks`` by each resource (a node too small for every one of them adds nothing)."""
+    total = [0, 0, 0, 0]
+    for ni, gs in enumerate(run.node_gpus):
+        if all(run.dead[g.id] for g in gs):
+            continue
+        c, m = run.cpu[ni], run.mem[ni]
+        here = (
+            _UNLIMITED if c is None else c,
+            _UNLIMITED if m is None else m,
+            run.node_room[ni],
+            run.node_free_slots[ni],
+        )
+        if not any(all(a[r] <= here[r] for r in range(4)) for a in asks):
+            continue
+        for r in range(4):
+            total[r] = min(total[r] + here[r], _UNLIMITED)
+    return (total[0], total[1], total[2], total[3])
 
 
 def _could_run(
@@ -1377,8 +1569,30 @@ def _without_free(snap: snapshot.Snapshot) -> snapshot.Snapshot:
     return dataclasses.replace(snap, nodes=nodes)
 
 
+class _Memo:
+    """Work shared by the greedies of one plan on one snapshot (deep, lookahead, plain, and the
+    search of a level): interned GPU states, sweeps and estimates of the levels below.
+
+    The three depths try the same variants from the same state at the first level, and many
+    variants of a level end in the same state (every pod of the level placed alike): the pass
+    that follows from a state is the same whichever variant led there, so it is computed once
+    and replayed (its placements committed again, no search). Pure: it lives for one plan.
+    """
+
+    def __init__(self, snap: snapshot.Snapshot) -> None:
+        self.states = _States(snap.models)
+        self.sweeps: dict[
+            tuple[object, ...],
+            tuple[list[tuple[snapshot.Pod, int, list[tuple[int, Option]]]], list[snapshot.Pod]],
+        ] = {}
+        self.finishes: dict[tuple[object, ...], tuple[int, int]] = {}
+        self.failed: dict[tuple[object, ...], set[tuple[object, ...]]] = {}
+        """Per state: kinds of pods found to fit nowhere from it (:meth:`_Run.place`)."""
+        self.scores: dict[tuple[object, ...], tuple[int, ...]] = {}
+
+
 def _greedy(
-    snap: snapshot.Snapshot, *, depth: str = "lookahead"
+    snap: snapshot.Snapshot, *, depth: str = "lookahead", memo: _Memo | None = None
 ) -> tuple[plans.Plan, list[list[snapshot.Pod] | None], bool, int]:
     """The greedy passes over the variants: the plan chosen (no reasons yet), the pod orders
     first-fit should also try, whether the problem is small enough for every variant, and how
@@ -1389,7 +1603,7 @@ def _greedy(
     the first variant; ``"deep"``, every variant, the lookahead estimated with each variant's
     own ties, by the first order and by the scarcity order (the better).
     """
-    states = _States(snap.models)
+    states = memo.states if memo is not None else _States(snap.models)
     needs: dict[str, dict[str, tuple[str, ...]]] = {}
     for pod in snap.pods:
         per_model = {}
@@ -1427,7 +1641,39 @@ def _greedy(
     elif depth == "lookahead":
         budget = min(budget, _LOOKAHEAD_VARIANTS)
 
+    if budget == 1:
+        memo = None  # (one variant: a single pass, nothing to share)
+
     def sweep(run: _Run, order: list[snapshot.Pod], defer: bool) -> list[snapshot.Pod]:
+        if memo is None:
+            return place_all(run, order, defer)
+        key = (
+            run.state(),
+            tuple(p.key for p in order),
+            defer,
+            run.by_policy,
+            run.spread_all,
+            run.backed_first,
+        )
+        seen = memo.sweeps.get(key)
+        if seen is not None:
+            run.replay(seen[0])
+            return list(seen[1])
+        known = memo.failed.get(key[0])
+        if known:
+            run.failed |= known
+        run.log = []
+        left = place_all(run, order, defer)
+        memo.sweeps[key] = (run.log, list(left))
+        if not run.log:
+            # Nothing placed: every failure was met in the state the sweep started from, so
+            # it holds in every pass from there (room only shrinks): the other variants of
+            # the level, forked from that state, skip those pods without a search.
+            memo.failed.setdefault(key[0], set()).update(run.failed)
+        run.log = None
+        return left
+
+    def place_all(run: _Run, order: list[snapshot.Pod], defer: bool) -> list[snapshot.Pod]:
         if defer:
             # Pods that need free instances destroyed wait until every pod that fits without
             # destroying anything is placed: fewer destroys, often the same number placed.
@@ -1475,6 +1721,13 @@ def _greedy(
         """The weighted pods the levels ``below`` would add to ``run`` with the first variant
         (deep: with the first order or the scarcity order, the better, ties broken as by the
         variant that made ``run``), and how many of their pods would stay pending."""
+        key: tuple[object, ...] = ()
+        if memo is not None:
+            ties = (run.by_policy, run.spread_all, run.backed_first) if deep else ()
+            key = (run.state(), ties, deep, tuple(below))
+            seen = memo.finishes.get(key)
+            if seen is not None:
+                return seen
         best = (-1, 0)
         for scarce in (False, True) if deep else (False,):
             trial = run.fork()
@@ -1493,7 +1746,52 @@ def _greedy(
                 best = (gained, left)
             if not left:
                 break
+        if memo is not None:
+            memo.finishes[key] = best
         return best
+
+    least: dict[str, _Demand] = {
+        p.key: (
+            p.cpu_milli,
+            p.memory_bytes,
+            min(states.need_compute(m, n) for m, n in needs[p.key].items()),
+            min(sum(states.slots[m][x] for x in n) for m, n in needs[p.key].items()),
+        )
+        for p in hopeful
+    }
+
+    def fits_from(run: _Run, pods: Sequence[snapshot.Pod]) -> bool:
+        """Whether one of ``pods`` fits somewhere from the state of ``run`` (tried on a copy;
+        failures are remembered by kind, so each kind costs one search)."""
+        trial = run.fork()
+        return any(trial.place(p, needs[p.key], destroy=True) for p in pods)
+
+    def score_of(run: _Run) -> tuple[int, ...]:
+        """How the plan ``run`` makes compares with the other variants' (:func:`_variant_key`:
+        the objective's key with the compute placed), computed once per plan (variants often
+        end in the same plan: a level none of whose pods fits, say)."""
+        if memo is None:
+            return _variant_key(_plan_of(snap, run), snap, size)
+        key = (tuple(run.sid), frozenset((k, tuple(v)) for k, v in run.placed.items()))
+        found = memo.scores.get(key)
+        if found is None:
+            found = memo.scores[key] = _variant_key(_plan_of(snap, run), snap, size)
+        return found
+
+    def could_gain(run: _Run, li: int, placed: int, gained: int, below: bool) -> bool:
+        """Whether the search of level ``li`` from ``run`` could beat ``placed`` pods of the
+        level and (``below``) the weighted pods ``gained`` the levels below would add after it
+        (:func:`_could_gain`): where the room left cannot hold more, the search is skipped."""
+        keep = {levels[li]: placed}
+        rest = gained
+        for lv in levels[li + 1 :] if below else ():
+            w = weights[first_order[lv][0].key]
+            keep[lv], rest = divmod(rest, w)  # weights are lexicographic: a mixed radix
+        pods = [p for p in hopeful if p.priority in keep]
+        asks = [least[p.key] for p in pods]
+        return _could_gain(
+            _run_capacity(run, asks), [(p.priority, least[p.key]) for p in pods], keep
+        )
 
     for li, level in enumerate(levels):
         at_level = [p for p in hopeful if p.priority == level]
@@ -1521,29 +1819,45 @@ def _greedy(
             key: tuple[int, ...] = ()
             later = 0
             if budget > 1:
-                targets, placements = run.result()
-                candidate = plans.build(
-                    snap, planner="fast", targets=targets, placements=placements, unschedulable=()
-                )
                 gained = 0
                 # Only a variant that places as many of this level as the best so far can win:
                 # only then is the lookahead worth its pass.
                 if lookahead and li + 1 < len(levels) and all(len(left) <= -t[0][0] for t in tried):
                     gained, later = finish(run, levels[li + 1 :])
-                key = (-len(left), gained, *_variant_key(candidate, snap, size))
+                key = (-len(left), gained)
             tried.append((key, run, left, later))
             if not left and not later:
                 break  # every pod of this level is placed, and the levels below as well
         before = base
+        if budget > 1:
+            # The objective's score breaks ties only between the variants best on the level and
+            # the lookahead (building a plan to score it costs about a sweep): the first best.
+            top = max(t[0] for t in tried)
+            tied = [t for t in tried if t[0] == top]
+            if len(tied) > 1:
+                scores = [score_of(t[1]) for t in tied]
+                tried = [tied[scores.index(max(scores))]]
         best_key, base, left, later = max(tried, key=lambda t: t[0])
-        if deep and searchable and (left or later):
+        search_budget = _SEARCH_BUDGET if left else _TIE_SEARCH_BUDGET
+        if (
+            deep
+            and searchable
+            # A pod of the level that fits nowhere from the state before the level fits in no
+            # arrangement of the level (room only shrinks): then only the levels below can gain.
+            and ((left and fits_from(before, left)) or (later and lookahead))
+            # Where the budget of a search cannot try each pod of the level on each node once, it
+            # only varies the last pods' nodes, which the variants' orders cover (the faithful
+            # replay's levels of 80 waiting pods on 6 nodes: 736 searches, none found more).
+            and len(at_level) * len(snap.nodes) <= _SEARCH_BUDGET
+            and could_gain(before, li, len(at_level) - len(left), best_key[1], lookahead)
+        ):
             below = levels[li + 1 :] if lookahead else []
             found = _search(
                 before,
                 orders["bulk"],
                 needs,
                 beat=(len(at_level) - len(left), best_key[1] if below else 0),
-                budget=_SEARCH_BUDGET if left else _TIE_SEARCH_BUDGET,
+                budget=search_budget,
                 finish=functools.partial(_gained, finish, below) if below else None,
             )
             if found is not None:
@@ -1585,6 +1899,14 @@ def _variant_key(
     compute = sum(size[pl.pod] for pl in plan.placements)
     head = score.key[:3]  # weighted, -destroyed, -crowded
     return (*head, compute, *score.key[3:])
+
+
+def _plan_of(snap: snapshot.Snapshot, run: _Run) -> plans.Plan:
+    """The plan a pass makes (no reasons)."""
+    targets, placements = run.result()
+    return plans.build(
+        snap, planner="fast", targets=targets, placements=placements, unschedulable=()
+    )
 
 
 def _gained(
