@@ -311,6 +311,30 @@ def _fitted(
     )
 
 
+def repaired(layout: gpulayouts.GpuLayout) -> gpulayouts.LayoutSpec:
+    """The spec that replaces one the controller cannot read (over its GPU, a bad profile):
+    each GPU the status reports keeps the MIG instances it has (none reserved, none destroyed),
+    and its MPS slices and time-slicing replicas are left to the agent (it keeps serving every
+    held slice and replica, removes the rest). Reservations the unreadable spec made are gone:
+    their pods are planned again. A spec every reader accepts, so the node is planned again at
+    once instead of being ignored until someone edits it (the soak lost its MPS node so)."""
+    status = layout.status.gpus if layout.status is not None else ()
+    return gpulayouts.LayoutSpec(
+        tuple(
+            gpulayouts.GpuSpec(
+                g.index,
+                None,
+                tuple(
+                    gpulayouts.InstanceSpec(i.profile, i.start, None)
+                    for i in g.instances
+                    if i.state is not gpulayouts.InstanceState.DESTROYING
+                ),
+            )
+            for g in sorted(status, key=lambda g: g.index)
+        )
+    )
+
+
 def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpulayouts.LayoutSpec:
     """``spec`` with only the reservations of the ``live`` pods; each GPU keeps the MIG mode
     it asks for (a whole GPU released stays whole)."""
