@@ -66,6 +66,7 @@ from tests.kube import controlplane, crds, system  # noqa: E402
 
 import soak_checks as checks  # noqa: E402
 import soak_kubelet  # noqa: E402
+from migpilot import errors  # noqa: E402
 from migpilot.api import gpulayouts as gl  # noqa: E402
 from migpilot.api import gpulayouts_wire as wire  # noqa: E402
 from migpilot.api import leases  # noqa: E402
@@ -777,17 +778,22 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
                 end=time.time(),
             )
 
-        _settle(sys_, client, nodes, log, excused)
+        # GpuLayouts the bench could not read, by node and reason: a violation each, not a crash.
+        unreadable: dict[tuple[str, str], checks.Violation] = {}
+        _settle(sys_, client, nodes, log, excused, unreadable=unreadable)
         end = time.time()
         time.sleep(2.0)
         stop.set()
         with rec.lock:
             events = list(rec.events)
+        refused: list[checks.Violation] = []
         for path in sorted(root.glob("agent-*.log")):
-            for line in path.read_text(errors="replace").splitlines():
+            lines = path.read_text(errors="replace").splitlines()
+            refused += checks.refused_specs(lines)
+            for line in lines:
                 if (event := checks.agent_event(line)) is not None:
                     events.append(event)
-        statuses = _final_statuses(client, modes)
+        statuses = _final_statuses(client, modes, unreadable)
         actual = {n: _emulated(root / f"{n}.json") for n in nodes}
         held = checks.held_at_end(events, end=end)
         unlisted = checks.unlisted_holds(
@@ -806,6 +812,8 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
             *checks.stale_reservations(events, windows, grace_s=RESERVATION_GRACE_S),
             *checks.final_mismatch(statuses, actual, held, t=end, excused=unlisted),
             *checks.destroyed_without_podresources(events, faults.outages),
+            *refused,
+            *unreadable.values(),
         ]
         if not violations:
             shutil.rmtree(root, ignore_errors=True)
@@ -880,17 +888,40 @@ def _await_first_statuses(
         time.sleep(poll_s)
 
 
+def _read_layout(
+    client: lightkube.Client, node: str, unreadable: dict[tuple[str, str], checks.Violation]
+) -> gl.GpuLayout | None:
+    """``node``'s GpuLayout, or ``None`` when it cannot be read (a spec over its GPU, say):
+    recorded in ``unreadable`` as a violation, once per node and reason."""
+    try:
+        return wire.parse(client.get(crds.GpuLayout, node).to_dict())
+    except errors.MigpilotError as err:
+        unreadable.setdefault(
+            (node, str(err)),
+            checks.Violation(
+                "spec-not-appliable",
+                time.time(),
+                f"GpuLayout {node}: the bench cannot read it (nor can the agent): {err}",
+            ),
+        )
+        return None
+
+
 def _settled(
     client: lightkube.Client,
     nodes: dict[str, NodeSpec],
     excused: Mapping[str, frozenset[str]],
+    unreadable: dict[tuple[str, str], checks.Violation],
 ) -> bool:
     """No pod left, and every GpuLayout's status Ready for its spec's generation, holding
-    nothing used or reserved (but the ``excused`` instances, :func:`checks.unlisted_holds`)."""
+    nothing used or reserved (but the ``excused`` instances, :func:`checks.unlisted_holds`).
+    A GpuLayout that cannot be read is not settled (and recorded in ``unreadable``)."""
     if list(client.list(Pod, namespace=NAMESPACE)):
         return False
     for n in nodes:
-        layout = wire.parse(client.get(crds.GpuLayout, n).to_dict())
+        layout = _read_layout(client, n, unreadable)
+        if layout is None:
+            return False
         status = layout.status
         if status is None:
             return False
@@ -913,10 +944,12 @@ def _settle(
     nodes: dict[str, NodeSpec],
     log: Callable[[str], None],
     excused: Callable[[], Mapping[str, frozenset[str]]],
+    *,
+    unreadable: dict[tuple[str, str], checks.Violation],
 ) -> None:
     try:
         controlplane.wait_for(
-            lambda: _settled(client, nodes, excused()),
+            lambda: _settled(client, nodes, excused(), unreadable),
             what="the system to settle",
             timeout=FINAL_WAIT_S,
         )
@@ -924,11 +957,15 @@ def _settle(
         log(f"not settled after {FINAL_WAIT_S:.0f} s: {str(e)[:200]}")
 
 
-def _final_statuses(client: lightkube.Client, modes: dict[str, str]) -> dict[str, checks.NodeView]:
+def _final_statuses(
+    client: lightkube.Client,
+    modes: dict[str, str],
+    unreadable: dict[tuple[str, str], checks.Violation],
+) -> dict[str, checks.NodeView]:
     out = {}
     for node, mode in modes.items():
-        layout = wire.parse(client.get(crds.GpuLayout, node).to_dict())
-        if layout.status is not None:
+        layout = _read_layout(client, node, unreadable)
+        if layout is not None and layout.status is not None:
             out[node] = node_view(node, mode, layout.status)
     return out
 

@@ -644,6 +644,39 @@ def _epoch(text: str) -> float:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+_REFUSED = re.compile(
+    r"^GpuLayout (?P<node>\S+) cannot be applied, keeping the last good: (?P<why>.+)$"
+)
+
+
+def refused_specs(lines: Iterable[str]) -> list[Violation]:
+    """A GpuLayout spec the agent cannot apply (``GpuLayout N cannot be applied, keeping the
+    last good: ...`` in its ``--log-format json`` log): the controller wrote a spec its readers
+    refuse, and the node serves nothing new until it is rewritten. Once per node and reason,
+    at its first sight."""
+    out: list[Violation] = []
+    seen: set[tuple[str, str]] = set()
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("message"), str):
+            continue
+        m = _REFUSED.match(record["message"])
+        if m is None or (m["node"], m["why"]) in seen:
+            continue
+        seen.add((m["node"], m["why"]))
+        out.append(
+            Violation(
+                "spec-not-appliable",
+                _epoch(str(record.get("time"))),
+                f"GpuLayout {m['node']}: a spec the agent cannot apply: {m['why']}",
+            )
+        )
+    return out
+
+
 def agent_event(line: str) -> Event | None:
     """The event one line of an agent's ``--log-format json`` log records, if any: a device
     hand-out or release by the stand-in kubelet, or a MIG instance destroyed. Lines that are

@@ -6,6 +6,7 @@ and a bound pod's slice is never given to the next pod."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any
 
 from migpilot.api import gpulayouts as gl
@@ -162,5 +163,141 @@ def test_a_unified_pod_gets_an_mps_slice_advertised_as_nvidia_gpu_and_is_pinned(
         used = {**served, "state": "used", "usedBy": "ns/u"}
         await _report(api, "m0", [used])
         await _until("released", lambda: not any(s.reserved_for for s in _slices(api, "m0")))
+
+    _run(body)
+
+
+def _layout_with(
+    api: kubeapi.InMemoryApi, node: str, *, spec: list[dict[str, Any]], status: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """``node``'s GpuLayout with one A100 whose spec lists ``spec`` and whose status reports
+    ``status`` (slices, wire form)."""
+    doc = copy.deepcopy(api.objects[kubeobjects.Kind.LAYOUTS][node])
+    doc["spec"] = {"gpus": [{"index": 0, "model": "a100-80gb", "instances": [], "mps": spec}]}
+    gpu = {"index": 0, "model": A100, "uuid": "GPU-0", "instances": [], "mps": status}
+    doc["status"] = {"observedGeneration": 1, "gpus": [gpu]}
+    return doc
+
+
+def _every_write_parses(api: kubeapi.InMemoryApi) -> None:
+    for name, spec in api.spec_writes:
+        wire.parse(wire.spec_patch(name, spec))  # raises GpuLayoutError, naming the field
+
+
+def test_a_held_slice_the_spec_dropped_is_counted_and_no_spec_over_the_gpu_is_written() -> None:
+    """The soak's loss of its MPS node: a plan dropped free slice 4 (40 GB) to make room, but
+    the kubelet handed it to a bound pod before the agent applied that spec, so the agent keeps
+    serving it beside the spec's slices (110 GB of slices on an 80 GB A100). The next plan gave
+    the free slice 5 to a pending pod and wrote all of them back: a spec of 110 GB that the
+    agent and the controller's own parser refuse, and the node was ignored from then on. Now no
+    free slice is given away while the GPU is over, no spec over the GPU is written, and once the
+    held slice's pod is gone the pending pod gets its slice."""
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await api.put(kubeobjects.Kind.NODES, _node("m0", **{"nvidia.com/gpu-40gb": "2"}))
+        await _until("a GpuLayout", lambda: "m0" in api.objects[kubeobjects.Kind.LAYOUTS])
+        await api.put(kubeobjects.Kind.PODS, sharing.pod("a", {"nvidia.com/gpu-40gb": "1"},
+                                                        node="m0"))  # fmt: skip
+        await api.put(kubeobjects.Kind.PODS, sharing.pod("q", {"nvidia.com/gpu-40gb": "1"},
+                                                        node="m0"))  # fmt: skip
+        held = {"memoryGB": 40, "state": "used"}
+        await api.put(
+            kubeobjects.Kind.LAYOUTS,
+            _layout_with(
+                api,
+                "m0",
+                spec=[{"id": 0, "memoryGB": 40}, {"id": 5, "memoryGB": 30}],
+                status=[
+                    {"id": 0, **held, "usedBy": "ns/a"},
+                    {"id": 4, **held, "usedBy": "ns/q"},
+                    {"id": 5, "memoryGB": 30, "state": "free"},
+                ],
+            ),
+        )
+        await _until("observed", lambda: "m0" in controller.observe().layouts)
+        await api.put(kubeobjects.Kind.PODS, _pod("p", 30))
+        await _until("p observed", lambda: "ns/p" in controller.observe().pods)
+        await asyncio.sleep(0.3)
+        _every_write_parses(api)
+        assert not any(s.reserved_for for s in _slices(api, "m0")), "a slice the GPU lacks given"
+        assert "m0" in controller.observe().layouts, "the node was lost"
+
+        # q leaves: slice 4 is gone, and p gets the free slice 5.
+        await api.delete(kubeobjects.Kind.PODS, "ns/q")
+        await api.put(
+            kubeobjects.Kind.LAYOUTS,
+            _layout_with(
+                api,
+                "m0",
+                spec=[{"id": 0, "memoryGB": 40}, {"id": 5, "memoryGB": 30}],
+                status=[
+                    {"id": 0, **held, "usedBy": "ns/a"},
+                    {"id": 5, "memoryGB": 30, "state": "free"},
+                ],
+            ),
+        )
+        await _until("p's slice", lambda: any(s.reserved_for == "ns/p" for s in _slices(api, "m0")))
+        _every_write_parses(api)
+        assert {s.id: s.reserved_for for s in _slices(api, "m0")} == {0: None, 5: "ns/p"}
+
+    _run(body)
+
+
+def test_a_spec_no_reader_accepts_is_rewritten_and_the_node_planned_again() -> None:
+    """The soak's second failure: once a spec over the GPU was written, both controllers
+    ignored the GpuLayout (424 times each) and tried to create it again (a 422 every pass),
+    and the MPS node was lost for 25 minutes. Now the node is planned from its status, its
+    spec is rewritten with one every reader accepts, and a pending pod gets a slice."""
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await api.put(kubeobjects.Kind.NODES, _node("m0"))
+        await _until("a GpuLayout", lambda: "m0" in api.objects[kubeobjects.Kind.LAYOUTS])
+        await api.put(kubeobjects.Kind.PODS, sharing.pod("a", {"nvidia.com/gpu-40gb": "1"},
+                                                        node="m0"))  # fmt: skip
+        bad = _layout_with(
+            api,
+            "m0",
+            spec=[{"id": 0, "memoryGB": 40}, {"id": 1, "memoryGB": 50, "reservedFor": "ns/x"}],
+            status=[{"id": 0, "memoryGB": 40, "state": "used", "usedBy": "ns/a"}],
+        )
+        writes = len(api.spec_writes)
+        await api.put(kubeobjects.Kind.LAYOUTS, bad)
+        await _until("the spec rewritten", lambda: len(api.spec_writes) > writes)
+        _every_write_parses(api)
+        assert _slices(api, "m0") == [], "the repaired spec lists the slices it could not read"
+        await _report(api, "m0", [{"id": 0, "memoryGB": 40, "state": "used", "usedBy": "ns/a"}])
+        await api.put(kubeobjects.Kind.PODS, _pod("p", 30))
+        await _until("p's slice", lambda: any(s.reserved_for == "ns/p" for s in _slices(api, "m0")))
+        _every_write_parses(api)
+        assert controller.metrics.invalid_specs._value.get() == 0
+
+    _run(body)
+
+
+def test_a_spec_its_own_parser_refuses_is_never_written_and_counted(monkeypatch: Any) -> None:
+    """Defence in depth: whatever the planner and the spec writer produce, a spec over its GPU
+    is not written; an error names the node and the metric counts it."""
+    real = running.pinning.spec_for
+
+    def over(*args: Any, **kw: Any) -> gl.LayoutSpec:
+        spec = real(*args, **kw)
+        return gl.LayoutSpec(
+            tuple(
+                gl.GpuSpec(g.index, "a100-80gb", (), (*g.mps, gl.SliceSpec(40, 80)))
+                for g in spec.gpus
+            )
+        )
+
+    monkeypatch.setattr(running.pinning, "spec_for", over)
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await api.put(kubeobjects.Kind.NODES, _node("m0"))
+        await _until("a GpuLayout", lambda: "m0" in api.objects[kubeobjects.Kind.LAYOUTS])
+        await _report(api, "m0", [])
+        writes = len(api.spec_writes)
+        await api.put(kubeobjects.Kind.PODS, _pod("p", 10))
+        await _until("refused", lambda: controller.metrics.invalid_specs._value.get() >= 1)
+        assert len(api.spec_writes) == writes
+        assert _slices(api, "m0") == []
 
     _run(body)

@@ -988,3 +988,42 @@ def test_apply_json_patch_refuses_as_the_server_would(patch: list[dict[str, Any]
     with pytest.raises(kube_errors.KubeApiError):
         kubememory.apply_json_patch(doc, patch)
     assert doc == {"a": {"b": [1, 2]}}
+
+
+def _mps_plan(target: tuple[modes.MpsSlice, ...]) -> tuple[snapshot.Node, plans.Plan]:
+    node = snapshot.Node(
+        "mps-a", {}, (), False, None, (snapshot.Gpu(0, A100_MODEL, ()),), mode=modes.Mode.MPS
+    )
+    plan = plans.Plan(
+        planner="fast",
+        gpus=(),
+        actions=(),
+        placements=(),
+        unschedulable=(),
+        mps=(plans.MpsGpuPlan("mps-a", 0, True, target),),
+    )
+    return node, plan
+
+
+def test_spec_for_leaves_out_held_slices_a_spec_over_the_gpu_would_list() -> None:
+    """Target slices over the GPU (a pod holds a slice the spec had dropped): the spec leaves
+    out the held unreserved slices, largest first (the agent keeps serving them), then free
+    ones, and parses; reserved ones are kept."""
+    target = (
+        modes.MpsSlice(0, 40, None, True),
+        modes.MpsSlice(1, 20, None, False, "ns/r"),
+        modes.MpsSlice(4, 30, None, True),
+        modes.MpsSlice(5, 10),
+    )
+    node, plan = _mps_plan(target)
+    spec = pinning.spec_for(node, plan, kept={})
+    assert [(s.id, s.memory_gb, s.reserved_for) for s in spec.gpus[0].mps] == [
+        (1, 20, "ns/r"),
+        (4, 30, None),
+        (5, 10, None),
+    ]
+    wire.parse(wire.spec_patch("mps-a", spec))
+    node, plan = _mps_plan((modes.MpsSlice(0, 50, None, False, "ns/a"),
+                            modes.MpsSlice(1, 40, None, False, "ns/b")))  # fmt: skip
+    with pytest.raises(errors.GpuLayoutError, match="reserved on GPU 0 of mps-a take 90 GB"):
+        pinning.spec_for(node, plan, kept={})

@@ -51,3 +51,14 @@ def test_snapshot_gpus_keep_every_slice_a_pod_holds_or_the_spec_reserves() -> No
         (2, 20, None, False, "ns/p2"),  # reserved by the spec
     ]
     assert not gpu.instances
+
+
+def test_a_held_slice_the_spec_resized_counts_with_the_size_the_status_reports() -> None:
+    """The agent never resizes a held slice (it keeps its size until its pod is gone): a spec
+    that lists its id with another size must not hide the memory the pod holds."""
+    doc = docs.mps()
+    (held,) = [sl for sl in doc["spec"]["gpus"][0]["mps"] if sl["id"] == 0]
+    held.update(memoryGB=5, cores=10)
+    (gpu,) = translating.snapshot_gpus(wire.parse(doc))
+    first = gpu.mps[0]
+    assert (first.id, first.memory_gb, first.cores, first.used) == (0, 10, 30, True)

@@ -317,3 +317,25 @@ def test_devices_handed_out_and_given_up_unseen_during_an_outage_are_excused_for
     assert "['MIG-c'] that no pod holds" in v.detail
     assert c.final_mismatch({"n": status}, actual, {"n": frozenset({"MIG-c"})}, t=1.0,
                             excused=excused) == []  # fmt: skip
+
+
+def test_a_spec_the_agent_cannot_apply_is_a_violation_once_per_node_and_reason() -> None:
+    """The soak's MPS node: its agent refused the spec over its GPU every pass for 25 minutes."""
+    why = "spec.gpus[0].mps: slices of 90 GB exceed the 80 GB of a a100-80gb"
+
+    def line(t: str, message: str) -> str:
+        record = {"time": t, "level": "WARNING", "message": message, "node": "soak-mps"}
+        return json.dumps(record)
+
+    refused = f"GpuLayout soak-mps cannot be applied, keeping the last good: {why}"
+    lines = [
+        line("2026-11-28T02:31:38.912Z", refused),
+        line("2026-11-28T02:31:44.000Z", refused),
+        line("2026-11-28T02:31:45.000Z", "GpuLayout soak-mps: status written (InvalidSpec)"),
+        "Traceback (most recent call last):",
+    ]
+    (v,) = c.refused_specs(lines)
+    assert v.invariant == "spec-not-appliable"
+    assert "soak-mps" in v.detail and why in v.detail
+    assert v.t == pytest.approx(c.refused_specs(lines[:1])[0].t)
+    assert c.refused_specs(lines[2:]) == []

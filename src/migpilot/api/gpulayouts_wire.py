@@ -354,7 +354,11 @@ def _slices(
     most = sharing_config.MPS_MAX_CLIENTS
     if len(found) > most:
         raise _fail(where, f"{len(found)} slices; MPS serves at most {most}")
-    if model is not None:
+    # The spec must fit its GPU; a status reports what is, and may not: the agent keeps
+    # serving a held slice the spec dropped (the kubelet handed it out before the agent applied
+    # the spec) beside the spec's new ones. Refusing that report would hide the node's slices
+    # from the controller (the soak lost its MPS node so).
+    if model is not None and parse_one is _slice_spec:
         total, cap = sum(sl.memory_gb for sl in found), sharing_mps.memory_gb(model)
         if total > cap:
             raise _fail(where, f"slices of {total} GB exceed the {cap} GB of a {model.id}")

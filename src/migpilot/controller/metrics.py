@@ -181,6 +181,12 @@ class ControllerMetrics:
             "Events waiting to be recorded by the background writers.",
             registry=r,
         )
+        self.invalid_specs = prometheus_client.Counter(
+            "migpilot_controller_invalid_specs",
+            "GpuLayout specs the controller made but did not write: its own parser refuses them "
+            "(a bug; the node is planned again on the next pass).",
+            registry=r,
+        )
         self.events_dropped = prometheus_client.Counter(
             "migpilot_controller_events_dropped",
             "Events not recorded because the backlog of Events to record was full.",

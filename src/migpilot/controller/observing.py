@@ -41,6 +41,8 @@ from migpilot.api import gpulayouts
 from migpilot.controller import translating
 from migpilot.mig import catalog, layouts, profiles
 from migpilot.planning import constraints, interpod, modes, snapshot, unified
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import mps as sharing_mps
 
 GATE = "migpilot.io/plan"
 """The scheduling gate the webhook adds and the controller removes."""
@@ -890,7 +892,22 @@ def mps_gpus(
                     have += 1
                 marked.append(sl)
             out[i] = dataclasses.replace(g, mps=tuple(marked))
-    return tuple(out)
+    return tuple(_within(g) for g in out)
+
+
+def _within(gpu: snapshot.Gpu) -> snapshot.Gpu:
+    """``gpu`` without its free slices while its slices exceed it (memory or MPS clients).
+
+    That happens when a pod holds a slice the spec had just dropped (the kubelet handed it out
+    before the agent applied the spec: the agent keeps serving it with the size it had). The
+    GPU has no room left then, whatever the free slices say: none may be given to a pod (the
+    soak's next plan gave one away and wrote 90 GB of slices for an 80 GB A100). Left out of
+    the snapshot, they are left out of the next spec written for the node, and the agent
+    removes them; they are planned again once the GPU is within its memory."""
+    total = sum(sl.memory_gb for sl in gpu.mps)
+    if total <= sharing_mps.memory_gb(gpu.model) and len(gpu.mps) <= sharing_config.MPS_MAX_CLIENTS:
+        return gpu
+    return dataclasses.replace(gpu, mps=tuple(sl for sl in gpu.mps if sl.taken))
 
 
 def replica_gpus(

@@ -30,7 +30,10 @@ from typing import Any, TypeVar
 from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.controller import observing
+from migpilot.mig import profiles
 from migpilot.planning import constraints, control, modes, plans, snapshot
+from migpilot.sharing import config as sharing_config
+from migpilot.sharing import mps as sharing_mps
 
 _V = TypeVar("_V")
 
@@ -243,16 +246,22 @@ def _mps_specs(
             given[key] = placement.pod
     out: list[gpulayouts.GpuSpec] = []
     targets: set[tuple[int, int]] = set()
+    gpu_models = {g.index: g.model for g in node.gpus}
     for gp in plan.mps:
         if gp.node != node.name:
             continue
         slices = []
+        held: list[gpulayouts.SliceSpec] = []
         for sl in gp.slices:
             targets.add((gp.gpu, sl.id))
             pod = given.get((gp.gpu, sl.id)) or sl.reserved_for or None
-            slices.append(
-                gpulayouts.SliceSpec(sl.id, sl.memory_gb, sl.cores, pod, _resource(pod, unified))
-            )
+            spec = gpulayouts.SliceSpec(sl.id, sl.memory_gb, sl.cores, pod, _resource(pod, unified))
+            slices.append(spec)
+            if sl.used and pod is None:
+                held.append(spec)
+        model = gpu_models.get(gp.gpu)
+        if model is not None:
+            slices = _fitted(slices, held, model=model, where=f"GPU {gp.gpu} of {node.name}")
         out.append(gpulayouts.GpuSpec(gp.gpu, models.get(gp.gpu), (), tuple(slices)))
     missing = sorted(set(given) - targets)
     if missing:
@@ -262,6 +271,68 @@ def _mps_specs(
             "which its target slices do not hold"
         )
     return out
+
+
+def _fitted(
+    slices: list[gpulayouts.SliceSpec],
+    held: list[gpulayouts.SliceSpec],
+    *,
+    model: profiles.GpuModel,
+    where: str,
+) -> list[gpulayouts.SliceSpec]:
+    """The slices of one MPS GPU as its spec may list them: within the GPU's memory and MPS
+    clients, as the spec's parser (the agent's and the controller's) demands.
+
+    The target slices can exceed the GPU when a pod holds a slice the spec had just dropped
+    (the kubelet handed it out before the agent applied the spec): the agent keeps serving a
+    held slice with the size it had, so the snapshot counts it, and a spec listing it beside
+    the others would be refused by every reader (the soak lost its MPS node so). Held slices
+    no reservation names are left out first, largest first (the agent keeps serving them while
+    held, and the controller still counts them from the status), then free ones (the agent
+    removes them). Raise :class:`GpuLayoutError` if the reserved slices alone exceed it (a
+    planner bug: such a spec must never be written)."""
+    cap, most = sharing_mps.memory_gb(model), sharing_config.MPS_MAX_CLIENTS
+
+    def fits(kept: list[gpulayouts.SliceSpec]) -> bool:
+        return sum(s.memory_gb for s in kept) <= cap and len(kept) <= most
+
+    if fits(slices):
+        return slices
+    free = [s for s in slices if s.reserved_for is None and s not in held]
+    out = list(slices)
+    for s in (*sorted(held, key=lambda s: (-s.memory_gb, s.id)),
+              *sorted(free, key=lambda s: (-s.memory_gb, s.id))):  # fmt: skip
+        out.remove(s)
+        if fits(out):
+            return out
+    raise errors.GpuLayoutError(
+        f"plan: the MPS slices reserved on {where} take {sum(s.memory_gb for s in out)} GB "
+        f"in {len(out)} slices, more than its {cap} GB or {most} clients"
+    )
+
+
+def repaired(layout: gpulayouts.GpuLayout) -> gpulayouts.LayoutSpec:
+    """The spec that replaces one the controller cannot read (over its GPU, a bad profile):
+    each GPU the status reports keeps the MIG instances it has (none reserved, none destroyed),
+    and its MPS slices and time-slicing replicas are left to the agent (it keeps serving every
+    held slice and replica, removes the rest). Reservations the unreadable spec made are gone:
+    their pods are planned again. A spec every reader accepts, so the node is planned again at
+    once instead of being ignored until someone edits it (the soak lost its MPS node so)."""
+    status = layout.status.gpus if layout.status is not None else ()
+    return gpulayouts.LayoutSpec(
+        tuple(
+            gpulayouts.GpuSpec(
+                g.index,
+                None,
+                tuple(
+                    gpulayouts.InstanceSpec(i.profile, i.start, None)
+                    for i in g.instances
+                    if i.state is not gpulayouts.InstanceState.DESTROYING
+                ),
+            )
+            for g in sorted(status, key=lambda g: g.index)
+        )
+    )
 
 
 def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpulayouts.LayoutSpec:

@@ -189,6 +189,9 @@ class Controller:
         self.watches = probes.Watches(clock)
         """The watches that are down; ``/healthz`` fails while any is."""
         self._bad: dict[tuple[kubeobjects.Kind, str], str] = {}
+        self._unreadable: dict[str, str] = {}
+        """GpuLayouts whose spec no reader accepts (stored with an empty spec), and why: each
+        pass rewrites their spec (:meth:`_repair`)."""
         """Objects skipped or ignored, and why: each is logged once per reason."""
         self._store = _Store()
         self._node_cache: observing.NodeCache = {}
@@ -263,13 +266,31 @@ class Controller:
         elif deleted:
             store.layouts.pop(key, None)
             self._reported.pop(key, None)  # the node is gone: not a destroy of its instances
+            self._unreadable.pop(key, None)
         else:
             try:
                 store.layouts[key] = gpulayouts_wire.parse(doc)
+                self._unreadable.pop(key, None)
             except errors.MigpilotError as err:
-                _log.warning("GpuLayout %s ignored: %s", key, err, extra={"node": key})
-                store.layouts.pop(key, None)
-                return
+                # A spec no reader accepts (the agent keeps its last good one): plan the node
+                # from its status alone and rewrite the spec (:meth:`_repair`), rather than
+                # lose the node until someone edits it by hand.
+                try:
+                    store.layouts[key] = gpulayouts_wire.parse({**doc, "spec": {"gpus": []}})
+                except errors.MigpilotError:
+                    _log.warning("GpuLayout %s ignored: %s", key, err, extra={"node": key})
+                    store.layouts.pop(key, None)
+                    self._unreadable.pop(key, None)
+                    return
+                if self._unreadable.get(key) != str(err):
+                    _log.error(
+                        "GpuLayout %s has a spec no reader accepts (%s): planned from its "
+                        "status, its spec is rewritten",
+                        key,
+                        err,
+                        extra={"node": key},
+                    )
+                self._unreadable[key] = str(err)
             self._count_turnover(key, store.layouts[key].status)
 
     def _count_turnover(self, node: str, status: gpulayouts.LayoutStatus | None) -> None:
@@ -602,6 +623,7 @@ class Controller:
         self._gauge(observed)
         self._warn_broken(observed)
         await self._ensure_layouts(observed)
+        await self._repair(observed)
         await self._decline(observed)
         timed: list[float] = []
         decision = await asyncio.to_thread(
@@ -775,6 +797,19 @@ class Controller:
         status), and the next pass plans on what the watch shows."""
         if not self._acting():
             return False
+        try:
+            # Never write what the agent (and this controller) would refuse to read.
+            gpulayouts_wire.parse(gpulayouts_wire.spec_patch(name, spec))
+        except errors.MigpilotError as err:
+            self.metrics.invalid_specs.inc()
+            _log.error(
+                "GpuLayout %s: spec not written, no reader would accept it: %s; planning again",
+                name,
+                err,
+                extra={"node": name},
+            )
+            self._poke()
+            return False
         version = self._store.versions.get((kubeobjects.Kind.LAYOUTS, name))
         fence = kubeapi.Fence(
             resource_version=str(version) if version is not None else None,
@@ -804,6 +839,17 @@ class Controller:
             *(
                 self._write_spec(n.name, gpulayouts.LayoutSpec(()), owner_uid=n.uid or None)
                 for n in missing
+            )
+        )
+
+    async def _repair(self, observed: observing.Observed) -> None:
+        """Rewrite each spec no reader accepts (:func:`pinning.repaired`): the agent keeps its
+        last good spec meanwhile, and the node would otherwise wait for a plan that changes it."""
+        await asyncio.gather(
+            *(
+                self._write_spec(name, pinning.repaired(observed.layouts[name]))
+                for name in sorted(self._unreadable)
+                if name in observed.layouts
             )
         )
 

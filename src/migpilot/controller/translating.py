@@ -56,14 +56,20 @@ def snapshot_slices(
 ) -> tuple[modes.MpsSlice, ...]:
     """A GPU's MPS slices as the planner sees them: those the spec asks for (reserved as the
     spec reserves them; used when the status says so), and those the status still reports used
-    that the spec dropped (a pod holds them: never reused, never overlapped)."""
+    that the spec dropped (a pod holds them: never reused, never overlapped).
+
+    A slice the status reports used under an id the spec lists with another size or share
+    counts with the size the status reports: the agent never resizes a held slice (it keeps
+    its size until its pod is gone), so the spec's size would hide memory a pod holds, and the
+    planner would give it away (the soak's 90 GB of slices on an 80 GB GPU)."""
     wanted = next((g.mps for g in layout.spec.gpus if g.index == gpu.index), ())
     reported = {sl.id: sl for sl in gpu.mps}
     out: list[modes.MpsSlice] = []
     for sl in wanted:
         seen = reported.pop(sl.id, None)
         used = seen is not None and seen.state is gpulayouts.InstanceState.USED
-        out.append(modes.MpsSlice(sl.id, sl.memory_gb, sl.cores, used, sl.reserved_for or ""))
+        gb, cores = (seen.memory_gb, seen.cores) if used and seen else (sl.memory_gb, sl.cores)
+        out.append(modes.MpsSlice(sl.id, gb, cores, used, sl.reserved_for or ""))
     for left in reported.values():
         if left.state is not gpulayouts.InstanceState.FREE:
             out.append(modes.MpsSlice(left.id, left.memory_gb, left.cores, True))
