@@ -189,10 +189,10 @@ class Controller:
         self.watches = probes.Watches(clock)
         """The watches that are down; ``/healthz`` fails while any is."""
         self._bad: dict[tuple[kubeobjects.Kind, str], str] = {}
+        """Objects skipped or ignored, and why: each is logged once per reason."""
         self._unreadable: dict[str, str] = {}
         """GpuLayouts whose spec no reader accepts (stored with an empty spec), and why: each
         pass rewrites their spec (:meth:`_repair`)."""
-        """Objects skipped or ignored, and why: each is logged once per reason."""
         self._store = _Store()
         self._node_cache: observing.NodeCache = {}
         self._wake = asyncio.Event()
