@@ -24,10 +24,17 @@ from google.protobuf import descriptor_pb2
 from migpilot.agent.kubeletapi import generate
 
 KUBELET_MODULE = "k8s.io/kubelet@v0.33.4"
+KUBELET_DRA_MODULE = "k8s.io/kubelet@v0.37.2"
+"""The kubelet of the control plane the tests run (scripts/k8s-tools): DRA's v1 API is newer."""
 GOGO_MODULE = "github.com/gogo/protobuf@v1.3.2"
 APIS = {
-    "deviceplugin/v1beta1/api.proto": "pkg/apis/deviceplugin/v1beta1/api.proto",
-    "podresources/v1/api.proto": "pkg/apis/podresources/v1/api.proto",
+    "deviceplugin/v1beta1/api.proto": (KUBELET_MODULE, "pkg/apis/deviceplugin/v1beta1/api.proto"),
+    "podresources/v1/api.proto": (KUBELET_MODULE, "pkg/apis/podresources/v1/api.proto"),
+    "dra/v1/api.proto": (KUBELET_DRA_MODULE, "pkg/apis/dra/v1/api.proto"),
+    "pluginregistration/v1/api.proto": (
+        KUBELET_DRA_MODULE,
+        "pkg/apis/pluginregistration/v1/api.proto",
+    ),
 }
 
 
@@ -62,16 +69,20 @@ def _go_download(module: str) -> pathlib.Path:
 
 
 @pytest.fixture(scope="module")
-def official_root(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """An include root holding the official files and gogo.proto at their import paths."""
-    kubelet = _go_download(KUBELET_MODULE)
+def official_roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]:
+    """Per kubelet module: an include root holding its files and gogo.proto at their import
+    paths."""
     gogo = _go_download(GOGO_MODULE)
-    root = tmp_path_factory.mktemp("official")
-    (root / "github.com/gogo").mkdir(parents=True)
-    (root / "github.com/gogo/protobuf").symlink_to(gogo)
-    (root / "k8s.io").mkdir()
-    (root / "k8s.io/kubelet").symlink_to(kubelet)
-    return root
+    roots: dict[str, pathlib.Path] = {}
+    for module in sorted({module for module, _ in APIS.values()}):
+        kubelet = _go_download(module)
+        root = tmp_path_factory.mktemp("official")
+        (root / "github.com/gogo").mkdir(parents=True)
+        (root / "github.com/gogo/protobuf").symlink_to(gogo)
+        (root / "k8s.io").mkdir()
+        (root / "k8s.io/kubelet").symlink_to(kubelet)
+        roots[module] = root
+    return roots
 
 
 def _compile(include: list[pathlib.Path], proto: str, out: pathlib.Path) -> Any:
@@ -123,9 +134,12 @@ def _shape(file: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("ours", sorted(APIS))
 def test_protos_match_the_official_api(
-    ours: str, official_root: pathlib.Path, tmp_path: pathlib.Path
+    ours: str, official_roots: dict[str, pathlib.Path], tmp_path: pathlib.Path
 ) -> None:
-    official = _compile([official_root], f"k8s.io/kubelet/{APIS[ours]}", tmp_path / "official.pb")
+    module, path = APIS[ours]
+    official = _compile(
+        [official_roots[module]], f"k8s.io/kubelet/{path}", tmp_path / "official.pb"
+    )
     mine = _compile([generate.HERE], ours, tmp_path / "ours.pb")
     assert _shape(mine) == _shape(official)
     assert _shape(mine)["services"], "no service compared"
@@ -140,3 +154,91 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: pathlib.Path) -> Non
         assert committed.read_bytes() == path.read_bytes(), (
             f"{committed} is stale: run python -m migpilot.agent.kubeletapi.generate"
         )
+
+
+# Written from k8s.io/kubelet v0.37.2 (pkg/apis/dra/v1/api.proto and
+# pkg/apis/pluginregistration/v1/api.proto): the full names the gRPC method paths carry, and
+# every field's number. Checked against the generated modules offline, where the comparison
+# above needs Go and the module proxy.
+_DRA = "k8s.io.kubelet.pkg.apis.dra.v1"
+_REG = "pluginregistration"
+OFFICIAL_SERVICES = {
+    f"{_DRA}.DRAPlugin": {
+        "NodePrepareResources": (
+            f"{_DRA}.NodePrepareResourcesRequest",
+            f"{_DRA}.NodePrepareResourcesResponse",
+        ),
+        "NodeUnprepareResources": (
+            f"{_DRA}.NodeUnprepareResourcesRequest",
+            f"{_DRA}.NodeUnprepareResourcesResponse",
+        ),
+    },
+    f"{_REG}.Registration": {
+        "GetInfo": (f"{_REG}.InfoRequest", f"{_REG}.PluginInfo"),
+        "NotifyRegistrationStatus": (
+            f"{_REG}.RegistrationStatus",
+            f"{_REG}.RegistrationStatusResponse",
+        ),
+    },
+}
+OFFICIAL_FIELDS = {
+    f"{_DRA}.NodePrepareResourcesRequest": {"claims": 1},
+    f"{_DRA}.NodePrepareResourcesResponse": {"claims": 1},
+    f"{_DRA}.NodePrepareResourceResponse": {"devices": 1, "error": 2},
+    f"{_DRA}.Device": {
+        "request_names": 1,
+        "pool_name": 2,
+        "device_name": 3,
+        "cdi_device_ids": 4,
+        "share_id": 5,
+    },
+    f"{_DRA}.NodeUnprepareResourcesRequest": {"claims": 1},
+    f"{_DRA}.NodeUnprepareResourcesResponse": {"claims": 1},
+    f"{_DRA}.NodeUnprepareResourceResponse": {"error": 1},
+    f"{_DRA}.Claim": {"namespace": 1, "uid": 2, "name": 3},
+    f"{_REG}.PluginInfo": {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4},
+    f"{_REG}.RegistrationStatus": {"plugin_registered": 1, "error": 2},
+    f"{_REG}.RegistrationStatusResponse": {},
+    f"{_REG}.InfoRequest": {},
+}
+
+
+def _generated_files() -> list[Any]:
+    from migpilot.agent.kubeletapi.dra.v1 import api_pb2 as dra
+    from migpilot.agent.kubeletapi.pluginregistration.v1 import api_pb2 as reg
+
+    return [dra.DESCRIPTOR, reg.DESCRIPTOR]
+
+
+def test_dra_and_registration_services_have_the_official_full_names() -> None:
+    services = {
+        s.full_name: {m.name: (m.input_type.full_name, m.output_type.full_name) for m in s.methods}
+        for f in _generated_files()
+        for s in f.services_by_name.values()
+    }
+    assert services == OFFICIAL_SERVICES
+
+
+def test_dra_and_registration_messages_have_the_official_field_numbers() -> None:
+    fields = {
+        m.full_name: {f.name: f.number for f in m.fields}
+        for f in _generated_files()
+        for m in f.message_types_by_name.values()
+    }
+    assert fields == OFFICIAL_FIELDS
+
+
+def test_dra_maps_and_optional_share_id_are_as_upstream() -> None:
+    from google.protobuf import descriptor
+
+    from migpilot.agent.kubeletapi.dra.v1 import api_pb2 as dra
+
+    for name in ("NodePrepareResourcesResponse", "NodeUnprepareResourcesResponse"):
+        claims = dra.DESCRIPTOR.message_types_by_name[name].fields_by_name["claims"]
+        assert claims.message_type.GetOptions().map_entry, f"{name}.claims is not a map"
+        key, value = claims.message_type.fields
+        assert key.type == descriptor.FieldDescriptor.TYPE_STRING
+        assert value.message_type.name == name.replace("Resources", "Resource")
+    share_id = dra.DESCRIPTOR.message_types_by_name["Device"].fields_by_name["share_id"]
+    assert share_id.has_presence, "share_id must be proto3 optional"
+    assert not dra.Device().HasField("share_id")

@@ -19,6 +19,8 @@ SRC_ROOT = HERE.parents[2]
 PROTOS: tuple[str, ...] = (
     "deviceplugin/v1beta1/api.proto",
     "podresources/v1/api.proto",
+    "dra/v1/api.proto",
+    "pluginregistration/v1/api.proto",
 )
 """The API files, relative to this package."""
 
