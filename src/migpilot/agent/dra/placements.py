@@ -1,0 +1,89 @@
+"""DRA device names of MIG placements, and the CDI device IDs of prepared ones.
+
+Why it exists: the driver publishes one device per MIG placement (a profile at a start slot on
+one GPU), kube-scheduler allocates a device by name, and the kubelet plugin must get the
+placement back from that name alone. So the name encodes the placement,
+``gpu-<index>-mig-<profile>-<start>`` (``gpu-0-mig-3g-40gb-4``, ``gpu-1-mig-1g-10gb-me-0``): a
+DNS label as ResourceSlice device names must be, the profile's ``.`` and ``+`` written as ``-``.
+Parsing checks the placement against the GPU's model (the profile exists, the start is one of its
+placements), so a stale or foreign name is refused with the reason. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from migpilot import errors
+from migpilot.mig import profiles
+
+DRIVER = "mig.migpilot.io"
+"""The DRA driver's name: the kubelet plugin registers under it and claims' results carry it."""
+CDI_KIND = f"{DRIVER}/mig"
+"""The CDI kind (``<vendor>/<class>``) of the devices the plugin prepares."""
+MAX_NAME = 63
+"""A ResourceSlice device name is a DNS label: at most 63 characters."""
+
+_NAME = re.compile(r"^gpu-(\d+)-mig-([a-z0-9-]+)-(\d+)$")
+
+
+class PlacementError(errors.MigpilotError):
+    """A DRA device name that names no valid MIG placement on this node."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A MIG placement: ``profile`` (canonical name) at memory slot ``start`` on GPU ``gpu``."""
+
+    gpu: int
+    """The GPU's index on the node."""
+    profile: str
+    """The MIG profile's canonical name, e.g. ``3g.40gb``."""
+    start: int
+    """The first memory slot the instance takes."""
+
+    def __str__(self) -> str:
+        return f"{self.profile}@{self.start} on GPU {self.gpu}"
+
+
+def _slug(profile: str) -> str:
+    return profile.lower().replace(".", "-").replace("+", "-")
+
+
+def device_name(placement: Placement) -> str:
+    """The DRA device name of a placement (``gpu-0-mig-3g-40gb-4``)."""
+    name = f"gpu-{placement.gpu}-mig-{_slug(placement.profile)}-{placement.start}"
+    if len(name) > MAX_NAME:
+        raise PlacementError(f"device name {name!r} of {placement} is longer than {MAX_NAME}")
+    return name
+
+
+def parse_device_name(name: str, gpus: Mapping[int, profiles.GpuModel]) -> Placement:
+    """The placement a device name names, checked against the model of each GPU index."""
+    match = _NAME.match(name)
+    if match is None:
+        raise PlacementError(
+            f"device {name!r} is not a MIG placement of {DRIVER} "
+            "(expected gpu-<index>-mig-<profile>-<start>)"
+        )
+    gpu, slug, start = int(match[1]), match[2], int(match[3])
+    model = gpus.get(gpu)
+    if model is None:
+        known = ", ".join(str(i) for i in sorted(gpus)) or "none"
+        raise PlacementError(f"device {name!r}: this node has no GPU {gpu} (GPUs: {known})")
+    by_slug = {_slug(p.name): p for p in model.profiles}
+    profile = by_slug.get(slug)
+    if profile is None:
+        raise PlacementError(f"device {name!r}: {model.id} has no MIG profile {slug!r}")
+    if start not in profile.placements:
+        raise PlacementError(
+            f"device {name!r}: {profile.name} cannot start at slot {start} on {model.id} "
+            f"(starts: {', '.join(str(s) for s in profile.placements)})"
+        )
+    return Placement(gpu=gpu, profile=profile.name, start=start)
+
+
+def cdi_device_id(placement: Placement) -> str:
+    """The fully qualified CDI name of a prepared placement (``mig.migpilot.io/mig=<device>``)."""
+    return f"{CDI_KIND}={device_name(placement)}"
