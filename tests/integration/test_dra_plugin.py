@@ -165,3 +165,18 @@ def test_stop_removes_both_sockets(node: Node) -> None:
     assert node.kubelet.sockets() == []
     node.plugin.start()  # the fixture stops it again
     assert len(node.kubelet.sockets()) == 1
+
+
+def test_a_registration_socket_that_cannot_be_served_takes_the_dra_socket_down(
+    root: pathlib.Path,
+) -> None:
+    node = Node(root)
+    node.settings.registry_dir.parent.mkdir(parents=True, exist_ok=True)
+    node.settings.registry_dir.write_text("a file where the folder should be")
+    with pytest.raises(OSError):
+        node.plugin.start()
+    assert not node.settings.dra_socket.exists()
+    node.settings.registry_dir.unlink()
+    node.plugin.start()  # the failed start left nothing behind
+    assert node.settings.registration_socket.is_socket()
+    node.plugin.stop()

@@ -153,7 +153,8 @@ class KubeletPlugin:
         """Set while the kubelet's last word on registration was a success."""
         self.registration_error = ""
         """The kubelet's error when it refused the registration, empty otherwise."""
-        self._servers: list[Any] = []
+        self._servers: list[tuple[Any, pathlib.Path]] = []
+        """The running servers with their sockets, in the order they started."""
 
     def registration_status(self, registered: bool, error: str) -> None:
         """Record the kubelet's answer to the registration."""
@@ -171,20 +172,20 @@ class KubeletPlugin:
         """Serve the DRA socket, then the registration socket the kubelet will find."""
         if self._servers:
             raise RuntimeError("the kubelet plugin is already started")
-        self._servers.append(
+        try:
             self._serve(
                 self.settings.dra_socket,
                 dra_grpc.add_DRAPluginServicer_to_server,
                 _DraServicer(self),
             )
-        )
-        self._servers.append(
             self._serve(
                 self.settings.registration_socket,
                 reg_grpc.add_RegistrationServicer_to_server,
                 _RegistrationServicer(self),
             )
-        )
+        except BaseException:
+            self.stop()  # the DRA socket must not outlive a registration that never came up
+            raise
         _log.info(
             "DRA plugin %s on %s, registration on %s",
             self.settings.driver,
@@ -192,7 +193,7 @@ class KubeletPlugin:
             self.settings.registration_socket,
         )
 
-    def _serve(self, path: pathlib.Path, add: Any, servicer: Any) -> Any:
+    def _serve(self, path: pathlib.Path, add: Any, servicer: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)  # a socket left by an earlier run refuses the bind
         server = grpc.server(
@@ -201,16 +202,13 @@ class KubeletPlugin:
         add(servicer, server)
         server.add_insecure_port(f"unix://{path}")
         server.start()
-        return server
+        self._servers.append((server, path))
 
     def stop(self) -> None:
-        """Stop serving: the registration socket first, then the DRA socket; remove both."""
+        """Stop serving, the last socket started first (registration, then DRA): the kubelet
+        deregisters the plugin before its endpoint goes. Both socket files are removed."""
         servers, self._servers = self._servers, []
-        for server, path in zip(
-            reversed(servers),
-            (self.settings.registration_socket, self.settings.dra_socket),
-            strict=False,
-        ):
+        for server, path in reversed(servers):
             server.stop(grace=None).wait()
             path.unlink(missing_ok=True)
         self.registered.clear()
