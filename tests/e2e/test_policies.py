@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import pathlib
 import shutil
@@ -228,7 +229,11 @@ def installed(control_plane: ControlPlane) -> Iterator[Installed]:
         probe_pod = _gated_pod(found, gates=(observing.GATE,))
         layout = f"/apis/{gl.GROUP}/{gl.VERSION}/{gl.PLURAL}/{node_b}/status"
         layout += f"?fieldManager={gl.AGENT_FIELD_MANAGER}&force=true"
-        image = [{"op": "replace", "path": "/spec/containers/0/image", "value": "probe:1"}]
+        # A new image at every try: the controller-pods policy refuses a *change* to the
+        # containers, so once a try made before the policy was enforced has set an image,
+        # setting the same one again is no change, allowed for ever (the fixture then timed
+        # out, more often on a loaded machine, where the policy comes later).
+        tries = itertools.count(1)
 
         def enforced() -> bool:
             with _impersonating(control_plane, found.agent_user, node=node_a) as agent:
@@ -245,7 +250,15 @@ def installed(control_plane: ControlPlane) -> Iterator[Installed]:
             with _impersonating(control_plane, found.controller_user) as controller:
                 pod = controller.patch(
                     f"/api/v1/namespaces/{namespace}/pods/{probe_pod}",
-                    content=json.dumps(image),
+                    content=json.dumps(
+                        [
+                            {
+                                "op": "replace",
+                                "path": "/spec/containers/0/image",
+                                "value": f"probe:{next(tries)}",
+                            }
+                        ]
+                    ),
                     headers={"Content-Type": JSON_PATCH},
                 )
             answers = {"agent Node": node, "agent GpuLayout": own_layout, "controller Pod": pod}
