@@ -18,6 +18,7 @@ from migpilot.planning import (
     generate,
     incremental,
     interpod,
+    modes,
     objective,
     options,
     plans,
@@ -169,6 +170,9 @@ def test_a_pod_no_node_could_hold_costs_no_retry_over_every_node(
         memory_bytes=0,
     )
     never = dataclasses.replace(fits, name="never", mig=(snapshot.MigRequest(small, 99),))
+    # An MPS node beside them, which no MIG pod can use, does not make a retry worth it either.
+    mps = dataclasses.replace(freed.nodes[0], name="mps-node", mode=modes.Mode.MPS, gpus=())
+    freed = dataclasses.replace(freed, nodes=(*freed.nodes, mps))
     assert len(incremental.candidates(freed, (fits,), per_pod=None)) > 1
     calls: list[snapshot.Snapshot] = []
     plan = incremental.plan_new(freed, (fits, never), _counting(calls), per_pod=1)

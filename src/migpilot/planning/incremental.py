@@ -402,8 +402,10 @@ def plan_new(
     left = {u.pod for u in plan.unschedulable}
     # A pod no node could hold (the filter is sound) stays unplaced whatever the retry does, and
     # every other pod is placed: the retry over every node (hundreds, in a full cluster) is
-    # made only for a pod left unplaced that some node might hold.
-    if left and candidates(snap, [p for p in pods if p.key in left], per_pod=None):
+    # made only for a pod left unplaced that some node might hold. (Not ``candidates``: it keeps
+    # every MPS and time-slicing node whatever the pods ask.)
+    cache = _Cache()
+    if any(_could_hold(p, n, cache) for p in pods if p.key in left for n in snap.nodes):
         every = candidates(snap, pods, per_pod=None)
         if len(every) > len(first):
             plan = planner(dataclasses.replace(view, nodes=every, models=()))
