@@ -20,9 +20,9 @@ ListAndWatch, Allocate, and PodResources ``List`` and ``GetAllocatableResources`
   it asks for was allocated, as a kubelet's does. KWOK's own pod-ready Stage would mark it
   Running at once, before any Allocate, and the agent's plugin serves a unified pod's
   Allocate only while the pod is Pending (``resolving.candidate``): so the node's pods are
-  left out of that Stage (:func:`kwok_stages`, :func:`held_until_admitted`). Without it the
+  left out of that Stage (:func:`kwok_stages`, :func:`held_until_admitted`). Without it a
   35-minute soak saw 316 unified Allocates refused on this node, 2 served, and the whole-GPU
-  fallback hand out MIG instances (``/work/notes/soak35-analysis.md``).
+  fallback hand out MIG instances that two pods then held.
 
 What it hands out is recorded for the soak checks as the stand-in's log lines are: an
 :class:`~soak_checks.Assigned` per pod (its MIG instances; for a unified pod, the instances the
