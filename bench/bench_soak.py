@@ -62,7 +62,7 @@ from lightkube.models.meta_v1 import ObjectMeta  # noqa: E402
 from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration  # noqa: E402
 from lightkube.resources.coordination_v1 import Lease  # noqa: E402
 from lightkube.resources.core_v1 import Namespace, Pod  # noqa: E402
-from tests.kube import controlplane, crds, system  # noqa: E402
+from tests.kube import controlplane, crds, system, tools  # noqa: E402
 
 import soak_checks as checks  # noqa: E402
 import soak_kubelet  # noqa: E402
@@ -692,14 +692,19 @@ def _say(text: str) -> None:
 
 def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, Any]:
     """One soak run: the cluster up, load and faults for ``settings.minutes``, the checks."""
-    plane = controlplane.ControlPlane.start()
     root = Path(tempfile.mkdtemp(prefix="mpsoak-"))
+    nodes = {n.name: n for n in _cluster(settings, root)}
+    found = tools.locate()
+    held = sorted(n.name for n in nodes.values() if n.kubelet)
+    if held:  # their pods stay Pending until their DeviceManager has allocated and started them
+        stages = soak_kubelet.kwok_stages(found.kwok_stages, nodes=held, folder=root / "stages")
+        found = dataclasses.replace(found, kwok_stages=stages)
+    plane = controlplane.ControlPlane.start(found=found)
     sys_ = system.System(plane, root)
     client = plane.client
     rec = Recorder()
     stop = threading.Event()
     faults_done, faults_leave = threading.Event(), threading.Event()
-    nodes = {n.name: n for n in _cluster(settings, root)}
     modes = {n.name: n.mode for n in nodes.values()}
     threads: list[threading.Thread] = []
     kubelets = {

@@ -6,6 +6,7 @@ The Kubernetes side is the in-memory API; the pool is :class:`unifying.UnifiedPo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
 import random
@@ -520,6 +521,80 @@ def test_an_allocate_for_an_unknown_pod_reads_again_until_the_wait_is_over(
             f"Allocate of GPU-1, GPU-0: {nobody} yet; reading the node's pods again",
             f"Allocate of GPU-1, GPU-0: {nobody}; answering as NVIDIA's plugin",
         ]
+    finally:
+        dp.stop()
+
+
+class _Leaving(_Waiting):
+    """Knows no pod; the pool holds ``device`` at the first read only (it leaves the pool,
+    to be advertised under its profile, while the Allocate waits for its pod)."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.device = device
+
+    def inputs(self, *, fresh: bool) -> resolving.Inputs:
+        first = not self.reads
+        super().inputs(fresh=fresh)
+        pool = frozenset({self.device}) if first else frozenset()
+        return resolving.Inputs(pods=(), reservations={}, pool=pool)
+
+
+def test_an_instance_that_leaves_the_pool_during_the_wait_is_not_answered_as_a_whole_gpu(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The soak's double hold: the kubelet picked a pool instance as nvidia.com/gpu for a pod
+    # the plugin could not find; after the wait the instance was no longer in the pool, and
+    # the plugin answered it raw as a whole GPU while the kubelet handed it, now listed under
+    # nvidia.com/mig-1g.10gb, to another pod.
+    instance = uuid(0, 0)
+    source = _Leaving(instance)
+    settings = serving.PluginSettings(
+        plugin_dir=tmp_path, allocate_wait_s=3.0, allocate_poll_s=0.001
+    )
+    dp = serving.DevicePlugin(settings, clock=source.clock, unified=source)
+    view = make_node([[("1g.10gb", 0)], None])
+    dp.start(dataclasses.replace(view, unified=frozenset({instance})))
+    try:
+        with (
+            caplog.at_level(logging.INFO, logger="migpilot.agent.deviceplugin.serving"),
+            pytest.raises(allocating.AllocationError) as err,
+        ):
+            dp.allocate_containers(GPU, [[instance]])
+        assert "waited 3 s for the pod to show in the API server" in str(err.value)
+        assert instance not in dp.handed_out()
+        assert not any("answering as NVIDIA" in m for m in _allocate_messages(caplog))
+        # Whole GPUs are still answered as NVIDIA's plugin would.
+        source.reads.clear()
+        (answer,) = dp.allocate_containers(GPU, [["GPU-1"]])
+        assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "GPU-1"}
+    finally:
+        dp.stop()
+
+
+def test_a_device_no_longer_advertised_after_the_wait_is_unknown(tmp_path: pathlib.Path) -> None:
+    # The pool never held it at any read, but the plugin's nvidia.com/gpu list dropped it
+    # while the Allocate waited (the kubelet picked from the older list).
+    instance = uuid(0, 0)
+    view = make_node([[("1g.10gb", 0)], None])
+
+    class _Dropping(_Waiting):
+        def inputs(self, *, fresh: bool) -> resolving.Inputs:
+            if fresh:
+                dp.update(view)  # the instance back under nvidia.com/mig-1g.10gb
+            return super().inputs(fresh=fresh)
+
+    source = _Dropping()
+    settings = serving.PluginSettings(
+        plugin_dir=tmp_path, allocate_wait_s=3.0, allocate_poll_s=0.001
+    )
+    dp = serving.DevicePlugin(settings, clock=source.clock, unified=source)
+    dp.start(dataclasses.replace(view, unified=frozenset({instance})))
+    try:
+        with pytest.raises(allocating.AllocationError) as err:
+            dp.allocate_containers(GPU, [[instance]])
+        assert str(err.value).endswith(f"unknown device: {instance}")
+        assert instance not in dp.handed_out()
     finally:
         dp.stop()
 

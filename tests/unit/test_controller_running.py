@@ -21,6 +21,7 @@ from migpilot.api import leases
 from migpilot.controller import kubeapi, observing, pinning, running
 from migpilot.kube import errors as kube_errors
 from migpilot.kube import objects as kubeobjects
+from migpilot.planning import control
 
 A100 = "NVIDIA A100-SXM4-80GB"
 WAIT_S = 10.0
@@ -830,3 +831,19 @@ def test_probes_ready_once_every_kind_is_listed_and_alive_while_the_loop_goes_ro
         assert controller.heartbeat.check() is None
 
     _run(body, clock=clock)
+
+
+def test_a_reserved_pods_wait_is_news_once_per_reason() -> None:
+    a = control.Waiting("ns/a", "n1", "unified pod ns/x, asking differently, to be allocated first")
+    b = control.Waiting("ns/b", "n1", "node n1 to advertise nvidia.com/gpu (allocatable 1)")
+    fresh, said = running.new_waits([a, b], {})
+    assert fresh == {a, b}
+    # The same reasons again: nothing new; b's reason changes: news again.
+    b2 = control.Waiting("ns/b", "n1", "node n1 to admit it again (cordoned)")
+    fresh, said = running.new_waits([a, b2], said)
+    assert fresh == {b2}
+    # a let go, then waiting again for the same reason: news, as it was forgotten.
+    fresh, said = running.new_waits([b2], said)
+    assert fresh == frozenset() and said == {"ns/b": b2.why}
+    fresh, said = running.new_waits([a, b2], said)
+    assert fresh == {a}

@@ -625,3 +625,62 @@ def test_a_count_the_node_lost_is_published_again() -> None:
     node.step()
     assert api.node_resources[NODE][R1G] == "1" and node.kubelet.settled
     gpus.close()
+
+
+class _BindsDuringDestroy(emulated.EmulatedBackend):
+    """Binds ``pod`` to the node just before the first ``destroy_instance`` runs (after the
+    reconciler's last in-use check), and records what the stand-in then says each pod holds,
+    as its other threads (the status writer, the pod watch) would see it."""
+
+    def __init__(self) -> None:
+        super().__init__([H100] * 2, durable=False)
+        self.node: Node | None = None
+        self.pod: dict[str, Any] | None = None
+        self.seen: dict[str, tuple[str, ...]] | None = None
+
+    def destroy_instance(self, gpu: int, gi_id: int) -> None:
+        if self.node is not None and self.pod is not None:
+            self.node.api.put_pod(self.pod)
+            self.node.book.listed(self.node.api.list_pods(node=NODE).items)
+            self.seen = self.node.kubelet.assigned()
+            self.pod = None
+        super().destroy_instance(gpu, gi_id)
+
+
+def test_a_pod_bound_mid_pass_is_not_given_an_instance_the_pass_destroys() -> None:
+    # The 35-minute soak's used-destroyed: the stand-in assigns from the view of the last
+    # pass, which still lists an instance the running pass is destroying.
+    api = kubeapi.InMemoryNodeApi()
+    gpus = _BindsDuringDestroy()
+    node = wire(api, gpus)
+    try:
+        api.put_spec(NODE, spec([inst("1g.10gb", 0), inst("3g.40gb", 4)]))
+        node.step()
+        victim = node.uuid("1g.10gb@0")
+        api.put_spec(NODE, spec([inst("3g.40gb", 0), inst("3g.40gb", 4)]))
+        gpus.node, gpus.pod = node, pod_doc("p", {R1G: 1})
+        node.step()
+        assert gpus.seen is not None and victim not in gpus.seen.get("default/p", ())
+        assert gpus.seen.get("default/p") == ()
+        assert node.layout() == ["3g.40gb@0", "3g.40gb@4"]
+        assert node.kubelet.assigned() == {"default/p": ()}  # no 1g.10gb left: it waits
+        # Withheld only while the pass ran: a later instance of the profile is given out.
+        api.put_spec(NODE, spec([inst("3g.40gb", 0), inst("1g.10gb", 4)]))
+        node.step()
+        node.step()
+        assert node.kubelet.assigned() == {"default/p": (node.uuid("1g.10gb@4"),)}
+    finally:
+        api.close()
+        gpus.close()
+
+
+def test_assign_gives_no_new_pod_a_withheld_device_but_keeps_a_holders() -> None:
+    advertised = {R1G: (dev("a"), dev("b"), dev("c"))}
+    got = standin.assign(
+        [bp("old", (R1G, 1)), bp("new", (R1G, 2), created="2026-02-01T00:00:00Z")],
+        advertised=advertised,
+        reserved={},
+        previous={"ns/old": ("a",)},
+        withheld=frozenset({"a", "b"}),
+    )
+    assert got == {"ns/old": ("a",), "ns/new": ()}  # new would need b: all or nothing

@@ -302,3 +302,29 @@ def test_an_in_use_device_that_does_not_overlap_yet_forbids_is_not_blamed_as_in_
             ),
         ),
     )
+
+
+def test_an_instance_is_withheld_before_its_last_in_use_check_and_only_a_destroyed_one() -> None:
+    # Withheld first, then checked: a pod handed it before the withhold shows in the check (the
+    # destroy is refused); after it, the stand-in gives it to no new pod.
+    emu = RacingBackend()
+    free = emu.create_instance(0, profile="3g.40gb", start=4)
+    kept = emu.create_instance(1, profile="3g.40gb", start=4)
+    assert free.uuid is not None and kept.uuid is not None
+    calls: list[str] = []
+
+    class Logged(reconciling.InUseSet):
+        def in_use(self) -> frozenset[str]:
+            calls.append("in-use")
+            return super().in_use()
+
+    rec = reconciling.Reconciler(
+        emu,
+        Logged(),
+        withhold=lambda ids: calls.append(f"withhold {','.join(sorted(ids))}"),
+        max_rounds=1,
+    )
+    rec.reconcile({0: _want("7g.80gb@0"), 1: _want("3g.40gb@4")})
+    assert emu.destroy_calls == [(0, free.gi_id)]
+    # The diff's read, then the destroy's withhold and re-check, then the final diff's read.
+    assert calls == ["in-use", f"withhold {free.uuid}", "in-use", "in-use"]

@@ -118,6 +118,7 @@ class Reconciler:
         parallel_gpus: int = 8,
         dynamic_mig: bool | Callable[[], bool] = False,
         withdraw: Callable[[frozenset[int]], None] | None = None,
+        withhold: Callable[[frozenset[str]], None] | None = None,
     ) -> None:
         self._backend = gpus
         self._in_use = in_use
@@ -132,6 +133,10 @@ class Reconciler:
         self._withdraw = withdraw
         """Told the GPUs whose MIG mode is about to be switched, before anything on them is
         touched: they are no longer advertised, so no pod is given them meanwhile."""
+        self._withhold = withhold
+        """Told each MIG device about to be destroyed, before its last in-use check: from then
+        on it is handed to no new pod (it stays advertised until the pass ends), so a pod
+        either got it before the check (the destroy is refused) or never gets it."""
         self._parallel_gpus = max(1, parallel_gpus)
         """GPUs changed at once: each GPU's changes run in order in one thread, GPUs side by
         side (the driver serialises changes on one GPU, not across GPUs)."""
@@ -220,6 +225,8 @@ class Reconciler:
         try:
             if change.kind is changes.ChangeKind.DESTROY:
                 assert change.gi_id is not None
+                if change.uuid is not None and self._withhold is not None:
+                    self._withhold(frozenset({change.uuid}))
                 if change.uuid is not None and change.uuid in self._in_use.in_use():
                     return changes.Applied(
                         change, changes.Outcome.REFUSED, "became in use; not destroyed"

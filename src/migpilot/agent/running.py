@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from migpilot import errors, files, probes
 from migpilot.agent import metrics, reconciling
@@ -411,11 +411,28 @@ class PassListener(Protocol):
         ...
 
 
+@runtime_checkable
+class Withholding(Protocol):
+    """A part that hands devices to pods (the stand-in kubelet) and can be told to hand some
+    to no new pod: MIG devices the reconciler is about to destroy, until the pass ends."""
+
+    def withhold(self, device_ids: frozenset[str]) -> None:
+        """From now on, give none of ``device_ids`` to a pod that does not hold it already
+        (replaces what was withheld before; empty: withhold nothing)."""
+        ...
+
+
 class Listeners:
     """Several :class:`PassListener` told in order."""
 
     def __init__(self, listeners: Sequence[PassListener]) -> None:
         self._listeners = tuple(listeners)
+
+    def withhold(self, device_ids: frozenset[str]) -> None:
+        """Tell each listener that hands out devices (:class:`Withholding`)."""
+        for listener in self._listeners:
+            if isinstance(listener, Withholding):
+                listener.withhold(device_ids)
 
     def passed(
         self,
@@ -581,7 +598,13 @@ class Agent:
             # The node's migpilot.io/mig-mode=dynamic label (absent: modes are never switched).
             dynamic_mig=self._dynamic_mig,
             withdraw=self._withdraw,
+            withhold=self._withhold,
         )
+        self._withheld: frozenset[str] = frozenset()
+        """MIG devices this pass is destroying or has destroyed: handed to no new pod until
+        the pass's end has advertised the view without them."""
+        self._withheld_lock = threading.Lock()
+        """:meth:`_withhold` is called from the reconciler's per-GPU threads."""
         self._mig_mode_state: str | None = None
         """``migpilot.io/mig-mode.state`` for the labels (None: the node is not dynamic)."""
         self._last_report: changes.Report | None = None
@@ -638,7 +661,24 @@ class Agent:
                     labels=self._node_labels(self._view),
                     view=self._view,
                 )
+            with self._withheld_lock:
+                if self._withheld:
+                    # The view just advertised no longer has the destroyed devices.
+                    self._tell_withheld(frozenset())
             return report
+
+    def _withhold(self, device_ids: frozenset[str]) -> None:
+        """The reconciler is about to destroy ``device_ids``: the stand-in kubelet gives
+        them to no new pod from now until the pass's end. Without it a pod bound mid-pass was
+        given, from the view advertised before the pass, an instance the pass destroyed (the
+        35-minute soak's used-destroyed)."""
+        with self._withheld_lock:
+            self._tell_withheld(self._withheld | device_ids)
+
+    def _tell_withheld(self, device_ids: frozenset[str]) -> None:
+        self._withheld = device_ids
+        if isinstance(self._listener, Withholding):
+            self._listener.withhold(device_ids)
 
     def _withdraw(self, indexes: frozenset[int]) -> None:
         """Stop advertising the GPUs ``indexes`` (their MIG mode is about to be switched; the

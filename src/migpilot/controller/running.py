@@ -198,6 +198,8 @@ class Controller:
         self._wake = asyncio.Event()
         self._changed = True
         self._memory = control.Memory()
+        self._waits_said: dict[str, str] = {}
+        """Reserved pod -> what it was last logged at INFO to wait for (:func:`new_waits`)."""
         self._wake_at: float | None = None
         """When the last step said the next would decide something with nothing changed."""
         self._control = control.Settings(
@@ -642,8 +644,11 @@ class Controller:
         await self._release(observed, decision.release)
         if decision.expired:
             await self._expire(observed, decision.expired)
+        fresh, self._waits_said = new_waits(decision.waits, self._waits_said)
         for w in decision.waits:
-            _log.debug("pod %s waits for %s", w.pod, w.why, extra={"pod": w.pod, "node": w.node})
+            level = logging.INFO if w in fresh else logging.DEBUG
+            about = {"pod": w.pod, "node": w.node}
+            _log.log(level, "pod %s waits for %s", w.pod, w.why, extra=about)
         await asyncio.gather(*(self._pin_one(k, observed.nodes[n]) for k, n in decision.pins))
         if decision.plan is not None:
             await self._carry_out_plan(observed, decision, timed)
@@ -1090,6 +1095,18 @@ class Controller:
     ) -> None:
         await self._say(view, type_="Normal", reason="MigStaticLayout", message=why)
         await self._patch_pod(key, pinning.ungate_patch(doc))
+
+
+def new_waits(
+    waits: Sequence[control.Waiting], said: Mapping[str, str]
+) -> tuple[frozenset[control.Waiting], dict[str, str]]:
+    """Which of this step's ``waits`` are news (a pod not waiting at the last step, or waiting
+    for something else now), given ``said`` (pod -> what it was last said to wait for); and
+    what is said once they are told. A reserved pod that keeps waiting is logged at INFO once
+    per reason, so a long wait can be explained from the log (every pass repeats it at DEBUG);
+    a pod no longer waiting is forgotten."""
+    fresh = frozenset(w for w in waits if said.get(w.pod) != w.why)
+    return fresh, {w.pod: w.why for w in waits}
 
 
 def _describe_node(node: snapshot.Node) -> str:

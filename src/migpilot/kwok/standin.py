@@ -156,6 +156,7 @@ def assign(
     previous: Mapping[str, tuple[str, ...]],
     held: frozenset[str] = frozenset(),
     busy: frozenset[str] = frozenset(),
+    withheld: frozenset[str] = frozenset(),
 ) -> dict[str, tuple[str, ...]]:
     """Which devices each pod holds: ``namespace/name`` -> device ids (pure).
 
@@ -168,6 +169,8 @@ def assign(
     (so two pods never each hold half of what they need); it holds ``()`` meanwhile. A pod that
     holds some (one of its devices went) gets what there is. Devices in ``busy`` (handed to
     unified pods: a time-slicing replica is ``nvidia.com/gpu`` for both kinds) go to no pod.
+    Devices ``withheld`` (the agent is destroying them) go to no pod that does not hold them
+    already; a pod that does keeps them (the agent's in-use check then refuses the destroy).
     """
     taken: set[str] = set(busy)
     kept: dict[str, list[str]] = {}
@@ -190,7 +193,7 @@ def assign(
                 continue
             free = [d.id for d in offered
                     if d.health is devices.Health.HEALTHY and d.id not in taken
-                    and d.id not in picks]  # fmt: skip
+                    and d.id not in picks and d.id not in withheld]  # fmt: skip
 
             def rank(uuid: str, key: str = pod.key) -> int:
                 holder = reserved.get(uuid)
@@ -494,6 +497,8 @@ class SimulatedKubelet:
             key: h.devices for key, h in (self._saved or {}).items()
         }
         self._sharing: Callable[[], sharing_config.Config] = lambda: sharing_config.EMPTY
+        self._withheld: frozenset[str] = frozenset()
+        """Devices the agent is destroying: handed to no new pod (:meth:`withhold`)."""
 
     def share_with(self, current: Callable[[], sharing_config.Config]) -> None:
         """Publish the devices as shared by the node's current sharing config (replicas,
@@ -529,6 +534,13 @@ class SimulatedKubelet:
         with self._lock:
             self._drifted = True
             self._drifts += 1
+
+    def withhold(self, device_ids: frozenset[str]) -> None:
+        """Give none of ``device_ids`` to a pod that does not hold it already, until told
+        otherwise (:class:`~running.Withholding`): the agent is destroying them, and the view
+        this stand-in assigns from (the last pass's) still lists them until the pass ends."""
+        with self._lock:
+            self._withheld = device_ids
 
     def in_use(self) -> frozenset[str]:
         """The devices assigned to the node's live pods; before the first assignment, also
@@ -630,6 +642,7 @@ class SimulatedKubelet:
             previous=self._assigned,
             held=self._held() if self._held is not None else frozenset(),
             busy=frozenset(u for a in self._unified.values() for u in a.devices),
+            withheld=self._withheld,
         )
         self._held = None
         self._save(mig, now)
@@ -675,7 +688,7 @@ class SimulatedKubelet:
                     )
                     kept[key] = resolving.PodAllocation(gpu.uid, True, containers)
         inputs = self._unified_inputs()
-        busy = frozenset(u for devs in self._assigned.values() for u in devs)
+        busy = frozenset(u for devs in self._assigned.values() for u in devs) | self._withheld
         for pod in pods:
             waiting = live.get(pod.key)
             if waiting is None or pod.key in kept:

@@ -578,6 +578,10 @@ class DevicePlugin:
                     f"{found.message}; waited {self.settings.allocate_wait_s:g} s for the pod "
                     "to show in the API server"
                 )
+            # The wait may have outlasted the list the kubelet picked from: a device that has
+            # left nvidia.com/gpu since (a MIG instance of the pool now advertised under its
+            # profile) is unknown now, as NVIDIA's plugin would say, never answered raw.
+            allocating.check_known(self._snapshot(resource.name)[0], requested)
             # Whole GPUs for a pod the API does not show: answered as NVIDIA's plugin would.
             _log.warning("Allocate of %s: %s; answering as NVIDIA's plugin", ", ".join(requested),
                          found.message)  # fmt: skip
@@ -646,12 +650,17 @@ class DevicePlugin:
     def _resolve(
         self, requested: Sequence[str], *, wait: bool
     ) -> tuple[resolving.Resolution, frozenset[str]]:
-        """Resolve; while no pod is known, read the pods again (up to ``allocate_wait_s``)."""
+        """Resolve; while no pod is known, read the pods again (up to ``allocate_wait_s``).
+        With the resolution comes every device the pool held at any of the reads: one the
+        kubelet picked from the pool stays the pool's for this Allocate even if it leaves the
+        pool while the pods are read again, so it is never answered as a whole GPU."""
         assert self._unified is not None
         deadline = self._clock() + self.settings.allocate_wait_s  # only read when waiting
         fresh = False
+        pooled: frozenset[str] = frozenset()
         while True:
             inputs = self._unified.inputs(fresh=fresh)
+            pooled |= inputs.pool
             found = resolving.resolve(
                 requested=requested,
                 pods=inputs.pods,
@@ -661,11 +670,11 @@ class DevicePlugin:
                 busy=self._ledger.held(now=self._clock()),
             )
             if not isinstance(found, resolving.NoPod) or not wait:
-                return found, inputs.pool
+                return found, pooled
             if fresh:
                 stopping = self._stopping.wait(self.settings.allocate_poll_s)
                 if stopping or self._clock() >= deadline:
-                    return found, inputs.pool
+                    return found, pooled
             else:
                 _log.info("Allocate of %s: %s yet; reading the node's pods again",
                           ", ".join(requested), found.message)  # fmt: skip
