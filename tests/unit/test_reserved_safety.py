@@ -585,7 +585,7 @@ def test_pin_lets_go_the_ready_gated_pods_the_node_has_room_for_in_order(
     """n0 advertises 4: ns/z is bound there (1), ns/b let go (1); ns/a's instance is stolen
     (dropped, never pinned); ns/c's instance is not made yet; ns/d and ns/e take the last 2;
     ns/f waits for room. A pod says why it waits in the debug log once it has waited more
-    than 5 s."""
+    than 5 s (at INFO the first time, then at DEBUG)."""
     clock = _Clock(1000.0)
     spec = [_reserving("ns/a", "ns/b", "ns/c", "ns/d", "ns/e", "ns/f")]
     status = [_status_inst(0, "used", "ns/other"), _status_inst(1, "reserved")]
@@ -609,18 +609,26 @@ def test_pin_lets_go_the_ready_gated_pods_the_node_has_room_for_in_order(
             ("ns/d", pinning.pin_patch(pods[3], node)),
             ("ns/e", pinning.pin_patch(pods[4], node)),
         ]
+
+        def waits() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if " waits for " in r.getMessage()]
+
         with caplog.at_level(logging.DEBUG, logger="migpilot.controller"):
             await at(1005.0)
-            assert not [r for r in caplog.records if r.levelno == logging.DEBUG]
+            assert not waits()
             await at(1005.5)
-        assert [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG] == [
+            # the first time a pod waits for something it is said at INFO, then at DEBUG
+            await at(1006.0)
+        assert [r.getMessage() for r in waits()] == 2 * [
             "pod ns/c waits for 1g.10gb at GPU 0 start 2 on n0 to be created",
             "pod ns/f waits for node n0 to advertise nvidia.com/mig-1g.10gb (allocatable 4, "
             "taken 4)",
         ]
-        assert [getattr(r, "pod", None) for r in caplog.records if r.levelno == logging.DEBUG] == [
-            "ns/c",
-            "ns/f",
+        assert [(getattr(r, "pod", None), r.levelno) for r in waits()] == [
+            ("ns/c", logging.INFO),
+            ("ns/f", logging.INFO),
+            ("ns/c", logging.DEBUG),
+            ("ns/f", logging.DEBUG),
         ]
         assert len(api.pod_patches) == 2
 
