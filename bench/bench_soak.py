@@ -533,6 +533,8 @@ class Faults:
         """The PodResources outages, from the socket's removal to its return."""
         self._rng = random.Random(settings.seed * 104729 + 3)
         self._restores: list[threading.Thread] = []
+        self._controller_kills = 0
+        """Controllers killed so far: how the next comes back (:meth:`_controller_back_as`)."""
 
     def run(
         self,
@@ -601,12 +603,14 @@ class Faults:
             )
         elif what == "kill-controller":
             leader = self._leader()
-            target = leader or "c1"
-            component = self.sys.controllers[target]
+            killed = leader if leader in self.sys.controllers else min(self.sys.controllers)
+            component = self.sys.controllers.pop(killed)
             component.signal(signal.SIGKILL)
             component.process.wait()
             time.sleep(RESTART_DELAY_S)
-            self.sys.start_controller(target, *CONTROLLER_FLAGS, verbose=False)
+            again = self._controller_back_as(killed)
+            self.sys.start_controller(again, *CONTROLLER_FLAGS, verbose=False)
+            target = killed if again == killed else f"{killed}, back as {again}"
         elif what == "restart-apiserver":
             self.sys.plane.restart_apiserver(down_s=3.0)
         elif what == "webhook-down":
@@ -624,6 +628,19 @@ class Faults:
         t1 = time.time()
         self.outages.append(checks.Outage(t0, t1, target))
         self._record(t0, t1, "podresources-down", target, start)
+
+    def _controller_back_as(self, killed: str) -> str:
+        """The identity a killed controller comes back under. The two ways alternate, a
+        replaced pod first: a Deployment's new pod has a new name, so a new identity, and the
+        standby (or the new pod) takes the Lease over once it runs out (a failover); a
+        container restarted in its pod keeps the pod's name, so its identity, and takes its own
+        Lease back at once. With the same identity every time, the leader never changed hands
+        in a whole run."""
+        self._controller_kills += 1
+        if self._controller_kills % 2 == 0:
+            return killed
+        base = killed.split("-r", maxsplit=1)[0]
+        return f"{base}-r{self._controller_kills}"
 
     def _leader(self) -> str | None:
         try:
