@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from migpilot.agent.dra import placements, preparing, serving
-from migpilot.agent.dra.memory import MemoryClaims, MemoryInstances
+from migpilot.agent.dra.memory import MemoryCdi, MemoryClaims, MemoryInstances
 from migpilot.mig import catalog
 from tests.integration.kubelet_dra_fake import FakeDraKubelet, Prepared
 
@@ -42,7 +42,8 @@ class Node:
         self.settings = serving.PluginSettings(
             plugins_dir=root / "plugins", registry_dir=root / "plugins_registry"
         )
-        preparer = preparing.Preparer(self.claims, self.instances, GPUS, NODE)
+        self.specs = MemoryCdi()
+        preparer = preparing.Preparer(self.claims, self.instances, GPUS, NODE, specs=self.specs)
         self.plugin = serving.KubeletPlugin(preparer, self.settings)
         self.kubelet = FakeDraKubelet(self.settings.registry_dir)
 
@@ -150,7 +151,9 @@ def test_an_unexpected_failure_fails_the_call(registered: Node) -> None:
         def read_claim(self, namespace: str, name: str) -> None:
             raise RuntimeError("the API client broke")
 
-    node.plugin.preparer = preparing.Preparer(Broken(), node.instances, GPUS, NODE)
+    node.plugin.preparer = preparing.Preparer(
+        Broken(), node.instances, GPUS, NODE, specs=node.specs
+    )
     with pytest.raises(grpc.RpcError) as err:
         node.kubelet.prepare([("default", "a", "uid-a")])
     assert err.value.code() == grpc.StatusCode.INTERNAL

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from migpilot.agent.dra import claims, placements, preparing
-from migpilot.agent.dra.memory import MemoryClaims, MemoryInstances
+from migpilot.agent.dra.memory import MemoryCdi, MemoryClaims, MemoryInstances
 from migpilot.mig import catalog
 
 H100 = catalog.resolve_gpu("h100-80gb")
@@ -37,7 +37,7 @@ def ref(name: str, uid: str, ns: str = "default") -> claims.ClaimRef:
 @pytest.fixture
 def world() -> tuple[MemoryClaims, MemoryInstances, preparing.Preparer]:
     source, instances = MemoryClaims(), MemoryInstances(GPUS)
-    return source, instances, preparing.Preparer(source, instances, GPUS, NODE)
+    return source, instances, preparing.Preparer(source, instances, GPUS, NODE, specs=MemoryCdi())
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_device_names_round_trip(placement: placements.Placement, name: str) -> 
 @pytest.mark.parametrize(
     ("name", "problem"),
     [
-        ("gpu-0", "is not a MIG placement"),
+        ("gpu-0-mig", "is not a MIG placement"),
         ("gpu-2-mig-1g-10gb-0", "has no GPU 2 (GPUs: 0, 1)"),
         ("gpu-1-mig-1g-10gb-me-0", "a100-40gb has no MIG profile '1g-10gb-me'"),
         ("gpu-0-mig-3g-40gb-2", "3g.40gb cannot start at slot 2 on h100-80gb (starts: 0, 4)"),
@@ -171,7 +171,7 @@ def test_prepare_reads_the_claim_after_a_restart_and_reuses_the_instance(
     source.put(claim("c", "u1", [result("gpu-0-mig-2g-20gb-2", shareID="s-1")]))
     first = preparer.prepare([ref("c", "u1")])
     # an agent restart: a new Preparer over the same node (the MIG state outlives the agent)
-    restarted = preparing.Preparer(source, instances, GPUS, NODE)
+    restarted = preparing.Preparer(source, instances, GPUS, NODE, specs=preparer.specs)
     assert restarted.prepare([ref("c", "u1")]) == first
     assert first["u1"].devices[0].share_id == "s-1"
     assert instances.created == [P(0, "2g.20gb", 2)]
