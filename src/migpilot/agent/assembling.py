@@ -1047,7 +1047,7 @@ def _serve(
     )
     if sharing is not None and cluster is not None:
         cluster.share_with(sharing.current)
-    dra = _start_dra(settings, gpus, cluster, reconciling.AnyOf(list(sources)))
+    dra = _dra(settings, gpus, cluster, reconciling.AnyOf(list(sources)))
     if dra is not None:
         sources.append(dra.instances)  # claims' instances are used: never destroyed as stray
     in_use: reconciling.InUse = reconciling.AnyOf(sources)
@@ -1125,6 +1125,8 @@ def _serve(
                     f"cannot serve metrics on {metrics.address}:{metrics.port}: "
                     f"{err.strerror or err}"
                 ) from None
+        if dra is not None:
+            dra.start()
         agent.start()
         if publisher is not None:
             publisher.check()  # the first pass ran before the plugin served its devices
@@ -1143,15 +1145,15 @@ def _serve(
     return 0
 
 
-def _start_dra(
+def _dra(
     settings: Settings,
     gpus: backend.GpuBackend,
     cluster: KubeSide | None,
     in_use: reconciling.InUse,
 ) -> dra_node.DraNode | None:
-    """On a DRA-mode node: the DRA kubelet plugin, started for the kubelet (or the stand-in
-    that speaks its API) in the kubelet folder (``docs/dra.md``). ``in_use``: the agent's other
-    in-use sources, asked before a claim's instance goes."""
+    """On a DRA-mode node: the DRA kubelet plugin for the kubelet (or the stand-in that speaks
+    its API) in the kubelet folder, built, to be started (``docs/dra.md``). ``in_use``: the
+    agent's other in-use sources, asked before a claim's instance goes."""
     kubelet = settings.kubelet
     if not kubelet.dra:
         return None
@@ -1165,7 +1167,7 @@ def _start_dra(
         cdi_spec_dir=kubelet.cdi_spec_dir,
         proc_root=root if root is not None else cdifiles.DEFAULT_PROC_ROOT,
     )
-    return dra_node.start(gpus, cluster.api, node=cluster.node, paths=paths, in_use=in_use)
+    return dra_node.build(gpus, cluster.api, node=cluster.node, paths=paths, in_use=in_use)
 
 
 def _mps_supervisor(settings: Settings) -> agent_mps.MpsSupervisor:

@@ -1,11 +1,11 @@
 """The DRA kubelet plugin of one node, built from the agent's parts and started.
 
-Why it exists: the agent's assembly (:mod:`migpilot.agent.assembling`) should gain one call for
-a node in DRA mode, not the plugin's wiring. :func:`start` makes the real Protocols (the claims
-read through the agent's Kubernetes API, the instances on its MIG backend with their ledger, the
-CDI spec files), serves the kubelet's sockets at the paths below the kubelet's folder, and hands
-back what the agent needs: :attr:`DraNode.instances`, an in-use source for the reconciler, and
-:meth:`DraNode.stop`.
+Why it exists: the agent's assembly (:mod:`migpilot.agent.assembling`) should gain a call or two
+for a node in DRA mode, not the plugin's wiring. :func:`build` makes the real Protocols (the
+claims read through the agent's Kubernetes API, the instances on its MIG backend with their
+ledger, the CDI spec files) and hands back what the agent needs: :attr:`DraNode.instances`, an
+in-use source for the reconciler, then :meth:`DraNode.start` serves the kubelet's sockets at the
+paths below the kubelet's folder and :meth:`DraNode.stop` ends it; :func:`start` is both.
 """
 
 from __future__ import annotations
@@ -58,12 +58,17 @@ class DraNode:
     """Its claims' instances: an in-use source for the reconciler."""
     specs: cdiclaims.ClaimSpecs
 
+    def start(self) -> None:
+        """Serve the kubelet."""
+        self.plugin.start()
+
     def stop(self) -> None:
-        """Stop serving the kubelet (claims stay prepared: their instances and specs remain)."""
+        """Stop serving the kubelet (claims stay prepared: their instances and specs remain);
+        nothing when it was not started."""
         self.plugin.stop()
 
 
-def start(
+def build(
     gpus: backend.GpuBackend,
     api: apiclaims.ClaimReader,
     *,
@@ -71,8 +76,9 @@ def start(
     paths: DraPaths,
     in_use: reconciling.InUse,
 ) -> DraNode:
-    """Build the plugin for ``node`` (its pool) and serve it. ``in_use``: the agent's other
-    in-use sources, asked before a claim's instance is destroyed."""
+    """Build the plugin for ``node`` (its pool), not served yet: its ledger is read and
+    reconciled. ``in_use``: the agent's other in-use sources, asked before a claim's instance
+    is destroyed."""
     ledger = paths.ledger
     try:
         ledger.parent.mkdir(parents=True, exist_ok=True)
@@ -85,5 +91,18 @@ def start(
     models = {g.index: g.model for g in gpus.gpus() if g.model is not None}
     preparer = preparing.Preparer(apiclaims.ApiClaims(api), instances, models, node, specs=specs)
     plugin = serving.KubeletPlugin(preparer, paths.plugin_settings())
-    plugin.start()
     return DraNode(plugin=plugin, instances=instances, specs=specs)
+
+
+def start(
+    gpus: backend.GpuBackend,
+    api: apiclaims.ClaimReader,
+    *,
+    node: str,
+    paths: DraPaths,
+    in_use: reconciling.InUse,
+) -> DraNode:
+    """:func:`build`, then serve the kubelet."""
+    built = build(gpus, api, node=node, paths=paths, in_use=in_use)
+    built.start()
+    return built
