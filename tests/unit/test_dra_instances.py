@@ -244,9 +244,15 @@ def test_whole_gpus_are_given_not_created(tmp_path: Path) -> None:
         off.instances.ensure(W(0), owner="u2")
     assert off.instances.release("u1") == (W(0),)
     assert off.instances.in_use() == frozenset()
+    off.used.add(f"{got.uuid}::2")  # a time-slicing replica of it, handed to a pod
+    with pytest.raises(preparing.InstanceError, match="is in use by a pod"):
+        off.instances.ensure(W(0), owner="u2")
+    off.used.discard(f"{got.uuid}::2")
     on = Node(tmp_path / "on", gpus=1)
     with pytest.raises(preparing.InstanceError, match="MIG mode is on"):
         on.instances.ensure(W(0), owner="u1")
+    with pytest.raises(preparing.InstanceError, match=r"1g\.10gb@0 on GPU 0: .*not supported"):
+        off.instances.ensure(P(0, "1g.10gb", 0), owner="u1")
     with pytest.raises(preparing.InstanceError, match="no GPU 3"):
         on.instances.ensure(W(3), owner="u1")
 

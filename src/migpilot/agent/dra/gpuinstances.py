@@ -38,6 +38,7 @@ from pathlib import Path
 from migpilot import errors, files
 from migpilot.agent import reconciling
 from migpilot.agent.dra import ownership, placements, preparing
+from migpilot.agent.rules import changes
 from migpilot.gpu import backend
 
 _log = logging.getLogger(__name__)
@@ -85,9 +86,12 @@ class BackendInstances:
         if not owner or owner == ownership.RECOVERED:
             raise preparing.InstanceError(f"{placement}: an owner (claim UID) is needed")
         with self._lock:
-            if isinstance(placement, placements.WholeGpu):
-                return self._ensure_whole(placement, owner)
-            return self._ensure_mig(placement, owner)
+            try:
+                if isinstance(placement, placements.WholeGpu):
+                    return self._ensure_whole(placement, owner)
+                return self._ensure_mig(placement, owner)
+            except backend.BackendError as err:  # reading the GPU failed (MIG off, gone)
+                raise preparing.InstanceError(f"{placement}: {err}") from err
 
     def _ensure_whole(self, target: placements.WholeGpu, owner: str) -> preparing.Instance:
         info = next((g for g in self._backend.gpus() if g.index == target.gpu), None)
@@ -100,6 +104,8 @@ class BackendInstances:
         held = self._ledger.at(target)
         if held is not None and held.owner != owner:
             raise preparing.InstanceError(f"{target} is taken by claim UID {held.owner}")
+        if held is None and changes.gpu_held(info.uuid, self._used.in_use()):
+            raise preparing.InstanceError(f"{target} ({info.uuid}) is in use by a pod")
         if held is None or held.uuid != info.uuid:
             self._record(ownership.Owned(owner, target, info.uuid))
         return preparing.Instance(target, info.uuid)
@@ -171,7 +177,10 @@ class BackendInstances:
             done: list[placements.Target] = []
             refused: list[str] = []
             for entry in mine:
-                problem = self._let_go(entry, used)
+                try:
+                    problem = self._let_go(entry, used)
+                except backend.BackendError as err:
+                    problem = f"{entry.target}: {err}"
                 if problem:
                     refused.append(problem)
                 else:
