@@ -162,6 +162,26 @@ def test_a_restarted_agent_prepares_to_the_same_instance_and_creates_nothing(nod
     assert whole_gpus.devices() == ()
 
 
+def test_a_ledger_that_cannot_be_written_creates_nothing_and_keeps_the_old_file(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node.instances.ensure(P(0, "3g.40gb", 4), owner="u1")
+    before = node.ledger.read_text()
+
+    def full(path: Path, text: str, **kw: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gpuinstances.files, "write_atomically", full)
+    with pytest.raises(preparing.InstanceError, match="No space left on device"):
+        node.instances.ensure(P(0, "1g.10gb", 0), owner="u2")
+    assert [d.start for d in node.devices()] == [4]  # written ahead: no entry, no create
+    assert node.ledger.read_text() == before
+    monkeypatch.undo()
+    made = node.instances.ensure(P(0, "1g.10gb", 0), owner="u2")
+    assert {e["uuid"] for e in node.ledger_doc()["claims"]["u2"]} == {made.uuid}
+    assert sorted(p.name for p in node.ledger.parent.iterdir()) == ["dra-claims.json"]
+
+
 def test_a_crash_between_create_and_ledger_leaves_an_owned_instance(node: Node) -> None:
     node.gpus.inject(
         emulated.Fault(emulated.Step.CREATE_COMPUTE_INSTANCE, 1, emulated.FaultEffect.CRASH_BEFORE)
