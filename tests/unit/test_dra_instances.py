@@ -27,7 +27,7 @@ from migpilot.agent.dra import (
 from migpilot.agent.dra import node as dra_node
 from migpilot.agent.dra.memory import MemoryCdi, MemoryClaims
 from migpilot.agent.rules import changes
-from migpilot.gpu import backend, emulated
+from migpilot.gpu import backend, emulated, nvml, nvml_standin
 from migpilot.kube import errors as kube_errors
 from migpilot.kube import objects
 from migpilot.mig import catalog, layouts
@@ -492,3 +492,26 @@ def test_the_plugins_paths_are_below_the_kubelet_folder(tmp_path: Path) -> None:
     assert settings.registration_socket == tmp_path / "k/plugins_registry/mig.migpilot.io-reg.sock"
     assert settings.dra_socket == tmp_path / "k/plugins/mig.migpilot.io/dra.sock"
     assert paths.ledger == tmp_path / "k/migpilot/dra-claims.json"
+
+
+def test_placements_are_created_exactly_through_nvml_too(tmp_path: Path) -> None:
+    """The NVML adapter's create is nvmlDeviceCreateGpuInstanceWithPlacement (through the CI
+    stand-in that maps NVML's calls onto the emulated driver): the same exact starts."""
+    emu = emulated.EmulatedBackend([H100], durable=False)
+    gpus = nvml.NvmlBackend(nvml_standin.NvmlStandin(emu))
+    ledger = tmp_path / "dra-claims.json"
+    used = reconciling.RunningProcesses(gpus)
+    instances = gpuinstances.BackendInstances(gpus, ledger_file=ledger, in_use=used)
+    made = [
+        instances.ensure(P(0, "1g.10gb", 6), owner="u1"),
+        instances.ensure(P(0, "3g.40gb", 0), owner="u2"),
+    ]
+    assert [(d.profile, d.start, d.uuid) for d in emu.mig_devices(0)] == [
+        ("3g.40gb", 0, made[1].uuid),
+        ("1g.10gb", 6, made[0].uuid),
+    ]
+    again = gpuinstances.BackendInstances(gpus, ledger_file=ledger, in_use=used)
+    assert again.ensure(P(0, "1g.10gb", 6), owner="u1") == made[0]
+    assert len(emu.mig_devices(0)) == 2
+    assert again.release("u2") == (P(0, "3g.40gb", 0),)
+    assert [d.uuid for d in emu.mig_devices(0)] == [made[0].uuid]
