@@ -279,7 +279,7 @@ def test_real_unprepare_keeps_an_instance_a_process_still_runs_on(real: RealNode
     assert uuid is not None
     real.gpus.attach_process(uuid, 4242)
     error = real.kubelet.unprepare(asked)["uid-a"]
-    assert "has 1 processes: not destroyed" in error
+    assert f"({uuid}) is in use: not destroyed" in error  # the agent's RunningProcesses
     assert real.spec("uid-a").exists() and len(real.layout()) == 1
     real.gpus.detach_process(uuid, 4242)
     assert real.kubelet.unprepare(asked) == {"uid-a": ""}
