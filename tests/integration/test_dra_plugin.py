@@ -4,6 +4,7 @@ the generated stubs of the kubelet's DRA v1 API."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 from collections.abc import Iterator
 from typing import Any
@@ -11,8 +12,13 @@ from typing import Any
 import grpc
 import pytest
 
+from migpilot.agent import reconciling
+from migpilot.agent.cluster import kubeapi
+from migpilot.agent.dra import node as dra_node
 from migpilot.agent.dra import placements, preparing, serving
-from migpilot.agent.dra.memory import MemoryClaims, MemoryInstances
+from migpilot.agent.dra.memory import MemoryCdi, MemoryClaims, MemoryInstances
+from migpilot.gpu import emulated
+from migpilot.kube import objects
 from migpilot.mig import catalog
 from tests.integration.kubelet_dra_fake import FakeDraKubelet, Prepared
 
@@ -42,7 +48,8 @@ class Node:
         self.settings = serving.PluginSettings(
             plugins_dir=root / "plugins", registry_dir=root / "plugins_registry"
         )
-        preparer = preparing.Preparer(self.claims, self.instances, GPUS, NODE)
+        self.specs = MemoryCdi()
+        preparer = preparing.Preparer(self.claims, self.instances, GPUS, NODE, specs=self.specs)
         self.plugin = serving.KubeletPlugin(preparer, self.settings)
         self.kubelet = FakeDraKubelet(self.settings.registry_dir)
 
@@ -150,7 +157,9 @@ def test_an_unexpected_failure_fails_the_call(registered: Node) -> None:
         def read_claim(self, namespace: str, name: str) -> None:
             raise RuntimeError("the API client broke")
 
-    node.plugin.preparer = preparing.Preparer(Broken(), node.instances, GPUS, NODE)
+    node.plugin.preparer = preparing.Preparer(
+        Broken(), node.instances, GPUS, NODE, specs=node.specs
+    )
     with pytest.raises(grpc.RpcError) as err:
         node.kubelet.prepare([("default", "a", "uid-a")])
     assert err.value.code() == grpc.StatusCode.INTERNAL
@@ -180,3 +189,107 @@ def test_a_registration_socket_that_cannot_be_served_takes_the_dra_socket_down(
     node.plugin.start()  # the failed start left nothing behind
     assert node.settings.registration_socket.is_socket()
     node.plugin.stop()
+
+
+# -- the real Protocols: claims in the agent's API, instances on emulated GPUs, CDI files -------
+
+
+class RealNode:
+    """The plugin as the agent starts it (:func:`dra_node.start`), over emulated GPUs whose
+    state and driver files outlive an agent, with the fake kubelet."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.root = root
+        self.api = kubeapi.InMemoryNodeApi()
+        self.proc = root / "proc"
+        self.paths = dra_node.DraPaths(
+            kubelet_dir=root / "kubelet", cdi_spec_dir=root / "cdi", proc_root=self.proc
+        )
+        self.gpus = emulated.EmulatedBackend(
+            [GPUS[0], GPUS[1]], state_path=root / "gpus.json", durable=False, proc_root=self.proc
+        )
+        self.dra = self._start()
+        self.kubelet = FakeDraKubelet(self.paths.kubelet_dir / "plugins_registry")
+        (socket,) = self.kubelet.sockets()
+        assert self.kubelet.register(socket) is not None
+
+    def _start(self) -> dra_node.DraNode:
+        used = reconciling.RunningProcesses(self.gpus)
+        return dra_node.start(self.gpus, self.api, node=NODE, paths=self.paths, in_use=used)
+
+    def restart(self) -> None:
+        """The agent stops and a new one starts on the same GPUs and files."""
+        self.dra.stop()
+        self.gpus = emulated.EmulatedBackend(
+            state_path=self.root / "gpus.json", durable=False, proc_root=self.proc
+        )
+        self.dra = self._start()
+        (socket,) = self.kubelet.sockets()
+        assert self.kubelet.register(socket) is not None
+
+    def put(self, doc: dict[str, Any]) -> None:
+        self.api.server.put(objects.Kind.RESOURCECLAIMS, doc)
+
+    def spec(self, uid: str) -> pathlib.Path:
+        return self.dra.specs.path(uid)
+
+    def layout(self) -> list[tuple[int, str, int, str | None]]:
+        return [(g, d.profile, d.start, d.uuid) for g in (0, 1) for d in self.gpus.mig_devices(g)]
+
+
+@pytest.fixture
+def real(root: pathlib.Path) -> Iterator[RealNode]:
+    n = RealNode(root)
+    yield n
+    n.dra.stop()
+
+
+def test_real_prepare_creates_at_the_placements_writes_cdi_and_survives_a_restart(
+    real: RealNode,
+) -> None:
+    real.put(
+        claim("a", "uid-a", [("big", "gpu-0-mig-3g-40gb-4"), ("small", "gpu-1-mig-1g-10gb-6")])
+    )
+    asked = [("default", "a", "uid-a")]
+    first = real.kubelet.prepare(asked)
+    devices = first["uid-a"]
+    assert isinstance(devices, tuple)
+    made = real.layout()
+    assert [(g, p, s) for g, p, s, _ in made] == [(0, "3g.40gb", 4), (1, "1g.10gb", 6)]
+    spec = json.loads(real.spec("uid-a").read_text())
+    assert {f"{spec['kind']}={d['name']}" for d in spec["devices"]} == {
+        i for d in devices for i in d.cdi_ids
+    }
+    assert real.kubelet.prepare(asked) == first
+    real.restart()
+    assert real.kubelet.prepare(asked) == first
+    assert real.layout() == made  # the same instances: nothing created, nothing destroyed
+    ledger = json.loads(real.paths.ledger.read_text())
+    assert {e["uuid"] for e in ledger["claims"]["uid-a"]} == {u for *_, u in made}
+    assert real.kubelet.unprepare(asked) == {"uid-a": ""}
+    assert real.layout() == []
+    assert not real.spec("uid-a").exists()
+
+
+def test_real_unprepare_keeps_an_instance_a_process_still_runs_on(real: RealNode) -> None:
+    real.put(claim("a", "uid-a", [("r", "gpu-0-mig-1g-10gb-0")]))
+    asked = [("default", "a", "uid-a")]
+    assert isinstance(real.kubelet.prepare(asked)["uid-a"], tuple)
+    ((_, _, _, uuid),) = real.layout()
+    assert uuid is not None
+    real.gpus.attach_process(uuid, 4242)
+    error = real.kubelet.unprepare(asked)["uid-a"]
+    assert f"({uuid}) is in use: not destroyed" in error  # the agent's RunningProcesses
+    assert real.spec("uid-a").exists() and len(real.layout()) == 1
+    real.gpus.detach_process(uuid, 4242)
+    assert real.kubelet.unprepare(asked) == {"uid-a": ""}
+    assert real.layout() == [] and not real.spec("uid-a").exists()
+
+
+def test_real_claims_not_in_the_api_or_taken_are_refused(real: RealNode) -> None:
+    real.gpus.create_instance(0, profile="1g.10gb", start=0)  # not a claim's
+    real.put(claim("b", "uid-b", [("r", "gpu-0-mig-1g-10gb-0")]))
+    got = real.kubelet.prepare([("default", "b", "uid-b"), ("default", "gone", "uid-g")])
+    assert "taken by an instance no claim owns" in str(got["uid-b"])
+    assert got["uid-g"] == "claim default/gone (uid-g) is not in the API"
+    assert len(real.layout()) == 1 and not real.spec("uid-b").exists()

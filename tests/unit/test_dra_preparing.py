@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
+from migpilot import errors
 from migpilot.agent.dra import claims, placements, preparing
-from migpilot.agent.dra.memory import MemoryClaims, MemoryInstances
+from migpilot.agent.dra.memory import MemoryCdi, MemoryClaims, MemoryInstances
 from migpilot.mig import catalog
 
 H100 = catalog.resolve_gpu("h100-80gb")
@@ -37,7 +39,7 @@ def ref(name: str, uid: str, ns: str = "default") -> claims.ClaimRef:
 @pytest.fixture
 def world() -> tuple[MemoryClaims, MemoryInstances, preparing.Preparer]:
     source, instances = MemoryClaims(), MemoryInstances(GPUS)
-    return source, instances, preparing.Preparer(source, instances, GPUS, NODE)
+    return source, instances, preparing.Preparer(source, instances, GPUS, NODE, specs=MemoryCdi())
 
 
 @pytest.mark.parametrize(
@@ -57,7 +59,7 @@ def test_device_names_round_trip(placement: placements.Placement, name: str) -> 
 @pytest.mark.parametrize(
     ("name", "problem"),
     [
-        ("gpu-0", "is not a MIG placement"),
+        ("gpu-0-mig", "is not a MIG placement"),
         ("gpu-2-mig-1g-10gb-0", "has no GPU 2 (GPUs: 0, 1)"),
         ("gpu-1-mig-1g-10gb-me-0", "a100-40gb has no MIG profile '1g-10gb-me'"),
         ("gpu-0-mig-3g-40gb-2", "3g.40gb cannot start at slot 2 on h100-80gb (starts: 0, 4)"),
@@ -171,7 +173,54 @@ def test_prepare_reads_the_claim_after_a_restart_and_reuses_the_instance(
     source.put(claim("c", "u1", [result("gpu-0-mig-2g-20gb-2", shareID="s-1")]))
     first = preparer.prepare([ref("c", "u1")])
     # an agent restart: a new Preparer over the same node (the MIG state outlives the agent)
-    restarted = preparing.Preparer(source, instances, GPUS, NODE)
+    restarted = preparing.Preparer(source, instances, GPUS, NODE, specs=preparer.specs)
     assert restarted.prepare([ref("c", "u1")]) == first
     assert first["u1"].devices[0].share_id == "s-1"
     assert instances.created == [P(0, "2g.20gb", 2)]
+
+
+def test_whole_gpu_names_and_targets() -> None:
+    assert placements.parse_target("gpu-3", GPUS) == placements.WholeGpu(3)
+    assert placements.target_name(placements.WholeGpu(3)) == "gpu-3"
+    assert placements.parse_target("gpu-0-mig-3g-40gb-4", GPUS) == P(0, "3g.40gb", 4)
+    assert placements.parse_whole_gpu_name("gpu-0-mig-3g-40gb-4") is None
+    with pytest.raises(placements.PlacementError, match="is not a MIG placement"):
+        placements.parse_target("gpu-x", GPUS)
+
+
+def test_the_spec_is_written_before_the_answer_and_removed_after_unprepare() -> None:
+    source = MemoryClaims()
+    instances = MemoryInstances(GPUS, whole={2: "GPU-two"})
+    specs = MemoryCdi()
+    preparer = preparing.Preparer(source, instances, GPUS, NODE, specs=specs)
+    source.put(claim("c", "u1", [result("gpu-2"), result("gpu-0-mig-1g-10gb-0", "small")]))
+    answer = preparer.prepare([ref("c", "u1")])["u1"]
+    assert answer.error == ""
+    assert specs.specs["u1"] == {
+        "gpu-2": "GPU-two",
+        "gpu-0-mig-1g-10gb-0": instances.held[P(0, "1g.10gb", 0)][1],
+    }
+    assert [d.cdi_ids for d in answer.devices] == [
+        ("mig.migpilot.io/mig=gpu-2",),
+        ("mig.migpilot.io/mig=gpu-0-mig-1g-10gb-0",),
+    ]
+    assert instances.created == [P(0, "1g.10gb", 0)]  # the whole GPU is given, not created
+    assert preparer.unprepare([ref("c", "u1")]) == {"u1": ""}
+    assert specs.specs == {} and instances.held == {}
+
+
+class FailingSpecs(MemoryCdi):
+    def write(
+        self, owner: str, devices: Sequence[tuple[str, preparing.Instance]]
+    ) -> Mapping[str, str]:
+        raise errors.MigpilotError("disk full")
+
+
+def test_a_spec_that_cannot_be_written_is_the_claims_error() -> None:
+    source, instances = MemoryClaims(), MemoryInstances(GPUS)
+    preparer = preparing.Preparer(source, instances, GPUS, NODE, specs=FailingSpecs())
+    source.put(claim("c", "u1", [result("gpu-0-mig-1g-10gb-0")]))
+    answer = preparer.prepare([ref("c", "u1")])["u1"]
+    assert answer.error == "claim default/c (u1): CDI spec: disk full"
+    assert answer.devices == ()
+    assert instances.held[P(0, "1g.10gb", 0)][0] == "u1"  # the kubelet's unprepare releases it

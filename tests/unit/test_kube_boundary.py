@@ -216,7 +216,7 @@ def test_the_event_body_names_its_object_and_cuts_the_message() -> None:
 
 def test_an_unreachable_server_is_a_transient_error_naming_what_failed() -> None:
     err = client.translate(httpx2.ConnectError("[Errno 111] Connection refused"))
-    assert err.transient
+    assert err.transient and err.code is None
     assert str(err) == "the API server cannot be reached: [Errno 111] Connection refused"
     silent = client.translate(httpx2.ReadTimeout(""))
     assert "ReadTimeout" in str(silent)
@@ -241,4 +241,31 @@ def test_the_api_servers_refusals_keep_its_message(
     refused = lightkube.ApiError(response=httpx2.Response(code, json=status, request=request))
     err = client.translate(refused)
     assert type(err) is kind and err.transient is transient
+    assert err.code == code
     assert str(err) == f"{code} Why: what happened"
+
+
+def test_resource_claims_are_read_as_resource_k8s_io_v1_with_their_allocation() -> None:
+    """The DRA plugin reads what kube-scheduler wrote: the typed model keeps every field of a
+    result the plugin reads (a field dropped here would be a claim the plugin misreads)."""
+    res = client.RESOURCES[objects.Kind.RESOURCECLAIMS]
+    assert objects.Kind.RESOURCECLAIMS.namespaced
+    assert (res._api_info.resource.group, res._api_info.resource.version) == (
+        "resource.k8s.io",
+        "v1",
+    )
+    result = {
+        "request": "gpu/small",
+        "driver": "mig.migpilot.io",
+        "pool": "node-a",
+        "device": "gpu-0-mig-1g-10gb-0",
+        "shareID": "s-1",
+        "adminAccess": False,
+    }
+    doc = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": "default", "name": "c", "uid": "u1"},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+    assert res.from_dict(doc).to_dict() == doc

@@ -55,6 +55,7 @@ from migpilot.agent.deviceplugin import (
     resolving,
     serving,
 )
+from migpilot.agent.dra import node as dra_node
 from migpilot.agent.rules import changes, desired
 from migpilot.agent.sharing import mps as agent_mps
 from migpilot.agent.sharing import sharingconfig, slicing, timeslicing, unifying
@@ -166,6 +167,10 @@ class KubeletSettings:
     cdi_spec_dir: Path = DEFAULT_CDI_SPEC_DIR
     """With the cdi-cri strategy: where the CDI spec of the advertised devices is written
     (``--cdi-spec-dir``, ``docs/cdi.md``). Default ``/var/run/cdi``."""
+    dra: bool = False
+    """A node in DRA mode (``migpilot.io/mode: dra``): the DRA kubelet plugin
+    (``mig.migpilot.io``) is served too, its sockets below :attr:`dir` and its claims' CDI specs
+    in :attr:`cdi_spec_dir` (``docs/dra.md``). Default off."""
 
     @property
     def cdi(self) -> bool:
@@ -1042,6 +1047,9 @@ def _serve(
     )
     if sharing is not None and cluster is not None:
         cluster.share_with(sharing.current)
+    dra = _dra(settings, gpus, cluster, reconciling.AnyOf(list(sources)))
+    if dra is not None:
+        sources.append(dra.instances)  # claims' instances are used: never destroyed as stray
     in_use: reconciling.InUse = reconciling.AnyOf(sources)
     listener: running.PassListener | None = None
     publisher: capacity.CapacityPublisher | None = None
@@ -1117,12 +1125,16 @@ def _serve(
                     f"cannot serve metrics on {metrics.address}:{metrics.port}: "
                     f"{err.strerror or err}"
                 ) from None
+        if dra is not None:
+            dra.start()
         agent.start()
         if publisher is not None:
             publisher.check()  # the first pass ran before the plugin served its devices
         agent.run(stop)
     finally:
         agent.stop()
+        if dra is not None:
+            dra.stop()
         if publisher is not None:
             publisher.close()
         if server is not None:
@@ -1131,6 +1143,31 @@ def _serve(
             client.close()
     _log.info("stopped")
     return 0
+
+
+def _dra(
+    settings: Settings,
+    gpus: backend.GpuBackend,
+    cluster: KubeSide | None,
+    in_use: reconciling.InUse,
+) -> dra_node.DraNode | None:
+    """On a DRA-mode node: the DRA kubelet plugin for the kubelet (or the stand-in that speaks
+    its API) in the kubelet folder, built, to be started (``docs/dra.md``). ``in_use``: the
+    agent's other in-use sources, asked before a claim's instance goes."""
+    kubelet = settings.kubelet
+    if not kubelet.dra:
+        return None
+    if cluster is None or kubelet.mode is KubeletMode.NONE:
+        raise errors.AgentConfigError(
+            "DRA mode needs --node NAME (claims are read from the API) and a kubelet"
+        )
+    root = settings.backend.proc_root
+    paths = dra_node.DraPaths(
+        kubelet_dir=kubelet.dir,
+        cdi_spec_dir=kubelet.cdi_spec_dir,
+        proc_root=root if root is not None else cdifiles.DEFAULT_PROC_ROOT,
+    )
+    return dra_node.build(gpus, cluster.api, node=cluster.node, paths=paths, in_use=in_use)
 
 
 def _mps_supervisor(settings: Settings) -> agent_mps.MpsSupervisor:

@@ -26,6 +26,7 @@ from lightkube import operators
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod
+from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
 from migpilot.api import gpulayouts
@@ -45,6 +46,7 @@ RESOURCES: dict[objects.Kind, Any] = {
     objects.Kind.LEASES: Lease,
     objects.Kind.EVENTS: Event,
     objects.Kind.NAMESPACES: Namespace,
+    objects.Kind.RESOURCECLAIMS: ResourceClaim,
 }
 _PATCH_TYPES = {
     objects.Patch.APPLY: PatchType.APPLY,
@@ -61,12 +63,12 @@ def translate(err: Exception) -> errors.KubeApiError:
         code = err.status.code or 0
         text = f"{err.status.code} {err.status.reason}: {err.status.message}"
         if code == 410:
-            return errors.GoneError(text)
+            return errors.GoneError(text, code=code)
         if code == 409:
-            return errors.ConflictError(text)
+            return errors.ConflictError(text, code=code)
         if code == 404:
-            return errors.NotFoundError(text)
-        return errors.KubeApiError(text, transient=code == 429 or code >= 500)
+            return errors.NotFoundError(text, code=code)
+        return errors.KubeApiError(text, transient=code == 429 or code >= 500, code=code or None)
     # A timeout's message can be empty: its type then says what happened.
     detail = str(err) or repr(err)
     return errors.KubeApiError(f"the API server cannot be reached: {detail}", transient=True)

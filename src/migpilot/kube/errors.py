@@ -16,11 +16,13 @@ from migpilot import errors
 class KubeApiError(errors.MigpilotError):
     """The API server refused a call or could not be reached (the message says which)."""
 
-    def __init__(self, message: str, *, transient: bool = False) -> None:
+    def __init__(self, message: str, *, transient: bool = False, code: int | None = None) -> None:
         super().__init__(message)
         self.transient = transient
         """Worth trying again as it is: 429 (``storage is (re)initializing`` right after a
         CRD is created), a 5xx, or no answer at all (refused connection, timeout)."""
+        self.code = code
+        """The HTTP status the server answered (403, 500, ...); ``None`` without an answer."""
 
 
 class GoneError(KubeApiError):

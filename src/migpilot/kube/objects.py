@@ -29,6 +29,8 @@ class Kind(enum.StrEnum):
     LEASES = "leases"
     EVENTS = "events"
     NAMESPACES = "namespaces"
+    RESOURCECLAIMS = "resourceclaims"
+    """``resource.k8s.io/v1`` ResourceClaims (the DRA kubelet plugin reads its claims)."""
 
     @property
     def namespaced(self) -> bool:

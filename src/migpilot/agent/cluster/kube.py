@@ -57,6 +57,10 @@ class LightkubeNodeApi:
         """One get; ``None`` on 404."""
         return self._api.get(objects.Kind.PODS, name, namespace=namespace)
 
+    def get_resource_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """One get of ``resource.k8s.io/v1`` ResourceClaims; ``None`` on 404."""
+        return self._api.get(objects.Kind.RESOURCECLAIMS, name, namespace=namespace)
+
     def watch_pods(
         self, *, node: str | None, resource_version: str
     ) -> Iterator[objects.WatchEvent]:

@@ -8,7 +8,8 @@ the Node's extended-resource capacity and allocatable. :class:`NodeApi` is exact
 JSON documents in and out (the caller parses them with :mod:`migpilot.api.gpulayouts`), so a
 malformed object reaches the agent's own checks rather than failing inside a client. The agent
 also lists and watches the pods bound to its node (and reads a pod the GpuLayout reserves
-instances for, to tell a unified request), its Node and a ConfigMap, and the fleet of simulated
+instances for, to tell a unified request), its Node and a ConfigMap, reads the ResourceClaims
+its DRA kubelet plugin prepares, and the fleet of simulated
 agents (:mod:`migpilot.kwok.fleet`) lists and watches every GpuLayout and the Nodes a label
 selects, once for all its nodes.
 
@@ -119,6 +120,11 @@ class NodeApi(Protocol):
         self, namespace: str, name: str, *, resource_version: str
     ) -> Iterator[objects.WatchEvent]:
         """Changes to that ConfigMap; :class:`~migpilot.kube.errors.GoneError` when too old."""
+        ...
+
+    def get_resource_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The ``resource.k8s.io/v1`` ResourceClaim ``namespace/name`` (raw JSON), ``None``
+        when there is none (404); the DRA kubelet plugin reads the claims it prepares."""
         ...
 
 
@@ -280,6 +286,10 @@ class InMemoryNodeApi:
             namespace=namespace,
             fields=(objects.named(name),),
         )
+
+    def get_resource_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The ResourceClaim, or ``None``."""
+        return self.server.get(objects.Kind.RESOURCECLAIMS, name, namespace=namespace)
 
     def list_pods(self, *, node: str | None) -> objects.Listed:
         """The pods bound to ``node`` (any node for ``None``)."""

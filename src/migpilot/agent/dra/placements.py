@@ -26,6 +26,7 @@ MAX_NAME = 63
 """A ResourceSlice device name is a DNS label: at most 63 characters."""
 
 _NAME = re.compile(r"^gpu-(\d+)-mig-([a-z0-9-]+)-(\d+)$")
+_WHOLE = re.compile(r"^gpu-(\d+)$")
 
 
 class PlacementError(errors.MigpilotError):
@@ -45,6 +46,21 @@ class Placement:
 
     def __str__(self) -> str:
         return f"{self.profile}@{self.start} on GPU {self.gpu}"
+
+
+@dataclass(frozen=True, slots=True)
+class WholeGpu:
+    """A whole GPU with MIG off, given to a claim as it is: nothing is created for it."""
+
+    gpu: int
+    """The GPU's index on the node."""
+
+    def __str__(self) -> str:
+        return f"whole GPU {self.gpu}"
+
+
+Target = Placement | WholeGpu
+"""What a DRA device of this driver names: a MIG placement or a whole GPU."""
 
 
 def _slug(profile: str) -> str:
@@ -87,3 +103,27 @@ def parse_device_name(name: str, gpus: Mapping[int, profiles.GpuModel]) -> Place
 def cdi_device_id(placement: Placement) -> str:
     """The fully qualified CDI name of a prepared placement (``mig.migpilot.io/mig=<device>``)."""
     return f"{CDI_KIND}={device_name(placement)}"
+
+
+def whole_gpu_name(gpu: WholeGpu) -> str:
+    """The DRA device name of a whole GPU (``gpu-0``)."""
+    return f"gpu-{gpu.gpu}"
+
+
+def parse_whole_gpu_name(name: str) -> WholeGpu | None:
+    """The whole GPU ``gpu-<index>`` names, ``None`` for any other name (a MIG placement's is
+    parsed by :func:`parse_device_name`). Whether the GPU exists with MIG off is the node's to
+    say, when the claim is prepared."""
+    match = _WHOLE.match(name)
+    return None if match is None else WholeGpu(int(match[1]))
+
+
+def target_name(target: Target) -> str:
+    """The DRA device name of a placement or a whole GPU."""
+    return whole_gpu_name(target) if isinstance(target, WholeGpu) else device_name(target)
+
+
+def parse_target(name: str, gpus: Mapping[int, profiles.GpuModel]) -> Target:
+    """A whole GPU (``gpu-<index>``) or a MIG placement, checked as :func:`parse_device_name`."""
+    whole = parse_whole_gpu_name(name)
+    return whole if whole is not None else parse_device_name(name, gpus)

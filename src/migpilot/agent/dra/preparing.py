@@ -3,20 +3,25 @@
 Why it exists: the kubelet plugin's decisions (which instance a claim needs, when a second call
 is the same answer, what a bad claim's error says) must be testable without a kubelet, an API
 server or a GPU. The outside world comes in through :class:`ClaimSource` (the ResourceClaim as
-the API server has it; the kubelet's v1 API passes only references) and :class:`Instances`
-(create the MIG instance at a placement for a claim, release a claim's instances); the real
-ones (the API client, the agent's MIG backend) plug in later, :mod:`memory` has in-memory ones.
+the API server has it; the kubelet's v1 API passes only references), :class:`Instances`
+(create the MIG instance at a placement for a claim, or give it a whole GPU; release a claim's
+instances) and :class:`CdiSpecs` (the CDI spec of a claim's devices, written before the answer
+names them). The real ones are :mod:`apiclaims`, :mod:`gpuinstances` and :mod:`cdispecs`;
+:mod:`memory` has in-memory ones.
 
 The answers:
 
 * prepare reads the claim, takes this driver's devices from its allocation, parses every
-  device's placement first (a bad one creates nothing), then ensures each instance, owned by the
-  claim's UID. Ensuring is idempotent, so the same claim prepared twice (a second pod, a kubelet
-  or agent restart) gets the same devices and CDI IDs and no second instance. If an instance
+  device's placement (or whole GPU) first (a bad one creates nothing), then ensures each
+  instance, owned by the claim's UID, and writes the claim's CDI spec: the answer's CDI IDs are
+  the ones written, and nothing is answered before the spec is on disk. Ensuring is
+  idempotent, so the same claim prepared twice (a second pod, a kubelet or agent restart) gets
+  the same devices and CDI IDs and no second instance. If an instance
   cannot be made after others of the claim were, those stay owned by the claim: the kubelet
   retries prepare (which reuses them) or unprepares (which releases them).
 * unprepare releases whatever the claim's UID owns, without reading the claim (it may be gone
-  from the API by then); a claim never prepared owns nothing, and that is a success.
+  from the API by then), then removes its CDI spec; a claim never prepared owns nothing, and
+  that is a success.
 * every problem is that claim's error string, naming the claim and the problem; other claims of
   the same call are answered on their own.
 """
@@ -24,7 +29,7 @@ The answers:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from migpilot import errors
@@ -41,9 +46,10 @@ class InstanceError(errors.MigpilotError):
 class Instance:
     """A MIG instance the backend holds for a claim."""
 
-    placement: placements.Placement
+    placement: placements.Target
+    """The MIG placement, or the whole GPU."""
     uuid: str
-    """The MIG device's UUID (``MIG-...``)."""
+    """The MIG device's UUID (``MIG-...``), or the whole GPU's (``GPU-...``)."""
 
 
 class ClaimSource(Protocol):
@@ -58,15 +64,31 @@ class ClaimSource(Protocol):
 class Instances(Protocol):
     """The node's MIG instances, as far as claims own them."""
 
-    def ensure(self, placement: placements.Placement, *, owner: str) -> Instance:
+    def ensure(self, placement: placements.Target, *, owner: str) -> Instance:
         """The instance at ``placement`` owned by ``owner`` (a claim's UID): the existing one, or
-        a new one created there. Raises :class:`InstanceError` when the placement is taken by
-        another owner or collides with an instance on the GPU."""
+        a new one created there; for a whole GPU, the GPU (nothing is created). Raises
+        :class:`InstanceError` when the placement is taken by another owner or collides with an
+        instance on the GPU (a whole GPU: when it has MIG on, or another owner has it)."""
         ...
 
-    def release(self, owner: str) -> tuple[placements.Placement, ...]:
-        """Destroy every instance ``owner`` holds and return their placements; holding none is
-        no error."""
+    def release(self, owner: str) -> tuple[placements.Target, ...]:
+        """Destroy every instance ``owner`` holds (a whole GPU is only let go) and return their
+        placements; holding none is no error. Raises :class:`InstanceError` for an instance
+        something still uses (it stays, with its owner, for the kubelet's retry)."""
+        ...
+
+
+class CdiSpecs(Protocol):
+    """The CDI specs of prepared claims, one per claim, for the container runtime."""
+
+    def write(self, owner: str, devices: Sequence[tuple[str, Instance]]) -> Mapping[str, str]:
+        """Write (or rewrite) the spec of claim ``owner``: one CDI device per (DRA device name,
+        instance). Returns each device name's fully qualified CDI ID as written. Raises a
+        :class:`errors.MigpilotError` naming the device when the spec cannot be written."""
+        ...
+
+    def remove(self, owner: str) -> None:
+        """Remove the spec of claim ``owner`` (none is no error)."""
         ...
 
 
@@ -101,6 +123,8 @@ class Preparer:
     pool: str
     """This node's pool (the node's name): devices from another pool are refused."""
     driver: str = placements.DRIVER
+    specs: CdiSpecs = field(kw_only=True)
+    """Where each prepared claim's CDI spec is written."""
 
     def prepare(self, refs: Sequence[claims.ClaimRef]) -> dict[str, PrepareResult]:
         """An answer per claim UID."""
@@ -118,38 +142,52 @@ class Preparer:
 
     def _prepared_devices(self, ref: claims.ClaimRef) -> tuple[PreparedDevice, ...]:
         ref.check()
-        claim = self.source.read_claim(ref.namespace, ref.name)
+        try:
+            claim = self.source.read_claim(ref.namespace, ref.name)
+        except errors.MigpilotError as err:
+            raise claims.ClaimError(f"claim {ref}: {err}") from err
         if claim is None:
             raise claims.ClaimError(f"claim {ref} is not in the API")
         allocated = claims.driver_devices(ref, claim, driver=self.driver, pool=self.pool)
-        planned: list[tuple[claims.AllocatedDevice, placements.Placement]] = []
+        planned: list[tuple[claims.AllocatedDevice, placements.Target]] = []
         for device in allocated:
             try:
-                planned.append((device, placements.parse_device_name(device.device, self.gpus)))
+                planned.append((device, placements.parse_target(device.device, self.gpus)))
             except placements.PlacementError as err:
                 raise claims.ClaimError(f"claim {ref}: {err}") from err
-        prepared: list[PreparedDevice] = []
+        made: dict[str, Instance] = {}
         for device, placement in planned:
             try:
-                instance = self.instances.ensure(placement, owner=ref.uid)
+                made[device.device] = self.instances.ensure(placement, owner=ref.uid)
             except InstanceError as err:
                 raise claims.ClaimError(f"claim {ref}: device {device.device}: {err}") from err
-            prepared.append(
-                PreparedDevice(
-                    requests=device.requests,
-                    pool=device.pool,
-                    device=device.device,
-                    cdi_ids=(placements.cdi_device_id(instance.placement),),
-                    share_id=device.share_id,
-                )
+        if not made:
+            return ()  # nothing of this driver's: no spec to write
+        try:
+            written = self.specs.write(ref.uid, tuple(made.items()))
+        except errors.MigpilotError as err:
+            raise claims.ClaimError(f"claim {ref}: CDI spec: {err}") from err
+        unwritten = sorted(set(made) - set(written))
+        if unwritten:
+            raise claims.ClaimError(f"claim {ref}: CDI spec: no entry for {', '.join(unwritten)}")
+        return tuple(
+            PreparedDevice(
+                requests=device.requests,
+                pool=device.pool,
+                device=device.device,
+                cdi_ids=(written[device.device],),
+                share_id=device.share_id,
             )
-        return tuple(prepared)
+            for device, _ in planned
+        )
 
     def _unprepare(self, ref: claims.ClaimRef) -> str:
         if not ref.uid:
             return f"claim {ref}: the request leaves out uid"
         try:
             self.instances.release(ref.uid)
-        except InstanceError as err:
+            # After the instances: a spec whose instance still exists stays until it is gone.
+            self.specs.remove(ref.uid)
+        except errors.MigpilotError as err:
             return f"claim {ref}: {err}"
         return ""
