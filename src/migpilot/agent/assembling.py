@@ -42,6 +42,8 @@ from migpilot.agent.cluster import (
     holding,
     kube,
     kubeapi,
+    resourceslices,
+    sliceapi,
     startup,
     statics,
     watching,
@@ -1018,11 +1020,15 @@ def _serve(
     client: podresources.PodResourcesClient | None = None
     sources: list[reconciling.InUse] = [reconciling.RunningProcesses(gpus)]
     holders: Callable[[], Mapping[str, str]] = dict
+    dra = dra_publisher(cluster)  # DRA mode: ResourceSlices, no device plugin
     if settings.kubelet.mode is KubeletMode.REAL:
-        plugin = serving.DevicePlugin(
-            plugin_settings, unified=cluster.pool if cluster is not None else None, cdi=cdi_writer
-        )
-        if cluster is not None:
+        if dra is None:
+            plugin = serving.DevicePlugin(
+                plugin_settings,
+                unified=cluster.pool if cluster is not None else None,
+                cdi=cdi_writer,
+            )
+        if cluster is not None and plugin is not None:
             cluster.pool.attach(plugin)  # the plugin's ledger says what Allocate handed out
         kubelet, client, asked = _kubelet_in_use(
             gpus,
@@ -1031,7 +1037,7 @@ def _serve(
             timeout_s=plugin_settings.rpc_timeout_s,
             cluster=cluster,
         )
-        sources += [kubelet, running.HandedOut(plugin)]
+        sources += [kubelet] if plugin is None else [kubelet, running.HandedOut(plugin)]
         holders = asked.holders
     sharing = _follower(
         settings,
@@ -1046,13 +1052,17 @@ def _serve(
     listener: running.PassListener | None = None
     publisher: capacity.CapacityPublisher | None = None
     if cluster is not None:
+        advertised = _registered_counts(plugin) if plugin is not None else None
         wired = cluster.wire(
             in_use,
             gpus=gpus,
             holders=holders,
-            advertised=_registered_counts(plugin) if plugin is not None else None,
+            advertised=dra.advertised if dra is not None else advertised,
         )
         in_use, listener = wired.in_use, wired.listener
+        if dra is not None:
+            dra.use_from(in_use.in_use)
+            listener = running.Listeners([listener, dra])
         if plugin is None and cdi_writer is not None:
             # The stand-in kubelet publishes the Node's counts when told of the pass: the spec
             # is written first.
@@ -1131,6 +1141,24 @@ def _serve(
             client.close()
     _log.info("stopped")
     return 0
+
+
+def dra_publisher(cluster: KubeSide | None) -> resourceslices.SlicePublisher | None:
+    """On a Node labelled ``migpilot.io/mode=dra`` when the agent starts: the publisher of its
+    ResourceSlices (``docs/dra.md``, "Publishing"), which the agent serves instead of the
+    device plugin; else ``None``. The label is read once: a change takes effect when the agent
+    restarts."""
+    if cluster is None or cluster.statics is None or not cluster.statics.dra_node:
+        return None
+    api = cluster.api
+    if not isinstance(api, sliceapi.SliceSource):
+        raise errors.AgentConfigError(
+            f"Node {cluster.node} is labelled migpilot.io/mode=dra, but this Kubernetes client "
+            "cannot publish ResourceSlices"
+        )
+    _log.info("Node %s is in DRA mode: publishing ResourceSlices of mig.migpilot.io, no device "
+              "plugin", cluster.node, extra=logs.about(node=cluster.node))  # fmt: skip
+    return resourceslices.SlicePublisher(api.slices(), node=cluster.node)
 
 
 def _mps_supervisor(settings: Settings) -> agent_mps.MpsSupervisor:

@@ -29,6 +29,8 @@ class Kind(enum.StrEnum):
     LEASES = "leases"
     EVENTS = "events"
     NAMESPACES = "namespaces"
+    RESOURCESLICES = "resourceslices"
+    """``resource.k8s.io/v1`` ResourceSlices (DRA: the devices a driver publishes)."""
 
     @property
     def namespaced(self) -> bool:
@@ -36,7 +38,7 @@ class Kind(enum.StrEnum):
         return self not in _CLUSTER_WIDE
 
 
-_CLUSTER_WIDE = frozenset({Kind.NODES, Kind.LAYOUTS, Kind.NAMESPACES})
+_CLUSTER_WIDE = frozenset({Kind.NODES, Kind.LAYOUTS, Kind.NAMESPACES, Kind.RESOURCESLICES})
 
 
 class EventType(enum.StrEnum):

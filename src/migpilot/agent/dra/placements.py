@@ -6,7 +6,9 @@ placement back from that name alone. So the name encodes the placement,
 ``gpu-<index>-mig-<profile>-<start>`` (``gpu-0-mig-3g-40gb-4``, ``gpu-1-mig-1g-10gb-me-0``): a
 DNS label as ResourceSlice device names must be, the profile's ``.`` and ``+`` written as ``-``.
 Parsing checks the placement against the GPU's model (the profile exists, the start is one of its
-placements), so a stale or foreign name is refused with the reason. Pure: no I/O.
+placements), so a stale or foreign name is refused with the reason. A GPU with MIG off is
+published whole, as ``gpu-<index>`` (:class:`WholeGpu`); :func:`parse_device` reads either kind.
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ MAX_NAME = 63
 """A ResourceSlice device name is a DNS label: at most 63 characters."""
 
 _NAME = re.compile(r"^gpu-(\d+)-mig-([a-z0-9-]+)-(\d+)$")
+_WHOLE = re.compile(r"^gpu-(0|[1-9]\d*)$")
 
 
 class PlacementError(errors.MigpilotError):
@@ -87,3 +90,32 @@ def parse_device_name(name: str, gpus: Mapping[int, profiles.GpuModel]) -> Place
 def cdi_device_id(placement: Placement) -> str:
     """The fully qualified CDI name of a prepared placement (``mig.migpilot.io/mig=<device>``)."""
     return f"{CDI_KIND}={device_name(placement)}"
+
+
+@dataclass(frozen=True, slots=True)
+class WholeGpu:
+    """A whole GPU (MIG off) published as one device, ``gpu-<index>``."""
+
+    gpu: int
+    """The GPU's index on the node."""
+
+    def __str__(self) -> str:
+        return f"whole GPU {self.gpu}"
+
+
+def whole_gpu_name(gpu: int) -> str:
+    """The DRA device name of a whole GPU (``gpu-0``)."""
+    return f"gpu-{gpu}"
+
+
+def parse_device(name: str, gpus: Mapping[int, profiles.GpuModel]) -> Placement | WholeGpu:
+    """What a device name names, a whole GPU (``gpu-<index>``) or a MIG placement (checked as
+    :func:`parse_device_name` checks it); the GPU index must be one of ``gpus``."""
+    match = _WHOLE.match(name)
+    if match is None:
+        return parse_device_name(name, gpus)
+    gpu = int(match[1])
+    if gpu not in gpus:
+        known = ", ".join(str(i) for i in sorted(gpus)) or "none"
+        raise PlacementError(f"device {name!r}: this node has no GPU {gpu} (GPUs: {known})")
+    return WholeGpu(gpu)
