@@ -4,7 +4,8 @@ Why it exists: the driver publishes one device per MIG placement (a profile at a
 one GPU), kube-scheduler allocates a device by name, and the kubelet plugin must get the
 placement back from that name alone. So the name encodes the placement,
 ``gpu-<index>-mig-<profile>-<start>`` (``gpu-0-mig-3g-40gb-4``, ``gpu-1-mig-1g-10gb-me-0``): a
-DNS label as ResourceSlice device names must be, the profile's ``.`` and ``+`` written as ``-``.
+DNS label as ResourceSlice device names must be, the profile's ``.`` and ``+`` written as ``-``
+(and a ``-me`` profile's suffix as ``-no-me``, apart from ``+me``).
 Parsing checks the placement against the GPU's model (the profile exists, the start is one of its
 placements), so a stale or foreign name is refused with the reason. A GPU with MIG off is
 published whole, as ``gpu-<index>`` (:class:`WholeGpu`); :func:`parse_device` reads either kind.
@@ -51,6 +52,9 @@ class Placement:
 
 
 def _slug(profile: str) -> str:
+    # RTX PRO's "1g.24gb-me" (no media engines) would otherwise read as "1g.24gb+me".
+    if profile.endswith(profiles.Attribute.NO_ME.value):
+        profile = profile[: -len(profiles.Attribute.NO_ME.value)] + "-no-me"
     return profile.lower().replace(".", "-").replace("+", "-")
 
 
