@@ -264,9 +264,12 @@ def test_the_pool_is_split_within_the_apis_limits(
     ]
     # A GPU's devices stay in one slice (a change on one GPU rewrites one slice).
     for g in gpus:
+        mine = (f"gpu-{g.index}", f"gpu-{g.index}-")
         holding = [
-            d for d in docs if any(x["name"].startswith(f"gpu-{g.index}-") or x["name"] == f"gpu-{g.index}"
-                                   for x in d["spec"].get("devices", ()))
+            d
+            for d in docs
+            if any(x["name"] == mine[0] or x["name"].startswith(mine[1])
+                   for x in d["spec"].get("devices", ()))
         ]  # fmt: skip
         assert len(holding) == 1
 

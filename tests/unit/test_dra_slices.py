@@ -194,8 +194,9 @@ def _state() -> dict[int, changes.GpuState]:
     def dev(g: int, profile: str, start: int, uuid: str | None) -> backend.MigDevice:
         return backend.MigDevice(g, start + 1, 0 if uuid else None, profile, start, uuid)
 
+    both = (dev(0, "3g.40gb", 0, "MIG-a"), dev(0, "3g.40gb", 4, "MIG-b"))
     return {
-        0: changes.GpuState(info(0, True), (dev(0, "3g.40gb", 0, "MIG-a"), dev(0, "3g.40gb", 4, "MIG-b"))),
+        0: changes.GpuState(info(0, True), both),
         1: changes.GpuState(info(1, True), (dev(1, "1g.10gb", 0, None),)),
         2: changes.GpuState(info(2, False), ()),
         3: changes.GpuState(info(3, False, None), ()),  # not in the catalog: left out
