@@ -48,7 +48,9 @@ get it).
 **Slices.** A ResourceSlice holds either counter sets (at most 8) or devices (at most 64 when they
 consume counters: ``ResourceSliceMaxDevicesWithAdvancedFeatures`` of v1.37; 128 is the limit of
 plain devices), so a pool is counter slices first, then device slices, each GPU's devices kept
-together while they fit (a change on one GPU rewrites few slices). Slice ``n`` of node ``N`` is
+together while they fit (a change on one GPU rewrites few slices), smallest placements first
+(kube-scheduler takes the first device that fits: a claim by memory gets the smallest profile
+that holds it). Slice ``n`` of node ``N`` is
 named ``N-mig.migpilot.io-n``. Output is sorted: the same input gives equal objects.
 
 Pure: no I/O, no clock.
@@ -336,7 +338,7 @@ def _devices(gpu: Gpu) -> list[dict[str, Any]]:
         ]
     geo = layouts.geometry(model)
     out = []
-    for footprint in geo.placements:
+    for footprint in sorted(geo.placements, key=lambda f: _smallest_first(geo, f)):
         profile = geo.profiles[footprint.profile]
         consumed = {memory_counter(k): _quantity(1) for k in _slots(footprint.mask)}
         consumed[COMPUTE_COUNTER] = _quantity(footprint.compute)
@@ -357,6 +359,20 @@ def _devices(gpu: Gpu) -> list[dict[str, Any]]:
             )
         )
     return out
+
+
+def _smallest_first(geo: layouts.Geometry, footprint: layouts.Footprint) -> tuple[int, ...]:
+    """kube-scheduler takes the first device that fits, in slice order: a GPU's smallest
+    placements come first (memory slices, compute, media engines), so that a claim by memory
+    gets the smallest profile that holds it, then the lowest start."""
+    profile = geo.profiles[footprint.profile]
+    return (
+        profile.memory_slots,
+        profile.compute_slices,
+        int(profile.media_extension),
+        footprint.profile,
+        footprint.start,
+    )
 
 
 def _memory(profile: profiles.Profile) -> str:
