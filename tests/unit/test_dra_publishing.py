@@ -401,3 +401,29 @@ def test_a_stored_field_the_pool_does_not_set_is_a_change_unless_it_is_empty() -
     assert publishing.reconcile(pool, docs).nothing
     docs[1]["spec"]["devices"][0]["attributes"]["stale"] = {"string": "x"}
     assert len(publishing.reconcile(pool, docs).update) == 1
+
+
+def _quantity_mib(text: str) -> float:
+    units = {"Mi": 1.0, "Gi": 1024.0, "G": 1e9 / 2**20}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * factor
+    raise AssertionError(text)
+
+
+@pytest.mark.parametrize(
+    ("gib", "want"), [(9, "1g.10gb"), (19, "1g.20gb"), (20, "3g.40gb"), (40, "7g.80gb")]
+)
+def test_first_fit_gives_a_claim_by_memory_the_smallest_profile_that_holds_it(
+    gib: int, want: str
+) -> None:
+    """kube-scheduler takes the first device of the pool that fits; an A100 80GB's placements
+    are listed smallest first (its 2g.20gb has 19968Mi: 20Gi needs a 40 GB profile)."""
+    pool = publishing.pool(NODE, [gpu(0)], [])
+    first = next(
+        name
+        for name, dev in devices(pool).items()  # in slice order
+        if _quantity_mib(dev["capacity"]["memory"]["value"]) >= gib * 1024
+        and dev["attributes"]["type"] == {"string": "mig"}
+    )
+    assert placement_of(first, {0: A100}).profile == want
