@@ -112,7 +112,9 @@ def test_each_device_consumes_exactly_its_placements_slices(model: profiles.GpuM
             "gpuUUID": "GPU-0003",
             "gpuIndex": 3,
         }
-        assert dev["capacity"] == {"memory": {"value": f"{profile.memory_mib}Mi"}}
+        assert profile.memory_mib is not None
+        want_memory = publishing.mib_quantity(profile.memory_mib)
+        assert dev["capacity"] == {"memory": {"value": want_memory}}
     free = counter_sets(pool)["gpu-3"]
     assert free == {
         **{f"memory-slice-{k}": 1 for k in range(model.memory_slots)},
@@ -210,6 +212,9 @@ def test_a_whole_gpu_is_one_device_consuming_every_counter() -> None:
     set_name, counters = consumed(whole)
     assert set_name == "gpu-1" and counters == counter_sets(pool)["gpu-1"]
     assert whole["capacity"] == {"memory": {"value": "81559Mi"}}
+    # Written as the API server writes quantities back (else every read would be a change).
+    assert publishing.mib_quantity(81920) == "80Gi" and publishing.mib_quantity(1 << 20) == "1Ti"
+    assert (publishing.mib_quantity(40192), publishing.mib_quantity(0)) == ("40192Mi", "0")
     attrs = {k: next(iter(v.values())) for k, v in whole["attributes"].items()}
     assert attrs["type"] == "gpu" and attrs["profile"] == "whole" and attrs["start"] == 0
     # Every device has the same attributes: a selector never meets a missing one.

@@ -212,13 +212,12 @@ def pool(node: str, gpus: Iterable[Gpu], instances: Iterable[Instance]) -> Pool:
         for i in range(0, len(sets), MAX_COUNTER_SETS)
     ]
     contents += [{"devices": chunk} for chunk in _packed(devices)]
-    if len(contents) > 0:
-        slice_name_check = slice_name(node, len(contents) - 1)
-        if len(slice_name_check) > MAX_SLICE_NAME:
-            raise PublishingError(
-                f"node name {node!r} is too long for ResourceSlice names ({slice_name_check!r} "
-                f"is longer than {MAX_SLICE_NAME})"
-            )
+    last = slice_name(node, len(contents) - 1)
+    if contents and len(last) > MAX_SLICE_NAME:
+        raise PublishingError(
+            f"node name {node!r} is too long for ResourceSlice names ({last!r} is longer "
+            f"than {MAX_SLICE_NAME})"
+        )
     return Pool(node, tuple(contents))
 
 
@@ -332,7 +331,7 @@ def _devices(gpu: Gpu) -> list[dict[str, Any]]:
                 kind=GPU_TYPE,
                 profile=WHOLE_PROFILE,
                 start=0,
-                memory=f"{gpu.memory_mib}Mi",
+                memory=mib_quantity(gpu.memory_mib),
                 consumed=consumed,
             )
         ]
@@ -378,8 +377,20 @@ def _smallest_first(geo: layouts.Geometry, footprint: layouts.Footprint) -> tupl
 def _memory(profile: profiles.Profile) -> str:
     """The instance's memory as a quantity: the driver's figure, else the name's (GB)."""
     if profile.memory_mib is not None:
-        return f"{profile.memory_mib}Mi"
+        return mib_quantity(profile.memory_mib)
     return f"{profile.nominal_gb}G"
+
+
+def mib_quantity(mib: int) -> str:
+    """``mib`` MiB as the API server writes the quantity back (its canonical form: the largest
+    binary unit that keeps it whole, ``80Gi`` for 81920 MiB), so that a slice read back
+    compares equal to the one sent."""
+    value, unit = mib, "Mi"
+    for bigger in ("Gi", "Ti", "Pi", "Ei"):
+        if value == 0 or value % 1024:
+            break
+        value, unit = value // 1024, bigger
+    return "0" if value == 0 else f"{value}{unit}"
 
 
 def _device(
@@ -447,7 +458,7 @@ class Writes:
     generation's slices), then deletes (slices the pool no longer has)."""
 
     generation: int
-    """The pool's generation once written."""
+    """The pool's generation once written (-1: there is no slice and none is needed)."""
     create: tuple[dict[str, Any], ...] = ()
     update: tuple[dict[str, Any], ...] = ()
     """Whole objects, each with the ``resourceVersion`` read (a write that lost a race fails)."""
