@@ -38,7 +38,11 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, Resource
 from migpilot.agent.cluster import kube as agent_kube
 from migpilot.agent.cluster import resourceslices
 from migpilot.agent.dra import publishing
+from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.mig import catalog
+from tests.kube import crds
+from tests.kube.agents import AgentProcess
 from tests.kube.controlplane import ControlPlane, wait_for
 
 pytestmark = pytest.mark.kube
@@ -197,3 +201,40 @@ def test_kube_scheduler_allocates_only_what_the_counters_leave(scene: Scene) -> 
     # Nor does a 1g.10gb: slots 0-3 are the first claim's, 4-7 the used instance's.
     scene.pod("third", "mig-1g-10gb")
     wait_for(lambda: scene.unschedulable("third"), what="the third pod to wait", timeout=60)
+
+
+def test_a_real_agent_on_a_node_labelled_dra_publishes_its_pool(
+    scene: Scene, tmp_path: Path
+) -> None:
+    """``migpilot agent`` on the DRA node (emulated A100 80GB, MIG on, its GpuLayout asking a
+    3g.40gb at 4): its slices appear, the instance it made is offered (nobody uses it), and the
+    agent says it serves no device plugin."""
+    plane, node = scene.plane, scene.node
+    crds.ensure_gpulayouts(plane)
+    spec = gl.LayoutSpec((gl.GpuSpec(0, "a100-80gb", (gl.InstanceSpec("3g.40gb", 4),)),))
+    plane.client.apply(
+        codecs.from_dict(dict(wire.spec_patch(node, spec))),
+        field_manager=gl.CONTROLLER_FIELD_MANAGER,
+        force=True,
+    )
+    agent = AgentProcess(
+        plane,
+        tmp_path,
+        node=node,
+        args=["--backend", "emulated:a100-80gb:x1", "--no-kubelet", "--interval", "2"],
+    )
+    agent.start()
+    try:
+        agent.wait(lambda: len(scene.slices()) == 2, "the agent's two slices")
+        counters, devices = scene.slices()
+        assert counters.spec is not None and counters.spec.sharedCounters is not None
+        assert devices.spec is not None and len(devices.spec.devices or []) == 25
+        (gpu0,) = counters.spec.sharedCounters
+        assert {k: v.value for k, v in gpu0.counters.items()}["memory-slice-4"] == "1"
+        assert "DRA mode" in agent.log_text()
+        layout = plane.client.get(crds.GpuLayout, node)
+        assert layout.status is not None  # it reports as any agent does
+    finally:
+        agent.stop()
+        with contextlib.suppress(lightkube.ApiError):
+            plane.client.delete(crds.GpuLayout, node)
