@@ -432,3 +432,13 @@ def test_first_fit_gives_a_claim_by_memory_the_smallest_profile_that_holds_it(
         and dev["attributes"]["type"] == {"string": "mig"}
     )
     assert placement_of(first, {0: A100}).profile == want
+
+
+def test_a_pool_written_again_after_all_its_slices_went_is_newer_than_the_last() -> None:
+    """A reader that lags may still hold a slice of the last generation written: the new pool
+    must not be older than it."""
+    pool = publishing.pool(NODE, [gpu(0)], [])
+    assert publishing.reconcile(pool, [], newer_than=4).generation == 5
+    existing = stored(pool.documents(2))
+    assert publishing.reconcile(publishing.pool(NODE, [], []), existing).delete
+    assert publishing.reconcile(pool, existing[:1], newer_than=3).generation == 4

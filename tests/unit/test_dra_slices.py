@@ -7,6 +7,8 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from migpilot.agent import assembling, reconciling
 from migpilot.agent import metrics as agent_metrics
@@ -17,7 +19,7 @@ from migpilot.agent.dra import publishing
 from migpilot.agent.rules import changes
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.kube import errors, memory, objects
-from migpilot.mig import catalog
+from migpilot.mig import catalog, layouts
 
 A100 = catalog.resolve_gpu("a100-80gb")
 NODE = "node-a"
@@ -286,3 +288,49 @@ def test_an_agent_in_dra_mode_publishes_its_pool_after_each_pass() -> None:
 
 def agent_state(gpus: backend.GpuBackend) -> dict[int, changes.GpuState]:
     return reconciling.Reconciler(gpus, reconciling.InUseSet()).read()
+
+
+@st.composite
+def _node_states(
+    draw: st.DrawFn,
+) -> tuple[tuple[publishing.Gpu, ...], tuple[publishing.Instance, ...]]:
+    """Up to 10 A100s, MIG on or off, each MIG GPU with a few non-overlapping instances of any
+    use."""
+    geo = layouts.geometry(A100)
+    gpus, instances = [], []
+    for index in range(draw(st.integers(0, 10))):
+        mig = draw(st.booleans())
+        gpus.append(gpu(index, mig=mig))
+        if not mig:
+            continue
+        taken = 0
+        for footprint in draw(st.lists(st.sampled_from(geo.placements), max_size=4)):
+            if footprint.mask & taken:
+                continue
+            taken |= footprint.mask
+            use = draw(st.sampled_from(list(U)))
+            profile = geo.profiles[footprint.profile].name
+            instances.append(publishing.Instance(index, profile, footprint.start, "MIG", use))
+    return tuple(gpus), tuple(instances)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_node_states(), min_size=1, max_size=6))
+def test_any_sequence_of_states_leaves_the_api_holding_exactly_the_pool(
+    states: list[tuple[tuple[publishing.Gpu, ...], tuple[publishing.Instance, ...]]],
+) -> None:
+    api = sliceapi.InMemorySliceApi()
+    publisher = resourceslices.SlicePublisher(api, node=NODE)
+    last = -1
+    for gpus, instances in states:
+        done = publisher.publish(gpus, instances)
+        assert done is not None
+        want = publishing.pool(NODE, gpus, instances)
+        docs = pool_of(api.server)
+        assert [d["spec"] for d in docs] == [d["spec"] for d in want.documents(done.generation)]
+        if docs:
+            assert consistent(docs) == done.generation >= last
+            last = done.generation
+        before = writes(api.server)
+        again = publisher.publish(gpus, instances)
+        assert again is not None and again.nothing and writes(api.server) == before

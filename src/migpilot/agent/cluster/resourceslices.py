@@ -113,7 +113,8 @@ class SlicePublisher:
         self._claimed = claimed
         self._lock = threading.Lock()
         self._published = False
-        self._generation: int | None = None
+        self._generation = -1
+        """The newest pool generation written (-1: none): the next one is above it."""
 
     def use_from(self, in_use: Callable[[], frozenset[str]]) -> None:
         """Read the devices in use from ``in_use`` from now on (the agent's wired sources)."""
@@ -129,7 +130,7 @@ class SlicePublisher:
     def generation(self) -> int | None:
         """The pool's generation as last published (``None``: not yet)."""
         with self._lock:
-            return self._generation
+            return self._generation if self._generation >= 0 else None
 
     def advertised(self) -> Mapping[str, int] | None:
         """For the startup taint: nothing to see in the Node once the pool is published
@@ -179,12 +180,12 @@ class SlicePublisher:
                 self._published = False
                 return None
             self._published = True
-            self._generation = writes.generation
+            self._generation = max(writes.generation, self._generation)
             return writes
 
     def _write(self, pool: publishing.Pool) -> publishing.Writes:
         listed = self._api.list_slices(driver=publishing.DRIVER, node=self._node)
-        writes = publishing.reconcile(pool, listed.items)
+        writes = publishing.reconcile(pool, listed.items, newer_than=self._generation)
         if writes.nothing:
             return writes
         # The new generation's slices first, then the deletes: kube-scheduler allocates

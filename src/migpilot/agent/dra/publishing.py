@@ -471,9 +471,13 @@ class Writes:
         return not (self.create or self.update or self.delete)
 
 
-def reconcile(desired: Pool, existing: Sequence[Mapping[str, Any]]) -> Writes:
+def reconcile(
+    desired: Pool, existing: Sequence[Mapping[str, Any]], *, newer_than: int = -1
+) -> Writes:
     """The writes that turn ``existing`` (the slices of this driver on this node, raw) into
-    ``desired``.
+    ``desired``; a new generation is above ``newer_than`` too (the last one the caller wrote:
+    after every slice was deleted, a lagging reader may still hold one of that generation, which
+    must not win over the new slices).
 
     As the upstream ``resourceslice`` controller: slices are matched by name; when only one
     slice changes (none added or removed, all at the same generation) it is updated in place at
@@ -503,7 +507,7 @@ def reconcile(desired: Pool, existing: Sequence[Mapping[str, Any]]) -> Writes:
     )
     if in_place:
         return Writes(generation=current, update=(_versioned(changed[0], by_name),))
-    generation = current + 1
+    generation = max(current, newer_than) + 1
     create, update = [], []
     for doc in desired.documents(generation):
         if doc["metadata"]["name"] in by_name:
