@@ -225,12 +225,19 @@ def test_a_real_agent_on_a_node_labelled_dra_publishes_its_pool(
     )
     agent.start()
     try:
-        agent.wait(lambda: len(scene.slices()) == 2, "the agent's two slices")
-        counters, devices = scene.slices()
-        assert counters.spec is not None and counters.spec.sharedCounters is not None
+
+        def offered() -> bool:
+            """Two slices, the instance's memory slices offered (a pass may first count a
+            just-created instance as the GpuLayout's, until its status says it is free)."""
+            found = scene.slices()
+            if len(found) != 2 or found[0].spec is None or not found[0].spec.sharedCounters:
+                return False
+            (gpu0,) = found[0].spec.sharedCounters
+            return {k: v.value for k, v in gpu0.counters.items()}["memory-slice-4"] == "1"
+
+        agent.wait(offered, "the agent's two slices, its instance offered")
+        devices = scene.slices()[1]
         assert devices.spec is not None and len(devices.spec.devices or []) == 25
-        (gpu0,) = counters.spec.sharedCounters
-        assert {k: v.value for k, v in gpu0.counters.items()}["memory-slice-4"] == "1"
         assert "DRA mode" in agent.log_text()
         layout = plane.client.get(crds.GpuLayout, node)
         assert layout.status is not None  # it reports as any agent does
