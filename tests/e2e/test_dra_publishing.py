@@ -229,11 +229,11 @@ def test_a_real_agent_on_a_node_labelled_dra_publishes_its_pool(
         def offered() -> bool:
             """Two slices, the instance's memory slices offered (a pass may first count a
             just-created instance as the GpuLayout's, until its status says it is free)."""
-            found = scene.slices()
-            if len(found) != 2 or found[0].spec is None or not found[0].spec.sharedCounters:
+            found = [s.to_dict() for s in scene.slices()]
+            if len(found) != 2 or "sharedCounters" not in found[0]["spec"]:
                 return False
-            (gpu0,) = found[0].spec.sharedCounters
-            return {k: v.value for k, v in gpu0.counters.items()}["memory-slice-4"] == "1"
+            (gpu0,) = found[0]["spec"]["sharedCounters"]
+            return bool(gpu0["counters"]["memory-slice-4"] == {"value": "1"})
 
         agent.wait(offered, "the agent's two slices, its instance offered")
         devices = scene.slices()[1]
