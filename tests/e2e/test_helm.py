@@ -37,6 +37,7 @@ from lightkube.resources.rbac_authorization_v1 import (
     Role,
     RoleBinding,
 )
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaimTemplate
 
 from migpilot.agent.sharing import sharingconfig
 from migpilot.api import gpulayouts, leases
@@ -133,6 +134,7 @@ def _render(
         ("admissionPolicies.enabled=false", "networkPolicy.enabled=true"),
         ("admissionPolicies.validationActions={Warn,Audit}", "agent.enabled=false"),
         ("grafana.dashboard.enabled=true", "grafana.dashboard.namespace=monitoring"),
+        ("dra.deviceClass=true", "dra.exampleClaimTemplates=true"),
     ],
 )
 def test_the_chart_lints_strictly(sets: tuple[str, ...]) -> None:
@@ -558,7 +560,8 @@ def test_network_policies_are_optional_and_open_only_the_served_ports() -> None:
 
 
 POLICIES = REPO / "deploy" / "policies"
-POLICY_NAMES = ("agent-nodes", "agent-gpulayouts", "controller-pods")
+POLICY_NAMES = ("agent-nodes", "agent-gpulayouts", "agent-resourceslices", "controller-pods")
+DRA = REPO / "deploy" / "dra"
 
 
 def test_the_chart_installs_the_admission_policies_unless_told_not_to() -> None:
@@ -603,6 +606,39 @@ def test_deploy_policies_are_the_charts_for_release_migpilot() -> None:
 
     assert named(shipped) == named(rendered) and len(shipped) == len(rendered)
     assert {p.name for p in POLICIES.glob("*.yaml")} == {f"{n}.yaml" for n in POLICY_NAMES}
+
+
+def test_the_dra_objects_are_asked_for_and_are_deploy_dras() -> None:
+    """The DeviceClass and the example ResourceClaimTemplates are rendered only when asked
+    (Kubernetes 1.34+), the templates in the release's namespace; deploy/dra/ holds the same,
+    without Helm's labels and namespace."""
+    dra_kinds = {"DeviceClass", "ResourceClaimTemplate"}
+    assert not {d["kind"] for d in _render("mp", "gpu-system")} & dra_kinds
+    only_class = _render("mp", "gpu-system", "dra.deviceClass=true")
+    assert [d["kind"] for d in only_class if d["kind"] in dra_kinds] == ["DeviceClass"]
+    rendered = [
+        d
+        for d in _render(
+            "mp", "gpu-system", "dra.deviceClass=true", "dra.exampleClaimTemplates=true"
+        )
+        if d["kind"] in dra_kinds
+    ]
+    for doc in rendered:
+        del doc["metadata"]["labels"]
+        if doc["kind"] == "ResourceClaimTemplate":
+            assert doc["metadata"].pop("namespace") == "gpu-system"
+    shipped = []
+    for path in sorted(DRA.glob("*.yaml")):
+        shipped += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert sorted(shipped, key=str) == sorted(rendered, key=str) and len(rendered) == 4
+    (device_class,) = [d for d in rendered if d["kind"] == "DeviceClass"]
+    assert device_class["metadata"]["name"] == "mig.migpilot.io"
+    assert device_class["spec"]["selectors"] == [
+        {"cel": {"expression": 'device.driver == "mig.migpilot.io"'}}
+    ]
+    for doc in rendered[1:]:
+        (request,) = doc["spec"]["spec"]["devices"]["requests"]
+        assert request["exactly"]["deviceClassName"] == "mig.migpilot.io"
 
 
 @pytest.mark.parametrize(("replicas", "budgets"), [("2", 2), ("1", 0)])
@@ -771,7 +807,12 @@ def installed(
         )
     else:
         docs = _render(
-            release, namespace, "serviceMonitor.enabled=true", "grafana.dashboard.enabled=true"
+            release,
+            namespace,
+            "serviceMonitor.enabled=true",
+            "grafana.dashboard.enabled=true",
+            "dra.deviceClass=true",
+            "dra.exampleClaimTemplates=true",
         )
     applied: list[Any] = []
     try:
@@ -837,6 +878,10 @@ def test_the_rendered_chart_applies_to_the_real_apiserver(
     }
     for name in ("controller", "webhook", "agent"):
         assert client.get(ServiceMonitor, f"{release}-{name}", namespace=namespace)
+    if request.node.callspec.params["installed"] == "plain":  # accepted by the API's schema
+        assert client.get(DeviceClass, "mig.migpilot.io")
+        for name in ("mig-1g-10gb", "mig-20gi", "mig-h100-80gb"):
+            assert client.get(ResourceClaimTemplate, name, namespace=namespace)
     if request.node.callspec.params["installed"] == "plain":  # stored as the sidecar reads it
         board = client.get(ConfigMap, f"{release}-grafana-dashboard", namespace=namespace)
         assert board.metadata is not None and board.metadata.labels is not None
@@ -909,6 +954,8 @@ def test_each_component_has_only_the_rights_it_needs(
         "namespace": namespace,
         "name": leases.NAME,
     }
+    dra = {"group": "resource.k8s.io"}
+    resource_slices = {"resource": "resourceslices", **dra}
     mig_parted = {
         "resource": "configmaps",
         "namespace": "gpu-operator",
@@ -934,6 +981,8 @@ def test_each_component_has_only_the_rights_it_needs(
         (agent, {"verb": "watch", "resource": "pods"}),
         (agent, {"verb": "list", "resource": "gpulayouts", "group": "migpilot.io"}),
         (agent, {"verb": "watch", **mig_parted}),
+        *[(agent, {"verb": v, **resource_slices}) for v in ("list", "create", "update", "delete")],
+        (agent, {"verb": "get", "resource": "resourceclaims", **dra, "namespace": "default"}),
         (ctl, {"verb": "create", "resource": "leases", **lease_group, "namespace": namespace}),
         (ctl, {"verb": "get", **controller_lease}),
         (
@@ -960,6 +1009,9 @@ def test_each_component_has_only_the_rights_it_needs(
         (agent, {"verb": "list", "resource": "configmaps", "namespace": "gpu-operator"}),
         (agent, {"verb": "get", **{**mig_parted, "name": "some-other-config"}}),
         # Verbs its client never sends.
+        *[(agent, {"verb": v, **resource_slices}) for v in ("get", "watch", "patch")],
+        (agent, {"verb": "update", "resource": "resourceclaims", **dra, "namespace": "default"}),
+        (ctl, {"verb": "list", **resource_slices}),
         (agent, {"verb": "get", **mig_parted}),
         (agent, {"verb": "get", "resource": "nodes"}),
         (agent, {"verb": "get", "resource": "gpulayouts", "group": "migpilot.io"}),

@@ -45,14 +45,17 @@ from lightkube.resources.admissionregistration_v1 import (
     ValidatingAdmissionPolicyBinding,
 )
 from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.resource_v1 import ResourceSlice
 
 from migpilot.agent.cluster import kube as agent_kube
-from migpilot.agent.cluster import startup
+from migpilot.agent.cluster import resourceslices, startup
+from migpilot.agent.dra import publishing
 from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import kube as controller_kube
 from migpilot.controller import observing, pinning
 from migpilot.kube import errors as kube_errors
+from migpilot.mig import catalog
 from tests.kube import crds, tools
 from tests.kube.controlplane import ControlPlane, ControlPlaneError, wait_for
 
@@ -79,6 +82,8 @@ NODE_RESOURCES = "may change only nvidia.com/ and migpilot.io/ resources in its 
 NODE_SPEC = "may not change its Node's spec"
 NODE_CONDITIONS = "may not change its Node's conditions"
 OWN_LAYOUT = "may write only the GpuLayout of the Node its service-account token is bound to"
+OWN_SLICES = "may write only the ResourceSlices of the Node its service-account token is bound to"
+SLICE_DRIVER = "may write only ResourceSlices of its driver mig.migpilot.io"
 LAYOUT_SPEC = "may write only a GpuLayout's status, never its spec"
 POD_CONTAINERS = "may not change a pod's containers"
 POD_METADATA = "may not change a pod's labels, annotations"
@@ -311,7 +316,7 @@ def test_the_policies_type_check_against_the_servers_schemas(installed: Installe
     schemas it serves: a misspelt field is a warning in the policy's status (as it is for a
     copy of the Node policy with one field misspelt)."""
     client = installed.plane.client
-    for name in ("agent-nodes", "agent-gpulayouts", "controller-pods"):
+    for name in ("agent-nodes", "agent-gpulayouts", "agent-resourceslices", "controller-pods"):
         warnings = _type_checked(client, f"{installed.release}-{name}")
         assert not warnings, [w.to_dict() for w in warnings]
         binding = client.get(ValidatingAdmissionPolicyBinding, f"{installed.release}-{name}")
@@ -804,6 +809,85 @@ def test_the_agents_own_client_writes_its_node_and_layout_only(installed: Instal
             assert str(err.value).startswith("403") and refused in str(err.value)
     finally:
         api.close()
+
+
+def _slice(name: str, *, node: str, pool: str, driver: str = "mig.migpilot.io") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": pool, "generation": 0, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+
+
+def test_the_agents_own_client_writes_only_its_nodes_resourceslices(installed: Installed) -> None:
+    """DRA mode: the agent's publisher, with a token bound to a pod on node A, publishes node
+    A's pool (RBAC and the policy allow it); creating, changing or deleting a slice of node B,
+    of node B's pool or of another driver is refused by the policy (node B's agent may delete
+    its own: the policy refused, not the API server)."""
+    a, b = installed.node_a, installed.node_b
+    client = installed.plane.client
+    api = agent_kube.connect(_agent_kubeconfig(installed, a))
+    slices = api.slices()
+    try:
+        # The policy is enforced once the API server's informer has it: until node B's slice
+        # is refused to node A's agent (one let through meanwhile is deleted again).
+        def refused() -> bool:
+            try:
+                slices.create_slice(_slice(f"{b}-probe", node=b, pool=b))
+            except kube_errors.KubeApiError as err:
+                return str(err).startswith("403") and OWN_SLICES in str(err)
+            client.delete(ResourceSlice, f"{b}-probe")
+            return False
+
+        wait_for(refused, what="the ResourceSlice policy to be enforced", timeout=60)
+        gpu = publishing.Gpu(0, "GPU-policies", catalog.resolve_gpu("a100-80gb"), True, 81920)
+        publisher = resourceslices.SlicePublisher(slices, node=a)
+        assert publisher.publish((gpu,), ()) is not None and publisher.published
+        used = publishing.Instance(0, "1g.10gb", 0, "MIG-x", publishing.Use.OTHER)
+        assert publisher.publish((gpu,), (used,)) is not None  # an update
+        assert publisher.publish((publishing.Gpu(0, "GPU-p", gpu.model, False, 81920),), ())
+        theirs = _slice(f"{b}-theirs", node=b, pool=b)
+        client.create(codecs.from_dict(theirs))
+        mine = _slice(f"{a}-mine", node=a, pool=a)
+        slices.create_slice(mine)
+        changed = client.get(ResourceSlice, f"{b}-theirs").to_dict()
+        changed["spec"]["devices"] = [{"name": "gpu-1"}]
+        cases = [
+            (lambda: slices.create_slice(_slice(f"{a}-x", node=b, pool=b)), OWN_SLICES),
+            (lambda: slices.create_slice(_slice(f"{a}-y", node=a, pool=b)), OWN_SLICES),
+            (
+                lambda: slices.create_slice(
+                    _slice(f"{a}-z", node=a, pool=a, driver="x.example.com")
+                ),
+                SLICE_DRIVER,
+            ),
+            (lambda: slices.delete_slice(f"{b}-theirs"), OWN_SLICES),
+            (lambda: slices.replace_slice(changed), OWN_SLICES),
+        ]
+        for call, why in cases:
+            with pytest.raises(kube_errors.KubeApiError) as err:
+                call()
+            assert str(err.value).startswith("403") and why in str(err.value), str(err.value)
+        # Node B's agent may delete its own slice: the refusal above was the policy's.
+        other = agent_kube.connect(_agent_kubeconfig(installed, b))
+        try:
+            assert other.slices().delete_slice(f"{b}-theirs")
+        finally:
+            other.close()
+        assert slices.delete_slice(f"{a}-mine")
+    finally:
+        api.close()
+        for found in client.list(ResourceSlice, fields={"spec.driver": "mig.migpilot.io"}):
+            assert found.metadata is not None and found.spec is not None
+            if found.spec.nodeName in (a, b):
+                with contextlib.suppress(lightkube.ApiError):
+                    client.delete(ResourceSlice, found.metadata.name)
 
 
 def test_the_controllers_own_client_pins_a_pod_and_nothing_more(installed: Installed) -> None:

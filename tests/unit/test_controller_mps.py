@@ -107,6 +107,27 @@ def test_a_node_in_an_unknown_mode_is_not_planned_and_the_pod_waits() -> None:
     _run(body)
 
 
+def test_a_node_in_dra_mode_is_left_to_kube_scheduler() -> None:
+    """A node labelled migpilot.io/mode=dra publishes DRA devices (docs/dra.md): the planners
+    leave it alone, as a node in mode none, with no warning."""
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        dra = _node("d1")
+        dra["metadata"]["labels"]["migpilot.io/mode"] = "dra"
+        dra["metadata"]["labels"]["nvidia.com/mig.capable"] = "true"
+        await api.put(kubeobjects.Kind.NODES, dra)
+        await api.put(kubeobjects.Kind.PODS, _pod("c", 10))
+        await _until("observed", lambda: "ns/c" in controller.observe().pods)
+        obs = controller.observe()
+        assert not obs.snapshot.nodes
+        assert not any("d1" in u for u in obs.unplanned), obs.unplanned
+        await asyncio.sleep(0.1)
+        assert not [e for e in api.events if e.kind == "Node"]
+        assert not _slices(api, "d1")
+
+    _run(body)
+
+
 assert WAIT_S > 0
 
 

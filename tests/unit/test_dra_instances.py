@@ -480,10 +480,13 @@ class MemoryInstancesNever:
 
 def test_the_agent_starts_the_plugin_only_in_dra_mode_and_only_with_a_node(node: Node) -> None:
     plain = assembling.Settings()
-    assert assembling._dra(plain, node.gpus, None, node.used) is None
+    assert assembling._dra(plain, node.gpus, None, node.used, on=False) is None
     dra = assembling.Settings(kubelet=assembling.KubeletSettings(dra=True))
     with pytest.raises(errors.AgentConfigError, match="DRA mode needs --node NAME"):
-        assembling._dra(dra, node.gpus, None, node.used)
+        assembling._dra(dra, node.gpus, None, node.used, on=False)
+    # the Node's label (migpilot.io/mode=dra) turns it on as the setting does
+    with pytest.raises(errors.AgentConfigError, match="DRA mode needs --node NAME"):
+        assembling._dra(plain, node.gpus, None, node.used, on=True)
 
 
 def test_the_plugins_paths_are_below_the_kubelet_folder(tmp_path: Path) -> None:

@@ -42,6 +42,8 @@ from migpilot.agent.cluster import (
     holding,
     kube,
     kubeapi,
+    resourceslices,
+    sliceapi,
     startup,
     statics,
     watching,
@@ -1023,11 +1025,15 @@ def _serve(
     client: podresources.PodResourcesClient | None = None
     sources: list[reconciling.InUse] = [reconciling.RunningProcesses(gpus)]
     holders: Callable[[], Mapping[str, str]] = dict
+    slices = dra_publisher(cluster)  # DRA mode: ResourceSlices, no device plugin
     if settings.kubelet.mode is KubeletMode.REAL:
-        plugin = serving.DevicePlugin(
-            plugin_settings, unified=cluster.pool if cluster is not None else None, cdi=cdi_writer
-        )
-        if cluster is not None:
+        if slices is None:
+            plugin = serving.DevicePlugin(
+                plugin_settings,
+                unified=cluster.pool if cluster is not None else None,
+                cdi=cdi_writer,
+            )
+        if cluster is not None and plugin is not None:
             cluster.pool.attach(plugin)  # the plugin's ledger says what Allocate handed out
         kubelet, client, asked = _kubelet_in_use(
             gpus,
@@ -1036,7 +1042,7 @@ def _serve(
             timeout_s=plugin_settings.rpc_timeout_s,
             cluster=cluster,
         )
-        sources += [kubelet, running.HandedOut(plugin)]
+        sources += [kubelet] if plugin is None else [kubelet, running.HandedOut(plugin)]
         holders = asked.holders
     sharing = _follower(
         settings,
@@ -1047,20 +1053,26 @@ def _serve(
     )
     if sharing is not None and cluster is not None:
         cluster.share_with(sharing.current)
-    dra = _dra(settings, gpus, cluster, reconciling.AnyOf(list(sources)))
+    dra = _dra(settings, gpus, cluster, reconciling.AnyOf(list(sources)), on=slices is not None)
     if dra is not None:
         sources.append(dra.instances)  # claims' instances are used: never destroyed as stray
+        if slices is not None:
+            slices.claims_from(dra.instances.claimed)  # offered again: the claim is known
     in_use: reconciling.InUse = reconciling.AnyOf(sources)
     listener: running.PassListener | None = None
     publisher: capacity.CapacityPublisher | None = None
     if cluster is not None:
+        advertised = _registered_counts(plugin) if plugin is not None else None
         wired = cluster.wire(
             in_use,
             gpus=gpus,
             holders=holders,
-            advertised=_registered_counts(plugin) if plugin is not None else None,
+            advertised=slices.advertised if slices is not None else advertised,
         )
         in_use, listener = wired.in_use, wired.listener
+        if slices is not None:
+            slices.use_from(in_use.in_use)
+            listener = running.Listeners([listener, slices])
         if plugin is None and cdi_writer is not None:
             # The stand-in kubelet publishes the Node's counts when told of the pass: the spec
             # is written first.
@@ -1150,12 +1162,15 @@ def _dra(
     gpus: backend.GpuBackend,
     cluster: KubeSide | None,
     in_use: reconciling.InUse,
+    *,
+    on: bool,
 ) -> dra_node.DraNode | None:
-    """On a DRA-mode node: the DRA kubelet plugin for the kubelet (or the stand-in that speaks
-    its API) in the kubelet folder, built, to be started (``docs/dra.md``). ``in_use``: the
-    agent's other in-use sources, asked before a claim's instance goes."""
+    """On a DRA-mode node (``on``: its Node is labelled ``migpilot.io/mode=dra``, or
+    ``KubeletSettings.dra``): the DRA kubelet plugin for the kubelet (or the stand-in that
+    speaks its API) in the kubelet folder, built, to be started (``docs/dra.md``). ``in_use``:
+    the agent's other in-use sources, asked before a claim's instance goes."""
     kubelet = settings.kubelet
-    if not kubelet.dra:
+    if not (on or kubelet.dra):
         return None
     if cluster is None or kubelet.mode is KubeletMode.NONE:
         raise errors.AgentConfigError(
@@ -1168,6 +1183,24 @@ def _dra(
         proc_root=root if root is not None else cdifiles.DEFAULT_PROC_ROOT,
     )
     return dra_node.build(gpus, cluster.api, node=cluster.node, paths=paths, in_use=in_use)
+
+
+def dra_publisher(cluster: KubeSide | None) -> resourceslices.SlicePublisher | None:
+    """On a Node labelled ``migpilot.io/mode=dra`` when the agent starts: the publisher of its
+    ResourceSlices (``docs/dra.md``, "Publishing"), which the agent serves instead of the
+    device plugin; else ``None``. The label is read once: a change takes effect when the agent
+    restarts."""
+    if cluster is None or cluster.statics is None or not cluster.statics.dra_node:
+        return None
+    api = cluster.api
+    if not isinstance(api, sliceapi.SliceSource):
+        raise errors.AgentConfigError(
+            f"Node {cluster.node} is labelled migpilot.io/mode=dra, but this Kubernetes client "
+            "cannot publish ResourceSlices"
+        )
+    _log.info("Node %s is in DRA mode: publishing ResourceSlices of mig.migpilot.io, no device "
+              "plugin", cluster.node, extra=logs.about(node=cluster.node))  # fmt: skip
+    return resourceslices.SlicePublisher(api.slices(), node=cluster.node)
 
 
 def _mps_supervisor(settings: Settings) -> agent_mps.MpsSupervisor:

@@ -590,7 +590,7 @@ def observe(
             unplanned.append(f"{name}: {err}")
             broken[name] = str(err)
             continue
-        if mode is modes.Mode.NONE:
+        if mode in (modes.Mode.NONE, modes.Mode.DRA):  # not served by the planners' resources
             continue
         if found is None or found.status is None:
             if view.mig_capable or mode is not modes.Mode.MIG:

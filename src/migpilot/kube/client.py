@@ -26,7 +26,7 @@ from lightkube import operators
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod
-from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from migpilot.api import gpulayouts
@@ -47,6 +47,7 @@ RESOURCES: dict[objects.Kind, Any] = {
     objects.Kind.EVENTS: Event,
     objects.Kind.NAMESPACES: Namespace,
     objects.Kind.RESOURCECLAIMS: ResourceClaim,
+    objects.Kind.RESOURCESLICES: ResourceSlice,
 }
 _PATCH_TYPES = {
     objects.Patch.APPLY: PatchType.APPLY,
@@ -227,6 +228,41 @@ class Client:
         except ERRORS as err:
             raise translate(err) from None
         return _doc(got)
+
+    def create(
+        self, kind: objects.Kind, body: Mapping[str, Any], *, field_manager: str | None = None
+    ) -> dict[str, Any]:
+        """Create the object (:class:`~migpilot.kube.errors.ConflictError` when it exists)."""
+        obj = RESOURCES[kind].from_dict(dict(body))
+        try:
+            got = self._client.create(obj, field_manager=field_manager)
+        except ERRORS as err:
+            raise translate(err) from None
+        return _doc(got)
+
+    def replace(
+        self, kind: objects.Kind, body: Mapping[str, Any], *, field_manager: str | None = None
+    ) -> dict[str, Any]:
+        """Replace the object; the body's ``resourceVersion`` guards the write
+        (:class:`~migpilot.kube.errors.ConflictError` when someone wrote it first)."""
+        obj = RESOURCES[kind].from_dict(dict(body))
+        try:
+            got = self._client.replace(obj, field_manager=field_manager)
+        except ERRORS as err:
+            raise translate(err) from None
+        return _doc(got)
+
+    def delete(self, kind: objects.Kind, name: str, *, namespace: str | None = None) -> bool:
+        """Delete the object: ``True`` when it was there, ``False`` when it was not (404)."""
+        try:
+            self._client.delete(RESOURCES[kind], name, namespace=namespace)
+        except lightkube.ApiError as err:
+            if err.status.code == 404:
+                return False
+            raise translate(err) from None
+        except httpx2.HTTPError as err:
+            raise translate(err) from None
+        return True
 
     def close(self) -> None:
         """Close the connections."""

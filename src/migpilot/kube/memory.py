@@ -75,7 +75,8 @@ class InMemoryServer:
 
     Tests write as another client would (:meth:`put`, :meth:`delete`, :meth:`update`) and read
     :attr:`objects` and :attr:`requests`; the shells' adapters call the client side
-    (:meth:`get`, :meth:`list`, :meth:`watch`, :meth:`create`, :meth:`replace`). A watch ends
+    (:meth:`get`, :meth:`list`, :meth:`watch`, :meth:`create`, :meth:`replace`,
+    :meth:`remove`). A watch ends
     at :meth:`close`.
     """
 
@@ -87,7 +88,7 @@ class InMemoryServer:
         """Kind -> key (``namespace/name`` or ``name``) -> the object as stored now."""
         self.requests: collections.Counter[tuple[str, objects.Kind]] = collections.Counter()
         """``(verb, kind)`` -> how many calls the client side answered (``get``, ``list``,
-        ``watch``, ``create``, ``replace``): tests check what a shell asked."""
+        ``watch``, ``create``, ``replace``, ``delete``): tests check what a shell asked."""
         self._version = 0
         self._compacted = 0
         self._changes: list[_Change] = []
@@ -242,6 +243,13 @@ class InMemoryServer:
             stored = self.store(kind, key, doc)
             assert stored is not None
             return copy.deepcopy(stored)
+
+    def remove(self, kind: objects.Kind, name: str, *, namespace: str | None = None) -> bool:
+        """Delete an object as a client does: ``True`` when it was there, ``False`` when it
+        was not (404)."""
+        with self.lock:
+            self.requests["delete", kind] += 1
+            return self.store(kind, _key(kind, name, namespace), None) is not None
 
     def watch(
         self,

@@ -31,6 +31,8 @@ class Kind(enum.StrEnum):
     NAMESPACES = "namespaces"
     RESOURCECLAIMS = "resourceclaims"
     """``resource.k8s.io/v1`` ResourceClaims (the DRA kubelet plugin reads its claims)."""
+    RESOURCESLICES = "resourceslices"
+    """``resource.k8s.io/v1`` ResourceSlices (DRA: the devices a driver publishes)."""
 
     @property
     def namespaced(self) -> bool:
@@ -38,7 +40,7 @@ class Kind(enum.StrEnum):
         return self not in _CLUSTER_WIDE
 
 
-_CLUSTER_WIDE = frozenset({Kind.NODES, Kind.LAYOUTS, Kind.NAMESPACES})
+_CLUSTER_WIDE = frozenset({Kind.NODES, Kind.LAYOUTS, Kind.NAMESPACES, Kind.RESOURCESLICES})
 
 
 class EventType(enum.StrEnum):

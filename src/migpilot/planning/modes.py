@@ -10,7 +10,10 @@ different sharing. A node's label ``migpilot.io/mode`` picks one mode for all it
   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (and to its compute share by
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` where the request names one);
 - ``time-slicing``: each GPU is advertised as ``replicas`` shares of the whole GPU, no isolation;
-- ``none``: migpilot leaves the node's GPUs alone (never planned).
+- ``none``: migpilot leaves the node's GPUs alone (never planned);
+- ``dra``: the node's agent publishes its MIG placements as DRA devices (ResourceSlices of
+  ``mig.migpilot.io``, ``docs/dra.md``) and kube-scheduler allocates them to ResourceClaims; no
+  device-plugin resource is served there, so the planners leave it alone as they do ``none``.
 
 Which pod each mode serves (:func:`serves`):
 
@@ -65,6 +68,7 @@ class Mode(enum.StrEnum):
     MPS = "mps"
     TIME_SLICING = "time-slicing"
     NONE = "none"
+    DRA = "dra"
 
 
 def parse_mode(value: Any, *, node: str) -> Mode:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from migpilot.agent.cluster import kubeapi
+from migpilot.agent.cluster import kubeapi, sliceapi
 from migpilot.api import gpulayouts, gpulayouts_wire
 from migpilot.kube import client, objects, requests
 from migpilot.kube import errors as kube_errors
@@ -180,9 +180,41 @@ class LightkubeNodeApi:
         assert conflict is not None
         raise conflict
 
+    def slices(self) -> LightkubeSliceApi:
+        """The ResourceSlice calls (DRA mode), over the same connection."""
+        return LightkubeSliceApi(self._api)
+
     def close(self) -> None:
         """Close the connections."""
         self._api.close()
 
 
+class LightkubeSliceApi:
+    """:class:`~sliceapi.SliceApi` over :class:`migpilot.kube.client.Client`: each call one
+    request, written as ``migpilot-agent``."""
+
+    def __init__(self, api: client.Client) -> None:
+        self._api = api
+
+    def list_slices(self, *, driver: str, node: str) -> objects.Listed:
+        """One list with the field selectors ``spec.nodeName`` and ``spec.driver``."""
+        return self._api.list(
+            objects.Kind.RESOURCESLICES, fields=sliceapi.selectors(driver=driver, node=node)
+        )
+
+    def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """One create."""
+        return self._api.create(objects.Kind.RESOURCESLICES, body, field_manager=_AGENT)
+
+    def replace_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """One replace (a PUT guarded by the body's ``resourceVersion``)."""
+        return self._api.replace(objects.Kind.RESOURCESLICES, body, field_manager=_AGENT)
+
+    def delete_slice(self, name: str) -> bool:
+        """One delete; ``False`` on 404."""
+        return self._api.delete(objects.Kind.RESOURCESLICES, name)
+
+
 _: type[kubeapi.NodeApi] = LightkubeNodeApi  # it is one (mypy checks)
+__: type[sliceapi.SliceApi] = LightkubeSliceApi
+___: type[sliceapi.SliceSource] = LightkubeNodeApi

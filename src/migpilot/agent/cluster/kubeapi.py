@@ -30,6 +30,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
+from migpilot.agent.cluster import sliceapi
 from migpilot.api import gpulayouts, gpulayouts_wire
 from migpilot.kube import errors, memory, objects, requests
 
@@ -244,6 +245,10 @@ class InMemoryNodeApi:
     def delete_pod(self, namespace: str, name: str) -> None:
         """Delete a pod (nothing if there is none)."""
         self.server.delete(_P, f"{namespace}/{name}")
+
+    def slices(self) -> sliceapi.InMemorySliceApi:
+        """The ResourceSlice calls (DRA mode), on the same server."""
+        return sliceapi.InMemorySliceApi(self.server)
 
     # -- NodeApi -------------------------------------------------------------------------------
     def list_layout(self, name: str) -> objects.Listed:

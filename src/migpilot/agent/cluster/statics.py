@@ -189,6 +189,12 @@ class StaticOrDynamic:
         return self.node_label(modes.MODE_LABEL) == modes.Mode.MPS.value
 
     @property
+    def dra_node(self) -> bool:
+        """Whether the Node's ``migpilot.io/mode`` label says ``dra`` (the agent then publishes
+        ResourceSlices instead of serving the device plugin, ``docs/dra.md``)."""
+        return self.node_label(modes.MODE_LABEL) == modes.Mode.DRA.value
+
+    @property
     def dynamic_mig(self) -> bool:
         """Whether the Node is labelled ``migpilot.io/mig-mode=dynamic`` (its idle GPUs' MIG
         mode may then be switched, ``docs/migmode.md``)."""

@@ -73,6 +73,17 @@ class BackendInstances:
         with self._lock:
             return self._ledger.uuids()
 
+    def claimed(self) -> dict[str, str]:
+        """MIG device and GPU UUID -> the claim UID that owns it, for the ResourceSlice
+        publisher: kube-scheduler knows these from their claims. An instance recovered after
+        the ledger was lost is no claim's, so it is left out (never offered)."""
+        with self._lock:
+            return {
+                e.uuid: e.owner
+                for e in self._ledger.entries
+                if e.uuid is not None and e.owner != ownership.RECOVERED
+            }
+
     def owned(self) -> ownership.Ledger:
         """The ledger now."""
         with self._lock:

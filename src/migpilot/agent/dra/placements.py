@@ -4,9 +4,12 @@ Why it exists: the driver publishes one device per MIG placement (a profile at a
 one GPU), kube-scheduler allocates a device by name, and the kubelet plugin must get the
 placement back from that name alone. So the name encodes the placement,
 ``gpu-<index>-mig-<profile>-<start>`` (``gpu-0-mig-3g-40gb-4``, ``gpu-1-mig-1g-10gb-me-0``): a
-DNS label as ResourceSlice device names must be, the profile's ``.`` and ``+`` written as ``-``.
+DNS label as ResourceSlice device names must be, the profile's ``.`` and ``+`` written as ``-``
+(and a ``-me`` profile's suffix as ``-no-me``, apart from ``+me``).
 Parsing checks the placement against the GPU's model (the profile exists, the start is one of its
-placements), so a stale or foreign name is refused with the reason. Pure: no I/O.
+placements), so a stale or foreign name is refused with the reason. A GPU with MIG off is
+published whole, as ``gpu-<index>`` (:class:`WholeGpu`); :func:`parse_device` reads either kind.
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ MAX_NAME = 63
 """A ResourceSlice device name is a DNS label: at most 63 characters."""
 
 _NAME = re.compile(r"^gpu-(\d+)-mig-([a-z0-9-]+)-(\d+)$")
-_WHOLE = re.compile(r"^gpu-(\d+)$")
+_WHOLE = re.compile(r"^gpu-(0|[1-9]\d*)$")
 
 
 class PlacementError(errors.MigpilotError):
@@ -64,6 +67,9 @@ Target = Placement | WholeGpu
 
 
 def _slug(profile: str) -> str:
+    # RTX PRO's "1g.24gb-me" (no media engines) would otherwise read as "1g.24gb+me".
+    if profile.endswith(profiles.Attribute.NO_ME.value):
+        profile = profile[: -len(profiles.Attribute.NO_ME.value)] + "-no-me"
     return profile.lower().replace(".", "-").replace("+", "-")
 
 
@@ -105,15 +111,15 @@ def cdi_device_id(placement: Placement) -> str:
     return f"{CDI_KIND}={device_name(placement)}"
 
 
-def whole_gpu_name(gpu: WholeGpu) -> str:
-    """The DRA device name of a whole GPU (``gpu-0``)."""
-    return f"gpu-{gpu.gpu}"
+def whole_gpu_name(gpu: WholeGpu | int) -> str:
+    """The DRA device name of a whole GPU (``gpu-0``), given as the GPU or its index."""
+    return f"gpu-{gpu.gpu if isinstance(gpu, WholeGpu) else gpu}"
 
 
 def parse_whole_gpu_name(name: str) -> WholeGpu | None:
     """The whole GPU ``gpu-<index>`` names, ``None`` for any other name (a MIG placement's is
-    parsed by :func:`parse_device_name`). Whether the GPU exists with MIG off is the node's to
-    say, when the claim is prepared."""
+    parsed by :func:`parse_device_name`). Whether the GPU has MIG off is the node's to say,
+    when the claim is prepared."""
     match = _WHOLE.match(name)
     return None if match is None else WholeGpu(int(match[1]))
 
@@ -124,6 +130,18 @@ def target_name(target: Target) -> str:
 
 
 def parse_target(name: str, gpus: Mapping[int, profiles.GpuModel]) -> Target:
-    """A whole GPU (``gpu-<index>``) or a MIG placement, checked as :func:`parse_device_name`."""
+    """A whole GPU (``gpu-<index>``) or a MIG placement, checked as :func:`parse_device_name`
+    checks it. ``gpus`` holds the models of the GPUs in MIG mode; whether a whole GPU's index is
+    a GPU with MIG off is the node's to say when the claim is prepared."""
     whole = parse_whole_gpu_name(name)
     return whole if whole is not None else parse_device_name(name, gpus)
+
+
+def parse_device(name: str, gpus: Mapping[int, profiles.GpuModel]) -> Target:
+    """As :func:`parse_target`, and a whole GPU's index must be one of ``gpus`` too (the
+    publisher's check of its own names: it knows every GPU's model)."""
+    target = parse_target(name, gpus)
+    if isinstance(target, WholeGpu) and target.gpu not in gpus:
+        known = ", ".join(str(i) for i in sorted(gpus)) or "none"
+        raise PlacementError(f"device {name!r}: this node has no GPU {target.gpu} (GPUs: {known})")
+    return target
