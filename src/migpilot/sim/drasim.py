@@ -85,8 +85,8 @@ class Settings:
     planner: str = "fast"
     drain: bool = False
     """Run until the last pod would have ended had it started at once (pods pending at the last
-    arrival are then served late); ``False``: stop at the last arrival, so the figures are
-    what the cluster did while the trace ran."""
+    arrival are then served late); ``False``: stop one batch window after the last arrival, so
+    the figures are what the cluster did while the trace ran."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +314,8 @@ class _Run:
         # nothing changed on gets the same answer (kube-scheduler's queueing hints skip it too).
         self.tried: dict[tuple[draalloc.Claim, int, int], tuple[draalloc.Device, ...] | None] = {}
         self.first = min(p.arrival for p in pods)
-        self.end = max(p.arrival for p in pods)
+        # One batch window past the last arrival, so that steering plans the last pod too.
+        self.end = max(p.arrival for p in pods) + settings.batch_s
         if settings.drain:
             self.end = max(p.arrival + (p.duration or 0.0) for p in pods)
         self.held_extra = 0
@@ -599,8 +600,9 @@ def run(
     settings: Settings | None = None,
 ) -> Result:
     """Replay ``pods`` (arrival order) on ``cluster``'s nodes, all in DRA mode, under
-    ``variant``: arrivals, and departures after each pod's duration once bound, until the last
-    arrival (:attr:`Settings.drain`: until the last pod would have ended)."""
+    ``variant``: arrivals, and departures after each pod's duration once bound, until a batch
+    window after the last arrival (:attr:`Settings.drain`: until the last pod would have
+    ended)."""
     if not pods:
         raise errors.MigpilotError("no pod to replay")
     return _Run(pods, cluster, variant, settings or Settings()).run()
