@@ -13,11 +13,12 @@ allocator of :mod:`migpilot.sim.draalloc`:
 - **steered**: pods are gated (migpilot's webhook); a batch window after a change the planner
   (``fast``, as the controller runs it) plans the gated pods on the cluster as it is (allocated
   placements are used instances); every placement outside its target is tainted
-  ``mig.migpilot.io/unplanned:NoSchedule`` in the node's slice; the planned pods are ungated and
-  the same allocator places them, in queue order, on what is left untainted. A device is not
-  tied to a claim (a claim's spec cannot be changed once made), so a pod may take a placement
-  planned for another pod whose claim it also matches; the other one misses and is planned
-  again (counted as :attr:`Result.steering_misses`).
+  ``mig.migpilot.io/unplanned:NoSchedule`` in the node's slice; the planned pods are pinned to
+  their planned node (a node affinity, as the controller pins them) and ungated, and the same
+  allocator places them, in queue order, on what is left untainted there. A device is not tied
+  to a claim (a claim's spec cannot be changed once made), so a pod may take a placement
+  planned for another pod on that node whose claim it also matches; the other one misses and is
+  planned again (counted as :attr:`Result.steering_misses`).
 
 In both, a node is picked among those whose CPU, memory and allocation fit by kube-scheduler's
 default ``NodeResourcesFit`` score (``LeastAllocated``) or ``MostAllocated``; ties go to the
@@ -395,9 +396,11 @@ class _Run:
         free = (cpu + mem) / 2
         return free if self.settings.scoring is NodeScoring.LEAST_ALLOCATED else -free
 
-    def _schedule(self, pod: _Pod) -> bool:
+    def _schedule(self, pod: _Pod, *, pinned: str | None = None) -> bool:
         best: tuple[float, int, tuple[draalloc.Device, ...]] | None = None
         for i, node in enumerate(self.nodes):
+            if pinned is not None and node.spec.name != pinned:
+                continue
             if not self._fits_node(pod, node):
                 continue
             devices = self._allocate(pod, i, node)
@@ -495,12 +498,14 @@ class _Run:
                 node.taints = taints
                 node.version += 1
                 self.slice_writes += 1
-        planned = {p.pod for p in plan.placements}
+        planned = {p.pod: p.node for p in plan.placements}
         served = missed = 0
         for pod in gated:
-            if pod.cp.planned.key not in planned:
+            node = planned.get(pod.cp.planned.key)
+            if node is None:
                 continue
-            if self._schedule(pod):
+            # The controller pins a pod to its planned node (a node affinity) as it ungates it.
+            if self._schedule(pod, pinned=node):
                 served += 1
             else:
                 missed += 1
