@@ -501,11 +501,11 @@ class _Run:
         planned = {p.pod: p.node for p in plan.placements}
         served = missed = 0
         for pod in gated:
-            node = planned.get(pod.cp.planned.key)
-            if node is None:
+            there = planned.get(pod.cp.planned.key)
+            if there is None:
                 continue
             # The controller pins a pod to its planned node (a node affinity) as it ungates it.
-            if self._schedule(pod, pinned=node):
+            if self._schedule(pod, pinned=there):
                 served += 1
             else:
                 missed += 1
