@@ -186,3 +186,22 @@ def test_replays_are_deterministic_and_never_allocate_a_device_twice() -> None:
             for u0, u1, other, dev2 in running[i + 1 :]:
                 if node == other and dev == dev2:
                     assert t1 <= u0 or u1 <= t0, (node, dev)
+
+
+def test_steering_packs_small_claims_and_keeps_a_gpu_whole_for_a_big_one() -> None:
+    rows = (
+        "a,0,1000,mig-1g.10gb=1;cpu=8;memory=1Gi,\n"
+        "b,10,1000,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+        "z,30,1000,mig-7g.80gb=1;cpu=1;memory=1Gi,\n"
+    )
+    pods = _pods(rows, cluster="h100-80gb:2x1")
+    cluster = clusters.parse("h100-80gb:2x1")
+    nodes = [n.name for n in cluster.nodes]
+    uncurated = drasim.run(pods, cluster, drasim.Variant.UNCURATED)
+    # kube-scheduler's default score sends b to the node with the most CPU left: both GPUs
+    # are cut, and the 7g.80gb finds none whole.
+    assert [o.node for o in uncurated.outcomes] == [nodes[0], nodes[1], None]
+    steered = drasim.run(pods, cluster, drasim.Variant.STEERED)
+    # The planner packs b beside a, and the controller pins b there: z gets the other GPU.
+    assert [o.node for o in steered.outcomes] == [nodes[0], nodes[0], nodes[1]]
+    assert _served(steered)["z"] == ("gpu-0-mig-7g-80gb-0",)
