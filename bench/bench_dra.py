@@ -1,0 +1,174 @@
+"""DRA steering in the simulator: pods served with every MIG placement published and
+kube-scheduler's first fit (uncurated, as NVIDIA's DRA driver does), against migpilot's planner
+steering the same allocator through device taints (writes bench/results/dra.json).
+
+The model of the allocator is :mod:`migpilot.sim.draalloc` (walk order, counters, taints,
+prioritized lists, as kube-scheduler v1.37's structured allocator); the replay is
+:mod:`migpilot.sim.drasim`. Each trace is replayed faithfully (arrivals, and departures after
+each pod's run time) until its last arrival, with half of the pods asking by memory (a seeded
+draw) and the rest by profile; a pod's GPU-model selector becomes a condition on the device's
+model. Per trace and variant: pods served, the time-weighted allocation ratio (and the share
+that counts only what claims by memory needed), pending times, claims by memory given a larger
+profile than the smallest that fits, and for steering its plan rounds, misses and slice writes.
+
+Variants: ``uncurated`` (devices listed profile by profile, and by start slot), ``prioritized``
+(claims by memory written as a firstAvailable list, smallest profile first; devices by start)
+and ``steered`` (both listings). The goal (issue 26): steered serves more pods than uncurated on
+every trace.
+
+Traces: the six MIG-native traces of bench/bench_native.py (bench/data/native) on its 32-GPU
+cluster, and a window of openb (pods 4000-4399 of the bundled pod list, the densest 400-pod
+window starting at a multiple of 500) on that cluster and on half of it.
+
+Usage: python bench/bench_dra.py [--pods N] [--traces NAME,...] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from migpilot.sim import clusters, draalloc, drasim, traces
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "bench" / "data" / "native"
+RESULTS = ROOT / "bench" / "results" / "dra.json"
+CLUSTER = "h100-80gb:2x8,a100-80gb:2x8"
+HALF = "h100-80gb:1x8,a100-80gb:1x8"
+MEMORY_SHARE = 0.5
+SEED = 1
+OPENB_WINDOW = (4000, 4400)
+NATIVE = (
+    "steady-inference-s2",
+    "steady-training-s8",
+    "shift-to-training-s2",
+    "shift-to-inference-s5",
+    "steady-mixed-s11",
+    "shift-to-training-s11",
+)
+RUNS = (
+    (drasim.Variant.UNCURATED, draalloc.DeviceOrder.PROFILE),
+    (drasim.Variant.UNCURATED, draalloc.DeviceOrder.START),
+    (drasim.Variant.PRIORITIZED, draalloc.DeviceOrder.START),
+    (drasim.Variant.STEERED, draalloc.DeviceOrder.PROFILE),
+    (drasim.Variant.STEERED, draalloc.DeviceOrder.START),
+)
+
+
+def _cases(pods: int | None) -> list[tuple[str, traces.Trace, str]]:
+    out: list[tuple[str, traces.Trace, str]] = []
+    for name in NATIVE:
+        trace = traces.parse_native((DATA / f"{name}.csv").read_text(), source=name)
+        if pods is not None:
+            trace = traces.Trace(trace.name, trace.pods[:pods], trace.timed)
+        out.append((name, trace, CLUSTER))
+    reference = clusters.parse(CLUSTER).reference_model
+    openb = traces.bundled_openb(reference)
+    lo, hi = OPENB_WINDOW
+    if pods is not None:
+        hi = lo + pods
+    window = traces.Trace(f"openb[{lo}:{hi}]", openb.pods[lo:hi], openb.timed)
+    out.append((f"openb-{lo}-{hi}", window, CLUSTER))
+    out.append((f"openb-{lo}-{hi}-half", window, HALF))
+    return out
+
+
+def _row(result: drasim.Result, wall: float) -> dict[str, Any]:
+    return {
+        "variant": str(result.variant),
+        "device_order": str(result.settings.order),
+        "pods_total": result.pods_total,
+        "pods_served": result.pods_served,
+        "pods_by_memory": result.pods_by_memory,
+        "served_by_memory": result.served_by_memory,
+        "allocation_ratio": round(result.allocation_ratio, 4),
+        "needed_ratio": round(result.needed_ratio, 4),
+        "memory_ratio": round(result.memory_ratio, 4),
+        "pending_p50_s": round(result.pending_percentile(50), 1),
+        "pending_p95_s": round(result.pending_percentile(95), 1),
+        "oversized_devices": result.oversized_devices,
+        "oversized_extra_slices": result.oversized_extra_slices,
+        "plan_rounds": result.plan_rounds,
+        "steering_misses": result.steering_misses,
+        "slice_writes": result.slice_writes,
+        "search_timeouts": result.timeouts,
+        "wall_seconds": round(wall, 2),
+    }
+
+
+def _case(trace: traces.Trace, cluster_spec: str) -> dict[str, Any]:
+    cluster = clusters.parse(cluster_spec)
+    pods, skipped = drasim.claims_from_trace(trace, cluster, memory_share=MEMORY_SHARE, seed=SEED)
+    rows = []
+    for variant, order in RUNS:
+        started = time.perf_counter()
+        result = drasim.run(pods, cluster, variant, drasim.Settings(order=order))
+        rows.append(_row(result, time.perf_counter() - started))
+    uncurated = [r for r in rows if r["variant"] == "uncurated"]
+    steered = [r for r in rows if r["variant"] == "steered"]
+    best_uncurated = max(r["pods_served"] for r in uncurated)
+    worst_steered = min(r["pods_served"] for r in steered)
+    return {
+        "trace": trace.name,
+        "cluster": cluster_spec,
+        "gpus": cluster.gpu_count,
+        "pods": len(pods),
+        "pods_left_out": skipped,
+        "runs": rows,
+        "best_uncurated_served": best_uncurated,
+        "worst_steered_served": worst_steered,
+        "steered_serves_more": worst_steered > best_uncurated,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--pods", type=int, help="only the first N pods of each trace (a test)")
+    parser.add_argument("--traces", help="comma-separated case names (default: all)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    wanted = {t.strip() for t in args.traces.split(",")} if args.traces else None
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    out: dict[str, Any] = {
+        "command": " ".join(["python", "bench/bench_dra.py", *sys.argv[1:]]),
+        "goal": "steered serves more pods than uncurated (every device order) on every trace",
+        "model": "migpilot.sim.draalloc (kube-scheduler v1.37 structured allocator, incubating "
+        "variant) replayed by migpilot.sim.drasim until each trace's last arrival",
+        "memory_share": MEMORY_SHARE,
+        "seed": SEED,
+        "node_scoring": str(drasim.Settings().scoring),
+        "batch_s": drasim.Settings().batch_s,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_before": [round(x, 2) for x in load_before],
+        },
+        "cases": {},
+    }
+    for name, trace, cluster_spec in _cases(args.pods):
+        if wanted is not None and name not in wanted:
+            continue
+        case = _case(trace, cluster_spec)
+        out["cases"][name] = case
+        runs = "  ".join(
+            f"{r['variant'][:4]}/{r['device_order'][:4]} {r['pods_served']:3}" for r in case["runs"]
+        )
+        print(f"{name:28} {case['pods']:3} pods on {case['gpus']:2} GPUs: {runs}", flush=True)
+    if not out["cases"]:
+        raise SystemExit(f"no case named {sorted(wanted or ())}")
+    out["goal_met"] = all(c["steered_serves_more"] for c in out["cases"].values())
+    out["machine"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    out["wall_seconds"] = round(time.perf_counter() - started, 1)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"steered serves more on every trace: {out['goal_met']}; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,613 @@
+"""Replays a trace on DRA nodes: kube-scheduler's allocator uncurated, or steered by the planner.
+
+Why it exists: issue 26 asks whether steering kube-scheduler's DRA allocation with migpilot's
+planner serves more pods than publishing every MIG placement and letting the scheduler take the
+first that fits, as NVIDIA's driver does. This module answers on a trace, side by side, with the
+allocator of :mod:`migpilot.sim.draalloc`:
+
+- **uncurated**: every placement is offered; a pod's claim is tried as it arrives, and pending
+  claims again after every departure (kube-scheduler's requeue on ResourceSlice and claim
+  changes);
+- **prioritized**: the same, but claims by memory are written as a ``firstAvailable`` list,
+  smallest profile first (what a careful claim author can do without migpilot);
+- **steered**: pods are gated (migpilot's webhook); a batch window after a change the planner
+  (``fast``, as the controller runs it) plans the gated pods on the cluster as it is (allocated
+  placements are used instances); every placement outside its target is tainted
+  ``mig.migpilot.io/unplanned:NoSchedule`` in the node's slice; the planned pods are pinned to
+  their planned node (a node affinity, as the controller pins them) and ungated, and the same
+  allocator places them, in queue order, on what is left untainted there. A device is not tied
+  to a claim (a claim's spec cannot be changed once made), so a pod may take a placement
+  planned for another pod on that node whose claim it also matches; the other one misses and is
+  planned again (counted as :attr:`Result.steering_misses`).
+
+In both, a node is picked among those whose CPU, memory and allocation fit by kube-scheduler's
+default ``NodeResourcesFit`` score (``LeastAllocated``) or ``MostAllocated``; ties go to the
+first node (kube-scheduler breaks them at random; fixed here so runs are deterministic). Devices
+are created when claims are prepared and destroyed when released, so a free placement costs
+nothing and no time is modelled for it, in either variant.
+
+Trace pods become claims (:func:`claims_from_trace`): each MIG request a request of one claim, by
+profile or, for a seeded share of pods, by memory (``memory >= the profile's nominal GB``); a
+pod's GPU-model node selector becomes a condition on the device's ``model`` attribute.
+
+Pure core with mutable state inside one run, like :mod:`migpilot.sim.simulating`: no clock, no
+I/O; randomness only from ``random.Random(seed)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import heapq
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from migpilot import errors
+from migpilot.mig import profiles
+from migpilot.planning import planners, snapshot
+from migpilot.planning import unified as unifying
+from migpilot.sim import clusters, draalloc, traces
+
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+NAMESPACE = "default"
+_GB = 10**9
+_MIB = 2**20
+
+
+class Variant(enum.StrEnum):
+    """How devices are offered and claims written."""
+
+    UNCURATED = "uncurated"
+    PRIORITIZED = "prioritized"
+    STEERED = "steered"
+
+
+class NodeScoring(enum.StrEnum):
+    """kube-scheduler's ``NodeResourcesFit`` scoring strategy (CPU and memory)."""
+
+    LEAST_ALLOCATED = "least-allocated"
+    """The default: the node with the most CPU and memory left."""
+    MOST_ALLOCATED = "most-allocated"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How a run publishes, scores and plans."""
+
+    order: draalloc.DeviceOrder = draalloc.DeviceOrder.PROFILE
+    scoring: NodeScoring = NodeScoring.LEAST_ALLOCATED
+    batch_s: float = 1.0
+    """Steered: the controller plans this long after a change with gated pods (its batch
+    window), then ungates what it planned."""
+    budget: int = draalloc.DEFAULT_BUDGET
+    """Search steps per allocation attempt (the scheduler's filter timeout)."""
+    planner: str = "fast"
+    drain: bool = False
+    """Run until the last pod would have ended had it started at once (pods pending at the last
+    arrival are then served late); ``False``: stop one batch window after the last arrival, so
+    the figures are what the cluster did while the trace ran."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPod:
+    """A trace pod as a DRA user writes it: one claim, and what the planner reads of it."""
+
+    name: str
+    arrival: float
+    duration: float | None
+    claim: draalloc.Claim
+    cpu_milli: int
+    memory_bytes: int
+    by_memory: bool
+    """Its claim selects devices by memory rather than by profile."""
+    planned: snapshot.Pod
+    """The pod as the planner reads it (MIG requests, or a unified request by memory)."""
+    node_labels: tuple[tuple[str, str], ...] = ()
+    """Node labels it still selects (its node selector without the GPU product)."""
+
+
+def memory_mib(profile_name: str) -> int:
+    """A profile's nominal memory as a claim writes it, ``quantity("<N>G")``, in MiB (rounded
+    down): ``3g.40gb`` asks 40 GB, which every ``*.40gb`` instance holds."""
+    return profiles.parse_profile_name(profile_name).gb * _GB // _MIB
+
+
+def _product_models(cluster: clusters.Cluster) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for node in cluster.nodes:
+        product = node.labels.get(PRODUCT_LABEL)
+        if product is not None:
+            out[product] = node.model.id
+    return out
+
+
+def claims_from_trace(
+    trace: traces.Trace,
+    cluster: clusters.Cluster,
+    *,
+    memory_share: float,
+    seed: int,
+) -> tuple[tuple[ClaimPod, ...], int]:
+    """The trace's MIG pods as claim pods, and how many pods were left out (unified or
+    whole-GPU pods, which ask for no MIG profile by name).
+
+    A pod asks by memory with probability ``memory_share`` (a seeded draw per pod, in trace
+    order), otherwise by profile.
+    """
+    if not 0.0 <= memory_share <= 1.0:
+        raise errors.MigpilotError(f"the share of claims by memory is 0..1, got {memory_share}")
+    products = _product_models(cluster)
+    rng = random.Random(seed)
+    out: list[ClaimPod] = []
+    skipped = 0
+    for tp in trace.pods:
+        if not tp.mig or tp.unified is not None or tp.whole:
+            skipped += 1
+            continue
+        by_memory = rng.random() < memory_share
+        model: str | None = None
+        labels: list[tuple[str, str]] = []
+        for key, value in tp.node_selector:
+            if key == PRODUCT_LABEL:
+                model = products.get(value, value)
+            else:
+                labels.append((key, value))
+        requests: list[draalloc.Request] = []
+        for r in tp.mig:
+            if by_memory:
+                sel = draalloc.Selector(min_memory_mib=memory_mib(r.profile), model=model)
+            else:
+                sel = draalloc.Selector(profile=r.profile, model=model)
+            requests.append(draalloc.Request(r.count, (sel,)))
+        if by_memory:
+            asks = tuple(
+                unifying.GpuAsk(count=r.count, memory_mib=memory_mib(r.profile)) for r in tp.mig
+            )
+            reqs = snapshot.Requests(
+                (),
+                tp.cpu_milli,
+                tp.memory_bytes,
+                unified=unifying.UnifiedRequest(asks=asks, mode=unifying.MIG_MODE),
+            )
+        else:
+            reqs = snapshot.Requests(tp.mig, tp.cpu_milli, tp.memory_bytes)
+        planned = snapshot.planned_pod(
+            name=tp.name,
+            namespace=NAMESPACE,
+            requests=reqs,
+            node_selector=dict(tp.node_selector),
+            terms=tp.terms,
+        )
+        out.append(
+            ClaimPod(
+                name=tp.name,
+                arrival=tp.arrival,
+                duration=tp.duration,
+                claim=draalloc.Claim(tuple(requests)),
+                cpu_milli=tp.cpu_milli,
+                memory_bytes=tp.memory_bytes,
+                by_memory=by_memory,
+                planned=planned,
+                node_labels=tuple(labels),
+            )
+        )
+    return tuple(out), skipped
+
+
+@dataclass(frozen=True, slots=True)
+class PodOutcome:
+    """What became of one pod."""
+
+    name: str
+    arrival: float
+    bound_at: float | None
+    node: str | None
+    devices: tuple[str, ...]
+    oversized: int
+    """Devices it got that are larger than the smallest profile fitting its claim (by memory)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """The figures of one run."""
+
+    variant: Variant
+    settings: Settings
+    pods_total: int
+    pods_served: int
+    pods_by_memory: int
+    served_by_memory: int
+    oversized_devices: int
+    """Devices given to claims by memory that are larger than the smallest fitting profile."""
+    oversized_extra_slices: int
+    """Compute slices those devices hold beyond the smallest fitting profile's."""
+    allocation_ratio: float
+    """Time-weighted share of the cluster's compute slices held by pods."""
+    needed_ratio: float
+    """The same, counting for a claim by memory only the compute slices of the smallest
+    profile that fits it (what the pod needed; the rest is what oversizing cost)."""
+    memory_ratio: float
+    """Time-weighted share of the cluster's MIG memory held by pods."""
+    pending_s: tuple[float, ...]
+    """Per pod: from arrival to binding, or to the end for pods not served by then."""
+    plan_rounds: int
+    steering_misses: int
+    slice_writes: int
+    """Steered: ResourceSlice updates the taints took (one per node whose taints changed)."""
+    search_steps: int
+    timeouts: int
+    end: float
+    outcomes: tuple[PodOutcome, ...]
+
+    def pending_percentile(self, q: float) -> float:
+        """Nearest-rank percentile of :attr:`pending_s`."""
+        if not self.pending_s:
+            return 0.0
+        ordered = sorted(self.pending_s)
+        rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+        return ordered[min(rank, len(ordered)) - 1]
+
+
+class _Node:
+    def __init__(self, spec: clusters.NodeSpec, order: draalloc.DeviceOrder) -> None:
+        self.spec = spec
+        self.pool = draalloc.publish(spec.name, spec.model, gpus=spec.gpus, order=order)
+        self.allocated: set[str] = set()
+        self.cpu_free = spec.allocatable.cpu_milli
+        self.mem_free = spec.allocatable.memory_bytes
+        self.taints: draalloc.Taints = draalloc.NO_TAINTS
+        self.version = 0
+
+
+class _Pod:
+    def __init__(self, cp: ClaimPod, index: int) -> None:
+        self.cp = cp
+        self.index = index
+        self.bound_at: float | None = None
+        self.node: _Node | None = None
+        self.devices: tuple[draalloc.Device, ...] = ()
+        self.claim = cp.claim
+        self.oversized = 0
+        self.extra = 0
+
+
+class _Kind(enum.IntEnum):
+    DEPART = 0
+    ARRIVE = 1
+    PLAN = 2
+
+
+class _Run:
+    def __init__(
+        self,
+        pods: Sequence[ClaimPod],
+        cluster: clusters.Cluster,
+        variant: Variant,
+        settings: Settings,
+    ) -> None:
+        self.variant = variant
+        self.settings = settings
+        self.models = tuple({n.model.id: n.model for n in cluster.nodes}.values())
+        self.nodes = [_Node(spec, settings.order) for spec in cluster.nodes]
+        self.pods = [_Pod(cp, i) for i, cp in enumerate(pods)]
+        if variant is Variant.PRIORITIZED:
+            for pod in self.pods:
+                pod.claim = _prioritized(pod.claim, self.models)
+        self.pending: dict[int, _Pod] = {}
+        self.events: list[tuple[float, int, int, int]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.plan_due: float | None = None
+        self.total_slices = sum(n.spec.model.compute_slices * n.spec.gpus for n in self.nodes)
+        self.total_mib = sum(unifying.memory_mib(n.spec.model) * n.spec.gpus for n in self.nodes)
+        self.held_slices = 0
+        self.held_mib = 0
+        self.area = 0.0
+        self.memory_area = 0.0
+        self.plan_rounds = 0
+        self.misses = 0
+        self.slice_writes = 0
+        self.steps = 0
+        self.timeouts = 0
+        # (claim, node index, node version) -> devices or None: a claim tried again on a node
+        # nothing changed on gets the same answer (kube-scheduler's queueing hints skip it too).
+        self.tried: dict[tuple[draalloc.Claim, int, int], tuple[draalloc.Device, ...] | None] = {}
+        self.first = min(p.arrival for p in pods)
+        # One batch window past the last arrival, so that steering plans the last pod too.
+        self.end = max(p.arrival for p in pods) + settings.batch_s
+        if settings.drain:
+            self.end = max(p.arrival + (p.duration or 0.0) for p in pods)
+        self.held_extra = 0
+        self.extra_area = 0.0
+
+    # -- events
+
+    def _push(self, t: float, kind: _Kind, index: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, int(kind), self.seq, index))
+
+    def run(self) -> Result:
+        for pod in self.pods:
+            self._push(pod.cp.arrival, _Kind.ARRIVE, pod.index)
+        while self.events and self.events[0][0] <= self.end:
+            t, kind, _, index = heapq.heappop(self.events)
+            self._advance(t)
+            if kind == _Kind.ARRIVE:
+                self.pending[index] = self.pods[index]
+                if self.variant is Variant.STEERED:
+                    self._plan_soon()
+                else:
+                    self._try_pending()
+            elif kind == _Kind.DEPART:
+                self._depart(self.pods[index])
+                if self.variant is Variant.STEERED:
+                    if self.pending:
+                        self._plan_soon()
+                else:
+                    self._try_pending()
+            else:
+                self.plan_due = None
+                self._plan_round()
+        self._advance(self.end)
+        return self._result()
+
+    def _advance(self, t: float) -> None:
+        if t > self.now:
+            self.area += self.held_slices * (t - self.now)
+            self.memory_area += self.held_mib * (t - self.now)
+            self.extra_area += self.held_extra * (t - self.now)
+            self.now = t
+
+    def _plan_soon(self) -> None:
+        due = self.now + self.settings.batch_s
+        if self.plan_due is None or self.plan_due > due:
+            self.plan_due = due
+            self._push(due, _Kind.PLAN, -1)
+
+    # -- the scheduler
+
+    def _fits_node(self, pod: _Pod, node: _Node) -> bool:
+        if pod.cp.cpu_milli > node.cpu_free or pod.cp.memory_bytes > node.mem_free:
+            return False
+        return all(node.spec.labels.get(k) == v for k, v in pod.cp.node_labels)
+
+    def _allocate(self, pod: _Pod, i: int, node: _Node) -> tuple[draalloc.Device, ...] | None:
+        key = (pod.claim, i, node.version)
+        if key in self.tried:
+            return self.tried[key]
+        found = draalloc.allocate(
+            node.pool,
+            pod.claim,
+            allocated=frozenset(node.allocated),
+            taints=node.taints,
+            budget=self.settings.budget,
+        )
+        self.steps += found.steps
+        self.timeouts += int(found.timed_out)
+        self.tried[key] = found.devices
+        return found.devices
+
+    def _score(self, pod: _Pod, node: _Node) -> float:
+        cap = node.spec.allocatable
+        cpu = (node.cpu_free - pod.cp.cpu_milli) / cap.cpu_milli if cap.cpu_milli else 0.0
+        mem = (node.mem_free - pod.cp.memory_bytes) / cap.memory_bytes if cap.memory_bytes else 0.0
+        free = (cpu + mem) / 2
+        return free if self.settings.scoring is NodeScoring.LEAST_ALLOCATED else -free
+
+    def _schedule(self, pod: _Pod, *, pinned: str | None = None) -> bool:
+        best: tuple[float, int, tuple[draalloc.Device, ...]] | None = None
+        for i, node in enumerate(self.nodes):
+            if pinned is not None and node.spec.name != pinned:
+                continue
+            if not self._fits_node(pod, node):
+                continue
+            devices = self._allocate(pod, i, node)
+            if devices is None:
+                continue
+            score = self._score(pod, node)
+            if best is None or score > best[0]:
+                best = (score, i, devices)
+        if best is None:
+            return False
+        self._bind(pod, self.nodes[best[1]], best[2])
+        return True
+
+    def _bind(self, pod: _Pod, node: _Node, devices: tuple[draalloc.Device, ...]) -> None:
+        for d in devices:
+            if d.name in node.allocated:
+                raise AssertionError(f"{d.name} on {node.spec.name} allocated twice")
+            node.allocated.add(d.name)
+            self.held_slices += d.compute_slices
+            self.held_mib += d.memory_mib
+        node.cpu_free -= pod.cp.cpu_milli
+        node.mem_free -= pod.cp.memory_bytes
+        node.version += 1
+        pod.node, pod.devices, pod.bound_at = node, devices, self.now
+        pod.oversized, pod.extra = self._oversized(pod)
+        self.held_extra += pod.extra
+        del self.pending[pod.index]
+        if pod.cp.duration is not None:
+            self._push(self.now + pod.cp.duration, _Kind.DEPART, pod.index)
+
+    def _depart(self, pod: _Pod) -> None:
+        node = pod.node
+        assert node is not None
+        for d in pod.devices:
+            node.allocated.remove(d.name)
+            self.held_slices -= d.compute_slices
+            self.held_mib -= d.memory_mib
+        node.cpu_free += pod.cp.cpu_milli
+        node.mem_free += pod.cp.memory_bytes
+        node.version += 1
+        self.held_extra -= pod.extra
+
+    def _try_pending(self) -> None:
+        for index in sorted(self.pending):
+            self._schedule(self.pending[index])
+
+    # -- steering
+
+    def _node_snapshot(self, node: _Node) -> snapshot.Node:
+        by_gpu: dict[int, list[snapshot.ExistingInstance]] = {}
+        for name in node.allocated:
+            d = node.pool.by_name[name]
+            by_gpu.setdefault(d.gpu, []).append(snapshot.ExistingInstance(d.profile, d.start, True))
+        gpus = tuple(
+            snapshot.Gpu(
+                i,
+                node.spec.model,
+                tuple(sorted(by_gpu.get(i, []), key=lambda e: e.start)),
+                mig=True,
+            )
+            for i in range(node.spec.gpus)
+        )
+        return snapshot.Node(
+            name=node.spec.name,
+            labels=node.spec.labels,
+            taints=(),
+            unschedulable=False,
+            allocatable=snapshot.Resources(node.cpu_free, node.mem_free),
+            gpus=gpus,
+            capacity=node.spec.allocatable,
+            mode=node.spec.mode,
+        )
+
+    def _plan_round(self) -> None:
+        if not self.pending:
+            return
+        self.plan_rounds += 1
+        gated = [self.pending[i] for i in sorted(self.pending)]
+        snap = snapshot.Snapshot(
+            nodes=tuple(self._node_snapshot(n) for n in self.nodes),
+            pods=tuple(p.cp.planned for p in gated),
+        )
+        plan = planners.run(snap, self.settings.planner)
+        offered: dict[str, set[str]] = {n.spec.name: set() for n in self.nodes}
+        for placement in plan.placements:
+            for inst in placement.instances:
+                offered[placement.node].add(
+                    draalloc.device_name(inst.gpu, inst.profile, inst.start)
+                )
+        for node in self.nodes:
+            taints = draalloc.steering_taints(
+                node.pool, offered=offered[node.spec.name], allocated=node.allocated
+            )
+            if dict(taints) != dict(node.taints):
+                node.taints = taints
+                node.version += 1
+                self.slice_writes += 1
+        planned = {p.pod: p.node for p in plan.placements}
+        served = missed = 0
+        for pod in gated:
+            there = planned.get(pod.cp.planned.key)
+            if there is None:
+                continue
+            # The controller pins a pod to its planned node (a node affinity) as it ungates it.
+            if self._schedule(pod, pinned=there):
+                served += 1
+            else:
+                missed += 1
+        self.misses += missed
+        # A pod whose planned placement another took is planned again soon; each round serves
+        # at least its first planned pod (nothing is taken before it), so this ends.
+        if served and missed:
+            self._plan_soon()
+
+    # -- figures
+
+    def _oversized(self, pod: _Pod) -> tuple[int, int]:
+        if not pod.cp.by_memory:
+            return 0, 0
+        count = extra = 0
+        devices = iter(pod.devices)
+        for request in pod.cp.claim.requests:
+            need = request.alternatives[0].min_memory_mib
+            for _ in range(request.count):
+                d = next(devices)
+                model = next(m for m in self.models if m.id == d.model)
+                smallest = unifying.profile_for(unifying.GpuAsk(count=1, memory_mib=need), model)
+                if smallest is None:
+                    continue
+                best = model.profile_named(smallest)
+                if (d.memory_mib, d.compute_slices) > ((best.memory_mib or 0), best.compute_slices):
+                    count += 1
+                    extra += d.compute_slices - best.compute_slices
+        return count, extra
+
+    def _result(self) -> Result:
+        span = self.end - self.first
+        outcomes: list[PodOutcome] = []
+        pending: list[float] = []
+        served = by_memory = served_memory = oversized = extra = 0
+        for pod in self.pods:
+            if pod.cp.arrival > self.end:
+                continue
+            by_memory += int(pod.cp.by_memory)
+            if pod.bound_at is not None:
+                served += 1
+                served_memory += int(pod.cp.by_memory)
+                pending.append(pod.bound_at - pod.cp.arrival)
+                oversized += pod.oversized
+                extra += pod.extra
+            else:
+                pending.append(max(self.end - pod.cp.arrival, 0.0))
+            outcomes.append(
+                PodOutcome(
+                    name=pod.cp.name,
+                    arrival=pod.cp.arrival,
+                    bound_at=pod.bound_at,
+                    node=pod.node.spec.name if pod.node is not None else None,
+                    devices=tuple(d.name for d in pod.devices),
+                    oversized=pod.oversized,
+                )
+            )
+        return Result(
+            variant=self.variant,
+            settings=self.settings,
+            pods_total=len(outcomes),
+            pods_served=served,
+            pods_by_memory=by_memory,
+            served_by_memory=served_memory,
+            oversized_devices=oversized,
+            oversized_extra_slices=extra,
+            allocation_ratio=self.area / (self.total_slices * span) if span > 0 else 0.0,
+            needed_ratio=(
+                (self.area - self.extra_area) / (self.total_slices * span) if span > 0 else 0.0
+            ),
+            memory_ratio=self.memory_area / (self.total_mib * span) if span > 0 else 0.0,
+            pending_s=tuple(pending),
+            plan_rounds=self.plan_rounds,
+            steering_misses=self.misses,
+            slice_writes=self.slice_writes,
+            search_steps=self.steps,
+            timeouts=self.timeouts,
+            end=self.end,
+            outcomes=tuple(outcomes),
+        )
+
+
+def _prioritized(claim: draalloc.Claim, models: Sequence[profiles.GpuModel]) -> draalloc.Claim:
+    requests = tuple(
+        dataclasses.replace(r, alternatives=draalloc.prioritized(r.alternatives[0], models))
+        if len(r.alternatives) == 1
+        else r
+        for r in claim.requests
+    )
+    return dataclasses.replace(claim, requests=requests)
+
+
+def run(
+    pods: Sequence[ClaimPod],
+    cluster: clusters.Cluster,
+    variant: Variant,
+    settings: Settings | None = None,
+) -> Result:
+    """Replay ``pods`` (arrival order) on ``cluster``'s nodes, all in DRA mode, under
+    ``variant``: arrivals, and departures after each pod's duration once bound, until a batch
+    window after the last arrival (:attr:`Settings.drain`: until the last pod would have
+    ended)."""
+    if not pods:
+        raise errors.MigpilotError("no pod to replay")
+    return _Run(pods, cluster, variant, settings or Settings()).run()

@@ -1,0 +1,207 @@
+"""Replays of claims on DRA nodes: uncurated first-fit, prioritized lists, and steering by the
+planner through device taints."""
+
+from __future__ import annotations
+
+import pytest
+
+from migpilot import errors
+from migpilot.sim import clusters, draalloc, drasim, nativegen, traces
+
+HEADER = "name,arrival,duration,requests,node_selector\n"
+
+
+def _trace(rows: str) -> traces.Trace:
+    return traces.parse_native(HEADER + rows, source="test")
+
+
+def _pods(rows: str, *, memory_share: float = 0.0, cluster: str = "h100-80gb:1x1") -> tuple:
+    return drasim.claims_from_trace(
+        _trace(rows), clusters.parse(cluster), memory_share=memory_share, seed=1
+    )[0]
+
+
+def _served(result: drasim.Result) -> dict[str, tuple[str, ...]]:
+    return {o.name: o.devices for o in result.outcomes if o.bound_at is not None}
+
+
+# 1g, then 4g, then 2g on one H100, each running long after the last arrival.
+FRAGMENTING = (
+    "a,0,1000,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+    "b,10,1000,mig-4g.40gb=1;cpu=1;memory=1Gi,\n"
+    "c,20,1000,mig-2g.20gb=1;cpu=1;memory=1Gi,\n"
+    "z,30,1,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+)
+
+
+def test_first_fit_fragments_a_gpu_that_steering_keeps_whole() -> None:
+    pods = _pods(FRAGMENTING)
+    cluster = clusters.parse("h100-80gb:1x1")
+    uncurated = drasim.run(pods, cluster, drasim.Variant.UNCURATED)
+    # The 1g.10gb takes slot 0, the only start of a 4g.40gb: b waits for ever.
+    assert _served(uncurated) == {
+        "a": ("gpu-0-mig-1g-10gb-0",),
+        "c": ("gpu-0-mig-2g-20gb-2",),
+        "z": ("gpu-0-mig-1g-10gb-1",),
+    }
+    steered = drasim.run(pods, cluster, drasim.Variant.STEERED)
+    served = _served(steered)
+    assert set(served) == {"a", "b", "c"}  # 1 + 4 + 2 compute slices: z finds none left
+    assert served["b"] == ("gpu-0-mig-4g-40gb-0",)
+    assert steered.pods_served == 3 and uncurated.pods_served == 3
+    assert steered.allocation_ratio > uncurated.allocation_ratio
+    # Steered pods wait for the controller's batch window.
+    bound = {o.name: o.bound_at for o in steered.outcomes}
+    assert bound["a"] == pytest.approx(1.0)
+    assert steered.slice_writes >= 1 and steered.plan_rounds >= 3
+
+
+def test_steering_serves_more_pods_when_first_fit_blocks_them() -> None:
+    rows = (
+        "a,0,1000,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+        "b,10,1000,mig-4g.40gb=1;cpu=1;memory=1Gi,\n"
+        "c,20,1000,mig-2g.20gb=1;cpu=1;memory=1Gi,\n"
+        "z,30,1,mig-7g.80gb=1;cpu=1;memory=1Gi,\n"  # no room left for it either way
+    )
+    pods = _pods(rows)
+    cluster = clusters.parse("h100-80gb:1x1")
+    assert drasim.run(pods, cluster, drasim.Variant.UNCURATED).pods_served == 2
+    assert drasim.run(pods, cluster, drasim.Variant.STEERED).pods_served == 3
+
+
+MEMORY = (
+    "a,0,1000,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+    "b,10,1000,mig-2g.20gb=1;cpu=1;memory=1Gi,\n"
+    "c,20,1000,mig-3g.40gb=1;cpu=1;memory=1Gi,\n"
+    "z,30,1,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+)
+
+
+def test_claims_by_memory_get_the_smallest_fitting_profile_when_steered() -> None:
+    pods = _pods(MEMORY, memory_share=1.0, cluster="h100-80gb:1x2")
+    assert all(p.by_memory for p in pods)
+    cluster = clusters.parse("h100-80gb:1x2")
+    start = drasim.Settings(order=draalloc.DeviceOrder.START)
+    uncurated = drasim.run(pods, cluster, drasim.Variant.UNCURATED, start)
+    # Listed by start, the 7g.80gb comes first: a 10 GB claim takes a whole GPU.
+    assert _served(uncurated)["a"] == ("gpu-0-mig-7g-80gb-0",)
+    assert uncurated.oversized_devices >= 2
+    assert uncurated.needed_ratio < uncurated.allocation_ratio
+    steered = drasim.run(pods, cluster, drasim.Variant.STEERED, start)
+    # The smallest fitting profiles (10 GB, 20 GB with one compute slice, 40 GB with three).
+    got = {
+        n: [d.split("-mig-")[1].rsplit("-", 1)[0] for d in ds] for n, ds in _served(steered).items()
+    }
+    assert got == {"a": ["1g-10gb"], "b": ["1g-20gb"], "c": ["3g-40gb"], "z": ["1g-10gb"]}
+    assert steered.oversized_devices == 0
+    assert steered.needed_ratio == pytest.approx(steered.allocation_ratio)
+    prioritized = drasim.run(pods, cluster, drasim.Variant.PRIORITIZED, start)
+    assert prioritized.oversized_devices == 0
+    assert _served(prioritized)["a"] == ("gpu-0-mig-1g-10gb-0",)
+
+
+def test_a_departure_lets_a_pending_claim_in() -> None:
+    rows = (
+        "a,0,10,mig-7g.80gb=1;cpu=1;memory=1Gi,\n"
+        "b,1,100,mig-3g.40gb=1;cpu=1;memory=1Gi,\n"
+        "z,50,1,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+    )
+    pods = _pods(rows)
+    cluster = clusters.parse("h100-80gb:1x1")
+    for variant in drasim.Variant:
+        result = drasim.run(pods, cluster, variant)
+        bound = {o.name: o.bound_at for o in result.outcomes}
+        # Steered, a is bound a batch window late (1 s), leaves at 11, and b's plan is a batch
+        # window after that.
+        expected = 12.0 if variant is drasim.Variant.STEERED else 10.0
+        assert bound["b"] == pytest.approx(expected)
+        assert result.pending_s[1] == pytest.approx(bound["b"] - 1.0)
+
+
+def test_cpu_and_node_scoring_pick_the_node() -> None:
+    rows = "a,0,100,mig-1g.10gb=1;cpu=1;memory=1Gi,\nb,1,100,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+    pods = _pods(rows, cluster="h100-80gb:2x1")
+    cluster = clusters.parse("h100-80gb:2x1")
+    spread = drasim.run(pods, cluster, drasim.Variant.UNCURATED)
+    assert {o.node for o in spread.outcomes} == {n.name for n in cluster.nodes}
+    packed = drasim.run(
+        pods,
+        cluster,
+        drasim.Variant.UNCURATED,
+        drasim.Settings(scoring=drasim.NodeScoring.MOST_ALLOCATED),
+    )
+    assert len({o.node for o in packed.outcomes}) == 1
+
+
+def test_claims_from_a_trace() -> None:
+    cluster = clusters.parse("h100-80gb:1x8,a100-80gb:1x8")
+    rows = (
+        "a,0,10,mig-3g.40gb=2;cpu=1;memory=1Gi,nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB\n"
+        "b,1,10,gpu=1;gpumem=8000;cpu=1;memory=1Gi,\n"
+        "c,2,10,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+    )
+    by_profile, skipped = drasim.claims_from_trace(_trace(rows), cluster, memory_share=0.0, seed=3)
+    assert skipped == 1 and [p.name for p in by_profile] == ["a", "c"]
+    assert by_profile[0].claim == draalloc.Claim(
+        (draalloc.Request(2, (draalloc.Selector(profile="3g.40gb", model="a100-80gb"),)),)
+    )
+    assert by_profile[0].planned.mig and by_profile[0].planned.unified is None
+    by_memory, _ = drasim.claims_from_trace(_trace(rows), cluster, memory_share=1.0, seed=3)
+    sel = by_memory[0].claim.requests[0].alternatives[0]
+    assert sel == draalloc.Selector(min_memory_mib=38146, model="a100-80gb")
+    assert by_memory[0].planned.unified is not None and not by_memory[0].planned.mig
+    assert drasim.memory_mib("1g.10gb") == 9536
+    with pytest.raises(errors.MigpilotError, match="0..1"):
+        drasim.claims_from_trace(_trace(rows), cluster, memory_share=1.5, seed=3)
+    with pytest.raises(errors.MigpilotError, match="no pod"):
+        drasim.run((), cluster, drasim.Variant.UNCURATED)
+
+
+def test_the_share_of_claims_by_memory_follows_the_seed() -> None:
+    cluster = clusters.parse("h100-80gb:1x8")
+    trace = traces.parse_native(nativegen.generate("steady-mixed", seed=2, pods=200), source="t")
+    a, _ = drasim.claims_from_trace(trace, cluster, memory_share=0.5, seed=7)
+    b, _ = drasim.claims_from_trace(trace, cluster, memory_share=0.5, seed=7)
+    c, _ = drasim.claims_from_trace(trace, cluster, memory_share=0.5, seed=8)
+    assert [p.by_memory for p in a] == [p.by_memory for p in b] != [p.by_memory for p in c]
+    assert 60 < sum(p.by_memory for p in a) < 140
+
+
+def test_replays_are_deterministic_and_never_allocate_a_device_twice() -> None:
+    cluster = clusters.parse("h100-80gb:1x4,a100-80gb:1x4")
+    trace = traces.parse_native(nativegen.generate("steady-mixed", seed=2, pods=80), source="t")
+    pods, _ = drasim.claims_from_trace(trace, cluster, memory_share=0.5, seed=1)
+    for variant in drasim.Variant:
+        first = drasim.run(pods, cluster, variant)
+        assert drasim.run(pods, cluster, variant) == first
+        # At every binding, the devices of pods still running on that node are distinct.
+        running: list[tuple[float, float, str, str]] = []
+        by_name = {p.name: p for p in pods}
+        for o in first.outcomes:
+            if o.bound_at is None:
+                continue
+            stop = o.bound_at + (by_name[o.name].duration or float("inf"))
+            running.extend((o.bound_at, stop, o.node or "", d) for d in o.devices)
+        for i, (t0, t1, node, dev) in enumerate(running):
+            for u0, u1, other, dev2 in running[i + 1 :]:
+                if node == other and dev == dev2:
+                    assert t1 <= u0 or u1 <= t0, (node, dev)
+
+
+def test_steering_packs_small_claims_and_keeps_a_gpu_whole_for_a_big_one() -> None:
+    rows = (
+        "a,0,1000,mig-1g.10gb=1;cpu=8;memory=1Gi,\n"
+        "b,10,1000,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+        "z,30,1000,mig-7g.80gb=1;cpu=1;memory=1Gi,\n"
+    )
+    pods = _pods(rows, cluster="h100-80gb:2x1")
+    cluster = clusters.parse("h100-80gb:2x1")
+    nodes = [n.name for n in cluster.nodes]
+    uncurated = drasim.run(pods, cluster, drasim.Variant.UNCURATED)
+    # kube-scheduler's default score sends b to the node with the most CPU left: both GPUs
+    # are cut, and the 7g.80gb finds none whole.
+    assert [o.node for o in uncurated.outcomes] == [nodes[0], nodes[1], None]
+    steered = drasim.run(pods, cluster, drasim.Variant.STEERED)
+    # The planner packs b beside a, and the controller pins b there: z gets the other GPU.
+    assert [o.node for o in steered.outcomes] == [nodes[0], nodes[0], nodes[1]]
+    assert _served(steered)["z"] == ("gpu-0-mig-7g-80gb-0",)
