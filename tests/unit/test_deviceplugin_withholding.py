@@ -143,14 +143,14 @@ def _race(
     """An Allocate held up between its check and its record while the reconciler withholds
     ``victim`` and re-checks in-use; what that re-check saw."""
     entered, go = threading.Event(), threading.Event()
-    ledger = plugin._ledger  # noqa: SLF001 - the only place to hold an Allocate up mid-record
+    ledger = plugin._ledger  # the only place to hold an Allocate up mid-record
     monkeypatch.setattr(ledger, what, _blocking(getattr(ledger, what), entered, go))
     failures: list[BaseException] = []
 
     def run_allocate() -> None:
         try:
             allocate()
-        except BaseException as err:  # noqa: BLE001 - reported by the test
+        except BaseException as err:  # reported by the test
             failures.append(err)
 
     seen: list[bool] = []
@@ -176,7 +176,8 @@ def test_a_withhold_waits_for_an_allocate_between_its_check_and_its_record(
     plugin: serving.DevicePlugin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     victim = uuid(0, 1)
-    _race(plugin, lambda: plugin.allocate_containers(R1G, [[victim]]), victim, monkeypatch, "record")
+    allocate = lambda: plugin.allocate_containers(R1G, [[victim]])  # noqa: E731
+    _race(plugin, allocate, victim, monkeypatch, "record")
 
 
 # -- the unified nvidia.com/gpu path (docs/unified.md) -------------------------------------------
