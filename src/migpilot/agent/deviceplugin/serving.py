@@ -472,8 +472,11 @@ class DevicePlugin:
                 return
             self._withheld = withheld
         with self._lock:
+            # The newest, not this call's: a later call that set it first may have published
+            # already, and must not be undone by this one.
+            newest = self._withheld
             for server in self._servers.values():
-                server.withhold(withheld)
+                server.withhold(newest)
         if withheld:
             _log.info("not handing out %s: being destroyed", ", ".join(sorted(withheld)))
 
