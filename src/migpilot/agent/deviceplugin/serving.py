@@ -470,6 +470,7 @@ class DevicePlugin:
         with self._handing:
             if withheld == self._withheld:
                 return
+            added = withheld - self._withheld
             self._withheld = withheld
         with self._lock:
             # The newest, not this call's: a later call that set it first may have published
@@ -477,8 +478,8 @@ class DevicePlugin:
             newest = self._withheld
             for server in self._servers.values():
                 server.withhold(newest)
-        if withheld:
-            _log.info("not handing out %s: being destroyed", ", ".join(sorted(withheld)))
+        if added:
+            _log.info("not handing out %s: being destroyed", ", ".join(sorted(added)))
 
     def stop(self) -> None:
         """Stop the watcher and every server; sockets are removed."""
