@@ -97,6 +97,26 @@ def test_device_changes_stream_without_restart(
     assert kubelet.client(R3G) is streams[R3G]
 
 
+def test_a_withheld_device_leaves_the_stream_and_allocate_refuses_it(
+    kubelet: FakeKubelet, plugin: serving.DevicePlugin
+) -> None:
+    # The agent is destroying MIG-0-1g.10gb-1: the kubelet is sent the list without it at once
+    # (not at the pass's end), on the same stream, and an Allocate that still names it fails.
+    kubelet.wait_registered(GPU, R1G, R3G)
+    stream = kubelet.client(R1G)
+    plugin.withhold(frozenset({"MIG-0-1g.10gb-1"}))
+    kubelet.wait_devices(R1G, {"MIG-0-1g.10gb-0": H})
+    assert kubelet.devices(R3G) == {"MIG-0-3g.40gb-4": H}
+    with pytest.raises(grpc.RpcError) as err:
+        kubelet.allocate(R1G, ["MIG-0-1g.10gb-1"])
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown device: MIG-0-1g.10gb-1 (being destroyed" in (err.value.details() or "")
+    # The destroy was refused after all: listed again when the pass ends.
+    plugin.withhold(frozenset())
+    kubelet.wait_devices(R1G, {"MIG-0-1g.10gb-0": H, "MIG-0-1g.10gb-1": H})
+    assert kubelet.client(R1G) is stream and kubelet.registrations(R1G) == 1
+
+
 def test_invalid_single_view_changes_nothing(kubelet: FakeKubelet) -> None:
     node = make_node([[("1g.10gb", 0)], [("1g.10gb", 0)]])
     dp = serving.DevicePlugin(settings(kubelet, strategy=devices.MigStrategy.SINGLE))

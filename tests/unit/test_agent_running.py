@@ -15,7 +15,7 @@ import tempfile
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from migpilot import errors
 from migpilot.agent import metrics, reconciling, running
-from migpilot.agent.deviceplugin import devices, podresources, serving
+from migpilot.agent.deviceplugin import allocating, devices, podresources, serving
 from migpilot.agent.rules import changes
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.mig import catalog
@@ -114,18 +114,19 @@ def make_node(
     extra_in_use: reconciling.InUse | None = None,
     strategy: devices.MigStrategy = devices.MigStrategy.MIXED,
     reuse: Node | None = None,
+    emulator: emulated.EmulatedBackend | None = None,
 ) -> Node:
-    """An agent on ``gpus`` emulated H100s; with ``reuse``, a restarted agent on that node's
-    GPUs, clock and files (the old agent must be stopped)."""
+    """An agent on ``gpus`` emulated H100s (or on ``emulator``); with ``reuse``, a restarted
+    agent on that node's GPUs, clock and files (the old agent must be stopped)."""
     config = root / "mig-parted.yaml"
     if not config.exists():  # a restart (same root, same GPUs) keeps what is there
         config.write_text(CONFIG)
     (root / "device-plugins").mkdir(exist_ok=True)
     clock = clocks.VirtualClock() if reuse is None else reuse.clock
     emu = (
-        emulated.EmulatedBackend([H100] * gpus, clock=clock, durable=False)
-        if reuse is None
-        else reuse.gpus
+        reuse.gpus
+        if reuse is not None
+        else emulator or emulated.EmulatedBackend([H100] * gpus, clock=clock, durable=False)
     )
     plugin = serving.DevicePlugin(
         serving.PluginSettings(
@@ -243,6 +244,90 @@ def test_a_handed_out_device_is_never_destroyed(
     with caplog.at_level(logging.WARNING, logger="migpilot.agent.running"):
         node.agent.reconcile()
     assert not [r for r in caplog.records if taken in r.getMessage()]
+
+
+class _AllocatesDuringDestroy(emulated.EmulatedBackend):
+    """One H100 that calls ``allocate`` with the first instance the reconciler destroys, just
+    before destroying it (after the reconciler's last in-use check): a kubelet's Allocate
+    landing inside the destroy."""
+
+    def __init__(self) -> None:
+        super().__init__([H100], durable=False)
+        self.allocate: Callable[[backend.MigDevice], None] | None = None
+
+    def destroy_instance(self, gpu: int, gi_id: int) -> None:
+        if self.allocate is not None:
+            allocate, self.allocate = self.allocate, None
+            (dev,) = [d for d in self.mig_devices(gpu) if d.gi_id == gi_id]
+            allocate(dev)
+        super().destroy_instance(gpu, gi_id)
+
+
+def test_an_allocate_inside_a_destroy_is_refused(root: pathlib.Path) -> None:
+    # The destroy race of the 35-minute soak, on the device plugin's path: the plugin kept
+    # advertising the instance until the pass ended and Allocate checked only that list, so
+    # the kubelet could be given an instance the pass destroyed.
+    gpus = _AllocatesDuringDestroy()
+    node = make_node(root, emulator=gpus)
+    try:
+        node.agent.start()
+        seen: dict[str, object] = {}
+
+        def allocate(dev: backend.MigDevice) -> None:
+            assert dev.uuid is not None
+            resource = f"nvidia.com/mig-{dev.profile}"
+            seen["uuid"], seen["listed"] = dev.uuid, set(node.advertised()[resource])
+            try:
+                node.plugin.allocate_containers(resource, [[dev.uuid]])
+            except allocating.AllocationError as err:
+                seen["refused"] = str(err)
+
+        gpus.allocate = allocate
+        node.write_config(as_balanced("all-1g.10gb"))
+        assert node.agent.tick() is not None
+        victim = seen["uuid"]
+        assert victim not in seen["listed"]  # no longer sent to the kubelet
+        assert "being destroyed" in str(seen.get("refused"))
+        assert node.layout(0) == [f"1g.10gb@{s}" for s in range(7)]
+        assert victim not in node.plugin.handed_out()
+        # Withheld only while the pass ran: every instance is advertised and handed out.
+        listed = node.advertised()[R1G]
+        assert len(listed) == 7
+        node.plugin.allocate_containers(R1G, [sorted(listed)])
+    finally:
+        node.agent.stop()
+
+
+def test_an_allocate_just_before_the_withhold_keeps_its_instance(root: pathlib.Path) -> None:
+    # The other order: handed out after the pass planned the destroy, before the withhold.
+    # The reconciler's in-use check after the withhold sees it in the ledger.
+    node = make_node(root, gpus=1)
+    try:
+        node.agent.start()
+        withhold = node.plugin.withhold
+        taken: list[str] = []
+
+        def allocate_then_withhold(device_ids: frozenset[str]) -> None:
+            if device_ids and not taken:
+                (victim,) = device_ids
+                (resource,) = [r for r, devs in node.advertised().items() if victim in devs]
+                node.plugin.allocate_containers(resource, [[victim]])
+                taken.append(victim)
+            withhold(device_ids)
+
+        node.plugin.withhold = allocate_then_withhold  # type: ignore[method-assign]
+        node.write_config(as_balanced("all-1g.10gb"))
+        report = node.agent.tick()
+        assert report is not None and taken
+        (victim,) = taken
+        assert victim in {d.uuid for d in node.gpus.mig_devices(0)}  # not destroyed
+        assert [a.detail for a in report.applied if a.change.uuid == victim] == [
+            "became in use; not destroyed"
+        ]
+        assert victim in node.plugin.handed_out()
+        assert any(victim in devs for devs in node.advertised().values())  # withheld no more
+    finally:
+        node.agent.stop()
 
 
 def test_a_handed_out_device_survives_an_agent_restart(root: pathlib.Path) -> None:

@@ -537,3 +537,109 @@ def test_a_counted_pod_a_later_plan_refuses_is_not_also_let_go_for_an_autoscaler
     step = _scale_step(gone, memory, now=6.0)
     assert [j.verdict for j in step.judged] == [control.Verdict.REFUSE]
     assert step.scale_out == () and step.memory.unplaced == {}
+
+
+# --------------------------------------------------------------------------- avoiding a node
+
+
+def _expire_on(node: str, *, stolen: bool = False) -> control.Memory:
+    """The memory after ``default/p``'s reservation on ``node`` expired at 61 s (unused, or
+    stolen)."""
+    reserved = _held(_reserved("default/p", node=node, stolen=stolen), advertised={node: {}})
+    memory = _step(reserved, now=0.0).memory
+    expired = _step(reserved, memory, now=61.0)
+    assert [(e.pod, e.node, e.stolen) for e in expired.expired] == [("default/p", node, stolen)]
+    return expired.memory
+
+
+def _plan_at(
+    memory: control.Memory, *nodes: snapshot.Node, pods: tuple[snapshot.Pod, ...], now: float
+) -> plans.Plan:
+    """The plan of the first step at ``now`` with ``pods`` waiting on ``nodes``."""
+    observed = control.Observed(snapshot.Snapshot(nodes=nodes, pods=pods))
+    due = dataclasses.replace(memory, batch=control.Batch(due=now, dirty=True))
+    plan = _step(observed, due, now=now).plan
+    assert plan is not None
+    return plan
+
+
+def _where(plan: plans.Plan, pod: str = "default/p") -> str | None:
+    placement = plan.placement_of(pod)
+    return placement.node if placement is not None else None
+
+
+def test_after_its_reservation_on_a_node_expired_a_pod_is_planned_elsewhere() -> None:
+    a, b = _node("a"), _node("b")
+    p = _pod("p", ("3g.40gb", 1))
+    # Without the expiry the planner puts it on a (the first of two alike nodes).
+    assert _where(_plan_at(control.Memory(), a, b, pods=(p,), now=62.0)) == "a"
+    memory = _expire_on("a")
+    assert memory.avoid == {("default/p", "a"): 361.0}  # 300 s after the expiry
+    assert _where(_plan_at(memory, a, b, pods=(p,), now=62.0)) == "b"
+    # Other pods are planned as before.
+    q = _pod("q", ("3g.40gb", 1))
+    assert _where(_plan_at(memory, a, b, pods=(q,), now=62.0), "default/q") == "a"
+    # Once the time is over the node is planned again, and forgotten.
+    later = _step(control.Observed(snapshot.Snapshot(nodes=(a, b), pods=())), memory, now=361.0)
+    assert later.memory.avoid == {}
+    assert _where(_plan_at(memory, a, b, pods=(p,), now=361.0)) == "a"
+
+
+def test_a_pod_only_the_avoided_node_can_hold_stays_there() -> None:
+    a, b = _node("a"), _full("b")  # b's only GPU is used
+    p = _pod("p", ("3g.40gb", 1))
+    assert _where(_plan_at(_expire_on("a"), a, b, pods=(p,), now=62.0)) == "a"
+    # Nor does a node selector that admits only a make it wait.
+    other = dataclasses.replace(_node("b"), labels=MappingProxyType({"zone": "b"}))
+    only_a = _pod("p", ("3g.40gb", 1), selector={"zone": "a"})
+    assert _where(_plan_at(_expire_on("a"), a, other, pods=(only_a,), now=62.0)) == "a"
+
+
+def test_keeping_a_pod_off_its_avoided_node_never_makes_another_wait() -> None:
+    # b might hold p, but q (which only b admits) needs b's one GPU: the plan keeping p off a
+    # leaves q unplaced, so the plan with a is taken.
+    a = _node("a")
+    b = dataclasses.replace(_node("b"), labels=MappingProxyType({"zone": "b"}))
+    p = _pod("p", ("7g.80gb", 1))
+    q = _pod("q", ("7g.80gb", 1), selector={"zone": "b"})
+    plan = _plan_at(_expire_on("a"), a, b, pods=(p, q), now=62.0)
+    assert (_where(plan), _where(plan, "default/q")) == ("a", "b")
+
+
+def test_a_stolen_reservation_does_not_make_its_node_avoided() -> None:
+    memory = _expire_on("a", stolen=True)
+    assert memory.avoid == {}
+    p = _pod("p", ("3g.40gb", 1))
+    assert _where(_plan_at(memory, _node("a"), _node("b"), pods=(p,), now=62.0)) == "a"
+
+
+def test_avoiding_can_be_turned_off_and_refuses_a_bad_time() -> None:
+    off = control.Settings(batch_window_s=1.0, avoid_after_expiry_s=0.0)
+    reserved = _held(_reserved("default/p", node="a"), advertised={"a": {}})
+    memory = control.reconcile(
+        reserved, control.Memory(), now=0.0, settings=off, planner=_planner
+    ).memory
+    step = control.reconcile(reserved, memory, now=61.0, settings=off, planner=_planner)
+    assert [e.pod for e in step.expired] == ["default/p"] and step.memory.avoid == {}
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(errors.MigpilotError, match="avoided after a reservation expired"):
+            control.Settings(avoid_after_expiry_s=bad)
+
+
+def test_keeping_a_pod_off_nodes_adds_to_each_term_of_its_affinity() -> None:
+    seen: list[snapshot.Pod] = []
+
+    def planner(snap: snapshot.Snapshot) -> plans.Plan:
+        seen.extend(snap.pods)
+        return _planner(snap)
+
+    zone = snapshot.Requirement("zone", "In", ("a",))
+    p = dataclasses.replace(_pod("p", ("1g.10gb", 1)), affinity=((zone,), ()))
+    nodes = (_node("a"), _node("b"), _node("c"))
+    plan = control.avoiding(planner, {"default/p": frozenset({"b", "a"})})(
+        snapshot.Snapshot(nodes=nodes, pods=(p,))
+    )
+    away = snapshot.Requirement("metadata.name", "NotIn", ("a", "b"), field=True)
+    # Planned kept off a and b (an empty term still matches no node), then as it is.
+    assert [s.affinity for s in seen] == [((zone, away), ()), ((zone,), ())]
+    assert _where(plan) == "c"

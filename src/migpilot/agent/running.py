@@ -413,8 +413,9 @@ class PassListener(Protocol):
 
 @runtime_checkable
 class Withholding(Protocol):
-    """A part that hands devices to pods (the stand-in kubelet) and can be told to hand some
-    to no new pod: MIG devices the reconciler is about to destroy, until the pass ends."""
+    """A part that hands devices to pods (the device plugin, the stand-in kubelet) and can be
+    told to hand some to no new pod: MIG devices the reconciler is about to destroy, until the
+    pass ends."""
 
     def withhold(self, device_ids: frozenset[str]) -> None:
         """From now on, give none of ``device_ids`` to a pod that does not hold it already
@@ -668,15 +669,17 @@ class Agent:
             return report
 
     def _withhold(self, device_ids: frozenset[str]) -> None:
-        """The reconciler is about to destroy ``device_ids``: the stand-in kubelet gives
-        them to no new pod from now until the pass's end. Without it a pod bound mid-pass was
-        given, from the view advertised before the pass, an instance the pass destroyed (the
-        35-minute soak's used-destroyed)."""
+        """The reconciler is about to destroy ``device_ids``: the device plugin and the
+        stand-in kubelet give them to no new pod from now until the pass's end. Without it a
+        pod bound mid-pass was given, from the view advertised before the pass, an instance
+        the pass destroyed (the 35-minute soak's used-destroyed)."""
         with self._withheld_lock:
             self._tell_withheld(self._withheld | device_ids)
 
     def _tell_withheld(self, device_ids: frozenset[str]) -> None:
         self._withheld = device_ids
+        if isinstance(self._plugin, Withholding):
+            self._plugin.withhold(device_ids)
         if isinstance(self._listener, Withholding):
             self._listener.withhold(device_ids)
 

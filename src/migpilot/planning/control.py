@@ -33,6 +33,12 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   at once when another pod took what it reserves (*stolen*). A pod let go with its node
   affinity naming its node keeps its reservation however long kube-scheduler takes, unless
   stolen. Its pod is planned again.
+- **Avoiding a node that let a reservation expire.** A pod whose reservation on a node expired
+  because it was not usable in time (not a stolen one) is kept off that node by the plans of
+  the next :attr:`Settings.avoid_after_expiry_s` (:func:`avoiding`), while another node might
+  hold it: a node whose agent or device plugin never makes reservations usable would otherwise
+  be given the pod again and again, each time for a timeout. The node is ranked last, never
+  forbidden: a plan that leaves the pod unplaced without that node is made again with it.
 - **Pinning.** Reserved pods are let go to kube-scheduler, pinned to their node, in the order
   of their keys, once every instance is made, the node still admits the pod (not cordoned, no
   new taint it does not tolerate: a node being drained or consolidated) and the node
@@ -113,6 +119,12 @@ class Settings:
     full_replan_s: float | None = 60.0
     """Seconds after a full replan at which the next plan is full again whatever changed;
     ``None``: only when capacity grows. Default 60."""
+    avoid_after_expiry_s: float = 300.0
+    """Seconds after a pod's reservation on a node expired unused during which the plans keep
+    the pod off that node while another might hold it (:func:`avoiding`); 0: never. Default
+    300, five default timeouts: a node whose device plugin never makes reservations usable is
+    not tried again every minute, one with a passing fault is used again soon, and a long
+    time costs little, as the pod still goes there when no other node takes it."""
 
     def __post_init__(self) -> None:
         if not self.batch_window_s >= 0:
@@ -128,6 +140,12 @@ class Settings:
         if every is not None and (not every > 0 or math.isinf(every)):
             raise errors.MigpilotError(
                 f"the full replan period must be a finite number of seconds over 0, got {every}"
+            )
+        avoid = self.avoid_after_expiry_s
+        if not avoid >= 0 or math.isinf(avoid):
+            raise errors.MigpilotError(
+                "the time a node is avoided after a reservation expired there must be a finite "
+                f"number of seconds, 0 or more, got {avoid}"
             )
         grace = self.scale_out_after_s
         if grace is not None and (not grace >= 0 or math.isinf(grace)):
@@ -483,6 +501,9 @@ class Memory:
     backlog: incremental.Backlog | None = None
     """What the loop remembers of the last full replan for incremental passes: the pods found
     unplaceable and the nodes as last seen; ``None`` before the first full replan."""
+    avoid: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    """(pod, node) whose reservation there expired unused -> until when the plans keep the pod
+    off the node (:func:`avoiding`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,10 +633,18 @@ def reconcile(
     expired = _expired(observed, since, made_since, now=now, settings=settings)
     gone = {e.pod for e in expired}
     pins, waits = _pins(observed, gone, since, now=now, settings=settings)
+    avoid = _avoid(memory.avoid, expired, now=now, settings=settings)
     backlog = memory.backlog
     if backlog is not None:
         backlog = incremental.observe(backlog, snap)
-    planned = decide(snap, batch, now=now, planner=planner, backlog=backlog, settings=settings)
+    planned = decide(
+        snap,
+        batch,
+        now=now,
+        planner=avoiding(planner, _by_pod(avoid)) if avoid else planner,
+        backlog=backlog,
+        settings=settings,
+    )
     plan = planned.plan
     unfit: tuple[str, ...] = ()
     if plan is not None:
@@ -632,6 +661,7 @@ def reconcile(
         made_since=MappingProxyType(made_since),
         unplaced=MappingProxyType(unplaced),
         backlog=backlog if settings.incremental else None,
+        avoid=MappingProxyType(avoid),
     )
     return Decision(
         memory=kept,
@@ -692,6 +722,73 @@ def _expired(
             continue
         out.append(Expiry(key, r.node, r.stolen, message))
     return tuple(out)
+
+
+def _avoid(
+    before: Mapping[tuple[str, str], float],
+    expired: Sequence[Expiry],
+    *,
+    now: float,
+    settings: Settings,
+) -> dict[tuple[str, str], float]:
+    """(pod, node) -> until when the plans keep the pod off the node: those still on, and the
+    reservations that expired unused now. A stolen one is not the node's doing (another pod
+    took its instances): its node is not avoided."""
+    out = {k: until for k, until in before.items() if until > now}
+    if settings.avoid_after_expiry_s > 0:
+        for e in expired:
+            if not e.stolen:
+                out[(e.pod, e.node)] = now + settings.avoid_after_expiry_s
+    return out
+
+
+def _by_pod(avoid: Mapping[tuple[str, str], float]) -> dict[str, frozenset[str]]:
+    nodes: dict[str, set[str]] = {}
+    for pod, node in avoid:
+        nodes.setdefault(pod, set()).add(node)
+    return {pod: frozenset(names) for pod, names in nodes.items()}
+
+
+def avoiding(planner: Planner, avoid: Mapping[str, frozenset[str]]) -> Planner:
+    """``planner``, keeping each pod of ``avoid`` off the nodes named for it (where its
+    reservation expired unused) while another node of the snapshot might hold it
+    (:func:`incremental.might_hold`): the pod is given a required node affinity excluding
+    them, for the planner only. Ranked last, never forbidden: the snapshot is also planned as
+    it is, and that plan is taken when the other leaves unplaced a pod kept off (its avoided
+    node is better than waiting) or places fewer pods (keeping one pod off a node must not
+    make another wait). Two plans only while such a pod waits to be planned, which is rare
+    and brief: a placed pod is no longer planned. One place for the rule: the controller and
+    the simulator plan through it."""
+
+    def plan(snap: snapshot.Snapshot) -> plans.Plan:
+        kept_off: dict[str, frozenset[str]] = {}
+        for pod in snap.pods:
+            nodes = avoid.get(pod.key)
+            if nodes and any(
+                n.name not in nodes and incremental.might_hold(pod, n) for n in snap.nodes
+            ):
+                kept_off[pod.key] = nodes
+        if not kept_off:
+            return planner(snap)
+        pods = tuple(_kept_off(p, kept_off[p.key]) if p.key in kept_off else p for p in snap.pods)
+        found = planner(replace(snap, pods=pods))
+        plain = planner(snap)
+        if any(u.pod in kept_off for u in found.unschedulable) or len(found.placements) < len(
+            plain.placements
+        ):
+            return plain
+        return found
+
+    return plan
+
+
+def _kept_off(pod: snapshot.Pod, nodes: frozenset[str]) -> snapshot.Pod:
+    """``pod`` admitted nowhere in ``nodes``: each term of its required node affinity (or a new
+    one) also requires the node's name not in them. An empty term matches no node and stays
+    empty."""
+    away = snapshot.Requirement("metadata.name", "NotIn", tuple(sorted(nodes)), field=True)
+    terms = tuple((*t, away) if t else t for t in pod.affinity) or ((away,),)
+    return replace(pod, affinity=terms)
 
 
 def _pins(

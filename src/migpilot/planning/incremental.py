@@ -279,6 +279,12 @@ def _could_hold(pod: snapshot.Pod, node: snapshot.Node, cache: _Cache) -> bool:
     return constraints.rejection(node, pod) is None
 
 
+def might_hold(pod: snapshot.Pod, node: snapshot.Node) -> bool:
+    """Whether ``node`` might hold ``pod`` now: false only when it certainly cannot (the pass's
+    sound filter, for one pod and one node)."""
+    return _could_hold(pod, node, _Cache())
+
+
 def _room(asked: tuple[int, int] | None, most: int, total: int) -> bool:
     """Whether ``most`` free memory slices on one GPU and ``total`` on the node's GPUs of one
     model leave room for what a pod asks there (``asked``: :meth:`_Cache.ask`)."""

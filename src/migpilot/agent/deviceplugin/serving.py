@@ -18,7 +18,11 @@ again from the API and the call waits up to ``allocate_wait_s`` before failing. 
 whose reservation is an MPS slice (a node in mode ``mps``) gets the slice's MPS answer
 (:func:`slices.container_allocation`), not a MIG device's. With a :class:`CdiSink` (the
 cdi-cri strategy, ``docs/cdi.md``) the CDI spec of a view is written before any server publishes
-it, and a device it has no entry for is advertised Unhealthy. This module
+it, and a device it has no entry for is advertised Unhealthy. MIG devices the agent is
+destroying are withheld (:meth:`DevicePlugin.withhold`) until its pass ends: left out of the
+lists sent, and an Allocate naming one is refused as an unknown device, the check and the
+ledger's record made under the lock withhold takes, so the reconciler's in-use check that
+follows a withhold sees every device handed out before it. This module
 and ``podresources`` are the only ones that speak to the kubelet.
 """
 
@@ -164,12 +168,21 @@ def _encode_devices(resource: devices.Resource) -> Any:
 class _ResourceServer:
     """One resource's gRPC server and the list its ListAndWatch streams send."""
 
-    def __init__(self, resource: devices.Resource, plugin: DevicePlugin) -> None:
+    def __init__(
+        self,
+        resource: devices.Resource,
+        plugin: DevicePlugin,
+        *,
+        withheld: frozenset[str] = frozenset(),
+    ) -> None:
         self.name = resource.name
         self.socket_path = plugin.settings.plugin_dir / resource.socket_name
         self._plugin = plugin
         self._cond = threading.Condition()
         self._resource = resource
+        self._withheld = withheld
+        """Devices (by :func:`held_key`) left out of the list the streams send: the agent is
+        destroying them (:meth:`DevicePlugin.withhold`)."""
         self._generation = 0
         self._epoch = 0
         self._server: Any = None
@@ -213,15 +226,41 @@ class _ResourceServer:
                 self._generation += 1
                 self._cond.notify_all()
 
+    def withhold(self, withheld: frozenset[str]) -> None:
+        """Leave these devices (by :func:`held_key`) out of the list sent from now on; open
+        streams send the new list at once if it changed."""
+        with self._cond:
+            if withheld != self._withheld:
+                before = self._listed()
+                self._withheld = withheld
+                if self._listed() != before:
+                    self._generation += 1
+                    self._cond.notify_all()
+
     def resource(self) -> devices.Resource:
-        """The list advertised now."""
+        """The list published now, withheld devices included (Allocate and
+        GetPreferredAllocation judge requests by it: a request the kubelet made from the list
+        it had is not refused as unknown for a withheld device, but for being withheld)."""
         with self._cond:
             return self._resource
+
+    def listed(self) -> devices.Resource:
+        """The list the kubelet is sent now: the published one without withheld devices."""
+        with self._cond:
+            return self._listed()
+
+    def _listed(self) -> devices.Resource:
+        if not self._withheld:
+            return self._resource
+        return devices.Resource(
+            self._resource.name,
+            tuple(d for d in self._resource.devices if held_key(d.id) not in self._withheld),
+        )
 
     def watch(self, context: Any) -> Iterator[Any]:
         """The ListAndWatch stream: the list now, then each new list until the RPC ends."""
         with self._cond:
-            epoch, generation, resource = self._epoch, self._generation, self._resource
+            epoch, generation, resource = self._epoch, self._generation, self._listed()
 
         def wake() -> None:
             with self._cond:
@@ -237,7 +276,7 @@ class _ResourceServer:
                     self._cond.wait(timeout=1.0)
                 if epoch != self._epoch or not context.is_active():
                     return
-                generation, resource = self._generation, self._resource
+                generation, resource = self._generation, self._listed()
             yield _encode_devices(resource)
 
     def allocate(self, request: Any, context: Any) -> Any:
@@ -327,6 +366,16 @@ class DevicePlugin:
         self._allocating = threading.Lock()
         """Held while an Allocate of ``nvidia.com/gpu`` is resolved and recorded: one at a
         time, so two never take the same pod."""
+        self._handing = threading.Lock()
+        """Held while :meth:`withhold` replaces the withheld devices, and while an Allocate
+        checks the devices it hands out against them and records them in the ledger (never
+        while waiting for a pod: withhold, which the reconciler calls before a destroy, waits
+        for no more than that). So either the Allocate recorded first, and the reconciler's
+        in-use check, made after withhold returns, finds the device in the ledger and refuses
+        the destroy; or the withhold came first, and the Allocate is refused."""
+        self._withheld: frozenset[str] = frozenset()
+        """MIG devices the agent is destroying (by :func:`held_key`): handed to no pod and
+        left out of the lists the kubelet is sent, until the agent's pass ends."""
         self._lock = threading.RLock()
         self._servers: dict[str, _ResourceServer] = {}
         self._registered: dict[str, SocketIdentity] = {}
@@ -409,6 +458,29 @@ class DevicePlugin:
                 self._apply(self._node)
             return hit
 
+    def withhold(self, device_ids: frozenset[str]) -> None:
+        """From now on, hand none of ``device_ids`` out and leave them out of the lists sent to
+        the kubelet (:class:`~migpilot.agent.running.Withholding`; replaces what was withheld
+        before, empty: withhold nothing). The agent's reconciler calls this before its last
+        in-use check of each destroy and clears it once the pass's end has advertised the
+        view without the destroyed devices; without it the kubelet could be given, between
+        that check and the pass's end, an instance the pass destroys (the kubelet picks from
+        the list it was sent, Allocate checked only that list)."""
+        withheld = frozenset(held_key(i) for i in device_ids)
+        with self._handing:
+            if withheld == self._withheld:
+                return
+            added = withheld - self._withheld
+            self._withheld = withheld
+        with self._lock:
+            # The newest, not this call's: a later call that set it first may have published
+            # already, and must not be undone by this one.
+            newest = self._withheld
+            for server in self._servers.values():
+                server.withhold(newest)
+        if added:
+            _log.info("not handing out %s: being destroyed", ", ".join(sorted(added)))
+
     def stop(self) -> None:
         """Stop the watcher and every server; sockets are removed."""
         self._stopping.set()
@@ -424,9 +496,10 @@ class DevicePlugin:
 
     # -- what others read --------------------------------------------------------------------
     def advertised(self) -> dict[str, tuple[devices.Device, ...]]:
-        """Every served resource and the devices it advertises now (possibly none)."""
+        """Every served resource and the devices it advertises now (possibly none; withheld
+        devices are not advertised)."""
         with self._lock:
-            return {name: s.resource().devices for name, s in sorted(self._servers.items())}
+            return {name: s.listed().devices for name, s in sorted(self._servers.items())}
 
     def registered(self) -> frozenset[str]:
         """Resources registered with the kubelet now running."""
@@ -448,6 +521,29 @@ class DevicePlugin:
         """Allocate handed these devices out (called by the servers)."""
         if self._ledger.record(device_ids, now=self._clock()):
             self._save_ledger()
+
+    def _hand_out(
+        self, resource: str, device_ids: Sequence[str], record: Callable[[], bool]
+    ) -> None:
+        """Refuse ``device_ids`` of ``resource`` if one is withheld, else ``record`` them in
+        the ledger (``record`` says whether it changed), both under the lock
+        :meth:`withhold` takes; the ledger is saved after, before the answer is sent."""
+        with self._handing:
+            withheld = [i for i in device_ids if held_key(i) in self._withheld]
+            if withheld:
+                raise allocating.AllocationError(
+                    f"invalid allocation request for {allocating.go_quote(resource)}: invalid "
+                    f"request: unknown device: {withheld[0]} (being destroyed; no longer "
+                    "advertised)"
+                )
+            changed = record()
+        if changed:
+            self._save_ledger()
+
+    def _record(self, resource: str, device_ids: Sequence[str]) -> None:
+        """Allocate hands these devices out: refused if one is withheld, else recorded."""
+        now = self._clock()
+        self._hand_out(resource, device_ids, lambda: self._ledger.record(device_ids, now=now))
 
     # -- unified requests (docs/unified.md) --------------------------------------------------
     def pod_allocations(self) -> dict[str, resolving.PodAllocation]:
@@ -485,7 +581,7 @@ class DevicePlugin:
                 )
                 for ids in requests
             ]
-            self.record_allocated([i for ids in requests for i in ids])  # the slices, by ID
+            self._record(name, [i for ids in requests for i in ids])  # the slices, by ID
             return answers
         if any(
             replicas.is_replica(i) and not devices.is_slice_id(i) for ids in requests for i in ids
@@ -498,7 +594,7 @@ class DevicePlugin:
             return [self._allocate_shared(resource, ids, shared, sharing) for ids in requests]
         if self._unified is None or resource.name != devices.FULL_GPU_RESOURCE:
             answers = [allocating.container_allocation(resource, ids, settings) for ids in requests]
-            self.record_allocated([i for ids in requests for i in ids])
+            self._record(name, [i for ids in requests for i in ids])
             return answers
         with self._allocating:
             return [self._allocate_gpu(resource, ids) for ids in requests]
@@ -537,7 +633,7 @@ class DevicePlugin:
                 cdi_devices=answer.cdi_devices,
                 mounts=tuple((m.host_path, m.container_path) for m in extra.mounts),
             )
-        self.record_allocated(list(real))
+        self._record(resource.name, real)
         return answer
 
     def _allocate_replicas(
@@ -561,7 +657,7 @@ class DevicePlugin:
         if not isinstance(found, resolving.Decision) or not found.pod.unified:
             return self._allocate_shared(resource, requested, shared, sharing)
         answer = allocating.answer(replicas.real_ids(found.device_ids), self.settings.allocate)
-        self._record_decision(found, requested, what="replica(s) ")
+        self._record_decision(resource.name, found, requested, what="replica(s) ")
         return answer
 
     def _allocate_gpu(
@@ -583,32 +679,43 @@ class DevicePlugin:
             # profile) is unknown now, as NVIDIA's plugin would say, never answered raw.
             allocating.check_known(self._snapshot(resource.name)[0], requested)
             # Whole GPUs for a pod the API does not show: answered as NVIDIA's plugin would.
+            self._record(resource.name, requested)
             _log.warning("Allocate of %s: %s; answering as NVIDIA's plugin", ", ".join(requested),
                          found.message)  # fmt: skip
-            self.record_allocated(requested)
             return allocating.answer(requested, settings)
         answer = self._decided_answer(resource, found)
-        self._record_decision(found, requested)
+        self._record_decision(resource.name, found, requested)
         return answer
 
     def _record_decision(
-        self, found: resolving.Decision, requested: Sequence[str], *, what: str = ""
+        self,
+        resource: str,
+        found: resolving.Decision,
+        requested: Sequence[str],
+        *,
+        what: str = "",
     ) -> None:
         """Record in the ledger (and save it, before the answer: a restart must not forget it)
         the devices :func:`resolving.resolve` gave one container, and log them (``what``
         names their kind in the log line). A new entry each time: resolve decides only on a
         container not in the ledger yet. A whole-GPU pod's picks are recorded as allocated
-        too, as NVIDIA's plugin's would be; a unified pod's are its own bookkeeping."""
-        self._ledger.record_container(
-            found.pod.key,
-            uid=found.pod.uid,
-            unified=found.pod.unified,
-            container=found.container.name,
-            device_ids=found.device_ids,
-        )
-        if not found.pod.unified:
-            self._ledger.record(requested, now=self._clock())
-        self._save_ledger()
+        too, as NVIDIA's plugin's would be; a unified pod's are its own bookkeeping. Refused,
+        nothing recorded, when a device given or picked is withheld (being destroyed)."""
+        now = self._clock()
+
+        def record() -> bool:
+            self._ledger.record_container(
+                found.pod.key,
+                uid=found.pod.uid,
+                unified=found.pod.unified,
+                container=found.container.name,
+                device_ids=found.device_ids,
+            )
+            if not found.pod.unified:
+                self._ledger.record(requested, now=now)
+            return True
+
+        self._hand_out(resource, [*found.device_ids, *requested], record)
         _log.info(
             "Allocate: pod %s container %s gets %s%s (the kubelet picked %s)",
             found.pod.key,
@@ -803,7 +910,7 @@ class DevicePlugin:
             if existing is not None:
                 existing.publish(resource)
                 continue
-            server = _ResourceServer(resource, self)
+            server = _ResourceServer(resource, self, withheld=self._withheld)
             server.start()
             self._servers[name] = server
             self._register(server)
