@@ -52,7 +52,7 @@ def test_a_dynamic_group_is_mig_nodes_labelled_for_it() -> None:
     assert "migpilot.io/mig-mode" not in plain.labels
     with pytest.raises(errors.ClusterSpecError, match="only mode time-slicing takes replicas"):
         clusters.parse("h100-80gb:1x8@dynamic:4")
-    with pytest.raises(errors.ClusterSpecError, match="mig, mps, time-slicing, none, dynamic"):
+    with pytest.raises(errors.ClusterSpecError, match="mig, mps, time-slicing, none, dra, dynamic"):
         clusters.parse("h100-80gb:1x8@dynamc")
 
 
