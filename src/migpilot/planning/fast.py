@@ -53,7 +53,8 @@ How it works:
   and so are pods no node has room for now (too few compute slices or memory slots that no
   instance in use holds, or too little CPU or memory left: :func:`_stuck`): no plan places
   them, and under a standing backlog of large pods they were most of the search. The variants
-  stop, and the later moves below are skipped, once every other pod is placed.
+  of a level stop once every other pod of it is placed (and the levels below), and the later
+  moves below are skipped once every other pod is placed.
 * Where a pod that some node could run is left pending, two more variants run: on small
   problems, the greedy again as if every free instance were gone (kept if it scores better,
   destroys counted), and plain first-fit (:mod:`migpilot.planning.firstfit`), whose plan is the
@@ -1915,7 +1916,9 @@ def _greedy(
                 key = (-len(left), gained)
             tried.append((key, run, left, later))
             if not left and not later:
-                break  # every pod of this level is placed, and the levels below as well
+                # Every pod of this level with room is placed, and the levels below as well:
+                # the stuck pods left would fail in every variant.
+                break
         before = base
         if budget > 1:
             # The objective's score breaks ties only between the variants best on the level and
