@@ -272,3 +272,68 @@ def test_variants_placing_as_many_pods_prefer_the_one_placing_more_compute() -> 
         "two-h100",
         "four-b",
     }
+
+
+def _stuck_of(snap: snapshot.Snapshot) -> set[str]:
+    needs = {
+        p.key: {m.id: need for m in snap.models if (need := p.profiles_on(m)) is not None}
+        for p in snap.pods
+    }
+    return fast._stuck(snap, needs, fast.constraints.Admission(snap.nodes))
+
+
+def test_a_pod_no_node_has_room_for_now_is_stuck() -> None:
+    # Every GPU holds an instance in use: a pod of a whole GPU has room nowhere (its largest
+    # instance), a pod of 4g.40gb beside a used 3g.40gb may have (a necessary test only), and
+    # a pod of two 3g.40gb has room on one GPU each but not on one node's GPUs together when
+    # one of them is full.
+    h100 = "h100-80gb"
+    snap = snapshot.parse({
+        "version": 1,
+        "nodes": [
+            node("n0", [gpu(h100, ("3g.40gb", 4, True)), gpu(h100, ("1g.10gb", 6, True))]),
+            node("n1", [gpu(h100, ("7g.80gb", 0, True)), gpu(h100, ("4g.40gb", 0, True))],
+                 allocatable={"cpu": "4", "memory": "64Gi"}),
+        ],
+        "pods": [
+            pod("whole", "7g.80gb"),
+            pod("four", "4g.40gb"),
+            pod("two-threes", "3g.40gb", 2),
+            pod("three-cpu", "3g.40gb", requests={"cpu": "8"}),
+            pod("four-wide", "4g.40gb", 2),
+        ],
+    })  # fmt: skip
+    stuck = {k.split("/")[-1] for k in _stuck_of(snap)}
+    # two-threes: n0 has two GPUs with a 3g.40gb's room (4 slices of each left on GPU 0, 6 on
+    # GPU 1): not stuck. three-cpu: n0 has no allocatable limit, so it is not stuck either.
+    # four-wide: two 4g.40gb on n0 need 8 memory slots with 4 + 7 free: room by the totals.
+    assert stuck == {"whole"}
+
+
+def test_a_free_instance_counts_as_room_and_cpu_as_a_limit() -> None:
+    snap = snapshot.parse({
+        "version": 1,
+        "nodes": [
+            node("n0", [gpu("h100-80gb", ("7g.80gb", 0, False))],
+                 allocatable={"cpu": "4", "memory": "64Gi"}),
+        ],
+        "pods": [pod("fits", "7g.80gb"), pod("no-cpu", "7g.80gb", requests={"cpu": "8"})],
+    })  # fmt: skip
+    assert {k.split("/")[-1] for k in _stuck_of(snap)} == {"no-cpu"}
+
+
+def test_a_stuck_backlog_changes_no_plan_and_each_stuck_pod_gets_a_reason() -> None:
+    # A full cluster but for one GPU, with a backlog of pods of several whole GPUs: the plan
+    # places what it places without them, and explains each.
+    full = [gpu("h100-80gb", ("7g.80gb", 0, True)) for _ in range(3)]
+    nodes = [node(f"n{i}", [*full, gpu("h100-80gb")]) for i in range(3)]
+    small = [pod(f"s{i}", p) for i, p in enumerate(("3g.40gb", "4g.40gb", "2g.20gb", "1g.10gb"))]
+    backlog = [pod(f"wide{i}", "7g.80gb", 4) for i in range(5)]
+    snap_all, with_backlog = plan_of(nodes, backlog + small)
+    _, without = plan_of(nodes, small)
+    assert placed(with_backlog) == placed(without)
+    assert with_backlog.actions == without.actions
+    reasons = {u.pod.split("/")[-1]: u.reason for u in with_backlog.unschedulable}
+    assert {f"wide{i}" for i in range(5)} <= set(reasons)
+    assert all(reasons[f"wide{i}"] for i in range(5))
+    assert {k.split("/")[-1] for k in _stuck_of(snap_all)} == {f"wide{i}" for i in range(5)}

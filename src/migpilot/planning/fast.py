@@ -49,7 +49,12 @@ How it works:
   bounds, so there the search is exhaustive; elsewhere, if the bounded search finds nothing, a
   thorough one looks at every state before a pod is left pending.
 * A pod whose instances fit on no single GPU is spread over the GPUs of one node, largest
-  instance first. Pods no node could run even with every GPU empty are set aside at once.
+  instance first. Pods no node could run even with every GPU empty are set aside at once,
+  and so are pods no node has room for now (too few compute slices or memory slots that no
+  instance in use holds, or too little CPU or memory left: :func:`_stuck`): no plan places
+  them, and under a standing backlog of large pods they were most of the search. The variants
+  of a level stop once every other pod of it is placed (and the levels below), and the later
+  moves below are skipped once every other pod is placed.
 * Where a pod that some node could run is left pending, two more variants run: on small
   problems, the greedy again as if every free instance were gone (kept if it scores better,
   destroys counted), and plain first-fit (:mod:`migpilot.planning.firstfit`), whose plan is the
@@ -1258,6 +1263,82 @@ def _hopeless(
     return out
 
 
+def _stuck(
+    snap: snapshot.Snapshot,
+    needs: dict[str, dict[str, tuple[str, ...]]],
+    admission: constraints.Admission,
+) -> set[str]:
+    """Pods no node has room for now: on every node that admits the pod and has its CPU and
+    memory left, on each GPU model it can use, its largest instance is more than one GPU has
+    free (compute slices or memory slots that no instance in use holds), or all of its
+    instances more than the node's GPUs of that model have free together.
+
+    A necessary condition, so a pod found stuck fits in no plan of the snapshot (free
+    instances may be destroyed, and room only shrinks as pods are placed): like the pods no
+    node could run even empty (:func:`_hopeless`), it needs no search. Under a standing backlog
+    of large pods (the faithful replay's pods of four and eight whole GPUs) most pending pods
+    are stuck, and every variant searched for each of them again.
+    """
+    # Per node and GPU model: the most compute slices and memory slots free on one GPU, and the
+    # total free (a GPU out of MIG mode counts as empty: never a reason to call a pod stuck).
+    free: list[dict[str, tuple[int, int, int, int]]] = []
+    for node in snap.nodes:
+        per: dict[str, tuple[int, int, int, int]] = {}
+        for g in node.gpus:
+            compute, slots = g.model.compute_slices, g.model.memory_slots
+            if g.mig:
+                for i in g.instances:
+                    if i.used:
+                        shape = g.model.profile_named(i.profile)
+                        compute -= shape.compute_slices
+                        slots -= shape.memory_slots
+            mc, ms, tc, ts = per.get(g.model.id, (0, 0, 0, 0))
+            per[g.model.id] = (max(mc, compute), max(ms, slots), tc + compute, ts + slots)
+        free.append(per)
+    models = {g.model.id: g.model for n in snap.nodes for g in n.gpus}
+    out: set[str] = set()
+    verdict: dict[tuple[object, ...], bool] = {}
+    for pod in snap.pods:
+        kind = (pod.demand, constraints.signature(pod), pod.cpu_milli, pod.memory_bytes)
+        room = verdict.get(kind)
+        if room is None:
+            asks: dict[str, tuple[int, int, int, int]] = {}
+            for mid, need in needs[pod.key].items():
+                model = models.get(mid)
+                if model is None:
+                    continue
+                if not need:
+                    asks[mid] = (0, 0, 0, 0)
+                    continue
+                shapes = [model.profile_named(n) for n in need]
+                asks[mid] = (
+                    max(x.compute_slices for x in shapes),
+                    max(x.memory_slots for x in shapes),
+                    sum(x.compute_slices for x in shapes),
+                    sum(x.memory_slots for x in shapes),
+                )
+            admits = admission.admits(pod)
+            room = any(
+                admits[ni]
+                and (
+                    node.allocatable is None
+                    or (
+                        pod.cpu_milli <= node.allocatable.cpu_milli
+                        and pod.memory_bytes <= node.allocatable.memory_bytes
+                    )
+                )
+                and any(
+                    mid in free[ni] and all(a <= f for a, f in zip(ask, free[ni][mid], strict=True))
+                    for mid, ask in asks.items()
+                )
+                for ni, node in enumerate(snap.nodes)
+            )
+            verdict[kind] = room
+        if not room:
+            out.add(pod.key)
+    return out
+
+
 def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """Plan the whole pending set (see the module docstring); nodes in mode mps or
     time-slicing through :func:`migpilot.planning.sharing.plan_with`."""
@@ -1267,8 +1348,8 @@ def plan(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
 def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
     """Plan the whole pending set of a snapshot of MIG nodes."""
     memo = _Memo(snap)
-    chosen, orders, thorough, hopeful = _greedy(snap, depth="deep", memo=memo)
-    if thorough and len({p.priority for p in snap.pods}) > 1 and len(chosen.placements) < hopeful:
+    chosen, orders, thorough, hopeful, placeable = _greedy(snap, depth="deep", memo=memo)
+    if thorough and len({p.priority for p in snap.pods}) > 1 and len(chosen.placements) < placeable:
         # The lookahead only estimates the levels below, and a variant that ties on a level
         # can still leave the levels below less: the shallower greedies run too (the nine
         # variants alone, and the thirteen with the first variant's lookahead), and the best
@@ -1278,7 +1359,7 @@ def _plan_mig(snap: snapshot.Snapshot, opts: options.Options) -> plans.Plan:
             if objective.score(snap, other).key > objective.score(snap, chosen).key:
                 chosen = other
     # The other variants can only matter where the greedy left a pod pending that could run.
-    if len(chosen.placements) == hopeful:
+    if len(chosen.placements) == placeable:
         orders, thorough = [], False
     if thorough and any(not i.used for n in snap.nodes for g in n.gpus for i in g.instances):
         # As if every free instance were gone (as HAMi's reconciler would have it): sometimes a
@@ -1593,10 +1674,11 @@ class _Memo:
 
 def _greedy(
     snap: snapshot.Snapshot, *, depth: str = "lookahead", memo: _Memo | None = None
-) -> tuple[plans.Plan, list[list[snapshot.Pod] | None], bool, int]:
+) -> tuple[plans.Plan, list[list[snapshot.Pod] | None], bool, int, int]:
     """The greedy passes over the variants: the plan chosen (no reasons yet), the pod orders
-    first-fit should also try, whether the problem is small enough for every variant, and how
-    many pods some node could run with every GPU empty.
+    first-fit should also try, whether the problem is small enough for every variant, how
+    many pods some node could run with every GPU empty, and how many of them some node has
+    room for now (:func:`_stuck`: no plan places the others).
 
     ``depth``: ``"plain"``, the first nine variants and no lookahead (the greedy before issue
     25); ``"lookahead"``, the first :data:`_LOOKAHEAD_VARIANTS` with the lookahead estimated by
@@ -1614,6 +1696,7 @@ def _greedy(
         needs[pod.key] = per_model
     admission = constraints.Admission(snap.nodes)
     hopeless = _hopeless(snap, needs, admission)
+    stuck = _stuck(snap, needs, admission)
     index = {p.key: i for i, p in enumerate(snap.pods)}
     size = {p.key: _size(needs[p.key], states) for p in snap.pods}
     # Memory slots break ties between pods of equal compute (1g.10gb before 1g.20gb).
@@ -1633,6 +1716,11 @@ def _greedy(
         for p in snap.pods
     }
     hopeful = [p for p in snap.pods if p.key not in hopeless]
+    # The pods some node has room for now: the only ones a pass may place. The others (stuck)
+    # keep their part in the sizes that choose how much to try (variants, search), so that a
+    # backlog changes no gate, but no pass looks for room for them, and the variants stop, and
+    # the clean slate and first-fit are skipped, once every pod that could be placed is.
+    live = [p for p in hopeful if p.key not in stuck]
     share = _dominant_shares(snap, hopeful, size)
     gpus = sum(len(n.gpus) for n in snap.nodes)
     budget = len(_VARIANTS) if gpus * max(len(hopeful), 1) <= _SMALL_PROBLEM else 1
@@ -1697,11 +1785,11 @@ def _greedy(
     # re-plans every few seconds can afford).
     base = _Run(snap, states, hopeful, admission=admission)
     pending: list[snapshot.Pod] = []
-    levels = sorted({p.priority for p in hopeful}, reverse=True)
+    levels = sorted({p.priority for p in live}, reverse=True)
     weights = objective.pod_weights(snap.pods)
     first_order = {
         level: sorted(
-            (p for p in hopeful if p.priority == level),
+            (p for p in live if p.priority == level),
             key=lambda p: (-biggest[p.key], -size[p.key], -slots[p.key], index[p.key]),
         )
         for level in levels
@@ -1787,14 +1875,15 @@ def _greedy(
         for lv in levels[li + 1 :] if below else ():
             w = weights[first_order[lv][0].key]
             keep[lv], rest = divmod(rest, w)  # weights are lexicographic: a mixed radix
-        pods = [p for p in hopeful if p.priority in keep]
+        pods = [p for p in live if p.priority in keep]
         asks = [least[p.key] for p in pods]
         return _could_gain(
             _run_capacity(run, asks), [(p.priority, least[p.key]) for p in pods], keep
         )
 
     for li, level in enumerate(levels):
-        at_level = [p for p in hopeful if p.priority == level]
+        everyone = [p for p in hopeful if p.priority == level]
+        at_level = [p for p in everyone if p.key not in stuck]
         orders = {
             "largest": sorted(
                 at_level,
@@ -1808,7 +1897,7 @@ def _greedy(
             "share": sorted(at_level, key=lambda p: (share[p.key], index[p.key])),
         }
         if budget > 1:
-            left_now = _left_shares(base, at_level, size)
+            left_now = _left_shares(base, everyone, size)
             orders["room"] = sorted(at_level, key=lambda p: (left_now[p.key], index[p.key]))
         tried: list[tuple[tuple[int, ...], _Run, list[snapshot.Pod], int]] = []
         for name, defer, ties in _VARIANTS[:budget]:
@@ -1827,7 +1916,9 @@ def _greedy(
                 key = (-len(left), gained)
             tried.append((key, run, left, later))
             if not left and not later:
-                break  # every pod of this level is placed, and the levels below as well
+                # Every pod of this level with room is placed, and the levels below as well:
+                # the stuck pods left would fail in every variant.
+                break
         before = base
         if budget > 1:
             # The objective's score breaks ties only between the variants best on the level and
@@ -1848,7 +1939,7 @@ def _greedy(
             # Where the budget of a search cannot try each pod of the level on each node once, it
             # only varies the last pods' nodes, which the variants' orders cover (the faithful
             # replay's levels of 80 waiting pods on 6 nodes: 736 searches, none found more).
-            and len(at_level) * len(snap.nodes) <= _SEARCH_BUDGET
+            and len(everyone) * len(snap.nodes) <= _SEARCH_BUDGET
             and could_gain(before, li, len(at_level) - len(left), best_key[1], lookahead)
         ):
             below = levels[li + 1 :] if lookahead else []
@@ -1877,7 +1968,7 @@ def _greedy(
             sorted(snap.pods, key=lambda p: (-p.priority, size[p.key], slots[p.key], index[p.key])),
             sorted(snap.pods, key=lambda p: (-p.priority, share_all[p.key], index[p.key])),
         ]
-    return chosen, ff_orders, budget > 1, len(hopeful)
+    return chosen, ff_orders, budget > 1, len(hopeful), len(live)
 
 
 def _variant_key(
