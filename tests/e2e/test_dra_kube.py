@@ -119,7 +119,13 @@ class Cluster:
         lines.append(f"emulated GPU: {self.instances()}")
         return "\n".join(lines) + "\n" + self.system.logs()
 
-    def pod(self, name: str, template: str) -> None:
+    def pod(self, name: str, template: str, *, claim: str | None = None) -> None:
+        """A pod with one claim: from ``template``, or the ResourceClaim ``claim``."""
+        source = (
+            PodResourceClaim(name="mig", resourceClaimName=claim)
+            if claim is not None
+            else PodResourceClaim(name="mig", resourceClaimTemplateName=template)
+        )
         self.client.create(
             Pod(
                 metadata=ObjectMeta(name=name, namespace=self.namespace),
@@ -131,9 +137,7 @@ class Cluster:
                             resources=ResourceRequirements(claims=[ContainerClaim(name="mig")]),
                         )
                     ],
-                    resourceClaims=[
-                        PodResourceClaim(name="mig", resourceClaimTemplateName=template)
-                    ],
+                    resourceClaims=[source],
                 ),
             )
         )
@@ -305,6 +309,24 @@ def _running(cluster: Cluster, names: list[str]) -> dict[str, str] | None:
     return out
 
 
+def _template(name: str, namespace: str, cel: str, *, count: int = 1) -> Any:
+    """A ResourceClaimTemplate of one request of the driver's class."""
+    request = {
+        "deviceClassName": publishing.DRIVER,
+        "selectors": [{"cel": {"expression": cel}}],
+        "count": count,
+    }
+    devices = {"requests": [{"name": "mig", "exactly": request}]}
+    return codecs.from_dict(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": {"devices": devices}},
+        }
+    )
+
+
 def _smallest_holding(model: profiles.GpuModel, mib: int) -> str:
     """The profile a claim for ``mib`` should get: the least memory that holds it, then the
     fewest memory and compute slices (the catalog's figures, not the publisher's order)."""
@@ -340,6 +362,83 @@ def test_claims_from_templates_are_allocated_prepared_and_run(dra: Cluster) -> N
         spec = json.loads(dra.cdi_spec(uid).read_text())
         assert [d["name"] for d in spec["devices"]] == [device]
         assert prepared[uid][0].cdi_ids == (f"{spec['kind']}={device}",)
+
+
+@pytest.mark.parametrize("gib", [9, 19, 20, 40])
+def test_a_claim_by_memory_gets_the_smallest_profile_that_holds_it(dra: Cluster, gib: int) -> None:
+    """On an empty H100 80GB a claim for at least ``gib`` GiB gets the profile with the least
+    memory that holds it (then the fewest slices): 9 -> 1g.10gb, 19 -> 1g.20gb (19.6 GiB),
+    20 -> 3g.40gb (the 20 GB profiles have 19.6 GiB), 40 -> 7g.80gb (the 40 GB ones have
+    39.5)."""
+    cel = (
+        'device.attributes["mig.migpilot.io"].type == "mig" && '
+        f'device.capacity["mig.migpilot.io"].memory.compareTo(quantity("{gib}Gi")) >= 0'
+    )
+    dra.client.create(_template(f"mig-{gib}gi-test", dra.namespace, cel))
+    dra.pod("memory", f"mig-{gib}gi-test")
+    dra.wait(lambda: dra.phase("memory")[0] == "Running", f"the {gib}Gi pod Running")
+    _, profile, _ = _placement(dra.allocated("memory") or "")
+    assert profile == _smallest_holding(H100, gib * GIB)
+    assert {p for _, p, _ in dra.instances()} == {profile}
+
+
+def test_a_claim_of_two_devices_gets_two_instances_in_one_spec(dra: Cluster) -> None:
+    """``count: 2`` of 1g.10gb: two placements allocated, both made by one prepare, one CDI spec
+    with both devices; both go with the pod."""
+    cel = 'device.attributes["mig.migpilot.io"].profile == "1g.10gb"'
+    dra.client.create(_template("two-1g", dra.namespace, cel, count=2))
+    dra.pod("pair", "two-1g")
+    dra.wait(lambda: dra.phase("pair")[0] == "Running", "the pod of two devices Running")
+    claim = dra.claim("pair")
+    assert claim is not None
+    results = claim["status"]["allocation"]["devices"]["results"]
+    devices = sorted(r["device"] for r in results)
+    assert len(set(devices)) == 2
+    assert dra.instances() == {_placement(d) for d in devices}
+    uid = claim["metadata"]["uid"]
+    spec = json.loads(dra.cdi_spec(uid).read_text())
+    assert sorted(d["name"] for d in spec["devices"]) == devices
+    assert sorted(d.device for d in dra.kubelet.prepared()[uid]) == devices
+
+
+def test_two_pods_of_one_claim_share_its_instance_until_the_last_goes(dra: Cluster) -> None:
+    """A ResourceClaim two pods name: one placement, one instance, prepared for both (the
+    second prepare answers the same and makes nothing); the first pod's deletion leaves it,
+    the last one's unprepares it."""
+    template = yaml.safe_load((DRA / "claimtemplates.yaml").read_text().split("---")[0])
+    shared = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "shared", "namespace": dra.namespace},
+        "spec": template["spec"]["spec"],
+    }
+    dra.client.create(codecs.from_dict(shared))
+    try:
+        dra.pod("one", "", claim="shared")
+        dra.pod("two", "", claim="shared")
+        dra.wait(lambda: _running(dra, ["one", "two"]), "both pods of the claim Running")
+        claim = dra.client.get(ResourceClaim, "shared", namespace=dra.namespace).to_dict()
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert dra.instances() == {_placement(result["device"])}
+        uid = claim["metadata"]["uid"]
+        dra.client.delete(Pod, "one", namespace=dra.namespace)
+        dra.wait(lambda: _gone(dra, "one"), "the first pod gone")
+        assert uid not in dra.kubelet.unprepared() and uid in dra.kubelet.prepared()
+        assert dra.instances() == {_placement(result["device"])}
+        dra.client.delete(Pod, "two", namespace=dra.namespace)
+        dra.wait(lambda: uid in dra.kubelet.unprepared(), "the claim unprepared with the last")
+        dra.wait(lambda: not dra.instances(), "its instance destroyed")
+    finally:
+        with contextlib.suppress(lightkube.ApiError):
+            dra.client.delete(ResourceClaim, "shared", namespace=dra.namespace)
+
+
+def _gone(cluster: Cluster, pod: str) -> bool:
+    try:
+        cluster.client.get(Pod, pod, namespace=cluster.namespace)
+    except lightkube.ApiError as err:
+        return err.status.code == 404
+    return False
 
 
 def test_a_device_in_use_is_never_allocated_twice(dra: Cluster) -> None:
@@ -417,19 +516,11 @@ def test_free_instances_left_on_the_node_are_taken_by_the_claims_allocated_there
             return found if len(found) == 2 and None not in found.values() else None
 
         before = dra.wait(offered, "the GpuLayout's two instances")
-        template = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "mig-1g-10gb-at-4", "namespace": dra.namespace},
-            "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
-                "deviceClassName": publishing.DRIVER,
-                "selectors": [{"cel": {"expression": (
-                    'device.attributes["mig.migpilot.io"].profile == "1g.10gb" && '
-                    'device.attributes["mig.migpilot.io"].start == 4'
-                )}}],
-            }}]}}},
-        }  # fmt: skip
-        dra.client.create(codecs.from_dict(template))
+        at_4 = (
+            'device.attributes["mig.migpilot.io"].profile == "1g.10gb" && '
+            'device.attributes["mig.migpilot.io"].start == 4'
+        )
+        dra.client.create(_template("mig-1g-10gb-at-4", dra.namespace, at_4))
         dra.pod("exact", "mig-1g-10gb")
         dra.wait(lambda: dra.phase("exact")[0] == "Running", "the pod on the free 1g.10gb")
         assert dra.allocated("exact") == "gpu-0-mig-1g-10gb-0"
