@@ -265,8 +265,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture
 def dra(cluster: Cluster) -> Iterator[Cluster]:
-    """The DRA node ready (its pool published with nothing used, its plugin registered); its
-    pods deleted afterwards, and every claim unprepared, so the next test starts empty."""
+    """The DRA node ready (its pool published with nothing used, its plugin registered); no
+    prepare or unprepare refused during the test; its pods deleted afterwards, and every claim
+    unprepared, so the next test starts empty."""
 
     def ready() -> bool:
         found = [
@@ -281,8 +282,15 @@ def dra(cluster: Cluster) -> Iterator[Cluster]:
         return cluster.kubelet.registered and len(counters) == 1 and free
 
     cluster.wait(ready, "the DRA node's pool published, nothing used, and its plugin registered")
+    seen = len(cluster.kubelet.errors())
     try:
         yield cluster
+        # No claim the scheduler allocated was refused by the plugin, not even once (a refusal
+        # the kubelet retried until it passed would hide a wrong pool or plugin).
+        refused = [
+            e for e in cluster.kubelet.errors()[seen:] if e.startswith(("prepare ", "unprepare "))
+        ]
+        assert not refused, refused
     finally:
         for p in cluster.client.list(Pod, namespace=cluster.namespace):
             assert p.metadata is not None
