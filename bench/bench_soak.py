@@ -62,7 +62,7 @@ from lightkube.models.meta_v1 import ObjectMeta  # noqa: E402
 from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration  # noqa: E402
 from lightkube.resources.coordination_v1 import Lease  # noqa: E402
 from lightkube.resources.core_v1 import Namespace, Pod  # noqa: E402
-from tests.kube import controlplane, crds, system, tools  # noqa: E402
+from tests.kube import controlplane, crds, kwokstages, system, tools  # noqa: E402
 
 import soak_checks as checks  # noqa: E402
 import soak_kubelet  # noqa: E402
@@ -714,7 +714,7 @@ def run(settings: Settings, *, log: Callable[[str], None] = _say) -> dict[str, A
     found = tools.locate()
     held = sorted(n.name for n in nodes.values() if n.kubelet)
     if held:  # their pods stay Pending until their DeviceManager has allocated and started them
-        stages = soak_kubelet.kwok_stages(found.kwok_stages, nodes=held, folder=root / "stages")
+        stages = kwokstages.kwok_stages(found.kwok_stages, nodes=held, folder=root / "stages")
         found = dataclasses.replace(found, kwok_stages=stages)
     plane = controlplane.ControlPlane.start(found=found)
     sys_ = system.System(plane, root)

@@ -20,7 +20,7 @@ ListAndWatch, Allocate, and PodResources ``List`` and ``GetAllocatableResources`
   it asks for was allocated, as a kubelet's does. KWOK's own pod-ready Stage would mark it
   Running at once, before any Allocate, and the agent's plugin serves a unified pod's
   Allocate only while the pod is Pending (``resolving.candidate``): so the node's pods are
-  left out of that Stage (:func:`kwok_stages`, :func:`held_until_admitted`). Without it a
+  left out of that Stage (:func:`tests.kube.kwokstages.kwok_stages`). Without it a
   35-minute soak saw 316 unified Allocates refused on this node, 2 served, and the whole-GPU
   fallback hand out MIG instances that two pods then held.
 
@@ -34,22 +34,21 @@ are the soak's PodResources fault.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import datetime
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import grpc
 import lightkube
-import yaml
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 from tests.integration.kubelet_fake import FakeKubelet
 from tests.kube import controlplane
+from tests.kube.kwokstages import running_status
 
 import soak_checks as checks
 from migpilot import errors
@@ -62,84 +61,6 @@ POLL_S = 0.5
 STATUS_SYNC_S = 10.0
 """The kubelet's ``nodeStatusUpdateFrequency``."""
 GPU = devices.FULL_GPU_RESOURCE
-
-
-POD_READY = "pod-ready"
-"""The name of KWOK's Stage that marks a bound pod Running."""
-
-
-def held_until_admitted(stage: Mapping[str, Any], *, nodes: Sequence[str]) -> dict[str, Any]:
-    """KWOK's pod-ready ``stage`` (a Stage document) that leaves the pods bound to ``nodes``
-    alone: their :class:`DeviceManager` starts them, after Allocate, as their kubelet would."""
-    if not nodes:
-        raise ValueError("held_until_admitted needs at least one node")
-    name = (stage.get("metadata") or {}).get("name")
-    if stage.get("kind") != "Stage" or name != POD_READY:
-        raise ValueError(f"not KWOK's {POD_READY} Stage: kind {stage.get('kind')!r}, name {name!r}")
-    out = copy.deepcopy(dict(stage))
-    selector = out.setdefault("spec", {}).setdefault("selector", {})
-    selector.setdefault("matchExpressions", []).append(
-        {"key": ".spec.nodeName", "operator": "NotIn", "values": list(nodes)}
-    )
-    return out
-
-
-def kwok_stages(stages: Sequence[Path], *, nodes: Sequence[str], folder: Path) -> tuple[Path, ...]:
-    """``stages`` (KWOK's Stage files) with pod-ready rewritten into ``folder`` by
-    :func:`held_until_admitted`; the others as they are. No pod-ready among them is an error:
-    the soak's pods would never run."""
-    out: list[Path] = []
-    found = False
-    for path in stages:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-        if not any((d.get("metadata") or {}).get("name") == POD_READY for d in docs):
-            out.append(path)
-            continue
-        found = True
-        changed = [
-            held_until_admitted(d, nodes=nodes)
-            if (d.get("metadata") or {}).get("name") == POD_READY
-            else d
-            for d in docs
-        ]
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / path.name
-        target.write_text(yaml.safe_dump_all(changed, sort_keys=False))
-        out.append(target)
-    if not found:
-        raise ValueError(f"no {POD_READY} Stage among {', '.join(str(p) for p in stages)}")
-    return tuple(out)
-
-
-def running_status(doc: Mapping[str, Any], *, now: datetime.datetime) -> dict[str, Any]:
-    """The status a kubelet writes once the pod ``doc``'s containers started (a merge patch of
-    ``Pod.Status``): Running, Ready, each container running."""
-    stamp = now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    spec = doc.get("spec") or {}
-    conditions = [
-        {"type": t, "status": "True", "lastTransitionTime": stamp}
-        for t in ("PodScheduled", "Initialized", "Ready", "ContainersReady")
-    ]
-    containers = [
-        {
-            "name": c.get("name", ""),
-            "image": c.get("image", ""),
-            "imageID": "",
-            "ready": True,
-            "started": True,
-            "restartCount": 0,
-            "state": {"running": {"startedAt": stamp}},
-        }
-        for c in spec.get("containers") or ()
-    ]
-    return {
-        "status": {
-            "phase": "Running",
-            "startTime": stamp,
-            "conditions": conditions,
-            "containerStatuses": containers,
-        }
-    }
 
 
 def _asking(pod: boundpods.BoundPod) -> boundpods.BoundPod:

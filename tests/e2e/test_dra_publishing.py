@@ -12,6 +12,8 @@ KWOK runs the pods; nothing prepares the claims here (that is the kubelet plugin
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +43,7 @@ from migpilot.agent.dra import publishing
 from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.mig import catalog
+from tests.integration.kubelet_fake import FakeKubelet
 from tests.kube import crds
 from tests.kube.agents import AgentProcess
 from tests.kube.controlplane import ControlPlane, wait_for
@@ -217,12 +220,22 @@ def test_a_real_agent_on_a_node_labelled_dra_publishes_its_pool(
         field_manager=gl.CONTROLLER_FIELD_MANAGER,
         force=True,
     )
+    # DRA mode serves the kubelet plugin, so it needs a kubelet folder: a fake kubelet's, whose
+    # PodResources (an in-use source; unanswered, nothing would be offered) lists no pods.
+    # A short folder: a unix socket's path has at most 107 bytes, pytest's tmp_path is long.
+    folder = Path(tempfile.mkdtemp(prefix="mpdra-"))
+    kubelet = FakeKubelet(folder).start()
+    (tmp_path / "proc").mkdir()
     agent = AgentProcess(
         plane,
         tmp_path,
         node=node,
-        args=["--backend", "emulated:a100-80gb:x1", "--no-kubelet", "--interval", "2"],
-    )
+        args=[
+            "--backend", "emulated:a100-80gb:x1", "--kubelet", str(folder),
+            "--proc-root", str(tmp_path / "proc"), "--cdi-spec-dir", str(tmp_path / "cdi"),
+            "--interval", "2",
+        ],
+    )  # fmt: skip
     agent.start()
     try:
 
@@ -241,7 +254,11 @@ def test_a_real_agent_on_a_node_labelled_dra_publishes_its_pool(
         assert "DRA mode" in agent.log_text()
         layout = plane.client.get(crds.GpuLayout, node)
         assert layout.status is not None  # it reports as any agent does
+        plugin = folder / "plugins_registry" / f"{publishing.DRIVER}-reg.sock"
+        assert plugin.is_socket()  # and the DRA kubelet plugin waits for the kubelet
     finally:
         agent.stop()
+        kubelet.stop()
+        shutil.rmtree(folder, ignore_errors=True)
         with contextlib.suppress(lightkube.ApiError):
             plane.client.delete(crds.GpuLayout, node)

@@ -287,9 +287,11 @@ def test_real_unprepare_keeps_an_instance_a_process_still_runs_on(real: RealNode
 
 
 def test_real_claims_not_in_the_api_or_taken_are_refused(real: RealNode) -> None:
-    real.gpus.create_instance(0, profile="1g.10gb", start=0)  # not a claim's
+    used = real.gpus.create_instance(0, profile="1g.10gb", start=0)  # not a claim's, in use
+    assert used.uuid is not None
+    real.gpus.attach_process(used.uuid, 4242)
     real.put(claim("b", "uid-b", [("r", "gpu-0-mig-1g-10gb-0")]))
     got = real.kubelet.prepare([("default", "b", "uid-b"), ("default", "gone", "uid-g")])
-    assert "taken by an instance no claim owns" in str(got["uid-b"])
+    assert f"the 1g.10gb instance at slot 0 ({used.uuid}) is in use" in str(got["uid-b"])
     assert got["uid-g"] == "claim default/gone (uid-g) is not in the API"
     assert len(real.layout()) == 1 and not real.spec("uid-b").exists()

@@ -340,6 +340,24 @@ def test_once_in_a_cluster_sets_aside_unified_instances_and_writes_the_counters(
     assert "nvidia.com/gpucores" not in api2.node_resources.get("n0", {})
 
 
+def test_a_node_in_dra_mode_gets_no_unified_counters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No device plugin serves a DRA node's ``nvidia.com/gpu``: no gpumem or gpucores there."""
+    api = kubeapi.InMemoryNodeApi()
+    monkeypatch.setattr(assembling.kube, "connect", lambda kubeconfig: api)
+    api.put_node("n0", {"migpilot.io/mode": "dra"})
+    api.put_spec("n0", {"gpus": [{"index": 0, "instances": []}]})
+    argv = ["--node", "n0", "--kubelet", "simulated", "--backend", "emulated:h100-80gb:x1"]
+    assert run(*argv, "--once")[0] == 0
+    got = api.node_resources.get("n0", {})
+    assert not [k for k in got if k in ("nvidia.com/gpumem", "nvidia.com/gpucores")], got
+    api2 = kubeapi.InMemoryNodeApi()  # the same node in mode mig gets them
+    monkeypatch.setattr(assembling.kube, "connect", lambda kubeconfig: api2)
+    api2.put_node("n0", {})
+    api2.put_spec("n0", {"gpus": [{"index": 0, "instances": []}]})
+    assert run(*argv, "--once")[0] == 0
+    assert api2.node_resources["n0"]["nvidia.com/gpucores"] == "100"
+
+
 def test_agents_on_two_nodes_report_different_emulated_uuids(tmp_path: Path) -> None:
     # Each node's emulated GPUs derive their UUIDs from the node's name, as the fleet's do:
     # two agents never report the same GPU (or MIG) UUID, and a restart keeps them.

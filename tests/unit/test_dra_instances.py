@@ -217,21 +217,57 @@ def test_a_failed_create_leaves_no_entry(node: Node) -> None:
 
 
 def test_taken_placements_are_refused(node: Node) -> None:
-    node.gpus.create_instance(0, profile="1g.10gb", start=0)  # the reconciler's, or by hand
+    used = node.gpus.create_instance(0, profile="1g.10gb", start=0)  # a process runs on it
+    assert used.uuid is not None
+    node.gpus.attach_process(used.uuid, 4242)
     node.instances.ensure(P(1, "4g.40gb", 0), owner="u1")
     cases = {
-        P(0, "1g.10gb", 0): "taken by an instance no claim owns",
-        P(0, "2g.20gb", 0): "slot 0 holds a 1g.10gb instance",
-        P(0, "7g.80gb", 0): "slot 0 holds a 1g.10gb instance",
-        P(0, "3g.40gb", 0): "slot 0 holds a 1g.10gb instance",
+        P(0, "1g.10gb", 0): "the 1g.10gb instance at slot 0",
+        P(0, "2g.20gb", 0): "the 1g.10gb instance at slot 0",
+        P(0, "7g.80gb", 0): "the 1g.10gb instance at slot 0",
+        P(0, "3g.40gb", 0): "the 1g.10gb instance at slot 0",
         P(1, "4g.40gb", 0): "taken by claim UID u1",
-        P(1, "2g.20gb", 2): "the GPU refused",  # overlaps the 4g.40gb at 0
+        P(1, "2g.20gb", 2): "the 4g.40gb instance at slot 0 is taken by claim UID u1",
     }
     for placement, problem in cases.items():
         with pytest.raises(preparing.InstanceError, match=re.escape(problem)):
             node.instances.ensure(placement, owner="u2")
+    with pytest.raises(preparing.InstanceError, match="is in use"):
+        node.instances.ensure(P(0, "1g.10gb", 0), owner="u2")
+    node.gpus.detach_process(used.uuid, 4242)
+    node.used.add(used.uuid)  # the kubelet lists it for a pod
+    with pytest.raises(preparing.InstanceError, match="is in use"):
+        node.instances.ensure(P(0, "2g.20gb", 0), owner="u2")
     assert len(node.devices(0)) == 1 and len(node.devices(1)) == 1
     assert node.instances.owned().of("u2") == ()
+
+
+def test_free_instances_no_claim_owns_are_adopted_or_cleared(node: Node) -> None:
+    """The publisher offers a free instance like any placement: a claim allocated exactly it
+    adopts it (nothing created), one allocated an overlapping placement gets it destroyed
+    first; one that overlaps nothing is left alone."""
+    free = node.gpus.create_instance(0, profile="1g.10gb", start=0)  # the reconciler's
+    other = node.gpus.create_instance(0, profile="3g.40gb", start=4)
+    away = node.gpus.create_instance(1, profile="1g.10gb", start=6)
+    got = node.instances.ensure(P(0, "1g.10gb", 0), owner="u1")
+    assert got.uuid == free.uuid  # adopted
+    mine = node.instances.ensure(P(0, "1g.10gb", 4), owner="u2")  # inside the 3g.40gb at 4
+    assert {(d.profile, d.start, d.uuid) for d in node.devices(0)} == {
+        ("1g.10gb", 0, free.uuid),
+        ("1g.10gb", 4, mine.uuid),
+    }
+    assert mine.uuid != other.uuid
+    assert [d.uuid for d in node.devices(1)] == [away.uuid]
+    assert node.instances.in_use() == {free.uuid, mine.uuid}
+    # The media engines are in the way too: a +me placement clears a free +me instance.
+    me = node.gpus.create_instance(1, profile="1g.10gb+me", start=0)
+    node.instances.ensure(P(1, "1g.10gb+me", 2), owner="u3")
+    assert me.uuid not in {d.uuid for d in node.devices(1)}
+    # A claim's instance is never cleared for another: u1's 1g.10gb is in the way of 2g.20gb@0.
+    with pytest.raises(preparing.InstanceError, match="taken by claim UID u1"):
+        node.instances.ensure(P(0, "2g.20gb", 0), owner="u4")
+    assert node.instances.release("u1") == (P(0, "1g.10gb", 0),)
+    assert free.uuid not in {d.uuid for d in node.devices(0)}
 
 
 def test_release_destroys_only_what_nothing_uses(node: Node) -> None:

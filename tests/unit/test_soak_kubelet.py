@@ -1,18 +1,18 @@
-"""The soak's fake-kubelet node (``bench/soak_kubelet.py``): KWOK's pod-ready Stage rewritten so
-that node's pods stay Pending until its device manager has allocated their devices, and the
+"""The fake-kubelet nodes (``bench/soak_kubelet.py``, ``tests/kube/drakubelet.py``): KWOK's
+pod-ready Stage (and for the DRA kubelet its pod-delete Stage) rewritten by
+``tests/kube/kwokstages.py`` so that node's pods stay Pending until its fake kubelet has
+allocated or prepared their devices (and a deleted one stays until it unprepared them), and the
 status it then writes, as a kubelet keeps a pod Pending until admission and Allocate are done."""
 
 from __future__ import annotations
 
 import datetime
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import soak_kubelet
+from tests.kube import kwokstages
 
 POD_READY = """\
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -52,9 +52,7 @@ def test_pod_ready_leaves_the_held_nodes_pods_alone(tmp_path: Path) -> None:
     ready, other = tmp_path / "pod-ready.yaml", tmp_path / "pod-delete.yaml"
     ready.write_text(POD_READY)
     other.write_text(OTHER)
-    out = soak_kubelet.kwok_stages(
-        (other, ready), nodes=("soak-h100-0",), folder=tmp_path / "stages"
-    )
+    out = kwokstages.kwok_stages((other, ready), nodes=("soak-h100-0",), folder=tmp_path / "stages")
     assert out == (other, tmp_path / "stages" / "pod-ready.yaml")
     (doc,) = yaml.safe_load_all(out[1].read_text())
     original = yaml.safe_load(POD_READY)
@@ -68,21 +66,38 @@ def test_pod_ready_leaves_the_held_nodes_pods_alone(tmp_path: Path) -> None:
     assert ready.read_text() == POD_READY  # the shared file is not touched
 
 
+def test_the_dra_kubelet_holds_pod_ready_and_pod_delete(tmp_path: Path) -> None:
+    ready, delete = tmp_path / "pod-ready.yaml", tmp_path / "pod-delete.yaml"
+    ready.write_text(POD_READY)
+    delete.write_text(OTHER)
+    names = (kwokstages.POD_READY, kwokstages.POD_DELETE)
+    out = kwokstages.kwok_stages(
+        (delete, ready), nodes=("dra-0",), folder=tmp_path / "stages", names=names
+    )
+    assert out == (tmp_path / "stages" / "pod-delete.yaml", tmp_path / "stages" / "pod-ready.yaml")
+    for path in out:
+        (doc,) = yaml.safe_load_all(path.read_text())
+        held = {"key": ".spec.nodeName", "operator": "NotIn", "values": ["dra-0"]}
+        assert doc["spec"]["selector"]["matchExpressions"][-1] == held
+    with pytest.raises(ValueError, match="no pod-delete Stage"):
+        kwokstages.kwok_stages((ready,), nodes=("n",), folder=tmp_path / "x", names=names)
+
+
 def test_stages_without_pod_ready_or_nodes_are_refused(tmp_path: Path) -> None:
     other = tmp_path / "pod-delete.yaml"
     other.write_text(OTHER)
     with pytest.raises(ValueError, match="no pod-ready Stage"):
-        soak_kubelet.kwok_stages((other,), nodes=("n",), folder=tmp_path)
+        kwokstages.kwok_stages((other,), nodes=("n",), folder=tmp_path)
     with pytest.raises(ValueError, match="at least one node"):
-        soak_kubelet.held_until_admitted(yaml.safe_load(POD_READY), nodes=())
+        kwokstages.held_until_admitted(yaml.safe_load(POD_READY), nodes=())
     with pytest.raises(ValueError, match="not KWOK's pod-ready Stage"):
-        soak_kubelet.held_until_admitted(yaml.safe_load(OTHER), nodes=("n",))
+        kwokstages.held_until_admitted(yaml.safe_load(OTHER), nodes=("n",))
 
 
 def test_a_started_pod_is_running_and_ready_with_each_container_running() -> None:
     doc = {"spec": {"containers": [{"name": "c", "image": "pause"}, {"name": "d"}]}}
     now = datetime.datetime(2026, 11, 28, 3, 14, 20, tzinfo=datetime.UTC)
-    status = soak_kubelet.running_status(doc, now=now)["status"]
+    status = kwokstages.running_status(doc, now=now)["status"]
     assert status["phase"] == "Running" and status["startTime"] == "2026-11-28T03:14:20Z"
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "PodScheduled": "True", "Initialized": "True", "Ready": "True", "ContainersReady": "True"

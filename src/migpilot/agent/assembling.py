@@ -440,7 +440,10 @@ class KubeSide:
         if kubelet is not None:
             listeners.insert(0, kubelet)
         counters = None
-        if self.counters:
+        # A node in DRA mode serves no device plugin, so no nvidia.com/gpu for a unified pod
+        # to go with the counters: written there, they would only mislead (docs/dra.md).
+        dra = self.statics is not None and self.statics.dra_node
+        if self.counters and not dra:
             counters = unifying.NodeCounters(
                 self.api, node=self.node, mps_node=self.mps_node, sharing=self.sharing
             )

@@ -11,8 +11,11 @@ instance and creates nothing.
 
 Safety:
 
-* a placement is refused when another claim owns it or an instance no claim owns is there (one
-  the reconciler or a person made): it is never taken over;
+* a placement is refused when another claim's instance (or one held since the ledger was lost)
+  is in its way; a free instance no claim owns (one the reconciler or a person made) is offered
+  by the publisher like any placement, so a claim allocated exactly it adopts it, and one
+  allocated an overlapping placement has it destroyed first; an instance no claim owns that is
+  in use or not complete is never taken over (the prepare fails, the kubelet retries);
 * before an instance is destroyed, the agent's other in-use sources (the processes running on
   it, the kubelet's PodResources) are asked, as the reconciler asks right before a destroy; an
   instance in use stays, with its owner, and the release fails for the kubelet to retry;
@@ -40,6 +43,7 @@ from migpilot.agent import reconciling
 from migpilot.agent.dra import ownership, placements, preparing
 from migpilot.agent.rules import changes
 from migpilot.gpu import backend
+from migpilot.mig import layouts
 
 _log = logging.getLogger(__name__)
 
@@ -122,19 +126,22 @@ class BackendInstances:
         return preparing.Instance(target, info.uuid)
 
     def _ensure_mig(self, placement: placements.Placement, owner: str) -> preparing.Instance:
+        held = self._ledger.at(placement)
+        if held is not None and held.owner not in (owner, ownership.RECOVERED):
+            raise preparing.InstanceError(f"{placement} is taken by claim UID {held.owner}")
+        if held is None:
+            self._clear_way(placement)
         there = self._at(placement)
         if there is not None and there.profile != placement.profile:
             raise preparing.InstanceError(
                 f"{placement}: slot {placement.start} holds a {there.profile} instance "
                 f"({there.uuid or 'incomplete'})"
             )
-        held = self._ledger.at(placement)
-        if held is not None and held.owner not in (owner, ownership.RECOVERED):
-            raise preparing.InstanceError(f"{placement} is taken by claim UID {held.owner}")
-        if there is not None and (held is None or held.uuid not in (None, there.uuid)):
+        if there is not None and held is not None and held.uuid not in (None, there.uuid):
             raise preparing.InstanceError(
                 f"{placement} is taken by an instance no claim owns ({there.uuid or 'incomplete'})"
             )
+        made = there is None
         if there is None:
             if held is not None:
                 _log.warning("DRA: %s of claim %s is gone: created again", placement, owner)
@@ -143,10 +150,56 @@ class BackendInstances:
             there = self._complete(placement, there)
         assert there.uuid is not None
         if held is None or held.owner != owner or held.uuid != there.uuid:
+            if held is None and not made:
+                _log.info("DRA: claim %s adopts the free %s (%s)", owner, placement, there.uuid)
             if held is not None and held.owner == ownership.RECOVERED:
                 _log.warning("DRA: claim %s adopts the recovered %s", owner, placement)
             self._record(ownership.Owned(owner, placement, there.uuid))
         return preparing.Instance(placement, there.uuid)
+
+    def _clear_way(self, placement: placements.Placement) -> None:
+        """Make room for a claim at ``placement``, which no claim holds: the instances no claim
+        owns that overlap it (memory slices, media engines) are destroyed, and one at exactly
+        the placement is kept for the claim to adopt. The publisher offers such a free
+        instance like any placement, so kube-scheduler allocates it, or a placement
+        overlapping it, from counters that say its slices are free. Nothing is destroyed and
+        :class:`~preparing.InstanceError` is raised when one of them is a claim's, held since
+        the ledger was lost, not complete, or in use (the agent's other in-use sources, its
+        processes): the kubelet retries."""
+        info = next((g for g in self._backend.gpus() if g.index == placement.gpu), None)
+        if info is None or info.model is None:
+            raise preparing.InstanceError(f"{placement}: this node has no such GPU it knows")
+        geo = layouts.geometry(info.model)
+        try:
+            want = geo.placement(layouts.Instance(placement.start, placement.profile))
+        except errors.MigpilotError as err:
+            raise preparing.InstanceError(f"{placement}: {err}") from None
+        owners = {e.uuid: e.owner for e in self._ledger.entries if e.uuid is not None}
+        in_the_way = [
+            dev for dev in self._backend.mig_devices(placement.gpu) if _in_the_way(geo, dev, want)
+        ]
+        if not in_the_way:
+            return
+        used = self._used.in_use()
+        doomed: list[backend.MigDevice] = []
+        for dev in in_the_way:
+            what = f"{placement}: the {dev.profile} instance at slot {dev.start}"
+            at = self._ledger.at(placements.Placement(placement.gpu, dev.profile, dev.start))
+            owner = owners.get(dev.uuid or "", at.owner if at is not None else None)
+            if owner == ownership.RECOVERED:
+                raise preparing.InstanceError(f"{what} is held since the ledger was lost")
+            if owner is not None:
+                raise preparing.InstanceError(f"{what} is taken by claim UID {owner}")
+            if dev.uuid is None:
+                raise preparing.InstanceError(f"{what} is not complete (being made?)")
+            if dev.uuid in used or self._backend.running_processes(placement.gpu, dev.uuid):
+                raise preparing.InstanceError(f"{what} ({dev.uuid}) is in use")
+            if (dev.profile, dev.start) != (placement.profile, placement.start):
+                doomed.append(dev)
+        for dev in doomed:
+            _log.info("DRA: %s destroys the free %s@%d no claim owns (%s)",
+                      placement, dev.profile, dev.start, dev.uuid)  # fmt: skip
+            self._backend.destroy_instance(placement.gpu, dev.gi_id)
 
     def _create(self, placement: placements.Placement, owner: str) -> backend.MigDevice:
         # Written ahead: a crash after the create leaves an entry the next start completes.
@@ -292,3 +345,14 @@ class BackendInstances:
             raise preparing.InstanceError(
                 f"cannot write the DRA claims ledger {self._path}: {err.strerror or err}"
             ) from None
+
+
+def _in_the_way(geo: layouts.Geometry, dev: backend.MigDevice, want: layouts.Footprint) -> bool:
+    """Whether instance ``dev`` keeps an instance of footprint ``want`` from being made: they
+    share memory slots or both take the media engines. An instance at a placement MIG does not
+    allow is in the way of everything."""
+    try:
+        got = geo.placement(layouts.Instance(dev.start, dev.profile))
+    except errors.MigpilotError:
+        return True
+    return bool(got.mask & want.mask) or (got.media and want.media)

@@ -1,0 +1,559 @@
+"""DRA mode end to end on the real v1.37.2 control plane (issue 26, part 4).
+
+A KWOK node labelled ``migpilot.io/mode=dra`` (one emulated H100 80GB) whose ``migpilot
+agent`` publishes its ResourceSlices and serves the DRA kubelet plugin in a kubelet folder,
+where :class:`tests.kube.drakubelet.DraKubelet` plays the node's kubelet: it registers the
+plugin and calls NodePrepareResources with a pod's claims before marking it Running, and
+NodeUnprepareResources before a deleted pod goes (KWOK's pod-ready and pod-delete Stages leave
+that node's pods to it). Beside it a device-plugin node (one emulated A100 80GB, the stand-in
+kubelet), with the webhook and the controller, as every other e2e scene runs them.
+
+- Claims from the ResourceClaimTemplates of ``deploy/dra/`` (by profile, by memory, by model)
+  are allocated by the real kube-scheduler, their pods run, the emulated GPU has exactly the
+  allocated placements, and each prepared claim has its CDI spec file.
+- A device in use is never allocated twice: more claims than fit leave the extra pods pending;
+  deleting a pod unprepares its claim (the instance goes), then a pending pod's claim is
+  allocated and prepared.
+- A claim by memory gets the smallest profile that holds it.
+- The device-plugin node keeps serving ``nvidia.com/mig-*`` pods.
+
+Every wait has a generous timeout; no duration decides whether a test passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import lightkube
+import pytest
+import yaml
+from lightkube import codecs
+from lightkube.models.core_v1 import (
+    Container,
+    PodResourceClaim,
+    PodSpec,
+    ResourceRequirements,
+)
+from lightkube.models.core_v1 import (
+    ResourceClaim as ContainerClaim,
+)
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+from migpilot.agent.dra import placements, publishing
+from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
+from migpilot.mig import catalog, profiles
+from tests.kube import controlplane, kwokstages, system, tools
+from tests.kube.drakubelet import DraKubelet
+from tests.kube.scenes import container
+
+pytestmark = pytest.mark.kube
+
+REPO = Path(__file__).resolve().parents[2]
+DRA = REPO / "deploy" / "dra"
+DRA_NODE = "dra-h100"
+DP_NODE = "dp-a100"
+H100 = catalog.resolve_gpu("h100-80gb")
+WAIT_S = 120.0
+GIB = 1024
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class Cluster:
+    """The control plane, migpilot's processes and the DRA node's kubelet."""
+
+    plane: controlplane.ControlPlane
+    system: system.System
+    kubelet: DraKubelet
+    root: Path
+    namespace: str
+
+    @property
+    def client(self) -> lightkube.Client:
+        return self.plane.client
+
+    def start_dra_agent(self) -> None:
+        """The DRA node's agent: emulated H100, the fake kubelet's folder, CDI specs and the
+        emulated driver files below the scene's folder."""
+        self.system.start_agent(
+            DRA_NODE,
+            "emulated:h100-80gb:x1",
+            "--proc-root", str(self.root / "proc"),
+            "--cdi-spec-dir", str(self.root / "cdi"),
+            "--interval", "2",
+            kubelet=str(self.kubelet.dir),
+        )  # fmt: skip
+
+    def stop_dra_agent(self) -> None:
+        controlplane.stop_components([self.system.agents.pop(DRA_NODE)])
+
+    def wait(self, probe: Callable[[], T | None], what: str, timeout: float = WAIT_S) -> T:
+        try:
+            return controlplane.wait_for(
+                probe, what=what, timeout=timeout, watch=self.system.components()
+            )
+        except controlplane.ControlPlaneError as err:
+            raise AssertionError(f"{err}\n{self.dump()}") from None
+
+    def dump(self) -> str:
+        """Pods, claims, the kubelet's record and the agents' logs, for a failure."""
+        lines = []
+        for p in self.client.list(Pod, namespace=self.namespace):
+            assert p.metadata is not None and p.spec is not None and p.status is not None
+            lines.append(f"pod {p.metadata.name}: {p.status.phase} on {p.spec.nodeName}")
+        for c in self.client.list(ResourceClaim, namespace=self.namespace):
+            d = c.to_dict()
+            lines.append(f"claim {d['metadata']['name']}: {json.dumps(d.get('status') or {})}")
+        lines.append(f"kubelet errors: {self.kubelet.errors()[-10:]}")
+        lines.append(f"emulated GPU: {self.instances()}")
+        return "\n".join(lines) + "\n" + self.system.logs()
+
+    def pod(self, name: str, template: str, *, claim: str | None = None) -> None:
+        """A pod with one claim: from ``template``, or the ResourceClaim ``claim``."""
+        source = (
+            PodResourceClaim(name="mig", resourceClaimName=claim)
+            if claim is not None
+            else PodResourceClaim(name="mig", resourceClaimTemplateName=template)
+        )
+        self.client.create(
+            Pod(
+                metadata=ObjectMeta(name=name, namespace=self.namespace),
+                spec=PodSpec(
+                    containers=[
+                        Container(
+                            name="app",
+                            image="app",
+                            resources=ResourceRequirements(claims=[ContainerClaim(name="mig")]),
+                        )
+                    ],
+                    resourceClaims=[source],
+                ),
+            )
+        )
+
+    def phase(self, name: str) -> tuple[str, str | None]:
+        got = self.client.get(Pod, name, namespace=self.namespace)
+        assert got.status is not None and got.spec is not None
+        return got.status.phase or "", got.spec.nodeName
+
+    def claim(self, pod: str) -> dict[str, Any] | None:
+        """The pod's claim as the API has it (``None``: not made yet)."""
+        got = self.client.get(Pod, pod, namespace=self.namespace)
+        statuses = (got.status.resourceClaimStatuses if got.status else None) or []
+        names = [s.resourceClaimName for s in statuses if s.resourceClaimName]
+        if not names:
+            return None
+        return self.client.get(ResourceClaim, names[0], namespace=self.namespace).to_dict()
+
+    def allocated(self, pod: str) -> str | None:
+        """The device the pod's claim was allocated (``None``: not yet)."""
+        claim = self.claim(pod)
+        allocation = ((claim or {}).get("status") or {}).get("allocation")
+        if allocation is None:
+            return None
+        (result,) = allocation["devices"]["results"]
+        assert (result["driver"], result["pool"]) == (publishing.DRIVER, DRA_NODE)
+        return str(result["device"])
+
+    def unschedulable(self, pod: str) -> bool:
+        got = self.client.get(Pod, pod, namespace=self.namespace)
+        conditions = (got.status.conditions if got.status else None) or []
+        return any(
+            c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+            for c in conditions
+        )
+
+    def instances(self) -> set[tuple[int, str, int]]:
+        """The emulated GPUs' MIG instances (GPU, profile, start), from the agent's state file."""
+        path = self.root / f"{DRA_NODE}.json"
+        if not path.exists():
+            return set()
+        state = json.loads(path.read_text())
+        return {
+            (g["index"], i["profile"], i["start"]) for g in state["gpus"] for i in g["instances"]
+        }
+
+    def uuids(self) -> dict[tuple[int, str, int], str | None]:
+        """(GPU, profile, start) -> the instance's MIG UUID, from the agent's state file."""
+        state = json.loads((self.root / f"{DRA_NODE}.json").read_text())
+        return {
+            (g["index"], i["profile"], i["start"]): i["uuid"]
+            for g in state["gpus"]
+            for i in g["instances"]
+        }
+
+    def layout(self, instances: tuple[tuple[str, int], ...]) -> None:
+        """The DRA node's GpuLayout spec: these (profile, start) on GPU 0, as an admin (or the
+        node's device-plugin days) could have left it."""
+        spec = gl.LayoutSpec(
+            (gl.GpuSpec(0, H100.id, tuple(gl.InstanceSpec(p, s) for p, s in instances)),)
+        )
+        self.client.apply(
+            codecs.from_dict(dict(wire.spec_patch(DRA_NODE, spec))),
+            field_manager=gl.CONTROLLER_FIELD_MANAGER,
+            force=True,
+        )
+
+    def cdi_spec(self, claim_uid: str) -> Path:
+        return self.root / "cdi" / f"migpilot-dra-{claim_uid}.json"
+
+
+def _placement(device: str) -> tuple[int, str, int]:
+    target = placements.parse_target(device, {0: H100})
+    assert isinstance(target, placements.Placement), device
+    return target.gpu, target.profile, target.start
+
+
+def _apply_deploy_dra(client: lightkube.Client, namespace: str) -> None:
+    """The DeviceClass and the example templates of deploy/dra/, as shipped."""
+    for path in sorted(DRA.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc["kind"] != "DeviceClass":
+                doc["metadata"]["namespace"] = namespace
+            if doc:
+                client.create(codecs.from_dict(doc))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A control plane of its own (KWOK's Stages leave the DRA node's pods to its kubelet)."""
+    root = tmp_path_factory.mktemp("dra")
+    found = tools.locate()
+    stages = kwokstages.kwok_stages(
+        found.kwok_stages,
+        nodes=(DRA_NODE,),
+        folder=root / "stages",
+        names=(kwokstages.POD_READY, kwokstages.POD_DELETE),
+    )
+    plane = controlplane.ControlPlane.start(found=dataclasses.replace(found, kwok_stages=stages))
+    sys_ = system.System(plane, root)
+    # A short folder: a unix socket's path has at most 107 bytes, pytest's tmp_path is long.
+    folder = Path(tempfile.mkdtemp(prefix="mpdra-"))
+    kubelet = DraKubelet(folder, node=DRA_NODE, kubeconfig=plane.kubeconfig)
+    namespace = f"dra-{uuid.uuid4().hex[:6]}"
+    try:
+        sys_.prepare()
+        plane.client.create(Namespace(metadata=ObjectMeta(name=namespace)))
+        _apply_deploy_dra(plane.client, namespace)
+        sys_.start_webhook()
+        kubelet.start()
+        (root / "proc").mkdir()
+        plane.add_node(DRA_NODE, labels={"migpilot.io/mode": "dra"})
+        sys_.nodes.append(DRA_NODE)
+        cluster = Cluster(plane, sys_, kubelet, root, namespace)
+        cluster.start_dra_agent()
+        sys_.add_node(DP_NODE, "emulated:a100-80gb:x1")
+        sys_.start_controller("c1")
+        yield cluster
+    finally:
+        kubelet.stop()
+        sys_.stop()
+        plane.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def dra(cluster: Cluster) -> Iterator[Cluster]:
+    """The DRA node ready (its pool published with nothing used, its plugin registered); no
+    prepare or unprepare refused during the test; its pods deleted afterwards, and every claim
+    unprepared, so the next test starts empty."""
+
+    def ready() -> bool:
+        found = [
+            s.to_dict()
+            for s in cluster.client.list(
+                ResourceSlice, fields={"spec.nodeName": DRA_NODE, "spec.driver": publishing.DRIVER}
+            )
+        ]
+        counters = [c for s in found for c in s["spec"].get("sharedCounters") or ()]
+        free = all(v == {"value": "1"} for c in counters for k, v in c["counters"].items()
+                   if k.startswith("memory-slice-"))  # fmt: skip
+        return cluster.kubelet.registered and len(counters) == 1 and free
+
+    cluster.wait(ready, "the DRA node's pool published, nothing used, and its plugin registered")
+    seen = len(cluster.kubelet.errors())
+    try:
+        yield cluster
+        # No claim the scheduler allocated was refused by the plugin, not even once (a refusal
+        # the kubelet retried until it passed would hide a wrong pool or plugin).
+        refused = [
+            e for e in cluster.kubelet.errors()[seen:] if e.startswith(("prepare ", "unprepare "))
+        ]
+        assert not refused, refused
+    finally:
+        for p in cluster.client.list(Pod, namespace=cluster.namespace):
+            assert p.metadata is not None
+            with contextlib.suppress(lightkube.ApiError):
+                cluster.client.delete(Pod, p.metadata.name or "", namespace=cluster.namespace)
+        cluster.wait(
+            lambda: (
+                not list(cluster.client.list(Pod, namespace=cluster.namespace))
+                and not cluster.kubelet.prepared()
+                and not cluster.instances()
+            ),
+            "every pod gone, its claim unprepared and its instance destroyed",
+        )
+
+
+def _running(cluster: Cluster, names: list[str]) -> dict[str, str] | None:
+    """Pod -> node, once every one of ``names`` runs (``None`` before)."""
+    out = {}
+    for name in names:
+        phase, node = cluster.phase(name)
+        if phase != "Running" or node is None:
+            return None
+        out[name] = node
+    return out
+
+
+def _template(name: str, namespace: str, cel: str, *, count: int = 1) -> Any:
+    """A ResourceClaimTemplate of one request of the driver's class."""
+    request = {
+        "deviceClassName": publishing.DRIVER,
+        "selectors": [{"cel": {"expression": cel}}],
+        "count": count,
+    }
+    devices = {"requests": [{"name": "mig", "exactly": request}]}
+    return codecs.from_dict(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": {"devices": devices}},
+        }
+    )
+
+
+def _smallest_holding(model: profiles.GpuModel, mib: int) -> str:
+    """The profile a claim for ``mib`` should get: the least memory that holds it, then the
+    fewest memory and compute slices (the catalog's figures, not the publisher's order)."""
+    fits = [p for p in model.profiles if p.memory_mib is not None and p.memory_mib >= mib]
+    best = min(fits, key=lambda p: (p.memory_mib or 0, p.memory_slots, p.compute_slices))
+    return best.name
+
+
+def test_claims_from_templates_are_allocated_prepared_and_run(dra: Cluster) -> None:
+    """By profile, by memory (the smallest profile with 20Gi: 3g.40gb on an H100, whose
+    2g.20gb has 19.6 GiB), by model: kube-scheduler allocates, the kubelet prepares, the pods
+    run on the DRA node, the GPU has exactly those instances and each claim its CDI spec."""
+    asked = {"by-profile": "mig-1g-10gb", "by-memory": "mig-20gi", "by-model": "mig-h100-80gb"}
+    for pod, template in asked.items():
+        dra.pod(pod, template)
+    placed = dra.wait(lambda: _running(dra, list(asked)), "the three pods Running")
+    assert set(placed.values()) == {DRA_NODE}
+    devices = {pod: dra.allocated(pod) for pod in asked}
+    got = {pod: _placement(d) for pod, d in devices.items() if d is not None}
+    assert len(got) == 3
+    assert got["by-profile"][1] == "1g.10gb"
+    assert got["by-memory"][1] == _smallest_holding(H100, 20 * GIB) == "3g.40gb"
+    assert got["by-model"][1] in {p.name for p in H100.profiles}
+    # Exactly the allocated placements, no more: created by prepare, nothing else made.
+    assert dra.instances() == set(got.values())
+    prepared = dra.kubelet.prepared()
+    for pod in asked:
+        claim = dra.claim(pod)
+        assert claim is not None
+        uid = claim["metadata"]["uid"]
+        ((device,),) = [tuple(d.device for d in prepared[uid])]
+        assert device == devices[pod]
+        spec = json.loads(dra.cdi_spec(uid).read_text())
+        assert [d["name"] for d in spec["devices"]] == [device]
+        assert prepared[uid][0].cdi_ids == (f"{spec['kind']}={device}",)
+
+
+@pytest.mark.parametrize("gib", [9, 19, 20, 40])
+def test_a_claim_by_memory_gets_the_smallest_profile_that_holds_it(dra: Cluster, gib: int) -> None:
+    """On an empty H100 80GB a claim for at least ``gib`` GiB gets the profile with the least
+    memory that holds it (then the fewest slices): 9 -> 1g.10gb, 19 -> 1g.20gb (19.6 GiB),
+    20 -> 3g.40gb (the 20 GB profiles have 19.6 GiB), 40 -> 7g.80gb (the 40 GB ones have
+    39.5)."""
+    cel = (
+        'device.attributes["mig.migpilot.io"].type == "mig" && '
+        f'device.capacity["mig.migpilot.io"].memory.compareTo(quantity("{gib}Gi")) >= 0'
+    )
+    dra.client.create(_template(f"mig-{gib}gi-test", dra.namespace, cel))
+    dra.pod("memory", f"mig-{gib}gi-test")
+    dra.wait(lambda: dra.phase("memory")[0] == "Running", f"the {gib}Gi pod Running")
+    _, profile, _ = _placement(dra.allocated("memory") or "")
+    assert profile == _smallest_holding(H100, gib * GIB)
+    assert {p for _, p, _ in dra.instances()} == {profile}
+
+
+def test_a_claim_of_two_devices_gets_two_instances_in_one_spec(dra: Cluster) -> None:
+    """``count: 2`` of 1g.10gb: two placements allocated, both made by one prepare, one CDI spec
+    with both devices; both go with the pod."""
+    cel = 'device.attributes["mig.migpilot.io"].profile == "1g.10gb"'
+    dra.client.create(_template("two-1g", dra.namespace, cel, count=2))
+    dra.pod("pair", "two-1g")
+    dra.wait(lambda: dra.phase("pair")[0] == "Running", "the pod of two devices Running")
+    claim = dra.claim("pair")
+    assert claim is not None
+    results = claim["status"]["allocation"]["devices"]["results"]
+    devices = sorted(r["device"] for r in results)
+    assert len(set(devices)) == 2
+    assert dra.instances() == {_placement(d) for d in devices}
+    uid = claim["metadata"]["uid"]
+    spec = json.loads(dra.cdi_spec(uid).read_text())
+    assert sorted(d["name"] for d in spec["devices"]) == devices
+    assert sorted(d.device for d in dra.kubelet.prepared()[uid]) == devices
+
+
+def test_two_pods_of_one_claim_share_its_instance_until_the_last_goes(dra: Cluster) -> None:
+    """A ResourceClaim two pods name: one placement, one instance, prepared for both (the
+    second prepare answers the same and makes nothing); the first pod's deletion leaves it,
+    the last one's unprepares it."""
+    template = yaml.safe_load((DRA / "claimtemplates.yaml").read_text().split("---")[0])
+    shared = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "shared", "namespace": dra.namespace},
+        "spec": template["spec"]["spec"],
+    }
+    dra.client.create(codecs.from_dict(shared))
+    try:
+        dra.pod("one", "", claim="shared")
+        dra.pod("two", "", claim="shared")
+        dra.wait(lambda: _running(dra, ["one", "two"]), "both pods of the claim Running")
+        claim = dra.client.get(ResourceClaim, "shared", namespace=dra.namespace).to_dict()
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert dra.instances() == {_placement(result["device"])}
+        uid = claim["metadata"]["uid"]
+        dra.client.delete(Pod, "one", namespace=dra.namespace)
+        dra.wait(lambda: _gone(dra, "one"), "the first pod gone")
+        assert uid not in dra.kubelet.unprepared() and uid in dra.kubelet.prepared()
+        assert dra.instances() == {_placement(result["device"])}
+        dra.client.delete(Pod, "two", namespace=dra.namespace)
+        dra.wait(lambda: uid in dra.kubelet.unprepared(), "the claim unprepared with the last")
+        dra.wait(lambda: not dra.instances(), "its instance destroyed")
+    finally:
+        with contextlib.suppress(lightkube.ApiError):
+            dra.client.delete(ResourceClaim, "shared", namespace=dra.namespace)
+
+
+def _gone(cluster: Cluster, pod: str) -> bool:
+    try:
+        cluster.client.get(Pod, pod, namespace=cluster.namespace)
+    except lightkube.ApiError as err:
+        return err.status.code == 404
+    return False
+
+
+def test_a_device_in_use_is_never_allocated_twice(dra: Cluster) -> None:
+    """Eight claims for a 1g.10gb, seven fit an H100: seven run on seven distinct placements,
+    the eighth waits. Deleting a running pod unprepares its claim (its instance goes, before
+    the pod does); then the waiting claim is allocated, prepared and its pod runs."""
+    fits = next(p for p in H100.profiles if p.name == "1g.10gb").max_instances
+    names = [f"small-{i}" for i in range(fits + 1)]
+    for name in names:
+        dra.pod(name, "mig-1g-10gb")
+
+    def settled() -> tuple[list[str], list[str]] | None:
+        running = [n for n in names if dra.phase(n)[0] == "Running"]
+        waiting = [n for n in names if dra.unschedulable(n)]
+        return (running, waiting) if len(running) == fits and len(waiting) == 1 else None
+
+    running, (waiting,) = dra.wait(settled, f"{fits} pods Running and one unschedulable")
+    devices = [dra.allocated(n) for n in running]
+    assert None not in devices and len(set(devices)) == fits
+    assert dra.allocated(waiting) is None
+    assert dra.instances() == {_placement(d) for d in devices if d is not None}
+
+    freed = running[0]
+    claim = dra.claim(freed)
+    assert claim is not None
+    dra.client.delete(Pod, freed, namespace=dra.namespace)
+    dra.wait(lambda: claim["metadata"]["uid"] in dra.kubelet.unprepared(), "the unprepare")
+    dra.wait(lambda: dra.phase(waiting)[0] == "Running", "the waiting pod Running")
+    later = [dra.allocated(n) for n in names if n != freed]
+    assert None not in later and len(set(later)) == fits
+    assert dra.instances() == {_placement(d) for d in later if d is not None}
+    assert not dra.cdi_spec(claim["metadata"]["uid"]).exists()
+
+
+def test_an_agent_restart_keeps_the_claims_instances_and_serves_on(dra: Cluster) -> None:
+    """The DRA node's agent stops while two claims are prepared and starts again: its ledger
+    gives the claims their instances back (none destroyed, none made), the kubelet registers
+    the new plugin, the pool still counts them as allocated (the two fill every memory slice:
+    a new claim waits), and deleting a pod unprepares its claim through the new agent, whose
+    place the waiting claim then gets."""
+    for name in ("a", "b"):
+        dra.pod(name, "mig-20gi")
+    dra.wait(lambda: _running(dra, ["a", "b"]), "two 3g.40gb pods Running")
+    before = dra.uuids()
+    registered = dra.kubelet.registrations()
+    dra.stop_dra_agent()
+    dra.start_dra_agent()
+    dra.wait(lambda: dra.kubelet.registrations() > registered, "the new plugin registered")
+    assert dra.uuids() == before
+    dra.pod("c", "mig-1g-10gb")
+    dra.wait(lambda: dra.unschedulable("c"), "the third pod to wait: the GPU is full")
+    claim = dra.claim("a")
+    assert claim is not None
+    dra.client.delete(Pod, "a", namespace=dra.namespace)
+    dra.wait(lambda: claim["metadata"]["uid"] in dra.kubelet.unprepared(), "a's unprepare")
+    dra.wait(lambda: dra.phase("c")[0] == "Running", "the third pod Running in a's place")
+    assert (
+        dra.uuids()[_placement(dra.allocated("b") or "")]
+        == before[_placement(dra.allocated("b") or "")]
+    )
+
+
+def test_free_instances_left_on_the_node_are_taken_by_the_claims_allocated_there(
+    dra: Cluster,
+) -> None:
+    """Instances nobody uses (here a GpuLayout's 1g.10gb at 0 and 3g.40gb at 4) are offered
+    like any placement: a claim allocated exactly the 1g.10gb at 0 gets that instance, and one
+    allocated the 1g.10gb at 4 (a claim by attribute: ``start == 4``) gets the 3g.40gb there
+    destroyed and its own made. Neither stays pending in the kubelet."""
+    dra.layout((("1g.10gb", 0), ("3g.40gb", 4)))
+    try:
+
+        def offered() -> dict[tuple[int, str, int], str | None] | None:
+            found = dra.uuids()
+            return found if len(found) == 2 and None not in found.values() else None
+
+        before = dra.wait(offered, "the GpuLayout's two instances")
+        at_4 = (
+            'device.attributes["mig.migpilot.io"].profile == "1g.10gb" && '
+            'device.attributes["mig.migpilot.io"].start == 4'
+        )
+        dra.client.create(_template("mig-1g-10gb-at-4", dra.namespace, at_4))
+        dra.pod("exact", "mig-1g-10gb")
+        dra.wait(lambda: dra.phase("exact")[0] == "Running", "the pod on the free 1g.10gb")
+        assert dra.allocated("exact") == "gpu-0-mig-1g-10gb-0"
+        assert dra.uuids()[(0, "1g.10gb", 0)] == before[(0, "1g.10gb", 0)]  # adopted
+        dra.pod("over", "mig-1g-10gb-at-4")
+        dra.wait(lambda: dra.phase("over")[0] == "Running", "the pod inside the free 3g.40gb")
+        assert dra.allocated("over") == "gpu-0-mig-1g-10gb-4"
+        assert dra.instances() == {(0, "1g.10gb", 0), (0, "1g.10gb", 4)}
+    finally:
+        dra.layout(())  # the reconciler makes nothing once the claims' instances are gone
+
+
+def test_the_device_plugin_node_beside_serves_mig_pods(dra: Cluster) -> None:
+    """A pod asking ``nvidia.com/mig-3g.40gb`` runs on the device-plugin node, planned by the
+    controller as ever; the DRA node has no ``nvidia.com/mig-*`` resources."""
+    client = dra.client
+    client.create(
+        Pod(
+            metadata=ObjectMeta(name="dp-pod", namespace=dra.namespace),
+            spec=PodSpec(containers=[container("3g.40gb")]),
+        )
+    )
+    dra.wait(lambda: dra.phase("dp-pod") == ("Running", DP_NODE), "the device-plugin pod Running")
+    node = client.get(Node, DRA_NODE)
+    allocatable = (node.status.allocatable if node.status else None) or {}
+    assert not [k for k in allocatable if k.startswith("nvidia.com/")]
+    dra.pod("beside", "mig-1g-10gb")  # and the DRA node serves claims meanwhile
+    dra.wait(lambda: dra.phase("beside") == ("Running", DRA_NODE), "the DRA pod Running")
