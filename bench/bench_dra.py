@@ -1,6 +1,6 @@
 """DRA steering in the simulator: pods served with every MIG placement published and
 kube-scheduler's first fit (uncurated, as NVIDIA's DRA driver does), against migpilot's planner
-steering the same allocator through device taints (writes bench/results/dra.json).
+steering the same allocator (writes bench/results/dra.json).
 
 The model of the allocator is :mod:`migpilot.sim.draalloc` (walk order, counters, taints,
 prioritized lists, as kube-scheduler v1.37's structured allocator); the replay is
@@ -11,10 +11,13 @@ model. Per trace and variant: pods served, the time-weighted allocation ratio (a
 that counts only what claims by memory needed), pending times, claims by memory given a larger
 profile than the smallest that fits, and for steering its plan rounds, misses and slice writes.
 
-Variants: ``uncurated`` (devices listed profile by profile, and by start slot), ``prioritized``
-(claims by memory written as a firstAvailable list, smallest profile first; devices by start)
-and ``steered`` (both listings). The goal (issue 26): steered serves more pods than uncurated on
-every trace.
+Runs: ``uncurated`` (devices listed profile by profile, and by start slot), ``prioritized``
+(claims by memory written as a firstAvailable list, smallest profile first; devices by start),
+``best-fit`` (no planner and no gating: the driver lists placements best fit first), the first
+steering (``taints``: unplanned placements tainted, the planner packing nodes) and migpilot's
+steering (``order``: planned placements listed first, nothing tainted, the planner's node policy
+following kube-scheduler's LeastAllocated; both listings). The goal (issue 26): steered serves
+more pods than uncurated on every trace.
 
 Traces: the six MIG-native traces of bench/bench_native.py (bench/data/native) on its 32-GPU
 cluster, and a window of openb (pods 4000-4399 of the bundled pod list, the densest 400-pod
@@ -34,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from migpilot.planning import scoring
 from migpilot.sim import clusters, draalloc, drasim, traces
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,13 +56,31 @@ NATIVE = (
     "steady-mixed-s11",
     "shift-to-training-s11",
 )
-RUNS = (
-    (drasim.Variant.UNCURATED, draalloc.DeviceOrder.PROFILE),
-    (drasim.Variant.UNCURATED, draalloc.DeviceOrder.START),
-    (drasim.Variant.PRIORITIZED, draalloc.DeviceOrder.START),
-    (drasim.Variant.STEERED, draalloc.DeviceOrder.PROFILE),
-    (drasim.Variant.STEERED, draalloc.DeviceOrder.START),
+PROFILE, START = draalloc.DeviceOrder.PROFILE, draalloc.DeviceOrder.START
+RUNS: tuple[tuple[str, drasim.Variant, drasim.Settings], ...] = (
+    ("uncurated", drasim.Variant.UNCURATED, drasim.Settings(order=PROFILE)),
+    ("uncurated", drasim.Variant.UNCURATED, drasim.Settings(order=START)),
+    ("prioritized", drasim.Variant.PRIORITIZED, drasim.Settings(order=START)),
+    (
+        "best-fit",
+        drasim.Variant.STEERED,
+        drasim.Settings(order=PROFILE, steering=drasim.Steering.BEST_FIT),
+    ),
+    (
+        "taints",
+        drasim.Variant.STEERED,
+        drasim.Settings(
+            order=PROFILE,
+            steering=drasim.Steering.TAINTS,
+            node_policy=scoring.Policy.BINPACK,
+            gpu_policy=scoring.Policy.SPREAD,
+        ),
+    ),
+    ("steered", drasim.Variant.STEERED, drasim.Settings(order=PROFILE)),
+    ("steered", drasim.Variant.STEERED, drasim.Settings(order=START)),
 )
+"""(name, variant, settings): ``taints`` is the first steering (issue 26's first try), kept
+for comparison; ``steered`` is the steering migpilot uses."""
 
 
 def _cases(pods: int | None) -> list[tuple[str, traces.Trace, str]]:
@@ -79,10 +101,14 @@ def _cases(pods: int | None) -> list[tuple[str, traces.Trace, str]]:
     return out
 
 
-def _row(result: drasim.Result, wall: float) -> dict[str, Any]:
+def _row(name: str, result: drasim.Result, wall: float) -> dict[str, Any]:
+    steered = result.variant is drasim.Variant.STEERED
     return {
-        "variant": str(result.variant),
+        "variant": name,
         "device_order": str(result.settings.order),
+        "steering": str(result.settings.steering) if steered else None,
+        "node_policy": str(result.settings.planner_node_policy()) if steered else None,
+        "gpu_policy": str(result.settings.gpu_policy) if steered else None,
         "pods_total": result.pods_total,
         "pods_served": result.pods_served,
         "pods_by_memory": result.pods_by_memory,
@@ -106,14 +132,15 @@ def _case(trace: traces.Trace, cluster_spec: str) -> dict[str, Any]:
     cluster = clusters.parse(cluster_spec)
     pods, skipped = drasim.claims_from_trace(trace, cluster, memory_share=MEMORY_SHARE, seed=SEED)
     rows = []
-    for variant, order in RUNS:
+    for name, variant, settings in RUNS:
         started = time.perf_counter()
-        result = drasim.run(pods, cluster, variant, drasim.Settings(order=order))
-        rows.append(_row(result, time.perf_counter() - started))
+        result = drasim.run(pods, cluster, variant, settings)
+        rows.append(_row(name, result, time.perf_counter() - started))
     uncurated = [r for r in rows if r["variant"] == "uncurated"]
     steered = [r for r in rows if r["variant"] == "steered"]
     best_uncurated = max(r["pods_served"] for r in uncurated)
     worst_steered = min(r["pods_served"] for r in steered)
+    taints = next(r for r in rows if r["variant"] == "taints")
     return {
         "trace": trace.name,
         "cluster": cluster_spec,
@@ -124,6 +151,8 @@ def _case(trace: traces.Trace, cluster_spec: str) -> dict[str, Any]:
         "best_uncurated_served": best_uncurated,
         "worst_steered_served": worst_steered,
         "steered_serves_more": worst_steered > best_uncurated,
+        "steered_serves_at_least_as_many": worst_steered >= best_uncurated,
+        "taints_served": taints["pods_served"],
     }
 
 
@@ -139,6 +168,9 @@ def main() -> None:
     out: dict[str, Any] = {
         "command": " ".join(["python", "bench/bench_dra.py", *sys.argv[1:]]),
         "goal": "steered serves more pods than uncurated (every device order) on every trace",
+        "steering": "planned placements listed first in the node's first device slice, nothing "
+        "tainted; the planner's node policy follows kube-scheduler's LeastAllocated (spread), "
+        "its GPU policy packs",
         "model": "migpilot.sim.draalloc (kube-scheduler v1.37 structured allocator, incubating "
         "variant) replayed by migpilot.sim.drasim until each trace's last arrival",
         "memory_share": MEMORY_SHARE,
@@ -158,12 +190,15 @@ def main() -> None:
         case = _case(trace, cluster_spec)
         out["cases"][name] = case
         runs = "  ".join(
-            f"{r['variant'][:4]}/{r['device_order'][:4]} {r['pods_served']:3}" for r in case["runs"]
+            f"{r['variant'][:5]}/{r['device_order'][:4]} {r['pods_served']:3}" for r in case["runs"]
         )
         print(f"{name:28} {case['pods']:3} pods on {case['gpus']:2} GPUs: {runs}", flush=True)
     if not out["cases"]:
         raise SystemExit(f"no case named {sorted(wanted or ())}")
     out["goal_met"] = all(c["steered_serves_more"] for c in out["cases"].values())
+    out["at_least_as_many_everywhere"] = all(
+        c["steered_serves_at_least_as_many"] for c in out["cases"].values()
+    )
     out["machine"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     out["wall_seconds"] = round(time.perf_counter() - started, 1)
     args.out.write_text(json.dumps(out, indent=2) + "\n")

@@ -1,5 +1,5 @@
 """The real v1.37.2 kube-scheduler allocates as the simulator's model says, and steering by
-device taints works there.
+device taints and by device order works there.
 
 A KWOK node's pool is published from :func:`migpilot.sim.draalloc.publish` (a slice of counter
 sets and a slice of devices, placements listed by start slot, largest first), under a driver of
@@ -10,7 +10,12 @@ its own so that no other test's slices or classes meet it. Then, on the real sch
 - with every placement but one tainted ``mig.migpilot.io/unplanned:NoSchedule`` in the slice
   (:func:`draalloc.steering_taints`), the same claim gets that one;
 - a DeviceTaintRule (``resource.k8s.io/v1``, on by default) tainting that last placement leaves
-  a claim pending; deleting the rule lets it be allocated.
+  a claim pending; deleting the rule lets it be allocated;
+- on a second node, with the planned placement alone in a device slice whose name sorts first
+  by string (``-10`` before ``-2``), though created last, the claim gets the planned placement
+  (:func:`draalloc.planned_first`: the allocator walks slices sorted by name), and a second
+  claim, with the planned placement taken, gets the first free placement of the other slice,
+  as the model predicts: nothing blocks it.
 
 Every wait has a generous timeout; no duration decides whether a test passes.
 """
@@ -24,7 +29,7 @@ from typing import Any
 import lightkube
 import pytest
 from lightkube import codecs
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import (
     DeviceClass,
     DeviceTaintRule,
@@ -41,6 +46,7 @@ pytestmark = pytest.mark.kube
 DRIVER = "steer-test.migpilot.io"
 CLASS = "migpilot-steer-test"
 NODE = "dra-steer-0"
+ORDERED = "dra-steer-1"
 NS = "default"
 H100 = catalog.resolve_gpu("h100-80gb")
 POOL = draalloc.publish(NODE, H100, gpus=1, order=draalloc.DeviceOrder.START)
@@ -73,6 +79,39 @@ def _device(device: draalloc.Device, taints: tuple[draalloc.Taint, ...]) -> dict
     if taints:
         out["taints"] = [{"key": t.key, "value": t.value, "effect": str(t.effect)} for t in taints]
     return out
+
+
+def _slice(name: str, node: str, count: int, body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": DRIVER,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": count},
+            "nodeName": node,
+            **body,
+        },
+    }
+
+
+def _ordered_slices(planned: set[str]) -> list[dict[str, Any]]:
+    """ORDERED's pool as order steering publishes it: counters, the other placements (slice
+    ``-2``), then the planned ones (slice ``-10``, created last, first by name)."""
+    listed = draalloc.planned_first(POOL, planned)
+    counters = {
+        "sharedCounters": [
+            {"name": cs.name, "counters": {n: {"value": str(v)} for n, v in cs.counters}}
+            for cs in POOL.counter_sets
+        ]
+    }
+    rest = [_device(d, ()) for d in listed.devices if d.name not in planned]
+    ahead = [_device(d, ()) for d in listed.devices if d.name in planned]
+    return [
+        _slice(f"{ORDERED}-0", ORDERED, 3, counters),
+        _slice(f"{ORDERED}-2", ORDERED, 3, {"devices": rest}),
+        _slice(f"{ORDERED}-10", ORDERED, 3, {"devices": ahead}),
+    ]
 
 
 def _slices(taints: draalloc.Taints) -> list[dict[str, Any]]:
@@ -128,14 +167,14 @@ def _claim(name: str) -> Any:
     )
 
 
-def _pod(name: str, claim: str) -> Any:
+def _pod(name: str, claim: str, node: str = NODE) -> Any:
     return codecs.from_dict(
         {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": name, "namespace": NS},
             "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": NODE},
+                "nodeSelector": {"kubernetes.io/hostname": node},
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
                 "containers": [
                     {
@@ -169,18 +208,26 @@ def pool(control_plane: ControlPlane) -> Iterator[ControlPlane]:
         yield control_plane
     finally:
         # Whatever a failed test left; what is already gone is fine.
-        for name in ("steer-a", "steer-b", "steer-c"):
+        for name in ("steer-a", "steer-b", "steer-c", "steer-o1", "steer-o2"):
             with contextlib.suppress(lightkube.ApiError):
                 client.delete(Pod, name, namespace=NS, grace_period=0)
             with contextlib.suppress(lightkube.ApiError):
                 client.delete(ResourceClaim, name, namespace=NS)
         with contextlib.suppress(lightkube.ApiError):
             client.delete(DeviceTaintRule, "steer-test-rule")
-        for slice_name in (f"{NODE}-devices", f"{NODE}-counters"):
+        for slice_name in (
+            f"{NODE}-devices",
+            f"{NODE}-counters",
+            f"{ORDERED}-0",
+            f"{ORDERED}-2",
+            f"{ORDERED}-10",
+        ):
             with contextlib.suppress(lightkube.ApiError):
                 client.delete(ResourceSlice, slice_name)
         with contextlib.suppress(lightkube.ApiError):
             client.delete(DeviceClass, CLASS)
+        with contextlib.suppress(lightkube.ApiError):
+            client.delete(Node, NODE)
 
 
 def _allocated(plane: ControlPlane, claim: str) -> list[str] | None:
@@ -191,9 +238,9 @@ def _allocated(plane: ControlPlane, claim: str) -> list[str] | None:
     return [r.device for r in allocation.devices.results or []]
 
 
-def _schedule(plane: ControlPlane, name: str) -> None:
+def _schedule(plane: ControlPlane, name: str, node: str = NODE) -> None:
     plane.client.create(_claim(name))
-    plane.client.create(_pod(name, name))
+    plane.client.create(_pod(name, name, node))
 
 
 def _release(plane: ControlPlane, name: str) -> None:
@@ -273,3 +320,38 @@ def test_the_real_scheduler_allocates_first_fit_and_follows_steering_taints(
         lambda: _allocated(plane, "steer-c"), what="claim steer-c allocated", watch=watch
     )
     assert got == [planned]
+
+
+def test_the_real_scheduler_walks_slices_by_name_so_planned_placements_listed_first_win(
+    pool: ControlPlane,
+) -> None:
+    plane = pool
+    watch = [plane.component("kube-scheduler")]
+    plane.add_node(ORDERED)
+    try:
+        planned = "gpu-0-mig-1g-10gb-6"
+        for obj in _ordered_slices({planned}):
+            plane.client.create(codecs.from_dict(obj))
+        listed = draalloc.planned_first(POOL, {planned})
+        claim = draalloc.Claim((draalloc.Request(1, (TEN_GB,)),))
+        # Without the order, first fit gives this claim the 7g.80gb at slot 0 (the test above).
+        expected = draalloc.allocate(listed, claim).devices
+        assert expected is not None and expected[0].name == planned
+        _schedule(plane, "steer-o1", ORDERED)
+        got = wait_for(
+            lambda: _allocated(plane, "steer-o1"), what="claim steer-o1 allocated", watch=watch
+        )
+        assert got == [planned]
+        # Soft: with the planned placement taken, the next claim gets first fit over the rest.
+        after = draalloc.allocate(listed, claim, allocated=frozenset({planned})).devices
+        assert after is not None and after[0].name == "gpu-0-mig-4g-40gb-0"
+        _schedule(plane, "steer-o2", ORDERED)
+        got = wait_for(
+            lambda: _allocated(plane, "steer-o2"), what="claim steer-o2 allocated", watch=watch
+        )
+        assert got == [after[0].name]
+        _release(plane, "steer-o1")
+        _release(plane, "steer-o2")
+    finally:
+        with contextlib.suppress(lightkube.ApiError):
+            plane.client.delete(Node, ORDERED)

@@ -236,3 +236,53 @@ def test_bad_pools_and_claims_are_refused() -> None:
         D.publish("n0", H100, gpus=0)
     with pytest.raises(D.AllocatorError, match="no device gpu-9"):
         D.available_counters(pool, ["gpu-9-mig-1g-10gb-0"])
+
+
+def test_planned_placements_listed_first_win_and_the_rest_still_fit() -> None:
+    pool = D.publish("n0", H100, gpus=2)
+    planned = {"gpu-1-mig-3g-40gb-4", "gpu-1-mig-1g-10gb-6"}
+    listed = D.planned_first(pool, planned)
+    # Planned first, smallest first; then every other device in the pool's order.
+    assert [d.name for d in listed.devices[:2]] == ["gpu-1-mig-1g-10gb-6", "gpu-1-mig-3g-40gb-4"]
+    assert [d.name for d in listed.devices[2:]] == [
+        d.name for d in pool.devices if d.name not in planned
+    ]
+    # A claim by memory takes the smallest planned placement that holds it, not the 3g.40gb
+    # planned for a larger claim.
+    assert _names(D.allocate(listed, _claim(D.Selector(min_memory_mib=9536)))) == [
+        "gpu-1-mig-1g-10gb-6"
+    ]
+    assert _names(D.allocate(listed, _by_profile("3g.40gb"))) == ["gpu-1-mig-3g-40gb-4"]
+    # Soft: a claim no planned placement fits gets the first free one, as uncurated.
+    assert _names(D.allocate(listed, _by_profile("7g.80gb"))) == ["gpu-0-mig-7g-80gb-0"]
+    taken = frozenset({"gpu-1-mig-1g-10gb-6"})
+    assert _names(D.allocate(listed, _by_profile("1g.10gb"), allocated=taken)) == [
+        "gpu-0-mig-1g-10gb-0"
+    ]
+    with pytest.raises(D.AllocatorError, match="no device gpu-0-mig-9g-90gb-0 to list first"):
+        D.planned_first(pool, {"gpu-0-mig-9g-90gb-0"})
+
+
+def test_a_best_fit_listing_keeps_big_placements_and_whole_gpus_free() -> None:
+    pool = D.publish("n0", H100, gpus=2)
+    listed = D.best_fit(pool, (), H100)
+    # First fit on the plain listing puts a 1g.10gb at slot 0, the only start of a 4g.40gb;
+    # the best-fit listing puts it at slot 6, and the next one beside it on the same GPU.
+    assert _names(D.allocate(pool, _by_profile("1g.10gb"))) == ["gpu-0-mig-1g-10gb-0"]
+    first = _names(D.allocate(listed, _by_profile("1g.10gb")))
+    assert first == ["gpu-0-mig-1g-10gb-6"]
+    again = D.best_fit(pool, first, H100)
+    second = D.allocate(again, _by_profile("1g.10gb"), allocated=frozenset(first))
+    assert second.devices is not None and second.devices[0].gpu == 0
+    assert second.devices[0].start not in (0, 6)
+    after = frozenset(first) | {d.name for d in second.devices}
+    assert _names(D.allocate(again, _by_profile("4g.40gb"), allocated=after)) == [
+        "gpu-0-mig-4g-40gb-0"
+    ]
+    # Profiles keep their order, smallest first: a claim by memory gets the smallest profile.
+    assert [d.profile for d in listed.devices[:1]] == ["1g.10gb"]
+    assert len(listed.devices) == len(pool.devices)
+    with pytest.raises(D.AllocatorError, match="another model"):
+        D.best_fit(pool, (), A100)
+    with pytest.raises(D.AllocatorError, match="no device gpu-5"):
+        D.best_fit(pool, ["gpu-5-mig-1g-10gb-0"], H100)

@@ -1,11 +1,14 @@
 """Replays of claims on DRA nodes: uncurated first-fit, prioritized lists, and steering by the
-planner through device taints."""
+planner through the device order (planned placements first) or device taints."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from migpilot import errors
+from migpilot.planning import scoring
 from migpilot.sim import clusters, draalloc, drasim, nativegen, traces
 
 HEADER = "name,arrival,duration,requests,node_selector\n"
@@ -205,3 +208,77 @@ def test_steering_packs_small_claims_and_keeps_a_gpu_whole_for_a_big_one() -> No
     # The planner packs b beside a, and the controller pins b there: z gets the other GPU.
     assert [o.node for o in steered.outcomes] == [nodes[0], nodes[0], nodes[1]]
     assert _served(steered)["z"] == ("gpu-0-mig-7g-80gb-0",)
+
+
+# The first steering: unplanned placements tainted, the planner packing nodes.
+TAINTS_PACKING = drasim.Settings(
+    steering=drasim.Steering.TAINTS,
+    node_policy=scoring.Policy.BINPACK,
+    gpu_policy=scoring.Policy.SPREAD,
+)
+
+
+def test_packing_nodes_for_a_whole_node_pod_costs_pods_that_following_the_scheduler_does_not() -> (
+    None
+):
+    rows = (
+        "a,0,1000,mig-7g.80gb=1;cpu=1;memory=1Gi,\n"
+        "b,10,1000,mig-7g.80gb=1;cpu=1;memory=1Gi,\n"
+        "z,20,1000,mig-7g.80gb=2;cpu=1;memory=1Gi,\n"  # a whole node of two GPUs
+        "c,30,1000,mig-7g.80gb=1;cpu=1;memory=1Gi,\n"
+        "d,40,1000,mig-7g.80gb=1;cpu=1;memory=1Gi,\n"
+    )
+    pods = _pods(rows, cluster="h100-80gb:2x2")
+    cluster = clusters.parse("h100-80gb:2x2")
+    uncurated = drasim.run(pods, cluster, drasim.Variant.UNCURATED)
+    assert set(_served(uncurated)) == {"a", "b", "c", "d"}
+    # Packing a and b on one node keeps the other whole for z, which then holds both GPUs
+    # c and d would have had.
+    packed = drasim.run(pods, cluster, drasim.Variant.STEERED, TAINTS_PACKING)
+    assert set(_served(packed)) == {"a", "b", "z"}
+    # The planner following kube-scheduler's LeastAllocated spreads a and b as it does.
+    steered = drasim.run(pods, cluster, drasim.Variant.STEERED)
+    assert steered.settings.planner_node_policy() is scoring.Policy.SPREAD
+    assert steered.pods_served == uncurated.pods_served == 4
+    most = drasim.Settings(scoring=drasim.NodeScoring.MOST_ALLOCATED)
+    assert most.planner_node_policy() is scoring.Policy.BINPACK
+
+
+def test_a_taint_blocks_a_claim_that_order_steering_lets_fall_back() -> None:
+    cluster = clusters.parse("h100-80gb:1x1")
+    p = _pods("p,0,1000,mig-1g.10gb=1;cpu=1;memory=1Gi,\n", memory_share=1.0)
+    q = _pods("q,0.5,1000,mig-4g.40gb=1;cpu=1;memory=1Gi,\n")
+    pods = p + q
+    assert [c.by_memory for c in pods] == [True, False]
+    start = draalloc.DeviceOrder.START
+    # Listed by start, larger first: p (10 GB by memory) takes the first untainted placement
+    # that holds it, the 4g.40gb at slot 0 planned for q; q's only start is gone, for good.
+    tainted = drasim.run(
+        pods,
+        cluster,
+        drasim.Variant.STEERED,
+        dataclasses.replace(TAINTS_PACKING, order=start),
+    )
+    assert _served(tainted) == {"p": ("gpu-0-mig-4g-40gb-0",)}
+    assert tainted.steering_misses == 1
+    # Order steering lists the planned placements first, smallest first: p gets its 1g.10gb.
+    ordered = drasim.run(pods, cluster, drasim.Variant.STEERED, drasim.Settings(order=start))
+    assert _served(ordered) == {"p": ("gpu-0-mig-1g-10gb-6",), "q": ("gpu-0-mig-4g-40gb-0",)}
+    assert ordered.steering_misses == 0 and ordered.slice_writes >= 1
+    uncurated = drasim.run(pods, cluster, drasim.Variant.UNCURATED, drasim.Settings(order=start))
+    assert uncurated.pods_served == 1
+
+
+def test_a_best_fit_listing_serves_pods_as_they_come() -> None:
+    pods = _pods(FRAGMENTING)
+    cluster = clusters.parse("h100-80gb:1x1")
+    listed = drasim.run(
+        pods, cluster, drasim.Variant.STEERED, drasim.Settings(steering=drasim.Steering.BEST_FIT)
+    )
+    # No gating: a is bound as it arrives, at slot 6, so b's 4g.40gb still fits.
+    bound = {o.name: o.bound_at for o in listed.outcomes}
+    assert bound["a"] == 0.0 and listed.plan_rounds == 0
+    served = _served(listed)
+    assert served["a"] == ("gpu-0-mig-1g-10gb-6",)
+    assert served["b"] == ("gpu-0-mig-4g-40gb-0",)
+    assert listed.slice_writes >= 1

@@ -36,17 +36,21 @@ Pure: frozen dataclasses and functions, no clock, no I/O. May import :mod:`migpi
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from migpilot import errors
-from migpilot.mig import profiles
+from migpilot.mig import layouts, profiles
 
 DRIVER = "mig.migpilot.io"
 """The DRA driver's name (the kubelet plugin's, :mod:`migpilot.agent.dra.placements`)."""
 STEERING_TAINT = "mig.migpilot.io/unplanned"
 """The taint key steering puts on placements outside the planner's target layout."""
+MAX_SLICE_DEVICES = 64
+"""Devices one ResourceSlice may hold when they consume counters
+(``ResourceSliceMaxDevicesWithAdvancedFeatures``, v1.37)."""
 DEFAULT_BUDGET = 200_000
 """Search steps one allocation may take before it gives up, as the scheduler's filter timeout
 does (``allocateOne`` calls, each trying one device)."""
@@ -422,6 +426,84 @@ def steering_taints(
     if unknown:
         raise AllocatorError(f"pool {pool.node} has no device {unknown[0]} to offer")
     return MappingProxyType({d.name: (STEERED,) for d in pool.devices if d.name not in keep})
+
+
+def planned_first(pool: Pool, planned: Iterable[str]) -> Pool:
+    """``pool`` as order steering publishes it: the ``planned`` devices first, smallest first
+    (by memory, then compute slices, then GPU and start), then every other device in the
+    pool's order.
+
+    kube-scheduler's allocator (v1.37, ``GatherPools``) sorts a pool's slices by name and walks
+    each slice's devices in the order listed, taking the first that fits; with the planned
+    placements in the slice that sorts first, a claim gets a planned placement when one fits
+    it and any other free placement otherwise, and a claim by memory gets the smallest planned
+    placement that holds it rather than one planned for a larger claim.
+    """
+    first = set(planned)
+    unknown = sorted(first - set(pool.by_name))
+    if unknown:
+        raise AllocatorError(f"pool {pool.node} has no device {unknown[0]} to list first")
+    ahead = sorted(
+        (d for d in pool.devices if d.name in first),
+        key=lambda d: (d.memory_mib, d.compute_slices, d.gpu, d.start),
+    )
+    rest = tuple(d for d in pool.devices if d.name not in first)
+    return Pool(pool.node, pool.counter_sets, (*ahead, *rest))
+
+
+def best_fit(pool: Pool, allocated: Iterable[str], model: profiles.GpuModel) -> Pool:
+    """``pool`` listed so that kube-scheduler's first fit is a best fit, for the allocations
+    ``allocated``: profile by profile as the model lists them (smallest first, so a claim by
+    memory gets the smallest profile that fits), and within a profile the placements that cost
+    their GPU the least free room first (:func:`migpilot.mig.layouts.free_value`, the planner's
+    measure of room: a 1g.10gb beside a 3g.40gb rather than at the only start of a 4g.40gb),
+    then on the most used GPU (whole GPUs stay free for whole-GPU profiles), then by GPU and
+    start. Placements that do not fit now go last in their profile.
+
+    The order depends on what is allocated, so the driver lists it again after every change.
+    """
+    if any(d.model != model.id for d in pool.devices):
+        raise AllocatorError(f"pool {pool.node} holds devices of another model than {model.id}")
+    per_gpu: dict[int, list[layouts.Instance]] = {}
+    for name in allocated:
+        device = pool.by_name.get(name)
+        if device is None:
+            raise AllocatorError(f"pool {pool.node} has no device {name} (allocated)")
+        per_gpu.setdefault(device.gpu, []).append(layouts.Instance(device.start, device.profile))
+    rank = {p.name: i for i, p in enumerate(model.profiles)}
+    room = {g: _room(model, frozenset(insts)) for g, insts in per_gpu.items()}
+    empty = _room(model, frozenset())
+    used = {
+        g: sum(model.profile_named(i.profile).compute_slices for i in insts)
+        for g, insts in per_gpu.items()
+    }
+
+    def key(d: Device) -> tuple[int, int, int, int, int, int]:
+        loss = room.get(d.gpu, empty).get((d.profile, d.start))
+        if loss is None:
+            return (rank[d.profile], 1, 0, 0, d.gpu, d.start)
+        return (rank[d.profile], 0, loss, -used.get(d.gpu, 0), d.gpu, d.start)
+
+    return Pool(pool.node, pool.counter_sets, tuple(sorted(pool.devices, key=key)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _room(
+    model: profiles.GpuModel, instances: frozenset[layouts.Instance]
+) -> dict[tuple[str, int], int]:
+    """Per placement that fits beside ``instances``: the free room it costs the GPU."""
+    layout = layouts.Layout.of(instances)
+    before = layouts.free_value(model, layout)
+    out: dict[tuple[str, int], int] = {}
+    for p in model.profiles:
+        for start in p.placements:
+            inst = layouts.Instance(start, p.name)
+            if inst in instances or layouts.violation(model, (*instances, inst)) is not None:
+                continue
+            out[(p.name, start)] = before - layouts.free_value(
+                model, layouts.Layout.of((*instances, inst))
+            )
+    return out
 
 
 def prioritized(selector: Selector, models: Sequence[profiles.GpuModel]) -> tuple[Selector, ...]:

@@ -11,14 +11,19 @@ allocator of :mod:`migpilot.sim.draalloc`:
 - **prioritized**: the same, but claims by memory are written as a ``firstAvailable`` list,
   smallest profile first (what a careful claim author can do without migpilot);
 - **steered**: pods are gated (migpilot's webhook); a batch window after a change the planner
-  (``fast``, as the controller runs it) plans the gated pods on the cluster as it is (allocated
-  placements are used instances); every placement outside its target is tainted
-  ``mig.migpilot.io/unplanned:NoSchedule`` in the node's slice; the planned pods are pinned to
-  their planned node (a node affinity, as the controller pins them) and ungated, and the same
-  allocator places them, in queue order, on what is left untainted there. A device is not tied
-  to a claim (a claim's spec cannot be changed once made), so a pod may take a placement
-  planned for another pod on that node whose claim it also matches; the other one misses and is
-  planned again (counted as :attr:`Result.steering_misses`).
+  (``fast``, as the controller runs it, with the node policy kube-scheduler's score stands for
+  and GPUs packed) plans the gated pods on the cluster as it is (allocated placements are used
+  instances); the node's free planned placements are listed first in its pool, in the device
+  slice that sorts first (:attr:`Steering.ORDER`, the default), or every free placement outside
+  the plan is tainted ``mig.migpilot.io/unplanned:NoSchedule`` (:attr:`Steering.TAINTS`, the
+  first try); the planned pods are pinned to their planned node (a node affinity, as the
+  controller pins them) and ungated, and the same allocator places them, in queue order. A
+  device is not tied to a claim (a claim's spec cannot be changed once made), so a pod may take
+  a placement planned for another pod on that node whose claim it also matches; under taints
+  the other one then misses and is planned again (counted as :attr:`Result.steering_misses`),
+  under order it takes another free placement if one fits.
+  :attr:`Steering.BEST_FIT` gates nothing and plans nothing: the driver lists placements so
+  that first fit is a best fit, after every change.
 
 In both, a node is picked among those whose CPU, memory and allocation fit by kube-scheduler's
 default ``NodeResourcesFit`` score (``LeastAllocated``) or ``MostAllocated``; ties go to the
@@ -64,6 +69,22 @@ class Variant(enum.StrEnum):
     STEERED = "steered"
 
 
+class Steering(enum.StrEnum):
+    """How the steered variant offers the planner's placements to kube-scheduler."""
+
+    TAINTS = "taints"
+    """Every free placement outside the plan is tainted ``NoSchedule``: a claim gets a planned
+    placement or none."""
+    ORDER = "order"
+    """Nothing is tainted; the planned placements are listed first in the node's pool (its
+    first device slice), so first fit takes a planned placement when one fits the claim and
+    any other free placement otherwise."""
+    BEST_FIT = "best-fit"
+    """No gating and no plan: pods go to kube-scheduler as they come, as uncurated, and the
+    driver lists each node's placements so that first fit is a best fit
+    (:func:`migpilot.sim.draalloc.best_fit`), listing them again after every change."""
+
+
 class NodeScoring(enum.StrEnum):
     """kube-scheduler's ``NodeResourcesFit`` scoring strategy (CPU and memory)."""
 
@@ -84,10 +105,27 @@ class Settings:
     budget: int = draalloc.DEFAULT_BUDGET
     """Search steps per allocation attempt (the scheduler's filter timeout)."""
     planner: str = "fast"
+    steering: Steering = Steering.ORDER
+    """Steered: how the plan reaches the allocator."""
+    node_policy: snapshot.Policy | None = None
+    """Steered: the planner's node policy; ``None``: the one :attr:`scoring` stands for
+    (``LeastAllocated`` spreads, ``MostAllocated`` packs). Binpack keeps whole nodes free,
+    which serves pods of a whole node at the cost of many small pods on a loaded cluster."""
+    gpu_policy: snapshot.Policy = snapshot.Policy.BINPACK
+    """Steered: the planner's GPU policy among a node's GPUs; binpack keeps whole GPUs free
+    for whole-GPU profiles (kube-scheduler has no such score)."""
     drain: bool = False
     """Run until the last pod would have ended had it started at once (pods pending at the last
     arrival are then served late); ``False``: stop one batch window after the last arrival, so
     the figures are what the cluster did while the trace ran."""
+
+    def planner_node_policy(self) -> snapshot.Policy:
+        """The node policy the planner is given."""
+        if self.node_policy is not None:
+            return self.node_policy
+        if self.scoring is NodeScoring.MOST_ALLOCATED:
+            return snapshot.Policy.BINPACK
+        return snapshot.Policy.SPREAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +292,12 @@ class _Node:
     def __init__(self, spec: clusters.NodeSpec, order: draalloc.DeviceOrder) -> None:
         self.spec = spec
         self.pool = draalloc.publish(spec.name, spec.model, gpus=spec.gpus, order=order)
+        self.walk = self.pool
+        """The pool as the allocator walks it (order steering lists planned devices first)."""
+        self.first_slice: frozenset[str] = frozenset()
+        """Order steering: the devices published in the first device slice."""
+        per_gpu = len(self.pool.devices) // spec.gpus
+        self.gpus_per_slice = max(1, draalloc.MAX_SLICE_DEVICES // per_gpu)
         self.allocated: set[str] = set()
         self.cpu_free = spec.allocatable.cpu_milli
         self.mem_free = spec.allocatable.memory_bytes
@@ -321,6 +365,12 @@ class _Run:
             self.end = max(p.arrival + (p.duration or 0.0) for p in pods)
         self.held_extra = 0
         self.extra_area = 0.0
+        self.gated = variant is Variant.STEERED and settings.steering is not Steering.BEST_FIT
+        self.listing = variant is Variant.STEERED and settings.steering is Steering.BEST_FIT
+        if self.listing:
+            # Published best fit first from the start (the first publication is no update).
+            for node in self.nodes:
+                node.walk = draalloc.best_fit(node.pool, (), node.spec.model)
 
     # -- events
 
@@ -336,13 +386,13 @@ class _Run:
             self._advance(t)
             if kind == _Kind.ARRIVE:
                 self.pending[index] = self.pods[index]
-                if self.variant is Variant.STEERED:
+                if self.gated:
                     self._plan_soon()
                 else:
                     self._try_pending()
             elif kind == _Kind.DEPART:
                 self._depart(self.pods[index])
-                if self.variant is Variant.STEERED:
+                if self.gated:
                     if self.pending:
                         self._plan_soon()
                 else:
@@ -378,7 +428,7 @@ class _Run:
         if key in self.tried:
             return self.tried[key]
         found = draalloc.allocate(
-            node.pool,
+            node.walk,
             pod.claim,
             allocated=frozenset(node.allocated),
             taints=node.taints,
@@ -424,6 +474,7 @@ class _Run:
         node.cpu_free -= pod.cp.cpu_milli
         node.mem_free -= pod.cp.memory_bytes
         node.version += 1
+        self._relist(node)
         pod.node, pod.devices, pod.bound_at = node, devices, self.now
         pod.oversized, pod.extra = self._oversized(pod)
         self.held_extra += pod.extra
@@ -441,7 +492,20 @@ class _Run:
         node.cpu_free += pod.cp.cpu_milli
         node.mem_free += pod.cp.memory_bytes
         node.version += 1
+        self._relist(node)
         self.held_extra -= pod.extra
+
+    def _relist(self, node: _Node) -> None:
+        if not self.listing:
+            return
+        walk = draalloc.best_fit(node.pool, node.allocated, node.spec.model)
+        size = draalloc.MAX_SLICE_DEVICES
+        old = [d.name for d in node.walk.devices]
+        new = [d.name for d in walk.devices]
+        changed = sum(1 for i in range(0, len(new), size) if new[i : i + size] != old[i : i + size])
+        if changed:
+            node.walk = walk
+            self.slice_writes += changed
 
     def _try_pending(self) -> None:
         for index in sorted(self.pending):
@@ -482,6 +546,8 @@ class _Run:
         snap = snapshot.Snapshot(
             nodes=tuple(self._node_snapshot(n) for n in self.nodes),
             pods=tuple(p.cp.planned for p in gated),
+            policy=self.settings.planner_node_policy(),
+            gpu_policy=self.settings.gpu_policy,
         )
         plan = planners.run(snap, self.settings.planner)
         offered: dict[str, set[str]] = {n.spec.name: set() for n in self.nodes}
@@ -491,13 +557,18 @@ class _Run:
                     draalloc.device_name(inst.gpu, inst.profile, inst.start)
                 )
         for node in self.nodes:
+            if self.settings.steering is Steering.ORDER:
+                self._list_first(node, offered[node.spec.name])
+                continue
             taints = draalloc.steering_taints(
                 node.pool, offered=offered[node.spec.name], allocated=node.allocated
             )
-            if dict(taints) != dict(node.taints):
+            changed = set(taints) ^ set(node.taints)
+            if changed:
                 node.taints = taints
                 node.version += 1
-                self.slice_writes += 1
+                # One update per device slice (a GPU's slice) whose taints changed.
+                self.slice_writes += len({self._home(node, d) for d in changed})
         planned = {p.pod: p.node for p in plan.placements}
         served = missed = 0
         for pod in gated:
@@ -514,6 +585,29 @@ class _Run:
         # at least its first planned pod (nothing is taken before it), so this ends.
         if served and missed:
             self._plan_soon()
+
+    def _list_first(self, node: _Node, offered: set[str]) -> None:
+        # The first device slice holds the free planned placements. An allocated device stays
+        # in the slice it is in (moving it would drop its counters for a moment), so the slice
+        # keeps the allocated ones it had; a free one goes back to its GPU's slice.
+        first = frozenset(
+            {d for d in node.first_slice if d in node.allocated} | (offered - node.allocated)
+        )
+        moved = first ^ node.first_slice
+        if not moved:
+            return
+        node.first_slice = first
+        node.walk = draalloc.planned_first(node.pool, first)
+        node.version += 1
+        # The first slice, and each GPU slice a device left or joined (same pool generation:
+        # a device leaves its old slice before it joins the new one, so it is never listed
+        # twice, which would make the pool invalid).
+        self.slice_writes += 1 + len({self._home(node, d) for d in moved})
+
+    @staticmethod
+    def _home(node: _Node, device: str) -> int:
+        """The device slice a device is published in (a GPU's devices stay in one slice)."""
+        return node.pool.by_name[device].gpu // node.gpus_per_slice
 
     # -- figures
 
