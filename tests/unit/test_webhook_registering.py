@@ -243,3 +243,51 @@ def test_errors_reading_the_lease_fail_open(caplog: pytest.LogCaptureFixture) ->
     assert not freshness.fresh()
     assert source.reads == 1
     assert "apiserver unreachable" in caplog.text
+
+
+class _Flaky:
+    """A Lease source whose reads fail while ``down``."""
+
+    def __init__(self, stored: _Stored) -> None:
+        self.stored = stored
+        self.down = False
+
+    def read(self) -> Mapping[str, Any]:
+        if self.down:
+            raise TimeoutError("The read operation timed out")
+        return self.stored.source.read()
+
+
+def test_a_failed_read_keeps_the_last_lease_judged_by_its_own_times(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One read that times out on a busy API server does not let pods through ungated (the
+    scale bench's 1,000 nodes: pods made in those 2 s took instances reserved for pinned
+    pods); a controller that stopped renewing still goes stale when its Lease says."""
+    stored = _Stored(_lease(duration=15))  # renewed at 100 s, fresh until 115 s
+    source = _Flaky(stored)
+    clock = _Clock(100.0)
+    freshness = leases.Freshness(source, cache_s=2.0, clock=clock)
+    assert freshness.fresh()
+    source.down = True
+    clock.now = 103.0
+    assert freshness.fresh()  # the read failed: the last Lease, still fresh by its renew time
+    assert "judged by its renew time" in caplog.text
+    clock.now = 115.0
+    assert not freshness.fresh()  # not renewed since: stale, read or no read
+    source.down = False
+    stored.put(_lease("1970-01-01T00:01:56Z"))  # renewed at 116 s
+    clock.now = 117.0
+    assert freshness.fresh()
+
+
+def test_a_lease_that_is_gone_is_stale_at_once() -> None:
+    """A controller that stopped cleanly releases (or deletes) its Lease: not found fails open
+    now, however fresh the last Lease read was."""
+    stored = _Stored(_lease(duration=15))
+    clock = _Clock(100.0)
+    freshness = leases.Freshness(stored.source, cache_s=2.0, clock=clock)
+    assert freshness.fresh()
+    stored.api.remove(kubeobjects.Kind.LEASES, "migpilot-controller", namespace="migpilot-system")
+    clock.now = 102.0
+    assert not freshness.fresh()

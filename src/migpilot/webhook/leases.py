@@ -9,8 +9,12 @@ The Lease also says whether some node is labelled ``migpilot.io/mig-mode=dynamic
 (:func:`migpilot.api.leases.dynamic_mig`): only then, and only while fresh, are whole-GPU pods
 gated too (:meth:`Freshness.state`).
 
-Any error reading the Lease (not found, forbidden, timeout, TLS) counts as "not fresh": the
-webhook then fails open, as its ``failurePolicy: Ignore`` does.
+A Lease that is not there counts as "not fresh" at once: the webhook then fails open, as its
+``failurePolicy: Ignore`` does. Any other error reading it (timeout, forbidden, TLS) keeps the
+last Lease read, still judged against the clock: a controller that really stopped renewing goes
+stale when its Lease says, but one read that timed out on a busy API server does not let pods
+through ungated (they would take instances reserved for pods already pinned, which could then
+never run: ``docs/webhook.md``). With no Lease read yet, an error fails open.
 
 The one module of the webhook that talks to the Kubernetes API, through the shared boundary
 (:mod:`migpilot.kube`): :class:`KubeLease` reads the Lease from anything that answers a get as
@@ -136,9 +140,18 @@ class Freshness:
     def _read(self) -> Mapping[str, Any] | None:
         try:
             return self._source.read()
-        except Exception as err:  # fail open on anything: that is the point
-            _log.warning("cannot read the controller Lease (pods pass ungated): %s", err)
-            return None
+        except errors.NotFoundError:
+            return None  # no controller holds it: fail open now
+        except Exception as err:  # anything else: the last Lease read, judged by its own times
+            if self._lease is None:
+                _log.warning("cannot read the controller Lease (pods pass ungated): %s", err)
+            else:
+                _log.warning(
+                    "cannot read the controller Lease (the last one read is judged by its "
+                    "renew time until a read succeeds): %s",
+                    err,
+                )
+            return self._lease
 
 
 def _said(fresh: bool) -> tuple[str, str]:
