@@ -602,6 +602,26 @@ def test_an_unreserved_pod_gets_only_what_serves_its_ask() -> None:
     assert isinstance(got, resolving.Refusal)
 
 
+def test_a_pod_whose_reservation_another_took_is_served_so_too() -> None:
+    """ns/bound, let go before the controller saw ns/x take its D, is bound: rather than fail
+    its admission it gets a fitting pool instance of a pod not bound here."""
+    held = {"ns/x": resolving.PodAllocation("uid-x", True, (("c", ("D",)),))}
+    got = resolve(["D"], [pod("bound", c("main", mem=8000))], POOL, held, pool=POOL_IDS)
+    assert isinstance(got, resolving.Decision)
+    assert (got.device_ids, got.taken_from) == (("B",), ("ns/other",))
+    got = resolve(["D"], [pod("bound", c("main", mem=8000))], POOL, held, pool=frozenset("D"))
+    assert got == resolving.Refusal(
+        "pod ns/bound: the MIG instances reserved for it are allocated to another pod: "
+        "GPU 1 2g.20gb@0"
+    )
+    # Its own free instances first: two reserved, one taken.
+    mine = {**POOL, "ns/bound": (inst("D", 0, "2g.20gb", gpu=1), inst("E", 6, "1g.10gb"))}
+    p = pod("bound", c("main", 2, mem=8000))
+    got = resolve(["D", "E"], [p], mine, held, pool=POOL_IDS | {"E"})
+    assert isinstance(got, resolving.Decision)
+    assert (got.device_ids, got.taken_from) == (("E", "B"), ("ns/other",))
+
+
 def test_an_unreserved_pods_containers_each_get_their_own() -> None:
     p = pod("p", c("a", mem=8000), c("b", mem=8000))
     first = resolve(["x"], [p], POOL, pool=POOL_IDS)

@@ -30,6 +30,7 @@ Sans-IO: no clock, no socket, no gRPC, no Kubernetes client; raw JSON and values
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -328,18 +329,28 @@ def resolve(
             )
         return Decision(pod, container, tuple(requested))
     reserved = reservations.get(pod.key)
+    instead = functools.partial(
+        _unreserved,
+        pod,
+        container,
+        requested=requested,
+        reservations=reservations,
+        bound={p.key for p in pods} if bound is None else bound,
+        allocated=allocated,
+        pool=pool,
+        busy=busy,
+    )
     if not reserved:
-        return _unreserved(
-            pod,
-            container,
-            requested=requested,
-            reservations=reservations,
-            bound={p.key for p in pods} if bound is None else bound,
-            allocated=allocated,
-            pool=pool,
-            busy=busy,
-        )
-    return _unified(pod, container, reserved=reserved, allocated=allocated, busy=busy)
+        return instead()
+    answer = _unified(pod, container, reserved=reserved, allocated=allocated, busy=busy)
+    others = _taken(pod, allocated, busy)
+    if isinstance(answer, Refusal) and any(i.uuid in others for i in reserved):
+        # Another pod took what was reserved for this one (bound with nothing reserved, the
+        # reservation dropped too late): served as such a pod is, rather than failed.
+        alternative = instead()
+        if isinstance(alternative, Decision):
+            return alternative
+    return answer
 
 
 def _taken(pod: GpuPod, allocated: Mapping[str, PodAllocation], busy: Collection[str]) -> set[str]:
@@ -386,11 +397,13 @@ def _unreserved(
     to this node (those are planned again: the controller drops a reservation whose instance
     another pod uses, ``controller/pinning.stolen``), the kubelet's picks first, then the
     smallest. Never an instance reserved for a pod bound here: that pod's Allocate comes next.
-    Refused, naming the ask, when none fits."""
+    Refused, naming the ask, when none fits. Also for a pod whose reserved instances another
+    pod took (one bound so, before the controller dropped the reservation it robbed): its own
+    free ones first, then as above, rather than a refusal that fails it."""
     not_here = {
         i.uuid: key
         for key, insts in reservations.items()
-        if key != pod.key and key not in bound
+        if key == pod.key or key not in bound
         for i in insts
         if i.uuid is not None and i.uuid in pool and not i.replica
     }
@@ -405,7 +418,14 @@ def _unreserved(
         and _fits(i, container.ask)
     }
     picked = set(requested)
-    chosen = sorted(found.values(), key=lambda i: (i.uuid not in picked, _rank(i, container.ask)))
+    chosen = sorted(
+        found.values(),
+        key=lambda i: (
+            not_here.get(i.uuid or "") != pod.key,
+            i.uuid not in picked,
+            _rank(i, container.ask),
+        ),
+    )
     if len(chosen) < container.count:
         ask = container.ask.text() if container.ask is not None else f"gpu {container.count}"
         return Refusal(
@@ -419,7 +439,9 @@ def _unreserved(
         pod,
         container,
         tuple(i.uuid for i in chosen[: container.count] if i.uuid is not None),
-        taken_from=tuple(sorted({not_here[i.uuid] for i in chosen[: container.count] if i.uuid})),
+        taken_from=tuple(
+            sorted({not_here[i.uuid] for i in chosen[: container.count] if i.uuid} - {pod.key})
+        ),
     )
 
 
