@@ -701,3 +701,32 @@ def test_a_device_held_under_its_profile_is_not_handed_to_a_unified_pod(
         ]
     finally:
         node.plugin.stop()
+
+
+def test_a_unified_pod_bound_with_nothing_reserved_gets_a_gated_pods_instance_at_once(
+    kubelet: FakeKubelet, api: kubeapi.InMemoryNodeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    """soak35c: a HAMi-style pod created while the webhook was down, bound by kube-scheduler
+    alone, was refused at every Allocate for 20 minutes (a real kubelet fails it at the first).
+    It gets the pool instance of a pod not bound here, the kubelet's pick being another bound
+    pod's; that pod then gets its own."""
+    reserved = {(0, 0, "1g.10gb"): "ns/gated", (0, 1, "1g.10gb"): "ns/bound"}
+    api.put_spec(NODE, layout_spec(reserved))
+    api.put_pod(pod_doc("ungated", 1, created="2026-01-01T00:00:00Z"))
+    api.put_pod(pod_doc("bound", 1, created="2026-01-01T00:00:01Z"))
+    api.put_pod(pod_doc("gated", 1, node=None))
+    node = start(kubelet, api)
+    try:
+        kubelet.wait_registered(GPU)
+        with caplog.at_level(logging.INFO, logger="migpilot.agent.deviceplugin.serving"):
+            got = kubelet.allocate(GPU, [uuid(0, 1)])
+        assert node.visible(got) == [{uuid(0, 0)}]
+        assert "takes the reservation of ns/gated, planned again" in caplog.text
+        got = kubelet.allocate(GPU, [uuid(0, 0)])
+        assert node.visible(got) == [{uuid(0, 1)}]
+        assert {k: v.devices for k, v in node.plugin.pod_allocations().items()} == {
+            "ns/ungated": frozenset({uuid(0, 0)}),
+            "ns/bound": frozenset({uuid(0, 1)}),
+        }
+    finally:
+        node.plugin.stop()

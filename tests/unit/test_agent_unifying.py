@@ -280,6 +280,18 @@ def test_a_restarted_stand_in_gives_unified_pods_back_their_instances(node: Node
     assert again.states()["1g.10gb@1"] == ("used", "ns/u")
 
 
+def test_a_unified_pod_bound_without_a_reservation_takes_one_of_a_pod_not_bound_here(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Created while the webhook was down, kube-scheduler bound it alone: it gets the pool
+    instance reserved for a gated pod (the controller plans that one again), not nothing."""
+    node.api.put_spec(NODE, spec([*FOUR[:3], inst("1g.10gb", 3, "ns/gated", unified=True)]))
+    node.api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
+    node.step()
+    assert node.kubelet.assigned() == {"ns/u": (node.uuid("1g.10gb@3"),)}
+    assert "gets no device yet" not in caplog.text
+
+
 def test_a_unified_pod_without_a_reservation_waits_for_one(
     node: Node, caplog: pytest.LogCaptureFixture
 ) -> None:

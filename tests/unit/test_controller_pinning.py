@@ -492,6 +492,29 @@ def test_made_says_whether_every_reserved_instance_exists() -> None:
     assert not pinning.made(obs, "ns/p")
 
 
+@pytest.mark.parametrize(
+    ("status", "stolen"),
+    [
+        pytest.param([(6, "1g.20gb", S.USED, True)], True, id="a-used-instance-where-it-goes"),
+        pytest.param([(0, "7g.80gb", S.USED, True)], True, id="a-used-wider-one-over-it"),
+        pytest.param([(4, "1g.20gb", S.USED, True)], False, id="a-used-one-beside-it"),
+        pytest.param([(6, "1g.20gb", S.FREE, True)], False, id="a-free-one-the-agent-destroys"),
+        pytest.param([(6, "1g.10gb", S.RESERVED, True)], False, id="made"),
+    ],
+)  # fmt: skip
+def test_a_reservation_that_cannot_be_made_while_another_pod_lives_is_stolen(
+    status: list[tuple[int, str, gl.InstanceState, bool]], stolen: bool
+) -> None:
+    """soak35c, p02205: the plan reshaped a 1g.20gb it saw free, a pod bound to the node got
+    it from the kubelet meanwhile, and the agent reported "1g.20gb@6 is in use; desired
+    1g.10gb@6 not created" for 8 minutes while the reservation waited for it (ten timeouts
+    for an instance never made). Dropped at once instead, the pod is planned again."""
+    obs = _observed(
+        [_pod("p")], spec=[(6, "1g.10gb", "ns/p")], status=status, node=_node(**{"1g_10gb": 1})
+    )
+    assert pinning.stolen(obs, "ns/p") is stolen
+
+
 SHARED = {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "40960", "nvidia.com/gpucores": "100"}
 
 

@@ -351,7 +351,7 @@ def test_a_pinned_pods_reservation_taken_by_a_pod_bound_without_migpilot_is_plan
         (warning,) = [e for e in api.events if e.reason == "MigReservationExpired"]
         assert warning.message == (
             "its instances on node n0 were taken by a pod bound there without migpilot "
-            "(created ungated); planning again"
+            "(created ungated), or the room for them by another pod bound there; planning again"
         )
         await _until("the stolen reservation dropped", lambda: "ns/p" not in _reserved(api, "n0"))
         # kube-scheduler reports the pinned pod Unschedulable: it is planned again, on its node

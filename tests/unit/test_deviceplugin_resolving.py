@@ -552,6 +552,86 @@ def test_interchangeable_pods_share_out_their_instances_once(
     )
 
 
+# --- a unified pod bound with nothing reserved (created while the webhook was down) ----------
+
+
+POOL = {
+    "ns/gated": (inst("A", 0, "1g.20gb"),),
+    "ns/other": (inst("B", 2, "1g.10gb"), inst("C", 4, "3g.40gb")),
+    "ns/bound": (inst("D", 0, "2g.20gb", gpu=1),),
+}
+POOL_IDS = frozenset("ABCD")
+
+
+def test_an_unreserved_pod_takes_a_fitting_reservation_of_a_pod_not_bound_here() -> None:
+    """Served at its first Allocate, as a real kubelet fails the pod's admission on a refusal:
+    the kubelet's pick first when it fits, then the smallest that fits; never what is reserved
+    for a pod bound here (its Allocate comes next) or what another pod holds."""
+    bound = pod("bound", created=T1)
+    ask = [pod("p", c("main", mem=8000)), bound]
+    got = resolve(["C"], ask, POOL, pool=POOL_IDS)
+    assert isinstance(got, resolving.Decision)
+    assert (got.device_ids, got.taken_from) == (("C",), ("ns/other",))
+    got = resolve(["D"], ask, POOL, pool=POOL_IDS)  # D is ns/bound's: the smallest that fits
+    assert isinstance(got, resolving.Decision)
+    assert (got.device_ids, got.taken_from) == (("B",), ("ns/other",))
+    held = {"ns/x": resolving.PodAllocation("uid-x", True, (("c", ("B",)),))}
+    got = resolve(["D"], ask, POOL, held, pool=POOL_IDS)
+    assert isinstance(got, resolving.Decision)
+    assert (got.device_ids, got.taken_from) == (("A",), ("ns/gated",))
+
+
+def test_an_unreserved_pod_gets_only_what_serves_its_ask() -> None:
+    ask = [pod("p", c("main", mem=30000))]
+    got = resolve(["A"], ask, POOL, pool=POOL_IDS)
+    assert isinstance(got, resolving.Decision) and got.device_ids == ("C",)
+    got = resolve(["A"], [pod("p", c("main", mem=50000))], POOL, pool=POOL_IDS)
+    assert got == resolving.Refusal(
+        "pod ns/p: no MIG instance is reserved for it on this node, nor any MPS slice or "
+        "time-slicing replica (the GpuLayout spec names none with reservedFor), and the unified "
+        "pool has 0 free that serve its container main (gpu 1, gpumem 50000) of the 1 it asks "
+        "for (bound without migpilot: created while the webhook was down?)"
+    )
+    # Outside the pool (advertised under its profile) is never taken: the kubelet counts it there.
+    got = resolve(["A"], [pod("p", c("main", mem=8000))], POOL, pool=frozenset("B"))
+    assert isinstance(got, resolving.Decision) and got.device_ids == ("B",)
+    got = resolve(["A"], [pod("p", c("main", mem=8000))], POOL, pool=frozenset("D"))
+    assert isinstance(got, resolving.Decision) and got.device_ids == ("D",)
+    got = resolve(["A"], [pod("p", c("main", mem=8000)), pod("bound", created=T1)], POOL,
+                  pool=frozenset("D"))  # fmt: skip
+    assert isinstance(got, resolving.Refusal)
+
+
+def test_a_pod_whose_reservation_another_took_is_served_so_too() -> None:
+    """ns/bound, let go before the controller saw ns/x take its D, is bound: rather than fail
+    its admission it gets a fitting pool instance of a pod not bound here."""
+    held = {"ns/x": resolving.PodAllocation("uid-x", True, (("c", ("D",)),))}
+    got = resolve(["D"], [pod("bound", c("main", mem=8000))], POOL, held, pool=POOL_IDS)
+    assert isinstance(got, resolving.Decision)
+    assert (got.device_ids, got.taken_from) == (("B",), ("ns/other",))
+    got = resolve(["D"], [pod("bound", c("main", mem=8000))], POOL, held, pool=frozenset("D"))
+    assert got == resolving.Refusal(
+        "pod ns/bound: the MIG instances reserved for it are allocated to another pod: "
+        "GPU 1 2g.20gb@0"
+    )
+    # Its own free instances first: two reserved, one taken.
+    mine = {**POOL, "ns/bound": (inst("D", 0, "2g.20gb", gpu=1), inst("E", 6, "1g.10gb"))}
+    p = pod("bound", c("main", 2, mem=8000))
+    got = resolve(["D", "E"], [p], mine, held, pool=POOL_IDS | {"E"})
+    assert isinstance(got, resolving.Decision)
+    assert (got.device_ids, got.taken_from) == (("E", "B"), ("ns/other",))
+
+
+def test_an_unreserved_pods_containers_each_get_their_own() -> None:
+    p = pod("p", c("a", mem=8000), c("b", mem=8000))
+    first = resolve(["x"], [p], POOL, pool=POOL_IDS)
+    assert isinstance(first, resolving.Decision) and first.device_ids == ("B",)
+    mine = {"ns/p": resolving.PodAllocation("uid-p", True, (("a", ("B",)),))}
+    second = resolve(["x"], [p], POOL, mine, pool=POOL_IDS)
+    assert isinstance(second, resolving.Decision) and second.container.name == "b"
+    assert second.device_ids == ("A",)
+
+
 # --- every refusal, word for word --------------------------------------------------------------
 
 
@@ -566,7 +646,9 @@ TWO = [pod("p", c("main", 2))]
     ("reserved", "allocated", "message"),
     [
         ((), {}, "pod ns/p: no MIG instance is reserved for it on this node, nor any MPS slice "
-         "or time-slicing replica (the GpuLayout spec names none with reservedFor)"),
+         "or time-slicing replica (the GpuLayout spec names none with reservedFor), and the "
+         "unified pool has 0 free that serve its container main (gpu 2) of the 2 it asks for "
+         "(bound without migpilot: created while the webhook was down?)"),
         ((inst("A"), inst(None, 3), inst(None, 4, "2g.20gb")), {},
          "pod ns/p: the MIG instances reserved for it do not exist: GPU 0 1g.10gb@3, "
          "GPU 0 2g.20gb@4"),

@@ -331,7 +331,7 @@ def _reservations(spec: gl.LayoutSpec) -> dict[tuple[int, int], str | None]:
 
 TAKEN = (
     "its instances on node {} were taken by a pod bound there without migpilot (created "
-    "ungated); planning again"
+    "ungated), or the room for them by another pod bound there; planning again"
 )
 TIMED_OUT = (
     "its instances on node {} were not usable in time (reservation timeout 60 s); planning again"

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.controller import observing
-from migpilot.mig import profiles
+from migpilot.mig import catalog, layouts, profiles
 from migpilot.planning import constraints, control, modes, plans, snapshot
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import mps as sharing_mps
@@ -593,10 +593,14 @@ def _served_slices(layout: gpulayouts.GpuLayout) -> set[tuple[int, int, int]]:
 def stolen(observed: observing.Observed, pod_key: str) -> bool:
     """Whether an instance or slice reserved for the unbound pod ``pod_key`` is in use by
     another pod: a pod kube-scheduler bound there without migpilot (created ungated, while the
-    webhook was down or timed out) took the capacity the reservation counted on. The
-    reservation can then never be honoured as it stands, even for a pod pinned to the node: it
-    must be dropped and the pod planned again (on its node, if pinned). For whole GPUs only
-    the count tells (:func:`_whole_overrun`)."""
+    webhook was down or timed out) took the capacity the reservation counted on. Also when an
+    instance reserved for it is not made yet and another pod uses an instance where it would
+    go: the plan counted that one free, and a pod bound there got it since (the kubelet picks
+    any free device of a profile; the agent then reports it cannot make the reserved one).
+    The reservation can then never be honoured as it stands, even for a pod pinned to the
+    node: it must be dropped and the pod planned again (on its node, if pinned), rather than
+    wait ten timeouts for an instance that cannot appear while that pod lives. For whole GPUs
+    only the count tells (:func:`_whole_overrun`)."""
     r = observed.reservations.get(pod_key)
     view = observed.pods.get(pod_key)
     layout = observed.layouts.get(r.node) if r is not None else None
@@ -607,13 +611,17 @@ def stolen(observed: observing.Observed, pod_key: str) -> bool:
     if r.gpus and _whole_overrun(observed, r.node, layout):
         return True
     wanted = set(r.instances)
+    absent = wanted - _existing(layout)
     slices = {(g, i) for g, i, _ in r.slices}
     replicas = set(r.replicas)
     used = gpulayouts.InstanceState.USED
     for g in layout.status.gpus:
+        blocked = [(s, p) for gpu, s, p in absent if gpu == g.index]
         for i in g.instances:
             key = (g.index, i.start, i.profile)
-            if key in wanted and i.state is used and i.used_by != pod_key:
+            if i.state is not used or i.used_by == pod_key:
+                continue
+            if key in wanted or (blocked and _overlaps(g.model, (i.start, i.profile), blocked)):
                 return True
         for sl in g.mps:
             if (g.index, sl.id) in slices and sl.state is used and sl.used_by != pod_key:
@@ -622,6 +630,19 @@ def stolen(observed: observing.Observed, pod_key: str) -> bool:
             if (g.index, rep.id) in replicas and rep.state is used and rep.used_by != pod_key:
                 return True
     return False
+
+
+def _overlaps(model: str, used: tuple[int, str], wanted: Iterable[tuple[int, str]]) -> bool:
+    """Whether the instance ``used`` ((start, profile) on a GPU of ``model``) leaves no room for
+    one of ``wanted``; an unknown model or profile: not known to, ``False``."""
+    try:
+        gpu = catalog.resolve_gpu(model)
+        return any(
+            layouts.violation(gpu, (layouts.Instance(*used), layouts.Instance(*w))) is not None
+            for w in wanted
+        )
+    except errors.MigpilotError:
+        return False
 
 
 def _whole_overrun(observed: observing.Observed, node: str, layout: gpulayouts.GpuLayout) -> bool:

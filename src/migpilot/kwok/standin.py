@@ -704,6 +704,7 @@ class SimulatedKubelet:
                     allocated=trial,
                     pool=inputs.pool,
                     busy=busy,
+                    bound=live.keys(),
                 )
                 if not isinstance(found, resolving.Decision):
                     refusal = found.message

@@ -709,7 +709,8 @@ def _expired(
         if r.stolen:
             message = (
                 f"its instances on node {r.node} were taken by a pod bound there without "
-                "migpilot (created ungated); planning again"
+                "migpilot (created ungated), or the room for them by another pod bound there; "
+                "planning again"
             )
         elif not r.pinned_there and (
             now - made_since.get(k, now) > limit or now - since[k] > 10 * limit

@@ -30,6 +30,7 @@ Sans-IO: no clock, no socket, no gRPC, no Kubernetes client; raw JSON and values
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -231,6 +232,9 @@ class Decision:
     device_ids: tuple[str, ...]
     """MIG UUIDs (or an MPS slice ID) for a unified pod; the kubelet's picks for a whole-GPU
     pod."""
+    taken_from: tuple[str, ...] = ()
+    """A unified pod bound with nothing reserved for it: the pods whose reservations its
+    devices were (:func:`resolve`); empty otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,14 +300,18 @@ def resolve(
     allocated: Mapping[str, PodAllocation],
     pool: Collection[str],
     busy: Collection[str] = (),
+    bound: Collection[str] | None = None,
 ) -> Resolution:
     """What one container's Allocate of the devices ``requested`` (the kubelet's picks) gets.
 
     ``reservations``: pod key -> the instances the GpuLayout spec reserves for it;
     ``allocated``: the ledger (every entry is a live pod's); ``pool``: the MIG UUIDs advertised
     as ``nvidia.com/gpu`` for unified pods; ``busy``: devices handed out otherwise (under a
-    ``nvidia.com/mig-*`` resource) and not yet released, never given to a unified pod.
+    ``nvidia.com/mig-*`` resource) and not yet released, never given to a unified pod;
+    ``bound``: the keys of the pods bound to the node (``None``: those of ``pods``), whose
+    reservations a unified pod bound without one never takes (:func:`_unreserved`).
     """
+    pods = tuple(pods)
     found = candidate(len(requested), pods, allocated)
     if found is None:
         return NoPod(
@@ -320,23 +328,33 @@ def resolve(
                 "pods"
             )
         return Decision(pod, container, tuple(requested))
-    return _unified(
+    reserved = reservations.get(pod.key)
+    instead = functools.partial(
+        _unreserved,
         pod,
         container,
-        reserved=reservations.get(pod.key),
+        requested=requested,
+        reservations=reservations,
+        bound={p.key for p in pods} if bound is None else bound,
         allocated=allocated,
+        pool=pool,
         busy=busy,
     )
+    if not reserved:
+        return instead()
+    answer = _unified(pod, container, reserved=reserved, allocated=allocated, busy=busy)
+    others = _taken(pod, allocated, busy)
+    if isinstance(answer, Refusal) and any(i.uuid in others for i in reserved):
+        # Another pod took what was reserved for this one (bound with nothing reserved, the
+        # reservation dropped too late): served as such a pod is, rather than failed.
+        alternative = instead()
+        if isinstance(alternative, Decision):
+            return alternative
+    return answer
 
 
-def _unified(
-    pod: GpuPod,
-    container: Container,
-    *,
-    reserved: Sequence[Instance] | None,
-    allocated: Mapping[str, PodAllocation],
-    busy: Collection[str],
-) -> Resolution:
+def _taken(pod: GpuPod, allocated: Mapping[str, PodAllocation], busy: Collection[str]) -> set[str]:
+    """Devices another pod holds (the ledger's other entries, ``busy``)."""
     mine = _allocation_of(pod, allocated)
     others = {
         uuid
@@ -345,11 +363,109 @@ def _unified(
         for uuid in entry.devices
     }
     others.update(busy)
-    if not reserved:
+    return others
+
+
+def _given(pod: GpuPod, container: Container, allocated: Mapping[str, PodAllocation]) -> set[str]:
+    """What ``pod``'s other containers hold that ``container`` may not get too: containers
+    other than init ones never share an instance; init containers run first and alone, and the
+    others may reuse what they had (as the kubelet reuses their devices)."""
+    mine = _allocation_of(pod, allocated)
+    init = {c.name for c in pod.containers if c.init}
+    if container.init or mine is None:
+        return set()
+    return {u for name, ids in mine.containers if name not in init for u in ids}
+
+
+def _unreserved(
+    pod: GpuPod,
+    container: Container,
+    *,
+    requested: Sequence[str],
+    reservations: Mapping[str, Sequence[Instance]],
+    bound: Collection[str],
+    allocated: Mapping[str, PodAllocation],
+    pool: Collection[str],
+    busy: Collection[str],
+) -> Resolution:
+    """A unified pod bound with nothing reserved for it: created while the webhook was down (it
+    fails open), so kube-scheduler bound it alone, counting ``nvidia.com/gpu`` the pool
+    advertises for reserved pods. A real kubelet fails the pod's admission on a refused
+    Allocate (UnexpectedAdmissionError, phase Failed) and nothing reserves for a bound pod in
+    time, so it is served now, as a MIG pod bound ungated is served by the kubelet's pick: with
+    pool devices that fit its ask and no pod holds, taken from reservations of pods not bound
+    to this node (those are planned again: the controller drops a reservation whose instance
+    another pod uses, ``controller/pinning.stolen``), the kubelet's picks first, then the
+    smallest. Never an instance reserved for a pod bound here: that pod's Allocate comes next.
+    Refused, naming the ask, when none fits. Also for a pod whose reserved instances another
+    pod took (one bound so, before the controller dropped the reservation it robbed): its own
+    free ones first, then as above, rather than a refusal that fails it."""
+    not_here = {
+        i.uuid: key
+        for key, insts in reservations.items()
+        if key == pod.key or key not in bound
+        for i in insts
+        if i.uuid is not None and i.uuid in pool and not i.replica
+    }
+    taken = _taken(pod, allocated, busy) | _given(pod, container, allocated)
+    found = {
+        i.uuid: i
+        for key, insts in reservations.items()
+        for i in insts
+        if i.uuid is not None
+        and not_here.get(i.uuid) == key
+        and i.uuid not in taken
+        and _fits(i, container.ask)
+    }
+    picked = set(requested)
+    chosen = sorted(
+        found.values(),
+        key=lambda i: (
+            not_here.get(i.uuid or "") != pod.key,
+            i.uuid not in picked,
+            _rank(i, container.ask),
+        ),
+    )
+    if len(chosen) < container.count:
+        ask = container.ask.text() if container.ask is not None else f"gpu {container.count}"
         return Refusal(
             f"pod {pod.key}: no MIG instance is reserved for it on this node, nor any MPS slice "
-            "or time-slicing replica (the GpuLayout spec names none with reservedFor)"
+            "or time-slicing replica (the GpuLayout spec names none with reservedFor), and the "
+            f"unified pool has {len(chosen)} free that serve its container {container.name} "
+            f"({ask}) of the {container.count} it asks for (bound without migpilot: created "
+            "while the webhook was down?)"
         )
+    return Decision(
+        pod,
+        container,
+        tuple(i.uuid for i in chosen[: container.count] if i.uuid is not None),
+        taken_from=tuple(
+            sorted({not_here[i.uuid] for i in chosen[: container.count] if i.uuid} - {pod.key})
+        ),
+    )
+
+
+def _fits(inst: Instance, ask: unified.GpuAsk | None) -> bool:
+    """Whether ``inst`` (a MIG instance of a known model, or an MPS slice) serves ``ask``."""
+    if ask is None or inst.replica:
+        return False
+    if inst.is_slice:
+        return _slice_fits(inst, ask)
+    profile = _profile(inst.model, inst.profile)
+    return (
+        inst.model is not None and profile is not None and unified.serves(ask, inst.model, profile)
+    )
+
+
+def _unified(
+    pod: GpuPod,
+    container: Container,
+    *,
+    reserved: Sequence[Instance],
+    allocated: Mapping[str, PodAllocation],
+    busy: Collection[str],
+) -> Resolution:
+    others = _taken(pod, allocated, busy)
     what = _kind(reserved)
     missing = [str(i) for i in reserved if i.uuid is None]
     if missing:
@@ -363,14 +479,7 @@ def _unified(
             f"pod {pod.key}: the {what} reserved for it are allocated to another pod: "
             f"{', '.join(held)}"
         )
-    # Containers other than init ones never share an instance; init containers run first and
-    # alone, and the others may reuse what they had (as the kubelet reuses their devices).
-    init = {c.name for c in pod.containers if c.init}
-    given = (
-        set()
-        if container.init or mine is None
-        else {u for name, ids in mine.containers if name not in init for u in ids}
-    )
+    given = _given(pod, container, allocated)
     free = [i for i in reserved if i.uuid not in given]
     if len(free) < container.count:
         return Refusal(

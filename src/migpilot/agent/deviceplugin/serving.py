@@ -717,12 +717,13 @@ class DevicePlugin:
 
         self._hand_out(resource, [*found.device_ids, *requested], record)
         _log.info(
-            "Allocate: pod %s container %s gets %s%s (the kubelet picked %s)",
+            "Allocate: pod %s container %s gets %s%s (the kubelet picked %s)%s",
             found.pod.key,
             found.container.name,
             what,
             ", ".join(found.device_ids),
             ", ".join(requested),
+            _taken_note(found),
             extra=logs.about(pod=found.pod.key),
         )
 
@@ -965,3 +966,13 @@ class DevicePlugin:
                     server.stop()
                     server.start()
                 self._register(server)
+
+
+def _taken_note(found: resolving.Decision) -> str:
+    """For the log: a unified pod bound with nothing reserved got other pods' reservations."""
+    if not found.taken_from:
+        return ""
+    return (
+        "; nothing was reserved for it (bound without migpilot), so it takes the reservation "
+        f"of {', '.join(found.taken_from)}, planned again"
+    )
