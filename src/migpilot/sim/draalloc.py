@@ -42,22 +42,18 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from migpilot import errors
-from migpilot.mig import layouts, profiles
+from migpilot.mig import dra, layouts, profiles
 
-DRIVER = "mig.migpilot.io"
-"""The DRA driver's name (the kubelet plugin's, :mod:`migpilot.agent.dra.placements`)."""
+DRIVER = dra.DRIVER
 STEERING_TAINT = "mig.migpilot.io/unplanned"
 """The taint key steering puts on placements outside the planner's target layout."""
-MAX_SLICE_DEVICES = 64
-"""Devices one ResourceSlice may hold when they consume counters
-(``ResourceSliceMaxDevicesWithAdvancedFeatures``, v1.37)."""
+MAX_SLICE_DEVICES = dra.MAX_DEVICES
 DEFAULT_BUDGET = 200_000
 """Search steps one allocation may take before it gives up, as the scheduler's filter timeout
 does (``allocateOne`` calls, each trying one device)."""
 
-MEMORY_SLICE = "memory-slice-{}"
-COMPUTE_SLICES = "compute-slices"
-MEDIA_ENGINES = "media-engines"
+COMPUTE_SLICES = dra.COMPUTE_COUNTER
+MEDIA_ENGINES = dra.MEDIA_COUNTER
 
 
 class AllocatorError(errors.MigpilotError):
@@ -154,11 +150,8 @@ class DeviceOrder(enum.StrEnum):
     """Profile by profile as the model lists them (smallest first), each by start."""
 
 
-def device_name(gpu: int, profile: str, start: int) -> str:
-    """The driver's name of a placement, ``gpu-0-mig-3g-40gb-4`` (the kubelet plugin's
-    :func:`migpilot.agent.dra.placements.device_name`, which the sim may not import)."""
-    slug = profile.lower().replace(".", "-").replace("+", "-")
-    return f"gpu-{gpu}-mig-{slug}-{start}"
+device_name = dra.device_name
+"""The driver's name of a placement, ``gpu-0-mig-3g-40gb-4`` (as the agent publishes it)."""
 
 
 def counter_set_name(gpu: int) -> str:
@@ -167,14 +160,14 @@ def counter_set_name(gpu: int) -> str:
 
 
 def _gpu_counters(model: profiles.GpuModel, gpu: int) -> CounterSet:
-    counters = [(MEMORY_SLICE.format(k), 1) for k in range(model.memory_slots)]
+    counters = [(dra.memory_counter(k), 1) for k in range(model.memory_slots)]
     counters.append((COMPUTE_SLICES, model.compute_slices))
     counters.append((MEDIA_ENGINES, 1))
     return CounterSet(counter_set_name(gpu), tuple(counters))
 
 
 def _device(model: profiles.GpuModel, gpu: int, profile: profiles.Profile, start: int) -> Device:
-    consumes = [(MEMORY_SLICE.format(k), 1) for k in range(start, start + profile.memory_slots)]
+    consumes = [(dra.memory_counter(k), 1) for k in range(start, start + profile.memory_slots)]
     consumes.append((COMPUTE_SLICES, profile.compute_slices))
     if profile.media_extension:
         consumes.append((MEDIA_ENGINES, 1))

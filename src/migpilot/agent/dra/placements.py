@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from migpilot import errors
-from migpilot.mig import profiles
+from migpilot.mig import dra, profiles
 
-DRIVER = "mig.migpilot.io"
+DRIVER = dra.DRIVER
 """The DRA driver's name: the kubelet plugin registers under it and claims' results carry it."""
 CDI_KIND = f"{DRIVER}/mig"
 """The CDI kind (``<vendor>/<class>``) of the devices the plugin prepares."""
@@ -66,16 +66,9 @@ Target = Placement | WholeGpu
 """What a DRA device of this driver names: a MIG placement or a whole GPU."""
 
 
-def _slug(profile: str) -> str:
-    # RTX PRO's "1g.24gb-me" (no media engines) would otherwise read as "1g.24gb+me".
-    if profile.endswith(profiles.Attribute.NO_ME.value):
-        profile = profile[: -len(profiles.Attribute.NO_ME.value)] + "-no-me"
-    return profile.lower().replace(".", "-").replace("+", "-")
-
-
 def device_name(placement: Placement) -> str:
     """The DRA device name of a placement (``gpu-0-mig-3g-40gb-4``)."""
-    name = f"gpu-{placement.gpu}-mig-{_slug(placement.profile)}-{placement.start}"
+    name = dra.device_name(placement.gpu, placement.profile, placement.start)
     if len(name) > MAX_NAME:
         raise PlacementError(f"device name {name!r} of {placement} is longer than {MAX_NAME}")
     return name
@@ -94,7 +87,7 @@ def parse_device_name(name: str, gpus: Mapping[int, profiles.GpuModel]) -> Place
     if model is None:
         known = ", ".join(str(i) for i in sorted(gpus)) or "none"
         raise PlacementError(f"device {name!r}: this node has no GPU {gpu} (GPUs: {known})")
-    by_slug = {_slug(p.name): p for p in model.profiles}
+    by_slug = {dra.profile_slug(p.name): p for p in model.profiles}
     profile = by_slug.get(slug)
     if profile is None:
         raise PlacementError(f"device {name!r}: {model.id} has no MIG profile {slug!r}")

@@ -66,23 +66,21 @@ from typing import Any
 
 from migpilot import errors
 from migpilot.agent.dra import placements
-from migpilot.mig import layouts, profiles
+from migpilot.mig import dra, layouts, profiles
 
 DRIVER = placements.DRIVER
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
 MAX_COUNTER_SETS = 8
 """``ResourceSliceMaxCounterSets``: counter sets in one slice."""
-MAX_DEVICES = 64
-"""``ResourceSliceMaxDevicesWithAdvancedFeatures``: devices in one slice once one of them consumes
-counters (128, ``ResourceSliceMaxDevices``, is for plain devices)."""
+MAX_DEVICES = dra.MAX_DEVICES
 MAX_COUNTERS = 32
 """``ResourceSliceMaxCountersPerCounterSet`` and ``...PerDeviceCounterConsumption``."""
 MAX_SLICE_NAME = 253
 """A ResourceSlice's name is a DNS subdomain."""
 
-COMPUTE_COUNTER = "compute-slices"
-MEDIA_COUNTER = "media-engines"
+COMPUTE_COUNTER = dra.COMPUTE_COUNTER
+MEDIA_COUNTER = dra.MEDIA_COUNTER
 
 TYPE_ATTRIBUTE = "type"
 MODEL_ATTRIBUTE = "model"
@@ -181,9 +179,7 @@ def slice_name(node: str, index: int) -> str:
     return f"{node}-{DRIVER}-{index}"
 
 
-def memory_counter(slot: int) -> str:
-    """The counter of memory slice ``slot``."""
-    return f"memory-slice-{slot}"
+memory_counter = dra.memory_counter
 
 
 def counter_set(gpu: int) -> str:
