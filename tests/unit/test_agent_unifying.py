@@ -494,3 +494,24 @@ def test_the_pod_book_keeps_unified_and_whole_gpu_pods(caplog: pytest.LogCapture
 def test_counters_use_each_models_largest_instance(model: Any) -> None:
     got = unifying.counters(view(True, model=model))
     assert got[MEM] == max(p.memory_mib or 0 for p in model.profiles)
+
+
+def test_a_restarted_stand_in_gives_no_mig_pod_an_instance_a_unified_pod_holds(
+    node: Node,
+) -> None:
+    """Soak, CI at f4b415c: after an agent restart the stand-in admitted a new MIG pod before
+    it gave the unified pods back their instances, so both held one instance for a pass."""
+    node.api.put_spec(NODE, spec([inst("1g.10gb", 1, "ns/u", unified=True)]))
+    node.api.put_pod(pod_doc("u", {GPU: 1, MEM: 8000}))
+    node.step()
+    node.api.put_spec(NODE, spec([inst("1g.10gb", 1)]))  # dropped once it is allocated
+    node.step()
+    mine = node.uuid("1g.10gb@1")
+    assert node.kubelet.assigned() == {"ns/u": (mine,)}
+    # Then the agent restarts, and a MIG pod bound here meanwhile asks for that profile.
+    node.api.put_pod(pod_doc("m", {R1G: 1}))
+    again = wire(node.api, node.gpus)
+    again.step()
+    assert again.kubelet.assigned()["ns/u"] == (mine,)
+    assert mine not in again.kubelet.assigned().get("ns/m", ())
+    assert again.states()["1g.10gb@1"] == ("used", "ns/u")

@@ -635,6 +635,7 @@ class SimulatedKubelet:
                         ", ".join(devices),
                         extra=logs.about(pod=key, node=self._node),
                     )
+        self._restore_unified(pods)  # before the MIG pods: none may take a unified pod's own
         now = assign(
             mig,
             advertised=self._offered,
@@ -661,6 +662,35 @@ class SimulatedKubelet:
         if held != self._written and self._checkpoint.save(held):
             self._written = held
 
+    def _restore_unified(self, pods: Sequence[boundpods.BoundPod]) -> None:
+        """At the first assignment, give the unified pods still listed back the instances the
+        status last reported them using (``held_by``), before any MIG pod is assigned: those
+        are then ``busy`` to it, as a restarted kubelet's checkpoint keeps them (under the
+        lock). Without this a MIG pod bound while the agent was down could be handed one of
+        them for a pass (soak, CI at f4b415c)."""
+        if self._held_by is None or self._unified_inputs is None:
+            return
+        owners: dict[str, list[str]] = {}
+        for uuid, key in self._held_by().items():
+            owners.setdefault(key, []).append(uuid)
+        self._held_by = None
+        restored = dict(self._unified)
+        for pod in pods:
+            gpu = pod.gpu
+            if gpu is None or not gpu.unified or pod.key in restored or not owners.get(pod.key):
+                continue
+            containers = tuple(
+                (c.name, tuple(sorted(owners[pod.key])) if n == 0 else ())
+                for n, c in enumerate(gpu.containers)
+            )
+            restored[pod.key] = resolving.PodAllocation(gpu.uid, True, containers)
+            _log.info("Node %s: pod %s keeps %s (from the GpuLayout status)", self._node,
+                      pod.key, ", ".join(sorted(owners[pod.key])),
+                      extra=logs.about(pod=pod.key, node=self._node))  # fmt: skip
+        if restored != self._unified:
+            self._unified = restored
+            self._unified_version += 1
+
     def _assign_unified(self, pods: Sequence[boundpods.BoundPod]) -> None:
         """Admit the unified pods not yet served, oldest first, as the kubelet would (under
         the lock; see the class)."""
@@ -675,18 +705,6 @@ class SimulatedKubelet:
             _log.info("Node %s: pod %s released %s", self._node, key,
                       ", ".join(sorted(self._unified[key].devices)),
                       extra=logs.about(pod=key, node=self._node))  # fmt: skip
-        if self._held_by is not None:
-            owners: dict[str, list[str]] = {}
-            for uuid, key in self._held_by().items():
-                owners.setdefault(key, []).append(uuid)
-            self._held_by = None
-            for key, gpu in live.items():
-                if key not in kept and owners.get(key):
-                    containers = tuple(
-                        (c.name, tuple(sorted(owners[key])) if n == 0 else ())
-                        for n, c in enumerate(gpu.containers)
-                    )
-                    kept[key] = resolving.PodAllocation(gpu.uid, True, containers)
         inputs = self._unified_inputs()
         busy = frozenset(u for devs in self._assigned.values() for u in devs) | self._withheld
         for pod in pods:
