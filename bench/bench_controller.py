@@ -79,13 +79,21 @@ class BindWatch:
         list(listed)
         version = listed.resourceVersion
         self._ready.set()
-        for _, pod in self._client.watch(Pod, namespace=self._namespace, resource_version=version):
-            if self._stop.is_set():
-                return
-            assert pod.metadata is not None
-            name = pod.metadata.name or ""
-            if pod.spec is not None and pod.spec.nodeName and name not in self.bound:
-                self.bound[name] = time.time()
+        try:
+            for _, pod in self._client.watch(
+                Pod, namespace=self._namespace, resource_version=version
+            ):
+                if self._stop.is_set():
+                    return
+                assert pod.metadata is not None
+                name = pod.metadata.name or ""
+                if pod.spec is not None and pod.spec.nodeName and name not in self.bound:
+                    self.bound[name] = time.time()
+        except Exception:
+            # A stopped watch's stream stays open until the control plane stops, which then
+            # breaks it: not an error of the run. A break before stop() is.
+            if not self._stop.is_set():
+                raise
 
     def wait(self, names: set[str]) -> None:
         deadline = time.monotonic() + TIMEOUT_S
