@@ -38,6 +38,7 @@ from lightkube.resources.resource_v1 import (
 )
 
 from migpilot.mig import catalog
+from migpilot.planning import draclaims
 from migpilot.sim import draalloc
 from tests.kube.controlplane import ControlPlane, wait_for
 
@@ -50,7 +51,7 @@ ORDERED = "dra-steer-1"
 NS = "default"
 H100 = catalog.resolve_gpu("h100-80gb")
 POOL = draalloc.publish(NODE, H100, gpus=1, order=draalloc.DeviceOrder.START)
-TEN_GB = draalloc.Selector(min_memory_mib=9537)
+TEN_GB = draclaims.Selector(min_memory_mib=9537)
 
 
 def _qualified(name: str) -> str:

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from migpilot import errors
-from migpilot.planning import scoring
+from migpilot.planning import draclaims, scoring
 from migpilot.sim import clusters, draalloc, drasim, nativegen, traces
 
 HEADER = "name,arrival,duration,requests,node_selector\n"
@@ -146,12 +146,12 @@ def test_claims_from_a_trace() -> None:
     by_profile, skipped = drasim.claims_from_trace(_trace(rows), cluster, memory_share=0.0, seed=3)
     assert skipped == 1 and [p.name for p in by_profile] == ["a", "c"]
     assert by_profile[0].claim == draalloc.Claim(
-        (draalloc.Request(2, (draalloc.Selector(profile="3g.40gb", model="a100-80gb"),)),)
+        (draalloc.Request(2, (draclaims.Selector(profile="3g.40gb", model="a100-80gb"),)),)
     )
     assert by_profile[0].planned.mig and by_profile[0].planned.unified is None
     by_memory, _ = drasim.claims_from_trace(_trace(rows), cluster, memory_share=1.0, seed=3)
     sel = by_memory[0].claim.requests[0].alternatives[0]
-    assert sel == draalloc.Selector(min_memory_mib=38146, model="a100-80gb")
+    assert sel == draclaims.Selector(min_memory_mib=38146, model="a100-80gb")
     assert by_memory[0].planned.unified is not None and not by_memory[0].planned.mig
     assert drasim.memory_mib("1g.10gb") == 9536
     with pytest.raises(errors.MigpilotError, match="0..1"):

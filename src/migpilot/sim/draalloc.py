@@ -29,8 +29,10 @@ device per MIG placement consuming exactly its counters, named as the driver nam
 (``gpu-<index>-mig-<profile>-<start>``). The order devices are listed in is the driver's choice;
 :class:`DeviceOrder` offers the two natural ones.
 
-Pure: frozen dataclasses and functions, no clock, no I/O. May import :mod:`migpilot.errors` and
-:mod:`migpilot.mig`.
+Pure: frozen dataclasses and functions, no clock, no I/O. May import :mod:`migpilot.errors`,
+:mod:`migpilot.mig` and the planner's reading of a claim's selectors
+(:class:`migpilot.planning.draclaims.Selector`, so that the model allocates what the planner
+reads).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from types import MappingProxyType
 
 from migpilot import errors
 from migpilot.mig import dra, layouts, profiles
+from migpilot.planning.draclaims import Selector
 
 DRIVER = dra.DRIVER
 STEERING_TAINT = "mig.migpilot.io/unplanned"
@@ -199,40 +202,6 @@ def publish(
             placed.sort(key=lambda ps: (ps[1], -ps[0].memory_slots, -ps[0].compute_slices))
         devices.extend(_device(model, gpu, p, s) for p, s in placed)
     return Pool(node, tuple(sets), tuple(devices))
-
-
-@dataclass(frozen=True, slots=True)
-class Selector:
-    """What a request's CEL selectors ask of a device, as a predicate: every field set must hold.
-
-    :meth:`cel` writes it as the expression a ResourceClaim would carry.
-    """
-
-    profile: str | None = None
-    min_memory_mib: int | None = None
-    model: str | None = None
-
-    def matches(self, device: Device) -> bool:
-        """Whether ``device`` satisfies every condition."""
-        if self.profile is not None and device.profile != self.profile:
-            return False
-        if self.min_memory_mib is not None and device.memory_mib < self.min_memory_mib:
-            return False
-        return self.model is None or device.model == self.model
-
-    def cel(self) -> str:
-        """The selector as CEL over the driver's attributes and capacity."""
-        parts = []
-        if self.profile is not None:
-            parts.append(f'device.attributes["{DRIVER}"].profile == "{self.profile}"')
-        if self.min_memory_mib is not None:
-            parts.append(
-                f'device.capacity["{DRIVER}"].memory.compareTo('
-                f'quantity("{self.min_memory_mib}Mi")) >= 0'
-            )
-        if self.model is not None:
-            parts.append(f'device.attributes["{DRIVER}"].model == "{self.model}"')
-        return " && ".join(parts) or "true"
 
 
 @dataclass(frozen=True, slots=True)

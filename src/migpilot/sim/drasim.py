@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from migpilot import errors
 from migpilot.mig import profiles
-from migpilot.planning import planners, snapshot
+from migpilot.planning import draclaims, planners, snapshot
 from migpilot.planning import unified as unifying
 from migpilot.sim import clusters, draalloc, traces
 
@@ -195,9 +195,9 @@ def claims_from_trace(
         requests: list[draalloc.Request] = []
         for r in tp.mig:
             if by_memory:
-                sel = draalloc.Selector(min_memory_mib=memory_mib(r.profile), model=model)
+                sel = draclaims.Selector(min_memory_mib=memory_mib(r.profile), model=model)
             else:
-                sel = draalloc.Selector(profile=r.profile, model=model)
+                sel = draclaims.Selector(profile=r.profile, model=model)
             requests.append(draalloc.Request(r.count, (sel,)))
         if by_memory:
             asks = tuple(
