@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -84,6 +85,7 @@ from migpilot.planning import (
     constraints,
     dynamic,
     explaining,
+    firstfit,
     incremental,
     modes,
     plans,
@@ -119,6 +121,16 @@ class Settings:
     full_replan_s: float | None = 60.0
     """Seconds after a full replan at which the next plan is full again whatever changed;
     ``None``: only when capacity grows. Default 60."""
+    age_after_s: float | None = 43_200.0
+    """Seconds a pod may wait before it outranks the newer pods of its priority in the plans,
+    whenever room can be made for it (:func:`age_ranks`); ``None``: never, the planner weighs
+    every pod of a priority alike however long it waited. Default 43,200 (12 hours): long
+    enough that the planner stays free to pick the pods that fit best while a crunch is
+    ordinary (on the faithful openb replay the whole-GPU pods of its crunch wait up to about
+    5 hours), short enough that no pod is passed over for days. Each aged pod served early
+    costs the instances destroyed to make its room, and again when the room is given back:
+    shorter ages served the pods of that replay's crunch sooner at more reconfigurations
+    (docs/planner.md, "Faithful replay")."""
     avoid_after_expiry_s: float = 300.0
     """Seconds after a pod's reservation on a node expired unused during which the plans keep
     the pod off that node while another might hold it (:func:`avoiding`); 0: never. Default
@@ -140,6 +152,12 @@ class Settings:
         if every is not None and (not every > 0 or math.isinf(every)):
             raise errors.MigpilotError(
                 f"the full replan period must be a finite number of seconds over 0, got {every}"
+            )
+        age = self.age_after_s
+        if age is not None and (not age > 0 or math.isinf(age)):
+            raise errors.MigpilotError(
+                f"the age after which a waiting pod outranks newer ones must be a finite number "
+                f"of seconds over 0, got {age}"
             )
         avoid = self.avoid_after_expiry_s
         if not avoid >= 0 or math.isinf(avoid):
@@ -504,6 +522,9 @@ class Memory:
     avoid: Mapping[tuple[str, str], float] = field(default_factory=dict)
     """(pod, node) whose reservation there expired unused -> until when the plans keep the pod
     off the node (:func:`avoiding`)."""
+    waiting_since: Mapping[str, float] = field(default_factory=dict)
+    """When each pod still waiting or reserved was first seen so, by key (its age for
+    :func:`age_ranks`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -637,11 +658,15 @@ def reconcile(
     backlog = memory.backlog
     if backlog is not None:
         backlog = incremental.observe(backlog, snap)
+    waiting_since = _waiting_since(observed, memory, now=now)
+    steps = avoiding(planner, _by_pod(avoid)) if avoid else planner
+    if settings.age_after_s is not None:
+        steps = ageing(steps, waiting_since, now=now, settings=settings)
     planned = decide(
         snap,
         batch,
         now=now,
-        planner=avoiding(planner, _by_pod(avoid)) if avoid else planner,
+        planner=steps,
         backlog=backlog,
         settings=settings,
     )
@@ -662,6 +687,7 @@ def reconcile(
         unplaced=MappingProxyType(unplaced),
         backlog=backlog if settings.incremental else None,
         avoid=MappingProxyType(avoid),
+        waiting_since=MappingProxyType(waiting_since),
     )
     return Decision(
         memory=kept,
@@ -790,6 +816,110 @@ def _kept_off(pod: snapshot.Pod, nodes: frozenset[str]) -> snapshot.Pod:
     away = snapshot.Requirement("metadata.name", "NotIn", tuple(sorted(nodes)), field=True)
     terms = tuple((*t, away) if t else t for t in pod.affinity) or ((away,),)
     return replace(pod, affinity=terms)
+
+
+def _waiting_since(observed: Observed, memory: Memory, *, now: float) -> dict[str, float]:
+    """When each pod waiting (planned or not) or reserved was first seen so: the memory kept for
+    those still there, ``now`` for a new one. A reserved pod keeps its time, so one whose
+    reservation expires is as old when it is planned again."""
+    before = memory.waiting_since
+    snap = observed.snapshot
+    keys = itertools.chain(
+        (p.key for p in snap.pods), (p.key for p in snap.whole_pods), observed.reserved
+    )
+    return {k: before.get(k, now) for k in keys}
+
+
+def age_ranks(
+    snap: snapshot.Snapshot,
+    since: Mapping[str, float],
+    *,
+    now: float,
+    settings: Settings,
+) -> dict[str, int]:
+    """The priority each pod of ``snap`` is planned at, by key, when ageing changes anything
+    (empty otherwise).
+
+    A pod that has waited ``age_after_s`` or more (``since``: when each was first seen waiting)
+    is aged; aged pods are grouped by priority and by how many times their wait has doubled
+    since (tier ``1 + floor(log2(wait / age_after_s))``). Groups are tried from the highest
+    priority and the oldest tier down: first-fit, the oldest pod of the group first, on the
+    snapshot's MIG nodes with every free instance gone (the planner may destroy free
+    instances). The pods it places in the first group where it places any outrank every other
+    pod of their priority; a pod of a higher priority still outranks every pod of a lower one,
+    however long that waited. Ranks are consecutive integers from 0, in the order of
+    (priority, outranking): the planners compare priorities only with each other.
+
+    Why: the planner places the most pods, then destroys the fewest free instances. A steady
+    stream of pods that reuse a free instance as it is (a whole-GPU ``7g.80gb`` pod on the
+    ``7g.80gb`` instance a leaving one freed) then wins every GPU that frees, and an older pod
+    of another profile (a ``4g.40gb`` one, for which the instance must be destroyed) waits for
+    a moment with no such pod: 150,000 s in the faithful openb replay. kube-scheduler's queue
+    is first come first served within a priority; ageing leaves the planner free with the pods
+    that have not waited long, and serves the others oldest first as room frees.
+
+    Why only the pods first-fit can place now outrank: an aged pod no room can be made for
+    (four whole GPUs of one node, in a full cluster) is unplaced at any rank, and a level of its
+    own would cost the planner its multi-level moves on every plan (three times the planner
+    time of the faithful replay when every aged pod outranked); and aged pods that all
+    outranked would compete by the planner's objective again, where the newest of them wins the
+    room by reusing a free instance. First-fit costs about one pass over the nodes per kind of
+    pod, and only while pods are aged.
+    """
+    after = settings.age_after_s
+    if after is None:
+        return {}
+    groups: dict[tuple[int, int], list[snapshot.Pod]] = {}
+    for pod in snap.pods:
+        wait = now - since.get(pod.key, now)
+        if wait >= after:
+            tier = 1 + math.floor(math.log2(wait / after))
+            groups.setdefault((pod.priority, tier), []).append(pod)
+    if not groups:
+        return {}
+    bare = tuple(
+        replace(
+            n,
+            gpus=tuple(
+                replace(g, instances=tuple(i for i in g.instances if i.used)) for g in n.gpus
+            ),
+        )
+        for n in snap.nodes
+        if n.mode is modes.Mode.MIG
+    )
+    first: set[str] = set()
+    for level in sorted(groups, reverse=True):
+        aged = sorted(groups[level], key=lambda p: since[p.key])
+        probe = replace(snap, nodes=bare, pods=tuple(aged), whole_pods=())
+        first = {pl.pod for pl in firstfit.place(probe, order=aged)[1]}
+        if first:
+            break
+    if not first:
+        return {}
+    levels = {p.key: (p.priority, p.key in first) for p in snap.pods}
+    order = {level: rank for rank, level in enumerate(sorted(set(levels.values())))}
+    return {key: order[level] for key, level in levels.items()}
+
+
+def ageing(
+    planner: Planner, since: Mapping[str, float], *, now: float, settings: Settings
+) -> Planner:
+    """``planner``, each pod of the snapshot it plans planned at its rank of :func:`age_ranks`
+    (how long it has waited, ``since``: when each was first seen waiting) instead of its
+    priority. The plan is the planner's: it names pods by key. Ranks are found for the
+    snapshot planned, so an incremental pass (new pods only) costs nothing more."""
+
+    def plan(snap: snapshot.Snapshot) -> plans.Plan:
+        ranks = age_ranks(snap, since, now=now, settings=settings)
+        if not ranks:
+            return planner(snap)
+        pods = tuple(
+            replace(p, priority=ranks[p.key]) if p.priority != ranks[p.key] else p
+            for p in snap.pods
+        )
+        return planner(replace(snap, pods=pods))
+
+    return plan
 
 
 def _pins(
