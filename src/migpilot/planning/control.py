@@ -33,6 +33,12 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   at once when another pod took what it reserves (*stolen*). A pod let go with its node
   affinity naming its node keeps its reservation however long kube-scheduler takes, unless
   stolen. Its pod is planned again.
+- **Ageing.** A pod that has waited :attr:`Settings.age_after_s` (default 12 hours, counted
+  from the first step that saw it waiting or reserved: a controller that restarts counts
+  again) outranks the newer pods of its priority in the plans, whenever room can be made for
+  it now (:func:`age_ranks`). The planner places the most pods and destroys the fewest free
+  instances, so without it a stream of pods that reuse freed instances as they are can pass
+  an older pod of another shape over for days.
 - **Avoiding a node that let a reservation expire.** A pod whose reservation on a node expired
   because it was not usable in time (not a stolen one) is kept off that node by the plans of
   the next :attr:`Settings.avoid_after_expiry_s` (:func:`avoiding`), while another node might
