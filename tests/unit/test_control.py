@@ -733,3 +733,12 @@ def test_the_step_settings_refuse_a_bad_age() -> None:
     for bad in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(errors.MigpilotError, match="outranks newer ones"):
             control.Settings(age_after_s=bad)
+
+
+def test_of_aged_pods_asking_alike_only_the_oldest_outranks() -> None:
+    settings = dataclasses.replace(STEP, age_after_s=100.0)
+    first, second = _pod("first", ("4g.40gb", 1)), _pod("second", ("4g.40gb", 1))
+    snap = snapshot.Snapshot(nodes=(_node("n", gpus=2),), pods=(second, first))
+    since = {"default/first": 0.0, "default/second": 10.0}
+    ranks = control.age_ranks(snap, since, now=1000.0, settings=settings)
+    assert ranks == {"default/first": 1, "default/second": 0}
