@@ -643,3 +643,102 @@ def test_keeping_a_pod_off_nodes_adds_to_each_term_of_its_affinity() -> None:
     # Planned kept off a and b (an empty term still matches no node), then as it is.
     assert [s.affinity for s in seen] == [((zone, away), ()), ((zone,), ())]
     assert _where(plan) == "c"
+
+
+# --------------------------------------------------------------------------- ageing
+
+DAY = 86_400.0
+
+
+def _with_free_7g(name: str = "n") -> snapshot.Node:
+    """A node whose one A100 holds a free 7g.80gb instance (a whole-GPU pod just left it)."""
+    return dataclasses.replace(
+        _node(name),
+        gpus=(snapshot.Gpu(0, A100, (snapshot.ExistingInstance("7g.80gb", 0, used=False),)),),
+    )
+
+
+def _aged_plan(settings: control.Settings, *, now: float) -> plans.Plan:
+    """``old`` (4g.40gb) has waited since 0 while the node was full; at ``now`` its one GPU is
+    free with a 7g.80gb instance, and ``new`` (7g.80gb, which reuses it) has just come."""
+    old, new = _pod("old", ("4g.40gb", 1)), _pod("new", ("7g.80gb", 1))
+    waiting = control.Observed(snapshot.Snapshot(nodes=(_full(),), pods=(old,)))
+    memory = control.reconcile(
+        waiting, control.Memory(), now=0.0, settings=settings, planner=_planner
+    ).memory
+    assert memory.waiting_since == {"default/old": 0.0}
+    freed = control.Observed(snapshot.Snapshot(nodes=(_with_free_7g(),), pods=(old, new)))
+    due = dataclasses.replace(memory, batch=control.Batch(due=now, dirty=True))
+    step = control.reconcile(freed, due, now=now, settings=settings, planner=_planner)
+    assert step.memory.waiting_since == {"default/old": 0.0, "default/new": now}
+    assert step.plan is not None
+    return step.plan
+
+
+def test_a_pod_waiting_long_enough_gets_the_room_a_newer_pod_would_reuse() -> None:
+    # The planner alone gives the free 7g.80gb to the new pod (no instance destroyed), as it
+    # would to every whole-GPU pod that comes while one leaves: the old 4g.40gb pod starved.
+    assert _where(_aged_plan(STEP, now=DAY), "default/old") == "n"
+    assert _where(_aged_plan(STEP, now=DAY), "default/new") is None
+
+
+def test_before_its_age_or_with_ageing_off_the_planner_chooses() -> None:
+    young = _aged_plan(STEP, now=STEP.age_after_s - 1 if STEP.age_after_s else 0.0)
+    assert (_where(young, "default/new"), _where(young, "default/old")) == ("n", None)
+    off = dataclasses.replace(STEP, age_after_s=None)
+    plan = _aged_plan(off, now=DAY)
+    assert (_where(plan, "default/new"), _where(plan, "default/old")) == ("n", None)
+
+
+def test_an_aged_pod_outranks_only_where_room_can_be_made_for_it() -> None:
+    settings = dataclasses.replace(STEP, age_after_s=100.0)
+    two = dataclasses.replace(
+        _node("n", gpus=2),
+        gpus=(
+            snapshot.Gpu(0, A100, (snapshot.ExistingInstance("7g.80gb", 0, used=True),)),
+            snapshot.Gpu(1, A100, (snapshot.ExistingInstance("7g.80gb", 0, used=False),)),
+        ),
+    )
+    big, small = _pod("big", ("7g.80gb", 2)), _pod("small", ("4g.40gb", 1))
+    snap = snapshot.Snapshot(nodes=(two,), pods=(big, small))
+    # big (two whole GPUs) cannot be placed now whatever its rank: no level of its own.
+    assert control.age_ranks(snap, {"default/big": 0.0}, now=1000.0, settings=settings) == {}
+    # Once small is aged too, it outranks (and big, older, keeps its priority).
+    since = {"default/big": 0.0, "default/small": 500.0}
+    ranks = control.age_ranks(snap, since, now=1000.0, settings=settings)
+    assert ranks == {"default/big": 0, "default/small": 1}
+
+
+def test_the_oldest_aged_pods_come_first_and_a_higher_priority_still_outranks_them() -> None:
+    settings = dataclasses.replace(STEP, age_after_s=100.0)
+    older, old = _pod("older", ("4g.40gb", 1)), _pod("old", ("7g.80gb", 1))
+    urgent = dataclasses.replace(_pod("urgent", ("7g.80gb", 1)), priority=10)
+    snap = snapshot.Snapshot(nodes=(_with_free_7g(),), pods=(old, older, urgent))
+    # Room for one: the pod that waited longest (four times the age, the other two) outranks.
+    since = {"default/older": 0.0, "default/old": 200.0, "default/urgent": 399.0}
+    ranks = control.age_ranks(snap, since, now=400.0, settings=settings)
+    assert ranks == {"default/old": 0, "default/older": 1, "default/urgent": 2}
+    plan = control.ageing(_planner, since, now=400.0, settings=settings)(snap)
+    assert [p.pod for p in plan.placements] == ["default/urgent"]
+
+
+def test_a_reserved_pod_keeps_its_age_and_a_pod_gone_is_forgotten() -> None:
+    memory = control.Memory(waiting_since={"default/p": 5.0, "default/gone": 1.0})
+    observed = _held(_reserved("default/p"), advertised={"n": {}})
+    step = control.reconcile(observed, memory, now=50.0, settings=STEP, planner=_planner)
+    assert step.memory.waiting_since == {"default/p": 5.0}
+
+
+def test_the_step_settings_refuse_a_bad_age() -> None:
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(errors.MigpilotError, match="outranks newer ones"):
+            control.Settings(age_after_s=bad)
+
+
+def test_of_aged_pods_asking_alike_only_the_oldest_outranks() -> None:
+    settings = dataclasses.replace(STEP, age_after_s=100.0)
+    first, second = _pod("first", ("4g.40gb", 1)), _pod("second", ("4g.40gb", 1))
+    snap = snapshot.Snapshot(nodes=(_node("n", gpus=2),), pods=(second, first))
+    since = {"default/first": 0.0, "default/second": 10.0}
+    ranks = control.age_ranks(snap, since, now=1000.0, settings=settings)
+    assert ranks == {"default/first": 1, "default/second": 0}
