@@ -66,6 +66,7 @@ from typing import Any
 
 from migpilot import errors
 from migpilot.agent.dra import placements
+from migpilot.api import gpulayouts
 from migpilot.mig import dra, layouts, profiles
 
 DRIVER = placements.DRIVER
@@ -270,6 +271,18 @@ def pool(
             f"than {MAX_SLICE_NAME})"
         )
     return Pool(node, tuple(contents), tuple(names), frozenset(pinned))
+
+
+def planned_placements(spec: gpulayouts.LayoutSpec | None) -> tuple[placements.Placement, ...]:
+    """The placements of a GpuLayout spec (the planner's target for the node: every instance,
+    reserved for a pod or not), for :func:`pool`'s ``planned``; none without a spec."""
+    if spec is None:
+        return ()
+    return tuple(
+        placements.Placement(gpu.index, inst.profile, inst.start)
+        for gpu in spec.gpus
+        for inst in gpu.instances
+    )
 
 
 def free_planned(
