@@ -1081,7 +1081,7 @@ def _serve(
         in_use, listener = wired.in_use, wired.listener
         if slices is not None:
             slices.use_from(in_use.in_use)
-            _steer(slices, cluster, settings.cluster)
+            dra_steering(slices, cluster, settings.cluster)
             listener = running.Listeners([listener, slices])
         if plugin is None and cdi_writer is not None:
             # The stand-in kubelet publishes the Node's counts when told of the pass: the spec
@@ -1195,12 +1195,17 @@ def _dra(
     return dra_node.build(gpus, cluster.api, node=cluster.node, paths=paths, in_use=in_use)
 
 
-def _steer(
-    slices: resourceslices.SlicePublisher, cluster: KubeSide, settings: ClusterSettings
+def dra_steering(
+    slices: resourceslices.SlicePublisher,
+    cluster: KubeSide,
+    settings: ClusterSettings,
+    *,
+    clock: Callable[[], float] = time.time,
 ) -> None:
     """On a node in DRA mode: the GpuLayout's spec is the planner's target, whose placements
     for pods the DRA plugin makes (not the reconciler), and which the publisher lists first
-    while the controller's Lease is fresh (``docs/dra.md``, "Steering kube-scheduler")."""
+    while the controller's Lease is fresh by ``clock`` (epoch seconds; ``docs/dra.md``,
+    "Steering kube-scheduler")."""
     api = cluster.api
     if not isinstance(api, sliceapi.SliceSource):  # dra_publisher checked it
         raise errors.AgentConfigError("this Kubernetes client cannot read the controller's Lease")
@@ -1208,7 +1213,7 @@ def _steer(
     source.for_dra()
     lease_api = api.slices()
     lease = resourceslices.ControllerLease(
-        lambda: lease_api.get_lease(settings.lease_namespace, settings.lease_name)
+        lambda: lease_api.get_lease(settings.lease_namespace, settings.lease_name), clock=clock
     )
 
     def planned() -> tuple[placements.Placement, ...]:
