@@ -11,6 +11,13 @@ generation, then the deletes of slices the pool no longer has. Listing at each p
 back slices someone else deleted (a kubelet wipes a driver's slices while its plugin is not
 registered).
 
+Steering (``docs/dra.md``, "Steering kube-scheduler"): with :meth:`SlicePublisher.steer_from`,
+the planner's placements for the node (its GpuLayout's spec) are listed first while the
+controller's Lease is fresh (:class:`ControllerLease`, the webhook's rule); stale, unreadable
+or unparseable, nothing is listed first. In-place updates are sent in the order
+:func:`~migpilot.agent.dra.publishing.reconcile` gives, a slice written twice with the version
+its first write returned.
+
 Who uses an instance: the agent's in-use sources (the kubelet, processes, the GpuLayout's
 protection) say which devices are used; the DRA plugin's record (``claimed``: MIG device UUID
 -> claim UID) says which of those are a DRA claim's. Anything used and not a claim's, an

@@ -47,11 +47,20 @@ get it).
 
 **Slices.** A ResourceSlice holds either counter sets (at most 8) or devices (at most 64 when they
 consume counters: ``ResourceSliceMaxDevicesWithAdvancedFeatures`` of v1.37; 128 is the limit of
-plain devices), so a pool is counter slices first, then device slices, each GPU's devices kept
-together while they fit (a change on one GPU rewrites few slices), smallest placements first
-(kube-scheduler takes the first device that fits: a claim by memory gets the smallest profile
-that holds it). Slice ``n`` of node ``N`` is
-named ``N-mig.migpilot.io-n``. Output is sorted: the same input gives equal objects.
+plain devices), so a pool is counter slices (``N-mig.migpilot.io-counters-0000``...), then device
+slices (``N-mig.migpilot.io-devices-0001``...), each GPU's devices kept together while they fit
+(a change on one GPU rewrites few slices), smallest placements first (kube-scheduler takes the
+first device that fits: a claim by memory gets the smallest profile that holds it). Indices are
+zero-padded: kube-scheduler walks a pool's slices sorted by name as strings. Output is sorted:
+the same input gives equal objects.
+
+**Steering** (``docs/dra.md``, "Steering kube-scheduler"). The planner's placements for the node
+that are free now are listed in the device slice ``N-mig.migpilot.io-devices-0000``, which sorts
+first, smallest first; every other device stays in its home slice, the same as without a plan.
+kube-scheduler's first fit then takes a planned placement when one fits the claim, any other
+free one otherwise. A device allocated to a claim is never moved from one slice to another in
+place (:attr:`Pool.pinned`; the first slice keeps those it holds), and :func:`reconcile` orders
+the in-place writes of a change of plan so that the API server never holds a device twice.
 
 Pure: no I/O, no clock.
 """
