@@ -39,6 +39,7 @@ from lightkube import codecs
 from lightkube.models.core_v1 import (
     Container,
     PodResourceClaim,
+    PodSchedulingGate,
     PodSpec,
     ResourceRequirements,
 )
@@ -571,6 +572,17 @@ def test_the_planned_placements_listed_first_are_what_kube_scheduler_allocates(
     claim by memory (20 GiB) gets the planned 3g.40gb at 4, not the 3g.40gb at 0 first fit
     gives; a claim by profile the planned 1g.10gb at 3, not the one at 0. A third claim, the
     plan spent, falls back to first fit (soft steering)."""
+    # The pod the plan is for: pending (held by a gate of the test's own), so its reservation
+    # is live and the controller, which drops reservations of pods gone or bound, keeps it.
+    dra.client.create(
+        Pod(
+            metadata=ObjectMeta(name="planned", namespace=dra.namespace),
+            spec=PodSpec(
+                containers=[Container(name="app", image="app")],
+                schedulingGates=[PodSchedulingGate(name="test.migpilot.io/hold")],
+            ),
+        )
+    )
     plan = (("3g.40gb", 4), ("1g.10gb", 3))
     dra.layout(plan, reserved_for=f"{dra.namespace}/planned")
     try:
@@ -590,7 +602,7 @@ def test_the_planned_placements_listed_first_are_what_kube_scheduler_allocates(
         assert _listed_first(dra) == planned  # the claims' devices stay where they were
     finally:
         dra.layout(())
-        for pod in ("by-memory", "by-profile", "unplanned"):
+        for pod in ("by-memory", "by-profile", "unplanned", "planned"):
             with contextlib.suppress(lightkube.ApiError):
                 dra.client.delete(Pod, pod, namespace=dra.namespace)
         dra.wait(lambda: _listed_first(dra) is None or None, "the planned slice gone")
