@@ -27,6 +27,7 @@ import dataclasses
 import json
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -583,6 +584,9 @@ def test_the_planned_placements_listed_first_are_what_kube_scheduler_allocates(
             ),
         )
     )
+    # Its reservation written before the controller's pod watch has the pod would be dropped as
+    # stale (the agent would then make the instances, free): let the watch catch up.
+    time.sleep(2)
     plan = (("3g.40gb", 4), ("1g.10gb", 3))
     dra.layout(plan, reserved_for=f"{dra.namespace}/planned")
     try:
