@@ -27,6 +27,7 @@ import dataclasses
 import json
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +40,7 @@ from lightkube import codecs
 from lightkube.models.core_v1 import (
     Container,
     PodResourceClaim,
+    PodSchedulingGate,
     PodSpec,
     ResourceRequirements,
 )
@@ -193,11 +195,20 @@ class Cluster:
             for i in g["instances"]
         }
 
-    def layout(self, instances: tuple[tuple[str, int], ...]) -> None:
+    def layout(
+        self, instances: tuple[tuple[str, int], ...], *, reserved_for: str | None = None
+    ) -> None:
         """The DRA node's GpuLayout spec: these (profile, start) on GPU 0, as an admin (or the
-        node's device-plugin days) could have left it."""
+        node's device-plugin days) could have left it, or, ``reserved_for`` a pod, as the
+        planner's target for the node."""
         spec = gl.LayoutSpec(
-            (gl.GpuSpec(0, H100.id, tuple(gl.InstanceSpec(p, s) for p, s in instances)),)
+            (
+                gl.GpuSpec(
+                    0,
+                    H100.id,
+                    tuple(gl.InstanceSpec(p, s, reserved_for) for p, s in instances),
+                ),
+            )
         )
         self.client.apply(
             codecs.from_dict(dict(wire.spec_patch(DRA_NODE, spec))),
@@ -539,6 +550,66 @@ def test_free_instances_left_on_the_node_are_taken_by_the_claims_allocated_there
         assert dra.instances() == {(0, "1g.10gb", 0), (0, "1g.10gb", 4)}
     finally:
         dra.layout(())  # the reconciler makes nothing once the claims' instances are gone
+
+
+def _listed_first(cluster: Cluster) -> list[str] | None:
+    """The devices of the DRA node's planned slice (``None``: it has none)."""
+    name = f"{DRA_NODE}-{publishing.DRIVER}-devices-0000"
+    for found in cluster.client.list(
+        ResourceSlice, fields={"spec.nodeName": DRA_NODE, "spec.driver": publishing.DRIVER}
+    ):
+        doc = found.to_dict()
+        if doc["metadata"]["name"] == name:
+            return [d["name"] for d in doc["spec"].get("devices") or ()]
+    return None
+
+
+def test_the_planned_placements_listed_first_are_what_kube_scheduler_allocates(
+    dra: Cluster,
+) -> None:
+    """The planner's target for the DRA node (its GpuLayout spec, instances reserved for pods)
+    is not made by the agent; while the controller's Lease is fresh (the controller runs) its
+    placements are listed first, smallest first, and the real kube-scheduler allocates them: a
+    claim by memory (20 GiB) gets the planned 3g.40gb at 4, not the 3g.40gb at 0 first fit
+    gives; a claim by profile the planned 1g.10gb at 3, not the one at 0. A third claim, the
+    plan spent, falls back to first fit (soft steering)."""
+    # The pod the plan is for: pending (held by a gate of the test's own), so its reservation
+    # is live and the controller, which drops reservations of pods gone or bound, keeps it.
+    dra.client.create(
+        Pod(
+            metadata=ObjectMeta(name="planned", namespace=dra.namespace),
+            spec=PodSpec(
+                containers=[Container(name="app", image="app")],
+                schedulingGates=[PodSchedulingGate(name="test.migpilot.io/hold")],
+            ),
+        )
+    )
+    # Its reservation written before the controller's pod watch has the pod would be dropped as
+    # stale (the agent would then make the instances, free): let the watch catch up.
+    time.sleep(2)
+    plan = (("3g.40gb", 4), ("1g.10gb", 3))
+    dra.layout(plan, reserved_for=f"{dra.namespace}/planned")
+    try:
+        planned = ["gpu-0-mig-1g-10gb-3", "gpu-0-mig-3g-40gb-4"]
+        dra.wait(lambda: _listed_first(dra) == planned or None, "the plan listed first")
+        assert not dra.instances()  # the DRA plugin makes them, at NodePrepareResources
+        dra.pod("by-memory", "mig-20gi")
+        dra.wait(lambda: dra.phase("by-memory")[0] == "Running", "the pod by memory Running")
+        assert dra.allocated("by-memory") == "gpu-0-mig-3g-40gb-4"
+        dra.pod("by-profile", "mig-1g-10gb")
+        dra.wait(lambda: dra.phase("by-profile")[0] == "Running", "the pod by profile Running")
+        assert dra.allocated("by-profile") == "gpu-0-mig-1g-10gb-3"
+        dra.pod("unplanned", "mig-1g-10gb")
+        dra.wait(lambda: dra.phase("unplanned")[0] == "Running", "the unplanned pod Running")
+        assert dra.allocated("unplanned") == "gpu-0-mig-1g-10gb-0"
+        assert dra.instances() == {(0, "3g.40gb", 4), (0, "1g.10gb", 3), (0, "1g.10gb", 0)}
+        assert _listed_first(dra) == planned  # the claims' devices stay where they were
+    finally:
+        dra.layout(())
+        for pod in ("by-memory", "by-profile", "unplanned", "planned"):
+            with contextlib.suppress(lightkube.ApiError):
+                dra.client.delete(Pod, pod, namespace=dra.namespace)
+        dra.wait(lambda: _listed_first(dra) is None or None, "the planned slice gone")
 
 
 def test_the_device_plugin_node_beside_serves_mig_pods(dra: Cluster) -> None:

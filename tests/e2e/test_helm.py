@@ -737,6 +737,28 @@ def test_the_webhook_only_reads_the_controllers_lease() -> None:
     ]
 
 
+def test_the_agent_only_reads_the_controllers_lease() -> None:
+    docs = _render("mp", "gpu-system")
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "mp-agent"]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [leases.NAME],
+            "verbs": ["get"],
+        }
+    ]
+    (binding,) = [
+        d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "mp-agent"
+    ]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "mp-agent", "namespace": "gpu-system"}
+    ]
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    (agent,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert "--lease-namespace=gpu-system" in agent["args"]
+
+
 def test_the_webhook_configurations_are_the_ones_registering_renders() -> None:
     docs = _render("mp", "gpu-system")
     (secret,) = [d for d in docs if d["kind"] == "Secret"]
@@ -891,7 +913,7 @@ def test_the_rendered_chart_applies_to_the_real_apiserver(
     for name in ("controller", "agent"):
         assert client.get(ClusterRole, f"{release}-{name}")
         assert client.get(ClusterRoleBinding, f"{release}-{name}")
-    for name in ("controller", "webhook"):
+    for name in ("controller", "webhook", "agent"):
         assert client.get(Role, f"{release}-{name}", namespace=namespace)
         assert client.get(RoleBinding, f"{release}-{name}", namespace=namespace)
     for name in POLICY_NAMES:  # their CEL compiled by the apiserver
@@ -983,6 +1005,7 @@ def test_each_component_has_only_the_rights_it_needs(
         (agent, {"verb": "watch", **mig_parted}),
         *[(agent, {"verb": v, **resource_slices}) for v in ("list", "create", "update", "delete")],
         (agent, {"verb": "get", "resource": "resourceclaims", **dra, "namespace": "default"}),
+        (agent, {"verb": "get", **controller_lease}),  # DRA steering: plan first while fresh
         (ctl, {"verb": "create", "resource": "leases", **lease_group, "namespace": namespace}),
         (ctl, {"verb": "get", **controller_lease}),
         (
@@ -1010,6 +1033,9 @@ def test_each_component_has_only_the_rights_it_needs(
         (agent, {"verb": "get", **{**mig_parted, "name": "some-other-config"}}),
         # Verbs its client never sends.
         *[(agent, {"verb": v, **resource_slices}) for v in ("get", "watch", "patch")],
+        *[(agent, {"verb": v, **controller_lease}) for v in ("update", "list", "watch")],
+        (agent, {"verb": "get", **{**controller_lease, "name": "some-other-lease"}}),
+        (agent, {"verb": "get", **{**controller_lease, "namespace": "kube-node-lease"}}),
         (agent, {"verb": "update", "resource": "resourceclaims", **dra, "namespace": "default"}),
         (ctl, {"verb": "list", **resource_slices}),
         (agent, {"verb": "get", **mig_parted}),

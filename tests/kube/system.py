@@ -178,6 +178,9 @@ class System:
                 kubelet,
                 "--interval",
                 "5",
+                # The controller's Lease: a DRA node lists the plan first only while it is fresh.
+                "--lease-namespace",
+                self.lease_ns,
                 *self._metrics_args(f"agent-{node}"),
                 *(["--metrics-address", controlplane.LOOPBACK] if self.metrics else []),
                 *extra,

@@ -199,7 +199,10 @@ def test_a_used_media_extension_instance_takes_the_media_engines() -> None:
 @pytest.mark.parametrize("use", [U.FREE, U.CLAIM])
 def test_free_and_claimed_instances_leave_the_counters_whole(use: publishing.Use) -> None:
     with_instance = publishing.pool(NODE, [gpu(0)], [inst(0, "3g.40gb", 4, use)])
-    assert with_instance == publishing.pool(NODE, [gpu(0)], [])
+    plain = publishing.pool(NODE, [gpu(0)], [])
+    assert (with_instance.contents, with_instance.names) == (plain.contents, plain.names)
+    # A claim's device is pinned: it never moves between slices of one generation.
+    assert with_instance.pinned == ({"gpu-0-mig-3g-40gb-4"} if use is U.CLAIM else set())
     # A claim's device stays published (its allocation consumes the counters in the scheduler).
     assert "gpu-0-mig-3g-40gb-4" in devices(with_instance)
 
@@ -265,8 +268,8 @@ def test_the_pool_is_split_within_the_apis_limits(
         assert spec["pool"] == {"name": NODE, "generation": 3, "resourceSliceCount": len(docs)}
         assert (spec["driver"], spec["nodeName"]) == ("mig.migpilot.io", NODE)
     assert [d["metadata"]["name"] for d in docs] == [
-        f"{NODE}-mig.migpilot.io-{i}" for i in range(len(docs))
-    ]
+        f"{NODE}-mig.migpilot.io-counters-{i:04d}" for i in range(counter_slices)
+    ] + [f"{NODE}-mig.migpilot.io-devices-{i:04d}" for i in range(1, device_slices + 1)]
     # A GPU's devices stay in one slice (a change on one GPU rewrites one slice).
     for g in gpus:
         mine = (f"gpu-{g.index}", f"gpu-{g.index}-")
@@ -358,7 +361,7 @@ def test_one_changed_slice_is_updated_in_place_at_its_generation() -> None:
     writes = publishing.reconcile(after, existing)
     assert writes.generation == 4 and not writes.create and not writes.delete
     (update,) = writes.update
-    assert update["metadata"]["name"] == f"{NODE}-mig.migpilot.io-0"
+    assert update["metadata"]["name"] == f"{NODE}-mig.migpilot.io-counters-0000"
     assert update["metadata"]["resourceVersion"] == "10"  # guarded by what was read
     assert update["spec"]["pool"]["generation"] == 4
 
@@ -370,12 +373,12 @@ def test_a_change_of_several_slices_writes_the_next_generation_then_deletes() ->
     writes = publishing.reconcile(after, existing)
     assert writes.generation == 3
     assert [d["metadata"]["name"] for d in writes.update] == [
-        f"{NODE}-mig.migpilot.io-0",
-        f"{NODE}-mig.migpilot.io-1",
+        f"{NODE}-mig.migpilot.io-counters-0000",
+        f"{NODE}-mig.migpilot.io-devices-0001",
     ]
     assert all(d["spec"]["pool"] == {"name": NODE, "generation": 3, "resourceSliceCount": 2}
                for d in writes.update)  # fmt: skip
-    assert writes.delete == (f"{NODE}-mig.migpilot.io-2",)
+    assert writes.delete == (f"{NODE}-mig.migpilot.io-devices-0002",)
     grown = publishing.reconcile(before, stored(after.documents(3)))
     assert grown.generation == 4 and len(grown.update) == 2 and len(grown.create) == 1
 

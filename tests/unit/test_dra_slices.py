@@ -137,7 +137,7 @@ def test_a_slice_deleted_by_someone_else_comes_back_with_the_next_generation() -
     api = sliceapi.InMemorySliceApi()
     publisher = resourceslices.SlicePublisher(api, node=NODE)
     publisher.publish((gpu(0),), ())
-    api.server.delete(K, f"{NODE}-mig.migpilot.io-1")  # a kubelet wiping the driver's slices
+    api.server.delete(K, f"{NODE}-mig.migpilot.io-devices-0001")  # a kubelet wiping them
     publisher.publish((gpu(0),), ())
     docs = pool_of(api.server)
     assert len(docs) == 2 and consistent(docs) == 1

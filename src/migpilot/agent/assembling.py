@@ -58,10 +58,11 @@ from migpilot.agent.deviceplugin import (
     serving,
 )
 from migpilot.agent.dra import node as dra_node
+from migpilot.agent.dra import placements, publishing
 from migpilot.agent.rules import changes, desired
 from migpilot.agent.sharing import mps as agent_mps
 from migpilot.agent.sharing import sharingconfig, slicing, timeslicing, unifying
-from migpilot.api import gpulayouts
+from migpilot.api import gpulayouts, leases
 from migpilot.gpu import backend, clocks, emulated, nvml
 from migpilot.gpu import mps as gpu_mps
 from migpilot.sharing import config as sharing_config
@@ -198,6 +199,11 @@ class ClusterSettings:
     start_patience_s: float = watching.START_PATIENCE_S
     """Seconds each first read of the API server waits out a passing error
     (``--start-patience``). Default 300."""
+    lease_namespace: str = leases.NAMESPACE
+    """Namespace of the controller's Lease (``--lease-namespace``): on a node in DRA mode the
+    planner's placements are listed first only while it is fresh. Default ``migpilot-system``."""
+    lease_name: str = leases.NAME
+    """The controller's Lease (``--lease-name``). Default ``migpilot-controller``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1075,6 +1081,7 @@ def _serve(
         in_use, listener = wired.in_use, wired.listener
         if slices is not None:
             slices.use_from(in_use.in_use)
+            dra_steering(slices, cluster, settings.cluster)
             listener = running.Listeners([listener, slices])
         if plugin is None and cdi_writer is not None:
             # The stand-in kubelet publishes the Node's counts when told of the pass: the spec
@@ -1186,6 +1193,34 @@ def _dra(
         proc_root=root if root is not None else cdifiles.DEFAULT_PROC_ROOT,
     )
     return dra_node.build(gpus, cluster.api, node=cluster.node, paths=paths, in_use=in_use)
+
+
+def dra_steering(
+    slices: resourceslices.SlicePublisher,
+    cluster: KubeSide,
+    settings: ClusterSettings,
+    *,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """On a node in DRA mode: the GpuLayout's spec is the planner's target, whose placements
+    for pods the DRA plugin makes (not the reconciler), and which the publisher lists first
+    while the controller's Lease is fresh by ``clock`` (epoch seconds; ``docs/dra.md``,
+    "Steering kube-scheduler")."""
+    api = cluster.api
+    if not isinstance(api, sliceapi.SliceSource):  # dra_publisher checked it
+        raise errors.AgentConfigError("this Kubernetes client cannot read the controller's Lease")
+    source = cluster.source
+    source.for_dra()
+    lease_api = api.slices()
+    lease = resourceslices.ControllerLease(
+        lambda: lease_api.get_lease(settings.lease_namespace, settings.lease_name), clock=clock
+    )
+
+    def planned() -> tuple[placements.Placement, ...]:
+        layout = source.layout()
+        return publishing.planned_placements(layout.spec if layout is not None else None)
+
+    slices.steer_from(planned, fresh=lease.fresh)
 
 
 def dra_publisher(cluster: KubeSide | None) -> resourceslices.SlicePublisher | None:

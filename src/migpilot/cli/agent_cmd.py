@@ -18,6 +18,7 @@ from migpilot import digits, errors, logs
 from migpilot.agent import assembling
 from migpilot.agent.cluster import watching
 from migpilot.agent.deviceplugin import devices
+from migpilot.api import leases
 from migpilot.kwok import standin
 
 SIMULATED = "simulated"
@@ -239,6 +240,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"refused connection) before the agent gives up (default: {watching.START_PATIENCE_S:g};"
         " 0: give up at once)",
     )
+    p.add_argument(
+        "--lease-namespace",
+        default=leases.NAMESPACE,
+        metavar="NS",
+        help="with --node on a node in DRA mode: namespace of the controller's Lease, whose "
+        f"plan is listed first only while the Lease is fresh (default: {leases.NAMESPACE})",
+    )
+    p.add_argument(
+        "--lease-name",
+        default=leases.NAME,
+        metavar="NAME",
+        help=f"the controller's Lease (default: {leases.NAME})",
+    )
     p.add_argument("--once", action="store_true", help="reconcile once, print the result and exit")
     logs.add_flag(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -330,6 +344,8 @@ def settings_from(args: argparse.Namespace) -> assembling.Settings:
             mig_parted_configmap=args.mig_parted_configmap,
             unified_counters=args.unified_counters,
             start_patience_s=args.start_patience,
+            lease_namespace=args.lease_namespace,
+            lease_name=args.lease_name,
         ),
         metrics=assembling.MetricsSettings(
             port=args.metrics_port,

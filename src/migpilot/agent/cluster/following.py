@@ -20,6 +20,7 @@ Kubernetes client.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -56,6 +57,24 @@ class GpuLayoutSource:
         """The last GpuLayout whose spec could be applied."""
         self._problem: str | None = None
         self._protected: frozenset[str] = frozenset()
+        self._dra = False
+
+    def for_dra(self) -> None:
+        """The node is in DRA mode from now on: the instances the spec reserves for pods are
+        the planner's placements, left to the DRA plugin to make (:func:`desired.for_dra`);
+        :meth:`layout` still gives the whole spec (the publisher lists them first)."""
+        self._dra = True
+
+    def _acted_on(
+        self,
+        layout: gpulayouts.GpuLayout,
+        current: Mapping[int, Sequence[backend.MigDevice]],
+    ) -> gpulayouts.GpuLayout:
+        """The GpuLayout as the agent acts on it (in DRA mode, the spec less what the DRA
+        plugin makes)."""
+        if not self._dra:
+            return layout
+        return dataclasses.replace(layout, spec=desired.for_dra(layout.spec, current=current))
 
     # -- following -----------------------------------------------------------------------------
     def sync(self) -> str:
@@ -131,7 +150,7 @@ class GpuLayoutSource:
             self._protected = frozenset()
             return {}
         try:
-            layout = gpulayouts_wire.parse(doc)
+            layout = self._acted_on(gpulayouts_wire.parse(doc), current)
             want = desired.from_gpulayout(layout.spec, gpus=gpus)
         except errors.MigpilotError as err:
             if str(err) != self._problem:
@@ -180,7 +199,9 @@ class GpuLayoutSource:
         :meth:`in_use` current with what the GpuLayout protects, without applying its spec."""
         layout = self.layout()
         self._protected = (
-            desired.protected(layout, current=current) if layout is not None else frozenset()
+            desired.protected(self._acted_on(layout, current), current=current)
+            if layout is not None
+            else frozenset()
         )
 
 

@@ -214,6 +214,10 @@ class LightkubeSliceApi:
         """One delete; ``False`` on 404."""
         return self._api.delete(objects.Kind.RESOURCESLICES, name)
 
+    def get_lease(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """One get; ``None`` on 404."""
+        return self._api.get(objects.Kind.LEASES, name, namespace=namespace)
+
 
 _: type[kubeapi.NodeApi] = LightkubeNodeApi  # it is one (mypy checks)
 __: type[sliceapi.SliceApi] = LightkubeSliceApi

@@ -11,6 +11,13 @@ generation, then the deletes of slices the pool no longer has. Listing at each p
 back slices someone else deleted (a kubelet wipes a driver's slices while its plugin is not
 registered).
 
+Steering (``docs/dra.md``, "Steering kube-scheduler"): with :meth:`SlicePublisher.steer_from`,
+the planner's placements for the node (its GpuLayout's spec) are listed first while the
+controller's Lease is fresh (:class:`ControllerLease`, the webhook's rule); stale, unreadable
+or unparseable, nothing is listed first. In-place updates are sent in the order
+:func:`~migpilot.agent.dra.publishing.reconcile` gives, a slice written twice with the version
+its first write returned.
+
 Who uses an instance: the agent's in-use sources (the kubelet, processes, the GpuLayout's
 protection) say which devices are used; the DRA plugin's record (``claimed``: MIG device UUID
 -> claim UID) says which of those are a DRA claim's. Anything used and not a claim's, an
@@ -24,16 +31,22 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from migpilot import errors, logs
 from migpilot.agent.cluster import sliceapi
 from migpilot.agent.deviceplugin import devices
-from migpilot.agent.dra import publishing
+from migpilot.agent.dra import placements, publishing
 from migpilot.agent.rules import changes
+from migpilot.api import leases
 from migpilot.kube import errors as kube_errors
 
 _log = logging.getLogger(__name__)
+
+LEASE_CACHE_S = 2.0
+"""Seconds a read of the controller's Lease is reused (the webhook's default)."""
 
 
 def inputs(
@@ -94,6 +107,50 @@ def _nobody() -> Mapping[str, str]:
     return {}
 
 
+def _no_plan() -> tuple[placements.Placement, ...]:
+    return ()
+
+
+def _never() -> bool:
+    return False
+
+
+class ControllerLease:
+    """Whether the controller holds its Lease fresh now, as the webhook judges it
+    (``docs/webhook.md``, "The Lease rule"; :func:`migpilot.api.leases.fresh`): read with
+    ``read`` at most every ``cache_s`` seconds of ``clock`` (epoch seconds) and judged at each
+    call. A Lease that is not there (``read`` answers ``None``) is not fresh at once; a read
+    that fails keeps the last Lease read, judged by its own renew time (with none read yet: not
+    fresh). Thread-safe."""
+
+    def __init__(
+        self,
+        read: Callable[[], Mapping[str, Any] | None],
+        *,
+        cache_s: float = LEASE_CACHE_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._read = read
+        self._cache_s = cache_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._lease: Mapping[str, Any] | None = None
+        self._read_at: float | None = None
+
+    def fresh(self) -> bool:
+        """Whether the Lease is fresh now."""
+        with self._lock:
+            now = self._clock()
+            if self._read_at is None or not 0 <= now - self._read_at < self._cache_s:
+                try:
+                    self._lease = self._read()
+                except kube_errors.KubeApiError as err:
+                    _log.warning("DRA: cannot read the controller's Lease (%s): the last one "
+                                 "read is judged by its renew time", err)  # fmt: skip
+                self._read_at = now
+            return self._lease is not None and leases.fresh(self._lease, now)
+
+
 class SlicePublisher:
     """Keeps the node's ResourceSlices what its GPUs hold (see the module). Thread-safe: passes
     are serialised by a lock."""
@@ -111,6 +168,9 @@ class SlicePublisher:
         self._in_use = in_use
         """The UUIDs in use; ``None`` until :meth:`use_from` names it: nothing used is offered."""
         self._claimed = claimed
+        self._planned: Callable[[], tuple[placements.Placement, ...]] = _no_plan
+        self._fresh: Callable[[], bool] = _never
+        self._steering = False
         self._lock = threading.Lock()
         self._published = False
         self._generation = -1
@@ -121,6 +181,15 @@ class SlicePublisher:
         (the kubelet plugin's ledger): a device a claim owns is offered, as kube-scheduler
         knows the claim; any other used device is not."""
         self._claimed = claimed
+
+    def steer_from(
+        self, planned: Callable[[], tuple[placements.Placement, ...]], *, fresh: Callable[[], bool]
+    ) -> None:
+        """List the free ``planned`` placements first from now on (the planner's target for the
+        node, from its GpuLayout's spec), while ``fresh`` says the controller's Lease is fresh;
+        when it is not, nothing is listed first (``docs/dra.md``, "Steering kube-scheduler")."""
+        self._planned = planned
+        self._fresh = fresh
 
     def use_from(self, in_use: Callable[[], frozenset[str]]) -> None:
         """Read the devices in use from ``in_use`` from now on (the agent's wired sources)."""
@@ -162,24 +231,43 @@ class SlicePublisher:
                          extra=logs.about(node=self._node))  # fmt: skip
             used = None
         gpus, instances = inputs(state, view=view, used=used, claimed=self._claimed())
-        self.publish(gpus, instances)
+        self.publish(gpus, instances, planned=self._target())
+
+    def _target(self) -> tuple[placements.Placement, ...]:
+        """The placements to list first: the plan while the controller's Lease is fresh."""
+        try:
+            steering = self._fresh()
+            planned = tuple(self._planned()) if steering else ()
+        except Exception as err:  # a plan that cannot be read: publish plainly
+            _log.warning("DRA: the plan cannot be read (%s): nothing is listed first", err,
+                         extra=logs.about(node=self._node))  # fmt: skip
+            steering, planned = False, ()
+        if steering != self._steering:
+            _log.info("DRA: the controller's Lease is %s: %s", *(
+                ("fresh", "its plan is listed first") if steering
+                else ("stale or unreadable", "nothing is listed first")),
+                extra=logs.about(node=self._node))  # fmt: skip
+            self._steering = steering
+        return planned
 
     def publish(
-        self, gpus: tuple[publishing.Gpu, ...], instances: tuple[publishing.Instance, ...]
+        self,
+        gpus: tuple[publishing.Gpu, ...],
+        instances: tuple[publishing.Instance, ...],
+        *,
+        planned: tuple[placements.Placement, ...] = (),
     ) -> publishing.Writes | None:
-        """Make the API server hold the pool of ``gpus`` and ``instances``: the writes sent,
-        ``None`` when the pool could not be made or written (logged; the next pass tries
-        again)."""
+        """Make the API server hold the pool of ``gpus`` and ``instances``, the free ``planned``
+        placements listed first: the writes sent, ``None`` when the pool could not be made or
+        written (logged; the next pass tries again)."""
         with self._lock:
             try:
-                pool = publishing.pool(self._node, gpus, instances)
+                writes = self._write(gpus, instances, planned)
             except errors.MigpilotError as err:
                 _log.error("DRA: the node's devices cannot be published: %s", err,
                            extra=logs.about(node=self._node))  # fmt: skip
                 self._published = False
                 return None
-            try:
-                writes = self._write(pool)
             except kube_errors.KubeApiError as err:
                 _log.error("DRA: ResourceSlices not published: %s", err,
                            extra=logs.about(node=self._node))  # fmt: skip
@@ -189,27 +277,49 @@ class SlicePublisher:
             self._generation = max(writes.generation, self._generation)
             return writes
 
-    def _write(self, pool: publishing.Pool) -> publishing.Writes:
+    def _write(
+        self,
+        gpus: tuple[publishing.Gpu, ...],
+        instances: tuple[publishing.Instance, ...],
+        planned: tuple[placements.Placement, ...],
+    ) -> publishing.Writes:
+        publishing.pool(self._node, gpus, instances)  # bad input fails before any request
         listed = self._api.list_slices(driver=publishing.DRIVER, node=self._node)
+        pool = publishing.pool(
+            self._node,
+            gpus,
+            instances,
+            planned=planned,
+            listed_first=publishing.listed_first(self._node, listed.items),
+        )
         writes = publishing.reconcile(pool, listed.items, newer_than=self._generation)
         if writes.nothing:
             return writes
-        # The new generation's slices first, then the deletes: kube-scheduler allocates
-        # nothing from the pool until all its slices of the newest generation are there.
+        # In the order given: in place, devices leave a slice before they join another; at a
+        # new generation, its slices first, then the deletes (kube-scheduler allocates nothing
+        # from the pool until all its slices of the newest generation are there).
+        versions: dict[str, str] = {}
         for body in writes.update:
-            self._api.replace_slice(body)
+            name = body["metadata"]["name"]
+            if name in versions:  # written a moment ago: the version that write returned
+                body = {**body, "metadata": {**body["metadata"], "resourceVersion": versions[name]}}
+            stored = self._api.replace_slice(body)
+            version = (stored.get("metadata") or {}).get("resourceVersion")
+            if isinstance(version, str):
+                versions[name] = version
         for body in writes.create:
             self._api.create_slice(body)
         for name in writes.delete:
             self._api.delete_slice(name)
         _log.info(
-            "DRA: published %d ResourceSlices at generation %d (%d created, %d updated, "
-            "%d deleted)",
+            "DRA: published %d ResourceSlices at generation %d (%d created, %d updates, "
+            "%d deleted; %d devices listed first)",
             len(pool.contents),
             writes.generation,
             len(writes.create),
             len(writes.update),
             len(writes.delete),
+            len(publishing.listed_first(self._node, pool.documents(writes.generation))),
             extra=logs.about(node=self._node),
         )
         return writes

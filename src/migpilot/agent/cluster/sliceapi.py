@@ -2,7 +2,8 @@
 ResourceSlices, as a small Protocol, and its in-memory adapter.
 
 Why it exists: in DRA mode (``docs/dra.md``, "Publishing") the agent lists the ResourceSlices
-of its driver on its node and creates, replaces and deletes them; nothing else of
+of its driver on its node and creates, replaces and deletes them, and reads the controller's
+Lease (its plan is listed first only while the Lease is fresh); nothing else of
 ``resource.k8s.io``. Kept apart from :class:`~migpilot.agent.cluster.kubeapi.NodeApi`, which
 every agent and the fleet implement, so that only what publishes slices needs these calls: an
 API that can (:class:`SliceSource`) hands them out with :meth:`SliceSource.slices`.
@@ -55,6 +56,11 @@ class SliceApi(Protocol):
         """Delete a slice: whether it was there."""
         ...
 
+    def get_lease(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The coordination.k8s.io/v1 Lease ``namespace/name`` (the controller's: its plan is
+        listed first only while it is fresh); ``None`` when there is none."""
+        ...
+
 
 @runtime_checkable
 class SliceSource(Protocol):
@@ -89,6 +95,10 @@ class InMemorySliceApi:
     def delete_slice(self, name: str) -> bool:
         """Delete it."""
         return self.server.remove(_S, name)
+
+    def get_lease(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The Lease, as stored."""
+        return self.server.get(objects.Kind.LEASES, name, namespace=namespace)
 
 
 _: type[SliceApi] = InMemorySliceApi  # it is one (mypy checks)

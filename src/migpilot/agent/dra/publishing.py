@@ -47,11 +47,20 @@ get it).
 
 **Slices.** A ResourceSlice holds either counter sets (at most 8) or devices (at most 64 when they
 consume counters: ``ResourceSliceMaxDevicesWithAdvancedFeatures`` of v1.37; 128 is the limit of
-plain devices), so a pool is counter slices first, then device slices, each GPU's devices kept
-together while they fit (a change on one GPU rewrites few slices), smallest placements first
-(kube-scheduler takes the first device that fits: a claim by memory gets the smallest profile
-that holds it). Slice ``n`` of node ``N`` is
-named ``N-mig.migpilot.io-n``. Output is sorted: the same input gives equal objects.
+plain devices), so a pool is counter slices (``N-mig.migpilot.io-counters-0000``...), then device
+slices (``N-mig.migpilot.io-devices-0001``...), each GPU's devices kept together while they fit
+(a change on one GPU rewrites few slices), smallest placements first (kube-scheduler takes the
+first device that fits: a claim by memory gets the smallest profile that holds it). Indices are
+zero-padded: kube-scheduler walks a pool's slices sorted by name as strings. Output is sorted:
+the same input gives equal objects.
+
+**Steering** (``docs/dra.md``, "Steering kube-scheduler"). The planner's placements for the node
+that are free now are listed in the device slice ``N-mig.migpilot.io-devices-0000``, which sorts
+first, smallest first; every other device stays in its home slice, the same as without a plan.
+kube-scheduler's first fit then takes a planned placement when one fits the claim, any other
+free one otherwise. A device allocated to a claim is never moved from one slice to another in
+place (:attr:`Pool.pinned`; the first slice keeps those it holds), and :func:`reconcile` orders
+the in-place writes of a change of plan so that the API server never holds a device twice.
 
 Pure: no I/O, no clock.
 """
@@ -60,12 +69,13 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from migpilot import errors
 from migpilot.agent.dra import placements
+from migpilot.api import gpulayouts
 from migpilot.mig import dra, layouts, profiles
 
 DRIVER = placements.DRIVER
@@ -143,20 +153,34 @@ class Instance:
 
 @dataclass(frozen=True, slots=True)
 class Pool:
-    """The node's pool: each slice's content (``sharedCounters`` or ``devices``), in order."""
+    """The node's pool: each slice's name and content (``sharedCounters`` or ``devices``), in
+    order."""
 
     node: str
     contents: tuple[Mapping[str, Any], ...]
+    names: tuple[str, ...]
+    """The slices' names, one per content (:func:`counter_slice_name`,
+    :func:`device_slice_name`)."""
+    pinned: frozenset[str] = frozenset()
+    """Devices allocated to a DRA claim (its instance prepared): never moved from one slice to
+    another within a pool generation (missing for a moment, an allocated device would stop
+    consuming its counters, and kube-scheduler could hand out a placement overlapping it)."""
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.contents):
+            raise PublishingError(
+                f"pool {self.node}: {len(self.names)} slice names for {len(self.contents)} slices"
+            )
 
     def slice_name(self, index: int) -> str:
         """The name of slice ``index``."""
-        return slice_name(self.node, index)
+        return self.names[index]
 
     def documents(self, generation: int) -> tuple[dict[str, Any], ...]:
         """The ResourceSlice objects of the pool at ``generation``."""
         count = len(self.contents)
         out = []
-        for i, content in enumerate(self.contents):
+        for name, content in zip(self.names, self.contents, strict=True):
             spec: dict[str, Any] = {
                 "driver": DRIVER,
                 "nodeName": self.node,
@@ -164,19 +188,32 @@ class Pool:
             }
             spec.update(_copy(content))
             out.append(
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": KIND,
-                    "metadata": {"name": self.slice_name(i)},
-                    "spec": spec,
-                }
+                {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
             )
         return tuple(out)
 
 
-def slice_name(node: str, index: int) -> str:
-    """The name of the pool's slice ``index`` (``node-1-mig.migpilot.io-0``)."""
-    return f"{node}-{DRIVER}-{index}"
+SLICE_DIGITS = 4
+"""Slice indices are zero-padded to this many digits: kube-scheduler walks a pool's slices
+sorted by name as strings, where ``-10`` would come before ``-2``."""
+MAX_SLICES = 10**SLICE_DIGITS
+"""Counter slices, or device slices, a pool may have (their indices have four digits)."""
+FIRST_SLICE = 0
+"""The index of the device slice of the planned placements (:func:`pool`'s ``planned``): its
+name sorts first among the device slices, so kube-scheduler looks there first."""
+
+
+def counter_slice_name(node: str, index: int) -> str:
+    """The name of the pool's counter slice ``index``
+    (``node-1-mig.migpilot.io-counters-0000``)."""
+    return f"{node}-{DRIVER}-counters-{index:0{SLICE_DIGITS}d}"
+
+
+def device_slice_name(node: str, index: int) -> str:
+    """The name of the pool's device slice ``index`` (``node-1-mig.migpilot.io-devices-0001``):
+    index :data:`FIRST_SLICE` holds the planned placements; 1 and up each hold a part of the
+    GPUs' devices, always the same part (their home), whatever is planned."""
+    return f"{node}-{DRIVER}-devices-{index:0{SLICE_DIGITS}d}"
 
 
 memory_counter = dra.memory_counter
@@ -190,10 +227,24 @@ def counter_set(gpu: int) -> str:
 # --- the pool ----------------------------------------------------------------------------------
 
 
-def pool(node: str, gpus: Iterable[Gpu], instances: Iterable[Instance]) -> Pool:
+def pool(
+    node: str,
+    gpus: Iterable[Gpu],
+    instances: Iterable[Instance],
+    *,
+    planned: Iterable[placements.Placement] = (),
+    listed_first: Collection[str] = frozenset(),
+) -> Pool:
     """The pool of ``node``: its GPUs' counter sets, less what ``instances`` used by others take,
     and a device per MIG placement (MIG on) or per GPU (MIG off). Raise
-    :class:`PublishingError` naming the problem for input that describes no real node."""
+    :class:`PublishingError` naming the problem for input that describes no real node.
+
+    Steering (``docs/dra.md``, "Steering kube-scheduler"): the ``planned`` placements that are
+    free and valid on their GPU now (:func:`free_planned`) are listed in the device slice
+    :data:`FIRST_SLICE`, whose name sorts first, smallest first (memory, compute slices, GPU,
+    start), at most :data:`MAX_DEVICES`; every other device in its home slice as without a
+    plan. ``listed_first``: the devices the published first slice holds; those allocated to a
+    claim stay there (:attr:`Pool.pinned` never move). Without either, no first slice."""
     _check_node(node)
     by_index = _gpus_by_index(gpus)
     on_gpu = _instances_by_gpu(instances, by_index)
@@ -203,18 +254,117 @@ def pool(node: str, gpus: Iterable[Gpu], instances: Iterable[Instance]) -> Pool:
         gpu = by_index[index]
         sets.append({"name": counter_set(index), "counters": _counters(gpu, on_gpu[index])})
         devices.append(_devices(gpu))
-    contents: list[Mapping[str, Any]] = [
-        {"sharedCounters": sets[i : i + MAX_COUNTER_SETS]}
-        for i in range(0, len(sets), MAX_COUNTER_SETS)
-    ]
-    contents += [{"devices": chunk} for chunk in _packed(devices)]
-    last = slice_name(node, len(contents) - 1)
-    if contents and len(last) > MAX_SLICE_NAME:
+    pinned = _pinned(by_index, on_gpu)
+    kept = {name for name in listed_first if name in pinned}
+    free = free_planned(planned, by_index, on_gpu)
+    first = kept | set(free[: max(MAX_DEVICES - len(kept), 0)])
+    counter_chunks = [sets[i : i + MAX_COUNTER_SETS] for i in range(0, len(sets), MAX_COUNTER_SETS)]
+    names = [counter_slice_name(node, i) for i in range(len(counter_chunks))]
+    contents: list[Mapping[str, Any]] = [{"sharedCounters": chunk} for chunk in counter_chunks]
+    ahead = [d for devs in devices for d in devs if d["name"] in first]
+    if ahead:
+        names.append(device_slice_name(node, FIRST_SLICE))
+        contents.append({"devices": sorted(ahead, key=_first_key)})
+    homes = _packed(devices)
+    for home, chunk in enumerate(homes, start=FIRST_SLICE + 1):
+        rest = [d for d in chunk if d["name"] not in first]
+        if rest:  # a home whose devices are all listed first is left out
+            names.append(device_slice_name(node, home))
+            contents.append({"devices": rest})
+    if len(counter_chunks) >= MAX_SLICES or len(homes) >= MAX_SLICES:
+        raise PublishingError(f"node {node}: more than {MAX_SLICES - 1} slices of one kind")
+    longest = max(names, key=len, default="")
+    if len(longest) > MAX_SLICE_NAME:
         raise PublishingError(
-            f"node name {node!r} is too long for ResourceSlice names ({last!r} is longer "
+            f"node name {node!r} is too long for ResourceSlice names ({longest!r} is longer "
             f"than {MAX_SLICE_NAME})"
         )
-    return Pool(node, tuple(contents))
+    return Pool(node, tuple(contents), tuple(names), frozenset(pinned))
+
+
+def planned_placements(spec: gpulayouts.LayoutSpec | None) -> tuple[placements.Placement, ...]:
+    """The placements of a GpuLayout spec (the planner's target for the node: every instance,
+    reserved for a pod or not), for :func:`pool`'s ``planned``; none without a spec."""
+    if spec is None:
+        return ()
+    return tuple(
+        placements.Placement(gpu.index, inst.profile, inst.start)
+        for gpu in spec.gpus
+        for inst in gpu.instances
+    )
+
+
+def free_planned(
+    planned: Iterable[placements.Placement],
+    gpus: Mapping[int, Gpu],
+    on_gpu: Mapping[int, Sequence[tuple[Instance, layouts.Footprint]]],
+) -> list[str]:
+    """The device names of the ``planned`` placements that kube-scheduler could allocate now,
+    smallest first: on a GPU with MIG on, a placement of its model, overlapping no instance
+    that is used (by a claim or anyone else: memory slices, media engines) and leaving room
+    for it in the compute slices. Others are left out: the plan is the controller's, read as
+    it was written, and the GPUs may have changed since."""
+    out: dict[str, tuple[int, ...]] = {}
+    for want in planned:
+        gpu = gpus.get(want.gpu)
+        if gpu is None or not gpu.mig:
+            continue
+        geo = layouts.geometry(gpu.model)
+        try:
+            footprint = geo.placement(layouts.Instance(want.start, want.profile))
+        except errors.MigpilotError:
+            continue
+        used = [f for inst, f in on_gpu.get(want.gpu, ()) if inst.use is not Use.FREE]
+        if any(f.mask & footprint.mask or (f.media and footprint.media) for f in used):
+            continue
+        if sum(f.compute for f in used) + footprint.compute > gpu.model.compute_slices:
+            continue
+        profile = geo.profiles[footprint.profile]
+        name = placements.device_name(placements.Placement(want.gpu, profile.name, want.start))
+        out[name] = _size(profile, want.gpu, want.start)
+    return sorted(out, key=lambda n: out[n])
+
+
+def _size(profile: profiles.Profile, gpu: int, start: int) -> tuple[int, ...]:
+    """Smallest first: memory, compute slices, then GPU and start (as ``draalloc``'s model)."""
+    memory = profile.memory_mib if profile.memory_mib is not None else profile.nominal_gb * 1024
+    return (memory, profile.compute_slices, gpu, start)
+
+
+def _first_key(device: Mapping[str, Any]) -> tuple[int, ...]:
+    """The order of the first slice, read back from a device's own attributes and capacity."""
+    attrs = device["attributes"]
+    memory = _mib(device["capacity"][MEMORY_CAPACITY]["value"])
+    consumed = device["consumesCounters"][0]["counters"]
+    compute = int(consumed[COMPUTE_COUNTER]["value"])
+    return (memory, compute, attrs[GPU_INDEX_ATTRIBUTE]["int"], attrs[START_ATTRIBUTE]["int"])
+
+
+def _mib(quantity: str) -> int:
+    """MiB of a quantity this module writes (``40192Mi``, ``80Gi``, ``10G``)."""
+    units = {"Mi": 1, "Gi": 1024, "Ti": 1024**2, "Pi": 1024**3, "Ei": 1024**4, "G": 1024}
+    for unit in sorted(units, key=len, reverse=True):
+        if quantity.endswith(unit):
+            return int(quantity[: -len(unit)]) * units[unit]
+    return int(quantity) // (1024 * 1024)
+
+
+def _pinned(
+    gpus: Mapping[int, Gpu], on_gpu: Mapping[int, Sequence[tuple[Instance, layouts.Footprint]]]
+) -> set[str]:
+    """The devices allocated to DRA claims (their instances prepared, or whole GPUs)."""
+    out = {
+        placements.whole_gpu_name(i)
+        for i, gpu in gpus.items()
+        if not gpu.mig and gpu.use is Use.CLAIM
+    }
+    for index, insts in on_gpu.items():
+        geo = layouts.geometry(gpus[index].model)
+        for inst, footprint in insts:
+            if inst.use is Use.CLAIM:
+                profile = geo.profiles[footprint.profile].name
+                out.add(placements.device_name(placements.Placement(index, profile, inst.start)))
+    return out
 
 
 def _check_node(node: str) -> None:
@@ -457,7 +607,9 @@ class Writes:
     """The pool's generation once written (-1: there is no slice and none is needed)."""
     create: tuple[dict[str, Any], ...] = ()
     update: tuple[dict[str, Any], ...] = ()
-    """Whole objects, each with the ``resourceVersion`` read (a write that lost a race fails)."""
+    """Whole objects, in order, each with the ``resourceVersion`` read (a write that lost a race
+    fails). A slice may come twice (devices moving in place, :func:`reconcile`): the second is
+    sent with the version the first write returned."""
     delete: tuple[str, ...] = ()
     """The names of the slices to delete (this node's, of this driver: never anyone else's)."""
 
@@ -475,12 +627,15 @@ def reconcile(
     after every slice was deleted, a lagging reader may still hold one of that generation, which
     must not win over the new slices).
 
-    As the upstream ``resourceslice`` controller: slices are matched by name; when only one
-    slice changes (none added or removed, all at the same generation) it is updated in place at
-    its generation (one write is atomic); any other change writes every slice at the next
-    generation, so kube-scheduler, which takes a pool's newest generation and allocates nothing
-    from a pool missing slices, never mixes old and new devices. Slices of other drivers or
-    nodes in ``existing`` are left alone."""
+    As the upstream ``resourceslice`` controller, slices are matched by name. When the pool
+    keeps its slices (none added or removed, all at one generation) and either one slice
+    changes or devices only move between slices (:func:`_moves`: a change of plan), the
+    changed slices are updated in place at their generation, in an order where the API server
+    never holds a device twice (that makes the whole pool invalid) and never misses a pinned
+    one. Any other change writes every slice at the next generation, so kube-scheduler, which
+    takes a pool's newest generation and allocates nothing from a pool missing slices, never
+    mixes old and new devices. Slices of other drivers or nodes in ``existing`` are left
+    alone."""
     mine = [
         doc
         for doc in existing
@@ -495,14 +650,12 @@ def reconcile(
     changed = [doc for doc in wanted if not _same(by_name.get(doc["metadata"]["name"]), doc)]
     if not changed and not obsolete:
         return Writes(generation=current)
-    in_place = (
-        len(changed) == 1
-        and not obsolete
-        and len(generations) == 1
-        and all(doc["metadata"]["name"] in by_name for doc in wanted)
-    )
-    if in_place:
+    kept = not obsolete and len(generations) == 1 and names == set(by_name)
+    if kept and len(changed) == 1:
         return Writes(generation=current, update=(_versioned(changed[0], by_name),))
+    moves = _moves(desired, changed, by_name) if kept else None
+    if moves is not None:
+        return Writes(generation=current, update=moves)
     generation = max(current, newer_than) + 1
     create, update = [], []
     for doc in desired.documents(generation):
@@ -513,6 +666,80 @@ def reconcile(
     return Writes(
         generation=generation, create=tuple(create), update=tuple(update), delete=tuple(obsolete)
     )
+
+
+def _moves(
+    desired: Pool,
+    changed: Sequence[dict[str, Any]],
+    stored: Mapping[str, Mapping[str, Any]],
+) -> tuple[dict[str, Any], ...] | None:
+    """The updates, in order, that take the ``stored`` slices to the ``changed`` ones when
+    devices only move between slices (the same devices in all, each once, none of
+    :attr:`Pool.pinned` moving): ``None`` otherwise.
+
+    Every state in between is valid: counter slices first; then a slice is written whole once
+    the devices it gains have left their old slices; where slices trade devices (a cycle), one
+    is first written without the devices it loses. A device is missing for a moment at most,
+    never listed twice; only free devices move, and a free device missing only cannot be
+    allocated for that moment. A slice written twice appears twice in the result (the shell
+    sends the second with the version the first returned)."""
+    held = {name: _device_names(doc) for name, doc in stored.items()}
+    final = dict(held)
+    final.update({str(doc["metadata"]["name"]): _device_names(doc) for doc in changed})
+    before = [d for devs in held.values() for d in devs]
+    after = [d for devs in final.values() for d in devs]
+    if len(set(before)) != len(before) or sorted(before) != sorted(after):
+        return None
+    was = {d: name for name, devs in held.items() for d in devs}
+    goes = {d: name for name, devs in final.items() for d in devs}
+    if any(was.get(d) != goes.get(d) for d in desired.pinned):
+        return None
+    out = [_versioned(doc, stored) for doc in changed if "devices" not in doc["spec"]]
+    pending = {str(doc["metadata"]["name"]): doc for doc in changed if "devices" in doc["spec"]}
+    now = {name: set(devs) for name, devs in held.items()}
+    while pending:
+        ready = [
+            name
+            for name in sorted(pending)
+            if all(was_now == name for d in final[name] for was_now in _holders(now, d))
+        ]
+        for name in ready:
+            out.append(_versioned(pending.pop(name), stored))
+            now[name] = set(final[name])
+        if ready:
+            continue
+        # A cycle: the slice that keeps the most devices is first written without those it
+        # loses (it loses some: each pending slice waits for a device another pending slice
+        # holds, so some pending slice holds a device that leaves it).
+        losing = [n for n in sorted(pending) if now[n] - set(final[n])]
+        name = max(losing, key=lambda n: len(now[n] & set(final[n])))
+        doc = pending[name]
+        staying = [d for d in doc["spec"]["devices"] if d["name"] in now[name]]
+        out.append(_versioned({**doc, "spec": {**doc["spec"], "devices": staying}}, stored))
+        now[name] &= set(final[name])
+    return tuple(out)
+
+
+def listed_first(node: str, existing: Sequence[Mapping[str, Any]]) -> frozenset[str]:
+    """The devices the published slice :data:`FIRST_SLICE` of ``node`` holds (for :func:`pool`:
+    those allocated stay there)."""
+    name = device_slice_name(node, FIRST_SLICE)
+    for doc in existing:
+        spec = _spec(doc)
+        mine = spec.get("driver") == DRIVER and spec.get("nodeName") == node
+        if mine and (doc.get("metadata") or {}).get("name") == name:
+            return frozenset(_device_names(doc))
+    return frozenset()
+
+
+def _holders(now: Mapping[str, set[str]], device: str) -> list[str]:
+    """The slices that hold ``device`` now (a device coming from nowhere has none)."""
+    return [name for name, devs in now.items() if device in devs]
+
+
+def _device_names(doc: Mapping[str, Any]) -> list[str]:
+    devices = _spec(doc).get("devices") or ()
+    return [str(d.get("name")) for d in devices if isinstance(d, Mapping)]
 
 
 def _spec(doc: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -26,6 +26,7 @@ the caller reads the file and the labels.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 
 from migpilot import errors
@@ -216,3 +217,27 @@ def protected(
             if i.uuid is not None and i.state in gpulayouts.UNTOUCHABLE
         )
     return frozenset(out)
+
+
+def for_dra(
+    spec: gpulayouts.LayoutSpec, *, current: Mapping[int, Sequence[backend.MigDevice]]
+) -> gpulayouts.LayoutSpec:
+    """The part of ``spec`` the agent acts on when its node is in DRA mode (``docs/dra.md``).
+
+    There the instances the spec reserves for a pod are the planner's placements for pods whose
+    claims kube-scheduler allocates: the DRA plugin makes each at NodePrepareResources, so the
+    agent does not make them, nor protect or report them as reserved (that would take the
+    placement from the scheduler, :mod:`migpilot.agent.dra.publishing`). Its publisher lists
+    them first instead. One that exists already (a free instance left there) is kept, as free:
+    the claim allocated it adopts it. Every other instance of the spec is what it is on any
+    node: made, then offered free."""
+    gpus = []
+    for gpu in spec.gpus:
+        there = {(d.start, d.profile) for d in current.get(gpu.index, ())}
+        instances = tuple(
+            i if i.reserved_for is None else gpulayouts.InstanceSpec(i.profile, i.start)
+            for i in gpu.instances
+            if i.reserved_for is None or (i.start, i.profile) in there
+        )
+        gpus.append(dataclasses.replace(gpu, instances=instances))
+    return gpulayouts.LayoutSpec(tuple(gpus))
