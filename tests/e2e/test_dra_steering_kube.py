@@ -23,7 +23,7 @@ Every wait has a generous timeout; no duration decides whether a test passes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import lightkube
@@ -40,7 +40,7 @@ from lightkube.resources.resource_v1 import (
 from migpilot.mig import catalog
 from migpilot.planning import draclaims
 from migpilot.sim import draalloc
-from tests.kube.controlplane import ControlPlane, wait_for
+from tests.kube.controlplane import Component, ControlPlane, wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -209,7 +209,14 @@ def pool(control_plane: ControlPlane) -> Iterator[ControlPlane]:
         yield control_plane
     finally:
         # Whatever a failed test left; what is already gone is fine.
-        for name in ("steer-a", "steer-b", "steer-c", "steer-o1", "steer-o2"):
+        names = {"steer-a", "steer-b", "steer-c", "steer-o1", "steer-o2"}
+        with contextlib.suppress(lightkube.ApiError):
+            names |= {  # and those a retry made (_once_seen)
+                name
+                for p in client.list(Pod, namespace=NS)
+                if p.metadata is not None and (name := p.metadata.name or "").startswith("steer-")
+            }
+        for name in sorted(names):
             with contextlib.suppress(lightkube.ApiError):
                 client.delete(Pod, name, namespace=NS, grace_period=0)
             with contextlib.suppress(lightkube.ApiError):
@@ -242,6 +249,33 @@ def _allocated(plane: ControlPlane, claim: str) -> list[str] | None:
 def _schedule(plane: ControlPlane, name: str, node: str = NODE) -> None:
     plane.client.create(_claim(name))
     plane.client.create(_pod(name, name, node))
+
+
+def _once_seen(
+    plane: ControlPlane,
+    base: str,
+    verdict: Callable[[str], str | None],
+    *,
+    watch: Sequence[Component],
+) -> str:
+    """The name of a claim (``base``, then ``base-1``, ...) kube-scheduler decided from the
+    slices and rules just written. It allocates from its informers' copies, which may not hold
+    a write made a moment before: ``verdict(name)`` says ``"stale"`` for a claim decided from
+    the old copy (it is released and another asked), ``"ok"`` for one decided from the new,
+    ``None`` while undecided. A scheduler that never follows the write fails on the timeout."""
+    tried = 0
+
+    def attempt() -> str | None:
+        nonlocal tried
+        name = base if tried == 0 else f"{base}-{tried}"
+        tried += 1
+        _schedule(plane, name)
+        if wait_for(lambda: verdict(name), what=f"claim {name} decided", watch=watch) == "ok":
+            return name
+        _release(plane, name)
+        return None
+
+    return wait_for(attempt, what=f"a claim {base}... decided from the new slices", watch=watch)
 
 
 def _release(plane: ControlPlane, name: str) -> None:
@@ -286,12 +320,14 @@ def test_the_real_scheduler_allocates_first_fit_and_follows_steering_taints(
     assert current.metadata is not None
     updated["metadata"]["resourceVersion"] = current.metadata.resourceVersion
     plane.client.replace(codecs.from_dict(updated))
-    _schedule(plane, "steer-b")
-    got = wait_for(
-        lambda: _allocated(plane, "steer-b"), what="claim steer-b allocated", watch=watch
-    )
-    assert got == [planned]
-    _release(plane, "steer-b")
+
+    def steered(name: str) -> str | None:
+        got = _allocated(plane, name)
+        return None if got is None else "ok" if got == [planned] else "stale"
+
+    name = _once_seen(plane, "steer-b", steered, watch=watch)
+    assert _allocated(plane, name) == [planned]
+    _release(plane, name)
 
     # A DeviceTaintRule on the planned placement leaves nothing untainted: the claim waits.
     plane.client.create(
@@ -307,19 +343,19 @@ def test_the_real_scheduler_allocates_first_fit_and_follows_steering_taints(
             }
         )
     )
-    _schedule(plane, "steer-c")
 
-    def unschedulable() -> bool:
-        pod = plane.client.get(Pod, "steer-c", namespace=NS)
+    def unschedulable(name: str) -> str | None:
+        if _allocated(plane, name) is not None:
+            return "stale"  # allocated before kube-scheduler saw the rule
+        pod = plane.client.get(Pod, name, namespace=NS)
         conditions = pod.status.conditions if pod.status else None
-        return any(c.type == "PodScheduled" and c.status == "False" for c in conditions or [])
+        waits = any(c.type == "PodScheduled" and c.status == "False" for c in conditions or [])
+        return "ok" if waits else None
 
-    wait_for(unschedulable, what="pod steer-c reported unschedulable", watch=watch)
-    assert _allocated(plane, "steer-c") is None
+    name = _once_seen(plane, "steer-c", unschedulable, watch=watch)
+    assert _allocated(plane, name) is None
     plane.client.delete(DeviceTaintRule, "steer-test-rule")
-    got = wait_for(
-        lambda: _allocated(plane, "steer-c"), what="claim steer-c allocated", watch=watch
-    )
+    got = wait_for(lambda: _allocated(plane, name), what=f"claim {name} allocated", watch=watch)
     assert got == [planned]
 
 

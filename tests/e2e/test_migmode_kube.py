@@ -14,6 +14,8 @@ idle GPU on the dynamic node and waits, gated: the unlabelled node's GPUs are ne
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
@@ -21,7 +23,9 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod
 
 from migpilot.api import gpulayouts as gl
+from migpilot.api import gpulayouts_wire as wire
 from migpilot.api import leases
+from tests.kube import controlplane, crds
 from tests.kube.scenes import Scene, container
 
 pytestmark = pytest.mark.kube
@@ -32,6 +36,45 @@ MODE_LABEL = "migpilot.io/mig-mode"
 STATE_LABEL = "migpilot.io/mig-mode.state"
 WAIT_S = 300.0
 """Generous: the scene's processes share two CPUs with other work."""
+
+
+class _Reservations:
+    """Every whole-GPU reservation a node's GpuLayout spec held, ``(gpu, mig, pod)``, from a
+    watch: polling can miss one, since the controller drops it as soon as the pod is bound."""
+
+    def __init__(self, scene: Scene, node: str) -> None:
+        self.kept: set[tuple[int, bool | None, str]] = set()
+        self._client = controlplane.client_for(scene.plane.kubeconfig)
+        self._node = node
+        self._stop = threading.Event()
+        first = self._client.get(crds.GpuLayout, node)
+        assert first.metadata is not None
+        self._seen(first.to_dict())
+        self._version = first.metadata.resourceVersion
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _seen(self, doc: dict[str, object]) -> None:
+        for g in wire.parse(doc).spec.gpus:
+            if g.reserved_for is not None:
+                self.kept.add((g.index, g.mig, g.reserved_for))
+
+    def _run(self) -> None:
+        try:
+            for _, obj in self._client.watch(
+                crds.GpuLayout,
+                fields={"metadata.name": self._node},
+                resource_version=self._version,
+            ):
+                if self._stop.is_set():
+                    return
+                self._seen(obj.to_dict())
+        except Exception:  # the stream breaks when the control plane stops
+            if not self._stop.is_set():
+                raise
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def _whole(scene: Scene, name: str) -> Pod:
@@ -144,23 +187,16 @@ def test_a_whole_gpu_pod_runs_on_a_gpu_switched_out_of_mig_beside_a_mig_pod(
     mig_gpu = before[0]
     assert before[3]
 
+    # Until it is bound, the GPU planned for it is kept whole for it in the spec.
+    reservations = _Reservations(scene, DYN)
     created = client.create(_whole(scene, "w"))
     assert _gated(created), "the whole-GPU pod was not gated on creation"
-    kept: set[tuple[int, bool | None, str]] = set()
-
-    def running_w() -> dict[str, str]:
-        # Until it is bound, the GPU planned for it is kept whole for it in the spec.
-        lay = scene.layout(DYN)
-        for g in lay.spec.gpus if lay is not None else ():
-            if g.reserved_for is not None:
-                kept.add((g.index, g.mig, g.reserved_for))
-        return scene.running({"w"})
-
-    got = scene.wait(running_w, "the whole-GPU pod Running", WAIT_S)
+    got = scene.wait(lambda: scene.running({"w"}), "the whole-GPU pod Running", WAIT_S)
+    reservations.stop()
     assert got["w"] == DYN
     assert _pinned_to(client.get(Pod, "w", namespace=scene.namespace)) == [DYN]
     whole_gpu = 1 - mig_gpu
-    assert kept == {(whole_gpu, False, f"{scene.namespace}/w")}
+    assert reservations.kept == {(whole_gpu, False, f"{scene.namespace}/w")}
     by_index = {g.index: g for g in _status(scene, DYN)}
     assert by_index[whole_gpu].mig_mode == gl.MigModeStatus(False, False)
     assert by_index[whole_gpu].instances == ()
