@@ -13,7 +13,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from migpilot.planning import draclaims
+from migpilot.mig import catalog
+from migpilot.planning import draclaims, snapshot, unified
 from migpilot.planning.draclaims import NotUnderstood, Selector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -250,3 +251,78 @@ def test_matching_holds_each_condition(selector: Selector, dev: Dev) -> None:
         and (selector.kind is None or (selector.kind == "gpu") == (dev.profile == "whole"))
     )
     assert selector.matches(dev) is want
+
+
+def _spec(
+    *selectors: Selector, count: int = 1, others: tuple[str, ...] = ()
+) -> draclaims.ClaimSpec:
+    return draclaims.ClaimSpec(
+        tuple(draclaims.Request(f"r{i}", count, (s,)) for i, s in enumerate(selectors)), others
+    )
+
+
+def _asked(*claims: draclaims.ClaimSpec) -> draclaims.Asked:
+    return draclaims.planner_requests(claims, cpu_milli=500, memory_bytes=2**30, where="pod ns/p")
+
+
+def test_claims_by_profile_are_mig_requests_summed_by_profile() -> None:
+    got = _asked(
+        _spec(Selector(profile="1g.10gb"), Selector(profile="3g.40gb")),
+        _spec(Selector(profile="1g.10gb", model="h100-80gb"), count=2),
+    )
+    assert got.requests == snapshot.Requests(
+        (snapshot.MigRequest("1g.10gb", 3), snapshot.MigRequest("3g.40gb", 1)), 500, 2**30
+    )
+    assert got.model == "h100-80gb"
+
+
+def test_claims_by_memory_or_model_alone_are_a_unified_request_in_mig_mode() -> None:
+    got = _asked(_spec(Selector(min_memory_mib=20480), Selector(kind="mig", model="a100-80gb")))
+    assert got.requests.mig == ()
+    assert got.requests.unified == unified.UnifiedRequest(
+        asks=(unified.GpuAsk(count=1, memory_mib=20480), unified.GpuAsk(count=1, memory_mib=1)),
+        mode=unified.MIG_MODE,
+    )
+    assert got.model == "a100-80gb"
+    # The smallest profile that holds the memory, as first fit over smallest-first slices.
+    h100 = catalog.resolve_gpu("h100-80gb")
+    assert got.requests.unified is not None
+    by_memory, alone = got.requests.unified.asks
+    assert unified.profile_for(by_memory, h100) == "3g.40gb"  # 20 GiB: above 2g.20gb's 20,096 MiB
+    assert unified.profile_for(alone, h100) == "1g.10gb"
+
+
+def test_whole_gpus_are_whole_gpu_requests() -> None:
+    got = _asked(_spec(Selector(kind="gpu"), count=2))
+    assert got.requests.whole == 2 and got.requests.mig == ()
+
+
+@pytest.mark.parametrize(
+    ("claims", "named"),
+    [
+        ((_spec(Selector(profile="1g.10gb"), others=("nic",)),), "other drivers"),
+        ((draclaims.ClaimSpec(()),), "none of migpilot"),
+        (
+            (
+                draclaims.ClaimSpec(
+                    (
+                        draclaims.Request(
+                            "any", 1, (Selector(profile="1g.10gb"), Selector(profile="2g.20gb"))
+                        ),
+                    )
+                ),
+            ),
+            "firstAvailable",
+        ),
+        ((_spec(Selector(profile="1g.10gb", min_memory_mib=10000)),), "together"),
+        ((_spec(Selector(model="a100-80gb"), Selector(model="h100-80gb")),), "models"),
+        ((_spec(Selector(kind="gpu"), Selector(profile="1g.10gb")),), "one kind per pod"),
+        ((_spec(Selector(profile="1g.10gb"), Selector(min_memory_mib=1)),), "one kind per pod"),
+        ((_spec(Selector(kind="gpu", min_memory_mib=1)),), "whole GPU by memory"),
+    ],
+)
+def test_what_the_planner_cannot_plan_is_refused_naming_the_pod(
+    claims: tuple[draclaims.ClaimSpec, ...], named: str
+) -> None:
+    with pytest.raises(NotUnderstood, match=f"pod ns/p: .*{named}"):
+        _asked(*claims)

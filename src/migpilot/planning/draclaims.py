@@ -34,7 +34,8 @@ from typing import Any, Protocol
 
 from migpilot import errors
 from migpilot.mig import dra
-from migpilot.planning import quantities
+from migpilot.planning import quantities, snapshot
+from migpilot.planning import unified as unifying
 
 DRIVER = dra.DRIVER
 DEVICE_CLASS = dra.DRIVER
@@ -359,3 +360,85 @@ def parse_claim_spec(spec: Any, *, where: str) -> ClaimSpec:
             raise NotUnderstood(f"{at}: firstAvailable subrequests of different counts")
         requests.append(Request(name, mine[0][0], tuple(s for _, s in mine)))
     return ClaimSpec(tuple(requests), tuple(others))
+
+
+# --------------------------------------------------------------------------- as the planner's
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a pod's claims ask of migpilot's devices, as the planner's requests."""
+
+    requests: snapshot.Requests
+    """MIG instances by profile, a unified request by memory (the smallest fitting profile of
+    each model, as kube-scheduler's first fit over smallest-first slices takes it), or whole
+    GPUs."""
+    model: str | None
+    """The GPU model every device must be (the catalog's id), ``None`` for any: the caller
+    keeps the pod to the nodes of that model (all of a pod's claims are allocated on its
+    node)."""
+
+
+def planner_requests(
+    claims: Sequence[ClaimSpec], *, cpu_milli: int, memory_bytes: int, where: str
+) -> Asked:
+    """The planner's requests for a pod with ``claims`` (each as :func:`parse_claim_spec`
+    read it), or :class:`NotUnderstood` naming ``where`` and what the planner cannot plan:
+    another driver's devices beside migpilot's, a ``firstAvailable`` list (the planner plans
+    one selector per request), a profile and a memory condition together, requests for two
+    models, whole GPUs beside MIG placements, or requests by profile beside requests by
+    memory. A request by model or type alone asks for the smallest placement (first fit over
+    smallest-first slices)."""
+    others = [name for c in claims for name in c.others]
+    if others:
+        raise NotUnderstood(
+            f"{where}: also asks for devices of other drivers (request {others[0]!r})"
+        )
+    requests = [r for c in claims for r in c.requests]
+    if not requests:
+        raise NotUnderstood(f"{where}: asks for none of migpilot's devices")
+    models = {s.model for r in requests for s in r.alternatives if s.model is not None}
+    if len(models) > 1:
+        raise NotUnderstood(f"{where}: asks for devices of models {', '.join(sorted(models))}")
+    profiles_asked: dict[str, int] = {}
+    asks: list[unifying.GpuAsk] = []
+    whole = 0
+    for r in requests:
+        if len(r.alternatives) != 1:
+            raise NotUnderstood(
+                f"{where}: request {r.name!r} is a firstAvailable list (the planner plans one "
+                "selector per request)"
+            )
+        (s,) = r.alternatives
+        if s.kind == "gpu" or s.profile == WHOLE:
+            if s.min_memory_mib is not None:
+                raise NotUnderstood(f"{where}: request {r.name!r}: a whole GPU by memory")
+            whole += r.count
+        elif s.profile is not None:
+            if s.min_memory_mib is not None:
+                raise NotUnderstood(
+                    f"{where}: request {r.name!r} asks a profile and a memory condition together"
+                )
+            profiles_asked[s.profile] = profiles_asked.get(s.profile, 0) + r.count
+        else:
+            asks.append(unifying.GpuAsk(count=r.count, memory_mib=max(s.min_memory_mib or 1, 1)))
+    kinds = sum(1 for k in (profiles_asked, asks, whole) if k)
+    if kinds > 1:
+        raise NotUnderstood(
+            f"{where}: mixes whole GPUs, requests by profile and requests by memory (the "
+            "planner plans one kind per pod)"
+        )
+    model = next(iter(models), None)
+    if whole:
+        got = snapshot.whole_requests(whole, cpu_milli=cpu_milli, memory_bytes=memory_bytes)
+    elif asks:
+        got = snapshot.Requests(
+            (),
+            cpu_milli,
+            memory_bytes,
+            unified=unifying.UnifiedRequest(asks=tuple(asks), mode=unifying.MIG_MODE),
+        )
+    else:
+        mig = tuple(snapshot.MigRequest(p, n) for p, n in sorted(profiles_asked.items()))
+        got = snapshot.Requests(mig, cpu_milli, memory_bytes)
+    return Asked(got, model)

@@ -199,18 +199,15 @@ def claims_from_trace(
             else:
                 sel = draclaims.Selector(profile=r.profile, model=model)
             requests.append(draalloc.Request(r.count, (sel,)))
-        if by_memory:
-            asks = tuple(
-                unifying.GpuAsk(count=r.count, memory_mib=memory_mib(r.profile)) for r in tp.mig
+        # What the planner reads of the claim, as the controller reads a pod's claims.
+        spec = draclaims.ClaimSpec(
+            tuple(
+                draclaims.Request(str(i), r.count, r.alternatives) for i, r in enumerate(requests)
             )
-            reqs = snapshot.Requests(
-                (),
-                tp.cpu_milli,
-                tp.memory_bytes,
-                unified=unifying.UnifiedRequest(asks=asks, mode=unifying.MIG_MODE),
-            )
-        else:
-            reqs = snapshot.Requests(tp.mig, tp.cpu_milli, tp.memory_bytes)
+        )
+        reqs = draclaims.planner_requests(
+            (spec,), cpu_milli=tp.cpu_milli, memory_bytes=tp.memory_bytes, where=f"pod {tp.name}"
+        ).requests
         planned = snapshot.planned_pod(
             name=tp.name,
             namespace=NAMESPACE,
