@@ -1008,6 +1008,12 @@ def test_each_component_has_only_the_rights_it_needs(
         (agent, {"verb": "get", **controller_lease}),  # DRA steering: plan first while fresh
         (ctl, {"verb": "create", "resource": "leases", **lease_group, "namespace": namespace}),
         (ctl, {"verb": "get", **controller_lease}),
+        # What pods' DRA claims ask (docs/dra.md, "Steering kube-scheduler").
+        *[
+            (ctl, {"verb": v, "resource": r, **dra})
+            for v in ("get", "list", "watch")
+            for r in ("resourceclaims", "resourceclaimtemplates")
+        ],
         (
             hook,
             {
@@ -1038,6 +1044,8 @@ def test_each_component_has_only_the_rights_it_needs(
         (agent, {"verb": "get", **{**controller_lease, "namespace": "kube-node-lease"}}),
         (agent, {"verb": "update", "resource": "resourceclaims", **dra, "namespace": "default"}),
         (ctl, {"verb": "list", **resource_slices}),
+        (ctl, {"verb": "update", "resource": "resourceclaims", **dra, "namespace": "default"}),
+        (ctl, {"verb": "create", "resource": "resourceclaimtemplates", **dra, "namespace": "ns"}),
         (agent, {"verb": "get", **mig_parted}),
         (agent, {"verb": "get", "resource": "nodes"}),
         (agent, {"verb": "get", "resource": "gpulayouts", "group": "migpilot.io"}),

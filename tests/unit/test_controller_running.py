@@ -832,7 +832,10 @@ def test_probes_ready_once_every_kind_is_listed_and_alive_while_the_loop_goes_ro
     fresh = running.Controller(
         kubeapi.InMemoryApi(), settings=running.Settings(identity="c0"), clock=clock
     )
-    assert fresh.not_ready() == "not yet listed: gpulayouts, namespaces, nodes, pods"
+    assert fresh.not_ready() == (
+        "not yet listed: gpulayouts, namespaces, nodes, pods, resourceclaims, "
+        "resourceclaimtemplates"
+    )
     clock.now += fresh.settings.stall_s + 1  # never run: its loop never went round
     assert "has not gone round" in (fresh.heartbeat.check() or "")
 

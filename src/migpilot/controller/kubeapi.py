@@ -27,9 +27,13 @@ WATCHED = (
     kubeobjects.Kind.NODES,
     kubeobjects.Kind.LAYOUTS,
     kubeobjects.Kind.NAMESPACES,
+    kubeobjects.Kind.RESOURCECLAIMS,
+    kubeobjects.Kind.RESOURCECLAIMTEMPLATES,
 )
 """The kinds the controller lists and watches (its informers), in that order. Namespaces only
-for their labels: pod (anti-)affinity terms may select namespaces by them."""
+for their labels: pod (anti-)affinity terms may select namespaces by them. ResourceClaims and
+ResourceClaimTemplates (``resource.k8s.io/v1``) only for their specs: what a pod's DRA claims
+ask of migpilot's devices (``docs/dra.md``, "Steering kube-scheduler")."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.controller import translating
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.planning import constraints, interpod, modes, snapshot, unified
+from migpilot.planning import constraints, draclaims, interpod, modes, snapshot, unified
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import mps as sharing_mps
 
@@ -113,6 +113,17 @@ class PodView:
     whole_problem: str | None = None
     """Why a pod asking for whole GPUs cannot be planned (a node affinity migpilot does not
     read): if gated, it is let go at once, for kube-scheduler to serve; ``None`` otherwise."""
+    claims: tuple[ClaimRef, ...] = ()
+    """Its DRA claims (``spec.resourceClaims``), each naming a ResourceClaim or a
+    ResourceClaimTemplate; what they ask is read at :func:`observe` (:func:`dra_pod`), from
+    the claims and templates as they are then."""
+    dra_base: snapshot.Pod | None = None
+    """For a pod with :attr:`claims`: the pod as the planner sees it with no device request
+    yet (its CPU, memory and where it may run); :func:`dra_pod` adds what its claims ask.
+    ``None`` without claims, or when :attr:`dra_problem` says why it cannot be planned."""
+    dra_problem: str | None = None
+    """Why a pod with claims cannot be planned whatever they ask (a node affinity migpilot
+    does not read, amounts it cannot read); ``None`` otherwise."""
 
     @property
     def planned(self) -> snapshot.Pod | None:
@@ -229,7 +240,24 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
             )
         except errors.MigpilotError as err:
             whole_problem = str(err)
+    claims = claim_refs(spec, namespace=str(meta.get("namespace", "default")))
+    dra_base: snapshot.Pod | None = None
+    dra_problem: str | None = None
+    if claims:
+        try:
+            if ignored is not None:
+                raise errors.SnapshotError(ignored)
+            dra_base = _planned_pod(
+                meta,
+                spec,
+                snapshot.Requests((), int(total.get("cpu", 0)), int(total.get("memory", 0))),
+            )
+        except errors.MigpilotError as err:
+            dra_problem = str(err)
     return PodView(
+        claims=claims,
+        dra_base=dra_base,
+        dra_problem=dra_problem,
         whole_pod=whole_pod,
         whole_problem=whole_problem,
         placed=None if status.get("phase") in _TERMINATED else _placed(meta, spec),
@@ -341,6 +369,179 @@ def _planned_pod(
     )
 
 
+# --------------------------------------------------------------------------- DRA claims
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """One entry of a pod's ``spec.resourceClaims``: a ResourceClaim or a ResourceClaimTemplate
+    of the pod's namespace, by key (``namespace/name``)."""
+
+    name: str
+    """The entry's name (what the containers' ``resources.claims`` name)."""
+    claim: str | None = None
+    """``resourceClaimName``: an existing ResourceClaim."""
+    template: str | None = None
+    """``resourceClaimTemplateName``: the claim made for the pod is a copy of its spec."""
+
+
+def claim_refs(spec: Mapping[str, Any], *, namespace: str) -> tuple[ClaimRef, ...]:
+    """A pod spec's ``resourceClaims`` (raw JSON); an entry naming neither a claim nor a
+    template (the apiserver refuses those) is left out."""
+    out: list[ClaimRef] = []
+    for entry in _seq(spec.get("resourceClaims")):
+        e = _map(entry)
+        claim, template = e.get("resourceClaimName"), e.get("resourceClaimTemplateName")
+        if isinstance(claim, str) and claim:
+            out.append(ClaimRef(str(e.get("name", "")), claim=f"{namespace}/{claim}"))
+        elif isinstance(template, str) and template:
+            out.append(ClaimRef(str(e.get("name", "")), template=f"{namespace}/{template}"))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRead:
+    """A ResourceClaim's (or a template's) spec as the planner reads it."""
+
+    ours: bool
+    """One of its requests names migpilot's DeviceClass (``mig.migpilot.io``)."""
+    spec: draclaims.ClaimSpec | None
+    """What it asks (:func:`draclaims.parse_claim_spec`); ``None`` when :attr:`problem` says
+    why the planner cannot read it."""
+    problem: str | None = None
+
+
+def claim_read(doc: Mapping[str, Any], *, template: bool) -> ClaimRead:
+    """Read a ResourceClaim, or with ``template`` a ResourceClaimTemplate (its ``spec.spec``),
+    as raw JSON; never raises: what the planner cannot read is :attr:`ClaimRead.problem`."""
+    meta = _map(doc.get("metadata"))
+    what = "ResourceClaimTemplate" if template else "ResourceClaim"
+    where = f"{what} {meta.get('namespace', 'default')}/{meta.get('name', '')}"
+    spec: Any = _map(doc.get("spec"))
+    if template:
+        spec = _map(spec).get("spec")
+    try:
+        read = draclaims.parse_claim_spec(spec, where=where)
+    except draclaims.NotUnderstood as err:
+        return ClaimRead(_names_our_class(spec), None, str(err))
+    return ClaimRead(bool(read.requests), read)
+
+
+def _names_our_class(spec: Any) -> bool:
+    """Whether any request or subrequest of a claim's spec names migpilot's DeviceClass (read
+    tolerantly: a spec the planner cannot read may still be one migpilot must account for)."""
+    for r in _seq(_map(_map(spec).get("devices")).get("requests")):
+        r = _map(r)
+        subs = [_map(r.get("exactly")), *(_map(x) for x in _seq(r.get("firstAvailable")))]
+        if any(sub.get("deviceClassName") == draclaims.DEVICE_CLASS for sub in subs):
+            return True
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class DraAsk:
+    """What a pod's DRA claims ask of migpilot's devices, as the planner would plan it."""
+
+    pod: snapshot.Pod | None
+    """The pod with its claims' requests, kept to DRA nodes (label ``migpilot.io/mode=dra``)
+    and, for a claim naming a GPU model, to the DRA nodes with GPUs of that model; ``None``
+    when :attr:`problem` says why it is not planned."""
+    problem: str | None = None
+
+
+def dra_pod(
+    view: PodView,
+    *,
+    claims: Mapping[str, ClaimRead],
+    templates: Mapping[str, ClaimRead],
+    nodes_of_model: Mapping[str, tuple[str, ...]],
+) -> DraAsk | None:
+    """``view``'s claims as the planner's pod (``claims`` and ``templates`` by key, as
+    :func:`claim_read` read them; ``nodes_of_model``: the DRA nodes with GPUs of each model, by
+    the catalog's id), ``None`` when none of its claims asks for migpilot's devices.
+
+    Not planned, with the reason: a claim or template not found (yet: the pod may have been
+    created first; kube-scheduler waits for it too), a claim of migpilot's devices the planner
+    cannot read (:class:`draclaims.NotUnderstood`: left to kube-scheduler's first fit rather
+    than planned wrong), claims the planner cannot plan together
+    (:func:`draclaims.planner_requests`), or a pod the planner cannot read otherwise."""
+    reads: list[ClaimRead] = []
+    missing: list[str] = []
+    for ref in view.claims:
+        if ref.claim is not None:
+            found = claims.get(ref.claim)
+            if found is None:
+                missing.append(f"ResourceClaim {ref.claim}")
+        else:
+            found = templates.get(ref.template or "")
+            if found is None:
+                missing.append(f"ResourceClaimTemplate {ref.template}")
+        if found is not None:
+            reads.append(found)
+    ours = any(r.ours for r in reads)
+    if missing:
+        # Whether the missing one asks for migpilot's devices cannot be told: said while the
+        # pod waits, as kube-scheduler says it.
+        return DraAsk(None, f"not planned: {', '.join(missing)} not found (yet)")
+    if not ours:
+        return None
+    unread = next((r.problem for r in reads if r.problem is not None), None)
+    if unread is not None:
+        return DraAsk(None, f"not planned (left to kube-scheduler): {unread}")
+    if view.dra_base is None:
+        return DraAsk(None, f"not planned: {view.dra_problem or 'its spec cannot be read'}")
+    base = view.dra_base
+    try:
+        asked = draclaims.planner_requests(
+            [r.spec for r in reads if r.spec is not None],
+            cpu_milli=base.cpu_milli,
+            memory_bytes=base.memory_bytes,
+            where=f"pod {view.key}",
+        )
+    except draclaims.NotUnderstood as err:
+        return DraAsk(None, f"not planned (left to kube-scheduler): {err}")
+    keep: tuple[snapshot.Requirement, ...] = (
+        snapshot.Requirement(modes.MODE_LABEL, "In", (modes.Mode.DRA.value,)),
+    )
+    if asked.model is not None:
+        names = nodes_of_model.get(asked.model, ())
+        keep += (snapshot.Requirement(snapshot.NODE_NAME_FIELD, "In", names, field=True),)
+    requests = asked.requests
+    pod = dataclasses.replace(
+        base,
+        mig=requests.mig,
+        unified=requests.unified,
+        whole=requests.whole,
+        # Every term of its own node affinity, and these: kube-scheduler allocates all of a
+        # pod's claims on its node, and only a DRA node publishes migpilot's devices.
+        affinity=tuple(t + keep for t in (base.affinity or ((),))),
+    )
+    return DraAsk(pod)
+
+
+def dra_models(
+    nodes: Iterable[NodeView], layouts_by_node: Mapping[str, gpulayouts.GpuLayout]
+) -> dict[str, tuple[str, ...]]:
+    """The DRA nodes (label ``migpilot.io/mode=dra``) with GPUs of each model (the catalog's
+    id), from what their agents report; a model the catalog lacks is left out."""
+    out: dict[str, set[str]] = {}
+    for view in nodes:
+        try:
+            if view.mode is not modes.Mode.DRA:
+                continue
+        except errors.MigpilotError:
+            continue
+        layout = layouts_by_node.get(view.name)
+        if layout is None or layout.status is None:
+            continue
+        for g in layout.status.gpus:
+            try:
+                out.setdefault(_model(g.model).id, set()).add(view.name)
+            except errors.MigpilotError:
+                continue
+    return {m: tuple(sorted(n)) for m, n in out.items()}
+
+
 # --------------------------------------------------------------------------- nodes
 
 
@@ -447,6 +648,10 @@ class Reservation:
     (``docs/migmode.md``)."""
 
 
+_PlannerPod = snapshot.Pod
+"""(The field :attr:`Observed.snapshot` hides the module's name in the class body.)"""
+
+
 @dataclass(frozen=True, slots=True)
 class Observed:
     """The cluster, read: what the loop plans and pins from."""
@@ -472,6 +677,13 @@ class Observed:
     broken: Mapping[str, str] = field(default_factory=dict)
     """Nodes left out for a problem an admin must fix (an unknown ``migpilot.io/mode``, a GPU
     model the catalog lacks), and the problem: a Warning event on the Node."""
+    dra_pods: tuple[_PlannerPod, ...] = ()
+    """Waiting pods whose DRA claims ask for migpilot's devices, as the planner would plan them
+    (:func:`dra_pod`), oldest first. Not in :attr:`snapshot`: DRA nodes are not planned yet
+    (``docs/dra.md``, "What is next"), and these pods must never be planned onto a
+    device-plugin node."""
+    dra_unplanned: Mapping[str, str] = field(default_factory=dict)
+    """Waiting pods with DRA claims that are not planned, and why (:func:`dra_pod`)."""
 
 
 NodeCache = dict[str, tuple[tuple[object, ...], snapshot.Node]]
@@ -487,6 +699,8 @@ def observe(
     policy: snapshot.Policy = snapshot.Policy.BINPACK,
     gpu_policy: snapshot.Policy = snapshot.Policy.SPREAD,
     cache: NodeCache | None = None,
+    claims: Mapping[str, ClaimRead] | None = None,
+    templates: Mapping[str, ClaimRead] | None = None,
 ) -> Observed:
     """Read the cluster into an :class:`Observed` (see the module for the rules).
 
@@ -494,7 +708,10 @@ def observe(
     inputs it was read from (the very NodeView and GpuLayout objects, its live reservations,
     bound instances, CPU and memory taken); a node whose inputs are the same objects and values
     is not read again. The result is the same with or without it: it only saves time at
-    thousands of nodes, where most nodes do not change between two passes."""
+    thousands of nodes, where most nodes do not change between two passes.
+
+    ``claims`` and ``templates``: the ResourceClaims and ResourceClaimTemplates by key, as
+    :func:`claim_read` read them, for the pods with DRA claims (:attr:`Observed.dra_pods`)."""
     pod_map = {p.key: p for p in pods}
     node_map = {n.name: n for n in nodes}
     bound: dict[str, Counter[str]] = {}
@@ -710,7 +927,25 @@ def observe(
         for v in node_map.values()
         if v.name not in planned_names
     )
+    dra_pods: list[snapshot.Pod] = []
+    dra_unplanned: dict[str, str] = {}
+    claimed = sorted(
+        (p for p in pod_map.values() if p.claims and p.waiting and p.key not in reservations),
+        key=lambda p: (p.created, p.key),
+    )
+    if claimed:
+        models = dra_models(node_map.values(), layouts_by_node)
+        for p in claimed:
+            ask = dra_pod(p, claims=claims or {}, templates=templates or {}, nodes_of_model=models)
+            if ask is None:
+                continue
+            if ask.pod is not None:
+                dra_pods.append(ask.pod)
+            else:
+                dra_unplanned[p.key] = ask.problem or "not planned"
     return Observed(
+        dra_pods=tuple(dra_pods),
+        dra_unplanned=MappingProxyType(dra_unplanned),
         snapshot=snapshot.Snapshot(
             nodes=tuple(planned),
             pods=pending,

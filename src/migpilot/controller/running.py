@@ -155,10 +155,17 @@ class _Store:
     layouts: dict[str, gpulayouts.GpuLayout] = field(default_factory=dict)
     namespaces: dict[str, Mapping[str, str]] = field(default_factory=dict)
     """Namespace labels by name (for ``namespaceSelector`` in pod (anti-)affinity terms)."""
+    claims: dict[str, observing.ClaimRead] = field(default_factory=dict)
+    """ResourceClaims by ``namespace/name``, as the planner reads their specs."""
+    templates: dict[str, observing.ClaimRead] = field(default_factory=dict)
+    """ResourceClaimTemplates by ``namespace/name``, as the planner reads their specs."""
     versions: dict[tuple[kubeobjects.Kind, str], int] = field(default_factory=dict)
     """The newest ``resourceVersion`` seen per object: what the controller's own writes
     returned, or a watch showed. An older one is a stale event and is dropped."""
     synced: set[kubeobjects.Kind] = field(default_factory=set)
+
+
+_CLAIM_KINDS = (kubeobjects.Kind.RESOURCECLAIMS, kubeobjects.Kind.RESOURCECLAIMTEMPLATES)
 
 
 def _key(doc: Mapping[str, Any]) -> str:
@@ -265,6 +272,15 @@ class Controller:
                 store.namespaces.pop(key, None)
             else:
                 store.namespaces[key] = observing.namespace_labels(doc)
+        elif kind in _CLAIM_KINDS:
+            reads = (
+                store.templates if kind is kubeobjects.Kind.RESOURCECLAIMTEMPLATES else store.claims
+            )
+            if deleted:
+                reads.pop(key, None)
+            else:
+                template = kind is kubeobjects.Kind.RESOURCECLAIMTEMPLATES
+                reads[key] = observing.claim_read(doc, template=template)
         elif deleted:
             store.layouts.pop(key, None)
             self._reported.pop(key, None)  # the node is gone: not a destroy of its instances
@@ -352,15 +368,7 @@ class Controller:
                 self.metrics.api_requests.labels(operation=f"list-{kind}").inc()
                 listed = await self.api.list_all(kind)
                 keep = {_key(d) for d in listed.items}
-                current: set[str] = set(
-                    self._store.pods
-                    if kind is kubeobjects.Kind.PODS
-                    else self._store.nodes
-                    if kind is kubeobjects.Kind.NODES
-                    else self._store.namespaces
-                    if kind is kubeobjects.Kind.NAMESPACES
-                    else self._store.layouts
-                )
+                current: set[str] = set(self._stored(kind))
                 for gone in current - keep:
                     self._take(kind, {"metadata": _meta_of(gone)}, deleted=True)
                 for doc in listed.items:
@@ -391,6 +399,18 @@ class Controller:
                 _log.exception("watch of %s failed unexpectedly, restarting in %g s", kind, wait)
                 failures += 1
                 await _sleep(wait, stop)
+
+    def _stored(self, kind: kubeobjects.Kind) -> Mapping[str, Any]:
+        """What the store holds of ``kind``, by key."""
+        store = self._store
+        held: dict[kubeobjects.Kind, Mapping[str, Any]] = {
+            kubeobjects.Kind.PODS: store.pods,
+            kubeobjects.Kind.NODES: store.nodes,
+            kubeobjects.Kind.NAMESPACES: store.namespaces,
+            kubeobjects.Kind.RESOURCECLAIMS: store.claims,
+            kubeobjects.Kind.RESOURCECLAIMTEMPLATES: store.templates,
+        }
+        return held.get(kind, store.layouts)
 
     def _backoff(self, failures: int) -> float:
         """Seconds to wait after ``failures`` failures in a row (capped exponential)."""
@@ -606,6 +626,8 @@ class Controller:
             nodes=self._store.nodes.values(),
             layouts_by_node=self._store.layouts,
             namespaces=self._store.namespaces,
+            claims=self._store.claims,
+            templates=self._store.templates,
             policy=self.settings.policy,
             gpu_policy=self.settings.gpu_policy,
             cache=self._node_cache,
@@ -876,6 +898,16 @@ class Controller:
                 )
             if view.ignored is not None and not view.done:
                 jobs.append(self._ignore(key, doc, view, view.ignored))
+            elif key in observed.dra_unplanned:
+                # A pod whose DRA claims the planner cannot plan (or not yet find): told once
+                # per reason; kube-scheduler's first fit serves it (no gate of ours holds it:
+                # the webhook does not gate DRA pods yet).
+                await self._say(
+                    view,
+                    type_="Normal",
+                    reason="MigDraNotPlanned",
+                    message=observed.dra_unplanned[key],
+                )
         await asyncio.gather(*jobs)
 
     async def _ignore(

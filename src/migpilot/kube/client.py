@@ -26,7 +26,7 @@ from lightkube import operators
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod
-from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate, ResourceSlice
 from lightkube.types import PatchType
 
 from migpilot.api import gpulayouts
@@ -47,6 +47,7 @@ RESOURCES: dict[objects.Kind, Any] = {
     objects.Kind.EVENTS: Event,
     objects.Kind.NAMESPACES: Namespace,
     objects.Kind.RESOURCECLAIMS: ResourceClaim,
+    objects.Kind.RESOURCECLAIMTEMPLATES: ResourceClaimTemplate,
     objects.Kind.RESOURCESLICES: ResourceSlice,
 }
 _PATCH_TYPES = {

@@ -30,7 +30,11 @@ class Kind(enum.StrEnum):
     EVENTS = "events"
     NAMESPACES = "namespaces"
     RESOURCECLAIMS = "resourceclaims"
-    """``resource.k8s.io/v1`` ResourceClaims (the DRA kubelet plugin reads its claims)."""
+    """``resource.k8s.io/v1`` ResourceClaims (the DRA kubelet plugin reads its claims; the
+    controller reads what pods' claims ask)."""
+    RESOURCECLAIMTEMPLATES = "resourceclaimtemplates"
+    """``resource.k8s.io/v1`` ResourceClaimTemplates (the controller reads what pods' claims
+    from templates ask)."""
     RESOURCESLICES = "resourceslices"
     """``resource.k8s.io/v1`` ResourceSlices (DRA: the devices a driver publishes)."""
 
