@@ -17,6 +17,10 @@ Kubernetes objects (raw JSON, as the API returns them) to :mod:`migpilot.plannin
 - **pending pods** are the pods gated by ``migpilot.io/plan`` alone, and, as a fallback for pods
   created while no controller held the Lease, ungated pods kube-scheduler marked Unschedulable;
   a pod holding a live reservation is not pending again (it is never planned twice).
+- a waiting pod whose **DRA claims** ask for migpilot's devices is read from its
+  ResourceClaims and ResourceClaimTemplates (:func:`dra_pod`) into
+  :attr:`Observed.dra_pods`, apart from the pending pods: DRA nodes are not planned yet, and
+  such a pod must never be planned onto a device-plugin node.
 
 Nodes labelled ``nvidia.com/mig.config`` are laid out statically (mig-manager's way): they are
 not planned, and their free capacity is offered as it is (:func:`static_fit`).
