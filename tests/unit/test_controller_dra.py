@@ -242,9 +242,16 @@ def test_a_claim_naming_a_model_keeps_the_pod_to_the_dra_nodes_of_that_model() -
 
 def test_pods_that_are_not_planned_say_why() -> None:
     unread = _claim_doc("u", 'device.attributes["mig.migpilot.io"].serial == "x"')
+    gated = _dra_pod("gated", template="nowhere", unschedulable=False)
+    gated["spec"]["schedulingGates"] = [{"name": observing.GATE}]
+    beside = _dra_pod("beside", template="mig-1g-10gb")
+    beside["spec"]["resourceClaims"].append({"name": "x", "resourceClaimName": "nowhere"})
     observed = _observe(
         [
-            _dra_pod("missing", template="nowhere"),
+            gated,
+            beside,
+            # a claim not there, nothing else shows the pod is migpilot's: none of ours
+            _dra_pod("unknown", template="nowhere"),
             _dra_pod("unread", claim="u"),
             _dra_pod("other", claim="o"),
             _dra_pod("bound-later", template="mig-1g-10gb", unschedulable=False),
@@ -256,8 +263,9 @@ def test_pods_that_are_not_planned_say_why() -> None:
     )
     assert observed.dra_pods == ()
     why = dict(observed.dra_unplanned)
-    assert set(why) == {"ns/missing", "ns/unread"}  # another driver's pod is none of ours
-    assert "ResourceClaimTemplate ns/nowhere not found" in why["ns/missing"]
+    assert set(why) == {"ns/gated", "ns/beside", "ns/unread"}  # another driver's: not ours
+    assert "ResourceClaimTemplate ns/nowhere not found" in why["ns/gated"]
+    assert why["ns/beside"] == "not planned: ResourceClaim ns/nowhere not found (yet)"
     assert "left to kube-scheduler" in why["ns/unread"] and "serial" in why["ns/unread"]
 
 
@@ -299,7 +307,9 @@ def test_the_controller_watches_templates_and_claims_and_tells_once() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _template("mig-1g-10gb"))
         await api.put(kubeobjects.Kind.PODS, _dra_pod("good", template="mig-1g-10gb"))
-        await api.put(kubeobjects.Kind.PODS, _dra_pod("late", claim="c"))
+        late = _dra_pod("late", claim="c", unschedulable=False)
+        late["spec"]["schedulingGates"] = [{"name": observing.GATE}]  # as the webhook will
+        await api.put(kubeobjects.Kind.PODS, late)
         await _until(
             "the good pod read",
             lambda: [p.key for p in controller.observe().dra_pods] == ["ns/good"],
@@ -322,10 +332,14 @@ def test_the_controller_watches_templates_and_claims_and_tells_once() -> None:
             _claim_doc("c", 'device.attributes["mig.migpilot.io"].profile == "2g.20gb"'),
         )
         await _until("both read", lambda: len(controller.observe().dra_pods) == 2)
-        # a template deleted: the pod waits on it again
+        # the template deleted: nothing shows the ungated pod is migpilot's any more (its claim
+        # may be another driver's): not planned, and not told
         await api.delete(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, "ns/mig-1g-10gb")
-        await _until("good told", lambda: bool(_events(api, "good")))
-        assert [p.key for p in controller.observe().dra_pods] == ["ns/late"]
+        await _until(
+            "good dropped", lambda: [p.key for p in controller.observe().dra_pods] == ["ns/late"]
+        )
+        await _passes(controller)
+        assert _events(api, "good") == []
         assert api.pod_patches == []  # nothing gated, nothing pinned
 
     _run(body)

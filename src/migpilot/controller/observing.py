@@ -465,10 +465,11 @@ def dra_pod(
     the catalog's id), ``None`` when none of its claims asks for migpilot's devices.
 
     Not planned, with the reason: a claim or template not found (yet: the pod may have been
-    created first; kube-scheduler waits for it too), a claim of migpilot's devices the planner
-    cannot read (:class:`draclaims.NotUnderstood`: left to kube-scheduler's first fit rather
-    than planned wrong), claims the planner cannot plan together
-    (:func:`draclaims.planner_requests`), or a pod the planner cannot read otherwise."""
+    created first; kube-scheduler waits for it too) of a pod that another claim, or our gate,
+    shows to be migpilot's (``None`` for any other: it may be another driver's); a claim of
+    migpilot's devices the planner cannot read (:class:`draclaims.NotUnderstood`: left to
+    kube-scheduler's first fit rather than planned wrong); claims the planner cannot plan
+    together (:func:`draclaims.planner_requests`); or a pod the planner cannot read otherwise."""
     reads: list[ClaimRead] = []
     missing: list[str] = []
     for ref in view.claims:
@@ -483,12 +484,12 @@ def dra_pod(
         if found is not None:
             reads.append(found)
     ours = any(r.ours for r in reads)
-    if missing:
-        # Whether the missing one asks for migpilot's devices cannot be told: said while the
-        # pod waits, as kube-scheduler says it.
+    if missing and (ours or view.gated_by_us):
+        # Whether the missing one asks for migpilot's devices cannot be told; another that
+        # does (or our gate, which the webhook sets only on pods it serves) makes the pod ours.
         return DraAsk(None, f"not planned: {', '.join(missing)} not found (yet)")
-    if not ours:
-        return None
+    if missing or not ours:
+        return None  # none of its claims found asks for migpilot's devices: none of ours
     unread = next((r.problem for r in reads if r.problem is not None), None)
     if unread is not None:
         return DraAsk(None, f"not planned (left to kube-scheduler): {unread}")
