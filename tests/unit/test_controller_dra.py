@@ -266,6 +266,8 @@ def test_pods_that_are_not_planned_say_why() -> None:
     assert set(why) == {"ns/gated", "ns/beside", "ns/unread"}  # another driver's: not ours
     assert "ResourceClaimTemplate ns/nowhere not found" in why["ns/gated"]
     assert why["ns/beside"] == "not planned: ResourceClaim ns/nowhere not found (yet)"
+    # only what the claims say as they stand lets a pod go; a claim to come is waited for
+    assert observed.dra_refused == {"ns/unread"}
     assert "left to kube-scheduler" in why["ns/unread"] and "serial" in why["ns/unread"]
 
 
@@ -279,6 +281,7 @@ def test_claims_the_planner_cannot_plan_together_are_not_planned() -> None:
     )
     assert observed.dra_pods == ()
     assert "devices of other drivers" in observed.dra_unplanned["ns/p"]
+    assert observed.dra_refused == {"ns/p"}
 
 
 def test_an_affinity_the_planner_cannot_read_is_not_planned() -> None:
@@ -293,7 +296,8 @@ def test_an_affinity_the_planner_cannot_read_is_not_planned() -> None:
     }
     observed = _observe([doc], templates=_reads(_template("mig-1g-10gb"), template=True))
     assert observed.dra_pods == ()
-    assert observed.dra_unplanned["ns/p"].startswith("not planned: ")
+    assert observed.dra_unplanned["ns/p"].startswith("not planned (left to kube-scheduler): ")
+    assert observed.dra_refused == {"ns/p"}
 
 
 # --------------------------------------------------------------------------- the loop
@@ -326,6 +330,9 @@ def test_the_controller_watches_templates_and_claims_and_tells_once() -> None:
         )
         await _until("late told again", lambda: len(_events(api, "late")) == 2)
         assert "left to kube-scheduler" in _events(api, "late")[1][1]
+        # ... and let go to kube-scheduler, which finds no node for it
+        await _until("late let go", lambda: "schedulingGates" not in _pod_spec(api, "ns/late"))
+        await api.put(kubeobjects.Kind.PODS, _dra_pod("late", claim="c"))
         # rewritten so the planner reads it: planned, and nothing more said
         await api.put(
             kubeobjects.Kind.RESOURCECLAIMS,
@@ -340,6 +347,31 @@ def test_the_controller_watches_templates_and_claims_and_tells_once() -> None:
         )
         await _passes(controller)
         assert _events(api, "good") == []
-        assert api.pod_patches == []  # nothing gated, nothing pinned
+        assert len(_events(api, "late")) == 2
+        assert [k for k, _ in api.pod_patches] == ["ns/late"]  # the one let go, nothing pinned
 
     _run(body)
+
+
+def test_a_gated_pod_is_let_go_only_once_its_claims_will_not_be_planned() -> None:
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        waits = _dra_pod("waits", claim="c", unschedulable=False)
+        waits["spec"]["schedulingGates"] = [{"name": observing.GATE}]
+        await api.put(kubeobjects.Kind.PODS, waits)
+        await _until("told", lambda: bool(_events(api, "waits")))
+        await _passes(controller)
+        assert api.pod_patches == []  # its claim may yet come: kept
+        await api.put(
+            kubeobjects.Kind.RESOURCECLAIMS,
+            _claim_doc("c", 'device.attributes["mig.migpilot.io"].profile == "1g.10gb" || true'),
+        )
+        await _until("let go", lambda: "schedulingGates" not in _pod_spec(api, "ns/waits"))
+        assert [k for k, _ in api.pod_patches] == ["ns/waits"]
+        assert "'||'" in _events(api, "waits")[-1][1]
+
+    _run(body)
+
+
+def _pod_spec(api: kubeapi.InMemoryApi, key: str) -> dict[str, Any]:
+    spec: dict[str, Any] = api.objects[kubeobjects.Kind.PODS][key]["spec"]
+    return spec

@@ -451,6 +451,10 @@ class DraAsk:
     and, for a claim naming a GPU model, to the DRA nodes with GPUs of that model; ``None``
     when :attr:`problem` says why it is not planned."""
     problem: str | None = None
+    final: bool = False
+    """The problem is in what the pod or its claims say (not a claim yet to come): it will not
+    be planned as they stand, and a pod gated by ``migpilot.io/plan`` is let go for
+    kube-scheduler's first fit."""
 
 
 def dra_pod(
@@ -492,9 +496,10 @@ def dra_pod(
         return None  # none of its claims found asks for migpilot's devices: none of ours
     unread = next((r.problem for r in reads if r.problem is not None), None)
     if unread is not None:
-        return DraAsk(None, f"not planned (left to kube-scheduler): {unread}")
+        return DraAsk(None, f"not planned (left to kube-scheduler): {unread}", final=True)
     if view.dra_base is None:
-        return DraAsk(None, f"not planned: {view.dra_problem or 'its spec cannot be read'}")
+        why = view.dra_problem or "its spec cannot be read"
+        return DraAsk(None, f"not planned (left to kube-scheduler): {why}", final=True)
     base = view.dra_base
     try:
         asked = draclaims.planner_requests(
@@ -504,7 +509,7 @@ def dra_pod(
             where=f"pod {view.key}",
         )
     except draclaims.NotUnderstood as err:
-        return DraAsk(None, f"not planned (left to kube-scheduler): {err}")
+        return DraAsk(None, f"not planned (left to kube-scheduler): {err}", final=True)
     keep: tuple[snapshot.Requirement, ...] = (
         snapshot.Requirement(modes.MODE_LABEL, "In", (modes.Mode.DRA.value,)),
     )
@@ -689,6 +694,9 @@ class Observed:
     device-plugin node."""
     dra_unplanned: Mapping[str, str] = field(default_factory=dict)
     """Waiting pods with DRA claims that are not planned, and why (:func:`dra_pod`)."""
+    dra_refused: frozenset[str] = frozenset()
+    """Those of :attr:`dra_unplanned` that will not be planned as their claims stand
+    (:attr:`DraAsk.final`): if gated by us, let go."""
 
 
 NodeCache = dict[str, tuple[tuple[object, ...], snapshot.Node]]
@@ -934,6 +942,7 @@ def observe(
     )
     dra_pods: list[snapshot.Pod] = []
     dra_unplanned: dict[str, str] = {}
+    dra_refused: set[str] = set()
     claimed = sorted(
         (p for p in pod_map.values() if p.claims and p.waiting and p.key not in reservations),
         key=lambda p: (p.created, p.key),
@@ -948,7 +957,10 @@ def observe(
                 dra_pods.append(ask.pod)
             else:
                 dra_unplanned[p.key] = ask.problem or "not planned"
+                if ask.final:
+                    dra_refused.add(p.key)
     return Observed(
+        dra_refused=frozenset(dra_refused),
         dra_pods=tuple(dra_pods),
         dra_unplanned=MappingProxyType(dra_unplanned),
         snapshot=snapshot.Snapshot(

@@ -883,7 +883,7 @@ class Controller:
     async def _decline(self, observed: observing.Observed) -> None:
         """Pods migpilot leaves alone: another system's (told once), and pods whose amounts
         cannot be read (a Warning, and the gate removed if migpilot set it)."""
-        jobs = []
+        jobs: list[Awaitable[object]] = []
         for key, (doc, view) in self._store.pods.items():
             if view.other_mode is not None and not view.node and not view.done:
                 # Another system's pod: not gated by the webhook, never planned; say so once,
@@ -900,14 +900,17 @@ class Controller:
                 jobs.append(self._ignore(key, doc, view, view.ignored))
             elif key in observed.dra_unplanned:
                 # A pod whose DRA claims the planner cannot plan (or not yet find): told once
-                # per reason; kube-scheduler's first fit serves it (no gate of ours holds it:
-                # the webhook does not gate DRA pods yet).
+                # per reason; kube-scheduler's first fit serves it, so a pod gated by us that
+                # will not be planned as its claims stand is let go (one whose claim is yet to
+                # come waits for it, as kube-scheduler would).
                 await self._say(
                     view,
                     type_="Normal",
                     reason="MigDraNotPlanned",
                     message=observed.dra_unplanned[key],
                 )
+                if key in observed.dra_refused and view.gated_by_us:
+                    jobs.append(self._patch_pod(key, pinning.ungate_patch(doc)))
         await asyncio.gather(*jobs)
 
     async def _ignore(
