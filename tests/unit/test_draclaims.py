@@ -4,6 +4,7 @@ the simulator writes reads back as itself."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ def test_the_shipped_templates_are_read() -> None:
             f'device.capacity[{D}].memory.compareTo(quantity("20Gi")) >= 0',
             Selector(min_memory_mib=20480),
         ),
+        # '&&' and parentheses inside a literal neither split nor close anything.
+        (f'(device.attributes[{D}].model == "a) && (b")', Selector(model="a) && (b")),
         ("true", Selector()),
         (f'device.attributes[{D}].profile\n   == "1g.10gb"', Selector(profile="1g.10gb")),
     ],
@@ -97,6 +100,8 @@ def test_the_understood_forms(expression: str, want: Selector) -> None:
         (f'device.capacity[{D}].memory.compareTo(quantity("1e1000000")) >= 0', "quantity"),
         (f'device.attributes[{D}].profile == "1g.10gb" && ', "empty term"),
         ("x" * 20_000, "characters"),
+        # An escaped quote does not end the literal: the term is refused whole, not split.
+        (f'device.attributes[{D}].model == "a\\" && b"', re.escape('"a\\\\" && b"')),
     ],
 )
 def test_anything_else_is_refused_by_name(expression: str, named: str) -> None:
@@ -326,3 +331,11 @@ def test_what_the_planner_cannot_plan_is_refused_naming_the_pod(
 ) -> None:
     with pytest.raises(NotUnderstood, match=f"pod ns/p: .*{named}"):
         _asked(*claims)
+
+
+def test_a_literal_ending_in_an_escaped_backslash_is_closed_by_its_quote() -> None:
+    # `"x\\"` is the string x\ : its second quote closes it, so the parentheses after it count,
+    # and the outer pair of `(a == "x\\") && (b)` is not one pair to strip.
+    inner = f'device.attributes[{D}].model == "x\\\\") && (device.driver == {D}'
+    assert not draclaims._balanced(inner)
+    assert draclaims._balanced('(a == "x\\\\") && (b == ")(")')

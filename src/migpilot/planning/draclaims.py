@@ -27,7 +27,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from typing import Any, Protocol
@@ -147,34 +147,47 @@ _MEMORY = re.compile(
 _DRIVER = re.compile(r'device\.driver\s*==\s*"' + re.escape(DRIVER) + r'"$')
 
 
+def _unquoted(text: str) -> Iterator[tuple[int, str, int]]:
+    """Each character of ``text`` outside its string literals, with its index and the depth of
+    parentheses it is at (a ``)`` at the depth it closes to). One reading of quotes and
+    escapes for both :func:`_split_and` and :func:`_balanced`, so they never disagree about
+    where a literal ends."""
+    depth, quoted, escaped = 0, False, False
+    for i, c in enumerate(text):
+        if quoted:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                quoted = False
+            continue
+        if c == '"':
+            quoted = True
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        yield i, c, depth
+
+
 def _split_and(expression: str) -> list[str]:
     """The top-level ``&&`` terms of ``expression``, outer parentheses stripped; an ``||`` or a
     ``!`` anywhere is not understood."""
     terms: list[str] = []
-    depth, start, quoted, i = 0, 0, False, 0
+    start = 0
     text = expression
-    while i < len(text):
-        c = text[i]
-        if quoted:
-            if c == "\\":
-                i += 1
-            elif c == '"':
-                quoted = False
-        elif c == '"':
-            quoted = True
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif text.startswith("||", i):
+    for i, c, depth in _unquoted(text):
+        if i < start:
+            continue  # the second '&' of a split
+        if text.startswith("||", i):
             raise NotUnderstood("'||' (either of two conditions)")
-        elif c == "!" and not text.startswith("!=", i):
+        if c == "!" and not text.startswith("!=", i):
             raise NotUnderstood("'!' (a negation)")
-        elif depth == 0 and text.startswith("&&", i):
+        if depth == 0 and text.startswith("&&", i):
             terms.append(text[start:i])
             start = i + 2
-            i += 1
-        i += 1
     terms.append(text[start:])
     out: list[str] = []
     for term in terms:
@@ -187,20 +200,12 @@ def _split_and(expression: str) -> list[str]:
 
 
 def _balanced(text: str) -> bool:
-    depth, quoted = 0, False
-    for i, c in enumerate(text):
-        if quoted:
-            if c == '"' and text[i - 1] != "\\":
-                quoted = False
-            continue
-        if c == '"':
-            quoted = True
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth < 0:
-                return False
+    """Every parenthesis of ``text`` outside its literals closes one opened before it, and all
+    are closed: ``(a) && (b)`` is, so its outer pair is not one to strip."""
+    depth = 0
+    for _, _, depth in _unquoted(text):
+        if depth < 0:
+            return False
     return depth == 0
 
 
