@@ -60,11 +60,19 @@ def slices(docs: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
     }
 
 
-def usable(docs: Iterable[Mapping[str, Any]], pinned: Iterable[str] = ()) -> bool:
+def usable(
+    docs: Iterable[Mapping[str, Any]],
+    pinned: Iterable[str] = (),
+    *,
+    every: Iterable[str] | None = None,
+) -> bool:
     """What kube-scheduler's allocator (v1.37, ``GatherPools``) makes of the node's slices as
-    the API server holds them at one moment: ``False`` when the pool is incomplete (it then
-    allocates nothing from it); ``True`` when it is complete and valid, with every ``pinned``
-    device there (consuming its counters). A complete pool that is not valid fails the test."""
+    the API server holds them at one moment: ``False`` when the pool is incomplete, or lists a
+    device twice (invalid; ``allocateOne`` skips it: nothing is allocated from it); ``True``
+    when it is complete and valid, with every ``pinned`` device there (consuming its counters),
+    and every device of ``every`` (the pool's devices, written or moving: a device missing
+    for a moment stops consuming its counters while a claim the agent does not know of yet may
+    hold it). A complete pool that is otherwise not valid fails the test."""
     docs = [d for d in docs if d["spec"]["nodeName"] == NODE]
     if not docs:
         return False
@@ -75,7 +83,8 @@ def usable(docs: Iterable[Mapping[str, Any]], pinned: Iterable[str] = ()) -> boo
     if len(current) != counts.pop():
         return False
     listed = [x for devs in slices(current).values() for x in devs]
-    assert len(listed) == len(set(listed)), "a device listed twice: the pool is invalid"
+    if len(listed) != len(set(listed)):
+        return False  # a device listed twice: the pool is invalid, so closed
     sets = {s["name"]: s["counters"] for d in current for s in d["spec"].get("sharedCounters", ())}
     for d in current:
         for dev in d["spec"].get("devices", ()):
@@ -83,6 +92,8 @@ def usable(docs: Iterable[Mapping[str, Any]], pinned: Iterable[str] = ()) -> boo
                 assert set(use["counters"]) <= set(sets[use["counterSet"]]), dev["name"]
     missing = set(pinned) - set(listed)
     assert not missing, f"claimed devices missing, consuming nothing: {sorted(missing)}"
+    gone = set(every or ()) - set(listed)
+    assert not gone, f"devices missing from an open pool, consuming nothing: {sorted(gone)}"
     return True
 
 
@@ -238,8 +249,11 @@ def publish_all(
         assert writes is not None
         pinned = {name(i.gpu, i.profile, i.start) for i in instances if i.use is U.CLAIM}
         seen = [api.states[start - 1]] if start else []
+        # A device there before and after is there in every open state between.
+        before = {x for s in seen for devs in slices(s).values() for x in devs}
+        every = before & {x for devs in slices(api.current()).values() for x in devs}
         for state in seen + api.states[start:]:
-            usable(state, pinned)
+            usable(state, pinned, every=every)
         for before, after in itertools.pairwise(seen + api.states[start:]):
             if len({d["spec"]["pool"]["generation"] for d in before + after}) == 1:
                 was = {x: n for n, devs in slices(before).items() for x in devs}
@@ -252,7 +266,7 @@ def publish_all(
     return api
 
 
-def test_a_change_of_plan_moves_devices_in_place_without_listing_one_twice() -> None:
+def test_a_change_of_plan_moves_devices_in_place_never_missing_one() -> None:
     api = Recording()
     publisher = resourceslices.SlicePublisher(api, node=NODE)
     publisher.publish((gpu(0),), (), planned=(P(0, "1g.10gb", 0), P(0, "2g.20gb", 2)))
@@ -261,17 +275,21 @@ def test_a_change_of_plan_moves_devices_in_place_without_listing_one_twice() -> 
     writes = publisher.publish((gpu(0),), (), planned=b)
     assert writes is not None and writes.generation == 0  # in place, at the generation
     moves = api.states[first:]
-    # The planned slice and its home trade devices: the home is first written without the
-    # devices it loses, then the first slice whole, then the home whole. No state holds a
-    # device twice (usable() checks it), and the counters are not written.
+    # The planned slice and its home trade devices: the first slice is first written with
+    # the devices it gains and still those it loses, then the home whole (its leavers are in
+    # the first slice by then), then the first slice whole. No device is ever missing; until
+    # the last write some are listed twice, so the pool is closed (invalid) for that moment.
+    # The counters are not written.
     assert len(moves) == 3
     home = f"{NODE}-mig.migpilot.io-devices-0001"
-    assert name(0, "3g.40gb", 4) not in slices(moves[0])[home]
-    assert name(0, "1g.10gb", 0) not in slices(moves[1])[home]
-    assert slices(moves[1])[FIRST] == [name(0, "1g.10gb", 1), name(0, "3g.40gb", 4)]
-    assert name(0, "1g.10gb", 0) in slices(moves[2])[home]
+    gained, kept = [name(0, "1g.10gb", 1), name(0, "3g.40gb", 4)], name(0, "1g.10gb", 0)
+    assert slices(moves[0])[FIRST] == [*gained, kept, name(0, "2g.20gb", 2)]
+    assert not usable(moves[0]) and not usable(moves[1])
+    assert kept in slices(moves[1])[home] and name(0, "3g.40gb", 4) not in slices(moves[1])[home]
+    assert slices(moves[2])[FIRST] == gained and usable(moves[2])
+    every = {x for devs in slices(api.states[first - 1]).values() for x in devs}
     for state in api.states:
-        usable(state)
+        usable(state, every=every)
     assert publish_all([((), ()), ((), b), ((), (P(0, "7g.80gb", 0),))])
 
 
@@ -534,3 +552,24 @@ def test_an_agent_in_dra_mode_lists_its_gpulayouts_plan_first_while_the_lease_is
         assert FIRST not in slices(docs) and usable(docs)
     finally:
         gpus.close()
+
+
+def test_a_move_that_would_overfill_a_slice_for_a_moment_makes_a_new_generation() -> None:
+    """Added before removed, the first slice would hold both plans' devices for a moment: more
+    than a slice may, so the change is written as a new generation instead."""
+    gpus = tuple(gpu(g) for g in range(8))
+    small = [P(g, "1g.10gb", s) for g in range(8) for s in range(7)]  # 56 devices
+    other = [P(g, "2g.20gb", s) for g in range(8) for s in (0, 2, 4)]  # 24 others
+    assert len(small) + len(other) > publishing.MAX_DEVICES
+    before = publishing.pool(NODE, gpus, [], planned=small)
+    existing = [
+        {**d, "metadata": {**d["metadata"], "resourceVersion": "1"}} for d in before.documents(3)
+    ]
+    after = publishing.pool(
+        NODE, gpus, [], planned=other, listed_first=publishing.listed_first(NODE, existing)
+    )
+    assert publishing.reconcile(after, existing).generation == 4
+    fewer = publishing.pool(
+        NODE, gpus, [], planned=other[:8], listed_first=publishing.listed_first(NODE, existing)
+    )
+    assert publishing.reconcile(fewer, existing).generation == 3  # fits: in place

@@ -60,7 +60,9 @@ first, smallest first; every other device stays in its home slice, the same as w
 kube-scheduler's first fit then takes a planned placement when one fits the claim, any other
 free one otherwise. A device allocated to a claim is never moved from one slice to another in
 place (:attr:`Pool.pinned`; the first slice keeps those it holds), and :func:`reconcile` orders
-the in-place writes of a change of plan so that the API server never holds a device twice.
+the in-place writes of a change of plan so that no device is ever missing from the pool (each
+is added to its new slice before it leaves its old one: for that moment the pool is invalid,
+and kube-scheduler allocates nothing from it).
 
 Pure: no I/O, no clock.
 """
@@ -631,8 +633,9 @@ def reconcile(
     keeps its slices (none added or removed, all at one generation) and either one slice
     changes or devices only move between slices (:func:`_moves`: a change of plan), the
     changed slices are updated in place at their generation, in an order where the API server
-    never holds a device twice (that makes the whole pool invalid) and never misses a pinned
-    one. Any other change writes every slice at the next generation, so kube-scheduler, which
+    never misses a device (:func:`_moves`: added before removed; a device listed twice for a
+    moment makes the pool invalid, so closed). Any other change writes every slice at the next
+    generation, so kube-scheduler, which
     takes a pool's newest generation and allocates nothing from a pool missing slices, never
     mixes old and new devices. Slices of other drivers or nodes in ``existing`` are left
     alone."""
@@ -675,14 +678,19 @@ def _moves(
 ) -> tuple[dict[str, Any], ...] | None:
     """The updates, in order, that take the ``stored`` slices to the ``changed`` ones when
     devices only move between slices (the same devices in all, each once, none of
-    :attr:`Pool.pinned` moving): ``None`` otherwise.
+    :attr:`Pool.pinned` moving): ``None`` otherwise, and where a slice would for a moment hold
+    more than :data:`MAX_DEVICES`.
 
-    Every state in between is valid: counter slices first; then a slice is written whole once
-    the devices it gains have left their old slices; where slices trade devices (a cycle), one
-    is first written without the devices it loses. A device is missing for a moment at most,
-    never listed twice; only free devices move, and a free device missing only cannot be
-    allocated for that moment. A slice written twice appears twice in the result (the shell
-    sends the second with the version the first returned)."""
+    Added before removed, so that no device is ever missing and each keeps consuming its
+    counters in every state the API server holds, even one kube-scheduler allocated a moment
+    ago that the agent does not know of yet (its claim not prepared): counter slices first;
+    then a slice is written whole once every device it loses is held by another slice too;
+    where none is ready (slices trading devices), a slice is first written with the devices
+    it gains and still those it loses. Meanwhile a moving device may be listed twice, which
+    makes the whole pool invalid, and kube-scheduler allocates nothing from an invalid pool
+    (``GatherPools`` marks it, ``allocateOne`` skips it): the pool is closed for the moment
+    between the writes, never open with a device missing. A slice written twice appears twice
+    in the result (the shell sends the second with the version the first returned)."""
     held = {name: _device_names(doc) for name, doc in stored.items()}
     final = dict(held)
     final.update({str(doc["metadata"]["name"]): _device_names(doc) for doc in changed})
@@ -697,26 +705,33 @@ def _moves(
     out = [_versioned(doc, stored) for doc in changed if "devices" not in doc["spec"]]
     pending = {str(doc["metadata"]["name"]): doc for doc in changed if "devices" in doc["spec"]}
     now = {name: set(devs) for name, devs in held.items()}
+
+    def held_elsewhere(name: str) -> bool:
+        return all(
+            any(d in devs for other, devs in now.items() if other != name)
+            for d in now[name] - set(final[name])
+        )
+
     while pending:
-        ready = [
-            name
-            for name in sorted(pending)
-            if all(was_now == name for d in final[name] for was_now in _holders(now, d))
-        ]
-        for name in ready:
-            out.append(_versioned(pending.pop(name), stored))
-            now[name] = set(final[name])
-        if ready:
+        ready = next((name for name in sorted(pending) if held_elsewhere(name)), None)
+        if ready is not None:
+            out.append(_versioned(pending.pop(ready), stored))
+            now[ready] = set(final[ready])
             continue
-        # A cycle: the slice that keeps the most devices is first written without those it
-        # loses (it loses some: each pending slice waits for a device another pending slice
-        # holds, so some pending slice holds a device that leaves it).
-        losing = [n for n in sorted(pending) if now[n] - set(final[n])]
-        name = max(losing, key=lambda n: len(now[n] & set(final[n])))
+        # Slices trading devices: one that gains a device no other slice holds yet (the home
+        # of a device some waiting slice loses; there is one) is written with its gains and
+        # still with what it loses.
+        name = next(n for n in sorted(pending) if set(final[n]) - now[n])
         doc = pending[name]
-        staying = [d for d in doc["spec"]["devices"] if d["name"] in now[name]]
-        out.append(_versioned({**doc, "spec": {**doc["spec"], "devices": staying}}, stored))
-        now[name] &= set(final[name])
+        leaving = [
+            d for d in _spec(stored[name]).get("devices") or ()
+            if d.get("name") in now[name] - set(final[name])
+        ]  # fmt: skip
+        devices = [*doc["spec"]["devices"], *leaving]
+        if len(devices) > MAX_DEVICES:
+            return None
+        out.append(_versioned({**doc, "spec": {**doc["spec"], "devices": devices}}, stored))
+        now[name] |= set(final[name])
     return tuple(out)
 
 
@@ -730,11 +745,6 @@ def listed_first(node: str, existing: Sequence[Mapping[str, Any]]) -> frozenset[
         if mine and (doc.get("metadata") or {}).get("name") == name:
             return frozenset(_device_names(doc))
     return frozenset()
-
-
-def _holders(now: Mapping[str, set[str]], device: str) -> list[str]:
-    """The slices that hold ``device`` now (a device coming from nowhere has none)."""
-    return [name for name, devs in now.items() if device in devs]
 
 
 def _device_names(doc: Mapping[str, Any]) -> list[str]:
