@@ -564,6 +564,37 @@ def dra_pod(
     return DraAsk(pod)
 
 
+def pinned_node(pod: snapshot.Pod) -> str | None:
+    """The node ``pod``'s required node affinity confines it to by name (every term names the
+    same one node, as the controller's pin leaves it), or ``None``."""
+    if not pod.affinity:
+        return None
+    names: set[str] = set()
+    for term in pod.affinity:
+        named = {r.values[0] for r in term if r.field and r.operator == "In"}
+        if len(named) != 1:
+            return None
+        names |= named
+    return names.pop() if len(names) == 1 else None
+
+
+def in_flight(view: PodView) -> bool:
+    """A pod with DRA claims the controller pinned and let go that kube-scheduler has not yet
+    bound (nor found no node for): its claims are being allocated from the placements listed
+    first on its node. It is planned again, pinned there, so that its planned placements stay
+    in the node's target and go to no other pod until its claims' allocation makes them used
+    instances (a plan between the pin and the allocation would otherwise give them away)."""
+    return (
+        bool(view.claims)
+        and view.dra_base is not None
+        and not view.node
+        and not view.done
+        and not view.gates
+        and not view.unschedulable
+        and pinned_node(view.dra_base) is not None
+    )
+
+
 def dra_models(
     nodes: Iterable[NodeView], layouts_by_node: Mapping[str, gpulayouts.GpuLayout]
 ) -> dict[str, tuple[str, ...]]:
@@ -951,7 +982,11 @@ def observe(
     dra_pods: list[snapshot.Pod] = []
     dra_unplanned: dict[str, str] = {}
     dra_refused: set[str] = set()
-    claimed = [p for p in pod_map.values() if p.claims and p.waiting and p.key not in reservations]
+    claimed = [
+        p
+        for p in pod_map.values()
+        if p.claims and (p.waiting or in_flight(p)) and p.key not in reservations
+    ]
     if claimed:
         models = dra_models(node_map.values(), layouts_by_node)
         for p in sorted(claimed, key=lambda p: (p.created, p.key)):

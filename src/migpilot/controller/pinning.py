@@ -48,6 +48,7 @@ def spec_for(
     kept: Mapping[tuple[int, int, str], str],
     unified: frozenset[str] = frozenset(),
     layout: gpulayouts.GpuLayout | None = None,
+    unreserved: frozenset[str] = frozenset(),
 ) -> gpulayouts.LayoutSpec:
     """The spec the controller writes for ``node`` after ``plan``, in one pass: each GPU's
     target layout (or, on an MPS GPU, its target slices) from the plan, with ``reservedFor`` on
@@ -60,7 +61,10 @@ def spec_for(
     neither used nor kept), reserved beside the replicas its spec keeps for live pods (``kept``
     names those as (GPU, ``-1 - id``, ``"replica"``): :func:`kept_of`). On a dynamic node,
     each whole GPU the plan gives a whole-GPU pod, or a ``kept`` one ((GPU, 0, ``"whole"``)),
-    is written ``mig: false`` with ``reservedFor`` (``docs/migmode.md``).
+    is written ``mig: false`` with ``reservedFor`` (``docs/migmode.md``). The instances the plan
+    gives a pod of ``unreserved`` (pods asking through DRA claims) are written without
+    ``reservedFor``: they are the target kube-scheduler is steered to, which hands them out
+    itself (``docs/dra.md``).
 
     Raise :class:`GpuLayoutError` if the plan gives a pod an instance its target layout lacks,
     one instance or whole GPU to two pods, or a GPU in MIG mode after the plan as a whole GPU (a
@@ -105,6 +109,8 @@ def spec_for(
         for i in gp.layout.instances:
             targets[(gp.gpu, i.start)] = i.profile
             pod = given.get((gp.gpu, i.start)) or kept.get((gp.gpu, i.start, i.profile))
+            if pod in unreserved:
+                pod = None
             instances.append(
                 gpulayouts.InstanceSpec(i.profile, i.start, pod, _resource(pod, unified))
             )
@@ -517,19 +523,12 @@ def signature(observed: observing.Observed, pod_key: str) -> tuple[object, ...]:
 
 def pinned_to(view: observing.PodView) -> str | None:
     """The node a pod's required node affinity confines it to by name (every term names the
-    same one node, as :func:`pin_patch` leaves it), or ``None``.
+    same one node, as :func:`pin_patch` leaves it), or ``None`` (:func:`observing.pinned_node`;
+    a pod with DRA claims by its own affinity).
 
     Such a pod can be bound nowhere else: its reservation there must outlive any wait."""
-    pod = view.planned
-    if pod is None or not pod.affinity:
-        return None
-    names: set[str] = set()
-    for term in pod.affinity:
-        named = {r.values[0] for r in term if r.field and r.operator == "In"}
-        if len(named) != 1:
-            return None
-        names |= named
-    return names.pop() if len(names) == 1 else None
+    pod = view.planned or view.dra_base
+    return observing.pinned_node(pod) if pod is not None else None
 
 
 def _existing(layout: gpulayouts.GpuLayout) -> set[tuple[int, int, str]]:
