@@ -10,6 +10,8 @@ controller runs its real loop on ``kubeapi.InMemoryApi``.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import dataclasses
 from typing import Any
 
@@ -44,7 +46,7 @@ def _layout_doc(name: str, instances: list[dict[str, Any]] | None = None) -> dic
     return {
         "apiVersion": "migpilot.io/v1alpha1",
         "kind": "GpuLayout",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "generation": 1},
         "spec": {"gpus": []},
         "status": {
             "observedGeneration": 1,
@@ -60,6 +62,30 @@ async def _nodes(api: kubeapi.InMemoryApi, *names: str) -> None:
     for name in names:
         await api.put(kubeobjects.Kind.NODES, _node_doc(name, dra=name.startswith("d")))
         await api.put(LAYOUTS, _layout_doc(name))
+
+
+async def _agent_acts(api: kubeapi.InMemoryApi, *nodes: str) -> None:
+    """Each DRA node's agent acts on its spec as it stands: it lists the target's placements
+    first, then reports the spec's generation acted on."""
+    for node in nodes:
+        doc = copy.deepcopy(api.objects[LAYOUTS][node])
+        doc["status"]["observedGeneration"] = doc["metadata"].get("generation", 0)
+        await api.put(LAYOUTS, doc)
+
+
+async def _steered(api: kubeapi.InMemoryApi, key: str, *nodes: str) -> str:
+    """Play the DRA nodes' agents until the pod is pinned and let go; its node."""
+
+    async def acted() -> str | None:
+        await _agent_acts(api, *nodes)
+        await asyncio.sleep(0.05)
+        return _pinned(api, key)
+
+    for _ in range(100):
+        found = await acted()
+        if found is not None:
+            return found
+    raise AssertionError(f"{key} never let go")
 
 
 def _gated(pod: dict[str, Any]) -> dict[str, Any]:
@@ -107,8 +133,12 @@ def test_a_gated_dra_pod_is_planned_on_the_dra_node_unreserved_pinned_and_ungate
         await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _template("mig-1g-10gb"))
         await api.put(PODS, _gated(_dra_pod("claims", template="mig-1g-10gb")))
         await api.put(PODS, _pod("plugin", "1g.10gb"))  # a device-plugin pod, gated too
-        await _until("the DRA pod let go", lambda: _pinned(api, "ns/claims") is not None)
-        assert _pinned(api, "ns/claims") == "d0"
+        await _until("the DRA node's target", lambda: _spec(api, "d0") != [])
+        # not let go before the node's agent lists the target first (kube-scheduler would
+        # allocate from the old listing)
+        await _passes(controller)
+        assert _pinned(api, "ns/claims") is None
+        assert await _steered(api, "ns/claims", "d0") == "d0"
         # its node's target holds its placement, reserved for no one: kube-scheduler hands
         # it out, and the agent makes nothing for it
         (placed,) = _spec(api, "d0")
@@ -175,7 +205,7 @@ def test_an_allocated_claims_device_is_used_so_no_pod_is_planned_over_it() -> No
         assert all(p[2] == "7g.80gb" for p in _spec(api, "d0"))
         # the claim released: the pod is planned where the 7g.80gb was
         await api.delete(kubeobjects.Kind.RESOURCECLAIMS, "ns/held")
-        await _until("the DRA pod let go", lambda: _pinned(api, "ns/claims") == "d0")
+        assert await _steered(api, "ns/claims", "d0") == "d0"
         assert [p[2] for p in _spec(api, "d0")] == ["1g.10gb"]
 
     _run(body)
@@ -193,10 +223,8 @@ def test_nodes_spread_by_default_and_packed_under_most_allocated(
         await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _template("mig-1g-10gb"))
         for name in ("a", "b"):
             await api.put(PODS, _gated(_dra_pod(name, template="mig-1g-10gb")))
-        await _until(
-            "both let go",
-            lambda: None not in (_pinned(api, "ns/a"), _pinned(api, "ns/b")),
-        )
+        await _steered(api, "ns/a", "d0", "d1")
+        await _steered(api, "ns/b", "d0", "d1")
         assert (_pinned(api, "ns/a") == _pinned(api, "ns/b")) is together
 
     _run(body, dra_scoring=scoring.value)
@@ -290,3 +318,16 @@ def test_a_dra_target_is_written_without_reservations() -> None:
 def test_the_node_policy_follows_kube_schedulers_scoring_strategy() -> None:
     assert draclaims.node_policy("LeastAllocated") is snapshot.Policy.SPREAD
     assert draclaims.node_policy(draclaims.Scoring.MOST_ALLOCATED) is snapshot.Policy.BINPACK
+
+
+def test_a_target_is_listed_once_the_agent_acted_on_that_very_spec() -> None:
+    doc = _layout_doc("d0")
+    doc["spec"] = {"gpus": [{"index": 0, "instances": [{"profile": "3g.40gb", "start": 4}]}]}
+    doc["metadata"]["generation"] = 2
+    spec = wire.parse(doc).spec
+    assert not pinning.listed(wire.parse(doc), spec)  # generation 2 not yet acted on
+    doc["status"]["observedGeneration"] = 2
+    assert pinning.listed(wire.parse(doc), spec)
+    other = wire.parse({**doc, "spec": {"gpus": [{"index": 0, "instances": []}]}}).spec
+    assert not pinning.listed(wire.parse(doc), other)  # another target: not what is listed
+    assert not pinning.listed(None, spec)

@@ -13,6 +13,8 @@ keep the cluster safe are tested without a server:
   the node's advertised resources (:func:`asks`) and what bound pods and pods already let go
   take of them (:func:`taken`, kube-scheduler's own count, so the pod binds at once instead of
   waiting out the scheduler's back-off);
+- :func:`listed` tells when a DRA node's agent lists the target written for it, so the pods the
+  plan steers there may be pinned;
 - :func:`pin_patch` narrows a gated pod's required node affinity to that node and removes the
   gate (a JSON patch; narrowing is what the API allows on a gated pod); :func:`ungate_patch`
   removes the gate alone (for a pod no plan can serve, so kube-scheduler reports it too).
@@ -339,6 +341,27 @@ def repaired(layout: gpulayouts.GpuLayout) -> gpulayouts.LayoutSpec:
             for g in sorted(status, key=lambda g: g.index)
         )
     )
+
+
+def listed(layout: gpulayouts.GpuLayout | None, spec: gpulayouts.LayoutSpec) -> bool:
+    """Whether a DRA node's agent lists ``spec``'s placements first now: the node's GpuLayout
+    holds ``spec`` (the same instances, reservations included) and its agent has acted on it
+    (``status.observedGeneration`` has caught up with ``metadata.generation``; in DRA mode the
+    agent publishes its ResourceSlices before it reports). A pod the plan steers there is pinned
+    and let go only then: let go before, kube-scheduler allocates from the old listing (first
+    fit, not the plan), as the real scheduler did in ``tests/e2e/test_dra_kube.py``. Until then
+    the pod stays gated and is planned again; the agent's report is a change that brings the
+    next plan."""
+    if layout is None or layout.status is None or layout.generation is None:
+        return False
+    seen = layout.status.observed_generation
+    if seen is None or seen < layout.generation:
+        return False
+    return _instances(layout.spec) == _instances(spec)
+
+
+def _instances(spec: gpulayouts.LayoutSpec) -> set[tuple[int, int, str, str | None]]:
+    return {(g.index, i.start, i.profile, i.reserved_for) for g in spec.gpus for i in g.instances}
 
 
 def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpulayouts.LayoutSpec:

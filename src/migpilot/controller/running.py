@@ -1005,8 +1005,8 @@ class Controller:
         steered: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Write each node's spec the plan changes or places pods on; then pin and let go the
-        ``steered`` pods (:attr:`control.Decision.steered`) of each node whose spec was
-        written."""
+        ``steered`` pods (:attr:`control.Decision.steered`) of each node whose spec was written
+        and whose agent already lists it (:func:`pinning.listed`)."""
         placed: dict[str, list[plans.Placement]] = {}
         for p in plan.placements:
             placed.setdefault(p.node, []).append(p)
@@ -1066,7 +1066,11 @@ class Controller:
                     placed.get(node.name, []),
                     [a for a in plan.actions if a.node == node.name],
                     [a for a in plan.slice_actions if a.node == node.name],
-                    steered=pins.get(node.name, ()),
+                    # Let go only once the node's agent lists this very target first; until
+                    # then they stay gated, planned again when the agent reports.
+                    steered=pins.get(node.name, ())
+                    if pinning.listed(observed.layouts.get(node.name), spec)
+                    else (),
                 )
             )
         await asyncio.gather(*writes)

@@ -49,8 +49,9 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   (:attr:`snapshot.Pod.dra`) is planned like any other, on DRA nodes only, but nothing is
   reserved for it: kube-scheduler allocates the placements from what the node's agent
   publishes, listing the planned ones first. A gated one the plan places is pinned to its node
-  and let go at once (:attr:`Decision.steered`), after its node's target is written; its
-  placement, once allocated, is a used instance of the next snapshots.
+  and let go (:attr:`Decision.steered`) once its node's target is written and listed by the
+  node's agent, else planned again; its placement, once allocated, is a used instance of the
+  next snapshots.
 - **Pinning.** Reserved pods are let go to kube-scheduler, pinned to their node, in the order
   of their keys, once every instance is made, the node still admits the pod (not cordoned, no
   new taint it does not tolerate: a node being drained or consolidated) and the node
@@ -632,10 +633,11 @@ class Decision:
     """The pods the plan left unplaced, each with its verdict."""
     steered: tuple[tuple[str, str], ...] = ()
     """(pod, node): the gated pods asking through DRA claims (:attr:`snapshot.Pod.dra`) that
-    :attr:`plan` placed, in the order of their keys: pinned to their node and let go as soon as
-    their node's target is written, with no reservation (kube-scheduler allocates the planned
-    placements, which the node's agent lists first). One the node's target could not be
-    written for stays gated and is planned again."""
+    :attr:`plan` placed, in the order of their keys, with no reservation (kube-scheduler
+    allocates the planned placements, which the node's agent lists first): pinned to their node
+    and let go once their node's target is written and its agent lists it (the caller checks
+    that). Until then they stay gated and are planned again at the next plan (the agent's
+    report is a change); one whose node's target could not be written too."""
     scale_out: tuple[Judged, ...] = ()
     """Gated pods left unplaced for :attr:`Settings.scale_out_after_s` (all
     :attr:`Verdict.SCALE_OUT`), carried out after the plan and its verdicts."""
