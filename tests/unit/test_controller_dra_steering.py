@@ -331,3 +331,44 @@ def test_a_target_is_listed_once_the_agent_acted_on_that_very_spec() -> None:
     other = wire.parse({**doc, "spec": {"gpus": [{"index": 0, "instances": []}]}}).spec
     assert not pinning.listed(wire.parse(doc), other)  # another target: not what is listed
     assert not pinning.listed(None, spec)
+
+
+def test_a_pod_let_go_and_not_yet_allocated_is_planned_again_on_its_node() -> None:
+    """In flight: pinned and ungated, kube-scheduler has not allocated its claim yet. It stays
+    among the pods planned (pinned to its node), so its placement goes to no other pod; once
+    its claim (named in its status, made from its template) is allocated, the claim's device
+    counts instead, not the pod again."""
+    pod = _dra_pod("p", template="mig-1g-10gb", unschedulable=False)
+    pin = {"key": "metadata.name", "operator": "In", "values": ["d0"]}
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [pin]}]
+            }
+        }
+    }
+    pod["status"]["resourceClaimStatuses"] = [{"name": "mig", "resourceClaimName": "p-mig-x"}]
+    node = observing.node_view(_node_doc("d0", dra=True))
+    templates = {"ns/mig-1g-10gb": observing.claim_read(_template("mig-1g-10gb"), template=True)}
+
+    def observe(claims: list[dict[str, Any]]) -> observing.Observed:
+        return observing.observe(
+            pods=[observing.pod_view(pod)],
+            nodes=[node],
+            layouts_by_node={"d0": wire.parse(_layout_doc("d0"))},
+            claims={
+                f"ns/{c['metadata']['name']}": observing.claim_read(c, template=False)
+                for c in claims
+            },
+            templates=templates,
+        )
+
+    (planned,) = observe([]).snapshot.pods
+    assert planned.key == "ns/p" and observing.pinned_node(planned) == "d0"
+    allocated = observe([_allocated("p-mig-x", "d0", "gpu-0-mig-1g-10gb-3")])
+    assert allocated.snapshot.pods == ()
+    (gpu,) = allocated.snapshot.nodes[0].gpus
+    assert [(i.profile, i.start, i.used) for i in gpu.instances] == [("1g.10gb", 3, True)]
+    # bound: none of this (its claim's device counts)
+    pod["spec"]["nodeName"] = "d0"
+    assert observe([]).snapshot.pods == ()

@@ -131,6 +131,9 @@ class PodView:
     dra_problem: str | None = None
     """Why a pod with claims cannot be planned whatever they ask (a node affinity migpilot
     does not read, amounts it cannot read); ``None`` otherwise."""
+    made_claims: tuple[str, ...] = ()
+    """The ResourceClaims made for it from its templates, by key, as its
+    ``status.resourceClaimStatuses`` names them."""
 
     @property
     def planned(self) -> snapshot.Pod | None:
@@ -248,6 +251,13 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         except errors.MigpilotError as err:
             whole_problem = str(err)
     claims = claim_refs(spec, namespace=str(meta.get("namespace", "default")))
+    made_claims = tuple(
+        sorted(
+            f"{meta.get('namespace', 'default')}/{name}"
+            for c in _seq(status.get("resourceClaimStatuses"))
+            if isinstance(name := _map(c).get("resourceClaimName"), str) and name
+        )
+    )
     dra_base: snapshot.Pod | None = None
     dra_problem: str | None = None
     if claims:
@@ -262,6 +272,7 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         except errors.MigpilotError as err:
             dra_problem = str(err)
     return PodView(
+        made_claims=made_claims,
         claims=claims,
         dra_base=dra_base,
         dra_problem=dra_problem,
@@ -578,12 +589,17 @@ def pinned_node(pod: snapshot.Pod) -> str | None:
     return names.pop() if len(names) == 1 else None
 
 
-def in_flight(view: PodView) -> bool:
+def in_flight(view: PodView, claims: Mapping[str, ClaimRead]) -> bool:
     """A pod with DRA claims the controller pinned and let go that kube-scheduler has not yet
-    bound (nor found no node for): its claims are being allocated from the placements listed
-    first on its node. It is planned again, pinned there, so that its planned placements stay
-    in the node's target and go to no other pod until its claims' allocation makes them used
-    instances (a plan between the pin and the allocation would otherwise give them away)."""
+    bound (nor found no node for) nor allocated any claim of (``claims``: the ResourceClaims
+    by key; a template's claim as the pod's status names it): its claims are being allocated
+    from the placements listed first on its node. It is planned again, pinned there, so that
+    its planned placements stay in the node's target and go to no other pod until its claims'
+    allocation makes them used instances (a plan between the pin and the allocation would
+    otherwise give them away); once allocated, its claims' devices count instead."""
+    keys = [*(r.claim for r in view.claims if r.claim is not None), *view.made_claims]
+    if any(k in claims and claims[k].allocated for k in keys):
+        return False
     return (
         bool(view.claims)
         and view.dra_base is not None
@@ -985,7 +1001,7 @@ def observe(
     claimed = [
         p
         for p in pod_map.values()
-        if p.claims and (p.waiting or in_flight(p)) and p.key not in reservations
+        if p.claims and (p.waiting or in_flight(p, claims or {})) and p.key not in reservations
     ]
     if claimed:
         models = dra_models(node_map.values(), layouts_by_node)
