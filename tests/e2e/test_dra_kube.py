@@ -54,8 +54,9 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from migpilot.agent.dra import placements, publishing
 from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
+from migpilot.gpu import emulated
 from migpilot.mig import catalog, profiles
-from tests.kube import controlplane, kwokstages, system, tools
+from tests.kube import controlplane, crds, kwokstages, system, tools
 from tests.kube.drakubelet import DraKubelet
 from tests.kube.scenes import container
 
@@ -67,6 +68,8 @@ DRA_NODE = "dra-h100"
 DP_NODE = "dp-a100"
 H100 = catalog.resolve_gpu("h100-80gb")
 WAIT_S = 120.0
+GATE = "migpilot.io/plan"
+"""The scheduling gate migpilot's webhook adds and its controller removes."""
 GIB = 1024
 T = TypeVar("T")
 
@@ -121,8 +124,11 @@ class Cluster:
         lines.append(f"emulated GPU: {self.instances()}")
         return "\n".join(lines) + "\n" + self.system.logs()
 
-    def pod(self, name: str, template: str, *, claim: str | None = None) -> None:
-        """A pod with one claim: from ``template``, or the ResourceClaim ``claim``."""
+    def pod(
+        self, name: str, template: str, *, claim: str | None = None, gated: bool = False
+    ) -> None:
+        """A pod with one claim: from ``template``, or the ResourceClaim ``claim``; ``gated``:
+        held by migpilot's gate (``migpilot.io/plan``), as its webhook gates pods."""
         source = (
             PodResourceClaim(name="mig", resourceClaimName=claim)
             if claim is not None
@@ -140,9 +146,37 @@ class Cluster:
                         )
                     ],
                     resourceClaims=[source],
+                    schedulingGates=[PodSchedulingGate(name=GATE)] if gated else None,
                 ),
             )
         )
+
+    def spec_instances(self) -> set[tuple[int, str, int, str | None]]:
+        """The DRA node's GpuLayout spec: (GPU, profile, start, reservedFor)."""
+        doc = self.client.get(crds.GpuLayout, DRA_NODE).to_dict()
+        layout = wire.parse(doc)
+        return {
+            (g.index, i.profile, i.start, i.reserved_for)
+            for g in layout.spec.gpus
+            for i in g.instances
+        }
+
+    def make_free_instances(self, instances: tuple[tuple[str, int], ...]) -> None:
+        """Instances on the DRA node's GPU 0 that nobody uses, as an admin, a crash or the
+        node's device-plugin days could leave them: made on the emulated GPU while the agent is
+        stopped (in DRA mode the agent makes nothing from its spec), kept by a spec that lists
+        them (a free instance the spec does not hold is destroyed)."""
+        self.layout(instances)
+        registered = self.kubelet.registrations()
+        self.stop_dra_agent()
+        gpus = emulated.EmulatedBackend(state_path=self.root / f"{DRA_NODE}.json")
+        try:
+            for profile, start in instances:
+                gpus.create_instance(0, profile=profile, start=start)
+        finally:
+            gpus.close()
+        self.start_dra_agent()
+        self.wait(lambda: self.kubelet.registrations() > registered, "the new plugin registered")
 
     def phase(self, name: str) -> tuple[str, str | None]:
         got = self.client.get(Pod, name, namespace=self.namespace)
@@ -523,11 +557,11 @@ def test_an_agent_restart_keeps_the_claims_instances_and_serves_on(dra: Cluster)
 def test_free_instances_left_on_the_node_are_taken_by_the_claims_allocated_there(
     dra: Cluster,
 ) -> None:
-    """Instances nobody uses (here a GpuLayout's 1g.10gb at 0 and 3g.40gb at 4) are offered
+    """Instances nobody uses (here a 1g.10gb at 0 and a 3g.40gb at 4) are offered
     like any placement: a claim allocated exactly the 1g.10gb at 0 gets that instance, and one
     allocated the 1g.10gb at 4 (a claim by attribute: ``start == 4``) gets the 3g.40gb there
     destroyed and its own made. Neither stays pending in the kubelet."""
-    dra.layout((("1g.10gb", 0), ("3g.40gb", 4)))
+    dra.make_free_instances((("1g.10gb", 0), ("3g.40gb", 4)))
     try:
 
         def offered() -> dict[tuple[int, str, int], str | None] | None:
@@ -549,7 +583,7 @@ def test_free_instances_left_on_the_node_are_taken_by_the_claims_allocated_there
         assert dra.allocated("over") == "gpu-0-mig-1g-10gb-4"
         assert dra.instances() == {(0, "1g.10gb", 0), (0, "1g.10gb", 4)}
     finally:
-        dra.layout(())  # the reconciler makes nothing once the claims' instances are gone
+        dra.layout(())
 
 
 def _listed_first(cluster: Cluster) -> list[str] | None:
@@ -628,3 +662,36 @@ def test_the_device_plugin_node_beside_serves_mig_pods(dra: Cluster) -> None:
     assert not [k for k in allocatable if k.startswith("nvidia.com/")]
     dra.pod("beside", "mig-1g-10gb")  # and the DRA node serves claims meanwhile
     dra.wait(lambda: dra.phase("beside") == ("Running", DRA_NODE), "the DRA pod Running")
+
+
+def test_a_gated_pod_is_planned_pinned_ungated_and_allocated_its_planned_placement(
+    dra: Cluster,
+) -> None:
+    """The controller's side of steering: a pod held by migpilot's gate with a claim by memory
+    (20 GiB) is planned on the DRA node (never on the device-plugin node beside it), the target
+    written into the node's GpuLayout spec with nothing reserved, the pod pinned there and
+    ungated; the agent lists the planned placement first and makes nothing, and the real
+    kube-scheduler allocates exactly the planned placement (the smallest fitting profile,
+    ``3g.40gb``), which the plugin then makes."""
+    dra.pod("steered", "mig-20gi", gated=True)
+    dra.wait(lambda: dra.phase("steered")[0] == "Running", "the steered pod Running")
+    pod = dra.client.get(Pod, "steered", namespace=dra.namespace)
+    assert pod.spec is not None and not pod.spec.schedulingGates
+    assert pod.spec.nodeName == DRA_NODE
+    affinity = pod.spec.affinity
+    assert affinity is not None and affinity.nodeAffinity is not None
+    required = affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution
+    assert required is not None
+    assert [
+        (f.key, f.operator, f.values)
+        for term in required.nodeSelectorTerms
+        for f in term.matchFields or ()
+    ] == [("metadata.name", "In", [DRA_NODE])]
+    device = dra.allocated("steered")
+    assert device is not None
+    gpu, profile, start = _placement(device)
+    assert profile == "3g.40gb"
+    # the planned placement, unreserved, is what kube-scheduler allocated
+    assert (gpu, profile, start, None) in dra.spec_instances()
+    assert all(reserved is None for *_, reserved in dra.spec_instances())
+    assert dra.instances() == {(gpu, profile, start)}

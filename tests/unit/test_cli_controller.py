@@ -28,6 +28,7 @@ def test_defaults() -> None:
     assert (c.lease_namespace, c.lease_name) == ("migpilot-system", "migpilot-controller")
     assert c.policy is snapshot.Policy.BINPACK
     assert c.gpu_policy is snapshot.Policy.SPREAD
+    assert c.dra_scoring == "LeastAllocated"
 
 
 def test_flags(tmp_path: Path) -> None:
@@ -43,6 +44,8 @@ def test_flags(tmp_path: Path) -> None:
             "spread",
             "--gpu-policy",
             "binpack",
+            "--dra-scoring-strategy",
+            "MostAllocated",
             "--metrics-port",
             "0",
             "--lease-namespace",
@@ -64,6 +67,7 @@ def test_flags(tmp_path: Path) -> None:
     )
     assert c.reservation_timeout_s == 5.0
     assert c.gpu_policy is snapshot.Policy.BINPACK
+    assert c.dra_scoring == "MostAllocated"
 
 
 @pytest.mark.parametrize(

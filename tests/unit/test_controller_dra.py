@@ -190,8 +190,10 @@ def test_a_waiting_pod_with_a_profile_claim_is_a_planner_pod_kept_to_dra_nodes()
     assert pod.mig == (snapshot.MigRequest("1g.10gb", 1),)
     assert pod.cpu_milli == 2000
     assert pod.affinity == ((MODE_DRA,),)
-    # never among the pods planned onto device-plugin nodes
-    assert observed.snapshot.pods == ()
+    # planned as a DRA pod (only DRA nodes serve it), nodes spread and GPUs packed by default
+    assert observed.snapshot.pods == (pod,)
+    assert pod.dra
+    assert (pod.node_policy, pod.gpu_policy) == (snapshot.Policy.SPREAD, snapshot.Policy.BINPACK)
     assert dict(observed.dra_unplanned) == {}
 
 
@@ -307,6 +309,10 @@ def _events(api: kubeapi.InMemoryApi, pod: str) -> list[tuple[str, str]]:
     return [(e.reason, e.message) for e in api.events if e.name == pod]
 
 
+def _not_planned(api: kubeapi.InMemoryApi, pod: str) -> list[tuple[str, str]]:
+    return [e for e in _events(api, pod) if e[0] == "MigDraNotPlanned"]
+
+
 def test_the_controller_watches_templates_and_claims_and_tells_once() -> None:
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _template("mig-1g-10gb"))
@@ -318,18 +324,18 @@ def test_the_controller_watches_templates_and_claims_and_tells_once() -> None:
             "the good pod read",
             lambda: [p.key for p in controller.observe().dra_pods] == ["ns/good"],
         )
-        await _until("late told", lambda: bool(_events(api, "late")))
+        await _until("late told", lambda: bool(_not_planned(api, "late")))
         await _passes(controller)
-        ((reason, message),) = _events(api, "late")  # once, however many passes
+        ((reason, message),) = _not_planned(api, "late")  # once, however many passes
         assert reason == "MigDraNotPlanned" and "ResourceClaim ns/c not found" in message
-        assert _events(api, "good") == []
+        assert _not_planned(api, "good") == []
         # the claim comes, one the planner cannot read: told the new reason
         await api.put(
             kubeobjects.Kind.RESOURCECLAIMS,
             _claim_doc("c", 'device.attributes["mig.migpilot.io"].profile != "1g.10gb"'),
         )
-        await _until("late told again", lambda: len(_events(api, "late")) == 2)
-        assert "left to kube-scheduler" in _events(api, "late")[1][1]
+        await _until("late told again", lambda: len(_not_planned(api, "late")) == 2)
+        assert "left to kube-scheduler" in _not_planned(api, "late")[1][1]
         # ... and let go to kube-scheduler, which finds no node for it
         await _until("late let go", lambda: "schedulingGates" not in _pod_spec(api, "ns/late"))
         await api.put(kubeobjects.Kind.PODS, _dra_pod("late", claim="c"))
@@ -346,8 +352,11 @@ def test_the_controller_watches_templates_and_claims_and_tells_once() -> None:
             "good dropped", lambda: [p.key for p in controller.observe().dra_pods] == ["ns/late"]
         )
         await _passes(controller)
-        assert _events(api, "good") == []
-        assert len(_events(api, "late")) == 2
+        assert _not_planned(api, "good") == []
+        assert len(_not_planned(api, "late")) == 2
+        # planned (no DRA node here): told it waits, with the planner's reason in profiles
+        ((_, waits),) = set(e for e in _events(api, "good") if e[0] == "MigWaiting")
+        assert "MIG profile" in waits or "MIG placements" in waits
         assert [k for k, _ in api.pod_patches] == ["ns/late"]  # the one let go, nothing pinned
 
     _run(body)

@@ -107,9 +107,10 @@ def test_a_node_in_an_unknown_mode_is_not_planned_and_the_pod_waits() -> None:
     _run(body)
 
 
-def test_a_node_in_dra_mode_is_left_to_kube_scheduler() -> None:
-    """A node labelled migpilot.io/mode=dra publishes DRA devices (docs/dra.md): the planners
-    leave it alone, as a node in mode none, with no warning."""
+def test_a_node_in_dra_mode_serves_no_mps_pod() -> None:
+    """A node labelled migpilot.io/mode=dra publishes DRA devices (docs/dra.md): it is planned
+    for pods with DRA claims only (once its agent reports its GPUs; until then it is named
+    unplanned, as any node), never given an MPS slice, with no warning."""
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         dra = _node("d1")
@@ -120,7 +121,7 @@ def test_a_node_in_dra_mode_is_left_to_kube_scheduler() -> None:
         await _until("observed", lambda: "ns/c" in controller.observe().pods)
         obs = controller.observe()
         assert not obs.snapshot.nodes
-        assert not any("d1" in u for u in obs.unplanned), obs.unplanned
+        assert obs.unplanned == ("d1: its agent has not reported its GPUs yet",)
         await asyncio.sleep(0.1)
         assert not [e for e in api.events if e.kind == "Node"]
         assert not _slices(api, "d1")

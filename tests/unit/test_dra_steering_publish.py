@@ -454,7 +454,10 @@ def _state() -> dict[int, Any]:
 # --- the spec in DRA mode ----------------------------------------------------------------------
 
 
-def test_in_dra_mode_the_reserved_instances_are_left_to_the_plugin() -> None:
+def test_in_dra_mode_no_instance_of_the_spec_is_made() -> None:
+    """The spec is the planner's target, reserved for pods or not (the controller writes a DRA
+    node's target without reservations): the plugin makes each placement kube-scheduler
+    allocates, so the agent makes none; one already there is kept, free."""
     spec = gpulayouts.LayoutSpec(
         (
             gpulayouts.GpuSpec(
@@ -463,16 +466,20 @@ def test_in_dra_mode_the_reserved_instances_are_left_to_the_plugin() -> None:
                 (
                     gpulayouts.InstanceSpec("3g.40gb", 4, "ns/a"),  # planned for a pod
                     gpulayouts.InstanceSpec("1g.10gb", 0, "ns/b"),  # planned, already there
-                    gpulayouts.InstanceSpec("1g.10gb", 1),  # an admin's: made, as anywhere
+                    gpulayouts.InstanceSpec("1g.10gb", 1),  # the target, unreserved: not made
+                    gpulayouts.InstanceSpec("1g.10gb", 2),  # unreserved, already there
                 ),
             ),
         )
     )
-    there = backend.MigDevice(0, 1, 0, "1g.10gb", 0, "MIG-x")
-    got = desired.for_dra(spec, current={0: [there]})
+    there = [
+        backend.MigDevice(0, 1, 0, "1g.10gb", 0, "MIG-x"),
+        backend.MigDevice(0, 2, 0, "1g.10gb", 2, "MIG-y"),
+    ]
+    got = desired.for_dra(spec, current={0: there})
     assert got.gpus[0].instances == (
         gpulayouts.InstanceSpec("1g.10gb", 0),  # kept, not reserved: free, offered
-        gpulayouts.InstanceSpec("1g.10gb", 1),
+        gpulayouts.InstanceSpec("1g.10gb", 2),
     )
 
 
@@ -535,11 +542,11 @@ def test_an_agent_in_dra_mode_lists_its_gpulayouts_plan_first_while_the_lease_is
         api.server.put(objects.Kind.LEASES, lease(RENEWED))
         assert agent.reconcile().converged
         made = {(d.profile, d.start) for d in gpus.mig_devices(0)}
-        assert made == {("1g.10gb", 1)}  # the reserved ones are the DRA plugin's to make
+        assert made == set()  # the target's placements are the DRA plugin's to make
         docs = sorted(api.server.objects[K].values(), key=objects.name_of)
         assert slices(docs)[FIRST] == [
             name(0, "1g.10gb", 0),
-            name(0, "1g.10gb", 1),  # a free instance the spec lists: offered first too
+            name(0, "1g.10gb", 1),  # reserved for no pod (as the controller writes it): first too
             name(0, "3g.40gb", 4),
         ]
         layout = api.layout(NODE)

@@ -1082,7 +1082,10 @@ def _serve(
         if slices is not None:
             slices.use_from(in_use.in_use)
             dra_steering(slices, cluster, settings.cluster)
-            listener = running.Listeners([listener, slices])
+            # Slices first, then the GpuLayout status: once the status reports the spec's
+            # generation acted on, the controller may let go the pods it steers to the target,
+            # which the slices must then list first (controller/pinning.listed).
+            listener = running.Listeners([slices, listener])
         if plugin is None and cdi_writer is not None:
             # The stand-in kubelet publishes the Node's counts when told of the pass: the spec
             # is written first.

@@ -15,7 +15,7 @@ from typing import IO
 from migpilot import errors, logs
 from migpilot.api import leases
 from migpilot.controller import running, serving
-from migpilot.planning import snapshot
+from migpilot.planning import draclaims, snapshot
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -87,6 +87,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=snapshot.Policy.SPREAD.value,
         help="the GPU policy of pods whose hami.io/gpu-scheduler-policy names none "
         "(default: spread)",
+    )
+    p.add_argument(
+        "--dra-scoring-strategy",
+        choices=[x.value for x in draclaims.Scoring],
+        default=draclaims.Scoring.LEAST_ALLOCATED.value,
+        help="kube-scheduler's NodeResourcesFit scoring strategy: pods with DRA claims are "
+        "planned on DRA nodes spread (LeastAllocated, the default) or packed (MostAllocated)",
     )
     p.add_argument(
         "--metrics-port",
@@ -185,6 +192,7 @@ def settings_from(args: argparse.Namespace) -> serving.ServeSettings:
             lease_timeout_s=args.lease_timeout,
             policy=snapshot.Policy(args.node_policy),
             gpu_policy=snapshot.Policy(args.gpu_policy),
+            dra_scoring=args.dra_scoring_strategy,
         ),
         kubeconfig=args.kubeconfig,
         metrics_port=args.metrics_port or None,

@@ -18,9 +18,12 @@ Kubernetes objects (raw JSON, as the API returns them) to :mod:`migpilot.plannin
   created while no controller held the Lease, ungated pods kube-scheduler marked Unschedulable;
   a pod holding a live reservation is not pending again (it is never planned twice).
 - a waiting pod whose **DRA claims** ask for migpilot's devices is read from its
-  ResourceClaims and ResourceClaimTemplates (:func:`dra_pod`) into
-  :attr:`Observed.dra_pods`, apart from the pending pods: DRA nodes are not planned yet, and
-  such a pod must never be planned onto a device-plugin node.
+  ResourceClaims and ResourceClaimTemplates (:func:`dra_pod`) as a pending pod that only a
+  node in DRA mode serves (:attr:`snapshot.Pod.dra`; such a node serves no other pod), planned
+  with the node policy kube-scheduler's score stands for and GPUs packed;
+- a **DRA node**'s GPUs (label ``migpilot.io/mode=dra``) are read as any node's, with every
+  device a ResourceClaim is allocated there a used instance, made or not (:func:`dra_gpus`);
+  its bound pods ask for no ``nvidia.com/*`` resource, so their claims count them.
 
 Nodes labelled ``nvidia.com/mig.config`` are laid out statically (mig-manager's way): they are
 not planned, and their free capacity is offered as it is (:func:`static_fit`).
@@ -43,7 +46,7 @@ from typing import Any
 from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.controller import translating
-from migpilot.mig import catalog, layouts, profiles
+from migpilot.mig import catalog, dra, layouts, profiles
 from migpilot.planning import constraints, draclaims, interpod, modes, snapshot, unified
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import mps as sharing_mps
@@ -128,6 +131,9 @@ class PodView:
     dra_problem: str | None = None
     """Why a pod with claims cannot be planned whatever they ask (a node affinity migpilot
     does not read, amounts it cannot read); ``None`` otherwise."""
+    made_claims: tuple[str, ...] = ()
+    """The ResourceClaims made for it from its templates, by key, as its
+    ``status.resourceClaimStatuses`` names them."""
 
     @property
     def planned(self) -> snapshot.Pod | None:
@@ -245,6 +251,13 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         except errors.MigpilotError as err:
             whole_problem = str(err)
     claims = claim_refs(spec, namespace=str(meta.get("namespace", "default")))
+    made_claims = tuple(
+        sorted(
+            f"{meta.get('namespace', 'default')}/{name}"
+            for c in _seq(status.get("resourceClaimStatuses"))
+            if isinstance(name := _map(c).get("resourceClaimName"), str) and name
+        )
+    )
     dra_base: snapshot.Pod | None = None
     dra_problem: str | None = None
     if claims:
@@ -259,6 +272,7 @@ def pod_view(doc: Mapping[str, Any]) -> PodView:
         except errors.MigpilotError as err:
             dra_problem = str(err)
     return PodView(
+        made_claims=made_claims,
         claims=claims,
         dra_base=dra_base,
         dra_problem=dra_problem,
@@ -413,6 +427,10 @@ class ClaimRead:
     """What it asks (:func:`draclaims.parse_claim_spec`); ``None`` when :attr:`problem` says
     why the planner cannot read it."""
     problem: str | None = None
+    allocated: tuple[tuple[str, str], ...] = ()
+    """A ResourceClaim's devices of migpilot's driver that kube-scheduler allocated
+    (``status.allocation.devices.results``), as (pool, device): the pool is the node's name,
+    the device a placement's name (``gpu-0-mig-3g-40gb-4``). Empty for a template."""
 
 
 def claim_read(doc: Mapping[str, Any], *, template: bool) -> ClaimRead:
@@ -424,11 +442,25 @@ def claim_read(doc: Mapping[str, Any], *, template: bool) -> ClaimRead:
     spec: Any = _map(doc.get("spec"))
     if template:
         spec = _map(spec).get("spec")
+    allocated = () if template else _allocated(doc)
     try:
         read = draclaims.parse_claim_spec(spec, where=where)
     except draclaims.NotUnderstood as err:
-        return ClaimRead(_names_our_class(spec), None, str(err))
-    return ClaimRead(bool(read.requests), read)
+        return ClaimRead(_names_our_class(spec), None, str(err), allocated)
+    return ClaimRead(bool(read.requests), read, allocated=allocated)
+
+
+def _allocated(doc: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(pool, device) of each result of migpilot's driver in a claim's allocation, sorted; a
+    malformed result is skipped (read tolerantly: the API server wrote it)."""
+    allocation = _map(_map(doc.get("status")).get("allocation"))
+    out: set[tuple[str, str]] = set()
+    for r in _seq(_map(allocation.get("devices")).get("results")):
+        r = _map(r)
+        pool, device = r.get("pool"), r.get("device")
+        if r.get("driver") == dra.DRIVER and isinstance(pool, str) and isinstance(device, str):
+            out.add((pool, device))
+    return tuple(sorted(out))
 
 
 def _names_our_class(spec: Any) -> bool:
@@ -463,6 +495,7 @@ def dra_pod(
     claims: Mapping[str, ClaimRead],
     templates: Mapping[str, ClaimRead],
     nodes_of_model: Mapping[str, tuple[str, ...]],
+    policy: snapshot.Policy = snapshot.Policy.SPREAD,
 ) -> DraAsk | None:
     """``view``'s claims as the planner's pod (``claims`` and ``templates`` by key, as
     :func:`claim_read` read them; ``nodes_of_model``: the DRA nodes with GPUs of each model, by
@@ -473,7 +506,15 @@ def dra_pod(
     shows to be migpilot's (``None`` for any other: it may be another driver's); a claim of
     migpilot's devices the planner cannot read (:class:`draclaims.NotUnderstood`: left to
     kube-scheduler's first fit rather than planned wrong); claims the planner cannot plan
-    together (:func:`draclaims.planner_requests`); or a pod the planner cannot read otherwise."""
+    together (:func:`draclaims.planner_requests`); whole GPUs (DRA nodes plan MIG placements
+    only); or a pod the planner cannot read otherwise.
+
+    The pod is :attr:`snapshot.Pod.dra` and planned with the node policy ``policy`` (the one
+    kube-scheduler's ``NodeResourcesFit`` score stands for: :func:`draclaims.node_policy`) and
+    the GPU policy binpack, whatever the planner's defaults for other pods: kube-scheduler picks
+    the node by its own score among those where the claims fit, so the plan must pick the same
+    node, and packing GPUs keeps whole GPUs free for the largest profiles, which kube-scheduler
+    has no score for (``docs/dra.md``, "Which planner policy")."""
     reads: list[ClaimRead] = []
     missing: list[str] = []
     for ref in view.claims:
@@ -517,16 +558,57 @@ def dra_pod(
         names = nodes_of_model.get(asked.model, ())
         keep += (snapshot.Requirement(snapshot.NODE_NAME_FIELD, "In", names, field=True),)
     requests = asked.requests
+    if requests.whole:
+        why = f"pod {view.key}: asks for whole GPUs, which migpilot does not plan on DRA nodes"
+        return DraAsk(None, f"not planned (left to kube-scheduler): {why}", final=True)
     pod = dataclasses.replace(
         base,
         mig=requests.mig,
         unified=requests.unified,
-        whole=requests.whole,
+        dra=True,
+        node_policy=policy,
+        gpu_policy=snapshot.Policy.BINPACK,
         # Every term of its own node affinity, and these: kube-scheduler allocates all of a
         # pod's claims on its node, and only a DRA node publishes migpilot's devices.
         affinity=tuple(t + keep for t in (base.affinity or ((),))),
     )
     return DraAsk(pod)
+
+
+def pinned_node(pod: snapshot.Pod) -> str | None:
+    """The node ``pod``'s required node affinity confines it to by name (every term names the
+    same one node, as the controller's pin leaves it), or ``None``."""
+    if not pod.affinity:
+        return None
+    names: set[str] = set()
+    for term in pod.affinity:
+        named = {r.values[0] for r in term if r.field and r.operator == "In"}
+        if len(named) != 1:
+            return None
+        names |= named
+    return names.pop() if len(names) == 1 else None
+
+
+def in_flight(view: PodView, claims: Mapping[str, ClaimRead]) -> bool:
+    """A pod with DRA claims the controller pinned and let go that kube-scheduler has not yet
+    bound (nor found no node for) nor allocated any claim of (``claims``: the ResourceClaims
+    by key; a template's claim as the pod's status names it): its claims are being allocated
+    from the placements listed first on its node. It is planned again, pinned there, so that
+    its planned placements stay in the node's target and go to no other pod until its claims'
+    allocation makes them used instances (a plan between the pin and the allocation would
+    otherwise give them away); once allocated, its claims' devices count instead."""
+    keys = [*(r.claim for r in view.claims if r.claim is not None), *view.made_claims]
+    if any(k in claims and claims[k].allocated for k in keys):
+        return False
+    return (
+        bool(view.claims)
+        and view.dra_base is not None
+        and not view.node
+        and not view.done
+        and not view.gates
+        and not view.unschedulable
+        and pinned_node(view.dra_base) is not None
+    )
 
 
 def dra_models(
@@ -688,10 +770,9 @@ class Observed:
     """Nodes left out for a problem an admin must fix (an unknown ``migpilot.io/mode``, a GPU
     model the catalog lacks), and the problem: a Warning event on the Node."""
     dra_pods: tuple[_PlannerPod, ...] = ()
-    """Waiting pods whose DRA claims ask for migpilot's devices, as the planner would plan them
-    (:func:`dra_pod`), oldest first. Not in :attr:`snapshot`: DRA nodes are not planned yet
-    (``docs/dra.md``, "What is next"), and these pods must never be planned onto a
-    device-plugin node."""
+    """Waiting pods whose DRA claims ask for migpilot's devices, as the planner plans them
+    (:func:`dra_pod`: :attr:`snapshot.Pod.dra`, kept to DRA nodes), oldest first; they are
+    among :attr:`snapshot`'s pods too."""
     dra_unplanned: Mapping[str, str] = field(default_factory=dict)
     """Waiting pods with DRA claims that are not planned, and why (:func:`dra_pod`)."""
     dra_refused: frozenset[str] = frozenset()
@@ -714,6 +795,7 @@ def observe(
     cache: NodeCache | None = None,
     claims: Mapping[str, ClaimRead] | None = None,
     templates: Mapping[str, ClaimRead] | None = None,
+    dra_policy: snapshot.Policy = snapshot.Policy.SPREAD,
 ) -> Observed:
     """Read the cluster into an :class:`Observed` (see the module for the rules).
 
@@ -724,7 +806,9 @@ def observe(
     thousands of nodes, where most nodes do not change between two passes.
 
     ``claims`` and ``templates``: the ResourceClaims and ResourceClaimTemplates by key, as
-    :func:`claim_read` read them, for the pods with DRA claims (:attr:`Observed.dra_pods`)."""
+    :func:`claim_read` read them, for the pods with DRA claims (:attr:`Observed.dra_pods`) and
+    the devices allocated on DRA nodes; ``dra_policy``: the node policy DRA pods are planned
+    with (:func:`dra_pod`)."""
     pod_map = {p.key: p for p in pods}
     node_map = {n.name: n for n in nodes}
     bound: dict[str, Counter[str]] = {}
@@ -801,6 +885,11 @@ def observe(
         live_by_node.setdefault(r.node, set()).update(r.instances)
         live_slices.setdefault(r.node, set()).update((g, i, r.pod) for g, i, _ in r.slices)
         live_replicas.setdefault(r.node, set()).update(r.replicas)
+    # The devices kube-scheduler allocated on each DRA node (its pool is named after it).
+    allocated_on: dict[str, set[str]] = {}
+    for read in (claims or {}).values():
+        for pool, device in read.allocated:
+            allocated_on.setdefault(pool, set()).add(device)
     planned: list[snapshot.Node] = []
     unplanned: list[str] = []
     broken: dict[str, str] = {}
@@ -820,8 +909,9 @@ def observe(
             unplanned.append(f"{name}: {err}")
             broken[name] = str(err)
             continue
-        if mode in (modes.Mode.NONE, modes.Mode.DRA):  # not served by the planners' resources
+        if mode is modes.Mode.NONE:  # not served by the planners' resources
             continue
+        on_dra = mode is modes.Mode.DRA
         if found is None or found.status is None:
             if view.mig_capable or mode is not modes.Mode.MIG:
                 unplanned.append(f"{name}: its agent has not reported its GPUs yet")
@@ -833,7 +923,10 @@ def observe(
         live_mps = frozenset(live_slices.get(name, ()))
         live_reps = frozenset(live_replicas.get(name, ()))
         kept_whole = frozenset(live_whole.get(name, ()))
-        holding = bound.get(name, Counter())
+        # A DRA node's bound pods ask for no nvidia.com/* resource: their claims' allocated
+        # devices count instead.
+        holding = bound.get(name, Counter()) if not on_dra else Counter()
+        allocated = frozenset(allocated_on.get(name, ())) if on_dra else frozenset()
         inputs = (
             view,
             found,
@@ -845,6 +938,7 @@ def observe(
             bound_gpus[name] + bound_whole[name] - bound_reserved[name],
             used_cpu[name],
             used_mem[name],
+            allocated,
         )
         hit = cache.get(name) if cache is not None else None
         if hit is not None and _same(hit[0], inputs):
@@ -854,6 +948,8 @@ def observe(
         dynamic = modes.dynamic_mig(view.labels) and mode is modes.Mode.MIG
         try:
             gpus = node_gpus(found, reserved=live, bound=holding)
+            if on_dra:
+                gpus = dra_gpus(gpus, allocated=allocated)
             if dynamic:
                 gpus = whole_gpus(found, gpus, bound=bound_whole[name], reserved=kept_whole)
             if mode is modes.Mode.MPS:
@@ -886,7 +982,9 @@ def observe(
             unschedulable=view.unschedulable,
             allocatable=alloc,
             gpus=gpus,
-            mode=mode,
+            # The planners partition a DRA node's GPUs as a MIG node's; its label keeps it to
+            # DRA pods (constraints.rejection).
+            mode=modes.Mode.MIG if on_dra else mode,
             dynamic=dynamic,
         )
         fresh[name] = (inputs, made)
@@ -897,6 +995,39 @@ def observe(
     waiting = [
         p for p in pod_map.values() if p.waiting and p.pod is not None and p.key not in reservations
     ]
+    dra_pods: list[snapshot.Pod] = []
+    dra_unplanned: dict[str, str] = {}
+    dra_refused: set[str] = set()
+    claimed = [
+        p
+        for p in pod_map.values()
+        if p.claims and (p.waiting or in_flight(p, claims or {})) and p.key not in reservations
+    ]
+    if claimed:
+        models = dra_models(node_map.values(), layouts_by_node)
+        for p in sorted(claimed, key=lambda p: (p.created, p.key)):
+            ask = dra_pod(
+                p,
+                claims=claims or {},
+                templates=templates or {},
+                nodes_of_model=models,
+                policy=dra_policy,
+            )
+            if ask is None:
+                continue
+            if ask.pod is not None and p.pod is not None:
+                # It asks for nvidia.com/* resources too, which no DRA node advertises: planned
+                # as the device plugin's pod only (where its claims may not be allocatable).
+                dra_unplanned[p.key] = (
+                    "not planned on DRA nodes: it also asks for resources of the device plugin"
+                )
+            elif ask.pod is not None:
+                dra_pods.append(ask.pod)
+                waiting.append(dataclasses.replace(p, pod=ask.pod))
+            else:
+                dra_unplanned[p.key] = ask.problem or "not planned"
+                if ask.final:
+                    dra_refused.add(p.key)
     waiting.sort(key=lambda p: (p.created, p.key))
     pending = tuple(p.pod for p in waiting if p.pod is not None)
     # Whole-GPU pods kube-scheduler could not place are planned only when a node may switch a
@@ -940,25 +1071,6 @@ def observe(
         for v in node_map.values()
         if v.name not in planned_names
     )
-    dra_pods: list[snapshot.Pod] = []
-    dra_unplanned: dict[str, str] = {}
-    dra_refused: set[str] = set()
-    claimed = sorted(
-        (p for p in pod_map.values() if p.claims and p.waiting and p.key not in reservations),
-        key=lambda p: (p.created, p.key),
-    )
-    if claimed:
-        models = dra_models(node_map.values(), layouts_by_node)
-        for p in claimed:
-            ask = dra_pod(p, claims=claims or {}, templates=templates or {}, nodes_of_model=models)
-            if ask is None:
-                continue
-            if ask.pod is not None:
-                dra_pods.append(ask.pod)
-            else:
-                dra_unplanned[p.key] = ask.problem or "not planned"
-                if ask.final:
-                    dra_refused.add(p.key)
     return Observed(
         dra_refused=frozenset(dra_refused),
         dra_pods=tuple(dra_pods),
@@ -1066,6 +1178,61 @@ def node_gpus(
         )
         for index, model, insts, _ in out
     )
+
+
+def dra_gpus(
+    gpus: tuple[snapshot.Gpu, ...], *, allocated: Iterable[str]
+) -> tuple[snapshot.Gpu, ...]:
+    """The GPUs of a node in DRA mode (label ``migpilot.io/mode=dra``), as :func:`node_gpus`
+    read them from its GpuLayout, with every device a ResourceClaim is allocated there
+    (``allocated``: device names, as the kubelet plugin parses them) a used instance, made or
+    not: kube-scheduler gave it away, and the plugin makes it at NodePrepareResources. A free
+    instance overlapping one of them is left out (the plugin destroys it first). A GPU a claim
+    holds whole (MIG off) is left out: DRA nodes plan MIG placements only. So is a GPU whose
+    used instances overlap each other (a moment between an allocation and the agent's report
+    of an instance going): it is planned again at the next pass. A device name that names no
+    placement of the node (an allocation older than the node's GPUs) is skipped."""
+    models = {g.index: g.model for g in gpus}
+    held: dict[int, set[tuple[int, str]]] = {}
+    whole: set[int] = set()
+    for name in sorted(set(allocated)):
+        whole_gpu = dra.parse_whole_gpu_name(name)
+        if whole_gpu is not None:
+            whole.add(whole_gpu.gpu)
+            continue
+        try:
+            placement = dra.parse_device_name(name, models)
+        except dra.PlacementError:
+            continue
+        held.setdefault(placement.gpu, set()).add((placement.start, placement.profile))
+    out: list[snapshot.Gpu] = []
+    for gpu in gpus:
+        if gpu.index in whole:
+            continue
+        taken = held.get(gpu.index)
+        if not taken:
+            out.append(gpu)
+            continue
+        used = taken | {(i.start, i.profile) for i in gpu.instances if i.used}
+        if layouts.violation(gpu.model, [layouts.Instance(s, p) for s, p in used]) is not None:
+            continue
+        insts = dict.fromkeys(used, True)
+        for i in gpu.instances:
+            k = (i.start, i.profile)
+            if k in insts:
+                continue
+            trial = [layouts.Instance(s, p) for s, p in (*insts, k)]
+            if layouts.violation(gpu.model, trial) is None:
+                insts[k] = False
+        out.append(
+            dataclasses.replace(
+                gpu,
+                instances=tuple(
+                    snapshot.ExistingInstance(p, s, u) for (s, p), u in sorted(insts.items())
+                ),
+            )
+        )
+    return tuple(out)
 
 
 def whole_gpus(

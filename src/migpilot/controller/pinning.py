@@ -13,6 +13,8 @@ keep the cluster safe are tested without a server:
   the node's advertised resources (:func:`asks`) and what bound pods and pods already let go
   take of them (:func:`taken`, kube-scheduler's own count, so the pod binds at once instead of
   waiting out the scheduler's back-off);
+- :func:`listed` tells when a DRA node's agent lists the target written for it, so the pods the
+  plan steers there may be pinned;
 - :func:`pin_patch` narrows a gated pod's required node affinity to that node and removes the
   gate (a JSON patch; narrowing is what the API allows on a gated pod); :func:`ungate_patch`
   removes the gate alone (for a pod no plan can serve, so kube-scheduler reports it too).
@@ -48,6 +50,7 @@ def spec_for(
     kept: Mapping[tuple[int, int, str], str],
     unified: frozenset[str] = frozenset(),
     layout: gpulayouts.GpuLayout | None = None,
+    unreserved: frozenset[str] = frozenset(),
 ) -> gpulayouts.LayoutSpec:
     """The spec the controller writes for ``node`` after ``plan``, in one pass: each GPU's
     target layout (or, on an MPS GPU, its target slices) from the plan, with ``reservedFor`` on
@@ -60,7 +63,10 @@ def spec_for(
     neither used nor kept), reserved beside the replicas its spec keeps for live pods (``kept``
     names those as (GPU, ``-1 - id``, ``"replica"``): :func:`kept_of`). On a dynamic node,
     each whole GPU the plan gives a whole-GPU pod, or a ``kept`` one ((GPU, 0, ``"whole"``)),
-    is written ``mig: false`` with ``reservedFor`` (``docs/migmode.md``).
+    is written ``mig: false`` with ``reservedFor`` (``docs/migmode.md``). The instances the plan
+    gives a pod of ``unreserved`` (pods asking through DRA claims) are written without
+    ``reservedFor``: they are the target kube-scheduler is steered to, which hands them out
+    itself (``docs/dra.md``).
 
     Raise :class:`GpuLayoutError` if the plan gives a pod an instance its target layout lacks,
     one instance or whole GPU to two pods, or a GPU in MIG mode after the plan as a whole GPU (a
@@ -105,6 +111,8 @@ def spec_for(
         for i in gp.layout.instances:
             targets[(gp.gpu, i.start)] = i.profile
             pod = given.get((gp.gpu, i.start)) or kept.get((gp.gpu, i.start, i.profile))
+            if pod in unreserved:
+                pod = None
             instances.append(
                 gpulayouts.InstanceSpec(i.profile, i.start, pod, _resource(pod, unified))
             )
@@ -335,6 +343,27 @@ def repaired(layout: gpulayouts.GpuLayout) -> gpulayouts.LayoutSpec:
     )
 
 
+def listed(layout: gpulayouts.GpuLayout | None, spec: gpulayouts.LayoutSpec) -> bool:
+    """Whether a DRA node's agent lists ``spec``'s placements first now: the node's GpuLayout
+    holds ``spec`` (the same instances, reservations included) and its agent has acted on it
+    (``status.observedGeneration`` has caught up with ``metadata.generation``; in DRA mode the
+    agent publishes its ResourceSlices before it reports). A pod the plan steers there is pinned
+    and let go only then: let go before, kube-scheduler allocates from the old listing (first
+    fit, not the plan), as the real scheduler did in ``tests/e2e/test_dra_kube.py``. Until then
+    the pod stays gated and is planned again; the agent's report is a change that brings the
+    next plan."""
+    if layout is None or layout.status is None or layout.generation is None:
+        return False
+    seen = layout.status.observed_generation
+    if seen is None or seen < layout.generation:
+        return False
+    return _instances(layout.spec) == _instances(spec)
+
+
+def _instances(spec: gpulayouts.LayoutSpec) -> set[tuple[int, int, str, str | None]]:
+    return {(g.index, i.start, i.profile, i.reserved_for) for g in spec.gpus for i in g.instances}
+
+
 def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpulayouts.LayoutSpec:
     """``spec`` with only the reservations of the ``live`` pods; each GPU keeps the MIG mode
     it asks for (a whole GPU released stays whole)."""
@@ -517,19 +546,12 @@ def signature(observed: observing.Observed, pod_key: str) -> tuple[object, ...]:
 
 def pinned_to(view: observing.PodView) -> str | None:
     """The node a pod's required node affinity confines it to by name (every term names the
-    same one node, as :func:`pin_patch` leaves it), or ``None``.
+    same one node, as :func:`pin_patch` leaves it), or ``None`` (:func:`observing.pinned_node`;
+    a pod with DRA claims by its own affinity).
 
     Such a pod can be bound nowhere else: its reservation there must outlive any wait."""
-    pod = view.planned
-    if pod is None or not pod.affinity:
-        return None
-    names: set[str] = set()
-    for term in pod.affinity:
-        named = {r.values[0] for r in term if r.field and r.operator == "In"}
-        if len(named) != 1:
-            return None
-        names |= named
-    return names.pop() if len(names) == 1 else None
+    pod = view.planned or view.dra_base
+    return observing.pinned_node(pod) if pod is not None else None
 
 
 def _existing(layout: gpulayouts.GpuLayout) -> set[tuple[int, int, str]]:

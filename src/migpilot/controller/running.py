@@ -51,7 +51,17 @@ from migpilot.api import gpulayouts, gpulayouts_wire, leases
 from migpilot.controller import kubeapi, metrics, observing, pinning, turnover
 from migpilot.kube import errors as kube_errors
 from migpilot.kube import objects as kubeobjects
-from migpilot.planning import control, fast, modes, options, plans, snapshot, unified, usage
+from migpilot.planning import (
+    control,
+    draclaims,
+    fast,
+    modes,
+    options,
+    plans,
+    snapshot,
+    unified,
+    usage,
+)
 
 _log = logging.getLogger("migpilot.controller")
 
@@ -121,10 +131,15 @@ class Settings:
     gpu_policy: snapshot.Policy = snapshot.Policy.SPREAD
     """The planner's GPU policy for pods that name none (``hami.io/gpu-scheduler-policy``).
     Default spread (HAMi's chart default)."""
+    dra_scoring: str = draclaims.Scoring.LEAST_ALLOCATED.value
+    """kube-scheduler's ``NodeResourcesFit`` scoring strategy (``LeastAllocated``, its default,
+    or ``MostAllocated``): pods asking through DRA claims are planned with the node policy it
+    stands for (spread, or binpack) and GPUs packed (``docs/dra.md``)."""
 
     def __post_init__(self) -> None:
         if not self.identity:
             raise errors.MigpilotError("the controller's identity must not be empty")
+        draclaims.node_policy(self.dra_scoring)  # names a strategy kube-scheduler has
         control.Settings(  # checks the window and the grace
             batch_window_s=self.batch_window_s, scale_out_after_s=self.scale_out_after_s
         )
@@ -630,6 +645,7 @@ class Controller:
             templates=self._store.templates,
             policy=self.settings.policy,
             gpu_policy=self.settings.gpu_policy,
+            dra_policy=draclaims.node_policy(self.settings.dra_scoring),
             cache=self._node_cache,
         )
 
@@ -705,7 +721,7 @@ class Controller:
             else "",
             seconds,
         )
-        await self._carry_out(observed, plan)
+        await self._carry_out(observed, plan, steered=decision.steered)
         await self._judge(decision.judged)
         # The backlog an incremental pass left out still waits, as the plan that found it so
         # judged it.
@@ -981,7 +997,16 @@ class Controller:
         if await self._patch_pod(key, pinning.pin_patch(entry[0], node)):
             _log.info("pod %s pinned to %s", key, node.name, extra={"pod": key, "node": node.name})
 
-    async def _carry_out(self, observed: observing.Observed, plan: plans.Plan) -> None:
+    async def _carry_out(
+        self,
+        observed: observing.Observed,
+        plan: plans.Plan,
+        *,
+        steered: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Write each node's spec the plan changes or places pods on; then pin and let go the
+        ``steered`` pods (:attr:`control.Decision.steered`) of each node whose spec was written
+        and whose agent already lists it (:func:`pinning.listed`)."""
         placed: dict[str, list[plans.Placement]] = {}
         for p in plan.placements:
             placed.setdefault(p.node, []).append(p)
@@ -991,6 +1016,10 @@ class Controller:
             | {s.node for s in plan.switches}
         )
         unified = frozenset(k for k, v in observed.pods.items() if v.unified)
+        dra = frozenset(p.key for p in observed.snapshot.pods if p.dra)
+        pins: dict[str, list[str]] = {}
+        for key, name in steered:
+            pins.setdefault(name, []).append(key)
         writes = []
         for node in observed.snapshot.nodes:
             if node.name not in changed and node.name not in placed:
@@ -998,7 +1027,12 @@ class Controller:
             kept = pinning.kept_of(observed.reservations.values(), node.name)
             try:
                 spec = pinning.spec_for(
-                    node, plan, kept=kept, unified=unified, layout=observed.layouts.get(node.name)
+                    node,
+                    plan,
+                    kept=kept,
+                    unified=unified,
+                    layout=observed.layouts.get(node.name),
+                    unreserved=dra,
                 )
             except errors.MigpilotError as err:  # a planner bug: never write such a spec
                 _log.error(
@@ -1032,6 +1066,11 @@ class Controller:
                     placed.get(node.name, []),
                     [a for a in plan.actions if a.node == node.name],
                     [a for a in plan.slice_actions if a.node == node.name],
+                    # Let go only once the node's agent lists this very target first; until
+                    # then they stay gated, planned again when the agent reports.
+                    steered=pins.get(node.name, ())
+                    if pinning.listed(observed.layouts.get(node.name), spec)
+                    else (),
                 )
             )
         await asyncio.gather(*writes)
@@ -1043,14 +1082,22 @@ class Controller:
         placements: list[plans.Placement],
         actions: list[plans.Action],
         slice_actions: list[plans.SliceAction] = [],  # noqa: B006 (never mutated)
+        *,
+        steered: Sequence[str] = (),
     ) -> None:
+        """Write node ``name``'s spec, then say what it reserves, or, for the ``steered`` pods
+        (DRA claims: nothing reserved), pin each to the node and let it go: the node's agent
+        lists the planned placements first, and kube-scheduler allocates them."""
         if not await self._write_spec(name, spec):
             # Nothing else will change for these pods: plan them again a batch window later.
             self._poke()
             return
         self.metrics.observe_written(actions, slice_actions)
         node = self._store.nodes.get(name)
-        if (actions or slice_actions) and node is not None:
+        dra_node = node is not None and node.labels.get(modes.MODE_LABEL) == modes.Mode.DRA.value
+        # A DRA node's agent makes nothing from its target (the DRA plugin makes each placement
+        # kube-scheduler allocates): no reconfiguring to tell.
+        if (actions or slice_actions) and node is not None and not dra_node:
             by_gpu: dict[int, list[str]] = {}
             for a in actions:
                 by_gpu.setdefault(a.gpu, []).append(f"{a.op.value} {a.profile}@{a.start}")
@@ -1077,10 +1124,32 @@ class Controller:
                 ]
                 + [f"whole GPU {g} (MIG off)" for g in p.gpus]
             )
+            if p.pod in steered or dra_node:
+                continue  # said as it is pinned, below (an ungated one: kube-scheduler's to say)
             await self._say(
                 entry[1], type_="Normal", reason="MigInstancesReserved",
                 message=f"reserved on node {name}: {where}; waiting for the instances",
             )  # fmt: skip
+        if node is None:
+            return
+        by_pod = {p.pod: p for p in placements}
+        for key in steered:
+            entry = self._store.pods.get(key)
+            if entry is None or not entry[1].gated_by_us:
+                continue
+            planned_at = (
+                ", ".join(
+                    f"{a.profile} at GPU {a.gpu} start {a.start}" for a in by_pod[key].instances
+                )
+                if key in by_pod
+                else "its placements"
+            )
+            await self._say(
+                entry[1], type_="Normal", reason="MigDraPlanned",
+                message=f"planned on node {name}: {planned_at}; pinned there and let go for "
+                "kube-scheduler to allocate its claims (the planned placements are listed first)",
+            )  # fmt: skip
+            await self._pin_one(key, node)
 
     async def _judge(self, judged: Sequence[control.Judged]) -> None:
         """Each pod the plan left: let go to a static node, refused, or told why it waits."""

@@ -2,7 +2,9 @@
 
 Covers the constraints of the snapshot format: cordoned nodes, ``nodeSelector``, required node
 affinity (In, NotIn, Exists, DoesNotExist, Gt, Lt) and taints with NoSchedule/NoExecute against
-tolerations. CPU and memory depend on what the planner has already placed, so each planner checks
+tolerations, and the split of DRA mode: a node labelled ``migpilot.io/mode=dra`` serves only
+pods asking through ResourceClaims (:attr:`snapshot.Pod.dra`), and such pods only it. CPU and
+memory depend on what the planner has already placed, so each planner checks
 them itself. Pure functions; every planner and the plan validator share them.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from migpilot import digits
-from migpilot.planning import snapshot
+from migpilot.planning import modes, snapshot
 
 
 def tolerates(toleration: snapshot.Toleration, taint: snapshot.Taint) -> bool:
@@ -70,6 +72,17 @@ def rejection(node: snapshot.Node, pod: snapshot.Pod, *, gpus: bool = True) -> s
     ``nvidia.com/gpu`` kube-scheduler counts, a node migpilot does not plan)."""
     if node.unschedulable:
         return "node is cordoned (unschedulable)"
+    dra_node = node.labels.get(modes.MODE_LABEL) == modes.Mode.DRA.value
+    if dra_node and not pod.dra:
+        return (
+            f"node is in DRA mode ({modes.MODE_LABEL}={modes.Mode.DRA.value}): it serves only "
+            "pods asking through ResourceClaims"
+        )
+    if pod.dra and not dra_node:
+        return (
+            "it asks through ResourceClaims, which only nodes in DRA mode "
+            f"({modes.MODE_LABEL}={modes.Mode.DRA.value}) serve"
+        )
     for key, want in sorted(pod.node_selector.items()):
         have = node.labels.get(key)
         if have != want:
@@ -89,7 +102,7 @@ def rejection(node: snapshot.Node, pod: snapshot.Pod, *, gpus: bool = True) -> s
 
 def signature(pod: snapshot.Pod) -> tuple[object, ...]:
     """Pods with equal signatures are admitted by exactly the same nodes (for caching)."""
-    return (tuple(sorted(pod.node_selector.items())), pod.affinity, pod.tolerations)
+    return (tuple(sorted(pod.node_selector.items())), pod.affinity, pod.tolerations, pod.dra)
 
 
 def node_class(node: snapshot.Node) -> tuple[object, ...]:

@@ -45,6 +45,13 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   hold it: a node whose agent or device plugin never makes reservations usable would otherwise
   be given the pod again and again, each time for a timeout. The node is ranked last, never
   forbidden: a plan that leaves the pod unplaced without that node is made again with it.
+- **Steering DRA nodes** (``docs/dra.md``). A pod asking through DRA claims
+  (:attr:`snapshot.Pod.dra`) is planned like any other, on DRA nodes only, but nothing is
+  reserved for it: kube-scheduler allocates the placements from what the node's agent
+  publishes, listing the planned ones first. A gated one the plan places is pinned to its node
+  and let go (:attr:`Decision.steered`) once its node's target is written and listed by the
+  node's agent, else planned again; its placement, once allocated, is a used instance of the
+  next snapshots.
 - **Pinning.** Reserved pods are let go to kube-scheduler, pinned to their node, in the order
   of their keys, once every instance is made, the node still admits the pod (not cordoned, no
   new taint it does not tolerate: a node being drained or consolidated) and the node
@@ -592,7 +599,8 @@ class Waiting:
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What one :func:`reconcile` step decided, in the order the caller carries it out:
-    refuse, release, expire, pin, then carry out the plan and judge the pods it left."""
+    refuse, release, expire, pin, then carry out the plan (pinning the :attr:`steered` pods of
+    each node whose target is written) and judge the pods it left."""
 
     memory: Memory
     """What the loop remembers for the next step."""
@@ -623,6 +631,13 @@ class Decision:
     could not bind them there), in :attr:`plan`'s unschedulable pods."""
     judged: tuple[Judged, ...] = ()
     """The pods the plan left unplaced, each with its verdict."""
+    steered: tuple[tuple[str, str], ...] = ()
+    """(pod, node): the gated pods asking through DRA claims (:attr:`snapshot.Pod.dra`) that
+    :attr:`plan` placed, in the order of their keys, with no reservation (kube-scheduler
+    allocates the planned placements, which the node's agent lists first): pinned to their node
+    and let go once their node's target is written and its agent lists it (the caller checks
+    that). Until then they stay gated and are planned again at the next plan (the agent's
+    report is a change); one whose node's target could not be written too."""
     scale_out: tuple[Judged, ...] = ()
     """Gated pods left unplaced for :attr:`Settings.scale_out_after_s` (all
     :attr:`Verdict.SCALE_OUT`), carried out after the plan and its verdicts."""
@@ -685,6 +700,7 @@ def reconcile(
         elif backlog is not None:
             backlog = incremental.after(backlog, snap, plan)
     judged = _judge(observed, plan, skip=frozenset(planned.backlog)) if plan is not None else ()
+    steered = _steered(observed, plan) if plan is not None else ()
     unplaced, scale_out = _scale_out(observed, memory, plan, judged, now=now, settings=settings)
     kept = Memory(
         batch=planned.batch,
@@ -708,8 +724,23 @@ def reconcile(
         plan=plan,
         unfit=unfit,
         judged=judged,
+        steered=steered,
         scale_out=scale_out,
         wake_at=_wake_at(observed, kept, settings=settings),
+    )
+
+
+def _steered(observed: Observed, plan: plans.Plan) -> tuple[tuple[str, str], ...]:
+    """The gated DRA pods ``plan`` placed, with their node (see :attr:`Decision.steered`). An
+    ungated one (kube-scheduler found no node for it) is not pinned: its node affinity can no
+    longer be narrowed, and kube-scheduler tries it again as the listing changes."""
+    dra = {p.key for p in observed.snapshot.pods if p.dra}
+    return tuple(
+        sorted(
+            (pl.pod, pl.node)
+            for pl in plan.placements
+            if pl.pod in dra and observed.pending.get(pl.pod, Pending()).gated
+        )
     )
 
 

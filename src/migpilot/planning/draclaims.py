@@ -26,6 +26,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,34 @@ WHOLE = "whole"
 """The ``profile`` attribute of a whole GPU."""
 MAX_EXPRESSION = 10_000
 """Longer CEL is not read (kube-apiserver caps a selector's expression at 10 KiB)."""
+
+
+class Scoring(enum.StrEnum):
+    """kube-scheduler's ``NodeResourcesFit`` scoring strategy (``scoringStrategy.type`` in its
+    configuration), which picks a pod's node among those where its claims can be allocated."""
+
+    LEAST_ALLOCATED = "LeastAllocated"
+    """kube-scheduler's default: the node with the most CPU and memory left."""
+    MOST_ALLOCATED = "MostAllocated"
+    """The node with the least left (clusters that keep whole nodes free for large jobs)."""
+
+
+def node_policy(scoring: Scoring | str) -> snapshot.Policy:
+    """The planner's node policy for DRA pods under kube-scheduler's ``scoring`` strategy:
+    spread for ``LeastAllocated``, binpack for ``MostAllocated``. The plan pins each pod to its
+    node, so the two need not agree for the pod to land there; they agree so that the plan
+    keeps the room kube-scheduler's own choices would keep (``docs/dra.md``, "Which planner
+    policy"). Raise naming the value when it is neither."""
+    try:
+        strategy = Scoring(scoring)
+    except ValueError:
+        known = ", ".join(s.value for s in Scoring)
+        raise errors.MigpilotError(
+            f"kube-scheduler's NodeResourcesFit scoring strategy is one of {known}, got {scoring!r}"
+        ) from None
+    if strategy is Scoring.MOST_ALLOCATED:
+        return snapshot.Policy.BINPACK
+    return snapshot.Policy.SPREAD
 
 
 class NotUnderstood(errors.MigpilotError):

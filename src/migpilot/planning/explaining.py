@@ -609,7 +609,12 @@ def unresolvable(snap: snapshot.Snapshot) -> Mapping[str, str]:
                 for r in pod.mig
                 if not any(snapshot.offered(m, r.profile) for m in snap.models)
             ]
-            if missing:
+            if missing and pod.dra:
+                names = ", ".join(snapshot.mig_profile(r) for r in missing)
+                out[pod.key] = (
+                    f"no GPU in the cluster has the MIG profile {names}{_offered_by(missing)}"
+                )
+            elif missing:
                 out[pod.key] = (
                     f"no GPU in the cluster advertises {', '.join(missing)}{_offered_by(missing)}"
                 )
@@ -630,6 +635,10 @@ def _what(pod: snapshot.Pod) -> str:
 
 
 def _wanted(pod: snapshot.Pod) -> str:
+    """The pod's MIG requests by resource name, or, for a pod asking through DRA claims (no
+    resource names), by profile."""
+    if pod.dra:
+        return "MIG placements " + pod.request_text()
     return " + ".join(
         f"{r.count} x {snapshot.resource_name(r.profile)}"
         if r.count > 1

@@ -229,6 +229,11 @@ class Pod:
     """A whole-GPU pod (``nvidia.com/gpu: N``, no gpumem, cores or percentage): the ``N`` whole
     GPUs (MIG off) it asks for; then :attr:`mig`, :attr:`mps` are empty and :attr:`unified` is
     ``None``. Such pods are in :attr:`Snapshot.whole_pods`, never in :attr:`Snapshot.pods`."""
+    dra: bool = False
+    """It asks through DRA ResourceClaims of ``mig.migpilot.io`` (``docs/dra.md``): kube-scheduler
+    allocates its placement from the devices a node in DRA mode (label
+    ``migpilot.io/mode=dra``) publishes, so only such a node serves it, and such a node serves
+    no other pod (:func:`migpilot.planning.constraints.rejection`)."""
 
     @property
     def key(self) -> str:

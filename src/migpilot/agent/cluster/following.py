@@ -60,9 +60,9 @@ class GpuLayoutSource:
         self._dra = False
 
     def for_dra(self) -> None:
-        """The node is in DRA mode from now on: the instances the spec reserves for pods are
-        the planner's placements, left to the DRA plugin to make (:func:`desired.for_dra`);
-        :meth:`layout` still gives the whole spec (the publisher lists them first)."""
+        """The node is in DRA mode from now on: the spec's instances are the planner's
+        placements, left to the DRA plugin to make (:func:`desired.for_dra`: the agent makes
+        none); :meth:`layout` still gives the whole spec (the publisher lists them first)."""
         self._dra = True
 
     def _acted_on(

@@ -14,11 +14,8 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from migpilot import errors
 from migpilot.mig import dra, profiles
 
 DRIVER = dra.DRIVER
@@ -28,39 +25,13 @@ CDI_KIND = f"{DRIVER}/mig"
 MAX_NAME = 63
 """A ResourceSlice device name is a DNS label: at most 63 characters."""
 
-_NAME = re.compile(r"^gpu-(\d+)-mig-([a-z0-9-]+)-(\d+)$")
-_WHOLE = re.compile(r"^gpu-(0|[1-9]\d*)$")
-
-
-class PlacementError(errors.MigpilotError):
-    """A DRA device name that names no valid MIG placement on this node."""
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """A MIG placement: ``profile`` (canonical name) at memory slot ``start`` on GPU ``gpu``."""
-
-    gpu: int
-    """The GPU's index on the node."""
-    profile: str
-    """The MIG profile's canonical name, e.g. ``3g.40gb``."""
-    start: int
-    """The first memory slot the instance takes."""
-
-    def __str__(self) -> str:
-        return f"{self.profile}@{self.start} on GPU {self.gpu}"
-
-
-@dataclass(frozen=True, slots=True)
-class WholeGpu:
-    """A whole GPU with MIG off, given to a claim as it is: nothing is created for it."""
-
-    gpu: int
-    """The GPU's index on the node."""
-
-    def __str__(self) -> str:
-        return f"whole GPU {self.gpu}"
-
+PlacementError = dra.PlacementError
+Placement = dra.Placement
+WholeGpu = dra.WholeGpu
+parse_device_name = dra.parse_device_name
+parse_whole_gpu_name = dra.parse_whole_gpu_name
+# (The parsers live in :mod:`migpilot.mig.dra`: the controller reads allocated claims' devices
+# with them too, and may not import the agent.)
 
 Target = Placement | WholeGpu
 """What a DRA device of this driver names: a MIG placement or a whole GPU."""
@@ -74,31 +45,6 @@ def device_name(placement: Placement) -> str:
     return name
 
 
-def parse_device_name(name: str, gpus: Mapping[int, profiles.GpuModel]) -> Placement:
-    """The placement a device name names, checked against the model of each GPU index."""
-    match = _NAME.match(name)
-    if match is None:
-        raise PlacementError(
-            f"device {name!r} is not a MIG placement of {DRIVER} "
-            "(expected gpu-<index>-mig-<profile>-<start>)"
-        )
-    gpu, slug, start = int(match[1]), match[2], int(match[3])
-    model = gpus.get(gpu)
-    if model is None:
-        known = ", ".join(str(i) for i in sorted(gpus)) or "none"
-        raise PlacementError(f"device {name!r}: this node has no GPU {gpu} (GPUs: {known})")
-    by_slug = {dra.profile_slug(p.name): p for p in model.profiles}
-    profile = by_slug.get(slug)
-    if profile is None:
-        raise PlacementError(f"device {name!r}: {model.id} has no MIG profile {slug!r}")
-    if start not in profile.placements:
-        raise PlacementError(
-            f"device {name!r}: {profile.name} cannot start at slot {start} on {model.id} "
-            f"(starts: {', '.join(str(s) for s in profile.placements)})"
-        )
-    return Placement(gpu=gpu, profile=profile.name, start=start)
-
-
 def cdi_device_id(placement: Placement) -> str:
     """The fully qualified CDI name of a prepared placement (``mig.migpilot.io/mig=<device>``)."""
     return f"{CDI_KIND}={device_name(placement)}"
@@ -107,14 +53,6 @@ def cdi_device_id(placement: Placement) -> str:
 def whole_gpu_name(gpu: WholeGpu | int) -> str:
     """The DRA device name of a whole GPU (``gpu-0``), given as the GPU or its index."""
     return f"gpu-{gpu.gpu if isinstance(gpu, WholeGpu) else gpu}"
-
-
-def parse_whole_gpu_name(name: str) -> WholeGpu | None:
-    """The whole GPU ``gpu-<index>`` names, ``None`` for any other name (a MIG placement's is
-    parsed by :func:`parse_device_name`). Whether the GPU has MIG off is the node's to say,
-    when the claim is prepared."""
-    match = _WHOLE.match(name)
-    return None if match is None else WholeGpu(int(match[1]))
 
 
 def target_name(target: Target) -> str:

@@ -224,20 +224,22 @@ def for_dra(
 ) -> gpulayouts.LayoutSpec:
     """The part of ``spec`` the agent acts on when its node is in DRA mode (``docs/dra.md``).
 
-    There the instances the spec reserves for a pod are the planner's placements for pods whose
-    claims kube-scheduler allocates: the DRA plugin makes each at NodePrepareResources, so the
-    agent does not make them, nor protect or report them as reserved (that would take the
-    placement from the scheduler, :mod:`migpilot.agent.dra.publishing`). Its publisher lists
-    them first instead. One that exists already (a free instance left there) is kept, as free:
-    the claim allocated it adopts it. Every other instance of the spec is what it is on any
-    node: made, then offered free."""
+    There the spec is the planner's target for the node: its placements are what kube-scheduler
+    should allocate to pods' claims, and the DRA plugin makes each at NodePrepareResources for
+    the claim allocated it. So the agent makes none of them, reserved for a pod or not (the
+    controller writes a DRA node's target without reservations: kube-scheduler, not the agent,
+    hands a placement to a pod); its publisher lists them first instead. An instance of the
+    spec that exists already is kept, as free (never protected or reported reserved, which
+    would take the placement from the scheduler, :mod:`migpilot.agent.dra.publishing`): the
+    claim allocated it adopts it. A free instance the spec no longer holds is destroyed as on
+    any node (the planner gave its room to other placements)."""
     gpus = []
     for gpu in spec.gpus:
         there = {(d.start, d.profile) for d in current.get(gpu.index, ())}
         instances = tuple(
-            i if i.reserved_for is None else gpulayouts.InstanceSpec(i.profile, i.start)
+            gpulayouts.InstanceSpec(i.profile, i.start)
             for i in gpu.instances
-            if i.reserved_for is None or (i.start, i.profile) in there
+            if (i.start, i.profile) in there
         )
         gpus.append(dataclasses.replace(gpu, instances=instances))
     return gpulayouts.LayoutSpec(tuple(gpus))
