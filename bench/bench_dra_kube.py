@@ -19,9 +19,10 @@ The pods of a trace are made as ``drasim.claims_from_trace`` makes them (half of
 memory, a seeded draw; the rest by profile), each with a ResourceClaim of its own. Time is
 compressed by ``--speedup``: a pod arrives at its trace arrival divided by it, and is deleted
 its run time divided by it after it is Running. A run ends three seconds after the last
-arrival; a pod is served when it ran by then. So the control plane's own delays (the controller's batch
-window, scheduler backoff, the fake kubelet's poll) weigh ``--speedup`` times more, in trace
-time, than in the simulator; both variants pay them alike but for the controller's window.
+arrival; a pod is served when it ran by then. So the control plane's own delays (the
+controller's batch window, scheduler backoff, the fake kubelet's poll) weigh ``--speedup``
+times more, in trace time, than in the simulator; both variants pay them alike but for the
+controller's window.
 
 Also counted: prepares the plugin refused (a claim allocated a device the node cannot make: it
 should be 0), and the claims by memory given a larger profile than the smallest that holds them.
