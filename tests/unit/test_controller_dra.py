@@ -10,6 +10,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from migpilot.api import gpulayouts_wire
@@ -283,6 +284,29 @@ def test_claims_the_planner_cannot_plan_together_are_not_planned() -> None:
     )
     assert observed.dra_pods == ()
     assert "devices of other drivers" in observed.dra_unplanned["ns/p"]
+    assert observed.dra_refused == {"ns/p"}
+
+
+@pytest.mark.parametrize(
+    ("resources", "named"),
+    [
+        ({"nvidia.com/mig-1g.10gb": "1"}, "1 x 1g.10gb"),
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10000"}, "a GPU by memory"),
+        ({"nvidia.com/gpu": "2"}, "2 whole GPU"),
+    ],
+)
+def test_a_pod_asking_for_device_plugin_gpus_too_is_not_planned(
+    resources: dict[str, str], named: str
+) -> None:
+    # No node serves both: planned onto a DRA node, kube-scheduler would find no
+    # nvidia.com/* resource there, and the pin would hold the pod on a node it cannot fit.
+    doc = _dra_pod("p", template="mig-1g-10gb")
+    doc["spec"]["containers"][0]["resources"]["limits"] = resources
+    observed = _observe([doc], templates=_reads(_template("mig-1g-10gb"), template=True))
+    assert observed.dra_pods == ()
+    assert observed.snapshot.pods == () and observed.snapshot.whole_pods == ()
+    why = observed.dra_unplanned["ns/p"]
+    assert named in why and "no node serves both" in why
     assert observed.dra_refused == {"ns/p"}
 
 

@@ -575,6 +575,17 @@ def dra_pod(
     return DraAsk(pod)
 
 
+def _device_plugin_ask(pod: snapshot.Pod) -> str:
+    """What ``pod`` asks of the device plugins' ``nvidia.com/*`` resources, in words."""
+    if pod.mig:
+        return ", ".join(f"{r.count} x {r.profile}" for r in pod.mig)
+    if pod.unified is not None:
+        return "a GPU by memory or compute (nvidia.com/gpu with gpumem or gpucores)"
+    if pod.mps:
+        return "MPS slices"
+    return f"{pod.whole} whole GPU(s) (nvidia.com/gpu)"
+
+
 def pinned_node(pod: snapshot.Pod) -> str | None:
     """The node ``pod``'s required node affinity confines it to by name (every term names the
     same one node, as the controller's pin leaves it), or ``None``."""
@@ -998,6 +1009,8 @@ def observe(
     dra_pods: list[snapshot.Pod] = []
     dra_unplanned: dict[str, str] = {}
     dra_refused: set[str] = set()
+    mixed: set[str] = set()
+    # Pods asking for the device plugins' GPUs and migpilot's DRA devices both.
     claimed = [
         p
         for p in pod_map.values()
@@ -1015,12 +1028,21 @@ def observe(
             )
             if ask is None:
                 continue
-            if ask.pod is not None and p.pod is not None:
-                # It asks for nvidia.com/* resources too, which no DRA node advertises: planned
-                # as the device plugin's pod only (where its claims may not be allocatable).
+            plugin = p.pod if p.pod is not None else p.whole_pod
+            if ask.pod is not None and plugin is not None:
+                # It asks for nvidia.com/* resources too, which no DRA node advertises, and
+                # for migpilot's DRA devices, which no device-plugin node publishes: planned
+                # either way it would be pinned to a node that cannot take it. Not planned
+                # at all (a gated one is let go); kube-scheduler says the same.
+                waiting = [w for w in waiting if w.key != p.key]
+                mixed.add(p.key)
                 dra_unplanned[p.key] = (
-                    "not planned on DRA nodes: it also asks for resources of the device plugin"
+                    f"not planned (left to kube-scheduler): pod {p.key} asks for "
+                    f"{_device_plugin_ask(plugin)} of the device plugin as well as DRA claims of "
+                    f"{draclaims.DEVICE_CLASS}, and no node serves both (a DRA node advertises "
+                    "no nvidia.com/* resource; a device-plugin node publishes no migpilot device)"
                 )
+                dra_refused.add(p.key)
             elif ask.pod is not None:
                 dra_pods.append(ask.pod)
                 waiting.append(dataclasses.replace(p, pod=ask.pod))
@@ -1038,7 +1060,10 @@ def observe(
         (
             p
             for p in pod_map.values()
-            if p.waiting and p.whole_pod is not None and p.key not in reservations
+            if p.waiting
+            and p.whole_pod is not None
+            and p.key not in reservations
+            and p.key not in mixed
         ),
         key=lambda p: (p.created, p.key),
     )
