@@ -60,6 +60,13 @@ class Getter(Protocol):
         ...
 
 
+def connect(kubeconfig: Path | None) -> client.Client:
+    """The webhook's client (from ``kubeconfig``, or in-cluster when None), each read bounded
+    by :data:`READ_TIMEOUT_S`; the Lease and the DRA claims (:mod:`migpilot.webhook.claims`)
+    are read through it."""
+    return client.Client.connect(kubeconfig, timeout_s=READ_TIMEOUT_S)
+
+
 class KubeLease:
     """The Lease ``namespace/name`` read from the Kubernetes API."""
 
@@ -71,8 +78,7 @@ class KubeLease:
     @classmethod
     def connect(cls, kubeconfig: Path | None, *, name: str, namespace: str) -> KubeLease:
         """A source with its own client: from ``kubeconfig``, or in-cluster when None."""
-        api = client.Client.connect(kubeconfig, timeout_s=READ_TIMEOUT_S)
-        return cls(api, name=name, namespace=namespace)
+        return cls(connect(kubeconfig), name=name, namespace=namespace)
 
     def read(self) -> Mapping[str, Any]:
         lease = self._api.get(objects.Kind.LEASES, self._name, namespace=self._namespace)
