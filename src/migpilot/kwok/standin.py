@@ -626,7 +626,11 @@ class SimulatedKubelet:
         pods = self._pods.pods(self._node)
         # Unified pods are admitted below; an NVIDIA-style pod on time-slicing replicas is
         # assigned its replicas here, as a MIG pod its instances.
-        mig = [q for p in pods if (q := with_replicas(p, self._offered)).requests]
+        mig = (
+            []
+            if self._dra
+            else [q for p in pods if (q := with_replicas(p, self._offered)).requests]
+        )
         if self._saved is not None:
             self._assigned = restored(self._saved, mig)
             self._saved = None
