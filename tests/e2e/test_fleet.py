@@ -421,6 +421,18 @@ def test_the_fleet_publishes_dra_nodes_slices_and_prepares_their_claims(
         return got.get(pending) == freed and gone not in got
 
     _wait(scene, moved, "the pending pod's claim allocated the freed placement")
-    _wait(scene, lambda: all(_used(scene, n) == want[n] for n in DRA_NODES), "it is prepared")
-    text = (scene.root / "fleet.log").read_text(errors="replace")
-    assert text.count("unprepared (no pod on") >= 1
+    log = scene.root / "fleet.log"
+
+    def prepared(pod: str, what: str) -> int:
+        """Where the fleet's log says the claim of ``pod`` was ``what`` (-1: not yet)."""
+        text = log.read_text(errors="replace")
+        at = text.find(f"DRA: claim {namespace}/{pod}-mig-")
+        while at >= 0 and not text[at:].split("\n", 1)[0].count(f") {what}"):
+            at = text.find(f"DRA: claim {namespace}/{pod}-mig-", at + 1)
+        return at
+
+    # The gone pod's claim is unprepared (its instance destroyed), then the pending pod's is
+    # prepared at the same placement (retried until the placement is free, if it came first).
+    _wait(scene, lambda: prepared(pending, "prepared on") >= 0, "the pending pod's claim prepared")
+    assert 0 <= prepared(gone, "unprepared") < prepared(pending, "prepared on")
+    _wait(scene, lambda: all(_used(scene, n) == want[n] for n in DRA_NODES), "four used again")
