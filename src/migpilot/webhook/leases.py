@@ -16,10 +16,11 @@ stale when its Lease says, but one read that timed out on a busy API server does
 through ungated (they would take instances reserved for pods already pinned, which could then
 never run: ``docs/webhook.md``). With no Lease read yet, an error fails open.
 
-The one module of the webhook that talks to the Kubernetes API, through the shared boundary
-(:mod:`migpilot.kube`): :class:`KubeLease` reads the Lease from anything that answers a get as
-the lightkube client (:class:`migpilot.kube.client.Client`) and the in-memory API server of the
-unit tests (:class:`migpilot.kube.memory.InMemoryServer`) both do.
+The module of the webhook that makes its client, through the shared boundary
+(:mod:`migpilot.kube`; :func:`connect`, shared with the DRA claims reader
+:mod:`migpilot.webhook.claims`): :class:`KubeLease` reads the Lease from anything that answers a
+get as the lightkube client (:class:`migpilot.kube.client.Client`) and the in-memory API server
+of the unit tests (:class:`migpilot.kube.memory.InMemoryServer`) both do.
 """
 
 from __future__ import annotations
