@@ -423,3 +423,37 @@ def test_any_stored_spec_is_judged_without_raising(spec: Any) -> None:
             admission.Outcome.GATED_DRA,
             admission.Outcome.NO_MIG_REQUEST,
         )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    entries=st.one_of(
+        _json,
+        st.lists(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "name": _json,
+                    "resourceClaimName": st.one_of(
+                        _json, st.from_regex(r"[a-z0-9.-]{1,8}", fullmatch=True)
+                    ),
+                    "resourceClaimTemplateName": st.one_of(_json, st.text(max_size=300)),
+                },
+            ),
+            max_size=40,
+        ),
+    ),
+    namespace=st.one_of(st.none(), st.text(max_size=70), st.integers()),
+)
+def test_any_resource_claims_are_answered_without_raising(entries: Any, namespace: Any) -> None:
+    document = _review(_pod())
+    document["request"]["object"]["spec"]["resourceClaims"] = entries
+    document["request"]["namespace"] = namespace
+    refs = admission.to_read(document, lease_fresh=True)
+    assert len(refs) <= admission.MAX_CLAIMS
+    found = {
+        ref: admission.ClaimLookup({"spec": {"spec": _claim_spec(_request())}}) for ref in refs
+    }
+    out = admission.review(document, lease_fresh=True, claims=found)
+    assert out["response"]["allowed"] is True
+    json.dumps(out)
