@@ -55,6 +55,7 @@ from migpilot.agent.dra import placements, publishing
 from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.mig import catalog, profiles
+from migpilot.webhook import registering
 from tests.kube import controlplane, kwokstages, system, tools
 from tests.kube.drakubelet import DraKubelet
 from tests.kube.scenes import container
@@ -122,7 +123,10 @@ class Cluster:
         return "\n".join(lines) + "\n" + self.system.logs()
 
     def pod(self, name: str, template: str, *, claim: str | None = None) -> None:
-        """A pod with one claim: from ``template``, or the ResourceClaim ``claim``."""
+        """A pod with one claim: from ``template``, or the ResourceClaim ``claim``. Opted out
+        of the webhook's gate (``migpilot.io/gating: disabled``): these tests check
+        kube-scheduler's own allocation (over a plan the test writes) and the kubelet plugin,
+        not the controller's planning of gated DRA pods."""
         source = (
             PodResourceClaim(name="mig", resourceClaimName=claim)
             if claim is not None
@@ -130,7 +134,11 @@ class Cluster:
         )
         self.client.create(
             Pod(
-                metadata=ObjectMeta(name=name, namespace=self.namespace),
+                metadata=ObjectMeta(
+                    name=name,
+                    namespace=self.namespace,
+                    labels={registering.OPT_OUT_LABEL: "disabled"},
+                ),
                 spec=PodSpec(
                     containers=[
                         Container(
