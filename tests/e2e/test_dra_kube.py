@@ -56,6 +56,7 @@ from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.gpu import emulated
 from migpilot.mig import catalog, profiles
+from migpilot.webhook import registering
 from tests.kube import controlplane, crds, kwokstages, system, tools
 from tests.kube.drakubelet import DraKubelet
 from tests.kube.scenes import container
@@ -127,8 +128,11 @@ class Cluster:
     def pod(
         self, name: str, template: str, *, claim: str | None = None, gated: bool = False
     ) -> None:
-        """A pod with one claim: from ``template``, or the ResourceClaim ``claim``; ``gated``:
-        held by migpilot's gate (``migpilot.io/plan``), as its webhook gates pods."""
+        """A pod with one claim: from ``template``, or the ResourceClaim ``claim``. Opted out
+        of the webhook's gate (``migpilot.io/gating: disabled``): these tests check
+        kube-scheduler's own allocation (over a plan the test writes) and the kubelet plugin;
+        ``gated``: held by migpilot's gate (``migpilot.io/plan``) all the same, as the webhook
+        gates pods, for the controller to plan."""
         source = (
             PodResourceClaim(name="mig", resourceClaimName=claim)
             if claim is not None
@@ -136,7 +140,11 @@ class Cluster:
         )
         self.client.create(
             Pod(
-                metadata=ObjectMeta(name=name, namespace=self.namespace),
+                metadata=ObjectMeta(
+                    name=name,
+                    namespace=self.namespace,
+                    labels={registering.OPT_OUT_LABEL: "disabled"},
+                ),
                 spec=PodSpec(
                     containers=[
                         Container(

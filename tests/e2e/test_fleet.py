@@ -21,19 +21,24 @@ from typing import Any
 
 import lightkube
 import pytest
+import yaml
 from lightkube import codecs
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 
+from migpilot.agent.dra import placements, publishing
 from migpilot.api import gpulayouts as gl
 from migpilot.api import gpulayouts_wire as wire
+from migpilot.mig import catalog
 from tests.kube import crds, system
 from tests.kube.controlplane import ControlPlane
 
 pytestmark = pytest.mark.kube
 
 WAIT_S = 120.0
+REPO = pathlib.Path(__file__).parents[2]
 NODES = {"fleet-a": "a100-80gb.x2", "fleet-b": "a100-80gb.x2", "fleet-c": "h100-80gb.x2"}
 
 
@@ -250,3 +255,184 @@ def test_the_fleet_follows_the_specs_of_its_nodes(alone: system.System) -> None:
         f"Node fleet-bad: label {system.FLEET_LABEL}='nope.x2' does not name emulated GPUs" in text
     )
     assert _layout(alone, "fleet-bad") is None
+
+
+# --- nodes in DRA mode -------------------------------------------------------------------------
+
+DRA_NODES = ("fleet-dra-a", "fleet-dra-b")
+DRA_SELECT = "migpilot.io/fleet-dra-test"
+"""Selects this test's nodes only (``--fleet-selector``)."""
+H100 = catalog.resolve_gpu("h100-80gb")
+
+
+@pytest.fixture
+def dra_fleet(
+    control_plane: ControlPlane, tmp_path: pathlib.Path
+) -> Iterator[tuple[system.System, str]]:
+    """Two KWOK nodes in DRA mode (one emulated H100 each) run by one fleet, the DeviceClass
+    (unless there is one), a namespace with a template of ``3g.40gb`` claims; no controller
+    and no webhook: kube-scheduler allocates the claims by its own first fit."""
+    s = system.System(control_plane, tmp_path)
+    client = control_plane.client
+    namespace = f"fleet-dra-{s.lease_ns.rsplit('-', 1)[-1]}"
+    made_class = False
+    try:
+        s.prepare()
+        client.create(Namespace(metadata=ObjectMeta(name=namespace)))
+        try:
+            client.get(DeviceClass, publishing.DRIVER)
+        except lightkube.ApiError:
+            for doc in yaml.safe_load_all(
+                (REPO / "deploy" / "dra" / "deviceclass.yaml").read_text()
+            ):
+                client.create(codecs.from_dict(doc))
+            made_class = True
+        cel = f'device.attributes["{publishing.DRIVER}"].profile == "3g.40gb"'
+        request = {
+            "deviceClassName": publishing.DRIVER,
+            "selectors": [{"cel": {"expression": cel}}],
+        }
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "mig-3g", "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": request}]}}},
+        }
+        client.create(codecs.from_dict(template))
+        labels = {system.FLEET_LABEL: "h100-80gb.x1", "migpilot.io/mode": "dra", DRA_SELECT: "yes"}
+        for node in DRA_NODES:
+            control_plane.add_node(node, labels=labels)
+            s.nodes.append(node)
+        s.start_fleet(
+            "--fleet-selector", f"{DRA_SELECT}=yes", "--lease-namespace", s.lease_ns
+        )  # fmt: skip
+        for node in DRA_NODES:  # the status is reported into a GpuLayout: as a controller would
+            _apply_spec(s, node, [])
+        yield s, namespace
+    finally:
+        for p in client.list(Pod, namespace=namespace):
+            with contextlib.suppress(lightkube.ApiError):
+                assert p.metadata is not None
+                client.delete(Pod, p.metadata.name or "", namespace=namespace, grace_period=0)
+        s.stop()
+        for node in DRA_NODES:
+            for found in client.list(ResourceSlice, fields={"spec.nodeName": node}):
+                with contextlib.suppress(lightkube.ApiError):
+                    assert found.metadata is not None
+                    client.delete(ResourceSlice, found.metadata.name or "")
+        with contextlib.suppress(lightkube.ApiError):
+            client.delete(Namespace, namespace)
+        if made_class:
+            with contextlib.suppress(lightkube.ApiError):
+                client.delete(DeviceClass, publishing.DRIVER)
+
+
+def _dra_pod(name: str, namespace: str) -> Any:
+    return codecs.from_dict(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "containers": [
+                    {"name": "c", "image": "none", "resources": {"claims": [{"name": "mig"}]}}
+                ],
+                "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "mig-3g"}],
+            },
+        }
+    )
+
+
+def _allocations(client: lightkube.Client, namespace: str) -> dict[str, tuple[str, str]]:
+    """Pod -> (node, device) of its claim, for the claims kube-scheduler allocated."""
+    out = {}
+    for c in client.list(ResourceClaim, namespace=namespace):
+        doc = c.to_dict()
+        owners = doc["metadata"].get("ownerReferences") or ()
+        results = (((doc.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or ()
+        for r in results:
+            for owner in owners:
+                out[owner["name"]] = (r["pool"], r["device"])
+    return out
+
+
+def _used(scene: system.System, node: str) -> set[tuple[str, int]] | None:
+    """The instances the node's status reports used: (profile, start) on GPU 0."""
+    lay = _layout(scene, node)
+    if lay is None or lay.status is None:
+        return None
+    return {
+        (i.profile, i.start)
+        for g in lay.status.gpus
+        for i in g.instances
+        if i.state is gl.InstanceState.USED
+    }
+
+
+def test_the_fleet_publishes_dra_nodes_slices_and_prepares_their_claims(
+    dra_fleet: tuple[system.System, str],
+) -> None:
+    """Two H100 nodes in DRA mode: their pools published by the fleet (no device-plugin count
+    in the Nodes), five pods of one ``3g.40gb`` claim each: kube-scheduler allocates four (two
+    per GPU, starts 0 and 4) and leaves the fifth pending; the fleet prepares the four, whose
+    instances the statuses report used at exactly the allocated placements. One pod deleted,
+    its instance goes and the pending pod's claim is allocated and prepared in its place."""
+    scene, namespace = dra_fleet
+    client = scene.client
+
+    def published() -> bool:
+        for node in DRA_NODES:
+            found = list(client.list(ResourceSlice, fields={"spec.nodeName": node}))
+            if not any((s.spec.devices or []) for s in found if s.spec is not None):
+                return False
+        return True
+
+    _wait(scene, published, "both DRA nodes' ResourceSlices")
+    for node in DRA_NODES:
+        status = client.get(Node, node).status
+        have = (status.capacity if status is not None else None) or {}
+        assert not any(k.startswith("nvidia.com/") for k in have), have
+
+    names = [f"d{i}" for i in range(5)]
+    for name in names:
+        client.create(_dra_pod(name, namespace))
+
+    def four_allocated() -> dict[str, tuple[str, str]] | None:
+        got = _allocations(client, namespace)
+        return got if len(got) == 4 else None
+
+    allocated = _wait(scene, four_allocated, "four claims allocated")
+    pending = (set(names) - set(allocated)).pop()
+    want: dict[str, set[tuple[str, int]]] = {node: set() for node in DRA_NODES}
+    for node, device in allocated.values():
+        p = placements.parse_device_name(device, {0: H100})
+        want[node].add((p.profile, p.start))
+    assert want == {node: {("3g.40gb", 0), ("3g.40gb", 4)} for node in DRA_NODES}
+    _wait(scene, lambda: all(_used(scene, n) == want[n] for n in DRA_NODES), "four prepared")
+
+    gone = sorted(allocated)[0]
+    freed = allocated[gone]
+    client.delete(Pod, gone, namespace=namespace)
+
+    def moved() -> bool:
+        got = _allocations(client, namespace)
+        return got.get(pending) == freed and gone not in got
+
+    _wait(scene, moved, "the pending pod's claim allocated the freed placement")
+    log = scene.root / "fleet.log"
+
+    def prepared(pod: str, what: str) -> int:
+        """Where the fleet's log says the claim of ``pod`` was ``what`` (-1: not yet)."""
+        text = log.read_text(errors="replace")
+        at = text.find(f"DRA: claim {namespace}/{pod}-mig-")
+        while at >= 0 and not text[at:].split("\n", 1)[0].count(f") {what}"):
+            at = text.find(f"DRA: claim {namespace}/{pod}-mig-", at + 1)
+        return at
+
+    # The gone pod's claim is unprepared (its instance destroyed), then the pending pod's is
+    # prepared at the same placement (retried until the placement is free, if it came first).
+    _wait(scene, lambda: prepared(pending, "prepared on") >= 0, "the pending pod's claim prepared")
+    assert 0 <= prepared(gone, "unprepared") < prepared(pending, "prepared on")
+    _wait(scene, lambda: all(_used(scene, n) == want[n] for n in DRA_NODES), "four used again")

@@ -724,7 +724,7 @@ def test_values_yaml_documents_every_field() -> None:
     assert ("agent", "sharing", "configs") in rows  # nested values are rows of their own
 
 
-def test_the_webhook_only_reads_the_controllers_lease() -> None:
+def test_the_webhook_only_reads_the_controllers_lease_and_pods_claims() -> None:
     docs = _render("mp", "gpu-system")
     (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "mp-webhook"]
     assert role["rules"] == [
@@ -734,6 +734,24 @@ def test_the_webhook_only_reads_the_controllers_lease() -> None:
             "resourceNames": [leases.NAME],
             "verbs": ["get"],
         }
+    ]
+    (cluster,) = [
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "mp-webhook"
+    ]
+    assert cluster["rules"] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"],
+            "verbs": ["get"],
+        }
+    ]
+    (binding,) = [
+        d
+        for d in docs
+        if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "mp-webhook"
+    ]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "mp-webhook", "namespace": "gpu-system"}
     ]
 
 
@@ -910,7 +928,7 @@ def test_the_rendered_chart_applies_to_the_real_apiserver(
         assert board.metadata.labels["grafana_dashboard"] == "1"
         assert json.loads((board.data or {})["migpilot.json"]) == json.loads(DASHBOARD.read_text())
     assert client.get(Secret, f"{release}-webhook-tls", namespace=namespace)
-    for name in ("controller", "agent"):
+    for name in ("controller", "agent", "webhook"):
         assert client.get(ClusterRole, f"{release}-{name}")
         assert client.get(ClusterRoleBinding, f"{release}-{name}")
     for name in ("controller", "webhook", "agent"):
@@ -1024,6 +1042,11 @@ def test_each_component_has_only_the_rights_it_needs(
                 "name": "migpilot-controller",
             },
         ),
+        # What a new pod's DRA claims ask (docs/webhook.md), in any namespace.
+        *[
+            (hook, {"verb": "get", "resource": r, **dra, "namespace": "ns"})
+            for r in ("resourceclaims", "resourceclaimtemplates")
+        ],
     ]
     no = [
         (ctl, {"verb": "delete", "resource": "nodes"}),
@@ -1090,6 +1113,13 @@ def test_each_component_has_only_the_rights_it_needs(
         ),
         (hook, {"verb": "list", "resource": "pods"}),
         (hook, {"verb": "update", **controller_lease}),
+        # Pods' claims are read one by one, never listed, watched or written.
+        *[
+            (hook, {"verb": v, "resource": r, **dra, "namespace": "default"})
+            for v in ("list", "watch", "update", "create")
+            for r in ("resourceclaims", "resourceclaimtemplates")
+        ],
+        (hook, {"verb": "get", **resource_slices}),
     ]
     for user, attrs in yes:
         assert _allowed(client, user, **attrs), (user, attrs)

@@ -4,7 +4,9 @@ matchConditions accepted), gates a new MIG pod while the controller's Lease is f
 other pods alone, gates nothing once the Lease is stale, and when it is stopped pods are still
 created (failurePolicy Ignore). A unified pod (``nvidia.com/gpumem``...) is gated alike; a
 malformed one is refused at creation with a message naming the field; one another system serves
-(``nvidia.com/vgpu-mode: hami-core``) is created untouched.
+(``nvidia.com/vgpu-mode: hami-core``) is created untouched. A pod whose ResourceClaimTemplate, or
+ResourceClaim, asks for ``mig.migpilot.io`` devices is gated (the webhook reads them at
+admission); one whose claims are another driver's, or whose template is not there yet, is not.
 
 The control plane is shared by the session: the webhook configuration, the namespace and the
 pods this test makes are deleted at the end. Every wait has a generous timeout; no duration
@@ -36,6 +38,7 @@ from lightkube.resources.admissionregistration_v1 import (
 )
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 from lightkube.types import PatchType
 
 from migpilot.webhook import registering, serving
@@ -328,3 +331,92 @@ def test_unified_pods_are_gated_and_malformed_ones_refused_naming_the_field(
     # Stopped, the validating webhook refuses nothing (failurePolicy Ignore).
     controlplane.stop_components([webhook])
     assert _gates(s.pod("down", unified={GPUMEM: "8000"})) == []
+
+
+def _claim_spec(device_class: str) -> dict[str, Any]:
+    return {
+        "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}
+    }
+
+
+def _dra_pod(s: Scene, name: str, **claim: str) -> Pod:
+    """A pod with one claim entry (``resourceClaimTemplateName=...`` or ``resourceClaimName``)."""
+    full = f"wh-{name}-{s.suffix}"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": full, "namespace": POD_NS},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example/never-pulled:1",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", **claim}],
+        },
+    }
+    s.pods.append(full)
+    created = s.client.create(codecs.from_dict(pod))
+    assert isinstance(created, Pod)
+    return created
+
+
+def test_dra_pods_are_gated_when_their_claims_ask_for_migpilots_devices(
+    scene: tuple[Scene, controlplane.Component],
+) -> None:
+    s, webhook = scene
+    client = s.client
+    ours, other = f"wh-mig-{s.suffix}", f"wh-other-{s.suffix}"
+    made: list[tuple[type[Any], str]] = []
+    try:
+        for name, device_class in ((ours, "mig.migpilot.io"), (other, "gpu.example.com")):
+            template = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name, "namespace": POD_NS},
+                "spec": {"spec": _claim_spec(device_class)},
+            }
+            client.create(codecs.from_dict(template))
+            made.append((ResourceClaimTemplate, name))
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": ours, "namespace": POD_NS},
+            "spec": _claim_spec("mig.migpilot.io"),
+        }
+        client.create(codecs.from_dict(claim))
+        made.append((ResourceClaim, ours))
+
+        # The apiserver starts calling a new webhook configuration within a moment.
+        attempt = iter(range(1000))
+
+        def a_dra_pod_is_gated() -> str | None:
+            pod = _dra_pod(s, f"dra{next(attempt)}", resourceClaimTemplateName=ours)
+            return pod.metadata.name if pod.metadata and GATE in _gates(pod) else None
+
+        gated = wait_for(a_dra_pod_is_gated, what="a DRA pod to be gated", watch=[webhook])
+        pod = client.get(Pod, gated, namespace=POD_NS)
+        assert _gates(pod) == [GATE]
+        assert pod.metadata and pod.metadata.labels == {"migpilot.io/gated": "true"}
+        wait_for(
+            lambda: _scheduling_gated(client, gated), what="PodScheduled=False/SchedulingGated"
+        )
+        # A ResourceClaim of the class, named directly, gates alike.
+        assert _gates(_dra_pod(s, "claim", resourceClaimName=ours)) == [GATE]
+
+        # Another driver's claims: untouched (the controller would never let it go).
+        assert _gates(_dra_pod(s, "other", resourceClaimTemplateName=other)) == []
+        # A template not there yet: not gated (it may be another driver's), with a warning.
+        missing = _dra_pod(s, "missing", resourceClaimTemplateName=f"wh-later-{s.suffix}")
+        assert _gates(missing) == []
+
+        # A stale Lease gates no DRA pod either.
+        s.renew(seconds_ago=3600)
+        time.sleep(LEASE_CACHE_S + 0.5)  # outlast the webhook's cache of the Lease
+        assert _gates(_dra_pod(s, "stale", resourceClaimTemplateName=ours)) == []
+    finally:
+        for kind, name in made:
+            with contextlib.suppress(lightkube.ApiError):
+                client.delete(kind, name, namespace=POD_NS)

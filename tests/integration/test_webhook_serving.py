@@ -24,7 +24,7 @@ import pytest
 from migpilot import errors
 from migpilot.kube import memory as kubememory
 from migpilot.kube import objects as kubeobjects
-from migpilot.webhook import leases, serving
+from migpilot.webhook import claims, leases, serving
 from tests.kube import certs
 
 LEASE = {
@@ -113,7 +113,8 @@ def webhook(tmp_path: Path) -> Iterator[Webhook]:
         port=0,
         connection_timeout_s=5.0,
     )
-    with serving.WebhookServer(settings, freshness=freshness) as server:
+    reader = claims.ClaimReader(api)
+    with serving.WebhookServer(settings, freshness=freshness, reader=reader) as server:
         yield Webhook(server, api, ca.pair.cert)
 
 
@@ -146,6 +147,36 @@ def test_mig_pod_is_patched_and_plain_pod_is_not(webhook: Webhook) -> None:
     status, answer = webhook.post(_review("u-cpu", {"cpu": "1"}))
     assert status == 200
     assert answer["response"] == {"uid": "u-cpu", "allowed": True}
+
+
+def _dra_review(uid: str, template: str) -> bytes:
+    document = json.loads(_review(uid, {}))
+    document["request"]["namespace"] = "team"
+    document["request"]["object"]["spec"]["resourceClaims"] = [
+        {"name": "gpu", "resourceClaimTemplateName": template}
+    ]
+    return json.dumps(document).encode()
+
+
+def test_a_dra_pod_is_patched_when_its_template_asks_for_migpilots_class(
+    webhook: Webhook,
+) -> None:
+    for name, device_class in (("ours", "mig.migpilot.io"), ("theirs", "gpu.example.com")):
+        request = {"name": "gpu", "exactly": {"deviceClassName": device_class}}
+        webhook.api.put(
+            kubeobjects.Kind.RESOURCECLAIMTEMPLATES,
+            {
+                "metadata": {"name": name, "namespace": "team"},
+                "spec": {"spec": {"devices": {"requests": [request]}}},
+            },
+        )
+    status, answer = webhook.post(_dra_review("u-dra", "ours"))
+    assert status == 200 and "patch" in answer["response"]
+    status, answer = webhook.post(_dra_review("u-other", "theirs"))
+    assert status == 200 and answer["response"] == {"uid": "u-other", "allowed": True}
+    status, answer = webhook.post(_dra_review("u-none", "later"))
+    assert status == 200 and "patch" not in answer["response"]
+    assert "ResourceClaimTemplate team/later not found" in answer["response"]["warnings"][0]
 
 
 def test_a_unified_pod_is_patched(webhook: Webhook) -> None:

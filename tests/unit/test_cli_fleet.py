@@ -26,6 +26,9 @@ def test_defaults() -> None:
     assert got.metrics_port is None
     assert settings("--metrics-port", "9400").metrics_port == 9400
     assert (got.gpu_metrics_interval_s, got.emulated_load) == (5.0, None)
+    assert (got.lease_namespace, got.lease_name) == ("migpilot-system", "migpilot-controller")
+    got = settings("--lease-namespace", "gpu-system", "--lease-name", "mp")
+    assert (got.lease_namespace, got.lease_name) == ("gpu-system", "mp")
 
 
 def test_flags(tmp_path: Path) -> None:

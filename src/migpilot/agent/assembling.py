@@ -306,6 +306,9 @@ class StandinInputs:
     """The GpuLayout as last seen (its status says what pods used before a restart)."""
     unified: Callable[[], resolving.Inputs]
     """The unified pool's inputs, to admit unified pods as Allocate would."""
+    dra: bool = False
+    """The node is in DRA mode: no device plugin serves it, so the stand-in advertises no
+    device-plugin resource and hands out no device (``docs/dra.md``)."""
 
 
 StandinFactory = Callable[[StandinInputs], Standin]
@@ -395,11 +398,20 @@ class KubeSide:
     startup: startup.StartupTaint | None = None
     """Removes the startup taint from the Node once the agent is ready (:meth:`wire` says
     what ready means); fed the Node by the caller's Node watch (:meth:`StartupTaint.node_seen`)."""
+    dra: bool = False
+    """The node is in DRA mode though no static layouts say so (the fleet reads the label from
+    its own Node watch); :attr:`dra_node` also reads :attr:`statics`."""
 
     @property
     def node(self) -> str:
         """The node's name."""
         return self.source.node
+
+    @property
+    def dra_node(self) -> bool:
+        """Whether the node is in DRA mode (``migpilot.io/mode=dra``): ResourceSlices are
+        published, no device plugin serves it (``docs/dra.md``)."""
+        return self.dra or (self.statics is not None and self.statics.dra_node)
 
     def share_with(self, current: Callable[[], sharing_config.Config]) -> None:
         """The node's sharing config is ``current``'s (the sharing follower's): its replicas are
@@ -448,8 +460,7 @@ class KubeSide:
         counters = None
         # A node in DRA mode serves no device plugin, so no nvidia.com/gpu for a unified pod
         # to go with the counters: written there, they would only mislead (docs/dra.md).
-        dra = self.statics is not None and self.statics.dra_node
-        if self.counters and not dra:
+        if self.counters and not self.dra_node:
             counters = unifying.NodeCounters(
                 self.api, node=self.node, mps_node=self.mps_node, sharing=self.sharing
             )
@@ -515,13 +526,15 @@ def kube_side(
     mps_node: Callable[[], bool] | None = None,
     dynamic_mig: Callable[[], bool] | None = None,
     now: Callable[[], str] = _now,
+    dra: bool = False,
 ) -> KubeSide:
     """The Kubernetes side of ``source``'s node: its unified pool and MPS slices over the spec
     the agent acts on, with ``standin`` its stand-in kubelet (the pool's record of hand-outs),
     and its startup taint's remover, fed by ``statics``' Node watch when there is one (the
     fleet feeds it from its own). ``mps_node``: whether the Node is in mode ``mps`` (default:
     the static layouts' Node watch says, else never); ``dynamic_mig``: whether the Node is
-    labelled ``migpilot.io/mig-mode=dynamic`` (the same default)."""
+    labelled ``migpilot.io/mig-mode=dynamic`` (the same default); ``dra``: the node is in DRA
+    mode (default: the static layouts' Node label says, read once)."""
 
     def spec() -> gpulayouts.LayoutSpec | None:
         return source.acted_on.spec if source.acted_on is not None else None
@@ -538,6 +551,7 @@ def kube_side(
             spec=spec,
             layout=source.layout,
             unified=lambda: pool.inputs(fresh=False),
+            dra=dra or (statics is not None and statics.dra_node),
         )
         kubelet = standin(inputs)
         pool.attach(kubelet)
@@ -565,6 +579,7 @@ def kube_side(
         now=now,
         sharing=sharing,
         startup=taint,
+        dra=dra,
     )
 
 
@@ -1204,20 +1219,20 @@ def dra_steering(
     settings: ClusterSettings,
     *,
     clock: Callable[[], float] = time.time,
+    lease: resourceslices.ControllerLease | None = None,
 ) -> None:
     """On a node in DRA mode: the GpuLayout's spec is the planner's target, whose placements
     for pods the DRA plugin makes (not the reconciler), and which the publisher lists first
     while the controller's Lease is fresh by ``clock`` (epoch seconds; ``docs/dra.md``,
-    "Steering kube-scheduler")."""
+    "Steering kube-scheduler"). ``lease``: the Lease's reader to share (the fleet's nodes read
+    one), else one of the node's own."""
     api = cluster.api
     if not isinstance(api, sliceapi.SliceSource):  # dra_publisher checked it
         raise errors.AgentConfigError("this Kubernetes client cannot read the controller's Lease")
     source = cluster.source
     source.for_dra()
-    lease_api = api.slices()
-    lease = resourceslices.ControllerLease(
-        lambda: lease_api.get_lease(settings.lease_namespace, settings.lease_name), clock=clock
-    )
+    if lease is None:
+        lease = controller_lease(api, settings, clock=clock)
 
     def planned() -> tuple[placements.Placement, ...]:
         layout = source.layout()
@@ -1226,12 +1241,25 @@ def dra_steering(
     slices.steer_from(planned, fresh=lease.fresh)
 
 
+def controller_lease(
+    api: sliceapi.SliceSource,
+    settings: ClusterSettings,
+    *,
+    clock: Callable[[], float] = time.time,
+) -> resourceslices.ControllerLease:
+    """The reader of the controller's Lease that DRA steering asks (``settings`` name it)."""
+    lease_api = api.slices()
+    return resourceslices.ControllerLease(
+        lambda: lease_api.get_lease(settings.lease_namespace, settings.lease_name), clock=clock
+    )
+
+
 def dra_publisher(cluster: KubeSide | None) -> resourceslices.SlicePublisher | None:
     """On a Node labelled ``migpilot.io/mode=dra`` when the agent starts: the publisher of its
     ResourceSlices (``docs/dra.md``, "Publishing"), which the agent serves instead of the
     device plugin; else ``None``. The label is read once: a change takes effect when the agent
     restarts."""
-    if cluster is None or cluster.statics is None or not cluster.statics.dra_node:
+    if cluster is None or not cluster.dra_node:
         return None
     api = cluster.api
     if not isinstance(api, sliceapi.SliceSource):

@@ -14,6 +14,7 @@ from typing import IO
 
 from migpilot import errors, logs
 from migpilot.agent.deviceplugin import devices
+from migpilot.api import leases
 from migpilot.kube import objects
 from migpilot.kwok import fleet
 
@@ -30,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             f"the selector picks; each node's GPUs come from its {fleet.EMULATED_GPUS_LABEL} "
             "label (a100-80gb.x8, a100-80gb.x4_a30.x2). One watch of the Nodes, one of the "
             "GpuLayouts and one of the pods for all of them; passes run on a pool of "
-            "threads. Stops on SIGTERM/SIGINT."
+            "threads. A node labelled migpilot.io/mode=dra publishes ResourceSlices and has "
+            "the claims of its pods prepared instead. Stops on SIGTERM/SIGINT."
         ),
     )
     p.add_argument(
@@ -110,6 +112,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "devices each pod holds report, on every node (re-read within 1 s; a pod missing is "
         "idle); as migpilot agent --emulated-load",
     )
+    p.add_argument(
+        "--lease-namespace",
+        default=leases.NAMESPACE,
+        metavar="NS",
+        help="namespace of the controller's Lease: on nodes labelled migpilot.io/mode=dra the "
+        f"plan is listed first only while the Lease is fresh (default: {leases.NAMESPACE})",
+    )
+    p.add_argument(
+        "--lease-name",
+        default=leases.NAME,
+        metavar="NAME",
+        help=f"the controller's Lease (default: {leases.NAME})",
+    )
     logs.add_flag(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     p.set_defaults(func=_run)
@@ -154,6 +169,8 @@ def settings_from(args: argparse.Namespace) -> fleet.FleetSettings:
         metrics_port=args.metrics_port or None,
         gpu_metrics_interval_s=args.gpu_metrics_interval,
         emulated_load=args.emulated_load,
+        lease_namespace=args.lease_namespace,
+        lease_name=args.lease_name,
     )
 
 

@@ -24,6 +24,14 @@ due (:meth:`running.Agent.due`); again ``interval_s`` after a pass that left wor
 retry it), and otherwise only every ``resync_s``, since nothing else changes a fleet node. A node is
 never in two passes at once, and a change during a pass queues one more (:class:`WorkQueue`).
 
+A node labelled ``migpilot.io/mode=dra`` when it joins is in DRA mode, as a single agent's
+(``docs/dra.md``): its stand-in advertises no device-plugin resource, the agent's
+:class:`~resourceslices.SlicePublisher` publishes its ResourceSlices after each pass (the planned
+placements listed first while the controller's Lease is fresh, one reader of the Lease for the
+whole fleet), and :class:`~drastandin.DraStandin` prepares the claims of its pods through the DRA
+plugin's own preparer, so their instances exist. Its claims' ledger and CDI specs are kept in
+memory, as the fleet's GPUs are.
+
 A shell module: it talks to the API only through :class:`~kubeapi.NodeApi` (:func:`run` opens the
 lightkube one from :mod:`migpilot.agent.cluster.kube`); never imports a Kubernetes client itself,
 nor gRPC: no device plugin is served (import-linter contracts)."""
@@ -42,13 +50,25 @@ from typing import Any
 
 from migpilot import errors, logs, probes
 from migpilot.agent import assembling, metrics, reconciling, running, sampling, usage
-from migpilot.agent.cluster import boundpods, following, kube, kubeapi, startup, watching
+from migpilot.agent.cluster import (
+    boundpods,
+    following,
+    kube,
+    kubeapi,
+    resourceslices,
+    sliceapi,
+    startup,
+    watching,
+)
 from migpilot.agent.deviceplugin import devices
+from migpilot.agent.dra import gpuinstances, memory
+from migpilot.agent.dra import node as dra_node
 from migpilot.agent.rules import changes
 from migpilot.agent.sharing import unifying
+from migpilot.api import leases
 from migpilot.gpu import backend, clocks, emulated
 from migpilot.kube import objects
-from migpilot.kwok import standin
+from migpilot.kwok import drastandin, standin
 from migpilot.planning import modes
 
 _log = logging.getLogger(__name__)
@@ -190,6 +210,11 @@ class FleetSettings:
     emulated_load: Path | None = None
     """The ``--emulated-load`` file: ``NAMESPACE/POD`` -> what the devices each pod holds
     report, shared by every node (re-read within 1 s of a change); ``None``: every pod idle."""
+    lease_namespace: str = leases.NAMESPACE
+    """Namespace of the controller's Lease: on nodes in DRA mode the planner's placements are
+    listed first only while it is fresh (default ``migpilot-system``)."""
+    lease_name: str = leases.NAME
+    """The controller's Lease (default ``migpilot-controller``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +236,10 @@ class Member:
     startup: startup.StartupTaint | None = None
     """Removes the Node's startup taint once the node is reported and its resources
     published (fed the Node by the fleet's Node watch)."""
+    slices: resourceslices.SlicePublisher | None = None
+    """In DRA mode: publishes the node's ResourceSlices after each pass."""
+    dra: drastandin.DraStandin | None = None
+    """In DRA mode: prepares the claims of the node's pods."""
 
 
 def _now() -> str:
@@ -246,6 +275,9 @@ class Fleet:
         self._dynamic_nodes: dict[str, bool] = {}
         """Node -> whether it is labelled ``migpilot.io/mig-mode=dynamic`` (its idle GPUs' MIG
         mode may be switched)."""
+        self._lease: resourceslices.ControllerLease | None = None
+        """The controller's Lease as DRA steering reads it, shared by the nodes in DRA mode
+        (made with the first)."""
         """Node -> the label value it was refused for (logged once)."""
         self._retry: dict[str, float] = {}
         """Node -> when to pass it again (monotonic seconds): its last pass left work undone."""
@@ -305,6 +337,7 @@ class Fleet:
         node = str((doc.get("metadata") or {}).get("name", ""))
         value = objects.labels_of(doc).get(EMULATED_GPUS_LABEL)
         mps_node = objects.labels_of(doc).get(modes.MODE_LABEL) == modes.Mode.MPS.value
+        dra = objects.labels_of(doc).get(modes.MODE_LABEL) == modes.Mode.DRA.value
         with self._lock:
             self._mps_nodes[node] = mps_node
             self._dynamic_nodes[node] = modes.dynamic_mig(objects.labels_of(doc))
@@ -312,6 +345,10 @@ class Fleet:
         if have is not None:
             if value != have.label:
                 self._refuse(node, value or "", "changing a node's emulated GPUs needs a restart")
+            if dra != (have.slices is not None):
+                self._refuse(
+                    node, f"dra={dra}", "changing a node's DRA mode needs a restart of the fleet"
+                )
             have.kubelet.node_seen(doc)  # a count the Node lost is published again
             if have.startup is not None:
                 have.startup.node_seen(doc)
@@ -325,7 +362,11 @@ class Fleet:
         except errors.AgentConfigError as err:
             self._refuse(node, value, str(err))
             return
-        member = self._make(node, value, spec)
+        try:
+            member = self._make(node, value, spec, dra=dra)
+        except errors.AgentConfigError as err:
+            self._refuse(node, value, str(err))
+            return
         if member.startup is not None:
             member.startup.node_seen(doc)
         with self._lock:
@@ -350,9 +391,12 @@ class Fleet:
         if member is not None:
             _log.info("Node %s: gone, its agent stops", node, extra=logs.about(node=node))
 
-    def _make(self, node: str, label: str, spec: emulated.EmulatedSpec) -> Member:
+    def _make(
+        self, node: str, label: str, spec: emulated.EmulatedSpec, *, dra: bool = False
+    ) -> Member:
         """The single agent's parts, wired as ``migpilot agent --node --kubelet simulated``
-        (:func:`assembling.kube_side` and :meth:`assembling.KubeSide.wire`)."""
+        (:func:`assembling.kube_side` and :meth:`assembling.KubeSide.wire`); in DRA mode
+        (``dra``) with the ResourceSlice publisher and the claims' preparer."""
         gpus = emulated.EmulatedBackend(
             spec.models,
             pci_ids=spec.pci_ids,
@@ -382,21 +426,53 @@ class Fleet:
             mps_node=mps_node,
             dynamic_mig=dynamic_mig,
             now=self._now,
+            dra=dra,
         )
         kubelet = side.kubelet
         assert isinstance(kubelet, standin.SimulatedKubelet)
-        wired = side.wire(reconciling.RunningProcesses(gpus), gpus=gpus)
+        slices = assembling.dra_publisher(side)
+        prep: drastandin.DraStandin | None = None
+        desired: running.DesiredSource = side.desired_source()
+        if slices is None:
+            wired = side.wire(reconciling.RunningProcesses(gpus), gpus=gpus)
+            listener: running.PassListener = wired.listener
+        else:
+            # As the single agent's DRA mode (assembling._serve), with the kubelet plugin's
+            # preparer called by the stand-in instead of a kubelet over gRPC.
+            processes = reconciling.RunningProcesses(gpus)
+            instances = gpuinstances.BackendInstances(gpus, ledger_file=None, in_use=processes)
+            preparer = dra_node.preparer(
+                gpus, self._api, node=node, instances=instances, specs=memory.MemoryCdi()
+            )
+            prep = drastandin.DraStandin(self._api, node=node, pods=self.pods, preparer=preparer)
+            wired = side.wire(
+                reconciling.AnyOf([processes, instances]), gpus=gpus, advertised=slices.advertised
+            )
+            slices.claims_from(instances.claimed)
+            slices.use_from(wired.in_use.in_use)
+            assembling.dra_steering(
+                slices,
+                side,
+                assembling.ClusterSettings(
+                    lease_namespace=self.settings.lease_namespace,
+                    lease_name=self.settings.lease_name,
+                ),
+                lease=self._controller_lease(),
+            )
+            # The claims prepared first, so the slices published after hold their instances.
+            listener = running.Listeners([prep, wired.listener, slices])
+            desired = running.AlsoWatching(desired, prep.fingerprint)
         agent = running.Agent(
             gpus=gpus,
             in_use=wired.in_use,
-            source=side.desired_source(),
+            source=desired,
             plugin=None,
             agent_metrics=self._metrics,
             clock=self._clock,
             settings=running.AgentSettings(
                 strategy=self.settings.strategy, interval_s=self.settings.resync_s
             ),
-            listener=wired.listener,
+            listener=listener,
             view_filter=side.view_filter(),
             dynamic_mig=side.dynamic_mig,
         )
@@ -419,8 +495,25 @@ class Fleet:
         reporter, pool, counters = wired.reporter, side.pool, wired.counters
         return Member(
             node, label, gpus, source, kubelet, reporter, agent, pool, counters, sampler,
-            side.startup,
+            side.startup, slices, prep,
         )  # fmt: skip
+
+    def _controller_lease(self) -> resourceslices.ControllerLease:
+        """The fleet's one reader of the controller's Lease (DRA steering), made once."""
+        with self._lock:
+            if self._lease is None:
+                if not isinstance(self._api, sliceapi.SliceSource):  # dra_publisher checked
+                    raise errors.AgentConfigError(
+                        "this Kubernetes client cannot read the controller's Lease"
+                    )
+                self._lease = assembling.controller_lease(
+                    self._api,
+                    assembling.ClusterSettings(
+                        lease_namespace=self.settings.lease_namespace,
+                        lease_name=self.settings.lease_name,
+                    ),
+                )
+            return self._lease
 
     # -- the watches' callbacks ----------------------------------------------------------------
     def nodes_listed(self, docs: Sequence[Mapping[str, Any]]) -> None:
@@ -509,6 +602,8 @@ class Fleet:
                     and member.kubelet.settled
                     and (member.counters is None or member.counters.settled)
                     and (member.startup is None or member.startup.settled)
+                    and (member.slices is None or member.slices.published)
+                    and (member.dra is None or member.dra.settled)
                 )
             except backend.BackendError as err:
                 _log.error("Node %s: GPU backend failed, retrying at the next pass: %s", node, err)

@@ -462,7 +462,12 @@ class SimulatedKubelet:
         unified: Callable[[], resolving.Inputs] | None = None,
         held_by: Callable[[], Mapping[str, str]] = dict,
         checkpoint: Checkpoint | None = None,
+        dra: bool = False,
     ) -> None:
+        self._dra = dra
+        """A node in DRA mode: no device plugin serves it, so nothing is advertised and no
+        device handed out (its pods' claims are prepared instead, ``migpilot.kwok.drakubelet``);
+        only counts the Node shows for devices that do not exist are set to 0."""
         self._checkpoint = checkpoint
         self._saved: Mapping[str, Held] | None = checkpoint.load() if checkpoint else None
         """What the checkpoint held at the start, until the first assignment; then ``None``."""
@@ -602,7 +607,7 @@ class SimulatedKubelet:
     ) -> None:
         """Assign devices to new pods, then patch the Node when the counts changed; API
         failures are logged and retried."""
-        offered = _advertised(view, self._strategy, self._sharing())
+        offered = {} if self._dra else _advertised(view, self._strategy, self._sharing())
         with self._lock:
             self._state, self._offered = state, offered
             self._refresh(force=True)
@@ -621,7 +626,11 @@ class SimulatedKubelet:
         pods = self._pods.pods(self._node)
         # Unified pods are admitted below; an NVIDIA-style pod on time-slicing replicas is
         # assigned its replicas here, as a MIG pod its instances.
-        mig = [q for p in pods if (q := with_replicas(p, self._offered)).requests]
+        mig = (
+            []
+            if self._dra
+            else [q for p in pods if (q := with_replicas(p, self._offered)).requests]
+        )
         if self._saved is not None:
             self._assigned = restored(self._saved, mig)
             self._saved = None
@@ -807,6 +816,9 @@ class SimulatedKubelet:
         self._settled = patch == self._published and not self._drifted
         if self._settled:
             return
+        if not patch:  # nothing advertised, nothing stale (a node in DRA mode): no write
+            self._published, self._settled, self._drifted = {}, True, False
+            return
         try:
             self._api.patch_node_resources(self._node, dict(patch))
         except kube_errors.KubeApiError as err:
@@ -835,6 +847,7 @@ def stand_in(
         unified=inputs.unified,
         held_by=lambda: reported_used_by(inputs.layout()),
         checkpoint=Checkpoint(checkpoint) if checkpoint is not None else None,
+        dra=inputs.dra,
     )
 
 

@@ -396,6 +396,28 @@ def parse_claim_spec(spec: Any, *, where: str) -> ClaimSpec:
     return ClaimSpec(tuple(requests), tuple(others))
 
 
+def names_class(spec: Any) -> bool:
+    """Whether a ResourceClaim's ``spec`` (a ResourceClaimTemplate's ``spec.spec``) has a
+    request, or a ``firstAvailable`` subrequest, of migpilot's DeviceClass. Read tolerantly,
+    never raising: the admission webhook asks it of specs not yet validated (a claim the planner
+    cannot read may still be one migpilot must hear of), and anything not shaped as the API says
+    names nothing."""
+    if not isinstance(spec, Mapping):
+        return False
+    devices = spec.get("devices")
+    raw = devices.get("requests") if isinstance(devices, Mapping) else None
+    if not isinstance(raw, list):
+        return False
+    for r in raw:
+        if not isinstance(r, Mapping):
+            continue
+        first = r.get("firstAvailable")
+        subs = [r.get("exactly"), *(first if isinstance(first, list) else ())]
+        if any(isinstance(s, Mapping) and s.get("deviceClassName") == DEVICE_CLASS for s in subs):
+            return True
+    return False
+
+
 # --------------------------------------------------------------------------- as the planner's
 
 

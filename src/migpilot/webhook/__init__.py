@@ -2,6 +2,8 @@
 
 A shell on the same layer as :mod:`migpilot.agent` (the two never import each other). Its
 decision is pure and sans-IO (:mod:`migpilot.webhook.admission`); :mod:`~migpilot.webhook.leases`
-is the one module that talks to the Kubernetes API (it reads the controller's Lease), and
-:mod:`~migpilot.webhook.serving` is the HTTPS server around both. See ``docs/webhook.md``.
+reads the controller's Lease and makes the webhook's client, :mod:`~migpilot.webhook.claims`
+reads the DRA claims a new pod names through it (the two modules that talk to the Kubernetes
+API), and :mod:`~migpilot.webhook.serving` is the HTTPS server around them. See
+``docs/webhook.md``.
 """

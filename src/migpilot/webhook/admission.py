@@ -14,6 +14,15 @@ only a gated pod allows. Without such a node nothing changes: the pod is NVIDIA'
 plugin's and kube-scheduler's alone. The controller lets a gated whole-GPU pod no dynamic node
 can serve go at once.
 
+A *DRA* pod (``spec.resourceClaims``) is gated when one of its ResourceClaims, or the
+ResourceClaimTemplate one is made from, asks for a device of migpilot's DeviceClass
+``mig.migpilot.io`` (a request's, or a ``firstAvailable`` subrequest's, ``deviceClassName``):
+the planner then steers kube-scheduler's allocation (``docs/dra.md``). The pod says only the
+names; the shell reads those objects (:mod:`migpilot.webhook.claims`) and hands them here as
+:class:`ClaimLookup` values. A pod none of whose claims read shows to be migpilot's is never
+gated: the controller lets go a gated pod whose claims it will not plan, but not one of another
+driver, which would then wait forever (``docs/webhook.md``).
+
 The gate is added only while the controller holds a fresh Lease, so that a dead controller never
 strands new pods; with the webhook's ``failurePolicy: Ignore`` a dead webhook does not either.
 This webhook never rejects a pod: a malformed review or pod is allowed unchanged, with a message
@@ -33,12 +42,13 @@ from __future__ import annotations
 import base64
 import enum
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 from migpilot import errors
-from migpilot.planning import modes, snapshot, unified
+from migpilot.planning import draclaims, modes, snapshot, unified
 from migpilot.webhook import reviews
 
 GATE = "migpilot.io/plan"
@@ -46,6 +56,13 @@ GATE = "migpilot.io/plan"
 GATED_LABEL = "migpilot.io/gated"
 """Label the webhook sets (``"true"``) on the pods it gated, so the controller can watch them."""
 API_VERSION = reviews.API_VERSION
+MAX_CLAIMS = 32
+"""Most claims (ResourceClaims and templates, each once) read for one pod: a pod naming more is
+not gated, with a warning, so what one review costs the API server stays bounded."""
+MAX_NAME = 253
+"""Longest object name (a DNS subdomain); a namespace is at most 63 (a DNS label)."""
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 class PatchOperation(TypedDict):
@@ -75,6 +92,37 @@ class Outcome(enum.StrEnum):
     """``spec.nodeName`` is set: the apiserver rejects a gate on a bound pod."""
     LEASE_STALE = "lease-stale"
     MALFORMED = "malformed"
+    GATED_DRA = "gated-dra"
+    """A DRA pod: one of its claims asks for ``mig.migpilot.io`` devices."""
+    DRA_UNKNOWN = "dra-claims-unknown"
+    """A DRA pod none of whose claims read is migpilot's, and some could not be read (not there
+    yet, a failed or timed-out read, too many, a name no object can have): not gated, with a
+    warning, since it may be another driver's."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ClaimRef:
+    """A ResourceClaim, or a ResourceClaimTemplate, that a pod's ``spec.resourceClaims`` names."""
+
+    template: bool
+    namespace: str
+    name: str
+
+    @property
+    def label(self) -> str:
+        """How a person names it: ``ResourceClaimTemplate ns/name``."""
+        kind = "ResourceClaimTemplate" if self.template else "ResourceClaim"
+        return f"{kind} {self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimLookup:
+    """What reading a :class:`ClaimRef` gave: the object, or why there is none."""
+
+    document: Mapping[str, Any] | None = None
+    """The object as the API server returned it; ``None`` when not found or not read."""
+    problem: str | None = None
+    """Why it was not read (a timeout, forbidden...); ``None`` with no document: not found."""
 
 
 @dataclass(frozen=True)
@@ -89,17 +137,23 @@ class Decision:
 
 
 def review(
-    document: object, *, lease_fresh: bool, gate_whole: bool = False
+    document: object,
+    *,
+    lease_fresh: bool,
+    gate_whole: bool = False,
+    claims: Mapping[ClaimRef, ClaimLookup] | None = None,
 ) -> reviews.AdmissionReview:
     """The AdmissionReview answering ``document`` (a decoded AdmissionReview request).
 
     Always allows. Adds the gate (and the ``migpilot.io/gated`` label) to a pod being created
     that requests a MIG resource or is unified, has no node and no gate yet, when
-    ``lease_fresh``; and to a whole-GPU pod alike when ``gate_whole`` too (the Lease says some
-    node is labelled ``migpilot.io/mig-mode=dynamic``). Warnings and the message are capped
-    (:func:`reviews.capped`), so the answer stays small whatever the pod holds.
+    ``lease_fresh``; to a whole-GPU pod alike when ``gate_whole`` too (the Lease says some
+    node is labelled ``migpilot.io/mig-mode=dynamic``); and to a DRA pod one of whose
+    ``claims`` (the objects :func:`to_read` named, as read) asks for migpilot's devices.
+    Warnings and the message are capped (:func:`reviews.capped`), so the answer stays small
+    whatever the pod holds.
     """
-    decision = decide(document, lease_fresh=lease_fresh, gate_whole=gate_whole)
+    decision = decide(document, lease_fresh=lease_fresh, gate_whole=gate_whole, claims=claims)
     response: reviews.AdmissionResponse = {"uid": reviews.uid(document), "allowed": True}
     if decision.patch:
         encoded = json.dumps(list(decision.patch), separators=(",", ":")).encode()
@@ -112,12 +166,40 @@ def review(
     return reviews.answer(response)
 
 
-def decide(document: object, *, lease_fresh: bool, gate_whole: bool = False) -> Decision:
-    """The decision for one decoded AdmissionReview; see :func:`review`."""
+def decide(
+    document: object,
+    *,
+    lease_fresh: bool,
+    gate_whole: bool = False,
+    claims: Mapping[ClaimRef, ClaimLookup] | None = None,
+) -> Decision:
+    """The decision for one decoded AdmissionReview; see :func:`review`. A claim ``claims``
+    lacks counts as not read."""
+    return _decide(document, lease_fresh=lease_fresh, gate_whole=gate_whole, claims=claims)[0]
+
+
+def to_read(
+    document: object, *, lease_fresh: bool, gate_whole: bool = False
+) -> tuple[ClaimRef, ...]:
+    """The claims and templates whose reading can change the decision on ``document``: those
+    of a DRA pod that nothing else gates, not bound, not gated yet, while ``lease_fresh``;
+    none for any other review (no read is spent on a pod that cannot be gated). At most
+    :data:`MAX_CLAIMS`, each once, each name one an object can have. Never raises."""
+    return _decide(document, lease_fresh=lease_fresh, gate_whole=gate_whole, claims=None)[1]
+
+
+def _decide(
+    document: object,
+    *,
+    lease_fresh: bool,
+    gate_whole: bool,
+    claims: Mapping[ClaimRef, ClaimLookup] | None,
+) -> tuple[Decision, tuple[ClaimRef, ...]]:
+    """The decision, and the claims it turned on (empty when none was looked at)."""
     try:
         request = reviews.request_of(document)
         if not reviews.is_pod_create(request):
-            return Decision(Outcome.NOT_POD_CREATE)
+            return Decision(Outcome.NOT_POD_CREATE), ()
         pod = reviews.pod_of(request)
         mig, warnings = _mig_requests(pod)
         as_unified = _unified_outcome(pod)
@@ -130,22 +212,127 @@ def decide(document: object, *, lease_fresh: bool, gate_whole: bool = False) -> 
             and asks_whole_gpus(pod)
         ):
             gated = as_unified = Outcome.GATED_WHOLE
+        refs: tuple[ClaimRef, ...] = ()
+        bad: str | None = None
+        if not mig and as_unified is Outcome.NO_MIG_REQUEST:
+            # Nothing else gates it: its DRA claims may, once read.
+            refs, bad = claim_refs(pod.spec, namespace=_namespace(request, pod))
+            if refs or bad:
+                gated = as_unified = Outcome.GATED_DRA
         if as_unified is Outcome.BAD_UNIFIED_REQUEST or (
-            not mig and as_unified not in (Outcome.GATED, Outcome.GATED_WHOLE)
+            not mig and as_unified not in (Outcome.GATED, Outcome.GATED_WHOLE, Outcome.GATED_DRA)
         ):
-            return Decision(as_unified, warnings=warnings)
+            return Decision(as_unified, warnings=warnings), ()
         gates = _gates(pod.spec)
         if GATE in gates:
-            return Decision(Outcome.ALREADY_GATED, warnings=warnings)
+            return Decision(Outcome.ALREADY_GATED, warnings=warnings), ()
         if pod.spec.get("nodeName"):
-            return Decision(Outcome.BOUND, warnings=warnings)
+            return Decision(Outcome.BOUND, warnings=warnings), ()
         if not lease_fresh:
-            return Decision(Outcome.LEASE_STALE, warnings=warnings)
+            return Decision(Outcome.LEASE_STALE, warnings=warnings), ()
+        if gated is Outcome.GATED_DRA:
+            if bad is not None:
+                return Decision(Outcome.DRA_UNKNOWN, warnings=(*warnings, _not_gated(bad))), ()
+            outcome, told = _dra_outcome(refs, claims or {})
+            if outcome is not Outcome.GATED_DRA:
+                return Decision(outcome, warnings=(*warnings, *told)), refs
         patch = (_gate_patch(pod.spec), _label_patch(pod.metadata))
-        return Decision(gated, patch=patch, warnings=warnings)
+        return Decision(gated, patch=patch, warnings=warnings), refs
     except reviews.MalformedError as err:
         message = f"migpilot webhook: admitted without a gate: {err}"
-        return Decision(Outcome.MALFORMED, warnings=(message,), problem=message)
+        return Decision(Outcome.MALFORMED, warnings=(message,), problem=message), ()
+
+
+def claim_refs(
+    spec: Mapping[str, Any], *, namespace: str
+) -> tuple[tuple[ClaimRef, ...], str | None]:
+    """The claims and templates the pod's ``spec.resourceClaims`` names in ``namespace``, each
+    once, and why they are not to be read when they are not (a name no object can have, more
+    than :data:`MAX_CLAIMS`; the refs are then empty). Raises :class:`reviews.MalformedError`
+    when ``resourceClaims`` is not a list of objects."""
+    found: dict[ClaimRef, None] = {}
+    entries = reviews.items(spec.get("resourceClaims"), "spec.resourceClaims")
+    for index, raw in enumerate(entries):
+        entry = reviews.mapping(raw, f"spec.resourceClaims[{index}]")
+        claim, template = entry.get("resourceClaimName"), entry.get("resourceClaimTemplateName")
+        where = f"spec.resourceClaims[{index}]"
+        if (claim is None) == (template is None):
+            both = "resourceClaimName and resourceClaimTemplateName"
+            return (), f"{where} names neither or both of {both}"
+        name = claim if claim is not None else template
+        if not _is_name(name, _NAME, MAX_NAME):
+            field = "resourceClaimName" if claim is not None else "resourceClaimTemplateName"
+            return (), f"{where}.{field} {_shown(name)} is not an object's name"
+        if not _is_name(namespace, _LABEL, 63):
+            return (), f"the namespace {_shown(namespace)} is not a namespace's name"
+        found[ClaimRef(template is not None, namespace, str(name))] = None
+        if len(found) > MAX_CLAIMS:
+            return (), f"the pod names more than {MAX_CLAIMS} claims and templates"
+    return tuple(found), None
+
+
+def _is_name(value: object, pattern: re.Pattern[str], longest: int) -> bool:
+    return isinstance(value, str) and len(value) <= longest and pattern.fullmatch(value) is not None
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def _namespace(request: Mapping[str, Any], pod: reviews.Pod) -> str:
+    """The pod's namespace: the request's (the apiserver sets it), else the pod's own."""
+    for where in (request.get("namespace"), pod.metadata.get("namespace")):
+        if isinstance(where, str) and where:
+            return where
+    return "default"
+
+
+def _dra_outcome(
+    refs: tuple[ClaimRef, ...], claims: Mapping[ClaimRef, ClaimLookup]
+) -> tuple[Outcome, tuple[str, ...]]:
+    """Whether a DRA pod is gated, from its claims as read, and what to tell when it is not.
+
+    Gated when a claim read asks for migpilot's devices and is not allocated yet (a claim
+    already allocated, shared with a pod that runs, is placed: kube-scheduler sends the pod to
+    its node). Its other claims then need not be read: the controller waits for one yet to come,
+    as kube-scheduler does. Not gated otherwise: with every claim read and none migpilot's, the
+    pod is another driver's; with some not read, it may be, and a gated pod of another driver
+    would wait forever (the controller lets go only the pods it reads as its own)."""
+    unknown: list[str] = []
+    for ref in refs:
+        look = claims.get(ref)
+        if look is None:
+            unknown.append(f"{ref.label} not read")
+        elif look.document is None:
+            unknown.append(
+                f"{ref.label} not found" if look.problem is None else f"{ref.label}: {look.problem}"
+            )
+        elif _asks_ours(look.document, template=ref.template):
+            return Outcome.GATED_DRA, ()
+    if not unknown:
+        return Outcome.NO_MIG_REQUEST, ()
+    return Outcome.DRA_UNKNOWN, (_not_gated("; ".join(unknown)),)
+
+
+def _asks_ours(document: Mapping[str, Any], *, template: bool) -> bool:
+    """Whether a ResourceClaim, or a template's claim, asks for migpilot's devices and is not
+    allocated yet (a template's claims never are)."""
+    spec = document.get("spec")
+    if template:
+        spec = spec.get("spec") if isinstance(spec, Mapping) else None
+    else:
+        status = document.get("status")
+        if isinstance(status, Mapping) and status.get("allocation"):
+            return False
+    return draclaims.names_class(spec)
+
+
+def _not_gated(why: str) -> str:
+    return (
+        f"migpilot: not gated for planning ({why}): if the pod asks for "
+        f"{draclaims.DEVICE_CLASS} devices, kube-scheduler allocates them without migpilot's plan"
+    )
 
 
 def _unified_outcome(pod: reviews.Pod) -> Outcome:

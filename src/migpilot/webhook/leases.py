@@ -16,10 +16,11 @@ stale when its Lease says, but one read that timed out on a busy API server does
 through ungated (they would take instances reserved for pods already pinned, which could then
 never run: ``docs/webhook.md``). With no Lease read yet, an error fails open.
 
-The one module of the webhook that talks to the Kubernetes API, through the shared boundary
-(:mod:`migpilot.kube`): :class:`KubeLease` reads the Lease from anything that answers a get as
-the lightkube client (:class:`migpilot.kube.client.Client`) and the in-memory API server of the
-unit tests (:class:`migpilot.kube.memory.InMemoryServer`) both do.
+The module of the webhook that makes its client, through the shared boundary
+(:mod:`migpilot.kube`; :func:`connect`, shared with the DRA claims reader
+:mod:`migpilot.webhook.claims`): :class:`KubeLease` reads the Lease from anything that answers a
+get as the lightkube client (:class:`migpilot.kube.client.Client`) and the in-memory API server
+of the unit tests (:class:`migpilot.kube.memory.InMemoryServer`) both do.
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ class Getter(Protocol):
         ...
 
 
+def connect(kubeconfig: Path | None) -> client.Client:
+    """The webhook's client (from ``kubeconfig``, or in-cluster when None), each read bounded
+    by :data:`READ_TIMEOUT_S`; the Lease and the DRA claims (:mod:`migpilot.webhook.claims`)
+    are read through it."""
+    return client.Client.connect(kubeconfig, timeout_s=READ_TIMEOUT_S)
+
+
 class KubeLease:
     """The Lease ``namespace/name`` read from the Kubernetes API."""
 
@@ -71,8 +79,7 @@ class KubeLease:
     @classmethod
     def connect(cls, kubeconfig: Path | None, *, name: str, namespace: str) -> KubeLease:
         """A source with its own client: from ``kubeconfig``, or in-cluster when None."""
-        api = client.Client.connect(kubeconfig, timeout_s=READ_TIMEOUT_S)
-        return cls(api, name=name, namespace=namespace)
+        return cls(connect(kubeconfig), name=name, namespace=namespace)
 
     def read(self) -> Mapping[str, Any]:
         lease = self._api.get(objects.Kind.LEASES, self._name, namespace=self._namespace)

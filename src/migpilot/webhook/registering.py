@@ -5,12 +5,12 @@ and a 2 s timeout make a dead or slow webhook let pods through (fail open), for 
 webhook too (its refusals save a person from a pod that would wait forever; they are not worth
 blocking every GPU pod's creation while the webhook is down). The CEL ``matchConditions`` keep
 the apiserver from calling the webhook for pods that ask for no ``nvidia.com/mig-`` resource, no
-``nvidia.com/gpu`` (the mutating one: a whole GPU) and make no unified request
+``nvidia.com/gpu`` (the mutating one: a whole GPU), make no unified request
 (``nvidia.com/gpumem``, ``gpumem-percentage``, ``gpucores``, or the ``nvidia.com/vgpu-mode``
-annotation), which are most of them; the namespace selector keeps
-``kube-system`` (and the webhook's own namespace) out, so the webhook can never hold up the
-cluster's own pods. Both configurations share selectors, so a pod is either seen by both webhooks
-or by neither. One function per configuration renders it, for the deploy manifests
+annotation) and name no DRA claim (the mutating one), which are most of them; the namespace
+selector keeps ``kube-system`` (and the webhook's own namespace) out, so the webhook can never
+hold up the cluster's own pods. Both configurations share selectors, so a pod is either seen by
+both webhooks or by neither. One function per configuration renders it, for the deploy manifests
 (``deploy/webhook/``, checked against them by a test), the Helm chart (checked by a test) and the
 end-to-end tests alike.
 
@@ -64,13 +64,16 @@ UNIFIED_CONDITION = f"{_container_asks(_IS_UNIFIED)} || {_HAS_MODE}"
 a ``nvidia.com/vgpu-mode`` (the webhook tells ``mig`` and ``mps`` from the others)."""
 _IS_MPS = f"r.startsWith('{modes.MPS_RESOURCE_PREFIX}')"
 _IS_WHOLE = f"r == '{unified.GPU}'"
+_HAS_CLAIMS = "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)"
 GATE_CONDITION = (
     f"{_container_asks(f'{_IS_MIG} || {_IS_MPS} || {_IS_UNIFIED} || {_IS_WHOLE}')} || {_HAS_MODE}"
+    f" || {_HAS_CLAIMS}"
 )
 """CEL: :data:`UNIFIED_CONDITION`, or the pod asks for some ``nvidia.com/mig-`` resource, an
 MPS slice (``nvidia.com/gpu-<N>gb``, ``docs/modes.md``) or ``nvidia.com/gpu``: a whole-GPU pod
 is gated while a node is labelled for dynamic MIG mode (``docs/migmode.md``), and the webhook
-reads the Lease to know."""
+reads the Lease to know; or it names DRA claims (``spec.resourceClaims``), which the webhook
+reads to know whether they ask for migpilot's devices (``docs/dra.md``)."""
 
 
 def configuration(

@@ -65,7 +65,7 @@ from types import FrameType
 from typing import Any
 
 from migpilot import errors, logs, probes
-from migpilot.webhook import admission, leases, registering, reviews, validation
+from migpilot.webhook import admission, claims, leases, registering, reviews, validation
 from migpilot.webhook import metrics as webhook_metrics
 
 _log = logging.getLogger("migpilot.webhook")
@@ -343,7 +343,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return  # the client closed before sending its body whole
         try:
-            document, answer = _answer(path, body, freshness=self.server.freshness)
+            document, answer = _answer(
+                path, body, freshness=self.server.freshness, reader=self.server.reader
+            )
         except _BadRequestError as err:
             _log.debug("review %s: 400: %s", path, err)
             self._reply(bad, 400, f"{err}\n".encode(), "text/plain")
@@ -388,9 +390,16 @@ class _BadRequestError(Exception):
     """The body cannot be read as JSON; carries the one-line reason sent with the 400."""
 
 
-def _answer(path: str, body: bytes, *, freshness: leases.Freshness) -> tuple[Any, Any]:
+def _answer(
+    path: str,
+    body: bytes,
+    *,
+    freshness: leases.Freshness,
+    reader: claims.ClaimReader | None = None,
+) -> tuple[Any, Any]:
     """The decoded review and the AdmissionReview answering it on ``path``; raises
-    :class:`_BadRequestError`."""
+    :class:`_BadRequestError`. A pod's DRA claims are read with ``reader`` when reading them
+    can change the answer (none read without one: such a pod is not gated)."""
     try:
         document = json.loads(body)
     except RecursionError:
@@ -404,8 +413,12 @@ def _answer(path: str, body: bytes, *, freshness: leases.Freshness) -> tuple[Any
     try:
         if path == MUTATE_PATH:
             lease = freshness.state()
-            return document, admission.review(
+            wanted = admission.to_read(
                 document, lease_fresh=lease.fresh, gate_whole=lease.dynamic_mig
+            )
+            found = reader.read(wanted) if wanted and reader is not None else {}
+            return document, admission.review(
+                document, lease_fresh=lease.fresh, gate_whole=lease.dynamic_mig, claims=found
             )
         return document, validation.review(document)
     except RecursionError:  # a value nested deep enough that telling of it recursed too far
@@ -429,9 +442,11 @@ class _Server(ThreadingHTTPServer):
         freshness: leases.Freshness,
         settings: Settings,
         metrics: webhook_metrics.WebhookMetrics,
+        reader: claims.ClaimReader | None = None,
     ) -> None:
         self.certs = certs
         self.freshness = freshness
+        self.reader = reader
         self.metrics = metrics
         self.connection_timeout_s = settings.connection_timeout_s
         self.request_timeout_s = settings.request_timeout_s
@@ -522,6 +537,7 @@ class WebhookServer:
         freshness: leases.Freshness,
         clock: Callable[[], float] = time.monotonic,
         metrics: webhook_metrics.WebhookMetrics | None = None,
+        reader: claims.ClaimReader | None = None,
     ) -> None:
         self.metrics = metrics if metrics is not None else webhook_metrics.WebhookMetrics()
         self.certs = CertReloader(
@@ -540,6 +556,7 @@ class WebhookServer:
             freshness=freshness,
             settings=settings,
             metrics=self.metrics,
+            reader=reader,
         )
         self._thread = threading.Thread(
             target=self._server.serve_forever,
@@ -622,10 +639,10 @@ def serve_metrics(server: WebhookServer, settings: Settings) -> probes.Endpoint 
 
 def run(settings: Settings) -> None:
     """Serve until SIGTERM or SIGINT: the ``migpilot webhook`` command."""
-    source = leases.KubeLease.connect(
-        settings.lease.kubeconfig, name=settings.lease.name, namespace=settings.lease.namespace
-    )
+    api = leases.connect(settings.lease.kubeconfig)
+    source = leases.KubeLease(api, name=settings.lease.name, namespace=settings.lease.namespace)
     freshness = leases.Freshness(source, cache_s=settings.lease.cache_s)
+    reader = claims.ClaimReader(api)
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -634,7 +651,9 @@ def run(settings: Settings) -> None:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         with contextlib.ExitStack() as stack:
-            server = stack.enter_context(WebhookServer(settings, freshness=freshness))
+            server = stack.enter_context(
+                WebhookServer(settings, freshness=freshness, reader=reader)
+            )
             endpoint = serve_metrics(server, settings)
             if endpoint is not None:
                 stack.callback(endpoint.close)

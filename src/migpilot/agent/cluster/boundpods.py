@@ -43,6 +43,9 @@ class BoundPod:
     it asks for none."""
     uid: str = ""
     """``metadata.uid`` (its processes' cgroups name it: ``agent/usage.py``)."""
+    claims: tuple[str, ...] = ()
+    """The names of its DRA ResourceClaims (:func:`pod_claims`), which a kubelet prepares
+    before the pod starts (on a KWOK node, the fleet's stand-in: ``migpilot.kwok.drakubelet``)."""
 
     @property
     def key(self) -> str:
@@ -57,7 +60,7 @@ class BoundPod:
 
 def bound_pod(doc: Mapping[str, Any]) -> BoundPod | None:
     """A pod (raw JSON) as the stand-in sees it; ``None`` when it holds no device (not bound,
-    terminated, no MIG request, no ``nvidia.com/gpu``). A bad request is a
+    terminated, no MIG request, no ``nvidia.com/gpu``, no DRA claim). A bad request is a
     :class:`MigpilotError`."""
     meta = doc.get("metadata") or {}
     node = objects.node_name_of(doc)
@@ -67,7 +70,8 @@ def bound_pod(doc: Mapping[str, Any]) -> BoundPod | None:
     where = f"pod {meta.get('namespace', '')}/{meta.get('name', '')}"
     gpu = resolving.gpu_pod(doc)
     total = {k: v for k, v in _mig_amounts(spec, where).items() if k not in _GPU_FAMILY}
-    if not any(total.values()) and gpu is None:
+    claims = pod_claims(doc)
+    if not any(total.values()) and gpu is None and not claims:
         return None
     asked = (
         snapshot.pod_requests(total, where=where)  # checks the names, one line each
@@ -86,7 +90,34 @@ def bound_pod(doc: Mapping[str, Any]) -> BoundPod | None:
         requests=tuple(sorted(requests)),
         gpu=gpu,
         uid=str(meta.get("uid") or ""),
+        claims=claims,
     )
+
+
+def pod_claims(doc: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names of the ResourceClaims a pod (raw JSON) uses, as the kubelet finds them: the
+    ``resourceClaimName`` of an entry of ``spec.resourceClaims``, or for an entry naming a
+    template the claim ``status.resourceClaimStatuses`` names (none yet, or ``null``: the
+    template made no claim for it). Each once, in the spec's order; anything not shaped as the
+    API says is skipped."""
+    spec, status = doc.get("spec"), doc.get("status")
+    entries = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
+    made = status.get("resourceClaimStatuses") if isinstance(status, Mapping) else None
+    by_entry = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in (made if isinstance(made, list) else ())
+        if isinstance(s, Mapping)
+    }
+    found: dict[str, None] = {}
+    for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entry, Mapping):
+            continue
+        name = entry.get("resourceClaimName")
+        if name is None and entry.get("resourceClaimTemplateName") is not None:
+            name = by_entry.get(entry.get("name"))
+        if isinstance(name, str) and name:
+            found[name] = None
+    return tuple(found)
 
 
 _GPU_FAMILY = frozenset({devices.FULL_GPU_RESOURCE, *resolving.UNIFIED_RESOURCES})

@@ -52,11 +52,13 @@ class BackendInstances:
     """Claims' MIG instances and whole GPUs on the node's backend; thread-safe."""
 
     def __init__(
-        self, gpus: backend.GpuBackend, *, ledger_file: Path, in_use: reconciling.InUse
+        self, gpus: backend.GpuBackend, *, ledger_file: Path | None, in_use: reconciling.InUse
     ) -> None:
         """Read the ledger (recovering from a corrupt one), reconcile it with the node's
         instances and write it back. ``in_use``: what else uses MIG devices (never this
-        object's own :meth:`in_use`), asked before each destroy."""
+        object's own :meth:`in_use`), asked before each destroy. ``ledger_file`` ``None``: the
+        ledger is kept in memory only (the KWOK fleet, whose emulated GPUs are not durable
+        either)."""
         self._backend = gpus
         self._path = ledger_file
         self._used = in_use
@@ -307,6 +309,8 @@ class BackendInstances:
         return ownership.NodeInstances(mig=mig, whole=whole)
 
     def _read(self, node: ownership.NodeInstances) -> ownership.Ledger:
+        if self._path is None:
+            return ownership.Ledger()
         try:
             raw = self._path.read_bytes()
         except FileNotFoundError:
@@ -338,6 +342,8 @@ class BackendInstances:
         self._save()
 
     def _save(self) -> None:
+        if self._path is None:
+            return
         text = json.dumps(ownership.dump(self._ledger), indent=1, sort_keys=True) + "\n"
         try:
             files.write_atomically(self._path, text, durable=True)

@@ -88,10 +88,24 @@ def build(
         ) from None
     instances = gpuinstances.BackendInstances(gpus, ledger_file=ledger, in_use=in_use)
     specs = cdiclaims.ClaimSpecs(gpus, spec_dir=paths.cdi_spec_dir, proc_root=paths.proc_root)
-    models = {g.index: g.model for g in gpus.gpus() if g.model is not None}
-    preparer = preparing.Preparer(apiclaims.ApiClaims(api), instances, models, node, specs=specs)
-    plugin = serving.KubeletPlugin(preparer, paths.plugin_settings())
+    prepares = preparer(gpus, api, node=node, instances=instances, specs=specs)
+    plugin = serving.KubeletPlugin(prepares, paths.plugin_settings())
     return DraNode(plugin=plugin, instances=instances, specs=specs)
+
+
+def preparer(
+    gpus: backend.GpuBackend,
+    api: apiclaims.ClaimReader,
+    *,
+    node: str,
+    instances: preparing.Instances,
+    specs: preparing.CdiSpecs,
+) -> preparing.Preparer:
+    """What prepares and unprepares ``node``'s claims (its pool) on ``gpus``: the plugin's, and
+    the KWOK fleet's stand-in kubelet's (``migpilot.kwok.drastandin``), which calls it
+    directly."""
+    models = {g.index: g.model for g in gpus.gpus() if g.model is not None}
+    return preparing.Preparer(apiclaims.ApiClaims(api), instances, models, node, specs=specs)
 
 
 def start(
