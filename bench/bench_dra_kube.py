@@ -24,8 +24,10 @@ controller's batch window, scheduler backoff, the fake kubelet's poll) weigh ``-
 times more, in trace time, than in the simulator; both variants pay them alike but for the
 controller's window.
 
-Also counted: prepares the plugin refused (a claim allocated a device the node cannot make: it
-should be 0), and the claims by memory given a larger profile than the smallest that holds them.
+Also counted: the pods the controller planned, pinned and let go (its ``MigDraPlanned``
+Events; 0 uncurated), prepares the plugin refused (a claim allocated a device the node cannot
+make: it should be 0), and the claims by memory given a larger profile than the smallest that
+holds them.
 
 Usage: python bench/bench_dra_kube.py [--traces NAME,...] [--speedup X] [--pods N]
        [--variants uncurated,steered] [--out PATH]
@@ -64,7 +66,7 @@ from lightkube.models.core_v1 import (  # noqa: E402
 )
 from lightkube.models.core_v1 import ResourceClaim as ContainerClaim  # noqa: E402
 from lightkube.models.meta_v1 import ObjectMeta  # noqa: E402
-from lightkube.resources.core_v1 import Namespace, Pod  # noqa: E402
+from lightkube.resources.core_v1 import Event, Namespace, Pod  # noqa: E402
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice  # noqa: E402
 from tests.kube import controlplane, kwokstages, system, tools  # noqa: E402
 from tests.kube.drakubelet import DraKubelet  # noqa: E402
@@ -346,7 +348,13 @@ def replay(
         name = doc["metadata"]["name"]
         if name in outcomes:
             outcomes[name].node, outcomes[name].devices = _allocated(doc)
-    return _figures(scene, pods, outcomes, speedup=speedup, wall=time.monotonic() - start)
+    planned = sum(
+        1
+        for e in client.list(Event, namespace=NAMESPACE)
+        if e.reason == "MigDraPlanned" and e.involvedObject.name in outcomes
+    )
+    figures = _figures(scene, pods, outcomes, speedup=speedup, wall=time.monotonic() - start)
+    return {**figures, "pods_planned_by_the_controller": planned}
 
 
 def _figures(
