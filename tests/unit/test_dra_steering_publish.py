@@ -385,7 +385,7 @@ def test_the_lease_is_fresh_while_renewed_and_read_at_most_every_two_seconds() -
         calls.append(now[0])
         return reads[-1]
 
-    fresh = resourceslices.ControllerLease(read, clock=lambda: now[0])
+    fresh = resourceslices.controller_lease(read, clock=lambda: now[0])
     assert fresh.fresh() and fresh.fresh() and len(calls) == 1  # cached
     now[0] = T0 + 14
     assert fresh.fresh() and len(calls) == 2
@@ -408,14 +408,14 @@ def test_a_failed_read_keeps_the_last_lease_judged_by_its_renew_time() -> None:
             raise errors.KubeApiError("timed out")
         return lease(RENEWED)
 
-    fresh = resourceslices.ControllerLease(read, clock=lambda: now[0])
+    fresh = resourceslices.controller_lease(read, clock=lambda: now[0])
     assert fresh.fresh()
     failing[0] = True
     now[0] = T0 + 10
     assert fresh.fresh()  # one slow read is no reason to drop the plan
     now[0] = T0 + 16
     assert not fresh.fresh()  # but a controller that stopped renewing goes stale on time
-    never = resourceslices.ControllerLease(read, clock=lambda: now[0])
+    never = resourceslices.controller_lease(read, clock=lambda: now[0])
     assert not never.fresh()  # no Lease read yet: not fresh
 
 

@@ -65,6 +65,7 @@ from migpilot.agent.sharing import sharingconfig, slicing, timeslicing, unifying
 from migpilot.api import gpulayouts, leases
 from migpilot.gpu import backend, clocks, emulated, nvml
 from migpilot.gpu import mps as gpu_mps
+from migpilot.kube import leasereader
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import configsets
 
@@ -1219,7 +1220,7 @@ def dra_steering(
     settings: ClusterSettings,
     *,
     clock: Callable[[], float] = time.time,
-    lease: resourceslices.ControllerLease | None = None,
+    lease: leasereader.LeaseReader | None = None,
 ) -> None:
     """On a node in DRA mode: the GpuLayout's spec is the planner's target, whose placements
     for pods the DRA plugin makes (not the reconciler), and which the publisher lists first
@@ -1246,10 +1247,10 @@ def controller_lease(
     settings: ClusterSettings,
     *,
     clock: Callable[[], float] = time.time,
-) -> resourceslices.ControllerLease:
+) -> leasereader.LeaseReader:
     """The reader of the controller's Lease that DRA steering asks (``settings`` name it)."""
     lease_api = api.slices()
-    return resourceslices.ControllerLease(
+    return resourceslices.controller_lease(
         lambda: lease_api.get_lease(settings.lease_namespace, settings.lease_name), clock=clock
     )
 

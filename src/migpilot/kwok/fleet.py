@@ -67,7 +67,7 @@ from migpilot.agent.rules import changes
 from migpilot.agent.sharing import unifying
 from migpilot.api import leases
 from migpilot.gpu import backend, clocks, emulated
-from migpilot.kube import objects
+from migpilot.kube import leasereader, objects
 from migpilot.kwok import drastandin, standin
 from migpilot.planning import modes
 
@@ -275,7 +275,7 @@ class Fleet:
         self._dynamic_nodes: dict[str, bool] = {}
         """Node -> whether it is labelled ``migpilot.io/mig-mode=dynamic`` (its idle GPUs' MIG
         mode may be switched)."""
-        self._lease: resourceslices.ControllerLease | None = None
+        self._lease: leasereader.LeaseReader | None = None
         """The controller's Lease as DRA steering reads it, shared by the nodes in DRA mode
         (made with the first)."""
         """Node -> the label value it was refused for (logged once)."""
@@ -498,7 +498,7 @@ class Fleet:
             side.startup, slices, prep,
         )  # fmt: skip
 
-    def _controller_lease(self) -> resourceslices.ControllerLease:
+    def _controller_lease(self) -> leasereader.LeaseReader:
         """The fleet's one reader of the controller's Lease (DRA steering), made once."""
         with self._lock:
             if self._lease is None:

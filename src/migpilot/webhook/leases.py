@@ -14,7 +14,9 @@ A Lease that is not there counts as "not fresh" at once: the webhook then fails 
 last Lease read, still judged against the clock: a controller that really stopped renewing goes
 stale when its Lease says, but one read that timed out on a busy API server does not let pods
 through ungated (they would take instances reserved for pods already pinned, which could then
-never run: ``docs/webhook.md``). With no Lease read yet, an error fails open.
+never run: ``docs/webhook.md``). With no Lease read yet, an error fails open. The reading and
+caching are the shells' one Lease reader (:mod:`migpilot.kube.leasereader`), which the agents
+on DRA nodes use too.
 
 The module of the webhook that makes its client, through the shared boundary
 (:mod:`migpilot.kube`; :func:`connect`, shared with the DRA claims reader
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from migpilot.api import leases as api_leases
-from migpilot.kube import client, errors, objects
+from migpilot.kube import client, errors, leasereader, objects
 
 _log = logging.getLogger("migpilot.webhook")
 
@@ -101,7 +103,10 @@ class LeaseState:
 
 class Freshness:
     """Answers "is the controller's Lease fresh now?", reading the source at most every
-    ``cache_s`` seconds of ``clock`` (seconds since the Unix epoch). Thread-safe."""
+    ``cache_s`` seconds of ``clock`` (seconds since the Unix epoch), through the shells' one
+    Lease reader (:class:`~migpilot.kube.leasereader.LeaseReader`: a Lease not found is not
+    fresh at once; any other failed read keeps the last one read, judged by its renew time).
+    Thread-safe."""
 
     def __init__(
         self,
@@ -110,12 +115,8 @@ class Freshness:
         cache_s: float,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._source = source
-        self._cache_s = cache_s
-        self._clock = clock
+        self._reader = leasereader.LeaseReader(source.read, cache_s=cache_s, clock=clock)
         self._lock = threading.Lock()
-        self._lease: Mapping[str, Any] | None = None
-        self._read_at: float | None = None
         self._last: bool | None = None
         self._last_dynamic = False
 
@@ -125,40 +126,20 @@ class Freshness:
 
     def state(self) -> LeaseState:
         """The Lease's freshness now, and whether it says some node is dynamic."""
+        lease, now = self._reader.current()
+        fresh = lease is not None and api_leases.fresh(lease, now)
+        dynamic = fresh and lease is not None and api_leases.dynamic_mig(lease)
         with self._lock:
-            now = self._clock()
-            # A clock that went back re-reads too.
-            if self._read_at is None or not 0 <= now - self._read_at < self._cache_s:
-                self._lease = self._read()
-                self._read_at = now
-            fresh = self._lease is not None and api_leases.fresh(self._lease, now)
             if fresh != self._last:
                 _log.info("controller Lease %s: MIG pods are %s", *_said(fresh))
                 self._last = fresh
-            dynamic = fresh and self._lease is not None and api_leases.dynamic_mig(self._lease)
             if dynamic != self._last_dynamic:
                 _log.info(
                     "controller Lease: whole-GPU pods are %s",
                     "gated (a node is labelled for dynamic MIG mode)" if dynamic else "not gated",
                 )
                 self._last_dynamic = dynamic
-            return LeaseState(fresh, dynamic)
-
-    def _read(self) -> Mapping[str, Any] | None:
-        try:
-            return self._source.read()
-        except errors.NotFoundError:
-            return None  # no controller holds it: fail open now
-        except Exception as err:  # anything else: the last Lease read, judged by its own times
-            if self._lease is None:
-                _log.warning("cannot read the controller Lease (pods pass ungated): %s", err)
-            else:
-                _log.warning(
-                    "cannot read the controller Lease (the last one read is judged by its "
-                    "renew time until a read succeeds): %s",
-                    err,
-                )
-            return self._lease
+        return LeaseState(fresh, dynamic)
 
 
 def _said(fresh: bool) -> tuple[str, str]:

@@ -13,7 +13,7 @@ registered).
 
 Steering (``docs/dra.md``, "Steering kube-scheduler"): with :meth:`SlicePublisher.steer_from`,
 the planner's placements for the node (its GpuLayout's spec) are listed first while the
-controller's Lease is fresh (:class:`ControllerLease`, the webhook's rule); stale, unreadable
+controller's Lease is fresh (:func:`controller_lease`, the webhook's rule); stale, unreadable
 or unparseable, nothing is listed first. In-place updates are sent in the order
 :func:`~migpilot.agent.dra.publishing.reconcile` gives, a slice written twice with the version
 its first write returned.
@@ -40,8 +40,8 @@ from migpilot.agent.cluster import sliceapi
 from migpilot.agent.deviceplugin import devices
 from migpilot.agent.dra import placements, publishing
 from migpilot.agent.rules import changes
-from migpilot.api import leases
 from migpilot.kube import errors as kube_errors
+from migpilot.kube import leasereader
 
 _log = logging.getLogger(__name__)
 
@@ -115,40 +115,20 @@ def _never() -> bool:
     return False
 
 
-class ControllerLease:
+def controller_lease(
+    read: Callable[[], Mapping[str, Any] | None],
+    *,
+    cache_s: float = LEASE_CACHE_S,
+    clock: Callable[[], float] = time.time,
+) -> leasereader.LeaseReader:
     """Whether the controller holds its Lease fresh now, as the webhook judges it
-    (``docs/webhook.md``, "The Lease rule"; :func:`migpilot.api.leases.fresh`): read with
-    ``read`` at most every ``cache_s`` seconds of ``clock`` (epoch seconds) and judged at each
-    call. A Lease that is not there (``read`` answers ``None``) is not fresh at once; a read
-    that fails keeps the last Lease read, judged by its own renew time (with none read yet: not
-    fresh). Thread-safe."""
-
-    def __init__(
-        self,
-        read: Callable[[], Mapping[str, Any] | None],
-        *,
-        cache_s: float = LEASE_CACHE_S,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._read = read
-        self._cache_s = cache_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._lease: Mapping[str, Any] | None = None
-        self._read_at: float | None = None
-
-    def fresh(self) -> bool:
-        """Whether the Lease is fresh now."""
-        with self._lock:
-            now = self._clock()
-            if self._read_at is None or not 0 <= now - self._read_at < self._cache_s:
-                try:
-                    self._lease = self._read()
-                except kube_errors.KubeApiError as err:
-                    _log.warning("DRA: cannot read the controller's Lease (%s): the last one "
-                                 "read is judged by its renew time", err)  # fmt: skip
-                self._read_at = now
-            return self._lease is not None and leases.fresh(self._lease, now)
+    (``docs/webhook.md``, "The Lease rule"): the shells' one Lease reader
+    (:class:`~migpilot.kube.leasereader.LeaseReader`), ``read`` at most every ``cache_s``
+    seconds. A Lease not there is not fresh at once; a failed read keeps the last one read,
+    judged by its renew time (with none read yet: not fresh)."""
+    return leasereader.LeaseReader(
+        read, cache_s=cache_s, clock=clock, what="the controller's Lease (DRA steering)"
+    )
 
 
 class SlicePublisher:
