@@ -12,6 +12,8 @@ in-memory API server. Here they are once, in the shape of lightkube and kopf's c
 - :mod:`~migpilot.kube.client`: the lightkube clients (sync and async) with the requests sent
   and the errors translated; the only module of the package that sends anything;
 - :mod:`~migpilot.kube.memory`: one API server in memory for the unit tests of every shell.
+- :mod:`~migpilot.kube.leasereader`: the controller's Lease as the webhook and the agents on
+  DRA nodes follow it (cached reads, the last one kept when a read fails).
 
 Each shell keeps only its own narrow Protocol (the operations it needs) and its adapters to
 :mod:`~migpilot.kube.client` and :mod:`~migpilot.kube.memory`. The pure core never imports this
