@@ -126,13 +126,19 @@ class Cluster:
         return "\n".join(lines) + "\n" + self.system.logs()
 
     def pod(
-        self, name: str, template: str, *, claim: str | None = None, gated: bool = False
+        self,
+        name: str,
+        template: str,
+        *,
+        claim: str | None = None,
+        gated: bool = False,
+        webhook: bool = False,
     ) -> None:
         """A pod with one claim: from ``template``, or the ResourceClaim ``claim``. Opted out
-        of the webhook's gate (``migpilot.io/gating: disabled``): these tests check
-        kube-scheduler's own allocation (over a plan the test writes) and the kubelet plugin;
-        ``gated``: held by migpilot's gate (``migpilot.io/plan``) all the same, as the webhook
-        gates pods, for the controller to plan."""
+        of the webhook's gate (``migpilot.io/gating: disabled``) unless ``webhook``: most tests
+        check kube-scheduler's own allocation (over a plan the test writes) and the kubelet
+        plugin; ``gated``: held by migpilot's gate (``migpilot.io/plan``) all the same, as the
+        webhook gates pods, for the controller to plan."""
         source = (
             PodResourceClaim(name="mig", resourceClaimName=claim)
             if claim is not None
@@ -143,7 +149,7 @@ class Cluster:
                 metadata=ObjectMeta(
                     name=name,
                     namespace=self.namespace,
-                    labels={registering.OPT_OUT_LABEL: "disabled"},
+                    labels=None if webhook else {registering.OPT_OUT_LABEL: "disabled"},
                 ),
                 spec=PodSpec(
                     containers=[
@@ -703,3 +709,36 @@ def test_a_gated_pod_is_planned_pinned_ungated_and_allocated_its_planned_placeme
     assert (gpu, profile, start, None) in dra.spec_instances()
     assert all(reserved is None for *_, reserved in dra.spec_instances())
     assert dra.instances() == {(gpu, profile, start)}
+
+
+def test_pods_the_webhook_gates_are_planned_together_and_all_run(dra: Cluster) -> None:
+    """The whole path, nothing by hand: three pods whose claims ask for a ``1g.10gb``, a
+    ``2g.20gb`` and a ``4g.40gb``, arriving smallest first, are gated by the webhook (it reads
+    their templates), planned by the controller, pinned, ungated and allocated by the real
+    kube-scheduler at placements of the plan, and all run on the one H100. First fit alone,
+    with the smallest placements listed first, gives the ``1g.10gb`` slot 0, the only start of
+    a ``4g.40gb``, and that pod never runs."""
+    for name, cel in (
+        ("only-4g", f'device.attributes["{publishing.DRIVER}"].profile == "4g.40gb"'),
+        ("only-2g", f'device.attributes["{publishing.DRIVER}"].profile == "2g.20gb"'),
+    ):
+        with contextlib.suppress(lightkube.ApiError):  # made by an earlier run of the module
+            dra.client.create(_template(name, dra.namespace, cel))
+    pods = {"small": "mig-1g-10gb", "medium": "only-2g", "large": "only-4g"}
+    for name, template in pods.items():
+        dra.pod(name, template, webhook=True)
+        got = dra.client.get(Pod, name, namespace=dra.namespace)
+        assert got.spec is not None
+        assert [g.name for g in got.spec.schedulingGates or ()] == [GATE], name
+    running = dra.wait(lambda: _running(dra, list(pods)), "the three gated pods Running")
+    assert set(running.values()) == {DRA_NODE}
+    placed = {}
+    for name in pods:
+        device = dra.allocated(name)
+        assert device is not None, name
+        placed[name] = _placement(device)
+    assert sorted(p for _, p, _ in placed.values()) == ["1g.10gb", "2g.20gb", "4g.40gb"]
+    assert placed["large"][2] == 0  # the 4g.40gb's only start
+    planned = {(g, p, st) for g, p, st, _ in dra.spec_instances()}
+    assert set(placed.values()) <= planned  # kube-scheduler took the plan's placements
+    assert dra.instances() == set(placed.values())

@@ -64,12 +64,26 @@ async def _nodes(api: kubeapi.InMemoryApi, *names: str) -> None:
         await api.put(LAYOUTS, _layout_doc(name))
 
 
+def _plan_listed(generation: int, *, listed: bool = True) -> dict[str, Any]:
+    """The ``PlanListed`` condition an agent in DRA mode reports."""
+    return {
+        "type": "PlanListed",
+        "status": "True" if listed else "False",
+        "reason": "Listed" if listed else "NotListed",
+        "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "observedGeneration": generation,
+    }
+
+
 async def _agent_acts(api: kubeapi.InMemoryApi, *nodes: str) -> None:
     """Each DRA node's agent acts on its spec as it stands: it lists the target's placements
-    first, then reports the spec's generation acted on."""
+    first, then reports the spec's generation acted on and that it listed them."""
     for node in nodes:
         doc = copy.deepcopy(api.objects[LAYOUTS][node])
-        doc["status"]["observedGeneration"] = doc["metadata"].get("generation", 0)
+        generation = doc["metadata"].get("generation", 0)
+        doc["status"]["observedGeneration"] = generation
+        doc["status"]["conditions"] = [_plan_listed(generation)]
         await api.put(LAYOUTS, doc)
 
 
@@ -327,6 +341,14 @@ def test_a_target_is_listed_once_the_agent_acted_on_that_very_spec() -> None:
     spec = wire.parse(doc).spec
     assert not pinning.listed(wire.parse(doc), spec)  # generation 2 not yet acted on
     doc["status"]["observedGeneration"] = 2
+    # acted on, but the agent does not say it listed the plan (its view of the controller's
+    # Lease stale, or its slices not written): not listed
+    assert not pinning.listed(wire.parse(doc), spec)
+    doc["status"]["conditions"] = [_plan_listed(2, listed=False)]
+    assert not pinning.listed(wire.parse(doc), spec)
+    doc["status"]["conditions"] = [_plan_listed(1)]  # listed, but an older plan
+    assert not pinning.listed(wire.parse(doc), spec)
+    doc["status"]["conditions"] = [_plan_listed(2)]
     assert pinning.listed(wire.parse(doc), spec)
     other = wire.parse({**doc, "spec": {"gpus": [{"index": 0, "instances": []}]}}).spec
     assert not pinning.listed(wire.parse(doc), other)  # another target: not what is listed

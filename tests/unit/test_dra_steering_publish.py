@@ -506,7 +506,12 @@ def _dra_agent(
     publisher = assembling.dra_publisher(side)
     assert publisher is not None
     gpus = emulated.EmulatedBackend([A100], durable=False)
-    wired = side.wire(reconciling.InUseSet(), gpus=gpus, advertised=publisher.advertised)
+    wired = side.wire(
+        reconciling.InUseSet(),
+        gpus=gpus,
+        advertised=publisher.advertised,
+        plan_listed=publisher.plan_listed,
+    )
     publisher.use_from(wired.in_use.in_use)
     assembling.dra_steering(publisher, side, assembling.ClusterSettings(node=NODE), clock=clock)
     agent = agent_running.Agent(
@@ -517,10 +522,20 @@ def _dra_agent(
         agent_metrics=agent_metrics.AgentMetrics(),
         clock=clocks.VirtualClock(),
         settings=agent_running.AgentSettings(),
-        listener=agent_running.Listeners([wired.listener, publisher]),
+        listener=agent_running.Listeners([publisher, wired.listener]),  # slices, then status
         view_filter=side.view_filter(),
     )
     return api, agent, gpus
+
+
+def _plan_listed(
+    layout: gpulayouts.GpuLayout,
+) -> tuple[gpulayouts.ConditionStatus, int | None] | None:
+    assert layout.status is not None
+    for c in layout.status.conditions:
+        if c.type == gpulayouts.PLAN_LISTED:
+            return c.status, c.observed_generation
+    return None
 
 
 def test_an_agent_in_dra_mode_lists_its_gpulayouts_plan_first_while_the_lease_is_fresh() -> None:
@@ -553,10 +568,16 @@ def test_an_agent_in_dra_mode_lists_its_gpulayouts_plan_first_while_the_lease_is
         assert layout is not None and layout.status is not None
         reported = {i.state for g in layout.status.gpus for i in g.instances}
         assert gpulayouts.InstanceState.RESERVED not in reported
+        # the status says the plan is listed, at the spec's generation (the controller lets
+        # the pods it steers go on it)
+        assert _plan_listed(layout) == (gpulayouts.ConditionStatus.TRUE, layout.generation)
         now[0] = T0 + 20  # the controller stopped renewing: plain publishing at the next pass
         agent.reconcile()
         docs = sorted(api.server.objects[K].values(), key=objects.name_of)
         assert FIRST not in slices(docs) and usable(docs)
+        layout = api.layout(NODE)
+        assert layout is not None
+        assert _plan_listed(layout) == (gpulayouts.ConditionStatus.FALSE, layout.generation)
     finally:
         gpus.close()
 

@@ -428,6 +428,7 @@ class KubeSide:
         gpus: backend.GpuBackend,
         holders: Callable[[], Mapping[str, str]] = dict,
         advertised: Callable[[], Mapping[str, int] | None] | None = None,
+        plan_listed: Callable[[], bool] | None = None,
     ) -> Wired:
         """The agent's in-use source (``real``, the stand-in's pods, the instances the bound
         pods' counts keep, and the GpuLayout's protection) and its reporter (which counts
@@ -436,7 +437,9 @@ class KubeSide:
         The MPS slices' filter reads the same in-use source. The startup taint, told last,
         goes once the reporter has reported and the Node shows ``advertised`` (the counts the
         device plugin's kubelet lists; by default the stand-in's published counts; with
-        neither, never: no device plugin serves the node, as with ``--once``)."""
+        neither, never: no device plugin serves the node, as with ``--once``).
+        ``plan_listed``: on a node in DRA mode, whether its slices list the plan first (the
+        status's ``PlanListed`` condition)."""
         kubelet = self.kubelet
         used: reconciling.InUse = real if kubelet is None else reconciling.AnyOf([real, kubelet])
         used = reconciling.AnyOf([used, self.pool])
@@ -454,6 +457,7 @@ class KubeSide:
             mps_node=self.mps_node,
             sharing=self.sharing,
             dynamic_mig=self.dynamic_mig,
+            plan_listed=plan_listed,
         )
         listeners: list[running.PassListener] = [reporter]
         if kubelet is not None:
@@ -1093,6 +1097,7 @@ def _serve(
             gpus=gpus,
             holders=holders,
             advertised=slices.advertised if slices is not None else advertised,
+            plan_listed=slices.plan_listed if slices is not None else None,
         )
         in_use, listener = wired.in_use, wired.listener
         if slices is not None:

@@ -39,6 +39,11 @@ UNIFIED_RESOURCE = "nvidia.com/gpu"
 """What an instance kept for a unified pod is advertised as (``spec...instances[].resource``)."""
 READY = "Ready"
 """The condition type the ``Ready`` printer column shows."""
+PLAN_LISTED = "PlanListed"
+"""The status condition of a node in DRA mode: ``True`` when its agent lists the spec's free
+placements first in its ResourceSlices (``observedGeneration``: of that spec), ``False`` when it
+lists nothing first (the controller's Lease stale to it, or the slices not written). The
+controller lets a pod it steers to the node go only while it is ``True`` (``docs/dra.md``)."""
 
 
 class InstanceState(enum.StrEnum):

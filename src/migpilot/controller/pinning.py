@@ -345,17 +345,26 @@ def repaired(layout: gpulayouts.GpuLayout) -> gpulayouts.LayoutSpec:
 
 def listed(layout: gpulayouts.GpuLayout | None, spec: gpulayouts.LayoutSpec) -> bool:
     """Whether a DRA node's agent lists ``spec``'s placements first now: the node's GpuLayout
-    holds ``spec`` (the same instances, reservations included) and its agent has acted on it
+    holds ``spec`` (the same instances, reservations included), its agent has acted on it
     (``status.observedGeneration`` has caught up with ``metadata.generation``; in DRA mode the
-    agent publishes its ResourceSlices before it reports). A pod the plan steers there is pinned
-    and let go only then: let go before, kube-scheduler allocates from the old listing (first
-    fit, not the plan), as the real scheduler did in ``tests/e2e/test_dra_kube.py``. Until then
-    the pod stays gated and is planned again; the agent's report is a change that brings the
-    next plan."""
+    agent publishes its ResourceSlices before it reports) and says it listed the plan first
+    (the ``PlanListed`` condition ``True`` at that generation). A pod the plan steers there is
+    pinned and let go only then: let go before, kube-scheduler allocates from the old listing
+    (first fit, not the plan), as the real scheduler did in ``tests/e2e/test_dra_kube.py``.
+    Until then the pod stays gated and is planned again; the agent's report is a change that
+    brings the next plan."""
     if layout is None or layout.status is None or layout.generation is None:
         return False
     seen = layout.status.observed_generation
     if seen is None or seen < layout.generation:
+        return False
+    # And the agent says it listed them: its view of the controller's Lease may be stale (read
+    # before this controller took it, and cached), or its slices not written, and then it
+    # reports the spec acted on while nothing is listed first.
+    said = next((c for c in layout.status.conditions if c.type == gpulayouts.PLAN_LISTED), None)
+    if said is None or said.status is not gpulayouts.ConditionStatus.TRUE:
+        return False
+    if said.observed_generation is None or said.observed_generation < layout.generation:
         return False
     return _instances(layout.spec) == _instances(spec)
 

@@ -446,7 +446,10 @@ class Fleet:
             )
             prep = drastandin.DraStandin(self._api, node=node, pods=self.pods, preparer=preparer)
             wired = side.wire(
-                reconciling.AnyOf([processes, instances]), gpus=gpus, advertised=slices.advertised
+                reconciling.AnyOf([processes, instances]),
+                gpus=gpus,
+                advertised=slices.advertised,
+                plan_listed=slices.plan_listed,
             )
             slices.claims_from(instances.claimed)
             slices.use_from(wired.in_use.in_use)
@@ -459,8 +462,10 @@ class Fleet:
                 ),
                 lease=self._controller_lease(),
             )
-            # The claims prepared first, so the slices published after hold their instances.
-            listener = running.Listeners([prep, wired.listener, slices])
+            # The claims prepared first, so the slices published after hold their instances;
+            # the status last, so that its PlanListed says what this pass published (the
+            # controller lets steered pods go on it, controller/pinning.listed).
+            listener = running.Listeners([prep, slices, wired.listener])
             desired = running.AlsoWatching(desired, prep.fingerprint)
         agent = running.Agent(
             gpus=gpus,

@@ -234,8 +234,12 @@ class KubeReporter:
         mps_node: Callable[[], bool] = lambda: False,
         sharing: Callable[[], sharing_config.Config] = lambda: sharing_config.EMPTY,
         dynamic_mig: Callable[[], bool] = lambda: False,
+        plan_listed: Callable[[], bool] | None = None,
     ) -> None:
         self._api = api
+        self._plan_listed = plan_listed
+        """On a node in DRA mode: whether the pass listed the plan first in the node's
+        ResourceSlices (the ``PlanListed`` condition); ``None`` elsewhere."""
         self._mps_node = mps_node
         self._dynamic_mig = dynamic_mig
         """Whether the Node is labelled ``migpilot.io/mig-mode=dynamic`` (every GPU reported,
@@ -299,6 +303,7 @@ class KubeReporter:
                 mps_problems=slicing.problems(view, spec),
                 mps_node=self._mps_node(),
                 dynamic_mig=self._dynamic_mig(),
+                plan_listed=self._plan_listed() if self._plan_listed is not None else None,
                 replicas=timeslicing.statuses(
                     view, sharing=self._sharing(), spec=spec, in_use=in_use, used_by=owners
                 ),

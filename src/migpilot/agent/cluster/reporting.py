@@ -48,6 +48,7 @@ def layout_status(
     mps_node: bool = False,
     replicas: Mapping[int, Sequence[gpulayouts.ReplicaStatus]] | None = None,
     dynamic_mig: bool = False,
+    plan_listed: bool | None = None,
     now: str,
 ) -> gpulayouts.LayoutStatus:
     """The status to apply after a pass (see the module docstring).
@@ -62,7 +63,10 @@ def layout_status(
     its time-slicing replicas' statuses (:func:`~migpilot.agent.sharing.timeslicing.statuses`),
     reported on GPUs with MIG disabled. ``dynamic_mig``: the node is labelled
     ``migpilot.io/mig-mode=dynamic``: every GPU the catalog knows is reported, with its MIG mode
-    (the controller plans whole GPUs, and GPUs to switch, from them)."""
+    (the controller plans whole GPUs, and GPUs to switch, from them). ``plan_listed``: on a
+    node in DRA mode, whether the pass listed the spec's free placements first in its
+    ResourceSlices (the ``PlanListed`` condition, at ``generation``); ``None`` elsewhere (no
+    such condition)."""
     slices = mps or {}
     shared = replicas or {}
     owners = used_by or {}
@@ -132,10 +136,22 @@ def layout_status(
     elif mps_problems and ready[1] in {"Reconciled", "Pending", "Refused"}:
         message = "; ".join(x for x in (ready[2], *mps_problems) if x)
         ready = (gpulayouts.ConditionStatus.FALSE, "Refused", message)
+    conditions = [_keep_time(ready, previous, now)]
+    if plan_listed is not None:
+        listed = (
+            (gpulayouts.ConditionStatus.TRUE, "Listed", "the plan's free placements are listed "
+             "first in the node's ResourceSlices")
+            if plan_listed
+            else (gpulayouts.ConditionStatus.FALSE, "NotListed", "nothing is listed first: the "
+                  "controller's Lease is stale or unread here, or the slices were not written")
+        )  # fmt: skip
+        conditions.append(
+            _keep_time(listed, previous, now, kind=gpulayouts.PLAN_LISTED, generation=generation)
+        )
     return gpulayouts.LayoutStatus(
         observed_generation=generation,
         gpus=tuple(gpus),
-        conditions=(_keep_time(ready, previous, now),),
+        conditions=tuple(conditions),
     )
 
 
@@ -167,11 +183,12 @@ def _keep_time(
     ready: tuple[gpulayouts.ConditionStatus, str, str],
     previous: gpulayouts.LayoutStatus | None,
     now: str,
+    *,
+    kind: str = gpulayouts.READY,
+    generation: int | None = None,
 ) -> gpulayouts.Condition:
     status, reason, message = ready
-    before = next(
-        (c for c in (previous.conditions if previous else ()) if c.type == gpulayouts.READY), None
-    )
+    before = next((c for c in (previous.conditions if previous else ()) if c.type == kind), None)
     same = before is not None and (before.status, before.reason, before.message) == ready
     when = before.last_transition_time if same and before is not None else now
-    return gpulayouts.Condition(gpulayouts.READY, status, reason, message, when)
+    return gpulayouts.Condition(kind, status, reason, message, when, generation)

@@ -151,6 +151,7 @@ class SlicePublisher:
         self._planned: Callable[[], tuple[placements.Placement, ...]] = _no_plan
         self._fresh: Callable[[], bool] = _never
         self._steering = False
+        self._listed = False
         self._lock = threading.Lock()
         self._published = False
         self._generation = -1
@@ -211,7 +212,18 @@ class SlicePublisher:
                          extra=logs.about(node=self._node))  # fmt: skip
             used = None
         gpus, instances = inputs(state, view=view, used=used, claimed=self._claimed())
-        self.publish(gpus, instances, planned=self._target())
+        planned = self._target()
+        writes = self.publish(gpus, instances, planned=planned)
+        with self._lock:
+            self._listed = self._steering and writes is not None
+
+    def plan_listed(self) -> bool:
+        """Whether the last pass published the pool with the plan's free placements listed
+        first (the controller's Lease fresh to this agent, the plan read, the slices written):
+        what the GpuLayout status's ``PlanListed`` condition reports, and the controller waits
+        for before it lets a steered pod go (``controller/pinning.listed``)."""
+        with self._lock:
+            return self._listed
 
     def _target(self) -> tuple[placements.Placement, ...]:
         """The placements to list first: the plan while the controller's Lease is fresh."""
