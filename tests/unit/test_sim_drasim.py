@@ -313,6 +313,24 @@ def test_the_first_fit_check_leaves_a_round_to_first_fit_unless_the_plan_serves_
         assert _served(checked) == _served(uncurated)
         assert checked.first_fit_rounds == checked.plan_rounds == 5
         assert checked.slice_writes == 0 and checked.steering_misses == 0
+    # By memory and listed by start, first fit gives a a whole 7g.80gb; a round left to first
+    # fit offers the placements first fit takes over the smallest-first listing instead.
+    by_memory = _pods(ROOM_FOR_LATER, memory_share=1.0)
+    start = draalloc.DeviceOrder.START
+    by_start = drasim.run(
+        by_memory, cluster, drasim.Variant.UNCURATED, drasim.Settings(order=start)
+    )
+    assert _served(by_start) == {"a": ("gpu-0-mig-7g-80gb-0",)}
+    smallest = drasim.run(by_memory, cluster, drasim.Variant.UNCURATED)
+    assert smallest.pods_served == 4
+    checked = drasim.run(
+        by_memory,
+        cluster,
+        drasim.Variant.STEERED,
+        drasim.Settings(order=start, first_fit_check=True),
+    )
+    assert _served(checked) == _served(smallest) and checked.first_fit_rounds == 5
+    assert checked.slice_writes > 0
     # Arriving in one batch window, the same three first pods are a round the plan serves
     # more of (first fit in queue order gives a slot 0 and leaves w waiting): it is steered.
     batch = _pods(

@@ -117,10 +117,12 @@ class Settings:
     first_fit_check: bool = False
     """Steered (order or taints): before steering a round, predict what kube-scheduler's first
     fit would serve of the gated pods as the cluster stands (this allocator model, the pods in
-    queue order, nothing listed first or tainted: what the controller sees, no future pod),
-    and steer only if the plan serves more pods now; otherwise the round is first fit's: the
-    listing is left plain (no taint) and only the pods first fit serves are ungated, each
-    pinned to the node first fit picks. ``False``: every round is steered by the plan. The
+    queue order, over the smallest-first listing migpilot's driver publishes: what the
+    controller sees, no future pod), and steer only if the plan serves more pods now;
+    otherwise the round is first fit's: only the pods first fit serves are ungated, each
+    pinned to the node first fit picks, and the listing is left plain (:attr:`order`
+    ``PROFILE``) or first fit's placements are offered as a plan's would be (any other
+    listing, so the round does not depend on it). ``False``: every round is steered. The
     plan never serves fewer pods now than first fit (``fast`` places the most pods), but when
     it serves as many its placements keep room (whole GPUs) that, on a loaded cluster, went to
     long multi-GPU pods and cost pods against first fit (docs/dra.md)."""
@@ -304,6 +306,15 @@ class _Node:
         self.pool = draalloc.publish(spec.name, spec.model, gpus=spec.gpus, order=order)
         self.walk = self.pool
         """The pool as the allocator walks it (order steering lists planned devices first)."""
+        self.smallest_first = (
+            self.pool
+            if order is draalloc.DeviceOrder.PROFILE
+            else draalloc.publish(
+                spec.name, spec.model, gpus=spec.gpus, order=draalloc.DeviceOrder.PROFILE
+            )
+        )
+        """The pool listed smallest first, as migpilot's driver lists it: the listing the
+        first-fit check predicts over."""
         self.first_slice: frozenset[str] = frozenset()
         """Order steering: the devices published in the first device slice."""
         per_gpu = len(self.pool.devices) // spec.gpus
@@ -566,23 +577,39 @@ class _Run:
             gpu_policy=self.settings.gpu_policy,
         )
         plan = planners.run(snap, self.settings.planner)
-        if self.settings.first_fit_check:
-            first_fit = self._first_fit(gated)
-            if len(plan.placements) <= len(first_fit):
-                self._first_fit_round(gated, first_fit)
-                return
         offered: dict[str, set[str]] = {n.spec.name: set() for n in self.nodes}
         for placement in plan.placements:
             for inst in placement.instances:
                 offered[placement.node].add(
                     draalloc.device_name(inst.gpu, inst.profile, inst.start)
                 )
+        planned = {p.pod: p.node for p in plan.placements}
+        plain = False
+        if self.settings.first_fit_check:
+            first_fit = self._first_fit(gated)
+            if len(plan.placements) <= len(first_fit):
+                # The plan serves no more pods now: the round is first fit's, over the
+                # smallest-first listing migpilot's driver publishes. Where the pool is listed
+                # so, nothing is listed first or tainted; otherwise first fit's placements are
+                # offered as a plan's are.
+                self.first_fit_rounds += 1
+                plain = self.settings.order is draalloc.DeviceOrder.PROFILE
+                offered = {n.spec.name: set() for n in self.nodes}
+                planned = {}
+                for index, (there, devices) in first_fit.items():
+                    planned[self.pods[index].cp.planned.key] = there
+                    if not plain:
+                        offered[there].update(devices)
         for node in self.nodes:
             if self.settings.steering is Steering.ORDER:
                 self._list_first(node, offered[node.spec.name])
                 continue
-            taints = draalloc.steering_taints(
-                node.pool, offered=offered[node.spec.name], allocated=node.allocated
+            taints = (
+                draalloc.NO_TAINTS
+                if plain
+                else draalloc.steering_taints(
+                    node.pool, offered=offered[node.spec.name], allocated=node.allocated
+                )
             )
             changed = set(taints) ^ set(node.taints)
             if changed:
@@ -590,7 +617,6 @@ class _Run:
                 node.version += 1
                 # One update per device slice (a GPU's slice) whose taints changed.
                 self.slice_writes += len({self._home(node, d) for d in changed})
-        planned = {p.pod: p.node for p in plan.placements}
         served = missed = 0
         for pod in gated:
             there = planned.get(pod.cp.planned.key)
@@ -607,14 +633,14 @@ class _Run:
         if served and missed:
             self._plan_soon()
 
-    def _first_fit(self, gated: Sequence[_Pod]) -> dict[int, str]:
-        """The pods kube-scheduler's first fit would serve now, ungated in queue order with
-        nothing listed first or tainted, and the node each would get (pod index -> node): the
-        allocator and node score on copies of the nodes' state."""
+    def _first_fit(self, gated: Sequence[_Pod]) -> dict[int, tuple[str, tuple[str, ...]]]:
+        """The pods kube-scheduler's first fit would serve now, ungated in queue order over the
+        smallest-first listing with nothing tainted, and the node and devices each would get
+        (by pod index): the allocator and node score on copies of the nodes' state."""
         allocated = [frozenset(n.allocated) for n in self.nodes]
         cpu = [n.cpu_free for n in self.nodes]
         mem = [n.mem_free for n in self.nodes]
-        served: dict[int, str] = {}
+        served: dict[int, tuple[str, tuple[str, ...]]] = {}
         for pod in gated:
             best: tuple[float, int, tuple[draalloc.Device, ...]] | None = None
             for i, node in enumerate(self.nodes):
@@ -622,10 +648,11 @@ class _Run:
                     continue
                 if any(node.spec.labels.get(k) != v for k, v in pod.cp.node_labels):
                     continue
-                # Free devices are walked in the pool's order when nothing is listed first
-                # (allocated ones are skipped wherever they are listed).
                 found = draalloc.allocate(
-                    node.pool, pod.claim, allocated=allocated[i], budget=self.settings.budget
+                    node.smallest_first,
+                    pod.claim,
+                    allocated=allocated[i],
+                    budget=self.settings.budget,
                 )
                 if found.devices is None:
                     continue
@@ -640,26 +667,8 @@ class _Run:
             allocated[i] = allocated[i] | {d.name for d in devices}
             cpu[i] -= pod.cp.cpu_milli
             mem[i] -= pod.cp.memory_bytes
-            served[pod.index] = self.nodes[i].spec.name
+            served[pod.index] = (self.nodes[i].spec.name, tuple(d.name for d in devices))
         return served
-
-    def _first_fit_round(self, gated: Sequence[_Pod], first_fit: dict[int, str]) -> None:
-        """A round left to kube-scheduler: nothing listed first or tainted, and the pods first
-        fit serves ungated (pinned to the node it picks), in queue order."""
-        self.first_fit_rounds += 1
-        for node in self.nodes:
-            if self.settings.steering is Steering.ORDER:
-                self._list_first(node, set())
-            elif node.taints:
-                self.slice_writes += len({self._home(node, d) for d in node.taints})
-                node.taints = draalloc.NO_TAINTS
-                node.version += 1
-        for pod in gated:
-            there = first_fit.get(pod.index)
-            # The walk differs from the prediction's only in where allocated devices are
-            # listed, which a search within budget skips; a miss is counted, never expected.
-            if there is not None and not self._schedule(pod, pinned=there):
-                self.misses += 1
 
     def _list_first(self, node: _Node, offered: set[str]) -> None:
         # The first device slice holds the free planned placements. An allocated device stays
