@@ -596,10 +596,10 @@ class _Run:
                 plain = self.settings.order is draalloc.DeviceOrder.PROFILE
                 offered = {n.spec.name: set() for n in self.nodes}
                 planned = {}
-                for index, (there, devices) in first_fit.items():
-                    planned[self.pods[index].cp.planned.key] = there
+                for index, (picked, devices) in first_fit.items():
+                    planned[self.pods[index].cp.planned.key] = picked
                     if not plain:
-                        offered[there].update(devices)
+                        offered[picked].update(devices)
         for node in self.nodes:
             if self.settings.steering is Steering.ORDER:
                 self._list_first(node, offered[node.spec.name])
