@@ -21,7 +21,10 @@ allocator of :mod:`migpilot.sim.draalloc`:
   device is not tied to a claim (a claim's spec cannot be changed once made), so a pod may take
   a placement planned for another pod on that node whose claim it also matches; under taints
   the other one then misses and is planned again (counted as :attr:`Result.steering_misses`),
-  under order it takes another free placement if one fits.
+  under order it takes another free placement if one fits. With
+  :attr:`Settings.first_fit_check` a round is steered only when its plan serves more pods now
+  than kube-scheduler's first fit would; otherwise the pods first fit serves are ungated and
+  nothing is listed first.
   :attr:`Steering.BEST_FIT` gates nothing and plans nothing: the driver lists placements so
   that first fit is a best fit, after every change.
 
