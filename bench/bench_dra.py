@@ -14,10 +14,12 @@ profile than the smallest that fits, and for steering its plan rounds, misses an
 Runs: ``uncurated`` (devices listed profile by profile, and by start slot), ``prioritized``
 (claims by memory written as a firstAvailable list, smallest profile first; devices by start),
 ``best-fit`` (no planner and no gating: the driver lists placements best fit first), the first
-steering (``taints``: unplanned placements tainted, the planner packing nodes) and migpilot's
-steering (``order``: planned placements listed first, nothing tainted, the planner's node policy
-following kube-scheduler's LeastAllocated; both listings). The goal (issue 26): steered serves
-more pods than uncurated on every trace.
+steering (``taints``: unplanned placements tainted, the planner packing nodes), order steering
+every round (``every-round``: planned placements listed first, nothing tainted, the planner's
+node policy following kube-scheduler's LeastAllocated) and migpilot's steering (the same with
+the first-fit check: a round is steered only if its plan serves more pods now than
+kube-scheduler's first fit would, else left to first fit; both listings). The goal (issue 26):
+steered serves more pods than uncurated on every trace.
 
 Traces: the six MIG-native traces of bench/bench_native.py (bench/data/native) on its 32-GPU
 cluster, and a window of openb (pods 4000-4399 of the bundled pod list, the densest 400-pod
@@ -76,11 +78,13 @@ RUNS: tuple[tuple[str, drasim.Variant, drasim.Settings], ...] = (
             gpu_policy=scoring.Policy.SPREAD,
         ),
     ),
-    ("steered", drasim.Variant.STEERED, drasim.Settings(order=PROFILE)),
-    ("steered", drasim.Variant.STEERED, drasim.Settings(order=START)),
+    ("every-round", drasim.Variant.STEERED, drasim.Settings(order=PROFILE)),
+    ("steered", drasim.Variant.STEERED, drasim.Settings(order=PROFILE, first_fit_check=True)),
+    ("steered", drasim.Variant.STEERED, drasim.Settings(order=START, first_fit_check=True)),
 )
-"""(name, variant, settings): ``taints`` is the first steering (issue 26's first try), kept
-for comparison; ``steered`` is the steering migpilot uses."""
+"""(name, variant, settings): ``taints`` is the first steering (issue 26's first try) and
+``every-round`` the order steering that steers every round (the second), kept for comparison;
+``steered`` is the steering migpilot uses (order steering with the first-fit check)."""
 
 
 def _cases(pods: int | None) -> list[tuple[str, traces.Trace, str]]:
@@ -120,7 +124,9 @@ def _row(name: str, result: drasim.Result, wall: float) -> dict[str, Any]:
         "pending_p95_s": round(result.pending_percentile(95), 1),
         "oversized_devices": result.oversized_devices,
         "oversized_extra_slices": result.oversized_extra_slices,
+        "first_fit_check": result.settings.first_fit_check if steered else None,
         "plan_rounds": result.plan_rounds,
+        "first_fit_rounds": result.first_fit_rounds,
         "steering_misses": result.steering_misses,
         "slice_writes": result.slice_writes,
         "search_timeouts": result.timeouts,
@@ -153,6 +159,7 @@ def _case(trace: traces.Trace, cluster_spec: str) -> dict[str, Any]:
         "steered_serves_more": worst_steered > best_uncurated,
         "steered_serves_at_least_as_many": worst_steered >= best_uncurated,
         "taints_served": taints["pods_served"],
+        "every_round_served": next(r for r in rows if r["variant"] == "every-round")["pods_served"],
     }
 
 
@@ -168,9 +175,11 @@ def main() -> None:
     out: dict[str, Any] = {
         "command": " ".join(["python", "bench/bench_dra.py", *sys.argv[1:]]),
         "goal": "steered serves more pods than uncurated (every device order) on every trace",
-        "steering": "planned placements listed first in the node's first device slice, nothing "
-        "tainted; the planner's node policy follows kube-scheduler's LeastAllocated (spread), "
-        "its GPU policy packs",
+        "steering": "a round is steered only if its plan serves more pods now than "
+        "kube-scheduler's first fit would (else the pods first fit serves are ungated, nothing "
+        "listed first); then planned placements listed first in the node's first device slice, "
+        "nothing tainted; the planner's node policy follows kube-scheduler's LeastAllocated "
+        "(spread), its GPU policy packs",
         "model": "migpilot.sim.draalloc (kube-scheduler v1.37 structured allocator, incubating "
         "variant) replayed by migpilot.sim.drasim until each trace's last arrival",
         "memory_share": MEMORY_SHARE,

@@ -282,3 +282,65 @@ def test_a_best_fit_listing_serves_pods_as_they_come() -> None:
     assert served["a"] == ("gpu-0-mig-1g-10gb-6",)
     assert served["b"] == ("gpu-0-mig-4g-40gb-0",)
     assert listed.slice_writes >= 1
+
+
+# A 1g.10gb first, a 4g.40gb it would block, then pods that fill what first fit leaves.
+ROOM_FOR_LATER = (
+    "a,0,1000,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+    "w,10,1000,mig-4g.40gb=1;cpu=1;memory=1Gi,\n"
+    "c,20,1000,mig-3g.40gb=1;cpu=1;memory=1Gi,\n"
+    "d,30,1000,mig-2g.20gb=1;cpu=1;memory=1Gi,\n"
+    "e,40,1000,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+)
+
+
+def test_the_first_fit_check_leaves_a_round_to_first_fit_unless_the_plan_serves_more_now() -> None:
+    pods = _pods(ROOM_FOR_LATER)
+    cluster = clusters.parse("h100-80gb:1x1")
+    uncurated = drasim.run(pods, cluster, drasim.Variant.UNCURATED)
+    assert set(_served(uncurated)) == {"a", "c", "d", "e"}
+    # Steering every round keeps slot 0 for w, which then holds four compute slices that c and
+    # e would have had: one pod fewer than first fit.
+    every = drasim.run(pods, cluster, drasim.Variant.STEERED)
+    assert _served(every)["a"] == ("gpu-0-mig-1g-10gb-6",)
+    assert set(_served(every)) == {"a", "w", "d"}
+    assert every.first_fit_rounds == 0
+    # With the check, no round's plan serves more than first fit: each is first fit's, pods a
+    # batch window late, nothing listed first.
+    for steering in (drasim.Steering.ORDER, drasim.Steering.TAINTS):
+        settings = drasim.Settings(first_fit_check=True, steering=steering)
+        checked = drasim.run(pods, cluster, drasim.Variant.STEERED, settings)
+        assert _served(checked) == _served(uncurated)
+        assert checked.first_fit_rounds == checked.plan_rounds == 5
+        assert checked.slice_writes == 0 and checked.steering_misses == 0
+    # By memory and listed by start, first fit gives a a whole 7g.80gb; a round left to first
+    # fit offers the placements first fit takes over the smallest-first listing instead.
+    by_memory = _pods(ROOM_FOR_LATER, memory_share=1.0)
+    start = draalloc.DeviceOrder.START
+    by_start = drasim.run(
+        by_memory, cluster, drasim.Variant.UNCURATED, drasim.Settings(order=start)
+    )
+    assert _served(by_start) == {"a": ("gpu-0-mig-7g-80gb-0",)}
+    smallest = drasim.run(by_memory, cluster, drasim.Variant.UNCURATED)
+    assert smallest.pods_served == 4
+    checked = drasim.run(
+        by_memory,
+        cluster,
+        drasim.Variant.STEERED,
+        drasim.Settings(order=start, first_fit_check=True),
+    )
+    assert _served(checked) == _served(smallest) and checked.first_fit_rounds == 5
+    assert checked.slice_writes > 0
+    # Arriving in one batch window, the same three first pods are a round the plan serves
+    # more of (first fit in queue order gives a slot 0 and leaves w waiting): it is steered.
+    batch = _pods(
+        "a,0,1000,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+        "w,0.1,1000,mig-4g.40gb=1;cpu=1;memory=1Gi,\n"
+        "d,0.2,1000,mig-2g.20gb=1;cpu=1;memory=1Gi,\n"
+    )
+    assert drasim.run(batch, cluster, drasim.Variant.UNCURATED).pods_served == 2
+    checked = drasim.run(
+        batch, cluster, drasim.Variant.STEERED, drasim.Settings(first_fit_check=True)
+    )
+    assert checked.pods_served == 3 and checked.first_fit_rounds == 0
+    assert _served(checked)["w"] == ("gpu-0-mig-4g-40gb-0",)

@@ -21,7 +21,10 @@ allocator of :mod:`migpilot.sim.draalloc`:
   device is not tied to a claim (a claim's spec cannot be changed once made), so a pod may take
   a placement planned for another pod on that node whose claim it also matches; under taints
   the other one then misses and is planned again (counted as :attr:`Result.steering_misses`),
-  under order it takes another free placement if one fits.
+  under order it takes another free placement if one fits. With
+  :attr:`Settings.first_fit_check` a round is steered only when its plan serves more pods now
+  than kube-scheduler's first fit would; otherwise the pods first fit serves are ungated and
+  nothing is listed first.
   :attr:`Steering.BEST_FIT` gates nothing and plans nothing: the driver lists placements so
   that first fit is a best fit, after every change.
 
@@ -114,6 +117,18 @@ class Settings:
     gpu_policy: snapshot.Policy = snapshot.Policy.BINPACK
     """Steered: the planner's GPU policy among a node's GPUs; binpack keeps whole GPUs free
     for whole-GPU profiles (kube-scheduler has no such score)."""
+    first_fit_check: bool = False
+    """Steered (order or taints): before steering a round, predict what kube-scheduler's first
+    fit would serve of the gated pods as the cluster stands (this allocator model, the pods in
+    queue order, over the smallest-first listing migpilot's driver publishes: what the
+    controller sees, no future pod), and steer only if the plan serves more pods now;
+    otherwise the round is first fit's: only the pods first fit serves are ungated, each
+    pinned to the node first fit picks, and the listing is left plain (:attr:`order`
+    ``PROFILE``) or first fit's placements are offered as a plan's would be (any other
+    listing, so the round does not depend on it). ``False``: every round is steered. The
+    plan never serves fewer pods now than first fit (``fast`` places the most pods), but when
+    it serves as many its placements keep room (whole GPUs) that, on a loaded cluster, went to
+    long multi-GPU pods and cost pods against first fit (docs/dra.md)."""
     drain: bool = False
     """Run until the last pod would have ended had it started at once (pods pending at the last
     arrival are then served late); ``False``: stop one batch window after the last arrival, so
@@ -268,6 +283,9 @@ class Result:
     pending_s: tuple[float, ...]
     """Per pod: from arrival to binding, or to the end for pods not served by then."""
     plan_rounds: int
+    first_fit_rounds: int
+    """Steered with :attr:`Settings.first_fit_check`: plan rounds left to first fit (the plan
+    served no more pods now)."""
     steering_misses: int
     slice_writes: int
     """Steered: ResourceSlice updates the taints took (one per node whose taints changed)."""
@@ -291,6 +309,15 @@ class _Node:
         self.pool = draalloc.publish(spec.name, spec.model, gpus=spec.gpus, order=order)
         self.walk = self.pool
         """The pool as the allocator walks it (order steering lists planned devices first)."""
+        self.smallest_first = (
+            self.pool
+            if order is draalloc.DeviceOrder.PROFILE
+            else draalloc.publish(
+                spec.name, spec.model, gpus=spec.gpus, order=draalloc.DeviceOrder.PROFILE
+            )
+        )
+        """The pool listed smallest first, as migpilot's driver lists it: the listing the
+        first-fit check predicts over."""
         self.first_slice: frozenset[str] = frozenset()
         """Order steering: the devices published in the first device slice."""
         per_gpu = len(self.pool.devices) // spec.gpus
@@ -348,6 +375,7 @@ class _Run:
         self.area = 0.0
         self.memory_area = 0.0
         self.plan_rounds = 0
+        self.first_fit_rounds = 0
         self.misses = 0
         self.slice_writes = 0
         self.steps = 0
@@ -437,9 +465,14 @@ class _Run:
         return found.devices
 
     def _score(self, pod: _Pod, node: _Node) -> float:
+        return self._score_free(
+            node, node.cpu_free - pod.cp.cpu_milli, node.mem_free - pod.cp.memory_bytes
+        )
+
+    def _score_free(self, node: _Node, cpu_left: int, mem_left: int) -> float:
         cap = node.spec.allocatable
-        cpu = (node.cpu_free - pod.cp.cpu_milli) / cap.cpu_milli if cap.cpu_milli else 0.0
-        mem = (node.mem_free - pod.cp.memory_bytes) / cap.memory_bytes if cap.memory_bytes else 0.0
+        cpu = cpu_left / cap.cpu_milli if cap.cpu_milli else 0.0
+        mem = mem_left / cap.memory_bytes if cap.memory_bytes else 0.0
         free = (cpu + mem) / 2
         return free if self.settings.scoring is NodeScoring.LEAST_ALLOCATED else -free
 
@@ -553,12 +586,33 @@ class _Run:
                 offered[placement.node].add(
                     draalloc.device_name(inst.gpu, inst.profile, inst.start)
                 )
+        planned = {p.pod: p.node for p in plan.placements}
+        plain = False
+        if self.settings.first_fit_check:
+            first_fit = self._first_fit(gated)
+            if len(plan.placements) <= len(first_fit):
+                # The plan serves no more pods now: the round is first fit's, over the
+                # smallest-first listing migpilot's driver publishes. Where the pool is listed
+                # so, nothing is listed first or tainted; otherwise first fit's placements are
+                # offered as a plan's are.
+                self.first_fit_rounds += 1
+                plain = self.settings.order is draalloc.DeviceOrder.PROFILE
+                offered = {n.spec.name: set() for n in self.nodes}
+                planned = {}
+                for index, (picked, devices) in first_fit.items():
+                    planned[self.pods[index].cp.planned.key] = picked
+                    if not plain:
+                        offered[picked].update(devices)
         for node in self.nodes:
             if self.settings.steering is Steering.ORDER:
                 self._list_first(node, offered[node.spec.name])
                 continue
-            taints = draalloc.steering_taints(
-                node.pool, offered=offered[node.spec.name], allocated=node.allocated
+            taints = (
+                draalloc.NO_TAINTS
+                if plain
+                else draalloc.steering_taints(
+                    node.pool, offered=offered[node.spec.name], allocated=node.allocated
+                )
             )
             changed = set(taints) ^ set(node.taints)
             if changed:
@@ -566,7 +620,6 @@ class _Run:
                 node.version += 1
                 # One update per device slice (a GPU's slice) whose taints changed.
                 self.slice_writes += len({self._home(node, d) for d in changed})
-        planned = {p.pod: p.node for p in plan.placements}
         served = missed = 0
         for pod in gated:
             there = planned.get(pod.cp.planned.key)
@@ -582,6 +635,43 @@ class _Run:
         # at least its first planned pod (nothing is taken before it), so this ends.
         if served and missed:
             self._plan_soon()
+
+    def _first_fit(self, gated: Sequence[_Pod]) -> dict[int, tuple[str, tuple[str, ...]]]:
+        """The pods kube-scheduler's first fit would serve now, ungated in queue order over the
+        smallest-first listing with nothing tainted, and the node and devices each would get
+        (by pod index): the allocator and node score on copies of the nodes' state."""
+        allocated = [frozenset(n.allocated) for n in self.nodes]
+        cpu = [n.cpu_free for n in self.nodes]
+        mem = [n.mem_free for n in self.nodes]
+        served: dict[int, tuple[str, tuple[str, ...]]] = {}
+        for pod in gated:
+            best: tuple[float, int, tuple[draalloc.Device, ...]] | None = None
+            for i, node in enumerate(self.nodes):
+                if pod.cp.cpu_milli > cpu[i] or pod.cp.memory_bytes > mem[i]:
+                    continue
+                if any(node.spec.labels.get(k) != v for k, v in pod.cp.node_labels):
+                    continue
+                found = draalloc.allocate(
+                    node.smallest_first,
+                    pod.claim,
+                    allocated=allocated[i],
+                    budget=self.settings.budget,
+                )
+                if found.devices is None:
+                    continue
+                score = self._score_free(
+                    node, cpu[i] - pod.cp.cpu_milli, mem[i] - pod.cp.memory_bytes
+                )
+                if best is None or score > best[0]:
+                    best = (score, i, found.devices)
+            if best is None:
+                continue
+            _, i, devices = best
+            allocated[i] = allocated[i] | {d.name for d in devices}
+            cpu[i] -= pod.cp.cpu_milli
+            mem[i] -= pod.cp.memory_bytes
+            served[pod.index] = (self.nodes[i].spec.name, tuple(d.name for d in devices))
+        return served
 
     def _list_first(self, node: _Node, offered: set[str]) -> None:
         # The first device slice holds the free planned placements. An allocated device stays
@@ -670,6 +760,7 @@ class _Run:
             memory_ratio=self.memory_area / (self.total_mib * span) if span > 0 else 0.0,
             pending_s=tuple(pending),
             plan_rounds=self.plan_rounds,
+            first_fit_rounds=self.first_fit_rounds,
             steering_misses=self.misses,
             slice_writes=self.slice_writes,
             search_steps=self.steps,
