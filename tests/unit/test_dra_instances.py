@@ -216,6 +216,34 @@ def test_a_failed_create_leaves_no_entry(node: Node) -> None:
     assert node.ledger_doc()["claims"] == {}
 
 
+def test_an_instance_made_meanwhile_at_exactly_the_placement_is_adopted(node: Node) -> None:
+    """The agent's pass may make a free instance of the node's target at the moment a claim's
+    prepare makes the same one (it saw it before the last claim there released it): the
+    second create fails, and the claim adopts the one made, rather than refusing the prepare
+    for the kubelet to retry (the bench on the real control plane saw it once)."""
+    gpus = node.gpus
+
+    class Racing:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(gpus, name)
+
+        def create_instance(self, gpu: int, *, profile: str, start: int) -> backend.MigDevice:
+            gpus.create_instance(gpu, profile=profile, start=start)  # the other hand wins
+            raise backend.BackendError(
+                backend.ErrorKind.INSUFFICIENT_RESOURCES, f"{profile}@{start} overlaps"
+            )
+
+    racing = gpuinstances.BackendInstances(
+        Racing(),  # type: ignore[arg-type]
+        ledger_file=node.ledger,
+        in_use=node.used,
+    )
+    got = racing.ensure(P(0, "1g.10gb", 6), owner="u1")
+    (made,) = node.devices()
+    assert (made.profile, made.start, made.uuid) == ("1g.10gb", 6, got.uuid)
+    assert [(e.owner, e.uuid) for e in racing.owned().entries] == [("u1", made.uuid)]
+
+
 def test_taken_placements_are_refused(node: Node) -> None:
     used = node.gpus.create_instance(0, profile="1g.10gb", start=0)  # a process runs on it
     assert used.uuid is not None

@@ -212,6 +212,13 @@ class BackendInstances:
             )
         except backend.BackendError as err:
             half = self._at(placement)
+            if half is not None and half.profile == placement.profile:
+                # Made a moment ago by another hand: the agent's pass, keeping a free instance
+                # of the node's target that it saw before the last claim there released it.
+                # Free and exactly the placement, it is what this claim would adopt.
+                _log.info("DRA: %s was made meanwhile (%s): claim %s adopts it",
+                          placement, err, owner)  # fmt: skip
+                return half if half.uuid is not None else self._complete(placement, half)
             if half is None:  # nothing was made: no entry either
                 self._ledger = self._ledger.drop([placement])
                 self._save()
