@@ -74,8 +74,9 @@ from tests.kube.drakubelet import DraKubelet  # noqa: E402
 import bench_dra  # noqa: E402
 from migpilot.agent.dra import placements, publishing  # noqa: E402
 from migpilot.mig import profiles  # noqa: E402
+from migpilot.planning import draalloc  # noqa: E402
 from migpilot.planning import unified as unifying  # noqa: E402
-from migpilot.sim import clusters, draalloc, drasim  # noqa: E402
+from migpilot.sim import clusters, drasim  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "dra_kube.json"
 DEVICE_CLASS = ROOT / "deploy" / "dra" / "deviceclass.yaml"

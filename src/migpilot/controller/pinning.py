@@ -437,6 +437,7 @@ def to_control(observed: observing.Observed, *, changed: bool) -> control.Observ
         stale=observed.stale,
         changed=changed,
         whole=_Lazily(observed.nodes, lambda name: _whole(observed.nodes[name])),
+        dra_claims=observed.dra_claims,
     )
 
 

@@ -51,7 +51,10 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   publishes, listing the planned ones first. A gated one the plan places is pinned to its node
   and let go (:attr:`Decision.steered`) once its node's target is written and listed by the
   node's agent, else planned again; its placement, once allocated, is a used instance of the
-  next snapshots.
+  next snapshots. The first-fit check (:mod:`migpilot.planning.drasteering`): a round is
+  steered only when its plan places more of the gated DRA pods than kube-scheduler's first fit
+  would serve now; otherwise the pods first fit serves are let go, each pinned to the node
+  first fit picks, and the DRA nodes' targets list nothing first for them.
 - **Pinning.** Reserved pods are let go to kube-scheduler, pinned to their node, in the order
   of their keys, once every instance is made, the node still admits the pod (not cordoned, no
   new taint it does not tolerate: a node being drained or consolidated) and the node
@@ -96,6 +99,8 @@ from migpilot import errors
 from migpilot.mig import layouts, profiles
 from migpilot.planning import (
     constraints,
+    draalloc,
+    drasteering,
     dynamic,
     explaining,
     firstfit,
@@ -515,6 +520,10 @@ class Observed:
     """Waiting whole-GPU pods migpilot cannot plan (a node affinity it cannot read), and why:
     kube-scheduler may still serve them, so a gated one is let go at once
     (:attr:`Verdict.ELSEWHERE`)."""
+    dra_claims: Mapping[str, draalloc.Claim] = field(default_factory=dict)
+    """Per DRA pod of the snapshot (:attr:`snapshot.Pod.dra`), its claims as the allocator
+    model allocates them (:func:`drasteering.claim_of`), for the first-fit check; a pod not
+    named is never predicted served by first fit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -632,12 +641,17 @@ class Decision:
     judged: tuple[Judged, ...] = ()
     """The pods the plan left unplaced, each with its verdict."""
     steered: tuple[tuple[str, str], ...] = ()
-    """(pod, node): the gated pods asking through DRA claims (:attr:`snapshot.Pod.dra`) that
-    :attr:`plan` placed, in the order of their keys, with no reservation (kube-scheduler
-    allocates the planned placements, which the node's agent lists first): pinned to their node
-    and let go once their node's target is written and its agent lists it (the caller checks
-    that). Until then they stay gated and are planned again at the next plan (the agent's
-    report is a change); one whose node's target could not be written too."""
+    """(pod, node): the gated pods asking through DRA claims (:attr:`snapshot.Pod.dra`) to let
+    go this round, in the order of their keys, with no reservation: pinned to their node and
+    let go once their node's target is written and its agent lists it (the caller checks that;
+    a node named here is written even where the plan leaves it as it was). Until then they
+    stay gated and are planned again at the next plan (the agent's report is a change); one
+    whose node's target could not be written too. When :attr:`dra_check` steers, those
+    :attr:`plan` placed (kube-scheduler allocates the planned placements, which the node's
+    agent lists first); otherwise those first fit serves, each on the node first fit picks
+    (:attr:`plan` then lists nothing first for them)."""
+    dra_check: drasteering.Check | None = None
+    """The first-fit check of the round's gated DRA pods (``None``: no plan, or none waits)."""
     scale_out: tuple[Judged, ...] = ()
     """Gated pods left unplaced for :attr:`Settings.scale_out_after_s` (all
     :attr:`Verdict.SCALE_OUT`), carried out after the plan and its verdicts."""
@@ -700,8 +714,11 @@ def reconcile(
         elif backlog is not None:
             backlog = incremental.after(backlog, snap, plan)
     judged = _judge(observed, plan, skip=frozenset(planned.backlog)) if plan is not None else ()
-    steered = _steered(observed, plan) if plan is not None else ()
     unplaced, scale_out = _scale_out(observed, memory, plan, judged, now=now, settings=settings)
+    steered: tuple[tuple[str, str], ...] = ()
+    dra_check: drasteering.Check | None = None
+    if plan is not None:
+        plan, steered, dra_check = _steering(observed, plan)
     kept = Memory(
         batch=planned.batch,
         reserved_since=MappingProxyType(since),
@@ -725,9 +742,33 @@ def reconcile(
         unfit=unfit,
         judged=judged,
         steered=steered,
+        dra_check=dra_check,
         scale_out=scale_out,
         wake_at=_wake_at(observed, kept, settings=settings),
     )
+
+
+def _steering(
+    observed: Observed, plan: plans.Plan
+) -> tuple[plans.Plan, tuple[tuple[str, str], ...], drasteering.Check | None]:
+    """The first-fit check (:mod:`migpilot.planning.drasteering`): the plan to carry out, the
+    gated DRA pods to let go (:attr:`Decision.steered`) and the check. Steered when the plan
+    places more gated DRA pods than kube-scheduler's first fit would serve now; otherwise the
+    round is first fit's: the pods it serves, on the nodes it picks, and DRA targets that list
+    nothing first for them (:func:`drasteering.first_fit_plan`). Pods first fit cannot serve
+    stay gated, planned again at the next plan."""
+    gated = frozenset(
+        p.key
+        for p in observed.snapshot.pods
+        if p.dra and observed.pending.get(p.key, Pending()).gated
+    )
+    found = drasteering.check(
+        observed.snapshot, plan, gated=gated, claims=observed.dra_claims, whole=observed.whole
+    )
+    if found is None or found.steer:
+        return plan, _steered(observed, plan), found
+    carried = drasteering.first_fit_plan(observed.snapshot, plan, gated=gated)
+    return carried, tuple(sorted((s.pod, s.node) for s in found.first_fit)), found
 
 
 def _steered(observed: Observed, plan: plans.Plan) -> tuple[tuple[str, str], ...]:

@@ -3,7 +3,7 @@
 Why it exists: issue 26 asks whether steering kube-scheduler's DRA allocation with migpilot's
 planner serves more pods than publishing every MIG placement and letting the scheduler take the
 first that fits, as NVIDIA's driver does. This module answers on a trace, side by side, with the
-allocator of :mod:`migpilot.sim.draalloc`:
+allocator of :mod:`migpilot.planning.draalloc`:
 
 - **uncurated**: every placement is offered; a pod's claim is tried as it arrives, and pending
   claims again after every departure (kube-scheduler's requeue on ResourceSlice and claim
@@ -54,9 +54,9 @@ from dataclasses import dataclass
 
 from migpilot import errors
 from migpilot.mig import profiles
-from migpilot.planning import draclaims, planners, snapshot
+from migpilot.planning import draalloc, draclaims, planners, snapshot
 from migpilot.planning import unified as unifying
-from migpilot.sim import clusters, draalloc, traces
+from migpilot.sim import clusters, traces
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 NAMESPACE = "default"
@@ -85,7 +85,7 @@ class Steering(enum.StrEnum):
     BEST_FIT = "best-fit"
     """No gating and no plan: pods go to kube-scheduler as they come, as uncurated, and the
     driver lists each node's placements so that first fit is a best fit
-    (:func:`migpilot.sim.draalloc.best_fit`), listing them again after every change."""
+    (:func:`migpilot.planning.draalloc.best_fit`), listing them again after every change."""
 
 
 class NodeScoring(enum.StrEnum):
