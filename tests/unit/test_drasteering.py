@@ -110,7 +110,7 @@ def test_three_pods_first_fit_fragments_are_steered() -> None:
 
 def test_used_instances_are_allocated_devices_to_first_fit() -> None:
     # a 7g.80gb in use: nothing fits
-    plan, found = _check((_node("d0", used=(("7g.80gb", 0),)),), _pod("a", "1g.10gb"))
+    _, found = _check((_node("d0", used=(("7g.80gb", 0),)),), _pod("a", "1g.10gb"))
     assert found is not None and found.first_fit == () and found.planned == 0
     # a 4g.40gb in use at 0: the 1g.10gb goes to the first free slot past it
     _, found = _check((_node("d0", used=(("4g.40gb", 0),)),), _pod("a", "1g.10gb"))
@@ -227,3 +227,62 @@ def test_the_step_keeps_pods_first_fit_cannot_serve_gated() -> None:
     decision = _reconcile(_node("d0"), _pod("a", "4g.40gb"), _pod("b", "4g.40gb"))
     assert decision.dra_check is not None and not decision.dra_check.steer
     assert decision.steered == (("ns/a", "d0"),)
+
+
+def test_a_pod_let_go_to_first_fit_holds_its_devices_until_allocated() -> None:
+    """Let go to first fit and in flight (ungated, its claim not allocated yet): the next steps
+    do not plan it (no placement listed first for it) and count its predicted devices used, so
+    no other pod is planned over them."""
+    node = _node("d0", free=(("3g.40gb", 0),))
+    lone, later = _pod("a", "4g.40gb"), _pod("b", "4g.40gb")
+    first = _reconcile(node, lone)
+    assert first.steered == (("ns/a", "d0"),)
+    assert first.memory.first_fit["ns/a"].devices == ("gpu-0-mig-4g-40gb-0",)
+    # a pure view: its devices used, the free instance they overlap gone, the pod not planned
+    held = drasteering.holding(
+        snapshot.Snapshot(nodes=(node,), pods=(lone, later)), first.memory.first_fit.values()
+    )
+    assert [p.key for p in held.pods] == ["ns/b"]
+    ((gpu),) = held.nodes[0].gpus
+    assert [(i.profile, i.start, i.used) for i in gpu.instances] == [("4g.40gb", 0, True)]
+    # the next step, the pod let go (not gated) and another waiting: nothing planned for the
+    # one in flight, and the other cannot have the only 4g.40gb start
+    observed = control.Observed(
+        snapshot=snapshot.Snapshot(nodes=(node,), pods=(lone, later)),
+        pending={"ns/a": control.Pending(gated=False, pinned="d0")},
+        dra_claims=_claims(lone, later),
+    )
+    memory = dataclasses.replace(first.memory, batch=control.Batch(due=0.0, dirty=True))
+    second = control.reconcile(
+        observed,
+        memory,
+        now=2.0,
+        settings=control.Settings(),
+        planner=lambda snap: planners.run(snap, "fast"),
+    )
+    assert second.steered == ()
+    assert second.plan is not None and second.plan.placements == ()
+    assert [j.pod for j in second.judged] == ["ns/b"]
+    assert "ns/a" in second.memory.first_fit
+    # kube-scheduler found no node for it after all: planned again as any Unschedulable pod
+    observed = dataclasses.replace(
+        observed,
+        pending={"ns/a": control.Pending(gated=False, pinned="d0", unschedulable=True)},
+    )
+    third = control.reconcile(
+        observed,
+        memory,
+        now=2.0,
+        settings=control.Settings(),
+        planner=lambda snap: planners.run(snap, "fast"),
+    )
+    assert third.plan is not None and [p.pod for p in third.plan.placements] == ["ns/a"]
+    # allocated (no longer among the waiting pods): forgotten
+    gone = control.reconcile(
+        control.Observed(snapshot=snapshot.Snapshot(nodes=(node,), pods=())),
+        memory,
+        now=3.0,
+        settings=control.Settings(),
+        planner=lambda snap: planners.run(snap, "fast"),
+    )
+    assert gone.memory.first_fit == {}

@@ -54,7 +54,9 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   next snapshots. The first-fit check (:mod:`migpilot.planning.drasteering`): a round is
   steered only when its plan places more of the gated DRA pods than kube-scheduler's first fit
   would serve now; otherwise the pods first fit serves are let go, each pinned to the node
-  first fit picks, and the DRA nodes' targets list nothing first for them.
+  first fit picks, and the DRA nodes' targets list nothing first for them; until their claims
+  are allocated, the devices first fit was predicted to give them are used instances of the
+  snapshot, and they are not planned again (:attr:`Memory.first_fit`).
 - **Pinning.** Reserved pods are let go to kube-scheduler, pinned to their node, in the order
   of their keys, once every instance is made, the node still admits the pod (not cordoned, no
   new taint it does not tolerate: a node being drained or consolidated) and the node
@@ -481,6 +483,8 @@ class Pending:
     pinned: str | None = None
     """The node its required node affinity confines it to, ``None`` for none."""
     static: str | None = None
+    unschedulable: bool = False
+    """kube-scheduler found no node for it (its ``PodScheduled`` condition): not in flight."""
     """A statically laid out node with free instances for it now, ``None`` for none."""
 
 
@@ -547,6 +551,11 @@ class Memory:
     waiting_since: Mapping[str, float] = field(default_factory=dict)
     """When each pod still waiting or reserved was first seen so, by key (its age for
     :func:`age_ranks`)."""
+    first_fit: Mapping[str, drasteering.Served] = field(default_factory=dict)
+    """The DRA pods a round left to first fit named to let go, by key, with the node and the
+    devices first fit was predicted to give them, while they wait: once let go and until their
+    claims are allocated (in flight), their devices are used instances of the snapshot and
+    they are not planned (:func:`drasteering.holding`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -669,6 +678,15 @@ def reconcile(
     planner: Planner,
 ) -> Decision:
     """One step of the loop (see the module for the rules), at ``now``."""
+    seen = {p.key for p in observed.snapshot.pods}
+    held = [
+        s
+        for key, s in memory.first_fit.items()
+        if not (pending := observed.pending.get(key, Pending())).gated and not pending.unschedulable
+    ]
+    if held:
+        observed = replace(observed, snapshot=drasteering.holding(observed.snapshot, held))
+    first_fit = {k: s for k, s in memory.first_fit.items() if k in seen}
     batch = memory.batch
     if observed.changed:
         batch = changed(
@@ -719,6 +737,13 @@ def reconcile(
     dra_check: drasteering.Check | None = None
     if plan is not None:
         plan, steered, dra_check = _steering(observed, plan)
+        if dra_check is not None:
+            # The gated pods are decided again by each check; the ones let go stay held.
+            first_fit = {
+                k: s for k, s in first_fit.items() if not observed.pending.get(k, Pending()).gated
+            }
+            if not dra_check.steer:
+                first_fit.update((s.pod, s) for s in dra_check.first_fit)
     kept = Memory(
         batch=planned.batch,
         reserved_since=MappingProxyType(since),
@@ -727,6 +752,7 @@ def reconcile(
         backlog=backlog if settings.incremental else None,
         avoid=MappingProxyType(avoid),
         waiting_since=MappingProxyType(waiting_since),
+        first_fit=MappingProxyType(first_fit),
     )
     return Decision(
         memory=kept,

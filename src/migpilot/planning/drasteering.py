@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from migpilot import errors
-from migpilot.mig import layouts
+from migpilot.mig import dra, layouts
 from migpilot.planning import constraints, draalloc, draclaims, modes, plans, snapshot
 
 
@@ -256,3 +256,62 @@ def first_fit_plan(
         ),
         placements=placements,
     )
+
+
+def holding(snap: snapshot.Snapshot, served: Iterable[Served]) -> snapshot.Snapshot:
+    """``snap`` with the pods let go to first fit and not yet allocated (``served``, each with
+    the devices first fit was predicted to give it) out of its pods, their devices used
+    instances of their nodes (a free instance they overlap dropped): the plans that follow
+    neither list a placement first for them nor give their devices to another pod. A pod whose
+    devices no longer fit beside its node's used instances (the cluster changed since) stays
+    among the pods, planned again (pinned to its node)."""
+    by_node: dict[str, list[Served]] = {}
+    waiting = {p.key for p in snap.pods}
+    for s in served:
+        if s.pod in waiting:
+            by_node.setdefault(s.node, []).append(s)
+    if not by_node:
+        return snap
+    held: set[str] = set()
+    nodes: list[snapshot.Node] = []
+    for node in snap.nodes:
+        mine = by_node.get(node.name)
+        if not mine:
+            nodes.append(node)
+            continue
+        gpus = {g.index: g for g in node.gpus}
+        models = {g.index: g.model for g in node.gpus}
+        for s in mine:
+            try:
+                places = [dra.parse_device_name(d, models) for d in s.devices]
+            except dra.PlacementError:
+                continue
+            after = dict(gpus)
+            fits = True
+            for pl in places:
+                g = after[pl.gpu]
+                used = [i.instance for i in g.instances if i.used]
+                inst = layouts.Instance(pl.start, pl.profile)
+                if layouts.violation(g.model, (*used, inst)) is not None:
+                    fits = False
+                    break
+                # a free instance it overlaps goes (the plugin destroys it first)
+                kept = tuple(
+                    i
+                    for i in g.instances
+                    if i.used or layouts.violation(g.model, (i.instance, inst)) is None
+                )
+                after[pl.gpu] = replace(
+                    g,
+                    instances=tuple(
+                        sorted(
+                            (*kept, snapshot.ExistingInstance(pl.profile, pl.start, True)),
+                            key=lambda i: (i.start, i.profile),
+                        )
+                    ),
+                )
+            if fits:
+                gpus = after
+                held.add(s.pod)
+        nodes.append(replace(node, gpus=tuple(gpus[g.index] for g in node.gpus)))
+    return replace(snap, nodes=tuple(nodes), pods=tuple(p for p in snap.pods if p.key not in held))
