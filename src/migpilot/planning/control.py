@@ -651,14 +651,15 @@ class Decision:
     """The pods the plan left unplaced, each with its verdict."""
     steered: tuple[tuple[str, str], ...] = ()
     """(pod, node): the gated pods asking through DRA claims (:attr:`snapshot.Pod.dra`) to let
-    go this round, in the order of their keys, with no reservation: pinned to their node and
+    go this round, in the order to let them go in, with no reservation: pinned to their node and
     let go once their node's target is written and its agent lists it (the caller checks that;
     a node named here is written even where the plan leaves it as it was). Until then they
     stay gated and are planned again at the next plan (the agent's report is a change); one
     whose node's target could not be written too. When :attr:`dra_check` steers, those
-    :attr:`plan` placed (kube-scheduler allocates the planned placements, which the node's
-    agent lists first); otherwise those first fit serves, each on the node first fit picks
-    (:attr:`plan` then lists nothing first for them)."""
+    :attr:`plan` placed, in the order of their keys (kube-scheduler allocates the planned
+    placements, which the node's agent lists first); otherwise those first fit serves, each on
+    the node first fit picks, in the queue order first fit was predicted in (:attr:`plan` then
+    lists nothing first for them)."""
     dra_check: drasteering.Check | None = None
     """The first-fit check of the round's gated DRA pods (``None``: no plan, or none waits)."""
     scale_out: tuple[Judged, ...] = ()
@@ -794,7 +795,8 @@ def _steering(
     if found is None or found.steer:
         return plan, _steered(observed, plan), found
     carried = drasteering.first_fit_plan(observed.snapshot, plan, gated=gated)
-    return carried, tuple(sorted((s.pod, s.node) for s in found.first_fit)), found
+    # In queue order: the order they are let go in is the order kube-scheduler takes them.
+    return carried, tuple((s.pod, s.node) for s in found.first_fit), found
 
 
 def _steered(observed: Observed, plan: plans.Plan) -> tuple[tuple[str, str], ...]:

@@ -12,7 +12,9 @@ simulator's model and figures"). This module is that one rule, for the control l
 (:func:`migpilot.planning.control.reconcile`) and the simulator (:mod:`migpilot.sim.drasim`).
 
 First fit is predicted with the allocator model (:mod:`migpilot.planning.draalloc`): the gated
-pods in kube-scheduler's queue order (priority, then oldest first), each pod's claims allocated
+pods in kube-scheduler's queue order (priority, then oldest first, then by key: the order the
+controller lets them go in, which is the order kube-scheduler takes pods let go together), each
+pod's claims allocated
 together as one search (the allocator backtracks across a pod's claims' requests in order) over
 the listing migpilot's agent publishes with nothing first (each GPU's placements smallest
 first), from the DRA nodes as the snapshot has them (used instances allocated); a pod goes to
