@@ -136,6 +136,11 @@ def test_first_fit_picks_the_node_kube_schedulers_score_ranks_first(
     assert found is not None
     nodes = [s.node for s in found.first_fit]
     assert nodes[0] == "d0" and (nodes[1] == "d0") is together
+    # the strategy given outright (the simulator's setting) wins over the pods' policy
+    forced = drasteering.first_fit(
+        (_node("d0"), _node("d1")), pods, _claims(*pods), most_allocated=not together
+    )
+    assert [s.node for s in forced][1] == ("d1" if together else "d0")
 
 
 def test_first_fit_takes_pods_in_queue_order_and_only_on_dra_nodes() -> None:

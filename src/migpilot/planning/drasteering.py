@@ -95,63 +95,82 @@ def first_fit(
     *,
     whole: Mapping[str, snapshot.Resources | None] | None = None,
     taken: Mapping[str, Iterable[str]] | None = None,
+    most_allocated: bool | None = None,
     budget: int = draalloc.DEFAULT_BUDGET,
 ) -> tuple[Served, ...]:
     """What kube-scheduler's first fit serves of ``pods`` (in the order given: its queue order),
-    let go together onto the DRA ones of ``nodes`` listing nothing first (see the module).
+    let go together, on the ``nodes`` that admit them (:func:`constraints.rejection`: a DRA pod
+    only DRA nodes), listing nothing first (see the module).
 
     ``claims``: each pod's claims as one allocator claim (:func:`claim_of`), by key; a pod
     without one is not served. ``whole``: each node's whole CPU and memory for the score (else
     its :attr:`~snapshot.Node.capacity`, else its allocatable). ``taken``: per node, device
     names already spoken for beyond its used instances (placements listed first for pods let go
-    before)."""
+    before). ``most_allocated``: kube-scheduler's scoring strategy, ``None`` for the one each
+    pod's node policy stands for."""
     whole = whole or {}
     taken = taken or {}
-    state: list[tuple[snapshot.Node, draalloc.Pool, set[str], list[int] | None]] = []
-    for node in nodes:
-        gpus = _mig_gpus(node)
-        if not is_dra_node(node) or not gpus:
-            continue
-        pool = draalloc.pool_of(node.name, [(g.index, g.model) for g in gpus])
-        used = {
-            draalloc.device_name(g.index, i.profile, i.start)
-            for g in gpus
-            for i in g.instances
-            if i.used
-        }
-        used |= set(taken.get(node.name, ()))
-        free = (
-            [node.allocatable.cpu_milli, node.allocatable.memory_bytes]
-            if node.allocatable is not None
-            else None
-        )
-        state.append((node, pool, {d for d in used if d in pool.by_name}, free))
+    pools: dict[int, tuple[draalloc.Pool, set[str]] | None] = {}
+    free: list[list[int] | None] = [
+        [n.allocatable.cpu_milli, n.allocatable.memory_bytes] if n.allocatable is not None else None
+        for n in nodes
+    ]
+
+    def pool(i: int) -> tuple[draalloc.Pool, set[str]] | None:
+        # Built on first use: a node no pod is admitted to costs nothing.
+        if i not in pools:
+            node = nodes[i]
+            gpus = _mig_gpus(node)
+            if not gpus:
+                pools[i] = None
+            else:
+                made = draalloc.pool_of(node.name, [(g.index, g.model) for g in gpus])
+                used = {
+                    draalloc.device_name(g.index, inst.profile, inst.start)
+                    for g in gpus
+                    for inst in g.instances
+                    if inst.used
+                }
+                used |= set(taken.get(node.name, ()))
+                pools[i] = (made, {d for d in used if d in made.by_name})
+        return pools[i]
+
     served: list[Served] = []
     for pod in pods:
         claim = claims.get(pod.key)
         if claim is None:
             continue
+        packed = (
+            pod.node_policy is snapshot.Policy.BINPACK if most_allocated is None else most_allocated
+        )
         best: tuple[float, int, tuple[draalloc.Device, ...]] | None = None
-        for i, (node, pool, allocated, free) in enumerate(state):
-            if free is not None and (pod.cpu_milli > free[0] or pod.memory_bytes > free[1]):
+        for i, node in enumerate(nodes):
+            left = free[i]
+            if left is not None and (pod.cpu_milli > left[0] or pod.memory_bytes > left[1]):
                 continue
             if constraints.rejection(node, pod) is not None:
                 continue
-            found = draalloc.allocate(pool, claim, allocated=frozenset(allocated), budget=budget)
+            found_pool = pool(i)
+            if found_pool is None:
+                continue
+            made, allocated = found_pool
+            found = draalloc.allocate(made, claim, allocated=frozenset(allocated), budget=budget)
             if found.devices is None:
                 continue
-            score = _score(node, pod, free, whole.get(node.name, node.capacity))
+            score = _score(node, pod, left, whole.get(node.name, node.capacity), packed=packed)
             if best is None or score > best[0]:
                 best = (score, i, found.devices)
         if best is None:
             continue
         _, i, devices = best
-        node, _, allocated, free = state[i]
-        allocated.update(d.name for d in devices)
-        if free is not None:
-            free[0] -= pod.cpu_milli
-            free[1] -= pod.memory_bytes
-        served.append(Served(pod.key, node.name, tuple(d.name for d in devices)))
+        kept = pools[i]
+        assert kept is not None  # allocated from it just now
+        kept[1].update(d.name for d in devices)
+        left = free[i]
+        if left is not None:
+            left[0] -= pod.cpu_milli
+            left[1] -= pod.memory_bytes
+        served.append(Served(pod.key, nodes[i].name, tuple(d.name for d in devices)))
     return tuple(served)
 
 
@@ -160,10 +179,12 @@ def _score(
     pod: snapshot.Pod,
     free: list[int] | None,
     whole: snapshot.Resources | None,
+    *,
+    packed: bool,
 ) -> float:
     """kube-scheduler's ``NodeResourcesFit`` score of ``node`` for ``pod``: the share of CPU and
     memory left once the pod is bound (``LeastAllocated``), or its negative (``MostAllocated``,
-    which the pod's node policy binpack stands for)."""
+    ``packed``)."""
     if free is None:
         return 0.0
     cap = whole or node.allocatable
@@ -172,7 +193,7 @@ def _score(
     cpu = (free[0] - pod.cpu_milli) / cap.cpu_milli if cap.cpu_milli else 0.0
     mem = (free[1] - pod.memory_bytes) / cap.memory_bytes if cap.memory_bytes else 0.0
     left = (cpu + mem) / 2
-    return -left if pod.node_policy is snapshot.Policy.BINPACK else left
+    return -left if packed else left
 
 
 def check(
