@@ -2,7 +2,7 @@
 kube-scheduler's first fit (uncurated, as NVIDIA's DRA driver does), against migpilot's planner
 steering the same allocator (writes bench/results/dra.json).
 
-The model of the allocator is :mod:`migpilot.sim.draalloc` (walk order, counters, taints,
+The model of the allocator is :mod:`migpilot.planning.draalloc` (walk order, counters, taints,
 prioritized lists, as kube-scheduler v1.37's structured allocator); the replay is
 :mod:`migpilot.sim.drasim`. Each trace is replayed faithfully (arrivals, and departures after
 each pod's run time) until its last arrival, with half of the pods asking by memory (a seeded
@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from migpilot.planning import scoring
-from migpilot.sim import clusters, draalloc, drasim, traces
+from migpilot.planning import draalloc, scoring
+from migpilot.sim import clusters, drasim, traces
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "bench" / "data" / "native"
@@ -180,8 +180,8 @@ def main() -> None:
         "listed first); then planned placements listed first in the node's first device slice, "
         "nothing tainted; the planner's node policy follows kube-scheduler's LeastAllocated "
         "(spread), its GPU policy packs",
-        "model": "migpilot.sim.draalloc (kube-scheduler v1.37 structured allocator, incubating "
-        "variant) replayed by migpilot.sim.drasim until each trace's last arrival",
+        "model": "migpilot.planning.draalloc (kube-scheduler v1.37 structured allocator, "
+        "incubating variant) replayed by migpilot.sim.drasim until each trace's last arrival",
         "memory_share": MEMORY_SHARE,
         "seed": SEED,
         "node_scoring": str(drasim.Settings().scoring),

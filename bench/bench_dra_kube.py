@@ -25,9 +25,9 @@ times more, in trace time, than in the simulator; both variants pay them alike b
 controller's window.
 
 Also counted: the pods the controller planned, pinned and let go (its ``MigDraPlanned``
-Events; 0 uncurated), prepares the plugin refused (a claim allocated a device the node cannot
-make: it should be 0), and the claims by memory given a larger profile than the smallest that
-holds them.
+Events; 0 uncurated), those its first-fit check let go unsteered (``MigDraFirstFit``),
+prepares the plugin refused (a claim allocated a device the node cannot make: it should be 0),
+and the claims by memory given a larger profile than the smallest that holds them.
 
 Usage: python bench/bench_dra_kube.py [--traces NAME,...] [--speedup X] [--pods N]
        [--variants uncurated,steered] [--out PATH]
@@ -47,6 +47,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,8 +75,9 @@ from tests.kube.drakubelet import DraKubelet  # noqa: E402
 import bench_dra  # noqa: E402
 from migpilot.agent.dra import placements, publishing  # noqa: E402
 from migpilot.mig import profiles  # noqa: E402
+from migpilot.planning import draalloc  # noqa: E402
 from migpilot.planning import unified as unifying  # noqa: E402
-from migpilot.sim import clusters, draalloc, drasim  # noqa: E402
+from migpilot.sim import clusters, drasim  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "dra_kube.json"
 DEVICE_CLASS = ROOT / "deploy" / "dra" / "deviceclass.yaml"
@@ -348,13 +350,17 @@ def replay(
         name = doc["metadata"]["name"]
         if name in outcomes:
             outcomes[name].node, outcomes[name].devices = _allocated(doc)
-    planned = sum(
-        1
+    told = Counter(
+        e.reason
         for e in client.list(Event, namespace=NAMESPACE)
-        if e.reason == "MigDraPlanned" and e.involvedObject.name in outcomes
+        if e.involvedObject.name in outcomes
     )
     figures = _figures(scene, pods, outcomes, speedup=speedup, wall=time.monotonic() - start)
-    return {**figures, "pods_planned_by_the_controller": planned}
+    return {
+        **figures,
+        "pods_planned_by_the_controller": told["MigDraPlanned"],
+        "pods_let_go_to_first_fit": told["MigDraFirstFit"],
+    }
 
 
 def _figures(

@@ -678,18 +678,17 @@ def test_the_device_plugin_node_beside_serves_mig_pods(dra: Cluster) -> None:
     dra.wait(lambda: dra.phase("beside") == ("Running", DRA_NODE), "the DRA pod Running")
 
 
-def test_a_gated_pod_is_planned_pinned_ungated_and_allocated_its_planned_placement(
-    dra: Cluster,
-) -> None:
-    """The controller's side of steering: a pod held by migpilot's gate with a claim by memory
-    (20 GiB) is planned on the DRA node (never on the device-plugin node beside it), the target
-    written into the node's GpuLayout spec with nothing reserved, the pod pinned there and
-    ungated; the agent lists the planned placement first and makes nothing, and the real
-    kube-scheduler allocates exactly the planned placement (the smallest fitting profile,
-    ``3g.40gb``), which the plugin then makes."""
-    dra.pod("steered", "mig-20gi", gated=True)
-    dra.wait(lambda: dra.phase("steered")[0] == "Running", "the steered pod Running")
-    pod = dra.client.get(Pod, "steered", namespace=dra.namespace)
+def test_a_lone_gated_pod_is_left_to_first_fit_pinned_and_ungated(dra: Cluster) -> None:
+    """The controller's first-fit check: a pod held by migpilot's gate with a claim by memory
+    (20 GiB), alone, is served as well by kube-scheduler's first fit as by the plan, so the
+    round is not steered. The pod is pinned to the DRA node first fit picks (never the
+    device-plugin node beside it) and ungated, the node's target lists nothing first, and the
+    real kube-scheduler allocates what first fit gives over the smallest-first listing: the
+    smallest fitting profile, ``3g.40gb``, at its first start, which the plugin then makes.
+    (The three pods below are the steered case: there the plan serves more.)"""
+    dra.pod("unsteered", "mig-20gi", gated=True)
+    dra.wait(lambda: dra.phase("unsteered")[0] == "Running", "the pod Running")
+    pod = dra.client.get(Pod, "unsteered", namespace=dra.namespace)
     assert pod.spec is not None and not pod.spec.schedulingGates
     assert pod.spec.nodeName == DRA_NODE
     affinity = pod.spec.affinity
@@ -701,13 +700,12 @@ def test_a_gated_pod_is_planned_pinned_ungated_and_allocated_its_planned_placeme
         for term in required.nodeSelectorTerms
         for f in term.matchFields or ()
     ] == [("metadata.name", "In", [DRA_NODE])]
-    device = dra.allocated("steered")
+    device = dra.allocated("unsteered")
     assert device is not None
     gpu, profile, start = _placement(device)
-    assert profile == "3g.40gb"
-    # the planned placement, unreserved, is what kube-scheduler allocated
-    assert (gpu, profile, start, None) in dra.spec_instances()
-    assert all(reserved is None for *_, reserved in dra.spec_instances())
+    assert (profile, start) == ("3g.40gb", 0)  # first fit over the smallest-first listing
+    # nothing listed first: the target holds no placement but what is allocated
+    assert {(g, p, st) for g, p, st, _ in dra.spec_instances()} <= {(gpu, profile, start)}
     assert dra.instances() == {(gpu, profile, start)}
 
 
@@ -717,14 +715,18 @@ def test_pods_the_webhook_gates_are_planned_together_and_all_run(dra: Cluster) -
     their templates), planned by the controller, pinned, ungated and allocated by the real
     kube-scheduler at placements of the plan, and all run on the one H100. First fit alone,
     with the smallest placements listed first, gives the ``1g.10gb`` slot 0, the only start of
-    a ``4g.40gb``, and that pod never runs."""
+    a ``4g.40gb``, and that pod never runs: the plan serves more, so the first-fit check steers
+    the round."""
     for name, cel in (
         ("only-4g", f'device.attributes["{publishing.DRIVER}"].profile == "4g.40gb"'),
         ("only-2g", f'device.attributes["{publishing.DRIVER}"].profile == "2g.20gb"'),
     ):
         with contextlib.suppress(lightkube.ApiError):  # made by an earlier run of the module
             dra.client.create(_template(name, dra.namespace, cel))
-    pods = {"small": "mig-1g-10gb", "medium": "only-2g", "large": "only-4g"}
+    # Named so that kube-scheduler's queue order (oldest first, then by name: created within a
+    # second, they are) is smallest first, where first fit serves two and the plan three: the
+    # round is steered (large first, first fit would serve all three, and it is not).
+    pods = {"a-small": "mig-1g-10gb", "b-medium": "only-2g", "c-large": "only-4g"}
     for name, template in pods.items():
         dra.pod(name, template, webhook=True)
         got = dra.client.get(Pod, name, namespace=dra.namespace)
@@ -738,7 +740,7 @@ def test_pods_the_webhook_gates_are_planned_together_and_all_run(dra: Cluster) -
         assert device is not None, name
         placed[name] = _placement(device)
     assert sorted(p for _, p, _ in placed.values()) == ["1g.10gb", "2g.20gb", "4g.40gb"]
-    assert placed["large"][2] == 0  # the 4g.40gb's only start
+    assert placed["c-large"][2] == 0  # the 4g.40gb's only start
     planned = {(g, p, st) for g, p, st, _ in dra.spec_instances()}
     assert set(placed.values()) <= planned  # kube-scheduler took the plan's placements
     assert dra.instances() == set(placed.values())

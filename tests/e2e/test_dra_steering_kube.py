@@ -1,7 +1,7 @@
 """The real v1.37.2 kube-scheduler allocates as the simulator's model says, and steering by
 device taints and by device order works there.
 
-A KWOK node's pool is published from :func:`migpilot.sim.draalloc.publish` (a slice of counter
+A KWOK node's pool is published from :func:`migpilot.planning.draalloc.publish` (a slice of counter
 sets and a slice of devices, placements listed by start slot, largest first), under a driver of
 its own so that no other test's slices or classes meet it. Then, on the real scheduler:
 
@@ -38,8 +38,7 @@ from lightkube.resources.resource_v1 import (
 )
 
 from migpilot.mig import catalog
-from migpilot.planning import draclaims
-from migpilot.sim import draalloc
+from migpilot.planning import draalloc, draclaims
 from tests.kube.controlplane import Component, ControlPlane, wait_for
 
 pytestmark = pytest.mark.kube

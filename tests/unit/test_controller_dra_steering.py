@@ -141,31 +141,83 @@ def _allocated(name: str, node: str, *devices: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the loop
 
 
-def test_a_gated_dra_pod_is_planned_on_the_dra_node_unreserved_pinned_and_ungated() -> None:
+def _profile_template(profile: str) -> dict[str, Any]:
+    """A ResourceClaimTemplate by profile, as the shipped ``mig-1g-10gb``."""
+    doc = _template("mig-1g-10gb")
+    name = f"mig-{profile.replace('.', '-')}"
+    doc["metadata"]["name"] = name
+    (request,) = doc["spec"]["spec"]["devices"]["requests"]
+    (selector,) = request["exactly"]["selectors"]
+    selector["cel"]["expression"] = f'device.attributes["mig.migpilot.io"].profile == "{profile}"'
+    return doc
+
+
+def _generation(api: kubeapi.InMemoryApi, node: str) -> int:
+    return int(api.objects[LAYOUTS][node]["metadata"].get("generation", 0))
+
+
+def test_a_lone_gated_dra_pod_first_fit_serves_is_let_go_unsteered() -> None:
+    """The plan serves no more pods than first fit (one): the round is first fit's. The pod is
+    pinned to the node first fit picks and let go, once the node's agent lists a target with
+    nothing first for it."""
+
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _nodes(api, "d0", "n0")
         await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _template("mig-1g-10gb"))
         await api.put(PODS, _gated(_dra_pod("claims", template="mig-1g-10gb")))
         await api.put(PODS, _pod("plugin", "1g.10gb"))  # a device-plugin pod, gated too
-        await _until("the DRA node's target", lambda: _spec(api, "d0") != [])
-        # not let go before the node's agent lists the target first (kube-scheduler would
+        await _until("the DRA node's spec written", lambda: _generation(api, "d0") > 1)
+        # not let go before the node's agent lists that target (kube-scheduler would
         # allocate from the old listing)
         await _passes(controller)
         assert _pinned(api, "ns/claims") is None
         assert await _steered(api, "ns/claims", "d0") == "d0"
-        # its node's target holds its placement, reserved for no one: kube-scheduler hands
-        # it out, and the agent makes nothing for it
-        (placed,) = _spec(api, "d0")
-        assert placed[2] == "1g.10gb" and placed[3] is None
+        # its node's target holds nothing: nothing is listed first
+        assert _spec(api, "d0") == []
+        ((_, message),) = [e for e in _events(api, "claims") if e[0] == "MigDraFirstFit"]
+        assert "first fit serves it on node d0 (gpu-0-mig-1g-10gb-0)" in message
+        assert "1 against 1" in message
+        assert not any(e[0] == "MigDraPlanned" for e in _events(api, "claims"))
         # the device-plugin pod is reserved on the device-plugin node, never the DRA node
         await _until("the plugin pod reserved", lambda: len(_spec(api, "n0")) == 1)
         assert _spec(api, "n0")[0][2:] == ("1g.10gb", "ns/plugin")
         assert "schedulingGates" in api.objects[PODS]["ns/plugin"]["spec"]
-        ((_, message),) = [e for e in _events(api, "claims") if e[0] == "MigDraPlanned"]
-        assert f"1g.10gb at GPU 0 start {placed[1]}" in message
         # pinned once, however many passes follow
         await _passes(controller)
         assert [k for k, _ in api.pod_patches] == ["ns/claims"]
+
+    _run(body)
+
+
+def test_gated_dra_pods_the_plan_serves_more_of_are_steered_unreserved() -> None:
+    """1g.10gb, 2g.20gb and 4g.40gb on one GPU: first fit gives the 1g.10gb slot 0, the
+    4g.40gb's only start, and serves two; the plan serves three. Steered: the targets hold the
+    planned placements, reserved for no one (kube-scheduler hands them out), listed first."""
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _nodes(api, "d0")
+        for profile in ("1g.10gb", "2g.20gb", "4g.40gb"):
+            await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _profile_template(profile))
+        # created one after another (kube-scheduler's queue order)
+        for i, (name, profile) in enumerate(
+            (("small", "1g.10gb"), ("mid", "2g.20gb"), ("large", "4g.40gb"))
+        ):
+            pod = _gated(_dra_pod(name, template=f"mig-{profile.replace('.', '-')}"))
+            pod["metadata"]["creationTimestamp"] = f"2026-01-01T00:00:0{i}Z"
+            await api.put(PODS, pod)
+        await _until("the DRA node's target", lambda: len(_spec(api, "d0")) == 3)
+        await _passes(controller)
+        assert _pinned(api, "ns/small") is None
+        for key in ("ns/small", "ns/mid", "ns/large"):
+            assert await _steered(api, key, "d0") == "d0"
+        placed = {(p[2], p[1]) for p in _spec(api, "d0")}
+        assert ("4g.40gb", 0) in placed
+        assert all(p[3] is None for p in _spec(api, "d0"))
+        for name in ("small", "mid", "large"):
+            ((_, message),) = [e for e in _events(api, name) if e[0] == "MigDraPlanned"]
+            assert "planned on node d0" in message
+        await _passes(controller)
+        assert sorted(k for k, _ in api.pod_patches) == ["ns/large", "ns/mid", "ns/small"]
 
     _run(body)
 
@@ -217,10 +269,11 @@ def test_an_allocated_claims_device_is_used_so_no_pod_is_planned_over_it() -> No
         await _passes(controller)
         assert api.pod_patches == []  # kept gated, as any pod the plan cannot place now
         assert all(p[2] == "7g.80gb" for p in _spec(api, "d0"))
-        # the claim released: the pod is planned where the 7g.80gb was
+        # the claim released: the pod fits where the 7g.80gb was, first fit's as a lone pod
         await api.delete(kubeobjects.Kind.RESOURCECLAIMS, "ns/held")
         assert await _steered(api, "ns/claims", "d0") == "d0"
-        assert [p[2] for p in _spec(api, "d0")] == ["1g.10gb"]
+        assert _spec(api, "d0") == []
+        assert any(e[0] == "MigDraFirstFit" for e in _events(api, "claims"))
 
     _run(body)
 

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from migpilot import errors
-from migpilot.planning import draclaims, scoring
-from migpilot.sim import clusters, draalloc, drasim, nativegen, traces
+from migpilot.planning import draalloc, draclaims, scoring
+from migpilot.sim import clusters, drasim, nativegen, traces
 
 HEADER = "name,arrival,duration,requests,node_selector\n"
 

@@ -47,7 +47,16 @@ from migpilot import errors
 from migpilot.api import gpulayouts
 from migpilot.controller import translating
 from migpilot.mig import catalog, dra, layouts, profiles
-from migpilot.planning import constraints, draclaims, interpod, modes, snapshot, unified
+from migpilot.planning import (
+    constraints,
+    draalloc,
+    draclaims,
+    drasteering,
+    interpod,
+    modes,
+    snapshot,
+    unified,
+)
 from migpilot.sharing import config as sharing_config
 from migpilot.sharing import mps as sharing_mps
 
@@ -487,6 +496,8 @@ class DraAsk:
     """The problem is in what the pod or its claims say (not a claim yet to come): it will not
     be planned as they stand, and a pod gated by ``migpilot.io/plan`` is let go for
     kube-scheduler's first fit."""
+    claims: tuple[draclaims.ClaimSpec, ...] = ()
+    """Its claims as read, in ``spec.resourceClaims`` order (for the first-fit check)."""
 
 
 def dra_pod(
@@ -572,7 +583,7 @@ def dra_pod(
         # pod's claims on its node, and only a DRA node publishes migpilot's devices.
         affinity=tuple(t + keep for t in (base.affinity or ((),))),
     )
-    return DraAsk(pod)
+    return DraAsk(pod, claims=tuple(r.spec for r in reads if r.spec is not None))
 
 
 def _device_plugin_ask(pod: snapshot.Pod) -> str:
@@ -789,6 +800,9 @@ class Observed:
     dra_refused: frozenset[str] = frozenset()
     """Those of :attr:`dra_unplanned` that will not be planned as their claims stand
     (:attr:`DraAsk.final`): if gated by us, let go."""
+    dra_claims: Mapping[str, draalloc.Claim] = field(default_factory=dict)
+    """Per pod of :attr:`dra_pods`, its claims as the allocator model allocates them together
+    (:func:`drasteering.claim_of`), for the first-fit check."""
 
 
 NodeCache = dict[str, tuple[tuple[object, ...], snapshot.Node]]
@@ -1009,6 +1023,7 @@ def observe(
     dra_pods: list[snapshot.Pod] = []
     dra_unplanned: dict[str, str] = {}
     dra_refused: set[str] = set()
+    dra_claims: dict[str, draalloc.Claim] = {}
     mixed: set[str] = set()
     # Pods asking for the device plugins' GPUs and migpilot's DRA devices both.
     claimed = [
@@ -1045,6 +1060,7 @@ def observe(
                 dra_refused.add(p.key)
             elif ask.pod is not None:
                 dra_pods.append(ask.pod)
+                dra_claims[p.key] = drasteering.claim_of(ask.claims)
                 waiting.append(dataclasses.replace(p, pod=ask.pod))
             else:
                 dra_unplanned[p.key] = ask.problem or "not planned"
@@ -1099,6 +1115,7 @@ def observe(
     return Observed(
         dra_refused=frozenset(dra_refused),
         dra_pods=tuple(dra_pods),
+        dra_claims=MappingProxyType(dra_claims),
         dra_unplanned=MappingProxyType(dra_unplanned),
         snapshot=snapshot.Snapshot(
             nodes=tuple(planned),

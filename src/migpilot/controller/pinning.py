@@ -415,7 +415,9 @@ def to_control(observed: observing.Observed, *, changed: bool) -> control.Observ
     def extras(key: str) -> control.Pending:
         view = observed.pods[key]
         static = observing.static_fit(observed, view) if statics else None
-        return control.Pending(view.gated_by_us, pinned_to(view), static)
+        return control.Pending(
+            view.gated_by_us, pinned_to(view), static, unschedulable=view.unschedulable
+        )
 
     planned = {n.name: n for n in observed.snapshot.nodes} if observed.reservations else {}
     return control.Observed(
@@ -437,6 +439,7 @@ def to_control(observed: observing.Observed, *, changed: bool) -> control.Observ
         stale=observed.stale,
         changed=changed,
         whole=_Lazily(observed.nodes, lambda name: _whole(observed.nodes[name])),
+        dra_claims=observed.dra_claims,
     )
 
 

@@ -54,6 +54,7 @@ from migpilot.kube import objects as kubeobjects
 from migpilot.planning import (
     control,
     draclaims,
+    drasteering,
     fast,
     modes,
     options,
@@ -721,7 +722,7 @@ class Controller:
             else "",
             seconds,
         )
-        await self._carry_out(observed, plan, steered=decision.steered)
+        await self._carry_out(observed, plan, steered=decision.steered, check=decision.dra_check)
         await self._judge(decision.judged)
         # The backlog an incremental pass left out still waits, as the plan that found it so
         # judged it.
@@ -1003,10 +1004,12 @@ class Controller:
         plan: plans.Plan,
         *,
         steered: Sequence[tuple[str, str]] = (),
+        check: drasteering.Check | None = None,
     ) -> None:
-        """Write each node's spec the plan changes or places pods on; then pin and let go the
-        ``steered`` pods (:attr:`control.Decision.steered`) of each node whose spec was written
-        and whose agent already lists it (:func:`pinning.listed`)."""
+        """Write each node's spec the plan changes or places pods on, or ``steered`` pods go to;
+        then pin and let go the ``steered`` pods (:attr:`control.Decision.steered`) of each node
+        whose spec was written and whose agent already lists it (:func:`pinning.listed`).
+        ``check``: the round's first-fit check, which the pods' Events tell."""
         placed: dict[str, list[plans.Placement]] = {}
         for p in plan.placements:
             placed.setdefault(p.node, []).append(p)
@@ -1022,7 +1025,7 @@ class Controller:
             pins.setdefault(name, []).append(key)
         writes = []
         for node in observed.snapshot.nodes:
-            if node.name not in changed and node.name not in placed:
+            if node.name not in changed and node.name not in placed and node.name not in pins:
                 continue
             kept = pinning.kept_of(observed.reservations.values(), node.name)
             try:
@@ -1071,6 +1074,7 @@ class Controller:
                     steered=pins.get(node.name, ())
                     if pinning.listed(observed.layouts.get(node.name), spec)
                     else (),
+                    check=check,
                 )
             )
         await asyncio.gather(*writes)
@@ -1084,10 +1088,13 @@ class Controller:
         slice_actions: list[plans.SliceAction] = [],  # noqa: B006 (never mutated)
         *,
         steered: Sequence[str] = (),
+        check: drasteering.Check | None = None,
     ) -> None:
         """Write node ``name``'s spec, then say what it reserves, or, for the ``steered`` pods
         (DRA claims: nothing reserved), pin each to the node and let it go: the node's agent
-        lists the planned placements first, and kube-scheduler allocates them."""
+        lists the planned placements first, and kube-scheduler allocates them; or, where the
+        first-fit ``check`` did not steer, nothing is listed first and kube-scheduler's first
+        fit allocates them (Event ``MigDraFirstFit``)."""
         if not await self._write_spec(name, spec):
             # Nothing else will change for these pods: plan them again a batch window later.
             self._poke()
@@ -1133,9 +1140,23 @@ class Controller:
         if node is None:
             return
         by_pod = {p.pod: p for p in placements}
+        first_fit = (
+            {s.pod: s for s in check.first_fit} if check is not None and not check.steer else {}
+        )
         for key in steered:
             entry = self._store.pods.get(key)
             if entry is None or not entry[1].gated_by_us:
+                continue
+            served = first_fit.get(key)
+            if served is not None and check is not None:
+                await self._say(
+                    entry[1], type_="Normal", reason="MigDraFirstFit",
+                    message=f"kube-scheduler's first fit serves it on node {name} "
+                    f"({', '.join(served.devices)}): the plan serves no more of the waiting pods "
+                    f"now ({check.planned} against {len(check.first_fit)}), so nothing is listed "
+                    "first; pinned there and let go",
+                )  # fmt: skip
+                await self._pin_one(key, node)
                 continue
             planned_at = (
                 ", ".join(

@@ -3,9 +3,10 @@
 Why it exists: the agent publishes MIG placements as ResourceSlice devices
 (:mod:`migpilot.agent.dra.publishing`), its kubelet plugin reads a placement back from a device
 name (:mod:`migpilot.agent.dra.placements`), and the simulator models kube-scheduler's allocator
-over the same devices (:mod:`migpilot.sim.draalloc`). The simulator may not import the agent, so
-the names all three must agree on live here, at the bottom of the layers, with the parsing
-of a device name back into its placement (the controller reads allocated claims with it too).
+over the same devices (:mod:`migpilot.planning.draalloc`). The simulator may not import the
+agent, so the names all three must agree on live here, at the bottom of the layers, with the
+parsing of a device name back into its placement (the controller reads allocated claims with it
+too).
 Pure: no I/O.
 """
 

@@ -51,7 +51,12 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   publishes, listing the planned ones first. A gated one the plan places is pinned to its node
   and let go (:attr:`Decision.steered`) once its node's target is written and listed by the
   node's agent, else planned again; its placement, once allocated, is a used instance of the
-  next snapshots.
+  next snapshots. The first-fit check (:mod:`migpilot.planning.drasteering`): a round is
+  steered only when its plan places more of the gated DRA pods than kube-scheduler's first fit
+  would serve now; otherwise the pods first fit serves are let go, each pinned to the node
+  first fit picks, and the DRA nodes' targets list nothing first for them; until their claims
+  are allocated, the devices first fit was predicted to give them are used instances of the
+  snapshot, and they are not planned again (:attr:`Memory.first_fit`).
 - **Pinning.** Reserved pods are let go to kube-scheduler, pinned to their node, in the order
   of their keys, once every instance is made, the node still admits the pod (not cordoned, no
   new taint it does not tolerate: a node being drained or consolidated) and the node
@@ -96,6 +101,8 @@ from migpilot import errors
 from migpilot.mig import layouts, profiles
 from migpilot.planning import (
     constraints,
+    draalloc,
+    drasteering,
     dynamic,
     explaining,
     firstfit,
@@ -476,6 +483,8 @@ class Pending:
     pinned: str | None = None
     """The node its required node affinity confines it to, ``None`` for none."""
     static: str | None = None
+    unschedulable: bool = False
+    """kube-scheduler found no node for it (its ``PodScheduled`` condition): not in flight."""
     """A statically laid out node with free instances for it now, ``None`` for none."""
 
 
@@ -515,6 +524,10 @@ class Observed:
     """Waiting whole-GPU pods migpilot cannot plan (a node affinity it cannot read), and why:
     kube-scheduler may still serve them, so a gated one is let go at once
     (:attr:`Verdict.ELSEWHERE`)."""
+    dra_claims: Mapping[str, draalloc.Claim] = field(default_factory=dict)
+    """Per DRA pod of the snapshot (:attr:`snapshot.Pod.dra`), its claims as the allocator
+    model allocates them (:func:`drasteering.claim_of`), for the first-fit check; a pod not
+    named is never predicted served by first fit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,6 +551,11 @@ class Memory:
     waiting_since: Mapping[str, float] = field(default_factory=dict)
     """When each pod still waiting or reserved was first seen so, by key (its age for
     :func:`age_ranks`)."""
+    first_fit: Mapping[str, drasteering.Served] = field(default_factory=dict)
+    """The DRA pods a round left to first fit named to let go, by key, with the node and the
+    devices first fit was predicted to give them, while they wait: once let go and until their
+    claims are allocated (in flight), their devices are used instances of the snapshot and
+    they are not planned (:func:`drasteering.holding`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -632,12 +650,18 @@ class Decision:
     judged: tuple[Judged, ...] = ()
     """The pods the plan left unplaced, each with its verdict."""
     steered: tuple[tuple[str, str], ...] = ()
-    """(pod, node): the gated pods asking through DRA claims (:attr:`snapshot.Pod.dra`) that
-    :attr:`plan` placed, in the order of their keys, with no reservation (kube-scheduler
-    allocates the planned placements, which the node's agent lists first): pinned to their node
-    and let go once their node's target is written and its agent lists it (the caller checks
-    that). Until then they stay gated and are planned again at the next plan (the agent's
-    report is a change); one whose node's target could not be written too."""
+    """(pod, node): the gated pods asking through DRA claims (:attr:`snapshot.Pod.dra`) to let
+    go this round, in the order to let them go in, with no reservation: pinned to their node and
+    let go once their node's target is written and its agent lists it (the caller checks that;
+    a node named here is written even where the plan leaves it as it was). Until then they
+    stay gated and are planned again at the next plan (the agent's report is a change); one
+    whose node's target could not be written too. When :attr:`dra_check` steers, those
+    :attr:`plan` placed, in the order of their keys (kube-scheduler allocates the planned
+    placements, which the node's agent lists first); otherwise those first fit serves, each on
+    the node first fit picks, in the queue order first fit was predicted in (:attr:`plan` then
+    lists nothing first for them)."""
+    dra_check: drasteering.Check | None = None
+    """The first-fit check of the round's gated DRA pods (``None``: no plan, or none waits)."""
     scale_out: tuple[Judged, ...] = ()
     """Gated pods left unplaced for :attr:`Settings.scale_out_after_s` (all
     :attr:`Verdict.SCALE_OUT`), carried out after the plan and its verdicts."""
@@ -655,6 +679,15 @@ def reconcile(
     planner: Planner,
 ) -> Decision:
     """One step of the loop (see the module for the rules), at ``now``."""
+    seen = {p.key for p in observed.snapshot.pods}
+    held = [
+        s
+        for key, s in memory.first_fit.items()
+        if not (pending := observed.pending.get(key, Pending())).gated and not pending.unschedulable
+    ]
+    if held:
+        observed = replace(observed, snapshot=drasteering.holding(observed.snapshot, held))
+    first_fit = {k: s for k, s in memory.first_fit.items() if k in seen}
     batch = memory.batch
     if observed.changed:
         batch = changed(
@@ -700,8 +733,18 @@ def reconcile(
         elif backlog is not None:
             backlog = incremental.after(backlog, snap, plan)
     judged = _judge(observed, plan, skip=frozenset(planned.backlog)) if plan is not None else ()
-    steered = _steered(observed, plan) if plan is not None else ()
     unplaced, scale_out = _scale_out(observed, memory, plan, judged, now=now, settings=settings)
+    steered: tuple[tuple[str, str], ...] = ()
+    dra_check: drasteering.Check | None = None
+    if plan is not None:
+        plan, steered, dra_check = _steering(observed, plan)
+        if dra_check is not None:
+            # The gated pods are decided again by each check; the ones let go stay held.
+            first_fit = {
+                k: s for k, s in first_fit.items() if not observed.pending.get(k, Pending()).gated
+            }
+            if not dra_check.steer:
+                first_fit.update((s.pod, s) for s in dra_check.first_fit)
     kept = Memory(
         batch=planned.batch,
         reserved_since=MappingProxyType(since),
@@ -710,6 +753,7 @@ def reconcile(
         backlog=backlog if settings.incremental else None,
         avoid=MappingProxyType(avoid),
         waiting_since=MappingProxyType(waiting_since),
+        first_fit=MappingProxyType(first_fit),
     )
     return Decision(
         memory=kept,
@@ -725,9 +769,34 @@ def reconcile(
         unfit=unfit,
         judged=judged,
         steered=steered,
+        dra_check=dra_check,
         scale_out=scale_out,
         wake_at=_wake_at(observed, kept, settings=settings),
     )
+
+
+def _steering(
+    observed: Observed, plan: plans.Plan
+) -> tuple[plans.Plan, tuple[tuple[str, str], ...], drasteering.Check | None]:
+    """The first-fit check (:mod:`migpilot.planning.drasteering`): the plan to carry out, the
+    gated DRA pods to let go (:attr:`Decision.steered`) and the check. Steered when the plan
+    places more gated DRA pods than kube-scheduler's first fit would serve now; otherwise the
+    round is first fit's: the pods it serves, on the nodes it picks, and DRA targets that list
+    nothing first for them (:func:`drasteering.first_fit_plan`). Pods first fit cannot serve
+    stay gated, planned again at the next plan."""
+    gated = frozenset(
+        p.key
+        for p in observed.snapshot.pods
+        if p.dra and observed.pending.get(p.key, Pending()).gated
+    )
+    found = drasteering.check(
+        observed.snapshot, plan, gated=gated, claims=observed.dra_claims, whole=observed.whole
+    )
+    if found is None or found.steer:
+        return plan, _steered(observed, plan), found
+    carried = drasteering.first_fit_plan(observed.snapshot, plan, gated=gated)
+    # In queue order: the order they are let go in is the order kube-scheduler takes them.
+    return carried, tuple((s.pod, s.node) for s in found.first_fit), found
 
 
 def _steered(observed: Observed, plan: plans.Plan) -> tuple[tuple[str, str], ...]:

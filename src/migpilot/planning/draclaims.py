@@ -17,7 +17,7 @@ Anything else (``||``, another attribute, a request for every device, a constrai
 requests, admin access) is *not understood*: :class:`NotUnderstood` names the request and the
 part it could not read, and the caller leaves that pod to kube-scheduler's own first fit rather
 than plan it wrong. The simulator's model of kube-scheduler's allocator
-(:mod:`migpilot.sim.draalloc`) uses the same :class:`Selector`, so what the planner reads and
+(:mod:`migpilot.planning.draalloc`) uses the same :class:`Selector`, so what the planner reads and
 what the model allocates cannot drift apart; :meth:`Selector.cel` writes a selector back as the
 expression a claim carries (``tests/unit/test_draclaims.py`` reads every one back).
 

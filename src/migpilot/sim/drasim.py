@@ -3,7 +3,7 @@
 Why it exists: issue 26 asks whether steering kube-scheduler's DRA allocation with migpilot's
 planner serves more pods than publishing every MIG placement and letting the scheduler take the
 first that fits, as NVIDIA's driver does. This module answers on a trace, side by side, with the
-allocator of :mod:`migpilot.sim.draalloc`:
+allocator of :mod:`migpilot.planning.draalloc`:
 
 - **uncurated**: every placement is offered; a pod's claim is tried as it arrives, and pending
   claims again after every departure (kube-scheduler's requeue on ResourceSlice and claim
@@ -54,9 +54,9 @@ from dataclasses import dataclass
 
 from migpilot import errors
 from migpilot.mig import profiles
-from migpilot.planning import draclaims, planners, snapshot
+from migpilot.planning import draalloc, draclaims, drasteering, planners, snapshot
 from migpilot.planning import unified as unifying
-from migpilot.sim import clusters, draalloc, traces
+from migpilot.sim import clusters, traces
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 NAMESPACE = "default"
@@ -85,7 +85,7 @@ class Steering(enum.StrEnum):
     BEST_FIT = "best-fit"
     """No gating and no plan: pods go to kube-scheduler as they come, as uncurated, and the
     driver lists each node's placements so that first fit is a best fit
-    (:func:`migpilot.sim.draalloc.best_fit`), listing them again after every change."""
+    (:func:`migpilot.planning.draalloc.best_fit`), listing them again after every change."""
 
 
 class NodeScoring(enum.StrEnum):
@@ -119,9 +119,10 @@ class Settings:
     for whole-GPU profiles (kube-scheduler has no such score)."""
     first_fit_check: bool = False
     """Steered (order or taints): before steering a round, predict what kube-scheduler's first
-    fit would serve of the gated pods as the cluster stands (this allocator model, the pods in
-    queue order, over the smallest-first listing migpilot's driver publishes: what the
-    controller sees, no future pod), and steer only if the plan serves more pods now;
+    fit would serve of the gated pods as the cluster stands (the controller's prediction,
+    :func:`migpilot.planning.drasteering.first_fit`: this allocator model, the pods in queue
+    order, over the smallest-first listing migpilot's driver publishes: what the controller
+    sees, no future pod), and steer only if the plan serves more pods now;
     otherwise the round is first fit's: only the pods first fit serves are ungated, each
     pinned to the node first fit picks, and the listing is left plain (:attr:`order`
     ``PROFILE``) or first fit's placements are offered as a plan's would be (any other
@@ -309,15 +310,6 @@ class _Node:
         self.pool = draalloc.publish(spec.name, spec.model, gpus=spec.gpus, order=order)
         self.walk = self.pool
         """The pool as the allocator walks it (order steering lists planned devices first)."""
-        self.smallest_first = (
-            self.pool
-            if order is draalloc.DeviceOrder.PROFILE
-            else draalloc.publish(
-                spec.name, spec.model, gpus=spec.gpus, order=draalloc.DeviceOrder.PROFILE
-            )
-        )
-        """The pool listed smallest first, as migpilot's driver lists it: the listing the
-        first-fit check predicts over."""
         self.first_slice: frozenset[str] = frozenset()
         """Order steering: the devices published in the first device slice."""
         per_gpu = len(self.pool.devices) // spec.gpus
@@ -589,7 +581,7 @@ class _Run:
         planned = {p.pod: p.node for p in plan.placements}
         plain = False
         if self.settings.first_fit_check:
-            first_fit = self._first_fit(gated)
+            first_fit = self._first_fit(gated, snap.nodes)
             if len(plan.placements) <= len(first_fit):
                 # The plan serves no more pods now: the round is first fit's, over the
                 # smallest-first listing migpilot's driver publishes. Where the pool is listed
@@ -636,42 +628,22 @@ class _Run:
         if served and missed:
             self._plan_soon()
 
-    def _first_fit(self, gated: Sequence[_Pod]) -> dict[int, tuple[str, tuple[str, ...]]]:
+    def _first_fit(
+        self, gated: Sequence[_Pod], nodes: Sequence[snapshot.Node]
+    ) -> dict[int, tuple[str, tuple[str, ...]]]:
         """The pods kube-scheduler's first fit would serve now, ungated in queue order over the
         smallest-first listing with nothing tainted, and the node and devices each would get
-        (by pod index): the allocator and node score on copies of the nodes' state."""
-        allocated = [frozenset(n.allocated) for n in self.nodes]
-        cpu = [n.cpu_free for n in self.nodes]
-        mem = [n.mem_free for n in self.nodes]
-        served: dict[int, tuple[str, tuple[str, ...]]] = {}
-        for pod in gated:
-            best: tuple[float, int, tuple[draalloc.Device, ...]] | None = None
-            for i, node in enumerate(self.nodes):
-                if pod.cp.cpu_milli > cpu[i] or pod.cp.memory_bytes > mem[i]:
-                    continue
-                if any(node.spec.labels.get(k) != v for k, v in pod.cp.node_labels):
-                    continue
-                found = draalloc.allocate(
-                    node.smallest_first,
-                    pod.claim,
-                    allocated=allocated[i],
-                    budget=self.settings.budget,
-                )
-                if found.devices is None:
-                    continue
-                score = self._score_free(
-                    node, cpu[i] - pod.cp.cpu_milli, mem[i] - pod.cp.memory_bytes
-                )
-                if best is None or score > best[0]:
-                    best = (score, i, found.devices)
-            if best is None:
-                continue
-            _, i, devices = best
-            allocated[i] = allocated[i] | {d.name for d in devices}
-            cpu[i] -= pod.cp.cpu_milli
-            mem[i] -= pod.cp.memory_bytes
-            served[pod.index] = (self.nodes[i].spec.name, tuple(d.name for d in devices))
-        return served
+        (by pod index): the controller's prediction (:func:`drasteering.first_fit`) over the
+        nodes as the planner sees them (``nodes``)."""
+        index = {p.cp.planned.key: p.index for p in gated}
+        served = drasteering.first_fit(
+            nodes,
+            [p.cp.planned for p in gated],
+            {p.cp.planned.key: p.claim for p in gated},
+            most_allocated=self.settings.scoring is NodeScoring.MOST_ALLOCATED,
+            budget=self.settings.budget,
+        )
+        return {index[s.pod]: (s.node, s.devices) for s in served}
 
     def _list_first(self, node: _Node, offered: set[str]) -> None:
         # The first device slice holds the free planned placements. An allocated device stays

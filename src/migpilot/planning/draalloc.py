@@ -3,7 +3,10 @@ partitionable devices.
 
 Why it exists: on a DRA node migpilot does not pick the instance a pod gets; kube-scheduler
 does, with the structured allocator of ``k8s.io/dynamic-resource-allocation``. To measure what
-steering buys (issue 26), the simulator needs that allocator's choices, not an idealised one.
+steering buys (issue 26), the simulator needs that allocator's choices, not an idealised one;
+and the control loop needs them to decide whether a round is worth steering at all (the
+first-fit check, :mod:`migpilot.planning.drasteering`), so the model sits in the pure core,
+below both.
 What it models, from the v1.37 sources (``structured/internal/incubating``, the variant
 ``structured/allocator.go`` picks when beta features like DRAConsumableCapacity are on, as they
 are by default; ``docs/dra.md``, "Steering kube-scheduler"):
@@ -193,9 +196,26 @@ def publish(
     """A node's pool as the driver publishes it with every placement offered (uncurated)."""
     if gpus < 1:
         raise AllocatorError(f"node {node}: a pool needs at least one GPU, got {gpus}")
+    return pool_of(node, [(gpu, model) for gpu in range(gpus)], order=order)
+
+
+def pool_of(
+    node: str,
+    gpus: Sequence[tuple[int, profiles.GpuModel]],
+    *,
+    order: DeviceOrder = DeviceOrder.PROFILE,
+) -> Pool:
+    """The pool of a node whose MIG GPUs are ``gpus`` ((index, model), in the order the driver
+    lists them), every placement offered: :func:`publish` for a node whose GPUs are not all
+    0..n-1 of one model (a GPU held whole or left out is not in its pool)."""
+    if not gpus:
+        raise AllocatorError(f"node {node}: a pool needs at least one GPU")
+    indexes = [gpu for gpu, _ in gpus]
+    if len(set(indexes)) != len(indexes):
+        raise AllocatorError(f"node {node}: GPU indexes {indexes} repeat")
     sets: list[CounterSet] = []
     devices: list[Device] = []
-    for gpu in range(gpus):
+    for gpu, model in gpus:
         sets.append(_gpu_counters(model, gpu))
         placed = [(p, s) for p in model.profiles for s in p.placements]
         if order is DeviceOrder.START:

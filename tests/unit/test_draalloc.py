@@ -8,7 +8,7 @@ import pytest
 
 from migpilot.agent.dra import placements
 from migpilot.mig import catalog, layouts, profiles
-from migpilot.sim import draalloc as D  # noqa: N812 - short, read like the module
+from migpilot.planning import draalloc as D  # noqa: N812 - short, read like the module
 
 H100 = catalog.resolve_gpu("h100-80gb")
 A100 = catalog.resolve_gpu("a100-80gb")

@@ -1,0 +1,340 @@
+"""The first-fit check of DRA steering: a round is steered only when its plan serves more pods
+now than kube-scheduler's first fit would.
+
+Why it exists: on DRA nodes kube-scheduler allocates the placements; migpilot steers it by
+listing the plan's placements first (``docs/dra.md``, "Steering kube-scheduler"). The simulator
+found that steering every round costs pods on loaded clusters: when the plan serves no more pods
+now than first fit, the room its placements keep (whole GPUs) went to long multi-GPU pods. So a
+round is steered only when the plan places more of the gated DRA pods than first fit would
+serve; otherwise the round is first fit's: the pods first fit serves are let go, each pinned to
+the node first fit picks, and nothing is listed first for them (``docs/dra.md``, "The
+simulator's model and figures"). This module is that one rule, for the control loop
+(:func:`migpilot.planning.control.reconcile`) and the simulator (:mod:`migpilot.sim.drasim`).
+
+First fit is predicted with the allocator model (:mod:`migpilot.planning.draalloc`): the gated
+pods in kube-scheduler's queue order (priority, then oldest first, then by key: the order the
+controller lets them go in, which is the order kube-scheduler takes pods let go together), each
+pod's claims allocated
+together as one search (the allocator backtracks across a pod's claims' requests in order) over
+the listing migpilot's agent publishes with nothing first (each GPU's placements smallest
+first), from the DRA nodes as the snapshot has them (used instances allocated); a pod goes to
+the node where its claims fit that kube-scheduler's ``NodeResourcesFit`` score ranks first
+(``LeastAllocated``: the most CPU and memory left, the default; ``MostAllocated``: the least;
+the pod's :attr:`snapshot.Pod.node_policy` says which, as :func:`draclaims.node_policy` set it),
+ties to the first node (kube-scheduler breaks them at random). Pod affinity and topology spread
+are not modelled (DRA pods are planned with them; first fit's node may then differ from
+kube-scheduler's, which the pin makes kube-scheduler honour or not bind).
+
+Pure: frozen dataclasses and functions, no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from migpilot import errors
+from migpilot.mig import dra, layouts
+from migpilot.planning import constraints, draalloc, draclaims, modes, plans, snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A pod first fit serves: the node kube-scheduler picks and the devices it allocates."""
+
+    pod: str
+    node: str
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """The first-fit check of one round: how many gated DRA pods the plan places and first fit
+    serves, and which way the round goes."""
+
+    planned: int
+    """Gated DRA pods the plan places."""
+    first_fit: tuple[Served, ...]
+    """What first fit serves of the gated DRA pods, in queue order."""
+
+    @property
+    def steer(self) -> bool:
+        """The plan serves more pods now than first fit: the round is steered."""
+        return self.planned > len(self.first_fit)
+
+
+def claim_of(specs: Sequence[draclaims.ClaimSpec]) -> draalloc.Claim:
+    """A pod's claims (in ``spec.resourceClaims`` order) as one claim of the allocator model:
+    kube-scheduler allocates all of a pod's claims on its node in one search, each claim's
+    requests in order."""
+    requests = tuple(draalloc.Request(r.count, r.alternatives) for s in specs for r in s.requests)
+    if not requests:
+        raise errors.MigpilotError("a DRA pod's claims ask for none of migpilot's devices")
+    return draalloc.Claim(requests)
+
+
+def is_dra_node(node: snapshot.Node) -> bool:
+    """Labelled ``migpilot.io/mode=dra``: kube-scheduler allocates its placements."""
+    return node.labels.get(modes.MODE_LABEL) == modes.Mode.DRA.value
+
+
+def _mig_gpus(node: snapshot.Node) -> list[snapshot.Gpu]:
+    return [g for g in node.gpus if g.mig and not g.whole_taken]
+
+
+def queue_order(pods: Iterable[snapshot.Pod]) -> list[snapshot.Pod]:
+    """``pods`` (oldest first, as the snapshot lists them) in kube-scheduler's queue order:
+    higher priority first (``PrioritySort``), then as they came."""
+    return sorted(pods, key=lambda p: -p.priority)
+
+
+def first_fit(
+    nodes: Sequence[snapshot.Node],
+    pods: Sequence[snapshot.Pod],
+    claims: Mapping[str, draalloc.Claim],
+    *,
+    whole: Mapping[str, snapshot.Resources | None] | None = None,
+    taken: Mapping[str, Iterable[str]] | None = None,
+    most_allocated: bool | None = None,
+    budget: int = draalloc.DEFAULT_BUDGET,
+) -> tuple[Served, ...]:
+    """What kube-scheduler's first fit serves of ``pods`` (in the order given: its queue order),
+    let go together, on the ``nodes`` that admit them (:func:`constraints.rejection`: a DRA pod
+    only DRA nodes), listing nothing first (see the module).
+
+    ``claims``: each pod's claims as one allocator claim (:func:`claim_of`), by key; a pod
+    without one is not served. ``whole``: each node's whole CPU and memory for the score (else
+    its :attr:`~snapshot.Node.capacity`, else its allocatable). ``taken``: per node, device
+    names already spoken for beyond its used instances (placements listed first for pods let go
+    before). ``most_allocated``: kube-scheduler's scoring strategy, ``None`` for the one each
+    pod's node policy stands for."""
+    whole = whole or {}
+    taken = taken or {}
+    pools: dict[int, tuple[draalloc.Pool, set[str]] | None] = {}
+    free: list[list[int] | None] = [
+        [n.allocatable.cpu_milli, n.allocatable.memory_bytes] if n.allocatable is not None else None
+        for n in nodes
+    ]
+
+    def pool(i: int) -> tuple[draalloc.Pool, set[str]] | None:
+        # Built on first use: a node no pod is admitted to costs nothing.
+        if i not in pools:
+            node = nodes[i]
+            gpus = _mig_gpus(node)
+            if not gpus:
+                pools[i] = None
+            else:
+                made = draalloc.pool_of(node.name, [(g.index, g.model) for g in gpus])
+                used = {
+                    draalloc.device_name(g.index, inst.profile, inst.start)
+                    for g in gpus
+                    for inst in g.instances
+                    if inst.used
+                }
+                used |= set(taken.get(node.name, ()))
+                pools[i] = (made, {d for d in used if d in made.by_name})
+        return pools[i]
+
+    served: list[Served] = []
+    for pod in pods:
+        claim = claims.get(pod.key)
+        if claim is None:
+            continue
+        packed = (
+            pod.node_policy is snapshot.Policy.BINPACK if most_allocated is None else most_allocated
+        )
+        best: tuple[float, int, tuple[draalloc.Device, ...]] | None = None
+        for i, node in enumerate(nodes):
+            left = free[i]
+            if left is not None and (pod.cpu_milli > left[0] or pod.memory_bytes > left[1]):
+                continue
+            if constraints.rejection(node, pod) is not None:
+                continue
+            found_pool = pool(i)
+            if found_pool is None:
+                continue
+            made, allocated = found_pool
+            found = draalloc.allocate(made, claim, allocated=frozenset(allocated), budget=budget)
+            if found.devices is None:
+                continue
+            score = _score(node, pod, left, whole.get(node.name, node.capacity), packed=packed)
+            if best is None or score > best[0]:
+                best = (score, i, found.devices)
+        if best is None:
+            continue
+        _, i, devices = best
+        kept = pools[i]
+        assert kept is not None  # allocated from it just now
+        kept[1].update(d.name for d in devices)
+        left = free[i]
+        if left is not None:
+            left[0] -= pod.cpu_milli
+            left[1] -= pod.memory_bytes
+        served.append(Served(pod.key, nodes[i].name, tuple(d.name for d in devices)))
+    return tuple(served)
+
+
+def _score(
+    node: snapshot.Node,
+    pod: snapshot.Pod,
+    free: list[int] | None,
+    whole: snapshot.Resources | None,
+    *,
+    packed: bool,
+) -> float:
+    """kube-scheduler's ``NodeResourcesFit`` score of ``node`` for ``pod``: the share of CPU and
+    memory left once the pod is bound (``LeastAllocated``), or its negative (``MostAllocated``,
+    ``packed``)."""
+    if free is None:
+        return 0.0
+    cap = whole or node.allocatable
+    if cap is None:
+        return 0.0
+    cpu = (free[0] - pod.cpu_milli) / cap.cpu_milli if cap.cpu_milli else 0.0
+    mem = (free[1] - pod.memory_bytes) / cap.memory_bytes if cap.memory_bytes else 0.0
+    left = (cpu + mem) / 2
+    return -left if packed else left
+
+
+def check(
+    snap: snapshot.Snapshot,
+    plan: plans.Plan,
+    *,
+    gated: frozenset[str],
+    claims: Mapping[str, draalloc.Claim],
+    whole: Mapping[str, snapshot.Resources | None] | None = None,
+) -> Check | None:
+    """The first-fit check of a round: ``plan`` of ``snap``, whose DRA pods
+    (:attr:`snapshot.Pod.dra`) named in ``gated`` are held back by migpilot; ``None`` when no
+    gated DRA pod waits.
+
+    The DRA pods let go before and placed by ``plan`` (in flight) keep their planned placements,
+    listed first for them: first fit is predicted with those taken."""
+    dra = [p for p in snap.pods if p.dra]
+    waiting = [p for p in dra if p.key in gated]
+    if not waiting:
+        return None
+    placed = {pl.pod for pl in plan.placements}
+    return Check(
+        planned=sum(1 for p in waiting if p.key in placed),
+        first_fit=first_fit(
+            snap.nodes,
+            queue_order(waiting),
+            claims,
+            whole=whole,
+            taken=_in_flight(plan, {p.key for p in dra} - gated),
+        ),
+    )
+
+
+def _in_flight(plan: plans.Plan, ungated: set[str]) -> dict[str, list[str]]:
+    """Per node, the devices ``plan`` gives the ungated DRA pods (``ungated``)."""
+    out: dict[str, list[str]] = {}
+    for pl in plan.placements:
+        if pl.pod in ungated:
+            out.setdefault(pl.node, []).extend(
+                draalloc.device_name(a.gpu, a.profile, a.start) for a in pl.instances
+            )
+    return out
+
+
+def first_fit_plan(
+    snap: snapshot.Snapshot, plan: plans.Plan, *, gated: frozenset[str]
+) -> plans.Plan:
+    """``plan`` as a round left to first fit carries it out: the gated DRA pods' placements
+    dropped (first fit places them), and every DRA node's target its used instances and the
+    placements of the DRA pods let go before (in flight), so that its agent lists nothing
+    first for the pods let go now (a spec's free placements are what it lists first). Other
+    nodes keep the plan's targets and placements."""
+    keep = {pl.pod for pl in plan.placements if pl.pod not in gated}
+    placements = tuple(pl for pl in plan.placements if pl.pod in keep)
+    targets: dict[tuple[str, int], layouts.Layout] = {}
+    dra_nodes = [n for n in snap.nodes if is_dra_node(n)]
+    for node in dra_nodes:
+        for g in node.gpus:
+            instances = {i.instance for i in g.instances if i.used}
+            instances.update(
+                layouts.Instance(a.start, a.profile)
+                for pl in placements
+                if pl.node == node.name
+                for a in pl.instances
+                if a.gpu == g.index
+            )
+            targets[(node.name, g.index)] = layouts.Layout.of(instances)
+    rebuilt = plans.build(
+        replace(snap, nodes=tuple(dra_nodes), pods=()),
+        planner=plan.planner,
+        targets=targets,
+        placements=(),
+        unschedulable=(),
+    )
+    on_dra = {n.name for n in dra_nodes}
+    new_gpus = {(g.node, g.gpu): g for g in rebuilt.gpus}
+    return replace(
+        plan,
+        gpus=tuple(new_gpus.get((g.node, g.gpu), g) for g in plan.gpus),
+        actions=(
+            *(a for a in plan.actions if a.node not in on_dra),
+            *rebuilt.actions,
+        ),
+        placements=placements,
+    )
+
+
+def holding(snap: snapshot.Snapshot, served: Iterable[Served]) -> snapshot.Snapshot:
+    """``snap`` with the pods let go to first fit and not yet allocated (``served``, each with
+    the devices first fit was predicted to give it) out of its pods, their devices used
+    instances of their nodes (a free instance they overlap dropped): the plans that follow
+    neither list a placement first for them nor give their devices to another pod. A pod whose
+    devices no longer fit beside its node's used instances (the cluster changed since) stays
+    among the pods, planned again (pinned to its node)."""
+    by_node: dict[str, list[Served]] = {}
+    waiting = {p.key for p in snap.pods}
+    for s in served:
+        if s.pod in waiting:
+            by_node.setdefault(s.node, []).append(s)
+    if not by_node:
+        return snap
+    held: set[str] = set()
+    nodes: list[snapshot.Node] = []
+    for node in snap.nodes:
+        mine = by_node.get(node.name)
+        if not mine:
+            nodes.append(node)
+            continue
+        gpus = {g.index: g for g in node.gpus}
+        models = {g.index: g.model for g in node.gpus}
+        for s in mine:
+            try:
+                places = [dra.parse_device_name(d, models) for d in s.devices]
+            except dra.PlacementError:
+                continue
+            after = dict(gpus)
+            fits = True
+            for pl in places:
+                g = after[pl.gpu]
+                used = [i.instance for i in g.instances if i.used]
+                inst = layouts.Instance(pl.start, pl.profile)
+                if layouts.violation(g.model, (*used, inst)) is not None:
+                    fits = False
+                    break
+                # a free instance it overlaps goes (the plugin destroys it first)
+                kept = tuple(
+                    i
+                    for i in g.instances
+                    if i.used or layouts.violation(g.model, (i.instance, inst)) is None
+                )
+                after[pl.gpu] = replace(
+                    g,
+                    instances=tuple(
+                        sorted(
+                            (*kept, snapshot.ExistingInstance(pl.profile, pl.start, True)),
+                            key=lambda i: (i.start, i.profile),
+                        )
+                    ),
+                )
+            if fits:
+                gpus = after
+                held.add(s.pod)
+        nodes.append(replace(node, gpus=tuple(gpus[g.index] for g in node.gpus)))
+    return replace(snap, nodes=tuple(nodes), pods=tuple(p for p in snap.pods if p.key not in held))

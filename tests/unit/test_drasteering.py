@@ -1,0 +1,293 @@
+"""The first-fit check of DRA steering (``planning/drasteering.py``) and the loop's use of it
+(``control.reconcile``): a round is steered only when its plan places more gated DRA pods than
+kube-scheduler's first fit would serve now; otherwise the pods first fit serves are let go on
+the nodes it picks, and the DRA targets list nothing first for them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from migpilot import errors
+from migpilot.mig import catalog
+from migpilot.planning import control, draalloc, draclaims, drasteering, planners, plans, snapshot
+
+H100 = catalog.resolve_gpu("NVIDIA H100 80GB HBM3")
+DRA = {"migpilot.io/mode": "dra"}
+GIB = 2**30
+
+
+def _node(
+    name: str,
+    *,
+    used: tuple[tuple[str, int], ...] = (),
+    free: tuple[tuple[str, int], ...] = (),
+    cpu_milli: int = 32_000,
+    labels: dict[str, str] | None = None,
+) -> snapshot.Node:
+    instances = tuple(snapshot.ExistingInstance(p, s, True) for p, s in used) + tuple(
+        snapshot.ExistingInstance(p, s, False) for p, s in free
+    )
+    return snapshot.Node(
+        name,
+        DRA if labels is None else labels,
+        (),
+        False,
+        snapshot.Resources(cpu_milli, 256 * GIB),
+        (snapshot.Gpu(0, H100, tuple(sorted(instances, key=lambda i: i.start))),),
+    )
+
+
+def _pod(
+    name: str,
+    profile: str,
+    *,
+    priority: int = 0,
+    policy: snapshot.Policy = snapshot.Policy.SPREAD,
+) -> snapshot.Pod:
+    pod = snapshot.planned_pod(
+        name=name,
+        namespace="ns",
+        priority=priority,
+        requests=snapshot.Requests((snapshot.MigRequest(profile, 1),), 2_000, GIB),
+    )
+    return dataclasses.replace(
+        pod, dra=True, node_policy=policy, gpu_policy=snapshot.Policy.BINPACK
+    )
+
+
+def _claim(profile: str) -> draalloc.Claim:
+    spec = draclaims.ClaimSpec(
+        (draclaims.Request("mig", 1, (draclaims.Selector(profile=profile),)),)
+    )
+    return drasteering.claim_of([spec])
+
+
+def _claims(*pods: snapshot.Pod) -> dict[str, draalloc.Claim]:
+    return {p.key: _claim(p.mig[0].profile) for p in pods}
+
+
+def _check(
+    nodes: tuple[snapshot.Node, ...], *pods: snapshot.Pod, gated: frozenset[str] | None = None
+) -> tuple[plans.Plan, drasteering.Check | None]:
+    snap = snapshot.Snapshot(nodes=nodes, pods=pods)
+    plan = planners.run(snap, "fast")
+    keys = frozenset(p.key for p in pods) if gated is None else gated
+    return plan, drasteering.check(snap, plan, gated=keys, claims=_claims(*pods))
+
+
+def test_a_lone_pod_first_fit_serves_is_left_to_first_fit() -> None:
+    node = _node("d0")
+    pod = _pod("a", "1g.10gb")
+    plan, found = _check((node,), pod)
+    assert found is not None and found.planned == 1
+    assert found.first_fit == (drasteering.Served("ns/a", "d0", ("gpu-0-mig-1g-10gb-0",)),)
+    assert not found.steer
+    # the round as first fit's: the pod's planned placement gone, the DRA node's target its
+    # used instances only, so its agent lists nothing first
+    carried = drasteering.first_fit_plan(
+        snapshot.Snapshot(nodes=(node,), pods=(pod,)), plan, gated=frozenset({"ns/a"})
+    )
+    assert carried.placements == ()
+    (gpu,) = carried.gpus
+    assert gpu.layout.instances == ()
+
+
+def test_three_pods_first_fit_fragments_are_steered() -> None:
+    """First fit gives the 1g.10gb slot 0, the 4g.40gb's only start: it serves two, the plan
+    three."""
+    pods = (_pod("a", "1g.10gb"), _pod("b", "2g.20gb"), _pod("c", "4g.40gb"))
+    plan, found = _check((_node("d0"),), *pods)
+    assert found is not None
+    assert [(s.pod, s.devices) for s in found.first_fit] == [
+        ("ns/a", ("gpu-0-mig-1g-10gb-0",)),
+        ("ns/b", ("gpu-0-mig-2g-20gb-2",)),
+    ]
+    assert found.planned == 3 and found.steer
+    assert {pl.pod for pl in plan.placements} == {p.key for p in pods}
+
+
+def test_used_instances_are_allocated_devices_to_first_fit() -> None:
+    # a 7g.80gb in use: nothing fits
+    _, found = _check((_node("d0", used=(("7g.80gb", 0),)),), _pod("a", "1g.10gb"))
+    assert found is not None and found.first_fit == () and found.planned == 0
+    # a 4g.40gb in use at 0: the 1g.10gb goes to the first free slot past it
+    _, found = _check((_node("d0", used=(("4g.40gb", 0),)),), _pod("a", "1g.10gb"))
+    assert found is not None
+    assert found.first_fit[0].devices == ("gpu-0-mig-1g-10gb-4",)
+    # a free instance (a target listed before) is no allocation: first fit may take it or
+    # anything else
+    _, found = _check((_node("d0", free=(("3g.40gb", 4),)),), _pod("a", "1g.10gb"))
+    assert found is not None and found.first_fit[0].devices == ("gpu-0-mig-1g-10gb-0",)
+
+
+@pytest.mark.parametrize(
+    ("policy", "together"),
+    [(snapshot.Policy.SPREAD, False), (snapshot.Policy.BINPACK, True)],
+)
+def test_first_fit_picks_the_node_kube_schedulers_score_ranks_first(
+    policy: snapshot.Policy, together: bool
+) -> None:
+    """``LeastAllocated`` (planned as spread): the node with the most CPU and memory left;
+    ``MostAllocated`` (binpack): the least; a tie goes to the first node."""
+    pods = (_pod("a", "1g.10gb", policy=policy), _pod("b", "1g.10gb", policy=policy))
+    _, found = _check((_node("d0"), _node("d1")), *pods)
+    assert found is not None
+    nodes = [s.node for s in found.first_fit]
+    assert nodes[0] == "d0" and (nodes[1] == "d0") is together
+    # the strategy given outright (the simulator's setting) wins over the pods' policy
+    forced = drasteering.first_fit(
+        (_node("d0"), _node("d1")), pods, _claims(*pods), most_allocated=not together
+    )
+    assert [s.node for s in forced][1] == ("d1" if together else "d0")
+
+
+def test_first_fit_takes_pods_in_queue_order_and_only_on_dra_nodes() -> None:
+    # higher priority first: the later 7g.80gb takes the GPU, the 1g.10gb is not served
+    small, large = _pod("a", "1g.10gb"), _pod("b", "7g.80gb", priority=10)
+    _, found = _check((_node("d0"),), small, large)
+    assert found is not None and [s.pod for s in found.first_fit] == ["ns/b"]
+    # a node not in DRA mode, one without the CPU, publish nothing to it
+    plugin = _node("n0", labels={})
+    busy = _node("d1", cpu_milli=1_000)
+    served = drasteering.first_fit((plugin, busy), [small], _claims(small))
+    assert served == ()
+
+
+def test_no_gated_dra_pod_no_check_and_in_flight_placements_are_kept() -> None:
+    node = _node("d0")
+    flying, waiting = _pod("f", "3g.40gb"), _pod("w", "3g.40gb")
+    # only an ungated (in flight) pod: nothing to check
+    _, found = _check((node,), flying, gated=frozenset())
+    assert found is None
+    # the in-flight pod's planned placement is taken before first fit; a round left to first
+    # fit keeps it in the target (listed first for it) and drops the gated pod's
+    snap = snapshot.Snapshot(nodes=(node,), pods=(flying, waiting))
+    plan = planners.run(snap, "fast")
+    found = drasteering.check(
+        snap, plan, gated=frozenset({"ns/w"}), claims=_claims(flying, waiting)
+    )
+    assert found is not None and found.planned == 1
+    (flown,) = [pl for pl in plan.placements if pl.pod == "ns/f"]
+    ((_, start),) = [(a.profile, a.start) for a in flown.instances]
+    assert found.first_fit[0].devices == (f"gpu-0-mig-3g-40gb-{4 - start}",)
+    carried = drasteering.first_fit_plan(snap, plan, gated=frozenset({"ns/w"}))
+    assert [pl.pod for pl in carried.placements] == ["ns/f"]
+    (gpu,) = carried.gpus
+    assert [(i.profile, i.start) for i in gpu.layout.instances] == [("3g.40gb", start)]
+
+
+def test_a_pods_claims_are_allocated_together() -> None:
+    one = draclaims.ClaimSpec((draclaims.Request("a", 1, (draclaims.Selector("3g.40gb"),)),))
+    two = draclaims.ClaimSpec((draclaims.Request("b", 2, (draclaims.Selector("2g.20gb"),)),))
+    claim = drasteering.claim_of([one, two])
+    assert [(r.count, r.alternatives[0].profile) for r in claim.requests] == [
+        (1, "3g.40gb"),
+        (2, "2g.20gb"),
+    ]
+    with pytest.raises(errors.MigpilotError, match="none of migpilot's devices"):
+        drasteering.claim_of([draclaims.ClaimSpec((), others=("gpu",))])
+
+
+# --------------------------------------------------------------------------- the loop's step
+
+
+def _reconcile(node: snapshot.Node, *pods: snapshot.Pod) -> control.Decision:
+    observed = control.Observed(
+        snapshot=snapshot.Snapshot(nodes=(node,), pods=pods),
+        dra_claims=_claims(*pods),
+    )
+    memory = control.Memory(batch=control.Batch(due=0.0, dirty=True))
+    return control.reconcile(
+        observed,
+        memory,
+        now=1.0,
+        settings=control.Settings(),
+        planner=lambda snap: planners.run(snap, "fast"),
+    )
+
+
+def test_the_step_lets_a_lone_pod_go_to_first_fit_unsteered() -> None:
+    decision = _reconcile(_node("d0"), _pod("a", "1g.10gb"))
+    assert decision.dra_check is not None and not decision.dra_check.steer
+    assert decision.steered == (("ns/a", "d0"),)
+    assert decision.plan is not None and decision.plan.placements == ()
+    assert all(g.layout.instances == () for g in decision.plan.gpus)
+
+
+def test_the_step_steers_when_the_plan_serves_more() -> None:
+    pods = (_pod("a", "1g.10gb"), _pod("b", "2g.20gb"), _pod("c", "4g.40gb"))
+    decision = _reconcile(_node("d0"), *pods)
+    assert decision.dra_check is not None and decision.dra_check.steer
+    assert decision.steered == (("ns/a", "d0"), ("ns/b", "d0"), ("ns/c", "d0"))
+    assert decision.plan is not None
+    (gpu,) = decision.plan.gpus
+    assert sorted(i.profile for i in gpu.layout.instances) == ["1g.10gb", "2g.20gb", "4g.40gb"]
+
+
+def test_the_step_keeps_pods_first_fit_cannot_serve_gated() -> None:
+    """Two 4g.40gb on one GPU: the plan and first fit both serve one; the other stays gated,
+    named nowhere (planned again at the next plan)."""
+    decision = _reconcile(_node("d0"), _pod("a", "4g.40gb"), _pod("b", "4g.40gb"))
+    assert decision.dra_check is not None and not decision.dra_check.steer
+    assert decision.steered == (("ns/a", "d0"),)
+
+
+def test_a_pod_let_go_to_first_fit_holds_its_devices_until_allocated() -> None:
+    """Let go to first fit and in flight (ungated, its claim not allocated yet): the next steps
+    do not plan it (no placement listed first for it) and count its predicted devices used, so
+    no other pod is planned over them."""
+    node = _node("d0", free=(("3g.40gb", 0),))
+    lone, later = _pod("a", "4g.40gb"), _pod("b", "4g.40gb")
+    first = _reconcile(node, lone)
+    assert first.steered == (("ns/a", "d0"),)
+    assert first.memory.first_fit["ns/a"].devices == ("gpu-0-mig-4g-40gb-0",)
+    # a pure view: its devices used, the free instance they overlap gone, the pod not planned
+    held = drasteering.holding(
+        snapshot.Snapshot(nodes=(node,), pods=(lone, later)), first.memory.first_fit.values()
+    )
+    assert [p.key for p in held.pods] == ["ns/b"]
+    ((gpu),) = held.nodes[0].gpus
+    assert [(i.profile, i.start, i.used) for i in gpu.instances] == [("4g.40gb", 0, True)]
+    # the next step, the pod let go (not gated) and another waiting: nothing planned for the
+    # one in flight, and the other cannot have the only 4g.40gb start
+    observed = control.Observed(
+        snapshot=snapshot.Snapshot(nodes=(node,), pods=(lone, later)),
+        pending={"ns/a": control.Pending(gated=False, pinned="d0")},
+        dra_claims=_claims(lone, later),
+    )
+    memory = dataclasses.replace(first.memory, batch=control.Batch(due=0.0, dirty=True))
+    second = control.reconcile(
+        observed,
+        memory,
+        now=2.0,
+        settings=control.Settings(),
+        planner=lambda snap: planners.run(snap, "fast"),
+    )
+    assert second.steered == ()
+    assert second.plan is not None and second.plan.placements == ()
+    assert [j.pod for j in second.judged] == ["ns/b"]
+    assert "ns/a" in second.memory.first_fit
+    # kube-scheduler found no node for it after all: planned again as any Unschedulable pod
+    observed = dataclasses.replace(
+        observed,
+        pending={"ns/a": control.Pending(gated=False, pinned="d0", unschedulable=True)},
+    )
+    third = control.reconcile(
+        observed,
+        memory,
+        now=2.0,
+        settings=control.Settings(),
+        planner=lambda snap: planners.run(snap, "fast"),
+    )
+    assert third.plan is not None and [p.pod for p in third.plan.placements] == ["ns/a"]
+    # allocated (no longer among the waiting pods): forgotten
+    gone = control.reconcile(
+        control.Observed(snapshot=snapshot.Snapshot(nodes=(node,), pods=())),
+        memory,
+        now=3.0,
+        settings=control.Settings(),
+        planner=lambda snap: planners.run(snap, "fast"),
+    )
+    assert gone.memory.first_fit == {}
