@@ -141,7 +141,15 @@ def _claim_body(name: str, claim: draalloc.Claim) -> dict[str, Any]:
     }
 
 
-def _pod(name: str) -> Pod:
+def _pod(name: str, cp: drasim.ClaimPod, *, requests: bool) -> Pod:
+    """The pod of ``cp``; with ``requests``, its trace CPU and memory requests, which
+    kube-scheduler's NodeResourcesFit score (LeastAllocated) reads to pick a node, as the
+    simulator's model does; without, every node scores alike for it."""
+    asked = (
+        {"cpu": f"{cp.cpu_milli}m", "memory": str(cp.memory_bytes)}
+        if requests and (cp.cpu_milli or cp.memory_bytes)
+        else None
+    )
     return Pod(
         metadata=ObjectMeta(name=name, namespace=NAMESPACE),
         spec=PodSpec(
@@ -149,7 +157,9 @@ def _pod(name: str) -> Pod:
                 Container(
                     name="app",
                     image="app",
-                    resources=ResourceRequirements(claims=[ContainerClaim(name="mig")]),
+                    resources=ResourceRequirements(
+                        claims=[ContainerClaim(name="mig")], requests=asked
+                    ),
                 )
             ],
             resourceClaims=[PodResourceClaim(name="mig", resourceClaimName=name)],
@@ -166,10 +176,32 @@ def _node_names(cluster: clusters.Cluster) -> list[tuple[str, str, profiles.GpuM
     ]
 
 
+def _allocatable(cluster: clusters.Cluster) -> dict[str, dict[str, str]]:
+    """Node name -> its CPU and memory as the simulator's cluster gives them."""
+    return {
+        f"dra-{node.name}": {
+            "cpu": _canonical(node.allocatable.cpu_milli, (("", 1000), ("m", 1))),
+            "memory": _canonical(
+                node.allocatable.memory_bytes, (("Gi", 2**30), ("Mi", 2**20), ("", 1))
+            ),
+        }
+        for node in cluster.nodes
+    }
+
+
+def _canonical(amount: int, units: tuple[tuple[str, int], ...]) -> str:
+    """``amount`` as the API server writes the quantity back (the node's wait compares text)."""
+    for suffix, size in units:
+        if amount % size == 0:
+            return f"{amount // size}{suffix}"
+    return str(amount)
+
+
 class Scene:
     """A control plane of its own with the cluster's nodes in DRA mode."""
 
-    def __init__(self, cluster: clusters.Cluster, *, steered: bool) -> None:
+    def __init__(self, cluster: clusters.Cluster, *, steered: bool, requests: bool) -> None:
+        self.allocatable = _allocatable(cluster) if requests else {}
         self.root = Path(tempfile.mkdtemp(prefix="mpdrakube-"))
         self.nodes = [(name, backend) for name, backend, _ in _node_names(cluster)]
         self.models = [(name, model) for name, _, model in _node_names(cluster)]
@@ -212,7 +244,9 @@ class Scene:
             kubelet = DraKubelet(folder, node=name, kubeconfig=self.plane.kubeconfig)
             kubelet.start()
             self.kubelets[name] = kubelet
-            self.plane.add_node(name, labels={"migpilot.io/mode": "dra"})
+            self.plane.add_node(
+                name, labels={"migpilot.io/mode": "dra"}, resources=self.allocatable.get(name)
+            )
             self.system.nodes.append(name)
             (self.root / f"proc-{name}").mkdir()
             self.system.start_agent(
@@ -291,6 +325,7 @@ def replay(
     pods: tuple[drasim.ClaimPod, ...],
     *,
     speedup: float,
+    requests: bool,
     log: Callable[[str], None] = _say,
 ) -> dict[str, Any]:
     """Replays ``pods`` on ``scene``; the figures of the run."""
@@ -316,7 +351,7 @@ def replay(
             _, _, kind, name = heapq.heappop(events)
             if kind == "arrive":
                 client.create(codecs.from_dict(_claim_body(name, by_name[name].claim)))
-                client.create(_pod(name))
+                client.create(_pod(name, by_name[name], requests=requests))
             else:
                 with contextlib.suppress(lightkube.ApiError):
                     client.delete(Pod, name, namespace=NAMESPACE)
@@ -407,6 +442,7 @@ def run(
     variants: tuple[str, ...],
     speedup: float,
     pods_limit: int | None,
+    requests: bool = True,
     log: Callable[[str], None] = _say,
 ) -> dict[str, Any]:
     cases = {name: (trace, spec) for name, trace, spec in bench_dra._cases(pods_limit)}
@@ -422,9 +458,12 @@ def run(
         rows = []
         for variant in variants:
             log(f"{name}: {variant}, {len(pods)} pods on {spec}, speedup {speedup:g}")
-            scene = Scene(cluster, steered=variant == "steered")
+            scene = Scene(cluster, steered=variant == "steered", requests=requests)
             try:
-                row = {"variant": variant, **replay(scene, pods, speedup=speedup, log=log)}
+                row = {
+                    "variant": variant,
+                    **replay(scene, pods, speedup=speedup, requests=requests, log=log),
+                }
             finally:
                 scene.stop()
             log(f"  {row}")
@@ -444,6 +483,7 @@ def run(
     return {
         "command": "python bench/bench_dra_kube.py " + " ".join(sys.argv[1:]),
         "speedup": speedup,
+        "requests": requests,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "load_average_1min_end": round(os.getloadavg()[0], 2),
@@ -457,6 +497,12 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--speedup", type=float, default=50.0)
     parser.add_argument("--pods", type=int, default=None, help="first N pods of each trace")
+    parser.add_argument(
+        "--no-requests",
+        action="store_true",
+        help="pods without their CPU and memory requests, nodes without the cluster's (every "
+        "node then scores alike for kube-scheduler)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     variants = tuple(v for v in args.variants.split(",") if v)
@@ -468,6 +514,7 @@ def main() -> None:
         tuple(t for t in args.traces.split(",") if t),
         variants=variants,
         speedup=args.speedup,
+        requests=not args.no_requests,
         pods_limit=args.pods,
     )
     args.out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
