@@ -678,35 +678,69 @@ def test_the_device_plugin_node_beside_serves_mig_pods(dra: Cluster) -> None:
     dra.wait(lambda: dra.phase("beside") == ("Running", DRA_NODE), "the DRA pod Running")
 
 
-def test_a_lone_gated_pod_is_left_to_first_fit_pinned_and_ungated(dra: Cluster) -> None:
-    """The controller's first-fit check: a pod held by migpilot's gate with a claim by memory
-    (20 GiB), alone, is served as well by kube-scheduler's first fit as by the plan, so the
-    round is not steered. The pod is pinned to the DRA node first fit picks (never the
-    device-plugin node beside it) and ungated, the node's target lists nothing first, and the
-    real kube-scheduler allocates what first fit gives over the smallest-first listing: the
-    smallest fitting profile, ``3g.40gb``, at its first start, which the plugin then makes.
-    (The three pods below are the steered case: there the plan serves more.)"""
-    dra.pod("unsteered", "mig-20gi", gated=True)
-    dra.wait(lambda: dra.phase("unsteered")[0] == "Running", "the pod Running")
-    pod = dra.client.get(Pod, "unsteered", namespace=dra.namespace)
+def _only_templates(dra: Cluster) -> None:
+    """Templates by profile the example ones lack: ``only-4g`` and ``only-2g``."""
+    for name, cel in (
+        ("only-4g", f'device.attributes["{publishing.DRIVER}"].profile == "4g.40gb"'),
+        ("only-2g", f'device.attributes["{publishing.DRIVER}"].profile == "2g.20gb"'),
+    ):
+        with contextlib.suppress(lightkube.ApiError):  # made by an earlier test of the module
+            dra.client.create(_template(name, dra.namespace, cel))
+
+
+def _pinned_to(dra: Cluster, name: str) -> list[tuple[str, str, list[str] | None]]:
+    pod = dra.client.get(Pod, name, namespace=dra.namespace)
     assert pod.spec is not None and not pod.spec.schedulingGates
     assert pod.spec.nodeName == DRA_NODE
     affinity = pod.spec.affinity
     assert affinity is not None and affinity.nodeAffinity is not None
     required = affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution
     assert required is not None
-    assert [
+    return [
         (f.key, f.operator, f.values)
         for term in required.nodeSelectorTerms
         for f in term.matchFields or ()
-    ] == [("metadata.name", "In", [DRA_NODE])]
+    ]
+
+
+def test_a_lone_gated_pod_is_left_to_first_fit_pinned_and_ungated(dra: Cluster) -> None:
+    """The controller's first-fit check: a pod held by migpilot's gate asking for a
+    ``4g.40gb`` (one start on an H100), alone, is served as well by kube-scheduler's first fit
+    as by the plan, and the plan keeps no more room, so the round is not steered. The pod is
+    pinned to the DRA node first fit picks (never the device-plugin node beside it) and
+    ungated, the node's target lists nothing first, and the real kube-scheduler allocates what
+    first fit gives, which the plugin then makes. (The next test and the three pods below are
+    the steered cases.)"""
+    _only_templates(dra)
+    dra.pod("unsteered", "only-4g", gated=True)
+    dra.wait(lambda: dra.phase("unsteered")[0] == "Running", "the pod Running")
+    assert _pinned_to(dra, "unsteered") == [("metadata.name", "In", [DRA_NODE])]
     device = dra.allocated("unsteered")
     assert device is not None
     gpu, profile, start = _placement(device)
-    assert (profile, start) == ("3g.40gb", 0)  # first fit over the smallest-first listing
+    assert (profile, start) == ("4g.40gb", 0)
     # nothing listed first: the target holds no placement but what is allocated
     assert {(g, p, st) for g, p, st, _ in dra.spec_instances()} <= {(gpu, profile, start)}
     assert dra.instances() == {(gpu, profile, start)}
+
+
+def test_a_lone_gated_pod_is_steered_where_first_fit_loses_room(dra: Cluster) -> None:
+    """A lone pod with a claim by memory (20 GiB): first fit over the smallest-first listing
+    gives the smallest fitting profile, ``3g.40gb``, at its first start, slot 0, which leaves
+    no ``4g.40gb`` placeable (its only start is 0). The plan serves the same one pod at slot 4
+    and keeps the ``4g.40gb``: the round is steered, and the real kube-scheduler allocates the
+    planned placement, listed first."""
+    dra.pod("roomy", "mig-20gi", gated=True)
+    dra.wait(lambda: dra.phase("roomy")[0] == "Running", "the pod Running")
+    assert _pinned_to(dra, "roomy") == [("metadata.name", "In", [DRA_NODE])]
+    device = dra.allocated("roomy")
+    assert device is not None
+    gpu, profile, start = _placement(device)
+    assert (profile, start) == ("3g.40gb", 4)
+    assert dra.instances() == {(gpu, profile, start)}
+    dra.client.delete(Pod, "roomy", namespace=dra.namespace)
+    dra.wait(lambda: _gone(dra, "roomy"), "the pod gone")
+    dra.layout(())
 
 
 def test_pods_the_webhook_gates_are_planned_together_and_all_run(dra: Cluster) -> None:
@@ -717,12 +751,7 @@ def test_pods_the_webhook_gates_are_planned_together_and_all_run(dra: Cluster) -
     with the smallest placements listed first, gives the ``1g.10gb`` slot 0, the only start of
     a ``4g.40gb``, and that pod never runs: the plan serves more, so the first-fit check steers
     the round."""
-    for name, cel in (
-        ("only-4g", f'device.attributes["{publishing.DRIVER}"].profile == "4g.40gb"'),
-        ("only-2g", f'device.attributes["{publishing.DRIVER}"].profile == "2g.20gb"'),
-    ):
-        with contextlib.suppress(lightkube.ApiError):  # made by an earlier run of the module
-            dra.client.create(_template(name, dra.namespace, cel))
+    _only_templates(dra)
     # Named so that kube-scheduler's queue order (oldest first, then by name: created within a
     # second, they are) is smallest first, where first fit serves two and the plan three: the
     # round is steered (large first, first fit would serve all three, and it is not).

@@ -157,14 +157,14 @@ def _generation(api: kubeapi.InMemoryApi, node: str) -> int:
 
 
 def test_a_lone_gated_dra_pod_first_fit_serves_is_let_go_unsteered() -> None:
-    """The plan serves no more pods than first fit (one): the round is first fit's. The pod is
-    pinned to the node first fit picks and let go, once the node's agent lists a target with
-    nothing first for it."""
+    """The plan serves no more pods than first fit (one) and keeps no more room (a 4g.40gb has
+    one start): the round is first fit's. The pod is pinned to the node first fit picks and let
+    go, once the node's agent lists a target with nothing first for it."""
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _nodes(api, "d0", "n0")
-        await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _template("mig-1g-10gb"))
-        await api.put(PODS, _gated(_dra_pod("claims", template="mig-1g-10gb")))
+        await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _profile_template("4g.40gb"))
+        await api.put(PODS, _gated(_dra_pod("claims", template="mig-4g-40gb")))
         await api.put(PODS, _pod("plugin", "1g.10gb"))  # a device-plugin pod, gated too
         await _until("the DRA node's spec written", lambda: _generation(api, "d0") > 1)
         # not let go before the node's agent lists that target (kube-scheduler would
@@ -175,7 +175,7 @@ def test_a_lone_gated_dra_pod_first_fit_serves_is_let_go_unsteered() -> None:
         # its node's target holds nothing: nothing is listed first
         assert _spec(api, "d0") == []
         ((_, message),) = [e for e in _events(api, "claims") if e[0] == "MigDraFirstFit"]
-        assert "first fit serves it on node d0 (gpu-0-mig-1g-10gb-0)" in message
+        assert "first fit serves it on node d0 (gpu-0-mig-4g-40gb-0)" in message
         assert "1 against 1" in message
         assert not any(e[0] == "MigDraPlanned" for e in _events(api, "claims"))
         # the device-plugin pod is reserved on the device-plugin node, never the DRA node
@@ -261,8 +261,8 @@ def test_an_allocated_claims_device_is_used_so_no_pod_is_planned_over_it() -> No
         await api.put(
             kubeobjects.Kind.RESOURCECLAIMS, _allocated("held", "d0", "gpu-0-mig-7g-80gb-0")
         )
-        await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _template("mig-1g-10gb"))
-        await api.put(PODS, _gated(_dra_pod("claims", template="mig-1g-10gb")))
+        await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _profile_template("4g.40gb"))
+        await api.put(PODS, _gated(_dra_pod("claims", template="mig-4g-40gb")))
         await _until(
             "told it waits", lambda: any(e[0] == "MigWaiting" for e in _events(api, "claims"))
         )
@@ -270,6 +270,7 @@ def test_an_allocated_claims_device_is_used_so_no_pod_is_planned_over_it() -> No
         assert api.pod_patches == []  # kept gated, as any pod the plan cannot place now
         assert all(p[2] == "7g.80gb" for p in _spec(api, "d0"))
         # the claim released: the pod fits where the 7g.80gb was, first fit's as a lone pod
+        # whose one placement first fit takes too
         await api.delete(kubeobjects.Kind.RESOURCECLAIMS, "ns/held")
         assert await _steered(api, "ns/claims", "d0") == "d0"
         assert _spec(api, "d0") == []

@@ -1,6 +1,7 @@
 """The first-fit check of DRA steering (``planning/drasteering.py``) and the loop's use of it
 (``control.reconcile``): a round is steered only when its plan places more gated DRA pods than
-kube-scheduler's first fit would serve now; otherwise the pods first fit serves are let go on
+kube-scheduler's first fit would serve now, or as many and keeps a profile placeable that first
+fit's allocations leave nowhere; otherwise the pods first fit serves are let go on
 the nodes it picks, and the DRA targets list nothing first for them."""
 
 from __future__ import annotations
@@ -77,12 +78,15 @@ def _check(
     return plan, drasteering.check(snap, plan, gated=keys, claims=_claims(*pods))
 
 
-def test_a_lone_pod_first_fit_serves_is_left_to_first_fit() -> None:
+def test_a_lone_pod_first_fit_serves_as_the_plan_would_is_left_to_first_fit() -> None:
+    # a 4g.40gb has one start on an H100: first fit and the plan take the same placement, so
+    # the plan serves no more now and keeps no more room
     node = _node("d0")
-    pod = _pod("a", "1g.10gb")
+    pod = _pod("a", "4g.40gb")
     plan, found = _check((node,), pod)
     assert found is not None and found.planned == 1
-    assert found.first_fit == (drasteering.Served("ns/a", "d0", ("gpu-0-mig-1g-10gb-0",)),)
+    assert found.first_fit == (drasteering.Served("ns/a", "d0", ("gpu-0-mig-4g-40gb-0",)),)
+    assert found.planned_room == found.first_fit_room
     assert not found.steer
     # the round as first fit's: the pod's planned placement gone, the DRA node's target its
     # used instances only, so its agent lists nothing first
@@ -92,6 +96,31 @@ def test_a_lone_pod_first_fit_serves_is_left_to_first_fit() -> None:
     assert carried.placements == ()
     (gpu,) = carried.gpus
     assert gpu.layout.instances == ()
+
+
+def test_a_tie_is_steered_when_the_plan_keeps_a_profile_first_fit_loses() -> None:
+    """First fit gives a lone 1g.10gb slot 0 (the smallest-first listing's first device), which
+    leaves no 4g.40gb (its only start is 0) and no 7g.80gb on the node; the plan serves the
+    same one pod and keeps the 4g.40gb: the round is steered."""
+    _, found = _check((_node("d0"),), _pod("a", "1g.10gb"))
+    assert found is not None and found.planned == 1 and len(found.first_fit) == 1
+    assert found.first_fit[0].devices == ("gpu-0-mig-1g-10gb-0",)
+    assert ("h100-80gb", "4g.40gb") in found.planned_room - found.first_fit_room
+    assert found.planned_room > found.first_fit_room
+    assert found.steer
+
+
+def test_room_counts_used_instances_and_taken_devices_on_dra_nodes_only() -> None:
+    node = _node("d0", used=(("4g.40gb", 0),), free=(("3g.40gb", 4),))
+    room = drasteering.room((node,))
+    # the free 3g.40gb is no allocation: a 3g.40gb still fits at slot 4, no 4g.40gb does
+    assert ("h100-80gb", "3g.40gb") in room and ("h100-80gb", "4g.40gb") not in room
+    taken = drasteering.room((node,), {"d0": ["gpu-0-mig-1g-10gb-6"]})
+    assert ("h100-80gb", "3g.40gb") not in taken and ("h100-80gb", "2g.20gb") in taken
+    # a device name that names no placement of the node is not counted
+    assert drasteering.room((node,), {"d0": ["gpu-9-mig-1g-10gb-4"]}) == room
+    # a node not in DRA mode has no room in it
+    assert drasteering.room((_node("p0", labels={}),)) == frozenset()
 
 
 def test_three_pods_first_fit_fragments_are_steered() -> None:
@@ -209,7 +238,7 @@ def _reconcile(node: snapshot.Node, *pods: snapshot.Pod) -> control.Decision:
 
 
 def test_the_step_lets_a_lone_pod_go_to_first_fit_unsteered() -> None:
-    decision = _reconcile(_node("d0"), _pod("a", "1g.10gb"))
+    decision = _reconcile(_node("d0"), _pod("a", "4g.40gb"))
     assert decision.dra_check is not None and not decision.dra_check.steer
     assert decision.steered == (("ns/a", "d0"),)
     assert decision.plan is not None and decision.plan.placements == ()

@@ -294,7 +294,7 @@ ROOM_FOR_LATER = (
 )
 
 
-def test_the_first_fit_check_leaves_a_round_to_first_fit_unless_the_plan_serves_more_now() -> None:
+def test_the_first_fit_check_steers_a_tie_only_for_room_first_fit_loses() -> None:
     pods = _pods(ROOM_FOR_LATER)
     cluster = clusters.parse("h100-80gb:1x1")
     uncurated = drasim.run(pods, cluster, drasim.Variant.UNCURATED)
@@ -305,31 +305,44 @@ def test_the_first_fit_check_leaves_a_round_to_first_fit_unless_the_plan_serves_
     assert _served(every)["a"] == ("gpu-0-mig-1g-10gb-6",)
     assert set(_served(every)) == {"a", "w", "d"}
     assert every.first_fit_rounds == 0
-    # With the check, no round's plan serves more than first fit: each is first fit's, pods a
-    # batch window late, nothing listed first.
+    # With the check, a's round is a tie (one pod either way) that first fit would end with no
+    # 4g.40gb placeable (slot 0 is its only start) and the plan with one: it is steered, and
+    # the sequence goes as every round steered does. This is the room rule's cost: here the
+    # room it keeps goes to w, and c and e, which came later, would have used it better.
     for steering in (drasim.Steering.ORDER, drasim.Steering.TAINTS):
         settings = drasim.Settings(first_fit_check=True, steering=steering)
         checked = drasim.run(pods, cluster, drasim.Variant.STEERED, settings)
-        assert _served(checked) == _served(uncurated)
-        assert checked.first_fit_rounds == checked.plan_rounds == 5
-        assert checked.slice_writes == 0 and checked.steering_misses == 0
-    # By memory and listed by start, first fit gives a a whole 7g.80gb; a round left to first
-    # fit offers the placements first fit takes over the smallest-first listing instead.
-    by_memory = _pods(ROOM_FOR_LATER, memory_share=1.0)
-    start = draalloc.DeviceOrder.START
-    by_start = drasim.run(
-        by_memory, cluster, drasim.Variant.UNCURATED, drasim.Settings(order=start)
+        assert _served(checked) == _served(every)
+        # w's, c's and e's rounds: the plan serves no more than first fit and keeps no more
+        # room (the only start left for each is the one first fit takes, or none)
+        assert checked.plan_rounds == 5 and checked.first_fit_rounds == 4
+    # ... and its gain: with no c and e to come, w is served only because a's round kept the
+    # 4g.40gb placeable; first fit serves a alone.
+    two = _pods(ROOM_FOR_LATER.split("c,", maxsplit=1)[0])
+    assert set(_served(drasim.run(two, cluster, drasim.Variant.UNCURATED))) == {"a"}
+    checked = drasim.run(
+        two, cluster, drasim.Variant.STEERED, drasim.Settings(first_fit_check=True)
     )
-    assert _served(by_start) == {"a": ("gpu-0-mig-7g-80gb-0",)}
-    smallest = drasim.run(by_memory, cluster, drasim.Variant.UNCURATED)
-    assert smallest.pods_served == 4
+    assert _served(checked) == {
+        "a": ("gpu-0-mig-1g-10gb-6",),
+        "w": ("gpu-0-mig-4g-40gb-0",),
+    }
+    assert checked.first_fit_rounds == 1  # w's: first fit takes the placement the plan does
+    # A round whose plan and first fit keep the same room is left to first fit: by memory and
+    # listed by start, first fit gives a whole 7g.80gb; a round left to first fit offers the
+    # placements first fit takes over the smallest-first listing instead.
+    by_memory = _pods(
+        ROOM_FOR_LATER.replace("a,0,1000,mig-1g.10gb", "a,0,1000,mig-7g.80gb"), memory_share=1.0
+    )
+    start = draalloc.DeviceOrder.START
     checked = drasim.run(
         by_memory,
         cluster,
         drasim.Variant.STEERED,
         drasim.Settings(order=start, first_fit_check=True),
     )
-    assert _served(checked) == _served(smallest) and checked.first_fit_rounds == 5
+    assert _served(checked) == {"a": ("gpu-0-mig-7g-80gb-0",)}
+    assert checked.first_fit_rounds == checked.plan_rounds
     assert checked.slice_writes > 0
     # Arriving in one batch window, the same three first pods are a round the plan serves
     # more of (first fit in queue order gives a slot 0 and leaves w waiting): it is steered.

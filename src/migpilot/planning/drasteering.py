@@ -1,15 +1,19 @@
 """The first-fit check of DRA steering: a round is steered only when its plan serves more pods
-now than kube-scheduler's first fit would.
+now than kube-scheduler's first fit would, or as many and keeps a kind of room first fit loses.
 
 Why it exists: on DRA nodes kube-scheduler allocates the placements; migpilot steers it by
 listing the plan's placements first (``docs/dra.md``, "Steering kube-scheduler"). The simulator
 found that steering every round costs pods on loaded clusters: when the plan serves no more pods
-now than first fit, the room its placements keep (whole GPUs) went to long multi-GPU pods. So a
-round is steered only when the plan places more of the gated DRA pods than first fit would
-serve; otherwise the round is first fit's: the pods first fit serves are let go, each pinned to
-the node first fit picks, and nothing is listed first for them (``docs/dra.md``, "The
-simulator's model and figures"). This module is that one rule, for the control loop
-(:func:`migpilot.planning.control.reconcile`) and the simulator (:mod:`migpilot.sim.drasim`).
+now than first fit, the room its placements keep (whole GPUs) went to long multi-GPU pods. Never
+steering on a tie cost pods too: first fit then takes the last free whole GPU of a model for a
+small claim, and the next whole-GPU pod waits. So a round is steered when the plan places more
+of the gated DRA pods than first fit would serve, or as many and leaves, on the DRA nodes, every
+profile placeable that first fit's allocations leave and one more (:func:`room`: per GPU model,
+the profiles of which one more instance fits somewhere); otherwise the round is first fit's:
+the pods first fit serves are let go, each pinned to the node first fit picks, and nothing is
+listed first for them (``docs/dra.md``, "The simulator's model and figures"). This module is
+that one rule, for the control loop (:func:`migpilot.planning.control.reconcile`) and the
+simulator (:mod:`migpilot.sim.drasim`).
 
 First fit is predicted with the allocator model (:mod:`migpilot.planning.draalloc`): the gated
 pods in kube-scheduler's queue order (priority, then oldest first, then by key: the order the
@@ -56,11 +60,51 @@ class Check:
     """Gated DRA pods the plan places."""
     first_fit: tuple[Served, ...]
     """What first fit serves of the gated DRA pods, in queue order."""
+    planned_room: Room = frozenset()
+    """What still fits on the DRA nodes once the plan's placements are taken (:func:`room`)."""
+    first_fit_room: Room = frozenset()
+    """What still fits once first fit's allocations are taken."""
 
     @property
     def steer(self) -> bool:
-        """The plan serves more pods now than first fit: the round is steered."""
-        return self.planned > len(self.first_fit)
+        """The round is steered: the plan serves more pods now than first fit, or as many and
+        keeps every kind of room first fit keeps and one more (a profile of some GPU model that
+        fits somewhere after the plan and nowhere after first fit)."""
+        served = len(self.first_fit)
+        return self.planned > served or (
+            self.planned == served and self.planned_room > self.first_fit_room
+        )
+
+
+Room = frozenset[tuple[str, str]]
+"""(GPU model id, profile name): the MIG profiles of which one more instance fits on some GPU
+of that model on the DRA nodes (:func:`room`)."""
+
+
+def room(nodes: Sequence[snapshot.Node], taken: Mapping[str, Iterable[str]] | None = None) -> Room:
+    """The profiles, per GPU model, of which one more instance fits on some MIG GPU of the DRA
+    ``nodes`` beside its used instances and the devices ``taken`` names per node (placements
+    allocated or about to be). Free instances do not count: the plugin destroys a free instance
+    for an overlapping placement (:func:`layouts.fitting_profiles`)."""
+    taken = taken or {}
+    out: set[tuple[str, str]] = set()
+    for node in nodes:
+        if not is_dra_node(node):
+            continue
+        gpus = _mig_gpus(node)
+        models = {g.index: g.model for g in gpus}
+        extra: dict[int, set[layouts.Instance]] = {}
+        for name in taken.get(node.name, ()):
+            try:
+                pl = dra.parse_device_name(name, models)
+            except dra.PlacementError:
+                continue
+            extra.setdefault(pl.gpu, set()).add(layouts.Instance(pl.start, pl.profile))
+        for g in gpus:
+            occupied = {i.instance for i in g.instances if i.used} | extra.get(g.index, set())
+            fits = layouts.fitting_profiles(g.model, layouts.Layout.of(occupied))
+            out.update((g.model.id, name) for name in fits)
+    return frozenset(out)
 
 
 def claim_of(specs: Sequence[draclaims.ClaimSpec]) -> draalloc.Claim:
@@ -203,35 +247,48 @@ def check(
     gated: frozenset[str],
     claims: Mapping[str, draalloc.Claim],
     whole: Mapping[str, snapshot.Resources | None] | None = None,
+    most_allocated: bool | None = None,
+    budget: int = draalloc.DEFAULT_BUDGET,
 ) -> Check | None:
     """The first-fit check of a round: ``plan`` of ``snap``, whose DRA pods
     (:attr:`snapshot.Pod.dra`) named in ``gated`` are held back by migpilot; ``None`` when no
-    gated DRA pod waits.
+    gated DRA pod waits. ``most_allocated`` and ``budget``: as for :func:`first_fit`.
 
     The DRA pods let go before and placed by ``plan`` (in flight) keep their planned placements,
-    listed first for them: first fit is predicted with those taken."""
+    listed first for them: first fit is predicted with those taken, and both rooms
+    (:attr:`Check.planned_room`, :attr:`Check.first_fit_room`) count them taken."""
     dra = [p for p in snap.pods if p.dra]
     waiting = [p for p in dra if p.key in gated]
     if not waiting:
         return None
     placed = {pl.pod for pl in plan.placements}
+    in_flight = _in_flight(plan, {p.key for p in dra} - gated)
+    served = first_fit(
+        snap.nodes,
+        queue_order(waiting),
+        claims,
+        whole=whole,
+        taken=in_flight,
+        most_allocated=most_allocated,
+        budget=budget,
+    )
+    after_plan = _in_flight(plan, {p.key for p in dra})
+    after_first_fit: dict[str, list[str]] = {k: list(v) for k, v in in_flight.items()}
+    for s in served:
+        after_first_fit.setdefault(s.node, []).extend(s.devices)
     return Check(
         planned=sum(1 for p in waiting if p.key in placed),
-        first_fit=first_fit(
-            snap.nodes,
-            queue_order(waiting),
-            claims,
-            whole=whole,
-            taken=_in_flight(plan, {p.key for p in dra} - gated),
-        ),
+        first_fit=served,
+        planned_room=room(snap.nodes, after_plan),
+        first_fit_room=room(snap.nodes, after_first_fit),
     )
 
 
-def _in_flight(plan: plans.Plan, ungated: set[str]) -> dict[str, list[str]]:
-    """Per node, the devices ``plan`` gives the ungated DRA pods (``ungated``)."""
+def _in_flight(plan: plans.Plan, pods: set[str]) -> dict[str, list[str]]:
+    """Per node, the devices ``plan`` gives ``pods`` (the ungated DRA pods: those in flight)."""
     out: dict[str, list[str]] = {}
     for pl in plan.placements:
-        if pl.pod in ungated:
+        if pl.pod in pods:
             out.setdefault(pl.node, []).extend(
                 draalloc.device_name(a.gpu, a.profile, a.start) for a in pl.instances
             )

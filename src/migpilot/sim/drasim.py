@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 from migpilot import errors
 from migpilot.mig import profiles
-from migpilot.planning import draalloc, draclaims, drasteering, planners, snapshot
+from migpilot.planning import draalloc, draclaims, drasteering, modes, planners, plans, snapshot
 from migpilot.planning import unified as unifying
 from migpilot.sim import clusters, traces
 
@@ -224,12 +224,15 @@ def claims_from_trace(
         reqs = draclaims.planner_requests(
             (spec,), cpu_milli=tp.cpu_milli, memory_bytes=tp.memory_bytes, where=f"pod {tp.name}"
         ).requests
-        planned = snapshot.planned_pod(
-            name=tp.name,
-            namespace=NAMESPACE,
-            requests=reqs,
-            node_selector=dict(tp.node_selector),
-            terms=tp.terms,
+        planned = dataclasses.replace(
+            snapshot.planned_pod(
+                name=tp.name,
+                namespace=NAMESPACE,
+                requests=reqs,
+                node_selector=dict(tp.node_selector),
+                terms=tp.terms,
+            ),
+            dra=True,  # as the controller reads a pod whose claims are migpilot's
         )
         out.append(
             ClaimPod(
@@ -551,7 +554,7 @@ class _Run:
         )
         return snapshot.Node(
             name=node.spec.name,
-            labels=node.spec.labels,
+            labels={**node.spec.labels, modes.MODE_LABEL: modes.Mode.DRA.value},
             taints=(),
             unschedulable=False,
             allocatable=snapshot.Resources(node.cpu_free, node.mem_free),
@@ -581,9 +584,10 @@ class _Run:
         planned = {p.pod: p.node for p in plan.placements}
         plain = False
         if self.settings.first_fit_check:
-            first_fit = self._first_fit(gated, snap.nodes)
-            if len(plan.placements) <= len(first_fit):
-                # The plan serves no more pods now: the round is first fit's, over the
+            first_fit, steer = self._first_fit(gated, snap, plan)
+            if not steer:
+                # The plan serves no more pods now, nor keeps room first fit loses (the rule of
+                # drasteering.Check.steer): the round is first fit's, over the
                 # smallest-first listing migpilot's driver publishes. Where the pool is listed
                 # so, nothing is listed first or tainted; otherwise first fit's placements are
                 # offered as a plan's are.
@@ -629,21 +633,24 @@ class _Run:
             self._plan_soon()
 
     def _first_fit(
-        self, gated: Sequence[_Pod], nodes: Sequence[snapshot.Node]
-    ) -> dict[int, tuple[str, tuple[str, ...]]]:
-        """The pods kube-scheduler's first fit would serve now, ungated in queue order over the
-        smallest-first listing with nothing tainted, and the node and devices each would get
-        (by pod index): the controller's prediction (:func:`drasteering.first_fit`) over the
-        nodes as the planner sees them (``nodes``)."""
+        self, gated: Sequence[_Pod], snap: snapshot.Snapshot, plan: plans.Plan
+    ) -> tuple[dict[int, tuple[str, tuple[str, ...]]], bool]:
+        """The controller's first-fit check (:func:`drasteering.check`) of ``plan`` over the
+        cluster as the planner sees it (``snap``, whose pods are the gated ones): the pods
+        kube-scheduler's first fit would serve now, ungated in queue order over the
+        smallest-first listing with nothing tainted, with the node and devices each would get
+        (by pod index), and whether the round is steered."""
         index = {p.cp.planned.key: p.index for p in gated}
-        served = drasteering.first_fit(
-            nodes,
-            [p.cp.planned for p in gated],
-            {p.cp.planned.key: p.claim for p in gated},
+        found = drasteering.check(
+            snap,
+            plan,
+            gated=frozenset(index),
+            claims={p.cp.planned.key: p.claim for p in gated},
             most_allocated=self.settings.scoring is NodeScoring.MOST_ALLOCATED,
             budget=self.settings.budget,
         )
-        return {index[s.pod]: (s.node, s.devices) for s in served}
+        assert found is not None  # a round plans only with gated pods
+        return {index[s.pod]: (s.node, s.devices) for s in found.first_fit}, found.steer
 
     def _list_first(self, node: _Node, offered: set[str]) -> None:
         # The first device slice holds the free planned placements. An allocated device stays
