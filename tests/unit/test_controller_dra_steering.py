@@ -176,7 +176,7 @@ def test_a_lone_gated_dra_pod_first_fit_serves_is_let_go_unsteered() -> None:
         assert _spec(api, "d0") == []
         ((_, message),) = [e for e in _events(api, "claims") if e[0] == "MigDraFirstFit"]
         assert "first fit serves it on node d0 (gpu-0-mig-4g-40gb-0)" in message
-        assert "1 against 1" in message
+        assert "1 against 1" in message and "keeps no placement first fit would lose" in message
         assert not any(e[0] == "MigDraPlanned" for e in _events(api, "claims"))
         # the device-plugin pod is reserved on the device-plugin node, never the DRA node
         await _until("the plugin pod reserved", lambda: len(_spec(api, "n0")) == 1)
@@ -185,6 +185,27 @@ def test_a_lone_gated_dra_pod_first_fit_serves_is_let_go_unsteered() -> None:
         # pinned once, however many passes follow
         await _passes(controller)
         assert [k for k, _ in api.pod_patches] == ["ns/claims"]
+
+    _run(body)
+
+
+def test_a_lone_gated_dra_pod_is_steered_where_first_fit_loses_room() -> None:
+    """A lone 1g.10gb: first fit gives it slot 0, the only start of a 4g.40gb; the plan serves
+    the same one pod elsewhere and keeps the 4g.40gb placeable (the 7g.80gb is lost either
+    way). The round is steered, and the Event says why."""
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _nodes(api, "d0")
+        await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _template("mig-1g-10gb"))
+        await api.put(PODS, _gated(_dra_pod("claims", template="mig-1g-10gb")))
+        await _until("the DRA node's target", lambda: len(_spec(api, "d0")) == 1)
+        assert await _steered(api, "ns/claims", "d0") == "d0"
+        ((_, start, profile, reserved),) = _spec(api, "d0")
+        assert profile == "1g.10gb" and start != 0 and reserved is None
+        assert not any(e[0] == "MigDraFirstFit" for e in _events(api, "claims"))
+        ((_, message),) = [e for e in _events(api, "claims") if e[0] == "MigDraPlanned"]
+        assert "first fit would serve as many now (1) but leave no " in message
+        assert message.endswith("leave no 4g.40gb (a100-80gb) placeable")
 
     _run(body)
 

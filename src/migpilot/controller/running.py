@@ -1153,8 +1153,9 @@ class Controller:
                     entry[1], type_="Normal", reason="MigDraFirstFit",
                     message=f"kube-scheduler's first fit serves it on node {name} "
                     f"({', '.join(served.devices)}): the plan serves no more of the waiting pods "
-                    f"now ({check.planned} against {len(check.first_fit)}), so nothing is listed "
-                    "first; pinned there and let go",
+                    f"now ({check.planned} against {len(check.first_fit)}) and keeps no "
+                    "placement first fit would lose, so nothing is listed first; pinned there "
+                    "and let go",
                 )  # fmt: skip
                 await self._pin_one(key, node)
                 continue
@@ -1165,10 +1166,18 @@ class Controller:
                 if key in by_pod
                 else "its placements"
             )
+            why = ""
+            if check is not None and check.steer and check.planned == len(check.first_fit):
+                kept = ", ".join(f"{p} ({m})" for m, p in sorted(check.kept))
+                why = (
+                    f"; first fit would serve as many now ({check.planned}) but leave no "
+                    f"{kept} placeable"
+                )
             await self._say(
                 entry[1], type_="Normal", reason="MigDraPlanned",
                 message=f"planned on node {name}: {planned_at}; pinned there and let go for "
-                "kube-scheduler to allocate its claims (the planned placements are listed first)",
+                "kube-scheduler to allocate its claims (the planned placements are listed "
+                f"first){why}",
             )  # fmt: skip
             await self._pin_one(key, node)
 

@@ -66,6 +66,11 @@ class Check:
     """What still fits once first fit's allocations are taken."""
 
     @property
+    def kept(self) -> Room:
+        """What the plan keeps placeable that first fit's allocations would leave nowhere."""
+        return self.planned_room - self.first_fit_room
+
+    @property
     def steer(self) -> bool:
         """The round is steered: the plan serves more pods now than first fit, or as many and
         keeps every kind of room first fit keeps and one more (a profile of some GPU model that
