@@ -740,7 +740,7 @@ def test_a_lone_gated_pod_is_steered_where_first_fit_loses_room(dra: Cluster) ->
     assert dra.instances() == {(gpu, profile, start)}
     dra.client.delete(Pod, "roomy", namespace=dra.namespace)
     dra.wait(lambda: _gone(dra, "roomy"), "the pod gone")
-    dra.layout(())
+    dra.wait(lambda: not dra.spec_instances() or None, "the controller empties the target")
 
 
 def test_pods_the_webhook_gates_are_planned_together_and_all_run(dra: Cluster) -> None:
@@ -773,10 +773,10 @@ def test_pods_the_webhook_gates_are_planned_together_and_all_run(dra: Cluster) -
     planned = {(g, p, st) for g, p, st, _ in dra.spec_instances()}
     assert set(placed.values()) <= planned  # kube-scheduler took the plan's placements
     assert dra.instances() == set(placed.values())
-    # The controller leaves a steered target in the spec when its pods go, and with no pod
-    # waiting nothing replans it: the agent keeps the spec's instances free, offered to the
-    # next claims. The fixture's clean slate needs them gone: the pods deleted, an empty target.
+    # The pods gone, nothing waits for the target's placements: the controller writes the
+    # target back to the node's used instances (none), so the agent destroys the instances
+    # instead of keeping them free and listed first.
     for name in pods:
         dra.client.delete(Pod, name, namespace=dra.namespace)
     dra.wait(lambda: all(_gone(dra, n) for n in pods), "the three pods gone")
-    dra.layout(())
+    dra.wait(lambda: not dra.spec_instances() or None, "the controller empties the target")

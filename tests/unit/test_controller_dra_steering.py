@@ -243,6 +243,61 @@ def test_gated_dra_pods_the_plan_serves_more_of_are_steered_unreserved() -> None
     _run(body)
 
 
+def _device(placement: tuple[int, int, str, str | None]) -> str:
+    gpu, start, profile, _ = placement
+    return f"gpu-{gpu}-mig-{profile.replace('.', '-')}-{start}"
+
+
+def test_a_steered_target_goes_back_to_the_used_instances_once_its_pods_are_gone() -> None:
+    """Three pods steered: the target holds their placements, free. Two are allocated and bound;
+    the third is deleted before its claim is allocated: with no pod waiting, no plan follows,
+    and the controller writes the target back to what the claims are allocated (its agent
+    would otherwise keep listing the 4g.40gb first, and keep the instance once made). The two
+    go as well: the target is empty."""
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _nodes(api, "d0")
+        for profile in ("1g.10gb", "2g.20gb", "4g.40gb"):
+            await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _profile_template(profile))
+        for i, (name, profile) in enumerate(
+            (("small", "1g.10gb"), ("mid", "2g.20gb"), ("large", "4g.40gb"))
+        ):
+            pod = _gated(_dra_pod(name, template=f"mig-{profile.replace('.', '-')}"))
+            pod["metadata"]["creationTimestamp"] = f"2026-01-01T00:00:0{i}Z"
+            await api.put(PODS, pod)
+        await _until("the DRA node's target", lambda: len(_spec(api, "d0")) == 3)
+        for key in ("ns/small", "ns/mid", "ns/large"):
+            assert await _steered(api, key, "d0") == "d0"
+        target = {p[2]: p for p in _spec(api, "d0")}
+        # kube-scheduler allocates the small and mid pods' claims at their planned placements
+        # and binds them; the large pod is deleted before its claim is allocated
+        for name, profile in (("small", "1g.10gb"), ("mid", "2g.20gb")):
+            claim = _allocated(f"{name}-mig", "d0", _device(target[profile]))
+            await api.put(kubeobjects.Kind.RESOURCECLAIMS, claim)
+            pod = copy.deepcopy(api.objects[PODS][f"ns/{name}"])
+            pod["status"]["resourceClaimStatuses"] = [
+                {"name": "mig", "resourceClaimName": f"{name}-mig"}
+            ]
+            pod["spec"]["nodeName"] = "d0"
+            pod["status"]["phase"] = "Running"
+            await api.put(PODS, pod)
+        await api.delete(PODS, "ns/large")
+        used = sorted([target["1g.10gb"], target["2g.20gb"]])
+        await _until("the free 4g.40gb out of the target", lambda: _spec(api, "d0") == used)
+        await _passes(controller)
+        assert _spec(api, "d0") == used  # the allocated placements stay
+        # the two pods done and their claims deleted: nothing is used, nothing stays
+        for name in ("small", "mid"):
+            await api.delete(PODS, f"ns/{name}")
+            await api.delete(kubeobjects.Kind.RESOURCECLAIMS, f"ns/{name}-mig")
+        await _until("the target empty", lambda: _spec(api, "d0") == [])
+        writes = _generation(api, "d0")
+        await _passes(controller)
+        assert _generation(api, "d0") == writes  # written once, not again at every pass
+
+    _run(body)
+
+
 def test_a_dra_pod_is_never_planned_onto_a_device_plugin_node_nor_the_reverse() -> None:
     """Each only ever runs on its own kind of node: with none of that kind, it can never run,
     and is let go with the reason, as any pod no node admits."""

@@ -9,6 +9,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -488,7 +489,12 @@ def test_in_dra_mode_no_instance_of_the_spec_is_made() -> None:
 
 def _dra_agent(
     spec: Mapping[str, Any], clock: Callable[[], float]
-) -> tuple[kubeapi.InMemoryNodeApi, agent_running.Agent, emulated.EmulatedBackend]:
+) -> tuple[
+    kubeapi.InMemoryNodeApi,
+    agent_running.Agent,
+    emulated.EmulatedBackend,
+    following.GpuLayoutSource,
+]:
     api = kubeapi.InMemoryNodeApi()
     api.put_node(NODE, {"migpilot.io/mode": "dra"})
     api.put_spec(NODE, spec)
@@ -503,29 +509,26 @@ def _dra_agent(
         strategy=devices.MigStrategy.MIXED,
         statics=static,
     )
-    publisher = assembling.dra_publisher(side)
-    assert publisher is not None
     gpus = emulated.EmulatedBackend([A100], durable=False)
-    wired = side.wire(
+    dra = assembling.wire_dra(
+        side,
         reconciling.InUseSet(),
         gpus=gpus,
-        advertised=publisher.advertised,
-        plan_listed=publisher.plan_listed,
+        settings=assembling.ClusterSettings(node=NODE),
+        clock=clock,
     )
-    publisher.use_from(wired.in_use.in_use)
-    assembling.dra_steering(publisher, side, assembling.ClusterSettings(node=NODE), clock=clock)
     agent = agent_running.Agent(
         gpus=gpus,
-        in_use=wired.in_use,
+        in_use=dra.wired.in_use,
         source=side.desired_source(),
         plugin=None,
         agent_metrics=agent_metrics.AgentMetrics(),
         clock=clocks.VirtualClock(),
         settings=agent_running.AgentSettings(),
-        listener=agent_running.Listeners([publisher, wired.listener]),  # slices, then status
+        listener=dra.listener,
         view_filter=side.view_filter(),
     )
-    return api, agent, gpus
+    return api, agent, gpus, source
 
 
 def _plan_listed(
@@ -552,7 +555,7 @@ def test_an_agent_in_dra_mode_lists_its_gpulayouts_plan_first_while_the_lease_is
         ]
     }
     now = [T0 + 1]
-    api, agent, gpus = _dra_agent(spec, lambda: now[0])
+    api, agent, gpus, _ = _dra_agent(spec, lambda: now[0])
     try:
         api.server.put(objects.Kind.LEASES, lease(RENEWED))
         assert agent.reconcile().converged
@@ -578,6 +581,59 @@ def test_an_agent_in_dra_mode_lists_its_gpulayouts_plan_first_while_the_lease_is
         layout = api.layout(NODE)
         assert layout is not None
         assert _plan_listed(layout) == (gpulayouts.ConditionStatus.FALSE, layout.generation)
+    finally:
+        gpus.close()
+
+
+def _writes(
+    api: kubeapi.InMemoryNodeApi, since: str
+) -> tuple[list[int], list[tuple[int, str | None, int | None]]]:
+    """The resource versions of the ResourceSlices written after ``since``, and of the
+    GpuLayout status writes with their ``PlanListed`` (status, observed generation), in the
+    server's order (it is closed: the watches end at the last change)."""
+    api.server.close()
+    sliced = [
+        int(e.object["metadata"]["resourceVersion"])
+        for e in api.server.watch(K, resource_version=since)
+    ]
+    statuses = []
+    for e in api.server.watch(objects.Kind.LAYOUTS, resource_version=since):
+        version = int(e.object["metadata"]["resourceVersion"])
+        listed = [
+            (c.get("status"), c.get("observedGeneration"))
+            for c in (e.object.get("status") or {}).get("conditions", ())
+            if c.get("type") == gpulayouts.PLAN_LISTED
+        ]
+        statuses.append((version, *(listed[0] if listed else (None, None))))
+    return sliced, statuses
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-pass", "new-plan"])
+def test_wire_dra_tells_the_slices_of_a_pass_before_its_status(first: bool) -> None:
+    """The status says the plan is listed only once that pass's slices are written: the
+    controller lets steered pods go on it (controller/pinning.listed). Told status first, the
+    first pass would report the plan unlisted and a new plan's pass the last plan listed at
+    the new generation, before its slices list it."""
+    spec: dict[str, Any] = {
+        "gpus": [{"index": 0, "instances": [{"profile": "3g.40gb", "start": 4}]}]
+    }
+    api, agent, gpus, source = _dra_agent(spec, lambda: T0 + 1)
+    try:
+        api.server.put(objects.Kind.LEASES, lease(RENEWED))
+        if not first:
+            assert agent.reconcile().converged
+            spec["gpus"][0]["instances"] = [{"profile": "2g.20gb", "start": 0}]
+            api.put_spec(NODE, spec)  # the controller's next plan: generation 2
+            source.sync()  # as the GpuLayout's watch would
+        since = api.server.version
+        agent.reconcile()
+        generation = 1 if first else 2
+        planned = name(0, "3g.40gb", 4) if first else name(0, "2g.20gb", 0)
+        assert planned in slices(api.server.objects[K].values())[FIRST]
+        sliced, statuses = _writes(api, since)
+        listed = [v for v, status, gen in statuses if status == "True" and gen == generation]
+        assert sliced and listed, (sliced, statuses)
+        assert max(sliced) < min(listed)
     finally:
         gpus.close()
 

@@ -225,6 +225,54 @@ def test_claims_the_planner_cannot_read_are_refused_naming_the_part(spec: Any, n
         draclaims.parse_claim_spec(spec, where="claim ns/c")
 
 
+_OTHER = {"name": "o", "exactly": {"deviceClassName": "rdma.example.com"}}
+_EITHER = {
+    "name": "e",
+    "firstAvailable": [
+        {"name": "a", "deviceClassName": "rdma.example.com"},
+        {"name": "b", "deviceClassName": "mig.migpilot.io"},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "ours"),
+    [
+        ({"devices": {"requests": [_req()]}}, True),
+        ({"devices": {"requests": [_OTHER, _EITHER]}}, True),
+        ({"devices": {"requests": [_OTHER]}}, False),
+        ({"devices": {"requests": []}}, False),
+        ({}, False),
+        # Sequences other than lists, as parse_claim_spec takes them: the controller read such
+        # specs as naming the class before it asked names_class (it had its own copy).
+        ({"devices": {"requests": (_req(),)}}, True),
+        (
+            {
+                "devices": {
+                    "requests": ({**_EITHER, "firstAvailable": tuple(_EITHER["firstAvailable"])},)
+                }
+            },
+            True,
+        ),
+        # Not shaped as the API says: names nothing, never raises.
+        ({"devices": {"requests": "mig.migpilot.io"}}, False),
+        ({"devices": {"requests": [{"name": "r", "firstAvailable": "mig.migpilot.io"}]}}, False),
+        ({"devices": {"requests": [{"name": "r", "exactly": ["mig.migpilot.io"]}]}}, False),
+        ({"devices": ["mig.migpilot.io"]}, False),
+        ("mig.migpilot.io", False),
+        (None, False),
+    ],
+)
+def test_names_class_agrees_with_the_parser(spec: Any, ours: bool) -> None:
+    assert draclaims.names_class(spec) is ours
+    try:
+        read = draclaims.parse_claim_spec(spec, where="claim ns/c")
+    except NotUnderstood:
+        return
+    # What the planner reads as asking for migpilot's class, names_class names.
+    assert bool(read.requests) is ours
+
+
 selectors = st.builds(
     Selector,
     profile=st.none() | st.sampled_from(["1g.10gb", "3g.40gb", "1g.20gb+me", "whole"]),

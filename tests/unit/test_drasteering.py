@@ -320,3 +320,159 @@ def test_a_pod_let_go_to_first_fit_holds_its_devices_until_allocated() -> None:
         planner=lambda snap: planners.run(snap, "fast"),
     )
     assert gone.memory.first_fit == {}
+
+
+# --------------------------------------------------------------------------- past their pods
+
+
+def _step(
+    observed: control.Observed, memory: control.Memory, *, due: bool = True
+) -> control.Decision:
+    batch = control.Batch(due=0.0, dirty=True) if due else control.Batch()
+    return control.reconcile(
+        observed,
+        dataclasses.replace(memory, batch=batch),
+        now=1.0,
+        settings=control.Settings(),
+        planner=lambda snap: planners.run(snap, "fast"),
+    )
+
+
+def _layout(plan: plans.Plan | None, node: str) -> list[tuple[str, int]]:
+    assert plan is not None
+    return sorted(
+        (i.profile, i.start) for g in plan.gpus if g.node == node for i in g.layout.instances
+    )
+
+
+def test_trimmed_keeps_used_and_placed_and_drops_free_placements_no_pod_is_planned_onto() -> None:
+    dra = _node("d0", used=(("1g.10gb", 0),), free=(("2g.20gb", 2), ("3g.40gb", 4)))
+    plugin = _node("n0", free=(("3g.40gb", 4),), labels={})
+    snap = snapshot.Snapshot(nodes=(dra, plugin), pods=(_pod("a", "3g.40gb"),))
+    plan = planners.run(snap, "fast")
+    assert [(pl.pod, pl.node) for pl in plan.placements] == [("ns/a", "d0")]
+    trimmed = drasteering.trimmed(snap, plan)
+    # the 2g.20gb, free and planned for no pod, goes; the used 1g.10gb and the placement stay
+    assert _layout(trimmed, "d0") == [("1g.10gb", 0), ("3g.40gb", 4)]
+    assert _layout(trimmed, "n0") == _layout(plan, "n0")  # not a DRA node: the plan's target
+    assert trimmed.placements == plan.placements
+    # a DRA node named in keep keeps the plan's target
+    assert _layout(drasteering.trimmed(snap, plan, keep=frozenset({"d0"})), "d0") == _layout(
+        plan, "d0"
+    )
+    # no DRA node: the plan itself
+    alone = snapshot.Snapshot(nodes=(plugin,), pods=())
+    empty = planners.run(alone, "fast")
+    assert drasteering.trimmed(alone, empty) is empty
+
+
+def test_cleared_writes_a_watched_dra_node_back_to_its_used_instances() -> None:
+    dirty = _node("d0", used=(("1g.10gb", 0),), free=(("4g.40gb", 4),))
+    used_only = _node("d1", used=(("1g.10gb", 0),))
+    empty = _node("d2")
+    unwatched = _node("d3", free=(("4g.40gb", 0),))  # free instances nobody here planned
+    snap = snapshot.Snapshot(nodes=(dirty, used_only, empty, unwatched), pods=())
+    plan, watched = drasteering.cleared(snap, frozenset({"d0", "d1", "d2", "gone"}))
+    assert plan is not None and plan.placements == ()
+    assert {g.node for g in plan.gpus if g.changed} == {"d0"}
+    assert _layout(plan, "d0") == [("1g.10gb", 0)]
+    # watched while an instance is there (a used one is freed when its pod goes)
+    assert watched == {"d0", "d1"}
+    plan, watched = drasteering.cleared(snap, frozenset({"d1"}))
+    assert plan is None and watched == {"d1"}
+
+
+def _steered_pair() -> control.Decision:
+    """A 1g.10gb and a 4g.40gb on an H100 that holds two free 1g.10gb (at 5 and 6, a target
+    listed before): first fit would give the 1g.10gb slot 0, the 4g.40gb's only start, so the
+    round is steered; the planner puts the 1g.10gb on one free instance and keeps the other."""
+    node = _node("d0", free=(("1g.10gb", 5), ("1g.10gb", 6)))
+    pods = (_pod("a", "1g.10gb"), _pod("c", "4g.40gb"))
+    observed = control.Observed(snapshot.Snapshot((node,), pods), dra_claims=_claims(*pods))
+    decision = _step(observed, control.Memory())
+    assert decision.dra_check is not None and decision.dra_check.steer
+    return decision
+
+
+def test_a_steered_round_lists_only_what_its_pods_are_planned_onto() -> None:
+    decision = _steered_pair()
+    plan = decision.plan
+    assert plan is not None
+    placed = sorted((a.profile, a.start) for pl in plan.placements for a in pl.instances)
+    assert len(placed) == 2 and ("4g.40gb", 0) in placed
+    assert _layout(plan, "d0") == placed  # the other free 1g.10gb is not listed first
+    assert decision.memory.dra_targets == {"d0"}
+    assert decision.cleared is None
+
+
+def test_the_target_goes_back_to_the_used_instances_once_no_pod_waits() -> None:
+    first = _steered_pair()
+    assert first.plan is not None
+    target = {a.profile: a.start for pl in first.plan.placements for a in pl.instances}
+    small, large = ("1g.10gb", target["1g.10gb"]), ("4g.40gb", target["4g.40gb"])
+    # as the controller then sees the node: the target's placements free instances, the
+    # 1g.10gb's claim allocated (used), the 4g.40gb's pod deleted before its allocation
+    seen = _node("d0", used=(small,), free=(large,))
+    # a DRA pod still waits (gated, before its plan is due): the target stays
+    waiting = _pod("w", "1g.10gb")
+    kept = _step(control.Observed(snapshot.Snapshot((seen,), (waiting,))), first.memory, due=False)
+    assert kept.plan is None and kept.cleared is None and kept.memory.dra_targets == {"d0"}
+    # one let go and not yet allocated (in flight, planned onto its placement): the same
+    flying = control.Observed(
+        snapshot.Snapshot((seen,), (_pod("c", "4g.40gb"),)),
+        pending={"ns/c": control.Pending(gated=False, pinned="d0")},
+    )
+    assert _step(flying, first.memory, due=False).cleared is None
+    # nobody waits: no plan, and the target is the allocated 1g.10gb alone
+    quiet = control.Observed(snapshot.Snapshot((seen,), ()), changed=False)
+    cleared = _step(quiet, first.memory, due=False)
+    assert cleared.plan is None and cleared.cleared is not None
+    assert _layout(cleared.cleared, "d0") == [small]
+    assert cleared.memory.dra_targets == {"d0"}  # its instance is freed when its pod goes
+    # written: nothing free left, nothing to write at the next step
+    after = _node("d0", used=(small,))
+    again = _step(control.Observed(snapshot.Snapshot((after,), ())), cleared.memory, due=False)
+    assert again.cleared is None and again.memory.dra_targets == {"d0"}
+    # the last pod gone, its claim deallocated: the 1g.10gb goes too, then the node is forgotten
+    freed = _node("d0", free=(small,))
+    last = _step(control.Observed(snapshot.Snapshot((freed,), ())), again.memory, due=False)
+    assert last.cleared is not None and _layout(last.cleared, "d0") == []
+    done = _step(control.Observed(snapshot.Snapshot((_node("d0"),), ())), last.memory)
+    assert done.cleared is None and done.memory.dra_targets == frozenset()
+
+
+def test_a_pod_let_go_to_first_fit_keeps_the_target_until_allocated() -> None:
+    """Its predicted devices are used instances of the snapshot while it is in flight; no
+    clearing runs meanwhile (it would write them into the target, listed first)."""
+    first = _steered_pair()
+    lone = _pod("a", "4g.40gb")
+    memory = dataclasses.replace(
+        first.memory,
+        first_fit={"ns/a": drasteering.Served("ns/a", "d0", ("gpu-0-mig-4g-40gb-0",))},
+    )
+    observed = control.Observed(
+        snapshot.Snapshot((_node("d0", free=(("1g.10gb", 6),)),), (lone,)),
+        pending={"ns/a": control.Pending(gated=False, pinned="d0")},
+    )
+    decision = _step(observed, memory, due=False)
+    assert decision.cleared is None and decision.memory.dra_targets == {"d0"}
+
+
+def test_a_plan_keeps_the_target_of_a_node_where_a_pod_in_flight_is_not_placed() -> None:
+    """A pod let go and not yet allocated that the plan does not place: which of the node's
+    free placements kube-scheduler is allocating it is not known, so the node keeps the plan's
+    target; other DRA nodes are trimmed."""
+    here = _node("d0", used=(("7g.80gb", 0),))
+    # d1's free 4g.40gb is what the in-flight pod was steered to; d2 holds a stale one
+    there = _node("d1", used=(("1g.10gb", 6),), free=(("4g.40gb", 0),))
+    stale = _node("d2", used=(("1g.10gb", 0),), free=(("2g.20gb", 2),))
+    flying = _pod("f", "7g.80gb")  # cannot be placed now: no GPU is free of used instances
+    observed = control.Observed(
+        snapshot.Snapshot((here, there, stale), (flying,)),
+        pending={"ns/f": control.Pending(gated=False, pinned="d1")},
+    )
+    decision = _step(observed, control.Memory())
+    assert decision.plan is not None and decision.plan.placements == ()
+    assert _layout(decision.plan, "d1") == [("1g.10gb", 6), ("4g.40gb", 0)]
+    assert _layout(decision.plan, "d2") == [("1g.10gb", 0)]
+    assert _layout(decision.plan, "d0") == [("7g.80gb", 0)]

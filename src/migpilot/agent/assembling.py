@@ -6,7 +6,9 @@ slices, the reporters, the MPS daemons' supervisor, the metrics) and they must b
 way wherever an agent runs. :func:`run` builds and runs the agent ``migpilot agent`` describes
 (:class:`Settings`, which the CLI only fills from its flags); :class:`KubeSide` is the agent's
 Kubernetes side on one node, built by :func:`kube_side` and wired by :meth:`KubeSide.wire`, the
-one wiring the single agent and every node of the fleet (:mod:`migpilot.kwok.fleet`) share.
+one wiring the single agent and every node of the fleet (:mod:`migpilot.kwok.fleet`) share; on
+a node in DRA mode :func:`wire_dra` wires it with the ResourceSlices' publisher, told of each pass
+before the GpuLayout status (the order the controller's steering relies on).
 
 Every check of the settings and of the files they name happens before anything changes (bad
 input is a one-line :class:`~migpilot.errors.AgentConfigError`, exit code 2 at the CLI). On a
@@ -1054,9 +1056,9 @@ def _serve(
     client: podresources.PodResourcesClient | None = None
     sources: list[reconciling.InUse] = [reconciling.RunningProcesses(gpus)]
     holders: Callable[[], Mapping[str, str]] = dict
-    slices = dra_publisher(cluster)  # DRA mode: ResourceSlices, no device plugin
+    dra_mode = cluster is not None and cluster.dra_node  # ResourceSlices, no device plugin
     if settings.kubelet.mode is KubeletMode.REAL:
-        if slices is None:
+        if not dra_mode:
             plugin = serving.DevicePlugin(
                 plugin_settings,
                 unified=cluster.pool if cluster is not None else None,
@@ -1082,31 +1084,27 @@ def _serve(
     )
     if sharing is not None and cluster is not None:
         cluster.share_with(sharing.current)
-    dra = _dra(settings, gpus, cluster, reconciling.AnyOf(list(sources)), on=slices is not None)
+    dra = _dra(settings, gpus, cluster, reconciling.AnyOf(list(sources)), on=dra_mode)
     if dra is not None:
         sources.append(dra.instances)  # claims' instances are used: never destroyed as stray
-        if slices is not None:
-            slices.claims_from(dra.instances.claimed)  # offered again: the claim is known
     in_use: reconciling.InUse = reconciling.AnyOf(sources)
     listener: running.PassListener | None = None
     publisher: capacity.CapacityPublisher | None = None
     if cluster is not None:
-        advertised = _registered_counts(plugin) if plugin is not None else None
-        wired = cluster.wire(
-            in_use,
-            gpus=gpus,
-            holders=holders,
-            advertised=slices.advertised if slices is not None else advertised,
-            plan_listed=slices.plan_listed if slices is not None else None,
-        )
-        in_use, listener = wired.in_use, wired.listener
-        if slices is not None:
-            slices.use_from(in_use.in_use)
-            dra_steering(slices, cluster, settings.cluster)
-            # Slices first, then the GpuLayout status: once the status reports the spec's
-            # generation acted on, the controller may let go the pods it steers to the target,
-            # which the slices must then list first (controller/pinning.listed).
-            listener = running.Listeners([slices, listener])
+        if dra_mode:
+            wired_dra = wire_dra(
+                cluster,
+                in_use,
+                gpus=gpus,
+                settings=settings.cluster,
+                holders=holders,
+                claimed=dra.instances.claimed if dra is not None else None,
+            )
+            in_use, listener = wired_dra.wired.in_use, wired_dra.listener
+        else:
+            advertised = _registered_counts(plugin) if plugin is not None else None
+            wired = cluster.wire(in_use, gpus=gpus, holders=holders, advertised=advertised)
+            in_use, listener = wired.in_use, wired.listener
         if plugin is None and cdi_writer is not None:
             # The stand-in kubelet publishes the Node's counts when told of the pass: the spec
             # is written first.
@@ -1276,6 +1274,60 @@ def dra_publisher(cluster: KubeSide | None) -> resourceslices.SlicePublisher | N
     _log.info("Node %s is in DRA mode: publishing ResourceSlices of mig.migpilot.io, no device "
               "plugin", cluster.node, extra=logs.about(node=cluster.node))  # fmt: skip
     return resourceslices.SlicePublisher(api.slices(), node=cluster.node)
+
+
+@dataclass(frozen=True, slots=True)
+class DraWired:
+    """A node in DRA mode's Kubernetes side, wired by :func:`wire_dra`."""
+
+    slices: resourceslices.SlicePublisher
+    """The node's ResourceSlices' publisher, listing the GpuLayout's plan first while the
+    controller's Lease is fresh."""
+    wired: Wired
+    """As :meth:`KubeSide.wire` makes it, its status reporting the slices' ``PlanListed``."""
+    listener: running.PassListener
+    """Told after each pass: the slices, then :attr:`Wired.listener` (the stand-in, the
+    GpuLayout status, the startup taint)."""
+
+
+def wire_dra(
+    cluster: KubeSide,
+    real: reconciling.InUse,
+    *,
+    gpus: backend.GpuBackend,
+    settings: ClusterSettings,
+    holders: Callable[[], Mapping[str, str]] = dict,
+    claimed: Callable[[], Mapping[str, str]] | None = None,
+    clock: Callable[[], float] = time.time,
+    lease: leasereader.LeaseReader | None = None,
+) -> DraWired:
+    """The Kubernetes side of a node in DRA mode wired (:meth:`KubeSide.wire`, with ``real``,
+    ``gpus`` and ``holders``), with its ResourceSlices' publisher (:func:`dra_publisher`)
+    offering what the wired sources do not hold and what ``claimed`` (the kubelet plugin's
+    ledger, UUID -> claim UID) says claims own, steered by the GpuLayout's plan
+    (:func:`dra_steering`, with ``settings``, ``clock`` and ``lease``). The one wiring of the
+    single agent, the fleet's nodes and the tests; a caller puts its own listeners before or
+    after :attr:`DraWired.listener`, never between.
+
+    The slices are told of a pass before the GpuLayout status: once the status reports the
+    spec's generation with ``PlanListed`` true, the controller lets go the pods it steers to
+    the target, which the slices must list first by then (``controller/pinning.listed``); the
+    status's ``PlanListed`` is what the publisher wrote in this pass, not the last one."""
+    slices = dra_publisher(cluster)
+    if slices is None:
+        raise ValueError(f"Node {cluster.node} is not in DRA mode")
+    wired = cluster.wire(
+        real,
+        gpus=gpus,
+        holders=holders,
+        advertised=slices.advertised,
+        plan_listed=slices.plan_listed,
+    )
+    if claimed is not None:
+        slices.claims_from(claimed)  # offered again: the claim is known
+    slices.use_from(wired.in_use.in_use)
+    dra_steering(slices, cluster, settings, clock=clock, lease=lease)
+    return DraWired(slices, wired, running.Listeners([slices, wired.listener]))
 
 
 def _mps_supervisor(settings: Settings) -> agent_mps.MpsSupervisor:

@@ -455,7 +455,7 @@ def claim_read(doc: Mapping[str, Any], *, template: bool) -> ClaimRead:
     try:
         read = draclaims.parse_claim_spec(spec, where=where)
     except draclaims.NotUnderstood as err:
-        return ClaimRead(_names_our_class(spec), None, str(err), allocated)
+        return ClaimRead(draclaims.names_class(spec), None, str(err), allocated)
     return ClaimRead(bool(read.requests), read, allocated=allocated)
 
 
@@ -470,17 +470,6 @@ def _allocated(doc: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         if r.get("driver") == dra.DRIVER and isinstance(pool, str) and isinstance(device, str):
             out.add((pool, device))
     return tuple(sorted(out))
-
-
-def _names_our_class(spec: Any) -> bool:
-    """Whether any request or subrequest of a claim's spec names migpilot's DeviceClass (read
-    tolerantly: a spec the planner cannot read may still be one migpilot must account for)."""
-    for r in _seq(_map(_map(spec).get("devices")).get("requests")):
-        r = _map(r)
-        subs = [_map(r.get("exactly")), *(_map(x) for x in _seq(r.get("firstAvailable")))]
-        if any(sub.get("deviceClassName") == draclaims.DEVICE_CLASS for sub in subs):
-            return True
-    return False
 
 
 @dataclass(frozen=True, slots=True)

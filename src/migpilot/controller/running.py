@@ -691,6 +691,11 @@ class Controller:
         await asyncio.gather(*(self._pin_one(k, observed.nodes[n]) for k, n in decision.pins))
         if decision.plan is not None:
             await self._carry_out_plan(observed, decision, timed)
+        if decision.cleared is not None and self._acting():
+            nodes = sorted({g.node for g in decision.cleared.gpus if g.changed})
+            _log.info("DRA targets of %s cleared: no pod waits for their free placements",
+                      ", ".join(nodes))  # fmt: skip
+            await self._carry_out(observed, decision.cleared)
         if decision.scale_out and self._acting():
             await self._judge(decision.scale_out)
 

@@ -430,10 +430,10 @@ class Fleet:
         )
         kubelet = side.kubelet
         assert isinstance(kubelet, standin.SimulatedKubelet)
-        slices = assembling.dra_publisher(side)
+        slices: resourceslices.SlicePublisher | None = None
         prep: drastandin.DraStandin | None = None
         desired: running.DesiredSource = side.desired_source()
-        if slices is None:
+        if not side.dra_node:
             wired = side.wire(reconciling.RunningProcesses(gpus), gpus=gpus)
             listener: running.PassListener = wired.listener
         else:
@@ -445,27 +445,21 @@ class Fleet:
                 gpus, self._api, node=node, instances=instances, specs=memory.MemoryCdi()
             )
             prep = drastandin.DraStandin(self._api, node=node, pods=self.pods, preparer=preparer)
-            wired = side.wire(
+            wired_dra = assembling.wire_dra(
+                side,
                 reconciling.AnyOf([processes, instances]),
                 gpus=gpus,
-                advertised=slices.advertised,
-                plan_listed=slices.plan_listed,
-            )
-            slices.claims_from(instances.claimed)
-            slices.use_from(wired.in_use.in_use)
-            assembling.dra_steering(
-                slices,
-                side,
-                assembling.ClusterSettings(
+                settings=assembling.ClusterSettings(
                     lease_namespace=self.settings.lease_namespace,
                     lease_name=self.settings.lease_name,
                 ),
+                claimed=instances.claimed,
                 lease=self._controller_lease(),
             )
-            # The claims prepared first, so the slices published after hold their instances;
-            # the status last, so that its PlanListed says what this pass published (the
-            # controller lets steered pods go on it, controller/pinning.listed).
-            listener = running.Listeners([prep, slices, wired.listener])
+            slices, wired = wired_dra.slices, wired_dra.wired
+            # The claims prepared first, so the slices published after hold their instances
+            # (then the status, in the order wire_dra keeps).
+            listener = running.Listeners([prep, wired_dra.listener])
             desired = running.AlsoWatching(desired, prep.fingerprint)
         agent = running.Agent(
             gpus=gpus,

@@ -56,7 +56,12 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   would serve now; otherwise the pods first fit serves are let go, each pinned to the node
   first fit picks, and the DRA nodes' targets list nothing first for them; until their claims
   are allocated, the devices first fit was predicted to give them are used instances of the
-  snapshot, and they are not planned again (:attr:`Memory.first_fit`).
+  snapshot, and they are not planned again (:attr:`Memory.first_fit`). A DRA node's target
+  holds only its used instances and the placements the plan gives pods there (a free placement
+  is listed first for any claim: :func:`drasteering.trimmed`); between plans, once no DRA pod
+  waits or is in flight, the targets a plan gave DRA pods placements in are written back to
+  their used instances (:attr:`Decision.cleared`), so a steered target does not outlive its
+  pods.
 - **Pinning.** Reserved pods are let go to kube-scheduler, pinned to their node, in the order
   of their keys, once every instance is made, the node still admits the pod (not cordoned, no
   new taint it does not tolerate: a node being drained or consolidated) and the node
@@ -556,6 +561,12 @@ class Memory:
     devices first fit was predicted to give them, while they wait: once let go and until their
     claims are allocated (in flight), their devices are used instances of the snapshot and
     they are not planned (:func:`drasteering.holding`)."""
+    dra_targets: frozenset[str] = frozenset()
+    """The DRA nodes a plan gave placements for DRA pods (free placements of their targets,
+    listed first), until a step with no plan and no DRA pod waiting or let go and unallocated
+    finds no instance there: such a step writes the targets of those with a free instance back
+    to their used instances (:attr:`Decision.cleared`). Not in the API: a controller that
+    restarts leaves a steered target to its next plan (which trims every DRA node's target)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -618,7 +629,8 @@ class Waiting:
 class Decision:
     """What one :func:`reconcile` step decided, in the order the caller carries it out:
     refuse, release, expire, pin, then carry out the plan (pinning the :attr:`steered` pods of
-    each node whose target is written) and judge the pods it left."""
+    each node whose target is written) and judge the pods it left, or write the
+    :attr:`cleared` targets."""
 
     memory: Memory
     """What the loop remembers for the next step."""
@@ -662,6 +674,11 @@ class Decision:
     lists nothing first for them)."""
     dra_check: drasteering.Check | None = None
     """The first-fit check of the round's gated DRA pods (``None``: no plan, or none waits)."""
+    cleared: plans.Plan | None = None
+    """With no :attr:`plan`, no DRA pod waiting and none let go and not yet allocated: the DRA
+    nodes of :attr:`Memory.dra_targets` whose targets still hold free placements, written back
+    to their used instances (:func:`drasteering.cleared`; the caller writes each node the plan
+    changes). ``None`` for nothing to clear."""
     scale_out: tuple[Judged, ...] = ()
     """Gated pods left unplaced for :attr:`Settings.scale_out_after_s` (all
     :attr:`Verdict.SCALE_OUT`), carried out after the plan and its verdicts."""
@@ -736,8 +753,12 @@ def reconcile(
     unplaced, scale_out = _scale_out(observed, memory, plan, judged, now=now, settings=settings)
     steered: tuple[tuple[str, str], ...] = ()
     dra_check: drasteering.Check | None = None
+    dra_pods = frozenset(p.key for p in observed.snapshot.pods if p.dra)
+    dra_targets = memory.dra_targets
+    cleared: plans.Plan | None = None
     if plan is not None:
         plan, steered, dra_check = _steering(observed, plan)
+        dra_targets |= {pl.node for pl in plan.placements if pl.pod in dra_pods}
         if dra_check is not None:
             # The gated pods are decided again by each check; the ones let go stay held.
             first_fit = {
@@ -745,6 +766,10 @@ def reconcile(
             }
             if not dra_check.steer:
                 first_fit.update((s.pod, s) for s in dra_check.first_fit)
+    elif not dra_pods and not held:
+        # Nothing waits that a DRA node's target could be for: the free placements a plan
+        # left there for pods since gone go (else its agent keeps listing them first).
+        cleared, dra_targets = drasteering.cleared(observed.snapshot, dra_targets)
     kept = Memory(
         batch=planned.batch,
         reserved_since=MappingProxyType(since),
@@ -754,6 +779,7 @@ def reconcile(
         avoid=MappingProxyType(avoid),
         waiting_since=MappingProxyType(waiting_since),
         first_fit=MappingProxyType(first_fit),
+        dra_targets=dra_targets,
     )
     return Decision(
         memory=kept,
@@ -770,6 +796,7 @@ def reconcile(
         judged=judged,
         steered=steered,
         dra_check=dra_check,
+        cleared=cleared,
         scale_out=scale_out,
         wake_at=_wake_at(observed, kept, settings=settings),
     )
@@ -792,9 +819,23 @@ def _steering(
     found = drasteering.check(
         observed.snapshot, plan, gated=gated, claims=observed.dra_claims, whole=observed.whole
     )
+    # A DRA node where a pod let go and not yet allocated waits that the plan does not place
+    # keeps the plan's target: which free placement it is being allocated is not known here.
+    placed = {pl.pod for pl in plan.placements}
+    keep = frozenset(
+        pending.pinned
+        for p in observed.snapshot.pods
+        if p.dra
+        and p.key not in placed
+        and not (pending := observed.pending.get(p.key, Pending())).gated
+        and not pending.unschedulable
+        and pending.pinned is not None
+    )
     if found is None or found.steer:
-        return plan, _steered(observed, plan), found
-    carried = drasteering.first_fit_plan(observed.snapshot, plan, gated=gated)
+        # Every DRA node's target only what the plan's pods need and what is used.
+        trimmed = drasteering.trimmed(observed.snapshot, plan, keep=keep)
+        return trimmed, _steered(observed, plan), found
+    carried = drasteering.first_fit_plan(observed.snapshot, plan, gated=gated, keep=keep)
     # In queue order: the order they are let go in is the order kube-scheduler takes them.
     return carried, tuple((s.pod, s.node) for s in found.first_fit), found
 

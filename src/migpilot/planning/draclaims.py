@@ -399,23 +399,29 @@ def parse_claim_spec(spec: Any, *, where: str) -> ClaimSpec:
 def names_class(spec: Any) -> bool:
     """Whether a ResourceClaim's ``spec`` (a ResourceClaimTemplate's ``spec.spec``) has a
     request, or a ``firstAvailable`` subrequest, of migpilot's DeviceClass. Read tolerantly,
-    never raising: the admission webhook asks it of specs not yet validated (a claim the planner
-    cannot read may still be one migpilot must hear of), and anything not shaped as the API says
-    names nothing."""
+    never raising: the admission webhook asks it of specs not yet validated, and the
+    controller of claims :func:`parse_claim_spec` refuses (a claim the planner cannot read may
+    still be one migpilot must hear of); anything not shaped as the API says names nothing. A
+    list is any sequence but a string, as :func:`parse_claim_spec` takes it, so a spec the
+    planner reads as asking for migpilot's class is one this names."""
     if not isinstance(spec, Mapping):
         return False
     devices = spec.get("devices")
     raw = devices.get("requests") if isinstance(devices, Mapping) else None
-    if not isinstance(raw, list):
-        return False
-    for r in raw:
+    for r in _items(raw):
         if not isinstance(r, Mapping):
             continue
-        first = r.get("firstAvailable")
-        subs = [r.get("exactly"), *(first if isinstance(first, list) else ())]
+        subs = [r.get("exactly"), *_items(r.get("firstAvailable"))]
         if any(isinstance(s, Mapping) and s.get("deviceClassName") == DEVICE_CLASS for s in subs):
             return True
     return False
+
+
+def _items(value: Any) -> Sequence[Any]:
+    """``value`` if it is a list (any sequence but a string or bytes), else nothing."""
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return value
+    return ()
 
 
 # --------------------------------------------------------------------------- as the planner's

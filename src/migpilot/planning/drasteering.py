@@ -14,6 +14,9 @@ the pods first fit serves are let go, each pinned to the node first fit picks, a
 listed first for them (``docs/dra.md``, "The simulator's model and figures"). This module is
 that one rule, for the control loop (:func:`migpilot.planning.control.reconcile`) and the
 simulator (:mod:`migpilot.sim.drasim`).
+It also keeps DRA targets to what pods need (:func:`trimmed`, :func:`cleared`): a free
+placement of a target is listed first for any claim, so one left past its pods would steer the
+next claims where no plan put them.
 
 First fit is predicted with the allocator model (:mod:`migpilot.planning.draalloc`): the gated
 pods in kube-scheduler's queue order (priority, then oldest first, then by key: the order the
@@ -301,17 +304,43 @@ def _in_flight(plan: plans.Plan, pods: set[str]) -> dict[str, list[str]]:
 
 
 def first_fit_plan(
-    snap: snapshot.Snapshot, plan: plans.Plan, *, gated: frozenset[str]
+    snap: snapshot.Snapshot,
+    plan: plans.Plan,
+    *,
+    gated: frozenset[str],
+    keep: frozenset[str] = frozenset(),
 ) -> plans.Plan:
     """``plan`` as a round left to first fit carries it out: the gated DRA pods' placements
     dropped (first fit places them), and every DRA node's target its used instances and the
     placements of the DRA pods let go before (in flight), so that its agent lists nothing
-    first for the pods let go now (a spec's free placements are what it lists first). Other
-    nodes keep the plan's targets and placements."""
-    keep = {pl.pod for pl in plan.placements if pl.pod not in gated}
-    placements = tuple(pl for pl in plan.placements if pl.pod in keep)
+    first for the pods let go now (a spec's free placements are what it lists first): as
+    :func:`trimmed`, without the gated pods."""
+    return trimmed(snap, plan, drop=gated, keep=keep)
+
+
+def trimmed(
+    snap: snapshot.Snapshot,
+    plan: plans.Plan,
+    *,
+    drop: frozenset[str] = frozenset(),
+    keep: frozenset[str] = frozenset(),
+) -> plans.Plan:
+    """``plan`` with the placements of the pods in ``drop`` left out and every DRA node's target
+    its used instances and the placements the plan gives pods there, nothing else: a free
+    placement of a DRA node's target is listed first by its agent for kube-scheduler to
+    allocate to any pod, so one that no pod is planned onto (the planner kept it free, or an
+    earlier target planned it for pods since gone) would steer the next claims where no plan
+    put them. The DRA nodes named in ``keep`` (where a pod let go and not yet allocated waits
+    that the plan does not place: the caller cannot tell which of the free placements it is
+    being allocated) keep the plan's target, as do the nodes not in DRA mode. ``plan`` itself
+    when the snapshot has no DRA node."""
+    dra_nodes = [n for n in snap.nodes if is_dra_node(n) and n.name not in keep]
+    if not dra_nodes:
+        if not drop:
+            return plan
+        return replace(plan, placements=tuple(pl for pl in plan.placements if pl.pod not in drop))
+    placements = tuple(pl for pl in plan.placements if pl.pod not in drop)
     targets: dict[tuple[str, int], layouts.Layout] = {}
-    dra_nodes = [n for n in snap.nodes if is_dra_node(n)]
     for node in dra_nodes:
         for g in node.gpus:
             instances = {i.instance for i in g.instances if i.used}
@@ -341,6 +370,31 @@ def first_fit_plan(
         ),
         placements=placements,
     )
+
+
+CLEARED = "dra-targets-cleared"
+"""The planner named by a plan of :func:`cleared`."""
+
+
+def cleared(
+    snap: snapshot.Snapshot, nodes: frozenset[str]
+) -> tuple[plans.Plan | None, frozenset[str]]:
+    """For a step with no plan, no DRA pod waiting and none let go and not yet allocated: the
+    plan that writes each of ``nodes`` (DRA nodes an earlier plan gave placements for DRA pods)
+    whose snapshot GPUs hold a free instance back to its used instances (``None`` when none
+    does), and the nodes of ``nodes`` to check again at the next step: those with any instance
+    left (a used one is freed when its pod goes). The free placements of a steered target
+    outlive its pods otherwise: with nobody waiting nothing replans the node, and its agent
+    keeps the instances free and listed first. An instance a claim is allocated, or that a pod
+    holds, is a used instance of the snapshot (``observing.dra_gpus``) and stays."""
+    ours = tuple(n for n in snap.nodes if n.name in nodes and is_dra_node(n))
+    dirty = tuple(n for n in ours if any(not i.used for g in n.gpus for i in g.instances))
+    watched = frozenset(n.name for n in ours if any(g.instances for g in n.gpus))
+    if not dirty:
+        return None, watched
+    only = replace(snap, nodes=dirty, pods=(), whole_pods=())
+    empty = plans.build(only, planner=CLEARED, targets={}, placements=(), unschedulable=())
+    return trimmed(only, empty), watched
 
 
 def holding(snap: snapshot.Snapshot, served: Iterable[Served]) -> snapshot.Snapshot:
