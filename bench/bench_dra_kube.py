@@ -22,7 +22,15 @@ its run time divided by it after it is Running. A run ends three seconds after t
 arrival; a pod is served when it ran by then. So the control plane's own delays (the
 controller's batch window, scheduler backoff, the fake kubelet's poll) weigh ``--speedup``
 times more, in trace time, than in the simulator; both variants pay them alike but for the
-controller's window.
+controller's window. kube-scheduler's backoff also orders its retries (``migpilot.sim.queueing``):
+at ``--speedup 100`` its 1-10 s are 100-1000 s of trace, so after a departure nearly every
+pending pod is backing off and the ones that failed fewer times go first; the simulator with
+``Backoff(100, 1000, 100)`` replays that (``--scheduler-max-backoff`` sets kube-scheduler's
+maximum).
+
+``--outcomes PATH`` writes each pod's outcome (arrival; when it was bound, Running and
+deleted; kube-scheduler's ``Scheduled`` time; its node and the devices its claim was
+allocated; its ``FailedScheduling`` count), to compare pod by pod with ``drasim``'s.
 
 Also counted: the pods the controller planned, pinned and let go (its ``MigDraPlanned``
 Events; 0 uncurated), those its first-fit check let go unsteered (``MigDraFirstFit``),
@@ -30,7 +38,8 @@ prepares the plugin refused (a claim allocated a device the node cannot make: it
 and the claims by memory given a larger profile than the smallest that holds them.
 
 Usage: python bench/bench_dra_kube.py [--traces NAME,...] [--speedup X] [--pods N]
-       [--variants uncurated,steered] [--out PATH]
+       [--variants uncurated,steered] [--scheduler-max-backoff S] [--out PATH]
+       [--outcomes PATH]
 """
 
 from __future__ import annotations
@@ -101,6 +110,14 @@ class Outcome:
     """Real seconds from the start when it was first seen Running."""
     node: str | None = None
     devices: tuple[str, ...] = ()
+    bound_at: float | None = None
+    """Real seconds from the start when it was first seen bound to a node (polled)."""
+    deleted_at: float | None = None
+    """Real seconds from the start when the run deleted it (its run time over)."""
+    scheduled_at: float | None = None
+    """Real seconds from the start of kube-scheduler's ``Scheduled`` Event (its ``eventTime``,
+    in microseconds, by the wall clock): the order kube-scheduler bound pods in, finer than
+    the poll."""
 
 
 def _say(text: str) -> None:
@@ -200,7 +217,14 @@ def _canonical(amount: int, units: tuple[tuple[str, int], ...]) -> str:
 class Scene:
     """A control plane of its own with the cluster's nodes in DRA mode."""
 
-    def __init__(self, cluster: clusters.Cluster, *, steered: bool, requests: bool) -> None:
+    def __init__(
+        self,
+        cluster: clusters.Cluster,
+        *,
+        steered: bool,
+        requests: bool,
+        backoff_s: tuple[int, int] | None = None,
+    ) -> None:
         self.allocatable = _allocatable(cluster) if requests else {}
         self.root = Path(tempfile.mkdtemp(prefix="mpdrakube-"))
         self.nodes = [(name, backend) for name, backend, _ in _node_names(cluster)]
@@ -213,7 +237,7 @@ class Scene:
             names=(kwokstages.POD_READY, kwokstages.POD_DELETE),
         )
         self.plane = controlplane.ControlPlane.start(
-            found=dataclasses.replace(found, kwok_stages=stages)
+            found=dataclasses.replace(found, kwok_stages=stages), scheduler_backoff_s=backoff_s
         )
         self.system = system.System(self.plane, self.root)
         self.kubelets: dict[str, DraKubelet] = {}
@@ -327,8 +351,11 @@ def replay(
     speedup: float,
     requests: bool,
     log: Callable[[str], None] = _say,
+    record: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Replays ``pods`` on ``scene``; the figures of the run."""
+    """Replays ``pods`` on ``scene``; the figures of the run. ``record``: a list the run
+    appends each pod's outcome to (arrival, bound and running times, node, devices, and the
+    time of kube-scheduler's ``Scheduled`` Event), in trace order."""
     client = scene.client
     first = min(p.arrival for p in pods)
     outcomes = {p.name: Outcome(p.name, p.arrival - first) for p in pods}
@@ -339,6 +366,7 @@ def replay(
     end = max(p.arrival - first for p in pods) / speedup + LINGER_S
     seq = len(pods)
     start = time.monotonic()
+    started = time.time()
     next_poll = 0.0
     next_say = 30.0
     running: set[str] = set()
@@ -358,16 +386,25 @@ def replay(
                 with contextlib.suppress(lightkube.ApiError):
                     client.delete(ResourceClaim, name, namespace=NAMESPACE)
                 deleted.add(name)
+                outcomes[name].deleted_at = now
         if now >= next_poll:
             next_poll = now + POLL_S
             for listed in client.list(Pod, namespace=NAMESPACE):
                 seen = listed.metadata.name if listed.metadata else None
                 phase = listed.status.phase if listed.status else None
+                bound = listed.spec.nodeName if listed.spec else None
+                if seen in outcomes and bound and outcomes[seen].bound_at is None:
+                    outcomes[seen].bound_at = now
                 if seen in outcomes and phase == "Running" and seen not in running:
                     running.add(seen)
                     outcome = outcomes[seen]
                     outcome.running_at = now
-                    outcome.node = listed.spec.nodeName if listed.spec else None
+                    outcome.node = bound
+                    if record is not None:
+                        # Its devices now: its claim goes when it departs.
+                        with contextlib.suppress(lightkube.ApiError):
+                            got = client.get(ResourceClaim, seen, namespace=NAMESPACE)
+                            outcome.devices = _allocated(got.to_dict())[1]
                     duration = by_name[seen].duration
                     if duration is not None and math.isfinite(duration):
                         seq += 1
@@ -385,11 +422,31 @@ def replay(
         name = doc["metadata"]["name"]
         if name in outcomes:
             outcomes[name].node, outcomes[name].devices = _allocated(doc)
-    told = Counter(
-        e.reason
-        for e in client.list(Event, namespace=NAMESPACE)
-        if e.involvedObject.name in outcomes
-    )
+    listed_events = list(client.list(Event, namespace=NAMESPACE))
+    told = Counter(e.reason for e in listed_events if e.involvedObject.name in outcomes)
+    if record is not None:
+        failed: Counter[str] = Counter()
+        for e in listed_events:
+            name = e.involvedObject.name
+            if e.reason == "Scheduled" and name in outcomes and e.eventTime is not None:
+                outcomes[name].scheduled_at = e.eventTime.timestamp() - started
+            elif e.reason == "FailedScheduling" and name in outcomes:
+                # kube-scheduler's events series: one Event, counted
+                failed[name] += (e.series.count if e.series else None) or e.count or 1
+        record.extend(
+            {
+                "name": o.name,
+                "arrival": round(o.arrival, 3),
+                "bound_at": None if o.bound_at is None else round(o.bound_at, 3),
+                "running_at": None if o.running_at is None else round(o.running_at, 3),
+                "deleted_at": None if o.deleted_at is None else round(o.deleted_at, 3),
+                "scheduled_at": None if o.scheduled_at is None else round(o.scheduled_at, 6),
+                "node": o.node,
+                "devices": list(o.devices),
+                "failed_attempts": failed[o.name],
+            }
+            for o in outcomes.values()
+        )
     figures = _figures(scene, pods, outcomes, speedup=speedup, wall=time.monotonic() - start)
     return {
         **figures,
@@ -444,7 +501,12 @@ def run(
     pods_limit: int | None,
     requests: bool = True,
     log: Callable[[str], None] = _say,
+    outcomes: dict[str, list[dict[str, Any]]] | None = None,
+    backoff_s: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
+    """The figures of ``variants`` on the traces ``names``. ``backoff_s``: kube-scheduler's
+    initial and maximum pod backoff in seconds (``None``: its defaults). ``outcomes``: a dict
+    that gets, per ``<trace>/<variant>``, each pod's outcome (:func:`replay`'s ``record``)."""
     cases = {name: (trace, spec) for name, trace, spec in bench_dra._cases(pods_limit)}
     out = []
     for name in names:
@@ -458,11 +520,18 @@ def run(
         rows = []
         for variant in variants:
             log(f"{name}: {variant}, {len(pods)} pods on {spec}, speedup {speedup:g}")
-            scene = Scene(cluster, steered=variant == "steered", requests=requests)
+            scene = Scene(
+                cluster, steered=variant == "steered", requests=requests, backoff_s=backoff_s
+            )
+            record: list[dict[str, Any]] | None = None
+            if outcomes is not None:
+                record = outcomes.setdefault(f"{name}/{variant}", [])
             try:
                 row = {
                     "variant": variant,
-                    **replay(scene, pods, speedup=speedup, requests=requests, log=log),
+                    **replay(
+                        scene, pods, speedup=speedup, requests=requests, log=log, record=record
+                    ),
                 }
             finally:
                 scene.stop()
@@ -484,6 +553,7 @@ def run(
         "command": "python bench/bench_dra_kube.py " + " ".join(sys.argv[1:]),
         "speedup": speedup,
         "requests": requests,
+        "scheduler_backoff_s": list(backoff_s) if backoff_s is not None else None,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "load_average_1min_end": round(os.getloadavg()[0], 2),
@@ -503,20 +573,46 @@ def main() -> None:
         help="pods without their CPU and memory requests, nodes without the cluster's (every "
         "node then scores alike for kube-scheduler)",
     )
+    parser.add_argument(
+        "--scheduler-max-backoff",
+        type=int,
+        default=None,
+        metavar="S",
+        help="kube-scheduler's podMaxBackoffSeconds (and podInitialBackoffSeconds 1): its "
+        "default 10 is 1000 trace seconds at --speedup 100, which reorders its retries "
+        "(docs/dra.md, 'The simulator's model and figures'); 1 keeps them in the order they "
+        "have at full time",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--outcomes",
+        type=Path,
+        default=None,
+        help="also write each pod's outcome (arrival, bound and running times, node, the "
+        "devices its claim was allocated, kube-scheduler's Scheduled time) per trace and "
+        "variant to this JSON file, to compare pod by pod with drasim's outcomes",
+    )
     args = parser.parse_args()
     variants = tuple(v for v in args.variants.split(",") if v)
     if not set(variants) <= set(VARIANTS):
         parser.error(f"--variants: {', '.join(VARIANTS)}")
     if not args.speedup > 0:
         parser.error("--speedup must be over 0")
+    if args.scheduler_max_backoff is not None and args.scheduler_max_backoff < 1:
+        parser.error("--scheduler-max-backoff must be at least 1 (kube-scheduler's minimum)")
+    outcomes: dict[str, list[dict[str, Any]]] | None = {} if args.outcomes else None
     doc = run(
         tuple(t for t in args.traces.split(",") if t),
         variants=variants,
         speedup=args.speedup,
         requests=not args.no_requests,
         pods_limit=args.pods,
+        outcomes=outcomes,
+        backoff_s=None if args.scheduler_max_backoff is None else (1, args.scheduler_max_backoff),
     )
+    if args.outcomes is not None:
+        args.outcomes.write_text(json.dumps(outcomes, indent=1) + "\n", encoding="utf-8")
+        _say(f"wrote {args.outcomes}")
     args.out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     _say(f"wrote {args.out}")
 

@@ -298,9 +298,14 @@ class ControlPlane:
         found: tools.Tools | None = None,
         scheduler_qps: int = 200,
         scheduler_burst: int = 400,
+        scheduler_backoff_s: tuple[int, int] | None = None,
         timeout: float = _START_TIMEOUT_S,
     ) -> ControlPlane:
         """Boot etcd, the apiserver, controller-manager, scheduler and KWOK; wait until they work.
+
+        ``scheduler_backoff_s``: kube-scheduler's ``podInitialBackoffSeconds`` and
+        ``podMaxBackoffSeconds`` (``None``: its defaults, 1 and 10), for a replay that compresses
+        time and wants the scheduler's retry order as it would be at full time.
 
         On any failure everything started so far is stopped and the directory deleted; the error
         carries the tail of the failing component's log.
@@ -335,6 +340,7 @@ class ControlPlane:
                 api_port=api_port,
                 scheduler_qps=scheduler_qps,
                 scheduler_burst=scheduler_burst,
+                scheduler_backoff_s=scheduler_backoff_s,
                 timeout=timeout,
             )
         except BaseException:
@@ -351,6 +357,7 @@ class ControlPlane:
         api_port: int,
         scheduler_qps: int,
         scheduler_burst: int,
+        scheduler_backoff_s: tuple[int, int] | None,
         timeout: float,
     ) -> None:
         began = time.monotonic()
@@ -449,20 +456,21 @@ class ControlPlane:
         )
         scheduler_user = self.ca.issue("scheduler", common_name="system:kube-scheduler")
         scheduler_config = d / "kube-scheduler.yaml"
-        scheduler_config.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kubescheduler.config.k8s.io/v1",
-                    "kind": "KubeSchedulerConfiguration",
-                    "clientConnection": {
-                        "kubeconfig": str(self._component_kubeconfig("scheduler", scheduler_user)),
-                        "qps": scheduler_qps,
-                        "burst": scheduler_burst,
-                    },
-                    "leaderElection": {"leaderElect": False},
-                }
-            )
-        )
+        scheduler_settings: dict[str, object] = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {
+                "kubeconfig": str(self._component_kubeconfig("scheduler", scheduler_user)),
+                "qps": scheduler_qps,
+                "burst": scheduler_burst,
+            },
+            "leaderElection": {"leaderElect": False},
+        }
+        if scheduler_backoff_s is not None:
+            initial, most = scheduler_backoff_s
+            scheduler_settings["podInitialBackoffSeconds"] = initial
+            scheduler_settings["podMaxBackoffSeconds"] = most
+        scheduler_config.write_text(yaml.safe_dump(scheduler_settings))
         run(
             "kube-scheduler",
             [

@@ -9,7 +9,7 @@ import pytest
 
 from migpilot import errors
 from migpilot.planning import draalloc, draclaims, scoring
-from migpilot.sim import clusters, drasim, nativegen, traces
+from migpilot.sim import clusters, drasim, nativegen, queueing, traces
 
 HEADER = "name,arrival,duration,requests,node_selector\n"
 
@@ -119,6 +119,51 @@ def test_a_departure_lets_a_pending_claim_in() -> None:
         expected = 12.0 if variant is drasim.Variant.STEERED else 10.0
         assert bound["b"] == pytest.approx(expected)
         assert result.pending_s[1] == pytest.approx(bound["b"] - 1.0)
+
+
+# One H100: a holds the 4g.40gb at slot 0 until 20 s; the 1g.10gb pods at slots 4-6 leave at
+# 12, 14, 16 (d, pending from 1.5 s, takes slot 4 at 12 and leaves at 18). Each departure
+# requeues big (a 4g.40gb, pending from 1 s), which fails each time; late (a 4g.40gb too)
+# comes at 19.5 and fails once. At 20 s a's departure frees the one 4g.40gb for one of them.
+RETRIES = (
+    "a,0,20,mig-4g.40gb=1;cpu=1;memory=1Gi,\n"
+    "c1,0.2,11.8,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+    "c2,0.3,13.7,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+    "c3,0.4,15.6,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+    "big,1,100,mig-4g.40gb=1;cpu=1;memory=1Gi,\n"
+    "d,1.5,6,mig-1g.10gb=1;cpu=1;memory=1Gi,\n"
+    "late,19.5,100,mig-4g.40gb=1;cpu=1;memory=1Gi,\n"
+    "end,30,1,mig-7g.80gb=1;cpu=1;memory=1Gi,\n"
+)
+
+
+def test_kube_schedulers_backoff_retries_the_pod_that_failed_less_first() -> None:
+    # kube-scheduler v1.37 (pkg/scheduler/backend/queue): big failed at 1, 12, 14, 16 and 18 s,
+    # so at 20 s it backs off until the 28 s window (10 s, the maximum); late failed once at
+    # 19.5 s, backing off until the 20 s window. Both are backing off, and the backoffQ pops
+    # the sooner done first (lessBackoffCompletedWithPriority): late gets the 4g.40gb, though
+    # big came 18.5 s before it. The simulator used to retry the oldest first.
+    pods = _pods(RETRIES)
+    cluster = clusters.parse("h100-80gb:1x1")
+    result = drasim.run(pods, cluster, drasim.Variant.UNCURATED)
+    bound = {o.name: o.bound_at for o in result.outcomes}
+    assert bound["d"] == pytest.approx(12.0)
+    assert bound["late"] == pytest.approx(20.0) and bound["big"] is None
+    assert _served(result)["late"] == ("gpu-0-mig-4g-40gb-0",)
+    # Without backoff the pods are retried in the order of their last attempts: big first.
+    fifo = drasim.run(
+        pods, cluster, drasim.Variant.UNCURATED, drasim.Settings(backoff=queueing.NO_BACKOFF)
+    )
+    bound = {o.name: o.bound_at for o in fifo.outcomes}
+    assert bound["big"] == pytest.approx(20.0) and bound["late"] is None
+    # Compressed 100 times (bench_dra_kube's --speedup 100), kube-scheduler backs off 100 times
+    # longer in trace time: the same here, late first.
+    slow = drasim.Settings(backoff=queueing.Backoff(100.0, 1000.0, 100.0))
+    bound = {
+        o.name: o.bound_at
+        for o in drasim.run(pods, cluster, drasim.Variant.UNCURATED, slow).outcomes
+    }
+    assert bound["late"] == pytest.approx(20.0)
 
 
 def test_cpu_and_node_scoring_pick_the_node() -> None:

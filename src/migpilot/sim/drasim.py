@@ -6,8 +6,9 @@ first that fits, as NVIDIA's driver does. This module answers on a trace, side b
 allocator of :mod:`migpilot.planning.draalloc`:
 
 - **uncurated**: every placement is offered; a pod's claim is tried as it arrives, and pending
-  claims again after every departure (kube-scheduler's requeue on ResourceSlice and claim
-  changes);
+  claims again after every departure (a claim's deallocation requeues every pending pod), in
+  the order kube-scheduler retries them: those whose backoff is over first, then those backing
+  off, soonest done first (:mod:`migpilot.sim.queueing`; not the oldest first);
 - **prioritized**: the same, but claims by memory are written as a ``firstAvailable`` list,
   smallest profile first (what a careful claim author can do without migpilot);
 - **steered**: pods are gated (migpilot's webhook); a batch window after a change the planner
@@ -56,7 +57,7 @@ from migpilot import errors
 from migpilot.mig import profiles
 from migpilot.planning import draalloc, draclaims, drasteering, modes, planners, plans, snapshot
 from migpilot.planning import unified as unifying
-from migpilot.sim import clusters, traces
+from migpilot.sim import clusters, queueing, traces
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 NAMESPACE = "default"
@@ -130,6 +131,12 @@ class Settings:
     plan never serves fewer pods now than first fit (``fast`` places the most pods), but when
     it serves as many its placements keep room (whole GPUs) that, on a loaded cluster, went to
     long multi-GPU pods and cost pods against first fit (docs/dra.md)."""
+    backoff: queueing.Backoff = queueing.KUBE_SCHEDULER
+    """Uncurated, prioritized and best-fit: kube-scheduler's pod backoff, in trace seconds (its
+    defaults: 1 s doubling to 10 s), which orders its retries after a departure
+    (:mod:`migpilot.sim.queueing`). A replay compressed ``k`` times on a real control plane
+    backs off ``k`` times longer in trace time: ``Backoff(k * 1.0, k * 10.0, k * 1.0)`` models
+    it. :data:`queueing.NO_BACKOFF` retries in the order of the pods' last attempts."""
     drain: bool = False
     """Run until the last pod would have ended had it started at once (pods pending at the last
     arrival are then served late); ``False``: stop one batch window after the last arrival, so
@@ -334,6 +341,10 @@ class _Pod:
         self.claim = cp.claim
         self.oversized = 0
         self.extra = 0
+        # kube-scheduler's queue: when it was added or last failed, and how often it failed.
+        self.timestamp = cp.arrival
+        self.seq = index
+        self.attempts = 0
 
 
 class _Kind(enum.IntEnum):
@@ -375,6 +386,8 @@ class _Run:
         self.slice_writes = 0
         self.steps = 0
         self.timeouts = 0
+        # Orders the failed attempts of one round (they fail one after another).
+        self.attempt_seq = len(pods)
         # (claim, node index, node version) -> devices or None: a claim tried again on a node
         # nothing changed on gets the same answer (kube-scheduler's queueing hints skip it too).
         self.tried: dict[tuple[draalloc.Claim, int, int], tuple[draalloc.Device, ...] | None] = {}
@@ -409,7 +422,7 @@ class _Run:
                 if self.gated:
                     self._plan_soon()
                 else:
-                    self._try_pending()
+                    self._try_pending(only=index)
             elif kind == _Kind.DEPART:
                 self._depart(self.pods[index])
                 if self.gated:
@@ -532,9 +545,29 @@ class _Run:
             node.walk = walk
             self.slice_writes += changed
 
-    def _try_pending(self) -> None:
-        for index in sorted(self.pending):
-            self._schedule(self.pending[index])
+    def _try_pending(self, only: int | None = None) -> None:
+        """Retry the pending pods as kube-scheduler does after an event: ``only`` the pod that
+        just came (nothing changed for the others: a new claim requeues only its pod), else
+        every pending pod (a departure deallocates a claim, which requeues them all), in
+        :func:`queueing.retry_order`."""
+        if only is not None:
+            order = [only]
+        else:
+            order = queueing.retry_order(
+                (
+                    queueing.Waiting(p.index, p.cp.planned.priority, p.timestamp, p.seq, p.attempts)
+                    for p in self.pending.values()
+                ),
+                now=self.now,
+                backoff=self.settings.backoff,
+            )
+        for index in order:
+            pod = self.pending[index]
+            if not self._schedule(pod):
+                pod.attempts += 1
+                pod.timestamp = self.now
+                self.attempt_seq += 1
+                pod.seq = self.attempt_seq
 
     # -- steering
 
