@@ -18,7 +18,10 @@ steering (``taints``: unplanned placements tainted, the planner packing nodes), 
 every round (``every-round``: planned placements listed first, nothing tainted, the planner's
 node policy following kube-scheduler's LeastAllocated) and migpilot's steering (the same with
 the first-fit check: a round is steered only if its plan serves more pods now than
-kube-scheduler's first fit would, else left to first fit; both listings). The goal (issue 26):
+kube-scheduler's first fit would, or as many and it keeps a profile placeable that first fit
+leaves nowhere; else left to first fit; both listings), and ``uncurated-100x`` (uncurated with
+kube-scheduler's backoff as bench_dra_kube.py's ``--speedup 100`` makes it weigh, 100 to 1,000
+s of trace: to compare with the real control plane, not for the goal). The goal (issue 26):
 steered serves more pods than uncurated on every trace.
 
 Traces: the six MIG-native traces of bench/bench_native.py (bench/data/native) on its 32-GPU
@@ -40,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from migpilot.planning import draalloc, scoring
-from migpilot.sim import clusters, drasim, traces
+from migpilot.sim import clusters, drasim, queueing, traces
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "bench" / "data" / "native"
@@ -59,6 +62,10 @@ NATIVE = (
     "shift-to-training-s11",
 )
 PROFILE, START = draalloc.DeviceOrder.PROFILE, draalloc.DeviceOrder.START
+COMPRESSED_100X = queueing.Backoff(initial_s=100.0, max_s=1000.0, window_s=100.0)
+"""kube-scheduler's backoff (1 s doubling to 10 s, 1 s windows) as bench_dra_kube.py's
+``--speedup 100`` replays make it weigh in trace time: the ``uncurated-100x`` run, to compare
+with the real control plane, not for the goal."""
 RUNS: tuple[tuple[str, drasim.Variant, drasim.Settings], ...] = (
     ("uncurated", drasim.Variant.UNCURATED, drasim.Settings(order=PROFILE)),
     ("uncurated", drasim.Variant.UNCURATED, drasim.Settings(order=START)),
@@ -79,12 +86,19 @@ RUNS: tuple[tuple[str, drasim.Variant, drasim.Settings], ...] = (
         ),
     ),
     ("every-round", drasim.Variant.STEERED, drasim.Settings(order=PROFILE)),
+    (
+        "uncurated-100x",
+        drasim.Variant.UNCURATED,
+        drasim.Settings(order=PROFILE, backoff=COMPRESSED_100X),
+    ),
     ("steered", drasim.Variant.STEERED, drasim.Settings(order=PROFILE, first_fit_check=True)),
     ("steered", drasim.Variant.STEERED, drasim.Settings(order=START, first_fit_check=True)),
 )
 """(name, variant, settings): ``taints`` is the first steering (issue 26's first try) and
 ``every-round`` the order steering that steers every round (the second), kept for comparison;
-``steered`` is the steering migpilot uses (order steering with the first-fit check)."""
+``steered`` is the steering migpilot uses (order steering with the first-fit check);
+``uncurated-100x`` is uncurated with kube-scheduler's backoff as time compressed 100 times
+makes it (bench_dra_kube.py), for the comparison with the real control plane only."""
 
 
 def _cases(pods: int | None) -> list[tuple[str, traces.Trace, str]]:
@@ -125,6 +139,9 @@ def _row(name: str, result: drasim.Result, wall: float) -> dict[str, Any]:
         "oversized_devices": result.oversized_devices,
         "oversized_extra_slices": result.oversized_extra_slices,
         "first_fit_check": result.settings.first_fit_check if steered else None,
+        "backoff_s": None
+        if steered
+        else [result.settings.backoff.initial_s, result.settings.backoff.max_s],
         "plan_rounds": result.plan_rounds,
         "first_fit_rounds": result.first_fit_rounds,
         "steering_misses": result.steering_misses,
@@ -163,6 +180,10 @@ def _case(trace: traces.Trace, cluster_spec: str) -> dict[str, Any]:
     }
 
 
+def _short(variant: str) -> str:
+    return "u100x" if variant == "uncurated-100x" else variant[:5]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--pods", type=int, help="only the first N pods of each trace (a test)")
@@ -199,7 +220,8 @@ def main() -> None:
         case = _case(trace, cluster_spec)
         out["cases"][name] = case
         runs = "  ".join(
-            f"{r['variant'][:5]}/{r['device_order'][:4]} {r['pods_served']:3}" for r in case["runs"]
+            f"{_short(r['variant'])}/{r['device_order'][:4]} {r['pods_served']:3}"
+            for r in case["runs"]
         )
         print(f"{name:28} {case['pods']:3} pods on {case['gpus']:2} GPUs: {runs}", flush=True)
     if not out["cases"]:
