@@ -703,6 +703,17 @@ def _pinned_to(dra: Cluster, name: str) -> list[tuple[str, str, list[str] | None
     ]
 
 
+def _lone_gated_pod(dra: Cluster, name: str, template: str) -> tuple[int, str, int]:
+    """A pod held by migpilot's gate with one claim from ``template``, alone: once Running,
+    pinned to the DRA node, the (GPU, profile, start) its claim was allocated."""
+    dra.pod(name, template, gated=True)
+    dra.wait(lambda: dra.phase(name)[0] == "Running", "the pod Running")
+    assert _pinned_to(dra, name) == [("metadata.name", "In", [DRA_NODE])]
+    device = dra.allocated(name)
+    assert device is not None
+    return _placement(device)
+
+
 def test_a_lone_gated_pod_is_left_to_first_fit_pinned_and_ungated(dra: Cluster) -> None:
     """The controller's first-fit check: a pod held by migpilot's gate asking for a
     ``4g.40gb`` (one start on an H100), alone, is served as well by kube-scheduler's first fit
@@ -712,12 +723,7 @@ def test_a_lone_gated_pod_is_left_to_first_fit_pinned_and_ungated(dra: Cluster) 
     first fit gives, which the plugin then makes. (The next test and the three pods below are
     the steered cases.)"""
     _only_templates(dra)
-    dra.pod("unsteered", "only-4g", gated=True)
-    dra.wait(lambda: dra.phase("unsteered")[0] == "Running", "the pod Running")
-    assert _pinned_to(dra, "unsteered") == [("metadata.name", "In", [DRA_NODE])]
-    device = dra.allocated("unsteered")
-    assert device is not None
-    gpu, profile, start = _placement(device)
+    gpu, profile, start = _lone_gated_pod(dra, "unsteered", "only-4g")
     assert (profile, start) == ("4g.40gb", 0)
     # nothing listed first: the target holds no placement but what is allocated
     assert {(g, p, st) for g, p, st, _ in dra.spec_instances()} <= {(gpu, profile, start)}
@@ -730,12 +736,7 @@ def test_a_lone_gated_pod_is_steered_where_first_fit_loses_room(dra: Cluster) ->
     no ``4g.40gb`` placeable (its only start is 0). The plan serves the same one pod at slot 4
     and keeps the ``4g.40gb``: the round is steered, and the real kube-scheduler allocates the
     planned placement, listed first."""
-    dra.pod("roomy", "mig-20gi", gated=True)
-    dra.wait(lambda: dra.phase("roomy")[0] == "Running", "the pod Running")
-    assert _pinned_to(dra, "roomy") == [("metadata.name", "In", [DRA_NODE])]
-    device = dra.allocated("roomy")
-    assert device is not None
-    gpu, profile, start = _placement(device)
+    gpu, profile, start = _lone_gated_pod(dra, "roomy", "mig-20gi")
     assert (profile, start) == ("3g.40gb", 4)
     assert dra.instances() == {(gpu, profile, start)}
     dra.client.delete(Pod, "roomy", namespace=dra.namespace)

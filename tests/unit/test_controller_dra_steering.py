@@ -20,7 +20,7 @@ import pytest
 from migpilot.api import gpulayouts_wire as wire
 from migpilot.controller import kubeapi, observing, pinning, running
 from migpilot.kube import objects as kubeobjects
-from migpilot.mig import catalog
+from migpilot.mig import catalog, dra
 from migpilot.planning import constraints, draclaims, planners, snapshot
 from tests.unit.test_controller_dra import _claim_doc, _dra_pod, _events, _template
 from tests.unit.test_controller_running import A100, _passes, _pod, _run, _until
@@ -152,6 +152,20 @@ def _profile_template(profile: str) -> dict[str, Any]:
     return doc
 
 
+async def _three_gated_pods(api: kubeapi.InMemoryApi) -> None:
+    """Templates by profile and three gated pods asking a 1g.10gb (``small``), a 2g.20gb
+    (``mid``) and a 4g.40gb (``large``), created one after another (kube-scheduler's queue
+    order): on one GPU first fit serves two of them, the plan three."""
+    for profile in ("1g.10gb", "2g.20gb", "4g.40gb"):
+        await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _profile_template(profile))
+    for i, (name, profile) in enumerate(
+        (("small", "1g.10gb"), ("mid", "2g.20gb"), ("large", "4g.40gb"))
+    ):
+        pod = _gated(_dra_pod(name, template=f"mig-{profile.replace('.', '-')}"))
+        pod["metadata"]["creationTimestamp"] = f"2026-01-01T00:00:0{i}Z"
+        await api.put(PODS, pod)
+
+
 def _generation(api: kubeapi.InMemoryApi, node: str) -> int:
     return int(api.objects[LAYOUTS][node]["metadata"].get("generation", 0))
 
@@ -217,15 +231,7 @@ def test_gated_dra_pods_the_plan_serves_more_of_are_steered_unreserved() -> None
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _nodes(api, "d0")
-        for profile in ("1g.10gb", "2g.20gb", "4g.40gb"):
-            await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _profile_template(profile))
-        # created one after another (kube-scheduler's queue order)
-        for i, (name, profile) in enumerate(
-            (("small", "1g.10gb"), ("mid", "2g.20gb"), ("large", "4g.40gb"))
-        ):
-            pod = _gated(_dra_pod(name, template=f"mig-{profile.replace('.', '-')}"))
-            pod["metadata"]["creationTimestamp"] = f"2026-01-01T00:00:0{i}Z"
-            await api.put(PODS, pod)
+        await _three_gated_pods(api)
         await _until("the DRA node's target", lambda: len(_spec(api, "d0")) == 3)
         await _passes(controller)
         assert _pinned(api, "ns/small") is None
@@ -243,11 +249,6 @@ def test_gated_dra_pods_the_plan_serves_more_of_are_steered_unreserved() -> None
     _run(body)
 
 
-def _device(placement: tuple[int, int, str, str | None]) -> str:
-    gpu, start, profile, _ = placement
-    return f"gpu-{gpu}-mig-{profile.replace('.', '-')}-{start}"
-
-
 def test_a_steered_target_goes_back_to_the_used_instances_once_its_pods_are_gone() -> None:
     """Three pods steered: the target holds their placements, free. Two are allocated and bound;
     the third is deleted before its claim is allocated: with no pod waiting, no plan follows,
@@ -257,14 +258,7 @@ def test_a_steered_target_goes_back_to_the_used_instances_once_its_pods_are_gone
 
     async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
         await _nodes(api, "d0")
-        for profile in ("1g.10gb", "2g.20gb", "4g.40gb"):
-            await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _profile_template(profile))
-        for i, (name, profile) in enumerate(
-            (("small", "1g.10gb"), ("mid", "2g.20gb"), ("large", "4g.40gb"))
-        ):
-            pod = _gated(_dra_pod(name, template=f"mig-{profile.replace('.', '-')}"))
-            pod["metadata"]["creationTimestamp"] = f"2026-01-01T00:00:0{i}Z"
-            await api.put(PODS, pod)
+        await _three_gated_pods(api)
         await _until("the DRA node's target", lambda: len(_spec(api, "d0")) == 3)
         for key in ("ns/small", "ns/mid", "ns/large"):
             assert await _steered(api, key, "d0") == "d0"
@@ -272,7 +266,8 @@ def test_a_steered_target_goes_back_to_the_used_instances_once_its_pods_are_gone
         # kube-scheduler allocates the small and mid pods' claims at their planned placements
         # and binds them; the large pod is deleted before its claim is allocated
         for name, profile in (("small", "1g.10gb"), ("mid", "2g.20gb")):
-            claim = _allocated(f"{name}-mig", "d0", _device(target[profile]))
+            gpu, start, _, _ = target[profile]
+            claim = _allocated(f"{name}-mig", "d0", dra.device_name(gpu, profile, start))
             await api.put(kubeobjects.Kind.RESOURCECLAIMS, claim)
             pod = copy.deepcopy(api.objects[PODS][f"ns/{name}"])
             pod["status"]["resourceClaimStatuses"] = [

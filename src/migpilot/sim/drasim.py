@@ -317,6 +317,8 @@ class Result:
 class _Node:
     def __init__(self, spec: clusters.NodeSpec, order: draalloc.DeviceOrder) -> None:
         self.spec = spec
+        self.labels = {**spec.labels, modes.MODE_LABEL: modes.Mode.DRA.value}
+        """Its labels as the controller reads a node in DRA mode."""
         self.pool = draalloc.publish(spec.name, spec.model, gpus=spec.gpus, order=order)
         self.walk = self.pool
         """The pool as the allocator walks it (order steering lists planned devices first)."""
@@ -587,7 +589,7 @@ class _Run:
         )
         return snapshot.Node(
             name=node.spec.name,
-            labels={**node.spec.labels, modes.MODE_LABEL: modes.Mode.DRA.value},
+            labels=node.labels,
             taints=(),
             unschedulable=False,
             allocatable=snapshot.Resources(node.cpu_free, node.mem_free),
