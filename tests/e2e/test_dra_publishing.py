@@ -252,8 +252,11 @@ def test_a_real_agent_on_a_node_labelled_dra_publishes_its_pool(
         devices = scene.slices()[1]
         assert devices.spec is not None and len(devices.spec.devices or []) == 25
         assert "DRA mode" in agent.log_text()
-        layout = plane.client.get(crds.GpuLayout, node)
-        assert layout.status is not None  # it reports as any agent does
+        # It reports as any agent does: a pass writes its slices first, then the GpuLayout's status.
+        agent.wait(
+            lambda: plane.client.get(crds.GpuLayout, node).status is not None,
+            "the agent's GpuLayout status",
+        )
         plugin = folder / "plugins_registry" / f"{publishing.DRIVER}-reg.sock"
         assert plugin.is_socket()  # and the DRA kubelet plugin waits for the kubelet
     finally:
