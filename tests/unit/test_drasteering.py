@@ -87,7 +87,7 @@ def test_a_lone_pod_first_fit_serves_as_the_plan_would_is_left_to_first_fit() ->
     assert found is not None and found.planned == 1
     assert found.first_fit == (drasteering.Served("ns/a", "d0", ("gpu-0-mig-4g-40gb-0",)),)
     assert found.planned_room == found.first_fit_room
-    assert not found.steer
+    assert not found.steer and not found.for_room
     # the round as first fit's: the pod's planned placement gone, the DRA node's target its
     # used instances only, so its agent lists nothing first
     carried = drasteering.first_fit_plan(
@@ -107,7 +107,7 @@ def test_a_tie_is_steered_when_the_plan_keeps_a_profile_first_fit_loses() -> Non
     assert found.first_fit[0].devices == ("gpu-0-mig-1g-10gb-0",)
     assert ("h100-80gb", "4g.40gb") in found.planned_room - found.first_fit_room
     assert found.planned_room > found.first_fit_room
-    assert found.steer
+    assert found.steer and found.for_room
 
 
 def test_room_counts_used_instances_and_taken_devices_on_dra_nodes_only() -> None:
@@ -134,6 +134,7 @@ def test_three_pods_first_fit_fragments_are_steered() -> None:
         ("ns/b", ("gpu-0-mig-2g-20gb-2",)),
     ]
     assert found.planned == 3 and found.steer
+    assert not found.for_room  # steered for the third pod, not for room
     assert {pl.pod for pl in plan.placements} == {p.key for p in pods}
 
 

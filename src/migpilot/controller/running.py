@@ -1172,7 +1172,7 @@ class Controller:
                 else "its placements"
             )
             why = ""
-            if check is not None and check.steer and check.planned == len(check.first_fit):
+            if check is not None and check.for_room:
                 kept = ", ".join(f"{p} ({m})" for m, p in sorted(check.kept))
                 why = (
                     f"; first fit would serve as many now ({check.planned}) but leave no "

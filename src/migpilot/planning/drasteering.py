@@ -79,9 +79,13 @@ class Check:
         keeps every kind of room first fit keeps and one more (a profile of some GPU model that
         fits somewhere after the plan and nowhere after first fit)."""
         served = len(self.first_fit)
-        return self.planned > served or (
-            self.planned == served and self.planned_room > self.first_fit_room
-        )
+        return self.planned > served or self.for_room
+
+    @property
+    def for_room(self) -> bool:
+        """Steered on a tie: the plan serves as many pods now as first fit, and keeps every
+        kind of room first fit keeps and one more (:attr:`kept` names it)."""
+        return self.planned == len(self.first_fit) and self.planned_room > self.first_fit_room
 
 
 Room = frozenset[tuple[str, str]]
