@@ -91,8 +91,16 @@ RUNS: tuple[tuple[str, drasim.Variant, drasim.Settings], ...] = (
         drasim.Variant.UNCURATED,
         drasim.Settings(order=PROFILE, backoff=COMPRESSED_100X),
     ),
-    ("steered", drasim.Variant.STEERED, drasim.Settings(order=PROFILE, first_fit_check=True)),
-    ("steered", drasim.Variant.STEERED, drasim.Settings(order=START, first_fit_check=True)),
+    (
+        "steered",
+        drasim.Variant.STEERED,
+        drasim.Settings(order=PROFILE, first_fit_check=True, aside=True),
+    ),
+    (
+        "steered",
+        drasim.Variant.STEERED,
+        drasim.Settings(order=START, first_fit_check=True, aside=True),
+    ),
 )
 """(name, variant, settings): ``taints`` is the first steering (issue 26's first try) and
 ``every-round`` the order steering that steers every round (the second), kept for comparison;
@@ -147,6 +155,7 @@ def _row(name: str, result: drasim.Result, wall: float) -> dict[str, Any]:
         "steering_misses": result.steering_misses,
         "slice_writes": result.slice_writes,
         "search_timeouts": result.timeouts,
+        "nodes_set_aside": result.asides,
         "wall_seconds": round(wall, 2),
     }
 

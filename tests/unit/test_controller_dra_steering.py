@@ -519,3 +519,39 @@ def test_a_pod_let_go_and_not_yet_allocated_is_planned_again_on_its_node() -> No
     # bound: none of this (its claim's device counts)
     pod["spec"]["nodeName"] = "d0"
     assert observe([]).snapshot.pods == ()
+
+
+def test_a_node_is_set_aside_for_the_lone_pod_no_node_can_take_and_it_is_told() -> None:
+    """A 7g.80gb that neither DRA node can take (d0's GPU has a 2g.20gb allocated, d1's a
+    1g.10gb): d1, with the fewest compute slices in use, is set aside for it, and the pod is
+    told once; a 1g.10gb that comes next is planned on d0, though spread would pick d1."""
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _nodes(api, "d0", "d1")
+        held = _allocated("held0", "d0", "gpu-0-mig-2g-20gb-0")
+        held["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"] = (
+            'device.attributes["mig.migpilot.io"].profile == "2g.20gb"'
+        )
+        await api.put(kubeobjects.Kind.RESOURCECLAIMS, held)
+        await api.put(
+            kubeobjects.Kind.RESOURCECLAIMS, _allocated("held1", "d1", "gpu-0-mig-1g-10gb-6")
+        )
+        for profile in ("7g.80gb", "1g.10gb"):
+            await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _profile_template(profile))
+        await api.put(PODS, _gated(_dra_pod("whole", template="mig-7g-80gb")))
+
+        def aside() -> list[str]:
+            return [m for r, m in _events(api, "whole") if r == "MigDraNodeSetAside"]
+
+        await _until("the pod told a node is set aside", lambda: bool(aside()))
+        (message,) = aside()
+        assert message.startswith("no node can take it now; node d1 could once its instances end")
+        pod = _gated(_dra_pod("small", template="mig-1g-10gb"))
+        pod["metadata"]["creationTimestamp"] = "2026-01-01T00:00:09Z"
+        await api.put(PODS, pod)
+        assert await _steered(api, "ns/small", "d0", "d1") == "d0"
+        await _passes(controller)
+        assert len(aside()) == 1  # told once, not at every plan
+        assert _pinned(api, "ns/whole") is None
+
+    _run(body)

@@ -477,3 +477,112 @@ def test_a_plan_keeps_the_target_of_a_node_where_a_pod_in_flight_is_not_placed()
     assert _layout(decision.plan, "d1") == [("1g.10gb", 6), ("4g.40gb", 0)]
     assert _layout(decision.plan, "d2") == [("1g.10gb", 0)]
     assert _layout(decision.plan, "d0") == [("7g.80gb", 0)]
+
+
+# -- a node set aside for the one pod no node can take now
+
+
+def _aside_cluster() -> tuple[snapshot.Node, ...]:
+    """Two DRA nodes of one H100 each, neither with room for a 7g.80gb now: d0 holds one
+    compute slice in use, d1 two."""
+    return (_node("d0", used=(("1g.10gb", 6),)), _node("d1", used=(("2g.20gb", 4),)))
+
+
+def _planned(snap: snapshot.Snapshot) -> plans.Plan:
+    return planners.run(snap, "fast")
+
+
+def test_a_node_is_set_aside_for_the_one_pod_no_node_can_take_now() -> None:
+    nodes = _aside_cluster()
+    big, small = _pod("big", "7g.80gb"), _pod("small", "1g.10gb")
+    snap = snapshot.Snapshot(nodes=nodes, pods=(big, small))
+    plan = _planned(snap)
+    assert {pl.pod for pl in plan.placements} == {"ns/small"}
+    gated = frozenset({big.key, small.key})
+    found = drasteering.set_aside(snap, plan, gated=gated, previous=None, planner=_planned)
+    # the node with the fewest compute slices in use of those that could take it emptied
+    assert found == drasteering.Aside("ns/big", "d0")
+    # the one set aside before stays while it still could (no flip between rounds)
+    before = drasteering.Aside("ns/big", "d1")
+    assert drasteering.set_aside(snap, plan, gated=gated, previous=before, planner=_planned) == (
+        before
+    )
+    # not for a pod let go (kube-scheduler's now), nor for a pod of a device-plugin node
+    assert (
+        drasteering.set_aside(snap, plan, gated=frozenset({small.key}), previous=None,
+                              planner=_planned) is None
+    )  # fmt: skip
+    plain = dataclasses.replace(big, dra=False)
+    assert (
+        drasteering.set_aside(
+            dataclasses.replace(snap, pods=(plain, small)), plan, gated=gated, previous=None,
+            planner=_planned,
+        )
+        is None
+    )  # fmt: skip
+
+
+def test_no_node_is_set_aside_while_another_pod_waits_too_or_none_could_take_it() -> None:
+    nodes = _aside_cluster()
+    gated = frozenset({"ns/big", "ns/big2"})
+    two = snapshot.Snapshot(nodes=nodes, pods=(_pod("big", "7g.80gb"), _pod("big2", "7g.80gb")))
+    assert drasteering.set_aside(two, _planned(two), gated=gated, previous=None,
+                                 planner=_planned) is None  # fmt: skip
+    # a node not in DRA mode, or cordoned, is never set aside
+    others = (
+        _node("p0", used=(("1g.10gb", 6),), labels={}),
+        dataclasses.replace(_node("d2", used=(("1g.10gb", 6),)), unschedulable=True),
+    )
+    one = snapshot.Snapshot(nodes=others, pods=(_pod("big", "7g.80gb"),))
+    assert drasteering.set_aside(one, _planned(one), gated=gated, previous=None,
+                                 planner=_planned) is None  # fmt: skip
+
+
+def test_the_node_set_aside_keeps_the_other_gated_dra_pods_off_it_while_they_fit() -> None:
+    nodes = _aside_cluster()
+    big, small = _pod("big", "7g.80gb"), _pod("small", "1g.10gb")
+    snap = snapshot.Snapshot(nodes=nodes, pods=(big, small))
+    aside = drasteering.Aside("ns/big", "d0")
+    gated = frozenset({big.key, small.key})
+    kept = drasteering.kept_aside(snap, aside, gated)
+    assert kept.pods[0] == big  # its own pod is not kept off
+    plan = _planned(kept)
+    assert [(pl.pod, pl.node) for pl in plan.placements] == [("ns/small", "d1")]
+    assert not drasteering.aside_costs(plan, lambda: _planned(snap), snap, aside)
+    # d1 full: keeping the small pod off d0 would leave it waiting, so it costs a pod now
+    full = (nodes[0], _node("d1", used=(("7g.80gb", 0),)))
+    snap = snapshot.Snapshot(nodes=full, pods=(big, small))
+    plan = _planned(drasteering.kept_aside(snap, aside, gated))
+    assert plan.placements == ()
+    assert drasteering.aside_costs(plan, lambda: _planned(snap), snap, aside)
+    # still_aside: only while its pod waits gated and its node is a DRA node admitting pods
+    assert drasteering.still_aside(aside, snap, gated) == aside
+    assert drasteering.still_aside(aside, snap, frozenset({small.key})) is None
+    cordoned = (dataclasses.replace(nodes[0], unschedulable=True), nodes[1])
+    assert drasteering.still_aside(aside, dataclasses.replace(snap, nodes=cordoned), gated) is None
+
+
+def test_the_loop_sets_a_node_aside_and_plans_the_others_elsewhere_until_it_costs_a_pod() -> None:
+    nodes = _aside_cluster()
+    big, small = _pod("big", "7g.80gb"), _pod("small", "1g.10gb")
+    observed = control.Observed(
+        snapshot.Snapshot(nodes=nodes, pods=(big,)), dra_claims=_claims(big)
+    )
+    first = _step(observed, control.Memory())
+    assert first.dra_aside == drasteering.Aside("ns/big", "d0")  # newly set aside: said
+    assert first.memory.dra_aside == first.dra_aside
+    # the next small pod goes to d1, though d0 has more room (spread would pick d0)
+    observed = control.Observed(
+        snapshot.Snapshot(nodes=nodes, pods=(big, small)), dra_claims=_claims(big, small)
+    )
+    second = _step(observed, first.memory)
+    # (first fit serves it there as the plan would: let go to first fit, pinned to d1)
+    assert second.steered == (("ns/small", "d1"),)
+    assert second.memory.dra_aside == first.dra_aside and second.dra_aside is None
+    assert _step(observed, control.Memory()).steered == (("ns/small", "d0"),)
+    # d1 full: the small pod would wait, so this round it goes to d0
+    full = (nodes[0], _node("d1", used=(("7g.80gb", 0),)))
+    observed = control.Observed(
+        snapshot.Snapshot(nodes=full, pods=(big, small)), dra_claims=_claims(big, small)
+    )
+    assert _step(observed, first.memory).steered == (("ns/small", "d0"),)

@@ -691,6 +691,8 @@ class Controller:
         await asyncio.gather(*(self._pin_one(k, observed.nodes[n]) for k, n in decision.pins))
         if decision.plan is not None:
             await self._carry_out_plan(observed, decision, timed)
+        if decision.dra_aside is not None and self._acting():
+            await self._say_aside(decision.dra_aside)
         if decision.cleared is not None and self._acting():
             nodes = sorted({g.node for g in decision.cleared.gpus if g.changed})
             _log.info("DRA targets of %s cleared: no pod waits for their free placements",
@@ -698,6 +700,20 @@ class Controller:
             await self._carry_out(observed, decision.cleared)
         if decision.scale_out and self._acting():
             await self._judge(decision.scale_out)
+
+    async def _say_aside(self, aside: drasteering.Aside) -> None:
+        """Tell the pod a DRA node is set aside for it (:attr:`control.Memory.dra_aside`)."""
+        entry = self._store.pods.get(aside.pod)
+        if entry is None:
+            return
+        _log.info("DRA node %s set aside for pod %s", aside.node, aside.pod,
+                  extra={"pod": aside.pod, "node": aside.node})  # fmt: skip
+        await self._say(
+            entry[1], type_="Normal", reason="MigDraNodeSetAside",
+            message=f"no node can take it now; node {aside.node} could once its instances end "
+            "(it has the fewest compute slices in use of those that could), so the other DRA "
+            "pods are kept off it while they fit elsewhere",
+        )  # fmt: skip
 
     async def _carry_out_plan(
         self, observed: observing.Observed, decision: control.Decision, timed: Sequence[float]

@@ -10,6 +10,7 @@ them itself. Pure functions; every planner and the plan validator share them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from migpilot import digits
@@ -168,3 +169,12 @@ class Admission:
                 found = [per_class[c] for c in self._class]
             self._admits[sig] = found
         return found
+
+
+def kept_off(pod: snapshot.Pod, nodes: frozenset[str]) -> snapshot.Pod:
+    """``pod`` admitted nowhere in ``nodes``: each term of its required node affinity (or a new
+    one) also requires the node's name not in them. An empty term matches no node and stays
+    empty."""
+    away = snapshot.Requirement("metadata.name", "NotIn", tuple(sorted(nodes)), field=True)
+    terms = tuple((*t, away) if t else t for t in pod.affinity) or ((away,),)
+    return dataclasses.replace(pod, affinity=terms)

@@ -567,6 +567,11 @@ class Memory:
     finds no instance there: such a step writes the targets of those with a free instance back
     to their used instances (:attr:`Decision.cleared`). Not in the API: a controller that
     restarts leaves a steered target to its next plan (which trims every DRA node's target)."""
+    dra_aside: drasteering.Aside | None = None
+    """The DRA node set aside for the one gated DRA pod no node can take now
+    (:func:`drasteering.set_aside`): the plans keep the other gated DRA pods off it while that
+    leaves none of them waiting. Not in the API: a restarted controller sets one aside again at
+    its first plan."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -674,6 +679,9 @@ class Decision:
     lists nothing first for them)."""
     dra_check: drasteering.Check | None = None
     """The first-fit check of the round's gated DRA pods (``None``: no plan, or none waits)."""
+    dra_aside: drasteering.Aside | None = None
+    """A DRA node newly set aside by this step (``None``: none, or the same as before), for the
+    caller to tell its pod (:attr:`Memory.dra_aside` holds the current one)."""
     cleared: plans.Plan | None = None
     """With no :attr:`plan`, no DRA pod waiting and none let go and not yet allocated: the DRA
     nodes of :attr:`Memory.dra_targets` whose targets still hold free placements, written back
@@ -733,14 +741,20 @@ def reconcile(
     steps = avoiding(planner, _by_pod(avoid)) if avoid else planner
     if settings.age_after_s is not None:
         steps = ageing(steps, waiting_since, now=now, settings=settings)
-    planned = decide(
-        snap,
-        batch,
-        now=now,
-        planner=steps,
-        backlog=backlog,
-        settings=settings,
+    gated_dra = frozenset(
+        p.key
+        for p in observed.snapshot.pods
+        if p.dra and observed.pending.get(p.key, Pending()).gated
     )
+    aside = drasteering.still_aside(memory.dra_aside, snap, gated_dra)
+    plan_on = functools.partial(
+        decide, batch=batch, now=now, planner=steps, backlog=backlog, settings=settings
+    )
+    planned = plan_on(drasteering.kept_aside(snap, aside, gated_dra) if aside else snap)
+    if aside is not None and planned.plan is not None:
+        plain = functools.cache(lambda: plan_on(snap))
+        if drasteering.aside_costs(planned.plan, lambda: plain().plan, snap, aside):
+            planned, aside = plain(), None
     plan = planned.plan
     unfit: tuple[str, ...] = ()
     if plan is not None:
@@ -756,8 +770,17 @@ def reconcile(
     dra_pods = frozenset(p.key for p in observed.snapshot.pods if p.dra)
     dra_targets = memory.dra_targets
     cleared: plans.Plan | None = None
+    next_aside = aside
     if plan is not None:
-        plan, steered, dra_check = _steering(observed, plan)
+        next_aside = drasteering.set_aside(
+            observed.snapshot, plan, gated=gated_dra, previous=aside, planner=planner
+        )
+        checked = observed
+        if aside is not None:
+            checked = replace(
+                observed, snapshot=drasteering.kept_aside(observed.snapshot, aside, gated_dra)
+            )
+        plan, steered, dra_check = _steering(checked, plan)
         dra_targets |= {pl.node for pl in plan.placements if pl.pod in dra_pods}
         if dra_check is not None:
             # The gated pods are decided again by each check; the ones let go stay held.
@@ -780,6 +803,7 @@ def reconcile(
         waiting_since=MappingProxyType(waiting_since),
         first_fit=MappingProxyType(first_fit),
         dra_targets=dra_targets,
+        dra_aside=next_aside,
     )
     return Decision(
         memory=kept,
@@ -796,6 +820,7 @@ def reconcile(
         judged=judged,
         steered=steered,
         dra_check=dra_check,
+        dra_aside=next_aside if next_aside != memory.dra_aside else None,
         cleared=cleared,
         scale_out=scale_out,
         wake_at=_wake_at(observed, kept, settings=settings),
@@ -944,7 +969,9 @@ def avoiding(planner: Planner, avoid: Mapping[str, frozenset[str]]) -> Planner:
                 kept_off[pod.key] = nodes
         if not kept_off:
             return planner(snap)
-        pods = tuple(_kept_off(p, kept_off[p.key]) if p.key in kept_off else p for p in snap.pods)
+        pods = tuple(
+            constraints.kept_off(p, kept_off[p.key]) if p.key in kept_off else p for p in snap.pods
+        )
         found = planner(replace(snap, pods=pods))
         plain = planner(snap)
         if any(u.pod in kept_off for u in found.unschedulable) or len(found.placements) < len(
@@ -954,15 +981,6 @@ def avoiding(planner: Planner, avoid: Mapping[str, frozenset[str]]) -> Planner:
         return found
 
     return plan
-
-
-def _kept_off(pod: snapshot.Pod, nodes: frozenset[str]) -> snapshot.Pod:
-    """``pod`` admitted nowhere in ``nodes``: each term of its required node affinity (or a new
-    one) also requires the node's name not in them. An empty term matches no node and stays
-    empty."""
-    away = snapshot.Requirement("metadata.name", "NotIn", tuple(sorted(nodes)), field=True)
-    terms = tuple((*t, away) if t else t for t in pod.affinity) or ((away,),)
-    return replace(pod, affinity=terms)
 
 
 def _waiting_since(observed: Observed, memory: Memory, *, now: float) -> dict[str, float]:

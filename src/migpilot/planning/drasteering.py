@@ -37,12 +37,20 @@ Pure: frozen dataclasses and functions, no clock, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from migpilot import errors
 from migpilot.mig import dra, layouts
-from migpilot.planning import constraints, draalloc, draclaims, modes, plans, snapshot
+from migpilot.planning import (
+    constraints,
+    draalloc,
+    draclaims,
+    incremental,
+    modes,
+    plans,
+    snapshot,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,3 +466,125 @@ def holding(snap: snapshot.Snapshot, served: Iterable[Served]) -> snapshot.Snaps
                 held.add(s.pod)
         nodes.append(replace(node, gpus=tuple(gpus[g.index] for g in node.gpus)))
     return replace(snap, nodes=tuple(nodes), pods=tuple(p for p in snap.pods if p.key not in held))
+
+
+Planner = Callable[[snapshot.Snapshot], plans.Plan]
+"""A planner with its options bound (as :data:`migpilot.planning.control.Planner`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Aside:
+    """A DRA node set aside for the one waiting pod no node can take now but this one could,
+    once the instances on it end (a pod of a whole node, or of several whole GPUs): the other
+    gated DRA pods are kept off it while that leaves none of them waiting (:func:`set_aside`).
+
+    Why: kube-scheduler's ``LeastAllocated`` score sends each small claim to the emptiest node,
+    the very node a pod of a whole node waits for, so on a cluster with room to spare that pod
+    waits until the trace ends (the openb window of ``bench/bench_dra.py``). Set aside only
+    while that pod is the only one waiting: on a loaded cluster a node kept for a long pod of a
+    whole node costs many small pods (``docs/dra.md``, "A node set aside")."""
+
+    pod: str
+    node: str
+
+
+def set_aside(
+    snap: snapshot.Snapshot,
+    plan: plans.Plan,
+    *,
+    gated: frozenset[str],
+    previous: Aside | None,
+    planner: Planner,
+) -> Aside | None:
+    """The node to set aside after ``plan`` of ``snap`` (``None``: none). Only when exactly one
+    pod of ``snap`` is left unplaced, a gated DRA pod (named in ``gated``), and some DRA node
+    could take it alone with its instances gone (``planner`` asked of that node emptied):
+    ``previous`` if it is for that pod and still such a node, else the one of them with the
+    fewest compute slices in use (then by name), which frees soonest as far as migpilot can
+    know."""
+    placed = {pl.pod for pl in plan.placements}
+    unplaced = [p for p in snap.pods if p.key not in placed]
+    if len(unplaced) != 1:
+        return None
+    (pod,) = unplaced
+    if not pod.dra or pod.key not in gated:
+        return None
+
+    def could(node: snapshot.Node) -> bool:
+        if not is_dra_node(node) or node.unschedulable:
+            return False
+        emptied = replace(
+            node,
+            gpus=tuple(replace(g, instances=()) for g in node.gpus),
+            allocatable=node.capacity or node.allocatable,
+        )
+        if not incremental.might_hold(pod, emptied):
+            return False
+        return bool(planner(snapshot.Snapshot(nodes=(emptied,), pods=(pod,))).placements)
+
+    if previous is not None and previous.pod == pod.key:
+        node = next((n for n in snap.nodes if n.name == previous.node), None)
+        if node is not None and could(node):
+            return previous
+    for node in sorted(snap.nodes, key=lambda n: (_used_slices(n), n.name)):
+        if could(node):
+            return Aside(pod.key, node.name)
+    return None
+
+
+def _used_slices(node: snapshot.Node) -> int:
+    """Compute slices of ``node``'s GPUs held by used instances."""
+    return sum(
+        g.model.profile_named(i.profile).compute_slices
+        for g in node.gpus
+        for i in g.instances
+        if i.used
+    )
+
+
+def still_aside(
+    aside: Aside | None, snap: snapshot.Snapshot, gated: frozenset[str]
+) -> Aside | None:
+    """``aside`` while its pod still waits gated in ``snap`` and its node is still a DRA node
+    there that admits pods; else ``None``."""
+    if aside is None or aside.pod not in gated or all(p.key != aside.pod for p in snap.pods):
+        return None
+    node = next((n for n in snap.nodes if n.name == aside.node), None)
+    if node is None or not is_dra_node(node) or node.unschedulable:
+        return None
+    return aside
+
+
+def kept_aside(snap: snapshot.Snapshot, aside: Aside, gated: frozenset[str]) -> snapshot.Snapshot:
+    """``snap`` with every gated DRA pod but ``aside``'s kept off its node
+    (:func:`constraints.kept_off`): planned, and predicted by first fit, elsewhere."""
+    away = frozenset({aside.node})
+    return replace(
+        snap,
+        pods=tuple(
+            constraints.kept_off(p, away) if p.dra and p.key in gated and p.key != aside.pod else p
+            for p in snap.pods
+        ),
+    )
+
+
+def aside_costs(
+    kept: plans.Plan,
+    plain: Callable[[], plans.Plan | None],
+    snap: snapshot.Snapshot,
+    aside: Aside,
+) -> bool:
+    """Whether setting ``aside``'s node aside costs a pod its place now: true when ``kept`` (the
+    plan of :func:`kept_aside`'s snapshot) leaves waiting a pod other than ``aside``'s that the
+    node might hold (``snap`` is the snapshot as it is) and the plan of ``snap`` (``plain()``,
+    planned only then) places more pods. The caller then carries out that plan: the node is
+    not set aside this round."""
+    placed = {pl.pod for pl in kept.placements}
+    node = next((n for n in snap.nodes if n.name == aside.node), None)
+    if node is None or not any(
+        p.key not in placed and p.key != aside.pod and incremental.might_hold(p, node)
+        for p in snap.pods
+    ):
+        return False
+    other = plain()
+    return other is not None and len(other.placements) > len(kept.placements)

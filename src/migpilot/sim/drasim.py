@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import heapq
 import math
 import random
@@ -131,6 +132,9 @@ class Settings:
     plan never serves fewer pods now than first fit (``fast`` places the most pods), but when
     it serves as many its placements keep room (whole GPUs) that, on a loaded cluster, went to
     long multi-GPU pods and cost pods against first fit (docs/dra.md)."""
+    aside: bool = False
+    """Steered: set a DRA node aside for the one gated pod no node can take now, as the
+    controller does (:func:`drasteering.set_aside`); ``bench_dra.py``'s ``steered`` runs do."""
     backoff: queueing.Backoff = queueing.KUBE_SCHEDULER
     """Uncurated, prioritized and best-fit: kube-scheduler's pod backoff, in trace seconds (its
     defaults: 1 s doubling to 10 s), which orders its retries after a departure
@@ -302,6 +306,8 @@ class Result:
     """Steered: ResourceSlice updates the taints took (one per node whose taints changed)."""
     search_steps: int
     timeouts: int
+    asides: int
+    """Steered with :attr:`Settings.aside`: times a node was set aside for a pod."""
     end: float
     outcomes: tuple[PodOutcome, ...]
 
@@ -385,6 +391,8 @@ class _Run:
         self.plan_rounds = 0
         self.first_fit_rounds = 0
         self.misses = 0
+        self.aside: drasteering.Aside | None = None
+        self.asides = 0
         self.slice_writes = 0
         self.steps = 0
         self.timeouts = 0
@@ -609,7 +617,7 @@ class _Run:
             policy=self.settings.planner_node_policy(),
             gpu_policy=self.settings.gpu_policy,
         )
-        plan = planners.run(snap, self.settings.planner)
+        snap, plan = self._plan(snap, frozenset(p.cp.planned.key for p in gated))
         offered: dict[str, set[str]] = {n.spec.name: set() for n in self.nodes}
         for placement in plan.placements:
             for inst in placement.instances:
@@ -666,6 +674,28 @@ class _Run:
         # at least its first planned pod (nothing is taken before it), so this ends.
         if served and missed:
             self._plan_soon()
+
+    def _plan(
+        self, snap: snapshot.Snapshot, gated: frozenset[str]
+    ) -> tuple[snapshot.Snapshot, plans.Plan]:
+        """The round's plan, and the snapshot its first-fit check reads: with
+        :attr:`Settings.aside`, the other pods kept off the node set aside while that costs
+        none of them its place now, as :func:`migpilot.planning.control.reconcile` does."""
+
+        def planner(s: snapshot.Snapshot) -> plans.Plan:
+            return planners.run(s, self.settings.planner)
+
+        if not self.settings.aside:
+            return snap, planner(snap)
+        aside = drasteering.still_aside(self.aside, snap, gated)
+        used = drasteering.kept_aside(snap, aside, gated) if aside else snap
+        plan = planner(used)
+        plain = functools.cache(lambda: planner(snap))
+        if aside is not None and drasteering.aside_costs(plan, plain, snap, aside):
+            used, plan, aside = snap, plain(), None
+        self.aside = drasteering.set_aside(snap, plan, gated=gated, previous=aside, planner=planner)
+        self.asides += self.aside is not None and self.aside != aside
+        return used, plan
 
     def _first_fit(
         self, gated: Sequence[_Pod], snap: snapshot.Snapshot, plan: plans.Plan
@@ -779,6 +809,7 @@ class _Run:
             slice_writes=self.slice_writes,
             search_steps=self.steps,
             timeouts=self.timeouts,
+            asides=self.asides,
             end=self.end,
             outcomes=tuple(outcomes),
         )
