@@ -586,3 +586,18 @@ def test_the_loop_sets_a_node_aside_and_plans_the_others_elsewhere_until_it_cost
         snapshot.Snapshot(nodes=full, pods=(big, small)), dra_claims=_claims(big, small)
     )
     assert _step(observed, first.memory).steered == (("ns/small", "d0"),)
+
+
+def test_a_controller_just_started_clears_a_target_an_earlier_one_steered() -> None:
+    """A restarted controller cannot know which DRA nodes an earlier one steered: its first
+    step with nobody waiting treats every DRA node so, and writes back the one whose target
+    still holds a free placement (the node not in DRA mode is not touched)."""
+    steered = _node("d0", used=(("1g.10gb", 6),), free=(("4g.40gb", 0),))
+    plain = _node("d1")
+    other = _node("p0", free=(("1g.10gb", 0),), labels={})
+    quiet = control.Observed(snapshot.Snapshot((steered, plain, other), ()), changed=False)
+    started = _step(quiet, control.Memory(), due=False)
+    assert started.cleared is not None
+    assert {g.node for g in started.cleared.gpus} == {"d0"}
+    assert _layout(started.cleared, "d0") == [("1g.10gb", 6)]
+    assert started.memory.dra_targets == {"d0"}  # d1 holds nothing: forgotten at once

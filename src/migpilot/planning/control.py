@@ -561,12 +561,13 @@ class Memory:
     devices first fit was predicted to give them, while they wait: once let go and until their
     claims are allocated (in flight), their devices are used instances of the snapshot and
     they are not planned (:func:`drasteering.holding`)."""
-    dra_targets: frozenset[str] = frozenset()
+    dra_targets: frozenset[str] | None = None
     """The DRA nodes a plan gave placements for DRA pods (free placements of their targets,
     listed first), until a step with no plan and no DRA pod waiting or let go and unallocated
     finds no instance there: such a step writes the targets of those with a free instance back
-    to their used instances (:attr:`Decision.cleared`). Not in the API: a controller that
-    restarts leaves a steered target to its next plan (which trims every DRA node's target)."""
+    to their used instances (:attr:`Decision.cleared`). ``None`` (a controller just started,
+    which cannot know what an earlier one steered): every DRA node of the first step, so a
+    target steered before a restart is cleared as any other."""
     dra_aside: drasteering.Aside | None = None
     """The DRA node set aside for the one gated DRA pod no node can take now
     (:func:`drasteering.set_aside`): the plans keep the other gated DRA pods off it while that
@@ -769,6 +770,10 @@ def reconcile(
     dra_check: drasteering.Check | None = None
     dra_pods = frozenset(p.key for p in observed.snapshot.pods if p.dra)
     dra_targets = memory.dra_targets
+    if dra_targets is None:
+        dra_targets = frozenset(
+            n.name for n in observed.snapshot.nodes if drasteering.is_dra_node(n)
+        )
     cleared: plans.Plan | None = None
     next_aside = aside
     if plan is not None:
