@@ -68,17 +68,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 import lightkube  # noqa: E402
 import yaml  # noqa: E402
 from lightkube import codecs  # noqa: E402
-from lightkube.models.core_v1 import (  # noqa: E402
-    Container,
-    PodResourceClaim,
-    PodSpec,
-    ResourceRequirements,
-)
-from lightkube.models.core_v1 import ResourceClaim as ContainerClaim  # noqa: E402
 from lightkube.models.meta_v1 import ObjectMeta  # noqa: E402
 from lightkube.resources.core_v1 import Event, Namespace, Pod  # noqa: E402
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice  # noqa: E402
-from tests.kube import controlplane, kwokstages, system, tools  # noqa: E402
+from tests.kube import controlplane, drapods, kwokstages, system, tools  # noqa: E402
 from tests.kube.drakubelet import DraKubelet  # noqa: E402
 
 import bench_dra  # noqa: E402
@@ -172,22 +165,7 @@ def _pod(name: str, cp: drasim.ClaimPod, *, requests: bool) -> Pod:
         if requests and (cp.cpu_milli or cp.memory_bytes)
         else None
     )
-    return Pod(
-        metadata=ObjectMeta(name=name, namespace=NAMESPACE),
-        spec=PodSpec(
-            containers=[
-                Container(
-                    name="app",
-                    image="app",
-                    resources=ResourceRequirements(
-                        claims=[ContainerClaim(name="mig")], requests=asked
-                    ),
-                )
-            ],
-            resourceClaims=[PodResourceClaim(name="mig", resourceClaimName=name)],
-            terminationGracePeriodSeconds=0,
-        ),
-    )
+    return drapods.claim_pod(name, NAMESPACE, claim=name, requests=asked, grace_s=0)
 
 
 def _node_names(cluster: clusters.Cluster) -> list[tuple[str, str, profiles.GpuModel]]:

@@ -32,14 +32,12 @@ import lightkube
 import pytest
 import yaml
 from lightkube import codecs
-from lightkube.models.core_v1 import Container, PodResourceClaim, PodSpec, ResourceRequirements
-from lightkube.models.core_v1 import ResourceClaim as ContainerClaim
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Namespace, Pod
-from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.resources.resource_v1 import ResourceSlice
 
 from migpilot.agent.dra import publishing
-from tests.kube import controlplane, kwokstages, system, tools
+from tests.kube import controlplane, drapods, kwokstages, system, tools
 from tests.kube.drakubelet import DraKubelet
 
 pytestmark = pytest.mark.kube
@@ -63,23 +61,10 @@ class Scene:
         return self.plane.client
 
     def wait(self, probe: Callable[[], T | None], what: str) -> T:
-        try:
-            return controlplane.wait_for(
-                probe, what=what, timeout=WAIT_S, watch=self.system.components()
-            )
-        except controlplane.ControlPlaneError as err:
-            raise AssertionError(f"{err}\n{self.dump()}") from None
+        return drapods.wait(self.system, probe, what, timeout=WAIT_S, dump=self.dump)
 
     def dump(self) -> str:
-        lines = []
-        for p in self.client.list(Pod, namespace=self.namespace):
-            assert p.metadata is not None and p.spec is not None and p.status is not None
-            gates = [g.name for g in p.spec.schedulingGates or ()]
-            lines.append(f"pod {p.metadata.name}: {p.status.phase} on {p.spec.nodeName} {gates}")
-        for c in self.client.list(ResourceClaim, namespace=self.namespace):
-            d = c.to_dict()
-            lines.append(f"claim {d['metadata']['name']}: {d.get('status') or {}}")
-        return "\n".join(lines) + "\n" + self.system.logs()
+        return "\n".join(drapods.described(self.client, self.namespace)) + "\n" + self.system.logs()
 
     def pod(self, name: str, profile: str, *, cpu: str, node: str | None = None) -> None:
         """A pod of one claim of ``profile`` (its template, made here) asking ``cpu``, through
@@ -87,23 +72,8 @@ class Scene:
         template = f"only-{profile.replace('.', '-')}"
         self._template(template, profile)
         self.client.create(
-            Pod(
-                metadata=ObjectMeta(name=name, namespace=self.namespace),
-                spec=PodSpec(
-                    containers=[
-                        Container(
-                            name="app",
-                            image="app",
-                            resources=ResourceRequirements(
-                                claims=[ContainerClaim(name="mig")], requests={"cpu": cpu}
-                            ),
-                        )
-                    ],
-                    resourceClaims=[
-                        PodResourceClaim(name="mig", resourceClaimTemplateName=template)
-                    ],
-                    nodeSelector={"kubernetes.io/hostname": node} if node else None,
-                ),
+            drapods.claim_pod(
+                name, self.namespace, template=template, requests={"cpu": cpu}, node=node
             )
         )
 

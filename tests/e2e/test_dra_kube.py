@@ -39,13 +39,8 @@ import yaml
 from lightkube import codecs
 from lightkube.models.core_v1 import (
     Container,
-    PodResourceClaim,
     PodSchedulingGate,
     PodSpec,
-    ResourceRequirements,
-)
-from lightkube.models.core_v1 import (
-    ResourceClaim as ContainerClaim,
 )
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod
@@ -57,7 +52,7 @@ from migpilot.api import gpulayouts_wire as wire
 from migpilot.gpu import emulated
 from migpilot.mig import catalog, profiles
 from migpilot.webhook import registering
-from tests.kube import controlplane, crds, kwokstages, system, tools
+from tests.kube import controlplane, crds, drapods, kwokstages, system, tools
 from tests.kube.drakubelet import DraKubelet
 from tests.kube.scenes import container
 
@@ -105,22 +100,11 @@ class Cluster:
         controlplane.stop_components([self.system.agents.pop(DRA_NODE)])
 
     def wait(self, probe: Callable[[], T | None], what: str, timeout: float = WAIT_S) -> T:
-        try:
-            return controlplane.wait_for(
-                probe, what=what, timeout=timeout, watch=self.system.components()
-            )
-        except controlplane.ControlPlaneError as err:
-            raise AssertionError(f"{err}\n{self.dump()}") from None
+        return drapods.wait(self.system, probe, what, timeout=timeout, dump=self.dump)
 
     def dump(self) -> str:
         """Pods, claims, the kubelet's record and the agents' logs, for a failure."""
-        lines = []
-        for p in self.client.list(Pod, namespace=self.namespace):
-            assert p.metadata is not None and p.spec is not None and p.status is not None
-            lines.append(f"pod {p.metadata.name}: {p.status.phase} on {p.spec.nodeName}")
-        for c in self.client.list(ResourceClaim, namespace=self.namespace):
-            d = c.to_dict()
-            lines.append(f"claim {d['metadata']['name']}: {json.dumps(d.get('status') or {})}")
+        lines = drapods.described(self.client, self.namespace)
         lines.append(f"kubelet errors: {self.kubelet.errors()[-10:]}")
         lines.append(f"emulated GPU: {self.instances()}")
         return "\n".join(lines) + "\n" + self.system.logs()
@@ -139,29 +123,14 @@ class Cluster:
         check kube-scheduler's own allocation (over a plan the test writes) and the kubelet
         plugin; ``gated``: held by migpilot's gate (``migpilot.io/plan``) all the same, as the
         webhook gates pods, for the controller to plan."""
-        source = (
-            PodResourceClaim(name="mig", resourceClaimName=claim)
-            if claim is not None
-            else PodResourceClaim(name="mig", resourceClaimTemplateName=template)
-        )
         self.client.create(
-            Pod(
-                metadata=ObjectMeta(
-                    name=name,
-                    namespace=self.namespace,
-                    labels=None if webhook else {registering.OPT_OUT_LABEL: "disabled"},
-                ),
-                spec=PodSpec(
-                    containers=[
-                        Container(
-                            name="app",
-                            image="app",
-                            resources=ResourceRequirements(claims=[ContainerClaim(name="mig")]),
-                        )
-                    ],
-                    resourceClaims=[source],
-                    schedulingGates=[PodSchedulingGate(name=GATE)] if gated else None,
-                ),
+            drapods.claim_pod(
+                name,
+                self.namespace,
+                template=template if claim is None else None,
+                claim=claim,
+                labels=None if webhook else {registering.OPT_OUT_LABEL: "disabled"},
+                gates=(GATE,) if gated else (),
             )
         )
 

@@ -601,3 +601,41 @@ def test_a_controller_just_started_clears_a_target_an_earlier_one_steered() -> N
     assert {g.node for g in started.cleared.gpus} == {"d0"}
     assert _layout(started.cleared, "d0") == [("1g.10gb", 6)]
     assert started.memory.dra_targets == {"d0"}  # d1 holds nothing: forgotten at once
+
+
+def test_a_round_that_cannot_keep_the_node_set_aside_plans_plainly_and_keeps_it_for_later() -> None:
+    """``plan_aside``, the one round of the controller and the simulator: the pod that fits only
+    on the node set aside is planned there (the round does not keep the node), and the node
+    stays set aside after it while it still could take its pod, though another node now has
+    fewer compute slices in use (choosing afresh would flip to it)."""
+    d0 = _node("d0", used=(("1g.10gb", 0),))  # one slice in use; a 4g.40gb cannot start at 0
+    d1 = _node("d1", used=(("2g.20gb", 4),))  # two slices in use; a 4g.40gb fits at 0
+    big, small = _pod("big", "7g.80gb"), _pod("small", "4g.40gb")
+    snap = snapshot.Snapshot(nodes=(d0, d1), pods=(big, small))
+    gated = frozenset({big.key, small.key})
+    aside = drasteering.Aside("ns/big", "d1")
+    planned: list[snapshot.Snapshot] = []
+
+    def plan_on(s: snapshot.Snapshot) -> plans.Plan:
+        planned.append(s)
+        return _planned(s)
+
+    done = drasteering.plan_aside(snap, aside, gated, plan_on, lambda p: p)
+    assert [(pl.pod, pl.node) for pl in done.result.placements] == [("ns/small", "d1")]
+    assert done.kept is None and done.remembered == aside
+    assert len(planned) == 2 and planned[1] == snap  # kept first, then plainly
+    assert done.keeping(snap) == snap
+    assert done.next(snap, done.result, planner=_planned) == aside
+    fresh = drasteering.set_aside(snap, done.result, gated=gated, previous=None, planner=_planned)
+    assert fresh == drasteering.Aside("ns/big", "d0")
+    # with room elsewhere the round keeps it: the small pod is planned off d1
+    roomy = snapshot.Snapshot(nodes=(_node("d0", used=(("1g.10gb", 6),)), d1), pods=(big, small))
+    kept = drasteering.plan_aside(roomy, aside, gated, _planned, lambda p: p)
+    assert kept.kept == aside and [(pl.pod, pl.node) for pl in kept.result.placements] == [
+        ("ns/small", "d0")
+    ]
+    assert kept.keeping(roomy) == drasteering.kept_aside(roomy, aside, gated)
+    # no node set aside, or its pod gone: planned once, as it is
+    assert drasteering.plan_aside(snap, None, gated, _planned, lambda p: p).remembered is None
+    gone = drasteering.plan_aside(snap, aside, frozenset({small.key}), _planned, lambda p: p)
+    assert gone.kept is None and gone.remembered is None

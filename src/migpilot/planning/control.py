@@ -747,15 +747,11 @@ def reconcile(
         for p in observed.snapshot.pods
         if p.dra and observed.pending.get(p.key, Pending()).gated
     )
-    aside = drasteering.still_aside(memory.dra_aside, snap, gated_dra)
     plan_on = functools.partial(
         decide, batch=batch, now=now, planner=steps, backlog=backlog, settings=settings
     )
-    planned = plan_on(drasteering.kept_aside(snap, aside, gated_dra) if aside else snap)
-    if aside is not None and planned.plan is not None:
-        plain = functools.cache(lambda: plan_on(snap))
-        if drasteering.aside_costs(planned.plan, lambda: plain().plan, snap, aside):
-            planned, aside = plain(), None
+    aside = drasteering.plan_aside(snap, memory.dra_aside, gated_dra, plan_on, lambda p: p.plan)
+    planned = aside.result
     plan = planned.plan
     unfit: tuple[str, ...] = ()
     if plan is not None:
@@ -775,16 +771,10 @@ def reconcile(
             n.name for n in observed.snapshot.nodes if drasteering.is_dra_node(n)
         )
     cleared: plans.Plan | None = None
-    next_aside = aside
+    next_aside = aside.remembered
     if plan is not None:
-        next_aside = drasteering.set_aside(
-            observed.snapshot, plan, gated=gated_dra, previous=aside, planner=planner
-        )
-        checked = observed
-        if aside is not None:
-            checked = replace(
-                observed, snapshot=drasteering.kept_aside(observed.snapshot, aside, gated_dra)
-            )
+        next_aside = aside.next(observed.snapshot, plan, planner=planner)
+        checked = replace(observed, snapshot=aside.keeping(observed.snapshot))
         plan, steered, dra_check = _steering(checked, plan)
         dra_targets |= {pl.node for pl in plan.placements if pl.pod in dra_pods}
         if dra_check is not None:

@@ -37,8 +37,10 @@ Pure: frozen dataclasses and functions, no clock, no I/O.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
 
 from migpilot import errors
 from migpilot.mig import dra, layouts
@@ -471,6 +473,8 @@ def holding(snap: snapshot.Snapshot, served: Iterable[Served]) -> snapshot.Snaps
 Planner = Callable[[snapshot.Snapshot], plans.Plan]
 """A planner with its options bound (as :data:`migpilot.planning.control.Planner`)."""
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True, slots=True)
 class Aside:
@@ -588,3 +592,53 @@ def aside_costs(
         return False
     other = plain()
     return other is not None and len(other.placements) > len(kept.placements)
+
+
+@dataclass(frozen=True, slots=True)
+class AsideRound(Generic[T]):
+    """One round planned with the node set aside (:func:`plan_aside`): ``result`` is what the
+    caller's planning gave (a plan, or the control loop's ``Planned``)."""
+
+    result: T
+    kept: Aside | None
+    """The node this round's plan kept the other gated DRA pods off (``None``: none, or setting
+    it aside would have cost one of them its place now, :func:`aside_costs`)."""
+    remembered: Aside | None
+    """The node set aside before this round, while it still is one (:func:`still_aside`), kept
+    or not: :meth:`next` keeps it if it still could take its pod."""
+    gated: frozenset[str]
+
+    def keeping(self, snap: snapshot.Snapshot) -> snapshot.Snapshot:
+        """``snap`` as this round's plan saw it: the other gated DRA pods kept off the node
+        set aside (the snapshot the first-fit check must read too)."""
+        return kept_aside(snap, self.kept, self.gated) if self.kept is not None else snap
+
+    def next(self, snap: snapshot.Snapshot, plan: plans.Plan, *, planner: Planner) -> Aside | None:
+        """The node set aside after this round's ``plan`` of ``snap`` (:func:`set_aside`), the
+        one set aside before kept while it still could take its pod, even through a round that
+        did not keep it."""
+        return set_aside(snap, plan, gated=self.gated, previous=self.remembered, planner=planner)
+
+
+def plan_aside(
+    snap: snapshot.Snapshot,
+    aside: Aside | None,
+    gated: frozenset[str],
+    plan_on: Callable[[snapshot.Snapshot], T],
+    plan_of: Callable[[T], plans.Plan | None],
+) -> AsideRound[T]:
+    """Plan one round with the node set aside, the one rule for the control loop and the
+    simulator: ``aside`` (the node set aside so far) while :func:`still_aside`, the other gated
+    DRA pods (named in ``gated``) kept off it (:func:`kept_aside`) and planned with ``plan_on``
+    (``plan_of`` reads the plan from its result: ``None`` when nothing was planned); when that
+    costs one of them its place now (:func:`aside_costs`), ``snap`` planned as it is."""
+    still = still_aside(aside, snap, gated)
+    if still is None:
+        return AsideRound(plan_on(snap), None, None, gated)
+    result = plan_on(kept_aside(snap, still, gated))
+    kept = plan_of(result)
+    if kept is not None:
+        plain = functools.cache(lambda: plan_on(snap))
+        if aside_costs(kept, lambda: plan_of(plain()), snap, still):
+            return AsideRound(plain(), None, still, gated)
+    return AsideRound(result, still, still, gated)

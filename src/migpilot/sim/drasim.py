@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import heapq
 import math
 import random
@@ -687,14 +686,11 @@ class _Run:
 
         if not self.settings.aside:
             return snap, planner(snap)
-        aside = drasteering.still_aside(self.aside, snap, gated)
-        used = drasteering.kept_aside(snap, aside, gated) if aside else snap
-        plan = planner(used)
-        plain = functools.cache(lambda: planner(snap))
-        if aside is not None and drasteering.aside_costs(plan, plain, snap, aside):
-            used, plan, aside = snap, plain(), None
-        self.aside = drasteering.set_aside(snap, plan, gated=gated, previous=aside, planner=planner)
-        self.asides += self.aside is not None and self.aside != aside
+        aside = drasteering.plan_aside(snap, self.aside, gated, planner, lambda p: p)
+        plan = aside.result
+        before, self.aside = self.aside, aside.next(snap, plan, planner=planner)
+        self.asides += self.aside is not None and self.aside != before
+        used = aside.keeping(snap)
         return used, plan
 
     def _first_fit(
