@@ -206,6 +206,26 @@ def test_no_gated_dra_pod_no_check_and_in_flight_placements_are_kept() -> None:
     assert [pl.pod for pl in carried.placements] == ["ns/f"]
     (gpu,) = carried.gpus
     assert [(i.profile, i.start) for i in gpu.layout.instances] == [("3g.40gb", start)]
+    # with the pod in flight's placement listed first on the node, first fit's device for the
+    # pod let go now is listed first too (else kube-scheduler could give it the other one)
+    carried = drasteering.first_fit_plan(
+        snap, plan, gated=frozenset({"ns/w"}), served=found.first_fit
+    )
+    assert [pl.pod for pl in carried.placements] == ["ns/f"]
+    (gpu,) = carried.gpus
+    assert sorted((i.profile, i.start) for i in gpu.layout.instances) == [
+        ("3g.40gb", 0),
+        ("3g.40gb", 4),
+    ]
+    # on a node with nothing in flight, nothing is listed first for it
+    alone = snapshot.Snapshot(nodes=(node,), pods=(waiting,))
+    lone_plan = planners.run(alone, "fast")
+    lone = drasteering.check(alone, lone_plan, gated=frozenset({"ns/w"}), claims=_claims(waiting))
+    assert lone is not None and len(lone.first_fit) == 1
+    carried = drasteering.first_fit_plan(
+        alone, lone_plan, gated=frozenset({"ns/w"}), served=lone.first_fit
+    )
+    assert carried.placements == () and [g.layout.instances for g in carried.gpus] == [()]
 
 
 def test_a_pods_claims_are_allocated_together() -> None:
@@ -639,3 +659,24 @@ def test_a_round_that_cannot_keep_the_node_set_aside_plans_plainly_and_keeps_it_
     assert drasteering.plan_aside(snap, None, gated, _planned, lambda p: p).remembered is None
     gone = drasteering.plan_aside(snap, aside, frozenset({small.key}), _planned, lambda p: p)
     assert gone.kept is None and gone.remembered is None
+
+
+def test_a_first_fit_round_lists_its_devices_first_beside_a_pod_in_flight() -> None:
+    """The control step: a pod let go before and not yet allocated (``f``) has its planned
+    ``3g.40gb`` listed first on the node; the round for ``w`` is first fit's (one against one,
+    no room kept), and w's first-fit device is listed first beside f's, so kube-scheduler
+    cannot give w f's placement (a claim by memory takes the first listed device that holds
+    it)."""
+    node = _node("d0")
+    flying, waiting = _pod("f", "3g.40gb"), _pod("w", "3g.40gb")
+    observed = control.Observed(
+        snapshot.Snapshot((node,), (flying, waiting)),
+        pending={"ns/f": control.Pending(gated=False, pinned="d0"), "ns/w": control.Pending()},
+        dra_claims=_claims(flying, waiting),
+    )
+    decision = _step(observed, control.Memory())
+    assert decision.dra_check is not None and not decision.dra_check.steer
+    assert decision.steered == (("ns/w", "d0"),)
+    assert _layout(decision.plan, "d0") == [("3g.40gb", 0), ("3g.40gb", 4)]
+    (served,) = decision.dra_check.first_fit
+    assert len(served.devices) == 1

@@ -1114,8 +1114,9 @@ class Controller:
         """Write node ``name``'s spec, then say what it reserves, or, for the ``steered`` pods
         (DRA claims: nothing reserved), pin each to the node and let it go: the node's agent
         lists the planned placements first, and kube-scheduler allocates them; or, where the
-        first-fit ``check`` did not steer, nothing is listed first and kube-scheduler's first
-        fit allocates them (Event ``MigDraFirstFit``)."""
+        first-fit ``check`` did not steer, nothing is listed first (but beside a pod in
+        flight's placement: ``drasteering.first_fit_plan``) and kube-scheduler's first fit
+        allocates them (Event ``MigDraFirstFit``)."""
         if not await self._write_spec(name, spec):
             # Nothing else will change for these pods: plan them again a batch window later.
             self._poke()
@@ -1175,7 +1176,7 @@ class Controller:
                     message=f"kube-scheduler's first fit serves it on node {name} "
                     f"({', '.join(served.devices)}): the plan serves no more of the waiting pods "
                     f"now ({check.planned} against {len(check.first_fit)}) and keeps no "
-                    "placement first fit would lose, so nothing is listed first; pinned there "
+                    "placement first fit would lose, so the round is not steered; pinned there "
                     "and let go",
                 )  # fmt: skip
                 await self._pin_one(key, node)

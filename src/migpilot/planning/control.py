@@ -54,7 +54,8 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   next snapshots. The first-fit check (:mod:`migpilot.planning.drasteering`): a round is
   steered only when its plan places more of the gated DRA pods than kube-scheduler's first fit
   would serve now; otherwise the pods first fit serves are let go, each pinned to the node
-  first fit picks, and the DRA nodes' targets list nothing first for them; until their claims
+  first fit picks, and the DRA nodes' targets list nothing first for them (but beside a pod in
+  flight's placement: :func:`drasteering.first_fit_plan`); until their claims
   are allocated, the devices first fit was predicted to give them are used instances of the
   snapshot, and they are not planned again (:attr:`Memory.first_fit`). A DRA node's target
   holds only its used instances and the placements the plan gives pods there (a free placement
@@ -677,7 +678,8 @@ class Decision:
     :attr:`plan` placed, in the order of their keys (kube-scheduler allocates the planned
     placements, which the node's agent lists first); otherwise those first fit serves, each on
     the node first fit picks, in the queue order first fit was predicted in (:attr:`plan` then
-    lists nothing first for them)."""
+    lists nothing first for them, but on a node where a pod in flight's placement is listed
+    first: :func:`drasteering.first_fit_plan`)."""
     dra_check: drasteering.Check | None = None
     """The first-fit check of the round's gated DRA pods (``None``: no plan, or none waits)."""
     dra_aside: drasteering.Aside | None = None
@@ -855,7 +857,9 @@ def _steering(
         # Every DRA node's target only what the plan's pods need and what is used.
         trimmed = drasteering.trimmed(observed.snapshot, plan, keep=keep)
         return trimmed, _steered(observed, plan), found
-    carried = drasteering.first_fit_plan(observed.snapshot, plan, gated=gated, keep=keep)
+    carried = drasteering.first_fit_plan(
+        observed.snapshot, plan, gated=gated, keep=keep, served=found.first_fit
+    )
     # In queue order: the order they are let go in is the order kube-scheduler takes them.
     return carried, tuple((s.pod, s.node) for s in found.first_fit), found
 

@@ -323,13 +323,28 @@ def first_fit_plan(
     *,
     gated: frozenset[str],
     keep: frozenset[str] = frozenset(),
+    served: Sequence[Served] = (),
 ) -> plans.Plan:
     """``plan`` as a round left to first fit carries it out: the gated DRA pods' placements
     dropped (first fit places them), and every DRA node's target its used instances and the
     placements of the DRA pods let go before (in flight), so that its agent lists nothing
     first for the pods let go now (a spec's free placements are what it lists first): as
-    :func:`trimmed`, without the gated pods."""
-    return trimmed(snap, plan, drop=gated, keep=keep)
+    :func:`trimmed`, without the gated pods.
+
+    Except on a node where a placement is listed first for a pod in flight: there the devices
+    first fit gives the pods let go now (``served``) are listed first too. kube-scheduler reads
+    the listed-first devices before the node's GPU slices, so a claim by memory of a pod let go
+    now, scheduled before the pod in flight is allocated, would take that pod's placement when
+    it holds the claim: a larger device than first fit's, and the pod in flight then misses
+    it. Listed first beside it (smallest first), first fit's device comes first. Elsewhere
+    nothing is listed first: first fit over the plain listing gives those devices anyway."""
+    dra_nodes = {n.name for n in snap.nodes if is_dra_node(n)}
+    flying = {pl.node for pl in plan.placements if pl.pod not in gated and pl.node in dra_nodes}
+    listed: dict[str, list[str]] = {}
+    for s in served:
+        if s.node in flying:
+            listed.setdefault(s.node, []).extend(s.devices)
+    return trimmed(snap, plan, drop=gated, keep=keep, listed=listed)
 
 
 def trimmed(
@@ -338,9 +353,11 @@ def trimmed(
     *,
     drop: frozenset[str] = frozenset(),
     keep: frozenset[str] = frozenset(),
+    listed: Mapping[str, Iterable[str]] | None = None,
 ) -> plans.Plan:
     """``plan`` with the placements of the pods in ``drop`` left out and every DRA node's target
-    its used instances and the placements the plan gives pods there, nothing else: a free
+    its used instances, the placements the plan gives pods there and the devices ``listed``
+    names for it (:func:`first_fit_plan`), nothing else: a free
     placement of a DRA node's target is listed first by its agent for kube-scheduler to
     allocate to any pod, so one that no pod is planned onto (the planner kept it free, or an
     earlier target planned it for pods since gone) would steer the next claims where no plan
@@ -356,6 +373,8 @@ def trimmed(
     placements = tuple(pl for pl in plan.placements if pl.pod not in drop)
     targets: dict[tuple[str, int], layouts.Layout] = {}
     for node in dra_nodes:
+        models = {g.index: g.model for g in node.gpus}
+        extra = [dra.parse_device_name(name, models) for name in (listed or {}).get(node.name, ())]
         for g in node.gpus:
             instances = {i.instance for i in g.instances if i.used}
             instances.update(
@@ -364,6 +383,9 @@ def trimmed(
                 if pl.node == node.name
                 for a in pl.instances
                 if a.gpu == g.index
+            )
+            instances.update(
+                layouts.Instance(e.start, e.profile) for e in extra if e.gpu == g.index
             )
             targets[(node.name, g.index)] = layouts.Layout.of(instances)
     rebuilt = plans.build(
