@@ -206,8 +206,9 @@ def test_no_gated_dra_pod_no_check_and_in_flight_placements_are_kept() -> None:
     assert [pl.pod for pl in carried.placements] == ["ns/f"]
     (gpu,) = carried.gpus
     assert [(i.profile, i.start) for i in gpu.layout.instances] == [("3g.40gb", start)]
-    # with the pod in flight's placement listed first on the node, first fit's device for the
-    # pod let go now is listed first too (else kube-scheduler could give it the other one)
+    # w's claim (a 3g.40gb) would take f's placement, listed first, were it allocated first:
+    # first fit's device for it is listed first too
+    assert found.racing == {"ns/w"}
     carried = drasteering.first_fit_plan(
         snap, plan, gated=frozenset({"ns/w"}), served=found.first_fit
     )
@@ -217,15 +218,19 @@ def test_no_gated_dra_pod_no_check_and_in_flight_placements_are_kept() -> None:
         ("3g.40gb", 0),
         ("3g.40gb", 4),
     ]
-    # on a node with nothing in flight, nothing is listed first for it
-    alone = snapshot.Snapshot(nodes=(node,), pods=(waiting,))
-    lone_plan = planners.run(alone, "fast")
-    lone = drasteering.check(alone, lone_plan, gated=frozenset({"ns/w"}), claims=_claims(waiting))
-    assert lone is not None and len(lone.first_fit) == 1
-    carried = drasteering.first_fit_plan(
-        alone, lone_plan, gated=frozenset({"ns/w"}), served=lone.first_fit
+    # a claim f's placement cannot hold (a 1g.10gb), or no pod in flight: not racing
+    small = _pod("s", "1g.10gb")
+    beside = snapshot.Snapshot(nodes=(node,), pods=(flying, small))
+    beside_plan = planners.run(beside, "fast")
+    other = drasteering.check(
+        beside, beside_plan, gated=frozenset({"ns/s"}), claims=_claims(flying, small)
     )
-    assert carried.placements == () and [g.layout.instances for g in carried.gpus] == [()]
+    assert other is not None and len(other.first_fit) == 1 and other.racing == frozenset()
+    alone = snapshot.Snapshot(nodes=(node,), pods=(waiting,))
+    lone = drasteering.check(
+        alone, planners.run(alone, "fast"), gated=frozenset({"ns/w"}), claims=_claims(waiting)
+    )
+    assert lone is not None and len(lone.first_fit) == 1 and lone.racing == frozenset()
 
 
 def test_a_pods_claims_are_allocated_together() -> None:
@@ -680,3 +685,24 @@ def test_a_first_fit_round_lists_its_devices_first_beside_a_pod_in_flight() -> N
     assert _layout(decision.plan, "d0") == [("3g.40gb", 0), ("3g.40gb", 4)]
     (served,) = decision.dra_check.first_fit
     assert len(served.devices) == 1
+
+
+def test_a_claim_by_memory_beside_a_larger_placement_in_flight_is_racing() -> None:
+    """The race the real control plane showed: a pod in flight's ``3g.40gb`` is listed first;
+    a claim by memory (20 GiB) let go to first fit is predicted a ``1g.20gb`` (smallest first,
+    the 3g.40gb taken), but allocated before the pod in flight it would get the listed-first
+    3g.40gb. It is racing: its 1g.20gb is listed first too, ahead (smallest first)."""
+    node = _node("d0")
+    flying = _pod("f", "3g.40gb")
+    by_memory = _pod("m", "1g.20gb")
+    spec = draclaims.ClaimSpec(
+        (draclaims.Request("mig", 1, (draclaims.Selector(min_memory_mib=20 * 1024 - 512),)),)
+    )
+    claims = {**_claims(flying), by_memory.key: drasteering.claim_of([spec])}
+    snap = snapshot.Snapshot(nodes=(node,), pods=(flying, by_memory))
+    plan = planners.run(snap, "fast")
+    found = drasteering.check(snap, plan, gated=frozenset({"ns/m"}), claims=claims)
+    assert found is not None
+    ((_, devices),) = [(s.pod, s.devices) for s in found.first_fit]
+    assert len(devices) == 1 and "-mig-1g-20gb-" in devices[0]
+    assert found.racing == {"ns/m"}

@@ -1114,8 +1114,9 @@ class Controller:
         """Write node ``name``'s spec, then say what it reserves, or, for the ``steered`` pods
         (DRA claims: nothing reserved), pin each to the node and let it go: the node's agent
         lists the planned placements first, and kube-scheduler allocates them; or, where the
-        first-fit ``check`` did not steer, nothing is listed first (but beside a pod in
-        flight's placement: ``drasteering.first_fit_plan``) and kube-scheduler's first fit
+        first-fit ``check`` did not steer, nothing is listed first (but for a pod a
+        placement listed first for a pod in flight would take:
+        ``drasteering.first_fit_plan``) and kube-scheduler's first fit
         allocates them (Event ``MigDraFirstFit``)."""
         if not await self._write_spec(name, spec):
             # Nothing else will change for these pods: plan them again a batch window later.

@@ -46,23 +46,22 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   be given the pod again and again, each time for a timeout. The node is ranked last, never
   forbidden: a plan that leaves the pod unplaced without that node is made again with it.
 - **Steering DRA nodes** (``docs/dra.md``). A pod asking through DRA claims
-  (:attr:`snapshot.Pod.dra`) is planned like any other, on DRA nodes only, but nothing is
-  reserved for it: kube-scheduler allocates the placements from what the node's agent
-  publishes, listing the planned ones first. A gated one the plan places is pinned to its node
-  and let go (:attr:`Decision.steered`) once its node's target is written and listed by the
-  node's agent, else planned again; its placement, once allocated, is a used instance of the
-  next snapshots. The first-fit check (:mod:`migpilot.planning.drasteering`): a round is
-  steered only when its plan places more of the gated DRA pods than kube-scheduler's first fit
-  would serve now; otherwise the pods first fit serves are let go, each pinned to the node
-  first fit picks, and the DRA nodes' targets list nothing first for them (but beside a pod in
-  flight's placement: :func:`drasteering.first_fit_plan`); until their claims
-  are allocated, the devices first fit was predicted to give them are used instances of the
-  snapshot, and they are not planned again (:attr:`Memory.first_fit`). A DRA node's target
-  holds only its used instances and the placements the plan gives pods there (a free placement
-  is listed first for any claim: :func:`drasteering.trimmed`); between plans, once no DRA pod
-  waits or is in flight, the targets a plan gave DRA pods placements in are written back to
-  their used instances (:attr:`Decision.cleared`), so a steered target does not outlive its
-  pods.
+  (:attr:`snapshot.Pod.dra`) is planned like any other, on DRA nodes only, but nothing is reserved
+  for it: kube-scheduler allocates the placements from what the node's agent publishes, listing the
+  planned ones first. A gated one the plan places is pinned to its node and let go
+  (:attr:`Decision.steered`) once its node's target is written and listed by the node's agent, else
+  planned again; its placement, once allocated, is a used instance of the next snapshots. The
+  first-fit check (:mod:`migpilot.planning.drasteering`): a round is steered only when its plan
+  places more of the gated DRA pods than kube-scheduler's first fit would serve now; otherwise the
+  pods first fit serves are let go, each pinned to the node first fit picks, and the DRA nodes'
+  targets list nothing first for them (but for a pod a placement listed first for a pod in flight
+  would take: :func:`drasteering.first_fit_plan`); until their claims are allocated, the devices
+  first fit was predicted to give them are used instances of the snapshot, and they are not planned
+  again (:attr:`Memory.first_fit`). A DRA node's target holds only its used instances and the
+  placements the plan gives pods there (a free placement is listed first for any claim:
+  :func:`drasteering.trimmed`); between plans, once no DRA pod waits or is in flight, the targets a
+  plan gave DRA pods placements in are written back to their used instances
+  (:attr:`Decision.cleared`), so a steered target does not outlive its pods.
 - **Pinning.** Reserved pods are let go to kube-scheduler, pinned to their node, in the order
   of their keys, once every instance is made, the node still admits the pod (not cordoned, no
   new taint it does not tolerate: a node being drained or consolidated) and the node
@@ -678,8 +677,8 @@ class Decision:
     :attr:`plan` placed, in the order of their keys (kube-scheduler allocates the planned
     placements, which the node's agent lists first); otherwise those first fit serves, each on
     the node first fit picks, in the queue order first fit was predicted in (:attr:`plan` then
-    lists nothing first for them, but on a node where a pod in flight's placement is listed
-    first: :func:`drasteering.first_fit_plan`)."""
+    lists nothing first for them, but for a pod a placement listed first for a pod in
+    flight would take: :func:`drasteering.first_fit_plan`)."""
     dra_check: drasteering.Check | None = None
     """The first-fit check of the round's gated DRA pods (``None``: no plan, or none waits)."""
     dra_aside: drasteering.Aside | None = None
@@ -858,7 +857,11 @@ def _steering(
         trimmed = drasteering.trimmed(observed.snapshot, plan, keep=keep)
         return trimmed, _steered(observed, plan), found
     carried = drasteering.first_fit_plan(
-        observed.snapshot, plan, gated=gated, keep=keep, served=found.first_fit
+        observed.snapshot,
+        plan,
+        gated=gated,
+        keep=keep,
+        served=[s for s in found.first_fit if s.pod in found.racing],
     )
     # In queue order: the order they are let go in is the order kube-scheduler takes them.
     return carried, tuple((s.pod, s.node) for s in found.first_fit), found

@@ -77,6 +77,10 @@ class Check:
     """What still fits on the DRA nodes once the plan's placements are taken (:func:`room`)."""
     first_fit_room: Room = frozenset()
     """What still fits once first fit's allocations are taken."""
+    racing: frozenset[str] = frozenset()
+    """Pods of :attr:`first_fit` whose claim would be given a placement listed first for a
+    pod in flight on their node, were they allocated before it (:func:`first_fit_plan` lists
+    their own devices first beside it)."""
 
     @property
     def kept(self) -> Room:
@@ -303,7 +307,48 @@ def check(
         first_fit=served,
         planned_room=room(snap.nodes, after_plan),
         first_fit_room=room(snap.nodes, after_first_fit),
+        racing=_racing(snap.nodes, served, in_flight, claims, budget=budget),
     )
+
+
+def _racing(
+    nodes: Sequence[snapshot.Node],
+    served: Sequence[Served],
+    in_flight: Mapping[str, Sequence[str]],
+    claims: Mapping[str, draalloc.Claim],
+    *,
+    budget: int,
+) -> frozenset[str]:
+    """The pods of ``served`` whose claim, allocated before the pods in flight on its node,
+    would take one of their placements (``in_flight``, listed first there) rather than the
+    devices first fit predicts (which counts those taken): kube-scheduler reads the
+    listed-first devices before the GPU slices. The devices of the node's other pods of
+    ``served`` are counted taken."""
+    by_name = {n.name: n for n in nodes}
+    out: set[str] = set()
+    for s in served:
+        flying = set(in_flight.get(s.node, ()))
+        node = by_name.get(s.node)
+        claim = claims.get(s.pod)
+        if not flying or node is None or claim is None:
+            continue
+        gpus = _mig_gpus(node)
+        pool = draalloc.pool_of(node.name, [(g.index, g.model) for g in gpus])
+        taken = {
+            draalloc.device_name(g.index, i.profile, i.start)
+            for g in gpus
+            for i in g.instances
+            if i.used
+        }
+        taken.update(d for o in served if o.node == s.node and o.pod != s.pod for d in o.devices)
+        flying &= set(pool.by_name)
+        walk = draalloc.planned_first(pool, flying)
+        found = draalloc.allocate(
+            walk, claim, allocated=frozenset(taken & set(pool.by_name)), budget=budget
+        )
+        if found.devices is not None and flying & {d.name for d in found.devices}:
+            out.add(s.pod)
+    return frozenset(out)
 
 
 def _in_flight(plan: plans.Plan, pods: set[str]) -> dict[str, list[str]]:
@@ -331,19 +376,16 @@ def first_fit_plan(
     first for the pods let go now (a spec's free placements are what it lists first): as
     :func:`trimmed`, without the gated pods.
 
-    Except on a node where a placement is listed first for a pod in flight: there the devices
-    first fit gives the pods let go now (``served``) are listed first too. kube-scheduler reads
-    the listed-first devices before the node's GPU slices, so a claim by memory of a pod let go
-    now, scheduled before the pod in flight is allocated, would take that pod's placement when
-    it holds the claim: a larger device than first fit's, and the pod in flight then misses
-    it. Listed first beside it (smallest first), first fit's device comes first. Elsewhere
-    nothing is listed first: first fit over the plain listing gives those devices anyway."""
-    dra_nodes = {n.name for n in snap.nodes if is_dra_node(n)}
-    flying = {pl.node for pl in plan.placements if pl.pod not in gated and pl.node in dra_nodes}
+    Except the devices of ``served``: pods let go now whose claim a placement listed first
+    for a pod in flight on their node would hold (:attr:`Check.racing`). kube-scheduler reads
+    the listed-first devices before the node's GPU slices, so such a pod, scheduled before the
+    pod in flight is allocated, would take that placement: a larger device than first fit's
+    for a claim by memory, and the pod in flight then misses it. Listed first beside it
+    (smallest first), first fit's device comes first. Nothing else is listed first: first fit
+    over the plain listing gives the other pods those devices anyway."""
     listed: dict[str, list[str]] = {}
     for s in served:
-        if s.node in flying:
-            listed.setdefault(s.node, []).extend(s.devices)
+        listed.setdefault(s.node, []).extend(s.devices)
     return trimmed(snap, plan, drop=gated, keep=keep, listed=listed)
 
 
