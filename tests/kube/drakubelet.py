@@ -56,6 +56,8 @@ from tests.kube import controlplane
 from tests.kube.kwokstages import running_status
 
 POLL_S = 0.3
+STOP_S = 45.0
+"""How long :meth:`DraKubelet.stop` waits for the loop's last call to the plugin."""
 """How often the node's pods are listed (a kubelet watches; a poll is enough here)."""
 
 _log = logging.getLogger(__name__)
@@ -121,8 +123,13 @@ class DraKubelet:
         return self
 
     def stop(self) -> None:
+        """Stop the loop and wait for it: a call to the plugin it is in ends within its own
+        timeouts (at most three of 10 s, a registration). A thread left inside gRPC at
+        interpreter exit can crash the test process."""
         self._stop.set()
-        self._thread.join(timeout=10.0)
+        self._thread.join(timeout=STOP_S)
+        if self._thread.is_alive():
+            _log.warning("DRA kubelet of %s still in a call after %.0f s", self.node, STOP_S)
         with contextlib.suppress(Exception):
             self.pod_resources.stop()
 
