@@ -190,17 +190,11 @@ def first_fit(
         # Built on first use: a node no pod is admitted to costs nothing.
         if i not in pools:
             node = nodes[i]
-            gpus = _mig_gpus(node)
-            if not gpus:
+            found = _pool(node)
+            if found is None:
                 pools[i] = None
             else:
-                made = draalloc.pool_of(node.name, [(g.index, g.model) for g in gpus])
-                used = {
-                    draalloc.device_name(g.index, inst.profile, inst.start)
-                    for g in gpus
-                    for inst in g.instances
-                    if inst.used
-                }
+                made, used = found
                 used |= set(taken.get(node.name, ()))
                 pools[i] = (made, {d for d in used if d in made.by_name})
         return pools[i]
@@ -242,6 +236,22 @@ def first_fit(
             left[1] -= pod.memory_bytes
         served.append(Served(pod.key, nodes[i].name, tuple(d.name for d in devices)))
     return tuple(served)
+
+
+def _pool(node: snapshot.Node) -> tuple[draalloc.Pool, set[str]] | None:
+    """The pool of ``node``'s MIG GPUs as its agent publishes it, and the names of its devices
+    held by used instances; ``None`` for a node without a MIG GPU."""
+    gpus = _mig_gpus(node)
+    if not gpus:
+        return None
+    pool = draalloc.pool_of(node.name, [(g.index, g.model) for g in gpus])
+    used = {
+        draalloc.device_name(g.index, i.profile, i.start)
+        for g in gpus
+        for i in g.instances
+        if i.used
+    }
+    return pool, used
 
 
 def _score(
@@ -332,14 +342,10 @@ def _racing(
         claim = claims.get(s.pod)
         if not flying or node is None or claim is None:
             continue
-        gpus = _mig_gpus(node)
-        pool = draalloc.pool_of(node.name, [(g.index, g.model) for g in gpus])
-        taken = {
-            draalloc.device_name(g.index, i.profile, i.start)
-            for g in gpus
-            for i in g.instances
-            if i.used
-        }
+        found_pool = _pool(node)
+        if found_pool is None:
+            continue
+        pool, taken = found_pool
         taken.update(d for o in served if o.node == s.node and o.pod != s.pod for d in o.devices)
         flying &= set(pool.by_name)
         walk = draalloc.planned_first(pool, flying)
