@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from migpilot import errors
-from migpilot.agent import assembling, reconciling
+from migpilot.agent import assembling, metrics, reconciling, running
 from migpilot.agent.cluster import kubeapi
 from migpilot.agent.dra import (
     apiclaims,
@@ -27,7 +27,7 @@ from migpilot.agent.dra import (
 from migpilot.agent.dra import node as dra_node
 from migpilot.agent.dra.memory import MemoryCdi, MemoryClaims
 from migpilot.agent.rules import changes
-from migpilot.gpu import backend, emulated, nvml, nvml_standin
+from migpilot.gpu import backend, clocks, emulated, nvml, nvml_standin
 from migpilot.kube import errors as kube_errors
 from migpilot.kube import objects
 from migpilot.mig import catalog, layouts
@@ -385,6 +385,34 @@ def test_the_reconciler_leaves_claims_instances_alone(node: Node) -> None:
     bare = reconciling.Reconciler(node.gpus, reconciling.RunningProcesses(node.gpus))
     bare.reconcile({0: changes.DesiredGpu(True, layouts.Layout(()))})
     assert node.devices() == ()
+
+
+def test_a_claim_prepared_or_released_makes_the_agents_pass_due(node: Node) -> None:
+    """The agent passes at once (not at its 30 s interval) when the ledger changes, so the
+    GpuLayout status says an instance was freed while the controller holds pods for it."""
+    agent = running.Agent(
+        gpus=node.gpus,
+        in_use=reconciling.AnyOf([reconciling.RunningProcesses(node.gpus), node.instances]),
+        source=running.KeepLayout(),
+        plugin=None,
+        agent_metrics=metrics.AgentMetrics(),
+        clock=clocks.VirtualClock(),
+        settings=running.AgentSettings(interval_s=30.0),
+        claims=node.instances.owned,
+    )
+    agent.reconcile()
+    assert not agent.due()
+    node.instances.ensure(P(0, "3g.40gb", 4), owner="u1")
+    assert agent.due()
+    assert agent.tick() is not None
+    assert not agent.due()
+    node.instances.ensure(P(0, "3g.40gb", 4), owner="u1")  # prepared again: nothing changed
+    assert not agent.due()
+    node.instances.release("u1")
+    assert agent.due()
+    agent.tick()
+    node.instances.release("u1")  # released again: nothing changed
+    assert not agent.due()
 
 
 def test_the_reconciler_never_switches_mig_on_under_a_whole_gpu_claim(tmp_path: Path) -> None:

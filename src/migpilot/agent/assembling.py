@@ -1140,6 +1140,7 @@ def _serve(
         dynamic_mig=cluster.dynamic_mig if cluster is not None else None,
         # Daemons for the sharing config's MPS resources and for the GpuLayout's MPS slices.
         mps=_mps_supervisor(settings) if files is not None or cluster is not None else None,
+        claims=dra.instances.owned if dra is not None else None,
     )
     server = None
     metrics = settings.metrics
