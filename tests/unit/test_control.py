@@ -169,6 +169,21 @@ def test_a_step_plans_only_once_the_window_is_over_and_judges_the_pods_left() ->
     assert first.unfit == () and second.unfit == ()
 
 
+def test_an_agent_listing_the_steered_target_makes_the_plan_due_at_once() -> None:
+    """The pods were planned a window ago: the step that sees their node's agent list the
+    target plans them again then (and lets them go), not a batch window later."""
+    observed = control.Observed(
+        snapshot.Snapshot(nodes=(_node("n"),), pods=(_pod("p", ("3g.40gb", 1)),))
+    )
+    waiting = _step(observed, now=0.0)
+    assert waiting.plan is None and waiting.memory.batch.due == 1.0
+    listed = _step(dataclasses.replace(observed, listing=True), waiting.memory, now=0.3)
+    assert listed.plan is not None and [p.pod for p in listed.plan.placements] == ["default/p"]
+    # With nothing waiting, a listing makes nothing due.
+    empty = control.Observed(snapshot.Snapshot(nodes=(_node("n"),), pods=()), listing=True)
+    assert _step(empty, now=0.0).memory.batch.due is None
+
+
 def test_a_pod_pinned_to_its_node_waits_saying_so_and_a_static_node_lets_a_pod_go() -> None:
     pods = (_pod("p", ("7g.80gb", 1)), _pod("q", ("7g.80gb", 1)), _pod("s", ("7g.80gb", 1)))
     node = _node("n")

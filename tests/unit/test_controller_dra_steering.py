@@ -23,7 +23,7 @@ from migpilot.kube import objects as kubeobjects
 from migpilot.mig import catalog, dra
 from migpilot.planning import constraints, draclaims, planners, snapshot
 from tests.unit.test_controller_dra import _claim_doc, _dra_pod, _events, _template
-from tests.unit.test_controller_running import A100, _passes, _pod, _run, _until
+from tests.unit.test_controller_running import A100, _Clock, _passes, _pod, _run, _until
 
 LAYOUTS = kubeobjects.Kind.LAYOUTS
 PODS = kubeobjects.Kind.PODS
@@ -222,6 +222,27 @@ def test_a_lone_gated_dra_pod_is_steered_where_first_fit_loses_room() -> None:
         assert message.endswith("leave no 4g.40gb (a100-80gb) placeable")
 
     _run(body)
+
+
+def test_a_steered_pod_is_let_go_as_soon_as_its_agent_lists_the_target() -> None:
+    """The plan that writes the target waits the batch window; the one that lets the pod go,
+    when the agent lists it, does not wait another (the controller's clock stands still)."""
+    clock = _Clock(1000.0)
+
+    async def body(api: kubeapi.InMemoryApi, controller: running.Controller) -> None:
+        await _nodes(api, "d0")
+        await api.put(kubeobjects.Kind.RESOURCECLAIMTEMPLATES, _template("mig-1g-10gb"))
+        await api.put(PODS, _gated(_dra_pod("claims", template="mig-1g-10gb")))
+        await _passes(controller)
+        assert _spec(api, "d0") == []  # the window is not over
+        clock.now += 5.0
+        await _until("the DRA node's target", lambda: len(_spec(api, "d0")) == 1)
+        await _passes(controller)
+        assert _pinned(api, "ns/claims") is None  # not listed yet
+        await _agent_acts(api, "d0")
+        await _until("the pod let go", lambda: _pinned(api, "ns/claims") == "d0")
+
+    _run(body, clock=clock, batch_window_s=5.0)
 
 
 def test_gated_dra_pods_the_plan_serves_more_of_are_steered_unreserved() -> None:

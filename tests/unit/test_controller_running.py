@@ -112,7 +112,8 @@ def _run(
     async def main() -> None:
         nonlocal api
         api = api or kubeapi.InMemoryApi()
-        settings = running.Settings(identity="c1", batch_window_s=0.0, resync_s=0.05, **kw)
+        given = {"identity": "c1", "batch_window_s": 0.0, "resync_s": 0.05, **kw}
+        settings = running.Settings(**given)
         controller = _Counting(api, settings=settings, clock=clock, wall=wall)
         stop = asyncio.Event()
         task = asyncio.create_task(controller.run(stop))

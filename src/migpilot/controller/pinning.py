@@ -402,7 +402,9 @@ def without_stale(spec: gpulayouts.LayoutSpec, *, live: frozenset[str]) -> gpula
     )
 
 
-def to_control(observed: observing.Observed, *, changed: bool) -> control.Observed:
+def to_control(
+    observed: observing.Observed, *, changed: bool, listing: bool = False
+) -> control.Observed:
     """The cluster as the loop's step reads it (:func:`control.reconcile`): the snapshot, each
     live reservation with what it still waits for, what each node advertises and what is taken
     of it, the waiting pods' pins and static nodes, the unservable pods and the stale nodes.
@@ -438,6 +440,7 @@ def to_control(observed: observing.Observed, *, changed: bool) -> control.Observ
         },
         stale=observed.stale,
         changed=changed,
+        listing=listing,
         whole=_Lazily(observed.nodes, lambda name: _whole(observed.nodes[name])),
         dra_claims=observed.dra_claims,
     )

@@ -225,6 +225,10 @@ class Controller:
         """Reserved pod -> what it was last logged at INFO to wait for (:func:`new_waits`)."""
         self._wake_at: float | None = None
         """When the last step said the next would decide something with nothing changed."""
+        self._unlisted: dict[str, gpulayouts.LayoutSpec] = {}
+        """DRA node -> the spec written for gated pods the last plan steered there, which its
+        agent did not list yet: the step that sees it listed plans at once
+        (:attr:`control.Observed.listing`)."""
         self._control = control.Settings(
             batch_window_s=settings.batch_window_s,
             reservation_timeout_s=settings.reservation_timeout_s,
@@ -661,6 +665,13 @@ class Controller:
         observed = self.observe()
         now = self._clock()
         changed, self._changed = self._changed, False
+        now_listed = [
+            name
+            for name, spec in self._unlisted.items()
+            if pinning.listed(observed.layouts.get(name), spec)
+        ]
+        for name in now_listed:
+            del self._unlisted[name]
         self._gauge(observed)
         self._warn_broken(observed)
         await self._ensure_layouts(observed)
@@ -669,7 +680,7 @@ class Controller:
         timed: list[float] = []
         decision = await asyncio.to_thread(
             control.reconcile,
-            pinning.to_control(observed, changed=changed),
+            pinning.to_control(observed, changed=changed, listing=bool(now_listed)),
             self._memory,
             now=now,
             settings=self._control,
@@ -1083,6 +1094,11 @@ class Controller:
                     _describe_spec(spec),
                     extra=logs.about(node=node.name),
                 )
+            listed = pinning.listed(observed.layouts.get(node.name), spec)
+            if pins.get(node.name) and not listed:
+                self._unlisted[node.name] = spec
+            else:
+                self._unlisted.pop(node.name, None)
             writes.append(
                 self._write_and_tell(
                     node.name,
@@ -1092,9 +1108,7 @@ class Controller:
                     [a for a in plan.slice_actions if a.node == node.name],
                     # Let go only once the node's agent lists this very target first; until
                     # then they stay gated, planned again when the agent reports.
-                    steered=pins.get(node.name, ())
-                    if pinning.listed(observed.layouts.get(node.name), spec)
-                    else (),
+                    steered=pins.get(node.name, ()) if listed else (),
                     check=check,
                 )
             )

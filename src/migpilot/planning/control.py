@@ -50,7 +50,9 @@ it, and writes what it decided; the simulator (``sim/simulating.py``) builds the
   for it: kube-scheduler allocates the placements from what the node's agent publishes, listing the
   planned ones first. A gated one the plan places is pinned to its node and let go
   (:attr:`Decision.steered`) once its node's target is written and listed by the node's agent, else
-  planned again; its placement, once allocated, is a used instance of the next snapshots. The
+  planned again (at once when the agent's report that it lists the target is the change:
+  :attr:`Observed.listing`); its placement, once allocated, is a used instance of the next
+  snapshots. The
   first-fit check (:mod:`migpilot.planning.drasteering`): a round is steered only when its plan
   places more of the gated DRA pods than kube-scheduler's first fit would serve now; otherwise the
   pods first fit serves are let go, each pinned to the node first fit picks, and the DRA nodes'
@@ -521,6 +523,10 @@ class Observed:
     """Nodes that keep a reservation for a pod gone, done or bound."""
     changed: bool = True
     """Something changed since the last step."""
+    listing: bool = False
+    """A DRA node's agent now lists first the target written for gated pods a plan steered
+    there (the controller's ``pinning.listed``): the plan that lets them go is due at once,
+    not a batch window later (see the module, "Steering DRA nodes")."""
     whole: Whole = field(default_factory=dict)
     """Per node, its whole CPU and memory (``None``: not constrained), for :func:`never_runs`,
     which sees the nodes empty; a node not named has its :attr:`~snapshot.Node.capacity`, else
@@ -716,13 +722,12 @@ def reconcile(
         observed = replace(observed, snapshot=drasteering.holding(observed.snapshot, held))
     first_fit = {k: s for k, s in memory.first_fit.items() if k in seen}
     batch = memory.batch
+    waiting = bool(observed.snapshot.pods or observed.snapshot.whole_pods)
     if observed.changed:
-        batch = changed(
-            batch,
-            now=now,
-            waiting=bool(observed.snapshot.pods or observed.snapshot.whole_pods),
-            settings=settings,
-        )
+        batch = changed(batch, now=now, waiting=waiting, settings=settings)
+    if observed.listing and waiting:
+        # The pods were planned a batch window ago; another one would only delay their pin.
+        batch = Batch(due=now, dirty=True)
     refused = tuple(
         Judged(pod, Verdict.REFUSE, why) for pod, why in sorted(observed.unservable.items())
     )
