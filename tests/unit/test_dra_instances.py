@@ -393,12 +393,12 @@ def test_a_claim_prepared_or_released_makes_the_agents_pass_due(node: Node) -> N
     agent = running.Agent(
         gpus=node.gpus,
         in_use=reconciling.AnyOf([reconciling.RunningProcesses(node.gpus), node.instances]),
-        source=running.KeepLayout(),
+        # As the agent's assembly wires a DRA node's desired source.
+        source=running.AlsoWatching(running.KeepLayout(), node.instances.owned),
         plugin=None,
         agent_metrics=metrics.AgentMetrics(),
         clock=clocks.VirtualClock(),
         settings=running.AgentSettings(interval_s=30.0),
-        claims=node.instances.owned,
     )
     agent.reconcile()
     assert not agent.due()

@@ -1087,6 +1087,10 @@ def _serve(
     dra = _dra(settings, gpus, cluster, reconciling.AnyOf(list(sources)), on=dra_mode)
     if dra is not None:
         sources.append(dra.instances)  # claims' instances are used: never destroyed as stray
+        # A claim prepared or released makes a pass due at once, so the GpuLayout status says
+        # an instance was taken or freed now, not at the next periodic pass: the controller
+        # steers claims only onto capacity it has seen freed (docs/dra.md, "The agent's pass").
+        source = running.AlsoWatching(source, dra.instances.owned)
     in_use: reconciling.InUse = reconciling.AnyOf(sources)
     listener: running.PassListener | None = None
     publisher: capacity.CapacityPublisher | None = None
@@ -1140,7 +1144,6 @@ def _serve(
         dynamic_mig=cluster.dynamic_mig if cluster is not None else None,
         # Daemons for the sharing config's MPS resources and for the GpuLayout's MPS slices.
         mps=_mps_supervisor(settings) if files is not None or cluster is not None else None,
-        claims=dra.instances.owned if dra is not None else None,
     )
     server = None
     metrics = settings.metrics

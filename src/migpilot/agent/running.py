@@ -569,17 +569,8 @@ class Agent:
         sharing: SharingSource | None = None,
         mps: mps_supervision.MpsSupervisor | None = None,
         dynamic_mig: Callable[[], bool] | None = None,
-        claims: Callable[[], Hashable] | None = None,
     ) -> None:
         self._backend = gpus
-        self._claims = claims
-        """On a DRA-mode node, the kubelet plugin's ledger of the claims' instances
-        (:meth:`~migpilot.agent.dra.gpuinstances.BackendInstances.owned`): a change (a claim
-        prepared or released) makes a pass due, so the GpuLayout status and the ResourceSlices
-        say within :attr:`AgentSettings.watch_s` that an instance was taken or freed, not at the
-        next periodic pass (the controller steers claims only onto capacity it has seen
-        freed)."""
-        self._last_claims: Hashable = None
         self._sharing = sharing
         self._mps = mps
         self._dynamic_mig: Callable[[], bool] = (
@@ -641,7 +632,6 @@ class Agent:
         """One pass: desired layouts, reconcile, advertise, labels, metrics."""
         with self._pass_lock:
             self._last_fingerprint = self._source.fingerprint()
-            self._last_claims = self._claims() if self._claims is not None else None
             self._last_pass = self._clock.monotonic()
             if self._sharing is not None:
                 self._sharing.refresh()  # before the view is published: one change, not two
@@ -876,13 +866,10 @@ class Agent:
                 self._mps_state_changed = True
 
     def due(self) -> bool:
-        """True when a pass is due: the inputs or the claims' instances changed, or the
-        interval elapsed."""
+        """True when a pass is due: the inputs changed or the interval elapsed."""
         if self._last_pass is None:
             return True
         if self._source.fingerprint() != self._last_fingerprint:
-            return True
-        if self._claims is not None and self._claims() != self._last_claims:
             return True
         if self._sharing is not None and self._sharing.changed():
             return True
